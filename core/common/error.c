@@ -1,0 +1,65 @@
+#include "error.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* One buffer per thread: a binding reads it right after the failing call on the same thread. */
+static _Thread_local char detail[512];
+
+static void set_detail(const char *fmt, va_list ap, const char *suffix)
+{
+    int n = vsnprintf(detail, sizeof detail, fmt, ap);
+    if (n < 0) {
+        detail[0] = '\0';
+        return;
+    }
+    if (suffix != NULL && (size_t)n < sizeof detail)
+        snprintf(detail + n, sizeof detail - (size_t)n, ": %s", suffix);
+}
+
+int shmipc__fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_detail(fmt, ap, NULL);
+    va_end(ap);
+    return code;
+}
+
+int shmipc__code_from_errno(int err)
+{
+    switch (err) {
+#define MAP_ERRNO(name, value, msg)                                                                \
+    case -(value):                                                                                 \
+        return (value);
+        SHMIPC_ERRNO_MAP(MAP_ERRNO)
+#undef MAP_ERRNO
+    case EPIPE:
+        return SHMIPC_ECONNRESET;
+    case ENFILE:
+        return SHMIPC_EMFILE;
+    case EPERM:
+        return SHMIPC_EACCES;
+    default:
+        return SHMIPC_EIO;
+    }
+}
+
+int shmipc__fail_errno(int err, const char *fmt, ...)
+{
+    char why[128];
+    va_list ap;
+    /* strerror_r (GNU) may return a static string rather than fill `why`. */
+    const char *msg = strerror_r(err, why, sizeof why);
+    va_start(ap, fmt);
+    set_detail(fmt, ap, msg);
+    va_end(ap);
+    return shmipc__code_from_errno(err);
+}
+
+const char *shmipc__detail(void)
+{
+    return detail;
+}

@@ -1,0 +1,27 @@
+/* Diagnostics to stderr, filtered by SHMIPC_LOG_LEVEL (see docs/runtime-config.md). */
+#ifndef SHMIPC_CORE_LOG_H
+#define SHMIPC_CORE_LOG_H
+
+enum shmipc__log_level {
+    SHMIPC__LOG_OFF = 0,
+    SHMIPC__LOG_ERROR = 1,
+    SHMIPC__LOG_WARN = 2,
+    SHMIPC__LOG_INFO = 3,
+    SHMIPC__LOG_DEBUG = 4,
+};
+
+/* The level in force: SHMIPC_LOG_LEVEL read once, SHMIPC__LOG_WARN when unset or unknown. */
+int shmipc__log_level(void);
+
+/* Parses a level name ("off", "error", "warn", "info", "debug"); -1 when unknown. */
+int shmipc__log_parse_level(const char *name);
+
+void shmipc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define SHMIPC__LOG(level, ...)                                                                    \
+    do {                                                                                           \
+        if ((level) <= shmipc__log_level())                                                        \
+            shmipc__log((level), __VA_ARGS__);                                                     \
+    } while (0)
+
+#endif

@@ -1,0 +1,38 @@
+/*
+ * The config object behind the public shmipc_config handle. The builder in
+ * bindings/config.c validates every field when it is set, so the core reads these fields
+ * without checking them again.
+ */
+#ifndef SHMIPC_CORE_IPC_CONFIG_H
+#define SHMIPC_CORE_IPC_CONFIG_H
+
+#include "shmipc.h"
+
+#include <stdint.h>
+
+/* Bytes of the buffer-manager header and of each list header (reference §2.2, §2.3). */
+#define SHMIPC__BUFFER_HEADER_SIZE 8u
+#define SHMIPC__LIST_HEADER_SIZE   36u
+#define SHMIPC__SLICE_HEADER_SIZE  20u
+
+struct shmipc_config {
+    int memmap_type;
+    uint32_t buffer_capacity;
+    uint32_t queue_capacity;
+    uint32_t nclasses;
+    shmipc_slice_class classes[SHMIPC_MAX_SLICE_CLASSES]; /* sorted by size, ascending */
+    char path_prefix[SHMIPC_MAX_PATH_PREFIX + 1];
+    uint32_t timeout_ms[4]; /* indexed by enum shmipc_timeout */
+    int protocol;
+    int fallback;
+    int wakeup;
+    uint32_t polling_interval_us;
+};
+
+/*
+ * Slices a class gets in a buffer of `capacity` bytes split into `nclasses` lists, by the
+ * creator's formula (reference §2.3): floor(regionCap * percent / 100) / (size + 20).
+ */
+uint32_t shmipc__slices_per_class(uint32_t capacity, uint32_t nclasses, shmipc_slice_class c);
+
+#endif

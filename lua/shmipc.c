@@ -1,0 +1,638 @@
+/*
+ * shmipc.c - the Lua 5.4 module: require "shmipc".
+ *
+ * A thin layer over the public header only. Handles follow Lua's liolib.c: a full userdata
+ * with a named metatable, one close shared by __gc, __close and :close() that is safe to call
+ * twice, and two kinds of failure: misuse (a wrong argument type, a closed handle) raises an
+ * error, while a value that the library refuses returns nil, message, code, where message is
+ * the detail naming the field and code is the negative SHMIPC_E* code.
+ */
+#include <shmipc.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CONFIG_MT "shmipc.config"
+
+/* The userdata behind a config; cfg is NULL once the handle is closed. */
+typedef struct {
+    shmipc_config *cfg;
+} lconfig;
+
+/* ------------------------------------------------------------------------------------ */
+/* Failures                                                                             */
+/* ------------------------------------------------------------------------------------ */
+
+/* Pushes nil, the library's detail and `code`: the result of a refused value. */
+static int push_failure(lua_State *L, int code)
+{
+    luaL_pushfail(L);
+    lua_pushstring(L, shmipc_error_detail());
+    lua_pushinteger(L, code);
+    return 3;
+}
+
+/*
+ * Like push_failure() for a value this module refuses before it reaches the library (a
+ * number that does not fit the C type, an unknown name); the message is formatted with
+ * lua_pushfstring() and names the field as the library's details do.
+ */
+static int push_invalid(lua_State *L, const char *fmt, ...)
+{
+    va_list ap;
+    luaL_pushfail(L);
+    va_start(ap, fmt);
+    lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    lua_pushinteger(L, SHMIPC_EINVAL);
+    return 3;
+}
+
+/* The result of a setter: the config itself so calls chain, or nil, message, code. */
+static int setter_result(lua_State *L, int rc)
+{
+    if (rc < 0)
+        return push_failure(L, rc);
+    lua_settop(L, 1);
+    return 1;
+}
+
+/*
+ * Converts an integer argument for a uint32_t parameter. Returns 0 with *out set, or the
+ * number of results pushed (nil, message, code) when the value does not fit.
+ */
+static int to_u32(lua_State *L, lua_Integer v, const char *field, uint32_t *out)
+{
+    if (v < 0)
+        return push_invalid(L, "%s: %I is negative", field, v);
+    if ((lua_Unsigned)v > UINT32_MAX)
+        return push_invalid(L, "%s: %I is larger than %I", field, v, (lua_Integer)UINT32_MAX);
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* A string argument without embedded NUL bytes, which a C string would silently cut. */
+static const char *check_cstring(lua_State *L, int arg)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, arg, &len);
+    if (strlen(s) != len)
+        luaL_argerror(L, arg, "string contains a NUL byte");
+    return s;
+}
+
+/* Index of the string at `arg` in the NULL-terminated `names`, or -1. */
+static int find_name(lua_State *L, int arg, const char *const names[])
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, arg, &len);
+    for (int i = 0; names[i] != NULL; i++)
+        if (strlen(names[i]) == len && memcmp(names[i], s, len) == 0)
+            return i;
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Config handle                                                                        */
+/* ------------------------------------------------------------------------------------ */
+
+/* A new userdata holding no config yet, so a failed allocation below it leaks nothing. */
+static lconfig *new_lconfig(lua_State *L)
+{
+    lconfig *c = lua_newuserdatauv(L, sizeof *c, 0);
+    c->cfg = NULL;
+    luaL_setmetatable(L, CONFIG_MT);
+    return c;
+}
+
+/* The config at `arg`; raises when it is not a config or is closed. */
+static shmipc_config *check_config(lua_State *L, int arg)
+{
+    lconfig *c = luaL_checkudata(L, arg, CONFIG_MT);
+    if (c->cfg == NULL)
+        luaL_error(L, "attempt to use a closed " CONFIG_MT);
+    return c->cfg;
+}
+
+/* __gc, __close and :close(). Closing twice is a no-op. */
+static int config_close(lua_State *L)
+{
+    lconfig *c = luaL_checkudata(L, 1, CONFIG_MT);
+    shmipc_config_free(c->cfg);
+    c->cfg = NULL;
+    return 0;
+}
+
+static int config_tostring(lua_State *L)
+{
+    lconfig *c = luaL_checkudata(L, 1, CONFIG_MT);
+    if (c->cfg == NULL)
+        lua_pushliteral(L, CONFIG_MT " (closed)");
+    else
+        lua_pushfstring(L, CONFIG_MT " (%p)", (void *)c->cfg);
+    return 1;
+}
+
+/* True when a method was called with no argument besides self, so it acts as a getter. */
+static int is_getter(lua_State *L)
+{
+    return lua_gettop(L) == 1;
+}
+
+static int config_buffer_capacity(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    if (is_getter(L)) {
+        lua_pushinteger(L, (lua_Integer)shmipc_config_get_buffer_capacity(cfg));
+        return 1;
+    }
+    lua_Integer n = luaL_checkinteger(L, 2);
+    if (n < 0)
+        return push_invalid(L, "buffer_capacity: %I is negative", n);
+    return setter_result(L, shmipc_config_set_buffer_capacity(cfg, (uint64_t)n));
+}
+
+static int config_queue_capacity(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    uint32_t n = 0;
+    int nres;
+    if (is_getter(L)) {
+        lua_pushinteger(L, (lua_Integer)shmipc_config_get_queue_capacity(cfg));
+        return 1;
+    }
+    if ((nres = to_u32(L, luaL_checkinteger(L, 2), "queue_capacity", &n)) != 0)
+        return nres;
+    return setter_result(L, shmipc_config_set_queue_capacity(cfg, n));
+}
+
+/*
+ * Reads field `key`, else array slot `slot`, of the table on top of the stack as an integer.
+ * Returns 0 with *out set, or the number of results pushed for a value out of range.
+ */
+static int class_field(lua_State *L, lua_Integer entry, const char *key, int slot, uint32_t *out)
+{
+    int isint = 0;
+    lua_Integer v;
+    if (lua_getfield(L, -1, key) == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_geti(L, -1, slot);
+    }
+    v = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
+    if (!isint)
+        return luaL_error(L, "slice_classes: entry %I: %s must be an integer, got %s", entry, key,
+                          luaL_typename(L, -1));
+    lua_pop(L, 1);
+    if (v < 0 || (lua_Unsigned)v > UINT32_MAX)
+        return push_invalid(L, "slice_classes: entry %I has %s %I, outside 0..%I", entry, key, v,
+                            (lua_Integer)UINT32_MAX);
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* slice_classes from an array of {size, percent} or {size = , percent = } tables. */
+static int set_classes_from_table(lua_State *L, shmipc_config *cfg)
+{
+    shmipc_slice_class classes[SHMIPC_MAX_SLICE_CLASSES];
+    lua_Integer n = luaL_len(L, 2);
+    int nres;
+    if (n > SHMIPC_MAX_SLICE_CLASSES)
+        return push_invalid(L, "slice_classes: %I classes, need 1..%d", n,
+                            SHMIPC_MAX_SLICE_CLASSES);
+    for (lua_Integer i = 1; i <= n; i++) {
+        if (lua_geti(L, 2, i) != LUA_TTABLE)
+            return luaL_error(L, "slice_classes: entry %I is a %s, not a {size, percent} table", i,
+                              luaL_typename(L, -1));
+        if ((nres = class_field(L, i, "size", 1, &classes[i - 1].size)) != 0 ||
+            (nres = class_field(L, i, "percent", 2, &classes[i - 1].percent)) != 0)
+            return nres;
+        lua_pop(L, 1);
+    }
+    return setter_result(L, shmipc_config_set_slice_classes(cfg, classes, (size_t)n));
+}
+
+static int config_slice_classes(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    if (is_getter(L)) {
+        shmipc_slice_class classes[SHMIPC_MAX_SLICE_CLASSES];
+        int n = shmipc_config_get_slice_classes(cfg, classes, SHMIPC_MAX_SLICE_CLASSES);
+        if (n < 0)
+            return push_failure(L, n);
+        if (n > SHMIPC_MAX_SLICE_CLASSES)
+            n = SHMIPC_MAX_SLICE_CLASSES;
+        lua_createtable(L, n, 0);
+        for (int i = 0; i < n; i++) {
+            lua_createtable(L, 0, 2);
+            lua_pushinteger(L, classes[i].size);
+            lua_setfield(L, -2, "size");
+            lua_pushinteger(L, classes[i].percent);
+            lua_setfield(L, -2, "percent");
+            lua_rawseti(L, -2, i + 1);
+        }
+        return 1;
+    }
+    if (lua_type(L, 2) == LUA_TTABLE)
+        return set_classes_from_table(L, cfg);
+    if (lua_type(L, 2) != LUA_TSTRING)
+        return luaL_typeerror(L, 2, "string or table");
+    return setter_result(L, shmipc_config_parse_slice_classes(cfg, check_cstring(L, 2)));
+}
+
+/* Names in the order of the enum values, so a name's index is its value. */
+static const char *const memmap_names[] = {"devshm", "memfd", NULL};
+static const char *const wakeup_names[] = {"socket", "eventfd", "polling", NULL};
+
+static int config_memmap(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    if (is_getter(L)) {
+        int type = shmipc_config_get_memmap_type(cfg);
+        lua_pushstring(L, type == SHMIPC_MEMMAP_DEVSHM ? "devshm" : "memfd");
+        return 1;
+    }
+    int type = find_name(L, 2, memmap_names);
+    if (type < 0)
+        return push_invalid(L, "memmap: \"%s\" is neither \"memfd\" nor \"devshm\"",
+                            lua_tostring(L, 2));
+    return setter_result(L, shmipc_config_set_memmap_type(cfg, type));
+}
+
+static int config_path_prefix(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    if (is_getter(L)) {
+        lua_pushstring(L, shmipc_config_get_path_prefix(cfg));
+        return 1;
+    }
+    return setter_result(L, shmipc_config_set_path_prefix(cfg, check_cstring(L, 2)));
+}
+
+static const char *const timeout_names[] = {"initialize_timeout", "connection_write_timeout",
+                                            "read_timeout", "write_timeout"};
+
+/*
+ * A timeout in seconds, as Lua code counts time, stored in milliseconds rounded up, so a
+ * positive value never becomes 0, which means "wait forever" for read and write. The Python
+ * module rounds the same way.
+ */
+static int timeout(lua_State *L, int which)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    const char *field = timeout_names[which];
+    if (is_getter(L)) {
+        lua_pushnumber(L, (lua_Number)shmipc_config_get_timeout_ms(cfg, which) / 1000);
+        return 1;
+    }
+    lua_Number s = luaL_checknumber(L, 2);
+    if (isnan(s))
+        return push_invalid(L, "%s: not a number", field);
+    if (s < 0)
+        return push_invalid(L, "%s: %f s is negative", field, s);
+    lua_Number ms = ceil(s * 1000);
+    if (ms > UINT32_MAX)
+        return push_invalid(L, "%s: %f s is more than %f s", field, s,
+                            (lua_Number)UINT32_MAX / 1000);
+    return setter_result(L, shmipc_config_set_timeout_ms(cfg, which, (uint32_t)ms));
+}
+
+static int config_initialize_timeout(lua_State *L)
+{
+    return timeout(L, SHMIPC_TIMEOUT_INITIALIZE);
+}
+
+static int config_connection_write_timeout(lua_State *L)
+{
+    return timeout(L, SHMIPC_TIMEOUT_CONNECTION_WRITE);
+}
+
+static int config_read_timeout(lua_State *L)
+{
+    return timeout(L, SHMIPC_TIMEOUT_READ);
+}
+
+static int config_write_timeout(lua_State *L)
+{
+    return timeout(L, SHMIPC_TIMEOUT_WRITE);
+}
+
+/* protocol("legacy" | "v4", [fallback]) or protocol() -> name, fallback. */
+static int config_protocol(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    if (is_getter(L)) {
+        int v4 = shmipc_config_get_protocol(cfg) == SHMIPC_PROTOCOL_V4;
+        lua_pushstring(L, v4 ? "v4" : "legacy");
+        lua_pushboolean(L, shmipc_config_get_fallback(cfg));
+        return 2;
+    }
+    static const char *const names[] = {"legacy", "v4", NULL};
+    int protocol = find_name(L, 2, names);
+    int fallback = 0;
+    if (!lua_isnoneornil(L, 3)) {
+        luaL_checktype(L, 3, LUA_TBOOLEAN);
+        fallback = lua_toboolean(L, 3);
+    }
+    if (protocol < 0)
+        return push_invalid(L, "protocol: \"%s\" is neither \"legacy\" nor \"v4\"",
+                            lua_tostring(L, 2));
+    protocol = protocol == 1 ? SHMIPC_PROTOCOL_V4 : SHMIPC_PROTOCOL_LEGACY;
+    return setter_result(L, shmipc_config_set_protocol(cfg, protocol, fallback));
+}
+
+/* wakeup("socket" | "eventfd" | "polling", [interval_us]) or wakeup() -> name, interval_us. */
+static int config_wakeup(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    uint32_t interval = 0;
+    int nres;
+    if (is_getter(L)) {
+        int wakeup = shmipc_config_get_wakeup(cfg);
+        lua_pushstring(L, wakeup >= SHMIPC_WAKEUP_SOCKET && wakeup <= SHMIPC_WAKEUP_POLLING
+                              ? wakeup_names[wakeup]
+                              : "unknown");
+        lua_pushinteger(L, shmipc_config_get_polling_interval_us(cfg));
+        return 2;
+    }
+    int wakeup = find_name(L, 2, wakeup_names);
+    lua_Integer us = luaL_optinteger(L, 3, 0);
+    if (wakeup < 0)
+        return push_invalid(L, "wakeup: \"%s\" is not one of \"socket\", \"eventfd\", \"polling\"",
+                            lua_tostring(L, 2));
+    if ((nres = to_u32(L, us, "polling_interval_us", &interval)) != 0)
+        return nres;
+    return setter_result(L, shmipc_config_set_wakeup(cfg, wakeup, interval));
+}
+
+static int config_with_v4(lua_State *L)
+{
+    return setter_result(L, shmipc_config_with_v4(check_config(L, 1)));
+}
+
+static int config_with_v4_eventfd(lua_State *L)
+{
+    return setter_result(L, shmipc_config_with_v4_eventfd(check_config(L, 1)));
+}
+
+static int config_with_v4_event_queue_polling(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    uint32_t interval = 0;
+    int nres;
+    if ((nres = to_u32(L, luaL_checkinteger(L, 2), "polling_interval_us", &interval)) != 0)
+        return nres;
+    return setter_result(L, shmipc_config_with_v4_event_queue_polling(cfg, interval));
+}
+
+/* validate() -> true, or nil, message, code. */
+static int config_validate(lua_State *L)
+{
+    int rc = shmipc_config_validate(check_config(L, 1));
+    if (rc < 0)
+        return push_failure(L, rc);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* clone() -> an independent copy. */
+static int config_clone(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    lconfig *copy = new_lconfig(L);
+    int rc = shmipc_config_clone(cfg, &copy->cfg);
+    if (rc < 0)
+        return push_failure(L, rc);
+    return 1;
+}
+
+static const luaL_Reg config_methods[] = {
+    {"buffer_capacity", config_buffer_capacity},
+    {"queue_capacity", config_queue_capacity},
+    {"slice_classes", config_slice_classes},
+    {"memmap", config_memmap},
+    {"path_prefix", config_path_prefix},
+    {"initialize_timeout", config_initialize_timeout},
+    {"connection_write_timeout", config_connection_write_timeout},
+    {"read_timeout", config_read_timeout},
+    {"write_timeout", config_write_timeout},
+    {"protocol", config_protocol},
+    {"wakeup", config_wakeup},
+    {"with_v4", config_with_v4},
+    {"with_v4_eventfd", config_with_v4_eventfd},
+    {"with_v4_event_queue_polling", config_with_v4_event_queue_polling},
+    {"validate", config_validate},
+    {"clone", config_clone},
+    {"close", config_close},
+    {NULL, NULL},
+};
+
+static const luaL_Reg config_metamethods[] = {
+    {"__index", NULL}, /* set to the method table below */
+    {"__gc", config_close}, {"__close", config_close}, {"__tostring", config_tostring},
+    {NULL, NULL},
+};
+
+/* ------------------------------------------------------------------------------------ */
+/* shmipc.config([opts])                                                                */
+/* ------------------------------------------------------------------------------------ */
+
+#define T(t) (1u << (t))
+
+/* How an option of shmipc.config{...} reaches its method. */
+enum option_kind {
+    OPT_VALUE,  /* the value is the one argument */
+    OPT_UNPACK, /* a table value is unpacked as the arguments, {"v4", true} */
+    OPT_FLAG,   /* true calls the method with no argument, false skips it */
+};
+
+/*
+ * The options, in the order they are applied. The setters check each value against the
+ * fields already set, so the order is the one that lets any consistent set of options pass
+ * from the defaults: the capacity before the classes that must fit it, the prefix before
+ * the /dev/shm files that need it absolute, the protocol before the wakeup that needs V4.
+ */
+static const struct option {
+    const char *name;
+    lua_CFunction fn;
+    unsigned types; /* accepted Lua types of the value */
+    enum option_kind kind;
+} options[] = {
+    {"buffer_capacity", config_buffer_capacity, T(LUA_TNUMBER), OPT_VALUE},
+    {"slice_classes", config_slice_classes, T(LUA_TSTRING) | T(LUA_TTABLE), OPT_VALUE},
+    {"queue_capacity", config_queue_capacity, T(LUA_TNUMBER), OPT_VALUE},
+    {"path_prefix", config_path_prefix, T(LUA_TSTRING), OPT_VALUE},
+    {"memmap", config_memmap, T(LUA_TSTRING), OPT_VALUE},
+    {"protocol", config_protocol, T(LUA_TSTRING) | T(LUA_TTABLE), OPT_UNPACK},
+    {"with_v4", config_with_v4, T(LUA_TBOOLEAN), OPT_FLAG},
+    {"with_v4_eventfd", config_with_v4_eventfd, T(LUA_TBOOLEAN), OPT_FLAG},
+    {"with_v4_event_queue_polling", config_with_v4_event_queue_polling, T(LUA_TNUMBER), OPT_VALUE},
+    {"wakeup", config_wakeup, T(LUA_TSTRING) | T(LUA_TTABLE), OPT_UNPACK},
+    {"initialize_timeout", config_initialize_timeout, T(LUA_TNUMBER), OPT_VALUE},
+    {"connection_write_timeout", config_connection_write_timeout, T(LUA_TNUMBER), OPT_VALUE},
+    {"read_timeout", config_read_timeout, T(LUA_TNUMBER), OPT_VALUE},
+    {"write_timeout", config_write_timeout, T(LUA_TNUMBER), OPT_VALUE},
+};
+#define NOPTIONS (sizeof options / sizeof options[0])
+
+static const struct option *find_option(const char *name)
+{
+    for (size_t i = 0; i < NOPTIONS; i++)
+        if (strcmp(options[i].name, name) == 0)
+            return &options[i];
+    return NULL;
+}
+
+/* Raises for a key that names no option or a value of a type the option never takes. */
+static void check_options(lua_State *L, int opts)
+{
+    lua_pushnil(L);
+    while (lua_next(L, opts) != 0) {
+        if (lua_type(L, -2) != LUA_TSTRING)
+            luaL_error(L, "shmipc.config: option names are strings, got a %s",
+                       luaL_typename(L, -2));
+        const struct option *o = find_option(lua_tostring(L, -2));
+        if (o == NULL)
+            luaL_error(L, "shmipc.config: unknown option '%s'", lua_tostring(L, -2));
+        if ((o->types & T(lua_type(L, -1))) == 0)
+            luaL_error(L, "shmipc.config: option '%s' got a %s", o->name, luaL_typename(L, -1));
+        lua_pop(L, 1);
+    }
+}
+
+/*
+ * Calls the method of option `o` on the config at `ud` with the value on top of the stack,
+ * which it pops. Returns 0, or 3 with nil, message, code pushed when the value is refused.
+ */
+static int apply_option(lua_State *L, int ud, const struct option *o)
+{
+    int value = lua_gettop(L);
+    int nargs = 1;
+    if (o->kind == OPT_FLAG && !lua_toboolean(L, value)) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    lua_pushcfunction(L, o->fn);
+    lua_pushvalue(L, ud);
+    if (o->kind == OPT_FLAG) {
+        nargs = 0;
+    } else if (o->kind == OPT_UNPACK && lua_type(L, value) == LUA_TTABLE) {
+        lua_geti(L, value, 1);
+        lua_geti(L, value, 2);
+        nargs = lua_isnil(L, -1) ? 1 : 2;
+        if (nargs == 1)
+            lua_pop(L, 1);
+    } else {
+        lua_pushvalue(L, value);
+    }
+    lua_call(L, 1 + nargs, 3);
+    if (!lua_isnil(L, -3)) {
+        lua_settop(L, value - 1);
+        return 0;
+    }
+    lua_remove(L, value);
+    return 3;
+}
+
+/* shmipc.config([opts]) -> a new config, or nil, message, code when an option is refused. */
+static int l_config(lua_State *L)
+{
+    int has_opts = !lua_isnoneornil(L, 1);
+    if (has_opts) {
+        luaL_checktype(L, 1, LUA_TTABLE);
+        check_options(L, 1);
+    }
+    lua_settop(L, 1);
+    lconfig *c = new_lconfig(L);
+    int rc = shmipc_config_new(&c->cfg);
+    if (rc < 0)
+        return push_failure(L, rc);
+    for (size_t i = 0; has_opts && i < NOPTIONS; i++) {
+        if (lua_getfield(L, 1, options[i].name) == LUA_TNIL) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if (apply_option(L, 2, &options[i]) != 0) {
+            /* Free the half-built config now rather than at the next collection. */
+            shmipc_config_free(c->cfg);
+            c->cfg = NULL;
+            return 3;
+        }
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Version and errors                                                                   */
+/* ------------------------------------------------------------------------------------ */
+
+static int l_version(lua_State *L)
+{
+    lua_pushstring(L, shmipc_version_string());
+    return 1;
+}
+
+static int l_version_number(lua_State *L)
+{
+    lua_pushinteger(L, shmipc_version());
+    return 1;
+}
+
+/* The code at `arg` as an int; a value outside int is no code, so it becomes 0 (not one). */
+static int check_code(lua_State *L, int arg)
+{
+    lua_Integer code = luaL_checkinteger(L, arg);
+    return code >= INT_MIN && code <= INT_MAX ? (int)code : 0;
+}
+
+static int l_strerror(lua_State *L)
+{
+    lua_pushstring(L, shmipc_strerror(check_code(L, 1)));
+    return 1;
+}
+
+/* errname(code) -> "SHMIPC_ETIMEDOUT", or nil for a code that is not an shmipc code. */
+static int l_errname(lua_State *L)
+{
+    const char *name = shmipc_errname(check_code(L, 1));
+    if (name == NULL)
+        luaL_pushfail(L);
+    else
+        lua_pushstring(L, name);
+    return 1;
+}
+
+static const luaL_Reg functions[] = {
+    {"version", l_version},   {"version_number", l_version_number},
+    {"strerror", l_strerror}, {"errname", l_errname},
+    {"config", l_config},     {NULL, NULL},
+};
+
+/* Exported without SHMIPC_API: the module is built with default visibility. */
+int luaopen_shmipc(lua_State *L);
+
+int luaopen_shmipc(lua_State *L)
+{
+    luaL_newmetatable(L, CONFIG_MT);
+    luaL_setfuncs(L, config_metamethods, 0);
+    luaL_newlibtable(L, config_methods);
+    luaL_setfuncs(L, config_methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+
+    luaL_newlib(L, functions);
+    /* shmipc.errors: every code of SHMIPC_ERRNO_MAP by its name without the prefix. */
+    lua_newtable(L);
+#define ERR_FIELD(name, value, msg)                                                                \
+    lua_pushinteger(L, (value));                                                                   \
+    lua_setfield(L, -2, #name);
+    SHMIPC_ERRNO_MAP(ERR_FIELD)
+#undef ERR_FIELD
+    lua_setfield(L, -2, "errors");
+    return 1;
+}

@@ -1,0 +1,804 @@
+/*
+ * _shmipc: the CPython extension behind `import shmipc`. It calls only the public header.
+ * Multi-phase init, heap types and module state (no static Python objects), so the module
+ * can be loaded in several interpreters and reloaded.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+
+#include <shmipc.h>
+
+typedef struct {
+    PyTypeObject *config_type;
+    PyObject *error;          /* shmipc.Error(OSError) */
+    PyObject *timeout_error;  /* + TimeoutError */
+    PyObject *closed_error;   /* handle closed locally */
+    PyObject *peer_gone;      /* + ConnectionResetError */
+    PyObject *protocol_error; /* the peer broke the protocol, or refused ours */
+    PyObject *invalid_error;  /* + ValueError */
+    PyObject *eof_error;      /* + EOFError */
+} module_state;
+
+static PyModuleDef shmipc_module;
+
+static module_state *state_of_module(PyObject *module)
+{
+    return (module_state *)PyModule_GetState(module);
+}
+
+/* Module state from an instance of one of our types, also when the type was subclassed. */
+static module_state *state_of_type(PyTypeObject *type)
+{
+    PyObject *module = PyType_GetModuleByDef(type, &shmipc_module);
+    return module ? state_of_module(module) : NULL;
+}
+
+static PyObject *class_for_code(module_state *st, int code)
+{
+    switch (code) {
+    case SHMIPC_ETIMEDOUT:
+        return st->timeout_error;
+    case SHMIPC_ECLOSED:
+        return st->closed_error;
+    case SHMIPC_ECONNRESET:
+        return st->peer_gone;
+    case SHMIPC_EPROTO:
+    case SHMIPC_EVERSION:
+    case SHMIPC_EREJECTED:
+        return st->protocol_error;
+    case SHMIPC_EINVAL:
+    case SHMIPC_ERANGE:
+    case SHMIPC_ENAMETOOLONG:
+        return st->invalid_error;
+    case SHMIPC_EEOF:
+        return st->eof_error;
+    default:
+        return st->error;
+    }
+}
+
+/*
+ * Raises the exception for a negative shmipc code: errno is the positive code, strerror the
+ * detail of the failed call (or the generic message), and `code` and `name` carry the
+ * shmipc code and its symbolic name. Always returns NULL.
+ */
+static PyObject *raise_code(module_state *st, int code, const char *detail)
+{
+    const char *msg = (detail != NULL && detail[0] != '\0') ? detail : shmipc_strerror(code);
+    const char *name = shmipc_errname(code);
+    PyObject *exc = PyObject_CallFunction(class_for_code(st, code), "is", -code, msg);
+    if (exc == NULL)
+        return NULL;
+    PyObject *code_obj = PyLong_FromLong(code);
+    PyObject *name_obj = name ? PyUnicode_FromString(name) : Py_NewRef(Py_None);
+    int failed = code_obj == NULL || name_obj == NULL ||
+                 PyObject_SetAttrString(exc, "code", code_obj) < 0 ||
+                 PyObject_SetAttrString(exc, "name", name_obj) < 0;
+    Py_XDECREF(code_obj);
+    Py_XDECREF(name_obj);
+    if (failed) {
+        Py_DECREF(exc);
+        return NULL;
+    }
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+/* Raises for `rc` with the detail the failing C call left on this thread. */
+static PyObject *raise_last(module_state *st, int rc)
+{
+    return raise_code(st, rc, shmipc_error_detail());
+}
+
+/* A Python-side argument error that reads like the C ones: "field: message". */
+static PyObject *raise_invalid(module_state *st, const char *field, const char *what)
+{
+    char msg[256];
+    PyOS_snprintf(msg, sizeof msg, "%s: %s", field, what);
+    return raise_code(st, SHMIPC_EINVAL, msg);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Config                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD shmipc_config *cfg;
+} ConfigObject;
+
+static const char *const memmap_names[] = {"devshm", "memfd"};
+static const char *const wakeup_names[] = {"socket", "eventfd", "polling"};
+
+static int lookup_name(const char *const *names, int n, PyObject *value)
+{
+    const char *s = PyUnicode_Check(value) ? PyUnicode_AsUTF8(value) : NULL;
+    if (s == NULL)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+static void config_dealloc(ConfigObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    shmipc_config_free(self->cfg);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Returns self (new reference) when rc is 0, so builder calls chain. */
+static PyObject *chain(ConfigObject *self, int rc)
+{
+    if (rc < 0)
+        return raise_last(state_of_type(Py_TYPE(self)), rc);
+    return Py_NewRef(self);
+}
+
+static int setter_result(ConfigObject *self, int rc)
+{
+    if (rc < 0) {
+        raise_last(state_of_type(Py_TYPE(self)), rc);
+        return -1;
+    }
+    return 0;
+}
+
+static int require_value(PyObject *value, const char *field)
+{
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "cannot delete Config.%s", field);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads a non-negative int from a Python int; raises TypeError for other types. */
+static int to_u64(ConfigObject *self, PyObject *value, const char *field, uint64_t *out)
+{
+    if (!PyLong_Check(value) || PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "Config.%s must be an int, not %.100s", field,
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow != 0 || v < 0) {
+        raise_invalid(state_of_type(Py_TYPE(self)), field, "out of range");
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static PyObject *get_buffer_capacity(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(shmipc_config_get_buffer_capacity(self->cfg));
+}
+
+static int set_buffer_capacity(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    uint64_t v;
+    if (require_value(value, "buffer_capacity") < 0 ||
+        to_u64(self, value, "buffer_capacity", &v) < 0)
+        return -1;
+    return setter_result(self, shmipc_config_set_buffer_capacity(self->cfg, v));
+}
+
+static PyObject *get_queue_capacity(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLong(shmipc_config_get_queue_capacity(self->cfg));
+}
+
+static int set_queue_capacity(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    uint64_t v;
+    if (require_value(value, "queue_capacity") < 0 || to_u64(self, value, "queue_capacity", &v) < 0)
+        return -1;
+    if (v > UINT32_MAX) {
+        raise_invalid(state_of_type(Py_TYPE(self)), "queue_capacity", "out of range");
+        return -1;
+    }
+    return setter_result(self, shmipc_config_set_queue_capacity(self->cfg, (uint32_t)v));
+}
+
+static PyObject *get_slice_classes(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    shmipc_slice_class classes[SHMIPC_MAX_SLICE_CLASSES];
+    int n = shmipc_config_get_slice_classes(self->cfg, classes, SHMIPC_MAX_SLICE_CLASSES);
+    if (n < 0)
+        return raise_last(state_of_type(Py_TYPE(self)), n);
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *pair = Py_BuildValue("(II)", classes[i].size, classes[i].percent);
+        if (pair == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, pair);
+    }
+    return list;
+}
+
+/* Accepts "size:pct,..." or an iterable of (size, percent) pairs. */
+static int set_slice_classes(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    module_state *st = state_of_type(Py_TYPE(self));
+    shmipc_slice_class classes[SHMIPC_MAX_SLICE_CLASSES];
+    size_t n = 0;
+    if (require_value(value, "slice_classes") < 0)
+        return -1;
+    if (PyUnicode_Check(value)) {
+        const char *spec = PyUnicode_AsUTF8(value);
+        if (spec == NULL)
+            return -1;
+        return setter_result(self, shmipc_config_parse_slice_classes(self->cfg, spec));
+    }
+    PyObject *seq = PySequence_Fast(value, "Config.slice_classes must be a str or a sequence "
+                                           "of (size, percent) pairs");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    if (len == 0 || len > SHMIPC_MAX_SLICE_CLASSES) {
+        Py_DECREF(seq);
+        raise_invalid(st, "slice_classes", "need 1 to 32 (size, percent) pairs");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        uint64_t size, percent;
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if ((!PyTuple_Check(item) && !PyList_Check(item)) || PySequence_Size(item) != 2) {
+            PyErr_SetString(PyExc_TypeError, "Config.slice_classes items must be (size, percent)");
+            Py_DECREF(seq);
+            return -1;
+        }
+        PyObject *pair = PySequence_Tuple(item);
+        int ok = pair != NULL &&
+                 to_u64(self, PyTuple_GET_ITEM(pair, 0), "slice_classes", &size) == 0 &&
+                 to_u64(self, PyTuple_GET_ITEM(pair, 1), "slice_classes", &percent) == 0;
+        Py_XDECREF(pair);
+        if (!ok) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (size > UINT32_MAX || percent > UINT32_MAX) {
+            Py_DECREF(seq);
+            raise_invalid(st, "slice_classes", "size or percent out of range");
+            return -1;
+        }
+        classes[n++] = (shmipc_slice_class){(uint32_t)size, (uint32_t)percent};
+    }
+    Py_DECREF(seq);
+    return setter_result(self, shmipc_config_set_slice_classes(self->cfg, classes, n));
+}
+
+static PyObject *get_memmap(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(memmap_names[shmipc_config_get_memmap_type(self->cfg)]);
+}
+
+static int set_memmap(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    if (require_value(value, "memmap") < 0)
+        return -1;
+    int type = lookup_name(memmap_names, 2, value);
+    if (type < 0) {
+        raise_invalid(state_of_type(Py_TYPE(self)), "memmap", "must be 'memfd' or 'devshm'");
+        return -1;
+    }
+    return setter_result(self, shmipc_config_set_memmap_type(self->cfg, type));
+}
+
+static PyObject *get_path_prefix(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_DecodeFSDefault(shmipc_config_get_path_prefix(self->cfg));
+}
+
+static int set_path_prefix(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    PyObject *bytes = NULL;
+    if (require_value(value, "path_prefix") < 0 || !PyUnicode_FSConverter(value, &bytes))
+        return -1;
+    int rc = shmipc_config_set_path_prefix(self->cfg, PyBytes_AS_STRING(bytes));
+    Py_DECREF(bytes);
+    return setter_result(self, rc);
+}
+
+static const char *const timeout_fields[] = {"initialize_timeout", "connection_write_timeout",
+                                             "read_timeout", "write_timeout"};
+
+static PyObject *get_timeout(ConfigObject *self, void *closure)
+{
+    int which = (int)(intptr_t)closure;
+    int64_t ms = shmipc_config_get_timeout_ms(self->cfg, which);
+    if (ms == 0 && (which == SHMIPC_TIMEOUT_READ || which == SHMIPC_TIMEOUT_WRITE))
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble((double)ms / 1000.0);
+}
+
+/*
+ * Timeouts are float seconds. None means "wait forever" (read/write only). A positive value
+ * below a millisecond rounds up to 1 ms rather than down to 0, which would mean forever.
+ */
+static int set_timeout(ConfigObject *self, PyObject *value, void *closure)
+{
+    int which = (int)(intptr_t)closure;
+    const char *field = timeout_fields[which];
+    module_state *st = state_of_type(Py_TYPE(self));
+    uint32_t ms;
+    if (require_value(value, field) < 0)
+        return -1;
+    if (value == Py_None) {
+        ms = 0;
+    } else {
+        double s = PyFloat_AsDouble(value);
+        if (s == -1.0 && PyErr_Occurred())
+            return -1;
+        if (!isfinite(s) || s < 0 || s * 1000.0 > (double)UINT32_MAX) {
+            raise_invalid(st, field, "must be a finite number of seconds >= 0");
+            return -1;
+        }
+        double msf = ceil(s * 1000.0);
+        ms = (uint32_t)msf;
+        if (s > 0 && ms == 0)
+            ms = 1;
+        if (s == 0 && (which == SHMIPC_TIMEOUT_READ || which == SHMIPC_TIMEOUT_WRITE)) {
+            raise_invalid(st, field, "0 is not a timeout; use None to wait forever");
+            return -1;
+        }
+    }
+    return setter_result(self, shmipc_config_set_timeout_ms(self->cfg, which, ms));
+}
+
+static PyObject *get_protocol(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(
+        shmipc_config_get_protocol(self->cfg) == SHMIPC_PROTOCOL_V4 ? "v4" : "legacy");
+}
+
+static PyObject *get_fallback(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(shmipc_config_get_fallback(self->cfg));
+}
+
+static PyObject *get_wakeup(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(wakeup_names[shmipc_config_get_wakeup(self->cfg)]);
+}
+
+static PyObject *get_polling_interval_us(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLong(shmipc_config_get_polling_interval_us(self->cfg));
+}
+
+static PyObject *config_set_protocol(ConfigObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"protocol", "fallback", NULL};
+    const char *name;
+    int fallback = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|p:set_protocol", kwlist, &name, &fallback))
+        return NULL;
+    int protocol;
+    if (strcmp(name, "legacy") == 0)
+        protocol = SHMIPC_PROTOCOL_LEGACY;
+    else if (strcmp(name, "v4") == 0)
+        protocol = SHMIPC_PROTOCOL_V4;
+    else
+        return raise_invalid(state_of_type(Py_TYPE(self)), "protocol", "must be 'legacy' or 'v4'");
+    return chain(self, shmipc_config_set_protocol(self->cfg, protocol, fallback));
+}
+
+static PyObject *config_set_wakeup(ConfigObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"wakeup", "interval_us", NULL};
+    PyObject *name;
+    unsigned int interval = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "U|I:set_wakeup", kwlist, &name, &interval))
+        return NULL;
+    int wakeup = lookup_name(wakeup_names, 3, name);
+    if (wakeup < 0)
+        return raise_invalid(state_of_type(Py_TYPE(self)), "wakeup",
+                             "must be 'socket', 'eventfd' or 'polling'");
+    return chain(self, shmipc_config_set_wakeup(self->cfg, wakeup, interval));
+}
+
+static PyObject *config_with_v4(ConfigObject *self, PyObject *unused)
+{
+    (void)unused;
+    return chain(self, shmipc_config_with_v4(self->cfg));
+}
+
+static PyObject *config_with_v4_eventfd(ConfigObject *self, PyObject *unused)
+{
+    (void)unused;
+    return chain(self, shmipc_config_with_v4_eventfd(self->cfg));
+}
+
+static PyObject *config_with_v4_event_queue_polling(ConfigObject *self, PyObject *arg)
+{
+    unsigned long interval = PyLong_AsUnsignedLong(arg);
+    if (interval == (unsigned long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        return raise_invalid(state_of_type(Py_TYPE(self)), "polling_interval_us", "out of range");
+    }
+    if (interval > UINT32_MAX)
+        return raise_invalid(state_of_type(Py_TYPE(self)), "polling_interval_us", "out of range");
+    return chain(self, shmipc_config_with_v4_event_queue_polling(self->cfg, (uint32_t)interval));
+}
+
+static PyObject *config_validate(ConfigObject *self, PyObject *unused)
+{
+    (void)unused;
+    int rc = shmipc_config_validate(self->cfg);
+    if (rc < 0)
+        return raise_last(state_of_type(Py_TYPE(self)), rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *config_copy(ConfigObject *self, PyObject *unused)
+{
+    (void)unused;
+    PyTypeObject *type = Py_TYPE(self);
+    ConfigObject *copy = (ConfigObject *)type->tp_alloc(type, 0);
+    if (copy == NULL)
+        return NULL;
+    int rc = shmipc_config_clone(self->cfg, &copy->cfg);
+    if (rc < 0) {
+        Py_DECREF(copy);
+        return raise_last(state_of_type(type), rc);
+    }
+    return (PyObject *)copy;
+}
+
+static PyObject *config_repr(ConfigObject *self)
+{
+    PyObject *classes = get_slice_classes(self, NULL);
+    char interval[32] = "";
+    if (classes == NULL)
+        return NULL;
+    if (shmipc_config_get_wakeup(self->cfg) == SHMIPC_WAKEUP_POLLING)
+        PyOS_snprintf(interval, sizeof interval, "(%uus)",
+                      (unsigned)shmipc_config_get_polling_interval_us(self->cfg));
+    PyObject *r = PyUnicode_FromFormat(
+        "<shmipc.Config memmap=%s buffer_capacity=%llu queue_capacity=%u slice_classes=%R "
+        "path_prefix=%s protocol=%s%s wakeup=%s%s>",
+        memmap_names[shmipc_config_get_memmap_type(self->cfg)],
+        (unsigned long long)shmipc_config_get_buffer_capacity(self->cfg),
+        (unsigned)shmipc_config_get_queue_capacity(self->cfg), classes,
+        shmipc_config_get_path_prefix(self->cfg),
+        shmipc_config_get_protocol(self->cfg) == SHMIPC_PROTOCOL_V4 ? "v4" : "legacy",
+        shmipc_config_get_fallback(self->cfg) ? "+fallback" : "",
+        wakeup_names[shmipc_config_get_wakeup(self->cfg)], interval);
+    Py_DECREF(classes);
+    return r;
+}
+
+static PyMethodDef config_methods[] = {
+    {"set_protocol", (PyCFunction)(void (*)(void))config_set_protocol, METH_VARARGS | METH_KEYWORDS,
+     "set_protocol(protocol, fallback=False) -> Config\n\n"
+     "Choose 'legacy' (V3 over memfd, V2 over /dev/shm files) or 'v4'. With fallback, a V4\n"
+     "client retries legacy when V4 set-up fails on the network or protocol level, never\n"
+     "after an explicit rejection. Choosing legacy resets the wakeup to 'socket'."},
+    {"set_wakeup", (PyCFunction)(void (*)(void))config_set_wakeup, METH_VARARGS | METH_KEYWORDS,
+     "set_wakeup(wakeup, interval_us=0) -> Config\n\n"
+     "V4 wakeup: 'socket', 'eventfd' (needs memfd) or 'polling' (needs interval_us,\n"
+     "1..1000000)."},
+    {"with_v4", (PyCFunction)config_with_v4, METH_NOARGS,
+     "with_v4() -> Config\n\nV4 with socket wakeups and fallback on."},
+    {"with_v4_eventfd", (PyCFunction)config_with_v4_eventfd, METH_NOARGS,
+     "with_v4_eventfd() -> Config\n\nV4 with eventfd wakeups over memfd, fallback on."},
+    {"with_v4_event_queue_polling", (PyCFunction)config_with_v4_event_queue_polling, METH_O,
+     "with_v4_event_queue_polling(interval_us) -> Config\n\n"
+     "V4 with no per-message wakeup: both peers drain every interval_us; fallback on."},
+    {"validate", (PyCFunction)config_validate, METH_NOARGS,
+     "validate() -> None\n\nCheck every rule across all fields; raise InvalidArgumentError."},
+    {"copy", (PyCFunction)config_copy, METH_NOARGS, "copy() -> Config\n\nAn independent copy."},
+    {"__copy__", (PyCFunction)config_copy, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+#define TIMEOUT_GETSET(name, i, doc)                                                               \
+    {                                                                                              \
+        name, (getter)get_timeout, (setter)set_timeout, doc, (void *)(intptr_t)(i)                 \
+    }
+
+static PyGetSetDef config_getset[] = {
+    {"buffer_capacity", (getter)get_buffer_capacity, (setter)set_buffer_capacity,
+     "Shared buffer size in bytes (1 MiB .. 4 GiB-1; default 32 MiB).", NULL},
+    {"queue_capacity", (getter)get_queue_capacity, (setter)set_queue_capacity,
+     "Elements per queue direction (default 8192; multiples of 16 always work).", NULL},
+    {"slice_classes", (getter)get_slice_classes, (setter)set_slice_classes,
+     "Slice classes as a list of (size, percent), sorted by size. Set from a list of pairs\n"
+     "or from text 'size:percent,...'. Percents sum to 100.",
+     NULL},
+    {"memmap", (getter)get_memmap, (setter)set_memmap,
+     "'memfd' (default, protocol V3) or 'devshm' (/dev/shm files, protocol V2).", NULL},
+    {"path_prefix", (getter)get_path_prefix, (setter)set_path_prefix,
+     "Prefix of shared-memory names (default '/dev/shm/shmipc').", NULL},
+    TIMEOUT_GETSET("initialize_timeout", 0, "Handshake timeout in seconds (default 1.0)."),
+    TIMEOUT_GETSET("connection_write_timeout", 1,
+                   "Socket write timeout in seconds (default 10.0)."),
+    TIMEOUT_GETSET("read_timeout", 2,
+                   "Stream read timeout in seconds, or None to wait forever (default)."),
+    TIMEOUT_GETSET("write_timeout", 3,
+                   "Stream write timeout in seconds, or None to wait forever (default)."),
+    {"protocol", (getter)get_protocol, NULL, "'legacy' or 'v4' (see set_protocol).", NULL},
+    {"fallback", (getter)get_fallback, NULL, "Whether a V4 client may fall back to legacy.", NULL},
+    {"wakeup", (getter)get_wakeup, NULL, "'socket', 'eventfd' or 'polling' (see set_wakeup).",
+     NULL},
+    {"polling_interval_us", (getter)get_polling_interval_us, NULL,
+     "Polling interval in microseconds (0 unless wakeup is 'polling').", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+/* Keyword arguments of Config() set properties; a typo or a read-only name is a TypeError. */
+static int apply_kwargs(ConfigObject *self, PyObject *kwargs)
+{
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(kwargs, &pos, &key, &value)) {
+        const char *name = PyUnicode_AsUTF8(key);
+        const PyGetSetDef *def = config_getset;
+        if (name == NULL)
+            return -1;
+        while (def->name != NULL && (def->set == NULL || strcmp(def->name, name) != 0))
+            def++;
+        if (def->name == NULL) {
+            PyErr_Format(PyExc_TypeError, "Config() got an unexpected keyword argument '%U'", key);
+            return -1;
+        }
+        if (def->set((PyObject *)self, value, def->closure) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *config_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    module_state *st = state_of_type(type);
+    if (st == NULL)
+        return NULL;
+    if (PyTuple_GET_SIZE(args) != 0) {
+        PyErr_SetString(PyExc_TypeError, "Config() takes keyword arguments only");
+        return NULL;
+    }
+    ConfigObject *self = (ConfigObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    int rc = shmipc_config_new(&self->cfg);
+    if (rc < 0) {
+        Py_DECREF(self);
+        return raise_last(st, rc);
+    }
+    if (kwargs != NULL && apply_kwargs(self, kwargs) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static PyType_Slot config_slots[] = {
+    {Py_tp_new, config_new},
+    {Py_tp_dealloc, config_dealloc},
+    {Py_tp_repr, config_repr},
+    {Py_tp_methods, config_methods},
+    {Py_tp_getset, config_getset},
+    {Py_tp_doc, "Config(**settings)\n\n"
+                "Settings for sessions, session managers and listeners. A new Config holds the\n"
+                "defaults of the reference implementations; keyword arguments set properties.\n"
+                "Invalid values raise InvalidArgumentError naming the field and leave the\n"
+                "Config unchanged."},
+    {0, NULL},
+};
+
+static PyType_Spec config_spec = {
+    .name = "shmipc.Config",
+    .basicsize = sizeof(ConfigObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = config_slots,
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Module                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+static PyObject *mod_strerror(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    int overflow = 0;
+    long code = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(overflow || code < INT32_MIN || code > INT32_MAX
+                                    ? "unknown error"
+                                    : shmipc_strerror((int)code));
+}
+
+static PyObject *mod_errname(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    int overflow = 0;
+    long code = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    const char *name =
+        overflow || code < INT32_MIN || code > INT32_MAX ? NULL : shmipc_errname((int)code);
+    if (name == NULL)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(name);
+}
+
+static PyObject *mod_raise_for_code(PyObject *module, PyObject *args)
+{
+    int code;
+    const char *detail = NULL;
+    if (!PyArg_ParseTuple(args, "i|z:_raise_for_code", &code, &detail))
+        return NULL;
+    if (code >= 0)
+        return raise_invalid(state_of_module(module), "code", "must be negative");
+    return raise_code(state_of_module(module), code, detail);
+}
+
+static PyMethodDef module_methods[] = {
+    {"strerror", mod_strerror, METH_O, "strerror(code) -> str\n\nMessage for an shmipc code."},
+    {"errname", mod_errname, METH_O,
+     "errname(code) -> str | None\n\nSymbolic name ('SHMIPC_ETIMEDOUT') or None."},
+    {"_raise_for_code", mod_raise_for_code, METH_VARARGS,
+     "_raise_for_code(code, detail=None)\n\nRaise the exception a C call failing with `code` "
+     "raises (for tests and for code built on shmipc.abi)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *new_exception(PyObject *module, const char *name, const char *doc, PyObject *bases)
+{
+    PyObject *exc = PyErr_NewExceptionWithDoc(name, doc, bases, NULL);
+    Py_DECREF(bases);
+    if (exc == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(module, strrchr(name, '.') + 1, exc) < 0) {
+        Py_DECREF(exc);
+        return NULL;
+    }
+    return exc;
+}
+
+static int add_errors_dict(PyObject *module)
+{
+    PyObject *errors = PyDict_New();
+    if (errors == NULL)
+        return -1;
+#define ADD_CODE(name, value, msg)                                                                 \
+    do {                                                                                           \
+        PyObject *v = PyLong_FromLong(value);                                                      \
+        if (v == NULL || PyDict_SetItemString(errors, #name, v) < 0) {                             \
+            Py_XDECREF(v);                                                                         \
+            Py_DECREF(errors);                                                                     \
+            return -1;                                                                             \
+        }                                                                                          \
+        Py_DECREF(v);                                                                              \
+    } while (0);
+    SHMIPC_ERRNO_MAP(ADD_CODE)
+#undef ADD_CODE
+    int rc = PyModule_AddObjectRef(module, "errors", errors);
+    Py_DECREF(errors);
+    return rc;
+}
+
+static int module_exec(PyObject *module)
+{
+    module_state *st = state_of_module(module);
+
+    st->config_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &config_spec, NULL);
+    if (st->config_type == NULL || PyModule_AddType(module, st->config_type) < 0)
+        return -1;
+
+    st->error = new_exception(module, "shmipc.Error",
+                              "Base of every shmipc error. errno is the positive shmipc code,\n"
+                              "code the negative one, name its symbol ('SHMIPC_EPROTO').",
+                              PyTuple_Pack(1, PyExc_OSError));
+    if (st->error == NULL)
+        return -1;
+#define SUBCLASS(field, name, doc, ...)                                                            \
+    do {                                                                                           \
+        PyObject *bases = PyTuple_Pack(__VA_ARGS__);                                               \
+        if (bases == NULL || (st->field = new_exception(module, name, doc, bases)) == NULL)        \
+            return -1;                                                                             \
+    } while (0)
+    SUBCLASS(timeout_error, "shmipc.TimeoutError", "An operation timed out.", 2, st->error,
+             PyExc_TimeoutError);
+    SUBCLASS(closed_error, "shmipc.ClosedError", "The handle was closed locally.", 1, st->error);
+    SUBCLASS(peer_gone, "shmipc.PeerGoneError", "The peer is gone (connection reset or EOF).", 2,
+             st->error, PyExc_ConnectionResetError);
+    SUBCLASS(protocol_error, "shmipc.ProtocolError",
+             "The peer broke the protocol, or refused the version or negotiation.", 1, st->error);
+    SUBCLASS(invalid_error, "shmipc.InvalidArgumentError",
+             "A value was refused; the message names the field.", 2, st->error, PyExc_ValueError);
+    SUBCLASS(eof_error, "shmipc.EndOfStreamError", "The peer closed the stream.", 2, st->error,
+             PyExc_EOFError);
+#undef SUBCLASS
+
+    if (PyModule_AddStringConstant(module, "__version__", shmipc_version_string()) < 0 ||
+        PyModule_AddIntConstant(module, "version_number", shmipc_version()) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_SLICE_CLASSES", SHMIPC_MAX_SLICE_CLASSES) < 0 ||
+        PyModule_AddIntConstant(module, "MIN_BUFFER_CAPACITY", SHMIPC_MIN_BUFFER_CAPACITY) < 0)
+        return -1;
+    return add_errors_dict(module);
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    module_state *st = state_of_module(module);
+    Py_VISIT(st->config_type);
+    Py_VISIT(st->error);
+    Py_VISIT(st->timeout_error);
+    Py_VISIT(st->closed_error);
+    Py_VISIT(st->peer_gone);
+    Py_VISIT(st->protocol_error);
+    Py_VISIT(st->invalid_error);
+    Py_VISIT(st->eof_error);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    module_state *st = state_of_module(module);
+    Py_CLEAR(st->config_type);
+    Py_CLEAR(st->error);
+    Py_CLEAR(st->timeout_error);
+    Py_CLEAR(st->closed_error);
+    Py_CLEAR(st->peer_gone);
+    Py_CLEAR(st->protocol_error);
+    Py_CLEAR(st->invalid_error);
+    Py_CLEAR(st->eof_error);
+    return 0;
+}
+
+static void module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static PyModuleDef shmipc_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "shmipc._shmipc",
+    .m_doc = "C core of the shmipc package; use `import shmipc`.",
+    .m_size = sizeof(module_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__shmipc(void)
+{
+    return PyModuleDef_Init(&shmipc_module);
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages shmipc needs that are missing; quick when all are present.
+# Usage: scripts/deps.sh            (as root, or with sudo available)
+set -euo pipefail
+
+packages=(
+  gcc pkg-config meson ninja-build          # build
+  libcmocka-dev                             # C tests
+  liburing-dev                              # io_uring reactor backend
+  libffi-dev                                # generic calls and callbacks from scripts
+  python3 python3-dev python3-pytest        # import shmipc and its tests
+  lua5.4 liblua5.4-dev                      # require "shmipc" and its tests
+  clang-format cppcheck                     # format and static-analysis checks
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "deps: installing ${missing[*]}" >&2
+sudo=()
+[[ $(id -u) -eq 0 ]] || sudo=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+install() { "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+# Refresh the package lists only when the install cannot find what it needs.
+if ! install >/dev/null 2>&1; then
+  "${sudo[@]}" apt-get update -q
+  install
+fi

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every suite: C (cmocka, plain and under
+# ASan+UBSan), Python (pytest under Debian's /usr/bin/python3), Lua (tests/lua/harness.lua),
+# and the repository checks. Ends with one line: "N passed, N failed[, N skipped]".
+# Usage: scripts/test.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+results=build/test-results
+failed_steps=()
+
+step() { # step NAME COMMAND...: runs a step, remembering a failure instead of stopping
+  local name=$1
+  shift
+  echo "==> $name"
+  "$@" || failed_steps+=("$name")
+}
+
+scripts/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
+
+step "build" scripts/build.sh build
+step "build (asan+ubsan)" scripts/build.sh build-asan -Db_sanitize=address,undefined \
+  -Db_lundef=false -Dpython=disabled -Dlua=disabled
+rm -rf "$results" && mkdir -p "$results"
+
+step "C suite" meson test -C build --suite c --print-errorlogs --no-rebuild
+cp build/meson-logs/testlog.json "$results/c.json" 2>/dev/null
+step "C suite (asan+ubsan)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  meson test -C build-asan --suite c --print-errorlogs --no-rebuild
+cp build-asan/meson-logs/testlog.json "$results/c-asan.json" 2>/dev/null
+
+step "Python suite" env PYTHONPATH="$root/build/python" SHMIPC_BUILD_DIR="$root/build" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider --junitxml="$results/python.xml" tests/python
+
+step "Lua suite" bash -c "set -o pipefail; LUA_CPATH='$root/build/lua/?.so;;' \
+  lua5.4 tests/lua/harness.lua | tee '$results/lua.txt'"
+
+: >"$results/checks.txt"
+for check in registered:scripts/check-tests.py knobs:scripts/check-knobs.py \
+  format:scripts/check-format.sh static:scripts/check-static.sh; do
+  name=${check%%:*} cmd=${check#*:}
+  echo "==> check: $name"
+  if "$cmd"; then status=ok; else status="not ok"; failed_steps+=("check: $name"); fi
+  echo "$status $name" >>"$results/checks.txt"
+done
+
+/usr/bin/python3 scripts/summarize.py "$results" "${failed_steps[@]}"
