@@ -228,6 +228,15 @@ SHMIPC_API int shmipc_config_set_slice_classes(shmipc_config *cfg,
     for (size_t i = 0; i < n; i++) {
         if (classes[i].size == 0)
             return shmipc__fail(SHMIPC_EINVAL, "slice_classes: class %zu has size 0", i);
+        /*
+         * Slice strides are size + 20, so a size that is not a multiple of 4 misaligns every
+         * later slice header and list header, whose fields both processes update atomically.
+         * The reference requires this on arm64; we require it everywhere.
+         */
+        if (classes[i].size % 4 != 0)
+            return shmipc__fail(SHMIPC_EINVAL,
+                                "slice_classes: class %zu has size %u, not a multiple of 4", i,
+                                classes[i].size);
         if (classes[i].percent == 0 || classes[i].percent > 100)
             return shmipc__fail(SHMIPC_EINVAL,
                                 "slice_classes: class %zu has percent %u, not 1..100", i,

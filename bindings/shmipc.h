@@ -210,7 +210,7 @@ SHMIPC_API int shmipc_config_set_queue_capacity(shmipc_config *cfg, uint32_t cap
 
 /**
  * Sets the slice classes from an array of n classes (1..SHMIPC_MAX_SLICE_CLASSES). Each
- * size is 1..buffer capacity, each percent 1..100, the percents sum to 100, sizes are
+ * size is a multiple of 4 up to the buffer capacity, each percent 1..100, the percents sum to 100, sizes are
  * distinct, and each class gets at least one slice. The classes are stored sorted by size,
  * as the buffer lays them out. A class that gets exactly one slice never hands it out: the
  * last free slice of a list is kept back by the protocol.

@@ -134,15 +134,18 @@ static void slice_classes_refused(void **state)
     shmipc_slice_class sum90[] = {{4096, 40}, {8192, 50}};
     shmipc_slice_class sum110[] = {{4096, 60}, {8192, 50}};
     shmipc_slice_class zero_size[] = {{0, 100}};
+    shmipc_slice_class odd_size[] = {{4097, 100}};
     shmipc_slice_class zero_pct[] = {{4096, 0}, {8192, 100}};
     shmipc_slice_class dup[] = {{4096, 50}, {4096, 50}};
-    shmipc_slice_class too_big[] = {{(32u << 20) + 1, 100}};
+    shmipc_slice_class too_big[] = {{(32u << 20) + 4, 100}};
     shmipc_slice_class many[SHMIPC_MAX_SLICE_CLASSES + 1];
     for (size_t i = 0; i < SHMIPC_MAX_SLICE_CLASSES + 1; i++)
         many[i] = (shmipc_slice_class){(uint32_t)(64 + i), 1};
     assert_refused(shmipc_config_set_slice_classes(cfg, sum90, 2), SHMIPC_EINVAL, "sum to 90");
     assert_refused(shmipc_config_set_slice_classes(cfg, sum110, 2), SHMIPC_EINVAL, "sum to 110");
     assert_refused(shmipc_config_set_slice_classes(cfg, zero_size, 1), SHMIPC_EINVAL, "size 0");
+    assert_refused(shmipc_config_set_slice_classes(cfg, odd_size, 1), SHMIPC_EINVAL,
+                   "multiple of 4");
     assert_refused(shmipc_config_set_slice_classes(cfg, zero_pct, 2), SHMIPC_EINVAL, "percent 0");
     assert_refused(shmipc_config_set_slice_classes(cfg, dup, 2), SHMIPC_EINVAL, "twice");
     assert_refused(shmipc_config_set_slice_classes(cfg, too_big, 1), SHMIPC_EINVAL,
