@@ -105,6 +105,9 @@ SHMIPC_API int shmipc_config_new(shmipc_config **out)
     cfg->timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE] = 10000;
     cfg->protocol = SHMIPC_PROTOCOL_LEGACY;
     cfg->wakeup = SHMIPC_WAKEUP_SOCKET;
+    cfg->session_num = 1;
+    cfg->max_stream_num = 4096;
+    cfg->rebuild_interval_ms = 1000;
     *out = cfg;
     return 0;
 }
@@ -158,6 +161,11 @@ SHMIPC_API int shmipc_config_validate(const shmipc_config *cfg)
         return shmipc__fail(SHMIPC_EINVAL, "wakeup: eventfd and polling need protocol V4");
     if (cfg->wakeup == SHMIPC_WAKEUP_EVENTFD && cfg->memmap_type != SHMIPC_MEMMAP_MEMFD)
         return shmipc__fail(SHMIPC_EINVAL, "wakeup: eventfd needs memmap_type memfd");
+    if (cfg->session_num < 1 || cfg->session_num > SHMIPC_MAX_SESSION_NUM ||
+        cfg->max_stream_num < 1 || cfg->max_stream_num > SHMIPC_MAX_STREAM_NUM ||
+        cfg->rebuild_interval_ms < 1 || cfg->rebuild_interval_ms > MAX_HANDSHAKE_TIMEOUT_MS)
+        return shmipc__fail(SHMIPC_EINVAL,
+                            "session_num, max_stream_num or rebuild_interval: out of range");
     return 0;
 }
 
@@ -480,4 +488,49 @@ SHMIPC_API int shmipc_config_get_wakeup(const shmipc_config *cfg)
 SHMIPC_API uint32_t shmipc_config_get_polling_interval_us(const shmipc_config *cfg)
 {
     return cfg ? cfg->polling_interval_us : 0;
+}
+
+/* Sets a u32 field that must lie within lo..hi. */
+static int set_bounded(shmipc_config *cfg, uint32_t *field, const char *name, uint32_t v,
+                       uint32_t lo, uint32_t hi)
+{
+    if (cfg == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "%s: config is NULL", name);
+    if (v < lo || v > hi)
+        return shmipc__fail(SHMIPC_EINVAL, "%s: %u is outside %u..%u", name, v, lo, hi);
+    *field = v;
+    return 0;
+}
+
+SHMIPC_API int shmipc_config_set_session_num(shmipc_config *cfg, uint32_t n)
+{
+    return set_bounded(cfg, cfg ? &cfg->session_num : NULL, "session_num", n, 1,
+                       SHMIPC_MAX_SESSION_NUM);
+}
+
+SHMIPC_API int shmipc_config_set_max_stream_num(shmipc_config *cfg, uint32_t n)
+{
+    return set_bounded(cfg, cfg ? &cfg->max_stream_num : NULL, "max_stream_num", n, 1,
+                       SHMIPC_MAX_STREAM_NUM);
+}
+
+SHMIPC_API int shmipc_config_set_rebuild_interval_ms(shmipc_config *cfg, uint32_t ms)
+{
+    return set_bounded(cfg, cfg ? &cfg->rebuild_interval_ms : NULL, "rebuild_interval", ms, 1,
+                       MAX_HANDSHAKE_TIMEOUT_MS);
+}
+
+SHMIPC_API uint32_t shmipc_config_get_session_num(const shmipc_config *cfg)
+{
+    return cfg ? cfg->session_num : 0;
+}
+
+SHMIPC_API uint32_t shmipc_config_get_max_stream_num(const shmipc_config *cfg)
+{
+    return cfg ? cfg->max_stream_num : 0;
+}
+
+SHMIPC_API uint32_t shmipc_config_get_rebuild_interval_ms(const shmipc_config *cfg)
+{
+    return cfg ? cfg->rebuild_interval_ms : 0;
 }

@@ -265,6 +265,25 @@ SHMIPC_API int shmipc_config_with_v4_eventfd(shmipc_config *cfg);
 /** V4 with event-queue polling every `interval_us`, and fallback on. */
 SHMIPC_API int shmipc_config_with_v4_event_queue_polling(shmipc_config *cfg, uint32_t interval_us);
 
+/** Most sessions a session manager keeps, and most idle streams it pools per session. */
+#define SHMIPC_MAX_SESSION_NUM 1024u
+#define SHMIPC_MAX_STREAM_NUM  65536u
+
+/**
+ * Session manager: how many sessions it keeps to the server (1..SHMIPC_MAX_SESSION_NUM,
+ * default 1, as the reference's SessionNum).
+ */
+SHMIPC_API int shmipc_config_set_session_num(shmipc_config *cfg, uint32_t n);
+
+/** Session manager: idle streams pooled per session (1..SHMIPC_MAX_STREAM_NUM, default 4096). */
+SHMIPC_API int shmipc_config_set_max_stream_num(shmipc_config *cfg, uint32_t n);
+
+/**
+ * Session manager: after a reconnect fails, the next attempt waits at least this long
+ * (1..3600000 ms, default 1000). A dead session is replaced on the next get_stream.
+ */
+SHMIPC_API int shmipc_config_set_rebuild_interval_ms(shmipc_config *cfg, uint32_t ms);
+
 /*
  * Getters. They never fail on a valid config; on NULL they return 0 (or NULL), which is
  * never a valid value of the field except where noted.
@@ -279,6 +298,209 @@ SHMIPC_API int shmipc_config_get_protocol(const shmipc_config *cfg);
 SHMIPC_API int shmipc_config_get_fallback(const shmipc_config *cfg);
 SHMIPC_API int shmipc_config_get_wakeup(const shmipc_config *cfg);
 SHMIPC_API uint32_t shmipc_config_get_polling_interval_us(const shmipc_config *cfg);
+SHMIPC_API uint32_t shmipc_config_get_session_num(const shmipc_config *cfg);
+SHMIPC_API uint32_t shmipc_config_get_max_stream_num(const shmipc_config *cfg);
+SHMIPC_API uint32_t shmipc_config_get_rebuild_interval_ms(const shmipc_config *cfg);
+
+/* ------------------------------------------------------------------------------------ */
+/* Sessions and streams                                                                 */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * A session is one connection to a peer (a unix or TCP socket for the handshake and wakeups)
+ * with its shared memory: a buffer of slices and a pair of queues. Streams are multiplexed
+ * byte streams inside a session; the client opens them, the server accepts them.
+ *
+ * Threads: a session handle may be used from several threads at once; a stream handle from
+ * one thread at a time (different streams of one session may run in parallel). No library
+ * thread exists: the thread that waits for data reads the socket itself, or an event loop
+ * polls shmipc_session_fileno() and calls shmipc_session_process().
+ *
+ * Addresses: "unix:/path", "/path" or "./path" (unix socket), "unix:@name" (abstract),
+ * "tcp:host:port" or "host:port". memfd sessions need a unix socket.
+ */
+typedef struct shmipc_session shmipc_session;
+typedef struct shmipc_stream shmipc_stream;
+typedef struct shmipc_listener shmipc_listener;
+
+/** Flag for reads and accepts: fail with SHMIPC_EAGAIN instead of waiting. */
+#define SHMIPC_NONBLOCK 1
+
+/** A timeout argument meaning "wait forever". */
+#define SHMIPC_WAIT_FOREVER (-1)
+
+/**
+ * Connects to a server and runs the client handshake (V3 over memfd, V2 over /dev/shm files,
+ * as `cfg` says; NULL means defaults). Blocks up to the initialize timeout. The client
+ * creates the shared memory; its names are unique to the process and the session.
+ */
+SHMIPC_API int shmipc_session_connect(const char *address, const shmipc_config *cfg,
+                                      shmipc_session **out);
+
+/**
+ * Opens a new stream (client sessions only). Sends nothing: the peer learns of the stream
+ * from its first message. SHMIPC_EUNHEALTHY while the fallback circuit breaker is open,
+ * SHMIPC_ECONNRESET or SHMIPC_ECLOSED when the session has ended.
+ */
+SHMIPC_API int shmipc_session_open_stream(shmipc_session *s, shmipc_stream **out);
+
+/**
+ * Takes the next stream the peer opened (server sessions). Waits up to `timeout_ms`
+ * (SHMIPC_WAIT_FOREVER, or 0 to poll); SHMIPC_ETIMEDOUT or SHMIPC_EAGAIN when none came.
+ */
+SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stream **out);
+
+/**
+ * The descriptor that becomes readable when the session has events to process: register it
+ * with an event loop (level-triggered) and call shmipc_session_process() when it fires.
+ */
+SHMIPC_API int shmipc_session_fileno(const shmipc_session *s);
+
+/**
+ * Processes whatever events are pending without waiting: data for streams, closes, new
+ * streams. Returns the number of events handled (>= 0), or the code that ended the session.
+ * Thread safe; returns 0 at once when another thread is already processing.
+ */
+SHMIPC_API int shmipc_session_process(shmipc_session *s);
+
+/** 0 while the session is alive, else the code that ended it (SHMIPC_ECONNRESET, ...). */
+SHMIPC_API int shmipc_session_status(const shmipc_session *s);
+
+/** The negotiated protocol version (2 or 3). */
+SHMIPC_API int shmipc_session_version(const shmipc_session *s);
+
+/**
+ * Hard close, as in the reference: the socket is closed at once, the peer sees the
+ * connection end, queued but unread data is lost, and every stream of the session fails
+ * with SHMIPC_ECLOSED from then on. Releases the handle; shared memory stays mapped until
+ * the last stream handle is closed, so pointers from read_chunk stay valid until then.
+ * NULL is a no-op.
+ */
+SHMIPC_API void shmipc_session_close(shmipc_session *s);
+
+/** The stream id (client streams count up from 2). */
+SHMIPC_API uint32_t shmipc_stream_id(const shmipc_stream *st);
+
+/**
+ * Appends len bytes to the stream's send buffer, copying them into shared memory (or, when
+ * it is exhausted, into heap memory that flush sends over the socket). Nothing is sent
+ * until shmipc_stream_flush(). Does not block.
+ */
+SHMIPC_API int shmipc_stream_write(shmipc_stream *st, const void *buf, size_t len);
+
+/**
+ * Reserves a contiguous window of `n` bytes at the end of the send buffer, in shared memory
+ * when a slice can hold it, and stores its address in *ptr. Write into it, then commit.
+ * A second reserve before commit replaces the first.
+ */
+SHMIPC_API int shmipc_stream_reserve(shmipc_stream *st, size_t n, void **ptr);
+
+/** Adds the first `n` bytes of the last reserved window to the send buffer (n <= reserved). */
+SHMIPC_API int shmipc_stream_commit(shmipc_stream *st, size_t n);
+
+/**
+ * Sends the send buffer as one message: its slices go to the peer through the queue and the
+ * peer is woken (flush means "enqueued and peer woken", not "read by the peer"). An empty
+ * buffer sends nothing. When the queue is full it retries for up to 100 ms (or the write
+ * timeout), then fails with SHMIPC_EQUEUEFULL and drops the message. Data in heap memory
+ * goes over the socket (FallbackData); the stream then stays on the socket for good and the
+ * session refuses new streams for 30 s.
+ */
+SHMIPC_API int shmipc_stream_flush(shmipc_stream *st);
+
+/**
+ * Returns in *ptr and *len one non-empty contiguous piece of received data, at most `max`
+ * bytes (0: no limit), without copying: it points into shared memory. The piece stays valid
+ * until shmipc_stream_release() or close. Waits up to the read timeout for data; with
+ * SHMIPC_NONBLOCK fails with SHMIPC_EAGAIN. SHMIPC_EEOF once the peer closed the stream and
+ * everything was read.
+ */
+SHMIPC_API int shmipc_stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr,
+                                        size_t *len, int flags);
+
+/**
+ * Returns in *ptr exactly `n` contiguous received bytes: a pointer into shared memory when
+ * they lie in one slice, else a copy in a stream-owned buffer. Valid until the next read,
+ * release or close. Waits (as read_chunk) until n bytes are there; SHMIPC_EEOF when the
+ * stream ends first (the bytes stay unread).
+ */
+SHMIPC_API int shmipc_stream_read_exact_bytes(shmipc_stream *st, size_t n, const void **ptr,
+                                              int flags);
+
+/** Bytes received and not yet read. Does not wait. */
+SHMIPC_API size_t shmipc_stream_available(const shmipc_stream *st);
+
+/**
+ * Gives the slices that earlier reads consumed back to shared memory. Pointers returned by
+ * earlier reads become invalid. Call it after each message, or memory runs out.
+ */
+SHMIPC_API int shmipc_stream_release(shmipc_stream *st);
+
+/** Sets this stream's SHMIPC_TIMEOUT_READ or SHMIPC_TIMEOUT_WRITE (0 = forever). */
+SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32_t ms);
+
+/**
+ * Closes the stream: unread data is dropped, the peer is told (its reads drain what was sent,
+ * then end), and the handle is released. NULL is a no-op.
+ */
+SHMIPC_API void shmipc_stream_close(shmipc_stream *st);
+
+/* ------------------------------------------------------------------------------------ */
+/* Session manager                                                                      */
+/* ------------------------------------------------------------------------------------ */
+
+/**
+ * A client pool, as the reference's SessionManager: `session_num` sessions to one server,
+ * each with up to `max_stream_num` idle streams kept for reuse (see the config). Thread safe.
+ */
+typedef struct shmipc_session_manager shmipc_session_manager;
+
+/** Connects every session (blocking, as shmipc_session_connect). `cfg` may be NULL. */
+SHMIPC_API int shmipc_session_manager_new(const char *address, const shmipc_config *cfg,
+                                          shmipc_session_manager **out);
+
+/**
+ * A stream from the pool, or a new one. Sessions are used in turn, 32 calls each. A session
+ * that has died is reconnected here first; after a failed reconnect, calls fail at once with
+ * its code until the rebuild interval has passed.
+ */
+SHMIPC_API int shmipc_session_manager_get_stream(shmipc_session_manager *m, shmipc_stream **out);
+
+/**
+ * Gives a stream back for reuse. A stream that cannot be reused as if new (unread or unsent
+ * data, closed by the peer, on fallback, its session gone, or the pool full) is closed.
+ */
+SHMIPC_API void shmipc_session_manager_put_back(shmipc_session_manager *m, shmipc_stream *st);
+
+/**
+ * Hard close of every session (see shmipc_session_close) and release of the manager. Streams
+ * taken from it and not put back must still be closed by their owner. NULL is a no-op.
+ */
+SHMIPC_API void shmipc_session_manager_close(shmipc_session_manager *m);
+
+/* ------------------------------------------------------------------------------------ */
+/* Listener                                                                             */
+/* ------------------------------------------------------------------------------------ */
+
+/**
+ * Listens on `address` (a unix socket file is created mode 0600; a stale one left by a dead
+ * process is replaced). `cfg` may be NULL. The listener accepts V2 and V3 clients.
+ */
+SHMIPC_API int shmipc_listener_new(const char *address, const shmipc_config *cfg,
+                                   shmipc_listener **out);
+
+/**
+ * Accepts one client and runs the server handshake. Waits up to `timeout_ms`
+ * (SHMIPC_WAIT_FOREVER, or 0 to poll). A client that fails its handshake is dropped and the
+ * wait goes on. Thread safe.
+ */
+SHMIPC_API int shmipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_session **out);
+
+/** The listening socket, readable when a client is waiting. */
+SHMIPC_API int shmipc_listener_fileno(const shmipc_listener *l);
+
+/** Stops listening (the unix socket file is removed) and frees the listener. */
+SHMIPC_API void shmipc_listener_close(shmipc_listener *l);
 
 #ifdef __cplusplus
 }

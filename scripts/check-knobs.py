@@ -9,9 +9,12 @@ import sys
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(root)
-files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], capture_output=True,
-                       text=True, check=True).stdout.split()
-files = [f for f in files if not f.startswith("build") and os.path.isfile(f)]
+git = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], capture_output=True, text=True)
+if git.returncode == 0:
+    files = git.stdout.split()
+else:  # not a git checkout (an exported tree): every file outside the build trees
+    files = [os.path.relpath(os.path.join(d, f)) for d, _, fs in os.walk(".") for f in fs]
+files = [f for f in files if not f.startswith(("build", ".git/")) and os.path.isfile(f)]
 
 read_patterns = [
     re.compile(r'(?:shmipc__getenv|getenv|secure_getenv)\(\s*"(SHMIPC_[A-Z0-9_]+)"'),  # C

@@ -27,6 +27,10 @@ struct shmipc_config {
     int fallback;
     int wakeup;
     uint32_t polling_interval_us;
+    /* Session manager (client pool). */
+    uint32_t session_num;
+    uint32_t max_stream_num;
+    uint32_t rebuild_interval_ms;
 };
 
 /*

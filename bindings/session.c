@@ -1,0 +1,208 @@
+/*
+ * Exported session, stream and listener calls: argument checks, then the core. The
+ * behaviour is documented in shmipc.h and implemented in core/ipc/.
+ */
+#include "shmipc.h"
+
+#include "common/error.h"
+#include "ipc/listener.h"
+#include "ipc/manager.h"
+#include "ipc/session.h"
+
+#define REQUIRE(cond, fn, what)                                                                    \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return shmipc__fail(SHMIPC_EINVAL, fn ": " what " is NULL");                           \
+    } while (0)
+
+SHMIPC_API int shmipc_session_connect(const char *address, const shmipc_config *cfg,
+                                      shmipc_session **out)
+{
+    REQUIRE(address, "session_connect", "address");
+    REQUIRE(out, "session_connect", "out");
+    return shmipc__session_connect(address, cfg, out);
+}
+
+SHMIPC_API int shmipc_session_open_stream(shmipc_session *s, shmipc_stream **out)
+{
+    REQUIRE(s, "session_open_stream", "session");
+    REQUIRE(out, "session_open_stream", "out");
+    return shmipc__session_open_stream(s, out);
+}
+
+SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stream **out)
+{
+    REQUIRE(s, "session_accept_stream", "session");
+    REQUIRE(out, "session_accept_stream", "out");
+    if (timeout_ms < SHMIPC_WAIT_FOREVER)
+        return shmipc__fail(SHMIPC_EINVAL, "session_accept_stream: timeout %d ms", timeout_ms);
+    return shmipc__session_accept_stream(s, timeout_ms, out);
+}
+
+SHMIPC_API int shmipc_session_fileno(const shmipc_session *s)
+{
+    REQUIRE(s, "session_fileno", "session");
+    return s->fd;
+}
+
+SHMIPC_API int shmipc_session_process(shmipc_session *s)
+{
+    REQUIRE(s, "session_process", "session");
+    return shmipc__session_process(s);
+}
+
+SHMIPC_API int shmipc_session_status(const shmipc_session *s)
+{
+    REQUIRE(s, "session_status", "session");
+    return __atomic_load_n(&s->err, __ATOMIC_ACQUIRE);
+}
+
+SHMIPC_API int shmipc_session_version(const shmipc_session *s)
+{
+    REQUIRE(s, "session_version", "session");
+    return s->version;
+}
+
+SHMIPC_API void shmipc_session_close(shmipc_session *s)
+{
+    if (s != NULL)
+        shmipc__session_close(s);
+}
+
+SHMIPC_API uint32_t shmipc_stream_id(const shmipc_stream *st)
+{
+    return st ? st->id : 0;
+}
+
+SHMIPC_API int shmipc_stream_write(shmipc_stream *st, const void *buf, size_t len)
+{
+    REQUIRE(st, "stream_write", "stream");
+    REQUIRE(buf || len == 0, "stream_write", "buf");
+    return shmipc__stream_write(st, buf, len);
+}
+
+SHMIPC_API int shmipc_stream_reserve(shmipc_stream *st, size_t n, void **ptr)
+{
+    REQUIRE(st, "stream_reserve", "stream");
+    REQUIRE(ptr, "stream_reserve", "ptr");
+    return shmipc__stream_reserve(st, n, ptr);
+}
+
+SHMIPC_API int shmipc_stream_commit(shmipc_stream *st, size_t n)
+{
+    REQUIRE(st, "stream_commit", "stream");
+    return shmipc__stream_commit(st, n);
+}
+
+SHMIPC_API int shmipc_stream_flush(shmipc_stream *st)
+{
+    REQUIRE(st, "stream_flush", "stream");
+    return shmipc__stream_flush(st);
+}
+
+SHMIPC_API int shmipc_stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr,
+                                        size_t *len, int flags)
+{
+    REQUIRE(st, "stream_read_chunk", "stream");
+    REQUIRE(ptr && len, "stream_read_chunk", "ptr or len");
+    return shmipc__stream_read_chunk(st, max, ptr, len, flags);
+}
+
+SHMIPC_API int shmipc_stream_read_exact_bytes(shmipc_stream *st, size_t n, const void **ptr,
+                                              int flags)
+{
+    REQUIRE(st, "stream_read_exact_bytes", "stream");
+    REQUIRE(ptr, "stream_read_exact_bytes", "ptr");
+    return shmipc__stream_read_exact(st, n, ptr, flags);
+}
+
+SHMIPC_API size_t shmipc_stream_available(const shmipc_stream *st)
+{
+    return st ? shmipc__stream_available((shmipc_stream *)st) : 0;
+}
+
+SHMIPC_API int shmipc_stream_release(shmipc_stream *st)
+{
+    REQUIRE(st, "stream_release", "stream");
+    return shmipc__stream_release(st);
+}
+
+SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32_t ms)
+{
+    REQUIRE(st, "stream_set_timeout_ms", "stream");
+    if (which == SHMIPC_TIMEOUT_READ)
+        st->read_timeout_ms = ms;
+    else if (which == SHMIPC_TIMEOUT_WRITE)
+        st->write_timeout_ms = ms;
+    else
+        return shmipc__fail(SHMIPC_EINVAL,
+                            "stream_set_timeout_ms: %d is neither SHMIPC_TIMEOUT_READ nor _WRITE",
+                            which);
+    return 0;
+}
+
+SHMIPC_API void shmipc_stream_close(shmipc_stream *st)
+{
+    if (st != NULL)
+        shmipc__stream_close(st);
+}
+
+SHMIPC_API int shmipc_listener_new(const char *address, const shmipc_config *cfg,
+                                   shmipc_listener **out)
+{
+    REQUIRE(address, "listener_new", "address");
+    REQUIRE(out, "listener_new", "out");
+    return shmipc__ipc_listener_new(address, cfg, out);
+}
+
+SHMIPC_API int shmipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_session **out)
+{
+    REQUIRE(l, "listener_accept", "listener");
+    REQUIRE(out, "listener_accept", "out");
+    if (timeout_ms < SHMIPC_WAIT_FOREVER)
+        return shmipc__fail(SHMIPC_EINVAL, "listener_accept: timeout %d ms", timeout_ms);
+    return shmipc__ipc_listener_accept(l, timeout_ms, out);
+}
+
+SHMIPC_API int shmipc_listener_fileno(const shmipc_listener *l)
+{
+    REQUIRE(l, "listener_fileno", "listener");
+    return l->fd;
+}
+
+SHMIPC_API void shmipc_listener_close(shmipc_listener *l)
+{
+    if (l != NULL)
+        shmipc__ipc_listener_close(l);
+}
+
+SHMIPC_API int shmipc_session_manager_new(const char *address, const shmipc_config *cfg,
+                                          shmipc_session_manager **out)
+{
+    REQUIRE(address, "session_manager_new", "address");
+    REQUIRE(out, "session_manager_new", "out");
+    return shmipc__manager_new(address, cfg, out);
+}
+
+SHMIPC_API int shmipc_session_manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
+{
+    REQUIRE(m, "session_manager_get_stream", "manager");
+    REQUIRE(out, "session_manager_get_stream", "out");
+    return shmipc__manager_get_stream(m, out);
+}
+
+SHMIPC_API void shmipc_session_manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
+{
+    if (st == NULL)
+        return;
+    if (m == NULL)
+        shmipc_stream_close(st);
+    else
+        shmipc__manager_put_back(m, st);
+}
+
+SHMIPC_API void shmipc_session_manager_close(shmipc_session_manager *m)
+{
+    if (m != NULL)
+        shmipc__manager_close(m);
+}

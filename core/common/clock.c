@@ -1,0 +1,27 @@
+#include "clock.h"
+
+#include <limits.h>
+#include <time.h>
+
+uint64_t shmipc__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t shmipc__deadline_ms(uint64_t ms)
+{
+    return ms == 0 ? 0 : shmipc__now_ns() + ms * 1000000u;
+}
+
+int shmipc__remaining_ms(uint64_t deadline)
+{
+    if (deadline == 0)
+        return -1;
+    uint64_t now = shmipc__now_ns();
+    if (now >= deadline)
+        return 0;
+    uint64_t ms = (deadline - now + 999999u) / 1000000u;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}

@@ -1,0 +1,143 @@
+#include "ipc/manager.h"
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "ipc/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The reference moves to the next session every 32 calls (sessionRoundRobinThreshold). */
+#define ROUND_ROBIN 32u
+
+static void drop_pool(struct shmipc__pool *p)
+{
+    for (uint32_t i = 0; i < p->nidle; i++)
+        shmipc_stream_close(p->idle[i]);
+    p->nidle = 0;
+    shmipc_session_close(p->s);
+    p->s = NULL;
+}
+
+int shmipc__manager_new(const char *address, const shmipc_config *cfg, shmipc_session_manager **out)
+{
+    shmipc_config *def = NULL;
+    int rc;
+    if (cfg == NULL) {
+        if ((rc = shmipc_config_new(&def)) < 0)
+            return rc;
+        cfg = def;
+    }
+    if ((rc = shmipc_config_validate(cfg)) < 0) {
+        shmipc_config_free(def);
+        return rc;
+    }
+    if (strlen(address) >= sizeof((shmipc_session_manager *)0)->address) {
+        shmipc_config_free(def);
+        return shmipc__fail(SHMIPC_ENAMETOOLONG, "session_manager: address too long");
+    }
+    size_t size = sizeof(shmipc_session_manager) + cfg->session_num * sizeof(struct shmipc__pool);
+    shmipc_session_manager *m = calloc(1, size);
+    if (m == NULL) {
+        shmipc_config_free(def);
+        return shmipc__fail(SHMIPC_ENOMEM, "session_manager: out of memory");
+    }
+    m->cfg = *cfg;
+    shmipc_config_free(def);
+    strcpy(m->address, address);
+    pthread_mutex_init(&m->mu, NULL);
+    m->npools = m->cfg.session_num;
+    for (uint32_t i = 0; i < m->npools; i++) {
+        struct shmipc__pool *p = &m->pools[i];
+        p->idle = calloc(m->cfg.max_stream_num, sizeof *p->idle);
+        if (p->idle == NULL) {
+            rc = shmipc__fail(SHMIPC_ENOMEM, "session_manager: out of memory");
+            goto err;
+        }
+        /* As the reference does, every session must come up for the manager to exist. */
+        if ((rc = shmipc__session_connect(address, &m->cfg, &p->s)) < 0)
+            goto err;
+    }
+    *out = m;
+    return 0;
+err:
+    shmipc__manager_close(m);
+    return rc;
+}
+
+/* Replaces a dead session, at most once per rebuild interval after a failure. Under mu. */
+static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
+{
+    uint64_t now = shmipc__now_ns();
+    int rc;
+    if (p->s != NULL && shmipc_session_status(p->s) == 0)
+        return 0;
+    if (p->s != NULL) {
+        SHMIPC__LOG(SHMIPC__LOG_INFO, "session_manager %s: session ended (%s), reconnecting",
+                    m->address, shmipc_errname(shmipc_session_status(p->s)));
+        drop_pool(p);
+    }
+    if (now < m->next_attempt_ns)
+        return shmipc__fail(m->last_err, "session_manager %s: reconnecting failed recently (%s)",
+                            m->address, shmipc_strerror(m->last_err));
+    if ((rc = shmipc__session_connect(m->address, &m->cfg, &p->s)) < 0) {
+        p->s = NULL;
+        m->last_err = rc;
+        m->next_attempt_ns = now + (uint64_t)m->cfg.rebuild_interval_ms * 1000000u;
+        return rc;
+    }
+    return 0;
+}
+
+int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
+{
+    int rc;
+    pthread_mutex_lock(&m->mu);
+    struct shmipc__pool *p = &m->pools[(m->calls++ / ROUND_ROBIN) % m->npools];
+    if ((rc = revive_locked(m, p)) == 0) {
+        if (p->nidle > 0)
+            *out = p->idle[--p->nidle];
+        else
+            rc = shmipc__session_open_stream(p->s, out);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
+/* A stream can go back to the pool only if the next user will find it as new. */
+static int reusable(const shmipc_stream *st)
+{
+    return st->s->err == 0 && st->state == SHMIPC__STREAM_OPEN && !st->fallback &&
+           st->unread == 0 && st->nchunks == 0 && st->send_len == 0 && st->nsegs == 0;
+}
+
+void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
+{
+    pthread_mutex_lock(&m->mu);
+    struct shmipc__pool *p = NULL;
+    for (uint32_t i = 0; i < m->npools; i++)
+        if (m->pools[i].s == st->s)
+            p = &m->pools[i];
+    pthread_mutex_lock(&st->s->mu);
+    int ok = p != NULL && reusable(st) && p->nidle < m->cfg.max_stream_num;
+    pthread_mutex_unlock(&st->s->mu);
+    if (ok) {
+        st->read_timeout_ms = m->cfg.timeout_ms[SHMIPC_TIMEOUT_READ];
+        st->write_timeout_ms = m->cfg.timeout_ms[SHMIPC_TIMEOUT_WRITE];
+        p->idle[p->nidle++] = st;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (!ok)
+        shmipc_stream_close(st);
+}
+
+void shmipc__manager_close(shmipc_session_manager *m)
+{
+    for (uint32_t i = 0; i < m->npools; i++) {
+        drop_pool(&m->pools[i]);
+        free(m->pools[i].idle);
+    }
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}

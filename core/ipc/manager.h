@@ -1,0 +1,38 @@
+/*
+ * The session manager (reference §3.5): a pool of client sessions to one server, each with a
+ * ring of idle streams for reuse, and reconnection when a session dies.
+ */
+#ifndef SHMIPC_CORE_IPC_MANAGER_H
+#define SHMIPC_CORE_IPC_MANAGER_H
+
+#include "shmipc.h"
+
+#include "ipc/config.h"
+
+#include <pthread.h>
+#include <stdint.h>
+
+struct shmipc__pool {
+    shmipc_session *s; /* NULL after a failed reconnect */
+    shmipc_stream **idle;
+    uint32_t nidle;
+};
+
+struct shmipc_session_manager {
+    pthread_mutex_t mu;
+    struct shmipc_config cfg;
+    char address[256];
+    uint64_t calls;
+    uint64_t next_attempt_ns; /* no reconnect before this, after one failed */
+    int last_err;
+    uint32_t npools;
+    struct shmipc__pool pools[]; /* cfg.session_num of them */
+};
+
+int shmipc__manager_new(const char *address, const shmipc_config *cfg,
+                        shmipc_session_manager **out);
+int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out);
+void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st);
+void shmipc__manager_close(shmipc_session_manager *m);
+
+#endif

@@ -1,0 +1,1120 @@
+/*
+ * Sessions and streams (reference §3): stream multiplexing over the queue pair, the socket's
+ * control messages after the handshake, fallback over the socket, and the leader/follower
+ * event processing described in session.h.
+ */
+#include "ipc/session.h"
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "ipc/proto.h"
+#include "ipc/sockio.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FIRST_CLIENT_STREAM_ID 2u
+#define BREAKER_NS             (30ull * 1000000000ull)
+#define QUEUE_FULL_RETRIES     10
+#define QUEUE_FULL_WAIT_NS     (10ull * 1000000ull)
+#define FALLBACK_MIN_HEAP      4096u
+#define RBUF_INITIAL           4096u
+/* Chunks an idle stream may keep allocated; beyond this the array is freed when drained. */
+#define IDLE_CHUNK_CAP 4u
+
+static void lock(shmipc_session *s)
+{
+    pthread_mutex_lock(&s->mu);
+}
+
+static void unlock(shmipc_session *s)
+{
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Session life                                                                         */
+/* ------------------------------------------------------------------------------------ */
+
+static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **out)
+{
+    shmipc_session *s = calloc(1, sizeof *s);
+    pthread_condattr_t ca;
+    if (s == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory");
+    s->fd = -1;
+    s->role = role;
+    s->refs = 1;
+    s->next_stream_id = FIRST_CLIENT_STREAM_ID;
+    shmipc__mapping_init(&s->buffer_map);
+    shmipc__mapping_init(&s->queue_map);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->send_mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (cfg != NULL) {
+        s->cfg = *cfg;
+    } else {
+        shmipc_config *def;
+        int rc = shmipc_config_new(&def);
+        if (rc < 0) {
+            free(s);
+            return rc;
+        }
+        s->cfg = *def;
+        shmipc_config_free(def);
+    }
+    *out = s;
+    return 0;
+}
+
+static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uint32_t to)
+{
+    for (uint32_t i = from; i < to; i++) {
+        struct shmipc__chunk *c = &st->chunks[i];
+        if (c->slice == SHMIPC__HEAP_CHUNK)
+            free(c->data);
+        else if (s->err == 0 || s->role == SHMIPC__CLIENT)
+            /* Give slices back while the buffer is in use; a dead session discards it. */
+            shmipc__buffer_free(&s->bm, c->slice);
+    }
+}
+
+static void free_segments(shmipc_session *s, shmipc_stream *st)
+{
+    for (uint32_t i = 0; i < st->nsegs; i++) {
+        if (st->segs[i].slice == SHMIPC__HEAP_CHUNK)
+            free(st->segs[i].data);
+        else
+            shmipc__buffer_free(&s->bm, st->segs[i].slice);
+    }
+    st->nsegs = 0;
+    st->send_len = 0;
+    st->reserved_len = 0;
+}
+
+static void stream_free_memory(shmipc_stream *st)
+{
+    free(st->chunks);
+    free(st->segs);
+    free(st->scratch);
+    free(st);
+}
+
+static void session_destroy(shmipc_session *s)
+{
+    /* Streams left here were never handed out: the peer opened them, nobody accepted them. */
+    for (uint32_t b = 0; b < s->nbuckets; b++) {
+        shmipc_stream *st = s->buckets[b];
+        while (st != NULL) {
+            shmipc_stream *next = st->next_in_bucket;
+            free_chunks(s, st, 0, st->nchunks);
+            stream_free_memory(st);
+            st = next;
+        }
+    }
+    free(s->buckets);
+    free(s->accept_q);
+    free(s->rbuf);
+    shmipc__mapping_unmap(&s->buffer_map);
+    shmipc__mapping_unmap(&s->queue_map);
+    if (s->unlink_files) {
+        shmipc__mapping_unlink(s->buffer_path);
+        shmipc__mapping_unlink(s->queue_path);
+    }
+    if (s->fd >= 0)
+        close(s->fd);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->send_mu);
+    free(s);
+}
+
+static void session_release(shmipc_session *s)
+{
+    lock(s);
+    int last = --s->refs == 0;
+    unlock(s);
+    if (last)
+        session_destroy(s);
+}
+
+/* Ends the session with `code` (first cause wins) and wakes every waiter. Under mu. */
+static int fail_locked(shmipc_session *s, int code)
+{
+    if (s->err == 0) {
+        s->err = code;
+        snprintf(s->why, sizeof s->why, "%s", shmipc_error_detail());
+        SHMIPC__LOG(code == SHMIPC_ECLOSED ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_INFO,
+                    "session %s ended: %s (%s)", s->buffer_path, shmipc_errname(code),
+                    shmipc_error_detail());
+        /* Wakes a processor blocked in poll() and shows the peer the end at once. */
+        if (s->fd >= 0)
+            shutdown(s->fd, SHUT_RDWR);
+        pthread_cond_broadcast(&s->cond);
+    }
+    return s->err;
+}
+
+/* The session's end as a fresh failure detail, for calls made after it ended. */
+static int ended(shmipc_session *s)
+{
+    if (s->err == SHMIPC_ECLOSED)
+        return shmipc__fail(SHMIPC_ECLOSED, "session: closed locally");
+    return shmipc__fail(s->err, "session ended: %s", s->why);
+}
+
+static int session_start(shmipc_session *s, int client)
+{
+    uint64_t deadline = shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_INITIALIZE]);
+    int rc = client ? shmipc__handshake_client(s, deadline) : shmipc__handshake_server(s, deadline);
+    if (rc < 0)
+        return rc;
+    s->nbuckets = 16;
+    s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
+    if (s->buckets == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory");
+    SHMIPC__LOG(SHMIPC__LOG_DEBUG, "session %s up: %s, version %u", s->buffer_path,
+                client ? "client" : "server", s->version);
+    return 0;
+}
+
+int shmipc__session_connect(const char *address, const shmipc_config *cfg, shmipc_session **out)
+{
+    struct shmipc__addr addr;
+    shmipc_session *s;
+    int rc;
+    if (cfg != NULL && (rc = shmipc_config_validate(cfg)) < 0)
+        return rc;
+    if ((rc = shmipc__addr_parse(address, &addr)) < 0)
+        return rc;
+    if ((rc = session_alloc(cfg, SHMIPC__CLIENT, &s)) < 0)
+        return rc;
+    if (s->cfg.memmap_type == SHMIPC_MEMMAP_MEMFD && addr.family != AF_UNIX) {
+        session_destroy(s);
+        return shmipc__fail(SHMIPC_EINVAL, "connect %s: memfd needs a unix socket", address);
+    }
+    rc = shmipc__sock_connect(&addr,
+                              shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_INITIALIZE]));
+    if (rc < 0) {
+        session_destroy(s);
+        return rc;
+    }
+    s->fd = rc;
+    if ((rc = session_start(s, 1)) < 0) {
+        session_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int shmipc__session_accept_fd(int fd, const shmipc_config *cfg, shmipc_session **out)
+{
+    shmipc_session *s;
+    int rc = session_alloc(cfg, SHMIPC__SERVER, &s);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    s->fd = fd;
+    if ((rc = session_start(s, 0)) < 0) {
+        session_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void shmipc__session_close(shmipc_session *s)
+{
+    lock(s);
+    fail_locked(s, shmipc__fail(SHMIPC_ECLOSED, "session: closed locally"));
+    unlock(s);
+    session_release(s);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Stream table                                                                         */
+/* ------------------------------------------------------------------------------------ */
+
+static uint32_t bucket_of(const shmipc_session *s, uint32_t id)
+{
+    return (id * 2654435761u) & (s->nbuckets - 1);
+}
+
+static shmipc_stream *lookup_locked(shmipc_session *s, uint32_t id)
+{
+    shmipc_stream *st = s->buckets[bucket_of(s, id)];
+    while (st != NULL && st->id != id)
+        st = st->next_in_bucket;
+    return st;
+}
+
+static int insert_locked(shmipc_session *s, shmipc_stream *st)
+{
+    if (s->nstreams + 1 > s->nbuckets / 4 * 3) {
+        uint32_t n = s->nbuckets * 2;
+        shmipc_stream **nb = calloc(n, sizeof *nb);
+        if (nb == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory for the stream table");
+        for (uint32_t b = 0; b < s->nbuckets; b++) {
+            shmipc_stream *it = s->buckets[b];
+            while (it != NULL) {
+                shmipc_stream *next = it->next_in_bucket;
+                uint32_t h = (it->id * 2654435761u) & (n - 1);
+                it->next_in_bucket = nb[h];
+                nb[h] = it;
+                it = next;
+            }
+        }
+        free(s->buckets);
+        s->buckets = nb;
+        s->nbuckets = n;
+    }
+    uint32_t h = bucket_of(s, st->id);
+    st->next_in_bucket = s->buckets[h];
+    s->buckets[h] = st;
+    st->in_table = 1;
+    s->nstreams++;
+    return 0;
+}
+
+static void remove_locked(shmipc_session *s, shmipc_stream *st)
+{
+    shmipc_stream **p = &s->buckets[bucket_of(s, st->id)];
+    while (*p != NULL && *p != st)
+        p = &(*p)->next_in_bucket;
+    if (*p == st) {
+        *p = st->next_in_bucket;
+        s->nstreams--;
+    }
+    st->in_table = 0;
+}
+
+static shmipc_stream *stream_new(shmipc_session *s, uint32_t id)
+{
+    shmipc_stream *st = calloc(1, sizeof *st);
+    if (st == NULL)
+        return NULL;
+    st->s = s;
+    st->id = id;
+    st->read_timeout_ms = s->cfg.timeout_ms[SHMIPC_TIMEOUT_READ];
+    st->write_timeout_ms = s->cfg.timeout_ms[SHMIPC_TIMEOUT_WRITE];
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Receiving                                                                            */
+/* ------------------------------------------------------------------------------------ */
+
+static int push_chunk_locked(shmipc_session *s, shmipc_stream *st, uint8_t *data, uint32_t len,
+                             uint32_t slice)
+{
+    if (st->nchunks == st->chunk_cap) {
+        uint32_t n = st->chunk_cap ? st->chunk_cap * 2 : IDLE_CHUNK_CAP;
+        void *p = realloc(st->chunks, n * sizeof *st->chunks);
+        if (p == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory", st->id);
+        st->chunks = p;
+        st->chunk_cap = n;
+    }
+    st->chunks[st->nchunks++] = (struct shmipc__chunk){data, len, slice};
+    st->unread += len;
+    (void)s;
+    return 0;
+}
+
+/* The stream for a data message with id `id`: a known one, or a new one on the server. */
+static int stream_for_data_locked(shmipc_session *s, uint32_t id, shmipc_stream **out)
+{
+    shmipc_stream *st = lookup_locked(s, id);
+    if (st == NULL && s->role == SHMIPC__SERVER) {
+        int rc;
+        if (s->accept_len == s->accept_cap) {
+            uint32_t n = s->accept_cap ? s->accept_cap * 2 : 16;
+            shmipc_stream **q = malloc(n * sizeof *q);
+            if (q == NULL)
+                return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory for new streams");
+            for (uint32_t i = 0; i < s->accept_len; i++)
+                q[i] = s->accept_q[(s->accept_head + i) % (s->accept_cap ? s->accept_cap : 1)];
+            free(s->accept_q);
+            s->accept_q = q;
+            s->accept_cap = n;
+            s->accept_head = 0;
+        }
+        if ((st = stream_new(s, id)) == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory for a new stream");
+        if ((rc = insert_locked(s, st)) < 0) {
+            free(st);
+            return rc;
+        }
+        s->accept_q[(s->accept_head + s->accept_len++) % s->accept_cap] = st;
+    }
+    *out = st;
+    return 0;
+}
+
+/* Delivers the chain at `offset` to stream `id`, or frees it when nobody can take it. */
+static int deliver_chain_locked(shmipc_session *s, uint32_t id, uint32_t offset)
+{
+    shmipc_stream *st;
+    struct shmipc__chain walk;
+    struct shmipc__chain_slice sl;
+    int rc = stream_for_data_locked(s, id, &st);
+    if (rc < 0)
+        return rc;
+    if (st == NULL) {
+        rc = shmipc__buffer_free_chain(&s->bm, offset);
+        return rc < 0 ? rc : 0;
+    }
+    shmipc__chain_begin(&walk, &s->bm, offset);
+    while ((rc = shmipc__chain_next(&walk, &sl)) == 1) {
+        /*
+         * Empty slices become empty chunks that reads skip (Go skips them too). They are not
+         * freed during the walk: the walker marks the slices it visits to catch a slice seen
+         * twice, and a free would erase the mark.
+         */
+        if ((rc = push_chunk_locked(s, st, sl.bytes, sl.size, sl.offset)) < 0)
+            return rc;
+    }
+    return rc;
+}
+
+static void peer_closed_locked(shmipc_session *s, uint32_t id)
+{
+    shmipc_stream *st = lookup_locked(s, id);
+    /* The peer closing a stream we closed already (or never knew) is normal: ignore it. */
+    if (st != NULL)
+        st->state = SHMIPC__STREAM_PEER_CLOSED;
+}
+
+static int handle_element_locked(shmipc_session *s, const struct shmipc__queue_elem *e)
+{
+    switch (e->status & 0xff) {
+    case 0:
+        return deliver_chain_locked(s, e->seq_id, e->offset);
+    case 1:
+        peer_closed_locked(s, e->seq_id);
+        return 0;
+    default:
+        return shmipc__fail(SHMIPC_EPROTO, "queue: element for stream %u with status %u", e->seq_id,
+                            e->status);
+    }
+}
+
+/* Handles a Polling message: drain, clear the working flag, drain again if needed. */
+static int drain_queue_locked(shmipc_session *s, int *events)
+{
+    struct shmipc__queue_elem e;
+    int rc;
+    for (;;) {
+        while ((rc = shmipc__queue_pop(&s->qp.recv, &e)) == 0) {
+            if ((rc = handle_element_locked(s, &e)) < 0)
+                return rc;
+            (*events)++;
+        }
+        if (rc != SHMIPC_EAGAIN)
+            return rc;
+        rc = shmipc__queue_mark_not_working(&s->qp.recv);
+        if (rc <= 0)
+            return rc;
+    }
+}
+
+static int handle_fallback_locked(shmipc_session *s, const struct shmipc__msg *m)
+{
+    shmipc_stream *st;
+    int rc;
+    s->unhealthy_until_ns = shmipc__now_ns() + BREAKER_NS;
+    if ((m->u.fallback.status & 0xff) == 1) {
+        peer_closed_locked(s, m->u.fallback.stream_id);
+        return 0;
+    }
+    if ((rc = stream_for_data_locked(s, m->u.fallback.stream_id, &st)) < 0)
+        return rc;
+    if (st == NULL || m->u.fallback.len == 0)
+        return 0;
+    st->fallback = 1;
+    uint8_t *copy = malloc(m->u.fallback.len);
+    if (copy == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory for fallback data", st->id);
+    memcpy(copy, m->u.fallback.data, m->u.fallback.len);
+    if ((rc = push_chunk_locked(s, st, copy, m->u.fallback.len, SHMIPC__HEAP_CHUNK)) < 0)
+        free(copy);
+    return rc;
+}
+
+static int handle_message_locked(shmipc_session *s, const struct shmipc__msg *m, int *events)
+{
+    switch (m->h.type) {
+    case SHMIPC__MSG_POLLING:
+        return drain_queue_locked(s, events);
+    case SHMIPC__MSG_STREAM_CLOSE:
+        peer_closed_locked(s, m->u.stream_close.stream_id);
+        (*events)++;
+        return 0;
+    case SHMIPC__MSG_FALLBACK_DATA:
+        (*events)++;
+        return handle_fallback_locked(s, m);
+    case SHMIPC__MSG_HOT_RESTART:
+    case SHMIPC__MSG_HOT_RESTART_ACK:
+        /* A Go server restarting hot: we keep this session until it ends (docs/protocol.md). */
+        SHMIPC__LOG(SHMIPC__LOG_INFO, "session %s: peer sent %s (epoch %llu); ignored",
+                    s->buffer_path, shmipc__msg_type_name(m->h.type),
+                    (unsigned long long)m->u.hot_restart.epoch);
+        return 0;
+    default:
+        return shmipc__fail(SHMIPC_EPROTO, "session: unexpected %s after the handshake",
+                            shmipc__msg_type_name(m->h.type));
+    }
+}
+
+/*
+ * Reads what the socket holds and handles every complete message. Under mu, by the one
+ * processing thread. Returns the number of events or the code that ended the session.
+ */
+static int process_locked(shmipc_session *s)
+{
+    int events = 0, rc = 0;
+    if (s->err)
+        return s->err;
+    for (;;) {
+        if (s->rcap - s->rlen < RBUF_INITIAL) {
+            size_t n = s->rcap ? s->rcap * 2 : RBUF_INITIAL * 4;
+            if (n > SHMIPC__MAX_MESSAGE + RBUF_INITIAL * 4)
+                n = SHMIPC__MAX_MESSAGE + RBUF_INITIAL * 4;
+            if (n > s->rcap) {
+                void *p = realloc(s->rbuf, n);
+                if (p == NULL)
+                    return fail_locked(s, shmipc__fail(SHMIPC_ENOMEM, "session: out of memory"));
+                s->rbuf = p;
+                s->rcap = n;
+            }
+        }
+        ssize_t n = recv(s->fd, s->rbuf + s->rlen, s->rcap - s->rlen, MSG_DONTWAIT);
+        if (n == 0) {
+            rc = shmipc__fail(SHMIPC_ECONNRESET, "session: the peer closed the connection");
+            break;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN)
+                rc = errno == ECONNRESET
+                         ? shmipc__fail(SHMIPC_ECONNRESET, "session: connection reset by peer")
+                         : shmipc__fail_errno(errno, "session: recv");
+            break;
+        }
+        s->rlen += (size_t)n;
+        size_t off = 0;
+        struct shmipc__msg m;
+        while ((rc = shmipc__msg_parse(s->rbuf + off, s->rlen - off, &m, 0)) > 0) {
+            off += (size_t)rc;
+            if ((rc = handle_message_locked(s, &m, &events)) < 0)
+                break;
+        }
+        memmove(s->rbuf, s->rbuf + off, s->rlen - off);
+        s->rlen -= off;
+        if (rc < 0)
+            break;
+    }
+    if (events > 0)
+        pthread_cond_broadcast(&s->cond);
+    if (rc < 0)
+        return fail_locked(s, rc);
+    return events;
+}
+
+/*
+ * Waits for something to happen, by processing the socket when no other thread does or by
+ * waiting for the thread that does. Under mu. Returns 0 (look again), SHMIPC_ETIMEDOUT, or
+ * the code that ended the session.
+ */
+static int wait_locked(shmipc_session *s, uint64_t deadline)
+{
+    if (s->err)
+        return s->err;
+    if (!s->processing) {
+        s->processing = 1;
+        unlock(s);
+        struct pollfd p = {.fd = s->fd, .events = POLLIN};
+        int rc = poll(&p, 1, shmipc__remaining_ms(deadline));
+        int err = errno;
+        lock(s);
+        if (rc > 0)
+            rc = process_locked(s);
+        else if (rc == 0)
+            rc = shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
+        else if (err == EINTR)
+            rc = shmipc__fail(SHMIPC_EINTR, "interrupted by a signal");
+        else
+            rc = fail_locked(s, shmipc__fail_errno(err, "session: poll"));
+        s->processing = 0;
+        pthread_cond_broadcast(&s->cond);
+        return rc < 0 ? rc : 0;
+    }
+    if (deadline == 0) {
+        pthread_cond_wait(&s->cond, &s->mu);
+        return 0;
+    }
+    struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
+                          .tv_nsec = (long)(deadline % 1000000000u)};
+    if (pthread_cond_timedwait(&s->cond, &s->mu, &ts) == ETIMEDOUT)
+        return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
+    return 0;
+}
+
+int shmipc__session_process(shmipc_session *s)
+{
+    int rc = 0;
+    lock(s);
+    if (!s->processing) {
+        s->processing = 1;
+        rc = process_locked(s);
+        s->processing = 0;
+        pthread_cond_broadcast(&s->cond);
+    } else if (s->err) {
+        rc = s->err;
+    }
+    if (rc < 0)
+        rc = ended(s);
+    unlock(s);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Opening and accepting                                                                */
+/* ------------------------------------------------------------------------------------ */
+
+int shmipc__session_open_stream(shmipc_session *s, shmipc_stream **out)
+{
+    int rc = 0;
+    if (s->role != SHMIPC__CLIENT)
+        return shmipc__fail(SHMIPC_ENOTSUP, "open_stream: only clients open streams");
+    lock(s);
+    if (s->err) {
+        rc = ended(s);
+    } else if (shmipc__now_ns() < s->unhealthy_until_ns) {
+        rc = shmipc__fail(SHMIPC_EUNHEALTHY,
+                          "open_stream: shared memory ran out and data went over the socket; "
+                          "new streams are refused for 30 s");
+    } else {
+        uint32_t tries = 0;
+        /* Ids are never reused while in use; at u32 wrap-around skip the ones still open. */
+        while (lookup_locked(s, s->next_stream_id) != NULL || s->next_stream_id < 2) {
+            s->next_stream_id++;
+            if (++tries == 0)
+                break;
+        }
+        shmipc_stream *st = NULL;
+        if (s->nstreams >= UINT32_MAX - 2)
+            rc = shmipc__fail(SHMIPC_ESTREAMS, "open_stream: every stream id is in use");
+        else if ((st = stream_new(s, s->next_stream_id++)) == NULL)
+            rc = shmipc__fail(SHMIPC_ENOMEM, "open_stream: out of memory");
+        else if ((rc = insert_locked(s, st)) < 0)
+            free(st);
+        else {
+            s->refs++;
+            *out = st;
+        }
+    }
+    unlock(s);
+    return rc;
+}
+
+int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stream **out)
+{
+    int rc = 0;
+    uint64_t deadline = timeout_ms > 0 ? shmipc__deadline_ms((uint64_t)timeout_ms) : 0;
+    if (s->role != SHMIPC__SERVER)
+        return shmipc__fail(SHMIPC_ENOTSUP, "accept_stream: only servers accept streams");
+    lock(s);
+    for (;;) {
+        if (s->accept_len > 0) {
+            *out = s->accept_q[s->accept_head];
+            s->accept_head = (s->accept_head + 1) % s->accept_cap;
+            s->accept_len--;
+            s->refs++;
+            rc = 0;
+            break;
+        }
+        if (s->err) {
+            rc = ended(s);
+            break;
+        }
+        if (timeout_ms == 0) {
+            if (!s->processing) {
+                s->processing = 1;
+                rc = process_locked(s);
+                s->processing = 0;
+                if (rc >= 0 && s->accept_len > 0)
+                    continue;
+            }
+            rc = s->err ? ended(s) : shmipc__fail(SHMIPC_EAGAIN, "accept_stream: no new stream");
+            break;
+        }
+        if ((rc = wait_locked(s, deadline)) < 0) {
+            if (rc == s->err)
+                rc = ended(s);
+            break;
+        }
+    }
+    unlock(s);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Reading                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * Waits until the stream has `need` unread bytes or can have no more. Under mu. Returns 0
+ * when the bytes are there, SHMIPC_EEOF, SHMIPC_EAGAIN (non-blocking), SHMIPC_ETIMEDOUT, or
+ * the code that ended the session.
+ */
+static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
+{
+    shmipc_session *s = st->s;
+    uint64_t deadline = shmipc__deadline_ms(st->read_timeout_ms);
+    int rc;
+    for (;;) {
+        if (st->unread >= need)
+            return 0;
+        if (st->state == SHMIPC__STREAM_PEER_CLOSED)
+            return shmipc__fail(SHMIPC_EEOF, "stream %u: the peer closed the stream", st->id);
+        if (s->err)
+            return ended(s);
+        if (flags & SHMIPC_NONBLOCK) {
+            if (!s->processing) {
+                s->processing = 1;
+                rc = process_locked(s);
+                s->processing = 0;
+                if (rc > 0)
+                    continue;
+            }
+            if (st->unread >= need)
+                return 0;
+            return s->err ? ended(s)
+                          : shmipc__fail(SHMIPC_EAGAIN, "stream %u: no data yet", st->id);
+        }
+        if ((rc = wait_locked(s, deadline)) < 0) {
+            if (rc == SHMIPC_ETIMEDOUT)
+                return shmipc__fail(SHMIPC_ETIMEDOUT, "stream %u: read timed out", st->id);
+            return s->err ? ended(s) : rc;
+        }
+    }
+}
+
+/* Skips chunks that were read to their end. Under mu. */
+static void settle_locked(shmipc_stream *st)
+{
+    while (st->read_index < st->nchunks && st->read_offset == st->chunks[st->read_index].len) {
+        st->read_index++;
+        st->read_offset = 0;
+    }
+}
+
+int shmipc__stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr, size_t *len,
+                              int flags)
+{
+    shmipc_session *s = st->s;
+    lock(s);
+    int rc = wait_readable_locked(st, 1, flags);
+    if (rc == 0) {
+        settle_locked(st);
+        struct shmipc__chunk *c = &st->chunks[st->read_index];
+        size_t n = c->len - st->read_offset;
+        if (max != 0 && n > max)
+            n = max;
+        *ptr = c->data + st->read_offset;
+        *len = n;
+        st->read_offset += (uint32_t)n;
+        st->unread -= n;
+        settle_locked(st);
+    }
+    unlock(s);
+    return rc;
+}
+
+int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int flags)
+{
+    shmipc_session *s = st->s;
+    if (n == 0) {
+        *ptr = st->scratch;
+        return 0;
+    }
+    if (n > UINT32_MAX)
+        return shmipc__fail(SHMIPC_EINVAL, "read_exact_bytes: %zu bytes, at most %u", n,
+                            UINT32_MAX);
+    lock(s);
+    int rc = wait_readable_locked(st, n, flags);
+    if (rc == 0) {
+        settle_locked(st);
+        struct shmipc__chunk *c = &st->chunks[st->read_index];
+        if (c->len - st->read_offset >= n) {
+            *ptr = c->data + st->read_offset;
+            st->read_offset += (uint32_t)n;
+        } else if (n > st->scratch_cap && (st->scratch = realloc(st->scratch, n)) == NULL) {
+            st->scratch_cap = 0;
+            rc = shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory for %zu bytes", st->id, n);
+        } else {
+            /* The bytes span slices: the one case that copies. */
+            if (n > st->scratch_cap)
+                st->scratch_cap = (uint32_t)n;
+            size_t done = 0;
+            while (done < n) {
+                c = &st->chunks[st->read_index];
+                size_t take = c->len - st->read_offset;
+                if (take > n - done)
+                    take = n - done;
+                memcpy(st->scratch + done, c->data + st->read_offset, take);
+                done += take;
+                st->read_offset += (uint32_t)take;
+                settle_locked(st);
+            }
+            *ptr = st->scratch;
+        }
+        if (rc == 0) {
+            st->unread -= n;
+            settle_locked(st);
+        }
+    }
+    unlock(s);
+    return rc;
+}
+
+size_t shmipc__stream_available(shmipc_stream *st)
+{
+    lock(st->s);
+    size_t n = (size_t)st->unread;
+    unlock(st->s);
+    return n;
+}
+
+int shmipc__stream_release(shmipc_stream *st)
+{
+    shmipc_session *s = st->s;
+    lock(s);
+    settle_locked(st);
+    uint32_t done = st->read_index;
+    free_chunks(s, st, 0, done);
+    memmove(st->chunks, st->chunks + done, (st->nchunks - done) * sizeof *st->chunks);
+    st->nchunks -= done;
+    st->read_index = 0;
+    if (st->nchunks == 0 && st->chunk_cap > IDLE_CHUNK_CAP) {
+        free(st->chunks);
+        st->chunks = NULL;
+        st->chunk_cap = 0;
+    }
+    unlock(s);
+    /* An idle stream keeps no copy buffer either. */
+    free(st->scratch);
+    st->scratch = NULL;
+    st->scratch_cap = 0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Writing                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+static struct shmipc__segment *add_segment(shmipc_stream *st)
+{
+    if (st->nsegs == st->seg_cap) {
+        uint32_t n = st->seg_cap ? st->seg_cap * 2 : 4;
+        void *p = realloc(st->segs, n * sizeof *st->segs);
+        if (p == NULL)
+            return NULL;
+        st->segs = p;
+        st->seg_cap = n;
+    }
+    return &st->segs[st->nsegs++];
+}
+
+/* Appends a segment of at least `want` bytes: a slice, or heap memory when none is free. */
+static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous)
+{
+    shmipc_session *s = st->s;
+    uint32_t max = shmipc__buffer_max_slice(&s->bm);
+    struct shmipc__segment *seg = add_segment(st);
+    if (seg == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory", st->id);
+    if (!st->fallback && !(contiguous && want > max)) {
+        struct shmipc__slice sl;
+        int rc = shmipc__buffer_alloc(&s->bm, (uint32_t)(want > max ? max : want), &sl);
+        /* A copying write can use any slice: take the largest one still free. */
+        if (rc == SHMIPC_ENOSHM && !contiguous)
+            rc = shmipc__buffer_alloc_many(&s->bm, want, &sl, 1) == 1 ? 0 : SHMIPC_ENOSHM;
+        if (rc == 0) {
+            *seg = (struct shmipc__segment){sl.data, sl.cap, 0, sl.offset};
+            return 0;
+        }
+        if (rc != SHMIPC_ENOSHM) {
+            st->nsegs--;
+            return rc;
+        }
+    }
+    /* Shared memory is exhausted (or the window is larger than any slice): use the heap. */
+    size_t cap = want < FALLBACK_MIN_HEAP ? FALLBACK_MIN_HEAP : want;
+    if (cap > SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE)
+        cap = want;
+    if (cap > UINT32_MAX || (seg->data = malloc(cap)) == NULL) {
+        st->nsegs--;
+        return shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory for %zu bytes", st->id, cap);
+    }
+    seg->cap = (uint32_t)cap;
+    seg->used = 0;
+    seg->slice = SHMIPC__HEAP_CHUNK;
+    return 0;
+}
+
+int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    if (st->s->err)
+        return ended(st->s);
+    st->reserved_len = 0;
+    while (len > 0) {
+        struct shmipc__segment *seg = st->nsegs ? &st->segs[st->nsegs - 1] : NULL;
+        if (seg == NULL || seg->used == seg->cap) {
+            int rc = grow_send_buffer(st, len, 0);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        size_t n = seg->cap - seg->used;
+        if (n > len)
+            n = len;
+        memcpy(seg->data + seg->used, p, n);
+        seg->used += (uint32_t)n;
+        st->send_len += n;
+        p += n;
+        len -= n;
+    }
+    return 0;
+}
+
+int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
+{
+    if (st->s->err)
+        return ended(st->s);
+    if (n == 0 || n > UINT32_MAX)
+        return shmipc__fail(SHMIPC_EINVAL, "reserve: %zu bytes, need 1..%u", n, UINT32_MAX);
+    struct shmipc__segment *seg = st->nsegs ? &st->segs[st->nsegs - 1] : NULL;
+    if (seg == NULL || seg->cap - seg->used < n) {
+        int rc = grow_send_buffer(st, n, 1);
+        if (rc < 0)
+            return rc;
+        seg = &st->segs[st->nsegs - 1];
+    }
+    st->reserved_len = (uint32_t)n;
+    *ptr = seg->data + seg->used;
+    return 0;
+}
+
+int shmipc__stream_commit(shmipc_stream *st, size_t n)
+{
+    if (n > st->reserved_len)
+        return shmipc__fail(SHMIPC_EINVAL, "commit: %zu bytes, but %u were reserved", n,
+                            st->reserved_len);
+    st->segs[st->nsegs - 1].used += (uint32_t)n;
+    st->send_len += n;
+    st->reserved_len = 0;
+    return 0;
+}
+
+/* Sends the wakeup after a put, when the peer was not working already. Under send_mu. */
+static int wake_peer(shmipc_session *s)
+{
+    if (shmipc__queue_mark_working(&s->qp.send) != 1)
+        return 0;
+    uint8_t msg[SHMIPC__HEADER_SIZE];
+    shmipc__encode_simple(msg, s->version, SHMIPC__MSG_POLLING);
+    return shmipc__write_full(
+        s->fd, msg, sizeof msg,
+        shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]));
+}
+
+/* Puts an element, retrying a full queue as the reference does. Under send_mu. */
+static int put_element(shmipc_stream *st, const struct shmipc__queue_elem *e)
+{
+    shmipc_session *s = st->s;
+    uint64_t deadline = shmipc__deadline_ms(st->write_timeout_ms);
+    int rc = shmipc__queue_put(&s->qp.send, e);
+    for (int i = 0; rc == SHMIPC_EQUEUEFULL && i < QUEUE_FULL_RETRIES; i++) {
+        uint64_t now = shmipc__now_ns();
+        if (deadline != 0 && now >= deadline)
+            return shmipc__fail(SHMIPC_ETIMEDOUT, "stream %u: write timed out, queue full", st->id);
+        if (s->err)
+            return ended(s);
+        struct timespec ts = {0, (long)QUEUE_FULL_WAIT_NS};
+        nanosleep(&ts, NULL);
+        rc = shmipc__queue_put(&s->qp.send, e);
+    }
+    if (rc == SHMIPC_EQUEUEFULL)
+        return shmipc__fail(SHMIPC_EQUEUEFULL, "stream %u: the peer's queue stayed full", st->id);
+    return rc;
+}
+
+static int send_fallback(shmipc_stream *st)
+{
+    shmipc_session *s = st->s;
+    uint64_t deadline = shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
+    uint32_t i = 0, off = 0;
+    int rc = 0;
+    pthread_mutex_lock(&s->send_mu);
+    /* One message per at most SHMIPC__MAX_MESSAGE bytes, so any peer can take it. */
+    while (rc == 0 && i < st->nsegs) {
+        uint32_t room = SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE, total = 0;
+        uint32_t j = i, joff = off;
+        while (j < st->nsegs && total < room) {
+            uint32_t take = st->segs[j].used - joff;
+            if (take > room - total) {
+                take = room - total;
+                joff += take;
+            } else {
+                j++;
+                joff = 0;
+            }
+            total += take;
+        }
+        uint8_t head[SHMIPC__FALLBACK_HEADER_SIZE];
+        shmipc__encode_fallback_head(head, s->version, st->id, 0, total);
+        rc = shmipc__write_full(s->fd, head, sizeof head, deadline);
+        while (rc == 0 && total > 0) {
+            uint32_t take = st->segs[i].used - off;
+            if (take > total)
+                take = total;
+            rc = shmipc__write_full(s->fd, st->segs[i].data + off, take, deadline);
+            total -= take;
+            off += take;
+            if (off == st->segs[i].used) {
+                i++;
+                off = 0;
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->send_mu);
+    lock(s);
+    s->unhealthy_until_ns = shmipc__now_ns() + BREAKER_NS;
+    if (rc < 0 && rc != SHMIPC_ETIMEDOUT)
+        fail_locked(s, rc);
+    unlock(s);
+    st->fallback = 1;
+    free_segments(s, st);
+    return rc;
+}
+
+int shmipc__stream_flush(shmipc_stream *st)
+{
+    shmipc_session *s = st->s;
+    int rc = 0, heap = 0;
+    uint32_t n = 0;
+    st->reserved_len = 0;
+    /* Drop segments that hold nothing (a reserve that was never committed). */
+    for (uint32_t i = 0; i < st->nsegs; i++) {
+        if (st->segs[i].used == 0) {
+            if (st->segs[i].slice == SHMIPC__HEAP_CHUNK)
+                free(st->segs[i].data);
+            else
+                shmipc__buffer_free(&s->bm, st->segs[i].slice);
+            continue;
+        }
+        heap |= st->segs[i].slice == SHMIPC__HEAP_CHUNK;
+        st->segs[n++] = st->segs[i];
+    }
+    st->nsegs = n;
+    if (st->send_len == 0)
+        return 0;
+    if (s->err) {
+        free_segments(s, st);
+        return ended(s);
+    }
+    if (st->state == SHMIPC__STREAM_PEER_CLOSED) {
+        free_segments(s, st);
+        return shmipc__fail(SHMIPC_EEOF, "stream %u: the peer closed the stream", st->id);
+    }
+    if (heap || st->fallback) {
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "stream %u: %llu bytes go over the socket (fallback)", st->id,
+                    (unsigned long long)st->send_len);
+        return send_fallback(st);
+    }
+    /* Hand the chain to the peer: sizes, links, then one queue element for its head. */
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        struct shmipc__slice sl;
+        rc = shmipc__buffer_slice_at(&s->bm, st->segs[i].slice, &sl);
+        if (rc == 0)
+            rc = shmipc__buffer_slice_set(&s->bm, &sl, 0, st->segs[i].used);
+        if (rc == 0 && i + 1 < n)
+            rc = shmipc__buffer_slice_link(&s->bm, &sl, st->segs[i + 1].slice);
+    }
+    if (rc == 0) {
+        struct shmipc__queue_elem e = {st->id, st->segs[0].slice, 0};
+        pthread_mutex_lock(&s->send_mu);
+        rc = put_element(st, &e);
+        if (rc == 0) {
+            st->nsegs = 0; /* the slices are the peer's now */
+            st->send_len = 0;
+            rc = wake_peer(s);
+        }
+        pthread_mutex_unlock(&s->send_mu);
+        if (rc < 0 && rc != SHMIPC_EQUEUEFULL && rc != SHMIPC_ETIMEDOUT) {
+            lock(s);
+            fail_locked(s, rc);
+            unlock(s);
+        }
+    }
+    free_segments(s, st);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Closing                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+/* Tells the peer the stream is closed: a queue element, or StreamClose when it is full. */
+static void send_close(shmipc_stream *st)
+{
+    shmipc_session *s = st->s;
+    struct shmipc__queue_elem e = {st->id, 0, 1};
+    uint64_t deadline = shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
+    int rc;
+    pthread_mutex_lock(&s->send_mu);
+    if (shmipc__queue_put(&s->qp.send, &e) == 0) {
+        rc = wake_peer(s);
+    } else {
+        uint8_t msg[12];
+        shmipc__encode_stream_close(msg, s->version, st->id);
+        rc = shmipc__write_full(s->fd, msg, sizeof msg, deadline);
+    }
+    pthread_mutex_unlock(&s->send_mu);
+    if (rc < 0)
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG, "stream %u: close not delivered: %s", st->id,
+                    shmipc_error_detail());
+}
+
+void shmipc__stream_close(shmipc_stream *st)
+{
+    shmipc_session *s = st->s;
+    if (s->err == 0)
+        send_close(st);
+    free_segments(s, st);
+    lock(s);
+    if (st->in_table)
+        remove_locked(s, st);
+    free_chunks(s, st, 0, st->nchunks);
+    unlock(s);
+    stream_free_memory(st);
+    session_release(s);
+}

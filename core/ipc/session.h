@@ -1,0 +1,140 @@
+/*
+ * Sessions and streams: the objects behind the public shmipc_session and shmipc_stream.
+ *
+ * Locking. `mu` guards the stream table, every stream's receive state, the accept queue and
+ * the event-processing role; `cond` is broadcast whenever any of them changes. `send_mu`
+ * serialises producers on the send queue and writes to the socket. No thread holds `mu`
+ * while it waits for the socket, and nobody takes `mu` while holding `send_mu`.
+ *
+ * Processing. There is no library thread. A thread that must wait (a read, an accept)
+ * becomes the session's processor when nobody else is: it polls the socket without `mu`,
+ * then takes `mu` and handles every event; the others wait on `cond` (leader/follower).
+ *
+ * Lifetime. The user's session handle and every stream hold a reference; the mapping and the
+ * socket are released with the last one, so zero-copy pointers outlive a hard close.
+ */
+#ifndef SHMIPC_CORE_IPC_SESSION_H
+#define SHMIPC_CORE_IPC_SESSION_H
+
+#include "shmipc.h"
+
+#include "ipc/config.h"
+#include "shm/buffer.h"
+#include "shm/mapping.h"
+#include "shm/queue.h"
+
+#include <pthread.h>
+#include <stdint.h>
+
+enum shmipc__role { SHMIPC__CLIENT = 0, SHMIPC__SERVER = 1 };
+
+enum shmipc__stream_state {
+    SHMIPC__STREAM_OPEN = 0,
+    SHMIPC__STREAM_PEER_CLOSED = 1, /* the peer closed: reads drain, then end */
+};
+
+/* Stream ids carried in a "no slice" chunk: data that came over the socket, on the heap. */
+#define SHMIPC__HEAP_CHUNK UINT32_MAX
+
+/* A piece of received data: part of one slice, or a heap copy of fallback data. */
+struct shmipc__chunk {
+    uint8_t *data;
+    uint32_t len;
+    uint32_t slice; /* offset of the slice header to free, or SHMIPC__HEAP_CHUNK */
+};
+
+/* A piece of the send buffer: one held slice, or heap memory when shared memory ran out. */
+struct shmipc__segment {
+    uint8_t *data;
+    uint32_t cap;
+    uint32_t used;
+    uint32_t slice; /* offset, or SHMIPC__HEAP_CHUNK */
+};
+
+struct shmipc_stream {
+    struct shmipc_session *s;
+    struct shmipc_stream *next_in_bucket;
+    uint32_t id;
+    uint8_t state;
+    uint8_t fallback;  /* data goes over the socket for good */
+    uint8_t in_table;  /* still in the session's table (not closed locally) */
+    uint8_t reserved_; /* keeps the layout explicit */
+    /* Receive side, under s->mu. chunks[0..read_index) were read and wait for release. */
+    struct shmipc__chunk *chunks;
+    uint32_t nchunks, chunk_cap, read_index, read_offset;
+    uint64_t unread;
+    /* Send side, owned by the thread using the stream. */
+    struct shmipc__segment *segs;
+    uint32_t nsegs, seg_cap;
+    uint32_t reserved_len; /* size of the window handed out by reserve, 0 if none */
+    uint32_t read_timeout_ms;
+    uint64_t send_len;
+    /* The copy read_exact_bytes makes when bytes span slices. */
+    uint8_t *scratch;
+    uint32_t scratch_cap;
+    uint32_t write_timeout_ms;
+};
+
+struct shmipc_session {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    pthread_mutex_t send_mu;
+    int refs; /* under mu */
+    int fd;
+    int role;
+    uint8_t version;
+    int processing; /* a thread is reading the socket (under mu) */
+    int err;        /* 0, or the code that ended the session (under mu; read racily) */
+    char why[192];  /* the detail of the failure that ended it */
+    struct shmipc_config cfg;
+
+    struct shmipc__mapping buffer_map, queue_map;
+    struct shmipc__buffer bm;
+    struct shmipc__queue_pair qp;
+    char buffer_path[SHMIPC__SHM_NAME_MAX];
+    char queue_path[SHMIPC__SHM_NAME_MAX];
+    int unlink_files; /* /dev/shm files to remove when the session is released */
+
+    uint32_t next_stream_id;
+    uint64_t unhealthy_until_ns;
+
+    /* Stream table: chained hash on id, power-of-two buckets. */
+    struct shmipc_stream **buckets;
+    uint32_t nbuckets, nstreams;
+
+    /* Server: streams the peer opened that nobody accepted yet. */
+    struct shmipc_stream **accept_q;
+    uint32_t accept_head, accept_len, accept_cap;
+
+    /* Bytes read from the socket and not yet parsed. */
+    uint8_t *rbuf;
+    size_t rlen, rcap;
+};
+
+/* Client: connect and handshake. */
+int shmipc__session_connect(const char *address, const shmipc_config *cfg, shmipc_session **out);
+
+/* Server: wraps an accepted socket and runs the handshake (which may take `fd`). */
+int shmipc__session_accept_fd(int fd, const shmipc_config *cfg, shmipc_session **out);
+
+int shmipc__session_open_stream(shmipc_session *s, shmipc_stream **out);
+int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stream **out);
+int shmipc__session_process(shmipc_session *s);
+void shmipc__session_close(shmipc_session *s);
+
+int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len);
+int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr);
+int shmipc__stream_commit(shmipc_stream *st, size_t n);
+int shmipc__stream_flush(shmipc_stream *st);
+int shmipc__stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr, size_t *len,
+                              int flags);
+int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int flags);
+size_t shmipc__stream_available(shmipc_stream *st);
+int shmipc__stream_release(shmipc_stream *st);
+void shmipc__stream_close(shmipc_stream *st);
+
+/* Handshakes (handshake.c): fill the session's shared memory and version. */
+int shmipc__handshake_client(shmipc_session *s, uint64_t deadline);
+int shmipc__handshake_server(shmipc_session *s, uint64_t deadline);
+
+#endif

@@ -1,0 +1,215 @@
+/* Description: the session manager: stream reuse, rotation across sessions, reconnection. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shmipc.h"
+#include "ipc/session.h"
+
+static char address[128];
+
+struct fixture {
+    shmipc_config *cfg;
+    shmipc_listener *l;
+    shmipc_session_manager *m;
+    shmipc_session *server[4];
+    int rc;
+};
+
+static void *manager_main(void *arg)
+{
+    struct fixture *f = arg;
+    f->rc = shmipc_session_manager_new(address, f->cfg, &f->m);
+    return NULL;
+}
+
+/* Starts a manager with `sessions` sessions, accepting each on the server side. */
+static void start(struct fixture *f, uint32_t sessions)
+{
+    static int n;
+    pthread_t t;
+    memset(f, 0, sizeof *f);
+    snprintf(address, sizeof address, "unix:@shmipc-test-manager-%d-%d", (int)getpid(), n++);
+    assert_int_equal(shmipc_config_new(&f->cfg), 0);
+    assert_int_equal(shmipc_config_set_buffer_capacity(f->cfg, 2u << 20), 0);
+    assert_int_equal(shmipc_config_set_queue_capacity(f->cfg, 256), 0);
+    assert_int_equal(shmipc_config_set_session_num(f->cfg, sessions), 0);
+    assert_int_equal(shmipc_config_set_timeout_ms(f->cfg, SHMIPC_TIMEOUT_READ, 5000), 0);
+    assert_int_equal(shmipc_config_set_rebuild_interval_ms(f->cfg, 200), 0);
+    assert_int_equal(shmipc_listener_new(address, f->cfg, &f->l), 0);
+    assert_int_equal(pthread_create(&t, NULL, manager_main, f), 0);
+    for (uint32_t i = 0; i < sessions; i++)
+        assert_int_equal(shmipc_listener_accept(f->l, 5000, &f->server[i]), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(f->rc, 0);
+}
+
+static void stop(struct fixture *f)
+{
+    shmipc_session_manager_close(f->m);
+    for (int i = 0; i < 4; i++)
+        shmipc_session_close(f->server[i]);
+    shmipc_listener_close(f->l);
+    shmipc_config_free(f->cfg);
+}
+
+/* One request on `cs`; the server side answers on the stream it sees (accepting it if new). */
+static shmipc_stream *exchange(shmipc_session *server, shmipc_stream *cs, shmipc_stream *ss)
+{
+    const void *p;
+    assert_int_equal(shmipc_stream_write(cs, "ping", 4), 0);
+    assert_int_equal(shmipc_stream_flush(cs), 0);
+    if (ss == NULL)
+        assert_int_equal(shmipc_session_accept_stream(server, 5000, &ss), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(ss, 4, &p, 0), 0);
+    assert_memory_equal(p, "ping", 4);
+    shmipc_stream_release(ss);
+    assert_int_equal(shmipc_stream_write(ss, "pong", 4), 0);
+    assert_int_equal(shmipc_stream_flush(ss), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(cs, 4, &p, 0), 0);
+    assert_memory_equal(p, "pong", 4);
+    shmipc_stream_release(cs);
+    return ss;
+}
+
+static void streams_are_reused(void **state)
+{
+    (void)state;
+    struct fixture f;
+    shmipc_stream *cs, *again, *other;
+    start(&f, 1);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
+    uint32_t id = shmipc_stream_id(cs);
+    shmipc_stream *ss = exchange(f.server[0], cs, NULL);
+    shmipc_session_manager_put_back(f.m, cs);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &again), 0);
+    assert_int_equal(shmipc_stream_id(again), id);
+    /* The server keeps talking on the stream it has: no new stream to accept. */
+    exchange(f.server[0], again, ss);
+    shmipc_stream *none;
+    assert_int_equal(shmipc_session_accept_stream(f.server[0], 0, &none), SHMIPC_EAGAIN);
+    /* A stream with unread data is closed instead of pooled. */
+    assert_int_equal(shmipc_stream_write(ss, "left", 4), 0);
+    assert_int_equal(shmipc_stream_flush(ss), 0);
+    while (shmipc_stream_available(again) < 4) {
+        const void *p;
+        assert_int_equal(shmipc_stream_read_exact_bytes(again, 0, &p, 0), 0);
+        shmipc_session_process(again->s);
+    }
+    shmipc_session_manager_put_back(f.m, again);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &other), 0);
+    assert_int_not_equal(shmipc_stream_id(other), id);
+    shmipc_session_manager_put_back(f.m, other);
+    shmipc_stream_close(ss);
+    stop(&f);
+}
+
+static void sessions_rotate_every_32_calls(void **state)
+{
+    (void)state;
+    struct fixture f;
+    shmipc_stream *st;
+    start(&f, 2);
+    shmipc_session *first = NULL;
+    for (int i = 0; i < 32; i++) {
+        assert_int_equal(shmipc_session_manager_get_stream(f.m, &st), 0);
+        if (first == NULL)
+            first = st->s;
+        assert_ptr_equal(st->s, first);
+        shmipc_session_manager_put_back(f.m, st);
+    }
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &st), 0);
+    assert_ptr_not_equal(st->s, first);
+    shmipc_session_manager_put_back(f.m, st);
+    stop(&f);
+}
+
+static void *accept_main(void *arg)
+{
+    struct fixture *f = arg;
+    f->rc = shmipc_listener_accept(f->l, 5000, &f->server[1]);
+    return NULL;
+}
+
+static void dead_session_is_replaced(void **state)
+{
+    (void)state;
+    struct fixture f;
+    shmipc_stream *cs;
+    pthread_t t;
+    start(&f, 1);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
+    shmipc_stream *ss = exchange(f.server[0], cs, NULL);
+    shmipc_session_manager_put_back(f.m, cs);
+    /* The server goes away: the pooled stream dies with its session. */
+    shmipc_stream_close(ss);
+    shmipc_session_close(f.server[0]);
+    f.server[0] = NULL;
+    while (shmipc_session_status(cs->s) == 0) {
+        shmipc_session_process(cs->s);
+        usleep(1000);
+    }
+    assert_int_equal(pthread_create(&t, NULL, accept_main, &f), 0);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(f.rc, 0);
+    assert_int_equal(shmipc_session_status(cs->s), 0);
+    ss = exchange(f.server[1], cs, NULL);
+    shmipc_session_manager_put_back(f.m, cs);
+    shmipc_stream_close(ss);
+    /* With the server gone for good, get_stream fails, then fails fast until the interval. */
+    shmipc_session_close(f.server[1]);
+    f.server[1] = NULL;
+    shmipc_listener_close(f.l);
+    f.l = NULL;
+    while (shmipc_session_status(cs->s) == 0) {
+        shmipc_session_process(cs->s);
+        usleep(1000);
+    }
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), SHMIPC_ECONNREFUSED);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), SHMIPC_ECONNREFUSED);
+    assert_non_null(strstr(shmipc_error_detail(), "recently"));
+    stop(&f);
+}
+
+static void config_checks(void **state)
+{
+    (void)state;
+    shmipc_config *cfg;
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_get_session_num(cfg), 1);
+    assert_int_equal(shmipc_config_get_max_stream_num(cfg), 4096);
+    assert_int_equal(shmipc_config_get_rebuild_interval_ms(cfg), 1000);
+    assert_int_equal(shmipc_config_set_session_num(cfg, 0), SHMIPC_EINVAL);
+    assert_non_null(strstr(shmipc_error_detail(), "session_num"));
+    assert_int_equal(shmipc_config_set_session_num(cfg, SHMIPC_MAX_SESSION_NUM + 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_set_max_stream_num(cfg, 0), SHMIPC_EINVAL);
+    assert_non_null(strstr(shmipc_error_detail(), "max_stream_num"));
+    assert_int_equal(shmipc_config_set_rebuild_interval_ms(cfg, 0), SHMIPC_EINVAL);
+    assert_non_null(strstr(shmipc_error_detail(), "rebuild_interval"));
+    assert_int_equal(shmipc_config_set_session_num(cfg, 8), 0);
+    assert_int_equal(shmipc_config_get_session_num(cfg), 8);
+    shmipc_config_free(cfg);
+    /* Nobody listening: the manager is not created. */
+    shmipc_session_manager *m;
+    assert_int_equal(shmipc_session_manager_new("unix:@shmipc-test-nobody", NULL, &m),
+                     SHMIPC_ECONNREFUSED);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(streams_are_reused),
+        cmocka_unit_test(sessions_rotate_every_32_calls),
+        cmocka_unit_test(dead_session_is_replaced),
+        cmocka_unit_test(config_checks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,704 @@
+/* Description: sessions and streams end to end, client and server in one process (V2, V3). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shmipc.h"
+#include "ipc/proto.h"
+#include "ipc/session.h"
+
+static char address[128];
+
+static void pick_address(void)
+{
+    static int n;
+    snprintf(address, sizeof address, "unix:@shmipc-test-%d-%d", (int)getpid(), n++);
+}
+
+static shmipc_config *config_for(int memmap)
+{
+    shmipc_config *cfg;
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 4u << 20), 0);
+    assert_int_equal(shmipc_config_set_queue_capacity(cfg, 1024), 0);
+    assert_int_equal(shmipc_config_set_memmap_type(cfg, memmap), 0);
+    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
+    return cfg;
+}
+
+/* A server thread: accepts one session and echoes every stream's bytes back, per message. */
+struct echo_server {
+    shmipc_listener *l;
+    pthread_t thread;
+    int streams; /* streams to serve before returning */
+    int served;
+    int rc;
+};
+
+static void *echo_main(void *arg)
+{
+    struct echo_server *e = arg;
+    shmipc_session *s = NULL;
+    e->rc = shmipc_listener_accept(e->l, 10000, &s);
+    while (e->rc == 0 && e->served < e->streams) {
+        shmipc_stream *st;
+        if ((e->rc = shmipc_session_accept_stream(s, 10000, &st)) < 0)
+            break;
+        for (;;) {
+            const void *p;
+            size_t n;
+            int rc = shmipc_stream_read_chunk(st, 0, &p, &n, 0);
+            if (rc == SHMIPC_EEOF)
+                break;
+            if (rc < 0) {
+                e->rc = rc;
+                break;
+            }
+            if ((rc = shmipc_stream_write(st, p, n)) < 0 || (rc = shmipc_stream_release(st)) < 0) {
+                e->rc = rc;
+                break;
+            }
+            /* Echo a message once nothing more of it is waiting. */
+            if (shmipc_stream_available(st) == 0 && (rc = shmipc_stream_flush(st)) < 0) {
+                e->rc = rc;
+                break;
+            }
+        }
+        shmipc_stream_close(st);
+        e->served++;
+    }
+    shmipc_session_close(s);
+    return NULL;
+}
+
+static void echo_start(struct echo_server *e, const shmipc_config *cfg, int streams)
+{
+    memset(e, 0, sizeof *e);
+    pick_address();
+    e->streams = streams;
+    assert_int_equal(shmipc_listener_new(address, cfg, &e->l), 0);
+    assert_int_equal(pthread_create(&e->thread, NULL, echo_main, e), 0);
+}
+
+static void echo_stop(struct echo_server *e)
+{
+    pthread_join(e->thread, NULL);
+    shmipc_listener_close(e->l);
+    assert_int_equal(e->rc, 0);
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)((i * 7 + seed) & 0xff);
+}
+
+/* Sends `n` bytes as one message and reads the echo back with read_chunk. */
+static void round_trip(shmipc_stream *st, size_t n, unsigned seed)
+{
+    uint8_t *out = malloc(n), *back = malloc(n);
+    size_t got = 0;
+    fill(out, n, seed);
+    assert_int_equal(shmipc_stream_write(st, out, n), 0);
+    assert_int_equal(shmipc_stream_flush(st), 0);
+    while (got < n) {
+        const void *p;
+        size_t len;
+        assert_int_equal(shmipc_stream_read_chunk(st, 0, &p, &len, 0), 0);
+        assert_true(len > 0 && got + len <= n);
+        memcpy(back + got, p, len);
+        got += len;
+    }
+    assert_int_equal(shmipc_stream_release(st), 0);
+    assert_memory_equal(out, back, n);
+    free(out);
+    free(back);
+}
+
+static void echo_sizes(int memmap)
+{
+    shmipc_config *cfg = config_for(memmap);
+    struct echo_server e;
+    shmipc_session *s;
+    shmipc_stream *st;
+    static const size_t sizes[] = {1, 64, 100, 4096, 8172, 8173, 20004, 65536, 300000, 1 << 20};
+    echo_start(&e, cfg, 1);
+    assert_int_equal(shmipc_session_connect(address, cfg, &s), 0);
+    assert_int_equal(shmipc_session_version(s), memmap == SHMIPC_MEMMAP_MEMFD ? 3 : 2);
+    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
+    assert_int_equal(shmipc_stream_id(st), 2);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        round_trip(st, sizes[i], (unsigned)i);
+    shmipc_stream_close(st);
+    echo_stop(&e);
+    /* Every slice went back: the server recycled requests, we recycled the replies. */
+    assert_int_equal(shmipc__buffer_all_returned(&s->bm), 1);
+    shmipc_session_close(s);
+    shmipc_config_free(cfg);
+}
+
+static void echo_v3_memfd(void **state)
+{
+    (void)state;
+    echo_sizes(SHMIPC_MEMMAP_MEMFD);
+}
+
+static void echo_v2_devshm(void **state)
+{
+    (void)state;
+    echo_sizes(SHMIPC_MEMMAP_DEVSHM);
+}
+
+static void read_exact_spans_slices(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct echo_server e;
+    shmipc_session *s;
+    shmipc_stream *st;
+    uint8_t msg[20004];
+    const void *p;
+    fill(msg, sizeof msg, 3);
+    echo_start(&e, cfg, 1);
+    assert_int_equal(shmipc_session_connect(address, cfg, &s), 0);
+    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
+    /* A framed message as the Go vectors do it: u32 big-endian length, then the payload. */
+    uint8_t len_be[4] = {0, 0, 0x4e, 0x20};
+    assert_int_equal(shmipc_stream_write(st, len_be, 4), 0);
+    assert_int_equal(shmipc_stream_write(st, msg, 20000), 0);
+    assert_int_equal(shmipc_stream_flush(st), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(st, 4, &p, 0), 0);
+    assert_memory_equal(p, len_be, 4);
+    assert_int_equal(shmipc_stream_read_exact_bytes(st, 20000, &p, 0), 0);
+    assert_memory_equal(p, msg, 20000);
+    assert_int_equal(shmipc_stream_available(st), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(st, 1, &p, SHMIPC_NONBLOCK), SHMIPC_EAGAIN);
+    assert_int_equal(shmipc_stream_release(st), 0);
+    shmipc_stream_close(st);
+    echo_stop(&e);
+    shmipc_session_close(s);
+    shmipc_config_free(cfg);
+}
+
+static void reserve_commit_writes_in_place(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct echo_server e;
+    shmipc_session *s;
+    shmipc_stream *st;
+    void *w;
+    const void *p;
+    size_t n;
+    echo_start(&e, cfg, 1);
+    assert_int_equal(shmipc_session_connect(address, cfg, &s), 0);
+    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
+    assert_int_equal(shmipc_stream_reserve(st, 100, &w), 0);
+    /* The window is inside the shared buffer: zero copy. */
+    assert_true((uint8_t *)w > s->bm.base && (uint8_t *)w < s->bm.base + s->bm.size);
+    memcpy(w, "hello, reserve", 14);
+    assert_int_equal(shmipc_stream_commit(st, 101), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_stream_commit(st, 14), 0);
+    assert_int_equal(shmipc_stream_flush(st), 0);
+    assert_int_equal(shmipc_stream_read_chunk(st, 5, &p, &n, 0), 0);
+    assert_int_equal(n, 5);
+    assert_memory_equal(p, "hello", 5);
+    assert_int_equal(shmipc_stream_read_chunk(st, 0, &p, &n, 0), 0);
+    assert_int_equal(n, 9);
+    assert_memory_equal(p, ", reserve", 9);
+    /* An empty flush sends nothing: the next read would block, so poll it. */
+    assert_int_equal(shmipc_stream_flush(st), 0);
+    assert_int_equal(shmipc_stream_read_chunk(st, 0, &p, &n, SHMIPC_NONBLOCK), SHMIPC_EAGAIN);
+    assert_int_equal(shmipc_stream_release(st), 0);
+    shmipc_stream_close(st);
+    echo_stop(&e);
+    shmipc_session_close(s);
+    shmipc_config_free(cfg);
+}
+
+/* A connected client and server session in this process (the client connects from a thread). */
+struct pair {
+    shmipc_session *client, *server;
+    shmipc_listener *l;
+    const shmipc_config *cfg;
+    int rc;
+};
+
+static void *connect_main(void *arg)
+{
+    struct pair *p = arg;
+    p->rc = shmipc_session_connect(address, p->cfg, &p->client);
+    return NULL;
+}
+
+static void pair_open(struct pair *p, const shmipc_config *cfg)
+{
+    pthread_t t;
+    memset(p, 0, sizeof *p);
+    p->cfg = cfg;
+    pick_address();
+    assert_int_equal(shmipc_listener_new(address, cfg, &p->l), 0);
+    assert_int_equal(shmipc_listener_accept(p->l, 0, &p->server), SHMIPC_EAGAIN);
+    assert_int_equal(pthread_create(&t, NULL, connect_main, p), 0);
+    assert_int_equal(shmipc_listener_accept(p->l, 5000, &p->server), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(p->rc, 0);
+}
+
+static void pair_close(struct pair *p)
+{
+    shmipc_session_close(p->client);
+    shmipc_session_close(p->server);
+    shmipc_listener_close(p->l);
+}
+
+static void send_text(shmipc_stream *st, const char *text)
+{
+    assert_int_equal(shmipc_stream_write(st, text, strlen(text)), 0);
+    assert_int_equal(shmipc_stream_flush(st), 0);
+}
+
+static void expect_text(shmipc_stream *st, const char *text)
+{
+    const void *p;
+    assert_int_equal(shmipc_stream_read_exact_bytes(st, strlen(text), &p, 0), 0);
+    assert_memory_equal(p, text, strlen(text));
+    assert_int_equal(shmipc_stream_release(st), 0);
+}
+
+static void v2_files_are_removed(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_DEVSHM);
+    char prefix[64], buffer_path[SHMIPC__SHM_NAME_MAX], queue_path[SHMIPC__SHM_NAME_MAX];
+    struct pair p;
+    snprintf(prefix, sizeof prefix, "/dev/shm/shmipc-test-%d", (int)getpid());
+    assert_int_equal(shmipc_config_set_path_prefix(cfg, prefix), 0);
+    pair_open(&p, cfg);
+    strcpy(buffer_path, p.client->buffer_path);
+    strcpy(queue_path, p.client->queue_path);
+    assert_int_equal(strncmp(buffer_path, prefix, strlen(prefix)), 0);
+    assert_int_equal(access(buffer_path, F_OK), 0);
+    assert_int_equal(access(queue_path, F_OK), 0);
+    /* The server maps the very files the client named. */
+    assert_string_equal(p.server->buffer_path, buffer_path);
+    pair_close(&p);
+    /* Whichever side lets go last, nothing stays behind in /dev/shm. */
+    assert_int_equal(access(buffer_path, F_OK), -1);
+    assert_int_equal(access(queue_path, F_OK), -1);
+    shmipc_config_free(cfg);
+}
+
+static void peer_close_ends_reads(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    size_t n;
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    /* Opening sends nothing: the server sees the stream with its first message. */
+    assert_int_equal(shmipc_session_accept_stream(p.server, 0, &ss), SHMIPC_EAGAIN);
+    send_text(cs, "last words");
+    shmipc_stream_close(cs);
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    assert_int_equal(shmipc_stream_id(ss), 2);
+    /* Data sent before the close is still read, then the stream ends. */
+    expect_text(ss, "last words");
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    assert_int_equal(shmipc_stream_write(ss, "x", 1), 0);
+    assert_int_equal(shmipc_stream_flush(ss), SHMIPC_EEOF);
+    shmipc_stream_close(ss);
+    pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+static void many_streams_interleaved(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    enum { N = 50 };
+    shmipc_stream *cs[N], *ss[N];
+    char text[32];
+    pair_open(&p, cfg);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(shmipc_session_open_stream(p.client, &cs[i]), 0);
+        assert_int_equal(shmipc_stream_id(cs[i]), (uint32_t)(2 + i));
+        snprintf(text, sizeof text, "hello %d", i);
+        send_text(cs[i], text);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss[i]), 0);
+        assert_int_equal(shmipc_stream_id(ss[i]), (uint32_t)(2 + i));
+    }
+    /* Answer in reverse order: streams are independent. */
+    for (int i = N - 1; i >= 0; i--) {
+        snprintf(text, sizeof text, "hello %d", i);
+        expect_text(ss[i], text);
+        snprintf(text, sizeof text, "reply %d", i);
+        send_text(ss[i], text);
+    }
+    for (int i = 0; i < N; i++) {
+        snprintf(text, sizeof text, "reply %d", i);
+        expect_text(cs[i], text);
+        shmipc_stream_close(cs[i]);
+        shmipc_stream_close(ss[i]);
+    }
+    assert_int_equal(shmipc__buffer_all_returned(&p.client->bm), 1);
+    pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+static void read_timeout(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    shmipc_stream *cs;
+    const void *ptr;
+    size_t n;
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    assert_int_equal(shmipc_stream_set_timeout_ms(cs, SHMIPC_TIMEOUT_READ, 50), 0);
+    assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &n, 0), SHMIPC_ETIMEDOUT);
+    assert_non_null(strstr(shmipc_error_detail(), "timed out"));
+    assert_int_equal(shmipc_stream_set_timeout_ms(cs, 7, 50), SHMIPC_EINVAL);
+    shmipc_stream_close(cs);
+    pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+static void hard_close_fails_everything(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    size_t n;
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    send_text(cs, "ping");
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    expect_text(ss, "ping");
+    shmipc_session_close(p.client);
+    /* The client's own stream fails at once and its memory stays valid until closed. */
+    assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &n, 0), SHMIPC_ECLOSED);
+    assert_int_equal(shmipc_stream_write(cs, "x", 1), SHMIPC_ECLOSED);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), SHMIPC_ECLOSED);
+    /* The server sees the peer gone promptly. */
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_ECONNRESET);
+    assert_int_equal(shmipc_session_status(p.server), SHMIPC_ECONNRESET);
+    shmipc_stream_close(ss);
+    shmipc_stream_close(cs);
+    shmipc_session_close(p.server);
+    shmipc_listener_close(p.l);
+    shmipc_config_free(cfg);
+}
+
+static void fallback_when_memory_runs_out(void **state)
+{
+    (void)state;
+    /* The exchange-fallback vector's config: one 524268-byte slice, which is never handed out. */
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    shmipc_stream *cs, *ss, *other;
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    send_text(cs, "over the socket");
+    assert_int_equal(shmipc_session_open_stream(p.client, &other), SHMIPC_EUNHEALTHY);
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    expect_text(ss, "over the socket");
+    /* The reply falls back too, and both directions stay on the socket. */
+    send_text(ss, "and back");
+    expect_text(cs, "and back");
+    assert_true(cs->fallback && ss->fallback);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+    pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+static void event_loop_driving(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    shmipc_stream *cs, *ss = NULL;
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    send_text(cs, "tick");
+    /* An event loop: poll the descriptor, process, then take what is ready without waiting. */
+    struct pollfd pfd = {.fd = shmipc_session_fileno(p.server), .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 5000), 1);
+    assert_true(shmipc_session_process(p.server) >= 1);
+    assert_int_equal(shmipc_session_accept_stream(p.server, 0, &ss), 0);
+    assert_int_equal(shmipc_stream_available(ss), 4);
+    expect_text(ss, "tick");
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+    pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/* ---- A hostile or broken peer: the session ends with a clear error, nothing else does ---- */
+
+/* Puts `e` on the client's send queue and wakes the server, as a peer would. */
+static void inject(shmipc_session *c, struct shmipc__queue_elem e)
+{
+    uint8_t polling[8];
+    assert_int_equal(shmipc__queue_put(&c->qp.send, &e), 0);
+    shmipc__queue_mark_working(&c->qp.send);
+    shmipc__encode_simple(polling, c->version, SHMIPC__MSG_POLLING);
+    assert_int_equal(write(c->fd, polling, 8), 8);
+}
+
+/* Runs `corrupt` against a fresh pair and checks that only that server session ends. */
+static void expect_server_ends(void (*corrupt)(struct pair *), int code, const char *why)
+{
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair bad, good;
+    shmipc_stream *st, *gs, *gss;
+    pair_open(&good, cfg);
+    pair_open(&bad, cfg);
+    corrupt(&bad);
+    assert_int_equal(shmipc_session_accept_stream(bad.server, 5000, &st), code);
+    if (strstr(shmipc_error_detail(), why) == NULL)
+        fail_msg("detail \"%s\" lacks \"%s\"", shmipc_error_detail(), why);
+    assert_int_equal(shmipc_session_status(bad.server), code);
+    /* The other session of the same process is untouched. */
+    assert_int_equal(shmipc_session_open_stream(good.client, &gs), 0);
+    send_text(gs, "still fine");
+    assert_int_equal(shmipc_session_accept_stream(good.server, 5000, &gss), 0);
+    expect_text(gss, "still fine");
+    shmipc_stream_close(gs);
+    shmipc_stream_close(gss);
+    pair_close(&bad);
+    pair_close(&good);
+    shmipc_config_free(cfg);
+}
+
+static void corrupt_offset(struct pair *p)
+{
+    inject(p->client, (struct shmipc__queue_elem){2, 12345, 0});
+}
+
+static void corrupt_out_of_range(struct pair *p)
+{
+    inject(p->client, (struct shmipc__queue_elem){2, 0xfffffff0u, 0});
+}
+
+static void corrupt_cycle(struct pair *p)
+{
+    struct shmipc__slice a, b;
+    struct shmipc__buffer *bm = &p->client->bm;
+    assert_int_equal(shmipc__buffer_alloc(bm, 100, &a), 0);
+    assert_int_equal(shmipc__buffer_alloc(bm, 100, &b), 0);
+    assert_int_equal(shmipc__buffer_slice_set(bm, &a, 0, 10), 0);
+    assert_int_equal(shmipc__buffer_slice_set(bm, &b, 0, 10), 0);
+    assert_int_equal(shmipc__buffer_slice_link(bm, &a, b.offset), 0);
+    assert_int_equal(shmipc__buffer_slice_link(bm, &b, a.offset), 0);
+    inject(p->client, (struct shmipc__queue_elem){2, a.offset, 0});
+}
+
+static void corrupt_size(struct pair *p)
+{
+    struct shmipc__slice a;
+    struct shmipc__buffer *bm = &p->client->bm;
+    assert_int_equal(shmipc__buffer_alloc(bm, 100, &a), 0);
+    /* Write a size beyond the slice straight into shared memory, as a hostile peer can. */
+    uint32_t huge = a.cap + 1;
+    memcpy(bm->base + a.offset + 4, &huge, 4);
+    inject(p->client, (struct shmipc__queue_elem){2, a.offset, 0});
+}
+
+static void corrupt_status(struct pair *p)
+{
+    inject(p->client, (struct shmipc__queue_elem){2, 0, 7});
+}
+
+static void corrupt_queue_indexes(struct pair *p)
+{
+    /* tail far ahead of head: more elements than the queue can hold. */
+    int64_t tail = 1000000;
+    memcpy(p->client->qp.send.hdr + p->client->qp.send.tail_at, &tail, 8);
+    uint8_t polling[8];
+    shmipc__encode_simple(polling, 3, SHMIPC__MSG_POLLING);
+    assert_int_equal(write(p->client->fd, polling, 8), 8);
+}
+
+static void corrupt_socket_magic(struct pair *p)
+{
+    static const uint8_t junk[8] = {0, 0, 0, 8, 0xde, 0xad, 3, 1};
+    assert_int_equal(write(p->client->fd, junk, 8), 8);
+}
+
+static void corrupt_socket_type(struct pair *p)
+{
+    uint8_t msg[8];
+    /* A handshake message after the handshake. */
+    shmipc__encode_simple(msg, 3, SHMIPC__MSG_ACK_SHARE_MEMORY);
+    assert_int_equal(write(p->client->fd, msg, 8), 8);
+}
+
+static void corrupt_socket_length(struct pair *p)
+{
+    uint8_t head[16];
+    shmipc__encode_fallback_head(head, 3, 2, 0, 0x7fffff00u);
+    assert_int_equal(write(p->client->fd, head, 16), 16);
+}
+
+static void hostile_queue_element_offset(void **state)
+{
+    (void)state;
+    expect_server_ends(corrupt_offset, SHMIPC_EPROTO, "slice");
+    expect_server_ends(corrupt_out_of_range, SHMIPC_EPROTO, "slice");
+}
+
+static void hostile_cyclic_chain(void **state)
+{
+    (void)state;
+    expect_server_ends(corrupt_cycle, SHMIPC_EPROTO, "cyclic");
+}
+
+static void hostile_slice_size(void **state)
+{
+    (void)state;
+    expect_server_ends(corrupt_size, SHMIPC_EPROTO, "size");
+}
+
+static void hostile_element_status(void **state)
+{
+    (void)state;
+    expect_server_ends(corrupt_status, SHMIPC_EPROTO, "status 7");
+}
+
+static void hostile_queue_indexes(void **state)
+{
+    (void)state;
+    expect_server_ends(corrupt_queue_indexes, SHMIPC_EPROTO, "queue");
+}
+
+static void hostile_socket_messages(void **state)
+{
+    (void)state;
+    expect_server_ends(corrupt_socket_magic, SHMIPC_EPROTO, "magic");
+    expect_server_ends(corrupt_socket_type, SHMIPC_EPROTO, "AckShareMemory");
+    expect_server_ends(corrupt_socket_length, SHMIPC_EPROTO, "limit");
+}
+
+/* ---- A peer killed mid-stream ---- */
+
+static int count_fds(void)
+{
+    int n = 0;
+    char path[64];
+    for (int fd = 0; fd < 4096; fd++) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        n += access(path, F_OK) == 0;
+    }
+    return n;
+}
+
+static int count_shm_maps(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        n += strstr(line, "shmipc") != NULL;
+    fclose(f);
+    return n;
+}
+
+static void killed_peer_fails_reads_promptly(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    shmipc_listener *l;
+    shmipc_session *srv;
+    shmipc_stream *ss;
+    const void *p;
+    size_t n;
+    pick_address();
+    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+    int fds_before = count_fds(), maps_before = count_shm_maps();
+    pid_t child = fork();
+    if (child == 0) {
+        shmipc_session *c;
+        shmipc_stream *cs;
+        if (shmipc_session_connect(address, cfg, &c) != 0 ||
+            shmipc_session_open_stream(c, &cs) != 0 || shmipc_stream_write(cs, "half", 4) != 0 ||
+            shmipc_stream_flush(cs) != 0)
+            _exit(1);
+        pause(); /* killed here, holding its session, stream and slices */
+        _exit(0);
+    }
+    assert_int_equal(shmipc_listener_accept(l, 5000, &srv), 0);
+    assert_int_equal(shmipc_session_accept_stream(srv, 5000, &ss), 0);
+    expect_text(ss, "half");
+    kill(child, SIGKILL);
+    uint64_t t0 = (uint64_t)time(NULL);
+    /* The blocked read returns as soon as the kernel closes the dead peer's socket. */
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &p, &n, 0), SHMIPC_ECONNRESET);
+    assert_true((uint64_t)time(NULL) - t0 < 3);
+    waitpid(child, NULL, 0);
+    shmipc_stream_close(ss);
+    shmipc_session_close(srv);
+    /* Everything the session held is gone: fds and mappings are back where they started. */
+    assert_int_equal(count_fds(), fds_before);
+    assert_int_equal(count_shm_maps(), maps_before);
+    shmipc_listener_close(l);
+    shmipc_config_free(cfg);
+}
+
+static void stream_object_stays_small(void **state)
+{
+    (void)state;
+    /* An idle stream is this struct and nothing else; grow it only on purpose (docs/ipc.md). */
+    assert_int_equal(sizeof(struct shmipc_stream), 104);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(echo_v3_memfd),
+        cmocka_unit_test(echo_v2_devshm),
+        cmocka_unit_test(v2_files_are_removed),
+        cmocka_unit_test(read_exact_spans_slices),
+        cmocka_unit_test(reserve_commit_writes_in_place),
+        cmocka_unit_test(peer_close_ends_reads),
+        cmocka_unit_test(many_streams_interleaved),
+        cmocka_unit_test(read_timeout),
+        cmocka_unit_test(hard_close_fails_everything),
+        cmocka_unit_test(fallback_when_memory_runs_out),
+        cmocka_unit_test(event_loop_driving),
+        cmocka_unit_test(hostile_queue_element_offset),
+        cmocka_unit_test(hostile_cyclic_chain),
+        cmocka_unit_test(hostile_slice_size),
+        cmocka_unit_test(hostile_element_status),
+        cmocka_unit_test(hostile_queue_indexes),
+        cmocka_unit_test(hostile_socket_messages),
+        cmocka_unit_test(killed_peer_fails_reads_promptly),
+        cmocka_unit_test(stream_object_stays_small),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
