@@ -172,6 +172,48 @@ static int config_queue_capacity(lua_State *L)
     return setter_result(L, shmipc_config_set_queue_capacity(cfg, n));
 }
 
+/* A u32 field with a plain setter and getter: session_num, max_stream_num, rebuild_interval. */
+static int u32_field(lua_State *L, const char *name, int (*set)(shmipc_config *, uint32_t),
+                     uint32_t (*get)(const shmipc_config *))
+{
+    shmipc_config *cfg = check_config(L, 1);
+    uint32_t n = 0;
+    int nres;
+    if (is_getter(L)) {
+        lua_pushinteger(L, (lua_Integer)get(cfg));
+        return 1;
+    }
+    if ((nres = to_u32(L, luaL_checkinteger(L, 2), name, &n)) != 0)
+        return nres;
+    return setter_result(L, set(cfg, n));
+}
+
+static int config_session_num(lua_State *L)
+{
+    return u32_field(L, "session_num", shmipc_config_set_session_num,
+                     shmipc_config_get_session_num);
+}
+
+static int config_max_stream_num(lua_State *L)
+{
+    return u32_field(L, "max_stream_num", shmipc_config_set_max_stream_num,
+                     shmipc_config_get_max_stream_num);
+}
+
+/* In seconds, as the timeouts; stored in whole milliseconds rounded up. */
+static int config_rebuild_interval(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    if (is_getter(L)) {
+        lua_pushnumber(L, (lua_Number)shmipc_config_get_rebuild_interval_ms(cfg) / 1000);
+        return 1;
+    }
+    lua_Number s = luaL_checknumber(L, 2);
+    if (isnan(s) || s < 0 || ceil(s * 1000) > UINT32_MAX)
+        return push_invalid(L, "rebuild_interval: %f s is out of range", s);
+    return setter_result(L, shmipc_config_set_rebuild_interval_ms(cfg, (uint32_t)ceil(s * 1000)));
+}
+
 /*
  * Reads field `key`, else array slot `slot`, of the table on top of the stack as an integer.
  * Returns 0 with *out set, or the number of results pushed for a value out of range.
@@ -426,6 +468,9 @@ static const luaL_Reg config_methods[] = {
     {"with_v4", config_with_v4},
     {"with_v4_eventfd", config_with_v4_eventfd},
     {"with_v4_event_queue_polling", config_with_v4_event_queue_polling},
+    {"session_num", config_session_num},
+    {"max_stream_num", config_max_stream_num},
+    {"rebuild_interval", config_rebuild_interval},
     {"validate", config_validate},
     {"clone", config_clone},
     {"close", config_close},
@@ -477,6 +522,9 @@ static const struct option {
     {"connection_write_timeout", config_connection_write_timeout, T(LUA_TNUMBER), OPT_VALUE},
     {"read_timeout", config_read_timeout, T(LUA_TNUMBER), OPT_VALUE},
     {"write_timeout", config_write_timeout, T(LUA_TNUMBER), OPT_VALUE},
+    {"session_num", config_session_num, T(LUA_TNUMBER), OPT_VALUE},
+    {"max_stream_num", config_max_stream_num, T(LUA_TNUMBER), OPT_VALUE},
+    {"rebuild_interval", config_rebuild_interval, T(LUA_TNUMBER), OPT_VALUE},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the demo. Until sessions and streams land
-# (issue 3), the demo runs the examples that exist: the config builder from C, Python and Lua.
+# Installs what is missing, builds, and runs the demo: the shmipc-go "helloworld" greeter in C,
+# a server and a client talking over protocol V3 (memfd) and V2 (/dev/shm files), then the
+# config builder from Python and Lua.
 # Usage: scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/build.sh build
 
-echo "== C: examples/c/config_explain.c (defaults, then a small V2 buffer)"
-build/examples/c/config_explain
+sock="unix:/tmp/shmipc-demo-$$.sock"
+echo "== C: examples/c/greeter_server.c and greeter_client.c on $sock"
+build/examples/c/greeter_server "$sock" 2 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+for _ in $(seq 50); do [[ -S ${sock#unix:} ]] && break; sleep 0.1; done
+build/examples/c/greeter_client "$sock" v3
+build/examples/c/greeter_client "$sock" v2
+wait $server
+trap - EXIT
+
+echo "== C: examples/c/config_explain.c (what a client with a config would create)"
 build/examples/c/config_explain capacity=1048576 slices=16364:40,4076:60 queue=1024 memmap=devshm
-echo "== C: a refused value"
-build/examples/c/config_explain queue=8 || true
 echo "== Python: examples/python/config.py"
 PYTHONPATH=build/python /usr/bin/python3 examples/python/config.py
 echo "== Lua: examples/lua/config.lua"

@@ -65,7 +65,7 @@ int main(int argc, char **argv)
            shmipc_config_get_protocol(cfg) == SHMIPC_PROTOCOL_V4 ? "V4" : "legacy",
            shmipc_config_get_fallback(cfg) ? " (fallback to legacy allowed)" : "",
            wakeups[shmipc_config_get_wakeup(cfg)]);
-    printf("memory     %s, buffer \"%s_<pid>_buffer\" of %" PRIu64 " bytes\n",
+    printf("memory     %s, buffer \"%s_<pid>_<n>_buffer\" of %" PRIu64 " bytes\n",
            shmipc_config_get_memmap_type(cfg) == SHMIPC_MEMMAP_MEMFD ? "memfd" : "/dev/shm files",
            shmipc_config_get_path_prefix(cfg), cap);
     for (int i = 0; i < n; i++) {

@@ -31,6 +31,9 @@ class Config:
     connection_write_timeout: float
     read_timeout: Optional[float]
     write_timeout: Optional[float]
+    session_num: int
+    max_stream_num: int
+    rebuild_interval: float
     @property
     def protocol(self) -> Literal["legacy", "v4"]: ...
     @property
@@ -51,6 +54,9 @@ class Config:
         connection_write_timeout: float = ...,
         read_timeout: Optional[float] = ...,
         write_timeout: Optional[float] = ...,
+        session_num: int = ...,
+        max_stream_num: int = ...,
+        rebuild_interval: float = ...,
     ) -> None: ...
     def set_protocol(self, protocol: Literal["legacy", "v4"], fallback: bool = ...) -> "Config": ...
     def set_wakeup(

@@ -367,6 +367,49 @@ static int set_timeout(ConfigObject *self, PyObject *value, void *closure)
     return setter_result(self, shmipc_config_set_timeout_ms(self->cfg, which, ms));
 }
 
+/* session_num and max_stream_num: plain u32 fields; the closure picks which. */
+static PyObject *get_pool_field(ConfigObject *self, void *closure)
+{
+    return PyLong_FromUnsignedLong(closure ? shmipc_config_get_max_stream_num(self->cfg)
+                                           : shmipc_config_get_session_num(self->cfg));
+}
+
+static int set_pool_field(ConfigObject *self, PyObject *value, void *closure)
+{
+    const char *field = closure ? "max_stream_num" : "session_num";
+    uint64_t v;
+    if (require_value(value, field) < 0 || to_u64(self, value, field, &v) < 0)
+        return -1;
+    if (v > UINT32_MAX) {
+        raise_invalid(state_of_type(Py_TYPE(self)), field, "out of range");
+        return -1;
+    }
+    return setter_result(self, closure ? shmipc_config_set_max_stream_num(self->cfg, (uint32_t)v)
+                                       : shmipc_config_set_session_num(self->cfg, (uint32_t)v));
+}
+
+static PyObject *get_rebuild_interval(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyFloat_FromDouble(shmipc_config_get_rebuild_interval_ms(self->cfg) / 1000.0);
+}
+
+static int set_rebuild_interval(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    double s;
+    if (require_value(value, "rebuild_interval") < 0)
+        return -1;
+    if ((s = PyFloat_AsDouble(value)) == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!isfinite(s) || s < 0 || ceil(s * 1000.0) > (double)UINT32_MAX) {
+        raise_invalid(state_of_type(Py_TYPE(self)), "rebuild_interval", "out of range");
+        return -1;
+    }
+    return setter_result(
+        self, shmipc_config_set_rebuild_interval_ms(self->cfg, (uint32_t)ceil(s * 1000.0)));
+}
+
 static PyObject *get_protocol(ConfigObject *self, void *closure)
 {
     (void)closure;
@@ -545,6 +588,12 @@ static PyGetSetDef config_getset[] = {
                    "Stream read timeout in seconds, or None to wait forever (default)."),
     TIMEOUT_GETSET("write_timeout", 3,
                    "Stream write timeout in seconds, or None to wait forever (default)."),
+    {"session_num", (getter)get_pool_field, (setter)set_pool_field,
+     "Session manager: sessions kept to the server (1..1024, default 1).", NULL},
+    {"max_stream_num", (getter)get_pool_field, (setter)set_pool_field,
+     "Session manager: idle streams pooled per session (1..65536, default 4096).", (void *)1},
+    {"rebuild_interval", (getter)get_rebuild_interval, (setter)set_rebuild_interval,
+     "Session manager: seconds between reconnect attempts after one failed (default 1.0).", NULL},
     {"protocol", (getter)get_protocol, NULL, "'legacy' or 'v4' (see set_protocol).", NULL},
     {"fallback", (getter)get_fallback, NULL, "Whether a V4 client may fall back to legacy.", NULL},
     {"wakeup", (getter)get_wakeup, NULL, "'socket', 'eventfd' or 'polling' (see set_wakeup).",

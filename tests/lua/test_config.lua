@@ -505,4 +505,16 @@ function tests.config_options_misuse_raises(t)
     t.raises("table expected", shmipc.config, "defaults")
 end
 
+function tests.session_manager_fields(t)
+    local cfg = shmipc.config { session_num = 4, max_stream_num = 128, rebuild_interval = 0.25 }
+    t.eq(cfg:session_num(), 4, "session_num")
+    t.eq(cfg:max_stream_num(), 128, "max_stream_num")
+    t.eq(cfg:rebuild_interval(), 0.25, "rebuild_interval")
+    t.refused(EINVAL, "session_num", cfg:session_num(0))
+    t.refused(EINVAL, "session_num", cfg:session_num(1025))
+    t.refused(EINVAL, "max_stream_num", cfg:max_stream_num(0))
+    t.refused(EINVAL, "rebuild_interval", cfg:rebuild_interval(0))
+    t.eq(cfg:session_num(), 4, "session_num unchanged")
+end
+
 return tests

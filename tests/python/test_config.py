@@ -238,3 +238,14 @@ def test_repr_and_help():
     assert "protocol=v4+fallback" in r and "buffer_capacity=33554432" in r
     assert "slice_classes" in shmipc.Config.__doc__ or "keyword" in shmipc.Config.__doc__
     assert "fallback" in shmipc.Config.set_protocol.__doc__
+
+
+def test_session_manager_fields():
+    c = shmipc.Config(session_num=4, max_stream_num=128, rebuild_interval=0.25)
+    assert (c.session_num, c.max_stream_num, c.rebuild_interval) == (4, 128, 0.25)
+    refused("session_num", setattr, c, "session_num", 0)
+    refused("session_num", setattr, c, "session_num", 1025)
+    refused("max_stream_num", setattr, c, "max_stream_num", 0)
+    refused("rebuild_interval", setattr, c, "rebuild_interval", 0)
+    refused("rebuild_interval", setattr, c, "rebuild_interval", float("nan"))
+    assert (c.session_num, c.max_stream_num, c.rebuild_interval) == (4, 128, 0.25)
