@@ -77,6 +77,7 @@ def main():
     suites = [
         ("C", cmocka(os.path.join(results, "c.json"))),
         ("C asan+ubsan", cmocka(os.path.join(results, "c-asan.json"))),
+        ("C tsan", cmocka(os.path.join(results, "c-tsan.json"))),
         ("Python", pytest(os.path.join(results, "python.xml"))),
         ("Lua", last_line_counts(os.path.join(results, "lua.txt"))),
         ("checks", checks(os.path.join(results, "checks.txt"))),

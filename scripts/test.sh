@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every suite: C (cmocka, plain and under
-# ASan+UBSan), Python (pytest under Debian's /usr/bin/python3), Lua (tests/lua/harness.lua),
+# Installs what is missing, builds, and runs every suite: C (cmocka, plain, under ASan+UBSan
+# and under TSan), Python (pytest under Debian's /usr/bin/python3), Lua (tests/lua/harness.lua),
 # and the repository checks. Ends with one line: "N passed, N failed[, N skipped]".
 # Usage: scripts/test.sh
 set -uo pipefail
@@ -21,6 +21,8 @@ scripts/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 step "build" scripts/build.sh build
 step "build (asan+ubsan)" scripts/build.sh build-asan -Db_sanitize=address,undefined \
   -Db_lundef=false -Dpython=disabled -Dlua=disabled
+step "build (tsan)" scripts/build.sh build-tsan -Db_sanitize=thread -Db_lundef=false \
+  -Dpython=disabled -Dlua=disabled
 rm -rf "$results" && mkdir -p "$results"
 
 step "C suite" meson test -C build --suite c --print-errorlogs --no-rebuild
@@ -29,6 +31,9 @@ step "C suite (asan+ubsan)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-asan --suite c --print-errorlogs --no-rebuild
 cp build-asan/meson-logs/testlog.json "$results/c-asan.json" 2>/dev/null
+step "C suite (tsan)" env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  meson test -C build-tsan --suite c --print-errorlogs --no-rebuild
+cp build-tsan/meson-logs/testlog.json "$results/c-tsan.json" 2>/dev/null
 
 step "Python suite" env PYTHONPATH="$root/build/python" SHMIPC_BUILD_DIR="$root/build" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider --junitxml="$results/python.xml" tests/python

@@ -190,8 +190,10 @@ int shmipc__buffer_format(struct shmipc__buffer *out, void *base, size_t size,
             *u32_at(bm, s + SLICE_FLAGS) = last ? 0 : SHMIPC__BM_FLAG_HAS_NEXT;
         }
     }
-    /* Publish the layout before the mapping is handed to anyone. */
-    __atomic_thread_fence(__ATOMIC_RELEASE);
+    /*
+     * No fence is needed to publish the layout: the peer learns of the mapping through the
+     * handshake on the socket, and the system calls in between order every store before it.
+     */
     *out = tmp;
     return 0;
 }
