@@ -206,3 +206,19 @@ SHMIPC_API void shmipc_session_manager_close(shmipc_session_manager *m)
     if (m != NULL)
         shmipc__manager_close(m);
 }
+
+SHMIPC_API int shmipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
+                                     shmipc_stream_cb on_data, void *user_data,
+                                     shmipc_destroy_cb destroy)
+{
+    REQUIRE(l, "listener_serve", "listener");
+    REQUIRE(on_stream, "listener_serve", "on_stream");
+    REQUIRE(on_data, "listener_serve", "on_data");
+    return shmipc__ipc_listener_serve(l, on_stream, on_data, user_data, destroy);
+}
+
+SHMIPC_API int shmipc_listener_stop(shmipc_listener *l)
+{
+    REQUIRE(l, "listener_stop", "listener");
+    return shmipc__ipc_listener_stop(l);
+}

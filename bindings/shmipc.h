@@ -499,6 +499,34 @@ SHMIPC_API int shmipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc
 /** The listening socket, readable when a client is waiting. */
 SHMIPC_API int shmipc_listener_fileno(const shmipc_listener *l);
 
+/** A callback about a stream; `user_data` is what was registered with it. */
+typedef void (*shmipc_stream_cb)(shmipc_stream *st, void *user_data);
+/** Called once when a registration ends, to free its `user_data`. */
+typedef void (*shmipc_destroy_cb)(void *user_data);
+
+/**
+ * Serves clients on the calling thread until shmipc_listener_stop(): accepts them (running
+ * each handshake, up to the initialize timeout), processes every session, and calls
+ *  - on_stream(st, user_data) for each stream a client opens; the callee owns `st` and must
+ *    close it (now or later, on any thread that follows the stream rules);
+ *  - on_data(st, user_data) whenever a stream handed out by on_stream may have data to read,
+ *    was closed by the peer, or lost its session; read with SHMIPC_NONBLOCK until
+ *    SHMIPC_EAGAIN. Spurious calls are possible.
+ * Both run on the serving thread and should not block. When serve returns, it has closed its
+ * sessions (streams still held stay valid handles that fail with SHMIPC_ECLOSED) and called
+ * destroy(user_data) if given (also when it fails at once with SHMIPC_EBUSY, because another
+ * thread is serving).
+ */
+SHMIPC_API int shmipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
+                                     shmipc_stream_cb on_data, void *user_data,
+                                     shmipc_destroy_cb destroy);
+
+/**
+ * Makes shmipc_listener_serve() return soon. Thread safe and async-signal-safe; may be
+ * called from a callback. A stop before serve starts makes the next serve return at once.
+ */
+SHMIPC_API int shmipc_listener_stop(shmipc_listener *l);
+
 /** Stops listening (the unix socket file is removed) and frees the listener. */
 SHMIPC_API void shmipc_listener_close(shmipc_listener *l);
 

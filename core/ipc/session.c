@@ -30,6 +30,8 @@
 /* Chunks an idle stream may keep allocated; beyond this the array is freed when drained. */
 #define IDLE_CHUNK_CAP 4u
 
+static void note_ready_locked(shmipc_session *s, uint32_t id);
+
 static void lock(shmipc_session *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -125,6 +127,7 @@ static void session_destroy(shmipc_session *s)
     }
     free(s->buckets);
     free(s->accept_q);
+    free(s->ready);
     free(s->rbuf);
     shmipc__mapping_unmap(&s->buffer_map);
     shmipc__mapping_unmap(&s->queue_map);
@@ -161,6 +164,9 @@ static int fail_locked(shmipc_session *s, int code)
         /* Wakes a processor blocked in poll() and shows the peer the end at once. */
         if (s->fd >= 0)
             shutdown(s->fd, SHUT_RDWR);
+        for (uint32_t b = 0; s->track_ready && b < s->nbuckets; b++)
+            for (shmipc_stream *st = s->buckets[b]; st != NULL; st = st->next_in_bucket)
+                note_ready_locked(s, st->id);
         pthread_cond_broadcast(&s->cond);
     }
     return s->err;
@@ -318,6 +324,24 @@ static shmipc_stream *stream_new(shmipc_session *s, uint32_t id)
 /* Receiving                                                                            */
 /* ------------------------------------------------------------------------------------ */
 
+/* Remembers that stream `id` has news, for a listener serving with callbacks. Under mu. */
+static void note_ready_locked(shmipc_session *s, uint32_t id)
+{
+    if (!s->track_ready)
+        return;
+    if (s->nready > 0 && s->ready[s->nready - 1] == id)
+        return;
+    if (s->nready == s->ready_cap) {
+        uint32_t n = s->ready_cap ? s->ready_cap * 2 : 64;
+        void *p = realloc(s->ready, n * sizeof *s->ready);
+        if (p == NULL)
+            return; /* the stream is still served: its next message notes it again */
+        s->ready = p;
+        s->ready_cap = n;
+    }
+    s->ready[s->nready++] = id;
+}
+
 static int push_chunk_locked(shmipc_session *s, shmipc_stream *st, uint8_t *data, uint32_t len,
                              uint32_t slice)
 {
@@ -331,7 +355,7 @@ static int push_chunk_locked(shmipc_session *s, shmipc_stream *st, uint8_t *data
     }
     st->chunks[st->nchunks++] = (struct shmipc__chunk){data, len, slice};
     st->unread += len;
-    (void)s;
+    note_ready_locked(s, st->id);
     return 0;
 }
 
@@ -395,8 +419,10 @@ static void peer_closed_locked(shmipc_session *s, uint32_t id)
 {
     shmipc_stream *st = lookup_locked(s, id);
     /* The peer closing a stream we closed already (or never knew) is normal: ignore it. */
-    if (st != NULL)
+    if (st != NULL) {
         st->state = SHMIPC__STREAM_PEER_CLOSED;
+        note_ready_locked(s, id);
+    }
 }
 
 static int handle_element_locked(shmipc_session *s, const struct shmipc__queue_elem *e)
@@ -591,6 +617,40 @@ int shmipc__session_process(shmipc_session *s)
         rc = ended(s);
     unlock(s);
     return rc;
+}
+
+void shmipc__session_track_ready(shmipc_session *s)
+{
+    lock(s);
+    s->track_ready = 1;
+    unlock(s);
+}
+
+/* Swaps the caller's id array with the session's, so no copy and no allocation per turn. */
+uint32_t shmipc__session_take_ready(shmipc_session *s, uint32_t **ids, uint32_t *cap)
+{
+    lock(s);
+    uint32_t n = s->nready;
+    uint32_t *mine = *ids, mine_cap = *cap;
+    *ids = s->ready;
+    *cap = s->ready_cap;
+    s->ready = mine;
+    s->ready_cap = mine_cap;
+    s->nready = 0;
+    unlock(s);
+    return n;
+}
+
+shmipc_stream *shmipc__session_handed_out(shmipc_session *s, uint32_t id)
+{
+    lock(s);
+    shmipc_stream *st = lookup_locked(s, id);
+    /* Streams still waiting in the accept queue are not the user's yet. */
+    for (uint32_t i = 0; st != NULL && i < s->accept_len; i++)
+        if (s->accept_q[(s->accept_head + i) % s->accept_cap] == st)
+            st = NULL;
+    unlock(s);
+    return st;
 }
 
 /* ------------------------------------------------------------------------------------ */

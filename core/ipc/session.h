@@ -109,6 +109,14 @@ struct shmipc_session {
     /* Bytes read from the socket and not yet parsed. */
     uint8_t *rbuf;
     size_t rlen, rcap;
+
+    /*
+     * Ids of streams that got data or an end since the last look, kept only while a
+     * listener serves the session with callbacks (track_ready); duplicates are harmless.
+     */
+    int track_ready;
+    uint32_t *ready;
+    uint32_t nready, ready_cap;
 };
 
 /* Client: connect and handshake. */
@@ -120,6 +128,11 @@ int shmipc__session_accept_fd(int fd, const shmipc_config *cfg, shmipc_session *
 int shmipc__session_open_stream(shmipc_session *s, shmipc_stream **out);
 int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stream **out);
 int shmipc__session_process(shmipc_session *s);
+/* Serving with callbacks: start tracking ready streams, and take the ids noted so far. */
+void shmipc__session_track_ready(shmipc_session *s);
+uint32_t shmipc__session_take_ready(shmipc_session *s, uint32_t **ids, uint32_t *cap);
+/* The user's handle on stream `id`, or NULL when it is not (or no longer) handed out. */
+shmipc_stream *shmipc__session_handed_out(shmipc_session *s, uint32_t id);
 void shmipc__session_close(shmipc_session *s);
 
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len);
