@@ -1,0 +1,538 @@
+/*
+ * The io_uring backend: completions, not readiness. A listener has one multishot accept armed;
+ * a connection has one multishot receive that picks its buffers from a ring of provided
+ * buffers, each handed back to the kernel as soon as on_data returns; sends are SEND or
+ * SENDMSG SQEs, one in flight per connection so that bytes keep their order, continued from
+ * the completion when the socket took less. Every loop turn makes one io_uring_enter that
+ * submits what the previous turn's callbacks queued and waits, with the first timer's
+ * deadline as the wait timeout.
+ *
+ * Sockets stay blocking (O_NONBLOCK cleared on fds we did not accept ourselves): on an
+ * O_NONBLOCK file io_uring returns -EAGAIN instead of arming its internal poll, which would
+ * turn completions back into readiness.
+ *
+ * user_data is either a connection's address with OP_SEND in its low bits (a send must find
+ * its connection even after close, to complete its callback), or op | fd << 4 | generation
+ * << 36, looked up in the slot table so that a completion for a closed, maybe reused, fd is
+ * recognised as stale (its buffer is still recycled).
+ */
+#include "reactor/backend.h"
+
+#include "common/error.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+enum {
+    OP_RECV = 1,
+    OP_ACCEPT,
+    OP_POLL,
+    OP_SEND,
+    OP_IGNORE,
+};
+/*
+ * liburing maps and unmaps rings with raw system calls that TSan does not see, so a ring
+ * mapped where another thread's freed ring was would look like a race with the old ring's
+ * writes. The kernel orders the unmap before the new map; these annotations tell TSan.
+ */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+static char ring_lifetimes;
+#define RING_MAPPED()   __tsan_acquire(&ring_lifetimes)
+#define RING_UNMAPPED() __tsan_release(&ring_lifetimes)
+#else
+#define RING_MAPPED()   ((void)0)
+#define RING_UNMAPPED() ((void)0)
+#endif
+
+#define OP_MASK  UINT64_C(15)
+#define BGID     0
+#define SEND_MAX (1u << 30) /* an SQE length is 32 bits; larger sends continue */
+
+struct uring_state {
+    struct io_uring ring;
+    int ring_ok;
+    int enabled;
+    struct io_uring_buf_ring *br;
+    size_t br_bytes;
+    unsigned char *bufs;
+    size_t bufs_bytes;
+    unsigned buf_size;
+    unsigned nbufs;
+};
+
+static struct uring_state *state(struct shmipc__loop *loop)
+{
+    return loop->be_state;
+}
+
+static uint64_t ud_io(const struct shmipc__io *io, unsigned op)
+{
+    return (uint64_t)io->gen << 36 | (uint64_t)(uint32_t)io->fd << 4 | op;
+}
+
+static struct io_uring_sqe *get_sqe(struct shmipc__loop *loop)
+{
+    struct uring_state *s = state(loop);
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
+    /* Only a turn that queues more than ring_entries SQEs pays this extra enter. */
+    if (sqe == NULL && s->enabled) {
+        loop->stats.submits++;
+        if (io_uring_submit(&s->ring) >= 0)
+            sqe = io_uring_get_sqe(&s->ring);
+    }
+    if (sqe == NULL)
+        shmipc__fail(SHMIPC_ENOMEM, "io_uring: submission queue full (%u entries)",
+                     loop->ring_entries);
+    return sqe;
+}
+
+static void recycle(struct uring_state *s, unsigned bid)
+{
+    io_uring_buf_ring_add(s->br, s->bufs + (size_t)bid * s->buf_size, s->buf_size,
+                          (unsigned short)bid, io_uring_buf_ring_mask(s->nbufs), 0);
+    io_uring_buf_ring_advance(s->br, 1);
+}
+
+static int set_blocking(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || ((fl & O_NONBLOCK) != 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0))
+        return shmipc__fail_errno(errno, "fcntl(%d, ~O_NONBLOCK)", fd);
+    return 0;
+}
+
+static int arm_recv(struct shmipc__loop *loop, struct shmipc__conn *c)
+{
+    struct io_uring_sqe *sqe = get_sqe(loop);
+    if (sqe == NULL)
+        return SHMIPC_ENOMEM;
+    io_uring_prep_recv_multishot(sqe, c->io.fd, NULL, 0, 0);
+    sqe->flags |= IOSQE_BUFFER_SELECT;
+    sqe->buf_group = BGID;
+    io_uring_sqe_set_data64(sqe, ud_io(&c->io, OP_RECV));
+    return 0;
+}
+
+static int arm_accept(struct shmipc__loop *loop, struct shmipc__acceptor *l)
+{
+    struct io_uring_sqe *sqe = get_sqe(loop);
+    if (sqe == NULL)
+        return SHMIPC_ENOMEM;
+    io_uring_prep_multishot_accept(sqe, l->io.fd, NULL, NULL, SOCK_CLOEXEC);
+    io_uring_sqe_set_data64(sqe, ud_io(&l->io, OP_ACCEPT));
+    l->armed = 1;
+    return 0;
+}
+
+static int arm_poll(struct shmipc__loop *loop, struct shmipc__watch *w)
+{
+    struct io_uring_sqe *sqe = get_sqe(loop);
+    unsigned mask = 0;
+    if (sqe == NULL)
+        return SHMIPC_ENOMEM;
+    if ((w->events & SHMIPC__WATCH_READ) != 0)
+        mask |= POLLIN;
+    if ((w->events & SHMIPC__WATCH_WRITE) != 0)
+        mask |= POLLOUT;
+    io_uring_prep_poll_multishot(sqe, w->io.fd, mask);
+    io_uring_sqe_set_data64(sqe, ud_io(&w->io, OP_POLL));
+    return 0;
+}
+
+static void cancel(struct shmipc__loop *loop, uint64_t ud)
+{
+    struct io_uring_sqe *sqe = get_sqe(loop);
+    if (sqe == NULL) {
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "reactor: cannot cancel: %s", shmipc__detail());
+        return;
+    }
+    io_uring_prep_cancel64(sqe, ud, IORING_ASYNC_CANCEL_ALL);
+    io_uring_sqe_set_data64(sqe, OP_IGNORE);
+    sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;
+}
+
+static void ur_send(struct shmipc__loop *loop, struct shmipc__conn *c)
+{
+    const struct shmipc__send_req *r = c->tx_head;
+    struct io_uring_sqe *sqe;
+    struct iovec *iov = c->tx_iov;
+    size_t bytes = 0;
+    int k;
+    if (c->tx_busy || c->io.closed || r == NULL)
+        return;
+    if (r->next == NULL || r->n - r->idx >= SHMIPC__CONN_TX_IOV) {
+        /* A lone request (or a long one) goes from its own iovec array, however long: a
+         * batch of pipelined responses leaves in one SENDMSG. */
+        iov = r->iov + r->idx;
+        k = r->n - r->idx;
+        for (int i = 0; i < k; i++)
+            bytes += iov[i].iov_len;
+    } else {
+        /* Several short requests are coalesced into the connection's array. */
+        k = shmipc__reactor_gather(c, c->tx_iov, SHMIPC__CONN_TX_IOV, &bytes);
+    }
+    sqe = get_sqe(loop);
+    if (sqe == NULL) {
+        shmipc__reactor_send_failed(c, SHMIPC_ENOMEM);
+        return;
+    }
+    if (k == 1) {
+        if (bytes > SEND_MAX)
+            bytes = SEND_MAX;
+        io_uring_prep_send(sqe, c->io.fd, iov[0].iov_base, bytes, MSG_NOSIGNAL);
+    } else {
+        memset(&c->msg, 0, sizeof c->msg);
+        c->msg.msg_iov = iov;
+        c->msg.msg_iovlen = (size_t)k;
+        io_uring_prep_sendmsg(sqe, c->io.fd, &c->msg, MSG_NOSIGNAL);
+    }
+    io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)c | OP_SEND);
+    c->tx_flight = bytes;
+    c->tx_busy = 1;
+    c->io.refs++;
+}
+
+static void send_done(struct shmipc__loop *loop, struct shmipc__conn *c, int res)
+{
+    c->tx_busy = 0;
+    shmipc__reactor_unref(&c->io);
+    if (c->io.closed)
+        shmipc__reactor_send_failed(c, SHMIPC_ECLOSED);
+    else if (res >= 0) {
+        if ((size_t)res < c->tx_flight)
+            loop->stats.send_partial++;
+        shmipc__reactor_sent(c, (size_t)res);
+        ur_send(loop, c);
+    } else if (res == -EINTR || res == -EAGAIN) {
+        ur_send(loop, c);
+    } else {
+        shmipc__reactor_send_failed(c, shmipc__code_from_errno(-res));
+    }
+}
+
+static void recv_done(struct shmipc__loop *loop, struct shmipc__conn *c,
+                      const struct io_uring_cqe *cqe)
+{
+    struct uring_state *s = state(loop);
+    int res = cqe->res;
+    if ((cqe->flags & IORING_CQE_F_BUFFER) != 0) {
+        unsigned bid = cqe->flags >> IORING_CQE_BUFFER_SHIFT;
+        if (c != NULL && res > 0)
+            shmipc__reactor_data(c, s->bufs + (size_t)bid * s->buf_size, (size_t)res);
+        recycle(s, bid);
+    }
+    if (c == NULL || c->rd_done || (cqe->flags & IORING_CQE_F_MORE) != 0)
+        return;
+    /* The kernel ended the multishot receive without an end of input: it ran out of
+     * provided buffers (they are back by the next enter) or stopped for its own reasons. */
+    if (res > 0 || res == -ENOBUFS || res == -EINTR) {
+        if (res == -ENOBUFS)
+            loop->stats.enobufs++;
+        loop->stats.recv_rearm++;
+        if (arm_recv(loop, c) < 0)
+            shmipc__reactor_end(c, SHMIPC_ENOMEM);
+        return;
+    }
+    shmipc__reactor_end(c, res == 0 ? 0 : shmipc__code_from_errno(-res));
+}
+
+static void accept_done(struct shmipc__loop *loop, struct shmipc__acceptor *l,
+                        const struct io_uring_cqe *cqe)
+{
+    int paused = 0;
+    if (l == NULL) {
+        /* Accepted just before the listener was closed: nobody wants it. */
+        if (cqe->res >= 0)
+            close(cqe->res);
+        return;
+    }
+    if (cqe->res >= 0)
+        shmipc__reactor_accepted(l, cqe->res);
+    else
+        paused = shmipc__reactor_accept_error(l, -cqe->res);
+    if (l->io.closed || (cqe->flags & IORING_CQE_F_MORE) != 0)
+        return;
+    l->armed = 0;
+    if (!paused && arm_accept(loop, l) < 0)
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "reactor: accept on fd %d: %s", l->io.fd, shmipc__detail());
+}
+
+static void poll_done(struct shmipc__loop *loop, struct shmipc__watch *w,
+                      const struct io_uring_cqe *cqe)
+{
+    unsigned ev = 0;
+    if (w == NULL)
+        return;
+    if (cqe->res < 0) {
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "reactor: watch on fd %d: %s", w->io.fd,
+                    strerror(-cqe->res));
+        return;
+    }
+    if ((cqe->res & (POLLIN | POLLHUP | POLLERR)) != 0)
+        ev |= SHMIPC__WATCH_READ;
+    if ((cqe->res & (POLLOUT | POLLHUP | POLLERR)) != 0)
+        ev |= SHMIPC__WATCH_WRITE;
+    shmipc__reactor_watch_ready(w, ev);
+    if (!w->io.closed && (cqe->flags & IORING_CQE_F_MORE) == 0 && arm_poll(loop, w) < 0)
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "reactor: %s", shmipc__detail());
+}
+
+static void handle(struct shmipc__loop *loop, const struct io_uring_cqe *cqe)
+{
+    uint64_t ud = cqe->user_data;
+    unsigned op = (unsigned)(ud & OP_MASK);
+    struct shmipc__io *io;
+    if (op == OP_SEND) {
+        send_done(loop, (struct shmipc__conn *)(uintptr_t)(ud & ~OP_MASK), cqe->res);
+        return;
+    }
+    if (op == OP_IGNORE)
+        return;
+    io = shmipc__reactor_lookup(loop, (int)(uint32_t)(ud >> 4), (uint32_t)(ud >> 36));
+    switch (op) {
+    case OP_RECV:
+        recv_done(loop,
+                  io != NULL && io->kind == SHMIPC__IO_CONN ? (struct shmipc__conn *)io : NULL,
+                  cqe);
+        break;
+    case OP_ACCEPT:
+        accept_done(loop,
+                    io != NULL && io->kind == SHMIPC__IO_ACCEPTOR ? (struct shmipc__acceptor *)io
+                                                                  : NULL,
+                    cqe);
+        break;
+    default:
+        poll_done(loop,
+                  io != NULL && io->kind == SHMIPC__IO_WATCH ? (struct shmipc__watch *)io : NULL,
+                  cqe);
+        break;
+    }
+}
+
+static int ur_poll(struct shmipc__loop *loop, int64_t timeout_ns)
+{
+    struct uring_state *s = state(loop);
+    struct __kernel_timespec ts;
+    struct io_uring_cqe *cqe;
+    int n = 0;
+    int rc;
+
+    if (!s->enabled) {
+        /* The ring was created disabled so that the thread that runs the loop, not the one
+         * that created it, becomes its single issuer. Debian's liburing 2.3 declares
+         * io_uring_enable_rings() but does not export it, hence the raw system call. */
+        if (syscall(__NR_io_uring_register, s->ring.ring_fd, IORING_REGISTER_ENABLE_RINGS, NULL,
+                    0) < 0)
+            return shmipc__fail_errno(errno, "io_uring_register(ENABLE_RINGS)");
+        s->enabled = 1;
+        /* Saves the fd lookup on every enter; optional, so a failure only costs that. */
+        if (io_uring_register_ring_fd(&s->ring) < 0)
+            SHMIPC__LOG(SHMIPC__LOG_DEBUG, "reactor: io_uring_register_ring_fd failed");
+    }
+    /* Completions left by the previous turn's budget are served without entering, unless
+     * there is something to submit. */
+    if (io_uring_cq_ready(&s->ring) == 0 || io_uring_sq_ready(&s->ring) > 0) {
+        if (timeout_ns >= 0) {
+            ts.tv_sec = timeout_ns / 1000000000;
+            ts.tv_nsec = timeout_ns % 1000000000;
+        }
+        loop->stats.waits++;
+        rc =
+            io_uring_submit_and_wait_timeout(&s->ring, &cqe, 1, timeout_ns >= 0 ? &ts : NULL, NULL);
+        if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN)
+            return shmipc__fail_errno(-rc, "io_uring_enter");
+    }
+    while (n < (int)loop->max_events && io_uring_peek_cqe(&s->ring, &cqe) == 0) {
+        /* Copied and consumed first, so a callback that submits cannot run the CQ over. */
+        struct io_uring_cqe c = *cqe;
+        io_uring_cqe_seen(&s->ring, cqe);
+        handle(loop, &c);
+        n++;
+    }
+    loop->stats.events += (uint64_t)n;
+    return n;
+}
+
+static int ur_add(struct shmipc__loop *loop, struct shmipc__io *io, int fresh)
+{
+    int rc = 0;
+    switch (io->kind) {
+    case SHMIPC__IO_CONN:
+        if (!fresh)
+            rc = set_blocking(io->fd);
+        return rc < 0 ? rc : arm_recv(loop, (struct shmipc__conn *)io);
+    case SHMIPC__IO_ACCEPTOR: {
+        struct shmipc__acceptor *l = (struct shmipc__acceptor *)io;
+        if (l->armed)
+            return 0;
+        rc = set_blocking(io->fd);
+        return rc < 0 ? rc : arm_accept(loop, l);
+    }
+    default:
+        return arm_poll(loop, (struct shmipc__watch *)io);
+    }
+}
+
+static void ur_del(struct shmipc__loop *loop, struct shmipc__io *io)
+{
+    /* Requests are cancelled by user_data, not by fd, so the fd can be closed right away:
+     * the kernel keeps its own reference to the socket until the cancellation runs at the
+     * next enter, and only then does the peer see the FIN. */
+    switch (io->kind) {
+    case SHMIPC__IO_CONN: {
+        struct shmipc__conn *c = (struct shmipc__conn *)io;
+        cancel(loop, ud_io(io, OP_RECV));
+        if (c->tx_busy)
+            cancel(loop, (uint64_t)(uintptr_t)c | OP_SEND);
+        close(io->fd);
+        break;
+    }
+    case SHMIPC__IO_ACCEPTOR:
+        if (((struct shmipc__acceptor *)io)->armed)
+            cancel(loop, ud_io(io, OP_ACCEPT));
+        close(io->fd);
+        break;
+    default:
+        cancel(loop, ud_io(io, OP_POLL));
+        break;
+    }
+}
+
+static void ur_destroy(struct shmipc__loop *loop)
+{
+    struct uring_state *s = state(loop);
+    if (s == NULL)
+        return;
+    if (s->ring_ok) {
+        io_uring_queue_exit(&s->ring);
+        RING_UNMAPPED();
+    }
+    if (s->br != NULL)
+        munmap(s->br, s->br_bytes);
+    if (s->bufs != NULL)
+        munmap(s->bufs, s->bufs_bytes);
+    free(s);
+    loop->be_state = NULL;
+}
+
+/* Set-up failures carry their errno to the caller, which decides about the epoll fallback. */
+static int setup_failed(int *setup_errno, int err, const char *what)
+{
+    *setup_errno = err;
+    if (err == ENOSYS || err == EOPNOTSUPP)
+        return shmipc__fail(SHMIPC_ENOTSUP, "%s: %s", what, strerror(err));
+    return shmipc__fail_errno(err, "%s", what);
+}
+
+/* liburing 2.3 has no io_uring_setup_buf_ring(); this is what it does. */
+static int setup_buf_ring(struct shmipc__loop *loop, struct uring_state *s, int *setup_errno)
+{
+    struct io_uring_buf_reg reg;
+    int rc;
+    s->nbufs = loop->recv_buf_count;
+    s->buf_size = (unsigned)loop->recv_buf_size;
+    s->br_bytes = s->nbufs * sizeof(struct io_uring_buf);
+    s->br = mmap(NULL, s->br_bytes, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
+    if (s->br == MAP_FAILED) {
+        s->br = NULL;
+        return setup_failed(setup_errno, errno, "io_uring: buffer ring");
+    }
+    s->bufs_bytes = (size_t)s->nbufs * s->buf_size;
+    s->bufs = mmap(NULL, s->bufs_bytes, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
+    if (s->bufs == MAP_FAILED) {
+        s->bufs = NULL;
+        return setup_failed(setup_errno, errno, "io_uring: receive buffers");
+    }
+    memset(&reg, 0, sizeof reg);
+    reg.ring_addr = (uint64_t)(uintptr_t)s->br;
+    reg.ring_entries = s->nbufs;
+    reg.bgid = BGID;
+    rc = io_uring_register_buf_ring(&s->ring, &reg, 0);
+    if (rc < 0)
+        return setup_failed(setup_errno, rc == -EINVAL ? EOPNOTSUPP : -rc,
+                            "io_uring_register_buf_ring (kernel 5.19+)");
+    io_uring_buf_ring_init(s->br);
+    for (unsigned i = 0; i < s->nbufs; i++)
+        io_uring_buf_ring_add(s->br, s->bufs + (size_t)i * s->buf_size, s->buf_size,
+                              (unsigned short)i, io_uring_buf_ring_mask(s->nbufs), (int)i);
+    io_uring_buf_ring_advance(s->br, (int)s->nbufs);
+    return 0;
+}
+
+static int ur_init(struct shmipc__loop *loop, int *setup_errno)
+{
+    struct uring_state *s = NULL;
+    struct io_uring_params p;
+    struct io_uring_probe *probe = NULL;
+    int rc;
+
+    if (loop->test_uring_setup_errno > 0)
+        return setup_failed(setup_errno, loop->test_uring_setup_errno,
+                            "io_uring_queue_init (test hook)");
+    s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "io_uring backend");
+    loop->be_state = s;
+    /* One issuer with deferred task work: completions are processed only inside our own
+     * enter, never by interrupting the thread, which is the intended mode for one ring per
+     * thread. Kernels before 6.1 refuse these flags and get a plain ring. */
+    memset(&p, 0, sizeof p);
+    p.flags = IORING_SETUP_SUBMIT_ALL | IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP |
+              IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_R_DISABLED;
+    p.cq_entries = loop->ring_entries * 4;
+    rc = io_uring_queue_init_params(loop->ring_entries, &s->ring, &p);
+    if (rc == -EINVAL) {
+        memset(&p, 0, sizeof p);
+        p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP;
+        p.cq_entries = loop->ring_entries * 4;
+        rc = io_uring_queue_init_params(loop->ring_entries, &s->ring, &p);
+    }
+    if (rc < 0) {
+        rc = setup_failed(setup_errno, -rc, "io_uring_queue_init");
+        goto err;
+    }
+    s->ring_ok = 1;
+    RING_MAPPED();
+    s->enabled = (p.flags & IORING_SETUP_R_DISABLED) == 0;
+    if ((p.features & IORING_FEAT_EXT_ARG) == 0 || (p.features & IORING_FEAT_NODROP) == 0) {
+        rc = setup_failed(setup_errno, EOPNOTSUPP, "io_uring: kernel lacks EXT_ARG/NODROP");
+        goto err;
+    }
+    /* Multishot receive (6.0) cannot be probed; SEND_ZC arrived in the same release. */
+    probe = io_uring_get_probe_ring(&s->ring);
+    if (probe == NULL || !io_uring_opcode_supported(probe, IORING_OP_SEND_ZC)) {
+        rc = setup_failed(setup_errno, EOPNOTSUPP,
+                          "io_uring: kernel older than 6.0 (no multishot receive)");
+        goto err;
+    }
+    rc = setup_buf_ring(loop, s, setup_errno);
+    if (rc < 0)
+        goto err;
+    io_uring_free_probe(probe);
+    return 0;
+err:
+    if (probe != NULL)
+        io_uring_free_probe(probe);
+    ur_destroy(loop);
+    return rc;
+}
+
+const struct shmipc__backend shmipc__backend_uring = {
+    .name = "io_uring",
+    .init = ur_init,
+    .destroy = ur_destroy,
+    .add = ur_add,
+    .del = ur_del,
+    .send = ur_send,
+    .poll = ur_poll,
+};

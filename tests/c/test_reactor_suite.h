@@ -1,0 +1,825 @@
+/*
+ * The connection tests that every backend must pass, shared by test_reactor_epoll.c and
+ * test_reactor_uring.c: each sets suite_opts to force its backend and runs SUITE_TESTS.
+ * Sockets are loopback TCP on ephemeral ports or unix socketpairs; the loop runs on the test
+ * thread (pumped with run_once) unless a test needs a client that blocks, and then on a thread
+ * of its own.
+ */
+#ifndef TEST_REACTOR_SUITE_H
+#define TEST_REACTOR_SUITE_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shmipc.h"
+#include "reactor/loop.h"
+
+static struct shmipc__loop_opts suite_opts;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static const char *suite_backend(void)
+{
+    return suite_opts.backend == SHMIPC__BACKEND_EPOLL ? "epoll" : "io_uring";
+}
+
+static struct shmipc__loop *new_loop_with(const struct shmipc__loop_opts *o)
+{
+    struct shmipc__loop *loop = NULL;
+    int rc = shmipc__loop_new(o, &loop);
+    if (rc != 0)
+        fail_msg("loop_new: %s: %s", shmipc_errname(rc), shmipc_error_detail());
+    assert_string_equal(shmipc__loop_backend_name(loop), suite_backend());
+    return loop;
+}
+
+static struct shmipc__loop *new_loop(void)
+{
+    return new_loop_with(&suite_opts);
+}
+
+/* Runs turns until `cond` holds; fails after 5 s. */
+#define PUMP_UNTIL(loop, cond)                                                                     \
+    do {                                                                                           \
+        uint64_t pump_end_ = mono_ms() + 5000;                                                     \
+        while (!(cond)) {                                                                          \
+            assert_true(mono_ms() < pump_end_);                                                    \
+            assert_true(shmipc__loop_run_once((loop), 10) >= 0);                                   \
+        }                                                                                          \
+    } while (0)
+
+/* Waits (without running the loop, which runs on another thread) until `cond` holds. */
+#define WAIT_UNTIL(cond)                                                                           \
+    do {                                                                                           \
+        uint64_t wait_end_ = mono_ms() + 5000;                                                     \
+        while (!(cond)) {                                                                          \
+            assert_true(mono_ms() < wait_end_);                                                    \
+            usleep(1000);                                                                          \
+        }                                                                                          \
+    } while (0)
+
+static void set_timeouts(int fd)
+{
+    struct timeval tv = {.tv_sec = 5};
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv), 0);
+}
+
+static int connect_to(int port, int rcvbuf)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    if (rcvbuf > 0)
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf), 0);
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sin, sizeof sin) != 0) {
+        /* Interrupted, the connection goes on in the background: wait for its outcome. */
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t len = sizeof err;
+        assert_int_equal(errno, EINTR);
+        while (poll(&p, 1, 5000) < 0)
+            assert_int_equal(errno, EINTR);
+        assert_int_equal(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+        assert_int_equal(err, 0);
+    }
+    set_timeouts(fd);
+    return fd;
+}
+
+/*
+ * The client side retries EINTR: a thread that also uses io_uring can see its blocking socket
+ * calls interrupted by the kernel's task-work notification (a read with SO_RCVTIMEO then fails
+ * with EINTR instead of restarting).
+ */
+static void write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        assert_true(n > 0);
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+static ssize_t read_some(int fd, void *buf, size_t len)
+{
+    ssize_t n;
+    do
+        n = read(fd, buf, len);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+static void read_exact(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            fail_msg("read: %zd (%s) with %zu bytes missing", n, strerror(errno), len);
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+/* ---- a small test server ---- */
+
+enum srv_mode {
+    SRV_ECHO = 0,   /* sends back what arrives */
+    SRV_REPLY_SHUT, /* first input: replies "response" and shuts down; drains the rest */
+    SRV_BIG_FIRST,  /* first connection: a 1 MiB body behind a header, as two iovecs */
+    SRV_SINK,       /* keeps what arrives, sends nothing */
+};
+
+#define SRV_KEEP   4096
+#define BIG_HEADER "HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n"
+#define BIG_BODY   (1u << 20)
+
+struct srv {
+    struct shmipc__loop *loop;
+    enum srv_mode mode;
+    atomic_int accepted;
+    atomic_int ended;
+    atomic_int end_status;
+    atomic_int sent_ok;
+    atomic_int sent_err;
+    atomic_int last_send_status;
+    atomic_int shut;
+    atomic_size_t received;
+    size_t max_chunk;
+    char kept[SRV_KEEP];
+    size_t kept_len;
+    unsigned char *big;
+    struct shmipc__conn *last;
+    int close_on_end;
+};
+
+static void srv_sent(struct shmipc__conn *c, int status, void *data)
+{
+    (void)c;
+    (void)status;
+    free(data);
+}
+
+static void srv_sent_static(struct shmipc__conn *c, int status, void *data)
+{
+    struct srv *s = data;
+    (void)c;
+    atomic_store(&s->last_send_status, status);
+    if (status == 0)
+        atomic_fetch_add(&s->sent_ok, 1);
+    else
+        atomic_fetch_add(&s->sent_err, 1);
+}
+
+static void srv_sent_copy(struct shmipc__conn *c, int status, void *data)
+{
+    struct srv *s = shmipc__conn_data(c);
+    srv_sent(c, status, data);
+    srv_sent_static(c, status, s);
+}
+
+static void srv_on_data(struct shmipc__conn *c, const void *data, size_t len)
+{
+    struct srv *s = shmipc__conn_data(c);
+    size_t keep = len < SRV_KEEP - s->kept_len ? len : SRV_KEEP - s->kept_len;
+    memcpy(s->kept + s->kept_len, data, keep);
+    s->kept_len += keep;
+    if (len > s->max_chunk)
+        s->max_chunk = len;
+    atomic_fetch_add(&s->received, len);
+    switch (s->mode) {
+    case SRV_ECHO:
+    case SRV_BIG_FIRST: {
+        void *copy = malloc(len);
+        assert_non_null(copy);
+        memcpy(copy, data, len);
+        assert_int_equal(shmipc__conn_send(c, copy, len, srv_sent_copy, copy), 0);
+        break;
+    }
+    case SRV_REPLY_SHUT:
+        if (!atomic_load(&s->shut)) {
+            assert_int_equal(shmipc__conn_send(c, "response", 8, srv_sent_static, s), 0);
+            assert_int_equal(shmipc__conn_shutdown(c), 0);
+            atomic_store(&s->shut, 1);
+        }
+        break;
+    case SRV_SINK:
+        break;
+    }
+}
+
+static void srv_on_end(struct shmipc__conn *c, int status)
+{
+    struct srv *s = shmipc__conn_data(c);
+    atomic_store(&s->end_status, status);
+    atomic_fetch_add(&s->ended, 1);
+    if (s->close_on_end)
+        shmipc__conn_close(c);
+}
+
+static const struct shmipc__conn_cbs srv_cbs = {srv_on_data, srv_on_end};
+
+static void srv_on_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *data)
+{
+    struct srv *s = data;
+    (void)a;
+    s->last = c;
+    if (s->mode == SRV_BIG_FIRST && atomic_load(&s->accepted) == 0) {
+        /* A small send buffer makes the kernel take the body in pieces. */
+        int sndbuf = 16384;
+        struct iovec iov[2] = {{BIG_HEADER, sizeof BIG_HEADER - 1}, {s->big, BIG_BODY}};
+        assert_int_equal(
+            setsockopt(shmipc__conn_fd(c), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf), 0);
+        assert_int_equal(shmipc__conn_sendv(c, iov, 2, srv_sent_static, s), 0);
+    }
+    atomic_fetch_add(&s->accepted, 1);
+}
+
+static void srv_init(struct srv *s, struct shmipc__loop *loop, enum srv_mode mode)
+{
+    memset(s, 0, sizeof *s);
+    s->loop = loop;
+    s->mode = mode;
+    s->close_on_end = 1;
+    atomic_init(&s->end_status, 1);
+}
+
+/* Opens an acceptor on 127.0.0.1 and an ephemeral port; returns the port. */
+static int srv_listen(struct srv *s, struct shmipc__acceptor **out)
+{
+    int fd = -1;
+    int port;
+    assert_int_equal(shmipc__tcp_listen("127.0.0.1", 0, 1024, 0, &fd), 0);
+    port = shmipc__sock_port(fd);
+    assert_true(port > 0);
+    assert_int_equal(shmipc__acceptor_open(s->loop, fd, &srv_cbs, srv_on_accept, s, out), 0);
+    return port;
+}
+
+static void *loop_thread(void *arg)
+{
+    struct shmipc__loop *loop = arg;
+    int rc = shmipc__loop_run(loop);
+    if (rc != 0)
+        fprintf(stderr, "loop_run: %s: %s\n", shmipc_errname(rc), shmipc_error_detail());
+    return (void *)(intptr_t)rc;
+}
+
+static void join_loop(struct shmipc__loop *loop, pthread_t t)
+{
+    void *rc;
+    shmipc__loop_stop(loop);
+    assert_int_equal(pthread_join(t, &rc), 0);
+    assert_int_equal((int)(intptr_t)rc, 0);
+}
+
+/* ---- the tests ---- */
+
+/* Echo through an acceptor and a TCP connection, then through an adopted socketpair. */
+static void echo(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__acceptor *acc;
+    struct shmipc__conn *c;
+    struct srv s;
+    char buf[32];
+    int sp[2];
+    int port;
+    int fd;
+    (void)state;
+
+    srv_init(&s, loop, SRV_ECHO);
+    port = srv_listen(&s, &acc);
+    assert_int_equal(shmipc__loop_handles(loop), 1);
+    fd = connect_to(port, 0);
+    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    write_all(fd, "hello, loop", 11);
+    PUMP_UNTIL(loop, atomic_load(&s.sent_ok) == 1);
+    read_exact(fd, buf, 11);
+    assert_memory_equal(buf, "hello, loop", 11);
+    close(fd);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
+    assert_int_equal(atomic_load(&s.end_status), 0);
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+    set_timeouts(sp[1]);
+    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
+    assert_int_equal(shmipc__conn_fd(c), sp[0]);
+    assert_ptr_equal(shmipc__conn_loop(c), loop);
+    write_all(sp[1], "over a pair", 11);
+    PUMP_UNTIL(loop, atomic_load(&s.sent_ok) == 2);
+    read_exact(sp[1], buf, 11);
+    assert_memory_equal(buf, "over a pair", 11);
+    close(sp[1]);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 2);
+    assert_int_equal(shmipc__loop_handles(loop), 1);
+    shmipc__acceptor_close(acc);
+    assert_int_equal(shmipc__loop_handles(loop), 0);
+    shmipc__loop_free(loop);
+}
+
+/* 200 request/response exchanges on one keep-alive connection. */
+static void keepalive_200(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__acceptor *acc;
+    struct shmipc__loop_stats a, b;
+    struct srv s;
+    int port, fd;
+    (void)state;
+
+    srv_init(&s, loop, SRV_ECHO);
+    port = srv_listen(&s, &acc);
+    fd = connect_to(port, 0);
+    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    shmipc__loop_stats(loop, &a);
+    for (int i = 0; i < 200; i++) {
+        char req[9], resp[9];
+        snprintf(req, sizeof req, "ping%04d", i);
+        write_all(fd, req, 8);
+        PUMP_UNTIL(loop, atomic_load(&s.sent_ok) == i + 1);
+        read_exact(fd, resp, 8);
+        assert_memory_equal(resp, req, 8);
+    }
+    shmipc__loop_stats(loop, &b);
+    print_message("%s: 200 exchanges: %llu waits, %llu events, %llu epoll_ctl, %llu rearms\n",
+                  suite_backend(), (unsigned long long)(b.waits - a.waits),
+                  (unsigned long long)(b.events - a.events),
+                  (unsigned long long)(b.epoll_ctl - a.epoll_ctl),
+                  (unsigned long long)(b.recv_rearm - a.recv_rearm));
+    assert_int_equal(b.recv_rearm - a.recv_rearm, 0);
+    close(fd);
+    shmipc__loop_free(loop);
+}
+
+/* 100 bytes through a 10-byte receive buffer all arrive, in order, in chunks of <= 10. */
+static void small_receive_buffer(void **state)
+{
+    struct shmipc__loop_opts o = suite_opts;
+    struct shmipc__loop *loop;
+    struct shmipc__conn *c;
+    struct shmipc__loop_stats st;
+    struct srv s;
+    char msg[100];
+    int sp[2];
+    (void)state;
+
+    o.recv_buf_size = 10;
+    o.recv_buf_count = 4;  /* io_uring: the ring runs dry after 40 bytes */
+    o.reads_per_event = 3; /* epoll: the budget runs out after 30 bytes */
+    loop = new_loop_with(&o);
+    srv_init(&s, loop, SRV_SINK);
+    for (int i = 0; i < 100; i++)
+        msg[i] = (char)('a' + i % 26);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
+    write_all(sp[1], msg, sizeof msg);
+    PUMP_UNTIL(loop, atomic_load(&s.received) == 100);
+    assert_memory_equal(s.kept, msg, 100);
+    assert_true(s.max_chunk <= 10);
+    shmipc__loop_stats(loop, &st);
+    /* Each backend had to carry on without a new notification from the kernel. */
+    assert_true(st.deferred + st.enobufs >= 1);
+    close(sp[1]);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
+    shmipc__loop_free(loop);
+}
+
+/* With a budget of one event per turn, two ready connections take two turns, in order of
+ * readiness, and neither is lost. */
+static void budget_bounds_a_turn(void **state)
+{
+    struct shmipc__loop_opts o = suite_opts;
+    struct shmipc__loop *loop;
+    struct shmipc__conn *c1, *c2;
+    struct srv s1, s2;
+    int p1[2], p2[2];
+    (void)state;
+
+    o.max_events = 1;
+    loop = new_loop_with(&o);
+    srv_init(&s1, loop, SRV_SINK);
+    srv_init(&s2, loop, SRV_SINK);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p1), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p2), 0);
+    assert_int_equal(shmipc__conn_open(loop, p1[0], &srv_cbs, &s1, &c1), 0);
+    assert_int_equal(shmipc__conn_open(loop, p2[0], &srv_cbs, &s2, &c2), 0);
+    PUMP_UNTIL(loop, shmipc__loop_run_once(loop, 0) == 0);
+    write_all(p1[1], "one", 3);
+    write_all(p2[1], "two", 3);
+    assert_int_equal(shmipc__loop_run_once(loop, 1000), 1);
+    assert_int_equal(atomic_load(&s1.received) + atomic_load(&s2.received), 3);
+    assert_int_equal(shmipc__loop_run_once(loop, 1000), 1);
+    assert_int_equal(atomic_load(&s1.received), 3);
+    assert_int_equal(atomic_load(&s2.received), 3);
+    close(p1[1]);
+    close(p2[1]);
+    shmipc__loop_free(loop);
+}
+
+/* A batch of pipelined responses as one sendv of many buffers arrives whole and in order. */
+static void sendv_many_buffers(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__conn *c;
+    struct srv s;
+    struct iovec iov[200];
+    char parts[200][8], got[200 * 7];
+    int sp[2];
+    (void)state;
+
+    srv_init(&s, loop, SRV_SINK);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+    set_timeouts(sp[1]);
+    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
+    for (int i = 0; i < 200; i++) {
+        snprintf(parts[i], sizeof parts[i], "r%05d.", i);
+        iov[i].iov_base = parts[i];
+        iov[i].iov_len = 7;
+    }
+    /* 2 inline, 16 from the pool of arrays, 200 from the heap; and one empty send. */
+    assert_int_equal(shmipc__conn_sendv(c, iov, 2, srv_sent_static, &s), 0);
+    assert_int_equal(shmipc__conn_sendv(c, iov + 2, 16, srv_sent_static, &s), 0);
+    assert_int_equal(shmipc__conn_sendv(c, iov + 18, 182, srv_sent_static, &s), 0);
+    assert_int_equal(shmipc__conn_send(c, "", 0, srv_sent_static, &s), 0);
+    assert_int_equal(shmipc__conn_sendv(c, iov, 0, NULL, NULL), SHMIPC_EINVAL);
+    PUMP_UNTIL(loop, atomic_load(&s.sent_ok) == 4);
+    assert_int_equal(shmipc__conn_pending(c), 0);
+    read_exact(sp[1], got, sizeof got);
+    for (int i = 0; i < 200; i++)
+        assert_memory_equal(got + 7 * i, parts[i], 7);
+    close(sp[1]);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
+    shmipc__loop_free(loop);
+}
+
+/*
+ * Two connections have input queued for the same turn. The first one dispatched closes the
+ * other, and puts a new connection on the very fd number. The closed connection's pending
+ * event or completion must be dropped, not delivered to the newcomer.
+ */
+struct reuse {
+    struct shmipc__loop *loop;
+    struct shmipc__conn *a, *b, *victim, *first, *c;
+    int victim_fd, c_peer;
+    char first_got[16], c_got[16];
+    size_t first_len, c_len;
+    int victim_calls;
+};
+
+static void reuse_on_data(struct shmipc__conn *conn, const void *data, size_t len);
+
+static void reuse_on_end(struct shmipc__conn *conn, int status)
+{
+    (void)status;
+    shmipc__conn_close(conn);
+}
+
+static const struct shmipc__conn_cbs reuse_cbs = {reuse_on_data, reuse_on_end};
+
+static void reuse_on_data(struct shmipc__conn *conn, const void *data, size_t len)
+{
+    struct reuse *r = shmipc__conn_data(conn);
+    int sp[2];
+    if (conn == r->c) {
+        assert_true(r->c_len + len <= sizeof r->c_got);
+        memcpy(r->c_got + r->c_len, data, len);
+        r->c_len += len;
+        return;
+    }
+    if (conn == r->victim) {
+        r->victim_calls++;
+        return;
+    }
+    if (r->first == NULL) {
+        r->first = conn;
+        r->victim = conn == r->a ? r->b : r->a;
+        r->victim_fd = shmipc__conn_fd(r->victim);
+        shmipc__conn_close(r->victim);
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+        /* socketpair() most likely took the freed number already; if not, move it there. */
+        if (sp[0] != r->victim_fd) {
+            assert_int_equal(dup2(sp[0], r->victim_fd), r->victim_fd);
+            close(sp[0]);
+        }
+        write_all(sp[1], "C-data", 6);
+        r->c_peer = sp[1];
+        assert_int_equal(shmipc__conn_open(r->loop, r->victim_fd, &reuse_cbs, r, &r->c), 0);
+    }
+    assert_ptr_equal(conn, r->first);
+    memcpy(r->first_got + r->first_len, data, len);
+    r->first_len += len;
+}
+
+static void fd_reuse_generation(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__loop_stats st;
+    struct reuse r;
+    int pa[2], pb[2];
+    (void)state;
+
+    memset(&r, 0, sizeof r);
+    r.loop = loop;
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pa), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pb), 0);
+    assert_int_equal(shmipc__conn_open(loop, pa[0], &reuse_cbs, &r, &r.a), 0);
+    assert_int_equal(shmipc__conn_open(loop, pb[0], &reuse_cbs, &r, &r.b), 0);
+    /* Both receives are armed before any input exists, then both get input at once. */
+    assert_true(shmipc__loop_run_once(loop, 0) >= 0);
+    write_all(pa[1], "A-data", 6);
+    write_all(pb[1], "B-data", 6);
+    PUMP_UNTIL(loop, r.first != NULL && r.c_len == 6);
+    PUMP_UNTIL(loop, shmipc__loop_run_once(loop, 0) == 0);
+    assert_memory_equal(r.c_got, "C-data", 6);
+    assert_int_equal(r.c_len, 6);
+    assert_int_equal(r.first_len, 6);
+    assert_memory_equal(r.first_got, r.first == r.a ? "A-data" : "B-data", 6);
+    assert_int_equal(r.victim_calls, 0);
+    assert_int_equal(shmipc__conn_fd(r.c), r.victim_fd);
+    shmipc__loop_stats(loop, &st);
+    assert_true(st.stale >= 1);
+    assert_int_equal(shmipc__loop_handles(loop), 2);
+    close(pa[1]);
+    close(pb[1]);
+    close(r.c_peer);
+    shmipc__loop_free(loop);
+}
+
+/*
+ * Half-close: the server answers, shuts down its side and keeps draining the input that is
+ * still coming. The client reads the answer and then a clean EOF, not ECONNRESET.
+ */
+static void half_close_sends_fin(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__acceptor *acc;
+    struct srv s;
+    static char junk[64 << 10];
+    char buf[16];
+    size_t total = 7 + sizeof junk;
+    int port, fd;
+    ssize_t n;
+    (void)state;
+
+    srv_init(&s, loop, SRV_REPLY_SHUT);
+    port = srv_listen(&s, &acc);
+    fd = connect_to(port, 0);
+    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    write_all(fd, "request", 7);
+    PUMP_UNTIL(loop, atomic_load(&s.shut) && atomic_load(&s.sent_ok) == 1);
+    /* Input that arrives after the shutdown is still read, so closing leaves none unread. */
+    memset(junk, 'j', sizeof junk);
+    write_all(fd, junk, sizeof junk);
+    PUMP_UNTIL(loop, atomic_load(&s.received) == total);
+    assert_int_equal(shmipc__conn_send(s.last, "late", 4, NULL, NULL), SHMIPC_ECLOSED);
+    read_exact(fd, buf, 8);
+    assert_memory_equal(buf, "response", 8);
+    errno = 0;
+    n = read_some(fd, buf, sizeof buf);
+    assert_int_equal(n, 0);
+    assert_int_equal(errno, 0);
+    shutdown(fd, SHUT_WR);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
+    assert_int_equal(atomic_load(&s.end_status), 0);
+    close(fd);
+    shmipc__loop_free(loop);
+}
+
+/* The peer's FIN arrives as on_end(0); a reset as on_end(SHMIPC_ECONNRESET). */
+static void end_of_input(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__acceptor *acc;
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    struct srv s;
+    int port, fd;
+    (void)state;
+
+    srv_init(&s, loop, SRV_SINK);
+    port = srv_listen(&s, &acc);
+    fd = connect_to(port, 0);
+    write_all(fd, "bye", 3);
+    shutdown(fd, SHUT_WR);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
+    assert_int_equal(atomic_load(&s.end_status), 0);
+    assert_int_equal(atomic_load(&s.received), 3);
+    close(fd);
+
+    fd = connect_to(port, 0);
+    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 2);
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+    close(fd);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 2);
+    assert_int_equal(atomic_load(&s.end_status), SHMIPC_ECONNRESET);
+    shmipc__loop_free(loop);
+}
+
+/* Closing with sends queued completes them with SHMIPC_ECLOSED; the socket really closes. */
+static void close_fails_queued_sends(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__conn *c;
+    struct srv s;
+    int sp[2], sndbuf = 4096;
+    unsigned char *big = calloc(1, 4u << 20);
+    char sink[4096];
+    ssize_t n;
+    (void)state;
+
+    assert_non_null(big);
+    srv_init(&s, loop, SRV_SINK);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+    assert_int_equal(setsockopt(sp[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf), 0);
+    set_timeouts(sp[1]);
+    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
+    assert_int_equal(shmipc__conn_send(c, big, 4u << 20, srv_sent_static, &s), 0);
+    assert_int_equal(shmipc__conn_send(c, "tail", 4, srv_sent_static, &s), 0);
+    /* Callbacks never run inside the call that caused them. */
+    assert_int_equal(atomic_load(&s.sent_ok) + atomic_load(&s.sent_err), 0);
+    PUMP_UNTIL(loop, shmipc__loop_run_once(loop, 0) == 0);
+    assert_true(shmipc__conn_pending(c) > 0);
+    assert_int_equal(atomic_load(&s.sent_ok) + atomic_load(&s.sent_err), 0);
+    shmipc__conn_close(c);
+    PUMP_UNTIL(loop, atomic_load(&s.sent_err) == 2);
+    assert_int_equal(atomic_load(&s.last_send_status), SHMIPC_ECLOSED);
+    /* What the kernel took before the close arrives, then the end of the stream. */
+    while ((n = read_some(sp[1], sink, sizeof sink)) > 0)
+        ;
+    assert_int_equal(n, 0);
+    close(sp[1]);
+    shmipc__loop_free(loop);
+    free(big);
+}
+
+/*
+ * A 1 MiB body behind a header, as two iovecs, to a reader that takes it in small pieces:
+ * it arrives intact, and meanwhile the loop keeps serving another connection.
+ */
+static void large_sendv_slow_reader(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__acceptor *acc;
+    struct shmipc__loop_stats st;
+    struct srv s;
+    pthread_t t;
+    char hdr[sizeof BIG_HEADER - 1];
+    unsigned char *got = malloc(BIG_BODY);
+    size_t off = 0;
+    int port, slow, other;
+    (void)state;
+
+    assert_non_null(got);
+    srv_init(&s, loop, SRV_BIG_FIRST);
+    s.big = malloc(BIG_BODY);
+    assert_non_null(s.big);
+    for (size_t i = 0; i < BIG_BODY; i++)
+        s.big[i] = (unsigned char)(i * 7 + i / 4096);
+    port = srv_listen(&s, &acc);
+    assert_int_equal(pthread_create(&t, NULL, loop_thread, loop), 0);
+
+    slow = connect_to(port, 4096);
+    read_exact(slow, hdr, sizeof hdr);
+    assert_memory_equal(hdr, BIG_HEADER, sizeof hdr);
+    while (off < 64 << 10) {
+        ssize_t n = read_some(slow, got + off, 4096 < BIG_BODY - off ? 4096 : BIG_BODY - off);
+        assert_true(n > 0);
+        off += (size_t)n;
+        usleep(200);
+    }
+    /* The body is far from sent; another client is served all the same. */
+    assert_int_equal(atomic_load(&s.sent_ok), 0);
+    other = connect_to(port, 0);
+    write_all(other, "still here?", 11);
+    read_exact(other, hdr, 11);
+    assert_memory_equal(hdr, "still here?", 11);
+    close(other);
+    while (off < BIG_BODY) {
+        ssize_t n = read_some(slow, got + off, 4096 < BIG_BODY - off ? 4096 : BIG_BODY - off);
+        assert_true(n > 0);
+        off += (size_t)n;
+    }
+    assert_memory_equal(got, s.big, BIG_BODY);
+    WAIT_UNTIL(atomic_load(&s.sent_ok) == 2);
+    close(slow);
+    WAIT_UNTIL(atomic_load(&s.ended) == 2);
+    join_loop(loop, t);
+    shmipc__loop_stats(loop, &st);
+    assert_true(st.send_partial >= 1);
+    shmipc__loop_free(loop);
+    free(s.big);
+    free(got);
+}
+
+/* 500 connections open at once, each with one exchange. */
+#define MANY 500
+static void many_connections(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__acceptor *acc;
+    struct srv s;
+    static int fds[MANY];
+    int port;
+    (void)state;
+
+    srv_init(&s, loop, SRV_ECHO);
+    port = srv_listen(&s, &acc);
+    for (int i = 0; i < MANY; i++)
+        fds[i] = connect_to(port, 0);
+    PUMP_UNTIL(loop, atomic_load(&s.accepted) == MANY);
+    assert_int_equal(shmipc__loop_handles(loop), MANY + 1);
+    for (int i = 0; i < MANY; i++) {
+        char req[8];
+        snprintf(req, sizeof req, "c%05d", i);
+        write_all(fds[i], req, 6);
+    }
+    PUMP_UNTIL(loop, atomic_load(&s.sent_ok) == MANY);
+    for (int i = 0; i < MANY; i++) {
+        char req[8], resp[8];
+        snprintf(req, sizeof req, "c%05d", i);
+        read_exact(fds[i], resp, 6);
+        assert_memory_equal(resp, req, 6);
+        close(fds[i]);
+    }
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == MANY);
+    assert_int_equal(shmipc__loop_handles(loop), 1);
+    shmipc__loop_free(loop);
+}
+
+/* Loop calls from a thread that does not own the loop are refused. */
+struct foreign {
+    struct shmipc__conn *conn;
+    int rc;
+    int detail_names_thread;
+};
+
+static void *foreign_thread(void *arg)
+{
+    struct foreign *f = arg;
+    f->rc = shmipc__conn_send(f->conn, "x", 1, NULL, NULL);
+    f->detail_names_thread = strstr(shmipc_error_detail(), "thread") != NULL;
+    return NULL;
+}
+
+static void foreign_thread_refused(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__conn *c;
+    struct foreign f;
+    struct srv s;
+    pthread_t t;
+    int sp[2];
+    (void)state;
+
+    srv_init(&s, loop, SRV_SINK);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
+    f.conn = c;
+    assert_int_equal(pthread_create(&t, NULL, foreign_thread, &f), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(f.rc, SHMIPC_EBUSY);
+    assert_true(f.detail_names_thread);
+    assert_int_equal(shmipc__loop_handles(loop), 1);
+    close(sp[1]);
+    shmipc__loop_free(loop);
+}
+
+#define SUITE_TESTS                                                                                \
+    cmocka_unit_test(echo), cmocka_unit_test(keepalive_200),                                       \
+        cmocka_unit_test(small_receive_buffer), cmocka_unit_test(fd_reuse_generation),             \
+        cmocka_unit_test(half_close_sends_fin), cmocka_unit_test(end_of_input),                    \
+        cmocka_unit_test(close_fails_queued_sends), cmocka_unit_test(large_sendv_slow_reader),     \
+        cmocka_unit_test(many_connections), cmocka_unit_test(foreign_thread_refused),              \
+        cmocka_unit_test(budget_bounds_a_turn), cmocka_unit_test(sendv_many_buffers)
+
+#endif
