@@ -108,6 +108,8 @@ SHMIPC_API int shmipc_config_new(shmipc_config **out)
     cfg->session_num = 1;
     cfg->max_stream_num = 4096;
     cfg->rebuild_interval_ms = 1000;
+    cfg->server_v4 = 1;
+    cfg->server_v4_features = SHMIPC_V4_FEATURE_EVENTFD | SHMIPC_V4_FEATURE_POLLING;
     *out = cfg;
     return 0;
 }
@@ -533,4 +535,24 @@ SHMIPC_API uint32_t shmipc_config_get_max_stream_num(const shmipc_config *cfg)
 SHMIPC_API uint32_t shmipc_config_get_rebuild_interval_ms(const shmipc_config *cfg)
 {
     return cfg ? cfg->rebuild_interval_ms : 0;
+}
+
+SHMIPC_API int shmipc_config_set_server_v4(shmipc_config *cfg, int accept, unsigned features)
+{
+    REQUIRE_CONFIG(cfg, "server_v4");
+    unsigned all = SHMIPC_V4_FEATURE_EVENTFD | SHMIPC_V4_FEATURE_POLLING;
+    if (accept != 0 && accept != 1)
+        return shmipc__fail(SHMIPC_EINVAL, "server_v4: accept %d is neither 0 nor 1", accept);
+    if ((features & ~all) != 0)
+        return shmipc__fail(SHMIPC_EINVAL, "server_v4: unknown feature bits %#x", features & ~all);
+    cfg->server_v4 = accept;
+    cfg->server_v4_features = features;
+    return 0;
+}
+
+SHMIPC_API int shmipc_config_get_server_v4(const shmipc_config *cfg, unsigned *features)
+{
+    if (features != NULL)
+        *features = cfg ? cfg->server_v4_features : 0;
+    return cfg ? cfg->server_v4 : 0;
 }

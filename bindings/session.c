@@ -42,7 +42,7 @@ SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, s
 SHMIPC_API int shmipc_session_fileno(const shmipc_session *s)
 {
     REQUIRE(s, "session_fileno", "session");
-    return s->fd;
+    return s->event_fd;
 }
 
 SHMIPC_API int shmipc_session_process(shmipc_session *s)
@@ -61,6 +61,14 @@ SHMIPC_API int shmipc_session_version(const shmipc_session *s)
 {
     REQUIRE(s, "session_version", "session");
     return s->version;
+}
+
+SHMIPC_API int shmipc_session_wakeup(const shmipc_session *s, uint32_t *polling_interval_us)
+{
+    REQUIRE(s, "session_wakeup", "session");
+    if (polling_interval_us != NULL)
+        *polling_interval_us = s->interval_us;
+    return s->wakeup;
 }
 
 SHMIPC_API void shmipc_session_close(shmipc_session *s)

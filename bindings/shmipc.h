@@ -284,6 +284,19 @@ SHMIPC_API int shmipc_config_set_max_stream_num(shmipc_config *cfg, uint32_t n);
  */
 SHMIPC_API int shmipc_config_set_rebuild_interval_ms(shmipc_config *cfg, uint32_t ms);
 
+/** Optional V4 features, as a server offers them (a bit mask). */
+enum shmipc_v4_feature {
+    SHMIPC_V4_FEATURE_EVENTFD = 1, /**< "eventfd_wakeup" */
+    SHMIPC_V4_FEATURE_POLLING = 2, /**< "event_queue_polling" */
+};
+
+/**
+ * Server: whether V4 clients are accepted (default 1) and which optional features it offers
+ * (default both). A server that does not accept V4 closes the connection on a V4 header, as
+ * a legacy server does, so V4 clients with fallback retry legacy.
+ */
+SHMIPC_API int shmipc_config_set_server_v4(shmipc_config *cfg, int accept, unsigned features);
+
 /*
  * Getters. They never fail on a valid config; on NULL they return 0 (or NULL), which is
  * never a valid value of the field except where noted.
@@ -301,6 +314,8 @@ SHMIPC_API uint32_t shmipc_config_get_polling_interval_us(const shmipc_config *c
 SHMIPC_API uint32_t shmipc_config_get_session_num(const shmipc_config *cfg);
 SHMIPC_API uint32_t shmipc_config_get_max_stream_num(const shmipc_config *cfg);
 SHMIPC_API uint32_t shmipc_config_get_rebuild_interval_ms(const shmipc_config *cfg);
+/** 1 when the server accepts V4; *features (may be NULL) gets the offered feature mask. */
+SHMIPC_API int shmipc_config_get_server_v4(const shmipc_config *cfg, unsigned *features);
 
 /* ------------------------------------------------------------------------------------ */
 /* Sessions and streams                                                                 */
@@ -352,7 +367,9 @@ SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, s
 
 /**
  * The descriptor that becomes readable when the session has events to process: register it
- * with an event loop (level-triggered) and call shmipc_session_process() when it fires.
+ * with an event loop (level-triggered) and call shmipc_session_process() when it fires. It is
+ * the socket, or for V4 eventfd and polling sessions an epoll descriptor that also watches
+ * the wakeup eventfd or the polling timer.
  */
 SHMIPC_API int shmipc_session_fileno(const shmipc_session *s);
 
@@ -366,8 +383,14 @@ SHMIPC_API int shmipc_session_process(shmipc_session *s);
 /** 0 while the session is alive, else the code that ended it (SHMIPC_ECONNRESET, ...). */
 SHMIPC_API int shmipc_session_status(const shmipc_session *s);
 
-/** The negotiated protocol version (2 or 3). */
+/** The negotiated protocol version: 2, 3, or 4 (a V4 client that fell back reports 3 or 2). */
 SHMIPC_API int shmipc_session_version(const shmipc_session *s);
+
+/**
+ * The negotiated wakeup (enum shmipc_wakeup; always SHMIPC_WAKEUP_SOCKET before V4) and, for
+ * polling, the interval both peers use, in *polling_interval_us (may be NULL).
+ */
+SHMIPC_API int shmipc_session_wakeup(const shmipc_session *s, uint32_t *polling_interval_us);
 
 /**
  * Hard close, as in the reference: the socket is closed at once, the peer sees the

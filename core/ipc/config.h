@@ -31,6 +31,9 @@ struct shmipc_config {
     uint32_t session_num;
     uint32_t max_stream_num;
     uint32_t rebuild_interval_ms;
+    /* Server: whether V4 clients are accepted, and which optional V4 features. */
+    int server_v4;
+    uint32_t server_v4_features;
 };
 
 /*

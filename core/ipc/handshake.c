@@ -8,14 +8,17 @@
 #include "common/log.h"
 #include "ipc/proto.h"
 #include "ipc/sockio.h"
+#include "ipc/v4.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -31,7 +34,10 @@ static int send_simple(shmipc_session *s, uint8_t version, uint8_t type, uint64_
     return shmipc__write_full(s->fd, msg, sizeof msg, deadline);
 }
 
-/* Reads one handshake header and checks it is of type `want` (any type when want < 0). */
+/*
+ * Reads one handshake header and checks it is of type `want` (any type when want < 0). Version 0
+ * (V4) passes only on a server that accepts V4; a legacy server refuses it, as Go does.
+ */
 static int read_header(shmipc_session *s, int want, struct shmipc__header *h, uint64_t deadline)
 {
     uint8_t raw[SHMIPC__HEADER_SIZE];
@@ -39,7 +45,7 @@ static int read_header(shmipc_session *s, int want, struct shmipc__header *h, ui
     if (rc < 0)
         return rc;
     shmipc__header_decode(raw, h);
-    if ((rc = shmipc__header_check(h, 0)) < 0)
+    if ((rc = shmipc__header_check(h, s->role == SHMIPC__SERVER && s->cfg.server_v4)) < 0)
         return rc;
     if (want >= 0 && h->type != want)
         return shmipc__fail(SHMIPC_EPROTO, "handshake: expected %s, got %s",
@@ -61,16 +67,25 @@ static int make_names(shmipc_session *s)
     return 0;
 }
 
+static int queue_layout(const shmipc_session *s)
+{
+    return s->version == 4 ? SHMIPC__QUEUE_V4 : SHMIPC__QUEUE_LEGACY;
+}
+
 static int create_memory(shmipc_session *s)
 {
     int rc;
-    uint64_t qsize = shmipc__queue_pair_size(s->cfg.queue_capacity);
+    uint64_t qsize = shmipc__queue_pair_size_for(s->cfg.queue_capacity, queue_layout(s));
     if ((rc = make_names(s)) < 0)
         return rc;
     if (s->cfg.memmap_type == SHMIPC_MEMMAP_MEMFD) {
         if ((rc = shmipc__mapping_create_memfd(&s->buffer_map, s->buffer_path,
                                                s->cfg.buffer_capacity)) < 0 ||
             (rc = shmipc__mapping_create_memfd(&s->queue_map, s->queue_path, qsize)) < 0)
+            return rc;
+        /* V4 seals its memfds, so a server can map them without fearing a truncation. */
+        if (s->version == 4 && ((rc = shmipc__mapping_seal_size(&s->buffer_map)) < 0 ||
+                                (rc = shmipc__mapping_seal_size(&s->queue_map)) < 0))
             return rc;
     } else {
         s->unlink_files = 1;
@@ -83,20 +98,20 @@ static int create_memory(shmipc_session *s)
                                     s->cfg.nclasses)) < 0)
         return rc;
     return shmipc__queue_pair_format(&s->qp, s->queue_map.base, s->queue_map.size,
-                                     s->cfg.queue_capacity, SHMIPC__QUEUE_LEGACY);
+                                     s->cfg.queue_capacity, queue_layout(s));
 }
 
 static int send_share_memory(shmipc_session *s, uint8_t type, uint64_t deadline)
 {
     uint8_t msg[SHMIPC__HEADER_SIZE + 4 + 2 * SHMIPC__SHM_NAME_MAX];
-    size_t n = shmipc__encode_share_memory(msg, sizeof msg, s->version, type, s->queue_path,
-                                           s->buffer_path);
+    size_t n =
+        shmipc__encode_share_memory(msg, sizeof msg, s->wire, type, s->queue_path, s->buffer_path);
     if (n == 0)
         return shmipc__fail(SHMIPC_ENAMETOOLONG, "handshake: shared-memory names too long");
     return shmipc__write_full(s->fd, msg, n, deadline);
 }
 
-int shmipc__handshake_client(shmipc_session *s, uint64_t deadline)
+static int handshake_client_legacy(shmipc_session *s, uint64_t deadline)
 {
     struct shmipc__header h;
     int rc;
@@ -104,7 +119,7 @@ int shmipc__handshake_client(shmipc_session *s, uint64_t deadline)
         return rc;
     if (s->cfg.memmap_type == SHMIPC_MEMMAP_DEVSHM) {
         /* V2: one message and no reply; the server opens the files by path. */
-        s->version = 2;
+        s->version = s->wire = 2;
         return send_share_memory(s, SHMIPC__MSG_SHARE_MEMORY_BY_PATH, deadline);
     }
     if ((rc = send_simple(s, SUPPORTED_VERSION, SHMIPC__MSG_EXCHANGE_VERSION, deadline)) < 0 ||
@@ -115,7 +130,7 @@ int shmipc__handshake_client(shmipc_session *s, uint64_t deadline)
                             "handshake: the server speaks version %u, and memfd needs 3; use "
                             "memmap devshm (V2) with this server",
                             h.version);
-    s->version = SUPPORTED_VERSION;
+    s->version = s->wire = SUPPORTED_VERSION;
     if ((rc = send_share_memory(s, SHMIPC__MSG_SHARE_MEMORY_BY_MEMFD, deadline)) < 0 ||
         (rc = read_header(s, SHMIPC__MSG_ACK_READY_RECV_FD, &h, deadline)) < 0)
         return rc;
@@ -123,6 +138,124 @@ int shmipc__handshake_client(shmipc_session *s, uint64_t deadline)
     if ((rc = shmipc__send_fds(s->fd, fds, 2, deadline)) < 0)
         return rc;
     return read_header(s, SHMIPC__MSG_ACK_SHARE_MEMORY, &h, deadline);
+}
+
+/* Reads one V4 handshake message of type `want` (version byte 0) with its body into `buf`. */
+static int read_v4_message(shmipc_session *s, int want, uint8_t *buf, size_t cap,
+                           struct shmipc__msg *m, uint64_t deadline)
+{
+    struct shmipc__header h;
+    uint8_t raw[SHMIPC__HEADER_SIZE];
+    int rc = shmipc__read_full(s->fd, raw, sizeof raw, deadline);
+    if (rc < 0)
+        return rc;
+    shmipc__header_decode(raw, &h);
+    if ((rc = shmipc__header_check(&h, 1)) < 0)
+        return rc;
+    if (h.version != 0 || h.type != want)
+        return shmipc__fail(SHMIPC_EPROTO,
+                            "V4 handshake: expected %s with version 0, got %s "
+                            "with version %u",
+                            shmipc__msg_type_name((unsigned)want), shmipc__msg_type_name(h.type),
+                            h.version);
+    if (h.length > cap)
+        return shmipc__fail(SHMIPC_EPROTO, "V4 handshake: %s of %u bytes is too long",
+                            shmipc__msg_type_name(h.type), h.length);
+    memcpy(buf, raw, sizeof raw);
+    if ((rc = shmipc__read_full(s->fd, buf + sizeof raw, h.length - sizeof raw, deadline)) < 0)
+        return rc;
+    rc = shmipc__msg_parse(buf, h.length, m, 1);
+    return rc < 0 ? rc : 0;
+}
+
+static int make_eventfds(int *a, int *b)
+{
+    *a = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    *b = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (*a < 0 || *b < 0)
+        return shmipc__fail_errno(errno, "V4: eventfd");
+    return 0;
+}
+
+/* The V4 client: negotiate, then hand the memory over as V3 does, with version byte 0. */
+static int handshake_client_v4(shmipc_session *s, uint64_t deadline)
+{
+    uint8_t msg[1024];
+    struct shmipc__v4_request req = {.wants_v4 = 1};
+    struct shmipc__v4_response resp;
+    struct shmipc__msg m;
+    int rc;
+    s->version = 4;
+    s->wire = 0;
+    strcpy(req.sdk_name, SHMIPC__V4_SDK_NAME);
+    snprintf(req.sdk_version, sizeof req.sdk_version, "%s", shmipc_version_string());
+    if (s->cfg.wakeup == SHMIPC_WAKEUP_POLLING) {
+        req.features = SHMIPC_V4_FEATURE_POLLING;
+        req.interval_us = s->cfg.polling_interval_us;
+    } else if (s->cfg.wakeup == SHMIPC_WAKEUP_EVENTFD) {
+        req.features = SHMIPC_V4_FEATURE_EVENTFD;
+    }
+    if ((rc = shmipc__v4_encode_request(&req, msg, sizeof msg)) < 0 ||
+        (rc = shmipc__write_full(s->fd, msg, (size_t)rc, deadline)) < 0)
+        return rc;
+    /* A peer's response may be as long as the protocol allows. */
+    uint8_t *rbuf = malloc(SHMIPC__MAX_NEGOTIATION);
+    if (rbuf == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "V4: out of memory");
+    rc = read_v4_message(s, SHMIPC__MSG_NEGOTIATION, rbuf, SHMIPC__MAX_NEGOTIATION, &m, deadline);
+    if (rc == 0)
+        rc = shmipc__v4_parse_response(m.u.negotiation.json, m.u.negotiation.len, &resp);
+    free(rbuf);
+    if (rc < 0)
+        return rc;
+    if (resp.error_code[0] != '\0' || resp.protocol != 4)
+        return shmipc__fail(SHMIPC_EREJECTED, "V4: the server refused: %s: %s",
+                            resp.error_code[0] ? resp.error_code : "selected_protocol",
+                            resp.error_message[0] ? resp.error_message : "not 4");
+    if ((resp.features & ~req.features) != 0 ||
+        resp.features == (SHMIPC_V4_FEATURE_POLLING | SHMIPC_V4_FEATURE_EVENTFD))
+        return shmipc__fail(SHMIPC_EPROTO, "V4: the server selected features %#x, asked %#x",
+                            resp.features, req.features);
+    if (resp.features & SHMIPC_V4_FEATURE_POLLING) {
+        if (resp.interval_us < SHMIPC_MIN_POLLING_INTERVAL_US ||
+            resp.interval_us > SHMIPC_MAX_POLLING_INTERVAL_US)
+            return shmipc__fail(SHMIPC_EPROTO, "V4: negotiated polling interval %u us",
+                                resp.interval_us);
+        s->wakeup = SHMIPC_WAKEUP_POLLING;
+        s->interval_us = resp.interval_us;
+    } else if (resp.features & SHMIPC_V4_FEATURE_EVENTFD) {
+        s->wakeup = SHMIPC_WAKEUP_EVENTFD;
+    }
+    if ((rc = create_memory(s)) < 0)
+        return rc;
+    if (s->cfg.memmap_type == SHMIPC_MEMMAP_DEVSHM) {
+        if ((rc = send_share_memory(s, SHMIPC__MSG_SHARE_MEMORY_BY_PATH, deadline)) < 0)
+            return rc;
+    } else {
+        /* [buffer, queue, our send eventfd, our receive eventfd] in one message. */
+        int fds[4] = {s->buffer_map.fd, s->queue_map.fd, -1, -1};
+        int nfds = 2;
+        if (s->wakeup == SHMIPC_WAKEUP_EVENTFD) {
+            if ((rc = make_eventfds(&s->efd_send, &s->efd_recv)) < 0)
+                return rc;
+            fds[2] = s->efd_send;
+            fds[3] = s->efd_recv;
+            nfds = 4;
+        }
+        if ((rc = send_share_memory(s, SHMIPC__MSG_SHARE_MEMORY_BY_MEMFD, deadline)) < 0 ||
+            (rc = read_v4_message(s, SHMIPC__MSG_ACK_READY_RECV_FD, msg, sizeof msg, &m,
+                                  deadline)) < 0 ||
+            (rc = shmipc__send_fds(s->fd, fds, nfds, deadline)) < 0)
+            return rc;
+    }
+    return read_v4_message(s, SHMIPC__MSG_ACK_SHARE_MEMORY, msg, sizeof msg, &m, deadline);
+}
+
+int shmipc__handshake_client(shmipc_session *s, uint64_t deadline)
+{
+    if (s->cfg.protocol == SHMIPC_PROTOCOL_V4)
+        return handshake_client_v4(s, deadline);
+    return handshake_client_legacy(s, deadline);
 }
 
 /* Reads the body of a ShareMemory message into `body` and parses it. */
@@ -137,7 +270,7 @@ static int read_share_body(shmipc_session *s, const struct shmipc__header *h, ui
                                deadline);
     if (rc < 0)
         return rc;
-    rc = shmipc__msg_parse(buf, h->length, msg, 0);
+    rc = shmipc__msg_parse(buf, h->length, msg, s->version == 4);
     return rc < 0 ? rc : 0;
 }
 
@@ -191,10 +324,152 @@ static int map_by_path(shmipc_session *s, const struct shmipc__msg *msg)
 static int attach_memory(shmipc_session *s)
 {
     int rc = shmipc__queue_pair_attach(&s->qp, s->queue_map.base, s->queue_map.size,
-                                       SHMIPC__QUEUE_LEGACY, SHMIPC__QUEUE_SERVER);
+                                       queue_layout(s), SHMIPC__QUEUE_SERVER);
     if (rc < 0)
         return rc;
     return shmipc__buffer_attach(&s->bm, s->buffer_map.base, s->buffer_map.size);
+}
+
+/* V4 memfds must be sealed against shrinking and growing: then no page can vanish under us. */
+static int check_seals(int fd, const char *what)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+        return shmipc__fail(SHMIPC_EACCES,
+                            "V4 handshake: the %s memfd is not sealed against shrinking and "
+                            "growing",
+                            what);
+    return 0;
+}
+
+/* True when `fd` is an eventfd: a peer must not make us read or write other kinds of file. */
+static int is_eventfd(int fd)
+{
+    char path[64], target[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n < 0)
+        return 0;
+    target[n] = '\0';
+    return strcmp(target, "anon_inode:[eventfd]") == 0;
+}
+
+/*
+ * Receives the memfds (and, for eventfd wakeups, the client's two eventfds: its send is our
+ * receive and the other way round) and maps them. Every received fd is owned or closed.
+ */
+static int receive_memfds(shmipc_session *s, const struct shmipc__msg *msg, uint64_t deadline)
+{
+    int fds[4] = {-1, -1, -1, -1}, rc;
+    int n = s->wakeup == SHMIPC_WAKEUP_EVENTFD ? 4 : 2;
+    copy_path(s->queue_path, msg->u.share.queue_path, msg->u.share.queue_len);
+    copy_path(s->buffer_path, msg->u.share.buffer_path, msg->u.share.buffer_len);
+    if ((rc = send_simple(s, s->wire, SHMIPC__MSG_ACK_READY_RECV_FD, deadline)) < 0 ||
+        (rc = shmipc__recv_fds(s->fd, fds, n, deadline)) < 0)
+        return rc;
+    if (s->version == 4 &&
+        ((rc = check_seals(fds[0], "buffer")) < 0 || (rc = check_seals(fds[1], "queue")) < 0))
+        goto err;
+    if (n == 4) {
+        if (!is_eventfd(fds[2]) || !is_eventfd(fds[3])) {
+            rc = shmipc__fail(SHMIPC_EPROTO, "V4 handshake: the wakeup fds are not eventfds");
+            goto err;
+        }
+        s->efd_recv = fds[2];
+        s->efd_send = fds[3];
+        fds[2] = fds[3] = -1;
+    }
+    /* fds[0] is the buffer, fds[1] the queue (reference §1.5). */
+    if ((rc = shmipc__mapping_map_fd(&s->buffer_map, fds[0], s->buffer_path)) < 0)
+        goto err;
+    fds[0] = -1;
+    if ((rc = shmipc__mapping_map_fd(&s->queue_map, fds[1], s->queue_path)) < 0)
+        goto err;
+    return 0;
+err:
+    for (int i = 0; i < 4; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    return rc;
+}
+
+/* After the version exchange or the negotiation: the memory hand-over and the ack. */
+static int server_share_memory(shmipc_session *s, uint64_t deadline)
+{
+    uint8_t body[SHMIPC__HEADER_SIZE + 4 + 2 * SHMIPC__MAX_SHM_PATH];
+    struct shmipc__header h;
+    struct shmipc__msg msg;
+    int rc;
+    if ((rc = read_header(s, -1, &h, deadline)) < 0)
+        return rc;
+    if (h.version != s->wire && s->version == 4)
+        return shmipc__fail(SHMIPC_EPROTO, "V4 handshake: %s with version %u, not 0",
+                            shmipc__msg_type_name(h.type), h.version);
+    if ((rc = read_share_body(s, &h, body, sizeof body, &msg, deadline)) < 0)
+        return rc;
+    if (h.type == SHMIPC__MSG_SHARE_MEMORY_BY_PATH) {
+        if (s->wakeup == SHMIPC_WAKEUP_EVENTFD)
+            return shmipc__fail(SHMIPC_EPROTO, "V4 handshake: eventfd wakeups need memfd");
+        rc = map_by_path(s, &msg);
+    } else if (h.type == SHMIPC__MSG_SHARE_MEMORY_BY_MEMFD) {
+        rc = receive_memfds(s, &msg, deadline);
+    } else {
+        rc = shmipc__fail(SHMIPC_EPROTO, "handshake: expected a ShareMemory message, got %s",
+                          shmipc__msg_type_name(h.type));
+    }
+    if (rc < 0 || (rc = attach_memory(s)) < 0)
+        return rc;
+    return send_simple(s, s->wire, SHMIPC__MSG_ACK_SHARE_MEMORY, deadline);
+}
+
+/* The V4 server: read the request, answer it, refuse explicitly what it cannot serve. */
+static int server_negotiate(shmipc_session *s, const struct shmipc__header *h, uint64_t deadline)
+{
+    struct shmipc__v4_request req;
+    struct shmipc__v4_response resp;
+    struct shmipc__msg m;
+    uint8_t out[1024];
+    int rc;
+    if (h->type != SHMIPC__MSG_NEGOTIATION)
+        return shmipc__fail(SHMIPC_EPROTO, "V4 handshake: expected Negotiation, got %s",
+                            shmipc__msg_type_name(h->type));
+    uint8_t *buf = malloc(h->length);
+    if (buf == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "V4: out of memory");
+    shmipc__header_encode(buf, h->length, h->version, h->type);
+    rc = shmipc__read_full(s->fd, buf + SHMIPC__HEADER_SIZE, h->length - SHMIPC__HEADER_SIZE,
+                           deadline);
+    if (rc == 0 && (rc = shmipc__msg_parse(buf, h->length, &m, 1)) > 0)
+        rc = shmipc__v4_parse_request(m.u.negotiation.json, m.u.negotiation.len, &req);
+    free(buf);
+    if (rc == SHMIPC_EPROTO) {
+        memset(&resp, 0, sizeof resp);
+        strcpy(resp.error_code, "JSON_PARSE_ERROR");
+        snprintf(resp.error_message, sizeof resp.error_message, "%s", shmipc_error_detail());
+    } else if (rc < 0) {
+        return rc;
+    } else {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        int unix_socket =
+            getsockname(s->fd, (struct sockaddr *)&ss, &len) == 0 && ss.ss_family == AF_UNIX;
+        shmipc__v4_select(&req, s->cfg.server_v4_features, unix_socket, &resp);
+    }
+    int n = shmipc__v4_encode_response(&resp, out, sizeof out);
+    if (n < 0)
+        return n;
+    if ((rc = shmipc__write_full(s->fd, out, (size_t)n, deadline)) < 0)
+        return rc;
+    if (resp.error_code[0] != '\0')
+        return shmipc__fail(SHMIPC_EREJECTED, "V4 handshake: refused the client: %s: %s",
+                            resp.error_code, resp.error_message);
+    if (resp.features & SHMIPC_V4_FEATURE_POLLING) {
+        s->wakeup = SHMIPC_WAKEUP_POLLING;
+        s->interval_us = resp.interval_us;
+    } else if (resp.features & SHMIPC_V4_FEATURE_EVENTFD) {
+        s->wakeup = SHMIPC_WAKEUP_EVENTFD;
+    }
+    return 0;
 }
 
 int shmipc__handshake_server(shmipc_session *s, uint64_t deadline)
@@ -205,11 +480,18 @@ int shmipc__handshake_server(shmipc_session *s, uint64_t deadline)
     int rc;
     if ((rc = read_header(s, -1, &h, deadline)) < 0)
         return rc;
+    if (h.version == 0) {
+        s->version = 4;
+        s->wire = 0;
+        if ((rc = server_negotiate(s, &h, deadline)) < 0)
+            return rc;
+        return server_share_memory(s, deadline);
+    }
     if (h.version == 2) {
         if (h.type != SHMIPC__MSG_SHARE_MEMORY_BY_PATH)
             return shmipc__fail(SHMIPC_EPROTO, "handshake: V2 must start with %s, not %s",
                                 shmipc__msg_type_name(0), shmipc__msg_type_name(h.type));
-        s->version = 2;
+        s->version = s->wire = 2;
         if ((rc = read_share_body(s, &h, body, sizeof body, &msg, deadline)) < 0 ||
             (rc = map_by_path(s, &msg)) < 0)
             return rc;
@@ -219,36 +501,8 @@ int shmipc__handshake_server(shmipc_session *s, uint64_t deadline)
         return shmipc__fail(SHMIPC_EVERSION,
                             "handshake: version %u starting with %s is not a protocol we speak",
                             h.version, shmipc__msg_type_name(h.type));
-    s->version = h.version < SUPPORTED_VERSION ? h.version : SUPPORTED_VERSION;
-    if ((rc = send_simple(s, SUPPORTED_VERSION, SHMIPC__MSG_EXCHANGE_VERSION, deadline)) < 0 ||
-        (rc = read_header(s, -1, &h, deadline)) < 0 ||
-        (rc = read_share_body(s, &h, body, sizeof body, &msg, deadline)) < 0)
+    s->version = s->wire = h.version < SUPPORTED_VERSION ? h.version : SUPPORTED_VERSION;
+    if ((rc = send_simple(s, SUPPORTED_VERSION, SHMIPC__MSG_EXCHANGE_VERSION, deadline)) < 0)
         return rc;
-    if (h.type == SHMIPC__MSG_SHARE_MEMORY_BY_PATH) {
-        if ((rc = map_by_path(s, &msg)) < 0)
-            return rc;
-    } else if (h.type == SHMIPC__MSG_SHARE_MEMORY_BY_MEMFD) {
-        int fds[2];
-        copy_path(s->queue_path, msg.u.share.queue_path, msg.u.share.queue_len);
-        copy_path(s->buffer_path, msg.u.share.buffer_path, msg.u.share.buffer_len);
-        if ((rc = send_simple(s, s->version, SHMIPC__MSG_ACK_READY_RECV_FD, deadline)) < 0 ||
-            (rc = shmipc__recv_fds(s->fd, fds, 2, deadline)) < 0)
-            return rc;
-        /* fds[0] is the buffer, fds[1] the queue (reference §1.5). */
-        if ((rc = shmipc__mapping_map_fd(&s->buffer_map, fds[0], s->buffer_path)) < 0) {
-            close(fds[0]);
-            close(fds[1]);
-            return rc;
-        }
-        if ((rc = shmipc__mapping_map_fd(&s->queue_map, fds[1], s->queue_path)) < 0) {
-            close(fds[1]);
-            return rc;
-        }
-    } else {
-        return shmipc__fail(SHMIPC_EPROTO, "handshake: expected a ShareMemory message, got %s",
-                            shmipc__msg_type_name(h.type));
-    }
-    if ((rc = attach_memory(s)) < 0)
-        return rc;
-    return send_simple(s, s->version, SHMIPC__MSG_ACK_SHARE_MEMORY, deadline);
+    return server_share_memory(s, deadline);
 }

@@ -15,7 +15,10 @@ static const char *const type_names[] = {
     "AckReadyRecvFD",
     "HotRestart",
     "HotRestartAck",
+    "Negotiation",
 };
+_Static_assert(sizeof type_names / sizeof type_names[0] == SHMIPC__MSG_TYPE_MAX + 1,
+               "every message type has a name");
 
 const char *shmipc__msg_type_name(unsigned type)
 {
@@ -99,6 +102,12 @@ int shmipc__header_check(const struct shmipc__header *h, int allow_version0)
     if (fixed != 0 && h->length != fixed)
         return shmipc__fail(SHMIPC_EPROTO, "header: %s with length %u, expected %u",
                             type_names[h->type], h->length, fixed);
+    if (h->type == SHMIPC__MSG_NEGOTIATION && h->version != 0)
+        return shmipc__fail(SHMIPC_EPROTO, "header: Negotiation with version %u, not 0",
+                            h->version);
+    if (h->type == SHMIPC__MSG_NEGOTIATION && h->length > SHMIPC__MAX_NEGOTIATION)
+        return shmipc__fail(SHMIPC_EPROTO, "header: Negotiation of %u bytes exceeds the limit %u",
+                            h->length, SHMIPC__MAX_NEGOTIATION);
     if (h->type == SHMIPC__MSG_FALLBACK_DATA && h->length < SHMIPC__FALLBACK_HEADER_SIZE)
         return shmipc__fail(SHMIPC_EPROTO, "header: FallbackData with length %u, below 16",
                             h->length);
@@ -163,6 +172,10 @@ int shmipc__msg_parse(const uint8_t *buf, size_t len, struct shmipc__msg *msg, i
     case SHMIPC__MSG_HOT_RESTART:
     case SHMIPC__MSG_HOT_RESTART_ACK:
         msg->u.hot_restart.epoch = (uint64_t)get_u32(body) << 32 | get_u32(body + 4);
+        break;
+    case SHMIPC__MSG_NEGOTIATION:
+        msg->u.negotiation.json = body;
+        msg->u.negotiation.len = body_len;
         break;
     default:
         break;

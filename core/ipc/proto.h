@@ -33,8 +33,13 @@ enum shmipc__msg_type {
     SHMIPC__MSG_ACK_READY_RECV_FD = 7,
     SHMIPC__MSG_HOT_RESTART = 8,
     SHMIPC__MSG_HOT_RESTART_ACK = 9,
-    SHMIPC__MSG_TYPE_MAX = 9,
+    /* Ours for V4 (docs/protocol.md): a JSON body, only with version byte 0. */
+    SHMIPC__MSG_NEGOTIATION = 10,
+    SHMIPC__MSG_TYPE_MAX = 10,
 };
+
+/* Largest negotiation message we send or accept. */
+#define SHMIPC__MAX_NEGOTIATION 65536u
 
 struct shmipc__header {
     uint32_t length;
@@ -63,6 +68,10 @@ struct shmipc__msg {
         struct {
             uint64_t epoch;
         } hot_restart; /* types 8 and 9 */
+        struct {
+            const uint8_t *json;
+            uint32_t len;
+        } negotiation; /* type 10 */
     } u;
 };
 

@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,6 +55,8 @@ static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **ou
     if (s == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory");
     s->fd = -1;
+    s->efd_send = s->efd_recv = s->event_fd = s->timer_fd = -1;
+    s->wakeup = SHMIPC_WAKEUP_SOCKET;
     s->role = role;
     s->refs = 1;
     s->next_stream_id = FIRST_CLIENT_STREAM_ID;
@@ -135,6 +139,14 @@ static void session_destroy(shmipc_session *s)
         shmipc__mapping_unlink(s->buffer_path);
         shmipc__mapping_unlink(s->queue_path);
     }
+    if (s->event_fd >= 0 && s->event_fd != s->fd)
+        close(s->event_fd);
+    if (s->timer_fd >= 0)
+        close(s->timer_fd);
+    if (s->efd_send >= 0)
+        close(s->efd_send);
+    if (s->efd_recv >= 0)
+        close(s->efd_recv);
     if (s->fd >= 0)
         close(s->fd);
     pthread_cond_destroy(&s->cond);
@@ -180,6 +192,38 @@ static int ended(shmipc_session *s)
     return shmipc__fail(s->err, "session ended: %s", s->why);
 }
 
+/*
+ * What an event loop watches. Legacy and V4 socket wakeups: the socket. V4 eventfd wakeups:
+ * an epoll set of the socket and our receive eventfd. V4 polling: the socket and a timerfd
+ * that fires every negotiated interval, because then nothing else says the queue has work.
+ */
+static int setup_event_fd(shmipc_session *s)
+{
+    int extra = s->wakeup == SHMIPC_WAKEUP_EVENTFD ? s->efd_recv : -1;
+    if (s->wakeup == SHMIPC_WAKEUP_SOCKET) {
+        s->event_fd = s->fd;
+        return 0;
+    }
+    if (s->wakeup == SHMIPC_WAKEUP_POLLING) {
+        struct itimerspec its = {{0, (long)s->interval_us * 1000},
+                                 {0, (long)s->interval_us * 1000}};
+        if (s->interval_us >= 1000000)
+            its.it_interval = its.it_value = (struct timespec){1, 0};
+        if ((s->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)) < 0 ||
+            timerfd_settime(s->timer_fd, 0, &its, NULL) < 0)
+            return shmipc__fail_errno(errno, "session: timerfd");
+        extra = s->timer_fd;
+    }
+    if ((s->event_fd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+        return shmipc__fail_errno(errno, "session: epoll_create1");
+    struct epoll_event a = {.events = EPOLLIN, .data.fd = s->fd};
+    struct epoll_event b = {.events = EPOLLIN, .data.fd = extra};
+    if (epoll_ctl(s->event_fd, EPOLL_CTL_ADD, s->fd, &a) < 0 ||
+        epoll_ctl(s->event_fd, EPOLL_CTL_ADD, extra, &b) < 0)
+        return shmipc__fail_errno(errno, "session: epoll_ctl");
+    return 0;
+}
+
 static int session_start(shmipc_session *s, int client)
 {
     uint64_t deadline = shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_INITIALIZE]);
@@ -190,27 +234,26 @@ static int session_start(shmipc_session *s, int client)
     s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
     if (s->buckets == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory");
-    SHMIPC__LOG(SHMIPC__LOG_DEBUG, "session %s up: %s, version %u", s->buffer_path,
-                client ? "client" : "server", s->version);
+    if ((rc = setup_event_fd(s)) < 0)
+        return rc;
+    SHMIPC__LOG(SHMIPC__LOG_DEBUG, "session %s up: %s, version %u, wakeup %d", s->buffer_path,
+                client ? "client" : "server", s->version, s->wakeup);
     return 0;
 }
 
-int shmipc__session_connect(const char *address, const shmipc_config *cfg, shmipc_session **out)
+/* One connection attempt with the protocol `cfg` asks for. */
+static int connect_once(const struct shmipc__addr *addr, const shmipc_config *cfg,
+                        shmipc_session **out)
 {
-    struct shmipc__addr addr;
     shmipc_session *s;
     int rc;
-    if (cfg != NULL && (rc = shmipc_config_validate(cfg)) < 0)
-        return rc;
-    if ((rc = shmipc__addr_parse(address, &addr)) < 0)
-        return rc;
     if ((rc = session_alloc(cfg, SHMIPC__CLIENT, &s)) < 0)
         return rc;
-    if (s->cfg.memmap_type == SHMIPC_MEMMAP_MEMFD && addr.family != AF_UNIX) {
+    if (s->cfg.memmap_type == SHMIPC_MEMMAP_MEMFD && addr->family != AF_UNIX) {
         session_destroy(s);
-        return shmipc__fail(SHMIPC_EINVAL, "connect %s: memfd needs a unix socket", address);
+        return shmipc__fail(SHMIPC_EINVAL, "connect %s: memfd needs a unix socket", addr->text);
     }
-    rc = shmipc__sock_connect(&addr,
+    rc = shmipc__sock_connect(addr,
                               shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_INITIALIZE]));
     if (rc < 0) {
         session_destroy(s);
@@ -223,6 +266,40 @@ int shmipc__session_connect(const char *address, const shmipc_config *cfg, shmip
     }
     *out = s;
     return 0;
+}
+
+/*
+ * Failures of V4 set-up "on the network or protocol level", after which a client with
+ * fallback retries legacy: the peer hung up or reset (a legacy server does so on version 0),
+ * said nothing in time, or answered something that is not V4. Never an explicit rejection.
+ */
+static int fallback_allowed(int rc)
+{
+    return rc == SHMIPC_ECONNRESET || rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EPROTO ||
+           rc == SHMIPC_EVERSION || rc == SHMIPC_EIO;
+}
+
+int shmipc__session_connect(const char *address, const shmipc_config *cfg, shmipc_session **out)
+{
+    struct shmipc__addr addr;
+    int rc;
+    if (cfg != NULL && (rc = shmipc_config_validate(cfg)) < 0)
+        return rc;
+    if ((rc = shmipc__addr_parse(address, &addr)) < 0)
+        return rc;
+    rc = connect_once(&addr, cfg, out);
+    if (rc < 0 && cfg != NULL && cfg->protocol == SHMIPC_PROTOCOL_V4 && cfg->fallback &&
+        fallback_allowed(rc)) {
+        struct shmipc_config legacy = *cfg;
+        SHMIPC__LOG(SHMIPC__LOG_INFO, "connect %s: V4 set-up failed (%s: %s); retrying legacy",
+                    address, shmipc_errname(rc), shmipc_error_detail());
+        legacy.protocol = SHMIPC_PROTOCOL_LEGACY;
+        legacy.fallback = 0;
+        legacy.wakeup = SHMIPC_WAKEUP_SOCKET;
+        legacy.polling_interval_us = 0;
+        rc = connect_once(&addr, &legacy, out);
+    }
+    return rc;
 }
 
 int shmipc__session_accept_fd(int fd, const shmipc_config *cfg, shmipc_session **out)
@@ -483,16 +560,25 @@ static int handle_fallback_locked(shmipc_session *s, const struct shmipc__msg *m
 
 static int handle_message_locked(shmipc_session *s, const struct shmipc__msg *m, int *events)
 {
+    int rc;
     switch (m->h.type) {
     case SHMIPC__MSG_POLLING:
         return drain_queue_locked(s, events);
+    /*
+     * The peer put everything it sent before this message into the queue first, and may not
+     * have woken us for it (its working flag was set). Drain the queue before handling it, or
+     * a fallback message or a close would overtake the data queued ahead of it.
+     */
     case SHMIPC__MSG_STREAM_CLOSE:
-        peer_closed_locked(s, m->u.stream_close.stream_id);
         (*events)++;
-        return 0;
+        rc = drain_queue_locked(s, events);
+        if (rc == 0)
+            peer_closed_locked(s, m->u.stream_close.stream_id);
+        return rc;
     case SHMIPC__MSG_FALLBACK_DATA:
         (*events)++;
-        return handle_fallback_locked(s, m);
+        rc = drain_queue_locked(s, events);
+        return rc < 0 ? rc : handle_fallback_locked(s, m);
     case SHMIPC__MSG_HOT_RESTART:
     case SHMIPC__MSG_HOT_RESTART_ACK:
         /* A Go server restarting hot: we keep this session until it ends (docs/protocol.md). */
@@ -510,11 +596,27 @@ static int handle_message_locked(shmipc_session *s, const struct shmipc__msg *m,
  * Reads what the socket holds and handles every complete message. Under mu, by the one
  * processing thread. Returns the number of events or the code that ended the session.
  */
+/*
+ * V4 eventfd and polling modes: the queue may have work without any socket message. Clear the
+ * eventfd or timerfd (one read resets either) and drain. Under mu.
+ */
+static int service_wakeups_locked(shmipc_session *s, int *events)
+{
+    uint64_t count;
+    int fd = s->wakeup == SHMIPC_WAKEUP_EVENTFD ? s->efd_recv : s->timer_fd;
+    if (fd < 0)
+        return 0;
+    (void)!read(fd, &count, sizeof count);
+    return drain_queue_locked(s, events);
+}
+
 static int process_locked(shmipc_session *s)
 {
     int events = 0, rc = 0;
     if (s->err)
         return s->err;
+    if ((rc = service_wakeups_locked(s, &events)) < 0)
+        return fail_locked(s, rc);
     for (;;) {
         if (s->rcap - s->rlen < RBUF_INITIAL) {
             size_t n = s->rcap ? s->rcap * 2 : RBUF_INITIAL * 4;
@@ -545,7 +647,7 @@ static int process_locked(shmipc_session *s)
         s->rlen += (size_t)n;
         size_t off = 0;
         struct shmipc__msg m;
-        while ((rc = shmipc__msg_parse(s->rbuf + off, s->rlen - off, &m, 0)) > 0) {
+        while ((rc = shmipc__msg_parse(s->rbuf + off, s->rlen - off, &m, s->version == 4)) > 0) {
             off += (size_t)rc;
             if ((rc = handle_message_locked(s, &m, &events)) < 0)
                 break;
@@ -567,6 +669,27 @@ static int process_locked(shmipc_session *s)
  * waiting for the thread that does. Under mu. Returns 0 (look again), SHMIPC_ETIMEDOUT, or
  * the code that ended the session.
  */
+/*
+ * How long the processor may sleep: until the deadline (NULL: forever), and in polling mode
+ * no longer than the negotiated interval, after which it drains the queue.
+ */
+static struct timespec *wait_span(const shmipc_session *s, uint64_t deadline)
+{
+    static _Thread_local struct timespec ts;
+    uint64_t span = UINT64_MAX;
+    if (deadline != 0) {
+        uint64_t now = shmipc__now_ns();
+        span = deadline > now ? deadline - now : 0;
+    }
+    if (s->wakeup == SHMIPC_WAKEUP_POLLING && span > (uint64_t)s->interval_us * 1000u)
+        span = (uint64_t)s->interval_us * 1000u;
+    if (span == UINT64_MAX)
+        return NULL;
+    ts.tv_sec = (time_t)(span / 1000000000u);
+    ts.tv_nsec = (long)(span % 1000000000u);
+    return &ts;
+}
+
 static int wait_locked(shmipc_session *s, uint64_t deadline)
 {
     if (s->err)
@@ -574,11 +697,15 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
     if (!s->processing) {
         s->processing = 1;
         unlock(s);
-        struct pollfd p = {.fd = s->fd, .events = POLLIN};
-        int rc = poll(&p, 1, shmipc__remaining_ms(deadline));
+        struct pollfd p[2] = {{.fd = s->fd, .events = POLLIN},
+                              {.fd = s->efd_recv, .events = POLLIN}};
+        int rc = ppoll(p, s->wakeup == SHMIPC_WAKEUP_EVENTFD ? 2 : 1, wait_span(s, deadline), NULL);
         int err = errno;
         lock(s);
-        if (rc > 0)
+        /* In polling mode a quiet interval is the cue to look at the queue. */
+        int poll_due = rc == 0 && s->wakeup == SHMIPC_WAKEUP_POLLING &&
+                       (deadline == 0 || shmipc__now_ns() < deadline);
+        if (rc > 0 || poll_due)
             rc = process_locked(s);
         else if (rc == 0)
             rc = shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
@@ -997,10 +1124,18 @@ int shmipc__stream_commit(shmipc_stream *st, size_t n)
 /* Sends the wakeup after a put, when the peer was not working already. Under send_mu. */
 static int wake_peer(shmipc_session *s)
 {
-    if (shmipc__queue_mark_working(&s->qp.send) != 1)
+    /* Polling mode: the peer looks at the queue every interval; no wakeup at all. */
+    if (s->wakeup == SHMIPC_WAKEUP_POLLING || shmipc__queue_mark_working(&s->qp.send) != 1)
         return 0;
+    if (s->wakeup == SHMIPC_WAKEUP_EVENTFD) {
+        uint64_t one = 1;
+        /* EAGAIN means the counter is saturated: the peer has a wakeup pending anyway. */
+        if (write(s->efd_send, &one, sizeof one) < 0 && errno != EAGAIN)
+            return shmipc__fail_errno(errno, "session: eventfd wakeup");
+        return 0;
+    }
     uint8_t msg[SHMIPC__HEADER_SIZE];
-    shmipc__encode_simple(msg, s->version, SHMIPC__MSG_POLLING);
+    shmipc__encode_simple(msg, s->wire, SHMIPC__MSG_POLLING);
     return shmipc__write_full(
         s->fd, msg, sizeof msg,
         shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]));
@@ -1050,7 +1185,7 @@ static int send_fallback(shmipc_stream *st)
             total += take;
         }
         uint8_t head[SHMIPC__FALLBACK_HEADER_SIZE];
-        shmipc__encode_fallback_head(head, s->version, st->id, 0, total);
+        shmipc__encode_fallback_head(head, s->wire, st->id, 0, total);
         rc = shmipc__write_full(s->fd, head, sizeof head, deadline);
         while (rc == 0 && total > 0) {
             uint32_t take = st->segs[i].used - off;
@@ -1106,8 +1241,11 @@ int shmipc__stream_flush(shmipc_stream *st)
         return shmipc__fail(SHMIPC_EEOF, "stream %u: the peer closed the stream", st->id);
     }
     if (heap || st->fallback) {
-        SHMIPC__LOG(SHMIPC__LOG_WARN, "stream %u: %llu bytes go over the socket (fallback)", st->id,
-                    (unsigned long long)st->send_len);
+        /* Warn once per stream: after the first fallback every message takes the socket. */
+        SHMIPC__LOG(st->fallback ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_WARN,
+                    "stream %u: %llu bytes go over the socket (fallback)%s", st->id,
+                    (unsigned long long)st->send_len,
+                    st->fallback ? "" : "; the stream stays on the socket from now on");
         return send_fallback(st);
     }
     /* Hand the chain to the peer: sizes, links, then one queue element for its head. */
@@ -1155,7 +1293,7 @@ static void send_close(shmipc_stream *st)
         rc = wake_peer(s);
     } else {
         uint8_t msg[12];
-        shmipc__encode_stream_close(msg, s->version, st->id);
+        shmipc__encode_stream_close(msg, s->wire, st->id);
         rc = shmipc__write_full(s->fd, msg, sizeof msg, deadline);
     }
     pthread_mutex_unlock(&s->send_mu);

@@ -82,10 +82,16 @@ struct shmipc_session {
     int refs; /* under mu */
     int fd;
     int role;
-    uint8_t version;
-    int processing; /* a thread is reading the socket (under mu) */
-    int err;        /* 0, or the code that ended the session (under mu; read racily) */
-    char why[192];  /* the detail of the failure that ended it */
+    uint8_t version; /* 2, 3 or 4 */
+    uint8_t wire;    /* the header version byte: 2, 3, or 0 for V4 */
+    int wakeup;      /* SHMIPC_WAKEUP_*: socket for legacy */
+    uint32_t interval_us;
+    int efd_send, efd_recv; /* eventfd wakeups (V4), else -1 */
+    int event_fd;           /* what fileno() returns: the socket, or an epoll fd (V4) */
+    int timer_fd;           /* polling mode: fires every interval for event loops, else -1 */
+    int processing;         /* a thread is reading the socket (under mu) */
+    int err;                /* 0, or the code that ended the session (under mu; read racily) */
+    char why[192];          /* the detail of the failure that ended it */
     struct shmipc_config cfg;
 
     struct shmipc__mapping buffer_map, queue_map;

@@ -30,9 +30,23 @@ _Static_assert(LEGACY_TAIL + 8 <= SHMIPC__QUEUE_HEADER_SIZE &&
                    LEGACY_FLAG + 4 <= SHMIPC__QUEUE_HEADER_SIZE,
                "legacy counters lie inside the 24-byte header");
 
+/* Bytes of one half. */
+static uint64_t half_size(uint32_t cap, int layout)
+{
+    if (layout == SHMIPC__QUEUE_V4)
+        return (SHMIPC__QUEUE_V4_HEADER_SIZE + (uint64_t)SHMIPC__QUEUE_ELEM_SIZE * cap + 63) / 64 *
+               64;
+    return SHMIPC__QUEUE_HEADER_SIZE + (uint64_t)SHMIPC__QUEUE_ELEM_SIZE * cap;
+}
+
 uint64_t shmipc__queue_pair_size(uint32_t cap)
 {
-    return 2 * ((uint64_t)SHMIPC__QUEUE_HEADER_SIZE + (uint64_t)SHMIPC__QUEUE_ELEM_SIZE * cap);
+    return 2 * half_size(cap, SHMIPC__QUEUE_LEGACY);
+}
+
+uint64_t shmipc__queue_pair_size_for(uint32_t cap, int layout)
+{
+    return 2 * half_size(cap, layout);
 }
 
 static int64_t *i64_at(const struct shmipc__queue *q, uint32_t off)
@@ -60,37 +74,47 @@ static int counter_ok(uint64_t off)
 }
 
 /* Points `q` at the half starting `half_off` bytes into `base`. */
-static void set_half(struct shmipc__queue *q, uint8_t *base, uint64_t half_off, uint32_t cap)
+static void set_half(struct shmipc__queue *q, uint8_t *base, uint64_t half_off, uint32_t cap,
+                     int layout)
 {
     q->hdr = base + half_off;
     q->cap = cap;
-    q->head_at = LEGACY_HEAD;
-    q->tail_at = LEGACY_TAIL;
-    q->flag_at = LEGACY_FLAG;
+    if (layout == SHMIPC__QUEUE_V4) {
+        q->head_at = 64;
+        q->tail_at = 128;
+        q->flag_at = 192;
+        q->elems_at = SHMIPC__QUEUE_V4_HEADER_SIZE;
+    } else {
+        q->head_at = LEGACY_HEAD;
+        q->tail_at = LEGACY_TAIL;
+        q->flag_at = LEGACY_FLAG;
+        q->elems_at = SHMIPC__QUEUE_HEADER_SIZE;
+    }
 }
 
 /* Checks the layout, the cap and the mapping size, then points both rings into `base`. */
 static int set_pair(struct shmipc__queue_pair *qp, void *base, size_t size, uint32_t cap,
                     int layout, int role)
 {
-    if (layout != SHMIPC__QUEUE_LEGACY)
+    if (layout != SHMIPC__QUEUE_LEGACY && layout != SHMIPC__QUEUE_V4)
         return shmipc__fail(SHMIPC_ENOTSUP, "queue: layout %d is not implemented", layout);
     if (role != SHMIPC__QUEUE_CLIENT && role != SHMIPC__QUEUE_SERVER)
         return shmipc__fail(SHMIPC_EINVAL, "queue: role %d", role);
-    uint64_t half = SHMIPC__QUEUE_HEADER_SIZE + (uint64_t)SHMIPC__QUEUE_ELEM_SIZE * cap;
+    uint64_t half = half_size(cap, layout);
     if (cap == 0 || cap > SHMIPC__QUEUE_MAX_CAP || 2 * half != size)
         return shmipc__fail(SHMIPC_EPROTO,
                             "queue: cap %u does not match a %zu-byte mapping (expected %llu)", cap,
                             size, (unsigned long long)(2 * half));
-    if (!counter_ok(half + LEGACY_HEAD) || !counter_ok(half + LEGACY_TAIL))
+    if (layout == SHMIPC__QUEUE_LEGACY &&
+        (!counter_ok(half + LEGACY_HEAD) || !counter_ok(half + LEGACY_TAIL)))
         return shmipc__fail(SHMIPC_ENOTSUP,
                             "queue: cap %u misplaces a counter of the second half (split lock "
                             "or misalignment); use a multiple of 16",
                             cap);
     uint8_t *b = base;
     int client = role == SHMIPC__QUEUE_CLIENT;
-    set_half(&qp->send, b, client ? 0 : half, cap);
-    set_half(&qp->recv, b, client ? half : 0, cap);
+    set_half(&qp->send, b, client ? 0 : half, cap, layout);
+    set_half(&qp->recv, b, client ? half : 0, cap, layout);
     qp->layout = layout;
     return 0;
 }
@@ -99,15 +123,20 @@ int shmipc__queue_pair_format(struct shmipc__queue_pair *qp, void *base, size_t 
                               int layout)
 {
     memset(qp, 0, sizeof *qp);
-    if (cap == 0 || cap > SHMIPC__QUEUE_MAX_CAP || shmipc__queue_pair_size(cap) != size)
+    if (cap == 0 || cap > SHMIPC__QUEUE_MAX_CAP || shmipc__queue_pair_size_for(cap, layout) != size)
         return shmipc__fail(SHMIPC_EINVAL, "queue: %zu bytes for cap %u, expected %llu", size, cap,
-                            (unsigned long long)shmipc__queue_pair_size(cap));
+                            (unsigned long long)shmipc__queue_pair_size_for(cap, layout));
     int rc = set_pair(qp, base, size, cap, layout, SHMIPC__QUEUE_CLIENT);
     if (rc < 0)
         return rc;
     memset(base, 0, size);
     memcpy(qp->send.hdr, &cap, sizeof cap);
     memcpy(qp->recv.hdr, &cap, sizeof cap);
+    if (layout == SHMIPC__QUEUE_V4) {
+        uint32_t tag = SHMIPC__QUEUE_V4_TAG;
+        memcpy(qp->send.hdr + 4, &tag, sizeof tag);
+        memcpy(qp->recv.hdr + 4, &tag, sizeof tag);
+    }
     /* The handshake's system calls order these stores before the peer can see the mapping. */
     return 0;
 }
@@ -125,6 +154,13 @@ int shmipc__queue_pair_attach(struct shmipc__queue_pair *qp, void *base, size_t 
     if (cap0 != cap1)
         return shmipc__fail(SHMIPC_EPROTO, "queue: the halves disagree on cap (%u and %u)", cap0,
                             cap1);
+    if (layout == SHMIPC__QUEUE_V4) {
+        uint32_t t0 = __atomic_load_n((uint32_t *)(void *)(b + 4), __ATOMIC_ACQUIRE);
+        uint32_t t1 = __atomic_load_n((uint32_t *)(void *)(b + size / 2 + 4), __ATOMIC_ACQUIRE);
+        if (t0 != SHMIPC__QUEUE_V4_TAG || t1 != SHMIPC__QUEUE_V4_TAG)
+            return shmipc__fail(SHMIPC_EPROTO, "queue: not a V4 queue pair (tags %#x, %#x)", t0,
+                                t1);
+    }
     return set_pair(qp, base, size, cap0, layout, role);
 }
 
@@ -145,7 +181,7 @@ static int fill_level(const struct shmipc__queue *q, int64_t head, int64_t tail,
 static uint32_t *elem_at(const struct shmipc__queue *q, int64_t index)
 {
     uint64_t slot = (uint64_t)index % q->cap;
-    return u32_at(q, SHMIPC__QUEUE_HEADER_SIZE + (uint32_t)slot * SHMIPC__QUEUE_ELEM_SIZE);
+    return u32_at(q, q->elems_at + (uint32_t)slot * SHMIPC__QUEUE_ELEM_SIZE);
 }
 
 int shmipc__queue_put(struct shmipc__queue *q, const struct shmipc__queue_elem *e)

@@ -27,7 +27,16 @@
  */
 enum shmipc__queue_layout {
     SHMIPC__QUEUE_LEGACY = 0,
+    /*
+     * Ours, for V4 (docs/protocol.md): each half starts with a 256-byte header, cap u32 @0,
+     * the tag "SQ4\0" @4, head i64 @64, tail i64 @128, workingFlag u32 @192, each on its own
+     * cache line; elements follow at 256; a half is rounded up to a multiple of 64 bytes.
+     */
+    SHMIPC__QUEUE_V4 = 1,
 };
+
+#define SHMIPC__QUEUE_V4_HEADER_SIZE 256u
+#define SHMIPC__QUEUE_V4_TAG         0x00345153u /* "SQ4\0" little-endian */
 
 /* Which half this process sends on: the client the first, the server the second. */
 enum shmipc__queue_role {
@@ -49,6 +58,7 @@ struct shmipc__queue {
     uint32_t head_at;
     uint32_t tail_at;
     uint32_t flag_at;
+    uint32_t elems_at;
 };
 
 struct shmipc__queue_pair {
@@ -57,8 +67,11 @@ struct shmipc__queue_pair {
     int layout;
 };
 
-/* Bytes of a pair of rings of `cap` elements: 2 * (24 + 12 * cap). */
+/* Bytes of a legacy pair of rings of `cap` elements: 2 * (24 + 12 * cap). */
 uint64_t shmipc__queue_pair_size(uint32_t cap);
+
+/* Bytes of a pair of rings of `cap` elements in `layout`. */
+uint64_t shmipc__queue_pair_size_for(uint32_t cap, int layout);
 
 /*
  * Client: zero-fills `base` (`size` bytes, which must equal shmipc__queue_pair_size(cap)),

@@ -108,7 +108,8 @@ static void malformed_messages(void **state)
     } bad[] = {
         {"magic", {0, 0, 0, 8, 0x77, 0x59, 3, 1}, 8},
         {"version 0", {0, 0, 0, 8, 0x77, 0x58, 0, 1}, 8},
-        {"unknown message type", {0, 0, 0, 8, 0x77, 0x58, 3, 10}, 8},
+        {"unknown message type", {0, 0, 0, 8, 0x77, 0x58, 3, 11}, 8},
+        {"Negotiation with version 3", {0, 0, 0, 12, 0x77, 0x58, 3, 10, '{', '}', ' ', ' '}, 12},
         {"Polling with length 12", {0, 0, 0, 12, 0x77, 0x58, 3, 1, 0, 0, 0, 0}, 12},
         {"StreamClose with length 8", {0, 0, 0, 8, 0x77, 0x58, 3, 2}, 8},
         {"FallbackData with length 15", {0, 0, 0, 15, 0x77, 0x58, 3, 3}, 15},

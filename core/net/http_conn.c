@@ -1,0 +1,137 @@
+/* One HTTP/1.1 connection's protocol logic without sockets; see http_conn.h. */
+#include "net/http_conn.h"
+
+#include <string.h>
+
+#include "common/error.h"
+#include "shmipc.h"
+
+enum conn_phase {
+    C_HEAD = 0, /* the next bytes start (or continue) a request head */
+    C_BODY,     /* a head is complete; its body is being decoded */
+    C_CLOSED,   /* a closing response was queued; input is ignored */
+};
+
+void shmipc__http_conn_init(struct shmipc__http_conn *c, const struct shmipc__http_limits *limits,
+                            struct shmipc__http_field *fields, shmipc__http_handler_fn handler,
+                            void *user_data)
+{
+    memset(c, 0, sizeof *c);
+    shmipc__http_parser_init(&c->parser, limits, fields);
+    c->handler = handler;
+    c->user_data = user_data;
+    c->head_reserve = SHMIPC__HTTP_CONN_HEAD_RESERVE;
+    c->phase = C_HEAD;
+}
+
+/* Whether `out` can take whatever one more request may produce. */
+static int batch_has_room(const struct shmipc__http_conn *c, const struct shmipc__http_batch *out)
+{
+    return out->cap - out->used >= c->head_reserve &&
+           out->iov_cap - out->niov >= SHMIPC__HTTP_CONN_IOV_RESERVE;
+}
+
+/*
+ * Queues the canned response for `status` and closes. The room reserved before the request
+ * was parsed holds it; should it not, the owner still closes and the peer sees only FIN.
+ */
+static int fail(struct shmipc__http_conn *c, struct shmipc__http_batch *out, int status)
+{
+    (void)shmipc__http_batch_add_error(out, status);
+    c->phase = C_CLOSED;
+    return SHMIPC__HTTP_CONN_CLOSE;
+}
+
+/* Calls the handler for the complete request and queues its response. Returns 1 to close. */
+static int respond(struct shmipc__http_conn *c, const char *body, size_t body_len,
+                   struct shmipc__http_batch *out)
+{
+    const struct shmipc__http_request *req = &c->parser.req;
+    struct shmipc__http_response resp;
+    shmipc__http_response_init(&resp, req);
+    int rc = c->handler(c->user_data, req, body, body_len, &resp);
+    if (rc == 0 && (resp.flags & SHMIPC__HTTP_RESP_STREAM))
+        rc = shmipc__fail(SHMIPC_ENOTSUP, "http: a handler answered with a STREAM response");
+    /* The client's "close" (or HTTP/1.0 without keep-alive) wins over the handler. */
+    if (!(req->flags & SHMIPC__HTTP_KEEP_ALIVE))
+        resp.flags |= SHMIPC__HTTP_RESP_CLOSE;
+    if (rc == 0)
+        rc = shmipc__http_batch_add(out, &resp);
+    if (rc < 0) {
+        shmipc__http_response_init(&resp, req); /* drop what the handler set */
+        shmipc__http_response_error(&resp, 500);
+        (void)shmipc__http_batch_add(out, &resp);
+    }
+    return shmipc__http_response_closes(&resp);
+}
+
+int shmipc__http_conn_process(struct shmipc__http_conn *c, char *rx, size_t *len, size_t *consumed,
+                              struct shmipc__http_batch *out, unsigned budget)
+{
+    struct shmipc__http_parser *p = &c->parser;
+    size_t pos = 0; /* the first byte of the current request */
+    unsigned served = 0;
+    int verdict;
+    if (budget == 0)
+        budget = SHMIPC__HTTP_CONN_BUDGET;
+    *consumed = 0;
+    if (c->phase == C_CLOSED) {
+        *consumed = *len;
+        return SHMIPC__HTTP_CONN_CLOSE;
+    }
+    for (;;) {
+        if (c->phase == C_HEAD) {
+            if (pos == *len) {
+                verdict = SHMIPC__HTTP_CONN_MORE;
+                break;
+            }
+            if (served >= budget || !batch_has_room(c, out)) {
+                verdict = SHMIPC__HTTP_CONN_YIELD;
+                break;
+            }
+            int rc = shmipc__http_parse_head(p, rx + pos, *len - pos);
+            if (rc == 0) {
+                verdict = SHMIPC__HTTP_CONN_MORE;
+                break;
+            }
+            if (rc < 0) {
+                verdict = fail(c, out, p->status ? p->status : 400);
+                break;
+            }
+            c->head_len = (uint32_t)rc;
+            c->phase = C_BODY;
+            /*
+             * RFC 9110 §10.1.1: the client may wait for 100 Continue before sending the body.
+             * Send it only when no body byte is here yet; a server may omit it otherwise.
+             */
+            if ((p->req.flags & SHMIPC__HTTP_EXPECT_CONTINUE) &&
+                p->req.body_kind != SHMIPC__HTTP_BODY_NONE && *len - pos == (size_t)rc)
+                (void)shmipc__http_batch_add_continue(out);
+        }
+        char *body = rx + pos + c->head_len;
+        size_t blen = *len - pos - c->head_len;
+        int rc = shmipc__http_body_decode(p, body, &blen);
+        *len = pos + c->head_len + blen;
+        if (rc == 0) {
+            verdict = SHMIPC__HTTP_CONN_MORE;
+            break;
+        }
+        if (rc < 0) {
+            verdict = fail(c, out, p->status ? p->status : 400);
+            break;
+        }
+        /* The head may have completed in an earlier call, in a buffer that has moved since. */
+        p->req.base = rx + pos;
+        int closes = respond(c, body, shmipc__http_body_len(p), out);
+        served++;
+        pos += c->head_len + shmipc__http_body_wire(p);
+        c->phase = C_HEAD;
+        if (closes) {
+            c->phase = C_CLOSED;
+            verdict = SHMIPC__HTTP_CONN_CLOSE;
+            break;
+        }
+    }
+    *consumed = verdict == SHMIPC__HTTP_CONN_CLOSE ? *len : pos;
+    return verdict;
+}

@@ -1,0 +1,616 @@
+/*
+ * Description: byte-exact HTTP/1.1 fixtures (the .http files of tests/http) through an in-memory loopback
+ * connection: request bytes in, response bytes out, every case also split at every byte.
+ *
+ * Each fixture file is its own cmocka test, found at run time; tests/http/README.md gives the
+ * format. Usage: test_http_fixtures [FIXTURE_DIR] (default: the source tree's tests/http).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shmipc.h"
+#include "net/http_conn.h"
+
+/* The fixtures sit beside the vectors in the source tree. */
+#define FIXTURE_DIR SHMIPC_VECTORS_DIR "/../http"
+
+/* Every fixture's Date: 1994-11-06 08:49:37 UTC. */
+#define FIXED_TIME ((time_t)784111777)
+
+/* ---------------------------------------------------------------------------------------- */
+/* Byte strings */
+
+struct bytes {
+    char *p;
+    size_t n, cap;
+};
+
+static void put(struct bytes *b, const void *d, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        b->cap = (b->n + n + 1) * 2;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    if (n)
+        memcpy(b->p + b->n, d, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+/* Readable rendering for assertion messages: escapes, and a real newline after each LF. */
+static char *render(const char *d, size_t n)
+{
+    struct bytes r = {0};
+    put(&r, "", 0);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)d[i];
+        char tmp[8];
+        if (c == '\r')
+            put(&r, "\\r", 2);
+        else if (c == '\n')
+            put(&r, "\\n\n", 3);
+        else if (c == '\\')
+            put(&r, "\\\\", 2);
+        else if (c >= 0x20 && c < 0x7f)
+            put(&r, &c, 1);
+        else
+            put(&r, tmp, (size_t)snprintf(tmp, sizeof tmp, "\\x%02x", c));
+    }
+    return r.p;
+}
+
+static void assert_bytes_equal(const char *got, size_t got_n, const char *want, size_t want_n)
+{
+    char *g = render(got, got_n), *w = render(want, want_n);
+    assert_string_equal(g, w);
+    free(g);
+    free(w);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The handler of every fixture: a small routing table. */
+
+static const struct shmipc__http_header_out allow_get[] = {{"Allow", "GET, HEAD", 5, 9}};
+static const struct shmipc__http_header_out allow_all[] = {
+    {"Allow", "GET, HEAD, POST, OPTIONS", 5, 24}};
+
+static int path_is(const struct shmipc__http_request *req, const char *path)
+{
+    size_t n = strlen(path);
+    return req->path.len == n && memcmp(shmipc__http_at(req, req->path), path, n) == 0;
+}
+
+/*
+ * "/" answers GET and HEAD with "Hello, World!" (405 otherwise); "/echo" returns the body;
+ * "/close" answers and closes; "/fail" makes the handler fail (500); "OPTIONS *" is a 204;
+ * an unknown method is a 501 and every other path a 404 (canned).
+ */
+static int fixture_handler(void *user_data, const struct shmipc__http_request *req,
+                           const char *body, size_t body_len, struct shmipc__http_response *resp)
+{
+    (void)user_data;
+    if (req->flags & SHMIPC__HTTP_UNKNOWN_METHOD) {
+        shmipc__http_response_error(resp, 501);
+    } else if (path_is(req, "/")) {
+        if (req->method != SHMIPC__HTTP_GET && req->method != SHMIPC__HTTP_HEAD) {
+            shmipc__http_response_error(resp, 405);
+            resp->headers = allow_get;
+            resp->nheaders = 1;
+            return 0;
+        }
+        resp->content_type = "text/plain";
+        resp->body = "Hello, World!";
+        resp->body_len = 13;
+    } else if (path_is(req, "/echo")) {
+        resp->content_type = "application/octet-stream";
+        resp->body = body;
+        resp->body_len = body_len;
+    } else if (path_is(req, "/close")) {
+        resp->flags |= SHMIPC__HTTP_RESP_CLOSE;
+        resp->body = "bye";
+        resp->body_len = 3;
+    } else if (path_is(req, "/fail")) {
+        return SHMIPC_EIO;
+    } else if (path_is(req, "*") && req->method == SHMIPC__HTTP_OPTIONS) {
+        resp->status = 204;
+        resp->headers = allow_all;
+        resp->nheaders = 1;
+    } else {
+        shmipc__http_response_error(resp, 404);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The loopback: a connection whose socket is two byte strings. The receive buffer is a heap
+ * block of exactly the unconsumed bytes, reallocated on every change, so ASan reports any
+ * read past them and the buffer moves between calls as a real one may. */
+
+struct loopback {
+    struct shmipc__http_limits limits;
+    struct shmipc__http_field *fields;
+    struct shmipc__http_conn conn;
+    struct shmipc__http_date date;
+    struct iovec iov[64];
+    char arena[1 << 16];
+    struct shmipc__http_batch batch;
+    char *rx;
+    size_t rx_len;
+    unsigned budget;
+    int closed;
+    unsigned writes; /* vectored writes issued, one per process() call with output */
+    struct bytes out;
+};
+
+static void rx_exact(struct loopback *lb)
+{
+    char *n = lb->rx_len ? malloc(lb->rx_len) : NULL;
+    if (lb->rx_len)
+        memcpy(n, lb->rx, lb->rx_len);
+    free(lb->rx);
+    lb->rx = n;
+}
+
+static struct loopback *lb_new(const struct shmipc__http_limits *limits, unsigned budget)
+{
+    struct loopback *lb = calloc(1, sizeof *lb);
+    assert_non_null(lb);
+    assert_int_equal(shmipc__http_limits_resolve(&lb->limits, limits), 0);
+    lb->fields = calloc(lb->limits.max_headers, sizeof *lb->fields);
+    shmipc__http_conn_init(&lb->conn, &lb->limits, lb->fields, fixture_handler, NULL);
+    shmipc__http_date_init(&lb->date, FIXED_TIME);
+    shmipc__http_batch_init(&lb->batch, lb->iov, 64, lb->arena, sizeof lb->arena, &lb->date);
+    lb->budget = budget;
+    put(&lb->out, "", 0);
+    return lb;
+}
+
+static void lb_free(struct loopback *lb)
+{
+    free(lb->rx);
+    free(lb->fields);
+    free(lb->out.p);
+    free(lb);
+}
+
+/* Delivers n bytes as one receive, then runs the connection until it wants more. */
+static void lb_feed(struct loopback *lb, const char *data, size_t n)
+{
+    if (lb->closed)
+        return; /* after a close the peer's bytes are drained unread */
+    char *grown = malloc(lb->rx_len + n + 1);
+    assert_non_null(grown);
+    if (lb->rx_len)
+        memcpy(grown, lb->rx, lb->rx_len);
+    memcpy(grown + lb->rx_len, data, n);
+    free(lb->rx);
+    lb->rx = grown;
+    lb->rx_len += n;
+    rx_exact(lb);
+    for (;;) {
+        size_t consumed = 0;
+        int v = shmipc__http_conn_process(&lb->conn, lb->rx, &lb->rx_len, &consumed, &lb->batch,
+                                          lb->budget);
+        assert_true(v >= 0);
+        assert_true(consumed <= lb->rx_len);
+        /* "Write" the batch before touching the buffer its iovecs may point into. */
+        if (lb->batch.niov)
+            lb->writes++;
+        size_t before = lb->out.n;
+        for (uint32_t i = 0; i < lb->batch.niov; i++)
+            put(&lb->out, lb->iov[i].iov_base, lb->iov[i].iov_len);
+        assert_int_equal(lb->out.n - before, lb->batch.bytes);
+        shmipc__http_batch_reset(&lb->batch);
+        if (consumed) {
+            memmove(lb->rx, lb->rx + consumed, lb->rx_len - consumed);
+            lb->rx_len -= consumed;
+        }
+        rx_exact(lb);
+        if (v == SHMIPC__HTTP_CONN_CLOSE) {
+            lb->closed = 1;
+            return;
+        }
+        if (v == SHMIPC__HTTP_CONN_MORE)
+            return;
+        /* YIELD must make progress: output or consumed bytes. */
+        assert_true(consumed > 0 || lb->out.n > before);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Fixture files */
+
+struct fixture {
+    struct shmipc__http_limits limits;
+    struct bytes requests[8]; /* one per "=== request" section: one receive each */
+    size_t nrequests;
+    struct bytes response;
+    int split;  /* also feed the request split at every byte (default 1) */
+    int closed; /* expected connection state at the end: 1, 0, or -1 unchecked */
+    unsigned budget;
+};
+
+static void fixture_free(struct fixture *f)
+{
+    for (size_t i = 0; i < f->nrequests; i++)
+        free(f->requests[i].p);
+    free(f->response.p);
+}
+
+/* Decodes escaped text [s, e) into `out` (see tests/http/README.md). Returns 0 or -1. */
+static int decode(const char *s, const char *e, struct bytes *out)
+{
+    while (s < e) {
+        if (*s != '\\') {
+            put(out, s++, 1);
+            continue;
+        }
+        if (++s == e)
+            return -1;
+        char c = *s++;
+        switch (c) {
+        case 'r':
+            put(out, "\r", 1);
+            break;
+        case 'n':
+            put(out, "\n", 1);
+            break;
+        case 't':
+            put(out, "\t", 1);
+            break;
+        case '0':
+            put(out, "", 1);
+            break;
+        case '\\':
+        case '{':
+        case '}':
+            put(out, &c, 1);
+            break;
+        case 'x': {
+            if (e - s < 2)
+                return -1;
+            char hex[3] = {s[0], s[1], 0}, *end;
+            long v = strtol(hex, &end, 16);
+            if (*end)
+                return -1;
+            char byte = (char)v;
+            put(out, &byte, 1);
+            s += 2;
+            break;
+        }
+        case '*': {
+            /* \*N{text}: text (escapes allowed, braces escaped) repeated N times. */
+            char *end;
+            unsigned long count = strtoul(s, &end, 10);
+            if (end == s || end >= e || *end != '{')
+                return -1;
+            const char *body = end + 1, *q = body;
+            while (q < e && *q != '}')
+                q += *q == '\\' ? 2 : 1;
+            if (q >= e)
+                return -1;
+            struct bytes once = {0};
+            put(&once, "", 0);
+            if (decode(body, q, &once) != 0) {
+                free(once.p);
+                return -1;
+            }
+            for (unsigned long k = 0; k < count; k++)
+                put(out, once.p, once.n);
+            free(once.p);
+            s = q + 1;
+            break;
+        }
+        default:
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int option(struct fixture *f, const char *key, const char *value)
+{
+    char *end;
+    unsigned long long v = strtoull(value, &end, 10);
+    int number = end != value && *end == 0;
+    int yes = strcmp(value, "yes") == 0, no = strcmp(value, "no") == 0;
+    if (strcmp(key, "max_request_line") == 0 && number)
+        f->limits.max_request_line = (uint32_t)v;
+    else if (strcmp(key, "max_head_bytes") == 0 && number)
+        f->limits.max_head_bytes = (uint32_t)v;
+    else if (strcmp(key, "max_headers") == 0 && number)
+        f->limits.max_headers = (uint32_t)v;
+    else if (strcmp(key, "max_chunk_line") == 0 && number)
+        f->limits.max_chunk_line = (uint32_t)v;
+    else if (strcmp(key, "max_body") == 0 && number)
+        f->limits.max_body = v;
+    else if (strcmp(key, "lenient_lf") == 0 && (yes || no))
+        f->limits.flags = yes ? SHMIPC__HTTP_LENIENT_LF : 0;
+    else if (strcmp(key, "split") == 0 && (yes || no))
+        f->split = yes;
+    else if (strcmp(key, "closed") == 0 && (yes || no))
+        f->closed = yes;
+    else if (strcmp(key, "budget") == 0 && number)
+        f->budget = (unsigned)v;
+    else
+        return -1;
+    return 0;
+}
+
+/* Reads a fixture file; fails the test with the file and line on a format error. */
+static void fixture_load(const char *path, struct fixture *f)
+{
+    memset(f, 0, sizeof *f);
+    f->split = 1;
+    f->closed = -1;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        fail_msg("cannot open %s", path);
+    enum { NONE, DESCRIPTION, OPTIONS, REQUEST, RESPONSE } section = NONE;
+    int have_response = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    unsigned lineno = 0;
+    while ((n = getline(&line, &cap, fp)) >= 0) {
+        lineno++;
+        if (n > 0 && line[n - 1] == '\n')
+            line[--n] = 0;
+        if (strncmp(line, "=== ", 4) == 0) {
+            const char *name = line + 4;
+            if (strcmp(name, "description") == 0) {
+                section = DESCRIPTION;
+            } else if (strcmp(name, "options") == 0) {
+                section = OPTIONS;
+            } else if (strcmp(name, "request") == 0) {
+                if (f->nrequests == sizeof f->requests / sizeof f->requests[0])
+                    fail_msg("%s:%u: too many request sections", path, lineno);
+                section = REQUEST;
+                put(&f->requests[f->nrequests++], "", 0);
+            } else if (strcmp(name, "response") == 0) {
+                section = RESPONSE;
+                have_response = 1;
+                put(&f->response, "", 0);
+            } else {
+                fail_msg("%s:%u: unknown section \"%s\"", path, lineno, name);
+            }
+            continue;
+        }
+        switch (section) {
+        case NONE:
+            if (n > 0 && line[0] != '#')
+                fail_msg("%s:%u: text before the first section", path, lineno);
+            break;
+        case DESCRIPTION:
+            break;
+        case OPTIONS: {
+            if (n == 0 || line[0] == '#')
+                break;
+            char key[64], value[64];
+            if (sscanf(line, "%63s %63s", key, value) != 2 || option(f, key, value) != 0)
+                fail_msg("%s:%u: bad option \"%s\"", path, lineno, line);
+            break;
+        }
+        case REQUEST:
+        case RESPONSE: {
+            struct bytes *b = section == REQUEST ? &f->requests[f->nrequests - 1] : &f->response;
+            if (decode(line, line + n, b) != 0)
+                fail_msg("%s:%u: bad escape", path, lineno);
+            break;
+        }
+        }
+    }
+    free(line);
+    fclose(fp);
+    if (f->nrequests == 0 || !have_response)
+        fail_msg("%s: needs a request and a response section", path);
+}
+
+/* Runs the requests of `f`, each cut at the offsets given (for the single request), and
+ * checks the output and the final connection state. */
+static void run_pieces(const struct fixture *f, const size_t *cuts, size_t ncuts, const char *how)
+{
+    struct loopback *lb = lb_new(&f->limits, f->budget);
+    for (size_t r = 0; r < f->nrequests; r++) {
+        const struct bytes *req = &f->requests[r];
+        size_t from = 0;
+        for (size_t k = 0; f->nrequests == 1 && k < ncuts; k++) {
+            lb_feed(lb, req->p + from, cuts[k] - from);
+            from = cuts[k];
+        }
+        lb_feed(lb, req->p + from, req->n - from);
+    }
+    if (lb->out.n != f->response.n || memcmp(lb->out.p, f->response.p, lb->out.n) != 0)
+        print_message("fed %s\n", how);
+    assert_bytes_equal(lb->out.p, lb->out.n, f->response.p, f->response.n);
+    if (f->closed >= 0) {
+        if (lb->closed != f->closed)
+            print_message("fed %s: the connection is %s\n", how, lb->closed ? "closed" : "open");
+        assert_int_equal(lb->closed, f->closed);
+    }
+    lb_free(lb);
+}
+
+static void run_fixture(void **state)
+{
+    const char *path = *state;
+    struct fixture f;
+    fixture_load(path, &f);
+    run_pieces(&f, NULL, 0, "whole");
+    if (f.split && f.nrequests == 1) {
+        size_t n = f.requests[0].n;
+        /* Every split point; for long requests, the first and last 512 and a stride between. */
+        for (size_t i = 1; i < n; i++) {
+            if (n > 4096 && i > 512 && i + 512 < n && i % 97)
+                continue;
+            char how[64];
+            snprintf(how, sizeof how, "in two pieces split at byte %zu", i);
+            run_pieces(&f, &i, 1, how);
+        }
+        size_t *drip = malloc((n ? n : 1) * sizeof *drip);
+        for (size_t i = 0; i < n; i++)
+            drip[i] = i + 1;
+        run_pieces(&f, drip, n, "one byte at a time");
+        free(drip);
+    }
+    fixture_free(&f);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Behaviour of the connection that fixtures cannot express. */
+
+static void budget_yields_and_one_write_per_batch(void **state)
+{
+    (void)state;
+    struct bytes reqs = {0};
+    for (int i = 0; i < 40; i++)
+        put(&reqs, "GET / HTTP/1.1\r\nHost: h\r\n\r\n", 27);
+    struct loopback *lb = lb_new(NULL, 16);
+    lb_feed(lb, reqs.p, reqs.n);
+    /* 40 pipelined requests with a budget of 16: three turns, one vectored write each. */
+    assert_int_equal(lb->writes, 3);
+    assert_false(lb->closed);
+    static const char one[] = "HTTP/1.1 200 OK\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+                              "Content-Type: text/plain\r\nContent-Length: 13\r\n\r\nHello, World!";
+    assert_int_equal(lb->out.n, 40 * (sizeof one - 1));
+    for (int i = 0; i < 40; i++)
+        assert_memory_equal(lb->out.p + i * (sizeof one - 1), one, sizeof one - 1);
+    lb_free(lb);
+    free(reqs.p);
+}
+
+static void a_full_batch_yields(void **state)
+{
+    (void)state;
+    struct loopback *lb = lb_new(NULL, 1000);
+    /* Room for fewer responses than requests: the connection yields, the owner writes. */
+    shmipc__http_batch_init(&lb->batch, lb->iov, 64, lb->arena, 4096 + 200, &lb->date);
+    struct bytes reqs = {0};
+    for (int i = 0; i < 10; i++)
+        put(&reqs, "GET / HTTP/1.1\r\nHost: h\r\n\r\n", 27);
+    lb_feed(lb, reqs.p, reqs.n);
+    assert_int_equal(lb->writes, 5); /* two responses fit above the reserve per turn */
+    assert_int_equal(lb->out.n, 10 * 115u);
+    lb_free(lb);
+    free(reqs.p);
+}
+
+static void closed_connection_consumes_everything(void **state)
+{
+    (void)state;
+    struct shmipc__http_limits lim;
+    shmipc__http_limits_resolve(&lim, NULL);
+    struct shmipc__http_field fields[64];
+    struct shmipc__http_conn c;
+    shmipc__http_conn_init(&c, &lim, fields, fixture_handler, NULL);
+    struct iovec iov[8];
+    char arena[8192];
+    struct shmipc__http_batch b;
+    shmipc__http_batch_init(&b, iov, 8, arena, sizeof arena, NULL);
+    char rx[] = "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\nGET / HTTP/1.1\r\n";
+    size_t len = sizeof rx - 1, consumed;
+    assert_int_equal(shmipc__http_conn_process(&c, rx, &len, &consumed, &b, 0),
+                     SHMIPC__HTTP_CONN_CLOSE);
+    assert_int_equal(consumed, len);
+    shmipc__http_batch_reset(&b);
+    assert_int_equal(shmipc__http_conn_process(&c, rx, &len, &consumed, &b, 0),
+                     SHMIPC__HTTP_CONN_CLOSE);
+    assert_int_equal(consumed, len);
+    assert_int_equal(b.niov, 0);
+}
+
+/* The echo of a 1 MiB body leaves as [head, body] with the body referenced in place. */
+static void large_echo_is_not_copied(void **state)
+{
+    (void)state;
+    struct shmipc__http_limits in = {.max_body = 1u << 20}, lim;
+    shmipc__http_limits_resolve(&lim, &in);
+    struct shmipc__http_field fields[64];
+    struct shmipc__http_conn c;
+    shmipc__http_conn_init(&c, &lim, fields, fixture_handler, NULL);
+    struct iovec iov[8];
+    char arena[8192];
+    struct shmipc__http_batch b;
+    shmipc__http_batch_init(&b, iov, 8, arena, sizeof arena, NULL);
+    static const char head[] = "POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 1048576\r\n\r\n";
+    size_t len = sizeof head - 1 + (1u << 20), consumed;
+    char *rx = malloc(len);
+    memcpy(rx, head, sizeof head - 1);
+    memset(rx + sizeof head - 1, 'z', 1u << 20);
+    assert_int_equal(shmipc__http_conn_process(&c, rx, &len, &consumed, &b, 0),
+                     SHMIPC__HTTP_CONN_MORE);
+    assert_int_equal(consumed, len);
+    assert_int_equal(b.niov, 2);
+    assert_ptr_equal(iov[1].iov_base, rx + sizeof head - 1);
+    assert_int_equal(iov[1].iov_len, 1u << 20);
+    free(rx);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = argc > 1 ? argv[1] : FIXTURE_DIR;
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "test_http_fixtures: cannot open %s\n", dir);
+        return 1;
+    }
+    char **names = NULL;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".http") != 0)
+            continue;
+        names = realloc(names, (n + 1) * sizeof *names);
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, by_name);
+
+    static const struct CMUnitTest fixed[] = {
+        cmocka_unit_test(budget_yields_and_one_write_per_batch),
+        cmocka_unit_test(a_full_batch_yields),
+        cmocka_unit_test(closed_connection_consumes_everything),
+        cmocka_unit_test(large_echo_is_not_copied),
+    };
+    size_t nfixed = sizeof fixed / sizeof fixed[0];
+    struct CMUnitTest *tests = calloc(nfixed + n, sizeof *tests);
+    char **paths = calloc(n ? n : 1, sizeof *paths);
+    memcpy(tests, fixed, sizeof fixed);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(dir) + strlen(names[i]) + 2;
+        paths[i] = malloc(len);
+        snprintf(paths[i], len, "%s/%s", dir, names[i]);
+        tests[nfixed + i].name = names[i];
+        tests[nfixed + i].test_func = run_fixture;
+        tests[nfixed + i].initial_state = paths[i];
+    }
+    int failed = n == 0 ? 1 : 0;
+    if (n == 0)
+        fprintf(stderr, "test_http_fixtures: no .http file in %s\n", dir);
+    failed += _cmocka_run_group_tests("http_fixtures", tests, nfixed + n, NULL, NULL);
+    for (size_t i = 0; i < n; i++) {
+        free(paths[i]);
+        free(names[i]);
+    }
+    free(paths);
+    free(names);
+    free(tests);
+    return failed;
+}
