@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the demo: the shmipc-go "helloworld" greeter in C,
-# a server and a client talking over protocol V3 (memfd) and V2 (/dev/shm files), then the
-# config builder from Python and Lua.
+# a server and a client talking over protocol V3 (memfd), V2 (/dev/shm files) and V4 (socket,
+# eventfd and polling wakeups), then the config builder from Python and Lua.
 # Usage: scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,12 +10,13 @@ scripts/build.sh build
 
 sock="unix:/tmp/shmipc-demo-$$.sock"
 echo "== C: examples/c/greeter_server.c and greeter_client.c on $sock"
-build/examples/c/greeter_server "$sock" 2 &
+build/examples/c/greeter_server "$sock" 5 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 50); do [[ -S ${sock#unix:} ]] && break; sleep 0.1; done
-build/examples/c/greeter_client "$sock" v3
-build/examples/c/greeter_client "$sock" v2
+for mode in v3 v2 v4 v4-eventfd v4-polling; do
+  build/examples/c/greeter_client "$sock" $mode
+done
 wait $server
 trap - EXIT
 

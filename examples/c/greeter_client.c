@@ -3,7 +3,9 @@
  * and reads "server hello world!!!". It works with Go's greeter_server and with ours.
  *
  * Build: cc greeter_client.c $(pkg-config --cflags --libs shmipc) -o greeter_client
- * Usage: greeter_client [ADDRESS [v2|v3]]   (default unix:/tmp/shmipc_greeter.sock, v3)
+ * Usage: greeter_client [ADDRESS [v2|v3|v4|v4-eventfd|v4-polling]]
+ *        (default unix:/tmp/shmipc_greeter.sock, v3). The V4 modes fall back to V3 against a
+ *        legacy server such as shmipc-go's.
  */
 #include <shmipc.h>
 
@@ -16,7 +18,8 @@
 int main(int argc, char **argv)
 {
     const char *address = argc > 1 ? argv[1] : "unix:/tmp/shmipc_greeter.sock";
-    int v2 = argc > 2 && strcmp(argv[2], "v2") == 0;
+    const char *mode = argc > 2 ? argv[2] : "v3";
+    static const char *const wakeups[] = {"socket", "eventfd", "polling"};
     shmipc_config *cfg = NULL;
     shmipc_session *s = NULL;
     shmipc_stream *st = NULL;
@@ -24,12 +27,23 @@ int main(int argc, char **argv)
     int rc;
     if ((rc = shmipc_config_new(&cfg)) < 0 ||
         (rc = shmipc_config_set_path_prefix(cfg, "/dev/shm/client.ipc.shm")) < 0 ||
-        (v2 && (rc = shmipc_config_set_memmap_type(cfg, SHMIPC_MEMMAP_DEVSHM)) < 0) ||
+        (strcmp(mode, "v2") == 0 &&
+         (rc = shmipc_config_set_memmap_type(cfg, SHMIPC_MEMMAP_DEVSHM)) < 0) ||
+        (strcmp(mode, "v4") == 0 && (rc = shmipc_config_with_v4(cfg)) < 0) ||
+        (strcmp(mode, "v4-eventfd") == 0 && (rc = shmipc_config_with_v4_eventfd(cfg)) < 0) ||
+        (strcmp(mode, "v4-polling") == 0 &&
+         (rc = shmipc_config_with_v4_event_queue_polling(cfg, 100)) < 0) ||
         (rc = shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 5000)) < 0 ||
         (rc = shmipc_session_connect(address, cfg, &s)) < 0 ||
         (rc = shmipc_session_open_stream(s, &st)) < 0)
         goto out;
-    printf("client stream send request:%s (protocol V%d)\n", REQUEST, shmipc_session_version(s));
+    uint32_t interval = 0;
+    int wakeup = shmipc_session_wakeup(s, &interval);
+    printf("client stream send request:%s (protocol V%d, %s wakeups", REQUEST,
+           shmipc_session_version(s), wakeups[wakeup]);
+    if (wakeup == SHMIPC_WAKEUP_POLLING)
+        printf(" every %u us", interval);
+    printf(")\n");
     if ((rc = shmipc_stream_write(st, REQUEST, sizeof REQUEST - 1)) < 0 ||
         (rc = shmipc_stream_flush(st)) < 0 ||
         (rc = shmipc_stream_read_exact_bytes(st, sizeof REPLY - 1, &reply, 0)) < 0)
