@@ -610,14 +610,18 @@ static int service_wakeups_locked(shmipc_session *s, int *events)
     return drain_queue_locked(s, events);
 }
 
-static int process_locked(shmipc_session *s)
+/*
+ * Reads what the socket holds and handles every complete message; `socket_ready` 0 says the
+ * caller knows the socket has nothing (only a wakeup fd fired), which spares a recv.
+ */
+static int process_fds_locked(shmipc_session *s, int socket_ready)
 {
     int events = 0, rc = 0;
     if (s->err)
         return s->err;
     if ((rc = service_wakeups_locked(s, &events)) < 0)
         return fail_locked(s, rc);
-    for (;;) {
+    while (socket_ready) {
         if (s->rcap - s->rlen < RBUF_INITIAL) {
             size_t n = s->rcap ? s->rcap * 2 : RBUF_INITIAL * 4;
             if (n > SHMIPC__MAX_MESSAGE + RBUF_INITIAL * 4)
@@ -644,6 +648,8 @@ static int process_locked(shmipc_session *s)
                          : shmipc__fail_errno(errno, "session: recv");
             break;
         }
+        /* A short read drained the socket: poll says when there is more, no need to ask. */
+        socket_ready = (size_t)n == s->rcap - s->rlen;
         s->rlen += (size_t)n;
         size_t off = 0;
         struct shmipc__msg m;
@@ -662,6 +668,11 @@ static int process_locked(shmipc_session *s)
     if (rc < 0)
         return fail_locked(s, rc);
     return events;
+}
+
+static int process_locked(shmipc_session *s)
+{
+    return process_fds_locked(s, 1);
 }
 
 /*
@@ -706,7 +717,7 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
         int poll_due = rc == 0 && s->wakeup == SHMIPC_WAKEUP_POLLING &&
                        (deadline == 0 || shmipc__now_ns() < deadline);
         if (rc > 0 || poll_due)
-            rc = process_locked(s);
+            rc = process_fds_locked(s, rc > 0 && p[0].revents != 0);
         else if (rc == 0)
             rc = shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
         else if (err == EINTR)

@@ -16,6 +16,19 @@
 
 static char address[128];
 
+/*
+ * Handshakes get 10 s: the serving thread runs them one after another, and under a sanitizer
+ * on two CPUs four clients at once can take longer than the default second.
+ */
+static shmipc_config *patient_config(void)
+{
+    shmipc_config *cfg;
+    if (shmipc_config_new(&cfg) != 0 ||
+        shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, 10000) != 0)
+        return NULL;
+    return cfg;
+}
+
 /* What the serving callbacks saw. */
 struct server_state {
     int streams;
@@ -85,7 +98,10 @@ static void *client_main(void *arg)
     const void *p;
     intptr_t bad = 0;
     (void)arg;
-    if (shmipc_session_connect(address, NULL, &s) != 0)
+    shmipc_config *cfg = patient_config();
+    int rc = shmipc_session_connect(address, cfg, &s);
+    shmipc_config_free(cfg);
+    if (rc != 0)
         return (void *)1;
     for (int i = 0; i < streams; i++)
         bad |= shmipc_session_open_stream(s, &st[i]) != 0;
@@ -116,7 +132,9 @@ static void serve_many_clients(void **state)
     struct serve_run r = {.ss = &ss};
     pthread_t server, clients[CLIENTS];
     snprintf(address, sizeof address, "unix:@shmipc-test-listener-%d", (int)getpid());
-    assert_int_equal(shmipc_listener_new(address, NULL, &r.l), 0);
+    shmipc_config *cfg = patient_config();
+    assert_int_equal(shmipc_listener_new(address, cfg, &r.l), 0);
+    shmipc_config_free(cfg);
     ss.l = r.l;
     assert_int_equal(pthread_create(&server, NULL, serve_main, &r), 0);
     for (int i = 0; i < CLIENTS; i++)
