@@ -1,5 +1,7 @@
 /*
- * shmipc.c - the Lua 5.4 module: require "shmipc".
+ * shmipc.c - the Lua 5.4 module: require "shmipc". This file: the module table, version,
+ * errors and the config handle; sessions, streams, the session manager and the listener are
+ * in session.c, stream.c and listener.c, waiting and yielding in wait.c (see lshmipc.h).
  *
  * A thin layer over the public header only. Handles follow Lua's liolib.c: a full userdata
  * with a named metatable, one close shared by __gc, __close and :close() that is safe to call
@@ -7,10 +9,7 @@
  * error, while a value that the library refuses returns nil, message, code, where message is
  * the detail naming the field and code is the negative SHMIPC_E* code.
  */
-#include <shmipc.h>
-
-#include <lauxlib.h>
-#include <lua.h>
+#include "lshmipc.h"
 
 #include <limits.h>
 #include <math.h>
@@ -18,19 +17,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#define CONFIG_MT "shmipc.config"
-
-/* The userdata behind a config; cfg is NULL once the handle is closed. */
-typedef struct {
-    shmipc_config *cfg;
-} lconfig;
-
 /* ------------------------------------------------------------------------------------ */
 /* Failures                                                                             */
 /* ------------------------------------------------------------------------------------ */
 
 /* Pushes nil, the library's detail and `code`: the result of a refused value. */
-static int push_failure(lua_State *L, int code)
+int shmipc__lua_push_failure(lua_State *L, int code)
 {
     luaL_pushfail(L);
     lua_pushstring(L, shmipc_error_detail());
@@ -39,11 +31,11 @@ static int push_failure(lua_State *L, int code)
 }
 
 /*
- * Like push_failure() for a value this module refuses before it reaches the library (a
- * number that does not fit the C type, an unknown name); the message is formatted with
- * lua_pushfstring() and names the field as the library's details do.
+ * Like shmipc__lua_push_failure() for a value this module refuses before it reaches the
+ * library (a number that does not fit the C type, an unknown name); the message is formatted
+ * with lua_pushfstring() and names the field as the library's details do.
  */
-static int push_invalid(lua_State *L, const char *fmt, ...)
+int shmipc__lua_push_invalid(lua_State *L, const char *fmt, ...)
 {
     va_list ap;
     luaL_pushfail(L);
@@ -58,7 +50,7 @@ static int push_invalid(lua_State *L, const char *fmt, ...)
 static int setter_result(lua_State *L, int rc)
 {
     if (rc < 0)
-        return push_failure(L, rc);
+        return shmipc__lua_push_failure(L, rc);
     lua_settop(L, 1);
     return 1;
 }
@@ -70,15 +62,16 @@ static int setter_result(lua_State *L, int rc)
 static int to_u32(lua_State *L, lua_Integer v, const char *field, uint32_t *out)
 {
     if (v < 0)
-        return push_invalid(L, "%s: %I is negative", field, v);
+        return shmipc__lua_push_invalid(L, "%s: %I is negative", field, v);
     if ((lua_Unsigned)v > UINT32_MAX)
-        return push_invalid(L, "%s: %I is larger than %I", field, v, (lua_Integer)UINT32_MAX);
+        return shmipc__lua_push_invalid(L, "%s: %I is larger than %I", field, v,
+                                        (lua_Integer)UINT32_MAX);
     *out = (uint32_t)v;
     return 0;
 }
 
 /* A string argument without embedded NUL bytes, which a C string would silently cut. */
-static const char *check_cstring(lua_State *L, int arg)
+const char *shmipc__lua_check_cstring(lua_State *L, int arg)
 {
     size_t len;
     const char *s = luaL_checklstring(L, arg, &len);
@@ -154,7 +147,7 @@ static int config_buffer_capacity(lua_State *L)
     }
     lua_Integer n = luaL_checkinteger(L, 2);
     if (n < 0)
-        return push_invalid(L, "buffer_capacity: %I is negative", n);
+        return shmipc__lua_push_invalid(L, "buffer_capacity: %I is negative", n);
     return setter_result(L, shmipc_config_set_buffer_capacity(cfg, (uint64_t)n));
 }
 
@@ -210,7 +203,7 @@ static int config_rebuild_interval(lua_State *L)
     }
     lua_Number s = luaL_checknumber(L, 2);
     if (isnan(s) || s < 0 || ceil(s * 1000) > UINT32_MAX)
-        return push_invalid(L, "rebuild_interval: %f s is out of range", s);
+        return shmipc__lua_push_invalid(L, "rebuild_interval: %f s is out of range", s);
     return setter_result(L, shmipc_config_set_rebuild_interval_ms(cfg, (uint32_t)ceil(s * 1000)));
 }
 
@@ -232,8 +225,8 @@ static int class_field(lua_State *L, lua_Integer entry, const char *key, int slo
                           luaL_typename(L, -1));
     lua_pop(L, 1);
     if (v < 0 || (lua_Unsigned)v > UINT32_MAX)
-        return push_invalid(L, "slice_classes: entry %I has %s %I, outside 0..%I", entry, key, v,
-                            (lua_Integer)UINT32_MAX);
+        return shmipc__lua_push_invalid(L, "slice_classes: entry %I has %s %I, outside 0..%I",
+                                        entry, key, v, (lua_Integer)UINT32_MAX);
     *out = (uint32_t)v;
     return 0;
 }
@@ -245,8 +238,8 @@ static int set_classes_from_table(lua_State *L, shmipc_config *cfg)
     lua_Integer n = luaL_len(L, 2);
     int nres;
     if (n > SHMIPC_MAX_SLICE_CLASSES)
-        return push_invalid(L, "slice_classes: %I classes, need 1..%d", n,
-                            SHMIPC_MAX_SLICE_CLASSES);
+        return shmipc__lua_push_invalid(L, "slice_classes: %I classes, need 1..%d", n,
+                                        SHMIPC_MAX_SLICE_CLASSES);
     for (lua_Integer i = 1; i <= n; i++) {
         if (lua_geti(L, 2, i) != LUA_TTABLE)
             return luaL_error(L, "slice_classes: entry %I is a %s, not a {size, percent} table", i,
@@ -266,7 +259,7 @@ static int config_slice_classes(lua_State *L)
         shmipc_slice_class classes[SHMIPC_MAX_SLICE_CLASSES];
         int n = shmipc_config_get_slice_classes(cfg, classes, SHMIPC_MAX_SLICE_CLASSES);
         if (n < 0)
-            return push_failure(L, n);
+            return shmipc__lua_push_failure(L, n);
         if (n > SHMIPC_MAX_SLICE_CLASSES)
             n = SHMIPC_MAX_SLICE_CLASSES;
         lua_createtable(L, n, 0);
@@ -284,7 +277,8 @@ static int config_slice_classes(lua_State *L)
         return set_classes_from_table(L, cfg);
     if (lua_type(L, 2) != LUA_TSTRING)
         return luaL_typeerror(L, 2, "string or table");
-    return setter_result(L, shmipc_config_parse_slice_classes(cfg, check_cstring(L, 2)));
+    return setter_result(L,
+                         shmipc_config_parse_slice_classes(cfg, shmipc__lua_check_cstring(L, 2)));
 }
 
 /* Names in the order of the enum values, so a name's index is its value. */
@@ -301,8 +295,8 @@ static int config_memmap(lua_State *L)
     }
     int type = find_name(L, 2, memmap_names);
     if (type < 0)
-        return push_invalid(L, "memmap: \"%s\" is neither \"memfd\" nor \"devshm\"",
-                            lua_tostring(L, 2));
+        return shmipc__lua_push_invalid(L, "memmap: \"%s\" is neither \"memfd\" nor \"devshm\"",
+                                        lua_tostring(L, 2));
     return setter_result(L, shmipc_config_set_memmap_type(cfg, type));
 }
 
@@ -313,7 +307,7 @@ static int config_path_prefix(lua_State *L)
         lua_pushstring(L, shmipc_config_get_path_prefix(cfg));
         return 1;
     }
-    return setter_result(L, shmipc_config_set_path_prefix(cfg, check_cstring(L, 2)));
+    return setter_result(L, shmipc_config_set_path_prefix(cfg, shmipc__lua_check_cstring(L, 2)));
 }
 
 static const char *const timeout_names[] = {"initialize_timeout", "connection_write_timeout",
@@ -324,24 +318,33 @@ static const char *const timeout_names[] = {"initialize_timeout", "connection_wr
  * positive value never becomes 0, which means "wait forever" for read and write. The Python
  * module rounds the same way.
  */
+int shmipc__lua_seconds_to_ms(lua_State *L, int arg, const char *field, uint32_t *ms)
+{
+    lua_Number s = luaL_checknumber(L, arg);
+    if (isnan(s))
+        return shmipc__lua_push_invalid(L, "%s: not a number", field);
+    if (s < 0)
+        return shmipc__lua_push_invalid(L, "%s: %f s is negative", field, s);
+    lua_Number v = ceil(s * 1000);
+    if (v > UINT32_MAX)
+        return shmipc__lua_push_invalid(L, "%s: %f s is more than %f s", field, s,
+                                        (lua_Number)UINT32_MAX / 1000);
+    *ms = (uint32_t)v;
+    return 0;
+}
+
 static int timeout(lua_State *L, int which)
 {
     shmipc_config *cfg = check_config(L, 1);
-    const char *field = timeout_names[which];
+    uint32_t ms = 0;
+    int nres;
     if (is_getter(L)) {
         lua_pushnumber(L, (lua_Number)shmipc_config_get_timeout_ms(cfg, which) / 1000);
         return 1;
     }
-    lua_Number s = luaL_checknumber(L, 2);
-    if (isnan(s))
-        return push_invalid(L, "%s: not a number", field);
-    if (s < 0)
-        return push_invalid(L, "%s: %f s is negative", field, s);
-    lua_Number ms = ceil(s * 1000);
-    if (ms > UINT32_MAX)
-        return push_invalid(L, "%s: %f s is more than %f s", field, s,
-                            (lua_Number)UINT32_MAX / 1000);
-    return setter_result(L, shmipc_config_set_timeout_ms(cfg, which, (uint32_t)ms));
+    if ((nres = shmipc__lua_seconds_to_ms(L, 2, timeout_names[which], &ms)) != 0)
+        return nres;
+    return setter_result(L, shmipc_config_set_timeout_ms(cfg, which, ms));
 }
 
 static int config_initialize_timeout(lua_State *L)
@@ -382,8 +385,8 @@ static int config_protocol(lua_State *L)
         fallback = lua_toboolean(L, 3);
     }
     if (protocol < 0)
-        return push_invalid(L, "protocol: \"%s\" is neither \"legacy\" nor \"v4\"",
-                            lua_tostring(L, 2));
+        return shmipc__lua_push_invalid(L, "protocol: \"%s\" is neither \"legacy\" nor \"v4\"",
+                                        lua_tostring(L, 2));
     protocol = protocol == 1 ? SHMIPC_PROTOCOL_V4 : SHMIPC_PROTOCOL_LEGACY;
     return setter_result(L, shmipc_config_set_protocol(cfg, protocol, fallback));
 }
@@ -405,8 +408,9 @@ static int config_wakeup(lua_State *L)
     int wakeup = find_name(L, 2, wakeup_names);
     lua_Integer us = luaL_optinteger(L, 3, 0);
     if (wakeup < 0)
-        return push_invalid(L, "wakeup: \"%s\" is not one of \"socket\", \"eventfd\", \"polling\"",
-                            lua_tostring(L, 2));
+        return shmipc__lua_push_invalid(
+            L, "wakeup: \"%s\" is not one of \"socket\", \"eventfd\", \"polling\"",
+            lua_tostring(L, 2));
     if ((nres = to_u32(L, us, "polling_interval_us", &interval)) != 0)
         return nres;
     return setter_result(L, shmipc_config_set_wakeup(cfg, wakeup, interval));
@@ -432,12 +436,59 @@ static int config_with_v4_event_queue_polling(lua_State *L)
     return setter_result(L, shmipc_config_with_v4_event_queue_polling(cfg, interval));
 }
 
+/* Feature names of server_v4, by bit: 1 << i is names[i]. */
+static const char *const v4_feature_names[] = {"eventfd", "polling", NULL};
+#define ALL_V4_FEATURES (SHMIPC_V4_FEATURE_EVENTFD | SHMIPC_V4_FEATURE_POLLING)
+
+/*
+ * server_v4(accept [, features]) or server_v4() -> accept, features: whether a listener takes
+ * V4 clients and which optional features it offers, as an array of "eventfd" and "polling"
+ * (nil: both).
+ */
+static int config_server_v4(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    unsigned features = 0;
+    if (is_getter(L)) {
+        int accept = shmipc_config_get_server_v4(cfg, &features);
+        lua_pushboolean(L, accept > 0);
+        lua_newtable(L);
+        for (int i = 0, n = 0; v4_feature_names[i] != NULL; i++) {
+            if (features & (1u << i)) {
+                lua_pushstring(L, v4_feature_names[i]);
+                lua_rawseti(L, -2, ++n);
+            }
+        }
+        return 2;
+    }
+    luaL_checktype(L, 2, LUA_TBOOLEAN);
+    if (lua_isnoneornil(L, 3)) {
+        features = ALL_V4_FEATURES;
+    } else {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        lua_Integer n = luaL_len(L, 3);
+        for (lua_Integer i = 1; i <= n; i++) {
+            if (lua_geti(L, 3, i) != LUA_TSTRING)
+                return luaL_error(L, "server_v4: feature %I is a %s, not a name", i,
+                                  luaL_typename(L, -1));
+            int bit = find_name(L, lua_gettop(L), v4_feature_names);
+            if (bit < 0)
+                return shmipc__lua_push_invalid(
+                    L, "server_v4: \"%s\" is neither \"eventfd\" nor \"polling\"",
+                    lua_tostring(L, -1));
+            features |= 1u << bit;
+            lua_pop(L, 1);
+        }
+    }
+    return setter_result(L, shmipc_config_set_server_v4(cfg, lua_toboolean(L, 2), features));
+}
+
 /* validate() -> true, or nil, message, code. */
 static int config_validate(lua_State *L)
 {
     int rc = shmipc_config_validate(check_config(L, 1));
     if (rc < 0)
-        return push_failure(L, rc);
+        return shmipc__lua_push_failure(L, rc);
     lua_pushboolean(L, 1);
     return 1;
 }
@@ -449,7 +500,7 @@ static int config_clone(lua_State *L)
     lconfig *copy = new_lconfig(L);
     int rc = shmipc_config_clone(cfg, &copy->cfg);
     if (rc < 0)
-        return push_failure(L, rc);
+        return shmipc__lua_push_failure(L, rc);
     return 1;
 }
 
@@ -471,6 +522,7 @@ static const luaL_Reg config_methods[] = {
     {"session_num", config_session_num},
     {"max_stream_num", config_max_stream_num},
     {"rebuild_interval", config_rebuild_interval},
+    {"server_v4", config_server_v4},
     {"validate", config_validate},
     {"clone", config_clone},
     {"close", config_close},
@@ -525,6 +577,7 @@ static const struct option {
     {"session_num", config_session_num, T(LUA_TNUMBER), OPT_VALUE},
     {"max_stream_num", config_max_stream_num, T(LUA_TNUMBER), OPT_VALUE},
     {"rebuild_interval", config_rebuild_interval, T(LUA_TNUMBER), OPT_VALUE},
+    {"server_v4", config_server_v4, T(LUA_TBOOLEAN) | T(LUA_TTABLE), OPT_UNPACK},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -599,7 +652,7 @@ static int l_config(lua_State *L)
     lconfig *c = new_lconfig(L);
     int rc = shmipc_config_new(&c->cfg);
     if (rc < 0)
-        return push_failure(L, rc);
+        return shmipc__lua_push_failure(L, rc);
     for (size_t i = 0; has_opts && i < NOPTIONS; i++) {
         if (lua_getfield(L, 1, options[i].name) == LUA_TNIL) {
             lua_pop(L, 1);
@@ -613,6 +666,33 @@ static int l_config(lua_State *L)
         }
     }
     return 1;
+}
+
+int shmipc__lua_opt_config(lua_State *L, int arg, const shmipc_config **out)
+{
+    *out = NULL;
+    if (lua_isnoneornil(L, arg))
+        return 0;
+    if (lua_type(L, arg) == LUA_TTABLE) {
+        lua_pushcfunction(L, l_config);
+        lua_pushvalue(L, arg);
+        lua_call(L, 1, 3);
+        if (lua_isnil(L, -3))
+            return 3;
+        lua_pop(L, 2);
+        lua_replace(L, arg);
+    } else if (luaL_testudata(L, arg, CONFIG_MT) == NULL) {
+        luaL_typeerror(L, arg, "shmipc.config or table of options");
+    }
+    *out = check_config(L, arg);
+    return 0;
+}
+
+uint32_t shmipc__lua_read_timeout_ms(const shmipc_config *cfg)
+{
+    /* A new config holds the default, so NULL needs no special value here. */
+    int64_t ms = cfg != NULL ? shmipc_config_get_timeout_ms(cfg, SHMIPC_TIMEOUT_READ) : 0;
+    return ms > 0 && ms <= UINT32_MAX ? (uint32_t)ms : 0;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -661,17 +741,23 @@ static const luaL_Reg functions[] = {
     {"config", l_config},     {NULL, NULL},
 };
 
-/* Exported without SHMIPC_API: the module is built with default visibility. */
-int luaopen_shmipc(lua_State *L);
+void shmipc__lua_new_class(lua_State *L, const char *name, const luaL_Reg *meta,
+                           const luaL_Reg *methods)
+{
+    luaL_newmetatable(L, name);
+    luaL_setfuncs(L, meta, 0);
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+}
+
+/* The one symbol the module exports; the rest is hidden (see meson.build). */
+__attribute__((visibility("default"))) int luaopen_shmipc(lua_State *L);
 
 int luaopen_shmipc(lua_State *L)
 {
-    luaL_newmetatable(L, CONFIG_MT);
-    luaL_setfuncs(L, config_metamethods, 0);
-    luaL_newlibtable(L, config_methods);
-    luaL_setfuncs(L, config_methods, 0);
-    lua_setfield(L, -2, "__index");
-    lua_pop(L, 1);
+    shmipc__lua_new_class(L, CONFIG_MT, config_metamethods, config_methods);
 
     luaL_newlib(L, functions);
     /* shmipc.errors: every code of SHMIPC_ERRNO_MAP by its name without the prefix. */
@@ -682,5 +768,9 @@ int luaopen_shmipc(lua_State *L)
     SHMIPC_ERRNO_MAP(ERR_FIELD)
 #undef ERR_FIELD
     lua_setfield(L, -2, "errors");
+    luaL_setfuncs(L, shmipc__lua_wait_functions, 0);
+    shmipc__lua_open_stream(L);
+    shmipc__lua_open_session(L);
+    shmipc__lua_open_listener(L);
     return 1;
 }

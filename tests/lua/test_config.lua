@@ -517,4 +517,29 @@ function tests.session_manager_fields(t)
     t.eq(cfg:session_num(), 4, "session_num unchanged")
 end
 
+function tests.server_v4(t)
+    local cfg = shmipc.config()
+    local accept, features = cfg:server_v4()
+    t.eq(accept, true, "accepts V4 by default")
+    t.eq(table.concat(features, ","), "eventfd,polling", "offers both features by default")
+    set(t, cfg, cfg:server_v4(true, { "polling" }))
+    accept, features = cfg:server_v4()
+    t.eq(table.concat(features, ","), "polling", "features")
+    set(t, cfg, cfg:server_v4(false))
+    accept, features = cfg:server_v4()
+    t.eq(accept, false, "accept")
+    t.eq(table.concat(features, ","), "eventfd,polling", "nil features: both")
+    set(t, cfg, cfg:server_v4(true, {}))
+    t.eq(#select(2, cfg:server_v4()), 0, "no optional feature")
+    t.refused(EINVAL, 'server_v4: "epoll" is neither', cfg:server_v4(true, { "eventfd", "epoll" }))
+    t.eq(#select(2, cfg:server_v4()), 0, "unchanged after a refusal")
+    t.raises("boolean expected", cfg.server_v4, cfg, "yes")
+    t.raises("table expected", cfg.server_v4, cfg, true, "eventfd")
+    t.raises("feature 1 is a number", cfg.server_v4, cfg, true, { 1 })
+    -- As an option: a boolean, or {accept, features}.
+    t.eq(t.ok(shmipc.config { server_v4 = false }):server_v4(), false, "option false")
+    local _, f = t.ok(shmipc.config { server_v4 = { true, { "eventfd" } } }):server_v4()
+    t.eq(table.concat(f, ","), "eventfd", "option table")
+end
+
 return tests

@@ -1,0 +1,168 @@
+/*
+ * lshmipc.h - what the C files of the Lua module share. Internal: nothing here is API, and
+ * every function is hidden in the shared object (the module exports luaopen_shmipc only).
+ *
+ * The files: shmipc.c (module entry, version, errors, config), wait.c (modes, timeouts,
+ * yielding waits, shmipc.poll), stream.c (the stream handle), session.c (session and
+ * session manager), listener.c (listener, accept, serve with Lua callbacks).
+ */
+#ifndef SHMIPC_LUA_LSHMIPC_H
+#define SHMIPC_LUA_LSHMIPC_H
+
+#include <shmipc.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include <stdint.h>
+
+/* Names of the metatables, which are also the handles' __name. */
+#define CONFIG_MT   "shmipc.config"
+#define SESSION_MT  "shmipc.session"
+#define STREAM_MT   "shmipc.stream"
+#define MANAGER_MT  "shmipc.session_manager"
+#define LISTENER_MT "shmipc.listener"
+
+/* ------------------------------------------------------------------------------------ */
+/* Failures and arguments (shmipc.c)                                                    */
+/* ------------------------------------------------------------------------------------ */
+
+/* Pushes nil, shmipc_error_detail() and `code`; returns 3. */
+int shmipc__lua_push_failure(lua_State *L, int code);
+
+/* Pushes nil, a formatted message and SHMIPC_EINVAL; returns 3. */
+int shmipc__lua_push_invalid(lua_State *L, const char *fmt, ...);
+
+/* A string argument without embedded NUL bytes; raises otherwise. */
+const char *shmipc__lua_check_cstring(lua_State *L, int arg);
+
+/*
+ * The optional config argument at `arg`: none or nil (*out = NULL, the library's defaults),
+ * a config handle, or a table of shmipc.config{...} options, which is replaced at `arg` by
+ * the config built from it. Returns 0, or the number of results pushed (nil, message, code)
+ * when an option is refused. Raises on a closed config or another type.
+ */
+int shmipc__lua_opt_config(lua_State *L, int arg, const shmipc_config **out);
+
+/* The read timeout of `cfg` in ms (NULL: the default, 0 = forever). */
+uint32_t shmipc__lua_read_timeout_ms(const shmipc_config *cfg);
+
+/*
+ * Converts the seconds at `arg` to whole milliseconds rounded up, as the config setters do.
+ * Returns 0 with *ms set, or the number of results pushed (nil, message, EINVAL) for a value
+ * that is negative, NaN or beyond UINT32_MAX ms.
+ */
+int shmipc__lua_seconds_to_ms(lua_State *L, int arg, const char *field, uint32_t *ms);
+
+/* ------------------------------------------------------------------------------------ */
+/* Waiting (wait.c)                                                                     */
+/* ------------------------------------------------------------------------------------ */
+
+/* How a call that may wait does so: the last, optional argument "block", "nb" or "yield". */
+enum shmipc__lua_mode {
+    SHMIPC__LUA_BLOCK = 0, /* wait in C: the whole Lua state waits */
+    SHMIPC__LUA_NB = 1,    /* never wait: nil, message, SHMIPC_EAGAIN */
+    SHMIPC__LUA_YIELD = 2, /* yield to the coroutine's scheduler while it would block */
+};
+
+/* The mode argument at `arg` (none or nil: block). Raises on anything else. */
+enum shmipc__lua_mode shmipc__lua_check_mode(lua_State *L, int arg);
+
+/*
+ * A wait timeout in seconds at `arg`: none, nil or math.huge is SHMIPC_WAIT_FOREVER, 0
+ * polls, a positive number is rounded up to whole ms (at most INT_MAX, beyond which it is
+ * forever). Raises on a negative number or NaN.
+ */
+int shmipc__lua_check_wait_ms(lua_State *L, int arg);
+
+/* Monotonic time in ns. */
+uint64_t shmipc__lua_now_ns(void);
+
+/*
+ * An operation that may have to wait, run by shmipc__lua_run() in any mode. Its arguments
+ * are the first `nargs` slots of the stack; slot 1 is the handle it acts on.
+ */
+struct shmipc__lua_op {
+    const char *what; /* for the timeout message, "read" */
+    int nargs;
+    /*
+     * One attempt. `flags` is 0 (wait, as the handle's timeout says) or SHMIPC_NONBLOCK.
+     * On success pushes the results above slot `nargs` + 1 and returns their count (> 0);
+     * on failure pushes nothing and returns the negative code, with shmipc_error_detail()
+     * saying why.
+     */
+    int (*attempt)(lua_State *L, int flags);
+    /* The descriptor to wait on for the handle at slot 1, or -1 when there is none. */
+    int (*pollfd)(lua_State *L);
+};
+
+/*
+ * Runs `op` in `mode`. In yield mode, while the attempt fails with SHMIPC_EAGAIN, the
+ * coroutine yields fd (or nil), "r", the seconds left (or nil) and the handle, and tries
+ * again when resumed; after `timeout_ms` (-1: none) it returns nil, message, ETIMEDOUT.
+ * Yielding where the running code cannot yield raises. Returns the number of results.
+ */
+int shmipc__lua_run(lua_State *L, const struct shmipc__lua_op *op, enum shmipc__lua_mode mode,
+                    int timeout_ms);
+
+/* Module functions: poll, monotime. */
+extern const luaL_Reg shmipc__lua_wait_functions[];
+
+/* ------------------------------------------------------------------------------------ */
+/* Handles                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+/* The userdata behind a config; cfg is NULL once the handle is closed. */
+typedef struct {
+    shmipc_config *cfg;
+} lconfig;
+
+/* A session; s is NULL once closed. read_timeout_ms is what its streams start with. */
+typedef struct {
+    shmipc_session *s;
+    uint32_t read_timeout_ms;
+} lsession;
+
+/*
+ * A stream; st is NULL once closed or given back to a session manager. User value 1 is the
+ * handle it came from (session, session manager or listener), which it keeps alive; user
+ * value 2 is the table of streams of a running serve(), or nil.
+ */
+typedef struct {
+    shmipc_stream *st;
+    uint32_t read_timeout_ms; /* a mirror of the stream's read timeout, for yielding reads */
+} lstream;
+
+/* Stream user values. */
+#define STREAM_UV_PARENT 1
+#define STREAM_UV_SERVED 2
+
+/*
+ * Pushes a stream userdata holding nothing yet, with the value at `parent` as its user value,
+ * so a failed open leaks nothing: the caller stores the stream in it right after.
+ */
+lstream *shmipc__lua_new_stream(lua_State *L, int parent, uint32_t read_timeout_ms);
+
+/*
+ * Detaches the C stream from the handle at `idx`, which counts as closed from then on, and
+ * returns it (NULL when the handle was closed already). The caller closes it or gives it to
+ * a session manager.
+ */
+shmipc_stream *shmipc__lua_stream_take(lua_State *L, int idx);
+
+/* Closes the stream handle at `idx` (no-op when closed); the one close of every path. */
+void shmipc__lua_stream_close(lua_State *L, int idx);
+
+/* Pushes a new, empty session userdata, for listener:accept(). */
+lsession *shmipc__lua_new_session(lua_State *L, uint32_t read_timeout_ms);
+
+/* Registration: each creates its metatable(s) and adds its functions to the module table. */
+void shmipc__lua_open_stream(lua_State *L);
+void shmipc__lua_open_session(lua_State *L);
+void shmipc__lua_open_listener(lua_State *L);
+
+/* Sets the method table `methods` as __index of the metatable `name`, with `meta`. */
+void shmipc__lua_new_class(lua_State *L, const char *name, const luaL_Reg *meta,
+                           const luaL_Reg *methods);
+
+#endif
