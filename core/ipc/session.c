@@ -636,7 +636,13 @@ static int process_fds_locked(shmipc_session *s, int socket_ready)
         }
         ssize_t n = recv(s->fd, s->rbuf + s->rlen, s->rcap - s->rlen, MSG_DONTWAIT);
         if (n == 0) {
-            rc = shmipc__fail(SHMIPC_ECONNRESET, "session: the peer closed the connection");
+            /*
+             * A peer that closes its streams and then its session at once may leave close
+             * elements (and data) in the queue without a wakeup: take them first, so its
+             * streams end as it ended them, then end the session.
+             */
+            if ((rc = drain_queue_locked(s, &events)) >= 0)
+                rc = shmipc__fail(SHMIPC_ECONNRESET, "session: the peer closed the connection");
             break;
         }
         if (n < 0) {

@@ -1,21 +1,33 @@
 """shmipc: shared-memory IPC wire-compatible with cloudwego shmipc-go/shmipc-rs.
 
-This package is a thin layer over libshmipc's public C ABI. What exists so far: the version,
-the error hierarchy and ``Config``. Errors derive from :class:`shmipc.Error`, itself an
-:class:`OSError`; ``errno`` holds the positive shmipc code, ``code`` the negative one and
-``name`` its symbol.
+This package is a thin layer over libshmipc's public C ABI:
+
+- ``Config``: every setting of sessions, session managers and listeners;
+- ``Session`` (``connect()``), ``Stream``, ``Chunk`` (zero-copy received bytes),
+  ``SessionManager`` (a client pool) and ``Listener`` (``accept()`` or ``serve()``);
+- ``shmipc.aio``: awaitable stream reads and writes for asyncio.
+
+Errors derive from :class:`shmipc.Error`, itself an :class:`OSError`; ``errno`` holds the
+positive shmipc code, ``code`` the negative one and ``name`` its symbol. See docs/python.md.
 """
 
 from ._shmipc import (
-    Config,
+    Chunk,
     ClosedError,
+    Config,
     EndOfStreamError,
     Error,
     InvalidArgumentError,
+    Listener,
     PeerGoneError,
     ProtocolError,
+    ReleasedError,
+    Session,
+    SessionManager,
+    Stream,
     TimeoutError,
     __version__,
+    connect,
     errname,
     errors,
     strerror,
@@ -23,15 +35,22 @@ from ._shmipc import (
 )
 
 __all__ = [
-    "Config",
+    "Chunk",
     "ClosedError",
+    "Config",
     "EndOfStreamError",
     "Error",
     "InvalidArgumentError",
+    "Listener",
     "PeerGoneError",
     "ProtocolError",
+    "ReleasedError",
+    "Session",
+    "SessionManager",
+    "Stream",
     "TimeoutError",
     "__version__",
+    "connect",
     "errname",
     "errors",
     "strerror",

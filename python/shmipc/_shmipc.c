@@ -3,26 +3,10 @@
  * Multi-phase init, heap types and module state (no static Python objects), so the module
  * can be loaded in several interpreters and reloaded.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "module.h"
 
 #include <math.h>
-#include <stdint.h>
-
-#include <shmipc.h>
-
-typedef struct {
-    PyTypeObject *config_type;
-    PyObject *error;          /* shmipc.Error(OSError) */
-    PyObject *timeout_error;  /* + TimeoutError */
-    PyObject *closed_error;   /* handle closed locally */
-    PyObject *peer_gone;      /* + ConnectionResetError */
-    PyObject *protocol_error; /* the peer broke the protocol, or refused ours */
-    PyObject *invalid_error;  /* + ValueError */
-    PyObject *eof_error;      /* + EOFError */
-} module_state;
-
-static PyModuleDef shmipc_module;
+#include <time.h>
 
 static module_state *state_of_module(PyObject *module)
 {
@@ -30,9 +14,9 @@ static module_state *state_of_module(PyObject *module)
 }
 
 /* Module state from an instance of one of our types, also when the type was subclassed. */
-static module_state *state_of_type(PyTypeObject *type)
+module_state *shmipcpy_state_of_type(PyTypeObject *type)
 {
-    PyObject *module = PyType_GetModuleByDef(type, &shmipc_module);
+    PyObject *module = PyType_GetModuleByDef(type, &shmipcpy_module);
     return module ? state_of_module(module) : NULL;
 }
 
@@ -65,7 +49,7 @@ static PyObject *class_for_code(module_state *st, int code)
  * detail of the failed call (or the generic message), and `code` and `name` carry the
  * shmipc code and its symbolic name. Always returns NULL.
  */
-static PyObject *raise_code(module_state *st, int code, const char *detail)
+PyObject *shmipcpy_raise_code(module_state *st, int code, const char *detail)
 {
     const char *msg = (detail != NULL && detail[0] != '\0') ? detail : shmipc_strerror(code);
     const char *name = shmipc_errname(code);
@@ -89,26 +73,137 @@ static PyObject *raise_code(module_state *st, int code, const char *detail)
 }
 
 /* Raises for `rc` with the detail the failing C call left on this thread. */
-static PyObject *raise_last(module_state *st, int rc)
+PyObject *shmipcpy_raise_last(module_state *st, int rc)
 {
-    return raise_code(st, rc, shmipc_error_detail());
+    return shmipcpy_raise_code(st, rc, shmipc_error_detail());
 }
 
 /* A Python-side argument error that reads like the C ones: "field: message". */
-static PyObject *raise_invalid(module_state *st, const char *field, const char *what)
+PyObject *shmipcpy_raise_invalid(module_state *st, const char *field, const char *what)
 {
     char msg[256];
     PyOS_snprintf(msg, sizeof msg, "%s: %s", field, what);
-    return raise_code(st, SHMIPC_EINVAL, msg);
+    return shmipcpy_raise_code(st, SHMIPC_EINVAL, msg);
+}
+
+/* ClosedError for an object closed on the Python side, whose C handle is gone. */
+PyObject *shmipcpy_raise_closed(module_state *st, const char *what)
+{
+    char msg[128];
+    PyOS_snprintf(msg, sizeof msg, "%s: closed", what);
+    return shmipcpy_raise_code(st, SHMIPC_ECLOSED, msg);
+}
+
+/* A handle used by one thread at a time was called while another thread is inside it. */
+PyObject *shmipcpy_raise_busy(const char *what)
+{
+    PyErr_Format(PyExc_RuntimeError,
+                 "%s is in use by another thread (a stream is used by one thread at a time)", what);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Helpers of the IPC types                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+int shmipcpy_timeout_arg(module_state *st, PyObject *value, const char *field, int allow_zero,
+                         int64_t *ms)
+{
+    if (value == NULL || value == Py_None) {
+        *ms = -1;
+        return 0;
+    }
+    double s = PyFloat_AsDouble(value);
+    if (s == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!isfinite(s) || s < 0 || s * 1000.0 > (double)INT32_MAX) {
+        shmipcpy_raise_invalid(st, field, "must be a finite number of seconds >= 0, or None");
+        return -1;
+    }
+    if (s == 0 && !allow_zero) {
+        shmipcpy_raise_invalid(st, field, "0 is not a timeout; use None to wait forever");
+        return -1;
+    }
+    *ms = (int64_t)ceil(s * 1000.0);
+    if (s > 0 && *ms == 0)
+        *ms = 1;
+    return 0;
+}
+
+uint64_t shmipcpy_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int shmipcpy_slice_ms(uint64_t deadline)
+{
+    if (deadline == 0)
+        return SHMIPCPY_SLICE_MS;
+    uint64_t now = shmipcpy_now_ms();
+    if (now >= deadline)
+        return 0;
+    return deadline - now < SHMIPCPY_SLICE_MS ? (int)(deadline - now) : SHMIPCPY_SLICE_MS;
+}
+
+int shmipcpy_config_arg(module_state *st, PyObject *obj, shmipc_config **out)
+{
+    *out = NULL;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (!PyObject_TypeCheck(obj, st->config_type)) {
+        PyErr_Format(PyExc_TypeError, "config must be a shmipc.Config or None, not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int rc = shmipc_config_clone(((ConfigObject *)obj)->cfg, out);
+    if (rc < 0) {
+        shmipcpy_raise_last(st, rc);
+        return -1;
+    }
+    return 0;
+}
+
+void shmipcpy_config_timeouts(const shmipc_config *cfg, uint32_t *read_ms, uint32_t *write_ms)
+{
+    /* A NULL config means the defaults, whose stream timeouts are "forever". */
+    *read_ms = cfg ? (uint32_t)shmipc_config_get_timeout_ms(cfg, SHMIPC_TIMEOUT_READ) : 0;
+    *write_ms = cfg ? (uint32_t)shmipc_config_get_timeout_ms(cfg, SHMIPC_TIMEOUT_WRITE) : 0;
+}
+
+int shmipcpy_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                        PyObject *kwnames, const char *argname, PyObject **value, int *nonblock)
+{
+    *nonblock = 0;
+    if (nargs > (argname ? 1 : 0)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional argument%s", fname,
+                     argname ? 1 : 0, argname ? "" : "s");
+        return -1;
+    }
+    if (nargs == 1)
+        *value = args[0];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i);
+        PyObject *v = args[nargs + i];
+        if (PyUnicode_CompareWithASCIIString(key, "nonblock") == 0) {
+            if ((*nonblock = PyObject_IsTrue(v)) < 0)
+                return -1;
+        } else if (argname && nargs == 0 && PyUnicode_CompareWithASCIIString(key, argname) == 0) {
+            *value = v;
+        } else {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname,
+                         key);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Config                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
-
-typedef struct {
-    PyObject_HEAD shmipc_config *cfg;
-} ConfigObject;
 
 static const char *const memmap_names[] = {"devshm", "memfd"};
 static const char *const wakeup_names[] = {"socket", "eventfd", "polling"};
@@ -136,14 +231,14 @@ static void config_dealloc(ConfigObject *self)
 static PyObject *chain(ConfigObject *self, int rc)
 {
     if (rc < 0)
-        return raise_last(state_of_type(Py_TYPE(self)), rc);
+        return shmipcpy_raise_last(shmipcpy_state_of_type(Py_TYPE(self)), rc);
     return Py_NewRef(self);
 }
 
 static int setter_result(ConfigObject *self, int rc)
 {
     if (rc < 0) {
-        raise_last(state_of_type(Py_TYPE(self)), rc);
+        shmipcpy_raise_last(shmipcpy_state_of_type(Py_TYPE(self)), rc);
         return -1;
     }
     return 0;
@@ -171,7 +266,7 @@ static int to_u64(ConfigObject *self, PyObject *value, const char *field, uint64
     if (v == -1 && PyErr_Occurred())
         return -1;
     if (overflow != 0 || v < 0) {
-        raise_invalid(state_of_type(Py_TYPE(self)), field, "out of range");
+        shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), field, "out of range");
         return -1;
     }
     *out = (uint64_t)v;
@@ -207,7 +302,8 @@ static int set_queue_capacity(ConfigObject *self, PyObject *value, void *closure
     if (require_value(value, "queue_capacity") < 0 || to_u64(self, value, "queue_capacity", &v) < 0)
         return -1;
     if (v > UINT32_MAX) {
-        raise_invalid(state_of_type(Py_TYPE(self)), "queue_capacity", "out of range");
+        shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "queue_capacity",
+                               "out of range");
         return -1;
     }
     return setter_result(self, shmipc_config_set_queue_capacity(self->cfg, (uint32_t)v));
@@ -219,7 +315,7 @@ static PyObject *get_slice_classes(ConfigObject *self, void *closure)
     shmipc_slice_class classes[SHMIPC_MAX_SLICE_CLASSES];
     int n = shmipc_config_get_slice_classes(self->cfg, classes, SHMIPC_MAX_SLICE_CLASSES);
     if (n < 0)
-        return raise_last(state_of_type(Py_TYPE(self)), n);
+        return shmipcpy_raise_last(shmipcpy_state_of_type(Py_TYPE(self)), n);
     PyObject *list = PyList_New(n);
     for (int i = 0; list != NULL && i < n; i++) {
         PyObject *pair = Py_BuildValue("(II)", classes[i].size, classes[i].percent);
@@ -236,7 +332,7 @@ static PyObject *get_slice_classes(ConfigObject *self, void *closure)
 static int set_slice_classes(ConfigObject *self, PyObject *value, void *closure)
 {
     (void)closure;
-    module_state *st = state_of_type(Py_TYPE(self));
+    module_state *st = shmipcpy_state_of_type(Py_TYPE(self));
     shmipc_slice_class classes[SHMIPC_MAX_SLICE_CLASSES];
     size_t n = 0;
     if (require_value(value, "slice_classes") < 0)
@@ -254,7 +350,7 @@ static int set_slice_classes(ConfigObject *self, PyObject *value, void *closure)
     Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
     if (len == 0 || len > SHMIPC_MAX_SLICE_CLASSES) {
         Py_DECREF(seq);
-        raise_invalid(st, "slice_classes", "need 1 to 32 (size, percent) pairs");
+        shmipcpy_raise_invalid(st, "slice_classes", "need 1 to 32 (size, percent) pairs");
         return -1;
     }
     for (Py_ssize_t i = 0; i < len; i++) {
@@ -276,7 +372,7 @@ static int set_slice_classes(ConfigObject *self, PyObject *value, void *closure)
         }
         if (size > UINT32_MAX || percent > UINT32_MAX) {
             Py_DECREF(seq);
-            raise_invalid(st, "slice_classes", "size or percent out of range");
+            shmipcpy_raise_invalid(st, "slice_classes", "size or percent out of range");
             return -1;
         }
         classes[n++] = (shmipc_slice_class){(uint32_t)size, (uint32_t)percent};
@@ -298,7 +394,8 @@ static int set_memmap(ConfigObject *self, PyObject *value, void *closure)
         return -1;
     int type = lookup_name(memmap_names, 2, value);
     if (type < 0) {
-        raise_invalid(state_of_type(Py_TYPE(self)), "memmap", "must be 'memfd' or 'devshm'");
+        shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "memmap",
+                               "must be 'memfd' or 'devshm'");
         return -1;
     }
     return setter_result(self, shmipc_config_set_memmap_type(self->cfg, type));
@@ -341,7 +438,7 @@ static int set_timeout(ConfigObject *self, PyObject *value, void *closure)
 {
     int which = (int)(intptr_t)closure;
     const char *field = timeout_fields[which];
-    module_state *st = state_of_type(Py_TYPE(self));
+    module_state *st = shmipcpy_state_of_type(Py_TYPE(self));
     uint32_t ms;
     if (require_value(value, field) < 0)
         return -1;
@@ -352,7 +449,7 @@ static int set_timeout(ConfigObject *self, PyObject *value, void *closure)
         if (s == -1.0 && PyErr_Occurred())
             return -1;
         if (!isfinite(s) || s < 0 || s * 1000.0 > (double)UINT32_MAX) {
-            raise_invalid(st, field, "must be a finite number of seconds >= 0");
+            shmipcpy_raise_invalid(st, field, "must be a finite number of seconds >= 0");
             return -1;
         }
         double msf = ceil(s * 1000.0);
@@ -360,7 +457,7 @@ static int set_timeout(ConfigObject *self, PyObject *value, void *closure)
         if (s > 0 && ms == 0)
             ms = 1;
         if (s == 0 && (which == SHMIPC_TIMEOUT_READ || which == SHMIPC_TIMEOUT_WRITE)) {
-            raise_invalid(st, field, "0 is not a timeout; use None to wait forever");
+            shmipcpy_raise_invalid(st, field, "0 is not a timeout; use None to wait forever");
             return -1;
         }
     }
@@ -381,7 +478,7 @@ static int set_pool_field(ConfigObject *self, PyObject *value, void *closure)
     if (require_value(value, field) < 0 || to_u64(self, value, field, &v) < 0)
         return -1;
     if (v > UINT32_MAX) {
-        raise_invalid(state_of_type(Py_TYPE(self)), field, "out of range");
+        shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), field, "out of range");
         return -1;
     }
     return setter_result(self, closure ? shmipc_config_set_max_stream_num(self->cfg, (uint32_t)v)
@@ -403,7 +500,8 @@ static int set_rebuild_interval(ConfigObject *self, PyObject *value, void *closu
     if ((s = PyFloat_AsDouble(value)) == -1.0 && PyErr_Occurred())
         return -1;
     if (!isfinite(s) || s < 0 || ceil(s * 1000.0) > (double)UINT32_MAX) {
-        raise_invalid(state_of_type(Py_TYPE(self)), "rebuild_interval", "out of range");
+        shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "rebuild_interval",
+                               "out of range");
         return -1;
     }
     return setter_result(
@@ -448,7 +546,8 @@ static PyObject *config_set_protocol(ConfigObject *self, PyObject *args, PyObjec
     else if (strcmp(name, "v4") == 0)
         protocol = SHMIPC_PROTOCOL_V4;
     else
-        return raise_invalid(state_of_type(Py_TYPE(self)), "protocol", "must be 'legacy' or 'v4'");
+        return shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "protocol",
+                                      "must be 'legacy' or 'v4'");
     return chain(self, shmipc_config_set_protocol(self->cfg, protocol, fallback));
 }
 
@@ -461,8 +560,8 @@ static PyObject *config_set_wakeup(ConfigObject *self, PyObject *args, PyObject 
         return NULL;
     int wakeup = lookup_name(wakeup_names, 3, name);
     if (wakeup < 0)
-        return raise_invalid(state_of_type(Py_TYPE(self)), "wakeup",
-                             "must be 'socket', 'eventfd' or 'polling'");
+        return shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "wakeup",
+                                      "must be 'socket', 'eventfd' or 'polling'");
     return chain(self, shmipc_config_set_wakeup(self->cfg, wakeup, interval));
 }
 
@@ -485,10 +584,12 @@ static PyObject *config_with_v4_event_queue_polling(ConfigObject *self, PyObject
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
             return NULL;
         PyErr_Clear();
-        return raise_invalid(state_of_type(Py_TYPE(self)), "polling_interval_us", "out of range");
+        return shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "polling_interval_us",
+                                      "out of range");
     }
     if (interval > UINT32_MAX)
-        return raise_invalid(state_of_type(Py_TYPE(self)), "polling_interval_us", "out of range");
+        return shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "polling_interval_us",
+                                      "out of range");
     return chain(self, shmipc_config_with_v4_event_queue_polling(self->cfg, (uint32_t)interval));
 }
 
@@ -497,7 +598,7 @@ static PyObject *config_validate(ConfigObject *self, PyObject *unused)
     (void)unused;
     int rc = shmipc_config_validate(self->cfg);
     if (rc < 0)
-        return raise_last(state_of_type(Py_TYPE(self)), rc);
+        return shmipcpy_raise_last(shmipcpy_state_of_type(Py_TYPE(self)), rc);
     Py_RETURN_NONE;
 }
 
@@ -511,7 +612,7 @@ static PyObject *config_copy(ConfigObject *self, PyObject *unused)
     int rc = shmipc_config_clone(self->cfg, &copy->cfg);
     if (rc < 0) {
         Py_DECREF(copy);
-        return raise_last(state_of_type(type), rc);
+        return shmipcpy_raise_last(shmipcpy_state_of_type(type), rc);
     }
     return (PyObject *)copy;
 }
@@ -627,7 +728,7 @@ static int apply_kwargs(ConfigObject *self, PyObject *kwargs)
 
 static PyObject *config_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    module_state *st = state_of_type(type);
+    module_state *st = shmipcpy_state_of_type(type);
     if (st == NULL)
         return NULL;
     if (PyTuple_GET_SIZE(args) != 0) {
@@ -640,7 +741,7 @@ static PyObject *config_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     int rc = shmipc_config_new(&self->cfg);
     if (rc < 0) {
         Py_DECREF(self);
-        return raise_last(st, rc);
+        return shmipcpy_raise_last(st, rc);
     }
     if (kwargs != NULL && apply_kwargs(self, kwargs) < 0) {
         Py_DECREF(self);
@@ -707,8 +808,8 @@ static PyObject *mod_raise_for_code(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "i|z:_raise_for_code", &code, &detail))
         return NULL;
     if (code >= 0)
-        return raise_invalid(state_of_module(module), "code", "must be negative");
-    return raise_code(state_of_module(module), code, detail);
+        return shmipcpy_raise_invalid(state_of_module(module), "code", "must be negative");
+    return shmipcpy_raise_code(state_of_module(module), code, detail);
 }
 
 static PyMethodDef module_methods[] = {
@@ -718,6 +819,9 @@ static PyMethodDef module_methods[] = {
     {"_raise_for_code", mod_raise_for_code, METH_VARARGS,
      "_raise_for_code(code, detail=None)\n\nRaise the exception a C call failing with `code` "
      "raises (for tests and for code built on shmipc.abi)."},
+    {"connect", (PyCFunction)(void (*)(void))shmipcpy_connect, METH_VARARGS | METH_KEYWORDS,
+     "connect(address, config=None) -> Session\n\n"
+     "Connect to a server and run the client handshake; the same as Session.connect()."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -787,7 +891,33 @@ static int module_exec(PyObject *module)
              "A value was refused; the message names the field.", 2, st->error, PyExc_ValueError);
     SUBCLASS(eof_error, "shmipc.EndOfStreamError", "The peer closed the stream.", 2, st->error,
              PyExc_EOFError);
+    SUBCLASS(released_error, "shmipc.ReleasedError",
+             "A Chunk (a zero-copy buffer) was used after it was released, or after its\n"
+             "stream was released or closed. Also a ValueError, as for a released memoryview.",
+             2, st->closed_error, PyExc_ValueError);
 #undef SUBCLASS
+
+#define ADD_TYPE(field, spec, base)                                                                \
+    do {                                                                                           \
+        st->field = (PyTypeObject *)PyType_FromModuleAndSpec(module, &(spec), (base));             \
+        if (st->field == NULL || PyModule_AddType(module, st->field) < 0)                          \
+            return -1;                                                                             \
+    } while (0)
+    ADD_TYPE(session_type, shmipcpy_session_spec, NULL);
+    ADD_TYPE(stream_type, shmipcpy_stream_spec, NULL);
+    ADD_TYPE(chunk_type, shmipcpy_chunk_spec, NULL);
+    ADD_TYPE(window_type, shmipcpy_window_spec, NULL);
+    ADD_TYPE(manager_type, shmipcpy_manager_spec, NULL);
+    ADD_TYPE(listener_type, shmipcpy_listener_spec, NULL);
+#undef ADD_TYPE
+
+    PyObject *io = PyImport_ImportModule("io");
+    if (io == NULL)
+        return -1;
+    st->unsupported = PyObject_GetAttrString(io, "UnsupportedOperation");
+    Py_DECREF(io);
+    if (st->unsupported == NULL)
+        return -1;
 
     if (PyModule_AddStringConstant(module, "__version__", shmipc_version_string()) < 0 ||
         PyModule_AddIntConstant(module, "version_number", shmipc_version()) < 0 ||
@@ -801,6 +931,12 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
 {
     module_state *st = state_of_module(module);
     Py_VISIT(st->config_type);
+    Py_VISIT(st->session_type);
+    Py_VISIT(st->stream_type);
+    Py_VISIT(st->chunk_type);
+    Py_VISIT(st->window_type);
+    Py_VISIT(st->manager_type);
+    Py_VISIT(st->listener_type);
     Py_VISIT(st->error);
     Py_VISIT(st->timeout_error);
     Py_VISIT(st->closed_error);
@@ -808,6 +944,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->protocol_error);
     Py_VISIT(st->invalid_error);
     Py_VISIT(st->eof_error);
+    Py_VISIT(st->released_error);
+    Py_VISIT(st->unsupported);
     return 0;
 }
 
@@ -815,6 +953,12 @@ static int module_clear(PyObject *module)
 {
     module_state *st = state_of_module(module);
     Py_CLEAR(st->config_type);
+    Py_CLEAR(st->session_type);
+    Py_CLEAR(st->stream_type);
+    Py_CLEAR(st->chunk_type);
+    Py_CLEAR(st->window_type);
+    Py_CLEAR(st->manager_type);
+    Py_CLEAR(st->listener_type);
     Py_CLEAR(st->error);
     Py_CLEAR(st->timeout_error);
     Py_CLEAR(st->closed_error);
@@ -822,6 +966,8 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->protocol_error);
     Py_CLEAR(st->invalid_error);
     Py_CLEAR(st->eof_error);
+    Py_CLEAR(st->released_error);
+    Py_CLEAR(st->unsupported);
     return 0;
 }
 
@@ -835,7 +981,7 @@ static PyModuleDef_Slot module_slots[] = {
     {0, NULL},
 };
 
-static PyModuleDef shmipc_module = {
+PyModuleDef shmipcpy_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "shmipc._shmipc",
     .m_doc = "C core of the shmipc package; use `import shmipc`.",
@@ -849,5 +995,5 @@ static PyModuleDef shmipc_module = {
 
 PyMODINIT_FUNC PyInit__shmipc(void)
 {
-    return PyModuleDef_Init(&shmipc_module);
+    return PyModuleDef_Init(&shmipcpy_module);
 }

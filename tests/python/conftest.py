@@ -14,3 +14,155 @@ def shmipc():
     import shmipc as module
 
     return module
+
+
+# ---- IPC fixtures (sessions, streams, helper programs) ----------------------------------
+
+import itertools
+import threading
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = build or os.path.join(ROOT, "build")
+_addresses = itertools.count()
+
+
+def unique_address(tag="t"):
+    """An abstract unix address no other test (or process) uses: no file to clean up."""
+    return f"unix:@shmipc-py-{os.getpid()}-{tag}-{next(_addresses)}"
+
+
+@pytest.fixture
+def address():
+    return unique_address()
+
+
+class Pair:
+    """A listener with one connected client session and its server session."""
+
+    def __init__(self, client_config=None, server_config=None):
+        import shmipc
+
+        self.address = unique_address("pair")
+        self.listener = shmipc.Listener(self.address, server_config)
+        box = {}
+
+        def connect():
+            try:
+                box["client"] = shmipc.connect(self.address, client_config)
+            except BaseException as e:  # reported by the main thread
+                box["error"] = e
+
+        t = threading.Thread(target=connect)
+        t.start()
+        try:
+            self.server = self.listener.accept(timeout=10)
+        finally:
+            t.join(10)
+        if "error" in box:
+            raise box["error"]
+        self.client = box["client"]
+
+    def streams(self):
+        """A client stream and the server's end of it (announced by one byte, read here)."""
+        cs = self.client.open_stream()
+        cs.write(b"\0")
+        cs.flush()
+        ss = self.server.accept_stream(timeout=10)
+        assert ss.readexactly(1) == b"\0"
+        return cs, ss
+
+    def close(self):
+        self.client.close()
+        self.server.close()
+        self.listener.close()
+
+
+def default_config(**kw):
+    """A config whose reads give up after 10 s, so a broken test fails instead of hanging."""
+    import shmipc
+
+    kw.setdefault("read_timeout", 10.0)
+    return shmipc.Config(**kw)
+
+
+@pytest.fixture
+def make_pair():
+    made = []
+
+    def make(client_config=None, server_config=None):
+        p = Pair(client_config or default_config(), server_config or default_config())
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+@pytest.fixture
+def pair(make_pair):
+    return make_pair()
+
+
+def python_env():
+    """The environment for a child Python that imports the package from the build."""
+    import shmipc
+
+    pkg_parent = os.path.dirname(os.path.dirname(shmipc.__file__))
+    return dict(os.environ, PYTHONPATH=pkg_parent)
+
+
+class EchoServer:
+    """A Python server on its own thread, run by Listener.serve(): it echoes every stream and
+    closes a stream when the client does."""
+
+    def __init__(self, config=None, address=None):
+        import shmipc
+
+        self.address = address or unique_address("echo")
+        self.listener = shmipc.Listener(self.address, config)
+        self.streams = 0
+        self.error = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def on_stream(self, st):
+        self.streams += 1
+
+    def on_data(self, st):
+        import shmipc
+
+        try:
+            while True:
+                chunk = st.read_chunk(nonblock=True)
+                if chunk is None:
+                    return
+                if not chunk:
+                    break
+                st.write(chunk)
+                chunk.release()
+                st.flush()
+        except shmipc.Error:
+            pass  # the client went away
+        st.close()
+
+    def _run(self):
+        try:
+            self.listener.serve(self.on_stream, self.on_data)
+        except BaseException as e:
+            self.error = e
+
+    def stop(self):
+        self.listener.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        self.listener.close()
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture
+def echo_server():
+    server = EchoServer()
+    yield server
+    server.stop()
