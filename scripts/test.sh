@@ -25,7 +25,7 @@ step "build (tsan)" scripts/build.sh build-tsan -Db_sanitize=thread -Db_lundef=f
   -Dpython=disabled -Dlua=disabled
 rm -rf "$results" && mkdir -p "$results"
 
-step "C suite" meson test -C build --suite c --print-errorlogs --no-rebuild
+step "C suite" meson test -C build --suite c --suite bench --print-errorlogs --no-rebuild
 cp build/meson-logs/testlog.json "$results/c.json" 2>/dev/null
 step "C suite (asan+ubsan)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
@@ -43,7 +43,12 @@ step "Lua suite" bash -c "set -o pipefail; LUA_CPATH='$root/build/lua/?.so;;' \
 
 : >"$results/checks.txt"
 for check in registered:scripts/check-tests.py knobs:scripts/check-knobs.py \
-  format:scripts/check-format.sh static:scripts/check-static.sh; do
+  format:scripts/check-format.sh static:scripts/check-static.sh \
+  abi-table:scripts/check-abi-table.py \
+  abi-baseline:scripts/check-abi-baseline.sh \
+  abi-structs:scripts/check-abi-structs.py \
+  abi-install:scripts/check-abi-install.sh \
+  abi-docs:scripts/check-abi-docs.py; do
   name=${check%%:*} cmd=${check#*:}
   echo "==> check: $name"
   if "$cmd"; then status=ok; else status="not ok"; failed_steps+=("check: $name"); fi

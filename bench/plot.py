@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Plots the JSON that `shmipc-bench ipc` writes.
+
+Writes three figures into OUT_DIR (default docs/img):
+  ipc-latency    one stream: p50 and p99 round-trip latency against payload size
+  ipc-throughput N streams in flight: MiB/s against payload size, one panel per N
+  ipc-ratio      each transport's figure divided by the unix socket's (the issue's bar)
+
+With matplotlib (Debian: python3-matplotlib, for /usr/bin/python3) the figures are PNG;
+without it, or with --svg, they are SVG written by hand, with no dependency at all.
+
+Usage: bench/plot.py [--svg] [--out OUT_DIR] [bench-ipc.json]
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+COLORS = {"shmipc-v3": "#1f77b4", "shmipc-v2": "#2ca02c", "uds": "#d62728", "tcp": "#7f7f7f"}
+
+
+def size_label(v):
+    if v >= 1 << 20 and v % (1 << 20) == 0:
+        return f"{v >> 20} MiB"
+    if v >= 1024 and v % 1024 == 0:
+        return f"{v >> 10} KiB"
+    return f"{v} B"
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("bench") != "ipc":
+        sys.exit(f"plot.py: {path} is not shmipc-bench ipc output")
+    return data
+
+
+def subtitle(data):
+    env = data["env"]
+    return (f"{env['cpu_model']}, {env['cpus']} CPUs, {env['kernel'].split()[1]}; "
+            f"median of {data['config']['rounds']} rounds")
+
+
+def panels(data):
+    """The figures as data: a list of (name, title, [panel]), each panel a dict."""
+    transports = data["transports"]
+    lat = data["latency"]
+    par = data["parallel"]
+    sizes = sorted({e["size"] for e in lat} | {e["size"] for e in par})
+    figs = []
+
+    def lat_series(key):
+        out = {}
+        for t in transports:
+            pts = [(e["size"], e[key]) for e in lat if e["transport"] == t and e[key] > 0]
+            if pts:
+                out[t] = sorted(pts)
+        return out
+
+    figs.append(("ipc-latency", "One stream, closed loop: round-trip latency", [
+        {"title": "p50", "series": lat_series("p50_us"), "ylabel": "µs", "logy": True},
+        {"title": "p99", "series": lat_series("p99_us"), "ylabel": "µs", "logy": True},
+    ]))
+
+    requested = sorted({e["streams_requested"] for e in par})
+    thr = []
+    for n in requested:
+        series = {}
+        for t in transports:
+            pts = [(e["size"], e["mib_per_s"]) for e in par
+                   if e["transport"] == t and e["streams_requested"] == n and e["mib_per_s"] > 0]
+            if pts:
+                series[t] = sorted(pts)
+        # Counts above --max-inflight / size run with fewer streams, or not at all when that
+        # repeats a smaller count's cell.
+        cell_sizes = {e["size"] for e in par if e["streams_requested"] == n}
+        capped = any(e["streams"] < n for e in par if e["streams_requested"] == n) or \
+            cell_sizes != {e["size"] for e in par}
+        cap = data["config"]["max_inflight"] >> 20
+        title = f"{n} stream{'s' if n != 1 else ''}"
+        thr.append({"title": title + (f" (at most {cap} MiB in flight)" if capped else ""),
+                    "series": series, "ylabel": "MiB/s", "logy": True})
+    if thr:
+        figs.append(("ipc-throughput", "N streams in flight: throughput (2 x payload x rt/s)", thr))
+
+    if "uds" in transports:
+        ratio_lat = {}
+        for t in transports:
+            if t == "uds":
+                continue
+            pts = [(e["size"], e["ratio_to_uds"]["p50"]) for e in lat
+                   if e["transport"] == t and e["ratio_to_uds"]]
+            if pts:
+                ratio_lat[t] = sorted(pts)
+        ratio_thr = {}
+        for t in transports:
+            if not t.startswith("shmipc"):
+                continue
+            for n in requested:
+                pts = [(e["size"], e["ratio_to_uds"]) for e in par
+                       if e["transport"] == t and e["streams_requested"] == n and e["ratio_to_uds"]]
+                if pts:
+                    ratio_thr[f"{t}, {n} streams"] = sorted(pts)
+        figs.append(("ipc-ratio", "Against the unix socket (the bar: p50 <= 1 at 64 B; "
+                     "throughput >= 2 from 64 KiB)", [
+                         {"title": "one-stream p50 / UDS p50 (below 1: faster)",
+                          "series": ratio_lat, "ylabel": "ratio", "logy": True, "hlines": [1.0]},
+                         {"title": "throughput / UDS throughput (above 1: faster)",
+                          "series": ratio_thr, "ylabel": "ratio", "logy": True,
+                          "hlines": [1.0, 2.0]},
+                     ]))
+    return sizes, figs
+
+
+def series_color(name, i):
+    for t, c in COLORS.items():
+        if name == t or name.startswith(t + ","):
+            return c
+    return ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"][i % 5]
+
+
+def series_style(name):
+    """Dashes tell stream counts apart in the ratio panel."""
+    if "," not in name:
+        return "-"
+    n = name.split(",")[1].strip().split()[0]
+    return {"1": ":", "8": "--", "64": "-.", "200": "-"}.get(n, "-")
+
+
+def plot_png(sizes, figs, out, sub):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    written = []
+    for name, title, ps in figs:
+        cols = min(len(ps), 2)
+        rows = math.ceil(len(ps) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.4 * rows), squeeze=False)
+        for ax, p in zip(axes.flat, ps):
+            for i, (label, pts) in enumerate(p["series"].items()):
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, series_style(label), marker="o", markersize=3,
+                        color=series_color(label, i), label=label)
+            for h in p.get("hlines", []):
+                ax.axhline(h, color="black", linewidth=0.8, alpha=0.5)
+            ax.set_xscale("log", base=2)
+            if p["logy"]:
+                ax.set_yscale("log")
+            if p.get("hlines"):
+                # Ratios read best as plain numbers at powers of two around 1.
+                ys = [y for pts in p["series"].values() for _, y in pts] + p["hlines"]
+                lo, hi = math.floor(math.log2(min(ys))), math.ceil(math.log2(max(ys)))
+                ax.set_yticks([2.0 ** k for k in range(lo, hi + 1)])
+                ax.yaxis.set_major_formatter(
+                    matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_xticks(sizes)
+            ax.set_xticklabels([size_label(s) for s in sizes], rotation=45, fontsize=8)
+            ax.minorticks_off()
+            ax.set_title(p["title"], fontsize=10)
+            ax.set_ylabel(p["ylabel"])
+            ax.grid(True, which="major", alpha=0.3)
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[len(ps):]:
+            ax.axis("off")
+        fig.suptitle(f"{title}\n{sub}", fontsize=11)
+        fig.tight_layout()
+        path = os.path.join(out, name + ".png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def esc(s):
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def svg_panel(x0, y0, w, h, p, sizes):
+    """One chart as SVG elements: log2 x axis over the sizes, log10 (or linear) y axis."""
+    left, right, top, bottom = 60, 10, 24, 50
+    pw, ph = w - left - right, h - top - bottom
+    ys = [y for pts in p["series"].values() for _, y in pts] + p.get("hlines", [])
+    ys = [y for y in ys if y > 0]
+    if not ys:
+        return []
+    lo, hi = min(ys), max(ys)
+    if p["logy"]:
+        lo, hi = 10 ** math.floor(math.log10(lo)), 10 ** math.ceil(math.log10(hi))
+        fy = lambda v: (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+    else:
+        lo = 0
+        fy = lambda v: (v - lo) / (hi - lo or 1)
+    xl, xh = math.log2(min(sizes)), math.log2(max(sizes))
+    fx = lambda v: (math.log2(v) - xl) / ((xh - xl) or 1)
+    X = lambda v: x0 + left + fx(v) * pw
+    Y = lambda v: y0 + top + ph - fy(v) * ph
+    el = [f'<text x="{x0 + w / 2}" y="{y0 + 15}" text-anchor="middle" font-size="12">'
+          f'{esc(p["title"])}</text>',
+          f'<rect x="{x0 + left}" y="{y0 + top}" width="{pw}" height="{ph}" fill="none" '
+          f'stroke="#999"/>']
+    for s in sizes:
+        el.append(f'<line x1="{X(s):.1f}" y1="{y0 + top}" x2="{X(s):.1f}" y2="{y0 + top + ph}" '
+                  f'stroke="#eee"/>')
+        el.append(f'<text x="{X(s):.1f}" y="{y0 + top + ph + 14}" font-size="9" '
+                  f'text-anchor="middle">{esc(size_label(s))}</text>')
+    if p["logy"]:
+        d = math.floor(math.log10(lo))
+        while 10 ** d <= hi * 1.0001:
+            v = 10 ** d
+            el.append(f'<line x1="{x0 + left}" y1="{Y(v):.1f}" x2="{x0 + left + pw}" '
+                      f'y2="{Y(v):.1f}" stroke="#eee"/>')
+            el.append(f'<text x="{x0 + left - 4}" y="{Y(v) + 3:.1f}" font-size="9" '
+                      f'text-anchor="end">{v:g}</text>')
+            d += 1
+    el.append(f'<text x="{x0 + 12}" y="{y0 + top + ph / 2}" font-size="10" '
+              f'transform="rotate(-90 {x0 + 12} {y0 + top + ph / 2})" text-anchor="middle">'
+              f'{esc(p["ylabel"])}</text>')
+    for v in p.get("hlines", []):
+        el.append(f'<line x1="{x0 + left}" y1="{Y(v):.1f}" x2="{x0 + left + pw}" y2="{Y(v):.1f}" '
+                  f'stroke="black" stroke-width="0.8"/>')
+    dash = {"-": "", "--": ' stroke-dasharray="6 3"', ":": ' stroke-dasharray="2 2"',
+            "-.": ' stroke-dasharray="6 2 2 2"'}
+    for i, (label, pts) in enumerate(p["series"].items()):
+        c = series_color(label, i)
+        path = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in pts)
+        el.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="1.5"'
+                  f'{dash[series_style(label)]}/>')
+        for x, y in pts:
+            el.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="2" fill="{c}"/>')
+        ly = y0 + top + 12 + 12 * i
+        el.append(f'<line x1="{x0 + left + 8}" y1="{ly - 3}" x2="{x0 + left + 24}" y2="{ly - 3}" '
+                  f'stroke="{c}" stroke-width="1.5"{dash[series_style(label)]}/>')
+        el.append(f'<text x="{x0 + left + 28}" y="{ly}" font-size="9">{esc(label)}</text>')
+    return el
+
+
+def plot_svg(sizes, figs, out, sub):
+    written = []
+    for name, title, ps in figs:
+        cols = min(len(ps), 2)
+        rows = math.ceil(len(ps) / cols)
+        w, h, head = 520, 340, 44
+        el = [f'<text x="{cols * w / 2}" y="18" text-anchor="middle" font-size="14">'
+              f'{esc(title)}</text>',
+              f'<text x="{cols * w / 2}" y="34" text-anchor="middle" font-size="10">'
+              f'{esc(sub)}</text>']
+        for i, p in enumerate(ps):
+            el += svg_panel((i % cols) * w, head + (i // cols) * h, w, h, p, sizes)
+        svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{cols * w}" '
+               f'height="{head + rows * h}" font-family="sans-serif">\n'
+               f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(el) + "\n</svg>\n")
+        path = os.path.join(out, name + ".svg")
+        with open(path, "w") as f:
+            f.write(svg)
+        written.append(path)
+    return written
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Plots shmipc-bench ipc JSON.")
+    ap.add_argument("json", nargs="?", default="bench-ipc.json")
+    ap.add_argument("--out", default=os.path.join("docs", "img"), help="output directory")
+    ap.add_argument("--svg", action="store_true", help="write SVG even if matplotlib is there")
+    args = ap.parse_args()
+    data = load(args.json)
+    sizes, figs = panels(data)
+    os.makedirs(args.out, exist_ok=True)
+    sub = subtitle(data)
+    written = None
+    if not args.svg:
+        try:
+            written = plot_png(sizes, figs, args.out, sub)
+        except ImportError:
+            print("plot.py: matplotlib is not installed; writing SVG instead", file=sys.stderr)
+    if written is None:
+        written = plot_svg(sizes, figs, args.out, sub)
+    for p in written:
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2345 @@
+/*
+ * shmipc-bench: figures for libshmipc, measured the way ../shared/reference/bench-method.md
+ * asks: medians of interleaved rounds, every figure beside a peer measured in the same run,
+ * the environment printed beside the figures, JSON for bench/plot.py.
+ *
+ * `shmipc-bench ipc` is a ping-pong over shmipc V3 (memfd), shmipc V2 (/dev/shm files), a unix
+ * domain socket and TCP loopback. A message is a big-endian u32 length and the payload. The
+ * client writes every payload byte (straight into shared memory with reserve/commit for
+ * shmipc, into its own buffer before write() for sockets) and sums every byte of the echo;
+ * the echo server copies every byte it receives into its reply. Two shapes: one stream with
+ * every round trip timed, and N streams kept in flight by one client thread.
+ *
+ * Like a user's program it sees only the public header and links libshmipc.so.
+ *
+ * Usage: shmipc-bench ipc [options]   (shmipc-bench ipc --help lists them)
+ */
+#include <shmipc.h>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef SHMIPC_BENCH_BUILDTYPE
+#define SHMIPC_BENCH_BUILDTYPE "unknown"
+#endif
+
+#define MAX_SIZES  32
+#define MAX_COUNTS 16
+#define MAX_ROUNDS 15
+#define MAX_SIZE   (64u << 20)
+#define HDR        4u
+/* Messages start at one of this many offsets into the pattern, so consecutive ones differ. */
+#define PATTERN_SLACK 64u
+/* No blocking call of the client waits longer than this for the echo server (--timeout). */
+static int io_timeout_ms = 30000;
+#define HANDSHAKE_MS 10000
+
+enum transport { T_V3, T_V2, T_UDS, T_TCP, T_COUNT };
+static const char *const transport_name[T_COUNT] = {"shmipc-v3", "shmipc-v2", "uds", "tcp"};
+
+static int is_shmipc(int t)
+{
+    return t == T_V3 || t == T_V2;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Options                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+#define DEFAULT_SIZES   "64,512,1K,4K,16K,64K,256K,1M,4M"
+#define DEFAULT_STREAMS "1,8,64,200"
+/*
+ * Each class holds a power-of-two payload plus its 4-byte length, so every benchmark message
+ * up to 1 MiB fits one slice and a 4 MiB one is a chain of four 1 MiB slices. 512 MiB leaves
+ * room for the largest batch in flight in both directions (--max-inflight, 64 MiB) at once.
+ */
+#define DEFAULT_SLICES "16388:10,65540:15,262148:25,1048580:50"
+#define DEFAULT_BUFFER (512ull << 20)
+#define DEFAULT_QUEUE  8192u
+
+struct opts {
+    size_t sizes[MAX_SIZES];
+    int nsizes;
+    int counts[MAX_COUNTS]; /* stream counts of the parallel shape */
+    int ncounts;
+    int transports[T_COUNT]; /* in run order */
+    int ntransports;
+    int rounds;
+    int samples_max, samples_min; /* one-stream round trips per size: clamp(bytes / size) */
+    uint64_t sample_bytes;
+    int duration_ms, warmup_ms; /* per parallel cell */
+    uint64_t max_inflight;      /* cap on streams x size in the parallel shape */
+    uint64_t buffer;
+    char slices[256];
+    uint32_t queue;
+    int pin;
+    int quick;
+    int warm; /* warm the shmipc sessions up before the rounds */
+    const char *json_path, *md_path;
+    const char *connect_addr, *serve_addr;
+    int serve_sessions;
+    char command[2048];
+};
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: shmipc-bench ipc [options]\n"
+        "\n"
+        "Ping-pong over shmipc V3 (memfd), shmipc V2 (/dev/shm files), a unix socket and TCP\n"
+        "loopback; every payload byte is written by the client and read back (checksummed).\n"
+        "\n"
+        "  --sizes LIST        payload sizes, e.g. 64,4K,1M (default " DEFAULT_SIZES ")\n"
+        "  --streams LIST      streams in flight for the parallel shape (default " DEFAULT_STREAMS
+        ")\n"
+        "  --transports LIST   any of v3,v2,uds,tcp, run in this order (default all)\n"
+        "  --rounds N          interleaved rounds; figures are their median (default 3)\n"
+        "  --samples N         most timed round trips per size, one stream (default 5000)\n"
+        "  --min-samples N     fewest timed round trips per size (default 200)\n"
+        "  --sample-bytes B    one-stream round trips per size = B / size, clamped (64M)\n"
+        "  --duration MS       timed part of each parallel cell (default 200)\n"
+        "  --warmup MS         untimed warm-up of each parallel cell (default 30)\n"
+        "  --max-inflight B    cap on streams x size per batch; larger counts are reduced\n"
+        "                      (default 64M)\n"
+        "  --buffer B          shmipc buffer capacity (default 512M)\n"
+        "  --slices SPEC       shmipc slice classes (default " DEFAULT_SLICES ")\n"
+        "  --queue N           shmipc queue capacity (default 8192)\n"
+        "  --no-pin            do not pin the client and server to CPUs\n"
+        "  --no-warmup         skip the untimed pass over every slice of a new session\n"
+        "  --timeout MS        longest wait of the client for an echo (default 30000)\n"
+        "  --quick             a short run (about 30 s) for smoke tests\n"
+        "  --json FILE         JSON results (default bench-ipc.json)\n"
+        "  --md FILE           markdown tables (default bench-ipc.md)\n"
+        "  --connect ADDR      only the client, against an external echo server\n"
+        "                      (shmipc transports only; ADDR as in shmipc.h, unix:/path)\n"
+        "  --serve ADDR        only the echo server (shmipc listener), until killed\n"
+        "  --sessions N        with --serve: exit after N sessions have ended\n");
+}
+
+/* Parses "64", "4K", "4KiB", "1M", "1MiB", "64B" (K and M are binary). */
+static int parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || end == s)
+        return -1;
+    uint64_t mult = 1;
+    if (*end == 'k' || *end == 'K')
+        mult = 1024, end++;
+    else if (*end == 'm' || *end == 'M')
+        mult = 1024 * 1024, end++;
+    else if (*end == 'g' || *end == 'G')
+        mult = 1024ull * 1024 * 1024, end++;
+    if (mult > 1 && strcmp(end, "iB") == 0)
+        end += 2;
+    else if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end != '\0' || v > UINT64_MAX / mult)
+        return -1;
+    *out = v * mult;
+    return 0;
+}
+
+/* Splits a comma-separated list and calls `each` on every item; -1 on the first failure. */
+static int parse_list(const char *list, int (*each)(const char *, void *), void *arg)
+{
+    char buf[512];
+    if (strlen(list) >= sizeof buf)
+        return -1;
+    strcpy(buf, list);
+    char *save = NULL;
+    int n = 0;
+    for (char *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        if (each(tok, arg) < 0)
+            return -1;
+        n++;
+    }
+    return n > 0 ? 0 : -1;
+}
+
+static int add_size(const char *tok, void *arg)
+{
+    struct opts *o = arg;
+    uint64_t v;
+    if (parse_bytes(tok, &v) < 0 || v == 0 || v > MAX_SIZE || o->nsizes == MAX_SIZES) {
+        fprintf(stderr, "shmipc-bench: --sizes: bad size '%s' (1 B .. 64 MiB, at most %d)\n", tok,
+                MAX_SIZES);
+        return -1;
+    }
+    o->sizes[o->nsizes++] = (size_t)v;
+    return 0;
+}
+
+static int add_count(const char *tok, void *arg)
+{
+    struct opts *o = arg;
+    char *end;
+    long v = strtol(tok, &end, 10);
+    if (*end != '\0' || v < 1 || v > 100000 || o->ncounts == MAX_COUNTS) {
+        fprintf(stderr, "shmipc-bench: --streams: bad count '%s' (1..100000, at most %d)\n", tok,
+                MAX_COUNTS);
+        return -1;
+    }
+    o->counts[o->ncounts++] = (int)v;
+    return 0;
+}
+
+static int add_transport(const char *tok, void *arg)
+{
+    struct opts *o = arg;
+    int t = -1;
+    if (strcmp(tok, "v3") == 0 || strcmp(tok, "shmipc-v3") == 0)
+        t = T_V3;
+    else if (strcmp(tok, "v2") == 0 || strcmp(tok, "shmipc-v2") == 0)
+        t = T_V2;
+    else if (strcmp(tok, "uds") == 0 || strcmp(tok, "unix") == 0)
+        t = T_UDS;
+    else if (strcmp(tok, "tcp") == 0)
+        t = T_TCP;
+    for (int i = 0; t >= 0 && i < o->ntransports; i++)
+        if (o->transports[i] == t)
+            t = -1;
+    if (t < 0) {
+        fprintf(stderr, "shmipc-bench: --transports: bad or repeated '%s' (v3,v2,uds,tcp)\n", tok);
+        return -1;
+    }
+    o->transports[o->ntransports++] = t;
+    return 0;
+}
+
+static int parse_int(const char *name, const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "shmipc-bench: %s: '%s' is not in %ld..%ld\n", name, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_size_opt(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (parse_bytes(s, out) < 0 || *out < lo || *out > hi) {
+        fprintf(stderr, "shmipc-bench: %s: bad size '%s'\n", name, s);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_opts(int argc, char **argv, struct opts *o)
+{
+    int quick_seen = 0, samples = -1, min_samples = -1, duration = -1, warmup = -1;
+    uint64_t sample_bytes = 0, buffer = 0, max_inflight = 0;
+    memset(o, 0, sizeof *o);
+    o->rounds = 3;
+    o->queue = DEFAULT_QUEUE;
+    o->pin = 1;
+    o->warm = 1;
+    o->json_path = "bench-ipc.json";
+    o->md_path = "bench-ipc.md";
+    snprintf(o->slices, sizeof o->slices, "%s", DEFAULT_SLICES);
+    size_t used = 0;
+    for (int i = 0; i < argc; i++) {
+        int n = snprintf(o->command + used, sizeof o->command - used, "%s%s", i ? " " : "",
+                         i == 0 ? "shmipc-bench" : argv[i]);
+        if (n < 0 || (size_t)n >= sizeof o->command - used)
+            break;
+        used += (size_t)n;
+    }
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1, rc = 0;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        } else if (strcmp(a, "--quick") == 0) {
+            quick_seen = 1;
+            takes = 0;
+        } else if (strcmp(a, "--no-pin") == 0) {
+            o->pin = 0;
+            takes = 0;
+        } else if (strcmp(a, "--no-warmup") == 0) {
+            o->warm = 0;
+            takes = 0;
+        } else if (v == NULL) {
+            fprintf(stderr, "shmipc-bench: %s needs a value (see --help)\n", a);
+            return -1;
+        } else if (strcmp(a, "--sizes") == 0) {
+            o->nsizes = 0;
+            rc = parse_list(v, add_size, o);
+        } else if (strcmp(a, "--streams") == 0) {
+            o->ncounts = 0;
+            rc = parse_list(v, add_count, o);
+        } else if (strcmp(a, "--transports") == 0) {
+            o->ntransports = 0;
+            rc = parse_list(v, add_transport, o);
+        } else if (strcmp(a, "--timeout") == 0) {
+            rc = parse_int(a, v, 1, 3600000, &io_timeout_ms);
+        } else if (strcmp(a, "--rounds") == 0) {
+            rc = parse_int(a, v, 1, MAX_ROUNDS, &o->rounds);
+        } else if (strcmp(a, "--samples") == 0) {
+            rc = parse_int(a, v, 1, 10000000, &samples);
+        } else if (strcmp(a, "--min-samples") == 0) {
+            rc = parse_int(a, v, 1, 10000000, &min_samples);
+        } else if (strcmp(a, "--sample-bytes") == 0) {
+            rc = parse_size_opt(a, v, 1, UINT64_MAX / 2, &sample_bytes);
+        } else if (strcmp(a, "--duration") == 0) {
+            rc = parse_int(a, v, 1, 3600000, &duration);
+        } else if (strcmp(a, "--warmup") == 0) {
+            rc = parse_int(a, v, 0, 3600000, &warmup);
+        } else if (strcmp(a, "--max-inflight") == 0) {
+            rc = parse_size_opt(a, v, 1, UINT64_MAX / 2, &max_inflight);
+        } else if (strcmp(a, "--buffer") == 0) {
+            rc = parse_size_opt(a, v, SHMIPC_MIN_BUFFER_CAPACITY, UINT32_MAX, &buffer);
+        } else if (strcmp(a, "--slices") == 0) {
+            if (strlen(v) >= sizeof o->slices)
+                rc = -1;
+            else
+                snprintf(o->slices, sizeof o->slices, "%s", v);
+        } else if (strcmp(a, "--queue") == 0) {
+            int q;
+            rc = parse_int(a, v, 1, (long)SHMIPC_MAX_QUEUE_CAPACITY, &q);
+            o->queue = (uint32_t)q;
+        } else if (strcmp(a, "--json") == 0) {
+            o->json_path = v;
+        } else if (strcmp(a, "--md") == 0) {
+            o->md_path = v;
+        } else if (strcmp(a, "--connect") == 0) {
+            o->connect_addr = v;
+        } else if (strcmp(a, "--serve") == 0) {
+            o->serve_addr = v;
+        } else if (strcmp(a, "--sessions") == 0) {
+            rc = parse_int(a, v, 1, 1000000000, &o->serve_sessions);
+        } else {
+            fprintf(stderr, "shmipc-bench: unknown option %s (see --help)\n", a);
+            return -1;
+        }
+        if (rc < 0)
+            return -1;
+        i += takes;
+    }
+    if (o->nsizes == 0 && parse_list(DEFAULT_SIZES, add_size, o) < 0)
+        return -1;
+    if (o->ncounts == 0 && parse_list(DEFAULT_STREAMS, add_count, o) < 0)
+        return -1;
+    if (o->ntransports == 0) {
+        for (int t = 0; t < T_COUNT; t++)
+            if (!o->connect_addr || is_shmipc(t))
+                o->transports[o->ntransports++] = t;
+    }
+    if (o->connect_addr && o->serve_addr) {
+        fprintf(stderr, "shmipc-bench: --connect and --serve exclude each other\n");
+        return -1;
+    }
+    for (int i = 0; o->connect_addr && i < o->ntransports; i++) {
+        if (!is_shmipc(o->transports[i])) {
+            fprintf(stderr, "shmipc-bench: --connect runs the shmipc transports only (v3,v2)\n");
+            return -1;
+        }
+    }
+    o->quick = quick_seen;
+    o->samples_max = quick_seen ? 500 : 5000;
+    o->samples_min = quick_seen ? 30 : 200;
+    o->sample_bytes = quick_seen ? (4ull << 20) : (64ull << 20);
+    o->duration_ms = quick_seen ? 20 : 200;
+    o->warmup_ms = quick_seen ? 5 : 30;
+    if (samples > 0)
+        o->samples_max = samples;
+    if (min_samples > 0)
+        o->samples_min = min_samples;
+    if (o->samples_min > o->samples_max)
+        o->samples_min = o->samples_max;
+    if (sample_bytes > 0)
+        o->sample_bytes = sample_bytes;
+    if (duration > 0)
+        o->duration_ms = duration;
+    if (warmup >= 0)
+        o->warmup_ms = warmup;
+    /* A quick run warms a smaller buffer up; it carries less in flight to fit. */
+    o->buffer = buffer ? buffer : quick_seen ? DEFAULT_BUFFER / 8 : DEFAULT_BUFFER;
+    o->max_inflight = max_inflight ? max_inflight : quick_seen ? (4ull << 20) : (64ull << 20);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Small helpers                                                                        */
+/* ------------------------------------------------------------------------------------ */
+
+static volatile sig_atomic_t interrupted;
+static pid_t server_pid = -1;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static const char *errname(int rc)
+{
+    const char *n = shmipc_errname(rc);
+    return n != NULL ? n : "unknown code";
+}
+
+/* Reports a failed shmipc call with its error name and detail; returns -1. */
+static int shm_fail(const char *what, int rc)
+{
+    fprintf(stderr, "shmipc-bench: %s: %s (%s, %d)\n", what, shmipc_error_detail(), errname(rc),
+            rc);
+    return -1;
+}
+
+/* Reports a failed system call with errno; returns -1. */
+static int sys_fail(const char *what)
+{
+    int err = errno;
+    fprintf(stderr, "shmipc-bench: %s: %s\n", what,
+            err == EAGAIN ? "timed out waiting for the peer" : strerror(err));
+    return -1;
+}
+
+static void put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static uint32_t get_be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static size_t min_size(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+/*
+ * The sum of the bytes. It ignores positions, so it is the same however the echo was cut
+ * into chunks. Eight bytes at a time: the words are split into four 16-bit lanes that can
+ * take 128 words of two bytes each before they could carry.
+ */
+static uint64_t byte_sum(const uint8_t *p, size_t n)
+{
+    const uint64_t lo = 0x00ff00ff00ff00ffull;
+    uint64_t total = 0;
+    while (n >= 8) {
+        size_t words = n / 8 > 128 ? 128 : n / 8;
+        uint64_t acc = 0;
+        for (size_t i = 0; i < words; i++) {
+            uint64_t w;
+            memcpy(&w, p + 8 * i, 8);
+            acc += (w & lo) + ((w >> 8) & lo);
+        }
+        total += (acc & 0xffff) + ((acc >> 16) & 0xffff) + ((acc >> 32) & 0xffff) + (acc >> 48);
+        p += 8 * words;
+        n -= 8 * words;
+    }
+    while (n-- > 0)
+        total += *p++;
+    return total;
+}
+
+/* The bytes messages are copied from, and the sum of every message each size can carry. */
+static uint8_t *pattern;
+static uint64_t expected_sum[MAX_SIZES][PATTERN_SLACK];
+
+/* `max` is the largest message beside --sizes: the session warm-up's. */
+static int pattern_init(const struct opts *o, size_t max)
+{
+    for (int i = 0; i < o->nsizes; i++)
+        if (o->sizes[i] > max)
+            max = o->sizes[i];
+    if ((pattern = malloc(max + PATTERN_SLACK)) == NULL)
+        return sys_fail("pattern: malloc");
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < max + PATTERN_SLACK; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        pattern[i] = (uint8_t)x;
+    }
+    for (int i = 0; i < o->nsizes; i++)
+        for (unsigned k = 0; k < PATTERN_SLACK; k++)
+            expected_sum[i][k] = byte_sum(pattern + k, o->sizes[i]);
+    return 0;
+}
+
+static void fmt_size(char *buf, size_t cap, uint64_t v)
+{
+    if (v >= (1u << 20) && v % (1u << 20) == 0)
+        snprintf(buf, cap, "%" PRIu64 " MiB", v >> 20);
+    else if (v >= 1024 && v % 1024 == 0)
+        snprintf(buf, cap, "%" PRIu64 " KiB", v >> 10);
+    else
+        snprintf(buf, cap, "%" PRIu64 " B", v);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Environment and pinning                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+struct env {
+    char kernel[400];
+    char cpu_model[256];
+    long cpus;
+    int pinned, client_cpu, server_cpu;
+    char pinning[200];
+    char load_start[64], load_end[64]; /* /proc/loadavg: how busy the machine was */
+};
+
+static void read_loadavg(char *buf, size_t cap)
+{
+    FILE *f = fopen("/proc/loadavg", "r");
+    snprintf(buf, cap, "unknown");
+    if (f == NULL)
+        return;
+    double a, b, c;
+    if (fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3)
+        snprintf(buf, cap, "%.2f %.2f %.2f", a, b, c);
+    fclose(f);
+}
+
+static void env_probe(struct env *e, int want_pin)
+{
+    struct utsname u;
+    memset(e, 0, sizeof *e);
+    if (uname(&u) == 0)
+        snprintf(e->kernel, sizeof e->kernel, "%s %s %s %s", u.sysname, u.release, u.version,
+                 u.machine);
+    snprintf(e->cpu_model, sizeof e->cpu_model, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f != NULL) {
+        char line[512];
+        while (fgets(line, sizeof line, f) != NULL) {
+            char *colon = strchr(line, ':');
+            if (strncmp(line, "model name", 10) == 0 && colon != NULL) {
+                colon += 1 + (colon[1] == ' ');
+                colon[strcspn(colon, "\n")] = '\0';
+                snprintf(e->cpu_model, sizeof e->cpu_model, "%s", colon);
+                break;
+            }
+        }
+        fclose(f);
+    }
+    e->cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    read_loadavg(e->load_start, sizeof e->load_start);
+    cpu_set_t set;
+    int found = 0;
+    if (want_pin && sched_getaffinity(0, sizeof set, &set) == 0) {
+        for (int c = 0; c < CPU_SETSIZE && found < 2; c++) {
+            if (!CPU_ISSET(c, &set))
+                continue;
+            if (found++ == 0)
+                e->client_cpu = c;
+            else
+                e->server_cpu = c;
+        }
+    }
+    e->pinned = found >= 2;
+}
+
+static int pin_to(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+        return sys_fail("sched_setaffinity");
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* shmipc configuration                                                                 */
+/* ------------------------------------------------------------------------------------ */
+
+static int make_config(const struct opts *o, int memmap, shmipc_config **out)
+{
+    shmipc_config *cfg = NULL;
+    char prefix[64];
+    int rc;
+    /* One prefix per run: a run's leftovers in /dev/shm are easy to find and remove. */
+    snprintf(prefix, sizeof prefix, "/dev/shm/shmipc-bench-%ld", (long)getpid());
+    if ((rc = shmipc_config_new(&cfg)) < 0)
+        return shm_fail("config_new", rc);
+    if ((rc = shmipc_config_set_memmap_type(cfg, memmap)) < 0) {
+        shm_fail("config: memmap type", rc);
+        goto err;
+    }
+    if ((rc = shmipc_config_set_path_prefix(cfg, prefix)) < 0) {
+        shm_fail("config: path prefix", rc);
+        goto err;
+    }
+    /* The capacity first, so that large slice classes find room when they are checked. */
+    if ((rc = shmipc_config_set_buffer_capacity(cfg, o->buffer)) < 0) {
+        shm_fail("config: --buffer", rc);
+        goto err;
+    }
+    if ((rc = shmipc_config_parse_slice_classes(cfg, o->slices)) < 0) {
+        shm_fail("config: --slices", rc);
+        goto err;
+    }
+    if ((rc = shmipc_config_set_queue_capacity(cfg, o->queue)) < 0) {
+        shm_fail("config: --queue", rc);
+        goto err;
+    }
+    /* A hung peer ends the run with an error instead of hanging it. */
+    if ((rc = shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, (uint32_t)io_timeout_ms)) <
+        0) {
+        shm_fail("config: read timeout", rc);
+        goto err;
+    }
+    /* The client lays out a large buffer during the handshake: give it more than 1 s. */
+    if ((rc = shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS)) < 0) {
+        shm_fail("config: initialize timeout", rc);
+        goto err;
+    }
+    if ((rc = shmipc_config_validate(cfg)) < 0) {
+        shm_fail("config", rc);
+        goto err;
+    }
+    *out = cfg;
+    return 0;
+err:
+    shmipc_config_free(cfg);
+    return -1;
+}
+
+/* The largest slice class: the largest window reserve can hand out in shared memory. */
+static int largest_slice(const shmipc_config *cfg, uint32_t *out)
+{
+    shmipc_slice_class c[SHMIPC_MAX_SLICE_CLASSES];
+    int n = shmipc_config_get_slice_classes(cfg, c, SHMIPC_MAX_SLICE_CLASSES);
+    if (n <= 0)
+        return shm_fail("config: slice classes", n < 0 ? n : SHMIPC_EINVAL);
+    *out = c[n - 1].size;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The echo server                                                                      */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * One thread serves everything: the shmipc listener and its sessions (each session's
+ * streams multiplexed over one descriptor), and the unix and TCP echo connections, all in
+ * one poll() set.
+ */
+struct sstream {
+    shmipc_stream *st;
+    uint8_t hdr[HDR];
+    uint32_t hdr_got; /* bytes of the current message's length read so far */
+    uint64_t left;    /* payload bytes of the current message still to echo */
+    uint64_t last_ns; /* when it last had data */
+};
+
+/* How sstream_serve() decides to read a stream. */
+enum probe {
+    PROBE_NONE,  /* only when bytes are available */
+    PROBE_ALL,   /* once anyway: finds streams the peer closed */
+    PROBE_STALE, /* once anyway when the stream has been quiet for STALE_NS */
+};
+/* A stream quiet this long is probed for a close that came among other events. */
+#define STALE_NS (50ull * 1000000u)
+
+struct ssession {
+    shmipc_session *s;
+    struct sstream *streams;
+    int n, cap;
+};
+
+struct sconn {
+    int fd;
+    uint8_t *buf;
+    size_t cap, have; /* bytes read and not yet echoed */
+    size_t msg;       /* length of the message being written back, 0 while reading */
+    size_t sent;
+};
+
+struct server {
+    shmipc_listener *l;
+    int uds_fd, tcp_fd, ctl_fd;
+    struct ssession *sess;
+    int nsess, sess_cap;
+    struct sconn *conns;
+    int nconns, conns_cap;
+    int sessions_done, sessions_limit;
+};
+
+static volatile sig_atomic_t server_stop;
+
+static void server_on_signal(int sig)
+{
+    (void)sig;
+    server_stop = 1;
+}
+
+static int grow(void **arr, int *cap, int need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    int n = *cap ? *cap * 2 : 16;
+    while (n < need)
+        n *= 2;
+    void *p = realloc(*arr, (size_t)n * elem);
+    if (p == NULL)
+        return -1;
+    *arr = p;
+    *cap = n;
+    return 0;
+}
+
+static void sstream_close(struct ssession *ss, int i)
+{
+    shmipc_stream_close(ss->streams[i].st);
+    ss->streams[i] = ss->streams[--ss->n];
+}
+
+static void ssession_end(struct server *sv, int i)
+{
+    struct ssession *ss = &sv->sess[i];
+    while (ss->n > 0)
+        sstream_close(ss, ss->n - 1);
+    free(ss->streams);
+    shmipc_session_close(ss->s);
+    sv->sess[i] = sv->sess[--sv->nsess];
+    sv->sessions_done++;
+}
+
+/*
+ * Echoes what one stream has received: the length goes into the reply when it is complete,
+ * every payload chunk is copied into the reply as it is read, and the reply is flushed when
+ * its message is complete. Reads stop at message ends, so a pipelining client works too.
+ *
+ * Only streams with bytes available are read: a non-blocking read of an empty stream makes
+ * the library try the socket (a recv() system call). `probe` reads once anyway, which is
+ * how a stream the peer has closed is seen (EEOF), without a system call.
+ *
+ * Returns the number of chunks read, or -1 when the stream is done (closed or failed).
+ */
+static int sstream_serve(struct sstream *x, int probe, uint64_t now)
+{
+    int chunks = 0;
+    if (probe == PROBE_STALE)
+        probe = now - x->last_ns >= STALE_NS;
+    for (;;) {
+        if (!probe && shmipc_stream_available(x->st) == 0)
+            break;
+        probe = 0;
+        const void *p;
+        size_t n, max = x->hdr_got < HDR ? HDR - x->hdr_got : (size_t)x->left;
+        int rc = shmipc_stream_read_chunk(x->st, max, &p, &n, SHMIPC_NONBLOCK);
+        if (rc == SHMIPC_EAGAIN)
+            break;
+        if (rc == SHMIPC_EEOF)
+            return -1;
+        if (rc < 0) {
+            shm_fail("server: read", rc);
+            return -1;
+        }
+        chunks++;
+        if (x->hdr_got < HDR) {
+            memcpy(x->hdr + x->hdr_got, p, n);
+            x->hdr_got += (uint32_t)n;
+            if (x->hdr_got == HDR) {
+                x->left = get_be32(x->hdr);
+                rc = shmipc_stream_write(x->st, x->hdr, HDR);
+            }
+        } else {
+            rc = shmipc_stream_write(x->st, p, n);
+            x->left -= n;
+        }
+        if (rc < 0) {
+            shm_fail("server: write", rc);
+            return -1;
+        }
+        if ((rc = shmipc_stream_release(x->st)) < 0) {
+            shm_fail("server: release", rc);
+            return -1;
+        }
+        if (x->hdr_got == HDR && x->left == 0) {
+            x->hdr_got = 0;
+            if ((rc = shmipc_stream_flush(x->st)) < 0) {
+                if (rc != SHMIPC_EEOF)
+                    shm_fail("server: flush", rc);
+                return -1;
+            }
+        }
+    }
+    if (chunks > 0)
+        x->last_ns = now;
+    return chunks;
+}
+
+/* Serves every stream of a session, reading empty ones as `probe` (enum probe) says. */
+static int ssession_serve_all(struct ssession *ss, int probe, uint64_t now)
+{
+    int total = 0;
+    for (int i = ss->n - 1; i >= 0; i--) {
+        int rc = sstream_serve(&ss->streams[i], probe, now);
+        if (rc < 0)
+            sstream_close(ss, i);
+        else
+            total += rc;
+    }
+    return total;
+}
+
+/*
+ * Takes the new streams and echoes what every stream has, reading empty streams as `probe`
+ * says. The library reads the socket not only in process() but also inside a non-blocking
+ * accept or read that finds nothing, and whatever that delivers (new streams, data) raises
+ * no further poll() event: so every such call is followed by another accept and serve.
+ * Returns the chunks served, or -1 when the session ended.
+ */
+static int ssession_pump(struct ssession *ss, uint64_t now, int probe)
+{
+    int served = 0;
+    for (;;) {
+        shmipc_stream *st;
+        int rc;
+        /* The accept that finds no stream reads the socket once more (recv). */
+        while ((rc = shmipc_session_accept_stream(ss->s, 0, &st)) == 0) {
+            if (grow((void **)&ss->streams, &ss->cap, ss->n + 1, sizeof *ss->streams) < 0) {
+                shmipc_stream_close(st);
+                fprintf(stderr, "shmipc-bench: server: out of memory\n");
+                return -1;
+            }
+            ss->streams[ss->n++] = (struct sstream){.st = st, .last_ns = now};
+        }
+        if (rc != SHMIPC_EAGAIN) {
+            if (rc != SHMIPC_ECONNRESET && rc != SHMIPC_ECLOSED)
+                shm_fail("server: accept stream", rc);
+            return -1;
+        }
+        served += ssession_serve_all(ss, PROBE_NONE, now);
+        if (probe == PROBE_NONE)
+            return served;
+        /* Probing reads may read the socket: go round once more for what they delivered. */
+        served += ssession_serve_all(ss, probe, now);
+        probe = PROBE_NONE;
+    }
+}
+
+/* The session's descriptor fired: process, take new streams, echo. -1 when it ended. */
+static int ssession_ready(struct ssession *ss, uint64_t now)
+{
+    int rc = shmipc_session_process(ss->s);
+    if (rc < 0) {
+        if (rc != SHMIPC_ECONNRESET && rc != SHMIPC_ECLOSED)
+            shm_fail("server: session", rc);
+        return -1;
+    }
+    if (rc == 0)
+        return 0;
+    if ((rc = ssession_pump(ss, now, PROBE_NONE)) != 0)
+        return rc < 0 ? -1 : 0;
+    /* Events but no data: streams were closed (or opened empty); probing finds the closed. */
+    return ssession_pump(ss, now, PROBE_ALL) < 0 ? -1 : 0;
+}
+
+static void sconn_close(struct server *sv, int i)
+{
+    close(sv->conns[i].fd);
+    free(sv->conns[i].buf);
+    sv->conns[i] = sv->conns[--sv->nconns];
+}
+
+/* Writes back what can be written; 1 while more remains, 0 when done, -1 on failure. */
+static int sconn_flush(struct sconn *c)
+{
+    while (c->sent < c->msg) {
+        ssize_t w = write(c->fd, c->buf + c->sent, c->msg - c->sent);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN)
+                return 1;
+            return -1;
+        }
+        c->sent += (size_t)w;
+    }
+    /* A pipelining client may have sent part of the next message already: keep it. */
+    memmove(c->buf, c->buf + c->msg, c->have - c->msg);
+    c->have -= c->msg;
+    c->msg = c->sent = 0;
+    return 0;
+}
+
+/* Starts echoing when a whole message is in the buffer; grows the buffer for a large one. */
+static int sconn_check(struct sconn *c)
+{
+    while (c->msg == 0 && c->have >= HDR) {
+        size_t need = HDR + get_be32(c->buf);
+        if (need > c->cap) {
+            void *p = realloc(c->buf, need);
+            if (p == NULL)
+                return -1;
+            c->buf = p;
+            c->cap = need;
+        }
+        if (c->have < need)
+            return 0;
+        c->msg = need;
+        c->sent = 0;
+        int rc = sconn_flush(c);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The connection fired: read (until a short read) or write back. -1 when it is done. */
+static int sconn_ready(struct sconn *c, short revents)
+{
+    if (c->msg > 0) {
+        if (!(revents & (POLLOUT | POLLERR | POLLHUP)))
+            return 0;
+        int rc = sconn_flush(c);
+        return rc < 0 ? -1 : sconn_check(c) < 0 ? -1 : 0;
+    }
+    for (;;) {
+        size_t room = c->cap - c->have;
+        ssize_t r = read(c->fd, c->buf + c->have, room);
+        if (r == 0)
+            return -1;
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN ? 0 : -1;
+        }
+        c->have += (size_t)r;
+        size_t before = c->have;
+        if (sconn_check(c) < 0)
+            return -1;
+        /*
+         * Read on only while a message is incomplete and the read filled the buffer: a short
+         * read drained the socket, and poll() says when more comes.
+         */
+        if ((size_t)r < room || c->msg > 0 || c->have != before)
+            return 0;
+    }
+}
+
+static void accept_conns(struct server *sv, int lfd, int tcp)
+{
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                sys_fail("server: accept");
+            return;
+        }
+        int one = 1;
+        if (tcp && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
+            sys_fail("server: TCP_NODELAY");
+        uint8_t *buf = malloc(64 * 1024 + HDR);
+        if (buf == NULL ||
+            grow((void **)&sv->conns, &sv->conns_cap, sv->nconns + 1, sizeof *sv->conns) < 0) {
+            free(buf);
+            close(fd);
+            fprintf(stderr, "shmipc-bench: server: out of memory\n");
+            return;
+        }
+        sv->conns[sv->nconns++] = (struct sconn){.fd = fd, .buf = buf, .cap = 64 * 1024 + HDR};
+    }
+}
+
+static void accept_sessions(struct server *sv)
+{
+    for (;;) {
+        shmipc_session *s;
+        int rc = shmipc_listener_accept(sv->l, 0, &s);
+        if (rc == SHMIPC_EAGAIN)
+            return;
+        if (rc < 0) {
+            shm_fail("server: accept session", rc);
+            return;
+        }
+        if (grow((void **)&sv->sess, &sv->sess_cap, sv->nsess + 1, sizeof *sv->sess) < 0) {
+            shmipc_session_close(s);
+            fprintf(stderr, "shmipc-bench: server: out of memory\n");
+            return;
+        }
+        sv->sess[sv->nsess++] = (struct ssession){.s = s};
+    }
+}
+
+static int server_loop(struct server *sv)
+{
+    struct pollfd *pfd = NULL;
+    int pcap = 0, status = 0;
+    uint64_t last_sweep = now_ns();
+    while (!server_stop) {
+        if (sv->sessions_limit > 0 && sv->sessions_done >= sv->sessions_limit)
+            break;
+        if (grow((void **)&pfd, &pcap, 4 + sv->nsess + sv->nconns, sizeof *pfd) < 0) {
+            fprintf(stderr, "shmipc-bench: server: out of memory\n");
+            status = -1;
+            break;
+        }
+        int k = 0, i_ctl = -1, i_l = -1, i_uds = -1, i_tcp = -1;
+        if (sv->ctl_fd >= 0)
+            i_ctl = k, pfd[k++] = (struct pollfd){.fd = sv->ctl_fd, .events = POLLIN};
+        if (sv->l != NULL)
+            i_l = k,
+            pfd[k++] = (struct pollfd){.fd = shmipc_listener_fileno(sv->l), .events = POLLIN};
+        if (sv->uds_fd >= 0)
+            i_uds = k, pfd[k++] = (struct pollfd){.fd = sv->uds_fd, .events = POLLIN};
+        if (sv->tcp_fd >= 0)
+            i_tcp = k, pfd[k++] = (struct pollfd){.fd = sv->tcp_fd, .events = POLLIN};
+        int s0 = k, ns = sv->nsess;
+        for (int i = 0; i < ns; i++)
+            pfd[k++] =
+                (struct pollfd){.fd = shmipc_session_fileno(sv->sess[i].s), .events = POLLIN};
+        int c0 = k, nc = sv->nconns;
+        for (int i = 0; i < nc; i++)
+            pfd[k++] = (struct pollfd){.fd = sv->conns[i].fd,
+                                       .events = sv->conns[i].msg > 0 ? POLLOUT : POLLIN};
+        int rc = poll(pfd, (nfds_t)k, sv->nsess > 0 ? (int)(STALE_NS / 1000000u) : 1000);
+        if (rc < 0) {
+            if (errno == EINTR)
+                continue;
+            status = sys_fail("server: poll");
+            break;
+        }
+        uint64_t now = now_ns();
+        if (rc > 0 && i_ctl >= 0 && pfd[i_ctl].revents)
+            break; /* the benchmark closed its end: the run is over */
+        /* Backwards, so that removing entry i (swapping in the last) keeps i-1..0 in place. */
+        for (int i = rc > 0 ? ns - 1 : -1; i >= 0; i--)
+            if (pfd[s0 + i].revents && ssession_ready(&sv->sess[i], now) < 0)
+                ssession_end(sv, i);
+        for (int i = rc > 0 ? nc - 1 : -1; i >= 0; i--)
+            if (pfd[c0 + i].revents && sconn_ready(&sv->conns[i], pfd[c0 + i].revents) < 0)
+                sconn_close(sv, i);
+        if (rc > 0 && i_l >= 0 && pfd[i_l].revents)
+            accept_sessions(sv);
+        if (rc > 0 && i_uds >= 0 && pfd[i_uds].revents)
+            accept_conns(sv, sv->uds_fd, 0);
+        if (rc > 0 && i_tcp >= 0 && pfd[i_tcp].revents)
+            accept_conns(sv, sv->tcp_fd, 1);
+        if (now - last_sweep >= STALE_NS) {
+            /* Streams quiet for a while may have been closed among other events: look. */
+            for (int i = sv->nsess - 1; i >= 0; i--)
+                if (ssession_pump(&sv->sess[i], now, PROBE_STALE) < 0)
+                    ssession_end(sv, i);
+            last_sweep = now;
+        }
+    }
+    free(pfd);
+    while (sv->nsess > 0)
+        ssession_end(sv, sv->nsess - 1);
+    while (sv->nconns > 0)
+        sconn_close(sv, sv->nconns - 1);
+    return status;
+}
+
+static void server_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = server_on_signal; /* no SA_RESTART: poll() returns EINTR */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* --serve ADDR: only the shmipc echo server, until killed or --sessions have ended. */
+static int serve_main(const struct opts *o)
+{
+    struct env e;
+    shmipc_config *cfg = NULL;
+    struct server sv = {.uds_fd = -1, .tcp_fd = -1, .ctl_fd = -1};
+    int rc;
+    server_signals();
+    env_probe(&e, o->pin);
+    if (e.pinned && pin_to(e.server_cpu) < 0)
+        return 1;
+    if (make_config(o, SHMIPC_MEMMAP_MEMFD, &cfg) < 0)
+        return 1;
+    if ((rc = shmipc_listener_new(o->serve_addr, cfg, &sv.l)) < 0) {
+        shmipc_config_free(cfg);
+        return shm_fail("listen", rc) < 0 ? 1 : 0;
+    }
+    sv.sessions_limit = o->serve_sessions;
+    printf("shmipc-bench: echo server (shmipc %s) listening on %s, V2 and V3; %s\n",
+           shmipc_version_string(), o->serve_addr,
+           e.pinned ? "pinned to the second allowed CPU" : "not pinned");
+    if (e.pinned)
+        printf("shmipc-bench: server on CPU %d; pin the client elsewhere (taskset -c %d)\n",
+               e.server_cpu, e.client_cpu);
+    fflush(stdout);
+    rc = server_loop(&sv);
+    shmipc_listener_close(sv.l);
+    shmipc_config_free(cfg);
+    printf("shmipc-bench: served %d session(s)\n", sv.sessions_done);
+    return rc < 0 ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The local server process                                                             */
+/* ------------------------------------------------------------------------------------ */
+
+struct local {
+    char dir[64];
+    char shm_addr[128];
+    char uds_path[96]; /* fits sockaddr_un.sun_path */
+    uint16_t tcp_port;
+    int ctl_fd;
+};
+
+static int listen_unix(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return sys_fail("unix socket");
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, SOMAXCONN) != 0) {
+        sys_fail(path);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int listen_tcp(uint16_t *port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int one = 1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return sys_fail("tcp socket");
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, SOMAXCONN) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        sys_fail("tcp 127.0.0.1");
+        close(fd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static void server_child(const struct opts *o, const struct env *e, const struct local *lc, int ctl,
+                         int uds_fd, int tcp_fd, pid_t parent)
+{
+    struct server sv = {.uds_fd = uds_fd, .tcp_fd = tcp_fd, .ctl_fd = ctl};
+    shmipc_config *cfg = NULL;
+    int rc, status = 1;
+    server_signals();
+    /* The server must not outlive the benchmark, whatever ends it. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)
+        _exit(1);
+    if (e->pinned && pin_to(e->server_cpu) < 0)
+        _exit(1);
+    fcntl(uds_fd, F_SETFL, O_NONBLOCK);
+    fcntl(tcp_fd, F_SETFL, O_NONBLOCK);
+    if (make_config(o, SHMIPC_MEMMAP_MEMFD, &cfg) < 0)
+        _exit(1);
+    if ((rc = shmipc_listener_new(lc->shm_addr, cfg, &sv.l)) < 0) {
+        shm_fail("server: listen", rc);
+        _exit(1);
+    }
+    if (write(ctl, "R", 1) == 1 && server_loop(&sv) == 0)
+        status = 0;
+    shmipc_listener_close(sv.l);
+    shmipc_config_free(cfg);
+    close(uds_fd);
+    close(tcp_fd);
+    fflush(stderr);
+    _exit(status);
+}
+
+/* Forks the echo server, pinned to the second CPU, and waits until it listens. */
+static int server_start(const struct opts *o, const struct env *e, struct local *lc)
+{
+    int ctl[2], uds_fd = -1, tcp_fd = -1;
+    char ready;
+    snprintf(lc->dir, sizeof lc->dir, "/tmp/shmipc-bench-XXXXXX");
+    lc->ctl_fd = -1;
+    if (mkdtemp(lc->dir) == NULL) {
+        lc->dir[0] = '\0';
+        return sys_fail("mkdtemp /tmp/shmipc-bench-XXXXXX");
+    }
+    snprintf(lc->shm_addr, sizeof lc->shm_addr, "unix:%s/shmipc.sock", lc->dir);
+    snprintf(lc->uds_path, sizeof lc->uds_path, "%s/uds.sock", lc->dir);
+    if ((uds_fd = listen_unix(lc->uds_path)) < 0 || (tcp_fd = listen_tcp(&lc->tcp_port)) < 0)
+        goto err;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) != 0) {
+        sys_fail("socketpair");
+        goto err;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        sys_fail("fork");
+        close(ctl[0]);
+        close(ctl[1]);
+        goto err;
+    }
+    if (pid == 0) {
+        close(ctl[0]);
+        server_child(o, e, lc, ctl[1], uds_fd, tcp_fd, parent);
+    }
+    server_pid = pid;
+    close(ctl[1]);
+    close(uds_fd);
+    close(tcp_fd);
+    lc->ctl_fd = ctl[0];
+    struct pollfd p = {.fd = lc->ctl_fd, .events = POLLIN};
+    if (poll(&p, 1, 10000) != 1 || read(lc->ctl_fd, &ready, 1) != 1 || ready != 'R') {
+        fprintf(stderr, "shmipc-bench: the echo server did not start\n");
+        return -1;
+    }
+    return 0;
+err:
+    if (uds_fd >= 0)
+        close(uds_fd);
+    if (tcp_fd >= 0)
+        close(tcp_fd);
+    return -1;
+}
+
+/* Stops the server (closing the control socket tells it to) and reaps it; -1 if it failed. */
+static int server_stop_and_reap(struct local *lc)
+{
+    int status = 0, rc = 0;
+    if (lc->ctl_fd >= 0)
+        close(lc->ctl_fd);
+    lc->ctl_fd = -1;
+    if (server_pid > 0) {
+        uint64_t deadline = now_ns() + 5000000000ull;
+        pid_t r;
+        while ((r = waitpid(server_pid, &status, WNOHANG)) == 0 && now_ns() < deadline) {
+            struct timespec ts = {0, 5000000};
+            nanosleep(&ts, NULL);
+        }
+        if (r == 0) {
+            fprintf(stderr, "shmipc-bench: the echo server did not stop; killing it\n");
+            kill(server_pid, SIGKILL);
+            waitpid(server_pid, &status, 0);
+            rc = -1;
+        } else if (r < 0) {
+            rc = sys_fail("waitpid");
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "shmipc-bench: the echo server failed (%s %d)\n",
+                    WIFEXITED(status) ? "exit status" : "signal",
+                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            rc = -1;
+        }
+        server_pid = -1;
+    }
+    if (lc->dir[0] != '\0') {
+        unlink(lc->uds_path);
+        /* The listener removes its socket file: one a clean exit left behind is a bug. */
+        if (unlink(lc->shm_addr + 5) == 0 && rc == 0)
+            fprintf(stderr, "shmipc-bench: note: %s was left behind by the listener\n",
+                    lc->shm_addr + 5);
+        if (rmdir(lc->dir) != 0)
+            sys_fail(lc->dir);
+        lc->dir[0] = '\0';
+    }
+    return rc;
+}
+
+/* Removes what this run left in /dev/shm, saying so: a clean run leaves nothing. */
+static int devshm_check(void)
+{
+    char prefix[64];
+    int left = 0;
+    snprintf(prefix, sizeof prefix, "shmipc-bench-%ld", (long)getpid());
+    DIR *d = opendir("/dev/shm");
+    if (d == NULL)
+        return 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "/dev/shm/%s", de->d_name);
+        fprintf(stderr, "shmipc-bench: left behind in /dev/shm, removing: %s\n", path);
+        unlink(path);
+        left++;
+    }
+    closedir(d);
+    return left;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The client                                                                           */
+/* ------------------------------------------------------------------------------------ */
+
+/* One transport's client side for one round: an shmipc session, or where to connect. */
+struct client {
+    int t;
+    shmipc_session *sess;
+    uint32_t window; /* largest reserve window: the largest slice class */
+    double connect_secs;
+    const char *uds_path;
+    uint16_t tcp_port;
+};
+
+/* One stream or connection. */
+struct chan {
+    shmipc_stream *st;
+    int fd;
+    uint8_t *buf; /* sockets: the message written, then the echo read */
+};
+
+static int client_open(struct client *c, int t, const char *shm_addr, shmipc_config *const cfg[2],
+                       const struct local *lc)
+{
+    memset(c, 0, sizeof *c);
+    c->t = t;
+    if (is_shmipc(t)) {
+        const shmipc_config *cf = cfg[t == T_V2];
+        uint64_t t0 = now_ns();
+        int rc = shmipc_session_connect(shm_addr, cf, &c->sess);
+        if (rc < 0)
+            return shm_fail(t == T_V2 ? "connect (V2)" : "connect (V3)", rc);
+        c->connect_secs = (double)(now_ns() - t0) / 1e9;
+        int want = t == T_V2 ? 2 : 3;
+        if (shmipc_session_version(c->sess) != want) {
+            fprintf(stderr, "shmipc-bench: %s: the session runs protocol V%d, not V%d\n",
+                    transport_name[t], shmipc_session_version(c->sess), want);
+            return -1;
+        }
+        return largest_slice(cf, &c->window);
+    }
+    c->uds_path = lc->uds_path;
+    c->tcp_port = lc->tcp_port;
+    return 0;
+}
+
+static void client_close(struct client *c)
+{
+    shmipc_session_close(c->sess);
+    c->sess = NULL;
+}
+
+static int sock_connect(const struct client *c)
+{
+    struct timeval tv = {io_timeout_ms / 1000, io_timeout_ms % 1000 * 1000};
+    int one = 1, fd;
+    if (c->t == T_UDS) {
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        snprintf(a.sun_path, sizeof a.sun_path, "%s", c->uds_path);
+        if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+            return sys_fail("unix socket");
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+            sys_fail(c->uds_path);
+            close(fd);
+            return -1;
+        }
+    } else {
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons(c->tcp_port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        if ((fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+            return sys_fail("tcp socket");
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
+            sys_fail("tcp 127.0.0.1");
+            close(fd);
+            return -1;
+        }
+    }
+    /* A hung server ends the run with an error instead of hanging it. */
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) {
+        sys_fail("socket timeouts");
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void chans_close(const struct client *c, struct chan *ch, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (is_shmipc(c->t))
+            shmipc_stream_close(ch[i].st);
+        else if (ch[i].fd >= 0)
+            close(ch[i].fd);
+        free(ch[i].buf);
+    }
+    free(ch);
+}
+
+/* Opens n streams (shmipc) or connections (sockets) for messages of `size` bytes. */
+static struct chan *chans_open(const struct client *c, int n, size_t size)
+{
+    struct chan *ch = calloc((size_t)n, sizeof *ch);
+    if (ch == NULL) {
+        fprintf(stderr, "shmipc-bench: out of memory\n");
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        ch[i].fd = -1;
+    for (int i = 0; i < n; i++) {
+        if (is_shmipc(c->t)) {
+            int rc = shmipc_session_open_stream(c->sess, &ch[i].st);
+            if (rc < 0) {
+                shm_fail("open stream", rc);
+                if (rc == SHMIPC_EUNHEALTHY)
+                    fprintf(stderr, "shmipc-bench: shared memory ran out and data went over the "
+                                    "socket: give a larger --buffer or a smaller --max-inflight\n");
+                chans_close(c, ch, i);
+                return NULL;
+            }
+        } else if ((ch[i].fd = sock_connect(c)) < 0 || (ch[i].buf = malloc(HDR + size)) == NULL) {
+            if (ch[i].fd >= 0)
+                fprintf(stderr, "shmipc-bench: out of memory\n");
+            chans_close(c, ch, i + 1);
+            return NULL;
+        }
+    }
+    return ch;
+}
+
+/*
+ * Sends message `seq` of `size` bytes. shmipc: the length and the payload are written
+ * straight into shared memory through reserve/commit, in windows no larger than a slice,
+ * then flushed. Sockets: the same bytes are written into the connection's buffer, then
+ * write().
+ */
+static int chan_send(const struct client *c, struct chan *ch, size_t size, uint64_t seq)
+{
+    const uint8_t *src = pattern + seq % PATTERN_SLACK;
+    if (is_shmipc(c->t)) {
+        size_t done = 0, n = min_size(HDR + size, c->window);
+        void *p;
+        int rc = shmipc_stream_reserve(ch->st, n, &p);
+        if (rc < 0)
+            return shm_fail("reserve", rc);
+        put_be32(p, (uint32_t)size);
+        memcpy((uint8_t *)p + HDR, src, n - HDR);
+        if ((rc = shmipc_stream_commit(ch->st, n)) < 0)
+            return shm_fail("commit", rc);
+        done = n - HDR;
+        while (done < size) {
+            n = min_size(size - done, c->window);
+            if ((rc = shmipc_stream_reserve(ch->st, n, &p)) < 0)
+                return shm_fail("reserve", rc);
+            memcpy(p, src + done, n);
+            if ((rc = shmipc_stream_commit(ch->st, n)) < 0)
+                return shm_fail("commit", rc);
+            done += n;
+        }
+        if ((rc = shmipc_stream_flush(ch->st)) < 0)
+            return shm_fail("flush", rc);
+        return 0;
+    }
+    put_be32(ch->buf, (uint32_t)size);
+    memcpy(ch->buf + HDR, src, size);
+    const uint8_t *p = ch->buf;
+    size_t left = HDR + size;
+    while (left > 0) {
+        ssize_t w = write(ch->fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR && !interrupted)
+                continue;
+            return sys_fail("write");
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    return 0;
+}
+
+static int check_echo(const uint8_t *hdr, size_t size, uint64_t sum, uint64_t want)
+{
+    if (get_be32(hdr) != size) {
+        fprintf(stderr, "shmipc-bench: echo framing: length %" PRIu32 ", expected %zu\n",
+                get_be32(hdr), size);
+        return -1;
+    }
+    if (sum != want) {
+        fprintf(stderr,
+                "shmipc-bench: echo of %zu bytes is corrupt: sum %" PRIu64 ", expected %" PRIu64
+                "\n",
+                size, sum, want);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads the echo of message `seq`, summing every payload byte of every chunk read. */
+static int chan_recv(const struct client *c, struct chan *ch, size_t size, uint64_t want)
+{
+    size_t total = HDR + size, got = 0;
+    uint8_t hdr[HDR];
+    uint64_t sum = 0;
+    if (is_shmipc(c->t)) {
+        while (got < total) {
+            const void *p;
+            size_t n;
+            int rc = shmipc_stream_read_chunk(ch->st, total - got, &p, &n, 0);
+            if (rc < 0)
+                return shm_fail("read", rc);
+            const uint8_t *b = p;
+            while (got < HDR && n > 0) {
+                hdr[got++] = *b++;
+                n--;
+            }
+            sum += byte_sum(b, n);
+            got += n;
+        }
+        int rc = shmipc_stream_release(ch->st);
+        if (rc < 0)
+            return shm_fail("release", rc);
+        return check_echo(hdr, size, sum, want);
+    }
+    while (got < total) {
+        ssize_t r = read(ch->fd, ch->buf + got, total - got);
+        if (r < 0) {
+            if (errno == EINTR && !interrupted)
+                continue;
+            return sys_fail("read");
+        }
+        if (r == 0) {
+            fprintf(stderr, "shmipc-bench: read: the echo server closed the connection\n");
+            return -1;
+        }
+        size_t from = got < HDR ? HDR : got;
+        got += (size_t)r;
+        if (got > from)
+            sum += byte_sum(ch->buf + from, got - from);
+    }
+    return check_echo(ch->buf, size, sum, want);
+}
+
+/* `sums` holds the sum of a message of `size` bytes at each pattern offset. */
+static int round_trip(const struct client *c, struct chan *ch, size_t size, uint64_t seq,
+                      const uint64_t *sums)
+{
+    if (chan_send(c, ch, size, seq) < 0)
+        return -1;
+    return chan_recv(c, ch, size, sums[seq % PATTERN_SLACK]);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The two shapes                                                                       */
+/* ------------------------------------------------------------------------------------ */
+
+enum { P50, P90, P99, P999, PMAX, NPCT };
+static const char *const pct_key[NPCT] = {"p50", "p90", "p99", "p99_9", "max"};
+static const unsigned pct_permille[NPCT] = {500, 900, 990, 999, 1000};
+
+struct lat_cell {
+    double us[NPCT];
+    int samples;
+    int done;
+};
+
+struct par_cell {
+    double rtps, mibps, secs;
+    long batches;
+    int done;
+};
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int samples_for(const struct opts *o, size_t size)
+{
+    uint64_t n = o->sample_bytes / size;
+    if (n > (uint64_t)o->samples_max)
+        n = (uint64_t)o->samples_max;
+    if (n < (uint64_t)o->samples_min)
+        n = (uint64_t)o->samples_min;
+    return (int)n;
+}
+
+static int warmup_for(int samples)
+{
+    return samples / 10 > 20 ? samples / 10 : 20;
+}
+
+/* Shape (a): one stream, closed loop, every round trip timed. */
+static int run_latency(const struct opts *o, const struct client *c, int si, struct lat_cell *out)
+{
+    size_t size = o->sizes[si];
+    int samples = samples_for(o, size), warm = warmup_for(samples), rc = -1;
+    uint64_t *t = malloc((size_t)samples * sizeof *t), seq = 0;
+    struct chan *ch = t != NULL ? chans_open(c, 1, size) : NULL;
+    if (ch == NULL)
+        goto out;
+    for (int i = 0; i < warm; i++)
+        if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si]) < 0)
+            goto out;
+    for (int i = 0; i < samples; i++) {
+        uint64_t t0 = now_ns();
+        if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si]) < 0)
+            goto out;
+        t[i] = now_ns() - t0;
+    }
+    qsort(t, (size_t)samples, sizeof *t, cmp_u64);
+    for (int p = 0; p < NPCT; p++) {
+        size_t k = ((size_t)samples * pct_permille[p] + 999) / 1000;
+        out->us[p] = (double)t[(k ? k : 1) - 1] / 1000.0;
+    }
+    out->samples = samples;
+    out->done = 1;
+    rc = 0;
+out:
+    if (ch != NULL)
+        chans_close(c, ch, 1);
+    free(t);
+    return rc;
+}
+
+/* Writes one message to each of the n streams, then reads the n echoes. */
+static int batch(const struct client *c, struct chan *ch, int n, size_t size, uint64_t *seq,
+                 const uint64_t *sums)
+{
+    for (int i = 0; i < n; i++)
+        if (chan_send(c, &ch[i], size, *seq + (uint64_t)i) < 0)
+            return -1;
+    for (int i = 0; i < n; i++)
+        if (chan_recv(c, &ch[i], size, sums[(*seq + (uint64_t)i) % PATTERN_SLACK]) < 0)
+            return -1;
+    *seq += (uint64_t)n;
+    return 0;
+}
+
+/* Streams actually used for `count` requested at `size`: at most --max-inflight per batch. */
+static int effective_streams(const struct opts *o, size_t size, int count)
+{
+    uint64_t cap = o->max_inflight / size;
+    if (cap < 1)
+        cap = 1;
+    return (uint64_t)count > cap ? (int)cap : count;
+}
+
+/* Shape (b): n streams in flight for --duration ms after --warmup ms. */
+static int run_parallel(const struct opts *o, const struct client *c, int si, int n,
+                        struct par_cell *out)
+{
+    size_t size = o->sizes[si];
+    uint64_t seq = 0;
+    long batches = 0;
+    int rc = -1;
+    struct chan *ch = chans_open(c, n, size);
+    if (ch == NULL)
+        return -1;
+    /* At least one untimed batch: the first touches of memory and connections stay out. */
+    uint64_t end = now_ns() + (uint64_t)o->warmup_ms * 1000000u;
+    do {
+        if (interrupted || batch(c, ch, n, size, &seq, expected_sum[si]) < 0)
+            goto out;
+    } while (now_ns() < end);
+    uint64_t t0 = now_ns();
+    end = t0 + (uint64_t)o->duration_ms * 1000000u;
+    uint64_t t1;
+    do {
+        if (interrupted || batch(c, ch, n, size, &seq, expected_sum[si]) < 0)
+            goto out;
+        batches++;
+        t1 = now_ns();
+    } while (t1 < end || batches < 3);
+    out->secs = (double)(t1 - t0) / 1e9;
+    out->batches = batches;
+    out->rtps = (double)batches * n / out->secs;
+    out->mibps = 2.0 * (double)size * out->rtps / (1024.0 * 1024.0);
+    out->done = 1;
+    rc = 0;
+out:
+    chans_close(c, ch, n);
+    return rc;
+}
+
+/* What the untimed warm-up of a session cost. */
+struct warm {
+    double connect_secs; /* the handshake, which lays the buffer out */
+    uint64_t round_trips;
+    double secs;
+};
+static struct warm warm_info[T_COUNT];
+
+/*
+ * Uses every slice of a session's buffer once, untimed. The free lists are FIFO, as in the
+ * reference, so a session walks through every slice of a class before it reuses one, and
+ * that first walk takes a page fault on every page it touches, in each process. The figures
+ * are of the steady state after it; what the walk cost is printed beside them.
+ */
+static int session_warm(const struct opts *o, const struct client *c, const shmipc_config *cfg)
+{
+    shmipc_slice_class cls[SHMIPC_MAX_SLICE_CLASSES];
+    uint64_t sums[PATTERN_SLACK], t0 = now_ns(), total = 0;
+    int n = shmipc_config_get_slice_classes(cfg, cls, SHMIPC_MAX_SLICE_CLASSES);
+    if (n <= 0)
+        return shm_fail("config: slice classes", n < 0 ? n : SHMIPC_EINVAL);
+    for (int i = 0; i < n; i++) {
+        if (cls[i].size <= HDR)
+            continue;
+        /* A message that fills one slice of the class; requests alone cover all of them. */
+        size_t size = cls[i].size - HDR;
+        uint64_t slices = o->buffer * cls[i].percent / 100 / cls[i].size + 1, seq = 0;
+        for (unsigned k = 0; k < PATTERN_SLACK; k++)
+            sums[k] = byte_sum(pattern + k, size);
+        struct chan *ch = chans_open(c, 8, size);
+        if (ch == NULL)
+            return -1;
+        while (seq < slices) {
+            if (interrupted || batch(c, ch, 8, size, &seq, sums) < 0) {
+                chans_close(c, ch, 8);
+                fprintf(stderr, "shmipc-bench: %s: session warm-up failed\n", transport_name[c->t]);
+                return -1;
+            }
+        }
+        chans_close(c, ch, 8);
+        total += seq;
+    }
+    warm_info[c->t].round_trips = total;
+    warm_info[c->t].secs = (double)(now_ns() - t0) / 1e9;
+    return 0;
+}
+
+/* The largest slice class of a config: the warm-up sends messages that fill it. */
+static size_t warm_max_size(const shmipc_config *cfg)
+{
+    uint32_t w;
+    return largest_slice(cfg, &w) == 0 && w > HDR ? w - HDR : 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Results                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+struct results {
+    const struct opts *o;
+    int rounds_done;
+    struct lat_cell *lat;           /* [size][transport][round] */
+    struct par_cell *par;           /* [size][count][transport][round] */
+    int eff[MAX_SIZES][MAX_COUNTS]; /* streams used; 0 when it repeats an earlier count */
+    int has[T_COUNT];
+};
+
+static struct lat_cell *lat_at(struct results *r, int si, int t, int round)
+{
+    return &r->lat[((size_t)si * T_COUNT + (size_t)t) * MAX_ROUNDS + (size_t)round];
+}
+
+static struct par_cell *par_at(struct results *r, int si, int ci, int t, int round)
+{
+    return &r->par[(((size_t)si * MAX_COUNTS + (size_t)ci) * T_COUNT + (size_t)t) * MAX_ROUNDS +
+                   (size_t)round];
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    if (n == 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Median over the rounds of one latency figure; 0 when no round measured it. */
+static double lat_median(struct results *r, int si, int t, int p)
+{
+    double v[MAX_ROUNDS];
+    int n = 0;
+    for (int k = 0; k < r->rounds_done; k++)
+        if (lat_at(r, si, t, k)->done)
+            v[n++] = lat_at(r, si, t, k)->us[p];
+    return median(v, n);
+}
+
+static double par_median(struct results *r, int si, int ci, int t, int mib)
+{
+    double v[MAX_ROUNDS];
+    int n = 0;
+    for (int k = 0; k < r->rounds_done; k++) {
+        struct par_cell *pc = par_at(r, si, ci, t, k);
+        if (pc->done)
+            v[n++] = mib ? pc->mibps : pc->rtps;
+    }
+    return median(v, n);
+}
+
+static void fmt_us(char *buf, size_t cap, double us)
+{
+    if (us < 100)
+        snprintf(buf, cap, "%.2f", us);
+    else if (us < 1000)
+        snprintf(buf, cap, "%.1f", us);
+    else
+        snprintf(buf, cap, "%.0f", us);
+}
+
+static void write_env(FILE *f, const struct opts *o, const struct env *e, int markdown)
+{
+    const char *b = markdown ? "- " : "";
+    fprintf(f, "%sshmipc: %s (build %s, gcc %s)\n", b, shmipc_version_string(),
+            SHMIPC_BENCH_BUILDTYPE, __VERSION__);
+    fprintf(f, "%skernel: %s\n", b, e->kernel);
+    fprintf(f, "%scpu: %s, %ld CPUs online\n", b, e->cpu_model, e->cpus);
+    fprintf(f, "%spinning: %s\n", b, e->pinning);
+    fprintf(f, "%sload average (1, 5, 15 min): %s at the start", b, e->load_start);
+    if (e->load_end[0] != '\0')
+        fprintf(f, ", %s at the end", e->load_end);
+    fprintf(f, "\n");
+    fprintf(f,
+            "%sshmipc config: buffer %" PRIu64 " MiB, slice classes %s, queue capacity %" PRIu32
+            ", read timeout %d ms\n",
+            b, o->buffer >> 20, o->slices, o->queue, io_timeout_ms);
+    fprintf(f,
+            "%sone stream: round trips per size = clamp(%" PRIu64
+            " MiB / size, %d, %d), after an untimed warm-up of a tenth (at least 20)\n",
+            b, o->sample_bytes >> 20, o->samples_min, o->samples_max);
+    fprintf(f,
+            "%sparallel: %d ms timed after %d ms warm-up per cell; streams x size capped at "
+            "%" PRIu64 " MiB per batch (--max-inflight)\n",
+            b, o->duration_ms, o->warmup_ms, o->max_inflight >> 20);
+    fprintf(f, "%srounds: %d, interleaved cell by cell in the order", b, o->rounds);
+    for (int i = 0; i < o->ntransports; i++)
+        fprintf(f, "%s %s", i ? "," : "", transport_name[o->transports[i]]);
+    fprintf(f, "; figures are medians of the rounds\n");
+    if (o->warm)
+        fprintf(f,
+                "%sshmipc sessions: one per transport for the whole run; before the rounds "
+                "an untimed warm-up uses every slice once (the free lists are FIFO)\n",
+                b);
+    else
+        fprintf(f,
+                "%sshmipc sessions: one per transport for the whole run, not warmed up "
+                "(--no-warmup)\n",
+                b);
+    for (int t = 0; t < T_COUNT; t++)
+        if (warm_info[t].round_trips > 0)
+            fprintf(f, "%s%s session: connect %.3f s; warm-up %" PRIu64 " round trips in %.2f s\n",
+                    b, transport_name[t], warm_info[t].connect_secs, warm_info[t].round_trips,
+                    warm_info[t].secs);
+    if (o->connect_addr)
+        fprintf(f, "%sclient only, against the external echo server at %s\n", b, o->connect_addr);
+    fprintf(f, "%scommand: `%s`\n", b, o->command);
+}
+
+/* Ratio of a transport's figure to the unix socket's, as " (0.93x)", or "" without UDS. */
+static void fmt_ratio(char *buf, size_t cap, double v, double uds)
+{
+    if (uds > 0 && v > 0)
+        snprintf(buf, cap, " (%.2fx)", v / uds);
+    else
+        buf[0] = '\0';
+}
+
+static void write_tables(FILE *f, struct results *r)
+{
+    const struct opts *o = r->o;
+    char sz[32], a[32], q[32];
+    int uds = r->has[T_UDS];
+    fprintf(f, "\n### One stream, closed loop: round-trip latency in µs (median of %d rounds)\n\n",
+            r->rounds_done);
+    if (uds)
+        fprintf(f, "In parentheses: the figure divided by the unix socket's at the same size "
+                   "(below 1 is faster).\n\n");
+    fprintf(f, "| size | transport | samples | p50 | p90 | p99 | p99.9 | max |\n");
+    fprintf(f, "|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    for (int si = 0; si < o->nsizes; si++) {
+        fmt_size(sz, sizeof sz, o->sizes[si]);
+        for (int i = 0; i < o->ntransports; i++) {
+            int t = o->transports[i];
+            fprintf(f, "| %s | %s | %d |", sz, transport_name[t], samples_for(o, o->sizes[si]));
+            for (int p = 0; p < NPCT; p++) {
+                double v = lat_median(r, si, t, p);
+                fmt_us(a, sizeof a, v);
+                if (t != T_UDS && uds)
+                    fmt_ratio(q, sizeof q, v, lat_median(r, si, T_UDS, p));
+                else
+                    q[0] = '\0';
+                fprintf(f, " %s%s |", a, q);
+            }
+            fprintf(f, "\n");
+        }
+    }
+    fprintf(f,
+            "\n### N streams in flight: round trips/s and MiB/s (2 x payload x round trips / s; "
+            "median of %d rounds)\n\n",
+            r->rounds_done);
+    fprintf(f,
+            "One client thread writes a message to each of N streams (connections), then "
+            "reads the N echoes, for %d ms per cell.",
+            o->duration_ms);
+    if (uds)
+        fprintf(f, " x UDS: throughput divided by the unix socket's (above 1 is faster).");
+    fprintf(f, "\n\n| size | streams |");
+    for (int i = 0; i < o->ntransports; i++) {
+        int t = o->transports[i];
+        fprintf(f, " %s rt/s | %s MiB/s |", transport_name[t], transport_name[t]);
+        if (t != T_UDS && uds)
+            fprintf(f, " %s x UDS |", transport_name[t]);
+    }
+    fprintf(f, "\n|---:|---:|");
+    for (int i = 0; i < o->ntransports; i++)
+        fprintf(f, "%s", o->transports[i] != T_UDS && uds ? "---:|---:|---:|" : "---:|---:|");
+    fprintf(f, "\n");
+    for (int si = 0; si < o->nsizes; si++) {
+        fmt_size(sz, sizeof sz, o->sizes[si]);
+        for (int ci = 0; ci < o->ncounts; ci++) {
+            int n = r->eff[si][ci];
+            if (n == 0)
+                continue;
+            if (n < o->counts[ci])
+                fprintf(f, "| %s | %d (of %d) |", sz, n, o->counts[ci]);
+            else
+                fprintf(f, "| %s | %d |", sz, n);
+            for (int i = 0; i < o->ntransports; i++) {
+                int t = o->transports[i];
+                fprintf(f, " %.0f | %.1f |", par_median(r, si, ci, t, 0),
+                        par_median(r, si, ci, t, 1));
+                if (t != T_UDS && uds) {
+                    double u = par_median(r, si, ci, T_UDS, 1);
+                    fprintf(f, " %.2f |", u > 0 ? par_median(r, si, ci, t, 1) / u : 0.0);
+                }
+            }
+            fprintf(f, "\n");
+        }
+    }
+}
+
+/*
+ * The issue's bar: one-stream p50 at 64 B no worse than the unix socket; at 64 KiB and above,
+ * parallel throughput at least twice the unix socket's. Returns 1 met, 0 not met, -1 when
+ * this run did not measure what the bar needs.
+ */
+static int write_bar(FILE *f, struct results *r, int markdown)
+{
+    const struct opts *o = r->o;
+    int met = 1, measured = 0, si64 = -1;
+    char sz[32];
+    if (!r->has[T_UDS] || (!r->has[T_V3] && !r->has[T_V2]))
+        return -1;
+    for (int si = 0; si < o->nsizes; si++)
+        if (o->sizes[si] == 64)
+            si64 = si;
+    fprintf(f, "\n### The bar (issue 3)\n\n");
+    for (int t = T_V3; t <= T_V2; t++) {
+        if (!r->has[t])
+            continue;
+        if (si64 >= 0) {
+            double v = lat_median(r, si64, t, P50), u = lat_median(r, si64, T_UDS, P50);
+            int ok = v <= u;
+            met &= ok;
+            measured = 1;
+            fprintf(f, "%s%s one-stream p50 at 64 B: %.2f µs vs UDS %.2f µs (%.2fx): %s\n",
+                    markdown ? "- " : "", transport_name[t], v, u, v / u, ok ? "met" : "NOT met");
+        }
+        int cells = 0, ok_cells = 0;
+        double worst = 1e300;
+        int worst_si = -1, worst_n = 0;
+        for (int si = 0; si < o->nsizes; si++) {
+            if (o->sizes[si] < 65536)
+                continue;
+            for (int ci = 0; ci < o->ncounts; ci++) {
+                if (r->eff[si][ci] == 0)
+                    continue;
+                double u = par_median(r, si, ci, T_UDS, 1);
+                double ratio = u > 0 ? par_median(r, si, ci, t, 1) / u : 0;
+                cells++;
+                ok_cells += ratio >= 2.0;
+                if (ratio < worst) {
+                    worst = ratio;
+                    worst_si = si;
+                    worst_n = r->eff[si][ci];
+                }
+            }
+        }
+        if (cells > 0) {
+            measured = 1;
+            met &= ok_cells == cells;
+            fmt_size(sz, sizeof sz, o->sizes[worst_si]);
+            fprintf(f,
+                    "%s%s parallel throughput at 64 KiB and above: %d of %d cells at 2x UDS or "
+                    "more; lowest %.2fx (%s, %d streams): %s\n",
+                    markdown ? "- " : "", transport_name[t], ok_cells, cells, worst, sz, worst_n,
+                    ok_cells == cells ? "met" : "NOT met");
+        }
+    }
+    if (!measured)
+        return -1;
+    fprintf(f, "%sbar: %s\n", markdown ? "- " : "", met ? "met" : "NOT met");
+    return met;
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", *s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static int write_json(const char *path, struct results *r, const struct env *e)
+{
+    const struct opts *o = r->o;
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return sys_fail(path);
+    fprintf(f, "{\n  \"bench\": \"ipc\",\n  \"shmipc_version\": ");
+    json_str(f, shmipc_version_string());
+    fprintf(f, ",\n  \"command\": ");
+    json_str(f, o->command);
+    fprintf(f, ",\n  \"env\": {\"kernel\": ");
+    json_str(f, e->kernel);
+    fprintf(f, ", \"cpu_model\": ");
+    json_str(f, e->cpu_model);
+    fprintf(f, ", \"cpus\": %ld, \"pinned\": %s, \"pinning\": ", e->cpus,
+            e->pinned ? "true" : "false");
+    json_str(f, e->pinning);
+    fprintf(f, ", \"loadavg_start\": ");
+    json_str(f, e->load_start);
+    fprintf(f, ", \"loadavg_end\": ");
+    json_str(f, e->load_end);
+    fprintf(f, ", \"buildtype\": ");
+    json_str(f, SHMIPC_BENCH_BUILDTYPE);
+    fprintf(f, ", \"compiler\": ");
+    json_str(f, "gcc " __VERSION__);
+    fprintf(f, ", \"warmup\": {");
+    for (int t = 0, k = 0; t < T_COUNT; t++)
+        if (warm_info[t].round_trips > 0)
+            fprintf(f,
+                    "%s\"%s\": {\"connect_seconds\": %.4f, \"round_trips\": %" PRIu64
+                    ", \"seconds\": %.3f}",
+                    k++ ? ", " : "", transport_name[t], warm_info[t].connect_secs,
+                    warm_info[t].round_trips, warm_info[t].secs);
+    fprintf(f, "}");
+    fprintf(f,
+            "},\n  \"config\": {\"buffer_capacity\": %" PRIu64 ", \"slice_classes\": ", o->buffer);
+    json_str(f, o->slices);
+    fprintf(f,
+            ", \"queue_capacity\": %" PRIu32 ", \"rounds\": %d, \"samples_max\": %d, "
+            "\"samples_min\": %d, \"sample_bytes\": %" PRIu64 ", \"duration_ms\": %d, "
+            "\"warmup_ms\": %d, \"max_inflight\": %" PRIu64 ", \"quick\": %s, \"connect\": ",
+            o->queue, r->rounds_done, o->samples_max, o->samples_min, o->sample_bytes,
+            o->duration_ms, o->warmup_ms, o->max_inflight, o->quick ? "true" : "false");
+    if (o->connect_addr)
+        json_str(f, o->connect_addr);
+    else
+        fprintf(f, "null");
+    fprintf(f, "},\n  \"transports\": [");
+    for (int i = 0; i < o->ntransports; i++)
+        fprintf(f, "%s\"%s\"", i ? ", " : "", transport_name[o->transports[i]]);
+    fprintf(f, "],\n  \"latency\": [");
+    int first = 1;
+    for (int si = 0; si < o->nsizes; si++) {
+        for (int i = 0; i < o->ntransports; i++) {
+            int t = o->transports[i];
+            fprintf(f, "%s\n    {\"size\": %zu, \"transport\": \"%s\", \"samples\": %d",
+                    first ? "" : ",", o->sizes[si], transport_name[t],
+                    samples_for(o, o->sizes[si]));
+            first = 0;
+            for (int p = 0; p < NPCT; p++)
+                fprintf(f, ", \"%s_us\": %.3f", pct_key[p], lat_median(r, si, t, p));
+            fprintf(f, ", \"ratio_to_uds\": ");
+            if (t != T_UDS && r->has[T_UDS]) {
+                fprintf(f, "{");
+                for (int p = 0; p < NPCT; p++)
+                    fprintf(f, "%s\"%s\": %.4f", p ? ", " : "", pct_key[p],
+                            lat_median(r, si, t, p) / lat_median(r, si, T_UDS, p));
+                fprintf(f, "}");
+            } else {
+                fprintf(f, "null");
+            }
+            fprintf(f, ", \"rounds\": [");
+            for (int k = 0; k < r->rounds_done; k++) {
+                struct lat_cell *lc = lat_at(r, si, t, k);
+                fprintf(f, "%s{", k ? ", " : "");
+                for (int p = 0; p < NPCT; p++)
+                    fprintf(f, "%s\"%s_us\": %.3f", p ? ", " : "", pct_key[p], lc->us[p]);
+                fprintf(f, "}");
+            }
+            fprintf(f, "]}");
+        }
+    }
+    fprintf(f, "\n  ],\n  \"parallel\": [");
+    first = 1;
+    for (int si = 0; si < o->nsizes; si++) {
+        for (int ci = 0; ci < o->ncounts; ci++) {
+            if (r->eff[si][ci] == 0)
+                continue;
+            for (int i = 0; i < o->ntransports; i++) {
+                int t = o->transports[i];
+                double mib = par_median(r, si, ci, t, 1);
+                fprintf(f,
+                        "%s\n    {\"size\": %zu, \"streams\": %d, \"streams_requested\": %d, "
+                        "\"transport\": \"%s\", \"rt_per_s\": %.1f, \"mib_per_s\": %.2f, "
+                        "\"ratio_to_uds\": ",
+                        first ? "" : ",", o->sizes[si], r->eff[si][ci], o->counts[ci],
+                        transport_name[t], par_median(r, si, ci, t, 0), mib);
+                first = 0;
+                if (t != T_UDS && r->has[T_UDS])
+                    fprintf(f, "%.4f", mib / par_median(r, si, ci, T_UDS, 1));
+                else
+                    fprintf(f, "null");
+                fprintf(f, ", \"rounds\": [");
+                for (int k = 0; k < r->rounds_done; k++) {
+                    struct par_cell *pc = par_at(r, si, ci, t, k);
+                    fprintf(f,
+                            "%s{\"rt_per_s\": %.1f, \"mib_per_s\": %.2f, \"batches\": %ld, "
+                            "\"seconds\": %.4f}",
+                            k ? ", " : "", pc->rtps, pc->mibps, pc->batches, pc->secs);
+                }
+                fprintf(f, "]}");
+            }
+        }
+    }
+    fprintf(f, "\n  ],\n  \"bar\": ");
+    FILE *devnull = fopen("/dev/null", "w");
+    int bar = devnull != NULL ? write_bar(devnull, r, 0) : -1;
+    if (devnull != NULL)
+        fclose(devnull);
+    fprintf(f, "%s\n}\n", bar < 0 ? "null" : bar ? "\"met\"" : "\"not met\"");
+    if (fclose(f) != 0)
+        return sys_fail(path);
+    return 0;
+}
+
+static int write_md(const char *path, struct results *r, const struct opts *o, const struct env *e)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return sys_fail(path);
+    fprintf(f, "## shmipc-bench ipc\n\n");
+    write_env(f, o, e, 1);
+    write_tables(f, r);
+    write_bar(f, r, 1);
+    if (fclose(f) != 0)
+        return sys_fail(path);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The run                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+static void client_on_signal(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+    /* Ending the server makes every blocked call of the client fail and clean up. */
+    if (server_pid > 0)
+        kill(server_pid, SIGTERM);
+}
+
+/* One round: every cell once, each cell on every transport in turn. */
+static int run_round(const struct opts *o, struct results *r, int round, const struct client *cl)
+{
+    for (int si = 0; si < o->nsizes; si++) {
+        for (int i = 0; i < o->ntransports; i++) {
+            if (run_latency(o, &cl[i], si, lat_at(r, si, o->transports[i], round)) < 0) {
+                fprintf(stderr, "shmipc-bench: one stream, %zu B, %s: failed\n", o->sizes[si],
+                        transport_name[o->transports[i]]);
+                return -1;
+            }
+        }
+    }
+    for (int si = 0; si < o->nsizes; si++) {
+        for (int ci = 0; ci < o->ncounts; ci++) {
+            int n = r->eff[si][ci];
+            for (int i = 0; n > 0 && i < o->ntransports; i++) {
+                if (run_parallel(o, &cl[i], si, n, par_at(r, si, ci, o->transports[i], round)) <
+                    0) {
+                    fprintf(stderr, "shmipc-bench: %d streams, %zu B, %s: failed\n", n,
+                            o->sizes[si], transport_name[o->transports[i]]);
+                    return -1;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+static int ipc_main(const struct opts *o)
+{
+    struct env e;
+    struct local lc = {.ctl_fd = -1};
+    struct results r = {.o = o};
+    shmipc_config *cfg[2] = {NULL, NULL};
+    struct client cl[T_COUNT];
+    int status = 1, opened = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = client_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    env_probe(&e, o->pin);
+    if (o->connect_addr && e.pinned)
+        snprintf(e.pinning, sizeof e.pinning,
+                 "client on CPU %d (sched_setaffinity); the external server is not pinned by "
+                 "shmipc-bench",
+                 e.client_cpu);
+    else if (e.pinned)
+        snprintf(e.pinning, sizeof e.pinning,
+                 "echo server (forked child) on CPU %d, client on CPU %d (sched_setaffinity)",
+                 e.server_cpu, e.client_cpu);
+    else
+        snprintf(e.pinning, sizeof e.pinning, "not pinned (%s)",
+                 o->pin ? "fewer than 2 CPUs allowed" : "--no-pin");
+    for (int si = 0; si < o->nsizes; si++) {
+        if (HDR + o->sizes[si] > o->buffer / 4) {
+            fprintf(stderr,
+                    "shmipc-bench: %zu B messages need a buffer of 4x their size "
+                    "(--buffer)\n",
+                    o->sizes[si]);
+            return 1;
+        }
+        for (int ci = 0; ci < o->ncounts; ci++) {
+            int n = effective_streams(o, o->sizes[si], o->counts[ci]);
+            r.eff[si][ci] = n;
+            for (int cj = 0; cj < ci; cj++)
+                if (r.eff[si][cj] == n)
+                    r.eff[si][ci] = 0; /* the same cell as an earlier count: run it once */
+        }
+    }
+    for (int i = 0; i < o->ntransports; i++)
+        r.has[o->transports[i]] = 1;
+    r.lat = calloc((size_t)o->nsizes * T_COUNT * MAX_ROUNDS, sizeof *r.lat);
+    r.par = calloc((size_t)o->nsizes * MAX_COUNTS * T_COUNT * MAX_ROUNDS, sizeof *r.par);
+    if (r.lat == NULL || r.par == NULL) {
+        fprintf(stderr, "shmipc-bench: out of memory\n");
+        goto out;
+    }
+    if (make_config(o, SHMIPC_MEMMAP_MEMFD, &cfg[0]) < 0 ||
+        make_config(o, SHMIPC_MEMMAP_DEVSHM, &cfg[1]) < 0 ||
+        pattern_init(o, warm_max_size(cfg[0])) < 0)
+        goto out;
+
+    printf("shmipc-bench ipc\n");
+    write_env(stdout, o, &e, 0);
+    fflush(stdout);
+    if (e.pinned && pin_to(e.client_cpu) < 0)
+        goto out;
+    if (!o->connect_addr && server_start(o, &e, &lc) < 0)
+        goto out;
+    const char *addr = o->connect_addr ? o->connect_addr : lc.shm_addr;
+    uint64_t t_start = now_ns();
+    /* One session per shmipc transport for the whole run, warmed up before the rounds. */
+    for (; opened < o->ntransports; opened++) {
+        struct client *c = &cl[opened];
+        if (client_open(c, o->transports[opened], addr, cfg, &lc) < 0) {
+            client_close(c);
+            goto out;
+        }
+        if (is_shmipc(c->t))
+            warm_info[c->t].connect_secs = c->connect_secs;
+        if (is_shmipc(c->t) && o->warm) {
+            if (session_warm(o, c, cfg[c->t == T_V2]) < 0) {
+                opened++;
+                goto out;
+            }
+            printf("%s session: connect %.3f s; warm-up (untimed) %" PRIu64
+                   " round trips in %.2f s\n",
+                   transport_name[c->t], c->connect_secs, warm_info[c->t].round_trips,
+                   warm_info[c->t].secs);
+            fflush(stdout);
+        }
+    }
+    for (int k = 0; k < o->rounds; k++) {
+        uint64_t t0 = now_ns();
+        if (run_round(o, &r, k, cl) < 0)
+            goto out;
+        r.rounds_done++;
+        fprintf(stderr, "shmipc-bench: round %d of %d done in %.1f s\n", k + 1, o->rounds,
+                (double)(now_ns() - t0) / 1e9);
+    }
+    read_loadavg(e.load_end, sizeof e.load_end);
+    write_tables(stdout, &r);
+    write_bar(stdout, &r, 0);
+    printf("\nrun time: %.1f s; load average %s at the start, %s at the end\n",
+           (double)(now_ns() - t_start) / 1e9, e.load_start, e.load_end);
+    if (write_json(o->json_path, &r, &e) < 0 || write_md(o->md_path, &r, o, &e) < 0)
+        goto out;
+    printf("wrote %s and %s\n", o->json_path, o->md_path);
+    status = 0;
+out:
+    fflush(stdout);
+    while (opened-- > 0)
+        client_close(&cl[opened]);
+    if (!o->connect_addr && server_stop_and_reap(&lc) < 0)
+        status = 1;
+    if (devshm_check() > 0)
+        status = 1;
+    shmipc_config_free(cfg[0]);
+    shmipc_config_free(cfg[1]);
+    free(r.lat);
+    free(r.par);
+    free(pattern);
+    if (interrupted) {
+        fprintf(stderr, "shmipc-bench: interrupted\n");
+        status = 130;
+    }
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "ipc") != 0) {
+        fprintf(stderr, "shmipc-bench: unknown benchmark '%s' (there is: ipc)\n", argv[1]);
+        return 2;
+    }
+    if (parse_opts(argc, argv, &o) < 0)
+        return 2;
+    if (o.serve_addr)
+        return serve_main(&o);
+    return ipc_main(&o);
+}
