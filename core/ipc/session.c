@@ -12,6 +12,7 @@
 #include "ipc/sockio.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@
 #define IDLE_CHUNK_CAP 4u
 
 static void note_ready_locked(shmipc_session *s, uint32_t id);
+static int process_locked(shmipc_session *s);
 
 static void lock(shmipc_session *s)
 {
@@ -64,6 +66,7 @@ static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **ou
     shmipc__mapping_init(&s->queue_map);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->send_mu, NULL);
+    pthread_mutex_init(&s->cache_mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cond, &ca);
@@ -84,6 +87,61 @@ static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **ou
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* The slice cache                                                                      */
+/* ------------------------------------------------------------------------------------ */
+
+/* Sizes the cache once the buffer is known: a few slices per list, never a big share. */
+static void cache_init(shmipc_session *s)
+{
+    for (uint32_t l = 0; l < s->bm.nlists; l++) {
+        uint32_t max = s->bm.lists[l].cap / 16;
+        s->cache[l].max = max > SHMIPC__SLICE_CACHE ? SHMIPC__SLICE_CACHE : max;
+    }
+}
+
+/* We are done with the slice at `off`: keep it for our next write, or free it. */
+static void cache_put(shmipc_session *s, uint32_t off)
+{
+    struct shmipc__slice sl;
+    if (shmipc__buffer_slice_at(&s->bm, off, &sl) == 0) {
+        pthread_mutex_lock(&s->cache_mu);
+        if (s->cache[sl.list].n < s->cache[sl.list].max) {
+            s->cache[sl.list].off[s->cache[sl.list].n++] = off;
+            pthread_mutex_unlock(&s->cache_mu);
+            return;
+        }
+        pthread_mutex_unlock(&s->cache_mu);
+    }
+    shmipc__buffer_free(&s->bm, off);
+}
+
+/* A kept slice of the smallest list that holds `want` bytes, most recently used first. */
+static int cache_get(shmipc_session *s, uint32_t want, struct shmipc__slice *out)
+{
+    uint32_t l = 0, off = 0;
+    while (l < s->bm.nlists && s->bm.lists[l].slice_size < want)
+        l++;
+    if (l == s->bm.nlists)
+        return SHMIPC_ENOSHM;
+    pthread_mutex_lock(&s->cache_mu);
+    if (s->cache[l].n > 0)
+        off = s->cache[l].off[--s->cache[l].n];
+    pthread_mutex_unlock(&s->cache_mu);
+    if (off == 0 || shmipc__buffer_slice_at(&s->bm, off, out) < 0)
+        return SHMIPC_ENOSHM;
+    return shmipc__buffer_slice_claim(&s->bm, out);
+}
+
+void shmipc__session_trim(shmipc_session *s)
+{
+    pthread_mutex_lock(&s->cache_mu);
+    for (uint32_t l = 0; l < s->bm.nlists; l++)
+        while (s->cache[l].n > 0)
+            shmipc__buffer_free(&s->bm, s->cache[l].off[--s->cache[l].n]);
+    pthread_mutex_unlock(&s->cache_mu);
+}
+
 static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uint32_t to)
 {
     for (uint32_t i = from; i < to; i++) {
@@ -92,7 +150,7 @@ static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uin
             free(c->data);
         else if (s->err == 0 || s->role == SHMIPC__CLIENT)
             /* Give slices back while the buffer is in use; a dead session discards it. */
-            shmipc__buffer_free(&s->bm, c->slice);
+            cache_put(s, c->slice);
     }
 }
 
@@ -129,6 +187,9 @@ static void session_destroy(shmipc_session *s)
             st = next;
         }
     }
+    /* Kept slices go back: a server's peer may go on using its buffer for a while. */
+    if (s->bm.base != NULL)
+        shmipc__session_trim(s);
     free(s->buckets);
     free(s->accept_q);
     free(s->ready);
@@ -152,6 +213,7 @@ static void session_destroy(shmipc_session *s)
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->send_mu);
+    pthread_mutex_destroy(&s->cache_mu);
     free(s);
 }
 
@@ -236,6 +298,14 @@ static int session_start(shmipc_session *s, int client)
         return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory");
     if ((rc = setup_event_fd(s)) < 0)
         return rc;
+    cache_init(s);
+    /*
+     * From here on every read and write says MSG_DONTWAIT unless it means to block: a blocking
+     * socket lets a waiting processor sleep in recv() itself, one system call instead of two.
+     */
+    int flags = fcntl(s->fd, F_GETFL);
+    if (flags < 0 || fcntl(s->fd, F_SETFL, flags & ~O_NONBLOCK) < 0)
+        return shmipc__fail_errno(errno, "session: fcntl");
     SHMIPC__LOG(SHMIPC__LOG_DEBUG, "session %s up: %s, version %u, wakeup %d", s->buffer_path,
                 client ? "client" : "server", s->version, s->wakeup);
     return 0;
@@ -610,6 +680,75 @@ static int service_wakeups_locked(shmipc_session *s, int *events)
     return drain_queue_locked(s, events);
 }
 
+/* Makes room for at least RBUF_INITIAL more bytes in the socket read buffer. Under mu. */
+static int grow_rbuf_locked(shmipc_session *s)
+{
+    if (s->rcap - s->rlen >= RBUF_INITIAL)
+        return 0;
+    size_t n = s->rcap ? s->rcap * 2 : RBUF_INITIAL * 4;
+    if (n > SHMIPC__MAX_MESSAGE + RBUF_INITIAL * 4)
+        n = SHMIPC__MAX_MESSAGE + RBUF_INITIAL * 4;
+    if (n > s->rcap) {
+        void *p = realloc(s->rbuf, n);
+        if (p == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory");
+        s->rbuf = p;
+        s->rcap = n;
+    }
+    return 0;
+}
+
+/*
+ * Takes the result of one recv into the read buffer (`n` bytes, `err` its errno): handles every
+ * complete message. Returns 1 when the socket may hold more (the read filled the buffer), 0
+ * when it is drained, or a negative code that ends the session. Under mu.
+ */
+static int take_recv_locked(shmipc_session *s, ssize_t n, int err, size_t space, int *events)
+{
+    int rc;
+    if (n == 0) {
+        /*
+         * A peer that closes its streams and then its session at once may leave close
+         * elements (and data) in the queue without a wakeup: take them first, so its streams
+         * end as it ended them, then end the session.
+         */
+        if ((rc = drain_queue_locked(s, events)) < 0)
+            return rc;
+        return shmipc__fail(SHMIPC_ECONNRESET, "session: the peer closed the connection");
+    }
+    if (n < 0) {
+        if (err == EAGAIN || err == EINTR)
+            return 0;
+        if (err == ECONNRESET)
+            return shmipc__fail(SHMIPC_ECONNRESET, "session: connection reset by peer");
+        return shmipc__fail_errno(err, "session: recv");
+    }
+    s->rlen += (size_t)n;
+    size_t off = 0;
+    struct shmipc__msg m;
+    while ((rc = shmipc__msg_parse(s->rbuf + off, s->rlen - off, &m, s->version == 4)) > 0) {
+        off += (size_t)rc;
+        if ((rc = handle_message_locked(s, &m, events)) < 0)
+            break;
+    }
+    memmove(s->rbuf, s->rbuf + off, s->rlen - off);
+    s->rlen -= off;
+    if (rc < 0)
+        return rc;
+    /* A short read drained the socket: poll says when there is more, no need to ask. */
+    return (size_t)n == space;
+}
+
+/* Ends the processing turn: wake the waiters if anything happened, or end the session. */
+static int finish_turn_locked(shmipc_session *s, int rc, int events)
+{
+    if (events > 0)
+        pthread_cond_broadcast(&s->cond);
+    if (rc < 0)
+        return fail_locked(s, rc);
+    return events;
+}
+
 /*
  * Reads what the socket holds and handles every complete message; `socket_ready` 0 says the
  * caller knows the socket has nothing (only a wakeup fd fired), which spares a recv.
@@ -621,59 +760,43 @@ static int process_fds_locked(shmipc_session *s, int socket_ready)
         return s->err;
     if ((rc = service_wakeups_locked(s, &events)) < 0)
         return fail_locked(s, rc);
-    while (socket_ready) {
-        if (s->rcap - s->rlen < RBUF_INITIAL) {
-            size_t n = s->rcap ? s->rcap * 2 : RBUF_INITIAL * 4;
-            if (n > SHMIPC__MAX_MESSAGE + RBUF_INITIAL * 4)
-                n = SHMIPC__MAX_MESSAGE + RBUF_INITIAL * 4;
-            if (n > s->rcap) {
-                void *p = realloc(s->rbuf, n);
-                if (p == NULL)
-                    return fail_locked(s, shmipc__fail(SHMIPC_ENOMEM, "session: out of memory"));
-                s->rbuf = p;
-                s->rcap = n;
-            }
-        }
-        ssize_t n = recv(s->fd, s->rbuf + s->rlen, s->rcap - s->rlen, MSG_DONTWAIT);
-        if (n == 0) {
-            /*
-             * A peer that closes its streams and then its session at once may leave close
-             * elements (and data) in the queue without a wakeup: take them first, so its
-             * streams end as it ended them, then end the session.
-             */
-            if ((rc = drain_queue_locked(s, &events)) >= 0)
-                rc = shmipc__fail(SHMIPC_ECONNRESET, "session: the peer closed the connection");
+    while (rc >= 0 && socket_ready) {
+        if ((rc = grow_rbuf_locked(s)) < 0)
             break;
-        }
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno != EAGAIN)
-                rc = errno == ECONNRESET
-                         ? shmipc__fail(SHMIPC_ECONNRESET, "session: connection reset by peer")
-                         : shmipc__fail_errno(errno, "session: recv");
-            break;
-        }
-        /* A short read drained the socket: poll says when there is more, no need to ask. */
-        socket_ready = (size_t)n == s->rcap - s->rlen;
-        s->rlen += (size_t)n;
-        size_t off = 0;
-        struct shmipc__msg m;
-        while ((rc = shmipc__msg_parse(s->rbuf + off, s->rlen - off, &m, s->version == 4)) > 0) {
-            off += (size_t)rc;
-            if ((rc = handle_message_locked(s, &m, &events)) < 0)
-                break;
-        }
-        memmove(s->rbuf, s->rbuf + off, s->rlen - off);
-        s->rlen -= off;
-        if (rc < 0)
-            break;
+        size_t space = s->rcap - s->rlen;
+        ssize_t n = recv(s->fd, s->rbuf + s->rlen, space, MSG_DONTWAIT);
+        rc = take_recv_locked(s, n, errno, space, &events);
+        socket_ready = rc == 1 || (n < 0 && errno == EINTR);
     }
-    if (events > 0)
-        pthread_cond_broadcast(&s->cond);
-    if (rc < 0)
+    return finish_turn_locked(s, rc, events);
+}
+
+/*
+ * The processor's wait when only the socket can wake it and there is no deadline: one blocking
+ * recv instead of poll plus recv. The processing role makes the read buffer ours without mu.
+ * Returns like process_locked(), or SHMIPC_EINTR.
+ */
+static int blocking_recv_locked(shmipc_session *s)
+{
+    int events = 0, rc;
+    if ((rc = grow_rbuf_locked(s)) < 0)
         return fail_locked(s, rc);
-    return events;
+    uint8_t *dst = s->rbuf + s->rlen;
+    size_t space = s->rcap - s->rlen;
+    unlock(s);
+    ssize_t n = recv(s->fd, dst, space, 0);
+    int err = errno;
+    lock(s);
+    if (s->err)
+        return s->err;
+    if (n < 0 && err == EINTR)
+        return shmipc__fail(SHMIPC_EINTR, "interrupted by a signal");
+    rc = take_recv_locked(s, n, err, space, &events);
+    if (rc == 1) {
+        rc = finish_turn_locked(s, 0, events);
+        return rc < 0 ? rc : process_locked(s);
+    }
+    return finish_turn_locked(s, rc, events);
 }
 
 static int process_locked(shmipc_session *s)
@@ -711,6 +834,13 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
 {
     if (s->err)
         return s->err;
+    if (!s->processing && s->wakeup == SHMIPC_WAKEUP_SOCKET && deadline == 0) {
+        s->processing = 1;
+        int rc = blocking_recv_locked(s);
+        s->processing = 0;
+        pthread_cond_broadcast(&s->cond);
+        return rc < 0 ? rc : 0;
+    }
     if (!s->processing) {
         s->processing = 1;
         unlock(s);
@@ -1056,7 +1186,10 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous)
         return shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory", st->id);
     if (!st->fallback && !(contiguous && want > max)) {
         struct shmipc__slice sl;
-        int rc = shmipc__buffer_alloc(&s->bm, (uint32_t)(want > max ? max : want), &sl);
+        uint32_t ask = (uint32_t)(want > max ? max : want);
+        int rc = cache_get(s, ask, &sl);
+        if (rc != 0)
+            rc = shmipc__buffer_alloc(&s->bm, ask, &sl);
         /* A copying write can use any slice: take the largest one still free. */
         if (rc == SHMIPC_ENOSHM && !contiguous)
             rc = shmipc__buffer_alloc_many(&s->bm, want, &sl, 1) == 1 ? 0 : SHMIPC_ENOSHM;
@@ -1179,6 +1312,53 @@ static int put_element(shmipc_stream *st, const struct shmipc__queue_elem *e)
     return rc;
 }
 
+/*
+ * Writes fallback data to the socket. While the socket is full it reads what the peer sends:
+ * a peer that is itself blocked writing fallback data to us would otherwise never drain its
+ * end, and both sides would wait for each other until the write timeout.
+ */
+static int fallback_write(shmipc_session *s, const uint8_t *p, size_t len, uint64_t deadline)
+{
+    while (len > 0) {
+        ssize_t n = send(s->fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno != EAGAIN)
+            return errno == EPIPE || errno == ECONNRESET
+                       ? shmipc__fail(SHMIPC_ECONNRESET, "socket: peer is gone (write)")
+                       : shmipc__fail_errno(errno, "socket: send");
+        lock(s);
+        int reader = !s->processing;
+        if (reader)
+            s->processing = 1;
+        unlock(s);
+        /* Watch for input only when no other thread is reading it, or we would spin. */
+        struct pollfd pfd = {.fd = s->fd, .events = POLLOUT | (reader ? POLLIN : 0)};
+        int rc = poll(&pfd, 1, shmipc__remaining_ms(deadline));
+        lock(s);
+        if (reader) {
+            if (rc > 0 && (pfd.revents & POLLIN))
+                process_locked(s);
+            s->processing = 0;
+            pthread_cond_broadcast(&s->cond);
+        }
+        int err = s->err;
+        unlock(s);
+        if (err)
+            return ended(s);
+        if (rc == 0)
+            return shmipc__fail(SHMIPC_ETIMEDOUT, "socket: timed out writing fallback data");
+        if (rc < 0 && errno != EINTR)
+            return shmipc__fail_errno(errno, "socket: poll");
+    }
+    return 0;
+}
+
 static int send_fallback(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
@@ -1203,12 +1383,12 @@ static int send_fallback(shmipc_stream *st)
         }
         uint8_t head[SHMIPC__FALLBACK_HEADER_SIZE];
         shmipc__encode_fallback_head(head, s->wire, st->id, 0, total);
-        rc = shmipc__write_full(s->fd, head, sizeof head, deadline);
+        rc = fallback_write(s, head, sizeof head, deadline);
         while (rc == 0 && total > 0) {
             uint32_t take = st->segs[i].used - off;
             if (take > total)
                 take = total;
-            rc = shmipc__write_full(s->fd, st->segs[i].data + off, take, deadline);
+            rc = fallback_write(s, st->segs[i].data + off, take, deadline);
             total -= take;
             off += take;
             if (off == st->segs[i].used) {

@@ -33,6 +33,9 @@ enum shmipc__stream_state {
     SHMIPC__STREAM_PEER_CLOSED = 1, /* the peer closed: reads drain, then end */
 };
 
+/* Slices of each list a session keeps back for reuse (see shmipc_session.cache). */
+#define SHMIPC__SLICE_CACHE 8
+
 /* Stream ids carried in a "no slice" chunk: data that came over the socket, on the heap. */
 #define SHMIPC__HEAP_CHUNK UINT32_MAX
 
@@ -112,6 +115,17 @@ struct shmipc_session {
     struct shmipc_stream **accept_q;
     uint32_t accept_head, accept_len, accept_cap;
 
+    /*
+     * Slices we were done with, kept back from the shared free lists (LIFO, a few per list) to
+     * be written again while still hot in the caches; the reference's free lists are FIFO, so
+     * every message would otherwise go to the coldest slice. Under cache_mu.
+     */
+    pthread_mutex_t cache_mu;
+    struct {
+        uint32_t n, max;
+        uint32_t off[SHMIPC__SLICE_CACHE];
+    } cache[SHMIPC__BM_MAX_LISTS];
+
     /* Bytes read from the socket and not yet parsed. */
     uint8_t *rbuf;
     size_t rlen, rcap;
@@ -140,6 +154,8 @@ uint32_t shmipc__session_take_ready(shmipc_session *s, uint32_t **ids, uint32_t 
 /* The user's handle on stream `id`, or NULL when it is not (or no longer) handed out. */
 shmipc_stream *shmipc__session_handed_out(shmipc_session *s, uint32_t id);
 void shmipc__session_close(shmipc_session *s);
+/* Gives every slice the session keeps back for reuse to the shared free lists. */
+void shmipc__session_trim(shmipc_session *s);
 
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len);
 int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr);

@@ -421,6 +421,15 @@ int shmipc__buffer_slice_set(const struct shmipc__buffer *bm, const struct shmip
     return 0;
 }
 
+int shmipc__buffer_slice_claim(const struct shmipc__buffer *bm, const struct shmipc__slice *s)
+{
+    __atomic_store_n(u32_at(bm, s->offset + SLICE_SIZE), 0, __ATOMIC_RELAXED);
+    __atomic_store_n(u32_at(bm, s->offset + SLICE_START), 0, __ATOMIC_RELAXED);
+    __atomic_store_n(u32_at(bm, s->offset + SLICE_NEXT), 0, __ATOMIC_RELAXED);
+    __atomic_store_n(flags_at(bm, s->offset), (uint8_t)SHMIPC__BM_FLAG_IN_USE, __ATOMIC_RELAXED);
+    return 0;
+}
+
 int shmipc__buffer_slice_link(const struct shmipc__buffer *bm, const struct shmipc__slice *s,
                               uint32_t next)
 {

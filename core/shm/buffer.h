@@ -126,6 +126,13 @@ int shmipc__buffer_slice_set(const struct shmipc__buffer *bm, const struct shmip
                              uint32_t start, uint32_t size);
 
 /*
+ * Makes a slice this process holds (one it received, not yet freed) look freshly allocated:
+ * size, start and next 0, flags "in use" only. For reusing a received slice to send, as the
+ * reference's ReleaseReadAndReuse does, without a trip through the free list.
+ */
+int shmipc__buffer_slice_claim(const struct shmipc__buffer *bm, const struct shmipc__slice *s);
+
+/*
  * Chains a held slice to the one at absolute offset `next` (hasNext set, inUse kept), as a
  * writer does before it hands the chain to the peer. SHMIPC_EINVAL unless `next` is a slice.
  */

@@ -144,7 +144,9 @@ static void echo_sizes(int memmap)
         round_trip(st, sizes[i], (unsigned)i);
     shmipc_stream_close(st);
     echo_stop(&e);
-    /* Every slice went back: the server recycled requests, we recycled the replies. */
+    /* Every slice went back: the server recycled requests, we recycled the replies (and the
+     * few each side kept back for reuse come back when it trims). */
+    shmipc__session_trim(s);
     assert_int_equal(shmipc__buffer_all_returned(&s->bm), 1);
     shmipc_session_close(s);
     shmipc_config_free(cfg);
@@ -360,6 +362,8 @@ static void many_streams_interleaved(void **state)
         shmipc_stream_close(cs[i]);
         shmipc_stream_close(ss[i]);
     }
+    shmipc__session_trim(p.client);
+    shmipc__session_trim(p.server);
     assert_int_equal(shmipc__buffer_all_returned(&p.client->bm), 1);
     pair_close(&p);
     shmipc_config_free(cfg);
@@ -455,6 +459,39 @@ static void event_loop_driving(void **state)
     expect_text(ss, "tick");
     shmipc_stream_close(cs);
     shmipc_stream_close(ss);
+    pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+static void released_slices_are_reused_hot(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    send_text(cs, "first");
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(ss, 5, &ptr, 0), 0);
+    /* Each process maps the buffer at its own address: compare offsets in the buffer. */
+    ptrdiff_t first_at = (const uint8_t *)ptr - p.server->bm.base;
+    assert_int_equal(shmipc_stream_release(ss), 0);
+    /* The server writes its reply into the slice it just read: the most recently used one. */
+    assert_int_equal(shmipc_stream_write(ss, "reply", 5), 0);
+    assert_int_equal(ss->segs[0].data - p.server->bm.base, first_at);
+    assert_int_equal(shmipc_stream_flush(ss), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(cs, 5, &ptr, 0), 0);
+    assert_int_equal((const uint8_t *)ptr - p.client->bm.base, first_at);
+    assert_memory_equal(ptr, "reply", 5);
+    shmipc_stream_release(cs);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+    /* Kept slices are few, and all of them come back with a trim. */
+    shmipc__session_trim(p.client);
+    shmipc__session_trim(p.server);
+    assert_int_equal(shmipc__buffer_all_returned(&p.client->bm), 1);
     pair_close(&p);
     shmipc_config_free(cfg);
 }
@@ -691,6 +728,7 @@ int main(void)
         cmocka_unit_test(hard_close_fails_everything),
         cmocka_unit_test(fallback_when_memory_runs_out),
         cmocka_unit_test(event_loop_driving),
+        cmocka_unit_test(released_slices_are_reused_hot),
         cmocka_unit_test(hostile_queue_element_offset),
         cmocka_unit_test(hostile_cyclic_chain),
         cmocka_unit_test(hostile_slice_size),
