@@ -111,6 +111,154 @@ SHMIPC_API const char *shmipc_errname(int code);
 SHMIPC_API const char *shmipc_error_detail(void);
 
 /* ------------------------------------------------------------------------------------ */
+/* ABI description and logging                                                          */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * The library describes its own exported functions, so that a language binding can call any
+ * of them through libffi without a hand-written wrapper: for each function its name, its
+ * address, and its return and parameter types in the small vocabulary below. A binding builds
+ * its call descriptions once at load, from shmipc_abi_get(); docs/abi.md shows how. The table
+ * is bindings/abi.def, checked against this header, the version script and the exported
+ * symbols by scripts/check-abi-table.py.
+ */
+
+/**
+ * The type vocabulary. Each C parameter has one type, so parameters map one to one onto
+ * libffi arguments; pairs are marshalled as one value (BYTES_IN + BYTES_LEN, OUT_CPTR +
+ * OUT_LEN, OUT_CHARS + OUT_LEN). Values are only appended.
+ */
+enum shmipc_abi_type {
+    SHMIPC_ABI_VOID = 0,        /**< no value (return type only) */
+    SHMIPC_ABI_I32 = 1,         /**< int */
+    SHMIPC_ABI_U32 = 2,         /**< uint32_t or unsigned */
+    SHMIPC_ABI_I64 = 3,         /**< int64_t */
+    SHMIPC_ABI_U64 = 4,         /**< uint64_t */
+    SHMIPC_ABI_SIZE = 5,        /**< size_t */
+    SHMIPC_ABI_CSTR = 6,        /**< const char *: NUL-terminated text; borrowed for the call as a
+                                     parameter, static or owned by a handle as a return value */
+    SHMIPC_ABI_HANDLE = 7,      /**< pointer to an object of `kind` */
+    SHMIPC_ABI_RELEASE = 8,     /**< pointer to an object of `kind` that the call releases */
+    SHMIPC_ABI_OUT_HANDLE = 9,  /**< T **: receives a new object of `kind`, owned by the caller */
+    SHMIPC_ABI_BYTES_IN = 10,   /**< const void *: bytes read during the call; their length is
+                                     the next parameter, a BYTES_LEN */
+    SHMIPC_ABI_BYTES_LEN = 11,  /**< size_t: the length of the preceding BYTES_IN */
+    SHMIPC_ABI_OUT_CPTR = 12,   /**< const void **: receives a pointer to bytes the library owns;
+                                     their length goes to the next parameter, an OUT_LEN */
+    SHMIPC_ABI_OUT_LEN = 13,    /**< size_t *: receives the length of the preceding OUT_CPTR or
+                                     OUT_CHARS, else of the CHARS return value; may be NULL */
+    SHMIPC_ABI_OUT_CPTR_N = 14, /**< const void **: receives a pointer to bytes the library owns,
+                                     as many as the preceding SIZE parameter says */
+    SHMIPC_ABI_OUT_WPTR_N = 15, /**< void **: receives a writable window of as many bytes as the
+                                     preceding SIZE parameter says */
+    SHMIPC_ABI_OUT_I32 = 16,    /**< int *: receives a value */
+    SHMIPC_ABI_OUT_U32 = 17,    /**< uint32_t * or unsigned *: receives a value */
+    SHMIPC_ABI_OUT_I64 = 18,    /**< int64_t *: receives a value */
+    SHMIPC_ABI_OUT_U64 = 19,    /**< uint64_t *: receives a value */
+    SHMIPC_ABI_OUT_SIZE = 20,   /**< size_t *: receives a value */
+    SHMIPC_ABI_CALLBACK = 21,   /**< function pointer of callback `kind`; its signature is
+                                     shmipc_abi_callback(kind) */
+    SHMIPC_ABI_USER_DATA = 22,  /**< void *: handed back to callbacks, never dereferenced */
+    SHMIPC_ABI_CHARS = 23,      /**< const char * return value: text the library owns, not
+                                     NUL-terminated; its length goes to the OUT_LEN parameter
+                                     that follows no OUT_CPTR or OUT_CHARS */
+    SHMIPC_ABI_OUT_CHARS = 24,  /**< const char **: receives text the library owns, not
+                                     NUL-terminated; its length goes to the next parameter, an
+                                     OUT_LEN */
+    SHMIPC_ABI_OPAQUE = 25,     /**< anything else (an array of structs, memory kept after the
+                                     call): a function with one is not callable generically */
+};
+
+/**
+ * What a HANDLE, RELEASE or OUT_HANDLE points to, or which callback a CALLBACK is:
+ * XX(name, value, C type). Handles count from 1, callbacks from 101; values are only appended.
+ */
+#define SHMIPC_ABI_KIND_MAP(XX)                                                                    \
+    XX(CONFIG, 1, shmipc_config)                                                                   \
+    XX(SESSION, 2, shmipc_session)                                                                 \
+    XX(STREAM, 3, shmipc_stream)                                                                   \
+    XX(LISTENER, 4, shmipc_listener)                                                               \
+    XX(MANAGER, 5, shmipc_session_manager)                                                         \
+    XX(SERVER_CONFIG, 6, shmipc_server_config)                                                     \
+    XX(SERVER, 7, shmipc_server)                                                                   \
+    XX(HTTP_REQUEST, 8, shmipc_http_request)                                                       \
+    XX(HTTP_RESPONSE, 9, shmipc_http_response)                                                     \
+    XX(STREAM_CB, 101, shmipc_stream_cb)                                                           \
+    XX(DESTROY_CB, 102, shmipc_destroy_cb)                                                         \
+    XX(LOG_SINK, 103, shmipc_log_sink)                                                             \
+    XX(HTTP_HANDLER, 104, shmipc_http_handler)
+
+/** SHMIPC_ABI_KIND_CONFIG, ...; SHMIPC_ABI_KIND_NONE for parameters of other types. */
+enum shmipc_abi_kind {
+    SHMIPC_ABI_KIND_NONE = 0,
+#define SHMIPC__ABI_KIND_ENUM(name, value, ctype) SHMIPC_ABI_KIND_##name = (value),
+    SHMIPC_ABI_KIND_MAP(SHMIPC__ABI_KIND_ENUM)
+#undef SHMIPC__ABI_KIND_ENUM
+};
+
+/** Flags of a described function. */
+enum shmipc_abi_flag {
+    SHMIPC_ABI_GENERIC = 1, /**< no parameter and no return value is OPAQUE */
+    SHMIPC_ABI_BLOCKS = 2,  /**< may wait: a binding releases its interpreter lock around it */
+};
+
+/** One parameter, or the return value, of a described function. A value type: never grows. */
+typedef struct shmipc_abi_param {
+    int type;         /**< enum shmipc_abi_type */
+    int kind;         /**< enum shmipc_abi_kind; SHMIPC_ABI_KIND_NONE unless a handle or callback */
+    const char *name; /**< the parameter's name in this header; "" for the return value */
+    const char *ctype; /**< the C type as this header spells it, e.g. "const shmipc_config *" */
+} shmipc_abi_param;
+
+/**
+ * One exported function, or (from shmipc_abi_callback()) one callback type, whose `fn` is
+ * NULL. @sized: it starts with its size and only grows at the end; read a field your header
+ * has and the library may not only when `size` covers it. Static storage; thread safe.
+ */
+typedef struct shmipc_abi_fn {
+    size_t size;                    /**< sizeof(shmipc_abi_fn) in the loaded library */
+    const char *name;               /**< "shmipc_config_new", or "shmipc_stream_cb" */
+    void (*fn)(void);               /**< the function: call it through libffi or its real type */
+    unsigned flags;                 /**< enum shmipc_abi_flag */
+    shmipc_abi_param ret;           /**< the return value; type SHMIPC_ABI_VOID when none */
+    int nparams;                    /**< number of C parameters */
+    const shmipc_abi_param *params; /**< nparams entries in declaration order; NULL when none */
+} shmipc_abi_fn;
+
+/** The number of described functions: every exported function, these included. Thread safe. */
+SHMIPC_API int shmipc_abi_count(void);
+
+/** The i-th described function, 0 <= i < shmipc_abi_count(), else NULL. Thread safe. */
+SHMIPC_API const shmipc_abi_fn *shmipc_abi_get(int i);
+
+/** The function named `name` (e.g. "shmipc_config_new"), or NULL. Thread safe. */
+SHMIPC_API const shmipc_abi_fn *shmipc_abi_find(const char *name);
+
+/** The signature of callback kind `kind` (SHMIPC_ABI_KIND_LOG_SINK, ...), or NULL. */
+SHMIPC_API const shmipc_abi_fn *shmipc_abi_callback(int kind);
+
+/** Levels of diagnostic lines, as SHMIPC_LOG_LEVEL names them. */
+enum shmipc_log_level {
+    SHMIPC_LOG_ERROR = 1,
+    SHMIPC_LOG_WARN = 2,
+    SHMIPC_LOG_INFO = 3,
+    SHMIPC_LOG_DEBUG = 4,
+};
+
+/** Receives one diagnostic line; `line` is valid during the call only. */
+typedef void (*shmipc_log_sink)(int level, const char *line);
+
+/**
+ * Sends the library's diagnostic lines to `sink` instead of stderr; NULL restores stderr.
+ * SHMIPC_LOG_LEVEL filters as before. The sink gets the level and the text stderr would get,
+ * "shmipc[<pid>] <level>: <message>", without the trailing newline. It may be called from any
+ * thread, from several at once, and must not call back into shmipc. When this function
+ * returns, no thread runs the previous sink any more and none will call it again, so what it
+ * holds (a libffi closure, say) may be freed. Thread safe.
+ */
+SHMIPC_API void shmipc_set_log_sink(shmipc_log_sink sink);
+
+/* ------------------------------------------------------------------------------------ */
 /* Config                                                                               */
 /* ------------------------------------------------------------------------------------ */
 
@@ -552,6 +700,272 @@ SHMIPC_API int shmipc_listener_stop(shmipc_listener *l);
 
 /** Stops listening (the unix socket file is removed) and frees the listener. */
 SHMIPC_API void shmipc_listener_close(shmipc_listener *l);
+
+/* ------------------------------------------------------------------------------------ */
+/* Server (HTTP/1.1)                                                                    */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * An HTTP/1.1 server on the reactor (docs/http.md): shared-nothing worker threads, each with
+ * its own event loop (io_uring, or epoll) and its own SO_REUSEPORT listening socket; a
+ * connection lives and dies on one worker. Keep-alive and pipelining are handled by the
+ * server, as are Date, Content-Length, HEAD, Expect: 100-continue, 404, 405 and 501, the
+ * parser's limits (400, 413, 414, 431, ...) and the header and keep-alive timeouts.
+ *
+ * Handlers run on the worker threads, on the thread that read the request, and must not
+ * block: a blocked handler stalls every connection of its worker. With several workers a
+ * handler runs on several threads at once, so what its user_data points to must be thread
+ * safe (or the server given one worker).
+ */
+typedef struct shmipc_server_config shmipc_server_config;
+typedef struct shmipc_server shmipc_server;
+typedef struct shmipc_http_request shmipc_http_request;
+typedef struct shmipc_http_response shmipc_http_response;
+
+/** The event-loop backend of a server's workers. */
+enum shmipc_backend {
+    SHMIPC_BACKEND_DEFAULT = 0,       /**< SHMIPC_REACTOR_BACKEND and SHMIPC_RX_EPOLL decide */
+    SHMIPC_BACKEND_AUTO = 1,          /**< io_uring, or epoll where io_uring cannot be set up */
+    SHMIPC_BACKEND_IO_URING = 2,      /**< io_uring or fail (SHMIPC_EACCES, SHMIPC_ENOTSUP) */
+    SHMIPC_BACKEND_EPOLL = 3,         /**< epoll; SHMIPC_RX_EPOLL picks its mode (persistent) */
+    SHMIPC_BACKEND_EPOLL_ONESHOT = 4, /**< epoll re-armed per read, for comparison only */
+};
+
+/** Which timeout shmipc_server_config_set_timeout_ms() sets. */
+enum shmipc_server_timeout {
+    /**
+     * A request head must arrive whole within this time of its first byte (of the connection,
+     * for the first request); else the connection is closed (slowloris). 1..3600000 ms;
+     * default SHMIPC_HTTP_HEADER_TIMEOUT_MS, else 10000.
+     */
+    SHMIPC_SERVER_TIMEOUT_HEADER = 0,
+    /**
+     * An idle keep-alive connection, a request body that stops arriving, or a response the
+     * peer stops reading is closed after this long without progress. 1..3600000 ms; default
+     * SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS, else 60000.
+     */
+    SHMIPC_SERVER_TIMEOUT_KEEPALIVE = 1,
+    /**
+     * A graceful stop waits this long for requests in flight before it closes what is left.
+     * 0..3600000 ms; default 5000.
+     */
+    SHMIPC_SERVER_TIMEOUT_STOP = 2,
+};
+
+/** Which limit shmipc_server_config_set_limit() sets; a larger request gets the status named. */
+enum shmipc_server_limit {
+    SHMIPC_SERVER_LIMIT_REQUEST_LINE = 0, /**< bytes of the request line; 8192; 414 */
+    SHMIPC_SERVER_LIMIT_HEAD_BYTES = 1,   /**< bytes of the whole head; 16384, up to 64 MiB; 431 */
+    SHMIPC_SERVER_LIMIT_HEADERS = 2,      /**< header fields; 64, up to 4096; 431 */
+    SHMIPC_SERVER_LIMIT_BODY = 3,         /**< bytes of a decoded request body; 1 MiB; 413 */
+    SHMIPC_SERVER_LIMIT_PIPELINE = 4,     /**< requests answered per connection per loop turn
+                                               (fairness between connections); 16, 1..1024 */
+};
+
+/** Longest address text (an IPv6 address with its zone fits). */
+#define SHMIPC_SERVER_MAX_ADDRESS 63
+/** Longest Server header value. */
+#define SHMIPC_SERVER_MAX_NAME 127
+
+/**
+ * Allocates a server config holding the defaults: address 127.0.0.1, port 8080, workers from
+ * SHMIPC_WORKERS (else one per online CPU), backend from the environment, the timeouts and
+ * limits above, Server header "shmipc". Setters validate their value and leave the config
+ * unchanged on failure (SHMIPC_EINVAL with a detail naming the field). A server copies its
+ * config, which may then be changed or freed. Returns 0 or SHMIPC_EINVAL/SHMIPC_ENOMEM.
+ */
+SHMIPC_API int shmipc_server_config_new(shmipc_server_config **out);
+
+/** Frees a server config. NULL is a no-op. */
+SHMIPC_API void shmipc_server_config_free(shmipc_server_config *cfg);
+
+/** Sets the address to listen on: a numeric IPv4 or IPv6 address ("0.0.0.0", "::1"). */
+SHMIPC_API int shmipc_server_config_set_address(shmipc_server_config *cfg, const char *address);
+
+/** Sets the TCP port, 0..65535; 0 picks an ephemeral port (see shmipc_server_port()). */
+SHMIPC_API int shmipc_server_config_set_port(shmipc_server_config *cfg, int port);
+
+/** Sets the number of worker threads, 1..1024; 0 restores the default. */
+SHMIPC_API int shmipc_server_config_set_workers(shmipc_server_config *cfg, unsigned workers);
+
+/**
+ * Sets the backend (enum shmipc_backend). Anything but SHMIPC_BACKEND_DEFAULT overrides
+ * SHMIPC_REACTOR_BACKEND; SHMIPC_BACKEND_AUTO and _EPOLL leave SHMIPC_RX_EPOLL in force.
+ */
+SHMIPC_API int shmipc_server_config_set_backend(shmipc_server_config *cfg, int backend);
+
+/** Sets one of the timeouts (enum shmipc_server_timeout) in milliseconds; ranges are given there. */
+SHMIPC_API int shmipc_server_config_set_timeout_ms(shmipc_server_config *cfg, int which,
+                                                   uint32_t ms);
+
+/**
+ * Sets one of the limits (enum shmipc_server_limit); 0 restores the default. Values above
+ * the bound given there are refused.
+ */
+SHMIPC_API int shmipc_server_config_set_limit(shmipc_server_config *cfg, int which, uint64_t value);
+
+/**
+ * Sets the Server header's value (copied; at most SHMIPC_SERVER_MAX_NAME bytes of visible
+ * ASCII and spaces), or removes the header when `name` is NULL or "".
+ */
+SHMIPC_API int shmipc_server_config_set_server_name(shmipc_server_config *cfg, const char *name);
+
+/**
+ * Creates a server from `cfg` (NULL: defaults), reading the SHMIPC_* variables for what the
+ * config leaves at its default; nothing is bound or started yet. Returns 0, SHMIPC_EINVAL
+ * (a bad variable, named in the detail) or SHMIPC_ENOMEM.
+ */
+SHMIPC_API int shmipc_server_new(const shmipc_server_config *cfg, shmipc_server **out);
+
+/**
+ * Answers requests whose method and path match with `fn`, on the worker threads (see the
+ * section comment). `method` is a method name ("GET", "POST"; a GET route also answers HEAD,
+ * without the body) or NULL for any method. `path` is an exact path ("/items"), or a prefix
+ * ending in "/\*" ("/items/\*" matches "/items/" and everything below it, but not "/items");
+ * an exact route wins over a prefix route, a longer prefix over a shorter one. The query is
+ * not part of the path. Only before shmipc_server_start() (else SHMIPC_EBUSY); a route that
+ * is already there is SHMIPC_EEXIST. destroy(user_data), when given, runs once: when the
+ * server is freed, or at once when the call fails.
+ *
+ * `fn` fills in the response and returns 0; a negative return answers 500 and closes the
+ * connection (what the handler set is dropped). `req` and `res`, and every pointer the
+ * request functions return, are valid only during the call.
+ */
+typedef int (*shmipc_http_handler)(shmipc_http_request *req, shmipc_http_response *res,
+                                   void *user_data);
+SHMIPC_API int shmipc_server_route(shmipc_server *s, const char *method, const char *path,
+                                   shmipc_http_handler fn, void *user_data,
+                                   shmipc_destroy_cb destroy);
+
+/**
+ * Answers `method` (NULL: GET, which includes HEAD) on `path` (as for routes) with a fixed
+ * response, without calling any handler: `status` (200..999), the Content-Type
+ * `content_type` (NULL for none) and `len` bytes of `body`, all copied now. Only before
+ * shmipc_server_start() (else SHMIPC_EBUSY).
+ */
+SHMIPC_API int shmipc_server_static(shmipc_server *s, const char *method, const char *path,
+                                    int status, const char *content_type, const void *body,
+                                    size_t len);
+
+/**
+ * Binds the listening sockets and starts the workers; returns once every worker accepts.
+ * Does not block beyond that. Starting a running server is a no-op. SHMIPC_EADDRINUSE,
+ * SHMIPC_EACCES, SHMIPC_ENOTSUP (io_uring requested but refused), ...
+ */
+SHMIPC_API int shmipc_server_start(shmipc_server *s);
+
+/**
+ * Runs the server: starts it unless started, blocks until shmipc_server_stop(), then stops
+ * gracefully: no new connections are accepted, requests in flight are answered (with
+ * Connection: close), idle keep-alive connections are closed with a FIN, and after the stop
+ * timeout whatever is left is closed. Returns 0 once every worker has stopped, or a start
+ * failure. A stop requested before run makes it return at once (stopping a server already
+ * started). One caller at a time (SHMIPC_EBUSY).
+ */
+SHMIPC_API int shmipc_server_run(shmipc_server *s);
+
+/**
+ * Asks shmipc_server_run() to stop gracefully and return. Thread safe and async-signal-safe
+ * (may be called from a signal handler or a handler); never blocks. Returns 0.
+ */
+SHMIPC_API int shmipc_server_stop(shmipc_server *s);
+
+/** The TCP port the server listens on (after start), or SHMIPC_EINVAL before it started. */
+SHMIPC_API int shmipc_server_port(const shmipc_server *s);
+
+/** The backend the workers run, "io_uring" or "epoll" (after start; else NULL). Static. */
+SHMIPC_API const char *shmipc_server_backend(const shmipc_server *s);
+
+/**
+ * Stops a running server as shmipc_server_run() does (blocking up to the stop timeout), calls
+ * every route's destroy and frees the server. Not while shmipc_server_run() runs on another
+ * thread: stop it and let it return first. NULL is a no-op.
+ */
+SHMIPC_API void shmipc_server_free(shmipc_server *s);
+
+/*
+ * The request, inside a handler. Strings are not NUL-terminated: each function returns a
+ * pointer into the request and stores its length in *len (len may be NULL). They never fail
+ * on a valid request; on NULL they return NULL (or 0) with *len set to 0.
+ */
+
+/** The method token, "GET", "POST", ... */
+SHMIPC_API const char *shmipc_http_request_method(const shmipc_http_request *req, size_t *len);
+
+/** The path of the target, without the query ("/items/7"). */
+SHMIPC_API const char *shmipc_http_request_path(const shmipc_http_request *req, size_t *len);
+
+/** The query, after '?' and without it; NULL (and *len 0) when the target has none. */
+SHMIPC_API const char *shmipc_http_request_query(const shmipc_http_request *req, size_t *len);
+
+/**
+ * For a prefix route ("/items/\*"), the part of the path the '*' matched ("7" for "/items/7");
+ * "" otherwise.
+ */
+SHMIPC_API const char *shmipc_http_request_wildcard(const shmipc_http_request *req, size_t *len);
+
+/**
+ * The value of the first header named `name` (case-insensitive), without surrounding
+ * whitespace; NULL when the request has none.
+ */
+SHMIPC_API const char *shmipc_http_request_header(const shmipc_http_request *req, const char *name,
+                                                  size_t *len);
+
+/** The number of header fields. */
+SHMIPC_API size_t shmipc_http_request_header_count(const shmipc_http_request *req);
+
+/**
+ * Header field `i` (0 .. count - 1), as received: its name in *name and *name_len, its value
+ * returned. NULL when `i` is out of range.
+ */
+SHMIPC_API const char *shmipc_http_request_header_at(const shmipc_http_request *req, size_t i,
+                                                     const char **name, size_t *name_len,
+                                                     size_t *len);
+
+/** The decoded body (Content-Length or chunked); "" with *len 0 when there is none. */
+SHMIPC_API const char *shmipc_http_request_body(const shmipc_http_request *req, size_t *len);
+
+/** The HTTP version: 10 for HTTP/1.0, 11 for HTTP/1.1. */
+SHMIPC_API int shmipc_http_request_version(const shmipc_http_request *req);
+
+/*
+ * The response, inside a handler. It starts as 200 with no Content-Type and an empty body.
+ * The server adds Date, Server, Content-Length and Connection; the head and the body leave in
+ * one vectored write, the body not copied again when it is large. A HEAD request gets the
+ * head only. After shmipc_http_response_end() every setter fails with SHMIPC_EBUSY.
+ */
+
+/** Sets the status, 200..999 (1xx responses are the server's). */
+SHMIPC_API int shmipc_http_response_set_status(shmipc_http_response *res, int status);
+
+/**
+ * Adds a header; name and value are copied. The name must be a token, the value free of
+ * control bytes. Content-Type sets the content type (once); "Connection: close" closes the
+ * connection after this response; Content-Length, Transfer-Encoding, Date, Server and other
+ * Connection values are the server's (SHMIPC_EINVAL). At most 32 headers and 4096 bytes of
+ * names and values per response (SHMIPC_ENOSPC).
+ */
+SHMIPC_API int shmipc_http_response_add_header(shmipc_http_response *res, const char *name,
+                                               const char *value);
+
+/** Sets the body to a copy of `len` bytes of `data` (replacing an earlier body). */
+SHMIPC_API int shmipc_http_response_body(shmipc_http_response *res, const void *data, size_t len);
+
+/**
+ * Sets the body to `len` bytes of `data` without copying: the memory must stay valid and
+ * unchanged until release(user_data) runs, once, on the worker thread, when the response has
+ * been written or the connection failed. When this call fails, release runs before it
+ * returns. Replacing the body later still releases this one.
+ */
+SHMIPC_API int shmipc_http_response_body_borrow(shmipc_http_response *res, const void *data,
+                                                size_t len, void *user_data,
+                                                shmipc_destroy_cb release);
+
+/**
+ * Ends the response: nothing can be changed afterwards. Optional: returning from the handler
+ * ends it. A response must be complete when its handler returns (no asynchronous answers).
+ */
+SHMIPC_API int shmipc_http_response_end(shmipc_http_response *res);
 
 #ifdef __cplusplus
 }

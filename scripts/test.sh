@@ -43,7 +43,12 @@ step "Lua suite" bash -c "set -o pipefail; LUA_CPATH='$root/build/lua/?.so;;' \
 
 : >"$results/checks.txt"
 for check in registered:scripts/check-tests.py knobs:scripts/check-knobs.py \
-  format:scripts/check-format.sh static:scripts/check-static.sh; do
+  format:scripts/check-format.sh static:scripts/check-static.sh \
+  abi-table:scripts/check-abi-table.py \
+  abi-baseline:scripts/check-abi-baseline.sh \
+  abi-structs:scripts/check-abi-structs.py \
+  abi-install:scripts/check-abi-install.sh \
+  abi-docs:scripts/check-abi-docs.py; do
   name=${check%%:*} cmd=${check#*:}
   echo "==> check: $name"
   if "$cmd"; then status=ok; else status="not ok"; failed_steps+=("check: $name"); fi

@@ -1,6 +1,11 @@
-/* Diagnostics to stderr, filtered by SHMIPC_LOG_LEVEL (see docs/runtime-config.md). */
+/*
+ * Diagnostics to stderr, or to the sink set with shmipc_set_log_sink(), filtered by
+ * SHMIPC_LOG_LEVEL (see docs/runtime-config.md).
+ */
 #ifndef SHMIPC_CORE_LOG_H
 #define SHMIPC_CORE_LOG_H
+
+#include "shmipc.h"
 
 enum shmipc__log_level {
     SHMIPC__LOG_OFF = 0,
@@ -16,7 +21,11 @@ int shmipc__log_level(void);
 /* Parses a level name ("off", "error", "warn", "info", "debug"); -1 when unknown. */
 int shmipc__log_parse_level(const char *name);
 
+/* Writes one line, "shmipc[<pid>] <level>: <message>", to the sink or else to stderr. */
 void shmipc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Replaces the sink (NULL: stderr); returns once no thread runs the previous one. */
+void shmipc__log_set_sink(shmipc_log_sink fn);
 
 #define SHMIPC__LOG(level, ...)                                                                    \
     do {                                                                                           \

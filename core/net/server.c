@@ -1,0 +1,1317 @@
+/*
+ * The HTTP/1.1 server; see server.h and docs/http.md.
+ *
+ * Per connection: bytes from the reactor are appended to the connection's receive buffer and
+ * shmipc__http_conn_process() answers every complete request there into one batch, which
+ * leaves in one vectored send. While a batch is in flight nothing else is processed: its
+ * iovecs may point into the receive buffer (a request body echoed back) and into the
+ * connection's arena, so new bytes are only appended, and the next batch is built when the
+ * send completes. Receive buffers and batch arenas come from per-worker free lists and are
+ * held only while there is something in them, so an idle keep-alive connection costs its
+ * small struct only.
+ *
+ * Timeouts use one timer per connection, started lazily: the connection keeps its deadline
+ * and the timer, when it fires early, starts again for what is left, so a keep-alive
+ * request does not touch the timer heap.
+ */
+#include "net/server.h"
+
+#include "common/env.h"
+#include "common/error.h"
+#include "common/log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RX_STD       8192u  /* pooled receive buffers; larger requests get their own */
+#define TX_IOV       64u    /* iovecs of a batch; the reactor takes up to 64 without malloc */
+#define TX_ARENA     16384u /* heads (and small bodies) of a batch */
+#define HEAD_RESERVE 6144u  /* a head with 4 KiB of handler headers, plus a copied body */
+#define LINGER_MS    2000u  /* how long a half-closed connection waits for the peer's FIN */
+#define POOL_KEEP    1024u  /* free buffers a worker keeps per list */
+
+/* ---------------------------------------------------------------------------------------- */
+/* Config */
+
+static const char *const timeout_names[] = {"header_timeout", "keepalive_timeout", "stop_timeout"};
+
+int shmipc__server_config_new(struct shmipc_server_config **out)
+{
+    struct shmipc_server_config *cfg = calloc(1, sizeof *cfg);
+    if (cfg == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "server_config_new: out of memory");
+    strcpy(cfg->address, "127.0.0.1");
+    cfg->port = SHMIPC__SERVER_DEFAULT_PORT;
+    strcpy(cfg->server_name, "shmipc");
+    *out = cfg;
+    return 0;
+}
+
+static int parse_address(const char *address, void *buf)
+{
+    return inet_pton(AF_INET, address, buf) == 1 || inet_pton(AF_INET6, address, buf) == 1;
+}
+
+int shmipc__server_config_set_address(struct shmipc_server_config *cfg, const char *address)
+{
+    unsigned char buf[sizeof(struct in6_addr)];
+    size_t len = strlen(address);
+    if (len == 0 || len > SHMIPC_SERVER_MAX_ADDRESS)
+        return shmipc__fail(SHMIPC_EINVAL, "address: %zu bytes, expected 1..%d", len,
+                            SHMIPC_SERVER_MAX_ADDRESS);
+    if (!parse_address(address, buf))
+        return shmipc__fail(SHMIPC_EINVAL, "address: \"%s\" is not a numeric IPv4 or IPv6 address",
+                            address);
+    memcpy(cfg->address, address, len + 1);
+    return 0;
+}
+
+int shmipc__server_config_set_timeout_ms(struct shmipc_server_config *cfg, int which, uint32_t ms)
+{
+    uint32_t min;
+    if (which < SHMIPC_SERVER_TIMEOUT_HEADER || which > SHMIPC_SERVER_TIMEOUT_STOP)
+        return shmipc__fail(SHMIPC_EINVAL, "server timeout: %d is not a shmipc_server_timeout",
+                            which);
+    min = which == SHMIPC_SERVER_TIMEOUT_STOP ? 0 : 1;
+    if (ms < min || ms > SHMIPC__SERVER_MAX_TIMEOUT_MS)
+        return shmipc__fail(SHMIPC_EINVAL, "%s: %u ms is outside %u..%u", timeout_names[which], ms,
+                            min, SHMIPC__SERVER_MAX_TIMEOUT_MS);
+    cfg->timeout_ms[which] = ms;
+    cfg->timeout_set[which] = 1;
+    return 0;
+}
+
+static int limit_range(int which, uint64_t value)
+{
+    static const char *const names[] = {"request_line", "head_bytes", "headers", "body",
+                                        "pipeline"};
+    static const uint64_t max[] = {
+        SHMIPC__HTTP_LIMIT_MAX_HEAD_BYTES, SHMIPC__HTTP_LIMIT_MAX_HEAD_BYTES,
+        SHMIPC__HTTP_LIMIT_MAX_HEADERS, SHMIPC__SERVER_MAX_BODY, SHMIPC__SERVER_MAX_PIPELINE};
+    return shmipc__fail(SHMIPC_EINVAL, "limit %s: %llu is above %llu", names[which],
+                        (unsigned long long)value, (unsigned long long)max[which]);
+}
+
+int shmipc__server_config_set_limit(struct shmipc_server_config *cfg, int which, uint64_t value)
+{
+    struct shmipc__http_limits l = cfg->limits;
+    struct shmipc__http_limits resolved;
+    int rc;
+    switch (which) {
+    case SHMIPC_SERVER_LIMIT_REQUEST_LINE:
+        if (value > SHMIPC__HTTP_LIMIT_MAX_HEAD_BYTES)
+            return limit_range(which, value);
+        l.max_request_line = (uint32_t)value;
+        break;
+    case SHMIPC_SERVER_LIMIT_HEAD_BYTES:
+        if (value > SHMIPC__HTTP_LIMIT_MAX_HEAD_BYTES)
+            return limit_range(which, value);
+        l.max_head_bytes = (uint32_t)value;
+        break;
+    case SHMIPC_SERVER_LIMIT_HEADERS:
+        if (value > SHMIPC__HTTP_LIMIT_MAX_HEADERS)
+            return limit_range(which, value);
+        l.max_headers = (uint32_t)value;
+        break;
+    case SHMIPC_SERVER_LIMIT_BODY:
+        /* The receive buffer holds a whole body, so the bound is memory, not the parser's. */
+        if (value > SHMIPC__SERVER_MAX_BODY)
+            return limit_range(which, value);
+        l.max_body = value;
+        break;
+    case SHMIPC_SERVER_LIMIT_PIPELINE:
+        if (value > SHMIPC__SERVER_MAX_PIPELINE)
+            return limit_range(which, value);
+        cfg->pipeline = (uint32_t)value;
+        return 0;
+    default:
+        return shmipc__fail(SHMIPC_EINVAL, "server limit: %d is not a shmipc_server_limit", which);
+    }
+    rc = shmipc__http_limits_resolve(&resolved, &l);
+    if (rc < 0)
+        return rc;
+    cfg->limits = l;
+    return 0;
+}
+
+int shmipc__server_config_set_server_name(struct shmipc_server_config *cfg, const char *name)
+{
+    size_t len = name != NULL ? strlen(name) : 0;
+    if (len > SHMIPC_SERVER_MAX_NAME)
+        return shmipc__fail(SHMIPC_EINVAL, "server_name: %zu bytes, at most %d", len,
+                            SHMIPC_SERVER_MAX_NAME);
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)name[i] < 0x20 || (unsigned char)name[i] >= 0x7f)
+            return shmipc__fail(SHMIPC_EINVAL, "server_name: byte %zu is not visible ASCII", i);
+    if (len > 0)
+        memcpy(cfg->server_name, name, len + 1);
+    else
+        cfg->server_name[0] = '\0';
+    return 0;
+}
+
+/* A millisecond knob's value `v`: unset keeps *out; a bad value fails naming the variable. */
+static int env_ms(const char *name, const char *v, uint32_t *out)
+{
+    char *end;
+    unsigned long n;
+    if (v == NULL)
+        return 0;
+    errno = 0;
+    n = strtoul(v, &end, 10);
+    if (errno != 0 || *end != '\0' || v[0] == '-' || n < 1 || n > SHMIPC__SERVER_MAX_TIMEOUT_MS)
+        return shmipc__fail(SHMIPC_EINVAL, "%s=%s is not a number of milliseconds in 1..%u", name,
+                            v, SHMIPC__SERVER_MAX_TIMEOUT_MS);
+    *out = (uint32_t)n;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Workers and connections */
+
+/* A batch's iovecs and arena, held by a connection while its batch is built and sent. */
+struct txbuf {
+    struct txbuf *next;
+    struct iovec iov[TX_IOV];
+    char arena[TX_ARENA];
+};
+
+/* Something to free or call once the batch in flight has been written. */
+struct release {
+    struct release *next;
+    shmipc_destroy_cb fn; /* NULL: the body was copied right behind this node */
+    void *user_data;
+};
+
+enum conn_phase {
+    P_OPEN = 0, /* reading and answering requests */
+    P_LINGER,   /* shut down for writing; input is drained until the peer's FIN */
+};
+
+struct server_conn {
+    struct server_conn *prev, *next; /* the worker's list, for a graceful stop */
+    struct shmipc__server_worker *w;
+    struct shmipc__conn *conn;
+    struct shmipc__http_conn http;
+    struct shmipc__timer timer;
+    uint64_t deadline; /* loop ms when the connection times out; 0: none */
+    uint64_t timer_at; /* when the timer fires, while active */
+    uint8_t phase;
+    uint8_t inflight;  /* a batch is being sent */
+    uint8_t peer_done; /* the peer's FIN arrived */
+    uint8_t closed;    /* shmipc__conn_close() was called */
+    uint8_t in_head;   /* a head is partly here: the header deadline runs */
+    uint8_t fresh;     /* no request yet: the header timeout covers the first */
+    char *rx;
+    size_t rx_len, rx_cap;
+    size_t rx_done;   /* bytes at the front that the batch in flight may point into */
+    char *rx_retired; /* an older buffer the batch in flight points into */
+    struct txbuf *tx;
+    struct shmipc__http_batch batch;
+    struct release *releases;
+    struct shmipc__http_field fields[]; /* limits.max_headers */
+};
+
+struct shmipc__server_worker {
+    struct shmipc_server *srv;
+    unsigned index;
+    struct shmipc__loop *loop;
+    struct shmipc__acceptor *acceptor;
+    struct shmipc__http_date date;
+    struct shmipc__timer date_timer;
+    struct server_conn *conns;
+    unsigned nconns;
+    int draining;
+    /* Free lists. */
+    struct server_conn *free_conns;
+    char *free_rx;
+    unsigned nfree_rx;
+    struct txbuf *free_tx;
+    unsigned nfree_tx;
+    /* A handler's response: headers and small bodies live here until the batch copies them. */
+    struct shmipc__http_header_out hdrs[SHMIPC__SERVER_MAX_RESP_HEADERS];
+    char hbytes[SHMIPC__SERVER_RESP_HEADER_BYTES];
+    size_t hused;
+    char body[SHMIPC__HTTP_COPY_MAX];
+    char allow[256];
+    struct shmipc__server_stats stats;
+};
+
+static void conn_serve(struct server_conn *sc);
+static void conn_close(struct server_conn *sc);
+
+/* ---- pools ---- */
+
+static char *rx_get(struct shmipc__server_worker *w)
+{
+    char *b = w->free_rx;
+    if (b != NULL) {
+        w->free_rx = *(char **)b;
+        w->nfree_rx--;
+        return b;
+    }
+    return malloc(RX_STD);
+}
+
+static void rx_put(struct shmipc__server_worker *w, char *b, size_t cap)
+{
+    if (b == NULL)
+        return;
+    if (cap != RX_STD || w->nfree_rx >= POOL_KEEP) {
+        free(b);
+        return;
+    }
+    *(char **)b = w->free_rx;
+    w->free_rx = b;
+    w->nfree_rx++;
+}
+
+static struct txbuf *tx_get(struct shmipc__server_worker *w)
+{
+    struct txbuf *t = w->free_tx;
+    if (t != NULL) {
+        w->free_tx = t->next;
+        w->nfree_tx--;
+        return t;
+    }
+    return malloc(sizeof *t);
+}
+
+static void tx_put(struct shmipc__server_worker *w, struct txbuf *t)
+{
+    if (t == NULL)
+        return;
+    if (w->nfree_tx >= POOL_KEEP) {
+        free(t);
+        return;
+    }
+    t->next = w->free_tx;
+    w->free_tx = t;
+    w->nfree_tx++;
+}
+
+static size_t conn_size(const struct shmipc_server *s)
+{
+    return sizeof(struct server_conn) + s->limits.max_headers * sizeof(struct shmipc__http_field);
+}
+
+static void worker_free_pools(struct shmipc__server_worker *w)
+{
+    while (w->free_conns != NULL) {
+        struct server_conn *sc = w->free_conns;
+        w->free_conns = sc->next;
+        free(sc);
+    }
+    while (w->free_rx != NULL) {
+        char *b = w->free_rx;
+        w->free_rx = *(char **)b;
+        free(b);
+    }
+    while (w->free_tx != NULL) {
+        struct txbuf *t = w->free_tx;
+        w->free_tx = t->next;
+        free(t);
+    }
+    w->nfree_rx = w->nfree_tx = 0;
+}
+
+/* ---- timers ---- */
+
+static void conn_timeout(struct shmipc__timer *t);
+
+/*
+ * Sets the connection's deadline (0: none). The timer is started only when it is idle or
+ * would fire after the new deadline; a later deadline is picked up when it fires.
+ */
+static void set_deadline(struct server_conn *sc, uint64_t deadline)
+{
+    uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    sc->deadline = deadline;
+    if (deadline == 0)
+        return;
+    if (shmipc__timer_active(&sc->timer) && sc->timer_at <= deadline)
+        return;
+    sc->timer_at = deadline;
+    if (shmipc__timer_start(&sc->timer, deadline > now ? deadline - now : 0) < 0) {
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "server: timer: %s; closing the connection",
+                    shmipc__detail());
+        sc->deadline = 0;
+    }
+}
+
+static uint64_t after(const struct server_conn *sc, uint32_t ms)
+{
+    return shmipc__loop_now_ms(sc->w->loop) + ms;
+}
+
+/* Half-close: the peer gets a FIN after what was queued; its input is drained until its own
+ * FIN (or the linger time), so that closing does not answer unread bytes with a reset. */
+static void conn_linger(struct server_conn *sc)
+{
+    uint64_t deadline = after(sc, LINGER_MS);
+    sc->phase = P_LINGER;
+    sc->in_head = 0;
+    if (shmipc__conn_shutdown(sc->conn) < 0) {
+        conn_close(sc);
+        return;
+    }
+    set_deadline(sc, deadline);
+}
+
+static void conn_timeout(struct shmipc__timer *t)
+{
+    struct server_conn *sc = t->data;
+    uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    if (sc->deadline == 0)
+        return;
+    if (sc->deadline > now) {
+        sc->timer_at = sc->deadline;
+        if (shmipc__timer_start(&sc->timer, sc->deadline - now) == 0)
+            return;
+    }
+    /* A slowloris head, an idle keep-alive connection, a stalled body or reader: nothing of
+     * ours is unsent that the peer would want, so close outright. */
+    sc->w->stats.timeouts++;
+    conn_close(sc);
+}
+
+static void date_tick(struct shmipc__timer *t)
+{
+    struct shmipc__server_worker *w = t->data;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    shmipc__http_date_refresh(&w->date, ts.tv_sec);
+    /* Just past the next second, so the text changes when the second does. */
+    if (shmipc__timer_start(&w->date_timer, 1000 - (uint64_t)ts.tv_nsec / 1000000 + 1) < 0)
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "server: date timer: %s", shmipc__detail());
+}
+
+/* ---- lifecycle ---- */
+
+static void release_all(struct server_conn *sc)
+{
+    while (sc->releases != NULL) {
+        struct release *r = sc->releases;
+        sc->releases = r->next;
+        if (r->fn != NULL)
+            r->fn(r->user_data);
+        free(r);
+    }
+}
+
+static void conn_free(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    release_all(sc);
+    tx_put(w, sc->tx);
+    rx_put(w, sc->rx, sc->rx_cap);
+    free(sc->rx_retired);
+    sc->next = w->free_conns;
+    w->free_conns = sc;
+}
+
+static void conn_unlink(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    if (sc->prev != NULL)
+        sc->prev->next = sc->next;
+    else
+        w->conns = sc->next;
+    if (sc->next != NULL)
+        sc->next->prev = sc->prev;
+    sc->prev = sc->next = NULL;
+    w->nconns--;
+}
+
+/* Closes now. The memory waits for the send in flight, whose callback comes with ECLOSED. */
+static void conn_close(struct server_conn *sc)
+{
+    if (sc->closed)
+        return;
+    sc->closed = 1;
+    sc->deadline = 0;
+    shmipc__timer_stop(&sc->timer);
+    conn_unlink(sc);
+    shmipc__conn_close(sc->conn);
+    if (!sc->inflight)
+        conn_free(sc);
+}
+
+/* Drops the bytes the last batch was made of from the front of the receive buffer. */
+static void rx_drop_done(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    free(sc->rx_retired);
+    sc->rx_retired = NULL;
+    if (sc->rx_done > 0) {
+        sc->rx_len -= sc->rx_done;
+        memmove(sc->rx, sc->rx + sc->rx_done, sc->rx_len);
+        sc->rx_done = 0;
+    }
+    if (sc->rx_len == 0 && sc->rx != NULL) {
+        rx_put(w, sc->rx, sc->rx_cap);
+        sc->rx = NULL;
+        sc->rx_cap = 0;
+    }
+}
+
+/* Appends received bytes. Fails when the connection holds more than any request may need. */
+static int rx_append(struct server_conn *sc, const void *data, size_t len)
+{
+    struct shmipc__server_worker *w = sc->w;
+    size_t need = sc->rx_len + len;
+    if (need > sc->rx_cap) {
+        size_t keep = sc->rx_len - sc->rx_done; /* bytes not yet made into responses */
+        size_t cap = sc->rx_cap > RX_STD ? sc->rx_cap : RX_STD;
+        char *nb;
+        if (keep + len > w->srv->rx_max)
+            return shmipc__fail(SHMIPC_EMSGSIZE, "server: %zu unanswered bytes on one connection",
+                                keep + len);
+        while (cap < keep + len)
+            cap *= 2;
+        nb = cap == RX_STD ? rx_get(w) : malloc(cap);
+        if (nb == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "server: %zu-byte receive buffer", cap);
+        if (sc->rx != NULL) {
+            memcpy(nb, sc->rx + sc->rx_done, keep);
+            /* The batch in flight may point into the old buffer: keep it until it is sent.
+             * Only one buffer can be in that state, since the new one holds no answered
+             * bytes. */
+            if (sc->inflight && sc->rx_done > 0)
+                sc->rx_retired = sc->rx;
+            else
+                rx_put(w, sc->rx, sc->rx_cap);
+        }
+        sc->rx = nb;
+        sc->rx_cap = cap;
+        sc->rx_len = keep;
+        sc->rx_done = 0;
+    }
+    memcpy(sc->rx + sc->rx_len, data, len);
+    sc->rx_len += len;
+    return 0;
+}
+
+/* The deadline that applies once a batch has been built and there is nothing in flight. */
+static void update_deadline(struct server_conn *sc)
+{
+    const struct shmipc_server *s = sc->w->srv;
+    if (sc->rx_len > 0 && sc->http.phase == 0) {
+        /* Part of a head is here (phase 0 is http_conn's "reading a head"): the header
+         * timeout runs from its first byte and is not extended by more bytes. */
+        if (!sc->in_head) {
+            sc->in_head = 1;
+            set_deadline(sc, after(sc, s->header_ms));
+        }
+        return;
+    }
+    sc->in_head = 0;
+    if (sc->fresh)
+        set_deadline(sc, after(sc, s->header_ms));
+    else
+        set_deadline(sc, after(sc, s->keepalive_ms));
+}
+
+static void on_sent(struct shmipc__conn *c, int status, void *data)
+{
+    struct server_conn *sc = data;
+    struct shmipc__server_worker *w = sc->w;
+    (void)c;
+    sc->inflight = 0;
+    release_all(sc);
+    tx_put(w, sc->tx);
+    sc->tx = NULL;
+    if (sc->closed) {
+        conn_free(sc);
+        return;
+    }
+    if (status < 0) {
+        conn_close(sc);
+        return;
+    }
+    rx_drop_done(sc);
+    if (sc->phase == P_LINGER)
+        return;
+    if (sc->rx_len > 0) {
+        conn_serve(sc); /* pipelined leftovers, or bytes that came while sending */
+        return;
+    }
+    if (sc->peer_done)
+        conn_close(sc);
+    else if (w->draining)
+        conn_linger(sc);
+    else
+        update_deadline(sc);
+}
+
+/* Answers what the receive buffer holds. Called with no batch in flight. */
+static void conn_serve(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    size_t len = sc->rx_len, consumed = 0;
+    int verdict;
+
+    if (sc->tx == NULL) {
+        sc->tx = tx_get(w);
+        if (sc->tx == NULL) {
+            SHMIPC__LOG(SHMIPC__LOG_WARN, "server: out of memory for a response batch");
+            conn_close(sc);
+            return;
+        }
+    }
+    shmipc__http_batch_init(&sc->batch, sc->tx->iov, TX_IOV, sc->tx->arena, TX_ARENA, &w->date);
+    sc->batch.server = w->srv->server_name;
+    verdict =
+        shmipc__http_conn_process(&sc->http, sc->rx, &len, &consumed, &sc->batch, w->srv->pipeline);
+    sc->rx_len = len;
+    sc->rx_done = consumed;
+    if (consumed > 0)
+        sc->fresh = 0;
+    if (sc->batch.niov > 0) {
+        if (shmipc__conn_sendv(sc->conn, sc->batch.iov, (int)sc->batch.niov, on_sent, sc) < 0) {
+            conn_close(sc);
+            return;
+        }
+        sc->inflight = 1;
+        if (verdict == SHMIPC__HTTP_CONN_CLOSE) {
+            conn_linger(sc);
+            return;
+        }
+        /* The peer must take the batch within the keep-alive timeout. */
+        sc->in_head = 0;
+        set_deadline(sc, after(sc, w->srv->keepalive_ms));
+        return;
+    }
+    tx_put(w, sc->tx);
+    sc->tx = NULL;
+    release_all(sc);
+    rx_drop_done(sc);
+    if (verdict == SHMIPC__HTTP_CONN_CLOSE) {
+        conn_linger(sc);
+        return;
+    }
+    /* Only part of a request is here: with the peer done sending, it cannot complete. */
+    if (sc->peer_done) {
+        conn_close(sc);
+        return;
+    }
+    update_deadline(sc);
+}
+
+static void on_data(struct shmipc__conn *c, const void *data, size_t len)
+{
+    struct server_conn *sc = shmipc__conn_data(c);
+    if (sc->phase == P_LINGER)
+        return; /* drained: nobody will answer it */
+    if (rx_append(sc, data, len) < 0) {
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG, "%s; closing", shmipc__detail());
+        conn_close(sc);
+        return;
+    }
+    if (!sc->inflight)
+        conn_serve(sc);
+    else if (sc->http.phase != 0)
+        set_deadline(sc, after(sc, sc->w->srv->keepalive_ms)); /* a body makes progress */
+}
+
+static void on_end(struct shmipc__conn *c, int status)
+{
+    struct server_conn *sc = shmipc__conn_data(c);
+    if (status < 0 || sc->phase == P_LINGER || !sc->inflight) {
+        /* A reset; or the FIN we were waiting for; or a FIN with at most part of a request
+         * unanswered (every complete one was answered when it arrived). */
+        conn_close(sc);
+        return;
+    }
+    /* The peer is done sending but may still read: answer what it sent, then close. */
+    sc->peer_done = 1;
+}
+
+static const struct shmipc__conn_cbs conn_cbs = {on_data, on_end};
+
+static int handle(void *user_data, const struct shmipc__http_request *req, const char *body,
+                  size_t body_len, struct shmipc__http_response *resp);
+
+static void on_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *data)
+{
+    struct shmipc__server_worker *w = data;
+    struct shmipc_server *s = w->srv;
+    struct server_conn *sc = w->free_conns;
+    int one = 1;
+    (void)a;
+    if (sc != NULL)
+        w->free_conns = sc->next;
+    else
+        sc = malloc(conn_size(s));
+    if (sc == NULL) {
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "server: out of memory for a connection");
+        shmipc__conn_close(c);
+        return;
+    }
+    memset(sc, 0, sizeof *sc);
+    sc->w = w;
+    sc->conn = c;
+    sc->fresh = 1;
+    shmipc__http_conn_init(&sc->http, &s->limits, sc->fields, handle, sc);
+    sc->http.head_reserve = HEAD_RESERVE;
+    shmipc__timer_init(w->loop, &sc->timer, conn_timeout, sc);
+    shmipc__conn_set_data(c, sc);
+    /* Responses leave in one write per batch; Nagle would hold the next batch back until the
+     * peer acknowledged the previous one. */
+    if (setsockopt(shmipc__conn_fd(c), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG, "server: TCP_NODELAY: %s", strerror(errno));
+    sc->next = w->conns;
+    if (w->conns != NULL)
+        w->conns->prev = sc;
+    w->conns = sc;
+    w->nconns++;
+    w->stats.connections++;
+    set_deadline(sc, after(sc, s->header_ms));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Routing */
+
+static int method_matches(const struct shmipc__route *rt, const struct shmipc__http_request *req)
+{
+    const char *m = shmipc__http_at(req, req->name);
+    if (rt->method == NULL)
+        return 1;
+    if (req->name.len == rt->method_len && memcmp(m, rt->method, rt->method_len) == 0)
+        return 1;
+    /* A GET route answers HEAD; the writer leaves the body out. */
+    return req->method == SHMIPC__HTTP_HEAD && rt->method_len == 3 &&
+           memcmp(rt->method, "GET", 3) == 0;
+}
+
+static int path_matches(const struct shmipc__route *rt, const char *path, size_t len)
+{
+    if (!rt->prefix)
+        return len == rt->path_len && memcmp(path, rt->path, len) == 0;
+    return len >= rt->path_len && memcmp(path, rt->path, rt->path_len) == 0;
+}
+
+/*
+ * The route for the request: exact paths first, then the longest prefix. *path_known tells a
+ * 405 (some route has the path) from a 404.
+ */
+static const struct shmipc__route *
+find_route(const struct shmipc_server *s, const struct shmipc__http_request *req, int *path_known)
+{
+    const char *path = shmipc__http_at(req, req->path);
+    size_t len = req->path.len;
+    const struct shmipc__route *best = NULL;
+    *path_known = 0;
+    for (size_t i = 0; i < s->nroutes; i++) {
+        const struct shmipc__route *rt = &s->routes[i];
+        if (!path_matches(rt, path, len))
+            continue;
+        *path_known = 1;
+        if (!method_matches(rt, req))
+            continue;
+        if (!rt->prefix)
+            return rt;
+        if (best == NULL || rt->path_len > best->path_len)
+            best = rt;
+    }
+    return best;
+}
+
+/* "GET, HEAD, POST": the methods of the routes that have this path. */
+static const char *allow_list(struct shmipc__server_worker *w,
+                              const struct shmipc__http_request *req, uint32_t *len)
+{
+    const struct shmipc_server *s = w->srv;
+    const char *path = shmipc__http_at(req, req->path);
+    size_t n = 0;
+    int get = 0, head = 0;
+    for (size_t i = 0; i < s->nroutes; i++) {
+        const struct shmipc__route *rt = &s->routes[i];
+        if (!path_matches(rt, path, req->path.len) || rt->method == NULL)
+            continue;
+        if (rt->method_len == 3 && memcmp(rt->method, "GET", 3) == 0)
+            get = 1;
+        if (rt->method_len == 4 && memcmp(rt->method, "HEAD", 4) == 0) {
+            if (head)
+                continue;
+            head = 1;
+        }
+        if (n + rt->method_len + 2 > sizeof w->allow)
+            break;
+        if (n > 0) {
+            memcpy(w->allow + n, ", ", 2);
+            n += 2;
+        }
+        memcpy(w->allow + n, rt->method, rt->method_len);
+        n += rt->method_len;
+    }
+    if (get && !head && n + 6 <= sizeof w->allow) {
+        memcpy(w->allow + n, ", HEAD", 6);
+        n += 6;
+    }
+    *len = (uint32_t)n;
+    return w->allow;
+}
+
+/* A canned status that keeps the connection open, unless the request closes it. */
+static void canned(struct shmipc__http_response *resp, int status)
+{
+    uint16_t close = resp->flags & SHMIPC__HTTP_RESP_CLOSE;
+    shmipc__http_response_error(resp, status);
+    resp->flags = (uint16_t)((resp->flags & ~SHMIPC__HTTP_RESP_CLOSE) | close);
+}
+
+static int handle(void *user_data, const struct shmipc__http_request *req, const char *body,
+                  size_t body_len, struct shmipc__http_response *resp)
+{
+    struct server_conn *sc = user_data;
+    struct shmipc__server_worker *w = sc->w;
+    const struct shmipc__route *rt;
+    int path_known;
+    int rc = 0;
+
+    w->stats.requests++;
+    rt = find_route(w->srv, req, &path_known);
+    if (rt == NULL) {
+        if (req->flags & SHMIPC__HTTP_UNKNOWN_METHOD) {
+            canned(resp, 501);
+        } else if (path_known) {
+            canned(resp, 405);
+            w->hdrs[0].name = "Allow";
+            w->hdrs[0].name_len = 5;
+            w->hdrs[0].value = allow_list(w, req, &w->hdrs[0].value_len);
+            resp->headers = w->hdrs;
+            resp->nheaders = 1;
+        } else {
+            canned(resp, 404);
+        }
+    } else if (rt->fn == NULL) {
+        resp->status = rt->status;
+        resp->content_type = rt->content_type;
+        resp->body = rt->body;
+        resp->body_len = rt->body_len;
+    } else {
+        struct shmipc_http_request preq = {req, body, body_len, 0, 0};
+        struct shmipc_http_response pres = {resp, w, sc, 0, 0};
+        if (rt->prefix) {
+            preq.wild_off = req->path.off + (uint32_t)rt->path_len;
+            preq.wild_len = req->path.len - (uint32_t)rt->path_len;
+        }
+        w->hused = 0;
+        resp->headers = w->hdrs;
+        resp->nheaders = 0;
+        rc = rt->fn(&preq, &pres, rt->user_data);
+    }
+    /* A graceful stop ends keep-alive with the answer to the request in progress. */
+    if (w->draining)
+        resp->flags |= SHMIPC__HTTP_RESP_CLOSE;
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The response API */
+
+static int header_is(const char *name, const char *what)
+{
+    return strcasecmp(name, what) == 0;
+}
+
+static int is_token(const char *s)
+{
+    if (*s == '\0')
+        return 0;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              strchr("!#$%&'*+-.^_`|~", c)))
+            return 0;
+    }
+    return 1;
+}
+
+int shmipc__http_response_add_header(struct shmipc_http_response *res, const char *name,
+                                     const char *value)
+{
+    struct shmipc__server_worker *w = res->w;
+    struct shmipc__http_response *r = res->r;
+    size_t nlen = strlen(name), vlen = strlen(value);
+    char *p;
+    if (!is_token(name))
+        return shmipc__fail(SHMIPC_EINVAL, "response header \"%s\": the name is not a token", name);
+    for (size_t i = 0; i < vlen; i++) {
+        unsigned char c = (unsigned char)value[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return shmipc__fail(SHMIPC_EINVAL, "response header %s: the value has a control byte",
+                                name);
+    }
+    if (header_is(name, "Content-Length") || header_is(name, "Transfer-Encoding") ||
+        header_is(name, "Date") || header_is(name, "Server"))
+        return shmipc__fail(SHMIPC_EINVAL, "response header %s: set by the server", name);
+    if (header_is(name, "Connection")) {
+        if (strcasecmp(value, "close") != 0)
+            return shmipc__fail(SHMIPC_EINVAL,
+                                "response header Connection: only \"close\" may be set");
+        r->flags |= SHMIPC__HTTP_RESP_CLOSE;
+        return 0;
+    }
+    if (header_is(name, "Content-Type") && res->has_type)
+        return shmipc__fail(SHMIPC_EINVAL, "response header Content-Type: already set");
+    if (w->hused + nlen + vlen + 1 > sizeof w->hbytes ||
+        (!header_is(name, "Content-Type") && r->nheaders >= SHMIPC__SERVER_MAX_RESP_HEADERS))
+        return shmipc__fail(SHMIPC_ENOSPC, "response header %s: more than %u headers or %u bytes",
+                            name, SHMIPC__SERVER_MAX_RESP_HEADERS,
+                            SHMIPC__SERVER_RESP_HEADER_BYTES);
+    p = w->hbytes + w->hused;
+    memcpy(p, name, nlen);
+    memcpy(p + nlen, value, vlen + 1);
+    w->hused += nlen + vlen + 1;
+    if (header_is(name, "Content-Type")) {
+        r->content_type = p + nlen;
+        res->has_type = 1;
+        return 0;
+    }
+    w->hdrs[r->nheaders].name = p;
+    w->hdrs[r->nheaders].name_len = (uint32_t)nlen;
+    w->hdrs[r->nheaders].value = p + nlen;
+    w->hdrs[r->nheaders].value_len = (uint32_t)vlen;
+    r->nheaders++;
+    return 0;
+}
+
+int shmipc__http_response_body(struct shmipc_http_response *res, const void *data, size_t len,
+                               void *user_data, shmipc_destroy_cb release, int borrow)
+{
+    struct server_conn *sc = res->conn;
+    struct release *node;
+    if (borrow) {
+        node = malloc(sizeof *node);
+        if (node == NULL) {
+            if (release != NULL)
+                release(user_data);
+            return shmipc__fail(SHMIPC_ENOMEM, "response body: out of memory");
+        }
+        node->fn = release;
+        node->user_data = user_data;
+        res->r->body = data;
+    } else if (len <= sizeof res->w->body) {
+        /* The batch copies a body this small behind its head (its arena keeps room). */
+        if (len > 0)
+            memcpy(res->w->body, data, len);
+        res->r->body = res->w->body;
+        res->r->body_len = len;
+        return 0;
+    } else {
+        node = malloc(sizeof *node + len);
+        if (node == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "response body: %zu bytes", len);
+        node->fn = NULL;
+        node->user_data = NULL;
+        memcpy(node + 1, data, len);
+        res->r->body = node + 1;
+    }
+    res->r->body_len = len;
+    node->next = sc->releases;
+    sc->releases = node;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Workers */
+
+static int worker_setup(struct shmipc__loop *loop, int listen_fd, unsigned index, void *data)
+{
+    struct shmipc_server *s = data;
+    struct shmipc__server_worker *w = &s->w[index];
+    struct timespec ts;
+    int rc;
+    w->loop = loop;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    shmipc__http_date_init(&w->date, ts.tv_sec);
+    shmipc__timer_init(loop, &w->date_timer, date_tick, w);
+    rc = shmipc__timer_start(&w->date_timer, 1000 - (uint64_t)ts.tv_nsec / 1000000 + 1);
+    if (rc < 0) {
+        close(listen_fd);
+        return rc;
+    }
+    rc = shmipc__acceptor_open(loop, listen_fd, &conn_cbs, on_accept, w, &w->acceptor);
+    if (rc < 0) {
+        shmipc__timer_stop(&w->date_timer);
+        return rc;
+    }
+    if (index == 0)
+        s->backend_name = shmipc__loop_backend_name(loop);
+    return 0;
+}
+
+/*
+ * Runs on the worker thread once its loop was stopped: the graceful part of a stop. The loop
+ * still works, so it is run here until the connections are gone or the stop timeout passed.
+ */
+static void worker_teardown(struct shmipc__loop *loop, unsigned index, void *data)
+{
+    struct shmipc_server *s = data;
+    struct shmipc__server_worker *w = &s->w[index];
+    uint64_t deadline = shmipc__loop_now_ms(loop) + s->stop_ms;
+    struct server_conn *sc, *next;
+
+    w->draining = 1;
+    if (w->acceptor != NULL) {
+        shmipc__acceptor_close(w->acceptor);
+        w->acceptor = NULL;
+    }
+    /* Idle keep-alive connections get their FIN now; the others with their last answer. */
+    for (sc = w->conns; sc != NULL; sc = next) {
+        next = sc->next;
+        if (sc->phase == P_OPEN && !sc->inflight && sc->rx_len == 0)
+            conn_linger(sc);
+    }
+    while (w->nconns > 0) {
+        uint64_t now = shmipc__loop_now_ms(loop);
+        if (now >= deadline)
+            break;
+        if (shmipc__loop_run_once(loop, (int)(deadline - now < 50 ? deadline - now : 50)) < 0)
+            break;
+    }
+    while (w->conns != NULL)
+        conn_close(w->conns);
+    shmipc__timer_stop(&w->date_timer);
+    shmipc__loop_stats(loop, &w->stats.loop);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The server */
+
+int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_server **out)
+{
+    struct shmipc_server_config *defaults = NULL;
+    struct shmipc_server *s = NULL;
+    uint32_t header_ms = SHMIPC__SERVER_DEFAULT_HEADER_MS;
+    uint32_t keepalive_ms = SHMIPC__SERVER_DEFAULT_KEEPALIVE_MS;
+    int rc;
+
+    *out = NULL;
+    if (cfg == NULL) {
+        rc = shmipc__server_config_new(&defaults);
+        if (rc < 0)
+            return rc;
+        cfg = defaults;
+    }
+    s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        rc = shmipc__fail(SHMIPC_ENOMEM, "server_new: out of memory");
+        goto err;
+    }
+    s->stop_fd = -1;
+    s->cfg = *cfg;
+    rc = env_ms("SHMIPC_HTTP_HEADER_TIMEOUT_MS", shmipc__getenv("SHMIPC_HTTP_HEADER_TIMEOUT_MS"),
+                &header_ms);
+    if (rc == 0)
+        rc = env_ms("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS",
+                    shmipc__getenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS"), &keepalive_ms);
+    if (rc < 0)
+        goto err;
+    s->header_ms = cfg->timeout_set[SHMIPC_SERVER_TIMEOUT_HEADER]
+                       ? cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_HEADER]
+                       : header_ms;
+    s->keepalive_ms = cfg->timeout_set[SHMIPC_SERVER_TIMEOUT_KEEPALIVE]
+                          ? cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_KEEPALIVE]
+                          : keepalive_ms;
+    s->stop_ms = cfg->timeout_set[SHMIPC_SERVER_TIMEOUT_STOP]
+                     ? cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_STOP]
+                     : SHMIPC__SERVER_DEFAULT_STOP_MS;
+    s->pipeline = cfg->pipeline != 0 ? cfg->pipeline : SHMIPC__HTTP_CONN_BUDGET;
+    rc = shmipc__http_limits_resolve(&s->limits, &cfg->limits);
+    if (rc < 0)
+        goto err;
+    /* A head, a body with its chunk framing and trailers, and room for what the peer
+     * pipelines behind them. */
+    s->rx_max = (size_t)s->limits.max_head_bytes * 2 + (size_t)s->limits.max_body +
+                s->limits.max_chunk_line + (64u << 10);
+    s->server_name = s->cfg.server_name[0] != '\0' ? s->cfg.server_name : NULL;
+    switch (cfg->backend) {
+    case SHMIPC_BACKEND_DEFAULT:
+        break;
+    case SHMIPC_BACKEND_AUTO:
+        s->loop_opts.backend = SHMIPC__BACKEND_AUTO;
+        break;
+    case SHMIPC_BACKEND_IO_URING:
+        s->loop_opts.backend = SHMIPC__BACKEND_IO_URING;
+        break;
+    case SHMIPC_BACKEND_EPOLL:
+        s->loop_opts.backend = SHMIPC__BACKEND_EPOLL;
+        break;
+    default:
+        s->loop_opts.backend = SHMIPC__BACKEND_EPOLL;
+        s->loop_opts.rx_epoll = SHMIPC__RX_ONESHOT;
+        break;
+    }
+    s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->stop_fd < 0) {
+        rc = shmipc__fail_errno(errno, "server_new: eventfd");
+        goto err;
+    }
+    atomic_init(&s->stop_requested, 0);
+    atomic_init(&s->running, 0);
+    free(defaults);
+    *out = s;
+    return 0;
+err:
+    shmipc__server_free(s);
+    free(defaults);
+    return rc;
+}
+
+static int valid_route_path(const char *path, size_t len, int *prefix)
+{
+    *prefix = len >= 2 && path[len - 1] == '*' && path[len - 2] == '/';
+    if (len == 0 || path[0] != '/')
+        return shmipc__fail(SHMIPC_EINVAL, "route path \"%s\" does not start with '/'", path);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)path[i];
+        if (c <= 0x20 || c >= 0x7f || c == '?' || (c == '*' && !(*prefix && i == len - 1)))
+            return shmipc__fail(SHMIPC_EINVAL,
+                                "route path \"%s\": byte %zu is not allowed (visible ASCII, no "
+                                "'?', '*' only as a final \"/*\")",
+                                path, i);
+    }
+    return 0;
+}
+
+int shmipc__server_route(struct shmipc_server *s, const char *method, const char *path,
+                         shmipc_http_handler fn, void *user_data, shmipc_destroy_cb destroy,
+                         int status, const char *content_type, const void *body, size_t len)
+{
+    struct shmipc__route rt;
+    size_t plen = strlen(path);
+    int rc;
+
+    memset(&rt, 0, sizeof rt);
+    if (s->workers != NULL) {
+        rc = shmipc__fail(SHMIPC_EBUSY, "route %s: the server is running", path);
+        goto err;
+    }
+    if (method != NULL && !is_token(method)) {
+        rc = shmipc__fail(SHMIPC_EINVAL, "route %s: method \"%s\" is not a token", path, method);
+        goto err;
+    }
+    rc = valid_route_path(path, plen, &rt.prefix);
+    if (rc < 0)
+        goto err;
+    if (fn == NULL) {
+        if (status < 200 || status > 999) {
+            rc = shmipc__fail(SHMIPC_EINVAL, "static %s: status %d is outside 200..999", path,
+                              status);
+            goto err;
+        }
+        if (content_type != NULL)
+            for (const char *p = content_type; *p; p++)
+                if (((unsigned char)*p < 0x20 && *p != '\t') || *p == 0x7f) {
+                    rc = shmipc__fail(SHMIPC_EINVAL, "static %s: content type has a control byte",
+                                      path);
+                    goto err;
+                }
+    }
+    if (rt.prefix)
+        plen--; /* a prefix route is stored without its final star */
+    for (size_t i = 0; i < s->nroutes; i++) {
+        const struct shmipc__route *o = &s->routes[i];
+        int same_method = (o->method == NULL && method == NULL) ||
+                          (o->method != NULL && method != NULL && strcmp(o->method, method) == 0);
+        if (same_method && o->prefix == rt.prefix && o->path_len == plen &&
+            memcmp(o->path, path, plen) == 0) {
+            rc = shmipc__fail(SHMIPC_EEXIST, "route %s %s: already registered",
+                              method ? method : "*", path);
+            goto err;
+        }
+    }
+    if (s->nroutes == s->routes_cap) {
+        size_t cap = s->routes_cap ? s->routes_cap * 2 : 8;
+        struct shmipc__route *grown = realloc(s->routes, cap * sizeof *grown);
+        if (grown == NULL) {
+            rc = shmipc__fail(SHMIPC_ENOMEM, "route %s: out of memory", path);
+            goto err;
+        }
+        s->routes = grown;
+        s->routes_cap = cap;
+    }
+    rt.method = method != NULL ? strdup(method) : NULL;
+    rt.method_len = method != NULL ? strlen(method) : 0;
+    rt.path = strndup(path, plen);
+    rt.path_len = plen;
+    rt.fn = fn;
+    rt.user_data = user_data;
+    rt.destroy = destroy;
+    rt.status = (uint16_t)status;
+    if (fn == NULL) {
+        rt.content_type = content_type != NULL ? strdup(content_type) : NULL;
+        rt.body = malloc(len > 0 ? len : 1);
+        if (rt.body != NULL && len > 0)
+            memcpy(rt.body, body, len);
+        rt.body_len = len;
+    }
+    if ((method != NULL && rt.method == NULL) || rt.path == NULL ||
+        (fn == NULL && (rt.body == NULL || (content_type != NULL && rt.content_type == NULL)))) {
+        free(rt.method);
+        free(rt.path);
+        free(rt.content_type);
+        free(rt.body);
+        rc = shmipc__fail(SHMIPC_ENOMEM, "route %s: out of memory", path);
+        goto err;
+    }
+    s->routes[s->nroutes++] = rt;
+    return 0;
+err:
+    if (destroy != NULL)
+        destroy(user_data);
+    return rc;
+}
+
+static void server_shutdown(struct shmipc_server *s)
+{
+    if (s->workers == NULL)
+        return;
+    /* Stops every loop; each worker's teardown drains its connections, in parallel. */
+    shmipc__workers_free(s->workers);
+    s->workers = NULL;
+    memset(&s->stats, 0, sizeof s->stats);
+    for (unsigned i = 0; i < s->nworkers; i++) {
+        const struct shmipc__server_worker *w = &s->w[i];
+        const uint64_t *from = (const uint64_t *)&w->stats.loop;
+        uint64_t *to = (uint64_t *)&s->stats.loop;
+        for (size_t k = 0; k < sizeof w->stats.loop / sizeof(uint64_t); k++)
+            to[k] += from[k];
+        s->stats.connections += w->stats.connections;
+        s->stats.requests += w->stats.requests;
+        s->stats.timeouts += w->stats.timeouts;
+        worker_free_pools(&s->w[i]);
+    }
+    free(s->w);
+    s->w = NULL;
+    s->nworkers = 0;
+}
+
+int shmipc__server_start(struct shmipc_server *s)
+{
+    struct shmipc__workers_opts o;
+    unsigned count = s->cfg.workers;
+    int rc;
+
+    if (s->workers != NULL)
+        return 0;
+    if (count == 0) {
+        rc = shmipc__workers_default(&count);
+        if (rc < 0)
+            return rc;
+    }
+    s->w = calloc(count, sizeof *s->w);
+    if (s->w == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "server_start: %u workers", count);
+    s->nworkers = count;
+    for (unsigned i = 0; i < count; i++) {
+        s->w[i].srv = s;
+        s->w[i].index = i;
+    }
+    memset(&o, 0, sizeof o);
+    o.count = count;
+    o.loop = &s->loop_opts;
+    o.host = s->cfg.address;
+    o.port = s->cfg.port;
+    o.setup = worker_setup;
+    o.teardown = worker_teardown;
+    o.data = s;
+    rc = shmipc__workers_start(&o, &s->workers);
+    if (rc < 0) {
+        for (unsigned i = 0; i < count; i++)
+            worker_free_pools(&s->w[i]);
+        free(s->w);
+        s->w = NULL;
+        s->nworkers = 0;
+        return rc;
+    }
+    s->port = shmipc__workers_port(s->workers);
+    return 0;
+}
+
+static void drain_stop_fd(struct shmipc_server *s)
+{
+    uint64_t n;
+    while (read(s->stop_fd, &n, sizeof n) > 0)
+        ;
+}
+
+int shmipc__server_run(struct shmipc_server *s)
+{
+    int rc = 0;
+    if (atomic_exchange(&s->running, 1))
+        return shmipc__fail(SHMIPC_EBUSY, "server_run: already running on another thread");
+    if (atomic_exchange(&s->stop_requested, 0)) {
+        /* Stopped before run got here: a server started meanwhile stops all the same. */
+        drain_stop_fd(s);
+        server_shutdown(s);
+        goto out;
+    }
+    rc = shmipc__server_start(s);
+    if (rc < 0)
+        goto out;
+    for (;;) {
+        struct pollfd p = {.fd = s->stop_fd, .events = POLLIN};
+        if (poll(&p, 1, -1) < 0 && errno != EINTR) {
+            rc = shmipc__fail_errno(errno, "server_run: poll");
+            break;
+        }
+        drain_stop_fd(s);
+        if (atomic_exchange(&s->stop_requested, 0))
+            break;
+    }
+    server_shutdown(s);
+out:
+    atomic_store(&s->running, 0);
+    return rc;
+}
+
+int shmipc__server_stop(struct shmipc_server *s)
+{
+    uint64_t one = 1;
+    ssize_t n;
+    atomic_store(&s->stop_requested, 1);
+    /* EAGAIN means the counter is saturated, which wakes run as well. */
+    n = write(s->stop_fd, &one, sizeof one);
+    (void)n;
+    return 0;
+}
+
+void shmipc__server_stats(const struct shmipc_server *s, struct shmipc__server_stats *out)
+{
+    *out = s->stats;
+}
+
+void shmipc__server_free(struct shmipc_server *s)
+{
+    if (s == NULL)
+        return;
+    server_shutdown(s);
+    for (size_t i = 0; i < s->nroutes; i++) {
+        struct shmipc__route *rt = &s->routes[i];
+        if (rt->destroy != NULL)
+            rt->destroy(rt->user_data);
+        free(rt->method);
+        free(rt->path);
+        free(rt->content_type);
+        free(rt->body);
+    }
+    free(s->routes);
+    if (s->stop_fd >= 0)
+        close(s->stop_fd);
+    free(s);
+}

@@ -1,0 +1,135 @@
+/*
+ * The HTTP/1.1 server: the reactor's workers (core/reactor/loop.h) joined to the socket-free
+ * connection driver (net/http_conn.h). Each worker thread owns a loop, a listening socket,
+ * its connections and their buffers; nothing is shared between workers but the server's
+ * read-only route table. See docs/http.md.
+ *
+ * The public types shmipc_server_config, shmipc_server, shmipc_http_request and
+ * shmipc_http_response are defined here; bindings/server.c exports the calls.
+ */
+#ifndef SHMIPC_CORE_NET_SERVER_H
+#define SHMIPC_CORE_NET_SERVER_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shmipc.h"
+#include "net/http_conn.h"
+#include "net/http_parser.h"
+#include "net/http_writer.h"
+#include "reactor/loop.h"
+
+#define SHMIPC__SERVER_DEFAULT_PORT         8080
+#define SHMIPC__SERVER_DEFAULT_HEADER_MS    10000u
+#define SHMIPC__SERVER_DEFAULT_KEEPALIVE_MS 60000u
+#define SHMIPC__SERVER_DEFAULT_STOP_MS      5000u
+#define SHMIPC__SERVER_MAX_TIMEOUT_MS       3600000u
+#define SHMIPC__SERVER_MAX_PIPELINE         1024u
+#define SHMIPC__SERVER_MAX_BODY             (1ull << 30)
+/* What a handler may add to one response. */
+#define SHMIPC__SERVER_MAX_RESP_HEADERS  32u
+#define SHMIPC__SERVER_RESP_HEADER_BYTES 4096u
+
+struct shmipc_server_config {
+    char address[SHMIPC_SERVER_MAX_ADDRESS + 1];
+    uint16_t port;
+    unsigned workers; /* 0: SHMIPC_WORKERS or the CPUs */
+    int backend;      /* enum shmipc_backend */
+    /* 0 means unset: the variable, then the default. The stop timeout may be 0 when set. */
+    uint32_t timeout_ms[3];
+    uint8_t timeout_set[3];
+    struct shmipc__http_limits limits; /* 0 fields: defaults */
+    uint32_t pipeline;                 /* 0: SHMIPC__HTTP_CONN_BUDGET */
+    char server_name[SHMIPC_SERVER_MAX_NAME + 1];
+};
+
+/* A route or a static response. */
+struct shmipc__route {
+    char *method; /* NULL: any method */
+    size_t method_len;
+    char *path; /* without the trailing '*' of a prefix route */
+    size_t path_len;
+    int prefix;
+    shmipc_http_handler fn; /* NULL for a static response */
+    void *user_data;
+    shmipc_destroy_cb destroy;
+    uint16_t status;
+    char *content_type;
+    char *body;
+    size_t body_len;
+};
+
+/* Counters summed over the workers of the last run, for tests and the benchmark. */
+struct shmipc__server_stats {
+    struct shmipc__loop_stats loop; /* summed over the workers' loops */
+    uint64_t connections;           /* accepted */
+    uint64_t requests;              /* answered by a route, a static response, 404/405/501 */
+    uint64_t timeouts;              /* connections closed by the header or keep-alive timer */
+};
+
+struct shmipc__server_worker;
+
+struct shmipc_server {
+    struct shmipc_server_config cfg;
+    struct shmipc__http_limits limits; /* resolved */
+    uint32_t header_ms, keepalive_ms, stop_ms, pipeline;
+    size_t rx_max; /* most unprocessed bytes a connection may hold */
+    struct shmipc__loop_opts loop_opts;
+    const char *server_name; /* NULL: no Server header */
+
+    struct shmipc__route *routes;
+    size_t nroutes, routes_cap;
+
+    struct shmipc__workers *workers;
+    struct shmipc__server_worker *w;
+    unsigned nworkers;
+    uint16_t port;
+    const char *backend_name;
+    struct shmipc__server_stats stats;
+
+    int stop_fd; /* an eventfd that shmipc_server_stop() writes */
+    atomic_int stop_requested;
+    atomic_int running; /* shmipc_server_run() is in progress */
+};
+
+/* The request and response handles a handler sees (on the worker's stack). */
+struct shmipc_http_request {
+    const struct shmipc__http_request *r;
+    const char *body;
+    size_t body_len;
+    uint32_t wild_off, wild_len; /* offsets from r->base */
+};
+
+struct shmipc_http_response {
+    struct shmipc__http_response *r;
+    struct shmipc__server_worker *w;
+    void *conn; /* struct server_conn, for borrowed and large bodies */
+    int ended;
+    int has_type;
+};
+
+int shmipc__server_config_new(struct shmipc_server_config **out);
+int shmipc__server_config_set_address(struct shmipc_server_config *cfg, const char *address);
+int shmipc__server_config_set_timeout_ms(struct shmipc_server_config *cfg, int which, uint32_t ms);
+int shmipc__server_config_set_limit(struct shmipc_server_config *cfg, int which, uint64_t value);
+int shmipc__server_config_set_server_name(struct shmipc_server_config *cfg, const char *name);
+
+int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_server **out);
+int shmipc__server_route(struct shmipc_server *s, const char *method, const char *path,
+                         shmipc_http_handler fn, void *user_data, shmipc_destroy_cb destroy,
+                         int status, const char *content_type, const void *body, size_t len);
+int shmipc__server_start(struct shmipc_server *s);
+int shmipc__server_run(struct shmipc_server *s);
+int shmipc__server_stop(struct shmipc_server *s);
+void shmipc__server_free(struct shmipc_server *s);
+
+/* The counters of the last run (all zero before a run ended). Not while running. */
+void shmipc__server_stats(const struct shmipc_server *s, struct shmipc__server_stats *out);
+
+int shmipc__http_response_add_header(struct shmipc_http_response *res, const char *name,
+                                     const char *value);
+int shmipc__http_response_body(struct shmipc_http_response *res, const void *data, size_t len,
+                               void *user_data, shmipc_destroy_cb release, int borrow);
+
+#endif

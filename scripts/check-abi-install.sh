@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Fails unless `meson install` installs what a C user needs: the library (with its SONAME
+# link and the development link), the public header and a pkg-config file with which a C
+# example builds. examples/c/greeter_client.c is compiled against a DESTDIR copy with
+# `pkg-config --cflags --libs shmipc`, run against the installed library, and must fail
+# cleanly because nobody listens on the address it is given.
+#
+# Usage: check-abi-install.sh [BUILD_DIR]   (default build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+root=$tmp/root
+die() { echo "abi-install: $*" >&2; exit 1; }
+
+[[ -f $build/build.ninja ]] || die "$build is not configured: build first"
+meson install -C "$build" --destdir "$root" --no-rebuild --tags runtime,devel \
+  >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log" >&2; die "meson install failed"; }
+
+pc=$(find "$root" -name shmipc.pc -print -quit)
+header=$(find "$root" -path '*/include/shmipc.h' -print -quit)
+lib=$(find "$root" -name libshmipc.so.0 -print -quit)
+[[ -n $pc ]] || die "no shmipc.pc was installed"
+[[ -n $header ]] || die "no include/shmipc.h was installed"
+[[ -n $lib ]] || die "no libshmipc.so.0 was installed"
+[[ -e $(dirname "$lib")/libshmipc.so ]] || die "no libshmipc.so development link was installed"
+cmp -s "$header" bindings/shmipc.h || die "the installed shmipc.h differs from bindings/shmipc.h"
+
+# The .pc file names the install prefix; the sysroot maps it into the DESTDIR copy.
+export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$root
+flags=$(pkg-config --cflags --libs shmipc) || die "pkg-config cannot use $pc"
+[[ $flags == *"-I$root"* || $flags != *-I* ]] || die "pkg-config points outside the install: $flags"
+[[ $flags == *"-L$root"* ]] || die "pkg-config --libs does not point into the install: $flags"
+# shellcheck disable=SC2086 # the flags are words
+cc -std=gnu11 -Wall -Wextra -Werror -o "$tmp/greeter_client" examples/c/greeter_client.c $flags \
+  || die "examples/c/greeter_client.c does not build against the installed library"
+
+libdir=$(dirname "$lib")
+LD_LIBRARY_PATH=$libdir ldd "$tmp/greeter_client" | grep -q "libshmipc.so.0 => $libdir/" \
+  || die "greeter_client does not load the installed libshmipc.so.0"
+rc=0
+LD_LIBRARY_PATH=$libdir "$tmp/greeter_client" "unix:@shmipc-install-check-$$" >"$tmp/run.txt" 2>&1 \
+  || rc=$?
+if [[ $rc -ne 1 ]] || ! grep -q "SHMIPC_ECONNREFUSED" "$tmp/run.txt"; then
+  cat "$tmp/run.txt" >&2
+  die "greeter_client should fail cleanly with SHMIPC_ECONNREFUSED (exit 1), got exit $rc"
+fi
+echo "abi-install: installed ${lib#"$root"}, ${header#"$root"} and ${pc#"$root"};" \
+  "greeter_client built with pkg-config and ran: $(tail -n1 "$tmp/run.txt")"

@@ -1,0 +1,946 @@
+/*
+ * The HTTP server tests that every backend must pass, over real sockets on 127.0.0.1 and an
+ * ephemeral port: test_server_epoll.c and test_server_uring.c set suite_backend and run
+ * SERVER_TESTS. The server runs shmipc_server_run() on a thread of its own; the test thread
+ * is the client, with blocking sockets and 5 s timeouts.
+ */
+#ifndef TEST_SERVER_SUITE_H
+#define TEST_SERVER_SUITE_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shmipc.h"
+#include "net/server.h"
+
+static int suite_backend = SHMIPC_BACKEND_EPOLL;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        int check_rc_ = (call);                                                                    \
+        if (check_rc_ < 0)                                                                         \
+            fail_msg("%s: %s: %s", #call, shmipc_errname(check_rc_), shmipc_error_detail());       \
+    } while (0)
+
+/* ---- the server under test ---- */
+
+#define BIG_LEN (1u << 20)
+
+static unsigned char *big_body;
+static atomic_int big_releases;
+static atomic_int destroys;
+
+static int h_hello(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    CHECK(shmipc_http_response_add_header(res, "Content-Type", "text/plain"));
+    CHECK(shmipc_http_response_add_header(res, "X-Test", "yes"));
+    return shmipc_http_response_body(res, "hi", 2);
+}
+
+static int h_echo(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    size_t len;
+    const char *body = shmipc_http_request_body(req, &len);
+    (void)ud;
+    CHECK(shmipc_http_response_add_header(res, "Content-Type", "application/octet-stream"));
+    CHECK(shmipc_http_response_body(res, body, len));
+    return shmipc_http_response_end(res);
+}
+
+static void big_release(void *ud)
+{
+    assert_ptr_equal(ud, big_body);
+    atomic_fetch_add(&big_releases, 1);
+}
+
+static int h_big(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    return shmipc_http_response_body_borrow(res, big_body, BIG_LEN, big_body, big_release);
+}
+
+/* "/items/<id>?<query>" -> "<id>|<query>" */
+static int h_item(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    char out[256];
+    size_t wl, ql;
+    const char *w = shmipc_http_request_wildcard(req, &wl);
+    const char *q = shmipc_http_request_query(req, &ql);
+    int n = snprintf(out, sizeof out, "%.*s|%.*s", (int)wl, w, (int)ql, q ? q : "");
+    (void)ud;
+    return shmipc_http_response_body(res, out, (size_t)n);
+}
+
+static int h_fail(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    CHECK(shmipc_http_response_body(res, "dropped", 7));
+    return SHMIPC_EIO;
+}
+
+static int h_close(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    CHECK(shmipc_http_response_add_header(res, "Connection", "close"));
+    CHECK(shmipc_http_response_set_status(res, 202));
+    return shmipc_http_response_body(res, "bye", 3);
+}
+
+static void count_destroy(void *ud)
+{
+    (void)ud;
+    atomic_fetch_add(&destroys, 1);
+}
+
+struct srv {
+    shmipc_server *s;
+    pthread_t thread;
+    int port;
+    int run_rc;
+    atomic_int returned;
+};
+
+static void *run_thread(void *arg)
+{
+    struct srv *t = arg;
+    t->run_rc = shmipc_server_run(t->s);
+    atomic_store(&t->returned, 1);
+    return NULL;
+}
+
+/* Options of a test server; zero fields keep the defaults. */
+struct srv_opts {
+    unsigned workers;
+    uint32_t header_ms, keepalive_ms, stop_ms;
+    int backend; /* 0: suite_backend */
+    uint64_t max_body;
+};
+
+static void srv_start(struct srv *t, const struct srv_opts *o)
+{
+    static const struct srv_opts none;
+    shmipc_server_config *cfg;
+    if (o == NULL)
+        o = &none;
+    memset(t, 0, sizeof *t);
+    if (big_body == NULL) {
+        big_body = malloc(BIG_LEN);
+        assert_non_null(big_body);
+        for (size_t i = 0; i < BIG_LEN; i++)
+            big_body[i] = (unsigned char)(i * 7 + i / 4096);
+    }
+    CHECK(shmipc_server_config_new(&cfg));
+    CHECK(shmipc_server_config_set_port(cfg, 0));
+    CHECK(shmipc_server_config_set_workers(cfg, o->workers ? o->workers : 1));
+    CHECK(shmipc_server_config_set_backend(cfg, o->backend ? o->backend : suite_backend));
+    if (o->header_ms)
+        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, o->header_ms));
+    if (o->keepalive_ms)
+        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE,
+                                                  o->keepalive_ms));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP,
+                                              o->stop_ms ? o->stop_ms : 2000));
+    if (o->max_body)
+        CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_BODY, o->max_body));
+    CHECK(shmipc_server_new(cfg, &t->s));
+    shmipc_server_config_free(cfg);
+    CHECK(shmipc_server_static(t->s, NULL, "/", 200, "text/plain", "Hello, World!", 13));
+    CHECK(shmipc_server_route(t->s, "GET", "/hello", h_hello, NULL, count_destroy));
+    CHECK(shmipc_server_route(t->s, "POST", "/echo", h_echo, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "PUT", "/echo", h_echo, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/big", h_big, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/items/*", h_item, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, NULL, "/fail", h_fail, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/close", h_close, NULL, NULL));
+    CHECK(shmipc_server_start(t->s));
+    t->port = shmipc_server_port(t->s);
+    assert_true(t->port > 0);
+    assert_string_equal(shmipc_server_backend(t->s),
+                        suite_backend == SHMIPC_BACKEND_IO_URING ? "io_uring" : "epoll");
+    atomic_init(&t->returned, 0);
+    assert_int_equal(pthread_create(&t->thread, NULL, run_thread, t), 0);
+}
+
+/* Stops, waits for run() and frees; returns the counters of the run. */
+static struct shmipc__server_stats srv_stop(struct srv *t)
+{
+    struct shmipc__server_stats st;
+    int destroyed = atomic_load(&destroys);
+    assert_int_equal(shmipc_server_stop(t->s), 0);
+    assert_int_equal(pthread_join(t->thread, NULL), 0);
+    assert_int_equal(t->run_rc, 0);
+    shmipc__server_stats(t->s, &st);
+    shmipc_server_free(t->s);
+    assert_int_equal(atomic_load(&destroys), destroyed + 1);
+    return st;
+}
+
+/* ---- the client ---- */
+
+static int client_connect(int port, int rcvbuf)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct timeval tv = {.tv_sec = 5};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    if (rcvbuf > 0)
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf), 0);
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sin, sizeof sin) != 0)
+        fail_msg("connect: %s", strerror(errno));
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv), 0);
+    return fd;
+}
+
+static void send_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            fail_msg("send: %s", strerror(errno));
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+static void send_str(int fd, const char *s)
+{
+    send_all(fd, s, strlen(s));
+}
+
+/* A buffered reader, so that pipelined responses can be taken one by one. */
+struct rd {
+    int fd;
+    char *buf;
+    size_t len, cap;
+};
+
+struct resp {
+    int status;
+    char head[8192];
+    char *body;
+    size_t body_len;
+};
+
+static void rd_init(struct rd *r, int fd)
+{
+    memset(r, 0, sizeof *r);
+    r->fd = fd;
+}
+
+static void rd_free(struct rd *r)
+{
+    free(r->buf);
+    r->buf = NULL;
+}
+
+/* Reads more; returns the byte count, 0 at EOF, or -errno. */
+static ssize_t rd_fill(struct rd *r)
+{
+    ssize_t n;
+    if (r->cap - r->len < 65536) {
+        r->cap = r->cap ? r->cap * 2 : 131072;
+        r->buf = realloc(r->buf, r->cap);
+        assert_non_null(r->buf);
+    }
+    do
+        n = read(r->fd, r->buf + r->len, r->cap - r->len);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    r->len += (size_t)n;
+    return n;
+}
+
+static void rd_take(struct rd *r, size_t n)
+{
+    memmove(r->buf, r->buf + n, r->len - n);
+    r->len -= n;
+}
+
+/* The value of header `name` in resp->head, copied into out; 0 when absent. */
+static int resp_header(const struct resp *p, const char *name, char *out, size_t cap)
+{
+    size_t nlen = strlen(name);
+    for (const char *line = strstr(p->head, "\r\n"); line != NULL && line[2] != '\r';
+         line = strstr(line + 2, "\r\n")) {
+        const char *l = line + 2;
+        if (strncasecmp(l, name, nlen) == 0 && l[nlen] == ':') {
+            const char *v = l + nlen + 1;
+            const char *e = strstr(v, "\r\n");
+            while (*v == ' ')
+                v++;
+            snprintf(out, cap, "%.*s", (int)(e - v), v);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Reads one response; `no_body` for the answer to HEAD. The body stays valid until rd_free
+ * or the next read (it is copied into p->body, which the caller frees). */
+static void read_response(struct rd *r, struct resp *p, int no_body)
+{
+    char *end;
+    char v[64];
+    size_t head_len;
+    memset(p, 0, sizeof *p);
+    for (;;) {
+        end = r->len ? memmem(r->buf, r->len, "\r\n\r\n", 4) : NULL;
+        if (end != NULL)
+            break;
+        ssize_t n = rd_fill(r);
+        if (n <= 0)
+            fail_msg("response head: read %zd (%s) with %zu bytes buffered", n,
+                     n < 0 ? strerror((int)-n) : "EOF", r->len);
+    }
+    head_len = (size_t)(end - r->buf) + 4;
+    assert_true(head_len < sizeof p->head);
+    memcpy(p->head, r->buf, head_len);
+    p->head[head_len] = '\0';
+    rd_take(r, head_len);
+    assert_int_equal(sscanf(p->head, "HTTP/1.1 %d", &p->status), 1);
+    if (no_body || p->status < 200 || p->status == 204 || p->status == 304)
+        return;
+    assert_true(resp_header(p, "Content-Length", v, sizeof v));
+    p->body_len = strtoul(v, NULL, 10);
+    p->body = malloc(p->body_len + 1);
+    assert_non_null(p->body);
+    while (r->len < p->body_len) {
+        ssize_t n = rd_fill(r);
+        if (n <= 0)
+            fail_msg("response body: read %zd with %zu of %zu bytes", n, r->len, p->body_len);
+    }
+    memcpy(p->body, r->buf, p->body_len);
+    p->body[p->body_len] = '\0';
+    rd_take(r, p->body_len);
+}
+
+/* After the last response: the peer's FIN (read returns 0), not a reset. */
+static void expect_eof(struct rd *r)
+{
+    ssize_t n;
+    assert_int_equal(r->len, 0);
+    n = rd_fill(r);
+    if (n != 0)
+        fail_msg("expected EOF, read returned %zd (%s)", n, n < 0 ? strerror((int)-n) : "data");
+}
+
+/* One request on a fresh connection; returns the response (caller frees body). */
+static void get_once(int port, const char *request, struct resp *p)
+{
+    struct rd r;
+    int fd = client_connect(port, 0);
+    rd_init(&r, fd);
+    send_str(fd, request);
+    read_response(&r, p, 0);
+    rd_free(&r);
+    close(fd);
+}
+
+/* ---- tests ---- */
+
+/* Static responses, handlers, HEAD, prefix routes and queries, response headers. */
+static void routes_and_static(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    char v[128];
+    int fd;
+    (void)state;
+
+    srv_start(&t, NULL);
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "Hello, World!");
+    assert_true(resp_header(&p, "Content-Type", v, sizeof v));
+    assert_string_equal(v, "text/plain");
+    assert_true(resp_header(&p, "Server", v, sizeof v));
+    assert_string_equal(v, "shmipc");
+    assert_true(resp_header(&p, "Date", v, sizeof v));
+    assert_int_equal(strlen(v), 29);
+    assert_false(resp_header(&p, "Connection", v, sizeof v));
+    free(p.body);
+
+    send_str(fd, "HEAD / HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 1);
+    assert_int_equal(p.status, 200);
+    assert_true(resp_header(&p, "Content-Length", v, sizeof v));
+    assert_string_equal(v, "13");
+
+    send_str(fd, "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_string_equal(p.body, "hi");
+    assert_true(resp_header(&p, "X-Test", v, sizeof v));
+    assert_string_equal(v, "yes");
+    free(p.body);
+
+    send_str(fd, "GET /items/42?color=blue HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_string_equal(p.body, "42|color=blue");
+    free(p.body);
+
+    send_str(fd, "GET /items/ HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_string_equal(p.body, "|");
+    free(p.body);
+
+    send_str(fd, "PUT /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "hello");
+    free(p.body);
+    rd_free(&r);
+    close(fd);
+    srv_stop(&t);
+}
+
+/* 404 and 501 keep the connection; 405 names the allowed methods. */
+static void not_found_and_not_allowed(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    char v[128];
+    int fd;
+    (void)state;
+
+    srv_start(&t, NULL);
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd, "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 404);
+    assert_false(resp_header(&p, "Connection", v, sizeof v));
+    free(p.body);
+    send_str(fd, "GET /items HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 404); /* "/items/\*" does not match "/items" */
+    free(p.body);
+    send_str(fd, "DELETE / HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 405);
+    assert_true(resp_header(&p, "Allow", v, sizeof v));
+    assert_string_equal(v, "GET, HEAD");
+    free(p.body);
+    send_str(fd, "GET /echo HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 405);
+    assert_true(resp_header(&p, "Allow", v, sizeof v));
+    assert_string_equal(v, "POST, PUT");
+    free(p.body);
+    send_str(fd, "BREW / HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 501);
+    free(p.body);
+    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    free(p.body);
+    rd_free(&r);
+    close(fd);
+    srv_stop(&t);
+}
+
+/* Rounds of 16 pipelined requests in one write over one connection, answered in order. */
+static void keepalive_pipelining(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    char req[16 * 64];
+    int fd;
+    (void)state;
+
+    srv_start(&t, NULL);
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    for (int round = 0; round < 20; round++) {
+        size_t n = 0;
+        for (int i = 0; i < 16; i++)
+            n += (size_t)snprintf(req + n, sizeof req - n,
+                                  "GET /items/%d HTTP/1.1\r\nHost: t\r\n\r\n", round * 16 + i);
+        send_all(fd, req, n);
+        for (int i = 0; i < 16; i++) {
+            char want[32];
+            read_response(&r, &p, 0);
+            assert_int_equal(p.status, 200);
+            snprintf(want, sizeof want, "%d|", round * 16 + i);
+            assert_string_equal(p.body, want);
+            free(p.body);
+        }
+    }
+    rd_free(&r);
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.requests, 320);
+    assert_int_equal(st.connections, 1);
+}
+
+/* Connection: close from the client and from a handler; each ends with a FIN. */
+static void connection_close(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    char v[64];
+    int fd;
+    (void)state;
+
+    srv_start(&t, NULL);
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    assert_true(resp_header(&p, "Connection", v, sizeof v));
+    assert_string_equal(v, "close");
+    free(p.body);
+    expect_eof(&r);
+    rd_free(&r);
+    close(fd);
+
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd, "GET /close HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 202);
+    assert_string_equal(p.body, "bye");
+    assert_true(resp_header(&p, "Connection", v, sizeof v));
+    assert_string_equal(v, "close");
+    free(p.body);
+    expect_eof(&r); /* the pipelined request after it is not answered */
+    rd_free(&r);
+    close(fd);
+    srv_stop(&t);
+}
+
+/* HTTP/1.0 closes by default and keeps alive when asked to. */
+static void http10(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    char v[64];
+    int fd;
+    (void)state;
+
+    srv_start(&t, NULL);
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd, "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_true(resp_header(&p, "Connection", v, sizeof v));
+    assert_string_equal(v, "keep-alive");
+    free(p.body);
+    send_str(fd, "GET / HTTP/1.0\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "Hello, World!");
+    assert_true(resp_header(&p, "Connection", v, sizeof v));
+    assert_string_equal(v, "close");
+    free(p.body);
+    expect_eof(&r);
+    rd_free(&r);
+    close(fd);
+    srv_stop(&t);
+}
+
+/* A chunked request body, sent in pieces, is decoded and echoed. */
+static void chunked_echo(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    int fd;
+    (void)state;
+
+    srv_start(&t, NULL);
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd, "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel");
+    usleep(20000);
+    send_str(fd, "lo\r\n7\r\n, world\r\n");
+    usleep(20000);
+    send_str(fd, "0\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "hello, world");
+    free(p.body);
+    rd_free(&r);
+    close(fd);
+    srv_stop(&t);
+}
+
+/* Expect: 100-continue gets the interim response before the body is sent. */
+static void expect_continue(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    int fd;
+    (void)state;
+
+    srv_start(&t, NULL);
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd,
+             "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+    read_response(&r, &p, 1);
+    assert_int_equal(p.status, 100);
+    send_str(fd, "12345");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "12345");
+    free(p.body);
+    rd_free(&r);
+    close(fd);
+    srv_stop(&t);
+}
+
+/* A 1 MiB borrowed body reaches a slow reader intact while another client is served; the
+ * body is released once. */
+static void big_body_slow_reader(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    size_t got = 0;
+    int slow, fd;
+    (void)state;
+
+    atomic_store(&big_releases, 0);
+    srv_start(&t, NULL);
+    slow = client_connect(t.port, 4096);
+    send_str(slow, "GET /big HTTP/1.1\r\nHost: t\r\n\r\n");
+    /* Read the head only, then let the server wait on the full socket. */
+    rd_init(&r, slow);
+    usleep(50000);
+    get_once(t.port, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
+    assert_string_equal(p.body, "Hello, World!");
+    free(p.body);
+    read_response(&r, &p, 1);
+    assert_int_equal(p.status, 200);
+    while (got < BIG_LEN) {
+        char buf[8192];
+        size_t take = r.len;
+        if (take > 0) {
+            if (take > BIG_LEN - got)
+                take = BIG_LEN - got;
+            assert_memory_equal(r.buf, big_body + got, take);
+            rd_take(&r, take);
+            got += take;
+            continue;
+        }
+        ssize_t n = read(slow, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        assert_true(n > 0);
+        assert_memory_equal(buf, big_body + got, (size_t)n);
+        got += (size_t)n;
+        if (got % (128u << 10) < 8192)
+            usleep(2000);
+    }
+    /* The connection is still usable. */
+    fd = slow;
+    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_string_equal(p.body, "Hello, World!");
+    free(p.body);
+    rd_free(&r);
+    close(fd);
+    srv_stop(&t);
+    assert_int_equal(atomic_load(&big_releases), 1);
+}
+
+/* After a closing answer the server shuts down its side and drains what the client still
+ * sends: the client reads the answer and then EOF, never ECONNRESET. Also for a 400. */
+static void half_close_fin(void **state)
+{
+    static char junk[256 << 10];
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    int fd;
+    (void)state;
+
+    memset(junk, 'j', sizeof junk);
+    srv_start(&t, NULL);
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    send_all(fd, junk, sizeof junk);
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    free(p.body);
+    usleep(50000); /* let the junk reach the server after its shutdown */
+    expect_eof(&r);
+    rd_free(&r);
+    close(fd);
+
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\nBad Header: x\r\n\r\n");
+    send_all(fd, junk, 65536);
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 400);
+    free(p.body);
+    usleep(50000);
+    expect_eof(&r);
+    rd_free(&r);
+    close(fd);
+    srv_stop(&t);
+}
+
+/* The parser's limits become 413 and 431; a failing handler 500 with close. */
+static void limits_and_failures(void **state)
+{
+    struct srv_opts o = {.max_body = 1000};
+    struct srv t;
+    struct resp p;
+    char *big;
+    (void)state;
+
+    srv_start(&t, &o);
+    get_once(t.port, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1001\r\n\r\n", &p);
+    assert_int_equal(p.status, 413);
+    free(p.body);
+    big = malloc(20000);
+    assert_non_null(big);
+    memset(big, 'a', 20000);
+    memcpy(big, "GET / HTTP/1.1\r\nHost: t\r\nX: ", 28);
+    memcpy(big + 19996, "\r\n\r\n", 4);
+    big[19999] = '\n';
+    {
+        struct rd r;
+        int fd = client_connect(t.port, 0);
+        rd_init(&r, fd);
+        send_all(fd, big, 20000);
+        read_response(&r, &p, 0);
+        assert_int_equal(p.status, 431);
+        free(p.body);
+        rd_free(&r);
+        close(fd);
+    }
+    free(big);
+    get_once(t.port, "GET /fail HTTP/1.1\r\nHost: t\r\n\r\n", &p);
+    assert_int_equal(p.status, 500);
+    assert_string_equal(p.body, "500 Internal Server Error\n");
+    free(p.body);
+    srv_stop(&t);
+}
+
+/* A client that trickles its head is closed after the header timeout, while another client
+ * is served meanwhile. */
+static void header_timeout_slowloris(void **state)
+{
+    struct srv_opts o = {.header_ms = 300};
+    const char *head = "GET / HTTP/1.1\r\nHost: t\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    struct srv t;
+    struct resp p;
+    uint64_t start, closed_at = 0;
+    int slow;
+    (void)state;
+
+    srv_start(&t, &o);
+    slow = client_connect(t.port, 0);
+    start = mono_ms();
+    for (size_t i = 0; head[i] != '\0' && mono_ms() - start < 3000; i++) {
+        struct pollfd pf = {.fd = slow, .events = POLLIN};
+        if (send(slow, head + i, 1, MSG_NOSIGNAL) != 1 || poll(&pf, 1, 50) > 0) {
+            closed_at = mono_ms();
+            break;
+        }
+        /* Meanwhile the server answers others. */
+        get_once(t.port, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
+        assert_int_equal(p.status, 200);
+        free(p.body);
+    }
+    if (closed_at == 0) {
+        char c;
+        assert_true(read(slow, &c, 1) <= 0);
+        closed_at = mono_ms();
+    }
+    print_message("slowloris closed after %llu ms\n", (unsigned long long)(closed_at - start));
+    assert_true(closed_at - start >= 250);
+    assert_true(closed_at - start < 2000);
+    close(slow);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_true(st.timeouts >= 1);
+}
+
+/* An idle keep-alive connection is closed (FIN) after the keep-alive timeout. */
+static void keepalive_timeout(void **state)
+{
+    struct srv_opts o = {.keepalive_ms = 200};
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    uint64_t start;
+    int fd;
+    (void)state;
+
+    srv_start(&t, &o);
+    fd = client_connect(t.port, 0);
+    rd_init(&r, fd);
+    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    free(p.body);
+    start = mono_ms();
+    expect_eof(&r);
+    assert_true(mono_ms() - start >= 150);
+    assert_true(mono_ms() - start < 2000);
+    rd_free(&r);
+    close(fd);
+    srv_stop(&t);
+}
+
+/* A graceful stop: new connections are refused, an idle keep-alive connection gets a FIN,
+ * and a request in flight (head half sent) is still answered, with Connection: close. */
+static void graceful_stop(void **state)
+{
+    struct srv t;
+    struct rd ri, rb;
+    struct resp p;
+    struct sockaddr_in sin = {.sin_family = AF_INET};
+    char v[64];
+    int idle, busy, fd;
+    (void)state;
+
+    /* A long stop timeout: a slow (sanitized, loaded) run must not reach it. */
+    struct srv_opts o = {.stop_ms = 20000};
+    srv_start(&t, &o);
+    idle = client_connect(t.port, 0);
+    rd_init(&ri, idle);
+    send_str(idle, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&ri, &p, 0);
+    free(p.body);
+    busy = client_connect(t.port, 0);
+    rd_init(&rb, busy);
+    send_str(busy, "GET /hello HTTP/1.1\r\nHost: t\r\n");
+    usleep(200000); /* the half head reaches the server before the stop */
+    assert_int_equal(shmipc_server_stop(t.s), 0);
+    expect_eof(&ri); /* the idle connection is closed first */
+    sin.sin_port = htons((uint16_t)t.port);
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* On io_uring the kernel drops its last reference to the listener when the worker's next
+     * enter runs the cancellation of its accept, which may follow the FIN above. */
+    for (uint64_t until = mono_ms() + 5000;; usleep(10000)) {
+        int rc;
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        rc = connect(fd, (struct sockaddr *)&sin, sizeof sin);
+        close(fd);
+        if (rc < 0) {
+            assert_int_equal(errno, ECONNREFUSED);
+            break;
+        }
+        assert_true(mono_ms() < until);
+    }
+    assert_int_equal(atomic_load(&t.returned), 0); /* still waiting for the busy one */
+    send_str(busy, "\r\n");
+    read_response(&rb, &p, 0);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "hi");
+    assert_true(resp_header(&p, "Connection", v, sizeof v));
+    assert_string_equal(v, "close");
+    free(p.body);
+    expect_eof(&rb);
+    close(busy);
+    close(idle);
+    rd_free(&ri);
+    rd_free(&rb);
+    assert_int_equal(pthread_join(t.thread, NULL), 0);
+    assert_int_equal(t.run_rc, 0);
+    shmipc_server_free(t.s);
+}
+
+/* 500 connections open at once, each served twice (two workers). */
+static void many_connections(void **state)
+{
+    enum { N = 500 };
+    struct srv_opts o = {.workers = 2};
+    struct srv t;
+    struct resp p;
+    struct rd *r = calloc(N, sizeof *r);
+    int *fd = calloc(N, sizeof *fd);
+    (void)state;
+
+    assert_non_null(r);
+    assert_non_null(fd);
+    srv_start(&t, &o);
+    for (int i = 0; i < N; i++) {
+        fd[i] = client_connect(t.port, 0);
+        rd_init(&r[i], fd[i]);
+    }
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            char req[64];
+            snprintf(req, sizeof req, "GET /items/%d HTTP/1.1\r\nHost: t\r\n\r\n", i);
+            send_str(fd[i], req);
+        }
+        for (int i = 0; i < N; i++) {
+            char want[16];
+            read_response(&r[i], &p, 0);
+            snprintf(want, sizeof want, "%d|", i);
+            assert_string_equal(p.body, want);
+            free(p.body);
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        rd_free(&r[i]);
+        close(fd[i]);
+    }
+    free(r);
+    free(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.connections, N);
+    assert_int_equal(st.requests, 2 * N);
+}
+
+#define SERVER_TESTS                                                                               \
+    cmocka_unit_test(routes_and_static), cmocka_unit_test(not_found_and_not_allowed),              \
+        cmocka_unit_test(keepalive_pipelining), cmocka_unit_test(connection_close),                \
+        cmocka_unit_test(http10), cmocka_unit_test(chunked_echo),                                  \
+        cmocka_unit_test(expect_continue), cmocka_unit_test(big_body_slow_reader),                 \
+        cmocka_unit_test(half_close_fin), cmocka_unit_test(limits_and_failures),                   \
+        cmocka_unit_test(header_timeout_slowloris), cmocka_unit_test(keepalive_timeout),           \
+        cmocka_unit_test(graceful_stop), cmocka_unit_test(many_connections)
+
+#endif
