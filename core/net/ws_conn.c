@@ -1,0 +1,443 @@
+/* One server-side WebSocket connection without sockets; see ws_conn.h. */
+#include "net/ws_conn.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "net/ws_codec.h"
+#include "shmipc.h"
+
+/* What the payload of the current frame is for. */
+enum frame_kind {
+    K_SKIP = 0, /* ignored (data after this side sent close) */
+    K_CONTROL,  /* gathered in c->ctrl, handled at its end */
+    K_DIRECT,   /* a whole message, whole in the caller's buffer: delivered in place */
+    K_BUFFER,   /* appended to the reassembly buffer */
+};
+
+#define NO_PONG SIZE_MAX
+
+int shmipc__ws_limits_resolve(struct shmipc__ws_limits *out, const struct shmipc__ws_limits *in)
+{
+    struct shmipc__ws_limits l;
+    if (in)
+        l = *in;
+    else
+        memset(&l, 0, sizeof l);
+    if (!l.max_message)
+        l.max_message = SHMIPC__WS_DEFAULT_MAX_MESSAGE;
+    if (!l.max_frame)
+        l.max_frame = l.max_message;
+    if (!l.tx_high_water)
+        l.tx_high_water = SHMIPC__WS_DEFAULT_TX_HIGH_WATER;
+    if (!l.tx_limit)
+        l.tx_limit = l.tx_high_water > SHMIPC__WS_DEFAULT_TX_LIMIT ? l.tx_high_water
+                                                                   : SHMIPC__WS_DEFAULT_TX_LIMIT;
+    if (!l.buffer_keep)
+        l.buffer_keep = SHMIPC__WS_DEFAULT_BUFFER_KEEP;
+    if (l.max_message > SHMIPC__WS_LIMIT_MAX_MESSAGE)
+        return shmipc__fail(SHMIPC_EINVAL, "websocket max_message: %llu is above %llu",
+                            (unsigned long long)l.max_message,
+                            (unsigned long long)SHMIPC__WS_LIMIT_MAX_MESSAGE);
+    if (l.max_frame > l.max_message)
+        return shmipc__fail(SHMIPC_EINVAL, "websocket max_frame: %llu is above max_message (%llu)",
+                            (unsigned long long)l.max_frame, (unsigned long long)l.max_message);
+    if (l.tx_limit < l.tx_high_water)
+        return shmipc__fail(SHMIPC_EINVAL, "websocket tx_limit: %zu is below tx_high_water (%zu)",
+                            l.tx_limit, l.tx_high_water);
+    *out = l;
+    return 0;
+}
+
+void shmipc__ws_conn_init(struct shmipc__ws_conn *c, const struct shmipc__ws_limits *limits,
+                          const struct shmipc__ws_callbacks *cbs, void *user_data)
+{
+    memset(c, 0, sizeof *c);
+    shmipc__ws_parser_init(&c->parser, SHMIPC__WS_SERVER, limits->max_frame);
+    c->limits = limits;
+    c->cbs = cbs;
+    c->user_data = user_data;
+    c->pong_at = NO_PONG;
+    c->state = SHMIPC__WS_OPEN;
+    c->utf8 = SHMIPC__UTF8_ACCEPT;
+}
+
+static void buf_free(struct shmipc__ws_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+void shmipc__ws_conn_destroy(struct shmipc__ws_conn *c)
+{
+    buf_free(&c->flight);
+    buf_free(&c->pending);
+    free(c->msg);
+    c->msg = NULL;
+    c->msg_len = c->msg_cap = 0;
+}
+
+void shmipc__ws_conn_trim(struct shmipc__ws_conn *c)
+{
+    if (c->flight.len == c->flight.off)
+        buf_free(&c->flight);
+    if (c->pending.len == 0)
+        buf_free(&c->pending);
+    if (c->msg_len == 0) {
+        free(c->msg);
+        c->msg = NULL;
+        c->msg_cap = 0;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Output */
+
+/* Appends a frame (head and payload) to the pending buffer. Returns 0 or SHMIPC_ENOMEM. */
+static int queue_frame(struct shmipc__ws_conn *c, unsigned opcode, const void *payload, size_t len)
+{
+    struct shmipc__ws_buf *b = &c->pending;
+    uint8_t head[SHMIPC__WS_HEAD_MAX];
+    size_t hlen = shmipc__ws_frame_head(head, 1, opcode, len);
+    if (len > SIZE_MAX - hlen - b->len)
+        return shmipc__fail(SHMIPC_ENOMEM, "websocket: output queue overflow");
+    size_t need = b->len + hlen + len;
+    if (need > b->cap) {
+        size_t cap = b->cap * 2 > need ? b->cap * 2 : need;
+        if (cap < 256)
+            cap = 256;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return shmipc__fail(SHMIPC_ENOMEM, "websocket: cannot grow the output queue to %zu",
+                                cap);
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, head, hlen);
+    if (len)
+        memcpy(b->p + b->len + hlen, payload, len);
+    b->len = need;
+    c->pong_at = NO_PONG;
+    return 0;
+}
+
+size_t shmipc__ws_conn_tx_peek(struct shmipc__ws_conn *c, const char **data)
+{
+    if (c->flight.off == c->flight.len) {
+        if (c->pending.len == 0) {
+            *data = NULL;
+            return 0;
+        }
+        /* The handed-out buffer is empty: the pending one takes its place. */
+        struct shmipc__ws_buf t = c->flight;
+        c->flight = c->pending;
+        c->pending = t;
+        c->pending.off = c->pending.len = 0;
+        c->pong_at = NO_PONG;
+    }
+    *data = c->flight.p + c->flight.off;
+    return c->flight.len - c->flight.off;
+}
+
+int shmipc__ws_conn_tx_sent(struct shmipc__ws_conn *c, size_t n)
+{
+    struct shmipc__ws_buf *b = &c->flight;
+    if (n > b->len - b->off)
+        n = b->len - b->off;
+    b->off += n;
+    if (b->off == b->len) {
+        b->off = b->len = 0;
+        if (b->cap > c->limits->buffer_keep)
+            buf_free(b);
+    }
+    if (c->paused && shmipc__ws_conn_tx_queued(c) <= c->limits->tx_high_water / 2) {
+        c->paused = 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* Queues the pong answering a ping. Past the high-water mark an unsent pong at the tail of
+ * the queue is replaced rather than joined by another, so a ping flood from a client that
+ * does not read grows nothing (RFC 6455 §5.5.3 allows answering only the latest ping). */
+static int queue_pong(struct shmipc__ws_conn *c, const char *payload, size_t len)
+{
+    size_t at = c->pending.len;
+    if (c->pong_at != NO_PONG && shmipc__ws_conn_tx_queued(c) >= c->limits->tx_high_water)
+        at = c->pong_at;
+    c->pending.len = at;
+    int rc = queue_frame(c, SHMIPC__WS_OP_PONG, payload, len);
+    if (rc == 0)
+        c->pong_at = at;
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Input */
+
+/* Ends the connection: the close frame when none was sent yet, on_close, CLOSED. */
+static int fail(struct shmipc__ws_conn *c, unsigned code, const char *why)
+{
+    (void)shmipc__fail(SHMIPC_EPROTO, "websocket: %s (close %u)", why, code);
+    if (c->state == SHMIPC__WS_OPEN) {
+        char payload[2] = {(char)(code >> 8), (char)code};
+        (void)queue_frame(c, SHMIPC__WS_OP_CLOSE, payload, 2);
+    }
+    c->state = SHMIPC__WS_CLOSED;
+    if (c->cbs->on_close)
+        c->cbs->on_close(c->user_data, code, why, strlen(why));
+    return -1;
+}
+
+static int deliver(struct shmipc__ws_conn *c, unsigned opcode, const char *data, size_t len)
+{
+    c->msg_opcode = 0;
+    int rc = c->cbs->on_message(c->user_data, opcode, data, len);
+    if (rc < 0 && c->state != SHMIPC__WS_CLOSED)
+        return fail(c, SHMIPC__WS_CLOSE_INTERNAL, "the application failed on a message");
+    return 0;
+}
+
+/* Decides what the frame's payload is for; fails on a frame out of sequence or too large. */
+static int on_head(struct shmipc__ws_conn *c, const struct shmipc__ws_frame *f, size_t avail)
+{
+    if (c->state == SHMIPC__WS_CLOSING) {
+        /* Only the peer's close frame matters now. */
+        c->kind = f->opcode == SHMIPC__WS_OP_CLOSE ? K_CONTROL : K_SKIP;
+        c->ctrl_len = 0;
+        return 0;
+    }
+    if (shmipc__ws_is_control(f->opcode)) {
+        c->kind = K_CONTROL;
+        c->ctrl_len = 0;
+        return 0;
+    }
+    if (f->opcode == SHMIPC__WS_OP_CONT) {
+        if (!c->msg_opcode)
+            return fail(c, SHMIPC__WS_CLOSE_PROTOCOL, "continuation frame without a message");
+    } else {
+        if (c->msg_opcode)
+            return fail(c, SHMIPC__WS_CLOSE_PROTOCOL,
+                        "new message before the fragmented one ended");
+        c->msg_opcode = f->opcode;
+        c->msg_total = 0;
+        c->utf8 = SHMIPC__UTF8_ACCEPT;
+    }
+    if (f->len > c->limits->max_message - c->msg_total)
+        return fail(c, SHMIPC__WS_CLOSE_TOO_BIG, "message larger than the maximum");
+    c->msg_total += f->len;
+    c->msg_fin = f->fin;
+    /* A whole message whose payload is all here: deliver it where it lies. */
+    c->kind = f->fin && f->opcode != SHMIPC__WS_OP_CONT && f->len <= avail ? K_DIRECT : K_BUFFER;
+    return 0;
+}
+
+/* Makes room for `n` more message bytes: doubling (so a message costs O(log n) allocations,
+ * never one per frame), never beyond max_message, and for the final frame never beyond the
+ * message's declared end. Capacity follows the bytes that arrived, not a declared length. */
+static int msg_reserve(struct shmipc__ws_conn *c, size_t n)
+{
+    size_t need = c->msg_len + n;
+    if (need <= c->msg_cap)
+        return 0;
+    size_t cap = c->msg_cap * 2 > need ? c->msg_cap * 2 : need;
+    if (cap < 256)
+        cap = 256;
+    uint64_t bound = c->msg_fin ? c->msg_total : c->limits->max_message;
+    if (cap > bound)
+        cap = (size_t)bound;
+    char *p = realloc(c->msg, cap);
+    if (!p)
+        return shmipc__fail(SHMIPC_ENOMEM, "websocket: cannot grow a message to %zu bytes", cap);
+    c->msg = p;
+    c->msg_cap = cap;
+    return 0;
+}
+
+static void msg_reset(struct shmipc__ws_conn *c)
+{
+    c->msg_len = 0;
+    c->msg_total = 0;
+    if (c->msg_cap > c->limits->buffer_keep) {
+        free(c->msg);
+        c->msg = NULL;
+        c->msg_cap = 0;
+    }
+}
+
+static int on_close_frame(struct shmipc__ws_conn *c)
+{
+    unsigned code = 0;
+    const char *reason = "";
+    size_t rlen = 0;
+    if (c->ctrl_len == 1)
+        return fail(c, SHMIPC__WS_CLOSE_PROTOCOL, "close frame with a 1-byte payload");
+    if (c->ctrl_len >= 2) {
+        code = (unsigned)(uint8_t)c->ctrl[0] << 8 | (uint8_t)c->ctrl[1];
+        if (!shmipc__ws_close_code_valid(code))
+            return fail(c, SHMIPC__WS_CLOSE_PROTOCOL, "invalid close code");
+        reason = c->ctrl + 2;
+        rlen = c->ctrl_len - 2u;
+        if (!shmipc__utf8_valid(reason, rlen))
+            return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "close reason is not valid UTF-8");
+    }
+    if (c->state == SHMIPC__WS_OPEN) {
+        /* Echo the code (RFC 6455 §5.5.1), 1000 for a close without one. */
+        unsigned echo = code ? code : SHMIPC__WS_CLOSE_NORMAL;
+        char payload[2] = {(char)(echo >> 8), (char)echo};
+        (void)queue_frame(c, SHMIPC__WS_OP_CLOSE, payload, 2);
+    }
+    c->state = SHMIPC__WS_CLOSED;
+    if (c->cbs->on_close)
+        c->cbs->on_close(c->user_data, code ? code : SHMIPC__WS_CLOSE_NO_STATUS, reason, rlen);
+    return -1;
+}
+
+static int on_control(struct shmipc__ws_conn *c, unsigned opcode)
+{
+    switch (opcode) {
+    case SHMIPC__WS_OP_CLOSE:
+        return on_close_frame(c);
+    case SHMIPC__WS_OP_PING:
+        if (queue_pong(c, c->ctrl, c->ctrl_len) != 0)
+            return fail(c, SHMIPC__WS_CLOSE_INTERNAL, "cannot queue a pong");
+        if (c->cbs->on_ping)
+            c->cbs->on_ping(c->user_data, c->ctrl, c->ctrl_len);
+        return 0;
+    default: /* the parser lets no other control opcode through */
+        if (c->cbs->on_pong)
+            c->cbs->on_pong(c->user_data, c->ctrl, c->ctrl_len);
+        return 0;
+    }
+}
+
+static int on_data(struct shmipc__ws_conn *c, const struct shmipc__ws_event *ev)
+{
+    int text = c->msg_opcode == SHMIPC__WS_OP_TEXT;
+    switch (c->kind) {
+    case K_CONTROL:
+        memcpy(c->ctrl + c->ctrl_len, ev->data, ev->len); /* the parser bounds it to 125 */
+        c->ctrl_len = (uint8_t)(c->ctrl_len + ev->len);
+        return ev->last ? on_control(c, ev->frame.opcode) : 0;
+    case K_DIRECT:
+        if (text && !shmipc__utf8_valid(ev->data, ev->len))
+            return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "text message is not valid UTF-8");
+        return deliver(c, c->msg_opcode, ev->data, ev->len);
+    case K_BUFFER:
+        /* Fail fast: a byte that can never be valid UTF-8 fails here, not at the end. */
+        if (text) {
+            c->utf8 = shmipc__utf8_validate(c->utf8, ev->data, ev->len, NULL);
+            if (c->utf8 == SHMIPC__UTF8_REJECT)
+                return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "text message is not valid UTF-8");
+        }
+        if (ev->len) {
+            if (msg_reserve(c, ev->len) != 0)
+                return fail(c, SHMIPC__WS_CLOSE_INTERNAL, "out of memory for a message");
+            memcpy(c->msg + c->msg_len, ev->data, ev->len);
+            c->msg_len += ev->len;
+        }
+        if (!(ev->last && c->msg_fin))
+            return 0;
+        if (text && c->utf8 != SHMIPC__UTF8_ACCEPT)
+            return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "text message ends inside a character");
+        int rc = deliver(c, c->msg_opcode, c->msg, c->msg_len);
+        msg_reset(c);
+        return rc;
+    default:
+        return 0;
+    }
+}
+
+int shmipc__ws_conn_process(struct shmipc__ws_conn *c, char *buf, size_t len)
+{
+    if (c->busy)
+        return shmipc__fail(SHMIPC_EBUSY, "websocket: process called from a callback");
+    if (c->state == SHMIPC__WS_CLOSED)
+        return SHMIPC__WS_CONN_CLOSE;
+    c->busy = 1;
+    size_t pos = 0;
+    struct shmipc__ws_event ev;
+    /* With no bytes nothing can happen: an empty payload is reported with its header. */
+    while (len > 0 && c->state != SHMIPC__WS_CLOSED) {
+        pos += shmipc__ws_parse(&c->parser, buf + pos, len - pos, &ev);
+        if (ev.kind == SHMIPC__WS_EV_NONE)
+            break;
+        if (ev.kind == SHMIPC__WS_EV_ERROR)
+            (void)fail(c, ev.code, ev.why);
+        else if (ev.kind == SHMIPC__WS_EV_HEAD)
+            (void)on_head(c, &ev.frame, len - pos);
+        else
+            (void)on_data(c, &ev);
+    }
+    c->busy = 0;
+    if (c->state == SHMIPC__WS_CLOSED)
+        return SHMIPC__WS_CONN_CLOSE;
+    if (shmipc__ws_conn_tx_queued(c) >= c->limits->tx_high_water) {
+        c->paused = 1;
+        return SHMIPC__WS_CONN_PAUSE;
+    }
+    return SHMIPC__WS_CONN_MORE;
+}
+
+void shmipc__ws_conn_eof(struct shmipc__ws_conn *c)
+{
+    if (c->busy || c->state == SHMIPC__WS_CLOSED)
+        return;
+    c->state = SHMIPC__WS_CLOSED;
+    static const char why[] = "the connection ended without a close frame";
+    if (c->cbs->on_close)
+        c->cbs->on_close(c->user_data, SHMIPC__WS_CLOSE_ABNORMAL, why, sizeof why - 1);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Sending */
+
+/* Whether the application may queue a frame now. */
+static int can_send(const struct shmipc__ws_conn *c)
+{
+    if (c->state != SHMIPC__WS_OPEN)
+        return shmipc__fail(SHMIPC_ECLOSED, "websocket: the connection is closing or closed");
+    if (shmipc__ws_conn_tx_queued(c) >= c->limits->tx_limit)
+        return shmipc__fail(SHMIPC_EAGAIN, "websocket: %zu bytes are queued (tx_limit %zu)",
+                            shmipc__ws_conn_tx_queued(c), c->limits->tx_limit);
+    return 0;
+}
+
+int shmipc__ws_conn_send(struct shmipc__ws_conn *c, unsigned opcode, const void *data, size_t len,
+                         unsigned flags)
+{
+    if (opcode != SHMIPC__WS_OP_TEXT && opcode != SHMIPC__WS_OP_BINARY)
+        return shmipc__fail(SHMIPC_EINVAL, "websocket send: opcode %u is not text or binary",
+                            opcode);
+    if (opcode == SHMIPC__WS_OP_TEXT && !(flags & SHMIPC__WS_SEND_TRUSTED) &&
+        !shmipc__utf8_valid(data, len))
+        return shmipc__fail(SHMIPC_EINVAL, "websocket send: text is not valid UTF-8");
+    int rc = can_send(c);
+    return rc ? rc : queue_frame(c, opcode, data, len);
+}
+
+int shmipc__ws_conn_ping(struct shmipc__ws_conn *c, const void *data, size_t len)
+{
+    if (len > SHMIPC__WS_CONTROL_MAX)
+        return shmipc__fail(SHMIPC_EINVAL, "websocket ping: %zu bytes is above 125", len);
+    int rc = can_send(c);
+    return rc ? rc : queue_frame(c, SHMIPC__WS_OP_PING, data, len);
+}
+
+int shmipc__ws_conn_close(struct shmipc__ws_conn *c, unsigned code, const char *reason,
+                          size_t reason_len)
+{
+    if (c->state != SHMIPC__WS_OPEN)
+        return shmipc__fail(SHMIPC_ECLOSED, "websocket close: the connection is closing or closed");
+    if (code && !shmipc__ws_close_code_valid(code))
+        return shmipc__fail(SHMIPC_EINVAL, "websocket close: %u is not a close code to send", code);
+    if (reason_len && (!code || !shmipc__utf8_valid(reason, reason_len)))
+        return shmipc__fail(SHMIPC_EINVAL, "websocket close: the reason needs a code and UTF-8");
+    char payload[SHMIPC__WS_CONTROL_MAX];
+    size_t n = shmipc__ws_close_payload(payload, code, reason, reason_len);
+    int rc = queue_frame(c, SHMIPC__WS_OP_CLOSE, payload, n);
+    if (rc == 0)
+        c->state = SHMIPC__WS_CLOSING;
+    return rc;
+}

@@ -1,0 +1,17 @@
+=== description
+No Sec-WebSocket-Version: 426 naming the version this server speaks.
+=== request
+GET /chat HTTP/1.1\r\n
+Host: server.example.com\r\n
+Upgrade: websocket\r\n
+Connection: Upgrade\r\n
+Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n
+\r\n
+=== response
+HTTP/1.1 426 Upgrade Required\r\n
+Content-Type: text/plain; charset=utf-8\r\n
+Sec-WebSocket-Version: 13\r\n
+Content-Length: 21\r\n
+Connection: close\r\n
+\r\n
+426 Upgrade Required\n

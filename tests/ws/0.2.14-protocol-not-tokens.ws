@@ -1,0 +1,20 @@
+=== description
+A Sec-WebSocket-Protocol element that is not a token ("a b"): 400.
+=== options
+protocols chat
+=== request
+GET /chat HTTP/1.1\r\n
+Host: server.example.com\r\n
+Upgrade: websocket\r\n
+Connection: Upgrade\r\n
+Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n
+Sec-WebSocket-Version: 13\r\n
+Sec-WebSocket-Protocol: chat, a b\r\n
+\r\n
+=== response
+HTTP/1.1 400 Bad Request\r\n
+Content-Type: text/plain; charset=utf-8\r\n
+Content-Length: 16\r\n
+Connection: close\r\n
+\r\n
+400 Bad Request\n

@@ -1,0 +1,13 @@
+=== description
+Autobahn 1.1.1: a text message of 0 bytes ("*") in one masked frame (7-bit length); echoed in an unmasked frame.
+=== options
+closed yes
+close 1000
+=== in
+text "\*0{*}"
+close code=1000
+=== out
+text "\*0{*}"
+close code=1000
+=== messages
+text "\*0{*}"

@@ -1,0 +1,19 @@
+=== description
+Three small messages in one receive (and at every split): each is delivered and echoed, in order.
+=== options
+closed yes
+close 1000
+=== in
+text "one"
+binary hex:00ff
+text "three"
+close code=1000
+=== out
+text "one"
+binary hex:00ff
+text "three"
+close code=1000
+=== messages
+text "one"
+binary hex:00ff
+text "three"

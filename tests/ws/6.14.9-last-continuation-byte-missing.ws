@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.14.9 (last continuation byte missing): a text message of the bytes fb bf bf bf, not valid UTF-8: 1007.
+=== options
+closed yes
+close 1007
+=== in
+text "\xfb\xbf\xbf\xbf"
+close code=1000
+=== out
+close code=1007
+=== messages

@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.16.3 (impossible bytes): a text message of the bytes fe fe ff ff, not valid UTF-8: 1007.
+=== options
+closed yes
+close 1007
+=== in
+text "\xfe\xfe\xff\xff"
+close code=1000
+=== out
+close code=1007
+=== messages

@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.17.3 (overlong slash): a text message of the bytes f0 80 80 af, not valid UTF-8: 1007.
+=== options
+closed yes
+close 1007
+=== in
+text "\xf0\x80\x80\xaf"
+close code=1000
+=== out
+close code=1007
+=== messages

@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.20.2 (single UTF-16 surrogates): a text message of the bytes ed ad bf, not valid UTF-8: 1007.
+=== options
+closed yes
+close 1007
+=== in
+text "\xed\xad\xbf"
+close code=1000
+=== out
+close code=1007
+=== messages

@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.21.2 (paired UTF-16 surrogates): a text message of the bytes ed a0 80 ed bf bf, not valid UTF-8: 1007.
+=== options
+closed yes
+close 1007
+=== in
+text "\xed\xa0\x80\xed\xbf\xbf"
+close code=1000
+=== out
+close code=1007
+=== messages

@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.22.12 (noncharacters (valid UTF-8)): a text message of the bytes f1 9f bf bf, valid UTF-8: echoed.
+=== options
+closed yes
+close 1000
+=== in
+text "\xf1\x9f\xbf\xbf"
+close code=1000
+=== out
+text "\xf1\x9f\xbf\xbf"
+close code=1000

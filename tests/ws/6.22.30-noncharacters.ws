@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.22.30 (noncharacters (valid UTF-8)): a text message of the bytes f3 af bf bf, valid UTF-8: echoed.
+=== options
+closed yes
+close 1000
+=== in
+text "\xf3\xaf\xbf\xbf"
+close code=1000
+=== out
+text "\xf3\xaf\xbf\xbf"
+close code=1000

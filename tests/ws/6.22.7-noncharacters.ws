@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.22.7 (noncharacters (valid UTF-8)): a text message of the bytes f0 bf bf be, valid UTF-8: echoed.
+=== options
+closed yes
+close 1000
+=== in
+text "\xf0\xbf\xbf\xbe"
+close code=1000
+=== out
+text "\xf0\xbf\xbf\xbe"
+close code=1000

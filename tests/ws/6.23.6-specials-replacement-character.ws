@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.23.6 (specials, replacement character): a text message of the bytes ef bf be, valid UTF-8: echoed.
+=== options
+closed yes
+close 1000
+=== in
+text "\xef\xbf\xbe"
+close code=1000
+=== out
+text "\xef\xbf\xbe"
+close code=1000

@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.6.3 (prefixes of a valid multi-byte string): a text message of the bytes ce ba e1, not valid UTF-8: 1007.
+=== options
+closed yes
+close 1007
+=== in
+text "\xce\xba\xe1"
+close code=1000
+=== out
+close code=1007
+=== messages

@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.6.5 (prefixes of a valid multi-byte string): a text message of the bytes ce ba e1 bd b9, valid UTF-8: echoed.
+=== options
+closed yes
+close 1000
+=== in
+text "\xce\xba\xe1\xbd\xb9"
+close code=1000
+=== out
+text "\xce\xba\xe1\xbd\xb9"
+close code=1000

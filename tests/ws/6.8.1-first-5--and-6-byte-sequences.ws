@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.8.1 (first 5- and 6-byte sequences (beyond U+10FFFF)): a text message of the bytes f8 88 80 80 80, not valid UTF-8: 1007.
+=== options
+closed yes
+close 1007
+=== in
+text "\xf8\x88\x80\x80\x80"
+close code=1000
+=== out
+close code=1007
+=== messages

@@ -1,0 +1,11 @@
+=== description
+Autobahn 6.9.4 (last sequence of each length): a text message of the bytes f4 8f bf bf, valid UTF-8: echoed.
+=== options
+closed yes
+close 1000
+=== in
+text "\xf4\x8f\xbf\xbf"
+close code=1000
+=== out
+text "\xf4\x8f\xbf\xbf"
+close code=1000

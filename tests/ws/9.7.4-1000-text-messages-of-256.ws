@@ -1,0 +1,11 @@
+=== description
+Autobahn 9.7.4: 1000 text messages of 256 bytes back to back; each echoed, in order.
+=== options
+closed yes
+close 1000
+=== in
+*1000 text "\*256{*}"
+close code=1000
+=== out
+*1000 text "\*256{*}"
+close code=1000
