@@ -37,7 +37,10 @@ cc -std=gnu11 -Wall -Wextra -Werror -o "$tmp/greeter_client" examples/c/greeter_
   || die "examples/c/greeter_client.c does not build against the installed library"
 
 libdir=$(dirname "$lib")
-LD_LIBRARY_PATH=$libdir ldd "$tmp/greeter_client" | grep -q "libshmipc.so.0 => $libdir/" \
+# Read ldd's whole output first: with pipefail, `ldd | grep -q` fails whenever grep stops
+# reading early and ldd dies of SIGPIPE.
+deps=$(LD_LIBRARY_PATH=$libdir ldd "$tmp/greeter_client")
+[[ $deps == *"libshmipc.so.0 => $libdir/"* ]] \
   || die "greeter_client does not load the installed libshmipc.so.0"
 rc=0
 LD_LIBRARY_PATH=$libdir "$tmp/greeter_client" "unix:@shmipc-install-check-$$" >"$tmp/run.txt" 2>&1 \
