@@ -755,6 +755,9 @@ void shmipc__lua_new_class(lua_State *L, const char *name, const luaL_Reg *meta,
 /* The one symbol the module exports; the rest is hidden (see meson.build). */
 __attribute__((visibility("default"))) int luaopen_shmipc(lua_State *L);
 
+/* shmipc.abi, in abi.c. */
+void shmipc__lua_open_abi(lua_State *L);
+
 int luaopen_shmipc(lua_State *L)
 {
     shmipc__lua_new_class(L, CONFIG_MT, config_metamethods, config_methods);
@@ -772,5 +775,6 @@ int luaopen_shmipc(lua_State *L)
     shmipc__lua_open_stream(L);
     shmipc__lua_open_session(L);
     shmipc__lua_open_listener(L);
+    shmipc__lua_open_abi(L);
     return 1;
 }
