@@ -860,6 +860,8 @@ static int add_errors_dict(PyObject *module)
     return rc;
 }
 
+int shmipcpy_abi_exec(PyObject *module); /* abi.c: shmipc.abi's functions and Handle type */
+
 static int module_exec(PyObject *module)
 {
     module_state *st = state_of_module(module);
@@ -923,6 +925,8 @@ static int module_exec(PyObject *module)
         PyModule_AddIntConstant(module, "version_number", shmipc_version()) < 0 ||
         PyModule_AddIntConstant(module, "MAX_SLICE_CLASSES", SHMIPC_MAX_SLICE_CLASSES) < 0 ||
         PyModule_AddIntConstant(module, "MIN_BUFFER_CAPACITY", SHMIPC_MIN_BUFFER_CAPACITY) < 0)
+        return -1;
+    if (shmipcpy_abi_exec(module) < 0)
         return -1;
     return add_errors_dict(module);
 }
