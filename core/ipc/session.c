@@ -6,6 +6,7 @@
 #include "ipc/session.h"
 
 #include "common/clock.h"
+#include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "ipc/proto.h"
@@ -830,10 +831,78 @@ static struct timespec *wait_span(const shmipc_session *s, uint64_t deadline)
     return &ts;
 }
 
+/* How long a waiting processor spins before it sleeps: SHMIPC_SPIN_US, 20 µs by default. */
+static uint64_t spin_ns(void)
+{
+    static uint64_t ns = UINT64_MAX;
+    uint64_t v = __atomic_load_n(&ns, __ATOMIC_RELAXED);
+    if (v == UINT64_MAX) {
+        const char *env = shmipc__getenv("SHMIPC_SPIN_US");
+        long us = env != NULL ? strtol(env, NULL, 10) : 20;
+        v = us < 0 ? 0 : (uint64_t)(us > 100000 ? 100000 : us) * 1000u;
+        __atomic_store_n(&ns, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+/*
+ * Spins for up to spin_ns() (and never past `deadline`) with our receive queue's working flag
+ * set, watching the queue. Returns 1 when elements arrived, 0 when the spin gave up with the
+ * flag cleared again and the queue found empty. The caller holds the processing role.
+ */
+static int spin_for_work(shmipc_session *s, uint64_t deadline)
+{
+    uint32_t *flag = (uint32_t *)(void *)(s->qp.recv.hdr + s->qp.recv.flag_at);
+    uint64_t end = shmipc__now_ns() + spin_ns();
+    if (deadline != 0 && deadline < end)
+        end = deadline;
+    __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
+    for (unsigned i = 0;; i++) {
+        if (shmipc__queue_size(&s->qp.recv) != 0)
+            return 1;
+        if ((i & 63) == 63 && shmipc__now_ns() >= end)
+            break;
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+    }
+    /* Clear and look again: a put that saw the flag set sent no wakeup. */
+    return shmipc__queue_mark_not_working(&s->qp.recv) != 0;
+}
+
 static int wait_locked(shmipc_session *s, uint64_t deadline)
 {
     if (s->err)
         return s->err;
+    if (!s->processing && s->wakeup != SHMIPC_WAKEUP_POLLING && spin_ns() > 0) {
+        /*
+         * Before sleeping, spin a little with our working flag set: a peer that answers within
+         * the spin sees the flag and sends no wakeup, and we take its message with no system
+         * call on either side. Then the flag is cleared and the queue looked at once more
+         * (the consumer's usual Dekker step), so no wakeup is lost when the spin gives up.
+         */
+        s->processing = 1;
+        unlock(s);
+        int found = spin_for_work(s, deadline);
+        lock(s);
+        int rc = 0, events = 0;
+        /*
+         * Drain, then read the socket once without waiting: wakeups the peer sent before it
+         * saw our flag would otherwise pile up unread until its writes block.
+         */
+        if (found && s->err == 0) {
+            rc = finish_turn_locked(s, drain_queue_locked(s, &events), events);
+            if (rc >= 0)
+                rc = process_fds_locked(s, 1);
+        }
+        s->processing = 0;
+        if (found) {
+            pthread_cond_broadcast(&s->cond);
+            return rc < 0 ? rc : 0;
+        }
+        if (s->err)
+            return s->err;
+    }
     if (!s->processing && s->wakeup == SHMIPC_WAKEUP_SOCKET && deadline == 0) {
         s->processing = 1;
         int rc = blocking_recv_locked(s);
