@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Plots the JSON that `shmipc-bench ipc` writes.
 
-Writes three figures into OUT_DIR (default docs/img):
+Writes four figures into OUT_DIR (default docs/img):
   ipc-latency    one stream: p50 and p99 round-trip latency against payload size
+  ipc-cpu        one stream: CPU time per round trip (client, server, both) against size
   ipc-throughput N streams in flight: MiB/s against payload size, one panel per N
-  ipc-ratio      each transport's figure divided by the unix socket's (the issue's bar)
+  ipc-ratio      figures divided by the unix socket's (the bar of issue 3) and the one-stream
+                 p50 divided by legacy V3's (the bar of issue 4: V4 eventfd at 64 B)
 
 With matplotlib (Debian: python3-matplotlib, for /usr/bin/python3) the figures are PNG;
 without it, or with --svg, they are SVG written by hand, with no dependency at all.
@@ -17,7 +19,9 @@ import math
 import os
 import sys
 
-COLORS = {"shmipc-v3": "#1f77b4", "shmipc-v2": "#2ca02c", "uds": "#d62728", "tcp": "#7f7f7f"}
+COLORS = {"shmipc-v3": "#1f77b4", "shmipc-v2": "#2ca02c", "shmipc-v4": "#ff7f0e",
+          "shmipc-v4-eventfd": "#9467bd", "shmipc-v4-polling": "#8c564b", "uds": "#d62728",
+          "tcp": "#7f7f7f"}
 
 
 def size_label(v):
@@ -63,6 +67,38 @@ def panels(data):
         {"title": "p99", "series": lat_series("p99_us"), "ylabel": "µs", "logy": True},
     ]))
 
+    def cpu_series(key):
+        out = {}
+        for t in transports:
+            pts = [(e["size"], e["cpu_us_per_rt"][key]) for e in lat
+                   if e["transport"] == t and e.get("cpu_us_per_rt")
+                   and e["cpu_us_per_rt"].get(key) is not None and e["cpu_us_per_rt"][key] > 0]
+            if pts:
+                out[t] = sorted(pts)
+        return out
+
+    cpu_total = cpu_series("total")
+    if cpu_total or cpu_series("client"):
+        ps = []
+        if cpu_total:
+            ps.append({"title": "client + server", "series": cpu_total, "ylabel": "µs CPU",
+                       "logy": True})
+        ps.append({"title": "client", "series": cpu_series("client"), "ylabel": "µs CPU",
+                   "logy": True})
+        if cpu_total:
+            ps.append({"title": "echo server", "series": cpu_series("server"),
+                       "ylabel": "µs CPU", "logy": True})
+            busy = {}
+            for t in transports:
+                pts = [(e["size"], e["cpu_us_per_rt"]["total"] / e["wall_us_mean"]) for e in lat
+                       if e["transport"] == t and e.get("cpu_us_per_rt")
+                       and e["cpu_us_per_rt"].get("total") and e.get("wall_us_mean")]
+                if pts:
+                    busy[t] = sorted(pts)
+            ps.append({"title": "CPUs kept busy (CPU time / wall time)", "series": busy,
+                       "ylabel": "CPUs", "logy": False})
+        figs.append(("ipc-cpu", "One stream, closed loop: CPU time per round trip", ps))
+
     requested = sorted({e["streams_requested"] for e in par})
     thr = []
     for n in requested:
@@ -93,23 +129,37 @@ def panels(data):
                    if e["transport"] == t and e["ratio_to_uds"]]
             if pts:
                 ratio_lat[t] = sorted(pts)
-        ratio_thr = {}
-        for t in transports:
-            if not t.startswith("shmipc"):
-                continue
-            for n in requested:
-                pts = [(e["size"], e["ratio_to_uds"]) for e in par
-                       if e["transport"] == t and e["streams_requested"] == n and e["ratio_to_uds"]]
+        ps = [{"title": "one-stream p50 / UDS p50 (below 1: faster)",
+               "series": ratio_lat, "ylabel": "ratio", "logy": True, "hlines": [1.0]}]
+        if "shmipc-v3" in transports:
+            # The bar of issue 4 compares V4 eventfd with legacy V3 as well.
+            v3 = {e["size"]: e["p50_us"] for e in lat if e["transport"] == "shmipc-v3"}
+            ratio_v3 = {}
+            for t in transports:
+                if t == "shmipc-v3":
+                    continue
+                pts = [(e["size"], e["p50_us"] / v3[e["size"]]) for e in lat
+                       if e["transport"] == t and v3.get(e["size"]) and e["p50_us"] > 0]
                 if pts:
-                    ratio_thr[f"{t}, {n} streams"] = sorted(pts)
-        figs.append(("ipc-ratio", "Against the unix socket (the bar: p50 <= 1 at 64 B; "
-                     "throughput >= 2 from 64 KiB)", [
-                         {"title": "one-stream p50 / UDS p50 (below 1: faster)",
-                          "series": ratio_lat, "ylabel": "ratio", "logy": True, "hlines": [1.0]},
-                         {"title": "throughput / UDS throughput (above 1: faster)",
-                          "series": ratio_thr, "ylabel": "ratio", "logy": True,
-                          "hlines": [1.0, 2.0]},
-                     ]))
+                    ratio_v3[t] = sorted(pts)
+            ps.append({"title": "one-stream p50 / legacy V3 p50 (below 1: faster)",
+                       "series": ratio_v3, "ylabel": "ratio", "logy": True, "hlines": [1.0]})
+        for n in requested:
+            ratio_thr = {}
+            for t in transports:
+                if not t.startswith("shmipc"):
+                    continue
+                pts = [(e["size"], e["ratio_to_uds"]) for e in par
+                       if e["transport"] == t and e["streams_requested"] == n
+                       and e["ratio_to_uds"]]
+                if pts:
+                    ratio_thr[t] = sorted(pts)
+            if ratio_thr:
+                ps.append({"title": f"{n} stream{'s' if n != 1 else ''}: throughput / UDS "
+                           "throughput (above 1: faster)", "series": ratio_thr,
+                           "ylabel": "ratio", "logy": True, "hlines": [1.0, 2.0]})
+        figs.append(("ipc-ratio", "Ratios (issue 3: p50 / UDS <= 1 at 64 B, throughput / UDS "
+                     ">= 2 from 64 KiB; issue 4: V4 eventfd p50 below V3 and UDS at 64 B)", ps))
     return sizes, figs
 
 

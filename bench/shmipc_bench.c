@@ -3,12 +3,14 @@
  * asks: medians of interleaved rounds, every figure beside a peer measured in the same run,
  * the environment printed beside the figures, JSON for bench/plot.py.
  *
- * `shmipc-bench ipc` is a ping-pong over shmipc V3 (memfd), shmipc V2 (/dev/shm files), a unix
- * domain socket and TCP loopback. A message is a big-endian u32 length and the payload. The
+ * `shmipc-bench ipc` is a ping-pong over shmipc V3 (memfd), shmipc V2 (/dev/shm files), shmipc
+ * V4 with each of its wakeups (socket, eventfd, event-queue polling), a unix domain socket and
+ * TCP loopback. A message is a big-endian u32 length and the payload. The
  * client writes every payload byte (straight into shared memory with reserve/commit for
  * shmipc, into its own buffer before write() for sockets) and sums every byte of the echo;
  * the echo server copies every byte it receives into its reply. Two shapes: one stream with
- * every round trip timed, and N streams kept in flight by one client thread.
+ * every round trip timed (and the CPU time of client and server per round trip), and N streams
+ * kept in flight by one client thread.
  *
  * Like a user's program it sees only the public header and links libshmipc.so.
  *
@@ -55,12 +57,38 @@
 static int io_timeout_ms = 30000;
 #define HANDSHAKE_MS 10000
 
-enum transport { T_V3, T_V2, T_UDS, T_TCP, T_COUNT };
-static const char *const transport_name[T_COUNT] = {"shmipc-v3", "shmipc-v2", "uds", "tcp"};
+/* The default run order. The V4 transports differ only in the wakeup the client asks for. */
+enum transport { T_V3, T_V2, T_V4, T_V4E, T_V4P, T_UDS, T_TCP, T_COUNT };
+static const char *const transport_name[T_COUNT] = {
+    "shmipc-v3", "shmipc-v2", "shmipc-v4", "shmipc-v4-eventfd", "shmipc-v4-polling", "uds", "tcp"};
+/* What --transports takes (the full names above are accepted too). */
+static const char *const transport_arg[T_COUNT] = {"v3",         "v2",  "v4", "v4-eventfd",
+                                                   "v4-polling", "uds", "tcp"};
 
 static int is_shmipc(int t)
 {
-    return t == T_V3 || t == T_V2;
+    return t <= T_V4P;
+}
+
+/* The protocol version and wakeup (enum shmipc_wakeup) a transport must negotiate. */
+static int want_version(int t)
+{
+    return t == T_V2 ? 2 : t == T_V3 ? 3 : 4;
+}
+
+static int want_wakeup(int t)
+{
+    return t == T_V4E   ? SHMIPC_WAKEUP_EVENTFD
+           : t == T_V4P ? SHMIPC_WAKEUP_POLLING
+                        : SHMIPC_WAKEUP_SOCKET;
+}
+
+static const char *wakeup_name(int w)
+{
+    return w == SHMIPC_WAKEUP_EVENTFD   ? "eventfd"
+           : w == SHMIPC_WAKEUP_POLLING ? "polling"
+           : w == SHMIPC_WAKEUP_SOCKET  ? "socket"
+                                        : "unknown";
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -77,6 +105,8 @@ static int is_shmipc(int t)
 #define DEFAULT_SLICES "16388:10,65540:15,262148:25,1048580:50"
 #define DEFAULT_BUFFER (512ull << 20)
 #define DEFAULT_QUEUE  8192u
+/* The V4 event-queue polling interval the v4-polling transport asks for (--polling-us). */
+#define DEFAULT_POLLING_US 50u
 
 struct opts {
     size_t sizes[MAX_SIZES];
@@ -93,6 +123,7 @@ struct opts {
     uint64_t buffer;
     char slices[256];
     uint32_t queue;
+    uint32_t polling_us;
     int pin;
     int quick;
     int warm; /* warm the shmipc sessions up before the rounds */
@@ -108,13 +139,16 @@ static void usage(FILE *f)
         f,
         "usage: shmipc-bench ipc [options]\n"
         "\n"
-        "Ping-pong over shmipc V3 (memfd), shmipc V2 (/dev/shm files), a unix socket and TCP\n"
-        "loopback; every payload byte is written by the client and read back (checksummed).\n"
+        "Ping-pong over shmipc V3 (memfd), shmipc V2 (/dev/shm files), shmipc V4 (socket,\n"
+        "eventfd and event-queue polling wakeups), a unix socket and TCP loopback; every\n"
+        "payload byte is written by the client and read back (checksummed). One stream also\n"
+        "reports the CPU time of the client and of the echo server per round trip.\n"
         "\n"
         "  --sizes LIST        payload sizes, e.g. 64,4K,1M (default " DEFAULT_SIZES ")\n"
         "  --streams LIST      streams in flight for the parallel shape (default " DEFAULT_STREAMS
         ")\n"
-        "  --transports LIST   any of v3,v2,uds,tcp, run in this order (default all)\n"
+        "  --transports LIST   any of v3,v2,v4,v4-eventfd,v4-polling,uds,tcp, run in this\n"
+        "                      order (default all of them; with --connect: v3,v2)\n"
         "  --rounds N          interleaved rounds; figures are their median (default 3)\n"
         "  --samples N         most timed round trips per size, one stream (default 5000)\n"
         "  --min-samples N     fewest timed round trips per size (default 200)\n"
@@ -126,6 +160,7 @@ static void usage(FILE *f)
         "  --buffer B          shmipc buffer capacity (default 512M)\n"
         "  --slices SPEC       shmipc slice classes (default " DEFAULT_SLICES ")\n"
         "  --queue N           shmipc queue capacity (default 8192)\n"
+        "  --polling-us N      V4 polling interval of v4-polling, in µs (default 50)\n"
         "  --no-pin            do not pin the client and server to CPUs\n"
         "  --no-warmup         skip the untimed pass over every slice of a new session\n"
         "  --timeout MS        longest wait of the client for an echo (default 30000)\n"
@@ -210,20 +245,18 @@ static int add_count(const char *tok, void *arg)
 static int add_transport(const char *tok, void *arg)
 {
     struct opts *o = arg;
-    int t = -1;
-    if (strcmp(tok, "v3") == 0 || strcmp(tok, "shmipc-v3") == 0)
-        t = T_V3;
-    else if (strcmp(tok, "v2") == 0 || strcmp(tok, "shmipc-v2") == 0)
-        t = T_V2;
-    else if (strcmp(tok, "uds") == 0 || strcmp(tok, "unix") == 0)
-        t = T_UDS;
-    else if (strcmp(tok, "tcp") == 0)
-        t = T_TCP;
+    int t = strcmp(tok, "unix") == 0 ? T_UDS : -1;
+    for (int k = 0; t < 0 && k < T_COUNT; k++)
+        if (strcmp(tok, transport_arg[k]) == 0 || strcmp(tok, transport_name[k]) == 0)
+            t = k;
     for (int i = 0; t >= 0 && i < o->ntransports; i++)
         if (o->transports[i] == t)
             t = -1;
     if (t < 0) {
-        fprintf(stderr, "shmipc-bench: --transports: bad or repeated '%s' (v3,v2,uds,tcp)\n", tok);
+        fprintf(stderr,
+                "shmipc-bench: --transports: bad or repeated '%s' "
+                "(v3,v2,v4,v4-eventfd,v4-polling,uds,tcp)\n",
+                tok);
         return -1;
     }
     o->transports[o->ntransports++] = t;
@@ -259,6 +292,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
     memset(o, 0, sizeof *o);
     o->rounds = 3;
     o->queue = DEFAULT_QUEUE;
+    o->polling_us = DEFAULT_POLLING_US;
     o->pin = 1;
     o->warm = 1;
     o->json_path = "bench-ipc.json";
@@ -327,6 +361,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             int q;
             rc = parse_int(a, v, 1, (long)SHMIPC_MAX_QUEUE_CAPACITY, &q);
             o->queue = (uint32_t)q;
+        } else if (strcmp(a, "--polling-us") == 0) {
+            int us;
+            rc = parse_int(a, v, SHMIPC_MIN_POLLING_INTERVAL_US, SHMIPC_MAX_POLLING_INTERVAL_US,
+                           &us);
+            o->polling_us = (uint32_t)us;
         } else if (strcmp(a, "--json") == 0) {
             o->json_path = v;
         } else if (strcmp(a, "--md") == 0) {
@@ -350,8 +389,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
     if (o->ncounts == 0 && parse_list(DEFAULT_STREAMS, add_count, o) < 0)
         return -1;
     if (o->ntransports == 0) {
+        /* An external server is most likely a legacy one (no public Go peer speaks V4). */
         for (int t = 0; t < T_COUNT; t++)
-            if (!o->connect_addr || is_shmipc(t))
+            if (!o->connect_addr || t == T_V3 || t == T_V2)
                 o->transports[o->ntransports++] = t;
     }
     if (o->connect_addr && o->serve_addr) {
@@ -360,7 +400,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
     }
     for (int i = 0; o->connect_addr && i < o->ntransports; i++) {
         if (!is_shmipc(o->transports[i])) {
-            fprintf(stderr, "shmipc-bench: --connect runs the shmipc transports only (v3,v2)\n");
+            fprintf(stderr, "shmipc-bench: --connect runs the shmipc transports only "
+                            "(v3,v2,v4,v4-eventfd,v4-polling)\n");
             return -1;
         }
     }
@@ -394,12 +435,61 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 
 static volatile sig_atomic_t interrupted;
 static pid_t server_pid = -1;
+/* The local echo server's CPU-time clock (clock_getcpuclockid), when the kernel gives it. */
+static clockid_t server_clock;
+static int server_clock_ok;
 
 static uint64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t clock_ns(clockid_t clk)
+{
+    struct timespec ts;
+    if (clock_gettime(clk, &ts) != 0)
+        return UINT64_MAX;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* CPU time this process (the client: one thread) has used, user and system. */
+static uint64_t client_cpu_ns(void)
+{
+    return clock_ns(CLOCK_PROCESS_CPUTIME_ID);
+}
+
+/*
+ * CPU time the local echo server (a forked child) has used, user and system: its CPU-time
+ * clock, read from here, to the nanosecond; where the kernel refuses that, utime + stime
+ * from /proc/PID/stat (in clock ticks, usually 10 ms). UINT64_MAX without a local server.
+ */
+static uint64_t server_cpu_ns(void)
+{
+    if (server_pid <= 0)
+        return UINT64_MAX;
+    if (server_clock_ok) {
+        uint64_t v = clock_ns(server_clock);
+        if (v != UINT64_MAX)
+            return v;
+    }
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)server_pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return UINT64_MAX;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* Fields after the command, which ends at the last ')': state is field 3, utime 14. */
+    char *p = strrchr(buf, ')');
+    unsigned long long ut, st;
+    if (p == NULL ||
+        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return UINT64_MAX;
+    long hz = sysconf(_SC_CLK_TCK);
+    return (ut + st) * (1000000000ull / (uint64_t)(hz > 0 ? hz : 100));
 }
 
 static const char *errname(int rc)
@@ -582,7 +672,13 @@ static int pin_to(int cpu)
 /* shmipc configuration                                                                 */
 /* ------------------------------------------------------------------------------------ */
 
-static int make_config(const struct opts *o, int memmap, shmipc_config **out)
+/*
+ * The config of shmipc transport `t`: V2 is the legacy protocol over /dev/shm files, V3 over
+ * memfd, and the V4 transports use the public helpers a user would (which turn fallback on;
+ * client_open() refuses a session that fell back). The echo server uses T_V3's config: the
+ * default server accepts V2, V3 and V4 and offers both optional V4 wakeups.
+ */
+static int make_config(const struct opts *o, int t, shmipc_config **out)
 {
     shmipc_config *cfg = NULL;
     char prefix[64];
@@ -591,8 +687,17 @@ static int make_config(const struct opts *o, int memmap, shmipc_config **out)
     snprintf(prefix, sizeof prefix, "/dev/shm/shmipc-bench-%ld", (long)getpid());
     if ((rc = shmipc_config_new(&cfg)) < 0)
         return shm_fail("config_new", rc);
-    if ((rc = shmipc_config_set_memmap_type(cfg, memmap)) < 0) {
+    if ((rc = shmipc_config_set_memmap_type(cfg, t == T_V2 ? SHMIPC_MEMMAP_DEVSHM
+                                                           : SHMIPC_MEMMAP_MEMFD)) < 0) {
         shm_fail("config: memmap type", rc);
+        goto err;
+    }
+    rc = t == T_V4    ? shmipc_config_with_v4(cfg)
+         : t == T_V4E ? shmipc_config_with_v4_eventfd(cfg)
+         : t == T_V4P ? shmipc_config_with_v4_event_queue_polling(cfg, o->polling_us)
+                      : 0;
+    if (rc < 0) {
+        shm_fail("config: V4", rc);
         goto err;
     }
     if ((rc = shmipc_config_set_path_prefix(cfg, prefix)) < 0) {
@@ -675,6 +780,8 @@ struct ssession {
     shmipc_session *s;
     struct sstream *streams;
     int n, cap;
+    int polling; /* negotiated V4 event-queue polling: its descriptor fires every interval */
+    int pi;      /* its entry in this turn's poll() set, or -1 */
 };
 
 struct sconn {
@@ -685,9 +792,19 @@ struct sconn {
     size_t sent;
 };
 
+/*
+ * The control socket of the local server (ctl_fd) carries one-byte commands from the
+ * benchmark, each acknowledged with 'A': 'P' watch polling sessions, 'p' stop watching them.
+ * Its end (EOF) stops the server. A polling session's descriptor fires every interval
+ * whether or not the session carries anything, so while other transports are measured the
+ * server leaves it out of poll(): its timer would otherwise wake the server every interval,
+ * taking CPU from the measured transport and adding to its server CPU time. What watching an
+ * idle polling session costs is measured on its own (idle_server_cpu()).
+ */
 struct server {
     shmipc_listener *l;
     int uds_fd, tcp_fd, ctl_fd;
+    int watch_polling;
     struct ssession *sess;
     int nsess, sess_cap;
     struct sconn *conns;
@@ -990,8 +1107,27 @@ static void accept_sessions(struct server *sv)
             fprintf(stderr, "shmipc-bench: server: out of memory\n");
             return;
         }
-        sv->sess[sv->nsess++] = (struct ssession){.s = s};
+        sv->sess[sv->nsess++] = (struct ssession){
+            .s = s, .polling = shmipc_session_wakeup(s, NULL) == SHMIPC_WAKEUP_POLLING};
     }
+}
+
+/* Reads and acknowledges the benchmark's commands; 1 when it closed its end (or failed). */
+static int server_command(struct server *sv)
+{
+    char cmd[16];
+    ssize_t n = read(sv->ctl_fd, cmd, sizeof cmd);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return 0;
+    if (n <= 0)
+        return 1;
+    for (ssize_t i = 0; i < n; i++) {
+        if (cmd[i] == 'P' || cmd[i] == 'p')
+            sv->watch_polling = cmd[i] == 'P';
+        if (write(sv->ctl_fd, "A", 1) != 1)
+            return 1;
+    }
+    return 0;
 }
 
 static int server_loop(struct server *sv)
@@ -1017,10 +1153,15 @@ static int server_loop(struct server *sv)
             i_uds = k, pfd[k++] = (struct pollfd){.fd = sv->uds_fd, .events = POLLIN};
         if (sv->tcp_fd >= 0)
             i_tcp = k, pfd[k++] = (struct pollfd){.fd = sv->tcp_fd, .events = POLLIN};
-        int s0 = k, ns = sv->nsess;
-        for (int i = 0; i < ns; i++)
-            pfd[k++] =
-                (struct pollfd){.fd = shmipc_session_fileno(sv->sess[i].s), .events = POLLIN};
+        int ns = sv->nsess;
+        for (int i = 0; i < ns; i++) {
+            struct ssession *ss = &sv->sess[i];
+            ss->pi = -1;
+            if (ss->polling && !sv->watch_polling && sv->ctl_fd >= 0)
+                continue;
+            ss->pi = k;
+            pfd[k++] = (struct pollfd){.fd = shmipc_session_fileno(ss->s), .events = POLLIN};
+        }
         int c0 = k, nc = sv->nconns;
         for (int i = 0; i < nc; i++)
             pfd[k++] = (struct pollfd){.fd = sv->conns[i].fd,
@@ -1033,12 +1174,14 @@ static int server_loop(struct server *sv)
             break;
         }
         uint64_t now = now_ns();
-        if (rc > 0 && i_ctl >= 0 && pfd[i_ctl].revents)
+        if (rc > 0 && i_ctl >= 0 && pfd[i_ctl].revents && server_command(sv) != 0)
             break; /* the benchmark closed its end: the run is over */
         /* Backwards, so that removing entry i (swapping in the last) keeps i-1..0 in place. */
-        for (int i = rc > 0 ? ns - 1 : -1; i >= 0; i--)
-            if (pfd[s0 + i].revents && ssession_ready(&sv->sess[i], now) < 0)
+        for (int i = rc > 0 ? ns - 1 : -1; i >= 0; i--) {
+            int pi = sv->sess[i].pi;
+            if (pi >= 0 && pfd[pi].revents && ssession_ready(&sv->sess[i], now) < 0)
                 ssession_end(sv, i);
+        }
         for (int i = rc > 0 ? nc - 1 : -1; i >= 0; i--)
             if (pfd[c0 + i].revents && sconn_ready(&sv->conns[i], pfd[c0 + i].revents) < 0)
                 sconn_close(sv, i);
@@ -1086,14 +1229,14 @@ static int serve_main(const struct opts *o)
     env_probe(&e, o->pin);
     if (e.pinned && pin_to(e.server_cpu) < 0)
         return 1;
-    if (make_config(o, SHMIPC_MEMMAP_MEMFD, &cfg) < 0)
+    if (make_config(o, T_V3, &cfg) < 0)
         return 1;
     if ((rc = shmipc_listener_new(o->serve_addr, cfg, &sv.l)) < 0) {
         shmipc_config_free(cfg);
         return shm_fail("listen", rc) < 0 ? 1 : 0;
     }
     sv.sessions_limit = o->serve_sessions;
-    printf("shmipc-bench: echo server (shmipc %s) listening on %s, V2 and V3; %s\n",
+    printf("shmipc-bench: echo server (shmipc %s) listening on %s, V2, V3 and V4; %s\n",
            shmipc_version_string(), o->serve_addr,
            e.pinned ? "pinned to the second allowed CPU" : "not pinned");
     if (e.pinned)
@@ -1117,6 +1260,7 @@ struct local {
     char uds_path[96]; /* fits sockaddr_un.sun_path */
     uint16_t tcp_port;
     int ctl_fd;
+    int watching; /* the server watches polling sessions (see struct server) */
 };
 
 static int listen_unix(const char *path)
@@ -1167,7 +1311,7 @@ static void server_child(const struct opts *o, const struct env *e, const struct
         _exit(1);
     fcntl(uds_fd, F_SETFL, O_NONBLOCK);
     fcntl(tcp_fd, F_SETFL, O_NONBLOCK);
-    if (make_config(o, SHMIPC_MEMMAP_MEMFD, &cfg) < 0)
+    if (make_config(o, T_V3, &cfg) < 0)
         _exit(1);
     if ((rc = shmipc_listener_new(lc->shm_addr, cfg, &sv.l)) < 0) {
         shm_fail("server: listen", rc);
@@ -1217,6 +1361,7 @@ static int server_start(const struct opts *o, const struct env *e, struct local 
         server_child(o, e, lc, ctl[1], uds_fd, tcp_fd, parent);
     }
     server_pid = pid;
+    server_clock_ok = clock_getcpuclockid(pid, &server_clock) == 0;
     close(ctl[1]);
     close(uds_fd);
     close(tcp_fd);
@@ -1233,6 +1378,26 @@ err:
     if (tcp_fd >= 0)
         close(tcp_fd);
     return -1;
+}
+
+/*
+ * Tells the local server to watch polling sessions or to leave them out of poll() (see
+ * struct server), and waits for its acknowledgement. A no-op without a local server.
+ */
+static int server_watch_polling(struct local *lc, int on)
+{
+    char c = on ? 'P' : 'p', ack;
+    if (lc->ctl_fd < 0 || lc->watching == on)
+        return 0;
+    if (write(lc->ctl_fd, &c, 1) != 1)
+        return sys_fail("server control socket");
+    struct pollfd p = {.fd = lc->ctl_fd, .events = POLLIN};
+    if (poll(&p, 1, HANDSHAKE_MS) != 1 || read(lc->ctl_fd, &ack, 1) != 1 || ack != 'A') {
+        fprintf(stderr, "shmipc-bench: the echo server did not acknowledge a command\n");
+        return -1;
+    }
+    lc->watching = on;
+    return 0;
 }
 
 /* Stops the server (closing the control socket tells it to) and reaps it; -1 if it failed. */
@@ -1310,6 +1475,8 @@ struct client {
     shmipc_session *sess;
     uint32_t window; /* largest reserve window: the largest slice class */
     double connect_secs;
+    int version, wakeup; /* what the session negotiated */
+    uint32_t interval_us;
     const char *uds_path;
     uint16_t tcp_port;
 };
@@ -1321,22 +1488,40 @@ struct chan {
     uint8_t *buf; /* sockets: the message written, then the echo read */
 };
 
-static int client_open(struct client *c, int t, const char *shm_addr, shmipc_config *const cfg[2],
-                       const struct local *lc)
+/*
+ * Connects transport t. A shmipc session must have negotiated exactly what the transport
+ * stands for (protocol version, V4 wakeup, polling interval): the V4 helpers turn fallback
+ * on, and a session that fell back to V3 silently would be reported under the wrong name.
+ */
+static int client_open(struct client *c, int t, const char *shm_addr,
+                       shmipc_config *const cfg[T_COUNT], const struct local *lc,
+                       const struct opts *o)
 {
     memset(c, 0, sizeof *c);
     c->t = t;
     if (is_shmipc(t)) {
-        const shmipc_config *cf = cfg[t == T_V2];
+        const shmipc_config *cf = cfg[t];
+        char what[64];
+        snprintf(what, sizeof what, "%s: connect", transport_name[t]);
         uint64_t t0 = now_ns();
         int rc = shmipc_session_connect(shm_addr, cf, &c->sess);
         if (rc < 0)
-            return shm_fail(t == T_V2 ? "connect (V2)" : "connect (V3)", rc);
+            return shm_fail(what, rc);
         c->connect_secs = (double)(now_ns() - t0) / 1e9;
-        int want = t == T_V2 ? 2 : 3;
-        if (shmipc_session_version(c->sess) != want) {
-            fprintf(stderr, "shmipc-bench: %s: the session runs protocol V%d, not V%d\n",
-                    transport_name[t], shmipc_session_version(c->sess), want);
+        c->version = shmipc_session_version(c->sess);
+        c->wakeup = shmipc_session_wakeup(c->sess, &c->interval_us);
+        int ok = c->version == want_version(t) && c->wakeup == want_wakeup(t) &&
+                 (t != T_V4P || c->interval_us == o->polling_us);
+        if (!ok) {
+            fprintf(stderr, "shmipc-bench: %s: the session negotiated protocol V%d with %s wakeups",
+                    transport_name[t], c->version, wakeup_name(c->wakeup));
+            if (c->wakeup == SHMIPC_WAKEUP_POLLING)
+                fprintf(stderr, " every %" PRIu32 " µs", c->interval_us);
+            fprintf(stderr, ", not V%d with %s wakeups", want_version(t),
+                    wakeup_name(want_wakeup(t)));
+            if (t == T_V4P)
+                fprintf(stderr, " every %" PRIu32 " µs", o->polling_us);
+            fprintf(stderr, ": not reporting a session that fell back or was downgraded\n");
             return -1;
         }
         return largest_slice(cf, &c->window);
@@ -1557,12 +1742,17 @@ static int round_trip(const struct client *c, struct chan *ch, size_t size, uint
 /* The two shapes                                                                       */
 /* ------------------------------------------------------------------------------------ */
 
-enum { P50, P90, P99, P999, PMAX, NPCT };
+/*
+ * A one-stream cell's figures: the latency percentiles, then the CPU time per round trip of
+ * the client, of the echo server and of both (µs; negative where the server's CPU time is
+ * not known: an external server), then the wall time per round trip (the mean).
+ */
+enum { P50, P90, P99, P999, PMAX, NPCT, CPU_CLIENT = NPCT, CPU_SERVER, CPU_TOTAL, WALL_MEAN, NVAL };
 static const char *const pct_key[NPCT] = {"p50", "p90", "p99", "p99_9", "max"};
 static const unsigned pct_permille[NPCT] = {500, 900, 990, 999, 1000};
 
 struct lat_cell {
-    double us[NPCT];
+    double us[NVAL];
     int samples;
     int done;
 };
@@ -1606,12 +1796,22 @@ static int run_latency(const struct opts *o, const struct client *c, int si, str
     for (int i = 0; i < warm; i++)
         if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si]) < 0)
             goto out;
+    /* CPU time around the timed loop: the server's read first and last, so that the system
+     * call that reads it is not counted as the client's. */
+    uint64_t s0 = server_cpu_ns(), c0 = client_cpu_ns(), w0 = now_ns();
     for (int i = 0; i < samples; i++) {
         uint64_t t0 = now_ns();
         if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si]) < 0)
             goto out;
         t[i] = now_ns() - t0;
     }
+    uint64_t w1 = now_ns(), c1 = client_cpu_ns(), s1 = server_cpu_ns();
+    out->us[CPU_CLIENT] = (double)(c1 - c0) / 1000.0 / samples;
+    out->us[CPU_SERVER] = s0 == UINT64_MAX || s1 == UINT64_MAX || s1 < s0
+                              ? -1.0
+                              : (double)(s1 - s0) / 1000.0 / samples;
+    out->us[CPU_TOTAL] = out->us[CPU_SERVER] < 0 ? -1.0 : out->us[CPU_CLIENT] + out->us[CPU_SERVER];
+    out->us[WALL_MEAN] = (double)(w1 - w0) / 1000.0 / samples;
     qsort(t, (size_t)samples, sizeof *t, cmp_u64);
     for (int p = 0; p < NPCT; p++) {
         size_t k = ((size_t)samples * pct_permille[p] + 999) / 1000;
@@ -1687,8 +1887,11 @@ out:
     return rc;
 }
 
-/* What the untimed warm-up of a session cost. */
+/* What a session negotiated, and what its untimed warm-up cost. */
 struct warm {
+    int opened;
+    int version, wakeup;
+    uint32_t interval_us;
     double connect_secs; /* the handshake, which lays the buffer out */
     uint64_t round_trips;
     double secs;
@@ -1696,10 +1899,24 @@ struct warm {
 static struct warm warm_info[T_COUNT];
 
 /*
+ * What watching one idle V4 polling session costs the echo server: its CPU time over a quiet
+ * spell, as a fraction of one CPU, with the polling session watched and without (the baseline:
+ * every other session idle). -1 when not measured.
+ */
+static double idle_watched = -1, idle_unwatched = -1;
+static int idle_ms;
+
+/*
  * Uses every slice of a session's buffer once, untimed. The free lists are FIFO, as in the
  * reference, so a session walks through every slice of a class before it reuses one, and
  * that first walk takes a page fault on every page it touches, in each process. The figures
  * are of the steady state after it; what the walk cost is printed beside them.
+ *
+ * Each peer also keeps a few slices it is done with (up to 8 per class, at most 1/16 of the
+ * class) and writes its next message into them, so a batch no larger than that never reaches
+ * the free list: the walk keeps a quarter of a class's slices in flight (at most 64 streams),
+ * which drives it through the list. With 8 streams it stayed in the kept slices, and the
+ * first 64-stream cells paid the page faults instead (50-90 ms per batch instead of ~1.5).
  */
 static int session_warm(const struct opts *o, const struct client *c, const shmipc_config *cfg)
 {
@@ -1714,19 +1931,25 @@ static int session_warm(const struct opts *o, const struct client *c, const shmi
         /* A message that fills one slice of the class; requests alone cover all of them. */
         size_t size = cls[i].size - HDR;
         uint64_t slices = o->buffer * cls[i].percent / 100 / cls[i].size + 1, seq = 0;
+        int streams = slices / 4 > 64 ? 64 : slices / 4 < 1 ? 1 : (int)(slices / 4);
         for (unsigned k = 0; k < PATTERN_SLACK; k++)
             sums[k] = byte_sum(pattern + k, size);
-        struct chan *ch = chans_open(c, 8, size);
+        struct chan *ch = chans_open(c, streams, size);
         if (ch == NULL)
             return -1;
+        /*
+         * A batch of N takes N slices in each direction, at most min(8, slices / 16) of each
+         * from the kept ones: at least 1.5 N from the free list, so `slices` round trips walk
+         * the whole list.
+         */
         while (seq < slices) {
-            if (interrupted || batch(c, ch, 8, size, &seq, sums) < 0) {
-                chans_close(c, ch, 8);
+            if (interrupted || batch(c, ch, streams, size, &seq, sums) < 0) {
+                chans_close(c, ch, streams);
                 fprintf(stderr, "shmipc-bench: %s: session warm-up failed\n", transport_name[c->t]);
                 return -1;
             }
         }
-        chans_close(c, ch, 8);
+        chans_close(c, ch, streams);
         total += seq;
     }
     warm_info[c->t].round_trips = total;
@@ -1826,8 +2049,8 @@ static void write_env(FILE *f, const struct opts *o, const struct env *e, int ma
     fprintf(f, "\n");
     fprintf(f,
             "%sshmipc config: buffer %" PRIu64 " MiB, slice classes %s, queue capacity %" PRIu32
-            ", read timeout %d ms\n",
-            b, o->buffer >> 20, o->slices, o->queue, io_timeout_ms);
+            ", read timeout %d ms; V4 polling interval %" PRIu32 " µs (--polling-us)\n",
+            b, o->buffer >> 20, o->slices, o->queue, io_timeout_ms, o->polling_us);
     fprintf(f,
             "%sone stream: round trips per size = clamp(%" PRIu64
             " MiB / size, %d, %d), after an untimed warm-up of a tenth (at least 20)\n",
@@ -1850,11 +2073,37 @@ static void write_env(FILE *f, const struct opts *o, const struct env *e, int ma
                 "%sshmipc sessions: one per transport for the whole run, not warmed up "
                 "(--no-warmup)\n",
                 b);
-    for (int t = 0; t < T_COUNT; t++)
-        if (warm_info[t].round_trips > 0)
-            fprintf(f, "%s%s session: connect %.3f s; warm-up %" PRIu64 " round trips in %.2f s\n",
-                    b, transport_name[t], warm_info[t].connect_secs, warm_info[t].round_trips,
-                    warm_info[t].secs);
+    for (int t = 0; t < T_COUNT; t++) {
+        const struct warm *w = &warm_info[t];
+        if (!w->opened)
+            continue;
+        fprintf(f, "%s%s session: negotiated V%d with %s wakeups", b, transport_name[t], w->version,
+                wakeup_name(w->wakeup));
+        if (w->wakeup == SHMIPC_WAKEUP_POLLING)
+            fprintf(f, " every %" PRIu32 " µs", w->interval_us);
+        fprintf(f, "; connect %.3f s", w->connect_secs);
+        if (w->round_trips > 0)
+            fprintf(f, "; warm-up %" PRIu64 " round trips in %.2f s", w->round_trips, w->secs);
+        fprintf(f, "\n");
+    }
+    fprintf(f,
+            "%sCPU time per one-stream round trip: client = this process "
+            "(CLOCK_PROCESS_CPUTIME_ID), server = %s, each read around the timed loop and "
+            "divided by its round trips\n",
+            b,
+            o->connect_addr   ? "not known (an external server)"
+            : server_clock_ok ? "the echo server child (its CPU-time clock, clock_getcpuclockid)"
+                              : "the echo server child (utime + stime from /proc/PID/stat)");
+    if (!o->connect_addr && (o->ntransports > 1 || o->transports[0] == T_V4P))
+        fprintf(f,
+                "%sthe echo server watches a V4 polling session's descriptor (a timer that "
+                "fires every interval) only during that transport's cells\n",
+                b);
+    if (idle_watched >= 0)
+        fprintf(f,
+                "%sidle echo server, every session quiet, over %d ms: %.1f%% of a CPU with the "
+                "V4 polling session watched, %.1f%% without it\n",
+                b, idle_ms, 100 * idle_watched, 100 * idle_unwatched);
     if (o->connect_addr)
         fprintf(f, "%sclient only, against the external echo server at %s\n", b, o->connect_addr);
     fprintf(f, "%scommand: `%s`\n", b, o->command);
@@ -1899,25 +2148,57 @@ static void write_tables(FILE *f, struct results *r)
         }
     }
     fprintf(f,
-            "\n### N streams in flight: round trips/s and MiB/s (2 x payload x round trips / s; "
-            "median of %d rounds)\n\n",
+            "\n### One stream: CPU time per round trip in µs (median of %d rounds)\n\n"
+            "Client: the benchmark process; server: the echo server; total: both. Wall: the "
+            "mean round trip of the same loop; total / wall is how many CPUs the ping-pong "
+            "kept busy.",
+            r->rounds_done);
+    if (uds)
+        fprintf(f, " In parentheses: the total divided by the unix socket's at the same size.");
+    fprintf(f, "\n\n| size | transport | wall | client | server | total | total / wall |\n");
+    fprintf(f, "|---:|---|---:|---:|---:|---:|---:|\n");
+    for (int si = 0; si < o->nsizes; si++) {
+        fmt_size(sz, sizeof sz, o->sizes[si]);
+        for (int i = 0; i < o->ntransports; i++) {
+            int t = o->transports[i];
+            double wall = lat_median(r, si, t, WALL_MEAN), cl = lat_median(r, si, t, CPU_CLIENT),
+                   sv = lat_median(r, si, t, CPU_SERVER), tot = lat_median(r, si, t, CPU_TOTAL);
+            fmt_us(a, sizeof a, wall);
+            fprintf(f, "| %s | %s | %s |", sz, transport_name[t], a);
+            fmt_us(a, sizeof a, cl);
+            fprintf(f, " %s |", a);
+            if (sv < 0) {
+                fprintf(f, " n/a | n/a | n/a |\n");
+                continue;
+            }
+            fmt_us(a, sizeof a, sv);
+            fprintf(f, " %s |", a);
+            fmt_us(a, sizeof a, tot);
+            if (t != T_UDS && uds)
+                fmt_ratio(q, sizeof q, tot, lat_median(r, si, T_UDS, CPU_TOTAL));
+            else
+                q[0] = '\0';
+            fprintf(f, " %s%s | %.2f |\n", a, q, wall > 0 ? tot / wall : 0.0);
+        }
+    }
+    fprintf(f,
+            "\n### N streams in flight: MiB/s (2 x payload x round trips / s; median of %d "
+            "rounds)\n\n",
             r->rounds_done);
     fprintf(f,
             "One client thread writes a message to each of N streams (connections), then "
-            "reads the N echoes, for %d ms per cell.",
+            "reads the N echoes, for %d ms per cell. Round trips per second are MiB/s x 2^20 / "
+            "(2 x size); the JSON has them.",
             o->duration_ms);
     if (uds)
-        fprintf(f, " x UDS: throughput divided by the unix socket's (above 1 is faster).");
+        fprintf(f, " In parentheses: throughput divided by the unix socket's (above 1 is "
+                   "faster).");
     fprintf(f, "\n\n| size | streams |");
-    for (int i = 0; i < o->ntransports; i++) {
-        int t = o->transports[i];
-        fprintf(f, " %s rt/s | %s MiB/s |", transport_name[t], transport_name[t]);
-        if (t != T_UDS && uds)
-            fprintf(f, " %s x UDS |", transport_name[t]);
-    }
+    for (int i = 0; i < o->ntransports; i++)
+        fprintf(f, " %s |", transport_name[o->transports[i]]);
     fprintf(f, "\n|---:|---:|");
     for (int i = 0; i < o->ntransports; i++)
-        fprintf(f, "%s", o->transports[i] != T_UDS && uds ? "---:|---:|---:|" : "---:|---:|");
+        fprintf(f, "---:|");
     fprintf(f, "\n");
     for (int si = 0; si < o->nsizes; si++) {
         fmt_size(sz, sizeof sz, o->sizes[si]);
@@ -1931,12 +2212,11 @@ static void write_tables(FILE *f, struct results *r)
                 fprintf(f, "| %s | %d |", sz, n);
             for (int i = 0; i < o->ntransports; i++) {
                 int t = o->transports[i];
-                fprintf(f, " %.0f | %.1f |", par_median(r, si, ci, t, 0),
-                        par_median(r, si, ci, t, 1));
-                if (t != T_UDS && uds) {
-                    double u = par_median(r, si, ci, T_UDS, 1);
-                    fprintf(f, " %.2f |", u > 0 ? par_median(r, si, ci, t, 1) / u : 0.0);
-                }
+                double v = par_median(r, si, ci, t, 1), u = par_median(r, si, ci, T_UDS, 1);
+                if (t != T_UDS && uds && u > 0)
+                    fprintf(f, " %.1f (%.2fx) |", v, v / u);
+                else
+                    fprintf(f, " %.1f |", v);
             }
             fprintf(f, "\n");
         }
@@ -1944,9 +2224,10 @@ static void write_tables(FILE *f, struct results *r)
 }
 
 /*
- * The issue's bar: one-stream p50 at 64 B no worse than the unix socket; at 64 KiB and above,
- * parallel throughput at least twice the unix socket's. Returns 1 met, 0 not met, -1 when
- * this run did not measure what the bar needs.
+ * The bar of issue 3 (the IPC core, legacy protocol): one-stream p50 at 64 B no worse than
+ * the unix socket; at 64 KiB and above, parallel throughput at least twice the unix socket's.
+ * Judged on V3 and V2. Returns 1 met, 0 not met, -1 when this run did not measure what the
+ * bar needs.
  */
 static int write_bar(FILE *f, struct results *r, int markdown)
 {
@@ -2007,6 +2288,59 @@ static int write_bar(FILE *f, struct results *r, int markdown)
     return met;
 }
 
+/* The index of the 64 B size, or -1. */
+static int size64(const struct opts *o)
+{
+    for (int si = 0; si < o->nsizes; si++)
+        if (o->sizes[si] == 64)
+            return si;
+    return -1;
+}
+
+/*
+ * The bar of issue 4 (protocol V4): V4 eventfd one-stream p50 at 64 B below both legacy V3
+ * and the unix socket in the same run. The other V4 modes are listed beside it (they are not
+ * part of the bar). Returns 1 met, 0 not met, -1 when this run did not measure it.
+ */
+static int write_bar4(FILE *f, struct results *r, int markdown)
+{
+    const struct opts *o = r->o;
+    int si = size64(o);
+    const char *b = markdown ? "- " : "";
+    fprintf(f, "\n### The bar (issue 4)\n\n");
+    if (si < 0 || !r->has[T_V4E] || !r->has[T_V3] || !r->has[T_UDS]) {
+        fprintf(f,
+                "%snot measured: the bar needs 64 B and the transports v4-eventfd, v3 and "
+                "uds in one run\n",
+                b);
+        return -1;
+    }
+    double v3 = lat_median(r, si, T_V3, P50), u = lat_median(r, si, T_UDS, P50);
+    int met = 0;
+    for (int t = T_V4; t <= T_V4P; t++) {
+        if (!r->has[t])
+            continue;
+        double v = lat_median(r, si, t, P50);
+        double cpu = lat_median(r, si, t, CPU_TOTAL), cpu3 = lat_median(r, si, T_V3, CPU_TOTAL),
+               cpuu = lat_median(r, si, T_UDS, CPU_TOTAL);
+        int ok = v < v3 && v < u;
+        fprintf(f,
+                "%s%s one-stream p50 at 64 B: %.2f µs vs V3 %.2f µs (%.2fx) and UDS %.2f µs "
+                "(%.2fx)",
+                b, transport_name[t], v, v3, v / v3, u, v / u);
+        if (cpu >= 0 && cpu3 > 0 && cpuu > 0)
+            fprintf(f, "; CPU per round trip %.2f µs vs V3 %.2f and UDS %.2f", cpu, cpu3, cpuu);
+        if (t == T_V4E) {
+            met = ok;
+            fprintf(f, ": %s\n", ok ? "met" : "NOT met");
+        } else {
+            fprintf(f, " (%s both; not part of the bar)\n", ok ? "below" : "not below");
+        }
+    }
+    fprintf(f, "%sbar: %s\n", b, met ? "met" : "NOT met");
+    return met;
+}
+
 static void json_str(FILE *f, const char *s)
 {
     fputc('"', f);
@@ -2019,6 +2353,16 @@ static void json_str(FILE *f, const char *s)
             fputc(*s, f);
     }
     fputc('"', f);
+}
+
+/* CPU time per round trip, µs; the server's (and so the total) null when not known. */
+static void json_cpu(FILE *f, double client, double server, double total)
+{
+    fprintf(f, "{\"client\": %.3f, \"server\": ", client);
+    if (server >= 0)
+        fprintf(f, "%.3f, \"total\": %.3f}", server, total);
+    else
+        fprintf(f, "null, \"total\": null}");
 }
 
 static int write_json(const char *path, struct results *r, const struct env *e)
@@ -2046,14 +2390,30 @@ static int write_json(const char *path, struct results *r, const struct env *e)
     json_str(f, SHMIPC_BENCH_BUILDTYPE);
     fprintf(f, ", \"compiler\": ");
     json_str(f, "gcc " __VERSION__);
+    fprintf(f, ", \"server_cpu_source\": ");
+    json_str(f, o->connect_addr   ? "none"
+                : server_clock_ok ? "clock_getcpuclockid"
+                                  : "/proc/PID/stat");
+    fprintf(f, ", \"idle_server_cpu\": ");
+    if (idle_watched >= 0)
+        fprintf(f,
+                "{\"ms\": %d, \"polling_session_watched\": %.4f, "
+                "\"polling_session_not_watched\": %.4f}",
+                idle_ms, idle_watched, idle_unwatched);
+    else
+        fprintf(f, "null");
+    /* Every shmipc session: what it negotiated and what its warm-up cost. */
     fprintf(f, ", \"warmup\": {");
-    for (int t = 0, k = 0; t < T_COUNT; t++)
-        if (warm_info[t].round_trips > 0)
-            fprintf(f,
-                    "%s\"%s\": {\"connect_seconds\": %.4f, \"round_trips\": %" PRIu64
-                    ", \"seconds\": %.3f}",
-                    k++ ? ", " : "", transport_name[t], warm_info[t].connect_secs,
-                    warm_info[t].round_trips, warm_info[t].secs);
+    for (int t = 0, k = 0; t < T_COUNT; t++) {
+        const struct warm *w = &warm_info[t];
+        if (!w->opened)
+            continue;
+        fprintf(f,
+                "%s\"%s\": {\"version\": %d, \"wakeup\": \"%s\", \"polling_interval_us\": %" PRIu32
+                ", \"connect_seconds\": %.4f, \"round_trips\": %" PRIu64 ", \"seconds\": %.3f}",
+                k++ ? ", " : "", transport_name[t], w->version, wakeup_name(w->wakeup),
+                w->interval_us, w->connect_secs, w->round_trips, w->secs);
+    }
     fprintf(f, "}");
     fprintf(f,
             "},\n  \"config\": {\"buffer_capacity\": %" PRIu64 ", \"slice_classes\": ", o->buffer);
@@ -2061,9 +2421,11 @@ static int write_json(const char *path, struct results *r, const struct env *e)
     fprintf(f,
             ", \"queue_capacity\": %" PRIu32 ", \"rounds\": %d, \"samples_max\": %d, "
             "\"samples_min\": %d, \"sample_bytes\": %" PRIu64 ", \"duration_ms\": %d, "
-            "\"warmup_ms\": %d, \"max_inflight\": %" PRIu64 ", \"quick\": %s, \"connect\": ",
+            "\"warmup_ms\": %d, \"max_inflight\": %" PRIu64 ", \"polling_interval_us\": %" PRIu32
+            ", \"quick\": %s, \"connect\": ",
             o->queue, r->rounds_done, o->samples_max, o->samples_min, o->sample_bytes,
-            o->duration_ms, o->warmup_ms, o->max_inflight, o->quick ? "true" : "false");
+            o->duration_ms, o->warmup_ms, o->max_inflight, o->polling_us,
+            o->quick ? "true" : "false");
     if (o->connect_addr)
         json_str(f, o->connect_addr);
     else
@@ -2082,12 +2444,20 @@ static int write_json(const char *path, struct results *r, const struct env *e)
             first = 0;
             for (int p = 0; p < NPCT; p++)
                 fprintf(f, ", \"%s_us\": %.3f", pct_key[p], lat_median(r, si, t, p));
+            fprintf(f, ", \"wall_us_mean\": %.3f, \"cpu_us_per_rt\": ",
+                    lat_median(r, si, t, WALL_MEAN));
+            json_cpu(f, lat_median(r, si, t, CPU_CLIENT), lat_median(r, si, t, CPU_SERVER),
+                     lat_median(r, si, t, CPU_TOTAL));
             fprintf(f, ", \"ratio_to_uds\": ");
             if (t != T_UDS && r->has[T_UDS]) {
                 fprintf(f, "{");
                 for (int p = 0; p < NPCT; p++)
                     fprintf(f, "%s\"%s\": %.4f", p ? ", " : "", pct_key[p],
                             lat_median(r, si, t, p) / lat_median(r, si, T_UDS, p));
+                double c = lat_median(r, si, t, CPU_TOTAL),
+                       cu = lat_median(r, si, T_UDS, CPU_TOTAL);
+                if (c >= 0 && cu > 0)
+                    fprintf(f, ", \"cpu_total\": %.4f", c / cu);
                 fprintf(f, "}");
             } else {
                 fprintf(f, "null");
@@ -2098,6 +2468,8 @@ static int write_json(const char *path, struct results *r, const struct env *e)
                 fprintf(f, "%s{", k ? ", " : "");
                 for (int p = 0; p < NPCT; p++)
                     fprintf(f, "%s\"%s_us\": %.3f", p ? ", " : "", pct_key[p], lc->us[p]);
+                fprintf(f, ", \"wall_us_mean\": %.3f, \"cpu_us_per_rt\": ", lc->us[WALL_MEAN]);
+                json_cpu(f, lc->us[CPU_CLIENT], lc->us[CPU_SERVER], lc->us[CPU_TOTAL]);
                 fprintf(f, "}");
             }
             fprintf(f, "]}");
@@ -2140,7 +2512,23 @@ static int write_json(const char *path, struct results *r, const struct env *e)
     int bar = devnull != NULL ? write_bar(devnull, r, 0) : -1;
     if (devnull != NULL)
         fclose(devnull);
-    fprintf(f, "%s\n}\n", bar < 0 ? "null" : bar ? "\"met\"" : "\"not met\"");
+    fprintf(f, "%s", bar < 0 ? "null" : bar ? "\"met\"" : "\"not met\"");
+    /* Issue 4: V4 eventfd one-stream p50 at 64 B below both V3 and the unix socket. */
+    devnull = fopen("/dev/null", "w");
+    bar = devnull != NULL ? write_bar4(devnull, r, 0) : -1;
+    if (devnull != NULL)
+        fclose(devnull);
+    fprintf(f, ",\n  \"bar_issue_4\": ");
+    int si = size64(o);
+    if (bar < 0)
+        fprintf(f, "null");
+    else
+        fprintf(f,
+                "{\"verdict\": \"%s\", \"v4_eventfd_p50_us\": %.3f, \"v3_p50_us\": %.3f, "
+                "\"uds_p50_us\": %.3f}",
+                bar ? "met" : "not met", lat_median(r, si, T_V4E, P50),
+                lat_median(r, si, T_V3, P50), lat_median(r, si, T_UDS, P50));
+    fprintf(f, "\n}\n");
     if (fclose(f) != 0)
         return sys_fail(path);
     return 0;
@@ -2155,6 +2543,7 @@ static int write_md(const char *path, struct results *r, const struct opts *o, c
     write_env(f, o, e, 1);
     write_tables(f, r);
     write_bar(f, r, 1);
+    write_bar4(f, r, 1);
     if (fclose(f) != 0)
         return sys_fail(path);
     return 0;
@@ -2173,11 +2562,17 @@ static void client_on_signal(int sig)
         kill(server_pid, SIGTERM);
 }
 
-/* One round: every cell once, each cell on every transport in turn. */
-static int run_round(const struct opts *o, struct results *r, int round, const struct client *cl)
+/*
+ * One round: every cell once, each cell on every transport in turn. The echo server watches
+ * the V4 polling session only during its own cells (see struct server).
+ */
+static int run_round(const struct opts *o, struct results *r, int round, const struct client *cl,
+                     struct local *lc)
 {
     for (int si = 0; si < o->nsizes; si++) {
         for (int i = 0; i < o->ntransports; i++) {
+            if (server_watch_polling(lc, o->transports[i] == T_V4P) < 0)
+                return -1;
             if (run_latency(o, &cl[i], si, lat_at(r, si, o->transports[i], round)) < 0) {
                 fprintf(stderr, "shmipc-bench: one stream, %zu B, %s: failed\n", o->sizes[si],
                         transport_name[o->transports[i]]);
@@ -2189,6 +2584,8 @@ static int run_round(const struct opts *o, struct results *r, int round, const s
         for (int ci = 0; ci < o->ncounts; ci++) {
             int n = r->eff[si][ci];
             for (int i = 0; n > 0 && i < o->ntransports; i++) {
+                if (server_watch_polling(lc, o->transports[i] == T_V4P) < 0)
+                    return -1;
                 if (run_parallel(o, &cl[i], si, n, par_at(r, si, ci, o->transports[i], round)) <
                     0) {
                     fprintf(stderr, "shmipc-bench: %d streams, %zu B, %s: failed\n", n,
@@ -2198,6 +2595,46 @@ static int run_round(const struct opts *o, struct results *r, int round, const s
             }
         }
     }
+    return server_watch_polling(lc, 0);
+}
+
+/* The echo server's CPU time over `ms` of quiet, as a fraction of one CPU; -1 if unknown. */
+static double idle_server_share(int ms)
+{
+    uint64_t s0 = server_cpu_ns(), t0 = now_ns();
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !interrupted)
+        ;
+    uint64_t s1 = server_cpu_ns(), t1 = now_ns();
+    if (s0 == UINT64_MAX || s1 == UINT64_MAX || s1 < s0 || t1 <= t0)
+        return -1;
+    return (double)(s1 - s0) / (double)(t1 - t0);
+}
+
+/*
+ * What an idle V4 polling session costs the server: its CPU share while every session is
+ * quiet, with the polling session watched (its timer firing every interval) and without.
+ */
+static int measure_idle(const struct opts *o, struct local *lc)
+{
+    idle_ms = o->quick ? 200 : 1000;
+    if (server_watch_polling(lc, 0) < 0)
+        return -1;
+    /* Let the server finish with the warm-up's streams (it probes quiet ones every 50 ms). */
+    idle_server_share(2 * (int)(STALE_NS / 1000000u));
+    double off = idle_server_share(idle_ms);
+    if (server_watch_polling(lc, 1) < 0)
+        return -1;
+    double on = idle_server_share(idle_ms);
+    if (server_watch_polling(lc, 0) < 0)
+        return -1;
+    if (on >= 0 && off >= 0) {
+        idle_watched = on;
+        idle_unwatched = off;
+        printf("idle echo server over %d ms: %.1f%% of a CPU with the V4 polling session "
+               "watched (every %" PRIu32 " µs), %.1f%% without\n",
+               idle_ms, 100 * on, o->polling_us, 100 * off);
+    }
     return 0;
 }
 
@@ -2206,7 +2643,7 @@ static int ipc_main(const struct opts *o)
     struct env e;
     struct local lc = {.ctl_fd = -1};
     struct results r = {.o = o};
-    shmipc_config *cfg[2] = {NULL, NULL};
+    shmipc_config *cfg[T_COUNT] = {NULL};
     struct client cl[T_COUNT];
     int status = 1, opened = 0;
     struct sigaction sa;
@@ -2254,44 +2691,69 @@ static int ipc_main(const struct opts *o)
         fprintf(stderr, "shmipc-bench: out of memory\n");
         goto out;
     }
-    if (make_config(o, SHMIPC_MEMMAP_MEMFD, &cfg[0]) < 0 ||
-        make_config(o, SHMIPC_MEMMAP_DEVSHM, &cfg[1]) < 0 ||
-        pattern_init(o, warm_max_size(cfg[0])) < 0)
+    size_t warm_max = 0;
+    for (int i = 0; i < o->ntransports; i++) {
+        int t = o->transports[i];
+        if (!is_shmipc(t))
+            continue;
+        if (make_config(o, t, &cfg[t]) < 0)
+            goto out;
+        if (warm_max_size(cfg[t]) > warm_max)
+            warm_max = warm_max_size(cfg[t]);
+    }
+    if (pattern_init(o, warm_max) < 0)
         goto out;
 
-    printf("shmipc-bench ipc\n");
-    write_env(stdout, o, &e, 0);
-    fflush(stdout);
     if (e.pinned && pin_to(e.client_cpu) < 0)
         goto out;
     if (!o->connect_addr && server_start(o, &e, &lc) < 0)
         goto out;
+    printf("shmipc-bench ipc\n");
+    write_env(stdout, o, &e, 0);
+    fflush(stdout);
     const char *addr = o->connect_addr ? o->connect_addr : lc.shm_addr;
     uint64_t t_start = now_ns();
     /* One session per shmipc transport for the whole run, warmed up before the rounds. */
     for (; opened < o->ntransports; opened++) {
         struct client *c = &cl[opened];
-        if (client_open(c, o->transports[opened], addr, cfg, &lc) < 0) {
+        /* The server must see a polling session's handshake and its warm-up. */
+        if (server_watch_polling(&lc, o->transports[opened] == T_V4P) < 0)
+            goto out;
+        if (client_open(c, o->transports[opened], addr, cfg, &lc, o) < 0) {
             client_close(c);
             goto out;
         }
-        if (is_shmipc(c->t))
-            warm_info[c->t].connect_secs = c->connect_secs;
+        if (is_shmipc(c->t)) {
+            struct warm *w = &warm_info[c->t];
+            w->opened = 1;
+            w->version = c->version;
+            w->wakeup = c->wakeup;
+            w->interval_us = c->interval_us;
+            w->connect_secs = c->connect_secs;
+            printf("%s session: negotiated V%d with %s wakeups", transport_name[c->t], c->version,
+                   wakeup_name(c->wakeup));
+            if (c->wakeup == SHMIPC_WAKEUP_POLLING)
+                printf(" every %" PRIu32 " µs", c->interval_us);
+            printf("; connect %.3f s\n", c->connect_secs);
+            fflush(stdout);
+        }
         if (is_shmipc(c->t) && o->warm) {
-            if (session_warm(o, c, cfg[c->t == T_V2]) < 0) {
+            if (session_warm(o, c, cfg[c->t]) < 0) {
                 opened++;
                 goto out;
             }
-            printf("%s session: connect %.3f s; warm-up (untimed) %" PRIu64
-                   " round trips in %.2f s\n",
-                   transport_name[c->t], c->connect_secs, warm_info[c->t].round_trips,
-                   warm_info[c->t].secs);
+            printf("%s session: warm-up (untimed) %" PRIu64 " round trips in %.2f s\n",
+                   transport_name[c->t], warm_info[c->t].round_trips, warm_info[c->t].secs);
             fflush(stdout);
         }
     }
+    if (server_watch_polling(&lc, 0) < 0)
+        goto out;
+    if (warm_info[T_V4P].opened && !o->connect_addr && measure_idle(o, &lc) < 0)
+        goto out;
     for (int k = 0; k < o->rounds; k++) {
         uint64_t t0 = now_ns();
-        if (run_round(o, &r, k, cl) < 0)
+        if (run_round(o, &r, k, cl, &lc) < 0)
             goto out;
         r.rounds_done++;
         fprintf(stderr, "shmipc-bench: round %d of %d done in %.1f s\n", k + 1, o->rounds,
@@ -2300,6 +2762,7 @@ static int ipc_main(const struct opts *o)
     read_loadavg(e.load_end, sizeof e.load_end);
     write_tables(stdout, &r);
     write_bar(stdout, &r, 0);
+    write_bar4(stdout, &r, 0);
     printf("\nrun time: %.1f s; load average %s at the start, %s at the end\n",
            (double)(now_ns() - t_start) / 1e9, e.load_start, e.load_end);
     if (write_json(o->json_path, &r, &e) < 0 || write_md(o->md_path, &r, o, &e) < 0)
@@ -2314,8 +2777,8 @@ out:
         status = 1;
     if (devshm_check() > 0)
         status = 1;
-    shmipc_config_free(cfg[0]);
-    shmipc_config_free(cfg[1]);
+    for (int t = 0; t < T_COUNT; t++)
+        shmipc_config_free(cfg[t]);
     free(r.lat);
     free(r.par);
     free(pattern);
