@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,8 +280,15 @@ static int setup_event_fd(shmipc_session *s)
     }
     if ((s->event_fd = epoll_create1(EPOLL_CLOEXEC)) < 0)
         return shmipc__fail_errno(errno, "session: epoll_create1");
+    /*
+     * The wakeup eventfd is edge-triggered and never read: one epoll_wait on the set says
+     * which fired, and its counter may grow unread (it saturates only after 2^64 - 2 wakeups,
+     * and a saturated write means "pending" anyway). A periodic timerfd must be read to
+     * re-arm, so the timer stays level-triggered and is read when it fires.
+     */
     struct epoll_event a = {.events = EPOLLIN, .data.fd = s->fd};
-    struct epoll_event b = {.events = EPOLLIN, .data.fd = extra};
+    struct epoll_event b = {.events = EPOLLIN | (extra == s->efd_recv ? EPOLLET : 0u),
+                            .data.fd = extra};
     if (epoll_ctl(s->event_fd, EPOLL_CTL_ADD, s->fd, &a) < 0 ||
         epoll_ctl(s->event_fd, EPOLL_CTL_ADD, extra, &b) < 0)
         return shmipc__fail_errno(errno, "session: epoll_ctl");
@@ -671,14 +679,29 @@ static int handle_message_locked(shmipc_session *s, const struct shmipc__msg *m,
  * V4 eventfd and polling modes: the queue may have work without any socket message. Clear the
  * eventfd or timerfd (one read resets either) and drain. Under mu.
  */
-static int service_wakeups_locked(shmipc_session *s, int *events)
+/*
+ * V4 eventfd and polling sessions: one epoll_wait on the session's set, waiting up to
+ * `timeout_ms` (-1: forever). Returns how many fds fired (0 when none), *socket set when the
+ * socket did, or -errno. Waits with mu released when `timeout_ms` is not 0.
+ */
+static int wait_set_locked(shmipc_session *s, int timeout_ms, int *socket)
 {
-    uint64_t count;
-    int fd = s->wakeup == SHMIPC_WAKEUP_EVENTFD ? s->efd_recv : s->timer_fd;
-    if (fd < 0)
-        return 0;
-    (void)!read(fd, &count, sizeof count);
-    return drain_queue_locked(s, events);
+    struct epoll_event ev[2];
+    if (timeout_ms != 0)
+        unlock(s);
+    int n = epoll_wait(s->event_fd, ev, 2, timeout_ms);
+    int err = errno;
+    if (timeout_ms != 0)
+        lock(s);
+    *socket = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t ticks;
+        if (ev[i].data.fd == s->fd)
+            *socket = 1;
+        else if (ev[i].data.fd == s->timer_fd)
+            (void)!read(s->timer_fd, &ticks, sizeof ticks);
+    }
+    return n < 0 ? -err : n;
 }
 
 /* Makes room for at least RBUF_INITIAL more bytes in the socket read buffer. Under mu. */
@@ -751,16 +774,17 @@ static int finish_turn_locked(shmipc_session *s, int rc, int events)
 }
 
 /*
- * Reads what the socket holds and handles every complete message; `socket_ready` 0 says the
- * caller knows the socket has nothing (only a wakeup fd fired), which spares a recv.
+ * Reads what the socket holds and handles every complete message, then (V4 eventfd and
+ * polling sessions) takes what the queue holds. `socket_ready` 0 says the caller knows the
+ * socket has nothing (only a wakeup fd fired), which spares a recv. The socket goes first:
+ * a FallbackData or StreamClose the peer sent before putting more elements must not be
+ * overtaken by them (its handler drains the elements put before it).
  */
 static int process_fds_locked(shmipc_session *s, int socket_ready)
 {
     int events = 0, rc = 0;
     if (s->err)
         return s->err;
-    if ((rc = service_wakeups_locked(s, &events)) < 0)
-        return fail_locked(s, rc);
     while (rc >= 0 && socket_ready) {
         if ((rc = grow_rbuf_locked(s)) < 0)
             break;
@@ -769,6 +793,8 @@ static int process_fds_locked(shmipc_session *s, int socket_ready)
         rc = take_recv_locked(s, n, errno, space, &events);
         socket_ready = rc == 1 || (n < 0 && errno == EINTR);
     }
+    if (rc >= 0 && s->wakeup != SHMIPC_WAKEUP_SOCKET)
+        rc = drain_queue_locked(s, &events);
     return finish_turn_locked(s, rc, events);
 }
 
@@ -800,9 +826,17 @@ static int blocking_recv_locked(shmipc_session *s)
     return finish_turn_locked(s, rc, events);
 }
 
+/* Processes without waiting. V4 eventfd and polling sessions ask the set whether to recv. */
 static int process_locked(shmipc_session *s)
 {
-    return process_fds_locked(s, 1);
+    int socket = 1;
+    if (s->wakeup != SHMIPC_WAKEUP_SOCKET) {
+        int rc = wait_set_locked(s, 0, &socket);
+        if (rc < 0 && rc != -EINTR)
+            return fail_locked(s, shmipc__fail_errno(-rc, "session: epoll_wait"));
+        socket = rc < 0 || socket;
+    }
+    return process_fds_locked(s, socket);
 }
 
 /*
@@ -829,6 +863,16 @@ static struct timespec *wait_span(const shmipc_session *s, uint64_t deadline)
     ts.tv_sec = (time_t)(span / 1000000000u);
     ts.tv_nsec = (long)(span % 1000000000u);
     return &ts;
+}
+
+/* wait_span() in milliseconds for epoll_wait, rounded up; -1 for no limit. */
+static int span_ms(const shmipc_session *s, uint64_t deadline)
+{
+    const struct timespec *ts = wait_span(s, deadline);
+    if (ts == NULL)
+        return -1;
+    uint64_t ms = (uint64_t)ts->tv_sec * 1000u + ((uint64_t)ts->tv_nsec + 999999u) / 1000000u;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
 }
 
 /* How long a waiting processor spins before it sleeps: SHMIPC_SPIN_US, 20 µs by default. */
@@ -893,7 +937,7 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
         if (found && s->err == 0) {
             rc = finish_turn_locked(s, drain_queue_locked(s, &events), events);
             if (rc >= 0)
-                rc = process_fds_locked(s, 1);
+                rc = process_locked(s);
         }
         s->processing = 0;
         if (found) {
@@ -912,17 +956,23 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
     }
     if (!s->processing) {
         s->processing = 1;
-        unlock(s);
-        struct pollfd p[2] = {{.fd = s->fd, .events = POLLIN},
-                              {.fd = s->efd_recv, .events = POLLIN}};
-        int rc = ppoll(p, s->wakeup == SHMIPC_WAKEUP_EVENTFD ? 2 : 1, wait_span(s, deadline), NULL);
-        int err = errno;
-        lock(s);
+        int socket = 0, err = 0, rc;
+        if (s->wakeup == SHMIPC_WAKEUP_SOCKET) {
+            unlock(s);
+            struct pollfd p = {.fd = s->fd, .events = POLLIN};
+            rc = ppoll(&p, 1, wait_span(s, deadline), NULL);
+            err = errno;
+            lock(s);
+            socket = rc > 0;
+        } else if ((rc = wait_set_locked(s, span_ms(s, deadline), &socket)) < 0) {
+            err = -rc;
+            rc = -1;
+        }
         /* In polling mode a quiet interval is the cue to look at the queue. */
         int poll_due = rc == 0 && s->wakeup == SHMIPC_WAKEUP_POLLING &&
                        (deadline == 0 || shmipc__now_ns() < deadline);
         if (rc > 0 || poll_due)
-            rc = process_fds_locked(s, rc > 0 && p[0].revents != 0);
+            rc = process_fds_locked(s, socket);
         else if (rc == 0)
             rc = shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
         else if (err == EINTR)
