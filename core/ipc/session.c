@@ -918,6 +918,9 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
 {
     if (s->err)
         return s->err;
+    /* Events for other streams end a wait too; the caller's deadline holds across them. */
+    if (deadline != 0 && shmipc__now_ns() >= deadline)
+        return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
     if (!s->processing && s->wakeup != SHMIPC_WAKEUP_POLLING && spin_ns() > 0) {
         /*
          * Before sleeping, spin a little with our working flag set: a peer that answers within

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "shmipc.h"
+#include "common/clock.h"
 #include "ipc/proto.h"
 #include "ipc/session.h"
 
@@ -388,6 +389,57 @@ static void read_timeout(void **state)
     shmipc_config_free(cfg);
 }
 
+/* Keeps writing on a stream until told to stop (or 3 s pass). */
+struct chatter {
+    shmipc_stream *st;
+    volatile int stop;
+};
+
+static void *chatter_main(void *arg)
+{
+    struct chatter *c = arg;
+    uint64_t end = shmipc__now_ns() + 3000000000u;
+    while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) && shmipc__now_ns() < end) {
+        if (shmipc_stream_write(c->st, "chatter", 7) < 0 || shmipc_stream_flush(c->st) < 0)
+            break;
+    }
+    return NULL;
+}
+
+/* A read's timeout holds while other streams of the session keep delivering data. */
+static void read_timeout_holds_under_other_traffic(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    shmipc_stream *quiet, *busy, *ss;
+    const void *ptr;
+    size_t n;
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &quiet), 0);
+    assert_int_equal(shmipc_session_open_stream(p.client, &busy), 0);
+    send_text(busy, "go");
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    expect_text(ss, "go");
+    struct chatter c = {.st = ss};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, chatter_main, &c), 0);
+    assert_int_equal(shmipc_stream_set_timeout_ms(quiet, SHMIPC_TIMEOUT_READ, 100), 0);
+    uint64_t t0 = shmipc__now_ns();
+    assert_int_equal(shmipc_stream_read_chunk(quiet, 0, &ptr, &n, 0), SHMIPC_ETIMEDOUT);
+    uint64_t took = shmipc__now_ns() - t0;
+    __atomic_store_n(&c.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    assert_true(took >= 100000000u);
+    assert_true(took < 1500000000u);
+    assert_true(shmipc_stream_available(busy) > 0);
+    shmipc_stream_close(ss);
+    shmipc_stream_close(busy);
+    shmipc_stream_close(quiet);
+    pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
 static void hard_close_fails_everything(void **state)
 {
     (void)state;
@@ -725,6 +777,7 @@ int main(void)
         cmocka_unit_test(peer_close_ends_reads),
         cmocka_unit_test(many_streams_interleaved),
         cmocka_unit_test(read_timeout),
+        cmocka_unit_test(read_timeout_holds_under_other_traffic),
         cmocka_unit_test(hard_close_fails_everything),
         cmocka_unit_test(fallback_when_memory_runs_out),
         cmocka_unit_test(event_loop_driving),
