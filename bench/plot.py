@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots the JSON that `shmipc-bench ipc` writes.
+"""Plots the JSON that `shmipc-bench ipc` and `shmipc-bench-ws` write.
 
 Writes four figures into OUT_DIR (default docs/img):
   ipc-latency    one stream: p50 and p99 round-trip latency against payload size
@@ -7,11 +7,14 @@ Writes four figures into OUT_DIR (default docs/img):
   ipc-throughput N streams in flight: MiB/s against payload size, one panel per N
   ipc-ratio      figures divided by the unix socket's (the bar of issue 3) and the one-stream
                  p50 divided by legacy V3's (the bar of issue 4: V4 eventfd at 64 B)
+and, from `shmipc-bench-ws` JSON, two:
+  ws-latency     p50 and p99 round-trip latency against connections, one panel per payload
+  ws-ratio       p50 / the bare TCP echo's and p50 / Node.js ws's, with the bars of issue 6
 
 With matplotlib (Debian: python3-matplotlib, for /usr/bin/python3) the figures are PNG;
 without it, or with --svg, they are SVG written by hand, with no dependency at all.
 
-Usage: bench/plot.py [--svg] [--out OUT_DIR] [bench-ipc.json]
+Usage: bench/plot.py [--svg] [--out OUT_DIR] [bench-ipc.json | bench-ws.json]
 """
 import argparse
 import json
@@ -21,7 +24,8 @@ import sys
 
 COLORS = {"shmipc-v3": "#1f77b4", "shmipc-v2": "#2ca02c", "shmipc-v4": "#ff7f0e",
           "shmipc-v4-eventfd": "#9467bd", "shmipc-v4-polling": "#8c564b", "uds": "#d62728",
-          "tcp": "#7f7f7f"}
+          "tcp": "#7f7f7f", "ours": "#1f77b4", "ours-io_uring": "#1f77b4", "ours-epoll": "#ff7f0e",
+          "node": "#2ca02c"}
 
 
 def size_label(v):
@@ -35,8 +39,8 @@ def size_label(v):
 def load(path):
     with open(path) as f:
         data = json.load(f)
-    if data.get("bench") != "ipc":
-        sys.exit(f"plot.py: {path} is not shmipc-bench ipc output")
+    if data.get("bench") not in ("ipc", "ws"):
+        sys.exit(f"plot.py: {path} is not shmipc-bench ipc or shmipc-bench-ws output")
     return data
 
 
@@ -178,7 +182,61 @@ def series_style(name):
     return {"1": ":", "8": "--", "64": "-.", "200": "-"}.get(n, "-")
 
 
-def plot_png(sizes, figs, out, sub):
+def ws_panels(data):
+    """The shmipc-bench-ws figures: x is the number of connections, one panel per payload."""
+    lat = data["latency"]
+    servers = data["targets"]
+    conns = sorted({e["conns"] for e in lat})
+    payloads = sorted({e["size"] for e in lat})
+
+    def series(key, size, only=None):
+        out = {}
+        for t in servers:
+            if only is not None and not only(t):
+                continue
+            pts = [(e["conns"], e[key]) for e in lat
+                   if e["server"] == t and e["size"] == size and e[key] > 0]
+            if pts:
+                out[t] = sorted(pts)
+        return out
+
+    figs = [("ws-latency", "WebSocket echo, closed loop, one message in flight per connection: "
+             "round-trip latency", [])]
+    for size in payloads:
+        figs[0][2].append({"title": f"{size_label(size)}: p50", "series": series("p50_us", size),
+                           "ylabel": "µs", "logy": True})
+        figs[0][2].append({"title": f"{size_label(size)}: p99", "series": series("p99_us", size),
+                           "ylabel": "µs", "logy": True})
+    ratios = []
+    ours = lambda t: t.startswith("ours")
+    for size in payloads:
+        bar = {64: [1.15], 1 << 20: [1.3]}.get(size, [])
+        if "tcp" in servers:
+            ratios.append({"title": f"{size_label(size)}: p50 / bare TCP echo p50",
+                           "series": series("p50_vs_tcp", size, lambda t: t != "tcp"),
+                           "ylabel": "ratio", "logy": True, "hlines": [1.0] + bar})
+        if "node" in servers:
+            ratios.append({"title": f"{size_label(size)}: p50 / Node.js ws p50 (below 1: faster)",
+                           "series": series("p50_vs_node", size, ours),
+                           "ylabel": "ratio", "logy": True, "hlines": [1.0]})
+    if ratios:
+        figs.append(("ws-ratio", "Ratios (issue 6: 64 B <= 1.15x and 1 MiB <= 1.3x the TCP echo; "
+                     "below Node.js ws everywhere)", ratios))
+    return conns, figs
+
+
+def ws_subtitle(data):
+    env = data["env"]
+    rounds = data["config"]["rounds"]
+    return (f"{env['kernel']}, {env['cpus']} CPUs, load {env['loadavg'][0]:.1f}-"
+            f"{env['loadavg'][1]:.1f}; median of {rounds} round{'s' if rounds != 1 else ''}")
+
+
+def conns_label(v):
+    return str(v)
+
+
+def plot_png(sizes, figs, out, sub, xfmt=size_label):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -206,7 +264,7 @@ def plot_png(sizes, figs, out, sub):
                 ax.yaxis.set_major_formatter(
                     matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
             ax.set_xticks(sizes)
-            ax.set_xticklabels([size_label(s) for s in sizes], rotation=45, fontsize=8)
+            ax.set_xticklabels([xfmt(s) for s in sizes], rotation=45, fontsize=8)
             ax.minorticks_off()
             ax.set_title(p["title"], fontsize=10)
             ax.set_ylabel(p["ylabel"])
@@ -227,7 +285,7 @@ def esc(s):
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def svg_panel(x0, y0, w, h, p, sizes):
+def svg_panel(x0, y0, w, h, p, sizes, xfmt=size_label):
     """One chart as SVG elements: log2 x axis over the sizes, log10 (or linear) y axis."""
     left, right, top, bottom = 60, 10, 24, 50
     pw, ph = w - left - right, h - top - bottom
@@ -254,7 +312,7 @@ def svg_panel(x0, y0, w, h, p, sizes):
         el.append(f'<line x1="{X(s):.1f}" y1="{y0 + top}" x2="{X(s):.1f}" y2="{y0 + top + ph}" '
                   f'stroke="#eee"/>')
         el.append(f'<text x="{X(s):.1f}" y="{y0 + top + ph + 14}" font-size="9" '
-                  f'text-anchor="middle">{esc(size_label(s))}</text>')
+                  f'text-anchor="middle">{esc(xfmt(s))}</text>')
     if p["logy"]:
         d = math.floor(math.log10(lo))
         while 10 ** d <= hi * 1.0001:
@@ -286,7 +344,7 @@ def svg_panel(x0, y0, w, h, p, sizes):
     return el
 
 
-def plot_svg(sizes, figs, out, sub):
+def plot_svg(sizes, figs, out, sub, xfmt=size_label):
     written = []
     for name, title, ps in figs:
         cols = min(len(ps), 2)
@@ -297,7 +355,7 @@ def plot_svg(sizes, figs, out, sub):
               f'<text x="{cols * w / 2}" y="34" text-anchor="middle" font-size="10">'
               f'{esc(sub)}</text>']
         for i, p in enumerate(ps):
-            el += svg_panel((i % cols) * w, head + (i // cols) * h, w, h, p, sizes)
+            el += svg_panel((i % cols) * w, head + (i // cols) * h, w, h, p, sizes, xfmt)
         svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{cols * w}" '
                f'height="{head + rows * h}" font-family="sans-serif">\n'
                f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(el) + "\n</svg>\n")
@@ -309,23 +367,25 @@ def plot_svg(sizes, figs, out, sub):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Plots shmipc-bench ipc JSON.")
+    ap = argparse.ArgumentParser(description="Plots shmipc-bench ipc or shmipc-bench-ws JSON.")
     ap.add_argument("json", nargs="?", default="bench-ipc.json")
     ap.add_argument("--out", default=os.path.join("docs", "img"), help="output directory")
     ap.add_argument("--svg", action="store_true", help="write SVG even if matplotlib is there")
     args = ap.parse_args()
     data = load(args.json)
-    sizes, figs = panels(data)
+    if data["bench"] == "ws":
+        (sizes, figs), sub, xfmt = ws_panels(data), ws_subtitle(data), conns_label
+    else:
+        (sizes, figs), sub, xfmt = panels(data), subtitle(data), size_label
     os.makedirs(args.out, exist_ok=True)
-    sub = subtitle(data)
     written = None
     if not args.svg:
         try:
-            written = plot_png(sizes, figs, args.out, sub)
+            written = plot_png(sizes, figs, args.out, sub, xfmt)
         except ImportError:
             print("plot.py: matplotlib is not installed; writing SVG instead", file=sys.stderr)
     if written is None:
-        written = plot_svg(sizes, figs, args.out, sub)
+        written = plot_svg(sizes, figs, args.out, sub, xfmt)
     for p in written:
         print(p)
 

@@ -556,3 +556,87 @@ SHMIPC_API int shmipc_config_get_server_v4(const shmipc_config *cfg, unsigned *f
         *features = cfg ? cfg->server_v4_features : 0;
     return cfg ? cfg->server_v4 : 0;
 }
+
+SHMIPC_API int shmipc_config_set_peer_uids(shmipc_config *cfg, const uint32_t *uids, size_t n)
+{
+    REQUIRE_CONFIG(cfg, "peer_uids");
+    if (n > SHMIPC_MAX_PEER_UIDS)
+        return shmipc__fail(SHMIPC_EINVAL, "peer_uids: %zu uids, at most %d", n,
+                            SHMIPC_MAX_PEER_UIDS);
+    if (n > 0 && uids == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "peer_uids: uids is NULL with n = %zu", n);
+    for (size_t i = 0; i < n; i++)
+        /* (uid_t)-1 means "no change" to the kernel's id calls and is never a process's uid. */
+        if (uids[i] == UINT32_MAX)
+            return shmipc__fail(SHMIPC_EINVAL, "peer_uids: uid %zu is -1, which no process has", i);
+    if (n > 0)
+        memcpy(cfg->peer_uids, uids, n * sizeof *uids);
+    cfg->npeer_uids = (uint32_t)n;
+    return 0;
+}
+
+SHMIPC_API int shmipc_config_get_peer_uids(const shmipc_config *cfg, uint32_t *out, size_t cap)
+{
+    REQUIRE_CONFIG(cfg, "peer_uids");
+    if (cap > 0 && out == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "peer_uids: out is NULL with cap = %zu", cap);
+    for (size_t i = 0; i < cap && i < cfg->npeer_uids; i++)
+        out[i] = cfg->peer_uids[i];
+    return (int)cfg->npeer_uids;
+}
+
+SHMIPC_API int shmipc_config_set_socket_mode(shmipc_config *cfg, unsigned mode)
+{
+    REQUIRE_CONFIG(cfg, "socket_mode");
+    if (mode > 0777)
+        return shmipc__fail(SHMIPC_EINVAL, "socket_mode: %#o has bits outside 0777", mode);
+    cfg->socket_mode = mode;
+    return 0;
+}
+
+SHMIPC_API unsigned shmipc_config_get_socket_mode(const shmipc_config *cfg)
+{
+    if (cfg == NULL)
+        return 0;
+    return cfg->socket_mode != 0 ? cfg->socket_mode : 0600;
+}
+
+#define DEFAULT_MAX_PENDING_STREAMS 4096u
+#define DEFAULT_MAX_FALLBACK_UNREAD (128ull << 20)
+#define MIN_MAX_FALLBACK_UNREAD     65536ull
+#define MAX_MAX_FALLBACK_UNREAD     (1ull << 40)
+
+SHMIPC_API int shmipc_config_set_max_pending_streams(shmipc_config *cfg, uint32_t n)
+{
+    REQUIRE_CONFIG(cfg, "max_pending_streams");
+    if (n > SHMIPC_MAX_STREAM_NUM)
+        return shmipc__fail(SHMIPC_EINVAL, "max_pending_streams: %u is outside 1..%u (0: default)",
+                            n, SHMIPC_MAX_STREAM_NUM);
+    cfg->max_pending_streams = n;
+    return 0;
+}
+
+SHMIPC_API uint32_t shmipc_config_get_max_pending_streams(const shmipc_config *cfg)
+{
+    if (cfg == NULL)
+        return 0;
+    return cfg->max_pending_streams != 0 ? cfg->max_pending_streams : DEFAULT_MAX_PENDING_STREAMS;
+}
+
+SHMIPC_API int shmipc_config_set_max_fallback_unread(shmipc_config *cfg, uint64_t bytes)
+{
+    REQUIRE_CONFIG(cfg, "max_fallback_unread");
+    if (bytes != 0 && (bytes < MIN_MAX_FALLBACK_UNREAD || bytes > MAX_MAX_FALLBACK_UNREAD))
+        return shmipc__fail(
+            SHMIPC_EINVAL, "max_fallback_unread: %llu bytes is outside %llu..%llu (0: default)",
+            (unsigned long long)bytes, MIN_MAX_FALLBACK_UNREAD, MAX_MAX_FALLBACK_UNREAD);
+    cfg->max_fallback_unread = bytes;
+    return 0;
+}
+
+SHMIPC_API uint64_t shmipc_config_get_max_fallback_unread(const shmipc_config *cfg)
+{
+    if (cfg == NULL)
+        return 0;
+    return cfg->max_fallback_unread != 0 ? cfg->max_fallback_unread : DEFAULT_MAX_FALLBACK_UNREAD;
+}

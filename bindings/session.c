@@ -175,7 +175,7 @@ SHMIPC_API int shmipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc
 SHMIPC_API int shmipc_listener_fileno(const shmipc_listener *l)
 {
     REQUIRE(l, "listener_fileno", "listener");
-    return l->fd;
+    return shmipc__ipc_listener_fileno(l);
 }
 
 SHMIPC_API void shmipc_listener_close(shmipc_listener *l)

@@ -82,7 +82,8 @@ SHMIPC_API const char *shmipc_version_string(void);
     XX(EUNHEALTHY, -4005, "session is unhealthy (fallback circuit breaker is open)")               \
     XX(ESTREAMS, -4006, "stream ids are exhausted")                                                \
     XX(EVERSION, -4007, "protocol version not supported by the peer")                              \
-    XX(EREJECTED, -4008, "the peer rejected the protocol negotiation")
+    XX(EREJECTED, -4008, "the peer rejected the protocol negotiation")                             \
+    XX(EPIPE, -4009, "connection is closing (nothing more can be sent)")
 
 /** The error codes: SHMIPC_EINVAL, SHMIPC_ETIMEDOUT, ... (all negative). */
 enum shmipc_errno {
@@ -186,7 +187,11 @@ enum shmipc_abi_type {
     XX(STREAM_CB, 101, shmipc_stream_cb)                                                           \
     XX(DESTROY_CB, 102, shmipc_destroy_cb)                                                         \
     XX(LOG_SINK, 103, shmipc_log_sink)                                                             \
-    XX(HTTP_HANDLER, 104, shmipc_http_handler)
+    XX(HTTP_HANDLER, 104, shmipc_http_handler)                                                     \
+    XX(WS, 10, shmipc_ws)                                                                          \
+    XX(WS_OPEN_CB, 105, shmipc_ws_open_cb)                                                         \
+    XX(WS_MESSAGE_CB, 106, shmipc_ws_message_cb)                                                   \
+    XX(WS_CLOSE_CB, 107, shmipc_ws_close_cb)
 
 /** SHMIPC_ABI_KIND_CONFIG, ...; SHMIPC_ABI_KIND_NONE for parameters of other types. */
 enum shmipc_abi_kind {
@@ -465,6 +470,65 @@ SHMIPC_API uint32_t shmipc_config_get_rebuild_interval_ms(const shmipc_config *c
 /** 1 when the server accepts V4; *features (may be NULL) gets the offered feature mask. */
 SHMIPC_API int shmipc_config_get_server_v4(const shmipc_config *cfg, unsigned *features);
 
+/* Peer uids and socket permissions (docs/security.md). */
+
+/** Most uids a peer-uid allow-list holds. */
+#define SHMIPC_MAX_PEER_UIDS 64
+
+/**
+ * Sets the allow-list of peer uids: when it is not empty, a session starts only with a peer
+ * whose uid (SO_PEERCRED, as the kernel recorded it when the peer called connect() or
+ * listen()) is one of `uids`. A listener closes the connection of a client not listed; a
+ * client refuses a server not listed. Either side's handshake then fails with SHMIPC_EACCES
+ * and a detail naming the uid. Needs a unix socket: a TCP peer has no uid, so with a list
+ * set, connecting over TCP fails with SHMIPC_EACCES and a TCP listener is refused
+ * (SHMIPC_EINVAL). n = 0 (uids may then be NULL) clears the list: any peer that can reach the
+ * socket is accepted (the default). At most SHMIPC_MAX_PEER_UIDS uids; copied.
+ */
+SHMIPC_API int shmipc_config_set_peer_uids(shmipc_config *cfg, const uint32_t *uids, size_t n);
+
+/**
+ * Copies up to `cap` uids of the allow-list into `out` (which may be NULL when cap is 0).
+ * Returns the number of uids the list holds (0: no list), or SHMIPC_EINVAL.
+ */
+SHMIPC_API int shmipc_config_get_peer_uids(const shmipc_config *cfg, uint32_t *out, size_t cap);
+
+/**
+ * Sets the permission bits of the unix socket file a listener creates: 1..0777, or 0 for the
+ * default 0600 (owner read and write: only the same uid, and root, can connect). Abstract
+ * sockets ("unix:@name") have no file and no permissions: any local process can connect, so
+ * pair them with an allow-list.
+ */
+SHMIPC_API int shmipc_config_set_socket_mode(shmipc_config *cfg, unsigned mode);
+
+/** The socket file mode a listener uses (0600 by default). */
+SHMIPC_API unsigned shmipc_config_get_socket_mode(const shmipc_config *cfg);
+
+/**
+ * Server: how many streams the peer may have opened on one session that nobody accepted yet
+ * (1..SHMIPC_MAX_STREAM_NUM, or 0 for the default 4096). A peer that opens one more ends the
+ * session with SHMIPC_EPROTO and a detail naming max_pending_streams: we cannot make it wait
+ * without stalling every stream of the session. serve() accepts every stream at once, so
+ * this bounds what one processing turn brings in.
+ */
+SHMIPC_API int shmipc_config_set_max_pending_streams(shmipc_config *cfg, uint32_t n);
+
+/** The pending-stream limit in force (4096 by default). */
+SHMIPC_API uint32_t shmipc_config_get_max_pending_streams(const shmipc_config *cfg);
+
+/**
+ * How many bytes of fallback data (data the peer sent over the socket because shared memory
+ * was full) one session may hold on the heap for its streams, unread or read and not released:
+ * 65536..2^40, or 0 for the default 128 MiB (twice the largest message, so one big fallback
+ * write of a well-behaved peer always fits). Data beyond it ends the session with
+ * SHMIPC_EPROTO and a detail naming max_fallback_unread: the socket is shared by every
+ * stream, so pushing back on one stream would stall them all.
+ */
+SHMIPC_API int shmipc_config_set_max_fallback_unread(shmipc_config *cfg, uint64_t bytes);
+
+/** The fallback limit in force, in bytes (128 MiB by default). */
+SHMIPC_API uint64_t shmipc_config_get_max_fallback_unread(const shmipc_config *cfg);
+
 /* ------------------------------------------------------------------------------------ */
 /* Sessions and streams                                                                 */
 /* ------------------------------------------------------------------------------------ */
@@ -663,11 +727,17 @@ SHMIPC_API int shmipc_listener_new(const char *address, const shmipc_config *cfg
 /**
  * Accepts one client and runs the server handshake. Waits up to `timeout_ms`
  * (SHMIPC_WAIT_FOREVER, or 0 to poll). A client that fails its handshake is dropped and the
- * wait goes on. Thread safe.
+ * wait goes on. Thread safe. Each handshake runs on a short-lived thread of the listener (at
+ * most 64 at once; a client beyond them is disconnected), so a client that stalls its
+ * handshake delays no other; this returns the oldest session whose handshake is done.
  */
 SHMIPC_API int shmipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_session **out);
 
-/** The listening socket, readable when a client is waiting. */
+/**
+ * A file descriptor (an epoll set) readable when a client waits on the socket or a finished
+ * handshake waits to be accepted; accept(l, 0, ...) may still say SHMIPC_EAGAIN while the
+ * handshake runs. Owned by the listener.
+ */
 SHMIPC_API int shmipc_listener_fileno(const shmipc_listener *l);
 
 /** A callback about a stream; `user_data` is what was registered with it. */
@@ -676,8 +746,8 @@ typedef void (*shmipc_stream_cb)(shmipc_stream *st, void *user_data);
 typedef void (*shmipc_destroy_cb)(void *user_data);
 
 /**
- * Serves clients on the calling thread until shmipc_listener_stop(): accepts them (running
- * each handshake, up to the initialize timeout), processes every session, and calls
+ * Serves clients on the calling thread until shmipc_listener_stop(): accepts them (each
+ * handshake runs on a thread of its own, as for accept), processes every session, and calls
  *  - on_stream(st, user_data) for each stream a client opens; the callee owns `st` and must
  *    close it (now or later, on any thread that follows the stream rules);
  *  - on_data(st, user_data) whenever a stream handed out by on_stream may have data to read,
@@ -740,9 +810,9 @@ enum shmipc_server_timeout {
      */
     SHMIPC_SERVER_TIMEOUT_HEADER = 0,
     /**
-     * An idle keep-alive connection, a request body that stops arriving, or a response the
-     * peer stops reading is closed after this long without progress. 1..3600000 ms; default
-     * SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS, else 60000.
+     * An idle keep-alive connection, a request body that stops arriving, or a response (or
+     * WebSocket output: on_close 1006) the peer stops reading is closed after this long
+     * without progress. 1..3600000 ms; default SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS, else 60000.
      */
     SHMIPC_SERVER_TIMEOUT_KEEPALIVE = 1,
     /**
@@ -750,6 +820,19 @@ enum shmipc_server_timeout {
      * 0..3600000 ms; default 5000.
      */
     SHMIPC_SERVER_TIMEOUT_STOP = 2,
+    /**
+     * An open WebSocket that received nothing for this long is sent a ping, and again after
+     * each such interval of silence. 0 = never (default); 0..3600000 ms, and below
+     * SHMIPC_SERVER_TIMEOUT_WS_IDLE when both are set.
+     */
+    SHMIPC_SERVER_TIMEOUT_WS_PING = 3,
+    /**
+     * An open WebSocket that received nothing at all (a pong included) for this long is failed:
+     * the TCP connection is closed without a close frame and on_close gets 1006. Not counted
+     * while the server itself stopped reading it (backpressure). 0 = never (default);
+     * 0..3600000 ms, and above SHMIPC_SERVER_TIMEOUT_WS_PING when both are set.
+     */
+    SHMIPC_SERVER_TIMEOUT_WS_IDLE = 4,
 };
 
 /** Which limit shmipc_server_config_set_limit() sets; a larger request gets the status named. */
@@ -760,6 +843,15 @@ enum shmipc_server_limit {
     SHMIPC_SERVER_LIMIT_BODY = 3,         /**< bytes of a decoded request body; 1 MiB; 413 */
     SHMIPC_SERVER_LIMIT_PIPELINE = 4,     /**< requests answered per connection per loop turn
                                                (fairness between connections); 16, 1..1024 */
+    SHMIPC_SERVER_LIMIT_WS_MESSAGE = 5,   /**< bytes of a WebSocket frame or whole message;
+                                               16 MiB, up to 1 GiB; close 1009 above it */
+    SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER = 6, /**< bytes queued for a WebSocket peer at which
+                                                     the server stops reading it; 1 MiB, up to
+                                                     1 GiB, at most WS_SEND_LIMIT */
+    SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT = 7,      /**< bytes queued at which shmipc_ws_send()
+                                                     fails with SHMIPC_EAGAIN; 16 MiB (or the
+                                                     high-water mark when larger), up to 1 GiB,
+                                                     at least WS_SEND_HIGH_WATER */
 };
 
 /** Longest address text (an IPv6 address with its zone fits). */
@@ -966,6 +1058,95 @@ SHMIPC_API int shmipc_http_response_body_borrow(shmipc_http_response *res, const
  * ends it. A response must be complete when its handler returns (no asynchronous answers).
  */
 SHMIPC_API int shmipc_http_response_end(shmipc_http_response *res);
+
+/* ------------------------------------------------------------------------------------ */
+/* WebSocket                                                                            */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * WebSocket (RFC 6455) routes on the HTTP server (docs/websocket.md). Callbacks run on the
+ * worker thread that owns the connection, like HTTP handlers, and must not block. Messages
+ * arrive whole (fragments reassembled, text checked to be UTF-8); pings are answered, the close
+ * handshake and protocol errors (1002, 1007, 1009) are the server's. Sends are queued and
+ * written as the peer reads: a peer that does not read makes the server stop reading it, and
+ * sends past the send queue's limit fail with SHMIPC_EAGAIN, so memory stays bounded.
+ */
+/** One WebSocket connection: valid from on_open until on_close returns. */
+typedef struct shmipc_ws shmipc_ws;
+
+/** The kind of a message. */
+enum shmipc_ws_kind { SHMIPC_WS_TEXT = 1, SHMIPC_WS_BINARY = 2 };
+
+/**
+ * After a valid upgrade request, before the 101 is sent. Return 0 to accept, negative to
+ * refuse (403). req (and what its functions return) is valid only during the call. NULL
+ * callback: accept all. The connection's functions may be used from here on (what is sent
+ * follows the 101).
+ */
+typedef int (*shmipc_ws_open_cb)(shmipc_ws *ws, const shmipc_http_request *req, void *user_data);
+
+/**
+ * One whole message (fragments reassembled): kind SHMIPC_WS_TEXT (valid UTF-8) or
+ * SHMIPC_WS_BINARY. data is valid only during the call.
+ */
+typedef void (*shmipc_ws_message_cb)(shmipc_ws *ws, int kind, const void *data, size_t len,
+                                     void *user_data);
+
+/**
+ * Once per accepted connection, when it ends for any reason: code is the peer's close code
+ * (1005 when the close frame had none, 1006 when the connection dropped without a close frame),
+ * or the code the server failed the connection with (1002, 1007, 1009); reason its text
+ * (reason_len bytes, NUL-terminated, valid during the call). ws is invalid after it returns.
+ * NULL callback allowed.
+ */
+typedef void (*shmipc_ws_close_cb)(shmipc_ws *ws, int code, const char *reason, size_t reason_len,
+                                   void *user_data);
+
+/**
+ * Serves WebSocket upgrades on `path` (exact, or prefix ending in "/\*", as for routes; a GET
+ * route on the same path keeps answering plain GETs, other requests there get the handshake's
+ * 400/426). `subprotocols`: comma-separated list the server offers in preference order, or
+ * NULL. on_message is required. One user_data for the three callbacks; destroy(user_data)
+ * runs once, when the server is freed or at once when this call fails. Only before
+ * shmipc_server_start() (SHMIPC_EBUSY); SHMIPC_EEXIST when the path has a WebSocket route.
+ */
+SHMIPC_API int shmipc_server_websocket(shmipc_server *s, const char *path, const char *subprotocols,
+                                       shmipc_ws_open_cb on_open, shmipc_ws_message_cb on_message,
+                                       shmipc_ws_close_cb on_close, void *user_data,
+                                       shmipc_destroy_cb destroy);
+
+/*
+ * The following are called on the connection's worker thread only (inside any callback of
+ * that worker, typically its own callbacks; else SHMIPC_EBUSY), between on_open and the end of
+ * on_close.
+ */
+
+/**
+ * Queues one message, copied (kind TEXT: data must be valid UTF-8, else SHMIPC_EINVAL).
+ * SHMIPC_EAGAIN when the connection's send queue is at its limit (a client that does not
+ * read); SHMIPC_EPIPE once closing. Never blocks.
+ */
+SHMIPC_API int shmipc_ws_send(shmipc_ws *ws, int kind, const void *data, size_t len);
+
+/** Queues a ping with up to 125 bytes of payload (else SHMIPC_EINVAL). Errors as send. */
+SHMIPC_API int shmipc_ws_ping(shmipc_ws *ws, const void *data, size_t len);
+
+/**
+ * Starts the close handshake with `code` (1000..4999, valid per RFC 6455) and `reason` (NULL
+ * or UTF-8, at most 123 bytes). Nothing can be sent afterwards; messages that still arrive are
+ * dropped. on_close follows, with the peer's code, or 1006 when the peer does not answer
+ * within the linger time (2 s). SHMIPC_EPIPE when already closing.
+ */
+SHMIPC_API int shmipc_ws_close(shmipc_ws *ws, int code, const char *reason);
+
+/** The subprotocol selected at upgrade (NUL-terminated, owned by the server), or NULL. */
+SHMIPC_API const char *shmipc_ws_subprotocol(const shmipc_ws *ws);
+
+/** Sets the per-connection pointer for the application (NULL at open). */
+SHMIPC_API void shmipc_ws_set_data(shmipc_ws *ws, void *data);
+
+/** The per-connection pointer set with shmipc_ws_set_data(), or NULL. */
+SHMIPC_API void *shmipc_ws_data(const shmipc_ws *ws);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,11 @@ packages=(
   lua5.4 liblua5.4-dev lua-socket           # require "shmipc", its tests and benchmark
   clang-format cppcheck                     # format and static-analysis checks
   abigail-tools                             # ABI baseline: abidw, abidiff
+  clang libclang-rt-14-dev                  # fuzz/: clang and its libFuzzer runtime (not a dependency of clang)
 )
+# tests/ws_interop (issue 6): node and Debian's `ws` for the interop test, offline (20 packages,
+# 12 MB on a fresh Debian 12). Not npm: it pulls in 355 packages; the test uses it when present.
+packages+=(nodejs node-ws)
 
 missing=()
 for p in "${packages[@]}"; do

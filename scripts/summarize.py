@@ -81,6 +81,7 @@ def main():
         ("Python", pytest(os.path.join(results, "python.xml"))),
         ("Lua", last_line_counts(os.path.join(results, "lua.txt"))),
         ("checks", checks(os.path.join(results, "checks.txt"))),
+        ("fuzz", last_line_counts(os.path.join(results, "fuzz.txt"))),
     ]
     total = [0, 0, 0]
     print()

@@ -41,6 +41,9 @@ step "Python suite" env PYTHONPATH="$root/build/python" SHMIPC_BUILD_DIR="$root/
 step "Lua suite" bash -c "set -o pipefail; LUA_CPATH='$root/build/lua/?.so;;' \
   lua5.4 tests/lua/harness.lua | tee '$results/lua.txt'"
 
+# libFuzzer targets (fuzz/README.md): built with clang in build-fuzz, each run for 15 s.
+step "fuzz (bounded)" fuzz/run.sh -d build-fuzz -t 15 -j 2 -o "$results/fuzz.txt"
+
 : >"$results/checks.txt"
 for check in registered:scripts/check-tests.py knobs:scripts/check-knobs.py \
   format:scripts/check-format.sh static:scripts/check-static.sh \

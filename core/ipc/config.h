@@ -34,6 +34,16 @@ struct shmipc_config {
     /* Server: whether V4 clients are accepted, and which optional V4 features. */
     int server_v4;
     uint32_t server_v4_features;
+    /* Peer-uid allow-list (empty: any peer) and the listener's socket file mode (0: 0600). */
+    uint32_t npeer_uids;
+    uint32_t peer_uids[SHMIPC_MAX_PEER_UIDS];
+    unsigned socket_mode;
+    /*
+     * What a peer may make a session hold on our heap (0: the default): streams it opened
+     * that nobody accepted yet, and fallback bytes that streams hold unread or unreleased.
+     */
+    uint32_t max_pending_streams;
+    uint64_t max_fallback_unread;
 };
 
 /*

@@ -251,8 +251,42 @@ static int handshake_client_v4(shmipc_session *s, uint64_t deadline)
     return read_v4_message(s, SHMIPC__MSG_ACK_SHARE_MEMORY, msg, sizeof msg, &m, deadline);
 }
 
+/*
+ * The peer-uid allow-list (shmipc_config_set_peer_uids). The kernel recorded the peer's
+ * credentials when it called connect() (a client) or listen() (a server), so a peer cannot
+ * forge them, and passing the socket to another process does not change them.
+ */
+static int check_peer_uid(const shmipc_session *s)
+{
+    const char *peer = s->role == SHMIPC__SERVER ? "client" : "server";
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    struct ucred cred;
+    socklen_t clen = sizeof cred;
+    if (s->cfg.npeer_uids == 0)
+        return 0;
+    if (getsockname(s->fd, (struct sockaddr *)&ss, &len) < 0 || ss.ss_family != AF_UNIX)
+        return shmipc__fail(SHMIPC_EACCES,
+                            "peer_uids: the %s is on a TCP socket, which carries no uid to check",
+                            peer);
+    if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 || cred.pid == 0)
+        return shmipc__fail(SHMIPC_EACCES, "peer_uids: the kernel does not say who the %s is",
+                            peer);
+    for (uint32_t i = 0; i < s->cfg.npeer_uids; i++)
+        if (s->cfg.peer_uids[i] == (uint32_t)cred.uid)
+            return 0;
+    return shmipc__fail(SHMIPC_EACCES,
+                        "peer_uids: the %s (pid %ld) is uid %u, which is not in the allow-list "
+                        "of %u uids (first %u)",
+                        peer, (long)cred.pid, (unsigned)cred.uid, s->cfg.npeer_uids,
+                        s->cfg.peer_uids[0]);
+}
+
 int shmipc__handshake_client(shmipc_session *s, uint64_t deadline)
 {
+    int rc = check_peer_uid(s);
+    if (rc < 0)
+        return rc;
     if (s->cfg.protocol == SHMIPC_PROTOCOL_V4)
         return handshake_client_v4(s, deadline);
     return handshake_client_legacy(s, deadline);
@@ -478,7 +512,8 @@ int shmipc__handshake_server(shmipc_session *s, uint64_t deadline)
     struct shmipc__header h;
     struct shmipc__msg msg;
     int rc;
-    if ((rc = read_header(s, -1, &h, deadline)) < 0)
+    /* A refused client gets nothing read from it and nothing sent: its connection just ends. */
+    if ((rc = check_peer_uid(s)) < 0 || (rc = read_header(s, -1, &h, deadline)) < 0)
         return rc;
     if (h.version == 0) {
         s->version = 4;

@@ -6,14 +6,20 @@
 #include "ipc/session.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+/* A handshake thread needs a few KiB: the messages it reads are small and on its stack. */
+#define HANDSHAKE_STACK (256u * 1024u)
 
 int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmipc_listener **out)
 {
@@ -21,6 +27,7 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
     int rc;
     if (l == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
+    l->fd = l->wake_fd = l->ready_fd = l->poll_fd = -1;
     if (cfg != NULL && (rc = shmipc_config_validate(cfg)) < 0)
         goto err;
     if (cfg != NULL) {
@@ -32,12 +39,31 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
         l->cfg = *def;
         shmipc_config_free(def);
     }
-    if ((rc = shmipc__addr_parse(address, &l->addr)) < 0 ||
-        (rc = shmipc__sock_listen(&l->addr, 0600)) < 0)
+    if ((rc = shmipc__addr_parse(address, &l->addr)) < 0)
         goto err;
+    /* SO_PEERCRED says who a unix peer is; a TCP peer has no uid to check against the list. */
+    if (l->cfg.npeer_uids > 0 && l->addr.family != AF_UNIX) {
+        rc = shmipc__fail(SHMIPC_EINVAL, "listener %s: peer_uids need a unix socket, not TCP",
+                          address);
+        goto err;
+    }
+    if ((rc = pthread_mutex_init(&l->mu, NULL)) != 0) {
+        rc = shmipc__fail_errno(rc, "listener %s: mutex", address);
+        goto err;
+    }
+    if ((rc = shmipc__sock_listen(&l->addr, shmipc_config_get_socket_mode(&l->cfg))) < 0) {
+        pthread_mutex_destroy(&l->mu);
+        goto err;
+    }
     l->fd = rc;
-    if ((l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
-        rc = shmipc__fail_errno(errno, "listener %s: eventfd", address);
+    /* From here on close() undoes what was done, including the socket file. */
+    struct epoll_event ev = {.events = EPOLLIN};
+    if ((l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+        (l->ready_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+        (l->poll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+        epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->fd, &ev) < 0 ||
+        epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->ready_fd, &ev) < 0) {
+        rc = shmipc__fail_errno(errno, "listener %s: eventfd/epoll", address);
         shmipc__ipc_listener_close(l);
         return rc;
     }
@@ -48,46 +74,217 @@ err:
     return rc;
 }
 
-int shmipc__ipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_session **out)
+int shmipc__ipc_listener_fileno(const shmipc_listener *l)
 {
-    uint64_t deadline = timeout_ms > 0 ? shmipc__deadline_ms((uint64_t)timeout_ms) : 0;
+    return l->poll_fd;
+}
+
+/* Queues a session whose handshake succeeded. Under mu. */
+static int ready_push(shmipc_listener *l, shmipc_session *s)
+{
+    if (l->nready == l->ready_cap) {
+        uint32_t cap = l->ready_cap ? l->ready_cap * 2 : 16;
+        shmipc_session **p = realloc(l->ready, cap * sizeof *p);
+        if (p == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
+        l->ready = p;
+        l->ready_cap = cap;
+    }
+    l->ready[l->nready++] = s;
+    if (l->nready == 1) {
+        uint64_t one = 1;
+        (void)!write(l->ready_fd, &one, sizeof one);
+    }
+    return 0;
+}
+
+/* The oldest session waiting, or NULL. Under mu. */
+static shmipc_session *ready_pop(shmipc_listener *l)
+{
+    if (l->nready == 0)
+        return NULL;
+    shmipc_session *s = l->ready[0];
+    memmove(l->ready, l->ready + 1, --l->nready * sizeof *l->ready);
+    if (l->nready == 0) {
+        uint64_t junk;
+        (void)!read(l->ready_fd, &junk, sizeof junk);
+    }
+    return s;
+}
+
+static void *handshake_main(void *arg)
+{
+    struct shmipc__handshake *h = arg;
+    shmipc_listener *l = h->l;
+    shmipc_session *s = NULL;
+    int rc = shmipc__session_accept_fd(h->sock, &l->cfg, &s);
+    if (rc < 0)
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "listener %s: handshake failed: %s (%s)", l->addr.text,
+                    shmipc_errname(rc), shmipc_error_detail());
+    pthread_mutex_lock(&l->mu);
+    /* A listener that is closing takes no more sessions: this one is closed below. */
+    if (rc == 0 && !l->closing && ready_push(l, s) == 0)
+        s = NULL;
+    close(h->abort_fd);
+    h->abort_fd = -1;
+    h->done = 1;
+    pthread_mutex_unlock(&l->mu);
+    if (s != NULL)
+        shmipc__session_close(s);
+    return NULL;
+}
+
+/*
+ * Joins the handshake threads that are done (or, with all, every one) and frees their slots.
+ * A slot is taken for joining under mu, so two reapers never join one thread.
+ */
+static void reap_handshakes(shmipc_listener *l, int all)
+{
+    int take[SHMIPC__MAX_HANDSHAKES], n = 0;
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < SHMIPC__MAX_HANDSHAKES; i++) {
+        struct shmipc__handshake *h = &l->hs[i];
+        if (h->used && !h->joining && (h->done || all)) {
+            h->joining = 1;
+            take[n++] = i;
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < n; i++)
+        pthread_join(l->hs[take[i]].thread, NULL);
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < n; i++)
+        l->hs[take[i]].used = 0;
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Starts the handshake of the client on `fd` on a thread of its own, or drops the client. */
+static void start_handshake(shmipc_listener *l, int fd)
+{
+    struct shmipc__handshake *h = NULL;
+    sigset_t all, old;
+    pthread_attr_t attr;
+    int rc = 0, abort_fd;
+    reap_handshakes(l, 0);
+    if ((abort_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "listener %s: dup: %s", l->addr.text, strerror(errno));
+        close(fd);
+        return;
+    }
+    /* Signals stay with the application's threads: the handshake thread blocks them all. */
+    sigfillset(&all);
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, HANDSHAKE_STACK);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    /* Created under mu: the thread cannot say it is done before its slot is filled in. */
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < SHMIPC__MAX_HANDSHAKES && h == NULL; i++)
+        if (!l->hs[i].used)
+            h = &l->hs[i];
+    if (h != NULL) {
+        *h = (struct shmipc__handshake){.l = l, .sock = fd, .abort_fd = abort_fd, .used = 1};
+        if ((rc = pthread_create(&h->thread, &attr, handshake_main, h)) != 0)
+            h->used = 0;
+    }
+    pthread_mutex_unlock(&l->mu);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (h != NULL && rc == 0)
+        return;
+    if (h == NULL)
+        /* Stalling clients must not make us run out of threads or fds: this one goes. */
+        SHMIPC__LOG(SHMIPC__LOG_WARN,
+                    "listener %s: %u handshakes in flight already; a new client is disconnected",
+                    l->addr.text, SHMIPC__MAX_HANDSHAKES);
+    else
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "listener %s: handshake thread: %s", l->addr.text,
+                    strerror(rc));
+    close(abort_fd);
+    close(fd);
+}
+
+/*
+ * Accepts every client waiting on the socket and starts its handshake. While many finished
+ * sessions wait for the application, the others stay in the kernel's backlog: a slow
+ * application then slows its clients down instead of piling up sessions.
+ */
+static int accept_clients(shmipc_listener *l)
+{
+    /* Threads that ended are joined now rather than at the next client: nothing lingers. */
+    reap_handshakes(l, 0);
     for (;;) {
+        pthread_mutex_lock(&l->mu);
+        int backlog = l->nready >= SHMIPC__MAX_HANDSHAKES;
+        pthread_mutex_unlock(&l->mu);
+        if (backlog)
+            return 0;
         int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             if (errno != EAGAIN)
                 return shmipc__fail_errno(errno, "listener %s: accept", l->addr.text);
-            if (timeout_ms == 0)
-                return shmipc__fail(SHMIPC_EAGAIN, "listener %s: no client waiting", l->addr.text);
-            struct pollfd p = {.fd = l->fd, .events = POLLIN};
-            int rc = poll(&p, 1, shmipc__remaining_ms(deadline));
-            if (rc == 0)
-                return shmipc__fail(SHMIPC_ETIMEDOUT, "listener %s: no client came", l->addr.text);
-            if (rc < 0 && errno == EINTR)
-                return shmipc__fail(SHMIPC_EINTR, "listener %s: interrupted", l->addr.text);
-            if (rc < 0)
-                return shmipc__fail_errno(errno, "listener %s: poll", l->addr.text);
-            continue;
-        }
-        int rc = shmipc__session_accept_fd(fd, &l->cfg, out);
-        if (rc == 0)
             return 0;
-        /* One client's failed handshake must not fail the server: drop it and go on. */
-        SHMIPC__LOG(SHMIPC__LOG_WARN, "listener %s: handshake failed: %s (%s)", l->addr.text,
-                    shmipc_errname(rc), shmipc_error_detail());
-        if (deadline != 0 && shmipc__now_ns() >= deadline)
+        }
+        start_handshake(l, fd);
+    }
+}
+
+static shmipc_session *take_ready(shmipc_listener *l)
+{
+    pthread_mutex_lock(&l->mu);
+    shmipc_session *s = ready_pop(l);
+    pthread_mutex_unlock(&l->mu);
+    return s;
+}
+
+int shmipc__ipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_session **out)
+{
+    uint64_t deadline = timeout_ms > 0 ? shmipc__deadline_ms((uint64_t)timeout_ms) : 0;
+    for (;;) {
+        int rc = accept_clients(l);
+        if (rc < 0)
+            return rc;
+        if ((*out = take_ready(l)) != NULL)
+            return 0;
+        if (timeout_ms == 0)
+            return shmipc__fail(SHMIPC_EAGAIN, "listener %s: no client waiting", l->addr.text);
+        /* New clients, or a handshake that finished (possibly for another accepting thread). */
+        struct pollfd p[2] = {{.fd = l->fd, .events = POLLIN},
+                              {.fd = l->ready_fd, .events = POLLIN}};
+        rc = poll(p, 2, shmipc__remaining_ms(deadline));
+        if (rc == 0)
             return shmipc__fail(SHMIPC_ETIMEDOUT, "listener %s: no client completed a handshake",
                                 l->addr.text);
+        if (rc < 0 && errno == EINTR)
+            return shmipc__fail(SHMIPC_EINTR, "listener %s: interrupted", l->addr.text);
+        if (rc < 0)
+            return shmipc__fail_errno(errno, "listener %s: poll", l->addr.text);
     }
 }
 
 void shmipc__ipc_listener_close(shmipc_listener *l)
 {
     const struct sockaddr_un *un = (const struct sockaddr_un *)&l->addr.ss;
+    /* Handshakes in flight end now: their reads see the connection shut down. */
+    pthread_mutex_lock(&l->mu);
+    l->closing = 1;
+    for (int i = 0; i < SHMIPC__MAX_HANDSHAKES; i++)
+        if (l->hs[i].used && !l->hs[i].done)
+            shutdown(l->hs[i].abort_fd, SHUT_RDWR);
+    pthread_mutex_unlock(&l->mu);
+    reap_handshakes(l, 1);
+    for (shmipc_session *s; (s = ready_pop(l)) != NULL;)
+        shmipc__session_close(s);
+    free(l->ready);
+    pthread_mutex_destroy(&l->mu);
     close(l->fd);
-    if (l->wake_fd > 0)
+    if (l->wake_fd >= 0)
         close(l->wake_fd);
+    if (l->ready_fd >= 0)
+        close(l->ready_fd);
+    if (l->poll_fd >= 0)
+        close(l->poll_fd);
     if (l->addr.family == AF_UNIX && un->sun_path[0] != '\0')
         unlink(un->sun_path);
     free(l);
@@ -96,7 +293,7 @@ void shmipc__ipc_listener_close(shmipc_listener *l)
 /* The sessions a serving listener owns, with the pollfd array that watches them. */
 struct served {
     shmipc_session **s;
-    struct pollfd *pfd; /* [0] wake, [1] listener, [2 + i] session i */
+    struct pollfd *pfd; /* [0] wake, [1] listener, [2] handshakes done, [3 + i] session i */
     uint32_t n, cap;
     uint32_t *ids, ids_cap;
 };
@@ -109,7 +306,7 @@ static int served_add(struct served *v, shmipc_session *s)
         if (ns == NULL)
             return shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
         v->s = ns;
-        struct pollfd *np = realloc(v->pfd, (cap + 2) * sizeof *np);
+        struct pollfd *np = realloc(v->pfd, (cap + 3) * sizeof *np);
         if (np == NULL)
             return shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
         v->pfd = np;
@@ -143,25 +340,11 @@ static int dispatch(shmipc_session *s, struct served *v, shmipc_stream_cb on_str
     return 1;
 }
 
-static void accept_clients(shmipc_listener *l, struct served *v)
+/* Takes the sessions whose handshake finished into the served set. */
+static void take_sessions(shmipc_listener *l, struct served *v)
 {
-    for (;;) {
-        int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED)
-                continue;
-            if (errno != EAGAIN)
-                SHMIPC__LOG(SHMIPC__LOG_WARN, "listener %s: accept: %s", l->addr.text,
-                            strerror(errno));
-            return;
-        }
-        shmipc_session *s;
-        int rc = shmipc__session_accept_fd(fd, &l->cfg, &s);
-        if (rc < 0) {
-            SHMIPC__LOG(SHMIPC__LOG_WARN, "listener %s: handshake failed: %s (%s)", l->addr.text,
-                        shmipc_errname(rc), shmipc_error_detail());
-            continue;
-        }
+    shmipc_session *s;
+    while ((s = take_ready(l)) != NULL) {
         shmipc__session_track_ready(s);
         if (served_add(v, s) < 0) {
             SHMIPC__LOG(SHMIPC__LOG_ERROR, "listener %s: %s", l->addr.text, shmipc_error_detail());
@@ -181,16 +364,17 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
             destroy(user_data);
         return shmipc__fail(SHMIPC_EBUSY, "listener %s: another thread is serving", l->addr.text);
     }
-    if ((v.pfd = malloc(2 * sizeof *v.pfd)) == NULL) {
+    if ((v.pfd = malloc(3 * sizeof *v.pfd)) == NULL) {
         rc = shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
         goto out;
     }
     while (!__atomic_load_n(&l->stopping, __ATOMIC_ACQUIRE)) {
         v.pfd[0] = (struct pollfd){.fd = l->wake_fd, .events = POLLIN};
         v.pfd[1] = (struct pollfd){.fd = l->fd, .events = POLLIN};
+        v.pfd[2] = (struct pollfd){.fd = l->ready_fd, .events = POLLIN};
         for (uint32_t i = 0; i < v.n; i++)
-            v.pfd[2 + i] = (struct pollfd){.fd = shmipc_session_fileno(v.s[i]), .events = POLLIN};
-        int n = poll(v.pfd, v.n + 2, again ? 0 : -1);
+            v.pfd[3 + i] = (struct pollfd){.fd = shmipc_session_fileno(v.s[i]), .events = POLLIN};
+        int n = poll(v.pfd, v.n + 3, again ? 0 : -1);
         if (n < 0 && errno != EINTR) {
             rc = shmipc__fail_errno(errno, "listener %s: poll", l->addr.text);
             break;
@@ -205,11 +389,14 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
         int leftover = again;
         again = 0;
         uint32_t before = v.n;
-        if (v.pfd[1].revents)
-            accept_clients(l, &v);
+        /* Handshakes run on threads of their own: a stalling client holds up nobody here. */
+        if (v.pfd[1].revents && accept_clients(l) < 0)
+            SHMIPC__LOG(SHMIPC__LOG_WARN, "%s", shmipc_error_detail());
+        if (v.pfd[2].revents)
+            take_sessions(l, &v);
         for (uint32_t i = 0; i < v.n; i++) {
             /* Sessions accepted this turn have no pollfd yet: look at them anyway. */
-            if (i < before && v.pfd[2 + i].revents == 0 && !leftover)
+            if (i < before && v.pfd[3 + i].revents == 0 && !leftover)
                 continue;
             shmipc__session_process(v.s[i]);
             again |= dispatch(v.s[i], &v, on_stream, on_data, user_data);

@@ -148,10 +148,13 @@ static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uin
 {
     for (uint32_t i = from; i < to; i++) {
         struct shmipc__chunk *c = &st->chunks[i];
-        if (c->slice == SHMIPC__HEAP_CHUNK)
+        if (c->slice == SHMIPC__HEAP_CHUNK) {
+            s->fallback_held -= c->len + SHMIPC__FALLBACK_CHUNK_COST;
             free(c->data);
-        else if (s->err == 0 || s->role == SHMIPC__CLIENT)
-            /* Give slices back while the buffer is in use; a dead session discards it. */
+            continue;
+        }
+        /* Give slices back while the buffer is in use; a dead session discards it. */
+        if (s->err == 0 || s->role == SHMIPC__CLIENT)
             cache_put(s, c->slice);
     }
 }
@@ -521,6 +524,17 @@ static int stream_for_data_locked(shmipc_session *s, uint32_t id, shmipc_stream 
     shmipc_stream *st = lookup_locked(s, id);
     if (st == NULL && s->role == SHMIPC__SERVER) {
         int rc;
+        uint32_t max = shmipc_config_get_max_pending_streams(&s->cfg);
+        /*
+         * Each stream costs us heap; a peer that opens them faster than they are accepted
+         * would grow it without end. Go blocks its reader here, which stalls the session
+         * anyway; we end it with a reason instead.
+         */
+        if (s->accept_len >= max)
+            return shmipc__fail(SHMIPC_EPROTO,
+                                "session: the peer opened stream %u with %u streams not yet "
+                                "accepted (max_pending_streams is %u)",
+                                id, s->accept_len, max);
         if (s->accept_len == s->accept_cap) {
             uint32_t n = s->accept_cap ? s->accept_cap * 2 : 16;
             shmipc_stream **q = malloc(n * sizeof *q);
@@ -628,12 +642,26 @@ static int handle_fallback_locked(shmipc_session *s, const struct shmipc__msg *m
     if (st == NULL || m->u.fallback.len == 0)
         return 0;
     st->fallback = 1;
+    /*
+     * Fallback data lives on our heap until it is read and released. The socket is shared by
+     * every stream, so we cannot push back on one: a peer that sends more than we hold ends
+     * the session.
+     */
+    uint64_t max = shmipc_config_get_max_fallback_unread(&s->cfg);
+    if (s->fallback_held + m->u.fallback.len + SHMIPC__FALLBACK_CHUNK_COST > max)
+        return shmipc__fail(SHMIPC_EPROTO,
+                            "stream %u: %u bytes of fallback data on top of %llu held unread "
+                            "would pass max_fallback_unread (%llu bytes)",
+                            st->id, m->u.fallback.len, (unsigned long long)s->fallback_held,
+                            (unsigned long long)max);
     uint8_t *copy = malloc(m->u.fallback.len);
     if (copy == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory for fallback data", st->id);
     memcpy(copy, m->u.fallback.data, m->u.fallback.len);
     if ((rc = push_chunk_locked(s, st, copy, m->u.fallback.len, SHMIPC__HEAP_CHUNK)) < 0)
         free(copy);
+    else
+        s->fallback_held += m->u.fallback.len + SHMIPC__FALLBACK_CHUNK_COST;
     return rc;
 }
 
@@ -890,6 +918,61 @@ static uint64_t spin_ns(void)
 }
 
 /*
+ * Whether the machine has a second CPU: on one, spinning only delays the peer. (Not this
+ * thread's affinity: a process pinned to one CPU may well have its peer pinned to another.)
+ */
+static int have_two_cpus(void)
+{
+    static long cpus;
+    long n = __atomic_load_n(&cpus, __ATOMIC_RELAXED);
+    if (n == 0) {
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+        __atomic_store_n(&cpus, n > 0 ? n : 2, __ATOMIC_RELAXED);
+    }
+    return n != 1;
+}
+
+/*
+ * Whether this wait spins first. Not while recent spins came up empty: on a loaded machine
+ * the peer is not running when we wait for it, and a spin burns the CPU it needs. Each
+ * failure in a row doubles the number of waits that skip the spin (1, 3, 7 .. 63); one
+ * success restores spinning on every wait. Under mu.
+ */
+static int spin_now(shmipc_session *s)
+{
+    if (spin_ns() == 0 || !have_two_cpus())
+        return 0;
+    if (s->spin_skip > 0) {
+        s->spin_skip--;
+        return 0;
+    }
+    return 1;
+}
+
+/* Records how a spin went, for spin_now(). Under mu. */
+static void spin_done(shmipc_session *s, int found)
+{
+    if (found) {
+        s->spin_fails = 0;
+        return;
+    }
+    if (s->spin_fails < 6)
+        s->spin_fails++;
+    s->spin_skip = (1u << s->spin_fails) - 1;
+}
+
+/*
+ * After a spin that found nothing and the sleep that followed: the spin counts as a failure
+ * only when the peer took much longer than the spin (more than 4x), so a peer that answers
+ * just after the spin ends keeps spinning on.
+ */
+static void spin_judge(shmipc_session *s, uint64_t gave_up)
+{
+    if (gave_up != 0)
+        spin_done(s, shmipc__now_ns() - gave_up < 4 * spin_ns());
+}
+
+/*
  * Spins for up to spin_ns() (and never past `deadline`) with our receive queue's working flag
  * set, watching the queue. Returns 1 when elements arrived, 0 when the spin gave up with the
  * flag cleared again and the queue found empty. The caller holds the processing role.
@@ -921,7 +1004,8 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
     /* Events for other streams end a wait too; the caller's deadline holds across them. */
     if (deadline != 0 && shmipc__now_ns() >= deadline)
         return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
-    if (!s->processing && s->wakeup != SHMIPC_WAKEUP_POLLING && spin_ns() > 0) {
+    uint64_t gave_up = 0; /* when a spin found nothing */
+    if (!s->processing && s->wakeup != SHMIPC_WAKEUP_POLLING && spin_now(s)) {
         /*
          * Before sleeping, spin a little with our working flag set: a peer that answers within
          * the spin sees the flag and sends no wakeup, and we take its message with no system
@@ -932,6 +1016,10 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
         unlock(s);
         int found = spin_for_work(s, deadline);
         lock(s);
+        if (found)
+            spin_done(s, 1);
+        else
+            gave_up = shmipc__now_ns();
         int rc = 0, events = 0;
         /*
          * Drain, then read the socket once without waiting: wakeups the peer sent before it
@@ -953,6 +1041,7 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
     if (!s->processing && s->wakeup == SHMIPC_WAKEUP_SOCKET && deadline == 0) {
         s->processing = 1;
         int rc = blocking_recv_locked(s);
+        spin_judge(s, gave_up);
         s->processing = 0;
         pthread_cond_broadcast(&s->cond);
         return rc < 0 ? rc : 0;
@@ -982,6 +1071,7 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
             rc = shmipc__fail(SHMIPC_EINTR, "interrupted by a signal");
         else
             rc = fail_locked(s, shmipc__fail_errno(err, "session: poll"));
+        spin_judge(s, gave_up);
         s->processing = 0;
         pthread_cond_broadcast(&s->cond);
         return rc < 0 ? rc : 0;

@@ -34,7 +34,10 @@ enum shmipc__stream_state {
 };
 
 /* Slices of each list a session keeps back for reuse (see shmipc_session.cache). */
-#define SHMIPC__SLICE_CACHE 8
+#define SHMIPC__SLICE_CACHE 64
+
+/* What a fallback chunk costs beyond its bytes: the copy's malloc header and its chunk entry. */
+#define SHMIPC__FALLBACK_CHUNK_COST 64u
 
 /* Stream ids carried in a "no slice" chunk: data that came over the socket, on the heap. */
 #define SHMIPC__HEAP_CHUNK UINT32_MAX
@@ -93,6 +96,8 @@ struct shmipc_session {
     int event_fd;           /* what fileno() returns: the socket, or an epoll fd (V4) */
     int timer_fd;           /* polling mode: fires every interval for event loops, else -1 */
     int processing;         /* a thread is reading the socket (under mu) */
+    unsigned spin_fails;    /* spins in a row that found nothing, at most 6 (under mu) */
+    unsigned spin_skip;     /* waits left that sleep without spinning (under mu) */
     int err;                /* 0, or the code that ended the session (under mu; read racily) */
     char why[192];          /* the detail of the failure that ended it */
     struct shmipc_config cfg;
@@ -111,7 +116,13 @@ struct shmipc_session {
     struct shmipc_stream **buckets;
     uint32_t nbuckets, nstreams;
 
-    /* Server: streams the peer opened that nobody accepted yet. */
+    /*
+     * Heap bytes of fallback data that streams hold (under mu), each chunk charged
+     * SHMIPC__FALLBACK_CHUNK_COST more for its bookkeeping; capped by max_fallback_unread.
+     */
+    uint64_t fallback_held;
+
+    /* Server: streams the peer opened that nobody accepted yet (max_pending_streams at most). */
     struct shmipc_stream **accept_q;
     uint32_t accept_head, accept_len, accept_cap;
 

@@ -7,6 +7,9 @@
  *     core/common/error.c core/common/log.c core/common/env.c bindings/error.c -o http_fuzz
  *   ./http_fuzz CORPUS_DIR
  *
+ * or, as the project does, with fuzz/run.sh (target "http", fuzz/README.md); the C suite
+ * replays fuzz/corpus/http and fuzz/regressions/http through it (fuzz_replay_http).
+ *
  * Input: byte 0 picks the limits (small ones, so limit paths are reached) and LENIENT_LF,
  * byte 1 picks a split point; the rest is what a client sends. The oracle, beyond the
  * sanitizers: the connection's output must not depend on how the bytes were split, apart

@@ -19,12 +19,15 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "net/ws_codec.h"
+#include "net/ws_handshake.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,11 +43,13 @@
 #define HEAD_RESERVE 6144u  /* a head with 4 KiB of handler headers, plus a copied body */
 #define LINGER_MS    2000u  /* how long a half-closed connection waits for the peer's FIN */
 #define POOL_KEEP    1024u  /* free buffers a worker keeps per list */
+#define WS_CLOSE_MS  2000u  /* how long the application's close waits for the peer's */
 
 /* ---------------------------------------------------------------------------------------- */
 /* Config */
 
-static const char *const timeout_names[] = {"header_timeout", "keepalive_timeout", "stop_timeout"};
+static const char *const timeout_names[] = {"header_timeout", "keepalive_timeout", "stop_timeout",
+                                            "ws_ping_timeout", "ws_idle_timeout"};
 
 int shmipc__server_config_new(struct shmipc_server_config **out)
 {
@@ -79,14 +84,24 @@ int shmipc__server_config_set_address(struct shmipc_server_config *cfg, const ch
 
 int shmipc__server_config_set_timeout_ms(struct shmipc_server_config *cfg, int which, uint32_t ms)
 {
-    uint32_t min;
-    if (which < SHMIPC_SERVER_TIMEOUT_HEADER || which > SHMIPC_SERVER_TIMEOUT_STOP)
+    uint32_t min, ping, idle;
+    if (which < SHMIPC_SERVER_TIMEOUT_HEADER || which > SHMIPC_SERVER_TIMEOUT_WS_IDLE)
         return shmipc__fail(SHMIPC_EINVAL, "server timeout: %d is not a shmipc_server_timeout",
                             which);
-    min = which == SHMIPC_SERVER_TIMEOUT_STOP ? 0 : 1;
+    min = which == SHMIPC_SERVER_TIMEOUT_HEADER || which == SHMIPC_SERVER_TIMEOUT_KEEPALIVE ? 1 : 0;
     if (ms < min || ms > SHMIPC__SERVER_MAX_TIMEOUT_MS)
         return shmipc__fail(SHMIPC_EINVAL, "%s: %u ms is outside %u..%u", timeout_names[which], ms,
                             min, SHMIPC__SERVER_MAX_TIMEOUT_MS);
+    /* A ping that is not sent before the idle timeout runs out cannot keep anything open. */
+    ping = which == SHMIPC_SERVER_TIMEOUT_WS_PING ? ms
+                                                  : cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_PING];
+    idle = which == SHMIPC_SERVER_TIMEOUT_WS_IDLE ? ms
+                                                  : cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_IDLE];
+    if (ping != 0 && idle != 0 && ping >= idle)
+        return shmipc__fail(SHMIPC_EINVAL,
+                            "%s: %u ms, but ws_ping_timeout (%u ms) must be below "
+                            "ws_idle_timeout (%u ms)",
+                            timeout_names[which], ms, ping, idle);
     cfg->timeout_ms[which] = ms;
     cfg->timeout_set[which] = 1;
     return 0;
@@ -94,13 +109,44 @@ int shmipc__server_config_set_timeout_ms(struct shmipc_server_config *cfg, int w
 
 static int limit_range(int which, uint64_t value)
 {
-    static const char *const names[] = {"request_line", "head_bytes", "headers", "body",
-                                        "pipeline"};
+    static const char *const names[] = {
+        "request_line", "head_bytes",         "headers",      "body", "pipeline",
+        "ws_message",   "ws_send_high_water", "ws_send_limit"};
     static const uint64_t max[] = {
         SHMIPC__HTTP_LIMIT_MAX_HEAD_BYTES, SHMIPC__HTTP_LIMIT_MAX_HEAD_BYTES,
-        SHMIPC__HTTP_LIMIT_MAX_HEADERS, SHMIPC__SERVER_MAX_BODY, SHMIPC__SERVER_MAX_PIPELINE};
+        SHMIPC__HTTP_LIMIT_MAX_HEADERS,    SHMIPC__SERVER_MAX_BODY,
+        SHMIPC__SERVER_MAX_PIPELINE,       SHMIPC__WS_LIMIT_MAX_MESSAGE,
+        SHMIPC__WS_LIMIT_MAX_TX,           SHMIPC__WS_LIMIT_MAX_TX};
     return shmipc__fail(SHMIPC_EINVAL, "limit %s: %llu is above %llu", names[which],
                         (unsigned long long)value, (unsigned long long)max[which]);
+}
+
+/* The WebSocket send queue's marks, checked against each other as they resolve (the one not
+ * set at its default): the high-water mark may not exceed the limit. */
+static int ws_tx_limit(struct shmipc_server_config *cfg, int which, uint64_t value)
+{
+    uint64_t high = cfg->ws_tx_high_water, limit = cfg->ws_tx_limit, rhigh, rlimit;
+    if (value > SHMIPC__WS_LIMIT_MAX_TX)
+        return limit_range(which, value);
+    if (which == SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER)
+        high = value;
+    else
+        limit = value;
+    /* As shmipc__ws_limits_resolve() will resolve them. */
+    rhigh = high != 0 ? high : SHMIPC__WS_DEFAULT_TX_HIGH_WATER;
+    rlimit = limit != 0                            ? limit
+             : rhigh > SHMIPC__WS_DEFAULT_TX_LIMIT ? rhigh
+                                                   : SHMIPC__WS_DEFAULT_TX_LIMIT;
+    if (rhigh > rlimit)
+        return shmipc__fail(
+            SHMIPC_EINVAL,
+            "limit %s: %llu, but ws_send_high_water (%llu) may not be above "
+            "ws_send_limit (%llu)",
+            which == SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT ? "ws_send_limit" : "ws_send_high_water",
+            (unsigned long long)value, (unsigned long long)rhigh, (unsigned long long)rlimit);
+    cfg->ws_tx_high_water = high;
+    cfg->ws_tx_limit = limit;
+    return 0;
 }
 
 int shmipc__server_config_set_limit(struct shmipc_server_config *cfg, int which, uint64_t value)
@@ -135,6 +181,14 @@ int shmipc__server_config_set_limit(struct shmipc_server_config *cfg, int which,
             return limit_range(which, value);
         cfg->pipeline = (uint32_t)value;
         return 0;
+    case SHMIPC_SERVER_LIMIT_WS_MESSAGE:
+        if (value > SHMIPC__WS_LIMIT_MAX_MESSAGE)
+            return limit_range(which, value);
+        cfg->ws_max_message = value;
+        return 0;
+    case SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER:
+    case SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT:
+        return ws_tx_limit(cfg, which, value);
     default:
         return shmipc__fail(SHMIPC_EINVAL, "server limit: %d is not a shmipc_server_limit", which);
     }
@@ -197,6 +251,7 @@ struct release {
 enum conn_phase {
     P_OPEN = 0, /* reading and answering requests */
     P_LINGER,   /* shut down for writing; input is drained until the peer's FIN */
+    P_WS,       /* upgraded: every byte goes to the WebSocket connection in `ws` */
 };
 
 struct server_conn {
@@ -220,6 +275,7 @@ struct server_conn {
     struct txbuf *tx;
     struct shmipc__http_batch batch;
     struct release *releases;
+    struct shmipc_ws *ws;               /* set by an accepted upgrade */
     struct shmipc__http_field fields[]; /* limits.max_headers */
 };
 
@@ -245,11 +301,17 @@ struct shmipc__server_worker {
     size_t hused;
     char body[SHMIPC__HTTP_COPY_MAX];
     char allow[256];
+    struct shmipc__ws_handshake hs; /* an upgrade's response points here until batched */
+    pthread_t thread;
     struct shmipc__server_stats stats;
 };
 
 static void conn_serve(struct server_conn *sc);
 static void conn_close(struct server_conn *sc);
+static void ws_start(struct server_conn *sc, size_t consumed);
+static void ws_flush(struct server_conn *sc);
+static void ws_input(struct server_conn *sc, char *data, size_t len);
+static void ws_timeout(struct server_conn *sc);
 
 /* ---- pools ---- */
 
@@ -373,6 +435,10 @@ static void conn_timeout(struct shmipc__timer *t)
 {
     struct server_conn *sc = t->data;
     uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    if (sc->phase == P_WS) {
+        ws_timeout(sc);
+        return;
+    }
     if (sc->deadline == 0)
         return;
     if (sc->deadline > now) {
@@ -413,6 +479,11 @@ static void release_all(struct server_conn *sc)
 static void conn_free(struct server_conn *sc)
 {
     struct shmipc__server_worker *w = sc->w;
+    if (sc->ws != NULL) {
+        shmipc__ws_conn_destroy(&sc->ws->c);
+        free(sc->ws);
+        sc->ws = NULL;
+    }
     release_all(sc);
     tx_put(w, sc->tx);
     rx_put(w, sc->rx, sc->rx_cap);
@@ -434,7 +505,16 @@ static void conn_unlink(struct server_conn *sc)
     w->nconns--;
 }
 
-/* Closes now. The memory waits for the send in flight, whose callback comes with ECLOSED. */
+/* A send of the connection is in flight: its callback will come. */
+static int conn_sending(const struct server_conn *sc)
+{
+    return sc->inflight || (sc->ws != NULL && sc->ws->sending);
+}
+
+/*
+ * Closes now. The memory waits for the sends in flight, whose callbacks come with ECLOSED.
+ * A WebSocket that did not finish its close handshake reports on_close (1006) first.
+ */
 static void conn_close(struct server_conn *sc)
 {
     if (sc->closed)
@@ -442,9 +522,11 @@ static void conn_close(struct server_conn *sc)
     sc->closed = 1;
     sc->deadline = 0;
     shmipc__timer_stop(&sc->timer);
+    if (sc->ws != NULL && !sc->ws->reported)
+        shmipc__ws_conn_eof(&sc->ws->c);
     conn_unlink(sc);
     shmipc__conn_close(sc->conn);
-    if (!sc->inflight)
+    if (!conn_sending(sc))
         conn_free(sc);
 }
 
@@ -533,7 +615,8 @@ static void on_sent(struct shmipc__conn *c, int status, void *data)
     tx_put(w, sc->tx);
     sc->tx = NULL;
     if (sc->closed) {
-        conn_free(sc);
+        if (!conn_sending(sc))
+            conn_free(sc);
         return;
     }
     if (status < 0) {
@@ -541,7 +624,7 @@ static void on_sent(struct shmipc__conn *c, int status, void *data)
         return;
     }
     rx_drop_done(sc);
-    if (sc->phase == P_LINGER)
+    if (sc->phase == P_LINGER || sc->phase == P_WS)
         return;
     if (sc->rx_len > 0) {
         conn_serve(sc); /* pipelined leftovers, or bytes that came while sending */
@@ -584,6 +667,10 @@ static void conn_serve(struct server_conn *sc)
             return;
         }
         sc->inflight = 1;
+        if (sc->ws != NULL && verdict != SHMIPC__HTTP_CONN_CLOSE) {
+            ws_start(sc, consumed);
+            return;
+        }
         if (verdict == SHMIPC__HTTP_CONN_CLOSE) {
             conn_linger(sc);
             return;
@@ -614,6 +701,12 @@ static void on_data(struct shmipc__conn *c, const void *data, size_t len)
     struct server_conn *sc = shmipc__conn_data(c);
     if (sc->phase == P_LINGER)
         return; /* drained: nobody will answer it */
+    if (sc->phase == P_WS) {
+        /* The reactor's receive buffers are the loop's own writable memory, lent for the
+         * call; the WebSocket layer unmasks payloads in place there (no copy). */
+        ws_input(sc, (char *)(uintptr_t)data, len);
+        return;
+    }
     if (rx_append(sc, data, len) < 0) {
         SHMIPC__LOG(SHMIPC__LOG_DEBUG, "%s; closing", shmipc__detail());
         conn_close(sc);
@@ -628,6 +721,16 @@ static void on_data(struct shmipc__conn *c, const void *data, size_t len)
 static void on_end(struct shmipc__conn *c, int status)
 {
     struct server_conn *sc = shmipc__conn_data(c);
+    if (sc->phase == P_WS) {
+        /* After a close handshake the close frame may still be on its way out: it goes,
+         * then the connection closes (ws_flush). Otherwise the peer left without one. */
+        sc->peer_done = 1;
+        if (status < 0 || shmipc__ws_conn_state(&sc->ws->c) != SHMIPC__WS_CLOSED)
+            conn_close(sc);
+        else
+            ws_flush(sc);
+        return;
+    }
     if (status < 0 || sc->phase == P_LINGER || !sc->inflight) {
         /* A reset; or the FIN we were waiting for; or a FIN with at most part of a request
          * unanswered (every complete one was answered when it arrived). */
@@ -772,17 +875,425 @@ static void canned(struct shmipc__http_response *resp, int status)
     resp->flags = (uint16_t)((resp->flags & ~SHMIPC__HTTP_RESP_CLOSE) | close);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* WebSocket connections (docs/websocket.md, "Wiring it into the server") */
+
+static const struct shmipc__ws_route *find_ws_route(const struct shmipc_server *s,
+                                                    const struct shmipc__http_request *req)
+{
+    const char *path = shmipc__http_at(req, req->path);
+    size_t len = req->path.len;
+    const struct shmipc__ws_route *best = NULL;
+    for (size_t i = 0; i < s->nws_routes; i++) {
+        const struct shmipc__ws_route *rt = &s->ws_routes[i];
+        if (!rt->prefix) {
+            if (len == rt->path_len && memcmp(path, rt->path, len) == 0)
+                return rt;
+        } else if (len >= rt->path_len && memcmp(path, rt->path, rt->path_len) == 0 &&
+                   (best == NULL || rt->path_len > best->path_len)) {
+            best = rt;
+        }
+    }
+    return best;
+}
+
+static int ws_on_message(void *user_data, unsigned opcode, const char *data, size_t len)
+{
+    struct shmipc_ws *ws = user_data;
+    ws->route->on_message(ws, opcode == SHMIPC__WS_OP_TEXT ? SHMIPC_WS_TEXT : SHMIPC_WS_BINARY,
+                          data, len, ws->route->user_data);
+    return 0;
+}
+
+static void ws_on_close(void *user_data, unsigned code, const char *reason, size_t len)
+{
+    struct shmipc_ws *ws = user_data;
+    /* A close frame's reason fits 123 bytes; the layer's own texts are cut to as much. */
+    char text[SHMIPC__WS_CONTROL_MAX];
+    ws->reported = 1;
+    if (ws->route->on_close == NULL)
+        return;
+    if (len > sizeof text - 1)
+        len = shmipc__utf8_truncate(reason, len, sizeof text - 1);
+    if (len > 0)
+        memcpy(text, reason, len);
+    text[len] = '\0';
+    ws->route->on_close(ws, (int)code, text, len, ws->route->user_data);
+}
+
+static const struct shmipc__ws_callbacks ws_cbs = {
+    .on_message = ws_on_message,
+    .on_close = ws_on_close,
+};
+
+/*
+ * A request for a WebSocket route: the handshake's 400/426, the application's 403, or the 101.
+ * After a 101 the HTTP parser must not look at the bytes behind this head (they are frames):
+ * a head reserve that no batch can meet makes shmipc__http_conn_process() stop after this
+ * request, with `consumed` at the end of its head; conn_serve() then switches to WebSocket.
+ */
+static int ws_upgrade(struct server_conn *sc, const struct shmipc__ws_route *wsr,
+                      const struct shmipc__http_request *req, const char *body, size_t body_len,
+                      struct shmipc__http_response *resp)
+{
+    struct shmipc__server_worker *w = sc->w;
+    struct shmipc__ws_handshake *hs = &w->hs;
+    struct shmipc_ws *ws;
+    int rc;
+
+    rc = shmipc__ws_handshake_check(hs, req, (const char *const *)wsr->protocols, wsr->nprotocols);
+    if (rc == 0 && !(req->flags & SHMIPC__HTTP_KEEP_ALIVE)) {
+        /* "Connection: Upgrade, close" asks for two things that exclude each other. */
+        hs->status = 400;
+        hs->detail = "the request closes the connection";
+        rc = SHMIPC_EPROTO;
+    }
+    if (rc < 0) {
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG, "server: websocket handshake refused (%u): %s", hs->status,
+                    hs->detail ? hs->detail : "");
+        shmipc__ws_handshake_response(hs, resp);
+        return 0;
+    }
+    if (w->draining) {
+        canned(resp, 503);
+        resp->flags |= SHMIPC__HTTP_RESP_CLOSE;
+        return 0;
+    }
+    ws = calloc(1, sizeof *ws);
+    if (ws == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "server: websocket connection");
+    ws->route = wsr;
+    ws->conn = sc;
+    ws->subprotocol = hs->protocol >= 0 ? wsr->protocols[hs->protocol] : NULL;
+    shmipc__ws_conn_init(&ws->c, &w->srv->ws_limits, &ws_cbs, ws);
+    sc->ws = ws;
+    if (wsr->on_open != NULL) {
+        struct shmipc_http_request preq = {req, body, body_len, 0, 0};
+        if (wsr->prefix) {
+            preq.wild_off = req->path.off + (uint32_t)wsr->path_len;
+            preq.wild_len = req->path.len - (uint32_t)wsr->path_len;
+        }
+        rc = wsr->on_open(ws, &preq, wsr->user_data);
+        if (rc < 0) {
+            sc->ws = NULL;
+            shmipc__ws_conn_destroy(&ws->c);
+            free(ws);
+            canned(resp, 403);
+            resp->flags |= SHMIPC__HTTP_RESP_CLOSE;
+            return 0;
+        }
+    }
+    shmipc__ws_handshake_response(hs, resp);
+    sc->http.head_reserve = UINT32_MAX;
+    return 0;
+}
+
+/*
+ * WebSocket timers, on the connection's one timer (see set_deadline()): the application's
+ * close waiting for the peer's (close_at), output the peer stops taking (the keep-alive
+ * timeout, while a send is in flight), and, while open and reading, the automatic ping and
+ * the idle timeout. Input and output progress only raise a flag (rx_seen, tx_seen); the timer,
+ * when it fires, turns the flags into times on its own clock, does what is due and starts
+ * again for the next thing. So nothing touches the timer per message, and the times are
+ * never early: the loop's clock is the turn's, which inside a dispatch can be as old as the
+ * wait that preceded it. The cost is granularity: the idle timeout fails a peer between
+ * `idle` and `idle` plus one check interval (the ping interval, else `idle`) after its last
+ * byte, a ping goes out between one and two intervals of silence, and output that makes no
+ * progress is given up between one and two keep-alive timeouts. With neither ping nor idle
+ * set and nothing to send, no timer runs.
+ */
+static uint64_t earliest(uint64_t a, uint64_t b)
+{
+    return a == 0 || (b != 0 && b < a) ? b : a;
+}
+
+static uint64_t ws_ping_due(const struct shmipc_ws *ws, uint32_t ping_ms)
+{
+    return (ws->rx_at > ws->ping_at ? ws->rx_at : ws->ping_at) + ping_ms;
+}
+
+/* While paused the server does not read, so the peer's silence is not the peer's. */
+static int ws_reading(const struct server_conn *sc)
+{
+    return shmipc__ws_conn_state(&sc->ws->c) == SHMIPC__WS_OPEN &&
+           !shmipc__conn_read_paused(sc->conn);
+}
+
+static uint64_t ws_deadline(const struct server_conn *sc)
+{
+    const struct shmipc_ws *ws = sc->ws;
+    const struct shmipc_server *s = sc->w->srv;
+    uint64_t d = ws->close_at;
+    if (ws->sending)
+        d = earliest(d, ws->tx_at + s->keepalive_ms);
+    if (ws_reading(sc)) {
+        if (s->ws_idle_ms != 0)
+            d = earliest(d, ws->rx_at + s->ws_idle_ms);
+        if (s->ws_ping_ms != 0)
+            d = earliest(d, ws_ping_due(ws, s->ws_ping_ms));
+    }
+    return d;
+}
+
+static void ws_arm(struct server_conn *sc)
+{
+    uint64_t d = ws_deadline(sc);
+    if (d != 0)
+        set_deadline(sc, d);
+}
+
+/*
+ * How far the output has gone: bytes of completed sends plus what the reactor took of the
+ * send in flight. It only grows (the 101's batch, still pending at the start, only shrinks
+ * the pending count), so an unchanged value means the peer took nothing.
+ */
+static int64_t ws_progress(const struct server_conn *sc)
+{
+    const struct shmipc_ws *ws = sc->ws;
+    return (int64_t)(ws->tx_done + (ws->sending ? ws->flight : 0)) -
+           (int64_t)shmipc__conn_pending(sc->conn);
+}
+
+static void ws_timeout(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    const struct shmipc_server *s = w->srv;
+    struct shmipc_ws *ws = sc->ws;
+    uint64_t now = shmipc__loop_now_ms(w->loop);
+    if (ws->close_at != 0 && now >= ws->close_at) {
+        w->stats.timeouts++;
+        conn_close(sc); /* the peer never answered the application's close: 1006 */
+        return;
+    }
+    if (ws->rx_seen) {
+        ws->rx_seen = 0;
+        ws->rx_at = now;
+    }
+    if (ws->sending) {
+        int64_t mark = ws_progress(sc);
+        if (ws->tx_seen || mark != ws->tx_mark) {
+            ws->tx_seen = 0;
+            ws->tx_at = now;
+            ws->tx_mark = mark;
+        } else if (now >= ws->tx_at + s->keepalive_ms) {
+            /* The peer stopped reading: what it did not take goes with the connection. */
+            w->stats.timeouts++;
+            w->stats.ws_stall_closes++;
+            conn_close(sc);
+            return;
+        }
+    }
+    if (ws_reading(sc)) {
+        if (s->ws_idle_ms != 0 && now >= ws->rx_at + s->ws_idle_ms) {
+            /* Nothing arrived, not even a pong: the peer is taken for gone. No close frame
+             * (it would only wait for an answer that does not come); on_close gets 1006. */
+            w->stats.timeouts++;
+            w->stats.ws_idle_closes++;
+            conn_close(sc);
+            return;
+        }
+        if (s->ws_ping_ms != 0 && now >= ws_ping_due(ws, s->ws_ping_ms)) {
+            ws->ping_at = now;
+            /* A full queue (SHMIPC_EAGAIN) skips this ping; the idle timer still runs. */
+            if (shmipc__ws_conn_ping(&ws->c, "", 0) == 0) {
+                w->stats.ws_pings++;
+                ws_flush(sc);
+                if (sc->closed || sc->phase != P_WS)
+                    return;
+            }
+        }
+    }
+    ws_arm(sc);
+}
+
+/* The 101 (and what the batch holds before it) was just queued: from here on, frames. */
+static void ws_start(struct server_conn *sc, size_t consumed)
+{
+    size_t left = sc->rx_len - consumed;
+    sc->phase = P_WS;
+    sc->in_head = 0;
+    sc->w->stats.ws_upgrades++;
+    /* The HTTP timeouts end here; the WebSocket's own start (an application's close in
+     * on_open has its close_at already). */
+    sc->deadline = 0;
+    shmipc__timer_stop(&sc->timer);
+    sc->ws->rx_at = shmipc__loop_now_ms(sc->w->loop);
+    sc->ws->rx_seen = 1;
+    ws_arm(sc);
+    /* The bytes behind the request head are the first frames. The batch in flight points
+     * only before them, so they are processed now and dropped with it (rx_drop_done). */
+    sc->rx_len = consumed;
+    if (left > 0)
+        ws_input(sc, sc->rx + consumed, left);
+    else
+        ws_flush(sc);
+}
+
+static void ws_sent(struct shmipc__conn *c, int status, void *data)
+{
+    struct server_conn *sc = data;
+    struct shmipc_ws *ws = sc->ws;
+    (void)c;
+    ws->sending = 0;
+    if (sc->closed) {
+        if (!conn_sending(sc))
+            conn_free(sc);
+        return;
+    }
+    if (status < 0) {
+        conn_close(sc);
+        return;
+    }
+    ws->tx_done += ws->flight;
+    ws->tx_seen = 1;
+    /* Drained to half the high-water mark: read again (see ws_input). The time spent paused
+     * was ours, not the peer's silence: the idle and ping timers start afresh. */
+    if (shmipc__ws_conn_tx_sent(&ws->c, ws->flight) && shmipc__conn_read_paused(sc->conn) &&
+        shmipc__conn_resume_read(sc->conn) == 0) {
+        ws->rx_at = shmipc__loop_now_ms(sc->w->loop);
+        ws->rx_seen = 1;
+        ws_arm(sc);
+    }
+    ws_flush(sc);
+}
+
+/*
+ * Hands the queued output to the reactor, one send at a time: the peeked bytes stay put until
+ * their completion (ws_conn.h), so they go without a copy. Once the close handshake is over
+ * and its frame written, the server closes the TCP connection first (RFC 6455 §7.1.1): a FIN,
+ * then the peer's input is drained until its own FIN or the linger time.
+ */
+static void ws_flush(struct server_conn *sc)
+{
+    struct shmipc_ws *ws = sc->ws;
+    const char *p;
+    size_t n, queued;
+    if (sc->closed || sc->phase != P_WS)
+        return; /* before the 101 is queued, or done */
+    queued = shmipc__ws_conn_tx_queued(&ws->c);
+    if (queued > sc->w->stats.ws_tx_max)
+        sc->w->stats.ws_tx_max = queued;
+    if (!ws->sending) {
+        n = shmipc__ws_conn_tx_peek(&ws->c, &p);
+        /* A refusal means the connection failed or was shut down, and its end or the
+         * failed send's callback closes it. */
+        if (n > 0 && shmipc__conn_send(sc->conn, p, n, ws_sent, sc) == 0) {
+            ws->sending = 1;
+            ws->flight = n;
+            /* The stall timer: the peer has the keep-alive timeout to take some of it. The
+             * timer is only touched when it is idle or would fire later. */
+            if (!ws->tx_seen) {
+                ws->tx_seen = 1;
+                ws->tx_at = shmipc__loop_now_ms(sc->w->loop);
+            }
+            set_deadline(sc, ws->tx_at + sc->w->srv->keepalive_ms);
+        }
+    }
+    /* Not from inside process(): its caller flushes again when it returns. */
+    if (ws->sending || ws->c.busy || shmipc__ws_conn_state(&ws->c) != SHMIPC__WS_CLOSED)
+        return;
+    if (sc->peer_done)
+        conn_close(sc);
+    else
+        conn_linger(sc);
+}
+
+/*
+ * Received bytes. On PAUSE (tx_high_water bytes queued: the peer does not read what it is
+ * sent) the reactor stops reading, so TCP flow control stops the peer, until ws_sent() sees
+ * the queue drained to half the mark.
+ */
+static void ws_input(struct server_conn *sc, char *data, size_t len)
+{
+    struct shmipc_ws *ws = sc->ws;
+    int v;
+    /* Input only moves deadlines later: the timer picks it up when it fires. */
+    ws->rx_seen = 1;
+    v = shmipc__ws_conn_process(&ws->c, data, len);
+    if (v == SHMIPC__WS_CONN_PAUSE && !shmipc__conn_read_paused(sc->conn) &&
+        shmipc__conn_pause_read(sc->conn) == 0)
+        sc->w->stats.ws_pauses++;
+    ws_flush(sc);
+}
+
+/* The public calls run on the connection's worker, which alone touches its state. */
+static int ws_check(const struct shmipc_ws *ws, const char *what)
+{
+    const struct server_conn *sc = ws->conn;
+    if (!pthread_equal(pthread_self(), sc->w->thread))
+        return shmipc__fail(SHMIPC_EBUSY, "%s: not on the connection's worker thread", what);
+    return 0;
+}
+
+static int ws_queued(struct shmipc_ws *ws, int rc, const char *what)
+{
+    if (rc == SHMIPC_ECLOSED)
+        return shmipc__fail(SHMIPC_EPIPE, "%s: the connection is closing", what);
+    if (rc < 0)
+        return rc;
+    ws_flush(ws->conn);
+    return 0;
+}
+
+int shmipc__ws_send(struct shmipc_ws *ws, int kind, const void *data, size_t len)
+{
+    unsigned op = kind == SHMIPC_WS_TEXT ? SHMIPC__WS_OP_TEXT : SHMIPC__WS_OP_BINARY;
+    int rc = ws_check(ws, "ws_send");
+    if (rc < 0)
+        return rc;
+    return ws_queued(ws, shmipc__ws_conn_send(&ws->c, op, data, len, 0), "ws_send");
+}
+
+int shmipc__ws_ping(struct shmipc_ws *ws, const void *data, size_t len)
+{
+    int rc = ws_check(ws, "ws_ping");
+    if (rc < 0)
+        return rc;
+    if (len > SHMIPC__WS_CONTROL_MAX)
+        return shmipc__fail(SHMIPC_EINVAL, "ws_ping: %zu bytes of payload, at most %u", len,
+                            SHMIPC__WS_CONTROL_MAX);
+    return ws_queued(ws, shmipc__ws_conn_ping(&ws->c, data, len), "ws_ping");
+}
+
+int shmipc__ws_close(struct shmipc_ws *ws, int code, const char *reason)
+{
+    struct server_conn *sc = ws->conn;
+    size_t rlen = reason != NULL ? strlen(reason) : 0;
+    int rc = ws_check(ws, "ws_close");
+    if (rc < 0)
+        return rc;
+    if (code < 1000 || code > 4999 || !shmipc__ws_close_code_valid((unsigned)code))
+        return shmipc__fail(SHMIPC_EINVAL, "ws_close: %d is not a close code an endpoint may send",
+                            code);
+    if (rlen > SHMIPC__WS_CONTROL_MAX - 2)
+        return shmipc__fail(SHMIPC_EINVAL, "ws_close: a reason of %zu bytes, at most %u", rlen,
+                            SHMIPC__WS_CONTROL_MAX - 2);
+    rc = ws_queued(ws, shmipc__ws_conn_close(&ws->c, (unsigned)code, reason, rlen), "ws_close");
+    /* The peer's close frame ends it; a peer that does not answer is given up on. */
+    if (rc == 0 && !sc->closed && shmipc__ws_conn_state(&ws->c) == SHMIPC__WS_CLOSING) {
+        ws->close_at = after(sc, WS_CLOSE_MS);
+        set_deadline(sc, ws->close_at);
+    }
+    return rc;
+}
+
 static int handle(void *user_data, const struct shmipc__http_request *req, const char *body,
                   size_t body_len, struct shmipc__http_response *resp)
 {
     struct server_conn *sc = user_data;
     struct shmipc__server_worker *w = sc->w;
     const struct shmipc__route *rt;
+    const struct shmipc__ws_route *wsr;
     int path_known;
     int rc = 0;
 
     w->stats.requests++;
     rt = find_route(w->srv, req, &path_known);
+    wsr = find_ws_route(w->srv, req);
+    /* A plain GET keeps its route; every other request on a WebSocket path is a handshake,
+     * which answers 400/426 when it is not a valid one. */
+    if (wsr != NULL && (rt == NULL || shmipc__ws_is_upgrade(req)))
+        return ws_upgrade(sc, wsr, req, body, body_len, resp);
     if (rt == NULL) {
         if (req->flags & SHMIPC__HTTP_UNKNOWN_METHOD) {
             canned(resp, 501);
@@ -936,6 +1447,7 @@ static int worker_setup(struct shmipc__loop *loop, int listen_fd, unsigned index
     struct timespec ts;
     int rc;
     w->loop = loop;
+    w->thread = pthread_self();
     clock_gettime(CLOCK_REALTIME, &ts);
     shmipc__http_date_init(&w->date, ts.tv_sec);
     shmipc__timer_init(loop, &w->date_timer, date_tick, w);
@@ -970,11 +1482,14 @@ static void worker_teardown(struct shmipc__loop *loop, unsigned index, void *dat
         shmipc__acceptor_close(w->acceptor);
         w->acceptor = NULL;
     }
-    /* Idle keep-alive connections get their FIN now; the others with their last answer. */
+    /* Idle keep-alive connections get their FIN now; the others with their last answer.
+     * WebSockets get a close frame (1001, going away) and the stop timeout to answer it. */
     for (sc = w->conns; sc != NULL; sc = next) {
         next = sc->next;
         if (sc->phase == P_OPEN && !sc->inflight && sc->rx_len == 0)
             conn_linger(sc);
+        else if (sc->phase == P_WS && shmipc__ws_conn_close(&sc->ws->c, 1001, NULL, 0) == 0)
+            ws_flush(sc);
     }
     while (w->nconns > 0) {
         uint64_t now = shmipc__loop_now_ms(loop);
@@ -1030,10 +1545,20 @@ int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_ser
     s->stop_ms = cfg->timeout_set[SHMIPC_SERVER_TIMEOUT_STOP]
                      ? cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_STOP]
                      : SHMIPC__SERVER_DEFAULT_STOP_MS;
+    s->ws_ping_ms = cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_PING];
+    s->ws_idle_ms = cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_IDLE];
     s->pipeline = cfg->pipeline != 0 ? cfg->pipeline : SHMIPC__HTTP_CONN_BUDGET;
     rc = shmipc__http_limits_resolve(&s->limits, &cfg->limits);
     if (rc < 0)
         goto err;
+    {
+        struct shmipc__ws_limits wl = {.max_message = cfg->ws_max_message,
+                                       .tx_high_water = (size_t)cfg->ws_tx_high_water,
+                                       .tx_limit = (size_t)cfg->ws_tx_limit};
+        rc = shmipc__ws_limits_resolve(&s->ws_limits, &wl);
+        if (rc < 0)
+            goto err;
+    }
     /* A head, a body with its chunk framing and trailers, and room for what the peer
      * pipelines behind them. */
     s->rx_max = (size_t)s->limits.max_head_bytes * 2 + (size_t)s->limits.max_body +
@@ -1177,6 +1702,114 @@ err:
     return rc;
 }
 
+static void ws_route_free(struct shmipc__ws_route *rt)
+{
+    if (rt->destroy != NULL)
+        rt->destroy(rt->user_data);
+    for (size_t i = 0; i < rt->nprotocols; i++)
+        free(rt->protocols[i]);
+    free(rt->protocols);
+    free(rt->path);
+}
+
+/* Splits "chat, superchat" into tokens. Returns 0 or SHMIPC_EINVAL/SHMIPC_ENOMEM. */
+static int ws_protocols(struct shmipc__ws_route *rt, const char *list)
+{
+    const char *p = list;
+    while (*p != '\0') {
+        const char *a, *z;
+        char *tok, **grown;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        a = p;
+        while (*p != '\0' && *p != ',')
+            p++;
+        z = p;
+        while (z > a && (z[-1] == ' ' || z[-1] == '\t'))
+            z--;
+        if (*p == ',')
+            p++;
+        tok = strndup(a, (size_t)(z - a));
+        if (tok == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "websocket %s: subprotocols", rt->path);
+        if (!is_token(tok)) {
+            free(tok);
+            return shmipc__fail(SHMIPC_EINVAL,
+                                "websocket %s: subprotocols \"%s\": element %zu is not a token",
+                                rt->path, list, rt->nprotocols + 1);
+        }
+        grown = realloc(rt->protocols, (rt->nprotocols + 1) * sizeof *grown);
+        if (grown == NULL) {
+            free(tok);
+            return shmipc__fail(SHMIPC_ENOMEM, "websocket %s: subprotocols", rt->path);
+        }
+        rt->protocols = grown;
+        rt->protocols[rt->nprotocols++] = tok;
+    }
+    return 0;
+}
+
+int shmipc__server_websocket(struct shmipc_server *s, const char *path, const char *subprotocols,
+                             shmipc_ws_open_cb on_open, shmipc_ws_message_cb on_message,
+                             shmipc_ws_close_cb on_close, void *user_data,
+                             shmipc_destroy_cb destroy)
+{
+    struct shmipc__ws_route rt;
+    size_t plen = strlen(path);
+    int rc;
+
+    memset(&rt, 0, sizeof rt);
+    if (s->workers != NULL) {
+        rc = shmipc__fail(SHMIPC_EBUSY, "websocket %s: the server is running", path);
+        goto err;
+    }
+    rc = valid_route_path(path, plen, &rt.prefix);
+    if (rc < 0)
+        goto err;
+    if (rt.prefix)
+        plen--;
+    for (size_t i = 0; i < s->nws_routes; i++) {
+        const struct shmipc__ws_route *o = &s->ws_routes[i];
+        if (o->prefix == rt.prefix && o->path_len == plen && memcmp(o->path, path, plen) == 0) {
+            rc = shmipc__fail(SHMIPC_EEXIST, "websocket %s: already registered", path);
+            goto err;
+        }
+    }
+    rt.path = strndup(path, plen);
+    rt.path_len = plen;
+    if (rt.path == NULL) {
+        rc = shmipc__fail(SHMIPC_ENOMEM, "websocket %s: out of memory", path);
+        goto err;
+    }
+    if (subprotocols != NULL) {
+        rc = ws_protocols(&rt, subprotocols);
+        if (rc < 0)
+            goto err;
+    }
+    if (s->nws_routes == s->ws_routes_cap) {
+        size_t cap = s->ws_routes_cap ? s->ws_routes_cap * 2 : 4;
+        struct shmipc__ws_route *grown = realloc(s->ws_routes, cap * sizeof *grown);
+        if (grown == NULL) {
+            rc = shmipc__fail(SHMIPC_ENOMEM, "websocket %s: out of memory", path);
+            goto err;
+        }
+        s->ws_routes = grown;
+        s->ws_routes_cap = cap;
+    }
+    rt.on_open = on_open;
+    rt.on_message = on_message;
+    rt.on_close = on_close;
+    rt.user_data = user_data;
+    rt.destroy = destroy;
+    s->ws_routes[s->nws_routes++] = rt;
+    return 0;
+err:
+    rt.destroy = destroy;
+    rt.user_data = user_data;
+    ws_route_free(&rt);
+    return rc;
+}
+
 static void server_shutdown(struct shmipc_server *s)
 {
     if (s->workers == NULL)
@@ -1194,6 +1827,13 @@ static void server_shutdown(struct shmipc_server *s)
         s->stats.connections += w->stats.connections;
         s->stats.requests += w->stats.requests;
         s->stats.timeouts += w->stats.timeouts;
+        s->stats.ws_upgrades += w->stats.ws_upgrades;
+        s->stats.ws_pauses += w->stats.ws_pauses;
+        s->stats.ws_pings += w->stats.ws_pings;
+        s->stats.ws_idle_closes += w->stats.ws_idle_closes;
+        s->stats.ws_stall_closes += w->stats.ws_stall_closes;
+        if (w->stats.ws_tx_max > s->stats.ws_tx_max)
+            s->stats.ws_tx_max = w->stats.ws_tx_max;
         worker_free_pools(&s->w[i]);
     }
     free(s->w);
@@ -1311,6 +1951,9 @@ void shmipc__server_free(struct shmipc_server *s)
         free(rt->body);
     }
     free(s->routes);
+    for (size_t i = 0; i < s->nws_routes; i++)
+        ws_route_free(&s->ws_routes[i]);
+    free(s->ws_routes);
     if (s->stop_fd >= 0)
         close(s->stop_fd);
     free(s);

@@ -18,6 +18,7 @@
 #include "net/http_conn.h"
 #include "net/http_parser.h"
 #include "net/http_writer.h"
+#include "net/ws_conn.h"
 #include "reactor/loop.h"
 
 #define SHMIPC__SERVER_DEFAULT_PORT         8080
@@ -36,12 +37,16 @@ struct shmipc_server_config {
     uint16_t port;
     unsigned workers; /* 0: SHMIPC_WORKERS or the CPUs */
     int backend;      /* enum shmipc_backend */
-    /* 0 means unset: the variable, then the default. The stop timeout may be 0 when set. */
-    uint32_t timeout_ms[3];
-    uint8_t timeout_set[3];
+    /* 0 means unset: the variable, then the default. The stop timeout may be 0 when set; the
+     * WebSocket ping and idle timeouts are 0 (never) unless set. */
+    uint32_t timeout_ms[5];
+    uint8_t timeout_set[5];
     struct shmipc__http_limits limits; /* 0 fields: defaults */
     uint32_t pipeline;                 /* 0: SHMIPC__HTTP_CONN_BUDGET */
     char server_name[SHMIPC_SERVER_MAX_NAME + 1];
+    uint64_t ws_max_message;   /* 0: SHMIPC__WS_DEFAULT_MAX_MESSAGE */
+    uint64_t ws_tx_high_water; /* 0: SHMIPC__WS_DEFAULT_TX_HIGH_WATER */
+    uint64_t ws_tx_limit;      /* 0: SHMIPC__WS_DEFAULT_TX_LIMIT (or the high-water mark) */
 };
 
 /* A route or a static response. */
@@ -60,12 +65,56 @@ struct shmipc__route {
     size_t body_len;
 };
 
+/* A WebSocket route (shmipc_server_websocket()). */
+struct shmipc__ws_route {
+    char *path; /* without the trailing '*' of a prefix route */
+    size_t path_len;
+    int prefix;
+    char **protocols; /* the offered subprotocols, in order of preference */
+    size_t nprotocols;
+    shmipc_ws_open_cb on_open;
+    shmipc_ws_message_cb on_message;
+    shmipc_ws_close_cb on_close;
+    void *user_data;
+    shmipc_destroy_cb destroy;
+};
+
+/*
+ * One WebSocket connection: the protocol state (net/ws_conn.h) and what the server needs to
+ * drive it. Allocated at the upgrade, freed with its TCP connection.
+ */
+struct shmipc_ws {
+    struct shmipc__ws_conn c;
+    const struct shmipc__ws_route *route;
+    void *conn;              /* struct server_conn */
+    void *data;              /* the application's (shmipc_ws_set_data()) */
+    const char *subprotocol; /* the route's string, or NULL */
+    size_t flight;           /* peeked bytes handed to the reactor, while `sending` */
+    /* Timers (server.c, "WebSocket timers"): loop milliseconds, taken when the timer fires. */
+    uint64_t rx_at;    /* input was last seen: the ping and idle timers */
+    uint64_t ping_at;  /* the last automatic ping */
+    uint64_t tx_at;    /* output progress was last seen, while `sending` (stall timer) */
+    uint64_t close_at; /* the application's close gives up waiting at this time; 0: none */
+    uint64_t tx_done;  /* bytes of completed sends */
+    int64_t tx_mark;   /* write progress when tx_at was taken (see ws_progress()) */
+    uint8_t rx_seen;   /* input since the timer last looked */
+    uint8_t tx_seen;   /* output progress (a send started or completed) since then */
+    uint8_t sending;
+    uint8_t reported; /* on_close ran */
+};
+
 /* Counters summed over the workers of the last run, for tests and the benchmark. */
 struct shmipc__server_stats {
     struct shmipc__loop_stats loop; /* summed over the workers' loops */
     uint64_t connections;           /* accepted */
     uint64_t requests;              /* answered by a route, a static response, 404/405/501 */
-    uint64_t timeouts;              /* connections closed by the header or keep-alive timer */
+    uint64_t timeouts;              /* closed by a timer: header, keep-alive, WebSocket ones */
+    uint64_t ws_upgrades;           /* WebSocket connections accepted */
+    uint64_t ws_pauses;             /* times a WebSocket connection stopped reading (PAUSE) */
+    uint64_t ws_tx_max;             /* most bytes queued on one WebSocket connection */
+    uint64_t ws_pings;              /* automatic pings sent (SHMIPC_SERVER_TIMEOUT_WS_PING) */
+    uint64_t ws_idle_closes;        /* WebSockets failed by the idle timeout */
+    uint64_t ws_stall_closes;       /* WebSockets whose output made no progress (keep-alive) */
 };
 
 struct shmipc__server_worker;
@@ -74,12 +123,16 @@ struct shmipc_server {
     struct shmipc_server_config cfg;
     struct shmipc__http_limits limits; /* resolved */
     uint32_t header_ms, keepalive_ms, stop_ms, pipeline;
-    size_t rx_max; /* most unprocessed bytes a connection may hold */
+    uint32_t ws_ping_ms, ws_idle_ms; /* 0: never */
+    size_t rx_max;                   /* most unprocessed bytes a connection may hold */
     struct shmipc__loop_opts loop_opts;
     const char *server_name; /* NULL: no Server header */
 
     struct shmipc__route *routes;
     size_t nroutes, routes_cap;
+    struct shmipc__ws_route *ws_routes;
+    size_t nws_routes, ws_routes_cap;
+    struct shmipc__ws_limits ws_limits; /* resolved */
 
     struct shmipc__workers *workers;
     struct shmipc__server_worker *w;
@@ -123,6 +176,16 @@ int shmipc__server_start(struct shmipc_server *s);
 int shmipc__server_run(struct shmipc_server *s);
 int shmipc__server_stop(struct shmipc_server *s);
 void shmipc__server_free(struct shmipc_server *s);
+
+int shmipc__server_websocket(struct shmipc_server *s, const char *path, const char *subprotocols,
+                             shmipc_ws_open_cb on_open, shmipc_ws_message_cb on_message,
+                             shmipc_ws_close_cb on_close, void *user_data,
+                             shmipc_destroy_cb destroy);
+
+/* The calls of bindings/ws.c; each checks that it runs on the connection's worker thread. */
+int shmipc__ws_send(struct shmipc_ws *ws, int kind, const void *data, size_t len);
+int shmipc__ws_ping(struct shmipc_ws *ws, const void *data, size_t len);
+int shmipc__ws_close(struct shmipc_ws *ws, int code, const char *reason);
 
 /* The counters of the last run (all zero before a run ended). Not while running. */
 void shmipc__server_stats(const struct shmipc_server *s, struct shmipc__server_stats *out);

@@ -1,6 +1,7 @@
 /* One server-side WebSocket connection without sockets; see ws_conn.h. */
 #include "net/ws_conn.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,17 +64,133 @@ void shmipc__ws_conn_init(struct shmipc__ws_conn *c, const struct shmipc__ws_lim
     c->utf8 = SHMIPC__UTF8_ACCEPT;
 }
 
-static void buf_free(struct shmipc__ws_buf *b)
+/*
+ * Large buffers a thread keeps for its next large message. A connection lets go of buffers
+ * above buffer_keep after each message, so that idle connections hold little; but freeing and
+ * allocating a 1 MiB buffer per message has glibc give the pages back and the next message
+ * fault them in again (hundreds of page faults per round trip once two such messages are in
+ * flight). The thread's spares, at most SPARE_COUNT buffers and SPARE_BYTES bytes, absorb that;
+ * they are freed when the thread exits.
+ */
+#define SPARE_COUNT 8
+#define SPARE_BYTES ((size_t)64 << 20)
+
+struct spares {
+    unsigned n;
+    size_t bytes;
+    struct {
+        char *p;
+        size_t cap;
+    } b[SPARE_COUNT];
+};
+
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static int spare_key_ok;
+
+static void spares_free(void *arg)
 {
-    free(b->p);
+    struct spares *s = arg;
+    for (unsigned i = 0; i < s->n; i++)
+        free(s->b[i].p);
+    free(s);
+}
+
+static void spare_key_init(void)
+{
+    spare_key_ok = pthread_key_create(&spare_key, spares_free) == 0;
+}
+
+/* This thread's spares; created when `create` is set. NULL when there are none. */
+static struct spares *spares_of_thread(int create)
+{
+    pthread_once(&spare_once, spare_key_init);
+    if (!spare_key_ok)
+        return NULL;
+    struct spares *s = pthread_getspecific(spare_key);
+    if (s == NULL && create && (s = calloc(1, sizeof *s)) != NULL &&
+        pthread_setspecific(spare_key, s) != 0) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
+
+/* Takes the smallest spare of at least `need` bytes, or returns NULL. */
+static char *spare_take(size_t need, size_t *cap)
+{
+    struct spares *s = spares_of_thread(0);
+    unsigned best = SPARE_COUNT;
+    for (unsigned i = 0; s != NULL && i < s->n; i++)
+        if (s->b[i].cap >= need && (best == SPARE_COUNT || s->b[i].cap < s->b[best].cap))
+            best = i;
+    if (best == SPARE_COUNT)
+        return NULL;
+    char *p = s->b[best].p;
+    *cap = s->b[best].cap;
+    s->bytes -= *cap;
+    s->b[best] = s->b[--s->n];
+    return p;
+}
+
+/* Lets go of a buffer: a large one becomes a spare while there is room, the rest is freed. */
+static void release(char *p, size_t cap, size_t keep)
+{
+    struct spares *s;
+    if (p != NULL && cap > keep && (s = spares_of_thread(1)) != NULL && s->n < SPARE_COUNT &&
+        s->bytes + cap <= SPARE_BYTES) {
+        s->b[s->n].p = p;
+        s->b[s->n].cap = cap;
+        s->n++;
+        s->bytes += cap;
+        return;
+    }
+    free(p);
+}
+
+/*
+ * Grows `*p` (holding `len` bytes, `*cap` allocated) to at least `need` bytes (`want` when it
+ * reallocates): from a spare when `want` is large and one fits, else by realloc. Returns 0, or
+ * -1 with *p unchanged.
+ */
+static int grow(char **p, size_t *cap, size_t len, size_t need, size_t want, size_t keep)
+{
+    size_t got;
+    /* Spares only serve large buffers: a small message must not take a big one. */
+    char *q = want > keep ? spare_take(need, &got) : NULL;
+    if (q != NULL) {
+        if (len)
+            memcpy(q, *p, len);
+        release(*p, *cap, keep);
+    } else if ((q = realloc(*p, want)) != NULL) {
+        got = want;
+    } else {
+        return -1;
+    }
+    *p = q;
+    *cap = got;
+    return 0;
+}
+
+static void buf_free(struct shmipc__ws_buf *b, size_t keep)
+{
+    release(b->p, b->cap, keep);
     memset(b, 0, sizeof *b);
+}
+
+static void msg_free(struct shmipc__ws_conn *c)
+{
+    release(c->msg, c->msg_cap, c->limits->buffer_keep);
+    c->msg = NULL;
+    c->msg_cap = 0;
 }
 
 void shmipc__ws_conn_destroy(struct shmipc__ws_conn *c)
 {
-    buf_free(&c->flight);
-    buf_free(&c->pending);
-    free(c->msg);
+    size_t keep = c->limits != NULL ? c->limits->buffer_keep : SIZE_MAX;
+    buf_free(&c->flight, keep);
+    buf_free(&c->pending, keep);
+    release(c->msg, c->msg_cap, keep);
     c->msg = NULL;
     c->msg_len = c->msg_cap = 0;
 }
@@ -81,14 +198,11 @@ void shmipc__ws_conn_destroy(struct shmipc__ws_conn *c)
 void shmipc__ws_conn_trim(struct shmipc__ws_conn *c)
 {
     if (c->flight.len == c->flight.off)
-        buf_free(&c->flight);
+        buf_free(&c->flight, c->limits->buffer_keep);
     if (c->pending.len == 0)
-        buf_free(&c->pending);
-    if (c->msg_len == 0) {
-        free(c->msg);
-        c->msg = NULL;
-        c->msg_cap = 0;
-    }
+        buf_free(&c->pending, c->limits->buffer_keep);
+    if (c->msg_len == 0)
+        msg_free(c);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -107,12 +221,9 @@ static int queue_frame(struct shmipc__ws_conn *c, unsigned opcode, const void *p
         size_t cap = b->cap * 2 > need ? b->cap * 2 : need;
         if (cap < 256)
             cap = 256;
-        char *p = realloc(b->p, cap);
-        if (!p)
+        if (grow(&b->p, &b->cap, b->len, need, cap, c->limits->buffer_keep) < 0)
             return shmipc__fail(SHMIPC_ENOMEM, "websocket: cannot grow the output queue to %zu",
                                 cap);
-        b->p = p;
-        b->cap = cap;
     }
     memcpy(b->p + b->len, head, hlen);
     if (len)
@@ -149,7 +260,7 @@ int shmipc__ws_conn_tx_sent(struct shmipc__ws_conn *c, size_t n)
     if (b->off == b->len) {
         b->off = b->len = 0;
         if (b->cap > c->limits->buffer_keep)
-            buf_free(b);
+            buf_free(b, c->limits->buffer_keep);
     }
     if (c->paused && shmipc__ws_conn_tx_queued(c) <= c->limits->tx_high_water / 2) {
         c->paused = 0;
@@ -247,11 +358,8 @@ static int msg_reserve(struct shmipc__ws_conn *c, size_t n)
     uint64_t bound = c->msg_fin ? c->msg_total : c->limits->max_message;
     if (cap > bound)
         cap = (size_t)bound;
-    char *p = realloc(c->msg, cap);
-    if (!p)
+    if (grow(&c->msg, &c->msg_cap, c->msg_len, need, cap, c->limits->buffer_keep) < 0)
         return shmipc__fail(SHMIPC_ENOMEM, "websocket: cannot grow a message to %zu bytes", cap);
-    c->msg = p;
-    c->msg_cap = cap;
     return 0;
 }
 
@@ -259,11 +367,8 @@ static void msg_reset(struct shmipc__ws_conn *c)
 {
     c->msg_len = 0;
     c->msg_total = 0;
-    if (c->msg_cap > c->limits->buffer_keep) {
-        free(c->msg);
-        c->msg = NULL;
-        c->msg_cap = 0;
-    }
+    if (c->msg_cap > c->limits->buffer_keep)
+        msg_free(c);
 }
 
 static int on_close_frame(struct shmipc__ws_conn *c)

@@ -63,6 +63,8 @@
 #define SHMIPC__WS_DEFAULT_BUFFER_KEEP   1024u
 /* The largest max_message (and max_frame) accepted. */
 #define SHMIPC__WS_LIMIT_MAX_MESSAGE (1ull << 30)
+/* The largest tx_high_water and tx_limit the server accepts (its public limits). */
+#define SHMIPC__WS_LIMIT_MAX_TX (1ull << 30)
 
 /*
  * The limits of a connection; zero means the default. Shared by every connection of a

@@ -8,6 +8,9 @@
  *     core/common/error.c core/common/log.c core/common/env.c bindings/error.c -o ws_fuzz
  *   ./ws_fuzz CORPUS_DIR   (seeds: the `in` bytes of tests/ws)
  *
+ * or, as the project does, with fuzz/run.sh (target "ws", fuzz/README.md); the C suite
+ * replays fuzz/corpus/ws and fuzz/regressions/ws through it (fuzz_replay_ws).
+ *
  * Input: byte 0 picks the mode (bit 0: small limits, so 1009 paths are reached; bit 1: the
  * application closes first; bit 2: the rest is an HTTP upgrade request instead of frames),
  * bytes 1-2 a split point; the rest is what a client sends. The oracles, beyond the
@@ -115,7 +118,8 @@ static void check_wire(const struct out *w)
     char *copy = malloc(w->n ? w->n : 1);
     if (!copy)
         abort();
-    memcpy(copy, w->p, w->n);
+    if (w->n)
+        memcpy(copy, w->p, w->n);
     struct shmipc__ws_parser p;
     struct shmipc__ws_event ev;
     shmipc__ws_parser_init(&p, SHMIPC__WS_CLIENT, 0);

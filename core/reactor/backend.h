@@ -70,6 +70,15 @@ struct shmipc__conn {
     uint8_t tx_busy;      /* io_uring: a send SQE is in flight */
     uint8_t in_ready;     /* epoll: on the ready list (read budget exhausted) */
     uint8_t rd_hup;       /* epoll: the peer's FIN was signalled; read until 0 */
+    uint8_t rd_paused;    /* shmipc__conn_pause_read(): no on_data/on_end until resumed */
+    uint8_t rx_armed;     /* io_uring: a multishot receive is in the kernel (or the SQ) */
+    uint8_t rx_cancel;    /* io_uring: a cancel of that receive is on its way */
+    uint8_t held_end;     /* io_uring: the input ended while paused; held_status says how */
+    int held_status;
+    /* io_uring: bytes that completed after a pause, delivered first on resume. */
+    char *held;
+    size_t held_len, held_cap;
+    /* epoll: the ready list (read budget exhausted, or resumed); io_uring: the resumed list. */
     struct shmipc__conn *ready_next;
     /* io_uring: the in-flight SENDMSG's header, and its iovecs when short requests are
      * coalesced; stable until the completion. */
@@ -122,6 +131,10 @@ struct shmipc__backend {
     void (*del)(struct shmipc__loop *loop, struct shmipc__io *io);
     /* Hands the conn's send queue to the kernel (now, or at the next wait). */
     void (*send)(struct shmipc__loop *loop, struct shmipc__conn *conn);
+    /* Input of the conn stops (conn->rd_paused was just set) or starts again (just cleared).
+     * Resuming delivers what is waiting from a later turn, never inside the call. */
+    void (*read_pause)(struct shmipc__loop *loop, struct shmipc__conn *conn);
+    void (*read_resume)(struct shmipc__loop *loop, struct shmipc__conn *conn);
     /* Waits up to timeout_ns (-1: no limit) and dispatches at most max_events. Returns the
      * number dispatched or a negative code. */
     int (*poll)(struct shmipc__loop *loop, int64_t timeout_ns);
@@ -181,6 +194,10 @@ int shmipc__reactor_accept_error(struct shmipc__acceptor *l, int err);
 /* Received bytes, the peer's FIN (status 0) or a receive error (negative code). */
 void shmipc__reactor_data(struct shmipc__conn *c, const void *data, size_t len);
 void shmipc__reactor_end(struct shmipc__conn *c, int status);
+/* io_uring: keeps bytes that completed while the conn was paused (SHMIPC_ENOMEM), and hands
+ * them (then a held end of input) to the owner once it is not paused. */
+int shmipc__reactor_hold(struct shmipc__conn *c, const void *data, size_t len);
+void shmipc__reactor_deliver_held(struct shmipc__conn *c);
 
 /* Fills iov with the unsent part of the queue; returns the count and the total in *bytes. */
 int shmipc__reactor_gather(const struct shmipc__conn *c, struct iovec *iov, int max, size_t *bytes);

@@ -280,6 +280,35 @@ int shmipc__conn_shutdown(struct shmipc__conn *c)
     return 0;
 }
 
+int shmipc__conn_pause_read(struct shmipc__conn *c)
+{
+    int rc = check_thread(c->loop, "conn_pause_read");
+    if (rc < 0)
+        return rc;
+    if (c->rd_paused || c->io.closed)
+        return 0;
+    c->rd_paused = 1;
+    c->loop->be->read_pause(c->loop, c);
+    return 0;
+}
+
+int shmipc__conn_resume_read(struct shmipc__conn *c)
+{
+    int rc = check_thread(c->loop, "conn_resume_read");
+    if (rc < 0)
+        return rc;
+    if (!c->rd_paused || c->io.closed)
+        return 0;
+    c->rd_paused = 0;
+    c->loop->be->read_resume(c->loop, c);
+    return 0;
+}
+
+int shmipc__conn_read_paused(const struct shmipc__conn *c)
+{
+    return c->rd_paused;
+}
+
 void shmipc__conn_close(struct shmipc__conn *c)
 {
     struct shmipc__loop *loop = c->loop;
@@ -287,6 +316,9 @@ void shmipc__conn_close(struct shmipc__conn *c)
         return;
     c->io.closed = 1;
     c->rd_done = 1;
+    free(c->held);
+    c->held = NULL;
+    c->held_len = c->held_cap = 0;
     shmipc__reactor_unregister(loop, &c->io);
     /* A send the kernel still holds completes when its cancellation comes back. */
     if (!c->tx_busy)
@@ -301,6 +333,56 @@ void shmipc__reactor_data(struct shmipc__conn *c, const void *data, size_t len)
 {
     if (!c->rd_done)
         c->cbs.on_data(c, data, len);
+}
+
+int shmipc__reactor_hold(struct shmipc__conn *c, const void *data, size_t len)
+{
+    if (c->held_len + len > c->held_cap) {
+        size_t cap = c->held_cap ? c->held_cap : 4096;
+        char *grown;
+        while (cap < c->held_len + len)
+            cap *= 2;
+        grown = realloc(c->held, cap);
+        if (grown == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "reactor: holding %zu bytes of a paused conn",
+                                c->held_len + len);
+        c->held = grown;
+        c->held_cap = cap;
+    }
+    memcpy(c->held + c->held_len, data, len);
+    c->held_len += len;
+    c->loop->stats.held++;
+    return 0;
+}
+
+void shmipc__reactor_deliver_held(struct shmipc__conn *c)
+{
+    char *p = c->held;
+    size_t n = c->held_len, cap = c->held_cap, off = 0;
+    if (n > 0 && !c->rd_done && !c->rd_paused) {
+        /* The bytes leave the conn during the calls (on_data may close it), and go in pieces
+         * of a receive buffer, so that an owner that pauses again gets no more at once than
+         * from a receive. What a new pause leaves is held again. */
+        c->held = NULL;
+        c->held_len = c->held_cap = 0;
+        while (off < n && !c->rd_done && !c->rd_paused) {
+            size_t k = n - off < c->loop->recv_buf_size ? n - off : c->loop->recv_buf_size;
+            c->cbs.on_data(c, p + off, k);
+            off += k;
+        }
+        if (off < n && !c->rd_done) {
+            memmove(p, p + off, n - off);
+            c->held = p;
+            c->held_len = n - off;
+            c->held_cap = cap;
+        } else {
+            free(p);
+        }
+    }
+    if (c->held_end && c->held_len == 0 && !c->rd_paused) {
+        c->held_end = 0;
+        shmipc__reactor_end(c, c->held_status);
+    }
 }
 
 void shmipc__reactor_end(struct shmipc__conn *c, int status)

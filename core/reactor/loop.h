@@ -62,7 +62,9 @@ struct shmipc__loop_stats {
     uint64_t recv_rearm; /**< io_uring multishot receives armed again after the kernel ended them */
     uint64_t enobufs;    /**< io_uring receives that found the provided-buffer ring empty */
     uint64_t send_partial; /**< sends the socket did not take whole at the first try */
-    uint64_t deferred;     /**< epoll conns carried to the next turn by the per-turn read budget */
+    uint64_t deferred;     /**< epoll conns carried to the next turn by the per-turn read budget
+                                (or resumed after a pause) */
+    uint64_t held;         /**< io_uring receives completed after a pause, held for the resume */
 };
 
 /**
@@ -149,7 +151,11 @@ int shmipc__timer_active(const struct shmipc__timer *timer);
 
 /** What a connection reports. Both are required. */
 struct shmipc__conn_cbs {
-    /** Bytes received, len > 0. `data` is valid only during the call (the buffer is reused). */
+    /**
+     * Bytes received, len > 0. `data` is valid only during the call (the buffer is reused). It
+     * is the loop's own memory, so the callee may also write into it (the WebSocket layer
+     * unmasks payloads in place there).
+     */
     void (*on_data)(struct shmipc__conn *conn, const void *data, size_t len);
     /**
      * No more input: 0 for the peer's FIN, a negative code when the connection failed. Called
@@ -194,6 +200,27 @@ int shmipc__conn_send(struct shmipc__conn *conn, const void *buf, size_t len, sh
  */
 int shmipc__conn_sendv(struct shmipc__conn *conn, const struct iovec *iov, int n,
                        shmipc__send_cb cb, void *data);
+
+/**
+ * Stops reading the connection: no on_data and no on_end until shmipc__conn_resume_read().
+ * The socket's receive buffer then fills and TCP flow control stops the peer, which is how an
+ * owner whose output backs up (a peer that sends but does not read) keeps its memory bounded.
+ * Bytes the kernel had already completed are held and delivered first on resume. epoll makes
+ * no system call for either (the registration stays as it is); io_uring cancels the
+ * connection's multishot receive and arms a new one on resume. Idempotent; returns 0, or
+ * SHMIPC_EBUSY from a foreign thread.
+ */
+int shmipc__conn_pause_read(struct shmipc__conn *conn);
+
+/**
+ * Reads again after shmipc__conn_pause_read(). What is waiting (held bytes, the socket's
+ * buffer, an end of input) is delivered from the loop in a later dispatch, never inside this
+ * call. Idempotent; returns 0, or SHMIPC_EBUSY from a foreign thread.
+ */
+int shmipc__conn_resume_read(struct shmipc__conn *conn);
+
+/** 1 while reading is paused, else 0. */
+int shmipc__conn_read_paused(const struct shmipc__conn *conn);
 
 /**
  * Half-close: once everything queued has been sent, shutdown(SHUT_WR) sends a FIN. Input keeps

@@ -68,6 +68,8 @@ struct uring_state {
     size_t bufs_bytes;
     unsigned buf_size;
     unsigned nbufs;
+    /* Conns resumed after a pause, served at the next poll (conn->ready_next). */
+    struct shmipc__conn *resumed_head, *resumed_tail;
 };
 
 static struct uring_state *state(struct shmipc__loop *loop)
@@ -120,6 +122,7 @@ static int arm_recv(struct shmipc__loop *loop, struct shmipc__conn *c)
     sqe->flags |= IOSQE_BUFFER_SELECT;
     sqe->buf_group = BGID;
     io_uring_sqe_set_data64(sqe, ud_io(&c->io, OP_RECV));
+    c->rx_armed = 1;
     return 0;
 }
 
@@ -220,6 +223,16 @@ static void send_done(struct shmipc__loop *loop, struct shmipc__conn *c, int res
     }
 }
 
+/* The receive of a paused conn ended: an end of input waits for the resume, anything
+ * else (the cancel, -ENOBUFS) is re-armed by the resume. */
+static void recv_ended_paused(struct shmipc__conn *c, int res)
+{
+    if (res == 0 || (res < 0 && res != -ECANCELED && res != -ENOBUFS && res != -EINTR)) {
+        c->held_end = 1;
+        c->held_status = res == 0 ? 0 : shmipc__code_from_errno(-res);
+    }
+}
+
 static void recv_done(struct shmipc__loop *loop, struct shmipc__conn *c,
                       const struct io_uring_cqe *cqe)
 {
@@ -227,12 +240,38 @@ static void recv_done(struct shmipc__loop *loop, struct shmipc__conn *c,
     int res = cqe->res;
     if ((cqe->flags & IORING_CQE_F_BUFFER) != 0) {
         unsigned bid = cqe->flags >> IORING_CQE_BUFFER_SHIFT;
-        if (c != NULL && res > 0)
-            shmipc__reactor_data(c, s->bufs + (size_t)bid * s->buf_size, (size_t)res);
+        const unsigned char *data = s->bufs + (size_t)bid * s->buf_size;
+        if (c != NULL && res > 0 && (c->rd_paused || c->held_len > 0) && !c->rd_done) {
+            /* Completed before the cancel took effect (bounded by what the kernel posted
+             * meanwhile), or behind bytes held so: kept in order, and the buffer goes back
+             * to the ring now. */
+            if (shmipc__reactor_hold(c, data, (size_t)res) < 0) {
+                c->held_end = 1;
+                c->held_status = SHMIPC_ENOMEM;
+            }
+        } else if (c != NULL && res > 0) {
+            shmipc__reactor_data(c, data, (size_t)res);
+        }
         recycle(s, bid);
     }
-    if (c == NULL || c->rd_done || (cqe->flags & IORING_CQE_F_MORE) != 0)
+    if (c == NULL || (cqe->flags & IORING_CQE_F_MORE) != 0)
         return;
+    c->rx_armed = 0;
+    c->rx_cancel = 0;
+    if (c->rd_done || c->io.closed)
+        return;
+    if (c->rd_paused || c->held_len > 0) {
+        /* Held bytes go first: the resumed list delivers them, then the end or a new
+         * receive. */
+        recv_ended_paused(c, res);
+        return;
+    }
+    /* Cancelled by a pause that a resume has undone since: receive again. */
+    if (res == -ECANCELED) {
+        if (arm_recv(loop, c) < 0)
+            shmipc__reactor_end(c, SHMIPC_ENOMEM);
+        return;
+    }
     /* The kernel ended the multishot receive without an end of input: it ran out of
      * provided buffers (they are back by the next enter) or stopped for its own reasons. */
     if (res > 0 || res == -ENOBUFS || res == -EINTR) {
@@ -319,13 +358,70 @@ static void handle(struct shmipc__loop *loop, const struct io_uring_cqe *cqe)
     }
 }
 
+static void ur_read_pause(struct shmipc__loop *loop, struct shmipc__conn *c)
+{
+    /* A multishot receive cannot be suspended, only cancelled; what it completes before the
+     * cancel runs is held (recv_done). */
+    if (c->rx_armed && !c->rx_cancel) {
+        cancel(loop, ud_io(&c->io, OP_RECV));
+        c->rx_cancel = 1;
+    }
+}
+
+static void ur_read_resume(struct shmipc__loop *loop, struct shmipc__conn *c)
+{
+    struct uring_state *s = state(loop);
+    /* A receive still armed (its cancel not yet completed) is re-armed by its last
+     * completion; otherwise the resumed list delivers what is held and arms a new one. */
+    if (c->in_ready || (c->rx_armed && c->held_len == 0 && !c->held_end))
+        return;
+    c->in_ready = 1;
+    c->io.refs++;
+    c->ready_next = NULL;
+    if (s->resumed_tail != NULL)
+        s->resumed_tail->ready_next = c;
+    else
+        s->resumed_head = c;
+    s->resumed_tail = c;
+}
+
+static int run_resumed(struct shmipc__loop *loop)
+{
+    struct uring_state *s = state(loop);
+    struct shmipc__conn *c = s->resumed_head;
+    int n = 0;
+    s->resumed_head = s->resumed_tail = NULL;
+    while (c != NULL) {
+        struct shmipc__conn *next = c->ready_next;
+        c->in_ready = 0;
+        shmipc__reactor_unref(&c->io);
+        if (!c->io.closed && !c->rd_paused) {
+            shmipc__reactor_deliver_held(c);
+            if (!c->io.closed && !c->rd_done && !c->rd_paused && !c->rx_armed &&
+                arm_recv(loop, c) < 0)
+                shmipc__reactor_end(c, SHMIPC_ENOMEM);
+            n++;
+        }
+        c = next;
+    }
+    return n;
+}
+
 static int ur_poll(struct shmipc__loop *loop, int64_t timeout_ns)
 {
     struct uring_state *s = state(loop);
     struct __kernel_timespec ts;
     struct io_uring_cqe *cqe;
     int n = 0;
+    int resumed = 0;
     int rc;
+
+    if (s->resumed_head != NULL) {
+        /* Before waiting: a resumed conn's held bytes must not wait for unrelated events,
+         * and its new receive goes out with this enter. */
+        resumed = run_resumed(loop);
+        timeout_ns = 0;
+    }
 
     if (!s->enabled) {
         /* The ring was created disabled so that the thread that runs the loop, not the one
@@ -351,6 +447,9 @@ static int ur_poll(struct shmipc__loop *loop, int64_t timeout_ns)
             io_uring_submit_and_wait_timeout(&s->ring, &cqe, 1, timeout_ns >= 0 ? &ts : NULL, NULL);
         if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN)
             return shmipc__fail_errno(-rc, "io_uring_enter");
+        /* The turn's clock was read before the wait: callbacks start timers from it. */
+        if (timeout_ns != 0)
+            loop->now_ns = shmipc__reactor_clock_ns();
     }
     while (n < (int)loop->max_events && io_uring_peek_cqe(&s->ring, &cqe) == 0) {
         /* Copied and consumed first, so a callback that submits cannot run the CQ over. */
@@ -360,7 +459,7 @@ static int ur_poll(struct shmipc__loop *loop, int64_t timeout_ns)
         n++;
     }
     loop->stats.events += (uint64_t)n;
-    return n;
+    return n + resumed;
 }
 
 static int ur_add(struct shmipc__loop *loop, struct shmipc__io *io, int fresh)
@@ -413,6 +512,8 @@ static void ur_destroy(struct shmipc__loop *loop)
     struct uring_state *s = state(loop);
     if (s == NULL)
         return;
+    for (struct shmipc__conn *c = s->resumed_head; c != NULL; c = c->ready_next)
+        shmipc__reactor_unref(&c->io);
     if (s->ring_ok) {
         io_uring_queue_exit(&s->ring);
         RING_UNMAPPED();
@@ -534,5 +635,7 @@ const struct shmipc__backend shmipc__backend_uring = {
     .add = ur_add,
     .del = ur_del,
     .send = ur_send,
+    .read_pause = ur_read_pause,
+    .read_resume = ur_read_resume,
     .poll = ur_poll,
 };

@@ -153,6 +153,9 @@ static void cb_sink(int level, const char *line)
 }
 
 static int cb_handler(shmipc_http_request *req, shmipc_http_response *res, void *user_data);
+static int cb_ws_open(shmipc_ws *ws, const shmipc_http_request *req, void *user_data);
+static void cb_ws_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data);
+static void cb_ws_close(shmipc_ws *ws, int code, const char *reason, size_t len, void *user_data);
 
 static const struct {
     const char *name;
@@ -164,6 +167,9 @@ static const struct {
     {"destroy", SHMIPC_ABI_KIND_DESTROY_CB, (void (*)(void))cb_destroy},
     {"sink", SHMIPC_ABI_KIND_LOG_SINK, (void (*)(void))cb_sink},
     {"handler", SHMIPC_ABI_KIND_HTTP_HANDLER, (void (*)(void))cb_handler},
+    {"ws_open", SHMIPC_ABI_KIND_WS_OPEN_CB, (void (*)(void))cb_ws_open},
+    {"ws_message", SHMIPC_ABI_KIND_WS_MESSAGE_CB, (void (*)(void))cb_ws_message},
+    {"ws_close", SHMIPC_ABI_KIND_WS_CLOSE_CB, (void (*)(void))cb_ws_close},
 };
 
 /* Constants a script can name: the error codes and these. */
@@ -1184,7 +1190,28 @@ static void config_calls(void **state)
         "shmipc_config_get_server_v4(c, NULL) = 1;"
         "shmipc_config_set_server_v4(c, 1, 8) = SHMIPC_EINVAL;"
         "shmipc_config_set_server_v4(NULL, 1, 0) = SHMIPC_EINVAL;"
-        "shmipc_config_get_server_v4(NULL, &features) = 0");
+        "shmipc_config_get_server_v4(NULL, &features) = 0;"
+
+        /* 384 is 0600, 432 is 0660, 1024 is 02000 (outside 0777). */
+        "shmipc_config_get_socket_mode(c) = 384;"
+        "shmipc_config_set_socket_mode(c, 432) = 0; shmipc_config_get_socket_mode(c) = 432;"
+        "shmipc_config_set_socket_mode(c, 1024) = SHMIPC_EINVAL;"
+        "shmipc_config_set_socket_mode(NULL, 0) = SHMIPC_EINVAL;"
+        "shmipc_config_get_socket_mode(NULL) = 0;"
+
+        /* What a peer may make a session hold: 0 is the default, 65536 the least bytes. */
+        "shmipc_config_get_max_pending_streams(c) = 4096;"
+        "shmipc_config_set_max_pending_streams(c, 8) = 0;"
+        "shmipc_config_get_max_pending_streams(c) = 8;"
+        "shmipc_config_set_max_pending_streams(c, 65537) = SHMIPC_EINVAL;"
+        "shmipc_config_set_max_pending_streams(NULL, 8) = SHMIPC_EINVAL;"
+        "shmipc_config_get_max_pending_streams(NULL) = 0;"
+        "shmipc_config_get_max_fallback_unread(c) = 134217728;"
+        "shmipc_config_set_max_fallback_unread(c, 65536) = 0;"
+        "shmipc_config_get_max_fallback_unread(c) = 65536;"
+        "shmipc_config_set_max_fallback_unread(c, 65535) = SHMIPC_EINVAL;"
+        "shmipc_config_set_max_fallback_unread(NULL, 0) = SHMIPC_EINVAL;"
+        "shmipc_config_get_max_fallback_unread(NULL) = 0");
     interp_finish(&in);
 }
 
@@ -1457,6 +1484,161 @@ static void server_calls(void **state)
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* WebSocket: callbacks that call the connection's functions through the table           */
+/* ------------------------------------------------------------------------------------ */
+
+/* What the WebSocket callbacks saw (they run on the worker thread: no assertions there). */
+static struct {
+    int opened, messages, closes, close_code;
+    char reason[128];
+    char err[768];
+} wsu;
+
+static int ws_script(shmipc_ws *ws, const shmipc_http_request *req, const char *script)
+{
+    struct interp in;
+    memset(&in, 0, sizeof in);
+    struct var *v = var_bind(&in, "ws");
+    v->type = SHMIPC_ABI_HANDLE, v->kind = SHMIPC_ABI_KIND_WS, v->env = 1, v->v.p = ws;
+    if (req != NULL) {
+        v = var_bind(&in, "req");
+        v->type = SHMIPC_ABI_HANDLE, v->kind = SHMIPC_ABI_KIND_HTTP_REQUEST, v->env = 1;
+        v->v.p = (void *)req;
+    }
+    int rc = interp_run(&in, script);
+    if (rc < 0 && wsu.err[0] == '\0')
+        snprintf(wsu.err, sizeof wsu.err, "%s", in.err);
+    in.nvars = 0;
+    return rc;
+}
+
+static int cb_ws_open(shmipc_ws *ws, const shmipc_http_request *req, void *user_data)
+{
+    (void)user_data;
+    wsu.opened++;
+    /* The server prefers chat; the client offers superchat first. */
+    return ws_script(ws, req,
+                     "shmipc_ws_subprotocol(ws) = \"chat\"; shmipc_ws_subprotocol(NULL) = NULL;"
+                     "shmipc_http_request_path(req, &n) = \"/ws\"; n = 3;"
+                     "shmipc_ws_set_data(ws, ud); !shmipc_ws_set_data(NULL, ud)");
+}
+
+static void cb_ws_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data)
+{
+    (void)user_data;
+    wsu.messages++;
+    if (kind != SHMIPC_WS_TEXT || len != 2 || memcmp(data, "hi", 2) != 0 ||
+        shmipc_ws_data(ws) != (void *)&ud)
+        snprintf(wsu.err, sizeof wsu.err, "on_message: kind %d, %zu bytes", kind, len);
+    ws_script(ws, NULL,
+              "shmipc_ws_send(ws, 1, \"echo\", 4) = 0; shmipc_ws_send(ws, 7, \"x\", 1) = "
+              "SHMIPC_EINVAL; shmipc_ws_send(NULL, 1, \"x\", 1) = SHMIPC_EINVAL;"
+              "shmipc_ws_ping(ws, \"p\", 1) = 0; shmipc_ws_ping(NULL, \"p\", 1) = SHMIPC_EINVAL;"
+              "shmipc_ws_close(ws, 1004, NULL) = SHMIPC_EINVAL;"
+              "shmipc_ws_close(NULL, 1000, NULL) = SHMIPC_EINVAL;"
+              "shmipc_ws_close(ws, 1000, \"bye\") = 0; shmipc_ws_close(ws, 1000, NULL) = "
+              "SHMIPC_EPIPE; shmipc_ws_send(ws, 2, \"late\", 4) = SHMIPC_EPIPE");
+}
+
+static void cb_ws_close(shmipc_ws *ws, int code, const char *reason, size_t len, void *user_data)
+{
+    (void)ws;
+    (void)user_data;
+    wsu.closes++;
+    wsu.close_code = code;
+    snprintf(wsu.reason, sizeof wsu.reason, "%.*s", (int)len, reason);
+}
+
+/* Reads exactly n bytes or fails. */
+static void read_full(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        assert_true(r > 0);
+        got += (size_t)r;
+    }
+}
+
+static void ws_calls(void **state)
+{
+    struct interp in;
+    (void)state;
+    interp_init(&in);
+    memset(&ud, 0, sizeof ud);
+    memset(&wsu, 0, sizeof wsu);
+    RUN(&in,
+        "shmipc_server_config_new(&sc) = 0;"
+        "shmipc_server_config_set_port(sc, 0) = 0; shmipc_server_config_set_workers(sc, 1) = 0;"
+        "shmipc_server_config_set_limit(sc, 5, 1048576) = 0;"
+        "shmipc_server_config_set_limit(sc, 5, 2147483648) = SHMIPC_EINVAL;"
+        "shmipc_server_new(sc, &srv) = 0; shmipc_server_config_free(sc);"
+        "shmipc_server_websocket(srv, \"/ws\", \"chat, superchat\", ws_open, ws_message, "
+        "ws_close, ud, destroy) = 0;"
+        "shmipc_server_websocket(srv, \"/ws\", NULL, NULL, ws_message, NULL, NULL, NULL) = "
+        "SHMIPC_EEXIST;"
+        "shmipc_server_websocket(srv, \"/p\", \"no good\", NULL, ws_message, NULL, NULL, NULL) = "
+        "SHMIPC_EINVAL;"
+        "shmipc_server_websocket(srv, \"/x\", NULL, NULL, NULL, NULL, NULL, NULL) = "
+        "SHMIPC_EINVAL;"
+        "shmipc_server_websocket(NULL, \"/x\", NULL, NULL, ws_message, NULL, NULL, NULL) = "
+        "SHMIPC_EINVAL;"
+        "shmipc_server_start(srv) = 0;"
+        "shmipc_server_websocket(srv, \"/y\", NULL, NULL, ws_message, NULL, NULL, NULL) = "
+        "SHMIPC_EBUSY");
+
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port =
+                                 htons((uint16_t)shmipc_server_port(interp_get(&in, "srv")))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    /* The upgrade and a masked text frame "hi" (key 0) in one write. */
+    static const char req[] = "GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n"
+                              "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                              "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                              "Sec-WebSocket-Protocol: superchat, chat\r\n\r\n"
+                              "\x81\x82\0\0\0\0hi";
+    assert_int_equal(write(fd, req, sizeof req - 1), (ssize_t)sizeof req - 1);
+    char head[1024];
+    size_t n = 0;
+    while (n < 4 || memcmp(head + n - 4, "\r\n\r\n", 4) != 0) {
+        assert_true(n < sizeof head);
+        read_full(fd, head + n, 1);
+        n++;
+    }
+    head[n] = '\0';
+    assert_non_null(strstr(head, "HTTP/1.1 101 "));
+    assert_non_null(strstr(head, "Sec-WebSocket-Protocol: chat\r\n"));
+    /* The echo, the ping, the close with 1000 "bye". */
+    static const char want[] = "\x81\x04"
+                               "echo"
+                               "\x89\x01p"
+                               "\x88\x05\x03\xe8"
+                               "bye";
+    char got[sizeof want - 1];
+    read_full(fd, got, sizeof got);
+    assert_memory_equal(got, want, sizeof got);
+    /* The client's close answer ends it: the server closes first. */
+    static const char close_frame[] = "\x88\x82\0\0\0\0\x03\xe8";
+    assert_int_equal(write(fd, close_frame, sizeof close_frame - 1),
+                     (ssize_t)sizeof close_frame - 1);
+    assert_int_equal(read(fd, got, 1), 0);
+    close(fd);
+    RUN(&in, "shmipc_server_stop(srv) = 0; shmipc_server_run(srv) = 0; shmipc_server_free(srv)");
+    if (wsu.err[0] != '\0')
+        fail_msg("websocket callbacks: %s", wsu.err);
+    assert_int_equal(wsu.opened, 1);
+    assert_int_equal(wsu.messages, 1);
+    assert_int_equal(wsu.closes, 1);
+    assert_int_equal(wsu.close_code, 1000);
+    assert_int_equal(ud.destroyed, 1);
+    interp_finish(&in);
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* Closures: a "script" function turned into a C function pointer                       */
 /* ------------------------------------------------------------------------------------ */
 
@@ -1470,6 +1652,9 @@ struct script_fn {
     char last_line[1024];
 };
 
+/* Guards what the trampoline records: a sink may run on several threads at once. */
+static pthread_mutex_t record = PTHREAD_MUTEX_INITIALIZER;
+
 /*
  * The generic handler every closure runs: it decodes its arguments by the callback's
  * descriptor alone, as a binding's trampoline into the script would.
@@ -1479,7 +1664,6 @@ static void script_trampoline(ffi_cif *cif, void *ret, void **args, void *user)
     struct script_fn *f = user;
     (void)cif;
     (void)ret;
-    static pthread_mutex_t record = PTHREAD_MUTEX_INITIALIZER;
     if (__atomic_load_n(&f->retired, __ATOMIC_ACQUIRE))
         __atomic_add_fetch(&f->late_calls, 1, __ATOMIC_RELAXED);
     /* A sink may run on several threads at once. */
@@ -1551,14 +1735,21 @@ static void log_sink_from_a_closure(void **state)
 
     if (shmipc__log_level() >= SHMIPC__LOG_WARN) {
         bad_handshake();
-        assert_true(f.calls >= 1);
-        assert_int_equal(f.last_level, SHMIPC_LOG_WARN);
-        assert_non_null(strstr(f.last_line, "handshake failed"));
+        /* The handshake, and its warning, run on one of the listener's threads. */
+        for (int i = 0; i < 5000 && __atomic_load_n(&f.calls, __ATOMIC_ACQUIRE) < 1; i++)
+            usleep(1000);
+        assert_true(__atomic_load_n(&f.calls, __ATOMIC_ACQUIRE) >= 1);
+        pthread_mutex_lock(&record);
+        int level = f.last_level;
+        int said = strstr(f.last_line, "handshake failed") != NULL;
+        pthread_mutex_unlock(&record);
+        assert_int_equal(level, SHMIPC_LOG_WARN);
+        assert_true(said);
     }
     if (shmipc__log_level() >= SHMIPC__LOG_ERROR) {
-        int before = f.calls;
+        int before = __atomic_load_n(&f.calls, __ATOMIC_ACQUIRE);
         shmipc__log(SHMIPC__LOG_ERROR, "abi test line %d", 42);
-        assert_int_equal(f.calls, before + 1);
+        assert_int_equal(__atomic_load_n(&f.calls, __ATOMIC_ACQUIRE), before + 1);
         assert_int_equal(f.last_level, SHMIPC_LOG_ERROR);
         char want[64];
         snprintf(want, sizeof want, "shmipc[%d] error: abi test line 42", (int)getpid());
@@ -1757,6 +1948,7 @@ int main(void)
         cmocka_unit_test(manager_calls),
         cmocka_unit_test(listener_calls),
         cmocka_unit_test(server_calls),
+        cmocka_unit_test(ws_calls),
         cmocka_unit_test(log_sink_from_a_closure),
         cmocka_unit_test(log_sink_swaps_under_load),
         cmocka_unit_test(serve_from_closures),

@@ -1,15 +1,23 @@
-/* Description: the listener: blocking accept, and serving many clients with callbacks. */
+/*
+ * Description: the listener: blocking accept, serving many clients with callbacks, and
+ * clients that stall their handshake delaying nobody else.
+ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shmipc.h"
@@ -17,8 +25,8 @@
 static char address[128];
 
 /*
- * Handshakes get 10 s: the serving thread runs them one after another, and under a sanitizer
- * on two CPUs four clients at once can take longer than the default second.
+ * Handshakes get 10 s: under a sanitizer on two CPUs four clients at once can take longer
+ * than the default second.
  */
 static shmipc_config *patient_config(void)
 {
@@ -218,6 +226,242 @@ static void accept_timeout(void **state)
     shmipc_listener_close(l);
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* Clients that stall their handshake                                                   */
+/* ------------------------------------------------------------------------------------ */
+
+enum { STALLERS = 20 };
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* A raw client of the abstract socket in `address` ("unix:@name") that sends nothing. */
+static int connect_staller(void)
+{
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    const char *name = address + strlen("unix:@");
+    size_t n = strlen(name);
+    memcpy(un.sun_path + 1, name, n);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&un,
+                (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int count_dir(const char *path)
+{
+    int n = 0;
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Whether the server ended the connection on `fd` within `ms` (it read EOF or a reset). */
+static int sees_end(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    char c;
+    return poll(&p, 1, ms) == 1 && recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+/* The initialize timeout of these tests: a stalled handshake holds its thread this long. */
+#define STALL_TIMEOUT_MS 10000
+
+static shmipc_config *stall_config(void)
+{
+    shmipc_config *cfg;
+    if (shmipc_config_new(&cfg) != 0 ||
+        shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, STALL_TIMEOUT_MS) != 0)
+        return NULL;
+    return cfg;
+}
+
+struct good_client {
+    int rc;
+    shmipc_session *s;
+};
+
+static void *good_client_main(void *arg)
+{
+    struct good_client *g = arg;
+    shmipc_config *cfg = stall_config();
+    g->rc = shmipc_session_connect(address, cfg, &g->s);
+    shmipc_config_free(cfg);
+    return NULL;
+}
+
+/*
+ * Regression: the handshake ran on the accepting thread, so one client that connected and
+ * sent nothing held accept() for the whole initialize timeout. Twenty such clients come
+ * first; a good client must still be accepted well within one timeout (before the fix it
+ * waited for twenty of them, one after another).
+ */
+static void stalling_clients_do_not_delay_accept(void **state)
+{
+    (void)state;
+    int stall[STALLERS];
+    shmipc_listener *l;
+    struct good_client g = {0};
+    pthread_t th;
+    snprintf(address, sizeof address, "unix:@shmipc-test-listener-stall-%d", (int)getpid());
+    shmipc_config *cfg = stall_config();
+    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+    shmipc_config_free(cfg);
+    for (int i = 0; i < STALLERS; i++)
+        assert_true((stall[i] = connect_staller()) >= 0);
+    /* The listener takes the stallers in: their handshakes are now in flight. */
+    shmipc_session *s = NULL;
+    assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_EAGAIN);
+    uint64_t t0 = now_ms();
+    assert_int_equal(pthread_create(&th, NULL, good_client_main, &g), 0);
+    assert_int_equal(shmipc_listener_accept(l, STALL_TIMEOUT_MS * 3, &s), 0);
+    uint64_t waited = now_ms() - t0;
+    pthread_join(th, NULL);
+    assert_int_equal(g.rc, 0);
+    assert_in_range(waited, 0, STALL_TIMEOUT_MS / 2);
+    /* A stream over the new session works while the stallers still hold their handshakes. */
+    shmipc_stream *cst, *sst;
+    const void *p;
+    assert_int_equal(shmipc_session_open_stream(g.s, &cst), 0);
+    assert_int_equal(shmipc_stream_write(cst, "ping", 4), 0);
+    assert_int_equal(shmipc_stream_flush(cst), 0);
+    assert_int_equal(shmipc_session_accept_stream(s, 5000, &sst), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(sst, 4, &p, 0), 0);
+    assert_memory_equal(p, "ping", 4);
+    shmipc_stream_release(sst);
+    shmipc_stream_close(sst);
+    shmipc_stream_close(cst);
+    shmipc_session_close(g.s);
+    shmipc_session_close(s);
+
+    /* The same through fileno(): readable once a handshake is done, then accept(0) works. */
+    assert_int_equal(pthread_create(&th, NULL, good_client_main, &g), 0);
+    t0 = now_ms();
+    int rc = SHMIPC_EAGAIN;
+    while (rc == SHMIPC_EAGAIN && now_ms() - t0 < STALL_TIMEOUT_MS / 2) {
+        struct pollfd pf = {.fd = shmipc_listener_fileno(l), .events = POLLIN};
+        assert_true(poll(&pf, 1, 1000) >= 0);
+        rc = shmipc_listener_accept(l, 0, &s);
+    }
+    pthread_join(th, NULL);
+    assert_int_equal(rc, 0);
+    assert_int_equal(g.rc, 0);
+    shmipc_session_close(g.s);
+    shmipc_session_close(s);
+    for (int i = 0; i < STALLERS; i++)
+        close(stall[i]);
+    shmipc_listener_close(l);
+}
+
+/* The same for serve(): its thread runs every session, so a stall would stall them all. */
+static void stalling_clients_do_not_delay_serve(void **state)
+{
+    (void)state;
+    int stall[STALLERS];
+    struct server_state ss = {0};
+    struct serve_run r = {.ss = &ss};
+    pthread_t server;
+    snprintf(address, sizeof address, "unix:@shmipc-test-listener-stall-serve-%d", (int)getpid());
+    shmipc_config *cfg = stall_config();
+    assert_int_equal(shmipc_listener_new(address, cfg, &r.l), 0);
+    ss.l = r.l;
+    assert_int_equal(pthread_create(&server, NULL, serve_main, &r), 0);
+    for (int i = 0; i < STALLERS; i++)
+        assert_true((stall[i] = connect_staller()) >= 0);
+    usleep(50000);
+    uint64_t t0 = now_ms();
+    shmipc_session *s;
+    shmipc_stream *st;
+    const void *p;
+    assert_int_equal(shmipc_session_connect(address, cfg, &s), 0);
+    shmipc_config_free(cfg);
+    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
+    assert_int_equal(shmipc_stream_write(st, "echo-me!", 8), 0);
+    assert_int_equal(shmipc_stream_flush(st), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(st, 8, &p, 0), 0);
+    assert_memory_equal(p, "echo-me!", 8);
+    shmipc_stream_release(st);
+    uint64_t waited = now_ms() - t0;
+    assert_in_range(waited, 0, STALL_TIMEOUT_MS / 2);
+    shmipc_stream_close(st);
+    shmipc_session_close(s);
+    assert_int_equal(shmipc_listener_stop(r.l), 0);
+    pthread_join(server, NULL);
+    assert_int_equal(r.rc, 0);
+    assert_int_equal(ss.messages, 1);
+    for (int i = 0; i < STALLERS; i++)
+        close(stall[i]);
+    shmipc_listener_close(r.l);
+}
+
+/*
+ * Closing a listener with handshakes in flight ends them at once (the stallers see their
+ * connection end long before the timeout) and leaves no fd and no thread behind.
+ */
+static void close_with_handshakes_in_flight_leaks_nothing(void **state)
+{
+    (void)state;
+    int stall[STALLERS];
+    shmipc_listener *l;
+    shmipc_session *s;
+    snprintf(address, sizeof address, "unix:@shmipc-test-listener-close-%d", (int)getpid());
+    int fds = count_dir("/proc/self/fd"), threads = count_dir("/proc/self/task");
+    shmipc_config *cfg = stall_config();
+    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+    shmipc_config_free(cfg);
+    for (int i = 0; i < STALLERS; i++)
+        assert_true((stall[i] = connect_staller()) >= 0);
+    assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_EAGAIN);
+    assert_true(count_dir("/proc/self/task") > threads);
+    uint64_t t0 = now_ms();
+    shmipc_listener_close(l);
+    assert_in_range(now_ms() - t0, 0, STALL_TIMEOUT_MS / 2);
+    for (int i = 0; i < STALLERS; i++) {
+        assert_true(sees_end(stall[i], 0));
+        close(stall[i]);
+    }
+    assert_int_equal(count_dir("/proc/self/fd"), fds);
+    assert_int_equal(count_dir("/proc/self/task"), threads);
+}
+
+/* Beyond 64 handshakes in flight, a new client is disconnected at once. */
+static void handshakes_in_flight_are_bounded(void **state)
+{
+    (void)state;
+    enum { MAX = 64, EXTRA = 6 };
+    int stall[MAX + EXTRA];
+    shmipc_listener *l;
+    shmipc_session *s;
+    snprintf(address, sizeof address, "unix:@shmipc-test-listener-cap-%d", (int)getpid());
+    shmipc_config *cfg = stall_config();
+    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+    shmipc_config_free(cfg);
+    for (int i = 0; i < MAX + EXTRA; i++)
+        assert_true((stall[i] = connect_staller()) >= 0);
+    assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_EAGAIN);
+    /* Accepted in order: the first 64 wait in their handshakes, the rest are gone. */
+    for (int i = 0; i < MAX; i++)
+        assert_false(sees_end(stall[i], 0));
+    for (int i = MAX; i < MAX + EXTRA; i++)
+        assert_true(sees_end(stall[i], 0));
+    for (int i = 0; i < MAX + EXTRA; i++)
+        close(stall[i]);
+    shmipc_listener_close(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -225,6 +469,10 @@ int main(void)
         cmocka_unit_test(stop_from_another_thread),
         cmocka_unit_test(socket_file_mode_and_stale_replacement),
         cmocka_unit_test(accept_timeout),
+        cmocka_unit_test(stalling_clients_do_not_delay_accept),
+        cmocka_unit_test(stalling_clients_do_not_delay_serve),
+        cmocka_unit_test(close_with_handshakes_in_flight_leaks_nothing),
+        cmocka_unit_test(handshakes_in_flight_are_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -77,6 +77,40 @@ static void rx_knob(void **state)
     assert_int_equal(unsetenv("SHMIPC_RX_EPOLL"), 0);
 }
 
+/* Pausing and resuming reads makes no epoll_ctl: the registration stays as it is. */
+static void pause_resume_without_epoll_ctl(void **state)
+{
+    struct shmipc__loop_opts o = suite_opts;
+    struct shmipc__loop *loop;
+    struct shmipc__acceptor *acc;
+    struct shmipc__loop_stats before, end;
+    struct srv s;
+    size_t at = 0;
+    int port, fd;
+    (void)state;
+
+    o.rx_epoll = SHMIPC__RX_PERSISTENT;
+    loop = new_loop_with(&o);
+    srv_init(&s, loop, SRV_SINK);
+    s.check_pattern = 1;
+    port = srv_listen(&s, &acc);
+    fd = connect_to(port, 0);
+    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    shmipc__loop_stats(loop, &before);
+    for (int i = 0; i < 100; i++) {
+        s.pause_on_data = 1;
+        write_pattern(fd, &at, at + 1000);
+        PUMP_UNTIL(loop, shmipc__conn_read_paused(s.last));
+        assert_int_equal(shmipc__conn_resume_read(s.last), 0);
+        PUMP_UNTIL(loop, atomic_load(&s.received) == at);
+    }
+    shmipc__loop_stats(loop, &end);
+    assert_int_equal(end.epoll_ctl - before.epoll_ctl, 0);
+    assert_int_equal(atomic_load(&s.bad_byte), 0);
+    close(fd);
+    shmipc__loop_free(loop);
+}
+
 /* An argument runs only the tests whose names match it (cmocka's filter, * allowed). */
 int main(int argc, char **argv)
 {
@@ -85,6 +119,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(epoll_ctl_once_per_connection),
         cmocka_unit_test(oneshot_rearms_per_request),
         cmocka_unit_test(rx_knob),
+        cmocka_unit_test(pause_resume_without_epoll_ctl),
     };
     const struct CMUnitTest oneshot_tests[] = {SUITE_TESTS};
     int failed;

@@ -181,6 +181,9 @@ struct srv {
     unsigned char *big;
     struct shmipc__conn *last;
     int close_on_end;
+    int pause_on_data;      /* the first on_data pauses reading */
+    int check_pattern;      /* byte i of the stream must be i % 251 */
+    atomic_size_t bad_byte; /* 1 + the offset of the first byte out of order; 0: none */
 };
 
 static void srv_sent(struct shmipc__conn *c, int status, void *data)
@@ -216,7 +219,17 @@ static void srv_on_data(struct shmipc__conn *c, const void *data, size_t len)
     s->kept_len += keep;
     if (len > s->max_chunk)
         s->max_chunk = len;
+    if (s->check_pattern) {
+        size_t at = atomic_load(&s->received);
+        for (size_t i = 0; i < len && atomic_load(&s->bad_byte) == 0; i++)
+            if (((const unsigned char *)data)[i] != (unsigned char)((at + i) % 251))
+                atomic_store(&s->bad_byte, at + i + 1);
+    }
     atomic_fetch_add(&s->received, len);
+    if (s->pause_on_data) {
+        s->pause_on_data = 0;
+        assert_int_equal(shmipc__conn_pause_read(c), 0);
+    }
     switch (s->mode) {
     case SRV_ECHO:
     case SRV_BIG_FIRST: {
@@ -814,12 +827,217 @@ static void foreign_thread_refused(void **state)
     shmipc__loop_free(loop);
 }
 
+/* Writes the pattern (byte i is i % 251) from offset *at until the socket would block, or
+ * `limit` bytes in all. Returns how many bytes this call wrote. */
+static size_t write_pattern(int fd, size_t *at, size_t limit)
+{
+    unsigned char buf[16384];
+    size_t wrote = 0;
+    int fl = fcntl(fd, F_GETFL);
+    assert_int_equal(fcntl(fd, F_SETFL, fl | O_NONBLOCK), 0);
+    while (*at < limit) {
+        size_t n = limit - *at < sizeof buf ? limit - *at : sizeof buf;
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (unsigned char)((*at + i) % 251);
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            assert_int_equal(errno, EAGAIN);
+            break;
+        }
+        *at += (size_t)w;
+        wrote += (size_t)w;
+    }
+    assert_int_equal(fcntl(fd, F_SETFL, fl), 0);
+    return wrote;
+}
+
+/* Runs the loop for about `ms` milliseconds. */
+static void pump_for(struct shmipc__loop *loop, int ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)ms;
+    while (mono_ms() < end)
+        assert_true(shmipc__loop_run_once(loop, 5) >= 0);
+}
+
+/*
+ * A paused connection gets no on_data: its socket buffers fill and the peer's writes block
+ * (TCP flow control, the point of pausing). Resuming delivers everything, in order, and the
+ * FIN that came while paused only after it.
+ */
+static void pause_read_stops_the_peer(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__acceptor *acc;
+    struct srv s;
+    size_t at = 0, limit = 64u << 20;
+    int port, fd;
+    (void)state;
+
+    srv_init(&s, loop, SRV_SINK);
+    s.check_pattern = 1;
+    port = srv_listen(&s, &acc);
+    fd = connect_to(port, 0);
+    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    assert_int_equal(shmipc__conn_pause_read(s.last), 0);
+    assert_int_equal(shmipc__conn_pause_read(s.last), 0); /* idempotent */
+    assert_int_equal(shmipc__conn_read_paused(s.last), 1);
+    pump_for(loop, 20);
+    /* Until the socket would block: both kernel buffers full, nothing read by the server
+     * (bytes completed before the pause took effect are held, not delivered). */
+    for (int round = 0; round < 50; round++) {
+        write_pattern(fd, &at, limit);
+        pump_for(loop, 10);
+        if (write_pattern(fd, &at, limit) == 0)
+            break;
+    }
+    assert_true(at < limit);
+    assert_int_equal(atomic_load(&s.received), 0);
+    print_message("%s: a paused connection stopped its peer after %zu bytes\n", suite_backend(),
+                  at);
+    shutdown(fd, SHUT_WR);
+    pump_for(loop, 20);
+    assert_int_equal(atomic_load(&s.ended), 0);
+    assert_int_equal(shmipc__conn_resume_read(s.last), 0);
+    assert_int_equal(shmipc__conn_resume_read(s.last), 0);
+    assert_int_equal(shmipc__conn_read_paused(s.last), 0);
+    assert_int_equal(atomic_load(&s.received), 0); /* delivered from the loop, not the call */
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
+    assert_int_equal(atomic_load(&s.received), at);
+    assert_int_equal(atomic_load(&s.bad_byte), 0);
+    assert_int_equal(atomic_load(&s.end_status), 0);
+    close(fd);
+    shmipc__loop_free(loop);
+}
+
+/* Pausing from on_data, with more input on its way, many times over: no byte is lost,
+ * duplicated or reordered, and the loop does not spin while paused. */
+static void pause_from_on_data(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__acceptor *acc;
+    struct srv s;
+    size_t at = 0, limit = 4u << 20;
+    int port, fd, pauses = 0;
+    (void)state;
+
+    srv_init(&s, loop, SRV_SINK);
+    s.check_pattern = 1;
+    port = srv_listen(&s, &acc);
+    fd = connect_to(port, 0);
+    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    while (at < limit) {
+        struct shmipc__loop_stats a, b;
+        size_t before = atomic_load(&s.received);
+        /* 64 KiB a round: several receives' worth, so more completes behind the pause. */
+        s.pause_on_data = 1;
+        write_pattern(fd, &at, at + (64u << 10) < limit ? at + (64u << 10) : limit);
+        PUMP_UNTIL(loop, shmipc__conn_read_paused(s.last));
+        pauses++;
+        assert_true(atomic_load(&s.received) > before);
+        shmipc__loop_stats(loop, &a);
+        pump_for(loop, 5);
+        shmipc__loop_stats(loop, &b);
+        /* Paused: the conn does not come back turn after turn. */
+        assert_true(b.events - a.events <= 2);
+        /* Every other round the first delivery after the resume pauses again, in the middle
+         * of what was held (io_uring) or of the socket's bytes (epoll). */
+        s.pause_on_data = pauses % 2;
+        assert_int_equal(shmipc__conn_resume_read(s.last), 0);
+        uint64_t round_end = mono_ms() + 5000;
+        while (atomic_load(&s.received) < at) {
+            assert_true(mono_ms() < round_end);
+            if (shmipc__conn_read_paused(s.last))
+                assert_int_equal(shmipc__conn_resume_read(s.last), 0);
+            assert_true(shmipc__loop_run_once(loop, 10) >= 0);
+        }
+        s.pause_on_data = 0;
+        assert_int_equal(atomic_load(&s.bad_byte), 0);
+    }
+    assert_int_equal(atomic_load(&s.received), limit);
+    assert_int_equal(atomic_load(&s.bad_byte), 0);
+    struct shmipc__loop_stats st;
+    shmipc__loop_stats(loop, &st);
+    print_message("%s: %d pauses over %zu bytes, %llu receives held\n", suite_backend(), pauses,
+                  limit, (unsigned long long)st.held);
+    close(fd);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
+    shmipc__loop_free(loop);
+}
+
+/* A timer started by a callback after a long wait runs its whole time from then. */
+struct late {
+    struct shmipc__timer t;
+    uint64_t data_ms;
+    atomic_ullong fired_ms;
+};
+
+static struct late late_state;
+
+static void late_fire(struct shmipc__timer *t)
+{
+    (void)t;
+    atomic_store(&late_state.fired_ms, mono_ms());
+}
+
+static void late_on_data(struct shmipc__conn *c, const void *data, size_t len)
+{
+    (void)c;
+    (void)data;
+    (void)len;
+    if (late_state.data_ms == 0) {
+        late_state.data_ms = mono_ms();
+        assert_int_equal(shmipc__timer_start(&late_state.t, 200), 0);
+    }
+}
+
+static void late_on_end(struct shmipc__conn *c, int status)
+{
+    (void)status;
+    shmipc__conn_close(c);
+}
+
+static const struct shmipc__conn_cbs late_cbs = {late_on_data, late_on_end};
+
+static void *late_writer(void *arg)
+{
+    usleep(400000);
+    write_all((int)(intptr_t)arg, "x", 1);
+    return NULL;
+}
+
+static void timer_from_callback_after_long_wait(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__conn *c;
+    pthread_t t;
+    int sp[2];
+    (void)state;
+
+    memset(&late_state, 0, sizeof late_state);
+    shmipc__timer_init(loop, &late_state.t, late_fire, NULL);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+    assert_int_equal(shmipc__conn_open(loop, sp[0], &late_cbs, NULL, &c), 0);
+    assert_int_equal(pthread_create(&t, NULL, late_writer, (void *)(intptr_t)sp[1]), 0);
+    /* No timer is armed: the turn waits (400 ms) without a timeout, then reads the byte. */
+    while (atomic_load(&late_state.fired_ms) == 0)
+        assert_true(shmipc__loop_run_once(loop, late_state.data_ms ? 1000 : -1) >= 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true(atomic_load(&late_state.fired_ms) - late_state.data_ms >= 190);
+    close(sp[1]);
+    PUMP_UNTIL(loop, shmipc__loop_handles(loop) == 0);
+    shmipc__loop_free(loop);
+}
+
 #define SUITE_TESTS                                                                                \
     cmocka_unit_test(echo), cmocka_unit_test(keepalive_200),                                       \
         cmocka_unit_test(small_receive_buffer), cmocka_unit_test(fd_reuse_generation),             \
         cmocka_unit_test(half_close_sends_fin), cmocka_unit_test(end_of_input),                    \
         cmocka_unit_test(close_fails_queued_sends), cmocka_unit_test(large_sendv_slow_reader),     \
         cmocka_unit_test(many_connections), cmocka_unit_test(foreign_thread_refused),              \
-        cmocka_unit_test(budget_bounds_a_turn), cmocka_unit_test(sendv_many_buffers)
+        cmocka_unit_test(budget_bounds_a_turn), cmocka_unit_test(sendv_many_buffers),              \
+        cmocka_unit_test(pause_read_stops_the_peer), cmocka_unit_test(pause_from_on_data),         \
+        cmocka_unit_test(timer_from_callback_after_long_wait)
 
 #endif

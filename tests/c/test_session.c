@@ -766,6 +766,136 @@ static void stream_object_stays_small(void **state)
     assert_int_equal(sizeof(struct shmipc_stream), 104);
 }
 
+/* ---- What a peer can make us hold on the heap is capped (max_pending_streams, max_fallback_unread) ---- */
+
+/* Opens `n` streams on the client and sends a byte on each, so that the server sees them. */
+static void open_streams(shmipc_session *c, shmipc_stream **st, int n)
+{
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(shmipc_session_open_stream(c, &st[i]), 0);
+        send_text(st[i], "x");
+    }
+}
+
+static void pending_streams_are_capped(void **state)
+{
+    (void)state;
+    enum { MAX = 8 };
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    shmipc_stream *cs[2 * MAX + 1], *ss[MAX + 1];
+    assert_int_equal(shmipc_config_get_max_pending_streams(cfg), 4096);
+    assert_int_equal(shmipc_config_set_max_pending_streams(cfg, SHMIPC_MAX_STREAM_NUM + 1),
+                     SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_set_max_pending_streams(cfg, MAX), 0);
+    assert_int_equal(shmipc_config_get_max_pending_streams(cfg), MAX);
+    pair_open(&p, cfg);
+    /* The cap is on streams not yet accepted: accepting makes room again. */
+    open_streams(p.client, cs, MAX);
+    for (int i = 0; i < MAX; i++)
+        assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss[i]), 0);
+    /* MAX + 1 streams wait in the queue before the server looks: the last one ends it. */
+    open_streams(p.client, cs + MAX, MAX + 1);
+    int rc, accepted = 0;
+    while ((rc = shmipc_session_accept_stream(p.server, 5000, &ss[MAX])) == 0) {
+        shmipc_stream_close(ss[MAX]);
+        accepted++;
+    }
+    assert_int_equal(rc, SHMIPC_EPROTO);
+    if (strstr(shmipc_error_detail(), "max_pending_streams is 8") == NULL)
+        fail_msg("detail \"%s\" lacks max_pending_streams", shmipc_error_detail());
+    /* The session ended while they waited: they are not handed out any more. */
+    assert_int_equal(accepted, 0);
+    assert_int_equal(shmipc_session_status(p.server), SHMIPC_EPROTO);
+    for (int i = 0; i < MAX; i++)
+        shmipc_stream_close(ss[i]);
+    for (int i = 0; i < 2 * MAX + 1; i++)
+        shmipc_stream_close(cs[i]);
+    pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/* Sends `n` bytes of FallbackData for stream `id` over the client's socket, as a peer would. */
+static void send_fallback_bytes(struct pair *p, uint32_t id, uint32_t n)
+{
+    uint8_t head[SHMIPC__FALLBACK_HEADER_SIZE];
+    uint8_t *body = malloc(n);
+    assert_non_null(body);
+    memset(body, 'f', n);
+    shmipc__encode_fallback_head(head, p->client->wire, id, 0, n);
+    assert_int_equal(write(p->client->fd, head, sizeof head), sizeof head);
+    for (uint32_t off = 0; off < n;) {
+        ssize_t w = write(p->client->fd, body + off, n - off);
+        assert_true(w > 0);
+        off += (uint32_t)w;
+    }
+    free(body);
+}
+
+static void fallback_bytes_held_are_capped(void **state)
+{
+    (void)state;
+    enum { MAX = 65536, PART = 40000 };
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct pair p;
+    shmipc_stream *ss;
+    const void *data;
+    assert_int_equal(shmipc_config_get_max_fallback_unread(cfg), 128u << 20);
+    assert_int_equal(shmipc_config_set_max_fallback_unread(cfg, MAX - 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_set_max_fallback_unread(cfg, (1ull << 40) + 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_set_max_fallback_unread(cfg, MAX), 0);
+    assert_int_equal(shmipc_config_get_max_fallback_unread(cfg), MAX);
+    pair_open(&p, cfg);
+    /* Read and released data leaves the budget: three parts in turn pass. */
+    send_fallback_bytes(&p, 2, PART);
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    for (int i = 0; i < 3; i++) {
+        if (i > 0)
+            send_fallback_bytes(&p, 2, PART);
+        assert_int_equal(shmipc_stream_read_exact_bytes(ss, PART, &data, 0), 0);
+        assert_int_equal(((const uint8_t *)data)[PART - 1], 'f');
+        assert_int_equal(shmipc_stream_release(ss), 0);
+    }
+    /* Two parts left unread are more than the session holds: it ends, naming the limit. */
+    send_fallback_bytes(&p, 2, PART);
+    send_fallback_bytes(&p, 2, PART);
+    int rc = shmipc_stream_read_exact_bytes(ss, 2 * PART, &data, 0);
+    assert_int_equal(rc, SHMIPC_EPROTO);
+    if (strstr(shmipc_error_detail(), "max_fallback_unread (65536 bytes)") == NULL)
+        fail_msg("detail \"%s\" lacks max_fallback_unread", shmipc_error_detail());
+    assert_int_equal(shmipc_session_status(p.server), SHMIPC_EPROTO);
+    shmipc_stream_close(ss);
+    pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/*
+ * The same slice sent again and again would be a chunk on our heap each time, until read: the
+ * walker's mark (kept while we hold the slice) refuses the second one, so what a peer can make
+ * us hold in slices is bounded by its buffer.
+ */
+static void corrupt_slice_resent(struct pair *p)
+{
+    struct shmipc__slice a;
+    struct shmipc__buffer *bm = &p->client->bm;
+    uint8_t polling[8];
+    assert_int_equal(shmipc__buffer_alloc(bm, 100, &a), 0);
+    assert_int_equal(shmipc__buffer_slice_set(bm, &a, 0, 10), 0);
+    for (uint32_t i = 0; i <= p->server->bm.total_slices; i++)
+        assert_int_equal(
+            shmipc__queue_put(&p->client->qp.send, &(struct shmipc__queue_elem){2, a.offset, 0}),
+            0);
+    shmipc__queue_mark_working(&p->client->qp.send);
+    shmipc__encode_simple(polling, p->client->version, SHMIPC__MSG_POLLING);
+    assert_int_equal(write(p->client->fd, polling, 8), 8);
+}
+
+static void hostile_slice_resent(void **state)
+{
+    (void)state;
+    expect_server_ends(corrupt_slice_resent, SHMIPC_EPROTO, "a slice in two chains");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -790,6 +920,9 @@ int main(void)
         cmocka_unit_test(hostile_socket_messages),
         cmocka_unit_test(killed_peer_fails_reads_promptly),
         cmocka_unit_test(stream_object_stays_small),
+        cmocka_unit_test(pending_streams_are_capped),
+        cmocka_unit_test(fallback_bytes_held_are_capped),
+        cmocka_unit_test(hostile_slice_resent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,449 @@
+/*
+ * Description: permissions and the peer-uid allow-list: the socket file and /dev/shm files are
+ * created 0600 (whatever the umask), the socket mode can be configured, and SO_PEERCRED
+ * checks refuse an unlisted peer in both roles without leaking an fd or a mapping.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shmipc.h"
+
+static char address[128];
+static char abstract[128];
+
+/* Diagnostic lines, kept so a test can check what a refusing listener logged. */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char log_text[8192];
+
+static void log_sink(int level, const char *line)
+{
+    (void)level;
+    pthread_mutex_lock(&log_mu);
+    size_t n = strlen(log_text);
+    snprintf(log_text + n, sizeof log_text - n, "%s\n", line);
+    pthread_mutex_unlock(&log_mu);
+}
+
+static int log_contains(const char *needle)
+{
+    pthread_mutex_lock(&log_mu);
+    int found = strstr(log_text, needle) != NULL;
+    pthread_mutex_unlock(&log_mu);
+    return found;
+}
+
+static void log_clear(void)
+{
+    pthread_mutex_lock(&log_mu);
+    log_text[0] = '\0';
+    pthread_mutex_unlock(&log_mu);
+}
+
+static int count_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    if (d != NULL)
+        closedir(d);
+    return n - 1; /* the directory's own fd */
+}
+
+/* Lines of /proc/self/maps that map shared memory (memfd or /dev/shm). */
+static int count_shm_maps(void)
+{
+    char line[512];
+    int n = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        n += strstr(line, "/memfd:") != NULL || strstr(line, "/dev/shm/") != NULL;
+    if (f != NULL)
+        fclose(f);
+    return n;
+}
+
+static shmipc_config *config_with_uids(const uint32_t *uids, size_t n)
+{
+    shmipc_config *cfg;
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, 5000), 0);
+    assert_int_equal(shmipc_config_set_peer_uids(cfg, uids, n), 0);
+    return cfg;
+}
+
+static void test_config_peer_uids(void **state)
+{
+    (void)state;
+    shmipc_config *cfg, *copy;
+    uint32_t uids[SHMIPC_MAX_PEER_UIDS + 1], out[4];
+    for (uint32_t i = 0; i <= SHMIPC_MAX_PEER_UIDS; i++)
+        uids[i] = 1000 + i;
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_get_peer_uids(cfg, NULL, 0), 0);
+    assert_int_equal(shmipc_config_set_peer_uids(cfg, uids, 3), 0);
+    assert_int_equal(shmipc_config_get_peer_uids(cfg, out, 2), 3);
+    assert_int_equal(out[0], 1000);
+    assert_int_equal(out[1], 1001);
+    assert_int_equal(shmipc_config_clone(cfg, &copy), 0);
+    assert_int_equal(shmipc_config_get_peer_uids(copy, out, 4), 3);
+    assert_int_equal(out[2], 1002);
+    shmipc_config_free(copy);
+
+    /* Refused values name the field and leave the list as it was. */
+    assert_int_equal(shmipc_config_set_peer_uids(cfg, uids, SHMIPC_MAX_PEER_UIDS + 1),
+                     SHMIPC_EINVAL);
+    assert_non_null(strstr(shmipc_error_detail(), "peer_uids"));
+    assert_int_equal(shmipc_config_set_peer_uids(cfg, NULL, 1), SHMIPC_EINVAL);
+    uids[0] = UINT32_MAX;
+    assert_int_equal(shmipc_config_set_peer_uids(cfg, uids, 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_get_peer_uids(cfg, NULL, 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_get_peer_uids(NULL, NULL, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_get_peer_uids(cfg, NULL, 0), 3);
+    assert_int_equal(shmipc_config_set_peer_uids(cfg, uids + 1, SHMIPC_MAX_PEER_UIDS), 0);
+    assert_int_equal(shmipc_config_get_peer_uids(cfg, NULL, 0), SHMIPC_MAX_PEER_UIDS);
+    assert_int_equal(shmipc_config_set_peer_uids(cfg, NULL, 0), 0);
+    assert_int_equal(shmipc_config_get_peer_uids(cfg, NULL, 0), 0);
+
+    assert_int_equal(shmipc_config_get_socket_mode(cfg), 0600);
+    assert_int_equal(shmipc_config_set_socket_mode(cfg, 01777), SHMIPC_EINVAL);
+    assert_non_null(strstr(shmipc_error_detail(), "socket_mode"));
+    assert_int_equal(shmipc_config_set_socket_mode(cfg, 0660), 0);
+    assert_int_equal(shmipc_config_get_socket_mode(cfg), 0660);
+    assert_int_equal(shmipc_config_set_socket_mode(cfg, 0), 0);
+    assert_int_equal(shmipc_config_get_socket_mode(cfg), 0600);
+    shmipc_config_free(cfg);
+}
+
+/* A client on its own thread: connects with `cfg`, sends one message and reads the echo. */
+struct client_run {
+    const char *address;
+    const shmipc_config *cfg;
+    int rc;
+    char detail[256];
+};
+
+static void *client_main(void *arg)
+{
+    struct client_run *r = arg;
+    shmipc_session *s;
+    shmipc_stream *st;
+    const void *p;
+    r->rc = shmipc_session_connect(r->address, r->cfg, &s);
+    snprintf(r->detail, sizeof r->detail, "%s", shmipc_error_detail());
+    if (r->rc < 0)
+        return NULL;
+    if ((r->rc = shmipc_session_open_stream(s, &st)) == 0) {
+        if ((r->rc = shmipc_stream_write(st, "hello!!!", 8)) == 0 &&
+            (r->rc = shmipc_stream_flush(st)) == 0 &&
+            (r->rc = shmipc_stream_read_exact_bytes(st, 8, &p, 0)) == 0)
+            r->rc = memcmp(p, "hello!!!", 8) == 0 ? 0 : SHMIPC_EPROTO;
+        shmipc_stream_close(st);
+    }
+    shmipc_session_close(s);
+    return NULL;
+}
+
+/* Accepts one client on `l` and echoes its one message. */
+static int serve_one(shmipc_listener *l, int timeout_ms)
+{
+    shmipc_session *s;
+    shmipc_stream *st;
+    const void *p;
+    int rc = shmipc_listener_accept(l, timeout_ms, &s);
+    if (rc < 0)
+        return rc;
+    if ((rc = shmipc_session_accept_stream(s, 5000, &st)) == 0) {
+        if ((rc = shmipc_stream_read_exact_bytes(st, 8, &p, 0)) == 0 &&
+            (rc = shmipc_stream_write(st, p, 8)) == 0)
+            rc = shmipc_stream_flush(st);
+        shmipc_stream_release(st);
+        /* Wait for the client to hang up, so its read of the echo is not cut short. */
+        (void)shmipc_stream_read_exact_bytes(st, 1, &p, 0);
+        shmipc_stream_close(st);
+    }
+    shmipc_session_close(s);
+    return rc;
+}
+
+static void test_listed_peers_talk(void **state)
+{
+    (void)state;
+    uint32_t uids[] = {getuid() + 1, getuid()};
+    shmipc_config *scfg = config_with_uids(uids, 2), *ccfg = config_with_uids(uids + 1, 1);
+    shmipc_listener *l;
+    pthread_t t;
+    assert_int_equal(shmipc_listener_new(address, scfg, &l), 0);
+    struct client_run r = {.address = address, .cfg = ccfg};
+    assert_int_equal(pthread_create(&t, NULL, client_main, &r), 0);
+    assert_int_equal(serve_one(l, 5000), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(r.rc, 0);
+    shmipc_listener_close(l);
+    shmipc_config_free(scfg);
+    shmipc_config_free(ccfg);
+}
+
+/* A listener whose list lacks our uid drops the client before reading a byte of it. */
+static void test_listener_refuses_unlisted_client(void **state)
+{
+    (void)state;
+    uint32_t other = getuid() + 1;
+    shmipc_config *scfg = config_with_uids(&other, 1);
+    shmipc_listener *l;
+    pthread_t t;
+    char want[64];
+    int fds = count_fds(), maps = count_shm_maps();
+    assert_int_equal(shmipc_listener_new(address, scfg, &l), 0);
+    log_clear();
+    struct client_run r = {.address = address, .cfg = NULL};
+    assert_int_equal(pthread_create(&t, NULL, client_main, &r), 0);
+    assert_int_equal(shmipc_listener_accept(l, 1000, &(shmipc_session *){NULL}), SHMIPC_ETIMEDOUT);
+    pthread_join(t, NULL);
+    assert_true(r.rc < 0);
+    snprintf(want, sizeof want, "is uid %u, which is not in the allow-list", (unsigned)getuid());
+    assert_true(log_contains("SHMIPC_EACCES"));
+    assert_true(log_contains(want));
+    assert_true(log_contains("the client"));
+    shmipc_listener_close(l);
+    assert_int_equal(count_fds(), fds);
+    assert_int_equal(count_shm_maps(), maps);
+    shmipc_config_free(scfg);
+}
+
+/* A client whose list lacks the server's uid refuses it before it creates any memory. */
+static void test_client_refuses_unlisted_server(void **state)
+{
+    (void)state;
+    uint32_t other = getuid() + 1;
+    shmipc_config *ccfg = config_with_uids(&other, 1);
+    shmipc_session *s = NULL;
+    shmipc_listener *l;
+    char want[64];
+    int fds = count_fds(), maps = count_shm_maps();
+    assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
+    for (int v4 = 0; v4 < 2; v4++) {
+        if (v4)
+            assert_int_equal(shmipc_config_with_v4_eventfd(ccfg), 0);
+        assert_int_equal(shmipc_session_connect(address, ccfg, &s), SHMIPC_EACCES);
+        snprintf(want, sizeof want, "the server (pid %ld) is uid %u", (long)getpid(),
+                 (unsigned)getuid());
+        assert_non_null(strstr(shmipc_error_detail(), want));
+        assert_null(s);
+        /* The listener sees a client that hung up: it drops it and keeps listening. */
+        assert_true(shmipc_listener_accept(l, 200, &s) < 0);
+    }
+    shmipc_listener_close(l);
+    assert_int_equal(count_fds(), fds);
+    assert_int_equal(count_shm_maps(), maps);
+    shmipc_config_free(ccfg);
+}
+
+/* A TCP peer has no uid: a list and TCP do not go together. */
+static void test_tcp_with_list_is_refused(void **state)
+{
+    (void)state;
+    uint32_t me = getuid();
+    shmipc_config *cfg = config_with_uids(&me, 1);
+    shmipc_listener *l;
+    shmipc_session *s;
+    assert_int_equal(shmipc_listener_new("tcp:127.0.0.1:0", cfg, &l), SHMIPC_EINVAL);
+    assert_non_null(strstr(shmipc_error_detail(), "unix socket"));
+    /* A client over TCP needs /dev/shm files (memfds travel over unix sockets only). */
+    assert_int_equal(shmipc_config_set_memmap_type(cfg, SHMIPC_MEMMAP_DEVSHM), 0);
+    char tcp[64];
+    int rc = SHMIPC_EADDRINUSE;
+    /* No way to learn an ephemeral port from a listener: try a few fixed ones. */
+    for (int i = 0; i < 20 && rc == SHMIPC_EADDRINUSE; i++) {
+        snprintf(tcp, sizeof tcp, "tcp:127.0.0.1:%d", 20000 + (int)((getpid() + i * 997) % 20000));
+        rc = shmipc_listener_new(tcp, NULL, &l);
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(shmipc_session_connect(tcp, cfg, &s), SHMIPC_EACCES);
+    assert_non_null(strstr(shmipc_error_detail(), "TCP"));
+    shmipc_listener_close(l);
+    shmipc_config_free(cfg);
+}
+
+/*
+ * With a real second uid (root only): a process running as nobody reaches an abstract socket
+ * (which has no file permissions) and is refused or accepted by the list alone.
+ */
+static int child_connect_as(uid_t uid, const char *addr)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct client_run r = {.address = addr, .cfg = NULL};
+        if (setgid(uid) != 0 || setuid(uid) != 0)
+            _exit(100);
+        client_main(&r);
+        _exit(r.rc == 0 ? 0 : r.rc == SHMIPC_ECONNRESET ? 1 : 2);
+    }
+    return pid;
+}
+
+static void test_other_uid(void **state)
+{
+    (void)state;
+    if (getuid() != 0)
+        skip();
+    const uid_t nobody = 65534;
+    uint32_t root_only = 0, with_nobody[] = {0, nobody};
+    shmipc_config *cfg = config_with_uids(&root_only, 1);
+    shmipc_listener *l;
+    int status;
+    char want[64];
+    assert_int_equal(shmipc_listener_new(abstract, cfg, &l), 0);
+    log_clear();
+    pid_t pid = child_connect_as(nobody, abstract);
+    assert_int_equal(shmipc_listener_accept(l, 1000, &(shmipc_session *){NULL}), SHMIPC_ETIMEDOUT);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 1); /* the connection was reset */
+    snprintf(want, sizeof want, "is uid %u, which is not", (unsigned)nobody);
+    assert_true(log_contains(want));
+    shmipc_listener_close(l);
+
+    assert_int_equal(shmipc_config_set_peer_uids(cfg, with_nobody, 2), 0);
+    assert_int_equal(shmipc_listener_new(abstract, cfg, &l), 0);
+    pid = child_connect_as(nobody, abstract);
+    assert_int_equal(serve_one(l, 5000), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 0);
+    shmipc_listener_close(l);
+
+    /* Same for the path socket: 0600 keeps nobody out before any list is consulted. */
+    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+    pid = child_connect_as(nobody, address);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 2); /* SHMIPC_EACCES from connect() */
+    shmipc_listener_close(l);
+    shmipc_config_free(cfg);
+}
+
+static unsigned file_mode(const char *path)
+{
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return st.st_mode & 07777;
+}
+
+/* 0600 whatever the umask, or what the config says. */
+static void test_socket_file_mode(void **state)
+{
+    (void)state;
+    shmipc_config *cfg;
+    shmipc_listener *l;
+    const char *path = address + strlen("unix:");
+    mode_t old = umask(0);
+    assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
+    assert_int_equal(file_mode(path), 0600);
+    shmipc_listener_close(l);
+    assert_int_equal(access(path, F_OK), -1);
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_set_socket_mode(cfg, 0660), 0);
+    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+    assert_int_equal(file_mode(path), 0660);
+    shmipc_listener_close(l);
+    shmipc_config_free(cfg);
+    umask(old);
+}
+
+/* Counts the /dev/shm files whose names start with `prefix` (after "/dev/shm/"); checks modes. */
+static int shm_files(const char *prefix, unsigned want_mode)
+{
+    char path[512];
+    int n = 0;
+    DIR *d = opendir("/dev/shm");
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        assert_int_equal(file_mode(path), want_mode);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+struct v2_server {
+    shmipc_listener *l;
+    int rc;
+};
+
+static void *v2_server_main(void *arg)
+{
+    struct v2_server *v = arg;
+    v->rc = serve_one(v->l, 5000);
+    return NULL;
+}
+
+static void test_devshm_file_mode(void **state)
+{
+    (void)state;
+    char prefix[64], full[80];
+    shmipc_config *cfg;
+    shmipc_session *s;
+    shmipc_listener *l;
+    pthread_t t;
+    snprintf(prefix, sizeof prefix, "shmipc-sec-%ld", (long)getpid());
+    snprintf(full, sizeof full, "/dev/shm/%s", prefix);
+    mode_t old = umask(0);
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_set_path_prefix(cfg, full), 0);
+    assert_int_equal(shmipc_config_set_memmap_type(cfg, SHMIPC_MEMMAP_DEVSHM), 0);
+    assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
+    struct v2_server v = {.l = l, .rc = -1};
+    assert_int_equal(pthread_create(&t, NULL, v2_server_main, &v), 0);
+    assert_int_equal(shmipc_session_connect(address, cfg, &s), 0);
+    assert_int_equal(shmipc_session_version(s), 2);
+    assert_int_equal(shm_files(prefix, 0600), 2); /* the buffer and the queue */
+    shmipc_stream *st;
+    const void *p;
+    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
+    assert_int_equal(shmipc_stream_write(st, "12345678", 8), 0);
+    assert_int_equal(shmipc_stream_flush(st), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(st, 8, &p, 0), 0);
+    shmipc_stream_close(st);
+    shmipc_session_close(s);
+    pthread_join(t, NULL);
+    assert_int_equal(v.rc, 0);
+    assert_int_equal(shm_files(prefix, 0600), 0);
+    shmipc_listener_close(l);
+    shmipc_config_free(cfg);
+    umask(old);
+}
+
+int main(void)
+{
+    snprintf(address, sizeof address, "unix:/tmp/shmipc-test-security-%ld.sock", (long)getpid());
+    snprintf(abstract, sizeof abstract, "unix:@shmipc-test-security-%ld", (long)getpid());
+    signal(SIGPIPE, SIG_IGN);
+    shmipc_set_log_sink(log_sink);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_peer_uids),
+        cmocka_unit_test(test_listed_peers_talk),
+        cmocka_unit_test(test_listener_refuses_unlisted_client),
+        cmocka_unit_test(test_client_refuses_unlisted_server),
+        cmocka_unit_test(test_tcp_with_list_is_refused),
+        cmocka_unit_test(test_other_uid),
+        cmocka_unit_test(test_socket_file_mode),
+        cmocka_unit_test(test_devshm_file_mode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

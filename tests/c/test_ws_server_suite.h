@@ -1,0 +1,1240 @@
+/*
+ * The WebSocket server over real TCP sockets, shared by test_ws_server_epoll.c and
+ * test_ws_server_uring.c: each sets suite_backend and runs the fixtures and WS_SERVER_TESTS.
+ *
+ * Every tests/ws fixture (tests/ws/README.md; the cmocka test is named after the file, so after
+ * the Autobahn case it mirrors) runs through a server started for it, whose WebSocket route
+ * echoes as the fixture's application does: the upgrade request (the fixture's, or a plain
+ * one) and the client frames go in over a socket, and the exact bytes that come back must be
+ * the fixture's response (without its Date line) and its frames; the messages the application
+ * got and the code on_close reported must be the fixture's. Small inputs are sent a second
+ * time one byte per write after the request. The fixture reader is test_ws_fixtures.c's,
+ * included below, so both tests read the cases the same way.
+ *
+ * The rest are the behaviours only a server has: a client that sends but never reads (the
+ * server stops reading it and its queue stays bounded), an application that sends to a client
+ * that does not read (SHMIPC_EAGAIN at the limit), HTTP routes beside WebSocket routes, the
+ * application's refusal (403), a graceful stop (1001), and the timeouts with short values: a
+ * paused client whose output makes no progress (keep-alive: 1006), automatic pings that keep
+ * an answering client open past the idle timeout, a silent client failed by it (1006), both
+ * off by default; and the public ping/idle timeouts and send-queue limits' validation.
+ */
+#ifndef TEST_WS_SERVER_SUITE_H
+#define TEST_WS_SERVER_SUITE_H
+
+/* The fixture language: parsing, frame encoding and message records. Its main() is renamed
+ * and never called. */
+#define main ws_fixtures_main
+#include "test_ws_fixtures.c"
+#undef main
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "net/server.h"
+
+static int suite_backend = SHMIPC_BACKEND_EPOLL;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ < 0)                                                                               \
+            fail_msg("%s: %s: %s", #call, shmipc_errname(rc_), shmipc_error_detail());             \
+    } while (0)
+
+/* Waits until `cond` holds; fails after 10 s. */
+#define WAIT_UNTIL(cond)                                                                           \
+    do {                                                                                           \
+        uint64_t wait_end_ = mono_ms() + 10000;                                                    \
+        while (!(cond)) {                                                                          \
+            if (mono_ms() > wait_end_)                                                             \
+                fail_msg("timed out waiting for %s", #cond);                                       \
+            usleep(1000);                                                                          \
+        }                                                                                          \
+    } while (0)
+
+/* ---------------------------------------------------------------------------------------- */
+/* The application: what the fixtures' echo does, recorded for the test thread */
+
+struct app {
+    int echo;
+    unsigned app_close; /* 0: none */
+    int refuse;         /* on_open refuses */
+    pthread_mutex_t mu;
+    struct bytes messages; /* record_message() records */
+    atomic_int opens, closes, close_code, send_errors;
+    char reason[128];
+    /* The flood route: on each message, 256 KiB messages until the queue refuses. */
+    atomic_int flood_sent, flood_refused;
+};
+
+static int app_open(shmipc_ws *ws, const shmipc_http_request *req, void *user_data)
+{
+    struct app *a = user_data;
+    (void)req;
+    if (a->refuse)
+        return -1;
+    atomic_fetch_add(&a->opens, 1);
+    if (a->app_close != 0 && shmipc_ws_close(ws, (int)a->app_close, NULL) != 0)
+        atomic_fetch_add(&a->send_errors, 1);
+    return 0;
+}
+
+static void app_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data)
+{
+    struct app *a = user_data;
+    pthread_mutex_lock(&a->mu);
+    record_message(&a->messages, (unsigned)kind, data, len);
+    pthread_mutex_unlock(&a->mu);
+    if (a->echo && shmipc_ws_send(ws, kind, data, len) != 0)
+        atomic_fetch_add(&a->send_errors, 1);
+}
+
+static void app_close_cb(shmipc_ws *ws, int code, const char *reason, size_t len, void *user_data)
+{
+    struct app *a = user_data;
+    (void)ws;
+    snprintf(a->reason, sizeof a->reason, "%.*s", (int)len, reason);
+    atomic_store(&a->close_code, code);
+    atomic_fetch_add(&a->closes, 1);
+}
+
+static unsigned char flood_block[256 << 10];
+
+static void flood_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data)
+{
+    struct app *a = user_data;
+    int rc;
+    (void)kind;
+    (void)data;
+    (void)len;
+    while ((rc = shmipc_ws_send(ws, SHMIPC_WS_BINARY, flood_block, sizeof flood_block)) == 0)
+        atomic_fetch_add(&a->flood_sent, 1);
+    if (rc == SHMIPC_EAGAIN)
+        atomic_fetch_add(&a->flood_refused, 1);
+    else
+        atomic_fetch_add(&a->send_errors, 1);
+}
+
+static void app_reset(struct app *a)
+{
+    pthread_mutex_lock(&a->mu);
+    a->messages.n = 0;
+    put(&a->messages, "", 0);
+    pthread_mutex_unlock(&a->mu);
+    atomic_store(&a->opens, 0);
+    atomic_store(&a->closes, 0);
+    atomic_store(&a->close_code, 0);
+    atomic_store(&a->send_errors, 0);
+}
+
+static void app_init(struct app *a)
+{
+    memset(a, 0, sizeof *a);
+    a->echo = 1;
+    pthread_mutex_init(&a->mu, NULL);
+    app_reset(a);
+}
+
+static void app_free(struct app *a)
+{
+    free(a->messages.p);
+    pthread_mutex_destroy(&a->mu);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* A server on its own thread */
+
+struct srv {
+    shmipc_server *s;
+    pthread_t thread;
+    int port;
+    int run_rc;
+};
+
+static void *run_thread(void *arg)
+{
+    struct srv *t = arg;
+    t->run_rc = shmipc_server_run(t->s);
+    return NULL;
+}
+
+/* Server settings beyond the defaults, through the public setters; zero leaves one alone. */
+struct srv_opts {
+    uint32_t keepalive_ms, header_ms, ws_ping_ms, ws_idle_ms;
+    uint64_t high_water, send_limit;
+};
+
+/*
+ * Creates the server: one worker, no Server header; `limits` (may be NULL) as the fixture's,
+ * `o` (may be NULL) for the timeouts and send queue marks.
+ */
+static void srv_new_opts(struct srv *t, const struct shmipc__ws_limits *limits,
+                         const struct srv_opts *o)
+{
+    shmipc_server_config *cfg;
+    struct srv_opts none = {0};
+    if (o == NULL)
+        o = &none;
+    memset(t, 0, sizeof *t);
+    CHECK(shmipc_server_config_new(&cfg));
+    CHECK(shmipc_server_config_set_port(cfg, 0));
+    CHECK(shmipc_server_config_set_workers(cfg, 1));
+    CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
+    CHECK(shmipc_server_config_set_server_name(cfg, NULL));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 2000));
+    if (o->keepalive_ms != 0)
+        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE,
+                                                  o->keepalive_ms));
+    if (o->header_ms != 0)
+        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, o->header_ms));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, o->ws_ping_ms));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, o->ws_idle_ms));
+    if (o->high_water != 0)
+        CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER,
+                                             o->high_water));
+    if (o->send_limit != 0)
+        CHECK(
+            shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, o->send_limit));
+    if (limits != NULL && limits->max_message != 0)
+        CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_MESSAGE,
+                                             limits->max_message));
+    if (limits != NULL && limits->tx_high_water != 0)
+        CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER,
+                                             limits->tx_high_water));
+    CHECK(shmipc_server_new(cfg, &t->s));
+    shmipc_server_config_free(cfg);
+    /* The public settings reached the connections' limits. */
+    if (o->high_water != 0)
+        assert_int_equal(t->s->ws_limits.tx_high_water, o->high_water);
+    if (o->send_limit != 0)
+        assert_int_equal(t->s->ws_limits.tx_limit, o->send_limit);
+    if (limits != NULL) {
+        if (limits->max_message != 0)
+            assert_int_equal(t->s->ws_limits.max_message, limits->max_message);
+        if (limits->tx_high_water != 0)
+            assert_int_equal(t->s->ws_limits.tx_high_water, limits->tx_high_water);
+        /* max_frame alone has no public setter: a fixture that sets it is applied here. */
+        if (limits->max_frame != 0)
+            assert_int_equal(shmipc__ws_limits_resolve(&t->s->ws_limits, limits), 0);
+    }
+}
+
+static void srv_new(struct srv *t, const struct shmipc__ws_limits *limits)
+{
+    srv_new_opts(t, limits, NULL);
+}
+
+static void srv_run(struct srv *t)
+{
+    CHECK(shmipc_server_start(t->s));
+    t->port = shmipc_server_port(t->s);
+    assert_true(t->port > 0);
+    assert_string_equal(shmipc_server_backend(t->s),
+                        suite_backend == SHMIPC_BACKEND_IO_URING ? "io_uring" : "epoll");
+    assert_int_equal(pthread_create(&t->thread, NULL, run_thread, t), 0);
+}
+
+static struct shmipc__server_stats srv_stop(struct srv *t)
+{
+    struct shmipc__server_stats st;
+    assert_int_equal(shmipc_server_stop(t->s), 0);
+    assert_int_equal(pthread_join(t->thread, NULL), 0);
+    assert_int_equal(t->run_rc, 0);
+    shmipc__server_stats(t->s, &st);
+    shmipc_server_free(t->s);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The client */
+
+static int client_connect(int port)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int one = 1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sin, sizeof sin) != 0)
+        fail_msg("connect: %s", strerror(errno));
+    assert_int_equal(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), 0);
+    assert_int_equal(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK), 0);
+    return fd;
+}
+
+/* Where the response head ends in `b` (just past its blank line), or 0. */
+static size_t head_end(const struct bytes *b)
+{
+    for (size_t i = 3; i < b->n; i++)
+        if (memcmp(b->p + i - 3, "\r\n\r\n", 4) == 0)
+            return i + 1;
+    return 0;
+}
+
+/*
+ * Writes `out` (in pieces of `piece` bytes after the first `first` bytes; 0: as it goes) and
+ * reads at the same time, as a client that reads while it sends, until the server closes
+ * (until_eof) or `want` bytes followed the response head and 100 ms passed with nothing more.
+ * Returns what came.
+ */
+static void exchange(int fd, const struct bytes *out, size_t first, size_t piece, int until_eof,
+                     size_t want, struct bytes *got)
+{
+    uint64_t end = mono_ms() + 20000, quiet_since = 0;
+    size_t sent = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN | (sent < out->n ? POLLOUT : 0)};
+        size_t h = head_end(got);
+        if (!until_eof && h > 0 && got->n - h >= want && sent == out->n) {
+            if (quiet_since == 0)
+                quiet_since = mono_ms();
+            else if (mono_ms() - quiet_since > 100)
+                return;
+        }
+        if (mono_ms() > end)
+            fail_msg("exchange: timed out with %zu of %zu bytes sent, %zu received", sent, out->n,
+                     got->n);
+        int n = poll(&p, 1, 10);
+        if (n < 0 && errno == EINTR)
+            continue;
+        assert_true(n >= 0);
+        if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+            char buf[65536];
+            ssize_t r = read(fd, buf, sizeof buf);
+            if (r > 0) {
+                put(got, buf, (size_t)r);
+                quiet_since = 0;
+            } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+                if (!until_eof)
+                    fail_msg("exchange: the server closed (%s) after %zu bytes",
+                             r == 0 ? "EOF" : strerror(errno), got->n);
+                return;
+            }
+        }
+        if ((p.revents & POLLOUT) && sent < out->n) {
+            size_t n_out = out->n - sent;
+            if (piece > 0 && sent >= first && n_out > piece)
+                n_out = piece;
+            else if (piece > 0 && sent < first)
+                n_out = first - sent;
+            ssize_t w = send(fd, out->p + sent, n_out, MSG_NOSIGNAL);
+            if (w > 0)
+                sent += (size_t)w;
+            else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+                /* A server that failed the connection may reset it mid-send. */
+                if (until_eof)
+                    sent = out->n;
+                else
+                    fail_msg("exchange: send: %s", strerror(errno));
+            }
+        }
+    }
+}
+
+/* The response without its Date line (the only header that changes from run to run). */
+static void strip_date(struct bytes *b)
+{
+    char *d = memmem(b->p, b->n, "\r\nDate: ", 8);
+    size_t h = head_end(b);
+    if (d == NULL || (size_t)(d - b->p) >= h)
+        return;
+    char *e = memmem(d + 2, b->n - (size_t)(d + 2 - b->p), "\r\n", 2);
+    assert_non_null(e);
+    memmove(d, e, b->n - (size_t)(e - b->p));
+    b->n -= (size_t)(e - d);
+    b->p[b->n] = 0;
+}
+
+static const char default_request[] = "GET /chat HTTP/1.1\r\n"
+                                      "Host: server.example.com\r\n"
+                                      "Upgrade: websocket\r\n"
+                                      "Connection: Upgrade\r\n"
+                                      "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                                      "Sec-WebSocket-Version: 13\r\n"
+                                      "\r\n";
+
+/* ---------------------------------------------------------------------------------------- */
+/* The fixtures over a socket */
+
+/* One connection of a fixture: the bytes in `piece`-byte writes after the request (0: all in
+ * one go, the frames in the request's packet). */
+static void fixture_connection(const struct fixture *f, struct srv *t, struct app *a, size_t piece,
+                               const char *how)
+{
+    struct bytes out = {0}, got = {0};
+    size_t req_len;
+    int accepted, until_eof;
+    put(&out, "", 0);
+    put(&got, "", 0);
+    if (f->has_request)
+        put(&out, f->request.p, f->request.n);
+    else
+        put(&out, default_request, sizeof default_request - 1);
+    req_len = out.n;
+    /* A server reads a declared body as HTTP before it answers the request (0.2.13): the
+     * client sends it. */
+    const char *cl = strcasestr(out.p, "\r\nContent-Length: ");
+    if (cl != NULL && !f->has_out)
+        for (long k = strtol(cl + 18, NULL, 10); k > 0; k--)
+            put(&out, "x", 1);
+    put(&out, f->in.p, f->in.n);
+    /* A handshake-only case ends with the head (101) or the connection (errors). */
+    accepted = !f->has_response || memcmp(f->response.p, "HTTP/1.1 101 ", 13) == 0;
+    until_eof = !accepted || f->closed == 1;
+
+    int fd = client_connect(t->port);
+    exchange(fd, &out, req_len, piece, until_eof, f->has_out ? f->out.n : 0, &got);
+    int closes_before = atomic_load(&a->closes);
+    close(fd);
+
+    strip_date(&got);
+    size_t h = head_end(&got);
+    if (h == 0)
+        fail_msg("%s (%s): no response head in %zu bytes", f->path, how, got.n);
+    struct bytes head = {0}, frames = {0};
+    put(&head, got.p, h);
+    put(&frames, got.p + h, got.n - h);
+    if (f->has_response) {
+        if (!f->has_out)
+            assert_bytes_equal("response", &got, &f->response);
+        else
+            assert_bytes_equal("response head", &head, &f->response);
+    } else if (memcmp(head.p, "HTTP/1.1 101 Switching Protocols\r\n", 34) != 0) {
+        fail_msg("%s (%s): not a 101: %s", f->path, how, head.p);
+    }
+    if (accepted && (f->has_out || !f->has_response)) {
+        if (frames.n != f->out.n || memcmp(frames.p, f->out.p, f->out.n) != 0) {
+            print_message("%s: sent %s\n", f->path, how);
+            assert_bytes_equal("frames", &frames, &f->out);
+        }
+    }
+
+    /* on_close runs once for an accepted connection; a connection the fixture leaves open
+     * ends with the client's drop (1006), and not before. */
+    if (accepted) {
+        WAIT_UNTIL(atomic_load(&a->closes) == 1);
+        if (f->closed == 1 && f->close_code > 0)
+            assert_int_equal(atomic_load(&a->close_code), f->close_code);
+        if (f->closed == 0) {
+            assert_int_equal(closes_before, 0);
+            assert_int_equal(atomic_load(&a->close_code), 1006);
+        }
+        assert_int_equal(atomic_load(&a->opens), 1);
+    } else {
+        usleep(1000);
+        assert_int_equal(atomic_load(&a->opens), 0);
+        assert_int_equal(atomic_load(&a->closes), 0);
+    }
+    if (f->has_messages) {
+        pthread_mutex_lock(&a->mu);
+        if (a->messages.n != f->messages.n ||
+            memcmp(a->messages.p, f->messages.p, f->messages.n) != 0) {
+            print_message("%s: sent %s: the messages differ\n", f->path, how);
+            assert_string_equal(a->messages.p, f->messages.p);
+        }
+        pthread_mutex_unlock(&a->mu);
+    }
+    assert_int_equal(atomic_load(&a->send_errors), 0);
+    app_reset(a);
+    free(head.p);
+    free(frames.p);
+    free(out.p);
+    free(got.p);
+}
+
+static void server_fixture(void **state)
+{
+    const char *path = *state;
+    struct fixture f;
+    struct srv t;
+    struct app a;
+    char protocols[300] = "";
+    fixture_load(path, &f);
+    app_init(&a);
+    a.echo = f.echo;
+    a.app_close = f.app_closes ? f.app_close : 0;
+    srv_new(&t, &f.limits);
+    for (size_t i = 0; i < f.nprotocols; i++) {
+        if (i > 0)
+            strcat(protocols, ",");
+        strcat(protocols, f.protocols[i]);
+    }
+    CHECK(shmipc_server_websocket(t.s, "/chat", f.nprotocols ? protocols : NULL, app_open,
+                                  app_message, app_close_cb, &a, NULL));
+    srv_run(&t);
+    fixture_connection(&f, &t, &a, 0, "in one write with the request");
+    if (f.split && f.in.n > 1 && f.in.n <= 2048)
+        fixture_connection(&f, &t, &a, 1, "one byte per write after the request");
+    srv_stop(&t);
+    app_free(&a);
+    fixture_free(&f);
+}
+
+/* Runs every fixture of `dir` as its own test; returns the number that failed. */
+static int run_fixtures(const char *group, const char *dir)
+{
+    DIR *d = opendir(dir);
+    char **names = NULL, **paths;
+    size_t n = 0;
+    struct dirent *e;
+    struct CMUnitTest *tests;
+    int failed;
+    if (d == NULL) {
+        fprintf(stderr, "%s: cannot open %s\n", group, dir);
+        return 1;
+    }
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 4 || strcmp(e->d_name + len - 3, ".ws") != 0)
+            continue;
+        names = realloc(names, (n + 1) * sizeof *names);
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, by_name);
+    tests = calloc(n, sizeof *tests);
+    paths = calloc(n, sizeof *paths);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(dir) + strlen(names[i]) + 2;
+        paths[i] = malloc(len);
+        snprintf(paths[i], len, "%s/%s", dir, names[i]);
+        tests[i].name = names[i];
+        tests[i].test_func = server_fixture;
+        tests[i].initial_state = paths[i];
+    }
+    failed = _cmocka_run_group_tests(group, tests, n, NULL, NULL);
+    for (size_t i = 0; i < n; i++) {
+        free(paths[i]);
+        free(names[i]);
+    }
+    free(paths);
+    free(names);
+    free(tests);
+    return n == 0 ? 1 : failed;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Server behaviours */
+
+/* A masked client frame (key 0: the payload goes as it is, which the server unmasks alike). */
+static void client_frame(struct bytes *b, unsigned op, const void *data, size_t len)
+{
+    static const char key[4] = {0x11, 0x22, 0x33, 0x44};
+    put_byte(b, 0x80 | op);
+    if (len < 126) {
+        put_byte(b, 0x80 | (unsigned)len);
+    } else if (len <= 0xffff) {
+        put_byte(b, 0x80 | 126);
+        put_byte(b, (unsigned)(len >> 8));
+        put_byte(b, (unsigned)len & 0xff);
+    } else {
+        put_byte(b, 0x80 | 127);
+        for (int i = 7; i >= 0; i--)
+            put_byte(b, (unsigned)((uint64_t)len >> (8 * i)) & 0xff);
+    }
+    put(b, key, 4);
+    size_t at = b->n;
+    put(b, data, len);
+    for (size_t i = 0; i < len; i++)
+        b->p[at + i] ^= key[i & 3];
+}
+
+/* Connects and upgrades on `path`; returns the socket (non-blocking) with the 101 read. */
+static int ws_connect(int port, const char *path)
+{
+    char req[512];
+    struct bytes got = {0}, none = {0};
+    int fd = client_connect(port);
+    int n = snprintf(req, sizeof req,
+                     "GET %s HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     "Sec-WebSocket-Version: 13\r\n\r\n",
+                     path);
+    put(&got, "", 0);
+    put(&none, req, (size_t)n);
+    assert_int_equal(send(fd, none.p, none.n, MSG_NOSIGNAL), (ssize_t)none.n);
+    /* Up to the end of the head only: a server that pings may follow it with frames soon. */
+    uint64_t end = mono_ms() + 10000;
+    while (head_end(&got) == 0) {
+        ssize_t r = read(fd, req, 1);
+        if (r == 1)
+            put(&got, req, 1);
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR))
+            fail_msg("ws_connect: the server closed after %zu bytes", got.n);
+        else
+            usleep(200);
+        assert_true(mono_ms() < end);
+    }
+    assert_int_equal(memcmp(got.p, "HTTP/1.1 101 ", 13), 0);
+    assert_int_equal(got.n, head_end(&got));
+    free(got.p);
+    free(none.p);
+    return fd;
+}
+
+/* Reads server frames from `buf` (a stream) and checks each is an unmasked binary frame whose
+ * payload continues the pattern; returns the payload bytes checked. */
+static size_t check_echo_stream(const struct bytes *got, size_t *pos, size_t msg_len)
+{
+    size_t checked = 0;
+    while (got->n - *pos >= 4 + msg_len) {
+        const unsigned char *h = (const unsigned char *)got->p + *pos;
+        assert_int_equal(h[0], 0x82);
+        assert_int_equal(h[1], 126);
+        assert_int_equal((size_t)h[2] << 8 | h[3], msg_len);
+        *pos += 4 + msg_len;
+        checked += msg_len;
+    }
+    return checked;
+}
+
+/*
+ * Autobahn family 9's cousin: a client sends 1 KiB messages to the echo and never reads. The
+ * server's queue reaches its high-water mark, it stops reading, TCP stops the client: the
+ * client's writes block while the server holds about tx_high_water bytes, whatever the client
+ * tried to send. Then the client reads, and every echo arrives, in order. An idle timeout of
+ * 100 ms does not fire meanwhile: while paused, the silence is the server's own.
+ */
+static void backpressure_client_never_reads(void **state)
+{
+    struct srv t;
+    struct app a;
+    struct bytes msgs = {0}, got = {0};
+    unsigned char payload[1024];
+    size_t sent = 0, pos = 0, echoed = 0, limit = 256u << 20;
+    struct shmipc__server_stats st;
+    (void)state;
+
+    /* An idle timeout shorter than the 300 ms the client stays blocked: it does not count
+     * while the server itself is not reading. */
+    struct srv_opts o = {.ws_idle_ms = 100};
+    app_init(&a);
+    srv_new_opts(&t, NULL, &o);
+    const size_t high_water = t.s->ws_limits.tx_high_water;
+    CHECK(shmipc_server_websocket(t.s, "/echo", NULL, NULL, app_message, NULL, &a, NULL));
+    srv_run(&t);
+    int fd = ws_connect(t.port, "/echo");
+    memset(payload, 'x', sizeof payload);
+    put(&msgs, "", 0);
+    for (int i = 0; i < 64; i++)
+        client_frame(&msgs, 2, payload, sizeof payload);
+    /* Send until the writes have blocked for 300 ms (the server stopped reading). */
+    uint64_t blocked_since = 0;
+    while (sent < limit) {
+        ssize_t w = send(fd, msgs.p + sent % msgs.n, msgs.n - sent % msgs.n, MSG_NOSIGNAL);
+        if (w > 0) {
+            sent += (size_t)w;
+            blocked_since = 0;
+            continue;
+        }
+        assert_true(errno == EAGAIN || errno == EINTR);
+        if (blocked_since == 0)
+            blocked_since = mono_ms();
+        else if (mono_ms() - blocked_since > 300)
+            break;
+        usleep(1000);
+    }
+    assert_true(sent < limit);
+    print_message("%s: the client sent %zu bytes before the server stopped reading it\n",
+                  suite_backend == SHMIPC_BACKEND_IO_URING ? "io_uring" : "epoll", sent);
+    /* Finish on a frame boundary, then read every echo while sending the rest. */
+    size_t frame = msgs.n / 64;
+    struct bytes tail = {0};
+    put(&tail, "", 0);
+    put(&tail, msgs.p + sent % frame, (frame - sent % frame) % frame);
+    client_frame(&tail, 8, "\x03\xe8", 2);
+    size_t total = (sent + tail.n - 8) / frame * sizeof payload;
+    put(&got, "", 0);
+    exchange(fd, &tail, 0, 0, 1, 0, &got);
+    close(fd);
+    echoed = check_echo_stream(&got, &pos, sizeof payload);
+    assert_int_equal(echoed, total);
+    assert_int_equal(got.n - pos, 4); /* the close echo */
+    st = srv_stop(&t);
+    print_message("server: %llu pauses; at most %llu bytes queued (high water %zu)\n",
+                  (unsigned long long)st.ws_pauses, (unsigned long long)st.ws_tx_max, high_water);
+    /* The client got more than the mark's worth into the server before it blocked: without
+     * backpressure the queue would have held it. */
+    assert_true(sent > high_water);
+    assert_true(st.ws_pauses >= 1);
+    /* PAUSE comes after the receive that crossed the mark, and what the reactor holds for a
+     * paused connection comes back a receive at a time: the queue stays within a few receive
+     * buffers of the mark. */
+    assert_true(st.ws_tx_max < high_water + (64u << 10));
+    assert_int_equal(atomic_load(&a.send_errors), 0);
+    assert_int_equal(st.ws_idle_closes, 0);
+    free(msgs.p);
+    free(tail.p);
+    free(got.p);
+    app_free(&a);
+}
+
+/*
+ * The application sends 256 KiB messages to a client that does not read until a send is
+ * refused: SHMIPC_EAGAIN at the send queue's limit, and the queue never beyond it. Then the
+ * client reads it all, with the keep-alive timeout (the stall timer) at 1 s.
+ */
+static void backpressure_application_flood(void **state)
+{
+    struct srv t;
+    struct app a;
+    struct bytes hello = {0}, got = {0}, none = {0};
+    struct shmipc__server_stats st;
+    size_t pos = 0;
+    (void)state;
+
+    /* A keep-alive timeout of 1 s: a client that reads is never taken for stalled. */
+    struct srv_opts o = {.keepalive_ms = 1000};
+    app_init(&a);
+    srv_new_opts(&t, NULL, &o);
+    const size_t tx_limit = t.s->ws_limits.tx_limit;
+    CHECK(shmipc_server_websocket(t.s, "/flood", NULL, NULL, flood_message, NULL, &a, NULL));
+    srv_run(&t);
+    int fd = ws_connect(t.port, "/flood");
+    put(&hello, "", 0);
+    client_frame(&hello, 1, "go", 2);
+    assert_int_equal(send(fd, hello.p, hello.n, MSG_NOSIGNAL), (ssize_t)hello.n);
+    WAIT_UNTIL(atomic_load(&a.flood_refused) + atomic_load(&a.send_errors) > 0);
+    assert_int_equal(atomic_load(&a.send_errors), 0);
+    int flooded = atomic_load(&a.flood_sent);
+    assert_true((size_t)flooded * sizeof flood_block >= tx_limit);
+    /* Read it all: every message arrives whole. */
+    put(&got, "", 0);
+    put(&none, "", 0);
+    uint64_t end = mono_ms() + 20000;
+    size_t want = (size_t)flooded * (10 + sizeof flood_block);
+    while (got.n < want) {
+        char buf[65536];
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r > 0)
+            put(&got, buf, (size_t)r);
+        else if (r == 0)
+            fail_msg("EOF after %zu bytes", got.n);
+        else
+            usleep(500);
+        assert_true(mono_ms() < end);
+    }
+    for (int i = 0; i < flooded; i++) {
+        const unsigned char *h = (const unsigned char *)got.p + pos;
+        assert_int_equal(h[0], 0x82);
+        assert_int_equal(h[1], 127);
+        pos += 10 + sizeof flood_block;
+    }
+    close(fd);
+    st = srv_stop(&t);
+    print_message("flood: %d messages of 256 KiB queued before SHMIPC_EAGAIN; at most %llu bytes "
+                  "queued (limit %zu)\n",
+                  flooded, (unsigned long long)st.ws_tx_max, tx_limit);
+    assert_true(st.ws_tx_max <= tx_limit + sizeof flood_block + 14);
+    assert_int_equal(st.ws_stall_closes, 0);
+    free(hello.p);
+    free(got.p);
+    free(none.p);
+    app_free(&a);
+}
+
+static int h_plain(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    return shmipc_http_response_body(res, "plain", 5);
+}
+
+/* Sends `req` on a fresh connection and returns the whole response (the server closes). */
+static void http_once(int port, const char *req, struct bytes *got)
+{
+    struct bytes out = {0};
+    int fd = client_connect(port);
+    put(&out, req, strlen(req));
+    put(got, "", 0);
+    exchange(fd, &out, 0, 0, 1, 0, got);
+    close(fd);
+    free(out.p);
+}
+
+/*
+ * Routing (family 0): a GET route on a WebSocket path keeps answering plain GETs; other
+ * requests there are handshakes (400); a prefix WebSocket route; the application's refusal is
+ * a 403; a path with no route is a 404. HTTP keeps working on the other paths.
+ */
+static void upgrade_routing(void **state)
+{
+    struct srv t;
+    struct app a, refuse;
+    struct bytes got = {0};
+    (void)state;
+    app_init(&a);
+    app_init(&refuse);
+    refuse.refuse = 1;
+    srv_new(&t, NULL);
+    CHECK(shmipc_server_route(t.s, "GET", "/both", h_plain, NULL, NULL));
+    CHECK(
+        shmipc_server_websocket(t.s, "/both", NULL, app_open, app_message, app_close_cb, &a, NULL));
+    CHECK(shmipc_server_websocket(t.s, "/rooms/*", "a,b", app_open, app_message, app_close_cb, &a,
+                                  NULL));
+    CHECK(shmipc_server_websocket(t.s, "/no", NULL, app_open, app_message, app_close_cb, &refuse,
+                                  NULL));
+    assert_int_equal(
+        shmipc_server_websocket(t.s, "/both", NULL, NULL, app_message, NULL, NULL, NULL),
+        SHMIPC_EEXIST);
+    assert_int_equal(
+        shmipc_server_websocket(t.s, "/bad", "a,,b", NULL, app_message, NULL, NULL, NULL),
+        SHMIPC_EINVAL);
+    assert_int_equal(
+        shmipc_server_websocket(t.s, "nope", NULL, NULL, app_message, NULL, NULL, NULL),
+        SHMIPC_EINVAL);
+    srv_run(&t);
+
+    http_once(t.port, "GET /both HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", &got);
+    assert_non_null(strstr(got.p, "HTTP/1.1 200 OK\r\n"));
+    assert_non_null(strstr(got.p, "\r\n\r\nplain"));
+    got.n = 0;
+    http_once(t.port, "POST /both HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", &got);
+    assert_non_null(strstr(got.p, "HTTP/1.1 400 Bad Request\r\n"));
+    got.n = 0;
+    http_once(t.port,
+              "GET /rooms/7 HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n\r\n",
+              &got);
+    assert_non_null(strstr(got.p, "HTTP/1.1 426 Upgrade Required\r\n"));
+    assert_non_null(strstr(got.p, "Sec-WebSocket-Version: 13\r\n"));
+    got.n = 0;
+    http_once(t.port,
+              "GET /no HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+              &got);
+    assert_non_null(strstr(got.p, "HTTP/1.1 403 Forbidden\r\n"));
+    got.n = 0;
+    http_once(t.port, "GET /nothing HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", &got);
+    assert_non_null(strstr(got.p, "HTTP/1.1 404 "));
+
+    /* The prefix route upgrades, with the subprotocol the client offers. */
+    struct bytes out = {0};
+    put(&out, "", 0);
+    const char *up =
+        "GET /rooms/blue HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Protocol: b\r\n\r\n";
+    put(&out, up, strlen(up));
+    client_frame(&out, 1, "hi", 2);
+    client_frame(&out, 8, "\x03\xe8", 2);
+    got.n = 0;
+    int fd = client_connect(t.port);
+    exchange(fd, &out, 0, 0, 1, 0, &got);
+    close(fd);
+    assert_non_null(strstr(got.p, "HTTP/1.1 101 Switching Protocols\r\n"));
+    assert_non_null(strstr(got.p, "Sec-WebSocket-Protocol: b\r\n"));
+    size_t h = head_end(&got);
+    assert_int_equal(got.n - h, 8);
+    assert_memory_equal(got.p + h, "\x81\x02hi\x88\x02\x03\xe8", 8);
+    WAIT_UNTIL(atomic_load(&a.closes) == 1);
+    assert_int_equal(atomic_load(&a.close_code), 1000);
+    assert_int_equal(atomic_load(&refuse.opens), 0);
+    assert_int_equal(atomic_load(&refuse.closes), 0);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.ws_upgrades, 1);
+    free(out.p);
+    free(got.p);
+    app_free(&a);
+    app_free(&refuse);
+}
+
+/* A graceful stop sends open WebSockets a close frame with 1001; the client's answer ends
+ * them (on_close with 1001). */
+static void stop_sends_going_away(void **state)
+{
+    struct srv t;
+    struct app a;
+    struct bytes got = {0}, answer = {0};
+    (void)state;
+    app_init(&a);
+    srv_new(&t, NULL);
+    CHECK(shmipc_server_websocket(t.s, "/ws", NULL, app_open, app_message, app_close_cb, &a, NULL));
+    srv_run(&t);
+    int fd = ws_connect(t.port, "/ws");
+    WAIT_UNTIL(atomic_load(&a.opens) == 1);
+    assert_int_equal(shmipc_server_stop(t.s), 0);
+    put(&got, "", 0);
+    uint64_t end = mono_ms() + 5000;
+    while (got.n < 4) {
+        char buf[16];
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r > 0)
+            put(&got, buf, (size_t)r);
+        else
+            usleep(500);
+        assert_true(mono_ms() < end);
+    }
+    assert_memory_equal(got.p, "\x88\x02\x03\xe9", 4);
+    put(&answer, "", 0);
+    client_frame(&answer, 8, "\x03\xe9", 2);
+    assert_int_equal(send(fd, answer.p, answer.n, MSG_NOSIGNAL), (ssize_t)answer.n);
+    /* The server closes first: its FIN, then ours. */
+    for (;;) {
+        char buf[16];
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r == 0)
+            break;
+        assert_true(r < 0 && (errno == EAGAIN || errno == EINTR));
+        assert_true(mono_ms() < end);
+        usleep(500);
+    }
+    close(fd);
+    assert_int_equal(pthread_join(t.thread, NULL), 0);
+    assert_int_equal(t.run_rc, 0);
+    assert_int_equal(atomic_load(&a.closes), 1);
+    assert_int_equal(atomic_load(&a.close_code), 1001);
+    shmipc_server_free(t.s);
+    free(got.p);
+    free(answer.p);
+    app_free(&a);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Timeouts and the public limits */
+
+/*
+ * Issue 1: a client sends to the echo and never reads, so the server pauses it; its output
+ * then makes no progress, and after the keep-alive timeout (300 ms here) the server closes it
+ * (on_close 1006) and frees what was queued. The high-water mark is set through the public
+ * limit (64 KiB), and the connection must have been paused first.
+ */
+static void stall_paused_reader_closed(void **state)
+{
+    struct srv t;
+    struct app a;
+    struct srv_opts o = {.keepalive_ms = 300, .high_water = 64u << 10, .send_limit = 256u << 10};
+    struct bytes msgs = {0};
+    unsigned char payload[1024];
+    size_t sent = 0;
+    uint64_t blocked_since = 0, closed_at;
+    struct shmipc__server_stats st;
+    (void)state;
+
+    app_init(&a);
+    srv_new_opts(&t, NULL, &o);
+    CHECK(
+        shmipc_server_websocket(t.s, "/echo", NULL, app_open, app_message, app_close_cb, &a, NULL));
+    srv_run(&t);
+    int fd = ws_connect(t.port, "/echo");
+    memset(payload, 'x', sizeof payload);
+    put(&msgs, "", 0);
+    for (int i = 0; i < 64; i++)
+        client_frame(&msgs, 2, payload, sizeof payload);
+    /* Send until the writes have blocked for 50 ms: the server stopped reading. */
+    for (;;) {
+        ssize_t w = send(fd, msgs.p + sent % msgs.n, msgs.n - sent % msgs.n, MSG_NOSIGNAL);
+        if (w > 0) {
+            sent += (size_t)w;
+            blocked_since = 0;
+            continue;
+        }
+        if (w < 0 && (errno == EPIPE || errno == ECONNRESET))
+            break; /* already closed: checked below */
+        assert_true(errno == EAGAIN || errno == EINTR);
+        if (blocked_since == 0)
+            blocked_since = mono_ms();
+        else if (mono_ms() - blocked_since > 50)
+            break;
+        assert_true(sent < (256u << 20));
+        usleep(1000);
+    }
+    WAIT_UNTIL(atomic_load(&a.closes) == 1);
+    closed_at = mono_ms();
+    assert_int_equal(atomic_load(&a.close_code), 1006);
+    /* Not before the keep-alive timeout after the client blocked (the last progress was no
+     * later than that), and not long after two of them (the timer's granularity). */
+    assert_true(blocked_since != 0);
+    print_message("%s: closed %llu ms after the client's writes blocked (keep-alive 300 ms)\n",
+                  suite_backend == SHMIPC_BACKEND_IO_URING ? "io_uring" : "epoll",
+                  (unsigned long long)(closed_at - blocked_since));
+    assert_true(closed_at - blocked_since < 5000);
+    close(fd);
+    st = srv_stop(&t);
+    assert_true(st.ws_pauses >= 1);
+    assert_int_equal(st.ws_stall_closes, 1);
+    assert_int_equal(st.ws_idle_closes, 0);
+    assert_true(st.ws_tx_max < o.high_water + (64u << 10) + (16u << 10));
+    free(msgs.p);
+    app_free(&a);
+}
+
+/*
+ * Reads what the server sends for `ms` (or until it closes): answers each ping with a pong
+ * when `answer`, counts pings and other frames. Returns 1 when the server closed.
+ */
+static int idle_client(int fd, int answer, uint64_t ms, int *pings, int *others)
+{
+    struct bytes in = {0};
+    uint64_t end = mono_ms() + ms;
+    int closed = 0;
+    put(&in, "", 0);
+    while (mono_ms() < end && !closed) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        char buf[4096];
+        if (poll(&p, 1, 5) <= 0)
+            continue;
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+            closed = 1;
+            break;
+        }
+        if (r > 0)
+            put(&in, buf, (size_t)r);
+        /* Server frames: unmasked, and here all short (control frames). */
+        while (in.n >= 2 && in.n >= 2 + (size_t)(in.p[1] & 0x7f)) {
+            unsigned op = (unsigned char)in.p[0] & 0x0f, len = (unsigned char)in.p[1] & 0x7f;
+            assert_true(len < 126);
+            if (op == 9) {
+                (*pings)++;
+                if (answer) {
+                    struct bytes pong = {0};
+                    put(&pong, "", 0);
+                    client_frame(&pong, 10, in.p + 2, len);
+                    assert_int_equal(send(fd, pong.p, pong.n, MSG_NOSIGNAL), (ssize_t)pong.n);
+                    free(pong.p);
+                }
+            } else {
+                (*others)++;
+            }
+            memmove(in.p, in.p + 2 + len, in.n - 2 - len);
+            in.n -= 2 + len;
+        }
+    }
+    free(in.p);
+    return closed;
+}
+
+/* Ends an open connection with a close handshake (1000) and checks the echo and on_close. */
+static void close_politely(int fd, struct app *a)
+{
+    struct bytes out = {0}, got = {0};
+    put(&out, "", 0);
+    put(&got, "", 0);
+    client_frame(&out, 8, "\x03\xe8", 2);
+    exchange(fd, &out, 0, 0, 1, 0, &got);
+    assert_int_equal(got.n, 4);
+    assert_memory_equal(got.p, "\x88\x02\x03\xe8", 4);
+    WAIT_UNTIL(atomic_load(&a->closes) == 1);
+    assert_int_equal(atomic_load(&a->close_code), 1000);
+    free(out.p);
+    free(got.p);
+}
+
+/*
+ * Issue 2: with a ping every 100 ms of silence and an idle timeout of 500 ms, a client that
+ * answers the pings is still open after 1.5 s (three idle timeouts), pinged all along.
+ */
+static void idle_pong_keeps_open(void **state)
+{
+    struct srv t;
+    struct app a;
+    struct srv_opts o = {.ws_ping_ms = 100, .ws_idle_ms = 500};
+    int pings = 0, others = 0;
+    (void)state;
+    app_init(&a);
+    srv_new_opts(&t, NULL, &o);
+    CHECK(shmipc_server_websocket(t.s, "/ws", NULL, app_open, app_message, app_close_cb, &a, NULL));
+    srv_run(&t);
+    int fd = ws_connect(t.port, "/ws");
+    assert_int_equal(idle_client(fd, 1, 1500, &pings, &others), 0);
+    assert_int_equal(atomic_load(&a.closes), 0);
+    assert_int_equal(others, 0);
+    /* A ping one to two intervals after each pong: 7 to 15 in 1.5 s on a quiet machine. */
+    assert_true(pings >= 4);
+    close_politely(fd, &a);
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.ws_idle_closes, 0);
+    assert_int_equal(st.ws_pings, (uint64_t)pings);
+    app_free(&a);
+}
+
+/*
+ * Issue 2: a client that does not answer the pings is failed after the idle timeout (on_close
+ * 1006, the TCP connection closed without a close frame); with only an idle timeout set no
+ * ping is sent and the silent client is failed alike.
+ */
+static void idle_silent_client_closed(void **state)
+{
+    static const struct srv_opts opts[] = {{.ws_ping_ms = 100, .ws_idle_ms = 400},
+                                           {.ws_idle_ms = 300}};
+    (void)state;
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        struct srv t;
+        struct app a;
+        int pings = 0, others = 0;
+        app_init(&a);
+        srv_new_opts(&t, NULL, &opts[i]);
+        CHECK(shmipc_server_websocket(t.s, "/ws", NULL, app_open, app_message, app_close_cb, &a,
+                                      NULL));
+        srv_run(&t);
+        int fd = ws_connect(t.port, "/ws");
+        uint64_t start = mono_ms();
+        assert_int_equal(idle_client(fd, 0, 5000, &pings, &others), 1);
+        uint64_t took = mono_ms() - start;
+        WAIT_UNTIL(atomic_load(&a.closes) == 1);
+        assert_int_equal(atomic_load(&a.close_code), 1006);
+        assert_int_equal(others, 0); /* no close frame */
+        print_message("ping %u, idle %u: closed after %llu ms, %d pings\n", opts[i].ws_ping_ms,
+                      opts[i].ws_idle_ms, (unsigned long long)took, pings);
+        assert_true(took + 20 >= opts[i].ws_idle_ms);
+        if (opts[i].ws_ping_ms != 0)
+            assert_true(pings >= 1 && pings <= 5);
+        else
+            assert_int_equal(pings, 0);
+        close(fd);
+        struct shmipc__server_stats st = srv_stop(&t);
+        assert_int_equal(st.ws_idle_closes, 1);
+        assert_int_equal(st.ws_pings, (uint64_t)pings);
+        app_free(&a);
+    }
+}
+
+/*
+ * Issue 2: with the ping and idle timeouts at 0 (the default) a silent connection gets
+ * nothing and stays open, even with the HTTP header and keep-alive timeouts at 100 ms (they
+ * end at the upgrade).
+ */
+static void idle_timeouts_off(void **state)
+{
+    struct srv t;
+    struct app a;
+    struct srv_opts o = {.keepalive_ms = 100, .header_ms = 100};
+    int pings = 0, others = 0;
+    (void)state;
+    app_init(&a);
+    srv_new_opts(&t, NULL, &o);
+    CHECK(shmipc_server_websocket(t.s, "/ws", NULL, app_open, app_message, app_close_cb, &a, NULL));
+    srv_run(&t);
+    int fd = ws_connect(t.port, "/ws");
+    assert_int_equal(idle_client(fd, 1, 600, &pings, &others), 0);
+    assert_int_equal(pings, 0);
+    assert_int_equal(others, 0);
+    assert_int_equal(atomic_load(&a.closes), 0);
+    close_politely(fd, &a);
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.ws_pings, 0);
+    assert_int_equal(st.ws_idle_closes + st.ws_stall_closes + st.timeouts, 0);
+    app_free(&a);
+}
+
+#define REFUSED(call)                                                                              \
+    do {                                                                                           \
+        assert_int_equal((call), SHMIPC_EINVAL);                                                   \
+        assert_true(strlen(shmipc_error_detail()) > 0);                                            \
+    } while (0)
+
+/* The new timeouts and limits: numbering, ranges, and the checks between them. */
+static void config_ws_timeouts_and_limits(void **state)
+{
+    shmipc_server_config *cfg;
+    shmipc_server *s;
+    (void)state;
+    /* Appended to the enums: the earlier values keep their numbers. */
+    assert_int_equal(SHMIPC_SERVER_TIMEOUT_STOP, 2);
+    assert_int_equal(SHMIPC_SERVER_TIMEOUT_WS_PING, 3);
+    assert_int_equal(SHMIPC_SERVER_TIMEOUT_WS_IDLE, 4);
+    assert_int_equal(SHMIPC_SERVER_LIMIT_WS_MESSAGE, 5);
+    assert_int_equal(SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER, 6);
+    assert_int_equal(SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, 7);
+
+    CHECK(shmipc_server_config_new(&cfg));
+    /* Defaults: no ping, no idle timeout, 1 MiB and 16 MiB. */
+    CHECK(shmipc_server_new(cfg, &s));
+    assert_int_equal(s->ws_ping_ms, 0);
+    assert_int_equal(s->ws_idle_ms, 0);
+    assert_int_equal(s->ws_limits.tx_high_water, 1u << 20);
+    assert_int_equal(s->ws_limits.tx_limit, 16u << 20);
+    shmipc_server_free(s);
+
+    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 3600001));
+    assert_non_null(strstr(shmipc_error_detail(), "ws_ping_timeout"));
+    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 3600001));
+    assert_non_null(strstr(shmipc_error_detail(), "ws_idle_timeout"));
+    REFUSED(shmipc_server_config_set_timeout_ms(cfg, 5, 1000));
+    REFUSED(shmipc_server_config_set_timeout_ms(cfg, -1, 1000));
+    /* The ping must come before the idle timeout, whichever is set first. */
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 1000));
+    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 1000));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 999));
+    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 999));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 0));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 3600000));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 0));
+    /* The keep-alive timeout still may not be 0. */
+    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 0));
+
+    REFUSED(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER,
+                                           (1ull << 30) + 1));
+    assert_non_null(strstr(shmipc_error_detail(), "ws_send_high_water"));
+    REFUSED(
+        shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, (1ull << 30) + 1));
+    REFUSED(shmipc_server_config_set_limit(cfg, 8, 1));
+    /* A limit below the (default) high-water mark. */
+    REFUSED(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, 512u << 10));
+    assert_non_null(strstr(shmipc_error_detail(), "ws_send_limit"));
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER, 64u << 10));
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, 256u << 10));
+    REFUSED(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER,
+                                           (256u << 10) + 1));
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER, 256u << 10));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 20000));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 60000));
+    CHECK(shmipc_server_new(cfg, &s));
+    assert_int_equal(s->ws_limits.tx_high_water, 256u << 10);
+    assert_int_equal(s->ws_limits.tx_limit, 256u << 10);
+    assert_int_equal(s->ws_ping_ms, 20000);
+    assert_int_equal(s->ws_idle_ms, 60000);
+    shmipc_server_free(s);
+    /* 0 restores a default; a high-water mark above 16 MiB lifts the default limit with it. */
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, 0));
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER, 32u << 20));
+    CHECK(shmipc_server_new(cfg, &s));
+    assert_int_equal(s->ws_limits.tx_high_water, 32u << 20);
+    assert_int_equal(s->ws_limits.tx_limit, 32u << 20);
+    shmipc_server_free(s);
+    shmipc_server_config_free(cfg);
+}
+
+#define WS_SERVER_TESTS                                                                            \
+    cmocka_unit_test(backpressure_client_never_reads),                                             \
+        cmocka_unit_test(backpressure_application_flood), cmocka_unit_test(upgrade_routing),       \
+        cmocka_unit_test(stop_sends_going_away), cmocka_unit_test(stall_paused_reader_closed),     \
+        cmocka_unit_test(idle_pong_keeps_open), cmocka_unit_test(idle_silent_client_closed),       \
+        cmocka_unit_test(idle_timeouts_off), cmocka_unit_test(config_ws_timeouts_and_limits)
+
+/* Runs the behaviours, then the fixtures (FIXTURE_DIR, or argv[1]). */
+static int ws_server_main(int argc, char **argv, const char *name)
+{
+    const struct CMUnitTest tests[] = {WS_SERVER_TESTS};
+    char group[64];
+    int failed;
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    snprintf(group, sizeof group, "%s", name);
+    failed = _cmocka_run_group_tests(group, tests, sizeof tests / sizeof tests[0], NULL, NULL);
+    snprintf(group, sizeof group, "%s fixtures", name);
+    failed += run_fixtures(group, argc > 1 ? argv[1] : FIXTURE_DIR);
+    return failed != 0;
+}
+
+#endif
