@@ -4,7 +4,9 @@
  *
  * The files: shmipc.c (module entry, version, errors, config), wait.c (modes, timeouts,
  * yielding waits, shmipc.poll), stream.c (the stream handle), session.c (session and
- * session manager), listener.c (listener, accept, serve with Lua callbacks).
+ * session manager), listener.c (listener, accept, serve with Lua callbacks), server.c (the
+ * HTTP server with Lua handlers, and the gate that keeps its worker threads out of Lua while
+ * Lua code runs).
  */
 #ifndef SHMIPC_LUA_LSHMIPC_H
 #define SHMIPC_LUA_LSHMIPC_H
@@ -160,6 +162,18 @@ lsession *shmipc__lua_new_session(lua_State *L, uint32_t read_timeout_ms);
 void shmipc__lua_open_stream(lua_State *L);
 void shmipc__lua_open_session(lua_State *L);
 void shmipc__lua_open_listener(lua_State *L);
+void shmipc__lua_open_server(lua_State *L);
+
+/*
+ * The gate of a state that made a server (server.c): held by whoever runs Lua code of the
+ * state. A call that blocks lets go of it around the wait so that workers can call Lua
+ * handlers meanwhile: shmipc__lua_gate_leave() returns the gate it let go of, or NULL (no
+ * server, or inside a server callback, where it must stay held); shmipc__lua_gate_enter()
+ * takes it back (NULL: no-op). Nothing may touch the Lua state in between.
+ */
+struct shmipc__lua_gate;
+struct shmipc__lua_gate *shmipc__lua_gate_leave(lua_State *L);
+void shmipc__lua_gate_enter(struct shmipc__lua_gate *g);
 
 /* Sets the method table `methods` as __index of the metatable `name`, with `meta`. */
 void shmipc__lua_new_class(lua_State *L, const char *name, const luaL_Reg *meta,

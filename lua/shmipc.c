@@ -775,6 +775,7 @@ int luaopen_shmipc(lua_State *L)
     shmipc__lua_open_stream(L);
     shmipc__lua_open_session(L);
     shmipc__lua_open_listener(L);
+    shmipc__lua_open_server(L);
     shmipc__lua_open_abi(L);
     return 1;
 }

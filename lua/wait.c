@@ -147,10 +147,15 @@ static int l_poll(lua_State *L)
         lua_pop(L, 1);
         p[i] = (struct pollfd){.fd = (int)fd, .events = POLLIN};
     }
-    /* EINTR goes back to the caller, so a signal (Ctrl-C in lua.c) can end a long wait. */
+    /*
+     * EINTR goes back to the caller, so a signal (Ctrl-C in lua.c) can end a long wait. While
+     * it waits, the workers of a started server may call Lua handlers (server.c).
+     */
+    struct shmipc__lua_gate *gate = shmipc__lua_gate_leave(L);
     int rc = poll(p, (nfds_t)n, timeout);
+    int err = errno;
+    shmipc__lua_gate_enter(gate);
     if (rc < 0) {
-        int err = errno;
         luaL_pushfail(L);
         lua_pushstring(L, strerror(err));
         lua_pushinteger(L, -err);

@@ -5,6 +5,8 @@ This package is a thin layer over libshmipc's public C ABI:
 - ``Config``: every setting of sessions, session managers and listeners;
 - ``Session`` (``connect()``), ``Stream``, ``Chunk`` (zero-copy received bytes),
   ``SessionManager`` (a client pool) and ``Listener`` (``accept()`` or ``serve()``);
+- ``Server``: an HTTP/1.1 server with Python route handlers (``Request``, ``Response``,
+  ``Headers``) and static responses served in C;
 - ``shmipc.aio``: awaitable stream reads and writes for asyncio.
 
 Errors derive from :class:`shmipc.Error`, itself an :class:`OSError`; ``errno`` holds the
@@ -22,10 +24,12 @@ from ._shmipc import (
     PeerGoneError,
     ProtocolError,
     ReleasedError,
+    Server,
     Session,
     SessionManager,
     Stream,
     TimeoutError,
+    WebSocket,
     __version__,
     connect,
     errname,
@@ -33,6 +37,7 @@ from ._shmipc import (
     strerror,
     version_number,
 )
+from ._server import Headers, Request, Response
 
 __all__ = [
     "Chunk",
@@ -45,10 +50,15 @@ __all__ = [
     "PeerGoneError",
     "ProtocolError",
     "ReleasedError",
+    "Request",
+    "Response",
+    "Headers",
+    "Server",
     "Session",
     "SessionManager",
     "Stream",
     "TimeoutError",
+    "WebSocket",
     "__version__",
     "connect",
     "errname",

@@ -1,6 +1,19 @@
 import builtins
 from types import TracebackType
-from typing import Any, Callable, Iterable, Literal, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Iterable,
+    Iterator,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    overload,
+)
 
 __version__: str
 version_number: int
@@ -164,3 +177,145 @@ class Listener(_ContextManager):
     ) -> None: ...
     def stop(self) -> None: ...
     def close(self) -> None: ...
+
+# ---- HTTP/1.1 and WebSocket server (server.c, _server.py) ------------------------------
+
+class Headers(Mapping[str, str]):
+    """Request header fields in the order received; lookups ignore case."""
+    raw: list[Tuple[str, str]]
+    def __init__(
+        self, pairs: Union[Mapping[str, str], Iterable[Tuple[str, str]]] = ...
+    ) -> None: ...
+    def __getitem__(self, name: str) -> str: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def __len__(self) -> int: ...
+    def getall(self, name: str) -> list[str]: ...
+
+class Request:
+    """One HTTP request as a handler gets it; every field is a copy."""
+    method: str
+    path: str
+    query: str
+    wildcard: str
+    version: Literal["HTTP/1.0", "HTTP/1.1"]
+    body: bytes
+    @property
+    def headers(self) -> Headers: ...
+    @property
+    def args(self) -> dict[str, list[str]]: ...
+    def json(self) -> Any: ...
+
+HeadersArg = Union[Mapping[str, str], Iterable[Tuple[str, str]], None]
+
+class Response:
+    body: Union[bytes, bytearray, memoryview, str]
+    status: int
+    headers: HeadersArg
+    content_type: Optional[str]
+    def __init__(
+        self,
+        body: Union[bytes, bytearray, memoryview, str] = ...,
+        status: int = ...,
+        headers: HeadersArg = ...,
+        content_type: Optional[str] = ...,
+    ) -> None: ...
+    @classmethod
+    def json(cls, obj: Any, status: int = ..., headers: HeadersArg = ...) -> "Response": ...
+
+# What a route handler may return.
+HandlerResult = Union[
+    bytes,
+    bytearray,
+    memoryview,
+    str,
+    dict[str, Any],
+    list[Any],
+    None,
+    Response,
+    Tuple[Any, int],
+    Tuple[Any, int, HeadersArg],
+]
+Handler = Callable[[Request], HandlerResult]
+_H = TypeVar("_H", bound=Handler)
+OnMessage = Callable[["WebSocket", Union[str, bytes]], object]
+_M = TypeVar("_M", bound=OnMessage)
+
+class WebSocket:
+    """One WebSocket connection; valid until on_close returns. Takes any attribute."""
+    @property
+    def subprotocol(self) -> Optional[str]: ...
+    @property
+    def request(self) -> Request: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def close_code(self) -> Optional[int]: ...
+    def send(self, data: Union[str, ReadableBuffer]) -> None: ...
+    def ping(self, data: ReadableBuffer = ...) -> None: ...
+    def close(self, code: int = ..., reason: Optional[str] = ...) -> None: ...
+    def __getattr__(self, name: str) -> Any: ...
+    def __setattr__(self, name: str, value: Any) -> None: ...
+
+class Server(_ContextManager):
+    def __init__(
+        self,
+        address: Optional[str] = ...,
+        port: int = ...,
+        *,
+        workers: Optional[int] = ...,
+        backend: Optional[Literal["default", "auto", "io_uring", "epoll", "epoll_oneshot"]] = ...,
+        header_timeout: Optional[float] = ...,
+        keepalive_timeout: Optional[float] = ...,
+        stop_timeout: Optional[float] = ...,
+        max_request_line: Optional[int] = ...,
+        max_head_bytes: Optional[int] = ...,
+        max_headers: Optional[int] = ...,
+        max_body: Optional[int] = ...,
+        pipeline: Optional[int] = ...,
+        server_name: Optional[str] = ...,
+        max_ws_message: Optional[int] = ...,
+    ) -> None: ...
+    @overload
+    def route(self, method: Optional[str], path: str) -> Callable[[_H], _H]: ...
+    @overload
+    def route(self, method: Optional[str], path: str, handler: _H) -> _H: ...
+    def static(
+        self,
+        path: str,
+        body: Union[str, ReadableBuffer],
+        *,
+        content_type: Optional[str] = ...,
+        status: int = ...,
+        method: Optional[str] = ...,
+    ) -> None: ...
+    @overload
+    def websocket(
+        self,
+        path: str,
+        *,
+        on_open: Optional[Callable[[WebSocket, Request], Optional[bool]]] = ...,
+        on_close: Optional[Callable[[WebSocket, int, str], object]] = ...,
+        subprotocols: Union[str, Sequence[str], None] = ...,
+    ) -> Callable[[_M], _M]: ...
+    @overload
+    def websocket(
+        self,
+        path: str,
+        on_message: _M,
+        *,
+        on_open: Optional[Callable[[WebSocket, Request], Optional[bool]]] = ...,
+        on_close: Optional[Callable[[WebSocket, int, str], object]] = ...,
+        subprotocols: Union[str, Sequence[str], None] = ...,
+    ) -> _M: ...
+    def start(self) -> None: ...
+    def run(self) -> None: ...
+    def stop(self) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def backend(self) -> Optional[Literal["io_uring", "epoll"]]: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def closed(self) -> bool: ...

@@ -911,6 +911,8 @@ static int module_exec(PyObject *module)
     ADD_TYPE(window_type, shmipcpy_window_spec, NULL);
     ADD_TYPE(manager_type, shmipcpy_manager_spec, NULL);
     ADD_TYPE(listener_type, shmipcpy_listener_spec, NULL);
+    ADD_TYPE(server_type, shmipcpy_server_spec, NULL);
+    ADD_TYPE(websocket_type, shmipcpy_websocket_spec, NULL);
 #undef ADD_TYPE
 
     PyObject *io = PyImport_ImportModule("io");
@@ -941,6 +943,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->window_type);
     Py_VISIT(st->manager_type);
     Py_VISIT(st->listener_type);
+    Py_VISIT(st->server_type);
+    Py_VISIT(st->websocket_type);
     Py_VISIT(st->error);
     Py_VISIT(st->timeout_error);
     Py_VISIT(st->closed_error);
@@ -963,6 +967,8 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->window_type);
     Py_CLEAR(st->manager_type);
     Py_CLEAR(st->listener_type);
+    Py_CLEAR(st->server_type);
+    Py_CLEAR(st->websocket_type);
     Py_CLEAR(st->error);
     Py_CLEAR(st->timeout_error);
     Py_CLEAR(st->closed_error);

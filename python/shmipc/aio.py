@@ -277,8 +277,9 @@ async def _until_session(session, attempt):
 
 
 async def accept(listener):
-    """Await a client on a Listener and return its Session. The handshake itself runs on
-    the loop's thread once the client is there (it takes well under a millisecond)."""
+    """Await a client on a Listener and return its Session. Handshakes run on the
+    listener's own threads, so a client that stalls its handshake never blocks the loop;
+    the descriptor may wake the loop while one is still running, and the wait goes on."""
     loop = asyncio.get_running_loop()
     while True:
         session = listener.accept(nonblock=True)

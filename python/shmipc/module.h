@@ -4,7 +4,8 @@
  * built with -fvisibility=hidden and only PyInit__shmipc is public.
  *
  * Files: _shmipc.c (module, errors, Config), stream.c (Stream, Chunk, the reserve window),
- * session.c (Session, SessionManager, Listener and its serve loop).
+ * session.c (Session, SessionManager, Listener and its serve loop), server.c (Server: the
+ * HTTP server with Python handlers; its Python half is _server.py).
  */
 #ifndef SHMIPC_PY_MODULE_H
 #define SHMIPC_PY_MODULE_H
@@ -24,6 +25,8 @@ typedef struct {
     PyTypeObject *window_type;
     PyTypeObject *manager_type;
     PyTypeObject *listener_type;
+    PyTypeObject *server_type;
+    PyTypeObject *websocket_type;
     PyObject *error;          /* shmipc.Error(OSError) */
     PyObject *timeout_error;  /* + TimeoutError */
     PyObject *closed_error;   /* handle closed locally */
@@ -166,5 +169,8 @@ shmipc_stream *shmipcpy_stream_detach(StreamObject *self);
 /* session.c */
 extern PyType_Spec shmipcpy_session_spec, shmipcpy_manager_spec, shmipcpy_listener_spec;
 PyObject *shmipcpy_connect(PyObject *module, PyObject *args, PyObject *kwargs);
+
+/* server.c */
+extern PyType_Spec shmipcpy_server_spec, shmipcpy_websocket_spec;
 
 #endif
