@@ -46,7 +46,7 @@ def test_python_example():
     out = subprocess.run([sys.executable, "-c", snippet("python")], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")), timeout=30)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("SHMIPC_EINVAL queue_capacity:")
+    assert out.stdout.strip() == "200 {'hello': 'world'}"
 
 
 def test_lua_example(tmp_path):
