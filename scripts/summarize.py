@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Adds up the results of every suite and prints them, ending with the line
-"N passed, N failed[, N skipped]". Exits 1 when anything failed, or when a step failed
-without a counted test failure (a crash, a build error).
+"N passed, N failed" (skips, if any, on the line before). Exits 1 when anything failed, or
+when a step failed without a counted test failure (a crash, a build error).
 
 Usage: summarize.py RESULTS_DIR [FAILED_STEP ...]
 """
@@ -97,10 +97,10 @@ def main():
         print("failed steps: " + ", ".join(failed_steps))
         if total[1] == 0:
             total[1] = len(failed_steps)
-    line = f"{total[0]} passed, {total[1]} failed"
+    # The last line is exactly "N passed, N failed", as CI reads it; skips go just above.
     if total[2]:
-        line += f", {total[2]} skipped"
-    print(line)
+        print(f"{total[2]} skipped")
+    print(f"{total[0]} passed, {total[1]} failed")
     return 1 if total[1] else 0
 
 

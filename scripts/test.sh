@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every suite: C (cmocka, plain, under ASan+UBSan
 # and under TSan), Python (pytest under Debian's /usr/bin/python3), Lua (tests/lua/harness.lua),
-# and the repository checks. Ends with one line: "N passed, N failed[, N skipped]".
+# and the repository checks. Ends with one line: "N passed, N failed".
 # Usage: scripts/test.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
