@@ -994,9 +994,8 @@ static int ws_upgrade(struct server_conn *sc, const struct shmipc__ws_route *wsr
  * timeout, while a send is in flight), and, while open and reading, the automatic ping and
  * the idle timeout. Input and output progress only raise a flag (rx_seen, tx_seen); the timer,
  * when it fires, turns the flags into times on its own clock, does what is due and starts
- * again for the next thing. So nothing touches the timer per message, and the times are
- * never early: the loop's clock is the turn's, which inside a dispatch can be as old as the
- * wait that preceded it. The cost is granularity: the idle timeout fails a peer between
+ * again for the next thing. So nothing touches the timer per message, and no time is ever
+ * counted from before the progress it follows. The cost is granularity: the idle timeout fails a peer between
  * `idle` and `idle` plus one check interval (the ping interval, else `idle`) after its last
  * byte, a ping goes out between one and two intervals of silence, and output that makes no
  * progress is given up between one and two keep-alive timeouts. With neither ping nor idle

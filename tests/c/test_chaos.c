@@ -170,6 +170,14 @@ static struct resources take_resources(void)
     return r;
 }
 
+/* Takes and closes every session the listener has queued (none when l is NULL). */
+static void drain_listener(shmipc_listener *l)
+{
+    shmipc_session *s;
+    while (l != NULL && shmipc_listener_accept(l, 0, &s) == 0)
+        shmipc_session_close(s);
+}
+
 static int same_resources(const struct resources *a, const struct resources *b)
 {
     return a->fds == b->fds && a->maps == b->maps && a->files == b->files && a->heap == b->heap;
@@ -183,9 +191,7 @@ static struct resources settled_resources(shmipc_listener *l)
 {
     struct resources a = take_resources(), b;
     for (int t = 0; t < 100; t++) {
-        shmipc_session *s;
-        while (l != NULL && shmipc_listener_accept(l, 0, &s) == 0)
-            shmipc_session_close(s);
+        drain_listener(l);
         usleep(10000);
         b = take_resources();
         if (same_resources(&a, &b))
@@ -205,9 +211,7 @@ static void check_resources(const struct resources *base, shmipc_listener *l, co
 {
     struct resources now = take_resources();
     for (int t = 0; t < 1000 && !same_resources(&now, base); t++) {
-        shmipc_session *s;
-        while (l != NULL && shmipc_listener_accept(l, 0, &s) == 0)
-            shmipc_session_close(s);
+        drain_listener(l);
         usleep(1000);
         now = take_resources();
     }
@@ -469,9 +473,7 @@ static void server_round(shmipc_listener *l, const char *address, const shmipc_c
     /* The session accepted may be an earlier peer's: this one's handshake (a listener
      * thread) may still be failing, and removes its files when it has. */
     for (int t = 0; accepted && left != 0 && t < 1000; t++) {
-        shmipc_session *q;
-        while (shmipc_listener_accept(l, 0, &q) == 0)
-            shmipc_session_close(q);
+        drain_listener(l);
         usleep(1000);
         left = count_files(infix, 0);
     }
