@@ -361,7 +361,13 @@ static int attach_memory(shmipc_session *s)
                                        queue_layout(s), SHMIPC__QUEUE_SERVER);
     if (rc < 0)
         return rc;
-    return shmipc__buffer_attach(&s->bm, s->buffer_map.base, s->buffer_map.size);
+    rc = shmipc__buffer_attach(&s->bm, s->buffer_map.base, s->buffer_map.size);
+    /* A file that shrank while we read its layout raised SIGBUS; the guard gave us zeros. */
+    if (rc == 0 &&
+        (shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map)))
+        rc = shmipc__fail(SHMIPC_EPROTO, "handshake: the peer's shared memory shrank under the "
+                                         "mapping (SIGBUS caught)");
+    return rc;
 }
 
 /* V4 memfds must be sealed against shrinking and growing: then no page can vanish under us. */

@@ -260,6 +260,24 @@ static int ended(shmipc_session *s)
 }
 
 /*
+ * The SIGBUS guard's verdict (shm/guard.h): when the peer shrank a file under one of our
+ * mappings, its pages are private zeros now, nothing more can be exchanged, and data already
+ * delivered from it may read as zeros. Ends the session then. Under mu.
+ */
+static int check_memory_locked(shmipc_session *s)
+{
+    int buffer = shmipc__mapping_damaged(&s->buffer_map);
+    if (!buffer && !shmipc__mapping_damaged(&s->queue_map))
+        return 0;
+    if (s->err == 0)
+        fail_locked(s, shmipc__fail(SHMIPC_EPROTO,
+                                    "shared memory %s: the file shrank under the mapping (SIGBUS "
+                                    "caught); the peer truncated it",
+                                    buffer ? s->buffer_path : s->queue_path));
+    return ended(s);
+}
+
+/*
  * What an event loop watches. Legacy and V4 socket wakeups: the socket. V4 eventfd wakeups:
  * an epoll set of the socket and our receive eventfd. V4 polling: the socket and a timerfd
  * that fires every negotiated interval, because then nothing else says the queue has work.
@@ -813,6 +831,8 @@ static int process_fds_locked(shmipc_session *s, int socket_ready)
     int events = 0, rc = 0;
     if (s->err)
         return s->err;
+    if ((rc = check_memory_locked(s)) < 0)
+        return rc;
     while (rc >= 0 && socket_ready) {
         if ((rc = grow_rbuf_locked(s)) < 0)
             break;
@@ -823,6 +843,8 @@ static int process_fds_locked(shmipc_session *s, int socket_ready)
     }
     if (rc >= 0 && s->wakeup != SHMIPC_WAKEUP_SOCKET)
         rc = drain_queue_locked(s, &events);
+    if (rc >= 0 && (rc = check_memory_locked(s)) < 0)
+        return rc;
     return finish_turn_locked(s, rc, events);
 }
 
@@ -1235,6 +1257,9 @@ static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
     uint64_t deadline = shmipc__deadline_ms(st->read_timeout_ms);
     int rc;
     for (;;) {
+        /* Delivered data stays readable after the session ends, unless it may be zeros now. */
+        if ((rc = check_memory_locked(s)) < 0)
+            return rc;
         if (st->unread >= need)
             return 0;
         if (st->state == SHMIPC__STREAM_PEER_CLOSED)
@@ -1649,6 +1674,14 @@ int shmipc__stream_flush(shmipc_stream *st)
         free_segments(s, st);
         return shmipc__fail(SHMIPC_EEOF, "stream %u: the peer closed the stream", st->id);
     }
+    /* The payload went into memory the peer may have truncated (shm/guard.h). */
+    if (shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map)) {
+        free_segments(s, st);
+        lock(s);
+        rc = check_memory_locked(s);
+        unlock(s);
+        return rc;
+    }
     if (heap || st->fallback) {
         /* Warn once per stream: after the first fallback every message takes the socket. */
         SHMIPC__LOG(st->fallback ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_WARN,
@@ -1683,6 +1716,12 @@ int shmipc__stream_flush(shmipc_stream *st)
         }
     }
     free_segments(s, st);
+    /* The element went into a queue that may have been truncated meanwhile. */
+    if (rc == 0 && shmipc__mapping_damaged(&s->queue_map)) {
+        lock(s);
+        rc = check_memory_locked(s);
+        unlock(s);
+    }
     return rc;
 }
 

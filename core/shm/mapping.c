@@ -1,6 +1,7 @@
 #include "shm/mapping.h"
 
 #include "common/error.h"
+#include "shm/guard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +22,7 @@ void shmipc__mapping_init(struct shmipc__mapping *m)
     m->base = NULL;
     m->size = 0;
     m->fd = -1;
+    m->guard = NULL;
     m->path[0] = '\0';
 }
 
@@ -51,6 +53,8 @@ static int map_shared(struct shmipc__mapping *m, int fd, size_t size, const char
         return shmipc__fail_errno(errno, "%s: mmap of %zu bytes", what, size);
     m->base = p;
     m->size = size;
+    /* The file may shrink under us (the peer holds it): a SIGBUS then ends a session only. */
+    m->guard = shmipc__guard_register(p, size);
     return 0;
 }
 
@@ -198,8 +202,14 @@ int shmipc__mapping_seal_size(struct shmipc__mapping *m)
     return 0;
 }
 
+int shmipc__mapping_damaged(const struct shmipc__mapping *m)
+{
+    return shmipc__guard_damaged(m->guard);
+}
+
 void shmipc__mapping_unmap(struct shmipc__mapping *m)
 {
+    shmipc__guard_unregister(m->guard);
     if (m->base != NULL)
         munmap(m->base, m->size);
     if (m->fd >= 0)

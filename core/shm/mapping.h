@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct shmipc__guard_slot;
+
 /* Bytes of a shared-memory name, NUL included: the reference keeps every path under 256. */
 #define SHMIPC__SHM_NAME_MAX 256
 
@@ -21,6 +23,7 @@ struct shmipc__mapping {
     void *base;
     size_t size;
     int fd;
+    struct shmipc__guard_slot *guard; /* shm/guard.h; NULL when unguarded */
     char path[SHMIPC__SHM_NAME_MAX];
 };
 
@@ -60,6 +63,13 @@ int shmipc__mapping_open_file(struct shmipc__mapping *m, const char *path);
  * disappear under it (SIGBUS). Legacy peers neither seal nor check seals; this is for V4.
  */
 int shmipc__mapping_seal_size(struct shmipc__mapping *m);
+
+/*
+ * 1 when the file under `m` shrank and an access raised SIGBUS: the SIGBUS guard (shm/guard.h)
+ * has replaced the mapping with private zero pages, so the memory is no longer shared with
+ * the peer and the session that owns it must end.
+ */
+int shmipc__mapping_damaged(const struct shmipc__mapping *m);
 
 /* Unmaps and closes whatever `m` holds and leaves it empty. Safe on an empty mapping. */
 void shmipc__mapping_unmap(struct shmipc__mapping *m);

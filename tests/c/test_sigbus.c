@@ -1,0 +1,416 @@
+/*
+ * Description: the SIGBUS guard (core/shm/guard.h). A peer that shrinks the memfd or the
+ * /dev/shm file under our mapping ends that session with SHMIPC_EPROTO instead of killing the
+ * process; a SIGBUS anywhere else still reaches the handler installed before ours, or the
+ * default action. The process-wide parts run in re-executed children, so each starts with the
+ * signal dispositions it checks.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shm/guard.h"
+#include "shm/mapping.h"
+#include "shmipc.h"
+
+static char address[128];
+static char self_exe[4096];
+
+static int count_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* Mappings of memfds and /dev/shm files, as /proc/self/maps lists them. */
+static int count_shm_maps(void)
+{
+    char line[512];
+    int n = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        n += strstr(line, "/memfd:") != NULL || strstr(line, "/dev/shm/") != NULL;
+    if (f != NULL)
+        fclose(f);
+    return n;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The guard alone                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+static void test_truncated_mapping_reads_zeros(void **state)
+{
+    (void)state;
+    struct shmipc__mapping m;
+    shmipc__mapping_init(&m);
+    assert_int_equal(shmipc__mapping_create_memfd(&m, "/sigbus-test", 1u << 20), 0);
+    assert_true(shmipc__guard_active());
+    volatile uint8_t *p = m.base;
+    memset(m.base, 0xa5, m.size);
+    assert_int_equal(shmipc__mapping_damaged(&m), 0);
+    /* What a hostile peer holding the fd can do: the pages past 4 KiB are gone. */
+    assert_int_equal(ftruncate(m.fd, 4096), 0);
+    assert_int_equal(p[512 * 1024], 0); /* would be SIGBUS */
+    assert_int_equal(shmipc__mapping_damaged(&m), 1);
+    /* The whole mapping is private zeros now, the first page too, and writable. */
+    assert_int_equal(p[0], 0);
+    p[100] = 7;
+    assert_int_equal(p[100], 7);
+    shmipc__mapping_unmap(&m);
+}
+
+static void test_intact_mapping_is_not_damaged(void **state)
+{
+    (void)state;
+    struct shmipc__mapping m;
+    shmipc__mapping_init(&m);
+    assert_int_equal(shmipc__mapping_create_memfd(&m, "/sigbus-intact", 65536), 0);
+    memset(m.base, 1, m.size);
+    assert_int_equal(shmipc__mapping_damaged(&m), 0);
+    shmipc__mapping_unmap(&m);
+    assert_int_equal(shmipc__mapping_damaged(&m), 0); /* an empty mapping never is */
+}
+
+/*
+ * Child modes (argv[1]), run in a fresh process by run_child():
+ *   default: the guard is installed over the default disposition; a SIGBUS on memory it does
+ *            not guard must still kill the process with SIGBUS.
+ *   chain:   a handler installed before the guard must still receive a SIGBUS on memory the
+ *            guard does not guard (it longjmps out and the child exits 0).
+ *   off:     SHMIPC_SIGBUS_GUARD=0 keeps the handler away: the guarded mapping kills.
+ */
+static sigjmp_buf chain_jump;
+
+static void chain_handler(int sig)
+{
+    (void)sig;
+    siglongjmp(chain_jump, 1);
+}
+
+/* A mapping of a memfd the guard does not know, then shrunk: the next read is a SIGBUS. */
+static volatile uint8_t *unguarded_truncated(void)
+{
+    int fd = memfd_create("sigbus-unguarded", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, 1 << 16) != 0)
+        _exit(90);
+    uint8_t *p = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED || ftruncate(fd, 0) != 0)
+        _exit(91);
+    return p;
+}
+
+static int child_main(const char *mode)
+{
+    struct shmipc__mapping m;
+    shmipc__mapping_init(&m);
+    if (strcmp(mode, "chain") == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = chain_handler;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, NULL) != 0)
+            return 92;
+    }
+    /* The first mapping installs the guard. */
+    if (shmipc__mapping_create_memfd(&m, "/sigbus-child", 65536) < 0)
+        return 93;
+    if (strcmp(mode, "off") == 0) {
+        if (shmipc__guard_active() || ftruncate(m.fd, 0) != 0)
+            return 94;
+        return ((volatile uint8_t *)m.base)[8192]; /* dies here */
+    }
+    if (!shmipc__guard_active())
+        return 95;
+    volatile uint8_t *p = unguarded_truncated();
+    if (strcmp(mode, "chain") == 0 && sigsetjmp(chain_jump, 1) != 0)
+        return 0;       /* the earlier handler ran */
+    return p[100] + 96; /* dies here (default), or jumps back above (chain) */
+}
+
+/* Runs this program in child mode `mode`; returns its wait status. */
+static int run_child(const char *mode, const char *guard_knob)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (guard_knob != NULL)
+            setenv("SHMIPC_SIGBUS_GUARD", guard_knob, 1);
+        /* A sanitizer's own report of the SIGBUS is not what this checks. */
+        setenv("ASAN_OPTIONS", "handle_sigbus=0:detect_leaks=0", 1);
+        setenv("TSAN_OPTIONS", "handle_sigbus=0", 1);
+        execl(self_exe, self_exe, "--child", mode, (char *)NULL);
+        _exit(127);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return status;
+}
+
+static void test_unguarded_sigbus_still_kills(void **state)
+{
+    (void)state;
+    int status = run_child("default", NULL);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGBUS);
+}
+
+static void test_earlier_handler_is_chained(void **state)
+{
+    (void)state;
+    int status = run_child("chain", NULL);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static void test_knob_turns_the_guard_off(void **state)
+{
+    (void)state;
+    int status = run_child("off", "0");
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGBUS);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Sessions whose peer truncates the memory                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The fd (of this process) whose memfd name contains `part`, or -1. */
+static int memfd_named(const char *part)
+{
+    char link[300], target[512];
+    int found = -1;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL && found < 0;) {
+        snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n <= 0)
+            continue;
+        target[n] = '\0';
+        if (strstr(target, "/memfd:") != NULL && strstr(target, part) != NULL)
+            found = atoi(e->d_name);
+    }
+    if (d != NULL)
+        closedir(d);
+    return found;
+}
+
+/* The file under /dev/shm whose name starts with `prefix`'s base name and contains `part`. */
+static void devshm_named(const char *prefix, const char *part, char *out, size_t cap)
+{
+    const char *base = strrchr(prefix, '/') + 1;
+    DIR *d = opendir("/dev/shm");
+    out[0] = '\0';
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL && out[0] == '\0';)
+        if (strncmp(e->d_name, base, strlen(base)) == 0 && strstr(e->d_name, part) != NULL)
+            snprintf(out, cap, "/dev/shm/%s", e->d_name);
+    if (d != NULL)
+        closedir(d);
+}
+
+/* Shrinks the peer's memory: the memfd named `part` (V3) or the file `prefix`...`part` (V2). */
+static void truncate_memory(int memmap, const char *prefix, const char *part)
+{
+    if (memmap == SHMIPC_MEMMAP_MEMFD) {
+        int fd = memfd_named(part);
+        assert_true(fd >= 0);
+        assert_int_equal(ftruncate(fd, 0), 0);
+        return;
+    }
+    char path[512];
+    devshm_named(prefix, part, path, sizeof path);
+    assert_true(path[0] != '\0');
+    assert_int_equal(truncate(path, 0), 0);
+}
+
+struct pair {
+    shmipc_config *cfg;
+    shmipc_listener *l;
+    shmipc_session *client, *server;
+    shmipc_stream *cs, *ss;
+    char prefix[128];
+    char address[160];
+    int connect_rc;
+};
+
+static void *connect_main(void *arg)
+{
+    struct pair *p = arg;
+    p->connect_rc = shmipc_session_connect(p->address, p->cfg, &p->client);
+    return NULL;
+}
+
+/* A client and a server session of this process, with one stream that has carried a message. */
+static void pair_open(struct pair *p, int memmap)
+{
+    const void *data;
+    memset(p, 0, sizeof *p);
+    snprintf(p->prefix, sizeof p->prefix, "/dev/shm/shmipc-sigbus-%ld-%d", (long)getpid(), memmap);
+    static int pairs;
+    snprintf(p->address, sizeof p->address, "%s-%d", address, ++pairs);
+    assert_int_equal(shmipc_config_new(&p->cfg), 0);
+    assert_int_equal(shmipc_config_set_buffer_capacity(p->cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_set_path_prefix(p->cfg, p->prefix), 0);
+    assert_int_equal(shmipc_config_set_memmap_type(p->cfg, memmap), 0);
+    assert_int_equal(shmipc_listener_new(p->address, NULL, &p->l), 0);
+    /* The listener hands its handshakes over in accept(): connect from another thread. */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, connect_main, p), 0);
+    int rc = shmipc_listener_accept(p->l, 5000, &p->server);
+    pthread_join(t, NULL);
+    assert_int_equal(rc, 0);
+    assert_int_equal(p->connect_rc, 0);
+    assert_int_equal(shmipc_session_version(p->client), memmap == SHMIPC_MEMMAP_MEMFD ? 3 : 2);
+    assert_int_equal(shmipc_session_open_stream(p->client, &p->cs), 0);
+    assert_int_equal(shmipc_stream_write(p->cs, "ping", 4), 0);
+    assert_int_equal(shmipc_stream_flush(p->cs), 0);
+    assert_int_equal(shmipc_session_accept_stream(p->server, 5000, &p->ss), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(p->ss, 4, &data, 0), 0);
+    assert_memory_equal(data, "ping", 4);
+    assert_int_equal(shmipc_stream_release(p->ss), 0);
+}
+
+static void pair_close(struct pair *p)
+{
+    shmipc_stream_close(p->cs);
+    shmipc_stream_close(p->ss);
+    shmipc_session_close(p->client);
+    shmipc_session_close(p->server);
+    shmipc_listener_close(p->l);
+    shmipc_config_free(p->cfg);
+}
+
+static void assert_truncation_error(int rc)
+{
+    assert_int_equal(rc, SHMIPC_EPROTO);
+    assert_non_null(strstr(shmipc_error_detail(), "shrank"));
+}
+
+/* The writer fills slices of a truncated buffer: its flush ends its session. */
+static void writer_sees_truncation(int memmap)
+{
+    static uint8_t big[256 * 1024];
+    const void *data;
+    struct pair p;
+    int fds = count_fds(), maps = count_shm_maps();
+    pair_open(&p, memmap);
+    truncate_memory(memmap, p.prefix, "_buffer");
+    memset(big, 0x5a, sizeof big);
+    int rc = shmipc_stream_write(p.cs, big, sizeof big);
+    if (rc == 0)
+        rc = shmipc_stream_flush(p.cs);
+    assert_truncation_error(rc);
+    /* The session is over for every later call, and the peer learns it from the socket. */
+    rc = shmipc_stream_write(p.cs, "x", 1);
+    assert_int_not_equal(rc == 0 ? shmipc_stream_flush(p.cs) : rc, 0);
+    rc = shmipc_stream_read_exact_bytes(p.ss, 1, &data, 0);
+    assert_true(rc == SHMIPC_ECONNRESET || rc == SHMIPC_EEOF || rc == SHMIPC_EPROTO);
+    pair_close(&p);
+    assert_int_equal(count_fds(), fds);
+    assert_int_equal(count_shm_maps(), maps);
+}
+
+/* The reader drains a truncated queue: its read ends its session. */
+static void reader_sees_truncation(int memmap)
+{
+    const void *data;
+    struct pair p;
+    int fds = count_fds(), maps = count_shm_maps();
+    pair_open(&p, memmap);
+    assert_int_equal(shmipc_stream_write(p.cs, "pong", 4), 0);
+    assert_int_equal(shmipc_stream_flush(p.cs), 0);
+    truncate_memory(memmap, p.prefix, "_queue_");
+    assert_truncation_error(shmipc_stream_read_exact_bytes(p.ss, 4, &data, 0));
+    assert_int_equal(shmipc_session_accept_stream(p.server, 0, &(shmipc_stream *){NULL}),
+                     SHMIPC_EPROTO);
+    pair_close(&p);
+    assert_int_equal(count_fds(), fds);
+    assert_int_equal(count_shm_maps(), maps);
+}
+
+static void test_v3_writer_sees_truncated_buffer(void **state)
+{
+    (void)state;
+    writer_sees_truncation(SHMIPC_MEMMAP_MEMFD);
+}
+
+static void test_v3_reader_sees_truncated_queue(void **state)
+{
+    (void)state;
+    reader_sees_truncation(SHMIPC_MEMMAP_MEMFD);
+}
+
+static void test_v2_writer_sees_truncated_buffer(void **state)
+{
+    (void)state;
+    writer_sees_truncation(SHMIPC_MEMMAP_DEVSHM);
+}
+
+static void test_v2_reader_sees_truncated_queue(void **state)
+{
+    (void)state;
+    reader_sees_truncation(SHMIPC_MEMMAP_DEVSHM);
+}
+
+/* Other sessions of the process go on working after one was hit. */
+static void test_other_sessions_unaffected(void **state)
+{
+    (void)state;
+    const void *data;
+    struct pair hit, other;
+    pair_open(&other, SHMIPC_MEMMAP_MEMFD);
+    pair_open(&hit, SHMIPC_MEMMAP_DEVSHM);
+    truncate_memory(SHMIPC_MEMMAP_DEVSHM, hit.prefix, "_queue_");
+    int rc = shmipc_stream_write(hit.cs, "dead", 4);
+    assert_int_not_equal(rc == 0 ? shmipc_stream_flush(hit.cs) : rc, 0);
+    assert_int_equal(shmipc_stream_write(other.cs, "live", 4), 0);
+    assert_int_equal(shmipc_stream_flush(other.cs), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(other.ss, 4, &data, 0), 0);
+    assert_memory_equal(data, "live", 4);
+    pair_close(&hit);
+    pair_close(&other);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--child") == 0)
+        return child_main(argv[2]);
+    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    if (n <= 0)
+        return 1;
+    self_exe[n] = '\0';
+    snprintf(address, sizeof address, "unix:/tmp/shmipc-test-sigbus-%ld.sock", (long)getpid());
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_truncated_mapping_reads_zeros),
+        cmocka_unit_test(test_intact_mapping_is_not_damaged),
+        cmocka_unit_test(test_unguarded_sigbus_still_kills),
+        cmocka_unit_test(test_earlier_handler_is_chained),
+        cmocka_unit_test(test_knob_turns_the_guard_off),
+        cmocka_unit_test(test_v3_writer_sees_truncated_buffer),
+        cmocka_unit_test(test_v3_reader_sees_truncated_queue),
+        cmocka_unit_test(test_v2_writer_sees_truncated_buffer),
+        cmocka_unit_test(test_v2_reader_sees_truncated_queue),
+        cmocka_unit_test(test_other_sessions_unaffected),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
