@@ -93,12 +93,17 @@ static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **ou
 /* The slice cache                                                                      */
 /* ------------------------------------------------------------------------------------ */
 
-/* Sizes the cache once the buffer is known: a few slices per list, never a big share. */
+/*
+ * Sizes the cache once the buffer is known: a quarter of each list, so that a whole window of
+ * messages in flight comes back to slices that are still hot. Without memory for it, a list
+ * simply has no cache.
+ */
 static void cache_init(shmipc_session *s)
 {
     for (uint32_t l = 0; l < s->bm.nlists; l++) {
-        uint32_t max = s->bm.lists[l].cap / 16;
-        s->cache[l].max = max > SHMIPC__SLICE_CACHE ? SHMIPC__SLICE_CACHE : max;
+        uint32_t max = s->bm.lists[l].cap / SHMIPC__SLICE_CACHE_SHARE;
+        s->cache[l].off = max > 0 ? malloc(max * sizeof *s->cache[l].off) : NULL;
+        s->cache[l].max = s->cache[l].off != NULL ? max : 0;
     }
 }
 
@@ -195,6 +200,8 @@ static void session_destroy(shmipc_session *s)
     /* Kept slices go back: a server's peer may go on using its buffer for a while. */
     if (s->bm.base != NULL)
         shmipc__session_trim(s);
+    for (uint32_t l = 0; l < SHMIPC__BM_MAX_LISTS; l++)
+        free(s->cache[l].off);
     free(s->buckets);
     free(s->accept_q);
     free(s->ready);

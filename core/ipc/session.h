@@ -33,8 +33,11 @@ enum shmipc__stream_state {
     SHMIPC__STREAM_PEER_CLOSED = 1, /* the peer closed: reads drain, then end */
 };
 
-/* Slices of each list a session keeps back for reuse (see shmipc_session.cache). */
-#define SHMIPC__SLICE_CACHE 64
+/*
+ * A session keeps back at most 1/SHMIPC__SLICE_CACHE_SHARE of each list's slices for reuse
+ * (see shmipc_session.cache): both sides together at most half of a list.
+ */
+#define SHMIPC__SLICE_CACHE_SHARE 4
 
 /* What a fallback chunk costs beyond its bytes: the copy's malloc header and its chunk entry. */
 #define SHMIPC__FALLBACK_CHUNK_COST 64u
@@ -127,14 +130,15 @@ struct shmipc_session {
     uint32_t accept_head, accept_len, accept_cap;
 
     /*
-     * Slices we were done with, kept back from the shared free lists (LIFO, a few per list) to
-     * be written again while still hot in the caches; the reference's free lists are FIFO, so
-     * every message would otherwise go to the coldest slice. Under cache_mu.
+     * Slices we were done with, kept back from the shared free lists (LIFO, up to a quarter of
+     * each list) to be written again while still hot in the CPU caches. The reference's free
+     * lists are FIFO, so every message would otherwise go to the coldest slice of the list: with
+     * more messages in flight than the cache holds, throughput fell to a third. Under cache_mu.
      */
     pthread_mutex_t cache_mu;
     struct {
         uint32_t n, max;
-        uint32_t off[SHMIPC__SLICE_CACHE];
+        uint32_t *off; /* max entries, allocated when the buffer is known */
     } cache[SHMIPC__BM_MAX_LISTS];
 
     /* Bytes read from the socket and not yet parsed. */
