@@ -1058,6 +1058,11 @@ static const char *const backend_names[] = {"default", "auto",          "io_urin
 
 enum opt_kind { O_ADDRESS, O_PORT, O_WORKERS, O_BACKEND, O_TIMEOUT, O_LIMIT, O_NAME, O_ON_ERROR };
 
+/*
+ * The options, in the order they are applied (whatever the order of the table): the limits
+ * checked against each other come in the order that lets any consistent pair pass from the
+ * defaults, the WebSocket send queue's high-water mark before its limit.
+ */
 static const struct server_option {
     const char *name;
     enum opt_kind kind;
@@ -1077,6 +1082,10 @@ static const struct server_option {
     {"max_body", O_LIMIT, SHMIPC_SERVER_LIMIT_BODY, T(LUA_TNUMBER)},
     {"pipeline", O_LIMIT, SHMIPC_SERVER_LIMIT_PIPELINE, T(LUA_TNUMBER)},
     {"max_ws_message", O_LIMIT, SHMIPC_SERVER_LIMIT_WS_MESSAGE, T(LUA_TNUMBER)},
+    {"ws_ping_timeout", O_TIMEOUT, SHMIPC_SERVER_TIMEOUT_WS_PING, T(LUA_TNUMBER)},
+    {"ws_idle_timeout", O_TIMEOUT, SHMIPC_SERVER_TIMEOUT_WS_IDLE, T(LUA_TNUMBER)},
+    {"ws_send_high_water", O_LIMIT, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER, T(LUA_TNUMBER)},
+    {"ws_send_limit", O_LIMIT, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, T(LUA_TNUMBER)},
     {"server_name", O_NAME, 0, T(LUA_TSTRING) | T(LUA_TBOOLEAN)},
     {"on_error", O_ON_ERROR, 0, T(LUA_TFUNCTION)},
 };
@@ -1167,7 +1176,10 @@ static int apply_server_option(lua_State *L, shmipc_server_config *cfg,
     return rc < 0 ? shmipc__lua_push_failure(L, rc) : 0;
 }
 
-/* Builds the C config from the options at 1 into the config userdata's slot. */
+/*
+ * Builds the C config from the options at 1: every name and type is checked first, then the
+ * options are applied in the order of server_options.
+ */
 static int build_config(lua_State *L, shmipc_server_config *cfg)
 {
     lua_pushnil(L);
@@ -1181,9 +1193,14 @@ static int build_config(lua_State *L, shmipc_server_config *cfg)
         if ((o->types & T(lua_type(L, -1))) == 0)
             return luaL_error(L, "shmipc.server: option '%s' got a %s", o->name,
                               luaL_typename(L, -1));
-        int nres = apply_server_option(L, cfg, o);
-        if (nres != 0)
-            return nres;
+        lua_pop(L, 1);
+    }
+    for (size_t i = 0; i < NSERVER_OPTIONS; i++) {
+        if (lua_getfield(L, 1, server_options[i].name) != LUA_TNIL) {
+            int nres = apply_server_option(L, cfg, &server_options[i]);
+            if (nres != 0)
+                return nres;
+        }
         lua_pop(L, 1);
     }
     return 0;
@@ -1202,9 +1219,9 @@ static int config_box_gc(lua_State *L)
  * shmipc.server([opts]) -> server, or nil, message, code when an option is refused. Options:
  * address, port, workers, backend, header_timeout, keepalive_timeout, stop_timeout (seconds),
  * max_request_line, max_head_bytes, max_headers, max_body, pipeline, max_ws_message,
- * server_name (false: no
- * Server header), on_error (function(message), called for each handler error; default: a
- * line on stderr).
+ * ws_ping_timeout, ws_idle_timeout (seconds, 0: never), ws_send_high_water, ws_send_limit,
+ * server_name (false: no Server header), on_error (function(message), called for each
+ * handler error; default: a line on stderr).
  */
 static int l_server(lua_State *L)
 {

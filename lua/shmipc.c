@@ -483,6 +483,96 @@ static int config_server_v4(lua_State *L)
     return setter_result(L, shmipc_config_set_server_v4(cfg, lua_toboolean(L, 2), features));
 }
 
+/*
+ * peer_uids({uid, ...}) or peer_uids() -> array: the allow-list of peer uids (SO_PEERCRED);
+ * {} clears it, so any peer that can reach the socket is accepted (the default).
+ */
+static int config_peer_uids(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    uint32_t uids[SHMIPC_MAX_PEER_UIDS];
+    if (is_getter(L)) {
+        int n = shmipc_config_get_peer_uids(cfg, uids, SHMIPC_MAX_PEER_UIDS);
+        if (n < 0)
+            return shmipc__lua_push_failure(L, n);
+        if (n > SHMIPC_MAX_PEER_UIDS)
+            n = SHMIPC_MAX_PEER_UIDS;
+        lua_createtable(L, n, 0);
+        for (int i = 0; i < n; i++) {
+            lua_pushinteger(L, uids[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        return 1;
+    }
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, 2);
+    if (n > SHMIPC_MAX_PEER_UIDS)
+        return shmipc__lua_push_invalid(L, "peer_uids: %I uids, at most %d", n,
+                                        SHMIPC_MAX_PEER_UIDS);
+    for (lua_Integer i = 1; i <= n; i++) {
+        int isint = 0;
+        lua_geti(L, 2, i);
+        lua_Integer uid = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
+        if (!isint)
+            return luaL_error(L, "peer_uids: entry %I is a %s, not an integer uid", i,
+                              lua_type(L, -1) == LUA_TNUMBER ? "float" : luaL_typename(L, -1));
+        lua_pop(L, 1);
+        if (uid < 0 || (lua_Unsigned)uid > UINT32_MAX)
+            return shmipc__lua_push_invalid(L, "peer_uids: entry %I is %I, outside 0..%I", i, uid,
+                                            (lua_Integer)UINT32_MAX - 1);
+        uids[i - 1] = (uint32_t)uid;
+    }
+    return setter_result(L, shmipc_config_set_peer_uids(cfg, uids, (size_t)n));
+}
+
+/*
+ * socket_mode(mode) or socket_mode() -> integer: the permission bits of a listener's socket
+ * file. Lua has no octal literals, so the mode may also be a string of octal digits ("660",
+ * "0660"); 0 restores the default 0600.
+ */
+static int config_socket_mode(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    lua_Integer mode = 0;
+    if (is_getter(L)) {
+        lua_pushinteger(L, (lua_Integer)shmipc_config_get_socket_mode(cfg));
+        return 1;
+    }
+    if (lua_type(L, 2) == LUA_TSTRING) {
+        size_t len;
+        const char *s = lua_tolstring(L, 2, &len);
+        if (len == 0 || len > 4 || strspn(s, "01234567") != len)
+            return shmipc__lua_push_invalid(
+                L, "socket_mode: \"%s\" is not an octal mode such as \"0660\"", s);
+        for (size_t i = 0; i < len; i++)
+            mode = mode * 8 + (s[i] - '0');
+    } else {
+        mode = luaL_checkinteger(L, 2);
+    }
+    if (mode < 0 || mode > 0777)
+        return shmipc__lua_push_invalid(L, "socket_mode: %I has bits outside 0777 (511)", mode);
+    return setter_result(L, shmipc_config_set_socket_mode(cfg, (unsigned)mode));
+}
+
+static int config_max_pending_streams(lua_State *L)
+{
+    return u32_field(L, "max_pending_streams", shmipc_config_set_max_pending_streams,
+                     shmipc_config_get_max_pending_streams);
+}
+
+static int config_max_fallback_unread(lua_State *L)
+{
+    shmipc_config *cfg = check_config(L, 1);
+    if (is_getter(L)) {
+        lua_pushinteger(L, (lua_Integer)shmipc_config_get_max_fallback_unread(cfg));
+        return 1;
+    }
+    lua_Integer n = luaL_checkinteger(L, 2);
+    if (n < 0)
+        return shmipc__lua_push_invalid(L, "max_fallback_unread: %I is negative", n);
+    return setter_result(L, shmipc_config_set_max_fallback_unread(cfg, (uint64_t)n));
+}
+
 /* validate() -> true, or nil, message, code. */
 static int config_validate(lua_State *L)
 {
@@ -523,6 +613,10 @@ static const luaL_Reg config_methods[] = {
     {"max_stream_num", config_max_stream_num},
     {"rebuild_interval", config_rebuild_interval},
     {"server_v4", config_server_v4},
+    {"peer_uids", config_peer_uids},
+    {"socket_mode", config_socket_mode},
+    {"max_pending_streams", config_max_pending_streams},
+    {"max_fallback_unread", config_max_fallback_unread},
     {"validate", config_validate},
     {"clone", config_clone},
     {"close", config_close},
@@ -578,6 +672,10 @@ static const struct option {
     {"max_stream_num", config_max_stream_num, T(LUA_TNUMBER), OPT_VALUE},
     {"rebuild_interval", config_rebuild_interval, T(LUA_TNUMBER), OPT_VALUE},
     {"server_v4", config_server_v4, T(LUA_TBOOLEAN) | T(LUA_TTABLE), OPT_UNPACK},
+    {"peer_uids", config_peer_uids, T(LUA_TTABLE), OPT_VALUE},
+    {"socket_mode", config_socket_mode, T(LUA_TNUMBER) | T(LUA_TSTRING), OPT_VALUE},
+    {"max_pending_streams", config_max_pending_streams, T(LUA_TNUMBER), OPT_VALUE},
+    {"max_fallback_unread", config_max_fallback_unread, T(LUA_TNUMBER), OPT_VALUE},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 

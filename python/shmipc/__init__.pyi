@@ -49,6 +49,18 @@ class Config:
     session_num: int
     max_stream_num: int
     rebuild_interval: float
+    server_v4: bool
+    @property
+    def server_v4_features(self) -> Tuple[Literal["eventfd", "polling"], ...]: ...
+    @server_v4_features.setter
+    def server_v4_features(self, value: Iterable[Literal["eventfd", "polling"]]) -> None: ...
+    @property
+    def peer_uids(self) -> list[int]: ...
+    @peer_uids.setter
+    def peer_uids(self, value: Optional[Iterable[int]]) -> None: ...
+    socket_mode: int
+    max_pending_streams: int
+    max_fallback_unread: int
     @property
     def protocol(self) -> Literal["legacy", "v4"]: ...
     @property
@@ -72,6 +84,12 @@ class Config:
         session_num: int = ...,
         max_stream_num: int = ...,
         rebuild_interval: float = ...,
+        server_v4: bool = ...,
+        server_v4_features: Iterable[Literal["eventfd", "polling"]] = ...,
+        peer_uids: Optional[Iterable[int]] = ...,
+        socket_mode: int = ...,
+        max_pending_streams: int = ...,
+        max_fallback_unread: int = ...,
     ) -> None: ...
     def set_protocol(self, protocol: Literal["legacy", "v4"], fallback: bool = ...) -> "Config": ...
     def set_wakeup(
@@ -274,6 +292,10 @@ class Server(_ContextManager):
         pipeline: Optional[int] = ...,
         server_name: Optional[str] = ...,
         max_ws_message: Optional[int] = ...,
+        ws_ping_timeout: Optional[float] = ...,
+        ws_idle_timeout: Optional[float] = ...,
+        ws_send_high_water: Optional[int] = ...,
+        ws_send_limit: Optional[int] = ...,
     ) -> None: ...
     @overload
     def route(self, method: Optional[str], path: str) -> Callable[[_H], _H]: ...

@@ -533,6 +533,219 @@ static PyObject *get_polling_interval_us(ConfigObject *self, void *closure)
     return PyLong_FromUnsignedLong(shmipc_config_get_polling_interval_us(self->cfg));
 }
 
+/* server_v4: whether a listener accepts V4 clients; the offered features are kept as they are. */
+static const char *const v4_feature_names[] = {"eventfd", "polling"};
+#define ALL_V4_FEATURES (SHMIPC_V4_FEATURE_EVENTFD | SHMIPC_V4_FEATURE_POLLING)
+
+static PyObject *get_server_v4(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(shmipc_config_get_server_v4(self->cfg, NULL) > 0);
+}
+
+static int set_server_v4(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    unsigned features = 0;
+    if (require_value(value, "server_v4") < 0)
+        return -1;
+    if (!PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "Config.server_v4 must be a bool, not %.100s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    (void)shmipc_config_get_server_v4(self->cfg, &features);
+    return setter_result(self, shmipc_config_set_server_v4(self->cfg, value == Py_True, features));
+}
+
+/* The offered V4 features as a tuple of names, in the order of their bits. */
+static PyObject *get_server_v4_features(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    unsigned features = 0;
+    Py_ssize_t n = 0;
+    (void)shmipc_config_get_server_v4(self->cfg, &features);
+    PyObject *tuple = PyTuple_New(__builtin_popcount(features & ALL_V4_FEATURES));
+    for (int i = 0; tuple != NULL && i < 2; i++) {
+        if ((features & (1u << i)) == 0)
+            continue;
+        PyObject *name = PyUnicode_FromString(v4_feature_names[i]);
+        if (name == NULL)
+            Py_CLEAR(tuple);
+        else
+            PyTuple_SET_ITEM(tuple, n++, name);
+    }
+    return tuple;
+}
+
+/* Any iterable of "eventfd" and "polling" (a str alone is refused: it is not a list of names). */
+static int set_server_v4_features(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    module_state *st = shmipcpy_state_of_type(Py_TYPE(self));
+    unsigned features = 0;
+    if (require_value(value, "server_v4_features") < 0)
+        return -1;
+    if (PyUnicode_Check(value) || PyBytes_Check(value)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Config.server_v4_features must be an iterable of names, not a string");
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(value, "Config.server_v4_features must be an iterable of "
+                                           "'eventfd' and 'polling'");
+    if (seq == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyUnicode_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "Config.server_v4_features items must be str, not %.100s",
+                         Py_TYPE(item)->tp_name);
+            Py_DECREF(seq);
+            return -1;
+        }
+        int bit = lookup_name(v4_feature_names, 2, item);
+        if (bit < 0) {
+            PyErr_Clear(); /* a str that is no valid UTF-8 is just an unknown name here */
+            Py_DECREF(seq);
+            shmipcpy_raise_invalid(st, "server_v4_features",
+                                   "each feature must be 'eventfd' or 'polling'");
+            return -1;
+        }
+        features |= 1u << bit;
+    }
+    Py_DECREF(seq);
+    int accept = shmipc_config_get_server_v4(self->cfg, NULL);
+    return setter_result(self, shmipc_config_set_server_v4(self->cfg, accept, features));
+}
+
+static PyObject *get_peer_uids(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    uint32_t uids[SHMIPC_MAX_PEER_UIDS];
+    int n = shmipc_config_get_peer_uids(self->cfg, uids, SHMIPC_MAX_PEER_UIDS);
+    if (n < 0)
+        return shmipcpy_raise_last(shmipcpy_state_of_type(Py_TYPE(self)), n);
+    if (n > SHMIPC_MAX_PEER_UIDS)
+        n = SHMIPC_MAX_PEER_UIDS;
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *uid = PyLong_FromUnsignedLong(uids[i]);
+        if (uid == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, uid);
+    }
+    return list;
+}
+
+/*
+ * An iterable of ints (uids), or None or [] to clear the allow-list. Read one item at a time,
+ * so an endless iterator is refused after SHMIPC_MAX_PEER_UIDS + 1 items, not materialized.
+ */
+static int set_peer_uids(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    module_state *st = shmipcpy_state_of_type(Py_TYPE(self));
+    uint32_t uids[SHMIPC_MAX_PEER_UIDS];
+    size_t n = 0;
+    int rc = -1;
+    PyObject *it, *item = NULL;
+    if (require_value(value, "peer_uids") < 0)
+        return -1;
+    if (value == Py_None)
+        return setter_result(self, shmipc_config_set_peer_uids(self->cfg, NULL, 0));
+    if (PyUnicode_Check(value) || PyBytes_Check(value) || (it = PyObject_GetIter(value)) == NULL) {
+        PyErr_Format(PyExc_TypeError,
+                     "Config.peer_uids must be an iterable of int uids or None, not %.100s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    while ((item = PyIter_Next(it)) != NULL) {
+        uint64_t v;
+        if (!PyLong_Check(item) || PyBool_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "Config.peer_uids items must be int uids, not %.100s",
+                         Py_TYPE(item)->tp_name);
+            goto done;
+        }
+        if (to_u64(self, item, "peer_uids", &v) < 0)
+            goto done;
+        if (v > UINT32_MAX) {
+            shmipcpy_raise_invalid(st, "peer_uids", "a uid is 0..4294967294");
+            goto done;
+        }
+        if (n == SHMIPC_MAX_PEER_UIDS) {
+            shmipcpy_raise_invalid(st, "peer_uids", "more uids than the 64 allowed (at most 64)");
+            goto done;
+        }
+        uids[n++] = (uint32_t)v;
+        Py_CLEAR(item);
+    }
+    if (!PyErr_Occurred())
+        rc = setter_result(self, shmipc_config_set_peer_uids(self->cfg, uids, n));
+done:
+    Py_XDECREF(item);
+    Py_DECREF(it);
+    return rc;
+}
+
+static PyObject *get_socket_mode(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLong(shmipc_config_get_socket_mode(self->cfg));
+}
+
+static int set_socket_mode(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    uint64_t v;
+    if (require_value(value, "socket_mode") < 0 || to_u64(self, value, "socket_mode", &v) < 0)
+        return -1;
+    if (v > 0777) {
+        shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "socket_mode",
+                               "has bits outside 0o777");
+        return -1;
+    }
+    return setter_result(self, shmipc_config_set_socket_mode(self->cfg, (unsigned)v));
+}
+
+static PyObject *get_max_pending_streams(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLong(shmipc_config_get_max_pending_streams(self->cfg));
+}
+
+static int set_max_pending_streams(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    uint64_t v;
+    if (require_value(value, "max_pending_streams") < 0 ||
+        to_u64(self, value, "max_pending_streams", &v) < 0)
+        return -1;
+    if (v > UINT32_MAX) {
+        shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "max_pending_streams",
+                               "out of range");
+        return -1;
+    }
+    return setter_result(self, shmipc_config_set_max_pending_streams(self->cfg, (uint32_t)v));
+}
+
+static PyObject *get_max_fallback_unread(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(shmipc_config_get_max_fallback_unread(self->cfg));
+}
+
+static int set_max_fallback_unread(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    uint64_t v;
+    if (require_value(value, "max_fallback_unread") < 0 ||
+        to_u64(self, value, "max_fallback_unread", &v) < 0)
+        return -1;
+    return setter_result(self, shmipc_config_set_max_fallback_unread(self->cfg, v));
+}
+
 static PyObject *config_set_protocol(ConfigObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"protocol", "fallback", NULL};
@@ -701,6 +914,33 @@ static PyGetSetDef config_getset[] = {
      NULL},
     {"polling_interval_us", (getter)get_polling_interval_us, NULL,
      "Polling interval in microseconds (0 unless wakeup is 'polling').", NULL},
+    {"server_v4", (getter)get_server_v4, (setter)set_server_v4,
+     "Listener: whether V4 clients are accepted (default True). A listener that refuses V4\n"
+     "closes the connection on a V4 header, so V4 clients with fallback retry legacy.",
+     NULL},
+    {"server_v4_features", (getter)get_server_v4_features, (setter)set_server_v4_features,
+     "Listener: the optional V4 features offered, a tuple of 'eventfd' and 'polling'\n"
+     "(default both). Set from any iterable of those names; () offers neither.",
+     NULL},
+    {"peer_uids", (getter)get_peer_uids, (setter)set_peer_uids,
+     "Allow-list of peer uids (SO_PEERCRED), a list of ints; [] means any peer (default).\n"
+     "When set, a listener drops a client whose uid is not listed and a client refuses such\n"
+     "a server (shmipc.Error named SHMIPC_EACCES). Needs a unix socket. At most 64 uids;\n"
+     "set from any iterable of ints, or None or [] to clear. The getter returns a copy.",
+     NULL},
+    {"socket_mode", (getter)get_socket_mode, (setter)set_socket_mode,
+     "Listener: permission bits of the unix socket file, 0o1..0o777 (default 0o600; 0\n"
+     "restores it). Abstract sockets ('unix:@name') have no file: pair them with peer_uids.",
+     NULL},
+    {"max_pending_streams", (getter)get_max_pending_streams, (setter)set_max_pending_streams,
+     "Server side: streams the peer may open that nobody accepted yet, 1..65536 (default\n"
+     "4096; 0 restores it). One more ends the session with ProtocolError.",
+     NULL},
+    {"max_fallback_unread", (getter)get_max_fallback_unread, (setter)set_max_fallback_unread,
+     "Bytes of fallback data (sent over the socket when shared memory was full) a session\n"
+     "holds unread or unreleased, 65536..2**40 (default 128 MiB; 0 restores it). More ends\n"
+     "the session with ProtocolError.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -797,7 +797,11 @@ static int config_timeout(module_state *ms, shmipc_server_config *cfg, PyObject 
     int64_t ms_value;
     if (v == NULL || v == Py_None)
         return 0;
-    if (shmipcpy_timeout_arg(ms, v, field, which == SHMIPC_SERVER_TIMEOUT_STOP, &ms_value) < 0)
+    /* 0 is a value of its own for these: no stop wait, no WebSocket pings, no idle limit. */
+    int allow_zero = which == SHMIPC_SERVER_TIMEOUT_STOP ||
+                     which == SHMIPC_SERVER_TIMEOUT_WS_PING ||
+                     which == SHMIPC_SERVER_TIMEOUT_WS_IDLE;
+    if (shmipcpy_timeout_arg(ms, v, field, allow_zero, &ms_value) < 0)
         return -1;
     int rc = shmipc_server_config_set_timeout_ms(cfg, which, (uint32_t)ms_value);
     if (rc < 0) {
@@ -810,18 +814,35 @@ static int config_timeout(module_state *ms, shmipc_server_config *cfg, PyObject 
 static int build_config(module_state *ms, PyObject *args, PyObject *kwargs,
                         shmipc_server_config *cfg)
 {
-    static char *kwlist[] = {
-        "address",           "port",         "workers",          "backend",        "header_timeout",
-        "keepalive_timeout", "stop_timeout", "max_request_line", "max_head_bytes", "max_headers",
-        "max_body",          "pipeline",     "server_name",      "max_ws_message", NULL};
+    static char *kwlist[] = {"address",
+                             "port",
+                             "workers",
+                             "backend",
+                             "header_timeout",
+                             "keepalive_timeout",
+                             "stop_timeout",
+                             "max_request_line",
+                             "max_head_bytes",
+                             "max_headers",
+                             "max_body",
+                             "pipeline",
+                             "server_name",
+                             "max_ws_message",
+                             "ws_ping_timeout",
+                             "ws_idle_timeout",
+                             "ws_send_high_water",
+                             "ws_send_limit",
+                             NULL};
     const char *address = NULL;
     int port = -1, rc;
     PyObject *workers = Py_None, *backend = Py_None, *header_to = NULL, *keepalive_to = NULL,
              *stop_to = NULL, *line = NULL, *head = NULL, *nheaders = NULL, *body = NULL,
-             *pipeline = NULL, *name = NULL, *ws_message = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|zi$OOOOOOOOOOOO:Server", kwlist, &address,
+             *pipeline = NULL, *name = NULL, *ws_message = NULL, *ws_ping = NULL, *ws_idle = NULL,
+             *ws_high = NULL, *ws_limit = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|zi$OOOOOOOOOOOOOOOO:Server", kwlist, &address,
                                      &port, &workers, &backend, &header_to, &keepalive_to, &stop_to,
-                                     &line, &head, &nheaders, &body, &pipeline, &name, &ws_message))
+                                     &line, &head, &nheaders, &body, &pipeline, &name, &ws_message,
+                                     &ws_ping, &ws_idle, &ws_high, &ws_limit))
         return -1;
     if (address != NULL && (rc = shmipc_server_config_set_address(cfg, address)) < 0)
         goto fail;
@@ -863,7 +884,14 @@ static int build_config(module_state *ms, PyObject *args, PyObject *kwargs,
         config_limit(ms, cfg, nheaders, SHMIPC_SERVER_LIMIT_HEADERS, "max_headers") < 0 ||
         config_limit(ms, cfg, body, SHMIPC_SERVER_LIMIT_BODY, "max_body") < 0 ||
         config_limit(ms, cfg, pipeline, SHMIPC_SERVER_LIMIT_PIPELINE, "pipeline") < 0 ||
-        config_limit(ms, cfg, ws_message, SHMIPC_SERVER_LIMIT_WS_MESSAGE, "max_ws_message") < 0)
+        config_limit(ms, cfg, ws_message, SHMIPC_SERVER_LIMIT_WS_MESSAGE, "max_ws_message") < 0 ||
+        config_timeout(ms, cfg, ws_ping, SHMIPC_SERVER_TIMEOUT_WS_PING, "ws_ping_timeout") < 0 ||
+        config_timeout(ms, cfg, ws_idle, SHMIPC_SERVER_TIMEOUT_WS_IDLE, "ws_idle_timeout") < 0 ||
+        /* The high-water mark first: each is checked against the other as it would resolve,
+         * so a small limit beside the default 1 MiB mark would be refused. */
+        config_limit(ms, cfg, ws_high, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER,
+                     "ws_send_high_water") < 0 ||
+        config_limit(ms, cfg, ws_limit, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, "ws_send_limit") < 0)
         return -1;
     if (name != NULL) {
         const char *n = NULL;
@@ -1338,13 +1366,19 @@ static PyType_Slot server_slots[] = {
      "Server(address='127.0.0.1', port=8080, *, workers=None, backend=None,\n"
      "       header_timeout=None, keepalive_timeout=None, stop_timeout=None,\n"
      "       max_request_line=None, max_head_bytes=None, max_headers=None, max_body=None,\n"
-     "       pipeline=None, server_name=..., max_ws_message=None)\n\n"
+     "       pipeline=None, server_name=..., max_ws_message=None, ws_ping_timeout=None,\n"
+     "       ws_idle_timeout=None, ws_send_high_water=None, ws_send_limit=None)\n\n"
      "An HTTP/1.1 server on shmipc's io_uring/epoll reactor (docs/http.md, docs/python.md).\n"
      "port=0 picks an ephemeral port (see .port after start()). workers: worker threads\n"
      "(default SHMIPC_WORKERS, else one per CPU). backend: 'auto', 'io_uring', 'epoll',\n"
      "'epoll_oneshot' or None (the SHMIPC_REACTOR_BACKEND knob). Timeouts are float seconds;\n"
      "limits are counts of bytes (pipeline: requests per turn); None keeps the default.\n"
-     "server_name: the Server header (None or '' removes it).\n\n"
+     "server_name: the Server header (None or '' removes it).\n"
+     "WebSocket: max_ws_message (bytes of a message; close 1009 above it), ws_ping_timeout\n"
+     "(a ping after this many seconds of silence), ws_idle_timeout (fail the connection,\n"
+     "1006, after this much silence; above ws_ping_timeout), with 0 or None meaning never;\n"
+     "ws_send_high_water (bytes queued for a peer at which the server stops reading it) and\n"
+     "ws_send_limit (bytes queued at which WebSocket.send() raises SHMIPC_EAGAIN).\n\n"
      "Handlers run on the worker threads, several at once with several workers, each taking\n"
      "the GIL: keep them short and non-blocking. Routes and static responses are added\n"
      "before start(). A context manager; close() is safe to call twice."},
