@@ -18,60 +18,8 @@
 #include "shmipc.h"
 #include "shm/buffer.h"
 #include "shm/queue.h"
+#include "guarded_shm.h"
 #include "shm_vectors.h"
-
-/* ------------------------------------------------------------------------------------ */
-/* Guarded shared memory                                                                */
-/* ------------------------------------------------------------------------------------ */
-
-/*
- * Zeroed shared memory of exactly `size` bytes that ends at an inaccessible page and starts
- * after one: a read or write outside it faults, in the plain build as well as under ASan
- * (which does not watch mmap'd memory). MAP_SHARED so a forked child shares it.
- */
-struct guarded {
-    uint8_t *map;
-    size_t maplen;
-    uint8_t *base;
-    size_t size;
-};
-
-static void guarded_new(struct guarded *g, size_t size)
-{
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-    size_t body = (size + pg - 1) / pg * pg;
-    assert_int_equal(size % 8, 0); /* keeps every field of the layout aligned */
-    g->maplen = body + 2 * pg;
-    g->map = mmap(NULL, g->maplen, PROT_NONE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    assert_true(g->map != MAP_FAILED);
-    assert_int_equal(mprotect(g->map + pg, body, PROT_READ | PROT_WRITE), 0);
-    g->base = g->map + pg + (body - size);
-    g->size = size;
-}
-
-static void guarded_free(struct guarded *g)
-{
-    munmap(g->map, g->maplen);
-}
-
-static void put32(uint8_t *base, uint32_t off, uint32_t v)
-{
-    memcpy(base + off, &v, sizeof v);
-}
-
-static uint32_t get32(const uint8_t *base, uint32_t off)
-{
-    uint32_t v;
-    memcpy(&v, base + off, sizeof v);
-    return v;
-}
-
-static int32_t geti32(const uint8_t *base, uint32_t off)
-{
-    int32_t v;
-    memcpy(&v, base + off, sizeof v);
-    return v;
-}
 
 static void to_classes(shmipc_slice_class *out, const struct shmv_class *in, uint32_t n)
 {
@@ -284,6 +232,13 @@ static void free_all(struct shmipc__buffer *bm, const uint32_t *offsets, uint32_
         assert_int_equal(shmipc__buffer_free(bm, offsets[i]), 0);
 }
 
+/* Frees s[0..n), each of which must be a slice in use. */
+static void free_slices(struct shmipc__buffer *bm, const struct shmipc__slice *s, int n)
+{
+    for (int i = 0; i < n; i++)
+        assert_int_equal(shmipc__buffer_free(bm, s[i].offset), 0);
+}
+
 static void assert_lists(const uint8_t *base, const struct shmv_list_header *l, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -336,6 +291,33 @@ static void session_free(struct session *s)
 }
 
 /*
+ * Puts `e` on `send` and raises the working flag (it was down, so a Polling goes out), as the
+ * Go peer did: the element is the vector's, and so is the queue header after, unless NULL.
+ */
+static void put_as_go(const struct session *s, struct shmipc__queue *send,
+                      const struct shmipc__queue_elem *e, const struct shmv_elem *elem,
+                      const struct shmv_qheader *after_put)
+{
+    assert_int_equal(shmipc__queue_put(send, e), 0);
+    assert_int_equal(shmipc__queue_mark_working(send), 1);
+    assert_elem(s->q.base, elem, e);
+    if (after_put != NULL)
+        assert_memory_equal(s->q.base + after_put->base, after_put->raw, 24);
+}
+
+/* Takes `e`, the only element, off `recv` and lowers the flag; the header is the vector's. */
+static void drain_as_go(const struct session *s, struct shmipc__queue *recv,
+                        const struct shmipc__queue_elem *e, const struct shmv_qheader *drained)
+{
+    struct shmipc__queue_elem got;
+    assert_int_equal(shmipc__queue_pop(recv, &got), 0);
+    assert_memory_equal(&got, e, sizeof *e);
+    assert_int_equal(shmipc__queue_pop(recv, &got), SHMIPC_EAGAIN);
+    assert_int_equal(shmipc__queue_mark_not_working(recv), 0);
+    assert_memory_equal(s->q.base + drained->base, drained->raw, 24);
+}
+
+/*
  * One echo round trip as the Go peers ran it: the client allocs and sends the request; the
  * server reads it, allocs its reply, recycles the request and sends the reply; the client
  * reads and recycles the reply, then closes the stream.
@@ -344,7 +326,7 @@ static void exchange_echo(void **state)
 {
     const struct shmv_exchange *v = *state;
     struct session s;
-    struct shmipc__queue_elem e, got;
+    struct shmipc__queue_elem e;
     uint32_t held[4];
     uint8_t *stream = stream_new(v->payload_len);
     assert_int_equal(v->stream_len, v->payload_len + 4);
@@ -354,17 +336,10 @@ static void exchange_echo(void **state)
     write_chain(&s.client, &v->request, stream, v->stream_len);
     assert_lists(s.buf.base, v->request.lists, v->request.nlists);
     e = (struct shmipc__queue_elem){v->stream_id, v->request.chain[0].offset, 0};
-    assert_int_equal(shmipc__queue_put(&s.cq.send, &e), 0);
-    assert_int_equal(shmipc__queue_mark_working(&s.cq.send), 1);
-    assert_elem(s.q.base, &v->request.elem, &e);
-    assert_memory_equal(s.q.base + v->request.after_put.base, v->request.after_put.raw, 24);
+    put_as_go(&s, &s.cq.send, &e, &v->request.elem, &v->request.after_put);
 
     /* Server: drain, stop working, read the request. */
-    assert_int_equal(shmipc__queue_pop(&s.sq.recv, &got), 0);
-    assert_memory_equal(&got, &e, sizeof e);
-    assert_int_equal(shmipc__queue_pop(&s.sq.recv, &got), SHMIPC_EAGAIN);
-    assert_int_equal(shmipc__queue_mark_not_working(&s.sq.recv), 0);
-    assert_memory_equal(s.q.base + v->request.after_drained.base, v->request.after_drained.raw, 24);
+    drain_as_go(&s, &s.sq.recv, &e, &v->request.after_drained);
     read_chain(&s.server, e.offset, &v->request, stream, v->stream_len, held);
 
     /* Server: reply chain, then the request goes back (counted at +24), then the element. */
@@ -373,16 +348,10 @@ static void exchange_echo(void **state)
     assert_lists(s.buf.base, v->reply.lists, v->reply.nlists);
     assert_slices(s.buf.base, v->reply.tracked, v->reply.ntracked);
     e = (struct shmipc__queue_elem){v->stream_id, v->reply.chain[0].offset, 0};
-    assert_int_equal(shmipc__queue_put(&s.sq.send, &e), 0);
-    assert_int_equal(shmipc__queue_mark_working(&s.sq.send), 1);
-    assert_elem(s.q.base, &v->reply.elem, &e);
-    assert_memory_equal(s.q.base + v->reply.after_put.base, v->reply.after_put.raw, 24);
+    put_as_go(&s, &s.sq.send, &e, &v->reply.elem, &v->reply.after_put);
 
     /* Client: drain, read and recycle the reply. */
-    assert_int_equal(shmipc__queue_pop(&s.cq.recv, &got), 0);
-    assert_memory_equal(&got, &e, sizeof e);
-    assert_int_equal(shmipc__queue_mark_not_working(&s.cq.recv), 0);
-    assert_memory_equal(s.q.base + v->reply.after_drained.base, v->reply.after_drained.raw, 24);
+    drain_as_go(&s, &s.cq.recv, &e, &v->reply.after_drained);
     read_chain(&s.client, e.offset, &v->reply, stream, v->stream_len, held);
     free_all(&s.client, held, v->reply.nchain);
     assert_lists(s.buf.base, v->final_lists, v->nfinal_lists);
@@ -392,13 +361,8 @@ static void exchange_echo(void **state)
 
     /* Client closes the stream: {id, 0, 1}; the server drains it. */
     e = (struct shmipc__queue_elem){v->stream_id, 0, 1};
-    assert_int_equal(shmipc__queue_put(&s.cq.send, &e), 0);
-    assert_int_equal(shmipc__queue_mark_working(&s.cq.send), 1);
-    assert_elem(s.q.base, &v->close_elem, &e);
-    assert_int_equal(shmipc__queue_pop(&s.sq.recv, &got), 0);
-    assert_memory_equal(&got, &e, sizeof e);
-    assert_int_equal(shmipc__queue_mark_not_working(&s.sq.recv), 0);
-    assert_memory_equal(s.q.base + v->close_drained.base, v->close_drained.raw, 24);
+    put_as_go(&s, &s.cq.send, &e, &v->close_elem, NULL);
+    drain_as_go(&s, &s.sq.recv, &e, &v->close_drained);
 
     assert_int_equal(shmipc__buffer_all_returned(&s.client), 1);
     assert_int_equal(shmipc__buffer_all_returned(&s.server), 1);
@@ -478,8 +442,7 @@ static void alloc_picks_smallest_fitting_list(void **state)
     assert_int_equal(h.next, 2 * bm.lists[0].stride);
     assert_int_equal(geti32(g.base, bm.lists[0].offset + 20), 2);
     assert_int_equal(geti32(g.base, bm.lists[1].offset + 20), 2);
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(shmipc__buffer_free(&bm, s[i].offset), 0);
+    free_slices(&bm, s, 4);
     assert_int_equal(geti32(g.base, bm.lists[0].offset + 20), 0);
     assert_int_equal(shmipc__buffer_all_returned(&bm), 1);
     guarded_free(&g);
@@ -535,12 +498,10 @@ static void alloc_many_is_greedy_from_the_largest_list(void **state)
     assert_int_equal(n, 36);
     assert_int_equal(s[0].list, 1);
     assert_int_equal(s[35].list, 0);
-    for (int i = 0; i < n; i++)
-        assert_int_equal(shmipc__buffer_free(&bm, s[i].offset), 0);
+    free_slices(&bm, s, n);
     /* `max` bounds the count. */
     assert_int_equal(shmipc__buffer_alloc_many(&bm, 1u << 20, s, 3), 3);
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(shmipc__buffer_free(&bm, s[i].offset), 0);
+    free_slices(&bm, s, 3);
     assert_int_equal(shmipc__buffer_alloc_many(&bm, 0, s, 3), 0);
     assert_int_equal(shmipc__buffer_all_returned(&bm), 1);
     guarded_free(&g);

@@ -18,7 +18,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <malloc.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ipc_helpers.h"
 #include "shmipc.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -54,13 +54,6 @@ static uint64_t next_random(void)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return rng;
-}
-
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 /* A quiet log sink: failed handshakes with dying peers are expected here by the thousand. */
@@ -110,29 +103,6 @@ struct resources {
     size_t heap;
 };
 
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.';
-    if (d != NULL)
-        closedir(d);
-    return n - 1; /* the directory's own fd */
-}
-
-static int count_shm_maps(void)
-{
-    char line[512];
-    int n = 0;
-    FILE *f = fopen("/proc/self/maps", "r");
-    while (f != NULL && fgets(line, sizeof line, f) != NULL)
-        n += strstr(line, "/memfd:") != NULL || strstr(line, "/dev/shm/") != NULL;
-    if (f != NULL)
-        fclose(f);
-    return n;
-}
-
 /*
  * /dev/shm files of this test whose names contain `infix` (NULL: all of them). With
  * `remove`, they are deleted (the leftovers of a peer killed before it handed them over).
@@ -165,7 +135,7 @@ static size_t heap_bytes(void)
 
 static struct resources take_resources(void)
 {
-    struct resources r = {count_fds(), count_shm_maps(), count_files(NULL, 0), 0};
+    struct resources r = {ipc_count_fds(), ipc_count_shm_maps(), count_files(NULL, 0), 0};
     r.heap = heap_bytes();
     return r;
 }
@@ -379,7 +349,7 @@ static int reap(pid_t pid, int *reaped, uint64_t *when)
         fail();
     }
     *reaped = 1;
-    *when = now_us();
+    *when = ipc_now_us();
     return 1;
 }
 
@@ -389,7 +359,7 @@ static int reap(pid_t pid, int *reaped, uint64_t *when)
  */
 static void note_notice(struct stats *st, uint64_t forked, uint64_t delay, int rc)
 {
-    uint64_t now = now_us();
+    uint64_t now = ipc_now_us();
     if (now < forked + delay) {
         print_error("a session ended with %s (%s) %llu us before its peer was killed\n",
                     shmipc_errname(rc), shmipc_error_detail(),
@@ -402,7 +372,7 @@ static void note_notice(struct stats *st, uint64_t forked, uint64_t delay, int r
 
 static void check_not_hung(int reaped, uint64_t reaped_at, const char *what)
 {
-    if (reaped && now_us() - reaped_at > (uint64_t)BOUND_MS * 1000) {
+    if (reaped && ipc_now_us() - reaped_at > (uint64_t)BOUND_MS * 1000) {
         print_error("%s: the survivor still waits %d ms after its peer died\n", what, BOUND_MS);
         fail();
     }
@@ -420,7 +390,7 @@ static void server_round(shmipc_listener *l, const char *address, const shmipc_c
     /* The last peer's handshake may still be failing on a listener thread: let it end, so
      * that what this round accepts is this round's peer. */
     (void)settled_resources(l);
-    uint64_t delay = random_delay_us(), forked = now_us();
+    uint64_t delay = random_delay_us(), forked = ipc_now_us();
     pid_t pid = spawn_peer(0, address, cfg, delay);
     for (;;) {
         reap(pid, &reaped, &reaped_at);
@@ -430,7 +400,7 @@ static void server_round(shmipc_listener *l, const char *address, const shmipc_c
             if (rc == 0) {
                 accepted = 1;
                 stats->sessions++;
-                note_setup(now_us() - forked);
+                note_setup(ipc_now_us() - forked);
                 continue;
             }
             if (reaped)
@@ -494,7 +464,7 @@ static void client_round(const char *address, const shmipc_config *cfg, struct s
     static uint8_t buf[MAX_MESSAGE];
     shmipc_session *s = NULL;
     shmipc_stream *st = NULL;
-    uint64_t reaped_at = 0, delay = random_delay_us(), forked = now_us();
+    uint64_t reaped_at = 0, delay = random_delay_us(), forked = ipc_now_us();
     int reaped = 0, rc = 0;
     pid_t pid = spawn_peer(1, address, cfg, delay);
     while (!reap(pid, &reaped, &reaped_at)) {
@@ -504,7 +474,7 @@ static void client_round(const char *address, const shmipc_config *cfg, struct s
     }
     if (s != NULL) {
         stats->sessions++;
-        note_setup(now_us() - forked);
+        note_setup(ipc_now_us() - forked);
         rc = shmipc_session_open_stream(s, &st);
         if (rc == 0)
             rc = shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 5);
@@ -552,53 +522,30 @@ static void client_round(const char *address, const shmipc_config *cfg, struct s
 struct witness {
     shmipc_session *client; /* our client session to our own listener */
     shmipc_session *server; /* the listener's side of it */
-    const char *address;
-    const shmipc_config *cfg;
-    int rc;
 };
-
-static void *witness_connect(void *arg)
-{
-    struct witness *w = arg;
-    w->rc = shmipc_session_connect(w->address, w->cfg, &w->client);
-    return NULL;
-}
 
 static void witness_open(struct witness *w, shmipc_listener *l, const char *address,
                          const shmipc_config *cfg)
 {
-    pthread_t t;
-    w->address = address;
-    w->cfg = cfg;
-    assert_int_equal(pthread_create(&t, NULL, witness_connect, w), 0);
-    assert_int_equal(shmipc_listener_accept(l, 5000, &w->server), 0);
-    pthread_join(t, NULL);
-    assert_int_equal(w->rc, 0);
+    ipc_connect_accept(l, address, cfg, &w->client, &w->server);
 }
 
 /* One message there and back, on a new stream; both ends are ours, so no thread is needed. */
 static void witness_check(struct witness *w, int i)
 {
-    char msg[32], back[32];
+    char msg[32];
     shmipc_stream *c, *s;
-    const void *p;
-    int n = snprintf(msg, sizeof msg, "witness %08d", i);
+    snprintf(msg, sizeof msg, "witness %08d", i);
     assert_int_equal(shmipc_session_status(w->client), 0);
     assert_int_equal(shmipc_session_status(w->server), 0);
     assert_int_equal(shmipc_session_open_stream(w->client, &c), 0);
-    assert_int_equal(shmipc_stream_write(c, msg, (size_t)n), 0);
-    assert_int_equal(shmipc_stream_flush(c), 0);
+    ipc_send_text(c, msg);
     assert_int_equal(shmipc_session_accept_stream(w->server, 5000, &s), 0);
     assert_int_equal(shmipc_stream_set_timeout_ms(s, SHMIPC_TIMEOUT_READ, 5000), 0);
     assert_int_equal(shmipc_stream_set_timeout_ms(c, SHMIPC_TIMEOUT_READ, 5000), 0);
-    assert_int_equal(shmipc_stream_read_exact_bytes(s, (size_t)n, &p, 0), 0);
-    memcpy(back, p, (size_t)n);
-    assert_int_equal(shmipc_stream_release(s), 0);
-    assert_int_equal(shmipc_stream_write(s, back, (size_t)n), 0);
-    assert_int_equal(shmipc_stream_flush(s), 0);
-    assert_int_equal(shmipc_stream_read_exact_bytes(c, (size_t)n, &p, 0), 0);
-    assert_memory_equal(p, msg, (size_t)n);
-    assert_int_equal(shmipc_stream_release(c), 0);
+    ipc_expect_text(s, msg);
+    ipc_send_text(s, msg);
+    ipc_expect_text(c, msg);
     shmipc_stream_close(c);
     shmipc_stream_close(s);
     /* Let each side hear of the other's close, so no stream lingers into the next round. */
@@ -638,7 +585,7 @@ static void run(enum proto p, int survivor_is_server)
     snprintf(address, sizeof address, "unix:@shmipc-chaos-%d-%d", (int)getpid(), (int)p);
     assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
     witness_open(&w, l, address, cfg);
-    uint64_t start = now_us();
+    uint64_t start = ipc_now_us();
     for (int i = -3; i < iterations; i++) {
         snprintf(peer_address, sizeof peer_address, "unix:@shmipc-chaos-peer-%d-%d", (int)getpid(),
                  i);
@@ -653,7 +600,7 @@ static void run(enum proto p, int survivor_is_server)
         else if (i >= 0)
             check_resources(&base, survivor_is_server ? l : NULL, what, i);
     }
-    uint64_t took = now_us() - start;
+    uint64_t took = ipc_now_us() - start;
     print_message("chaos %-10s survivor %-6s: %d kills in %.1f s, %d sessions up before the "
                   "kill, %d echoes, longest notice %.1f ms, %d orphaned peer files; ends:",
                   proto_names[p], survivor_is_server ? "server" : "client", iterations,
@@ -671,53 +618,26 @@ static void run(enum proto p, int survivor_is_server)
     shmipc_config_free(cfg);
 }
 
-static void test_v2_server(void **state)
+/* A test's state: the protocol, and the role the survivor plays. */
+struct chaos_case {
+    enum proto p;
+    int survivor_is_server;
+};
+
+static void run_case(void **state)
 {
-    (void)state;
-    run(P_V2, 1);
+    const struct chaos_case *c = *state;
+    run(c->p, c->survivor_is_server);
 }
 
-static void test_v2_client(void **state)
-{
-    (void)state;
-    run(P_V2, 0);
-}
-
-static void test_v3_server(void **state)
-{
-    (void)state;
-    run(P_V3, 1);
-}
-
-static void test_v3_client(void **state)
-{
-    (void)state;
-    run(P_V3, 0);
-}
-
-static void test_v4_eventfd_server(void **state)
-{
-    (void)state;
-    run(P_V4_EVENTFD, 1);
-}
-
-static void test_v4_eventfd_client(void **state)
-{
-    (void)state;
-    run(P_V4_EVENTFD, 0);
-}
-
-static void test_v4_polling_server(void **state)
-{
-    (void)state;
-    run(P_V4_POLLING, 1);
-}
-
-static void test_v4_polling_client(void **state)
-{
-    (void)state;
-    run(P_V4_POLLING, 0);
-}
+/* Registers run(p, survivor_is_server) as the test `name`. */
+#define chaos_test(name, p, survivor_is_server)                                                    \
+    {                                                                                              \
+#name, run_case, NULL, NULL, &(struct chaos_case)                                          \
+        {                                                                                          \
+            p, survivor_is_server                                                                  \
+        }                                                                                          \
+    }
 
 int main(int argc, char **argv)
 {
@@ -744,14 +664,18 @@ int main(int argc, char **argv)
     if (env != NULL && atoi(env) > 0)
         iterations = atoi(env);
     snprintf(shm_prefix, sizeof shm_prefix, "shmipc-chaos-%d", (int)getpid());
-    rng ^= (uint64_t)getpid() << 32 ^ now_us();
+    rng ^= (uint64_t)getpid() << 32 ^ ipc_now_us();
     signal(SIGPIPE, SIG_IGN);
     shmipc_set_log_sink(quiet_sink);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_v2_server),         cmocka_unit_test(test_v2_client),
-        cmocka_unit_test(test_v3_server),         cmocka_unit_test(test_v3_client),
-        cmocka_unit_test(test_v4_eventfd_server), cmocka_unit_test(test_v4_eventfd_client),
-        cmocka_unit_test(test_v4_polling_server), cmocka_unit_test(test_v4_polling_client),
+        chaos_test(test_v2_server, P_V2, 1),
+        chaos_test(test_v2_client, P_V2, 0),
+        chaos_test(test_v3_server, P_V3, 1),
+        chaos_test(test_v3_client, P_V3, 0),
+        chaos_test(test_v4_eventfd_server, P_V4_EVENTFD, 1),
+        chaos_test(test_v4_eventfd_client, P_V4_EVENTFD, 0),
+        chaos_test(test_v4_polling_server, P_V4_POLLING, 1),
+        chaos_test(test_v4_polling_client, P_V4_POLLING, 0),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

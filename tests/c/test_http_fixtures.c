@@ -11,11 +11,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixture_reader.h"
 #include "shmipc.h"
 #include "net/http_conn.h"
 
@@ -28,42 +28,24 @@
 /* ---------------------------------------------------------------------------------------- */
 /* Byte strings */
 
-struct bytes {
-    char *p;
-    size_t n, cap;
-};
-
-static void put(struct bytes *b, const void *d, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = realloc(b->p, b->cap);
-        assert_non_null(b->p);
-    }
-    if (n)
-        memcpy(b->p + b->n, d, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
 /* Readable rendering for assertion messages: escapes, and a real newline after each LF. */
 static char *render(const char *d, size_t n)
 {
-    struct bytes r = {0};
-    put(&r, "", 0);
+    struct fx_bytes r = {0};
+    fx_put(&r, "", 0);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)d[i];
         char tmp[8];
         if (c == '\r')
-            put(&r, "\\r", 2);
+            fx_put(&r, "\\r", 2);
         else if (c == '\n')
-            put(&r, "\\n\n", 3);
+            fx_put(&r, "\\n\n", 3);
         else if (c == '\\')
-            put(&r, "\\\\", 2);
+            fx_put(&r, "\\\\", 2);
         else if (c >= 0x20 && c < 0x7f)
-            put(&r, &c, 1);
+            fx_put(&r, &c, 1);
         else
-            put(&r, tmp, (size_t)snprintf(tmp, sizeof tmp, "\\x%02x", c));
+            fx_put(&r, tmp, (size_t)snprintf(tmp, sizeof tmp, "\\x%02x", c));
     }
     return r.p;
 }
@@ -148,7 +130,7 @@ struct loopback {
     unsigned budget;
     int closed;
     unsigned writes; /* vectored writes issued, one per process() call with output */
-    struct bytes out;
+    struct fx_bytes out;
 };
 
 static void rx_exact(struct loopback *lb)
@@ -170,7 +152,7 @@ static struct loopback *lb_new(const struct shmipc__http_limits *limits, unsigne
     shmipc__http_date_init(&lb->date, FIXED_TIME);
     shmipc__http_batch_init(&lb->batch, lb->iov, 64, lb->arena, sizeof lb->arena, &lb->date);
     lb->budget = budget;
-    put(&lb->out, "", 0);
+    fx_put(&lb->out, "", 0);
     return lb;
 }
 
@@ -207,7 +189,7 @@ static void lb_feed(struct loopback *lb, const char *data, size_t n)
             lb->writes++;
         size_t before = lb->out.n;
         for (uint32_t i = 0; i < lb->batch.niov; i++)
-            put(&lb->out, lb->iov[i].iov_base, lb->iov[i].iov_len);
+            fx_put(&lb->out, lb->iov[i].iov_base, lb->iov[i].iov_len);
         assert_int_equal(lb->out.n - before, lb->batch.bytes);
         shmipc__http_batch_reset(&lb->batch);
         if (consumed) {
@@ -231,9 +213,9 @@ static void lb_feed(struct loopback *lb, const char *data, size_t n)
 
 struct fixture {
     struct shmipc__http_limits limits;
-    struct bytes requests[8]; /* one per "=== request" section: one receive each */
+    struct fx_bytes requests[8]; /* one per "=== request" section: one receive each */
     size_t nrequests;
-    struct bytes response;
+    struct fx_bytes response;
     int split;  /* also feed the request split at every byte (default 1) */
     int closed; /* expected connection state at the end: 1, 0, or -1 unchecked */
     unsigned budget;
@@ -244,77 +226,6 @@ static void fixture_free(struct fixture *f)
     for (size_t i = 0; i < f->nrequests; i++)
         free(f->requests[i].p);
     free(f->response.p);
-}
-
-/* Decodes escaped text [s, e) into `out` (see tests/http/README.md). Returns 0 or -1. */
-static int decode(const char *s, const char *e, struct bytes *out)
-{
-    while (s < e) {
-        if (*s != '\\') {
-            put(out, s++, 1);
-            continue;
-        }
-        if (++s == e)
-            return -1;
-        char c = *s++;
-        switch (c) {
-        case 'r':
-            put(out, "\r", 1);
-            break;
-        case 'n':
-            put(out, "\n", 1);
-            break;
-        case 't':
-            put(out, "\t", 1);
-            break;
-        case '0':
-            put(out, "", 1);
-            break;
-        case '\\':
-        case '{':
-        case '}':
-            put(out, &c, 1);
-            break;
-        case 'x': {
-            if (e - s < 2)
-                return -1;
-            char hex[3] = {s[0], s[1], 0}, *end;
-            long v = strtol(hex, &end, 16);
-            if (*end)
-                return -1;
-            char byte = (char)v;
-            put(out, &byte, 1);
-            s += 2;
-            break;
-        }
-        case '*': {
-            /* \*N{text}: text (escapes allowed, braces escaped) repeated N times. */
-            char *end;
-            unsigned long count = strtoul(s, &end, 10);
-            if (end == s || end >= e || *end != '{')
-                return -1;
-            const char *body = end + 1, *q = body;
-            while (q < e && *q != '}')
-                q += *q == '\\' ? 2 : 1;
-            if (q >= e)
-                return -1;
-            struct bytes once = {0};
-            put(&once, "", 0);
-            if (decode(body, q, &once) != 0) {
-                free(once.p);
-                return -1;
-            }
-            for (unsigned long k = 0; k < count; k++)
-                put(out, once.p, once.n);
-            free(once.p);
-            s = q + 1;
-            break;
-        }
-        default:
-            return -1;
-        }
-    }
-    return 0;
 }
 
 static int option(struct fixture *f, const char *key, const char *value)
@@ -375,11 +286,11 @@ static void fixture_load(const char *path, struct fixture *f)
                 if (f->nrequests == sizeof f->requests / sizeof f->requests[0])
                     fail_msg("%s:%u: too many request sections", path, lineno);
                 section = REQUEST;
-                put(&f->requests[f->nrequests++], "", 0);
+                fx_put(&f->requests[f->nrequests++], "", 0);
             } else if (strcmp(name, "response") == 0) {
                 section = RESPONSE;
                 have_response = 1;
-                put(&f->response, "", 0);
+                fx_put(&f->response, "", 0);
             } else {
                 fail_msg("%s:%u: unknown section \"%s\"", path, lineno, name);
             }
@@ -402,8 +313,8 @@ static void fixture_load(const char *path, struct fixture *f)
         }
         case REQUEST:
         case RESPONSE: {
-            struct bytes *b = section == REQUEST ? &f->requests[f->nrequests - 1] : &f->response;
-            if (decode(line, line + n, b) != 0)
+            struct fx_bytes *b = section == REQUEST ? &f->requests[f->nrequests - 1] : &f->response;
+            if (fx_decode(line, line + n, 0, "\\{}", b) == NULL)
                 fail_msg("%s:%u: bad escape", path, lineno);
             break;
         }
@@ -421,7 +332,7 @@ static void run_pieces(const struct fixture *f, const size_t *cuts, size_t ncuts
 {
     struct loopback *lb = lb_new(&f->limits, f->budget);
     for (size_t r = 0; r < f->nrequests; r++) {
-        const struct bytes *req = &f->requests[r];
+        const struct fx_bytes *req = &f->requests[r];
         size_t from = 0;
         for (size_t k = 0; f->nrequests == 1 && k < ncuts; k++) {
             lb_feed(lb, req->p + from, cuts[k] - from);
@@ -471,9 +382,9 @@ static void run_fixture(void **state)
 static void budget_yields_and_one_write_per_batch(void **state)
 {
     (void)state;
-    struct bytes reqs = {0};
+    struct fx_bytes reqs = {0};
     for (int i = 0; i < 40; i++)
-        put(&reqs, "GET / HTTP/1.1\r\nHost: h\r\n\r\n", 27);
+        fx_put(&reqs, "GET / HTTP/1.1\r\nHost: h\r\n\r\n", 27);
     struct loopback *lb = lb_new(NULL, 16);
     lb_feed(lb, reqs.p, reqs.n);
     /* 40 pipelined requests with a budget of 16: three turns, one vectored write each. */
@@ -494,9 +405,9 @@ static void a_full_batch_yields(void **state)
     struct loopback *lb = lb_new(NULL, 1000);
     /* Room for fewer responses than requests: the connection yields, the owner writes. */
     shmipc__http_batch_init(&lb->batch, lb->iov, 64, lb->arena, 4096 + 200, &lb->date);
-    struct bytes reqs = {0};
+    struct fx_bytes reqs = {0};
     for (int i = 0; i < 10; i++)
-        put(&reqs, "GET / HTTP/1.1\r\nHost: h\r\n\r\n", 27);
+        fx_put(&reqs, "GET / HTTP/1.1\r\nHost: h\r\n\r\n", 27);
     lb_feed(lb, reqs.p, reqs.n);
     assert_int_equal(lb->writes, 5); /* two responses fit above the reserve per turn */
     assert_int_equal(lb->out.n, 10 * 115u);
@@ -504,113 +415,73 @@ static void a_full_batch_yields(void **state)
     free(reqs.p);
 }
 
-static void closed_connection_consumes_everything(void **state)
-{
-    (void)state;
+/* A connection of fixture_handler and a batch of 8 iovecs, driven by hand. */
+struct bare_conn {
     struct shmipc__http_limits lim;
-    shmipc__http_limits_resolve(&lim, NULL);
     struct shmipc__http_field fields[64];
     struct shmipc__http_conn c;
-    shmipc__http_conn_init(&c, &lim, fields, fixture_handler, NULL);
     struct iovec iov[8];
     char arena[8192];
     struct shmipc__http_batch b;
-    shmipc__http_batch_init(&b, iov, 8, arena, sizeof arena, NULL);
+};
+
+/* Resolves the limits `in` (NULL: the defaults) and sets up the connection and the batch. */
+static void bare_conn_init(struct bare_conn *bc, const struct shmipc__http_limits *in)
+{
+    assert_int_equal(shmipc__http_limits_resolve(&bc->lim, in), 0);
+    assert_in_range(bc->lim.max_headers, 1, sizeof bc->fields / sizeof bc->fields[0]);
+    shmipc__http_conn_init(&bc->c, &bc->lim, bc->fields, fixture_handler, NULL);
+    shmipc__http_batch_init(&bc->b, bc->iov, 8, bc->arena, sizeof bc->arena, NULL);
+}
+
+static void closed_connection_consumes_everything(void **state)
+{
+    (void)state;
+    struct bare_conn bc;
+    bare_conn_init(&bc, NULL);
     char rx[] = "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\nGET / HTTP/1.1\r\n";
     size_t len = sizeof rx - 1, consumed;
-    assert_int_equal(shmipc__http_conn_process(&c, rx, &len, &consumed, &b, 0),
+    assert_int_equal(shmipc__http_conn_process(&bc.c, rx, &len, &consumed, &bc.b, 0),
                      SHMIPC__HTTP_CONN_CLOSE);
     assert_int_equal(consumed, len);
-    shmipc__http_batch_reset(&b);
-    assert_int_equal(shmipc__http_conn_process(&c, rx, &len, &consumed, &b, 0),
+    shmipc__http_batch_reset(&bc.b);
+    assert_int_equal(shmipc__http_conn_process(&bc.c, rx, &len, &consumed, &bc.b, 0),
                      SHMIPC__HTTP_CONN_CLOSE);
     assert_int_equal(consumed, len);
-    assert_int_equal(b.niov, 0);
+    assert_int_equal(bc.b.niov, 0);
 }
 
 /* The echo of a 1 MiB body leaves as [head, body] with the body referenced in place. */
 static void large_echo_is_not_copied(void **state)
 {
     (void)state;
-    struct shmipc__http_limits in = {.max_body = 1u << 20}, lim;
-    shmipc__http_limits_resolve(&lim, &in);
-    struct shmipc__http_field fields[64];
-    struct shmipc__http_conn c;
-    shmipc__http_conn_init(&c, &lim, fields, fixture_handler, NULL);
-    struct iovec iov[8];
-    char arena[8192];
-    struct shmipc__http_batch b;
-    shmipc__http_batch_init(&b, iov, 8, arena, sizeof arena, NULL);
+    struct shmipc__http_limits in = {.max_body = 1u << 20};
+    struct bare_conn bc;
+    bare_conn_init(&bc, &in);
     static const char head[] = "POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 1048576\r\n\r\n";
     size_t len = sizeof head - 1 + (1u << 20), consumed;
     char *rx = malloc(len);
     memcpy(rx, head, sizeof head - 1);
     memset(rx + sizeof head - 1, 'z', 1u << 20);
-    assert_int_equal(shmipc__http_conn_process(&c, rx, &len, &consumed, &b, 0),
+    assert_int_equal(shmipc__http_conn_process(&bc.c, rx, &len, &consumed, &bc.b, 0),
                      SHMIPC__HTTP_CONN_MORE);
     assert_int_equal(consumed, len);
-    assert_int_equal(b.niov, 2);
-    assert_ptr_equal(iov[1].iov_base, rx + sizeof head - 1);
-    assert_int_equal(iov[1].iov_len, 1u << 20);
+    assert_int_equal(bc.b.niov, 2);
+    assert_ptr_equal(bc.iov[1].iov_base, rx + sizeof head - 1);
+    assert_int_equal(bc.iov[1].iov_len, 1u << 20);
     free(rx);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 
-static int by_name(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 int main(int argc, char **argv)
 {
-    const char *dir = argc > 1 ? argv[1] : FIXTURE_DIR;
-    DIR *d = opendir(dir);
-    if (!d) {
-        fprintf(stderr, "test_http_fixtures: cannot open %s\n", dir);
-        return 1;
-    }
-    char **names = NULL;
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        if (len < 6 || strcmp(e->d_name + len - 5, ".http") != 0)
-            continue;
-        names = realloc(names, (n + 1) * sizeof *names);
-        names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    qsort(names, n, sizeof *names, by_name);
-
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(budget_yields_and_one_write_per_batch),
         cmocka_unit_test(a_full_batch_yields),
         cmocka_unit_test(closed_connection_consumes_everything),
         cmocka_unit_test(large_echo_is_not_copied),
     };
-    size_t nfixed = sizeof fixed / sizeof fixed[0];
-    struct CMUnitTest *tests = calloc(nfixed + n, sizeof *tests);
-    char **paths = calloc(n ? n : 1, sizeof *paths);
-    memcpy(tests, fixed, sizeof fixed);
-    for (size_t i = 0; i < n; i++) {
-        size_t len = strlen(dir) + strlen(names[i]) + 2;
-        paths[i] = malloc(len);
-        snprintf(paths[i], len, "%s/%s", dir, names[i]);
-        tests[nfixed + i].name = names[i];
-        tests[nfixed + i].test_func = run_fixture;
-        tests[nfixed + i].initial_state = paths[i];
-    }
-    int failed = n == 0 ? 1 : 0;
-    if (n == 0)
-        fprintf(stderr, "test_http_fixtures: no .http file in %s\n", dir);
-    failed += _cmocka_run_group_tests("http_fixtures", tests, nfixed + n, NULL, NULL);
-    for (size_t i = 0; i < n; i++) {
-        free(paths[i]);
-        free(names[i]);
-    }
-    free(paths);
-    free(names);
-    free(tests);
-    return failed;
+    return fx_run_files("http_fixtures", argc > 1 ? argv[1] : FIXTURE_DIR, ".http", fixed,
+                        sizeof fixed / sizeof fixed[0], run_fixture);
 }

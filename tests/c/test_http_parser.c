@@ -220,6 +220,23 @@ static int status_of(const char *data, size_t n, const struct shmipc__http_limit
 
 #define S(lit) lit, sizeof(lit) - 1
 
+/* A parser with its limits and fields, as a connection holds them. */
+struct parser_setup {
+    struct shmipc__http_limits lim;
+    struct shmipc__http_field fields[64];
+    struct shmipc__http_parser p;
+};
+
+/* Resolves `in` (NULL: the defaults) and returns a parser ready for its first request. */
+static struct shmipc__http_parser *parser_setup(struct parser_setup *ps,
+                                                const struct shmipc__http_limits *in)
+{
+    assert_int_equal(shmipc__http_limits_resolve(&ps->lim, in), 0);
+    assert_in_range(ps->lim.max_headers, 1, sizeof ps->fields / sizeof ps->fields[0]);
+    shmipc__http_parser_init(&ps->p, &ps->lim, ps->fields);
+    return &ps->p;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 
 static void limits_resolve_defaults_and_bounds(void **state)
@@ -259,14 +276,11 @@ static void simple_get(void **state)
     (void)state;
     static const char req[] = "GET /a/b?x=1 HTTP/1.1\r\nHost: example.com\r\n"
                               "User-Agent:  curl/8 \t\r\nAccept: */*\r\n\r\n";
-    struct shmipc__http_limits lim;
-    assert_int_equal(shmipc__http_limits_resolve(&lim, NULL), 0);
-    struct shmipc__http_field fields[64];
-    struct shmipc__http_parser p;
-    shmipc__http_parser_init(&p, &lim, fields);
-    int rc = shmipc__http_parse_head(&p, req, sizeof req - 1);
+    struct parser_setup ps;
+    struct shmipc__http_parser *p = parser_setup(&ps, NULL);
+    int rc = shmipc__http_parse_head(p, req, sizeof req - 1);
     assert_int_equal(rc, sizeof req - 1);
-    const struct shmipc__http_request *r = &p.req;
+    const struct shmipc__http_request *r = &p->req;
     assert_ptr_equal(r->base, req);
     assert_int_equal(r->method, SHMIPC__HTTP_GET);
     assert_int_equal(r->minor, 1);
@@ -287,9 +301,9 @@ static void simple_get(void **state)
     assert_int_equal(shmipc__http_find_header(r, "cookie", 6, 0), -1);
     /* No body: the decoder is done at once, and the next request can start. */
     size_t blen = 0;
-    assert_int_equal(shmipc__http_body_decode(&p, (char *)req + rc, &blen), 1);
-    assert_int_equal(shmipc__http_body_len(&p), 0);
-    assert_int_equal(shmipc__http_body_wire(&p), 0);
+    assert_int_equal(shmipc__http_body_decode(p, (char *)req + rc, &blen), 1);
+    assert_int_equal(shmipc__http_body_len(p), 0);
+    assert_int_equal(shmipc__http_body_wire(p), 0);
 }
 
 static void methods_are_recognised(void **state)
@@ -608,15 +622,12 @@ static void connection_semantics(void **state)
          SHMIPC__HTTP_KEEP_ALIVE | SHMIPC__HTTP_EXPECT_CONTINUE},
         {"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n", 0},
     };
-    struct shmipc__http_limits lim;
-    shmipc__http_limits_resolve(&lim, NULL);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        struct shmipc__http_field fields[64];
-        struct shmipc__http_parser p;
-        shmipc__http_parser_init(&p, &lim, fields);
+        struct parser_setup ps;
+        struct shmipc__http_parser *p = parser_setup(&ps, NULL);
         size_t n = strlen(cases[i].req);
-        assert_int_equal(shmipc__http_parse_head(&p, cases[i].req, n), n);
-        assert_int_equal(p.req.flags, cases[i].flags);
+        assert_int_equal(shmipc__http_parse_head(p, cases[i].req, n), n);
+        assert_int_equal(p->req.flags, cases[i].flags);
     }
 }
 
@@ -638,19 +649,24 @@ static char *request_with_target(size_t target_len, size_t *n)
     return r;
 }
 
+/* A request with a target of `target_len` bytes gets `status` (0: it parses). */
+static void expect_target_status(size_t target_len, int status)
+{
+    size_t n;
+    char *r = request_with_target(target_len, &n);
+    assert_int_equal(status_of(r, n, NULL), status);
+    free(r);
+}
+
 static void request_line_limit_boundary(void **state)
 {
     (void)state;
     size_t n;
     /* 8192 bytes with CRLF: 4 + target + 11 = 8192. */
-    char *r = request_with_target(8192 - 15, &n);
-    assert_int_equal(status_of(r, n, NULL), 0);
-    free(r);
-    r = request_with_target(8192 - 15 + 1, &n);
-    assert_int_equal(status_of(r, n, NULL), 414);
-    free(r);
+    expect_target_status(8192 - 15, 0);
+    expect_target_status(8192 - 15 + 1, 414);
     /* Detected as soon as the limit is passed, without waiting for the LF. */
-    r = request_with_target(20000, &n);
+    char *r = request_with_target(20000, &n);
     /* 8192 bytes without an LF: the line is at least 8193 bytes long already. */
     assert_int_equal(status_of(r, 8192, NULL), 414);
     assert_int_equal(status_of(r, 8191, NULL), -1);
@@ -683,17 +699,25 @@ static char *request_with_padding(size_t value_len, size_t nextra, size_t *n)
     return r;
 }
 
+/* request_with_padding(value_len, nextra) gets `status` under `lim` (0: it parses). */
+static void expect_padded_status(size_t value_len, size_t nextra,
+                                 const struct shmipc__http_limits *lim, int status)
+{
+    size_t n;
+    char *r = request_with_padding(value_len, nextra, &n);
+    assert_int_equal(status_of(r, n, lim), status);
+    free(r);
+}
+
 static void head_bytes_limit_boundary(void **state)
 {
     (void)state;
     size_t n;
     char *r = request_with_padding(16384 - 32, 0, &n);
     assert_int_equal(n, 16384);
-    assert_int_equal(status_of(r, n, NULL), 0);
     free(r);
-    r = request_with_padding(16384 - 32 + 1, 0, &n);
-    assert_int_equal(status_of(r, n, NULL), 431);
-    free(r);
+    expect_padded_status(16384 - 32, 0, NULL, 0);
+    expect_padded_status(16384 - 32 + 1, 0, NULL, 431);
     /* Without waiting for the rest. */
     r = request_with_padding(100000, 0, &n);
     assert_int_equal(status_of(r, 16384, NULL), 431);
@@ -701,32 +725,19 @@ static void head_bytes_limit_boundary(void **state)
     free(r);
     /* The limit is configurable. */
     struct shmipc__http_limits lim = {.max_head_bytes = 100};
-    r = request_with_padding(100 - 32, 0, &n);
-    assert_int_equal(status_of(r, n, &lim), 0);
-    free(r);
-    r = request_with_padding(100 - 32 + 1, 0, &n);
-    assert_int_equal(status_of(r, n, &lim), 431);
-    free(r);
+    expect_padded_status(100 - 32, 0, &lim, 0);
+    expect_padded_status(100 - 32 + 1, 0, &lim, 431);
 }
 
 static void header_count_limit_boundary(void **state)
 {
     (void)state;
-    size_t n;
     /* Host + 62 X + P = 64 fields. */
-    char *r = request_with_padding(1, 62, &n);
-    assert_int_equal(status_of(r, n, NULL), 0);
-    free(r);
-    r = request_with_padding(1, 63, &n);
-    assert_int_equal(status_of(r, n, NULL), 431);
-    free(r);
+    expect_padded_status(1, 62, NULL, 0);
+    expect_padded_status(1, 63, NULL, 431);
     struct shmipc__http_limits lim = {.max_headers = 3};
-    r = request_with_padding(1, 1, &n);
-    assert_int_equal(status_of(r, n, &lim), 0);
-    free(r);
-    r = request_with_padding(1, 2, &n);
-    assert_int_equal(status_of(r, n, &lim), 431);
-    free(r);
+    expect_padded_status(1, 1, &lim, 0);
+    expect_padded_status(1, 2, &lim, 431);
 }
 
 static void body_limit_boundary(void **state)
@@ -931,12 +942,9 @@ static void every_split_of_requests(void **state)
 static void streaming_a_large_chunked_body(void **state)
 {
     (void)state;
-    struct shmipc__http_limits lim;
     struct shmipc__http_limits in = {.max_body = 1u << 24};
-    assert_int_equal(shmipc__http_limits_resolve(&lim, &in), 0);
-    struct shmipc__http_field fields[64];
-    struct shmipc__http_parser p;
-    shmipc__http_parser_init(&p, &lim, fields);
+    struct parser_setup ps;
+    struct shmipc__http_parser *p = parser_setup(&ps, &in);
     /* The wire: a head, then 1000 chunks of 1000 bytes, then a trailer. */
     struct sbuf wire = {0};
     sb_printf(&wire, "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n");
@@ -950,7 +958,7 @@ static void streaming_a_large_chunked_body(void **state)
         sb_put(&wire, "\r\n", 2);
     }
     sb_printf(&wire, "0\r\nDone: yes\r\n\r\n");
-    assert_int_equal(shmipc__http_parse_head(&p, wire.p, head), (int)head);
+    assert_int_equal(shmipc__http_parse_head(p, wire.p, head), (int)head);
 
     /* A 4 KiB window fed 777 bytes at a time; decoded bytes are checked and dropped. */
     char window[4096];
@@ -962,13 +970,13 @@ static void streaming_a_large_chunked_body(void **state)
         memcpy(window + wlen, wire.p + fed, k);
         wlen += k;
         fed += k;
-        rc = shmipc__http_body_decode(&p, window, &wlen);
+        rc = shmipc__http_body_decode(p, window, &wlen);
         assert_true(rc >= 0);
-        size_t got = shmipc__http_body_len(&p);
+        size_t got = shmipc__http_body_len(p);
         for (size_t i = 0; i < got; i++, seen++)
             assert_int_equal(window[i], 'a' + (seen / 1000 + seen % 1000) % 26);
         if (rc == 0) {
-            size_t n = shmipc__http_body_take(&p);
+            size_t n = shmipc__http_body_take(p);
             assert_int_equal(n, got);
             memmove(window, window + n, wlen - n);
             wlen -= n;
@@ -976,12 +984,12 @@ static void streaming_a_large_chunked_body(void **state)
     }
     assert_int_equal(seen, 1000 * 1000);
     assert_int_equal(fed, wire.n);
-    assert_int_equal(p.req.ntrailers, 1);
-    const struct shmipc__http_field *t = &p.req.fields[p.req.nfields];
+    assert_int_equal(p->req.ntrailers, 1);
+    const struct shmipc__http_field *t = &p->req.fields[p->req.nfields];
     assert_memory_equal(window + t->name.off, "Done", 4);
     assert_memory_equal(window + t->value.off, "yes", 3);
     /* Taking after the end moves the trailer offsets with the bytes. */
-    size_t n = shmipc__http_body_take(&p);
+    size_t n = shmipc__http_body_take(p);
     memmove(window, window + n, wlen - n);
     assert_memory_equal(window + t->name.off, "Done", 4);
     assert_memory_equal(window + t->value.off, "yes", 3);
@@ -992,72 +1000,63 @@ static void streaming_a_large_chunked_body(void **state)
 static void chunked_decoding_compacts_in_place(void **state)
 {
     (void)state;
-    struct shmipc__http_limits lim;
-    shmipc__http_limits_resolve(&lim, NULL);
-    struct shmipc__http_field fields[64];
-    struct shmipc__http_parser p;
-    shmipc__http_parser_init(&p, &lim, fields);
+    struct parser_setup ps;
+    struct shmipc__http_parser *p = parser_setup(&ps, NULL);
     static const char head[] = "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n";
-    assert_int_equal(shmipc__http_parse_head(&p, head, sizeof head - 1), sizeof head - 1);
+    assert_int_equal(shmipc__http_parse_head(p, head, sizeof head - 1), sizeof head - 1);
     char buf[64];
     memcpy(buf, "3;x=y\r\nabc\r\n4\r\nde", 17);
     size_t len = 17;
-    assert_int_equal(shmipc__http_body_decode(&p, buf, &len), 0);
+    assert_int_equal(shmipc__http_body_decode(p, buf, &len), 0);
     assert_int_equal(len, 5);
-    assert_int_equal(shmipc__http_body_len(&p), 5);
+    assert_int_equal(shmipc__http_body_len(p), 5);
     assert_memory_equal(buf, "abcde", 5);
     memcpy(buf + len, "fg\r\n0\r", 6);
     len += 6;
-    assert_int_equal(shmipc__http_body_decode(&p, buf, &len), 0);
+    assert_int_equal(shmipc__http_body_decode(p, buf, &len), 0);
     assert_memory_equal(buf, "abcdefg", 7);
     /* "fg" joined the data, the CRLF went, and the partial size line "0\r" moved down. */
     assert_int_equal(len, 9);
     assert_memory_equal(buf + 7, "0\r", 2);
     memcpy(buf + len, "\n\r\n", 3);
     len += 3;
-    assert_int_equal(shmipc__http_body_decode(&p, buf, &len), 1);
-    assert_int_equal(shmipc__http_body_len(&p), 7);
-    assert_int_equal(shmipc__http_body_wire(&p), 12);
+    assert_int_equal(shmipc__http_body_decode(p, buf, &len), 1);
+    assert_int_equal(shmipc__http_body_len(p), 7);
+    assert_int_equal(shmipc__http_body_wire(p), 12);
 }
 
 static void failed_parser_stays_failed(void **state)
 {
     (void)state;
-    struct shmipc__http_limits lim;
-    shmipc__http_limits_resolve(&lim, NULL);
-    struct shmipc__http_field fields[64];
-    struct shmipc__http_parser p;
-    shmipc__http_parser_init(&p, &lim, fields);
+    struct parser_setup ps;
+    struct shmipc__http_parser *p = parser_setup(&ps, NULL);
     static const char bad[] = "GET / HTTP/1.1\r\nHost : h\r\n\r\n";
-    assert_int_equal(shmipc__http_parse_head(&p, S(bad)), SHMIPC_EPROTO);
-    assert_int_equal(p.status, 400);
+    assert_int_equal(shmipc__http_parse_head(p, S(bad)), SHMIPC_EPROTO);
+    assert_int_equal(p->status, 400);
     assert_non_null(strstr(shmipc_error_detail(), "colon"));
     static const char good[] = "GET / HTTP/1.1\r\nHost: h\r\n\r\n";
-    assert_int_equal(shmipc__http_parse_head(&p, S(good)), SHMIPC_EPROTO);
-    assert_int_equal(p.status, 400);
+    assert_int_equal(shmipc__http_parse_head(p, S(good)), SHMIPC_EPROTO);
+    assert_int_equal(p->status, 400);
     size_t len = 0;
-    assert_int_equal(shmipc__http_body_decode(&p, NULL, &len), SHMIPC_EPROTO);
+    assert_int_equal(shmipc__http_body_decode(p, NULL, &len), SHMIPC_EPROTO);
 }
 
 static void misuse_is_refused(void **state)
 {
     (void)state;
-    struct shmipc__http_limits lim;
-    shmipc__http_limits_resolve(&lim, NULL);
-    struct shmipc__http_field fields[64];
-    struct shmipc__http_parser p;
-    shmipc__http_parser_init(&p, &lim, fields);
+    struct parser_setup ps;
+    struct shmipc__http_parser *p = parser_setup(&ps, NULL);
     static const char req[] = "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n";
-    assert_int_equal(shmipc__http_parse_head(&p, S(req)), sizeof req - 1);
+    assert_int_equal(shmipc__http_parse_head(p, S(req)), sizeof req - 1);
     /* A body is pending: the next head must wait. */
-    assert_int_equal(shmipc__http_parse_head(&p, S(req)), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__http_parse_head(p, S(req)), SHMIPC_EINVAL);
     char body[2] = {'o', 'k'};
     size_t len = 2;
-    assert_int_equal(shmipc__http_body_decode(&p, body, &len), 1);
+    assert_int_equal(shmipc__http_body_decode(p, body, &len), 1);
     /* And a body cannot be decoded in the middle of a head. */
-    assert_int_equal(shmipc__http_parse_head(&p, "GET / HT", 8), 0);
+    assert_int_equal(shmipc__http_parse_head(p, "GET / HT", 8), 0);
     len = 0;
-    assert_int_equal(shmipc__http_body_decode(&p, body, &len), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__http_body_decode(p, body, &len), SHMIPC_EINVAL);
 }
 
 int main(void)

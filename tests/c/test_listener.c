@@ -8,7 +8,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,9 +16,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "ipc_helpers.h"
 #include "shmipc.h"
 
 static char address[128];
@@ -139,7 +138,7 @@ static void serve_many_clients(void **state)
     struct server_state ss = {.stop_after = CLIENTS * 3};
     struct serve_run r = {.ss = &ss};
     pthread_t server, clients[CLIENTS];
-    snprintf(address, sizeof address, "unix:@shmipc-test-listener-%d", (int)getpid());
+    ipc_pick_address(address, sizeof address, "listener");
     shmipc_config *cfg = patient_config();
     assert_int_equal(shmipc_listener_new(address, cfg, &r.l), 0);
     shmipc_config_free(cfg);
@@ -168,7 +167,7 @@ static void stop_from_another_thread(void **state)
     struct server_state ss = {0};
     struct serve_run r = {.ss = &ss};
     pthread_t server;
-    snprintf(address, sizeof address, "unix:@shmipc-test-listener-stop-%d", (int)getpid());
+    ipc_pick_address(address, sizeof address, "listener-stop");
     assert_int_equal(shmipc_listener_new(address, NULL, &r.l), 0);
     assert_int_equal(pthread_create(&server, NULL, serve_main, &r), 0);
     usleep(20000);
@@ -218,7 +217,7 @@ static void accept_timeout(void **state)
     (void)state;
     shmipc_listener *l;
     shmipc_session *s;
-    snprintf(address, sizeof address, "unix:@shmipc-test-listener-t-%d", (int)getpid());
+    ipc_pick_address(address, sizeof address, "listener-t");
     assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
     assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_EAGAIN);
     assert_int_equal(shmipc_listener_accept(l, 30, &s), SHMIPC_ETIMEDOUT);
@@ -231,13 +230,6 @@ static void accept_timeout(void **state)
 /* ------------------------------------------------------------------------------------ */
 
 enum { STALLERS = 20 };
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* A raw client of the abstract socket in `address` ("unix:@name") that sends nothing. */
 static int connect_staller(void)
@@ -255,18 +247,6 @@ static int connect_staller(void)
         return -1;
     }
     return fd;
-}
-
-static int count_dir(const char *path)
-{
-    int n = 0;
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return -1;
-    for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
 }
 
 /* Whether the server ended the connection on `fd` within `ms` (it read EOF or a reset). */
@@ -287,6 +267,19 @@ static shmipc_config *stall_config(void)
         shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, STALL_TIMEOUT_MS) != 0)
         return NULL;
     return cfg;
+}
+
+/* A listener at a fresh address (named after `tag`) with `n` stallers connected to it. */
+static shmipc_listener *listen_with_stallers(const char *tag, int *stall, int n)
+{
+    shmipc_listener *l;
+    ipc_pick_address(address, sizeof address, tag);
+    shmipc_config *cfg = stall_config();
+    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+    shmipc_config_free(cfg);
+    for (int i = 0; i < n; i++)
+        assert_true((stall[i] = connect_staller()) >= 0);
+    return l;
 }
 
 struct good_client {
@@ -316,32 +309,23 @@ static void stalling_clients_do_not_delay_accept(void **state)
     shmipc_listener *l;
     struct good_client g = {0};
     pthread_t th;
-    snprintf(address, sizeof address, "unix:@shmipc-test-listener-stall-%d", (int)getpid());
-    shmipc_config *cfg = stall_config();
-    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
-    shmipc_config_free(cfg);
-    for (int i = 0; i < STALLERS; i++)
-        assert_true((stall[i] = connect_staller()) >= 0);
+    l = listen_with_stallers("listener-stall", stall, STALLERS);
     /* The listener takes the stallers in: their handshakes are now in flight. */
     shmipc_session *s = NULL;
     assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_EAGAIN);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = ipc_now_ms();
     assert_int_equal(pthread_create(&th, NULL, good_client_main, &g), 0);
     assert_int_equal(shmipc_listener_accept(l, STALL_TIMEOUT_MS * 3, &s), 0);
-    uint64_t waited = now_ms() - t0;
+    uint64_t waited = ipc_now_ms() - t0;
     pthread_join(th, NULL);
     assert_int_equal(g.rc, 0);
     assert_in_range(waited, 0, STALL_TIMEOUT_MS / 2);
     /* A stream over the new session works while the stallers still hold their handshakes. */
     shmipc_stream *cst, *sst;
-    const void *p;
     assert_int_equal(shmipc_session_open_stream(g.s, &cst), 0);
-    assert_int_equal(shmipc_stream_write(cst, "ping", 4), 0);
-    assert_int_equal(shmipc_stream_flush(cst), 0);
+    ipc_send_text(cst, "ping");
     assert_int_equal(shmipc_session_accept_stream(s, 5000, &sst), 0);
-    assert_int_equal(shmipc_stream_read_exact_bytes(sst, 4, &p, 0), 0);
-    assert_memory_equal(p, "ping", 4);
-    shmipc_stream_release(sst);
+    ipc_expect_text(sst, "ping");
     shmipc_stream_close(sst);
     shmipc_stream_close(cst);
     shmipc_session_close(g.s);
@@ -349,9 +333,9 @@ static void stalling_clients_do_not_delay_accept(void **state)
 
     /* The same through fileno(): readable once a handshake is done, then accept(0) works. */
     assert_int_equal(pthread_create(&th, NULL, good_client_main, &g), 0);
-    t0 = now_ms();
+    t0 = ipc_now_ms();
     int rc = SHMIPC_EAGAIN;
-    while (rc == SHMIPC_EAGAIN && now_ms() - t0 < STALL_TIMEOUT_MS / 2) {
+    while (rc == SHMIPC_EAGAIN && ipc_now_ms() - t0 < STALL_TIMEOUT_MS / 2) {
         struct pollfd pf = {.fd = shmipc_listener_fileno(l), .events = POLLIN};
         assert_true(poll(&pf, 1, 1000) >= 0);
         rc = shmipc_listener_accept(l, 0, &s);
@@ -374,7 +358,7 @@ static void stalling_clients_do_not_delay_serve(void **state)
     struct server_state ss = {0};
     struct serve_run r = {.ss = &ss};
     pthread_t server;
-    snprintf(address, sizeof address, "unix:@shmipc-test-listener-stall-serve-%d", (int)getpid());
+    ipc_pick_address(address, sizeof address, "listener-stall-serve");
     shmipc_config *cfg = stall_config();
     assert_int_equal(shmipc_listener_new(address, cfg, &r.l), 0);
     ss.l = r.l;
@@ -382,19 +366,15 @@ static void stalling_clients_do_not_delay_serve(void **state)
     for (int i = 0; i < STALLERS; i++)
         assert_true((stall[i] = connect_staller()) >= 0);
     usleep(50000);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = ipc_now_ms();
     shmipc_session *s;
     shmipc_stream *st;
-    const void *p;
     assert_int_equal(shmipc_session_connect(address, cfg, &s), 0);
     shmipc_config_free(cfg);
     assert_int_equal(shmipc_session_open_stream(s, &st), 0);
-    assert_int_equal(shmipc_stream_write(st, "echo-me!", 8), 0);
-    assert_int_equal(shmipc_stream_flush(st), 0);
-    assert_int_equal(shmipc_stream_read_exact_bytes(st, 8, &p, 0), 0);
-    assert_memory_equal(p, "echo-me!", 8);
-    shmipc_stream_release(st);
-    uint64_t waited = now_ms() - t0;
+    ipc_send_text(st, "echo-me!");
+    ipc_expect_text(st, "echo-me!");
+    uint64_t waited = ipc_now_ms() - t0;
     assert_in_range(waited, 0, STALL_TIMEOUT_MS / 2);
     shmipc_stream_close(st);
     shmipc_session_close(s);
@@ -417,24 +397,19 @@ static void close_with_handshakes_in_flight_leaks_nothing(void **state)
     int stall[STALLERS];
     shmipc_listener *l;
     shmipc_session *s;
-    snprintf(address, sizeof address, "unix:@shmipc-test-listener-close-%d", (int)getpid());
-    int fds = count_dir("/proc/self/fd"), threads = count_dir("/proc/self/task");
-    shmipc_config *cfg = stall_config();
-    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
-    shmipc_config_free(cfg);
-    for (int i = 0; i < STALLERS; i++)
-        assert_true((stall[i] = connect_staller()) >= 0);
+    int fds = ipc_count_fds(), threads = ipc_count_dir("/proc/self/task");
+    l = listen_with_stallers("listener-close", stall, STALLERS);
     assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_EAGAIN);
-    assert_true(count_dir("/proc/self/task") > threads);
-    uint64_t t0 = now_ms();
+    assert_true(ipc_count_dir("/proc/self/task") > threads);
+    uint64_t t0 = ipc_now_ms();
     shmipc_listener_close(l);
-    assert_in_range(now_ms() - t0, 0, STALL_TIMEOUT_MS / 2);
+    assert_in_range(ipc_now_ms() - t0, 0, STALL_TIMEOUT_MS / 2);
     for (int i = 0; i < STALLERS; i++) {
         assert_true(sees_end(stall[i], 0));
         close(stall[i]);
     }
-    assert_int_equal(count_dir("/proc/self/fd"), fds);
-    assert_int_equal(count_dir("/proc/self/task"), threads);
+    assert_int_equal(ipc_count_fds(), fds);
+    assert_int_equal(ipc_count_dir("/proc/self/task"), threads);
 }
 
 /* Beyond 64 handshakes in flight, a new client is disconnected at once. */
@@ -445,12 +420,7 @@ static void handshakes_in_flight_are_bounded(void **state)
     int stall[MAX + EXTRA];
     shmipc_listener *l;
     shmipc_session *s;
-    snprintf(address, sizeof address, "unix:@shmipc-test-listener-cap-%d", (int)getpid());
-    shmipc_config *cfg = stall_config();
-    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
-    shmipc_config_free(cfg);
-    for (int i = 0; i < MAX + EXTRA; i++)
-        assert_true((stall[i] = connect_staller()) >= 0);
+    l = listen_with_stallers("listener-cap", stall, MAX + EXTRA);
     assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_EAGAIN);
     /* Accepted in order: the first 64 wait in their handshakes, the rest are gone. */
     for (int i = 0; i < MAX; i++)

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ipc_helpers.h"
 #include "shmipc.h"
 #include "ipc/session.h"
 
@@ -33,10 +34,9 @@ static void *manager_main(void *arg)
 /* Starts a manager with `sessions` sessions, accepting each on the server side. */
 static void start(struct fixture *f, uint32_t sessions)
 {
-    static int n;
     pthread_t t;
     memset(f, 0, sizeof *f);
-    snprintf(address, sizeof address, "unix:@shmipc-test-manager-%d-%d", (int)getpid(), n++);
+    ipc_pick_address(address, sizeof address, "manager");
     assert_int_equal(shmipc_config_new(&f->cfg), 0);
     assert_int_equal(shmipc_config_set_buffer_capacity(f->cfg, 2u << 20), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(f->cfg, 256), 0);
@@ -60,23 +60,13 @@ static void stop(struct fixture *f)
     shmipc_config_free(f->cfg);
 }
 
-/* One request on `cs`; the server side answers on the stream it sees (accepting it if new). */
-static shmipc_stream *exchange(shmipc_session *server, shmipc_stream *cs, shmipc_stream *ss)
+/* Processes the client session `s` until it sees that its server went away. */
+static void wait_until_server_gone(shmipc_session *s)
 {
-    const void *p;
-    assert_int_equal(shmipc_stream_write(cs, "ping", 4), 0);
-    assert_int_equal(shmipc_stream_flush(cs), 0);
-    if (ss == NULL)
-        assert_int_equal(shmipc_session_accept_stream(server, 5000, &ss), 0);
-    assert_int_equal(shmipc_stream_read_exact_bytes(ss, 4, &p, 0), 0);
-    assert_memory_equal(p, "ping", 4);
-    shmipc_stream_release(ss);
-    assert_int_equal(shmipc_stream_write(ss, "pong", 4), 0);
-    assert_int_equal(shmipc_stream_flush(ss), 0);
-    assert_int_equal(shmipc_stream_read_exact_bytes(cs, 4, &p, 0), 0);
-    assert_memory_equal(p, "pong", 4);
-    shmipc_stream_release(cs);
-    return ss;
+    while (shmipc_session_status(s) == 0) {
+        shmipc_session_process(s);
+        usleep(1000);
+    }
 }
 
 static void streams_are_reused(void **state)
@@ -87,12 +77,12 @@ static void streams_are_reused(void **state)
     start(&f, 1);
     assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
     uint32_t id = shmipc_stream_id(cs);
-    shmipc_stream *ss = exchange(f.server[0], cs, NULL);
+    shmipc_stream *ss = ipc_ping_pong(f.server[0], cs, NULL);
     shmipc_session_manager_put_back(f.m, cs);
     assert_int_equal(shmipc_session_manager_get_stream(f.m, &again), 0);
     assert_int_equal(shmipc_stream_id(again), id);
     /* The server keeps talking on the stream it has: no new stream to accept. */
-    exchange(f.server[0], again, ss);
+    ipc_ping_pong(f.server[0], again, ss);
     shmipc_stream *none;
     assert_int_equal(shmipc_session_accept_stream(f.server[0], 0, &none), SHMIPC_EAGAIN);
     /* A stream with unread data is closed instead of pooled. */
@@ -146,22 +136,19 @@ static void dead_session_is_replaced(void **state)
     pthread_t t;
     start(&f, 1);
     assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
-    shmipc_stream *ss = exchange(f.server[0], cs, NULL);
+    shmipc_stream *ss = ipc_ping_pong(f.server[0], cs, NULL);
     shmipc_session_manager_put_back(f.m, cs);
     /* The server goes away: the pooled stream dies with its session. */
     shmipc_stream_close(ss);
     shmipc_session_close(f.server[0]);
     f.server[0] = NULL;
-    while (shmipc_session_status(cs->s) == 0) {
-        shmipc_session_process(cs->s);
-        usleep(1000);
-    }
+    wait_until_server_gone(cs->s);
     assert_int_equal(pthread_create(&t, NULL, accept_main, &f), 0);
     assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
     pthread_join(t, NULL);
     assert_int_equal(f.rc, 0);
     assert_int_equal(shmipc_session_status(cs->s), 0);
-    ss = exchange(f.server[1], cs, NULL);
+    ss = ipc_ping_pong(f.server[1], cs, NULL);
     shmipc_session_manager_put_back(f.m, cs);
     shmipc_stream_close(ss);
     /* With the server gone for good, get_stream fails, then fails fast until the interval. */
@@ -169,10 +156,7 @@ static void dead_session_is_replaced(void **state)
     f.server[1] = NULL;
     shmipc_listener_close(f.l);
     f.l = NULL;
-    while (shmipc_session_status(cs->s) == 0) {
-        shmipc_session_process(cs->s);
-        usleep(1000);
-    }
+    wait_until_server_gone(cs->s);
     assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), SHMIPC_ECONNREFUSED);
     assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), SHMIPC_ECONNREFUSED);
     assert_non_null(strstr(shmipc_error_detail(), "recently"));

@@ -16,57 +16,8 @@
 
 #include "shmipc.h"
 #include "shm/queue.h"
+#include "guarded_shm.h"
 #include "shm_vectors.h"
-
-/* Zeroed shared memory of exactly `size` bytes between two inaccessible pages. */
-struct guarded {
-    uint8_t *map;
-    size_t maplen;
-    uint8_t *base;
-    size_t size;
-};
-
-static void guarded_new(struct guarded *g, size_t size)
-{
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-    size_t body = (size + pg - 1) / pg * pg;
-    assert_int_equal(size % 8, 0);
-    g->maplen = body + 2 * pg;
-    g->map = mmap(NULL, g->maplen, PROT_NONE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    assert_true(g->map != MAP_FAILED);
-    assert_int_equal(mprotect(g->map + pg, body, PROT_READ | PROT_WRITE), 0);
-    g->base = g->map + pg + (body - size);
-    g->size = size;
-}
-
-static void guarded_free(struct guarded *g)
-{
-    munmap(g->map, g->maplen);
-}
-
-static void put32(uint8_t *base, size_t off, uint32_t v)
-{
-    memcpy(base + off, &v, sizeof v);
-}
-
-static void put64(uint8_t *base, size_t off, int64_t v)
-{
-    memcpy(base + off, &v, sizeof v);
-}
-
-static int64_t get64(const uint8_t *base, size_t off)
-{
-    int64_t v;
-    memcpy(&v, base + off, sizeof v);
-    return v;
-}
-
-static uint32_t get32(const uint8_t *base, size_t off)
-{
-    uint32_t v;
-    memcpy(&v, base + off, sizeof v);
-    return v;
-}
 
 /* A formatted pair seen by both peers. */
 struct pair {

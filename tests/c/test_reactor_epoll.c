@@ -21,12 +21,9 @@ static void count_epoll_ctl(enum shmipc__rx_mode mode, int n, uint64_t *total, u
     shmipc__loop_stats(loop, &before);
     fd = connect_to(port, 0);
     for (int i = 0; i < n; i++) {
-        char req[9], resp[9];
+        char req[9];
         snprintf(req, sizeof req, "GET%05d", i);
-        write_all(fd, req, 8);
-        PUMP_UNTIL(loop, atomic_load(&s.sent_ok) == i + 1);
-        read_exact(fd, resp, 8);
-        assert_memory_equal(resp, req, 8);
+        echo_8(&s, fd, req, i + 1);
         if (i == 0)
             shmipc__loop_stats(loop, &first);
     }
@@ -82,20 +79,17 @@ static void pause_resume_without_epoll_ctl(void **state)
 {
     struct shmipc__loop_opts o = suite_opts;
     struct shmipc__loop *loop;
-    struct shmipc__acceptor *acc;
     struct shmipc__loop_stats before, end;
     struct srv s;
     size_t at = 0;
-    int port, fd;
+    int fd;
     (void)state;
 
     o.rx_epoll = SHMIPC__RX_PERSISTENT;
     loop = new_loop_with(&o);
     srv_init(&s, loop, SRV_SINK);
     s.check_pattern = 1;
-    port = srv_listen(&s, &acc);
-    fd = connect_to(port, 0);
-    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    fd = srv_connect_one(&s);
     shmipc__loop_stats(loop, &before);
     for (int i = 0; i < 100; i++) {
         s.pause_on_data = 1;

@@ -299,6 +299,63 @@ static int srv_listen(struct srv *s, struct shmipc__acceptor **out)
     return port;
 }
 
+/* Listens, connects one client and runs the loop until it is accepted; returns its socket. */
+static int srv_connect_one(struct srv *s)
+{
+    struct shmipc__acceptor *acc;
+    int fd = connect_to(srv_listen(s, &acc), 0);
+    PUMP_UNTIL(s->loop, atomic_load(&s->accepted) == 1);
+    return fd;
+}
+
+/*
+ * Adopts one end of a new socketpair as a connection of the server (in *c); the other end,
+ * sp[1], is the client, with 5 s timeouts.
+ */
+static void srv_adopt_pair(struct srv *s, int sp[2], struct shmipc__conn **c)
+{
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+    set_timeouts(sp[1]);
+    assert_int_equal(shmipc__conn_open(s->loop, sp[0], &srv_cbs, s, c), 0);
+}
+
+/* Sends the 8-byte `req` to an echo server (its `nth` answer) and reads the same bytes back. */
+static void echo_8(struct srv *s, int fd, const char *req, int nth)
+{
+    char resp[8];
+    write_all(fd, req, 8);
+    PUMP_UNTIL(s->loop, atomic_load(&s->sent_ok) == nth);
+    read_exact(fd, resp, 8);
+    assert_memory_equal(resp, req, 8);
+}
+
+/*
+ * 100 bytes through a connection of a loop made with `o`, into a sink: they all arrive, in
+ * order, in chunks of at most `o->recv_buf_size` bytes. Returns the loop's counters then.
+ */
+static struct shmipc__loop_stats sink_100_bytes(const struct shmipc__loop_opts *o)
+{
+    struct shmipc__loop *loop = new_loop_with(o);
+    struct shmipc__conn *c;
+    struct shmipc__loop_stats st;
+    struct srv s;
+    char msg[100];
+    int sp[2];
+    srv_init(&s, loop, SRV_SINK);
+    for (int i = 0; i < 100; i++)
+        msg[i] = (char)('a' + i % 26);
+    srv_adopt_pair(&s, sp, &c);
+    write_all(sp[1], msg, sizeof msg);
+    PUMP_UNTIL(loop, atomic_load(&s.received) == 100);
+    assert_memory_equal(s.kept, msg, 100);
+    assert_true(s.max_chunk <= o->recv_buf_size);
+    shmipc__loop_stats(loop, &st);
+    close(sp[1]);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
+    shmipc__loop_free(loop);
+    return st;
+}
+
 static void *loop_thread(void *arg)
 {
     struct shmipc__loop *loop = arg;
@@ -344,9 +401,7 @@ static void echo(void **state)
     PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
     assert_int_equal(atomic_load(&s.end_status), 0);
 
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
-    set_timeouts(sp[1]);
-    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
+    srv_adopt_pair(&s, sp, &c);
     assert_int_equal(shmipc__conn_fd(c), sp[0]);
     assert_ptr_equal(shmipc__conn_loop(c), loop);
     write_all(sp[1], "over a pair", 11);
@@ -365,24 +420,18 @@ static void echo(void **state)
 static void keepalive_200(void **state)
 {
     struct shmipc__loop *loop = new_loop();
-    struct shmipc__acceptor *acc;
     struct shmipc__loop_stats a, b;
     struct srv s;
-    int port, fd;
+    int fd;
     (void)state;
 
     srv_init(&s, loop, SRV_ECHO);
-    port = srv_listen(&s, &acc);
-    fd = connect_to(port, 0);
-    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    fd = srv_connect_one(&s);
     shmipc__loop_stats(loop, &a);
     for (int i = 0; i < 200; i++) {
-        char req[9], resp[9];
+        char req[9];
         snprintf(req, sizeof req, "ping%04d", i);
-        write_all(fd, req, 8);
-        PUMP_UNTIL(loop, atomic_load(&s.sent_ok) == i + 1);
-        read_exact(fd, resp, 8);
-        assert_memory_equal(resp, req, 8);
+        echo_8(&s, fd, req, i + 1);
     }
     shmipc__loop_stats(loop, &b);
     print_message("%s: 200 exchanges: %llu waits, %llu events, %llu epoll_ctl, %llu rearms\n",
@@ -399,33 +448,15 @@ static void keepalive_200(void **state)
 static void small_receive_buffer(void **state)
 {
     struct shmipc__loop_opts o = suite_opts;
-    struct shmipc__loop *loop;
-    struct shmipc__conn *c;
     struct shmipc__loop_stats st;
-    struct srv s;
-    char msg[100];
-    int sp[2];
     (void)state;
 
     o.recv_buf_size = 10;
     o.recv_buf_count = 4;  /* io_uring: the ring runs dry after 40 bytes */
     o.reads_per_event = 3; /* epoll: the budget runs out after 30 bytes */
-    loop = new_loop_with(&o);
-    srv_init(&s, loop, SRV_SINK);
-    for (int i = 0; i < 100; i++)
-        msg[i] = (char)('a' + i % 26);
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
-    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
-    write_all(sp[1], msg, sizeof msg);
-    PUMP_UNTIL(loop, atomic_load(&s.received) == 100);
-    assert_memory_equal(s.kept, msg, 100);
-    assert_true(s.max_chunk <= 10);
-    shmipc__loop_stats(loop, &st);
+    st = sink_100_bytes(&o);
     /* Each backend had to carry on without a new notification from the kernel. */
     assert_true(st.deferred + st.enobufs >= 1);
-    close(sp[1]);
-    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
-    shmipc__loop_free(loop);
 }
 
 /* With a budget of one event per turn, two ready connections take two turns, in order of
@@ -472,9 +503,7 @@ static void sendv_many_buffers(void **state)
     (void)state;
 
     srv_init(&s, loop, SRV_SINK);
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
-    set_timeouts(sp[1]);
-    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
+    srv_adopt_pair(&s, sp, &c);
     for (int i = 0; i < 200; i++) {
         snprintf(parts[i], sizeof parts[i], "r%05d.", i);
         iov[i].iov_base = parts[i];
@@ -596,19 +625,16 @@ static void fd_reuse_generation(void **state)
 static void half_close_sends_fin(void **state)
 {
     struct shmipc__loop *loop = new_loop();
-    struct shmipc__acceptor *acc;
     struct srv s;
     static char junk[64 << 10];
     char buf[16];
     size_t total = 7 + sizeof junk;
-    int port, fd;
+    int fd;
     ssize_t n;
     (void)state;
 
     srv_init(&s, loop, SRV_REPLY_SHUT);
-    port = srv_listen(&s, &acc);
-    fd = connect_to(port, 0);
-    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    fd = srv_connect_one(&s);
     write_all(fd, "request", 7);
     PUMP_UNTIL(loop, atomic_load(&s.shut) && atomic_load(&s.sent_ok) == 1);
     /* Input that arrives after the shutdown is still read, so closing leaves none unread. */
@@ -869,17 +895,14 @@ static void pump_for(struct shmipc__loop *loop, int ms)
 static void pause_read_stops_the_peer(void **state)
 {
     struct shmipc__loop *loop = new_loop();
-    struct shmipc__acceptor *acc;
     struct srv s;
     size_t at = 0, limit = 64u << 20;
-    int port, fd;
+    int fd;
     (void)state;
 
     srv_init(&s, loop, SRV_SINK);
     s.check_pattern = 1;
-    port = srv_listen(&s, &acc);
-    fd = connect_to(port, 0);
-    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    fd = srv_connect_one(&s);
     assert_int_equal(shmipc__conn_pause_read(s.last), 0);
     assert_int_equal(shmipc__conn_pause_read(s.last), 0); /* idempotent */
     assert_int_equal(shmipc__conn_read_paused(s.last), 1);
@@ -916,17 +939,14 @@ static void pause_read_stops_the_peer(void **state)
 static void pause_from_on_data(void **state)
 {
     struct shmipc__loop *loop = new_loop();
-    struct shmipc__acceptor *acc;
     struct srv s;
     size_t at = 0, limit = 4u << 20;
-    int port, fd, pauses = 0;
+    int fd, pauses = 0;
     (void)state;
 
     srv_init(&s, loop, SRV_SINK);
     s.check_pattern = 1;
-    port = srv_listen(&s, &acc);
-    fd = connect_to(port, 0);
-    PUMP_UNTIL(loop, atomic_load(&s.accepted) == 1);
+    fd = srv_connect_one(&s);
     while (at < limit) {
         struct shmipc__loop_stats a, b;
         size_t before = atomic_load(&s.received);

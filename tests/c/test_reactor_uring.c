@@ -7,31 +7,14 @@
 static void rearm_after_enobufs(void **state)
 {
     struct shmipc__loop_opts o = suite_opts;
-    struct shmipc__loop *loop;
-    struct shmipc__conn *c;
     struct shmipc__loop_stats st;
-    struct srv s;
-    char msg[100];
-    int sp[2];
     (void)state;
 
     o.recv_buf_size = 10;
     o.recv_buf_count = 2;
-    loop = new_loop_with(&o);
-    srv_init(&s, loop, SRV_SINK);
-    for (int i = 0; i < 100; i++)
-        msg[i] = (char)i;
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
-    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
-    write_all(sp[1], msg, sizeof msg);
-    PUMP_UNTIL(loop, atomic_load(&s.received) == 100);
-    assert_memory_equal(s.kept, msg, 100);
-    shmipc__loop_stats(loop, &st);
+    st = sink_100_bytes(&o);
     assert_true(st.enobufs >= 1);
     assert_true(st.recv_rearm >= st.enobufs);
-    close(sp[1]);
-    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
-    shmipc__loop_free(loop);
 }
 
 /* A keep-alive exchange costs one enter that submits the response and waits for the next
@@ -46,9 +29,7 @@ static void one_enter_per_request(void **state)
     (void)state;
 
     srv_init(&s, loop, SRV_ECHO);
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
-    set_timeouts(sp[1]);
-    assert_int_equal(shmipc__conn_open(loop, sp[0], &srv_cbs, &s, &c), 0);
+    srv_adopt_pair(&s, sp, &c);
     assert_true(shmipc__loop_run_once(loop, 0) >= 0);
     shmipc__loop_stats(loop, &a);
     for (int i = 0; i < 100; i++) {

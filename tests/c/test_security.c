@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ipc_helpers.h"
 #include "shmipc.h"
 
 static char address[128];
@@ -50,30 +51,6 @@ static void log_clear(void)
     pthread_mutex_lock(&log_mu);
     log_text[0] = '\0';
     pthread_mutex_unlock(&log_mu);
-}
-
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.';
-    if (d != NULL)
-        closedir(d);
-    return n - 1; /* the directory's own fd */
-}
-
-/* Lines of /proc/self/maps that map shared memory (memfd or /dev/shm). */
-static int count_shm_maps(void)
-{
-    char line[512];
-    int n = 0;
-    FILE *f = fopen("/proc/self/maps", "r");
-    while (f != NULL && fgets(line, sizeof line, f) != NULL)
-        n += strstr(line, "/memfd:") != NULL || strstr(line, "/dev/shm/") != NULL;
-    if (f != NULL)
-        fclose(f);
-    return n;
 }
 
 static shmipc_config *config_with_uids(const uint32_t *uids, size_t n)
@@ -207,7 +184,7 @@ static void test_listener_refuses_unlisted_client(void **state)
     shmipc_listener *l;
     pthread_t t;
     char want[64];
-    int fds = count_fds(), maps = count_shm_maps();
+    struct ipc_held held = ipc_held_now();
     assert_int_equal(shmipc_listener_new(address, scfg, &l), 0);
     log_clear();
     struct client_run r = {.address = address, .cfg = NULL};
@@ -220,8 +197,7 @@ static void test_listener_refuses_unlisted_client(void **state)
     assert_true(log_contains(want));
     assert_true(log_contains("the client"));
     shmipc_listener_close(l);
-    assert_int_equal(count_fds(), fds);
-    assert_int_equal(count_shm_maps(), maps);
+    ipc_assert_held(&held);
     shmipc_config_free(scfg);
 }
 
@@ -234,7 +210,7 @@ static void test_client_refuses_unlisted_server(void **state)
     shmipc_session *s = NULL;
     shmipc_listener *l;
     char want[64];
-    int fds = count_fds(), maps = count_shm_maps();
+    struct ipc_held held = ipc_held_now();
     assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
     for (int v4 = 0; v4 < 2; v4++) {
         if (v4)
@@ -248,8 +224,7 @@ static void test_client_refuses_unlisted_server(void **state)
         assert_true(shmipc_listener_accept(l, 200, &s) < 0);
     }
     shmipc_listener_close(l);
-    assert_int_equal(count_fds(), fds);
-    assert_int_equal(count_shm_maps(), maps);
+    ipc_assert_held(&held);
     shmipc_config_free(ccfg);
 }
 
@@ -414,11 +389,9 @@ static void test_devshm_file_mode(void **state)
     assert_int_equal(shmipc_session_version(s), 2);
     assert_int_equal(shm_files(prefix, 0600), 2); /* the buffer and the queue */
     shmipc_stream *st;
-    const void *p;
     assert_int_equal(shmipc_session_open_stream(s, &st), 0);
-    assert_int_equal(shmipc_stream_write(st, "12345678", 8), 0);
-    assert_int_equal(shmipc_stream_flush(st), 0);
-    assert_int_equal(shmipc_stream_read_exact_bytes(st, 8, &p, 0), 0);
+    ipc_send_text(st, "12345678");
+    ipc_expect_text(st, "12345678");
     shmipc_stream_close(st);
     shmipc_session_close(s);
     pthread_join(t, NULL);

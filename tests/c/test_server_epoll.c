@@ -3,8 +3,6 @@
  * 200 keep-alive requests through the server: none after the connection's registration. */
 #include "test_server_suite.h"
 
-#include <sys/resource.h>
-
 /* Setters refuse bad values with a detail naming the field, and leave the config as it was. */
 static void config_validation(void **state)
 {
@@ -123,19 +121,15 @@ static uint64_t epoll_ctl_over_200(int backend)
     struct rd r;
     struct resp p;
     struct shmipc__server_stats st;
-    int fd;
 
     srv_start(&t, &o);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
+    rd_open(&r, t.port);
     for (int i = 0; i < 200; i++) {
-        send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-        read_response(&r, &p, 0);
+        exchange(&r, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
         assert_int_equal(p.status, 200);
         free(p.body);
     }
-    rd_free(&r);
-    close(fd);
+    rd_close(&r);
     st = srv_stop(&t);
     assert_int_equal(st.requests, 200);
     print_message("%s: 200 keep-alive requests: %llu epoll_ctl, %llu waits\n",
@@ -163,16 +157,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(stop_before_run),       cmocka_unit_test(timeout_knobs),
         cmocka_unit_test(epoll_ctl_per_request), SERVER_TESTS,
     };
-    struct rlimit rl;
     int rc;
 
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
-    /* 500 client and 500 server sockets in one process. */
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 4096 && rl.rlim_max >= 4096) {
-        rl.rlim_cur = 4096;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
+    raise_fd_limit();
     unsetenv("SHMIPC_REACTOR_BACKEND");
     unsetenv("SHMIPC_RX_EPOLL");
     suite_backend = SHMIPC_BACKEND_EPOLL;

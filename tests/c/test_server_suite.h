@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -359,16 +360,63 @@ static void expect_eof(struct rd *r)
         fail_msg("expected EOF, read returned %zd (%s)", n, n < 0 ? strerror((int)-n) : "data");
 }
 
+/* A client connection to `port` with its reader (the socket is r->fd). */
+static void rd_open(struct rd *r, int port)
+{
+    rd_init(r, client_connect(port, 0));
+}
+
+/* Frees the reader and closes its connection. */
+static void rd_close(struct rd *r)
+{
+    rd_free(r);
+    close(r->fd);
+}
+
+/* Sends `request` on the connection of `r` and reads the response (caller frees body). */
+static void exchange(struct rd *r, const char *request, struct resp *p)
+{
+    send_str(r->fd, request);
+    read_response(r, p, 0);
+}
+
+/* Sends `request` and checks the response's status and, unless NULL, its body. */
+static void expect_response(struct rd *r, const char *request, int status, const char *body)
+{
+    struct resp p;
+    exchange(r, request, &p);
+    assert_int_equal(p.status, status);
+    if (body != NULL)
+        assert_string_equal(p.body, body);
+    free(p.body);
+}
+
 /* One request on a fresh connection; returns the response (caller frees body). */
 static void get_once(int port, const char *request, struct resp *p)
 {
     struct rd r;
-    int fd = client_connect(port, 0);
-    rd_init(&r, fd);
-    send_str(fd, request);
-    read_response(&r, p, 0);
-    rd_free(&r);
-    close(fd);
+    rd_open(&r, port);
+    exchange(&r, request, p);
+    rd_close(&r);
+}
+
+/* Fails unless response `p` has header `name` with the value `want`. */
+static void assert_header(const struct resp *p, const char *name, const char *want)
+{
+    char v[128];
+    if (!resp_header(p, name, v, sizeof v))
+        fail_msg("no %s header in:\n%s", name, p->head);
+    assert_string_equal(v, want);
+}
+
+/* 500 client and 500 server sockets in one process need more than the usual 1024 fds. */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 4096 && rl.rlim_max >= 4096) {
+        rl.rlim_cur = 4096;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
 }
 
 /* ---- tests ---- */
@@ -380,55 +428,38 @@ static void routes_and_static(void **state)
     struct rd r;
     struct resp p;
     char v[128];
-    int fd;
     (void)state;
 
     srv_start(&t, NULL);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
+    rd_open(&r, t.port);
+    exchange(&r, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
     assert_int_equal(p.status, 200);
     assert_string_equal(p.body, "Hello, World!");
-    assert_true(resp_header(&p, "Content-Type", v, sizeof v));
-    assert_string_equal(v, "text/plain");
-    assert_true(resp_header(&p, "Server", v, sizeof v));
-    assert_string_equal(v, "shmipc");
+    assert_header(&p, "Content-Type", "text/plain");
+    assert_header(&p, "Server", "shmipc");
     assert_true(resp_header(&p, "Date", v, sizeof v));
     assert_int_equal(strlen(v), 29);
     assert_false(resp_header(&p, "Connection", v, sizeof v));
     free(p.body);
 
-    send_str(fd, "HEAD / HTTP/1.1\r\nHost: t\r\n\r\n");
+    send_str(r.fd, "HEAD / HTTP/1.1\r\nHost: t\r\n\r\n");
     read_response(&r, &p, 1);
     assert_int_equal(p.status, 200);
-    assert_true(resp_header(&p, "Content-Length", v, sizeof v));
-    assert_string_equal(v, "13");
+    assert_header(&p, "Content-Length", "13");
 
-    send_str(fd, "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
+    exchange(&r, "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n", &p);
     assert_string_equal(p.body, "hi");
-    assert_true(resp_header(&p, "X-Test", v, sizeof v));
-    assert_string_equal(v, "yes");
+    assert_header(&p, "X-Test", "yes");
     free(p.body);
 
-    send_str(fd, "GET /items/42?color=blue HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
-    assert_string_equal(p.body, "42|color=blue");
-    free(p.body);
+    expect_response(&r, "GET /items/42?color=blue HTTP/1.1\r\nHost: t\r\n\r\n", 200,
+                    "42|color=blue");
 
-    send_str(fd, "GET /items/ HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
-    assert_string_equal(p.body, "|");
-    free(p.body);
+    expect_response(&r, "GET /items/ HTTP/1.1\r\nHost: t\r\n\r\n", 200, "|");
 
-    send_str(fd, "PUT /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello");
-    read_response(&r, &p, 0);
-    assert_int_equal(p.status, 200);
-    assert_string_equal(p.body, "hello");
-    free(p.body);
-    rd_free(&r);
-    close(fd);
+    expect_response(&r, "PUT /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello", 200,
+                    "hello");
+    rd_close(&r);
     srv_stop(&t);
 }
 
@@ -439,43 +470,27 @@ static void not_found_and_not_allowed(void **state)
     struct rd r;
     struct resp p;
     char v[128];
-    int fd;
     (void)state;
 
     srv_start(&t, NULL);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd, "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
+    rd_open(&r, t.port);
+    exchange(&r, "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n", &p);
     assert_int_equal(p.status, 404);
     assert_false(resp_header(&p, "Connection", v, sizeof v));
     free(p.body);
-    send_str(fd, "GET /items HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
-    assert_int_equal(p.status, 404); /* "/items/\*" does not match "/items" */
-    free(p.body);
-    send_str(fd, "DELETE / HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
+    expect_response(&r, "GET /items HTTP/1.1\r\nHost: t\r\n\r\n", 404,
+                    NULL); /* "/items/\*" does not match "/items" */
+    exchange(&r, "DELETE / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
     assert_int_equal(p.status, 405);
-    assert_true(resp_header(&p, "Allow", v, sizeof v));
-    assert_string_equal(v, "GET, HEAD");
+    assert_header(&p, "Allow", "GET, HEAD");
     free(p.body);
-    send_str(fd, "GET /echo HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
+    exchange(&r, "GET /echo HTTP/1.1\r\nHost: t\r\n\r\n", &p);
     assert_int_equal(p.status, 405);
-    assert_true(resp_header(&p, "Allow", v, sizeof v));
-    assert_string_equal(v, "POST, PUT");
+    assert_header(&p, "Allow", "POST, PUT");
     free(p.body);
-    send_str(fd, "BREW / HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
-    assert_int_equal(p.status, 501);
-    free(p.body);
-    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
-    assert_int_equal(p.status, 200);
-    free(p.body);
-    rd_free(&r);
-    close(fd);
+    expect_response(&r, "BREW / HTTP/1.1\r\nHost: t\r\n\r\n", 501, NULL);
+    expect_response(&r, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", 200, NULL);
+    rd_close(&r);
     srv_stop(&t);
 }
 
@@ -486,18 +501,16 @@ static void keepalive_pipelining(void **state)
     struct rd r;
     struct resp p;
     char req[16 * 64];
-    int fd;
     (void)state;
 
     srv_start(&t, NULL);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
+    rd_open(&r, t.port);
     for (int round = 0; round < 20; round++) {
         size_t n = 0;
         for (int i = 0; i < 16; i++)
             n += (size_t)snprintf(req + n, sizeof req - n,
                                   "GET /items/%d HTTP/1.1\r\nHost: t\r\n\r\n", round * 16 + i);
-        send_all(fd, req, n);
+        send_all(r.fd, req, n);
         for (int i = 0; i < 16; i++) {
             char want[32];
             read_response(&r, &p, 0);
@@ -507,8 +520,7 @@ static void keepalive_pipelining(void **state)
             free(p.body);
         }
     }
-    rd_free(&r);
-    close(fd);
+    rd_close(&r);
     struct shmipc__server_stats st = srv_stop(&t);
     assert_int_equal(st.requests, 320);
     assert_int_equal(st.connections, 1);
@@ -520,35 +532,25 @@ static void connection_close(void **state)
     struct srv t;
     struct rd r;
     struct resp p;
-    char v[64];
-    int fd;
     (void)state;
 
     srv_start(&t, NULL);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    read_response(&r, &p, 0);
+    rd_open(&r, t.port);
+    exchange(&r, "GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", &p);
     assert_int_equal(p.status, 200);
-    assert_true(resp_header(&p, "Connection", v, sizeof v));
-    assert_string_equal(v, "close");
+    assert_header(&p, "Connection", "close");
     free(p.body);
     expect_eof(&r);
-    rd_free(&r);
-    close(fd);
+    rd_close(&r);
 
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd, "GET /close HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
+    rd_open(&r, t.port);
+    exchange(&r, "GET /close HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
     assert_int_equal(p.status, 202);
     assert_string_equal(p.body, "bye");
-    assert_true(resp_header(&p, "Connection", v, sizeof v));
-    assert_string_equal(v, "close");
+    assert_header(&p, "Connection", "close");
     free(p.body);
     expect_eof(&r); /* the pipelined request after it is not answered */
-    rd_free(&r);
-    close(fd);
+    rd_close(&r);
     srv_stop(&t);
 }
 
@@ -558,28 +560,20 @@ static void http10(void **state)
     struct srv t;
     struct rd r;
     struct resp p;
-    char v[64];
-    int fd;
     (void)state;
 
     srv_start(&t, NULL);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd, "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
-    read_response(&r, &p, 0);
-    assert_true(resp_header(&p, "Connection", v, sizeof v));
-    assert_string_equal(v, "keep-alive");
+    rd_open(&r, t.port);
+    exchange(&r, "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", &p);
+    assert_header(&p, "Connection", "keep-alive");
     free(p.body);
-    send_str(fd, "GET / HTTP/1.0\r\n\r\n");
-    read_response(&r, &p, 0);
+    exchange(&r, "GET / HTTP/1.0\r\n\r\n", &p);
     assert_int_equal(p.status, 200);
     assert_string_equal(p.body, "Hello, World!");
-    assert_true(resp_header(&p, "Connection", v, sizeof v));
-    assert_string_equal(v, "close");
+    assert_header(&p, "Connection", "close");
     free(p.body);
     expect_eof(&r);
-    rd_free(&r);
-    close(fd);
+    rd_close(&r);
     srv_stop(&t);
 }
 
@@ -588,24 +582,16 @@ static void chunked_echo(void **state)
 {
     struct srv t;
     struct rd r;
-    struct resp p;
-    int fd;
     (void)state;
 
     srv_start(&t, NULL);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd, "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel");
+    rd_open(&r, t.port);
+    send_str(r.fd, "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel");
     usleep(20000);
-    send_str(fd, "lo\r\n7\r\n, world\r\n");
+    send_str(r.fd, "lo\r\n7\r\n, world\r\n");
     usleep(20000);
-    send_str(fd, "0\r\n\r\n");
-    read_response(&r, &p, 0);
-    assert_int_equal(p.status, 200);
-    assert_string_equal(p.body, "hello, world");
-    free(p.body);
-    rd_free(&r);
-    close(fd);
+    expect_response(&r, "0\r\n\r\n", 200, "hello, world");
+    rd_close(&r);
     srv_stop(&t);
 }
 
@@ -615,23 +601,16 @@ static void expect_continue(void **state)
     struct srv t;
     struct rd r;
     struct resp p;
-    int fd;
     (void)state;
 
     srv_start(&t, NULL);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd,
+    rd_open(&r, t.port);
+    send_str(r.fd,
              "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
     read_response(&r, &p, 1);
     assert_int_equal(p.status, 100);
-    send_str(fd, "12345");
-    read_response(&r, &p, 0);
-    assert_int_equal(p.status, 200);
-    assert_string_equal(p.body, "12345");
-    free(p.body);
-    rd_free(&r);
-    close(fd);
+    expect_response(&r, "12345", 200, "12345");
+    rd_close(&r);
     srv_stop(&t);
 }
 
@@ -643,7 +622,7 @@ static void big_body_slow_reader(void **state)
     struct rd r;
     struct resp p;
     size_t got = 0;
-    int slow, fd;
+    int slow;
     (void)state;
 
     atomic_store(&big_releases, 0);
@@ -679,13 +658,8 @@ static void big_body_slow_reader(void **state)
             usleep(2000);
     }
     /* The connection is still usable. */
-    fd = slow;
-    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
-    assert_string_equal(p.body, "Hello, World!");
-    free(p.body);
-    rd_free(&r);
-    close(fd);
+    expect_response(&r, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", 200, "Hello, World!");
+    rd_close(&r);
     srv_stop(&t);
     assert_int_equal(atomic_load(&big_releases), 1);
 }
@@ -698,34 +672,29 @@ static void half_close_fin(void **state)
     struct srv t;
     struct rd r;
     struct resp p;
-    int fd;
     (void)state;
 
     memset(junk, 'j', sizeof junk);
     srv_start(&t, NULL);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    send_all(fd, junk, sizeof junk);
+    rd_open(&r, t.port);
+    send_str(r.fd, "GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    send_all(r.fd, junk, sizeof junk);
     read_response(&r, &p, 0);
     assert_int_equal(p.status, 200);
     free(p.body);
     usleep(50000); /* let the junk reach the server after its shutdown */
     expect_eof(&r);
-    rd_free(&r);
-    close(fd);
+    rd_close(&r);
 
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\nBad Header: x\r\n\r\n");
-    send_all(fd, junk, 65536);
+    rd_open(&r, t.port);
+    send_str(r.fd, "GET / HTTP/1.1\r\nHost: t\r\nBad Header: x\r\n\r\n");
+    send_all(r.fd, junk, 65536);
     read_response(&r, &p, 0);
     assert_int_equal(p.status, 400);
     free(p.body);
     usleep(50000);
     expect_eof(&r);
-    rd_free(&r);
-    close(fd);
+    rd_close(&r);
     srv_stop(&t);
 }
 
@@ -750,14 +719,12 @@ static void limits_and_failures(void **state)
     big[19999] = '\n';
     {
         struct rd r;
-        int fd = client_connect(t.port, 0);
-        rd_init(&r, fd);
-        send_all(fd, big, 20000);
+        rd_open(&r, t.port);
+        send_all(r.fd, big, 20000);
         read_response(&r, &p, 0);
         assert_int_equal(p.status, 431);
         free(p.body);
-        rd_free(&r);
-        close(fd);
+        rd_close(&r);
     }
     free(big);
     get_once(t.port, "GET /fail HTTP/1.1\r\nHost: t\r\n\r\n", &p);
@@ -814,21 +781,17 @@ static void keepalive_timeout(void **state)
     struct rd r;
     struct resp p;
     uint64_t start;
-    int fd;
     (void)state;
 
     srv_start(&t, &o);
-    fd = client_connect(t.port, 0);
-    rd_init(&r, fd);
-    send_str(fd, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&r, &p, 0);
+    rd_open(&r, t.port);
+    exchange(&r, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
     free(p.body);
     start = mono_ms();
     expect_eof(&r);
     assert_true(mono_ms() - start >= 150);
     assert_true(mono_ms() - start < 2000);
-    rd_free(&r);
-    close(fd);
+    rd_close(&r);
     srv_stop(&t);
 }
 
@@ -840,21 +803,17 @@ static void graceful_stop(void **state)
     struct rd ri, rb;
     struct resp p;
     struct sockaddr_in sin = {.sin_family = AF_INET};
-    char v[64];
-    int idle, busy, fd;
+    int fd;
     (void)state;
 
     /* A long stop timeout: a slow (sanitized, loaded) run must not reach it. */
     struct srv_opts o = {.stop_ms = 20000};
     srv_start(&t, &o);
-    idle = client_connect(t.port, 0);
-    rd_init(&ri, idle);
-    send_str(idle, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-    read_response(&ri, &p, 0);
+    rd_open(&ri, t.port);
+    exchange(&ri, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
     free(p.body);
-    busy = client_connect(t.port, 0);
-    rd_init(&rb, busy);
-    send_str(busy, "GET /hello HTTP/1.1\r\nHost: t\r\n");
+    rd_open(&rb, t.port);
+    send_str(rb.fd, "GET /hello HTTP/1.1\r\nHost: t\r\n");
     usleep(200000); /* the half head reaches the server before the stop */
     assert_int_equal(shmipc_server_stop(t.s), 0);
     expect_eof(&ri); /* the idle connection is closed first */
@@ -874,18 +833,14 @@ static void graceful_stop(void **state)
         assert_true(mono_ms() < until);
     }
     assert_int_equal(atomic_load(&t.returned), 0); /* still waiting for the busy one */
-    send_str(busy, "\r\n");
-    read_response(&rb, &p, 0);
+    exchange(&rb, "\r\n", &p);
     assert_int_equal(p.status, 200);
     assert_string_equal(p.body, "hi");
-    assert_true(resp_header(&p, "Connection", v, sizeof v));
-    assert_string_equal(v, "close");
+    assert_header(&p, "Connection", "close");
     free(p.body);
     expect_eof(&rb);
-    close(busy);
-    close(idle);
-    rd_free(&ri);
-    rd_free(&rb);
+    rd_close(&rb);
+    rd_close(&ri);
     assert_int_equal(pthread_join(t.thread, NULL), 0);
     assert_int_equal(t.run_rc, 0);
     shmipc_server_free(t.s);
@@ -899,21 +854,17 @@ static void many_connections(void **state)
     struct srv t;
     struct resp p;
     struct rd *r = calloc(N, sizeof *r);
-    int *fd = calloc(N, sizeof *fd);
     (void)state;
 
     assert_non_null(r);
-    assert_non_null(fd);
     srv_start(&t, &o);
-    for (int i = 0; i < N; i++) {
-        fd[i] = client_connect(t.port, 0);
-        rd_init(&r[i], fd[i]);
-    }
+    for (int i = 0; i < N; i++)
+        rd_open(&r[i], t.port);
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < N; i++) {
             char req[64];
             snprintf(req, sizeof req, "GET /items/%d HTTP/1.1\r\nHost: t\r\n\r\n", i);
-            send_str(fd[i], req);
+            send_str(r[i].fd, req);
         }
         for (int i = 0; i < N; i++) {
             char want[16];
@@ -923,12 +874,9 @@ static void many_connections(void **state)
             free(p.body);
         }
     }
-    for (int i = 0; i < N; i++) {
-        rd_free(&r[i]);
-        close(fd[i]);
-    }
+    for (int i = 0; i < N; i++)
+        rd_close(&r[i]);
     free(r);
-    free(fd);
     struct shmipc__server_stats st = srv_stop(&t);
     assert_int_equal(st.connections, N);
     assert_int_equal(st.requests, 2 * N);

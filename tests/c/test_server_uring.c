@@ -4,8 +4,6 @@
 
 #include "reactor/loop.h"
 
-#include <sys/resource.h>
-
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -13,7 +11,6 @@ int main(int argc, char **argv)
     };
     struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
     struct shmipc__loop *probe = NULL;
-    struct rlimit rl;
     int rc;
 
     if (argc > 1)
@@ -23,10 +20,7 @@ int main(int argc, char **argv)
         return 77;
     }
     shmipc__loop_free(probe);
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 4096 && rl.rlim_max >= 4096) {
-        rl.rlim_cur = 4096;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
+    raise_fd_limit();
     unsetenv("SHMIPC_REACTOR_BACKEND");
     suite_backend = SHMIPC_BACKEND_IO_URING;
     rc = cmocka_run_group_tests_name("server_io_uring", tests, NULL, NULL);

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ipc_helpers.h"
 #include "shmipc.h"
 #include "common/clock.h"
 #include "ipc/proto.h"
@@ -25,8 +26,7 @@ static char address[128];
 
 static void pick_address(void)
 {
-    static int n;
-    snprintf(address, sizeof address, "unix:@shmipc-test-%d-%d", (int)getpid(), n++);
+    ipc_pick_address(address, sizeof address, "session");
 }
 
 static shmipc_config *config_for(int memmap)
@@ -85,13 +85,20 @@ static void *echo_main(void *arg)
     return NULL;
 }
 
-static void echo_start(struct echo_server *e, const shmipc_config *cfg, int streams)
+/*
+ * Starts an echo server for one stream and connects to it with `cfg`: the client's session in
+ * *s, and its stream in *st.
+ */
+static void echo_connect(struct echo_server *e, const shmipc_config *cfg, shmipc_session **s,
+                         shmipc_stream **st)
 {
     memset(e, 0, sizeof *e);
     pick_address();
-    e->streams = streams;
+    e->streams = 1;
     assert_int_equal(shmipc_listener_new(address, cfg, &e->l), 0);
     assert_int_equal(pthread_create(&e->thread, NULL, echo_main, e), 0);
+    assert_int_equal(shmipc_session_connect(address, cfg, s), 0);
+    assert_int_equal(shmipc_session_open_stream(*s, st), 0);
 }
 
 static void echo_stop(struct echo_server *e)
@@ -136,10 +143,8 @@ static void echo_sizes(int memmap)
     shmipc_session *s;
     shmipc_stream *st;
     static const size_t sizes[] = {1, 64, 100, 4096, 8172, 8173, 20004, 65536, 300000, 1 << 20};
-    echo_start(&e, cfg, 1);
-    assert_int_equal(shmipc_session_connect(address, cfg, &s), 0);
+    echo_connect(&e, cfg, &s, &st);
     assert_int_equal(shmipc_session_version(s), memmap == SHMIPC_MEMMAP_MEMFD ? 3 : 2);
-    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
     assert_int_equal(shmipc_stream_id(st), 2);
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         round_trip(st, sizes[i], (unsigned)i);
@@ -175,9 +180,7 @@ static void read_exact_spans_slices(void **state)
     uint8_t msg[20004];
     const void *p;
     fill(msg, sizeof msg, 3);
-    echo_start(&e, cfg, 1);
-    assert_int_equal(shmipc_session_connect(address, cfg, &s), 0);
-    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
+    echo_connect(&e, cfg, &s, &st);
     /* A framed message as the Go vectors do it: u32 big-endian length, then the payload. */
     uint8_t len_be[4] = {0, 0, 0x4e, 0x20};
     assert_int_equal(shmipc_stream_write(st, len_be, 4), 0);
@@ -206,9 +209,7 @@ static void reserve_commit_writes_in_place(void **state)
     void *w;
     const void *p;
     size_t n;
-    echo_start(&e, cfg, 1);
-    assert_int_equal(shmipc_session_connect(address, cfg, &s), 0);
-    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
+    echo_connect(&e, cfg, &s, &st);
     assert_int_equal(shmipc_stream_reserve(st, 100, &w), 0);
     /* The window is inside the shared buffer: zero copy. */
     assert_true((uint8_t *)w > s->bm.base && (uint8_t *)w < s->bm.base + s->bm.size);
@@ -232,54 +233,53 @@ static void reserve_commit_writes_in_place(void **state)
     shmipc_config_free(cfg);
 }
 
-/* A connected client and server session in this process (the client connects from a thread). */
-struct pair {
-    shmipc_session *client, *server;
-    shmipc_listener *l;
-    const shmipc_config *cfg;
-    int rc;
-};
-
-static void *connect_main(void *arg)
+/* A connected client and server session in this process, both with `cfg`. */
+static void pair_open(struct ipc_pair *p, const shmipc_config *cfg)
 {
-    struct pair *p = arg;
-    p->rc = shmipc_session_connect(address, p->cfg, &p->client);
-    return NULL;
-}
-
-static void pair_open(struct pair *p, const shmipc_config *cfg)
-{
-    pthread_t t;
     memset(p, 0, sizeof *p);
-    p->cfg = cfg;
     pick_address();
     assert_int_equal(shmipc_listener_new(address, cfg, &p->l), 0);
+    /* Nobody has connected yet: nothing to accept. */
     assert_int_equal(shmipc_listener_accept(p->l, 0, &p->server), SHMIPC_EAGAIN);
-    assert_int_equal(pthread_create(&t, NULL, connect_main, p), 0);
-    assert_int_equal(shmipc_listener_accept(p->l, 5000, &p->server), 0);
-    pthread_join(t, NULL);
-    assert_int_equal(p->rc, 0);
+    ipc_connect_accept(p->l, address, cfg, &p->client, &p->server);
 }
 
-static void pair_close(struct pair *p)
+/*
+ * The state of the tests registered with these: a connected pair of memfd (V3) sessions with
+ * config_for(SHMIPC_MEMMAP_MEMFD). The pair comes first, so *state is a struct ipc_pair *.
+ */
+struct memfd_pair {
+    struct ipc_pair p;
+    shmipc_config *cfg;
+};
+
+static int memfd_pair_open(void **state)
 {
-    shmipc_session_close(p->client);
-    shmipc_session_close(p->server);
-    shmipc_listener_close(p->l);
+    struct memfd_pair *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    m->cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    pair_open(&m->p, m->cfg);
+    *state = m;
+    return 0;
 }
 
-static void send_text(shmipc_stream *st, const char *text)
+static int memfd_pair_close(void **state)
 {
-    assert_int_equal(shmipc_stream_write(st, text, strlen(text)), 0);
-    assert_int_equal(shmipc_stream_flush(st), 0);
+    struct memfd_pair *m = *state;
+    ipc_pair_close(&m->p);
+    shmipc_config_free(m->cfg);
+    free(m);
+    return 0;
 }
 
-static void expect_text(shmipc_stream *st, const char *text)
+/* Opens a stream on the client and sends `text`; accepts it on the server and reads `text`. */
+static void first_message(struct ipc_pair *p, shmipc_stream **cs, shmipc_stream **ss,
+                          const char *text)
 {
-    const void *p;
-    assert_int_equal(shmipc_stream_read_exact_bytes(st, strlen(text), &p, 0), 0);
-    assert_memory_equal(p, text, strlen(text));
-    assert_int_equal(shmipc_stream_release(st), 0);
+    assert_int_equal(shmipc_session_open_stream(p->client, cs), 0);
+    ipc_send_text(*cs, text);
+    assert_int_equal(shmipc_session_accept_stream(p->server, IPC_WAIT_MS, ss), 0);
+    ipc_expect_text(*ss, text);
 }
 
 static void v2_files_are_removed(void **state)
@@ -287,7 +287,7 @@ static void v2_files_are_removed(void **state)
     (void)state;
     shmipc_config *cfg = config_for(SHMIPC_MEMMAP_DEVSHM);
     char prefix[64], buffer_path[SHMIPC__SHM_NAME_MAX], queue_path[SHMIPC__SHM_NAME_MAX];
-    struct pair p;
+    struct ipc_pair p;
     snprintf(prefix, sizeof prefix, "/dev/shm/shmipc-test-%d", (int)getpid());
     assert_int_equal(shmipc_config_set_path_prefix(cfg, prefix), 0);
     pair_open(&p, cfg);
@@ -298,7 +298,7 @@ static void v2_files_are_removed(void **state)
     assert_int_equal(access(queue_path, F_OK), 0);
     /* The server maps the very files the client named. */
     assert_string_equal(p.server->buffer_path, buffer_path);
-    pair_close(&p);
+    ipc_pair_close(&p);
     /* Whichever side lets go last, nothing stays behind in /dev/shm. */
     assert_int_equal(access(buffer_path, F_OK), -1);
     assert_int_equal(access(queue_path, F_OK), -1);
@@ -307,86 +307,71 @@ static void v2_files_are_removed(void **state)
 
 static void peer_close_ends_reads(void **state)
 {
-    (void)state;
-    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair *p = *state;
     shmipc_stream *cs, *ss;
     const void *ptr;
     size_t n;
-    pair_open(&p, cfg);
-    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    assert_int_equal(shmipc_session_open_stream(p->client, &cs), 0);
     /* Opening sends nothing: the server sees the stream with its first message. */
-    assert_int_equal(shmipc_session_accept_stream(p.server, 0, &ss), SHMIPC_EAGAIN);
-    send_text(cs, "last words");
+    assert_int_equal(shmipc_session_accept_stream(p->server, 0, &ss), SHMIPC_EAGAIN);
+    ipc_send_text(cs, "last words");
     shmipc_stream_close(cs);
-    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    assert_int_equal(shmipc_session_accept_stream(p->server, 5000, &ss), 0);
     assert_int_equal(shmipc_stream_id(ss), 2);
     /* Data sent before the close is still read, then the stream ends. */
-    expect_text(ss, "last words");
+    ipc_expect_text(ss, "last words");
     assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_EEOF);
     assert_int_equal(shmipc_stream_write(ss, "x", 1), 0);
     assert_int_equal(shmipc_stream_flush(ss), SHMIPC_EEOF);
     shmipc_stream_close(ss);
-    pair_close(&p);
-    shmipc_config_free(cfg);
 }
 
 static void many_streams_interleaved(void **state)
 {
-    (void)state;
-    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair *p = *state;
     enum { N = 50 };
     shmipc_stream *cs[N], *ss[N];
     char text[32];
-    pair_open(&p, cfg);
     for (int i = 0; i < N; i++) {
-        assert_int_equal(shmipc_session_open_stream(p.client, &cs[i]), 0);
+        assert_int_equal(shmipc_session_open_stream(p->client, &cs[i]), 0);
         assert_int_equal(shmipc_stream_id(cs[i]), (uint32_t)(2 + i));
         snprintf(text, sizeof text, "hello %d", i);
-        send_text(cs[i], text);
+        ipc_send_text(cs[i], text);
     }
     for (int i = 0; i < N; i++) {
-        assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss[i]), 0);
+        assert_int_equal(shmipc_session_accept_stream(p->server, 5000, &ss[i]), 0);
         assert_int_equal(shmipc_stream_id(ss[i]), (uint32_t)(2 + i));
     }
     /* Answer in reverse order: streams are independent. */
     for (int i = N - 1; i >= 0; i--) {
         snprintf(text, sizeof text, "hello %d", i);
-        expect_text(ss[i], text);
+        ipc_expect_text(ss[i], text);
         snprintf(text, sizeof text, "reply %d", i);
-        send_text(ss[i], text);
+        ipc_send_text(ss[i], text);
     }
     for (int i = 0; i < N; i++) {
         snprintf(text, sizeof text, "reply %d", i);
-        expect_text(cs[i], text);
+        ipc_expect_text(cs[i], text);
         shmipc_stream_close(cs[i]);
         shmipc_stream_close(ss[i]);
     }
-    shmipc__session_trim(p.client);
-    shmipc__session_trim(p.server);
-    assert_int_equal(shmipc__buffer_all_returned(&p.client->bm), 1);
-    pair_close(&p);
-    shmipc_config_free(cfg);
+    shmipc__session_trim(p->client);
+    shmipc__session_trim(p->server);
+    assert_int_equal(shmipc__buffer_all_returned(&p->client->bm), 1);
 }
 
 static void read_timeout(void **state)
 {
-    (void)state;
-    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair *p = *state;
     shmipc_stream *cs;
     const void *ptr;
     size_t n;
-    pair_open(&p, cfg);
-    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    assert_int_equal(shmipc_session_open_stream(p->client, &cs), 0);
     assert_int_equal(shmipc_stream_set_timeout_ms(cs, SHMIPC_TIMEOUT_READ, 50), 0);
     assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &n, 0), SHMIPC_ETIMEDOUT);
     assert_non_null(strstr(shmipc_error_detail(), "timed out"));
     assert_int_equal(shmipc_stream_set_timeout_ms(cs, 7, 50), SHMIPC_EINVAL);
     shmipc_stream_close(cs);
-    pair_close(&p);
-    shmipc_config_free(cfg);
 }
 
 /* Keeps writing on a stream until told to stop (or 3 s pass). */
@@ -409,18 +394,12 @@ static void *chatter_main(void *arg)
 /* A read's timeout holds while other streams of the session keep delivering data. */
 static void read_timeout_holds_under_other_traffic(void **state)
 {
-    (void)state;
-    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair *p = *state;
     shmipc_stream *quiet, *busy, *ss;
     const void *ptr;
     size_t n;
-    pair_open(&p, cfg);
-    assert_int_equal(shmipc_session_open_stream(p.client, &quiet), 0);
-    assert_int_equal(shmipc_session_open_stream(p.client, &busy), 0);
-    send_text(busy, "go");
-    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
-    expect_text(ss, "go");
+    assert_int_equal(shmipc_session_open_stream(p->client, &quiet), 0);
+    first_message(p, &busy, &ss, "go");
     struct chatter c = {.st = ss};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, chatter_main, &c), 0);
@@ -436,23 +415,18 @@ static void read_timeout_holds_under_other_traffic(void **state)
     shmipc_stream_close(ss);
     shmipc_stream_close(busy);
     shmipc_stream_close(quiet);
-    pair_close(&p);
-    shmipc_config_free(cfg);
 }
 
 static void hard_close_fails_everything(void **state)
 {
     (void)state;
     shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair p;
     shmipc_stream *cs, *ss;
     const void *ptr;
     size_t n;
     pair_open(&p, cfg);
-    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
-    send_text(cs, "ping");
-    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
-    expect_text(ss, "ping");
+    first_message(&p, &cs, &ss, "ping");
     shmipc_session_close(p.client);
     /* The client's own stream fails at once and its memory stays valid until closed. */
     assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &n, 0), SHMIPC_ECLOSED);
@@ -473,98 +447,94 @@ static void fallback_when_memory_runs_out(void **state)
     (void)state;
     /* The exchange-fallback vector's config: one 524268-byte slice, which is never handed out. */
     shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair p;
     shmipc_stream *cs, *ss, *other;
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
     assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
     pair_open(&p, cfg);
     assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
-    send_text(cs, "over the socket");
+    ipc_send_text(cs, "over the socket");
     assert_int_equal(shmipc_session_open_stream(p.client, &other), SHMIPC_EUNHEALTHY);
     assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
-    expect_text(ss, "over the socket");
+    ipc_expect_text(ss, "over the socket");
     /* The reply falls back too, and both directions stay on the socket. */
-    send_text(ss, "and back");
-    expect_text(cs, "and back");
+    ipc_send_text(ss, "and back");
+    ipc_expect_text(cs, "and back");
     assert_true(cs->fallback && ss->fallback);
     shmipc_stream_close(cs);
     shmipc_stream_close(ss);
-    pair_close(&p);
+    ipc_pair_close(&p);
     shmipc_config_free(cfg);
 }
 
 static void event_loop_driving(void **state)
 {
-    (void)state;
-    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair *p = *state;
     shmipc_stream *cs, *ss = NULL;
-    pair_open(&p, cfg);
-    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
-    send_text(cs, "tick");
+    assert_int_equal(shmipc_session_open_stream(p->client, &cs), 0);
+    ipc_send_text(cs, "tick");
     /* An event loop: poll the descriptor, process, then take what is ready without waiting. */
-    struct pollfd pfd = {.fd = shmipc_session_fileno(p.server), .events = POLLIN};
+    struct pollfd pfd = {.fd = shmipc_session_fileno(p->server), .events = POLLIN};
     assert_int_equal(poll(&pfd, 1, 5000), 1);
-    assert_true(shmipc_session_process(p.server) >= 1);
-    assert_int_equal(shmipc_session_accept_stream(p.server, 0, &ss), 0);
+    assert_true(shmipc_session_process(p->server) >= 1);
+    assert_int_equal(shmipc_session_accept_stream(p->server, 0, &ss), 0);
     assert_int_equal(shmipc_stream_available(ss), 4);
-    expect_text(ss, "tick");
+    ipc_expect_text(ss, "tick");
     shmipc_stream_close(cs);
     shmipc_stream_close(ss);
-    pair_close(&p);
-    shmipc_config_free(cfg);
 }
 
 static void released_slices_are_reused_hot(void **state)
 {
-    (void)state;
-    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair *p = *state;
     shmipc_stream *cs, *ss;
     const void *ptr;
-    pair_open(&p, cfg);
-    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
-    send_text(cs, "first");
-    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    assert_int_equal(shmipc_session_open_stream(p->client, &cs), 0);
+    ipc_send_text(cs, "first");
+    assert_int_equal(shmipc_session_accept_stream(p->server, 5000, &ss), 0);
     assert_int_equal(shmipc_stream_read_exact_bytes(ss, 5, &ptr, 0), 0);
     /* Each process maps the buffer at its own address: compare offsets in the buffer. */
-    ptrdiff_t first_at = (const uint8_t *)ptr - p.server->bm.base;
+    ptrdiff_t first_at = (const uint8_t *)ptr - p->server->bm.base;
     assert_int_equal(shmipc_stream_release(ss), 0);
     /* The server writes its reply into the slice it just read: the most recently used one. */
     assert_int_equal(shmipc_stream_write(ss, "reply", 5), 0);
-    assert_int_equal(ss->segs[0].data - p.server->bm.base, first_at);
+    assert_int_equal(ss->segs[0].data - p->server->bm.base, first_at);
     assert_int_equal(shmipc_stream_flush(ss), 0);
     assert_int_equal(shmipc_stream_read_exact_bytes(cs, 5, &ptr, 0), 0);
-    assert_int_equal((const uint8_t *)ptr - p.client->bm.base, first_at);
+    assert_int_equal((const uint8_t *)ptr - p->client->bm.base, first_at);
     assert_memory_equal(ptr, "reply", 5);
     shmipc_stream_release(cs);
     shmipc_stream_close(cs);
     shmipc_stream_close(ss);
     /* Kept slices are few, and all of them come back with a trim. */
-    shmipc__session_trim(p.client);
-    shmipc__session_trim(p.server);
-    assert_int_equal(shmipc__buffer_all_returned(&p.client->bm), 1);
-    pair_close(&p);
-    shmipc_config_free(cfg);
+    shmipc__session_trim(p->client);
+    shmipc__session_trim(p->server);
+    assert_int_equal(shmipc__buffer_all_returned(&p->client->bm), 1);
 }
 
 /* ---- A hostile or broken peer: the session ends with a clear error, nothing else does ---- */
 
-/* Puts `e` on the client's send queue and wakes the server, as a peer would. */
-static void inject(shmipc_session *c, struct shmipc__queue_elem e)
+/* Tells the server that the client's send queue has work, as a peer would. */
+static void wake_server(shmipc_session *c)
 {
     uint8_t polling[8];
-    assert_int_equal(shmipc__queue_put(&c->qp.send, &e), 0);
     shmipc__queue_mark_working(&c->qp.send);
     shmipc__encode_simple(polling, c->version, SHMIPC__MSG_POLLING);
     assert_int_equal(write(c->fd, polling, 8), 8);
 }
 
+/* Puts `e` on the client's send queue and wakes the server. */
+static void inject(shmipc_session *c, struct shmipc__queue_elem e)
+{
+    assert_int_equal(shmipc__queue_put(&c->qp.send, &e), 0);
+    wake_server(c);
+}
+
 /* Runs `corrupt` against a fresh pair and checks that only that server session ends. */
-static void expect_server_ends(void (*corrupt)(struct pair *), int code, const char *why)
+static void expect_server_ends(void (*corrupt)(struct ipc_pair *), int code, const char *why)
 {
     shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair bad, good;
+    struct ipc_pair bad, good;
     shmipc_stream *st, *gs, *gss;
     pair_open(&good, cfg);
     pair_open(&bad, cfg);
@@ -574,28 +544,25 @@ static void expect_server_ends(void (*corrupt)(struct pair *), int code, const c
         fail_msg("detail \"%s\" lacks \"%s\"", shmipc_error_detail(), why);
     assert_int_equal(shmipc_session_status(bad.server), code);
     /* The other session of the same process is untouched. */
-    assert_int_equal(shmipc_session_open_stream(good.client, &gs), 0);
-    send_text(gs, "still fine");
-    assert_int_equal(shmipc_session_accept_stream(good.server, 5000, &gss), 0);
-    expect_text(gss, "still fine");
+    first_message(&good, &gs, &gss, "still fine");
     shmipc_stream_close(gs);
     shmipc_stream_close(gss);
-    pair_close(&bad);
-    pair_close(&good);
+    ipc_pair_close(&bad);
+    ipc_pair_close(&good);
     shmipc_config_free(cfg);
 }
 
-static void corrupt_offset(struct pair *p)
+static void corrupt_offset(struct ipc_pair *p)
 {
     inject(p->client, (struct shmipc__queue_elem){2, 12345, 0});
 }
 
-static void corrupt_out_of_range(struct pair *p)
+static void corrupt_out_of_range(struct ipc_pair *p)
 {
     inject(p->client, (struct shmipc__queue_elem){2, 0xfffffff0u, 0});
 }
 
-static void corrupt_cycle(struct pair *p)
+static void corrupt_cycle(struct ipc_pair *p)
 {
     struct shmipc__slice a, b;
     struct shmipc__buffer *bm = &p->client->bm;
@@ -608,7 +575,7 @@ static void corrupt_cycle(struct pair *p)
     inject(p->client, (struct shmipc__queue_elem){2, a.offset, 0});
 }
 
-static void corrupt_size(struct pair *p)
+static void corrupt_size(struct ipc_pair *p)
 {
     struct shmipc__slice a;
     struct shmipc__buffer *bm = &p->client->bm;
@@ -619,12 +586,12 @@ static void corrupt_size(struct pair *p)
     inject(p->client, (struct shmipc__queue_elem){2, a.offset, 0});
 }
 
-static void corrupt_status(struct pair *p)
+static void corrupt_status(struct ipc_pair *p)
 {
     inject(p->client, (struct shmipc__queue_elem){2, 0, 7});
 }
 
-static void corrupt_queue_indexes(struct pair *p)
+static void corrupt_queue_indexes(struct ipc_pair *p)
 {
     /* tail far ahead of head: more elements than the queue can hold. */
     int64_t tail = 1000000;
@@ -634,13 +601,13 @@ static void corrupt_queue_indexes(struct pair *p)
     assert_int_equal(write(p->client->fd, polling, 8), 8);
 }
 
-static void corrupt_socket_magic(struct pair *p)
+static void corrupt_socket_magic(struct ipc_pair *p)
 {
     static const uint8_t junk[8] = {0, 0, 0, 8, 0xde, 0xad, 3, 1};
     assert_int_equal(write(p->client->fd, junk, 8), 8);
 }
 
-static void corrupt_socket_type(struct pair *p)
+static void corrupt_socket_type(struct ipc_pair *p)
 {
     uint8_t msg[8];
     /* A handshake message after the handshake. */
@@ -648,75 +615,47 @@ static void corrupt_socket_type(struct pair *p)
     assert_int_equal(write(p->client->fd, msg, 8), 8);
 }
 
-static void corrupt_socket_length(struct pair *p)
+static void corrupt_socket_length(struct ipc_pair *p)
 {
     uint8_t head[16];
     shmipc__encode_fallback_head(head, 3, 2, 0, 0x7fffff00u);
     assert_int_equal(write(p->client->fd, head, 16), 16);
 }
 
-static void hostile_queue_element_offset(void **state)
+/*
+ * The hostile tests: each corruption, done to a fresh pair, must end that server session with
+ * SHMIPC_EPROTO and a detail naming `why`, and no other session.
+ */
+struct hostile_case {
+    void (*corrupt)(struct ipc_pair *);
+    const char *why;
+};
+
+static void run_hostile(void **state)
 {
-    (void)state;
-    expect_server_ends(corrupt_offset, SHMIPC_EPROTO, "slice");
-    expect_server_ends(corrupt_out_of_range, SHMIPC_EPROTO, "slice");
+    for (const struct hostile_case *c = *state; c->corrupt != NULL; c++)
+        expect_server_ends(c->corrupt, SHMIPC_EPROTO, c->why);
 }
 
-static void hostile_cyclic_chain(void **state)
-{
-    (void)state;
-    expect_server_ends(corrupt_cycle, SHMIPC_EPROTO, "cyclic");
-}
+static struct hostile_case hostile_queue_element_offset[] = {
+    {corrupt_offset, "slice"}, {corrupt_out_of_range, "slice"}, {NULL, NULL}};
+static struct hostile_case hostile_cyclic_chain[] = {{corrupt_cycle, "cyclic"}, {NULL, NULL}};
+static struct hostile_case hostile_slice_size[] = {{corrupt_size, "size"}, {NULL, NULL}};
+static struct hostile_case hostile_element_status[] = {{corrupt_status, "status 7"}, {NULL, NULL}};
+static struct hostile_case hostile_queue_indexes[] = {{corrupt_queue_indexes, "queue"},
+                                                      {NULL, NULL}};
+static struct hostile_case hostile_socket_messages[] = {{corrupt_socket_magic, "magic"},
+                                                        {corrupt_socket_type, "AckShareMemory"},
+                                                        {corrupt_socket_length, "limit"},
+                                                        {NULL, NULL}};
 
-static void hostile_slice_size(void **state)
-{
-    (void)state;
-    expect_server_ends(corrupt_size, SHMIPC_EPROTO, "size");
-}
-
-static void hostile_element_status(void **state)
-{
-    (void)state;
-    expect_server_ends(corrupt_status, SHMIPC_EPROTO, "status 7");
-}
-
-static void hostile_queue_indexes(void **state)
-{
-    (void)state;
-    expect_server_ends(corrupt_queue_indexes, SHMIPC_EPROTO, "queue");
-}
-
-static void hostile_socket_messages(void **state)
-{
-    (void)state;
-    expect_server_ends(corrupt_socket_magic, SHMIPC_EPROTO, "magic");
-    expect_server_ends(corrupt_socket_type, SHMIPC_EPROTO, "AckShareMemory");
-    expect_server_ends(corrupt_socket_length, SHMIPC_EPROTO, "limit");
-}
+/* Registers the hostile cases `name` as the test `name`. */
+#define hostile_test(name)                                                                         \
+    {                                                                                              \
+#name, run_hostile, NULL, NULL, name                                                       \
+    }
 
 /* ---- A peer killed mid-stream ---- */
-
-static int count_fds(void)
-{
-    int n = 0;
-    char path[64];
-    for (int fd = 0; fd < 4096; fd++) {
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-        n += access(path, F_OK) == 0;
-    }
-    return n;
-}
-
-static int count_shm_maps(void)
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    char line[512];
-    int n = 0;
-    while (fgets(line, sizeof line, f) != NULL)
-        n += strstr(line, "shmipc") != NULL;
-    fclose(f);
-    return n;
-}
 
 static void killed_peer_fails_reads_promptly(void **state)
 {
@@ -729,7 +668,7 @@ static void killed_peer_fails_reads_promptly(void **state)
     size_t n;
     pick_address();
     assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
-    int fds_before = count_fds(), maps_before = count_shm_maps();
+    struct ipc_held before = ipc_held_now();
     pid_t child = fork();
     if (child == 0) {
         shmipc_session *c;
@@ -743,7 +682,7 @@ static void killed_peer_fails_reads_promptly(void **state)
     }
     assert_int_equal(shmipc_listener_accept(l, 5000, &srv), 0);
     assert_int_equal(shmipc_session_accept_stream(srv, 5000, &ss), 0);
-    expect_text(ss, "half");
+    ipc_expect_text(ss, "half");
     kill(child, SIGKILL);
     uint64_t t0 = (uint64_t)time(NULL);
     /* The blocked read returns as soon as the kernel closes the dead peer's socket. */
@@ -753,8 +692,7 @@ static void killed_peer_fails_reads_promptly(void **state)
     shmipc_stream_close(ss);
     shmipc_session_close(srv);
     /* Everything the session held is gone: fds and mappings are back where they started. */
-    assert_int_equal(count_fds(), fds_before);
-    assert_int_equal(count_shm_maps(), maps_before);
+    ipc_assert_held(&before);
     shmipc_listener_close(l);
     shmipc_config_free(cfg);
 }
@@ -773,7 +711,7 @@ static void open_streams(shmipc_session *c, shmipc_stream **st, int n)
 {
     for (int i = 0; i < n; i++) {
         assert_int_equal(shmipc_session_open_stream(c, &st[i]), 0);
-        send_text(st[i], "x");
+        ipc_send_text(st[i], "x");
     }
 }
 
@@ -782,7 +720,7 @@ static void pending_streams_are_capped(void **state)
     (void)state;
     enum { MAX = 8 };
     shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair p;
     shmipc_stream *cs[2 * MAX + 1], *ss[MAX + 1];
     assert_int_equal(shmipc_config_get_max_pending_streams(cfg), 4096);
     assert_int_equal(shmipc_config_set_max_pending_streams(cfg, SHMIPC_MAX_STREAM_NUM + 1),
@@ -811,12 +749,12 @@ static void pending_streams_are_capped(void **state)
         shmipc_stream_close(ss[i]);
     for (int i = 0; i < 2 * MAX + 1; i++)
         shmipc_stream_close(cs[i]);
-    pair_close(&p);
+    ipc_pair_close(&p);
     shmipc_config_free(cfg);
 }
 
 /* Sends `n` bytes of FallbackData for stream `id` over the client's socket, as a peer would. */
-static void send_fallback_bytes(struct pair *p, uint32_t id, uint32_t n)
+static void send_fallback_bytes(struct ipc_pair *p, uint32_t id, uint32_t n)
 {
     uint8_t head[SHMIPC__FALLBACK_HEADER_SIZE];
     uint8_t *body = malloc(n);
@@ -837,7 +775,7 @@ static void fallback_bytes_held_are_capped(void **state)
     (void)state;
     enum { MAX = 65536, PART = 40000 };
     shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-    struct pair p;
+    struct ipc_pair p;
     shmipc_stream *ss;
     const void *data;
     assert_int_equal(shmipc_config_get_max_fallback_unread(cfg), 128u << 20);
@@ -865,7 +803,7 @@ static void fallback_bytes_held_are_capped(void **state)
         fail_msg("detail \"%s\" lacks max_fallback_unread", shmipc_error_detail());
     assert_int_equal(shmipc_session_status(p.server), SHMIPC_EPROTO);
     shmipc_stream_close(ss);
-    pair_close(&p);
+    ipc_pair_close(&p);
     shmipc_config_free(cfg);
 }
 
@@ -874,27 +812,21 @@ static void fallback_bytes_held_are_capped(void **state)
  * walker's mark (kept while we hold the slice) refuses the second one, so what a peer can make
  * us hold in slices is bounded by its buffer.
  */
-static void corrupt_slice_resent(struct pair *p)
+static void corrupt_slice_resent(struct ipc_pair *p)
 {
     struct shmipc__slice a;
     struct shmipc__buffer *bm = &p->client->bm;
-    uint8_t polling[8];
     assert_int_equal(shmipc__buffer_alloc(bm, 100, &a), 0);
     assert_int_equal(shmipc__buffer_slice_set(bm, &a, 0, 10), 0);
     for (uint32_t i = 0; i <= p->server->bm.total_slices; i++)
         assert_int_equal(
             shmipc__queue_put(&p->client->qp.send, &(struct shmipc__queue_elem){2, a.offset, 0}),
             0);
-    shmipc__queue_mark_working(&p->client->qp.send);
-    shmipc__encode_simple(polling, p->client->version, SHMIPC__MSG_POLLING);
-    assert_int_equal(write(p->client->fd, polling, 8), 8);
+    wake_server(p->client);
 }
 
-static void hostile_slice_resent(void **state)
-{
-    (void)state;
-    expect_server_ends(corrupt_slice_resent, SHMIPC_EPROTO, "a slice in two chains");
-}
+static struct hostile_case hostile_slice_resent[] = {
+    {corrupt_slice_resent, "a slice in two chains"}, {NULL, NULL}};
 
 int main(void)
 {
@@ -904,25 +836,28 @@ int main(void)
         cmocka_unit_test(v2_files_are_removed),
         cmocka_unit_test(read_exact_spans_slices),
         cmocka_unit_test(reserve_commit_writes_in_place),
-        cmocka_unit_test(peer_close_ends_reads),
-        cmocka_unit_test(many_streams_interleaved),
-        cmocka_unit_test(read_timeout),
-        cmocka_unit_test(read_timeout_holds_under_other_traffic),
+        cmocka_unit_test_setup_teardown(peer_close_ends_reads, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(many_streams_interleaved, memfd_pair_open,
+                                        memfd_pair_close),
+        cmocka_unit_test_setup_teardown(read_timeout, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(read_timeout_holds_under_other_traffic, memfd_pair_open,
+                                        memfd_pair_close),
         cmocka_unit_test(hard_close_fails_everything),
         cmocka_unit_test(fallback_when_memory_runs_out),
-        cmocka_unit_test(event_loop_driving),
-        cmocka_unit_test(released_slices_are_reused_hot),
-        cmocka_unit_test(hostile_queue_element_offset),
-        cmocka_unit_test(hostile_cyclic_chain),
-        cmocka_unit_test(hostile_slice_size),
-        cmocka_unit_test(hostile_element_status),
-        cmocka_unit_test(hostile_queue_indexes),
-        cmocka_unit_test(hostile_socket_messages),
+        cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(released_slices_are_reused_hot, memfd_pair_open,
+                                        memfd_pair_close),
+        hostile_test(hostile_queue_element_offset),
+        hostile_test(hostile_cyclic_chain),
+        hostile_test(hostile_slice_size),
+        hostile_test(hostile_element_status),
+        hostile_test(hostile_queue_indexes),
+        hostile_test(hostile_socket_messages),
         cmocka_unit_test(killed_peer_fails_reads_promptly),
         cmocka_unit_test(stream_object_stays_small),
         cmocka_unit_test(pending_streams_are_capped),
         cmocka_unit_test(fallback_bytes_held_are_capped),
-        cmocka_unit_test(hostile_slice_resent),
+        hostile_test(hostile_slice_resent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,36 +23,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ipc_helpers.h"
 #include "shm/guard.h"
 #include "shm/mapping.h"
 #include "shmipc.h"
 
 static char address[128];
 static char self_exe[4096];
-
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.';
-    if (d != NULL)
-        closedir(d);
-    return n;
-}
-
-/* Mappings of memfds and /dev/shm files, as /proc/self/maps lists them. */
-static int count_shm_maps(void)
-{
-    char line[512];
-    int n = 0;
-    FILE *f = fopen("/proc/self/maps", "r");
-    while (f != NULL && fgets(line, sizeof line, f) != NULL)
-        n += strstr(line, "/memfd:") != NULL || strstr(line, "/dev/shm/") != NULL;
-    if (f != NULL)
-        fclose(f);
-    return n;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* The guard alone                                                                          */
@@ -249,15 +226,7 @@ struct pair {
     shmipc_stream *cs, *ss;
     char prefix[128];
     char address[160];
-    int connect_rc;
 };
-
-static void *connect_main(void *arg)
-{
-    struct pair *p = arg;
-    p->connect_rc = shmipc_session_connect(p->address, p->cfg, &p->client);
-    return NULL;
-}
 
 /* A client and a server session of this process, with one stream that has carried a message. */
 static void pair_open(struct pair *p, int memmap)
@@ -272,13 +241,7 @@ static void pair_open(struct pair *p, int memmap)
     assert_int_equal(shmipc_config_set_path_prefix(p->cfg, p->prefix), 0);
     assert_int_equal(shmipc_config_set_memmap_type(p->cfg, memmap), 0);
     assert_int_equal(shmipc_listener_new(p->address, NULL, &p->l), 0);
-    /* The listener hands its handshakes over in accept(): connect from another thread. */
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, connect_main, p), 0);
-    int rc = shmipc_listener_accept(p->l, 5000, &p->server);
-    pthread_join(t, NULL);
-    assert_int_equal(rc, 0);
-    assert_int_equal(p->connect_rc, 0);
+    ipc_connect_accept(p->l, p->address, p->cfg, &p->client, &p->server);
     assert_int_equal(shmipc_session_version(p->client), memmap == SHMIPC_MEMMAP_MEMFD ? 3 : 2);
     assert_int_equal(shmipc_session_open_stream(p->client, &p->cs), 0);
     assert_int_equal(shmipc_stream_write(p->cs, "ping", 4), 0);
@@ -311,7 +274,7 @@ static void writer_sees_truncation(int memmap)
     static uint8_t big[256 * 1024];
     const void *data;
     struct pair p;
-    int fds = count_fds(), maps = count_shm_maps();
+    struct ipc_held held = ipc_held_now();
     pair_open(&p, memmap);
     truncate_memory(memmap, p.prefix, "_buffer");
     memset(big, 0x5a, sizeof big);
@@ -325,8 +288,7 @@ static void writer_sees_truncation(int memmap)
     rc = shmipc_stream_read_exact_bytes(p.ss, 1, &data, 0);
     assert_true(rc == SHMIPC_ECONNRESET || rc == SHMIPC_EEOF || rc == SHMIPC_EPROTO);
     pair_close(&p);
-    assert_int_equal(count_fds(), fds);
-    assert_int_equal(count_shm_maps(), maps);
+    ipc_assert_held(&held);
 }
 
 /* The reader drains a truncated queue: its read ends its session. */
@@ -334,7 +296,7 @@ static void reader_sees_truncation(int memmap)
 {
     const void *data;
     struct pair p;
-    int fds = count_fds(), maps = count_shm_maps();
+    struct ipc_held held = ipc_held_now();
     pair_open(&p, memmap);
     assert_int_equal(shmipc_stream_write(p.cs, "pong", 4), 0);
     assert_int_equal(shmipc_stream_flush(p.cs), 0);
@@ -343,8 +305,7 @@ static void reader_sees_truncation(int memmap)
     assert_int_equal(shmipc_session_accept_stream(p.server, 0, &(shmipc_stream *){NULL}),
                      SHMIPC_EPROTO);
     pair_close(&p);
-    assert_int_equal(count_fds(), fds);
-    assert_int_equal(count_shm_maps(), maps);
+    ipc_assert_held(&held);
 }
 
 static void test_v3_writer_sees_truncated_buffer(void **state)

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "ipc_helpers.h"
 #include "shmipc.h"
 #include "common/clock.h"
 #include "ipc/json.h"
@@ -36,8 +37,7 @@ static char address[128];
 
 static void pick_address(void)
 {
-    static int n;
-    snprintf(address, sizeof address, "unix:@shmipc-test-v4-%d-%d", (int)getpid(), n++);
+    ipc_pick_address(address, sizeof address, "v4");
 }
 
 /* ---- JSON ---- */
@@ -219,19 +219,6 @@ static shmipc_config *client_config(enum client_mode mode)
     return cfg;
 }
 
-struct connector {
-    const shmipc_config *cfg;
-    shmipc_session *s;
-    int rc;
-};
-
-static void *connect_main(void *arg)
-{
-    struct connector *c = arg;
-    c->rc = shmipc_session_connect(address, c->cfg, &c->s);
-    return NULL;
-}
-
 /* Connects a client in `mode` to a server offering `features` (accept_v4 0: a legacy server). */
 static int run_pair(enum client_mode mode, int accept_v4, unsigned features, int *version,
                     int *wakeup, uint32_t *interval)
@@ -239,23 +226,20 @@ static int run_pair(enum client_mode mode, int accept_v4, unsigned features, int
     shmipc_config *ccfg = client_config(mode), *scfg;
     shmipc_listener *l;
     shmipc_session *srv = NULL;
-    struct connector c = {.cfg = ccfg};
-    pthread_t t;
+    struct ipc_connector c;
     pick_address();
     assert_int_equal(shmipc_config_new(&scfg), 0);
     assert_int_equal(shmipc_config_set_server_v4(scfg, accept_v4, features), 0);
     assert_int_equal(shmipc_listener_new(address, scfg, &l), 0);
-    assert_int_equal(pthread_create(&t, NULL, connect_main, &c), 0);
+    ipc_connector_start(&c, address, ccfg);
     /* A fallback costs one failed handshake: accept until the client is done. */
     while (srv == NULL) {
         int rc = shmipc_listener_accept(l, 300, &srv);
         if (rc == SHMIPC_ETIMEDOUT)
             break;
     }
-    pthread_join(t, NULL);
-    if (c.rc == 0) {
+    if (ipc_connector_join(&c) == 0) {
         shmipc_stream *cs, *ss;
-        const void *p;
         uint32_t si = 0;
         assert_non_null(srv);
         *version = shmipc_session_version(c.s);
@@ -266,17 +250,7 @@ static int run_pair(enum client_mode mode, int accept_v4, unsigned features, int
         assert_int_equal(si, *interval);
         /* And the data path works both ways. */
         assert_int_equal(shmipc_session_open_stream(c.s, &cs), 0);
-        assert_int_equal(shmipc_stream_write(cs, "ping", 4), 0);
-        assert_int_equal(shmipc_stream_flush(cs), 0);
-        assert_int_equal(shmipc_session_accept_stream(srv, 5000, &ss), 0);
-        assert_int_equal(shmipc_stream_read_exact_bytes(ss, 4, &p, 0), 0);
-        assert_memory_equal(p, "ping", 4);
-        shmipc_stream_release(ss);
-        assert_int_equal(shmipc_stream_write(ss, "pong", 4), 0);
-        assert_int_equal(shmipc_stream_flush(ss), 0);
-        assert_int_equal(shmipc_stream_read_exact_bytes(cs, 4, &p, 0), 0);
-        assert_memory_equal(p, "pong", 4);
-        shmipc_stream_release(cs);
+        ss = ipc_ping_pong(srv, cs, NULL);
         shmipc_stream_close(cs);
         shmipc_stream_close(ss);
         shmipc_session_close(c.s);
@@ -550,42 +524,24 @@ static void server_requires_sealed_memfds(void **state)
 
 /* ---- Wakeups ---- */
 
-struct pair {
-    shmipc_session *client, *server;
-    shmipc_listener *l;
-};
-
-static void pair_open(struct pair *p, const shmipc_config *cfg)
+/* A client with `cfg` connected to a listener with the defaults. */
+static void pair_open(struct ipc_pair *p, const shmipc_config *cfg)
 {
-    struct connector c = {.cfg = cfg};
-    pthread_t t;
     pick_address();
-    assert_int_equal(shmipc_listener_new(address, NULL, &p->l), 0);
-    assert_int_equal(pthread_create(&t, NULL, connect_main, &c), 0);
-    assert_int_equal(shmipc_listener_accept(p->l, 5000, &p->server), 0);
-    pthread_join(t, NULL);
-    assert_int_equal(c.rc, 0);
-    p->client = c.s;
-}
-
-static void pair_close(struct pair *p)
-{
-    shmipc_session_close(p->client);
-    shmipc_session_close(p->server);
-    shmipc_listener_close(p->l);
+    ipc_pair_open(p, address, NULL, cfg);
 }
 
 static void v4_memfds_are_sealed(void **state)
 {
     (void)state;
     shmipc_config *cfg = client_config(C_EVENTFD);
-    struct pair p;
+    struct ipc_pair p;
     pair_open(&p, cfg);
     int seals = fcntl(p.client->buffer_map.fd, F_GET_SEALS);
     assert_true((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW));
     /* A truncation is refused by the kernel, so no page can vanish under the server. */
     assert_int_equal(ftruncate(p.client->buffer_map.fd, 4096), -1);
-    pair_close(&p);
+    ipc_pair_close(&p);
     shmipc_config_free(cfg);
 }
 
@@ -594,7 +550,7 @@ static void polling_needs_no_wakeup_and_honours_the_interval(void **state)
     (void)state;
     shmipc_config *cfg = client_config(C_POLLING);
     assert_int_equal(shmipc_config_with_v4_event_queue_polling(cfg, 50000), 0);
-    struct pair p;
+    struct ipc_pair p;
     shmipc_stream *cs, *ss;
     const void *ptr;
     pair_open(&p, cfg);
@@ -603,8 +559,7 @@ static void polling_needs_no_wakeup_and_honours_the_interval(void **state)
     assert_int_equal(interval, 50000);
     assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
     for (int i = 0; i < 5; i++) {
-        assert_int_equal(shmipc_stream_write(cs, "tick", 4), 0);
-        assert_int_equal(shmipc_stream_flush(cs), 0);
+        ipc_send_text(cs, "tick");
         /* No wakeup crossed the socket. */
         int pending = -1;
         assert_int_equal(ioctl(p.server->fd, FIONREAD, &pending), 0);
@@ -625,7 +580,7 @@ static void polling_needs_no_wakeup_and_honours_the_interval(void **state)
     assert_true(shmipc_session_process(p.server) >= 0);
     shmipc_stream_close(cs);
     shmipc_stream_close(ss);
-    pair_close(&p);
+    ipc_pair_close(&p);
     shmipc_config_free(cfg);
 }
 
@@ -703,7 +658,7 @@ static void eventfd_stress_loses_no_wakeup(void **state)
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 64u << 20), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, 1024), 0);
     assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 20000), 0);
-    struct pair p;
+    struct ipc_pair p;
     struct stress w[STREAMS], r[STREAMS];
     pthread_t wt[STREAMS], rt[STREAMS];
     pair_open(&p, cfg);
@@ -736,7 +691,7 @@ static void eventfd_stress_loses_no_wakeup(void **state)
     shmipc__session_trim(p.client);
     shmipc__session_trim(p.server);
     assert_int_equal(shmipc__buffer_all_returned(&p.client->bm), 1);
-    pair_close(&p);
+    ipc_pair_close(&p);
     shmipc_config_free(cfg);
 }
 
