@@ -43,8 +43,9 @@ import shmipc
 
 HDR = struct.Struct(">I")
 SIZES = [64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20]
-# 1 MiB slices for the large sizes (as shmipc-bench ipc). 256 MiB: with 128 MiB, 4 MiB round
-# trips found the shared memory exhausted and went over the socket (fallback), 10x slower.
+# 1 MiB slices for the large sizes (as shmipc-bench ipc), 127 of them in 256 MiB. (128 MiB was
+# once thought to run out of shared memory at 4 MiB; no message went over the socket: the
+# round trips walked the FIFO free list and page-faulted fresh slices, see warm_up.)
 BUFFER = 256 << 20
 SLICES = "16388:10,65540:15,262148:25,1048580:50"
 
@@ -218,14 +219,19 @@ class PipeTransport:
 
 
 def warm_up(tr):
-    """Uses every slice of the session's buffer once before anything is timed: the free lists
-    are FIFO and the first touch of a shared page is slow (as shmipc-bench ipc does)."""
+    """Sends messages that fill a slice of each class before anything is timed, so that the
+    slices a ping-pong keeps using have taken their first-touch page faults (each a few µs,
+    20 µs on some VMs) in both processes. One stream in lock step never reaches the rest of
+    the buffer: each session keeps the slices it read (up to a quarter of every list) and
+    writes its next message into them, so the FIFO free lists are not walked (issue 7: with
+    at most 3 kept, 4 MiB round trips took a fresh 1 MiB slice each, 5 ms instead of 0.6,
+    until all 63 of a 128 MiB buffer had been used). The first round trips of each size are
+    untimed as well (measure)."""
     cfg = bench_config()
-    for size, percent in cfg.slice_classes:
-        slices = cfg.buffer_capacity * percent // 100 // size
+    for size, _ in cfg.slice_classes:
         payload = b"w" * (size - 64)
         msg = HDR.pack(len(payload)) + payload
-        for _ in range(slices // 2 + 16):
+        for _ in range(16):
             assert tr.roundtrip(msg, len(payload)) == len(payload)
 
 
@@ -436,7 +442,7 @@ def report(out, sizes, results, names, costs, bar):
         f"- {out['rounds']} rounds of {out['seconds']} s per size and transport, interleaved; "
         "medians of the rounds",
         f"- shmipc config: buffer {BUFFER >> 20} MiB, slice classes {SLICES}; sessions warmed "
-        "up (every slice used once) before the rounds",
+        "up (16 round trips per slice class) before the rounds",
         "",
         "### Round trip p50 in µs (in parentheses: / the unix socket's; below 1 is faster)",
         "",
