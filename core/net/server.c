@@ -703,7 +703,8 @@ static void on_data(struct shmipc__conn *c, const void *data, size_t len)
         return; /* drained: nobody will answer it */
     if (sc->phase == P_WS) {
         /* The reactor's receive buffers are the loop's own writable memory, lent for the
-         * call; the WebSocket layer unmasks payloads in place there (no copy). */
+         * call; the WebSocket layer unmasks payloads in place there, or while copying them
+         * out (and may read the rest of a large payload itself: ws_read_now). */
         ws_input(sc, (char *)(uintptr_t)data, len);
         return;
     }
@@ -921,9 +922,34 @@ static void ws_on_close(void *user_data, unsigned code, const char *reason, size
     ws->route->on_close(ws, (int)code, text, len, ws->route->user_data);
 }
 
+/* A message leaves from the application's memory when nothing of this connection waits to be
+ * written before it (the 101's batch, an earlier send): see shmipc__ws_conn_send(). */
+static size_t ws_write_now(void *user_data, const struct iovec *iov, int n)
+{
+    struct shmipc_ws *ws = user_data;
+    struct server_conn *sc = ws->conn;
+    if (sc->closed || sc->phase != P_WS || ws->sending)
+        return 0;
+    return shmipc__conn_write_now(sc->conn, iov, n);
+}
+
+/* The rest of a large payload is read straight into the message when the backend can
+ * (shmipc__conn_read_now()); received bytes always go to the WebSocket at once here, so
+ * nothing of ours can be overtaken. */
+static size_t ws_read_now(void *user_data, void *buf, size_t len)
+{
+    struct shmipc_ws *ws = user_data;
+    struct server_conn *sc = ws->conn;
+    if (sc->closed || sc->phase != P_WS)
+        return 0;
+    return shmipc__conn_read_now(sc->conn, buf, len);
+}
+
 static const struct shmipc__ws_callbacks ws_cbs = {
     .on_message = ws_on_message,
     .on_close = ws_on_close,
+    .write_now = ws_write_now,
+    .read_now = ws_read_now,
 };
 
 /*
@@ -1580,6 +1606,9 @@ int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_ser
         s->loop_opts.rx_epoll = SHMIPC__RX_ONESHOT;
         break;
     }
+    /* Room for a frame head beside 16 KiB: a 16 KiB WebSocket message (16392 bytes as a
+     * masked frame) then arrives in one receive and is delivered in place, not copied. */
+    s->loop_opts.recv_buf_size = SHMIPC__SERVER_RECV_BUF;
     s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->stop_fd < 0) {
         rc = shmipc__fail_errno(errno, "server_new: eventfd");

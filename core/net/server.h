@@ -28,6 +28,9 @@
 #define SHMIPC__SERVER_MAX_TIMEOUT_MS       3600000u
 #define SHMIPC__SERVER_MAX_PIPELINE         1024u
 #define SHMIPC__SERVER_MAX_BODY             (1ull << 30)
+/* Bytes per receive buffer of the server's loops: 16 KiB and a WebSocket frame head, rounded
+ * to a cache line. */
+#define SHMIPC__SERVER_RECV_BUF ((16u << 10) + 64u)
 /* What a handler may add to one response. */
 #define SHMIPC__SERVER_MAX_RESP_HEADERS  32u
 #define SHMIPC__SERVER_RESP_HEADER_BYTES 4096u

@@ -56,6 +56,9 @@ void shmipc__ws_conn_init(struct shmipc__ws_conn *c, const struct shmipc__ws_lim
 {
     memset(c, 0, sizeof *c);
     shmipc__ws_parser_init(&c->parser, SHMIPC__WS_SERVER, limits->max_frame);
+    /* Payloads are unmasked where they go (on_data), in the copy out of the caller's buffer
+     * when they are copied, not in a pass of their own before it. */
+    c->parser.keep_masked = 1;
     c->limits = limits;
     c->cbs = cbs;
     c->user_data = user_data;
@@ -208,15 +211,20 @@ void shmipc__ws_conn_trim(struct shmipc__ws_conn *c)
 /* ---------------------------------------------------------------------------------------- */
 /* Output */
 
-/* Appends a frame (head and payload) to the pending buffer. Returns 0 or SHMIPC_ENOMEM. */
-static int queue_frame(struct shmipc__ws_conn *c, unsigned opcode, const void *payload, size_t len)
+/* Appends iov[0..n) but its first `skip` bytes to the pending buffer. Returns 0 or
+ * SHMIPC_ENOMEM. */
+static int queue_iov(struct shmipc__ws_conn *c, const struct iovec *iov, int n, size_t skip)
 {
     struct shmipc__ws_buf *b = &c->pending;
-    uint8_t head[SHMIPC__WS_HEAD_MAX];
-    size_t hlen = shmipc__ws_frame_head(head, 1, opcode, len);
-    if (len > SIZE_MAX - hlen - b->len)
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (iov[i].iov_len > SIZE_MAX - total)
+            return shmipc__fail(SHMIPC_ENOMEM, "websocket: output queue overflow");
+        total += iov[i].iov_len;
+    }
+    if (total - skip > SIZE_MAX - b->len)
         return shmipc__fail(SHMIPC_ENOMEM, "websocket: output queue overflow");
-    size_t need = b->len + hlen + len;
+    size_t need = b->len + (total - skip);
     if (need > b->cap) {
         size_t cap = b->cap * 2 > need ? b->cap * 2 : need;
         if (cap < 256)
@@ -225,12 +233,47 @@ static int queue_frame(struct shmipc__ws_conn *c, unsigned opcode, const void *p
             return shmipc__fail(SHMIPC_ENOMEM, "websocket: cannot grow the output queue to %zu",
                                 cap);
     }
-    memcpy(b->p + b->len, head, hlen);
-    if (len)
-        memcpy(b->p + b->len + hlen, payload, len);
-    b->len = need;
+    for (int i = 0; i < n; i++) {
+        size_t k = iov[i].iov_len;
+        if (skip >= k) {
+            skip -= k;
+            continue;
+        }
+        memcpy(b->p + b->len, (const char *)iov[i].iov_base + skip, k - skip);
+        b->len += k - skip;
+        skip = 0;
+    }
     c->pong_at = NO_PONG;
     return 0;
+}
+
+/* Appends a frame (head and payload) to the pending buffer. Returns 0 or SHMIPC_ENOMEM. */
+static int queue_frame(struct shmipc__ws_conn *c, unsigned opcode, const void *payload, size_t len)
+{
+    uint8_t head[SHMIPC__WS_HEAD_MAX];
+    struct iovec iov[2];
+    int n = shmipc__ws_frame_iov(head, opcode, payload, len, iov);
+    return queue_iov(c, iov, n, 0);
+}
+
+/*
+ * Sends a data frame: straight from the caller's memory when the queue is empty and the owner
+ * can write now (write_now), so that a large message is not copied; what the socket does not
+ * take at once is queued (copied), since `payload` is the caller's again on return.
+ */
+static int send_frame(struct shmipc__ws_conn *c, unsigned opcode, const void *payload, size_t len)
+{
+    if (len < SHMIPC__WS_WRITE_NOW_MIN || c->cbs->write_now == NULL ||
+        shmipc__ws_conn_tx_queued(c) != 0)
+        return queue_frame(c, opcode, payload, len);
+    uint8_t head[SHMIPC__WS_HEAD_MAX];
+    struct iovec iov[2];
+    int n = shmipc__ws_frame_iov(head, opcode, payload, len, iov);
+    size_t total = iov[0].iov_len + len;
+    size_t done = c->cbs->write_now(c->user_data, iov, n);
+    if (done >= total)
+        return 0;
+    return queue_iov(c, iov, n, done);
 }
 
 size_t shmipc__ws_conn_tx_peek(struct shmipc__ws_conn *c, const char **data)
@@ -363,6 +406,17 @@ static int msg_reserve(struct shmipc__ws_conn *c, size_t n)
     return 0;
 }
 
+/* Checks text bytes just added to the message (fail fast, see msg_append()). */
+static int msg_check_text(struct shmipc__ws_conn *c, const char *data, size_t len)
+{
+    if (c->msg_opcode != SHMIPC__WS_OP_TEXT)
+        return 0;
+    c->utf8 = shmipc__utf8_validate(c->utf8, data, len, NULL);
+    if (c->utf8 == SHMIPC__UTF8_REJECT)
+        return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "text message is not valid UTF-8");
+    return 0;
+}
+
 static void msg_reset(struct shmipc__ws_conn *c)
 {
     c->msg_len = 0;
@@ -417,38 +471,118 @@ static int on_control(struct shmipc__ws_conn *c, unsigned opcode)
     }
 }
 
+/* Unmasks payload bytes in place (event offset `offset` of the current frame). */
+static void unmask(const struct shmipc__ws_frame *f, char *data, size_t len, uint64_t offset)
+{
+    if (f->masked)
+        shmipc__ws_mask(data, len, f->key, offset);
+}
+
+/* Copies payload bytes into the message, unmasking them on the way (one pass), and checks
+ * text as it lands. Fails fast: a byte that can never be valid UTF-8 fails here, not at the
+ * message's end. */
+static int msg_append(struct shmipc__ws_conn *c, const struct shmipc__ws_frame *f, const char *data,
+                      size_t len, uint64_t offset)
+{
+    if (len == 0)
+        return 0;
+    if (msg_reserve(c, len) != 0)
+        return fail(c, SHMIPC__WS_CLOSE_INTERNAL, "out of memory for a message");
+    char *dst = c->msg + c->msg_len;
+    if (f->masked)
+        shmipc__ws_mask_copy(dst, data, len, f->key, offset);
+    else
+        memcpy(dst, data, len);
+    c->msg_len += len;
+    return msg_check_text(c, dst, len);
+}
+
+/*
+ * Reads the rest of the current frame's payload straight from the socket into the message
+ * (read_now), unmasking each piece in place while it is in cache: a large message is then
+ * not copied at all in user space. Room grows only once the bytes read have filled it
+ * (doubling, as msg_reserve()), so capacity still follows the bytes that arrived. Stops when
+ * the socket has nothing more now, or after SHMIPC__WS_READ_NOW_BUDGET bytes so that one fast
+ * sender does not hold the loop (the owner's next receive goes through process(), which
+ * comes back here). Returns 0, or -1 when the connection failed.
+ */
+static int read_direct(struct shmipc__ws_conn *c, const struct shmipc__ws_frame *f)
+{
+    uint64_t left;
+    size_t budget = SHMIPC__WS_READ_NOW_BUDGET;
+    while ((left = shmipc__ws_parser_left(&c->parser)) > 0 && budget > 0) {
+        if (c->msg_cap == c->msg_len) {
+            size_t more = c->msg_len < 256 ? 256 : c->msg_len;
+            if (msg_reserve(c, left < more ? (size_t)left : more) != 0)
+                return fail(c, SHMIPC__WS_CLOSE_INTERNAL, "out of memory for a message");
+        }
+        size_t want = c->msg_cap - c->msg_len;
+        if (want > left)
+            want = (size_t)left;
+        if (want > SHMIPC__WS_READ_NOW_CHUNK)
+            want = SHMIPC__WS_READ_NOW_CHUNK;
+        if (want > budget)
+            want = budget;
+        char *dst = c->msg + c->msg_len;
+        size_t got = c->cbs->read_now(c->user_data, dst, want);
+        if (got == 0)
+            return 0;
+        if (got > want)
+            return fail(c, SHMIPC__WS_CLOSE_INTERNAL, "read_now returned more than asked");
+        unmask(f, dst, got, f->len - left);
+        (void)shmipc__ws_parser_consumed(&c->parser, got);
+        c->msg_len += got;
+        if (msg_check_text(c, dst, got) != 0)
+            return -1;
+        if (got < want)
+            return 0;
+        budget -= got;
+    }
+    return 0;
+}
+
+/* A piece of a message that is reassembled; delivers the message at its end. */
+static int on_buffered(struct shmipc__ws_conn *c, const struct shmipc__ws_event *ev)
+{
+    int text = c->msg_opcode == SHMIPC__WS_OP_TEXT;
+    if (msg_append(c, &ev->frame, ev->data, ev->len, ev->offset) != 0)
+        return -1;
+    int last = ev->last;
+    if (!last && c->cbs->read_now != NULL &&
+        shmipc__ws_parser_left(&c->parser) >= SHMIPC__WS_READ_NOW_MIN) {
+        if (read_direct(c, &ev->frame) != 0)
+            return -1;
+        last = shmipc__ws_parser_left(&c->parser) == 0;
+    }
+    if (!(last && c->msg_fin))
+        return 0;
+    if (text && c->utf8 != SHMIPC__UTF8_ACCEPT)
+        return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "text message ends inside a character");
+    int rc = deliver(c, c->msg_opcode, c->msg, c->msg_len);
+    msg_reset(c);
+    return rc;
+}
+
 static int on_data(struct shmipc__ws_conn *c, const struct shmipc__ws_event *ev)
 {
     int text = c->msg_opcode == SHMIPC__WS_OP_TEXT;
     switch (c->kind) {
     case K_CONTROL:
-        memcpy(c->ctrl + c->ctrl_len, ev->data, ev->len); /* the parser bounds it to 125 */
+        /* the parser bounds it to 125 */
+        if (ev->frame.masked)
+            shmipc__ws_mask_copy(c->ctrl + c->ctrl_len, ev->data, ev->len, ev->frame.key,
+                                 ev->offset);
+        else
+            memcpy(c->ctrl + c->ctrl_len, ev->data, ev->len);
         c->ctrl_len = (uint8_t)(c->ctrl_len + ev->len);
         return ev->last ? on_control(c, ev->frame.opcode) : 0;
     case K_DIRECT:
+        unmask(&ev->frame, ev->data, ev->len, ev->offset);
         if (text && !shmipc__utf8_valid(ev->data, ev->len))
             return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "text message is not valid UTF-8");
         return deliver(c, c->msg_opcode, ev->data, ev->len);
     case K_BUFFER:
-        /* Fail fast: a byte that can never be valid UTF-8 fails here, not at the end. */
-        if (text) {
-            c->utf8 = shmipc__utf8_validate(c->utf8, ev->data, ev->len, NULL);
-            if (c->utf8 == SHMIPC__UTF8_REJECT)
-                return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "text message is not valid UTF-8");
-        }
-        if (ev->len) {
-            if (msg_reserve(c, ev->len) != 0)
-                return fail(c, SHMIPC__WS_CLOSE_INTERNAL, "out of memory for a message");
-            memcpy(c->msg + c->msg_len, ev->data, ev->len);
-            c->msg_len += ev->len;
-        }
-        if (!(ev->last && c->msg_fin))
-            return 0;
-        if (text && c->utf8 != SHMIPC__UTF8_ACCEPT)
-            return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "text message ends inside a character");
-        int rc = deliver(c, c->msg_opcode, c->msg, c->msg_len);
-        msg_reset(c);
-        return rc;
+        return on_buffered(c, ev);
     default:
         return 0;
     }
@@ -519,7 +653,7 @@ int shmipc__ws_conn_send(struct shmipc__ws_conn *c, unsigned opcode, const void 
         !shmipc__utf8_valid(data, len))
         return shmipc__fail(SHMIPC_EINVAL, "websocket send: text is not valid UTF-8");
     int rc = can_send(c);
-    return rc ? rc : queue_frame(c, opcode, data, len);
+    return rc ? rc : send_frame(c, opcode, data, len);
 }
 
 int shmipc__ws_conn_ping(struct shmipc__ws_conn *c, const void *data, size_t len)

@@ -10,12 +10,14 @@
  *
  * Messages. A whole message (text or binary, reassembled from its fragments) is handed to
  * on_message. A message that arrived as one frame, whole in one call, is delivered straight
- * from the caller's buffer (no copy). Otherwise its bytes gather in a reassembly buffer that
- * grows with the bytes that actually arrived (never from a declared length), at most
- * to max_message, and shrinks back once the message is delivered.
+ * from the caller's buffer (unmasked in place, no copy). Otherwise its bytes gather in a
+ * reassembly buffer that grows with the bytes that actually arrived (never from a declared
+ * length), at most to max_message, and shrinks back once the message is delivered; they are
+ * unmasked in the copy into it (one pass), or, with read_now, read straight into it.
  *
  * Output. Everything the connection sends - pongs, close frames, and the application's
- * messages (shmipc__ws_conn_send()) - goes through one queue, in order. The owner takes
+ * messages (shmipc__ws_conn_send()) - goes through one queue, in order (a large message
+ * sent while the queue is empty may first go straight out through the owner's write_now). The owner takes
  * bytes with shmipc__ws_conn_tx_peek(), writes them, and reports with shmipc__ws_conn_tx_sent()
  * how many went out. Peeked bytes stay where they are until they are reported sent (new
  * output gathers in a second buffer meanwhile), so they can be handed to an asynchronous
@@ -116,7 +118,36 @@ struct shmipc__ws_callbacks {
      * frame. `reason` is the peer's reason, or what went wrong.
      */
     void (*on_close)(void *user_data, unsigned code, const char *reason, size_t len);
+    /*
+     * Optional: writes what the socket takes of iov[0..n) now, without blocking. Called from
+     * shmipc__ws_conn_send() for a message of SHMIPC__WS_WRITE_NOW_MIN bytes or more while
+     * nothing of this connection is queued, so that it leaves from the caller's memory; the
+     * owner must return 0 when anything of its own is still waiting to be written (the bytes
+     * would overtake it). Returns the bytes taken; 0 for none, also on a failure (the rest is
+     * queued, and the owner's asynchronous send then meets the failure).
+     */
+    size_t (*write_now)(void *user_data, const struct iovec *iov, int n);
+    /*
+     * Optional: reads up to `len` bytes of input into `buf` now, without blocking. Called
+     * inside shmipc__ws_conn_process() when the buffer it was given ends inside a frame
+     * payload that has SHMIPC__WS_READ_NOW_MIN bytes or more still to come, so that the rest
+     * lands straight in the message. The owner must return 0 whenever bytes read now could
+     * overtake input it has received but not yet passed to process(). Returns the bytes read;
+     * 0 when none are ready, at the end of input and on a failure (the owner's own next read
+     * then meets it).
+     */
+    size_t (*read_now)(void *user_data, void *buf, size_t len);
 };
+
+/* The smallest message that write_now is asked to write: below it a copy costs less than the
+ * extra system call (and the reactor's batching of small sends). */
+#define SHMIPC__WS_WRITE_NOW_MIN (4u << 10)
+/* The least payload still to come for which read_now is asked, and the most it is asked for
+ * at once (the bytes are unmasked right after, while they are in cache). */
+#define SHMIPC__WS_READ_NOW_MIN   (16u << 10)
+#define SHMIPC__WS_READ_NOW_CHUNK (256u << 10)
+/* The most read through read_now in one process() call (then the owner's loop serves others). */
+#define SHMIPC__WS_READ_NOW_BUDGET (1u << 20)
 
 /* What the owner does after shmipc__ws_conn_process(). */
 enum shmipc__ws_verdict {
@@ -194,7 +225,9 @@ void shmipc__ws_conn_eof(struct shmipc__ws_conn *c);
 
 /*
  * Queues one message, unfragmented: opcode SHMIPC__WS_OP_TEXT (checked to be valid UTF-8 unless
- * SHMIPC__WS_SEND_TRUSTED) or SHMIPC__WS_OP_BINARY. The bytes are copied; `data` is the caller's
+ * SHMIPC__WS_SEND_TRUSTED) or SHMIPC__WS_OP_BINARY. The bytes are copied, or written at once
+ * through write_now (a message of SHMIPC__WS_WRITE_NOW_MIN bytes or more while nothing is
+ * queued) with only what the socket did not take copied; either way `data` is the caller's
  * again on return. Returns 0, SHMIPC_ECLOSED once a close frame was sent or received,
  * SHMIPC_EAGAIN when tx_limit bytes are already queued, SHMIPC_EINVAL for another opcode or
  * invalid text, SHMIPC_ENOMEM.

@@ -54,16 +54,34 @@ void shmipc__ws_mask_copy(void *dst, const void *src, size_t len, const uint8_t 
 {
     uint8_t *d = dst, k[8];
     const uint8_t *s = src;
-    uint64_t m = key64(key, offset, k);
     size_t i = 0;
-    for (; len - i >= 8; i += 8) {
-        uint64_t w;
-        memcpy(&w, s + i, 8);
-        w ^= m;
-        memcpy(d + i, &w, 8);
+    /* Bytes one at a time until the destination is word-aligned (for copies long enough to
+     * gain from it); the key is then rotated to the payload offset reached there, so the
+     * words XOR with the mask as it lines up with them and no second pass is needed. */
+    if (len >= 64)
+        for (; ((uintptr_t)(d + i) & 7) != 0; i++)
+            d[i] = s[i] ^ key[(offset + i) & 3];
+    uint64_t m = key64(key, offset + i, k);
+    const uint8_t *sp = s + i;
+    uint8_t *dp = d + i;
+    size_t n = len - i, j = 0;
+    for (; n - j >= 32; j += 32) {
+        uint64_t w[4];
+        memcpy(w, sp + j, 32);
+        w[0] ^= m;
+        w[1] ^= m;
+        w[2] ^= m;
+        w[3] ^= m;
+        memcpy(dp + j, w, 32);
     }
-    for (; i < len; i++)
-        d[i] = s[i] ^ k[i & 7];
+    for (; n - j >= 8; j += 8) {
+        uint64_t w;
+        memcpy(&w, sp + j, 8);
+        w ^= m;
+        memcpy(dp + j, &w, 8);
+    }
+    for (; j < n; j++)
+        dp[j] = sp[j] ^ k[j & 7];
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -83,6 +101,24 @@ void shmipc__ws_parser_init(struct shmipc__ws_parser *p, enum shmipc__ws_role ro
     p->max_frame = max_frame ? max_frame : SHMIPC__WS_LEN_MAX;
     p->state = P_HEAD;
     p->need = 2;
+}
+
+uint64_t shmipc__ws_parser_left(const struct shmipc__ws_parser *p)
+{
+    return p->state == P_PAYLOAD ? p->frame.len - p->done : 0;
+}
+
+int shmipc__ws_parser_consumed(struct shmipc__ws_parser *p, uint64_t n)
+{
+    if (p->state != P_PAYLOAD || n > p->frame.len - p->done)
+        return -1;
+    p->done += n;
+    if (p->done == p->frame.len) {
+        p->state = P_HEAD;
+        p->have = 0;
+        p->need = 2;
+    }
+    return 0;
 }
 
 static size_t fail(struct shmipc__ws_parser *p, struct shmipc__ws_event *ev, uint16_t code,
@@ -136,7 +172,7 @@ size_t shmipc__ws_parse(struct shmipc__ws_parser *p, char *buf, size_t len,
         size_t n = len < left ? len : (size_t)left;
         if (n == 0 && left > 0)
             return 0;
-        if (p->frame.masked)
+        if (p->frame.masked && !p->keep_masked)
             shmipc__ws_mask(buf, n, p->frame.key, p->done);
         ev->kind = SHMIPC__WS_EV_DATA;
         ev->data = buf;

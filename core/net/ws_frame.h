@@ -116,6 +116,10 @@ struct shmipc__ws_parser {
     uint8_t state; /* internal */
     uint8_t have;  /* header bytes gathered */
     uint8_t need;  /* header bytes the current header has (2 until byte 1 is read) */
+    /* Set by the owner: DATA events hand payload bytes back still masked (the owner unmasks
+     * them while copying them out, shmipc__ws_mask_copy(), or in place, shmipc__ws_mask(),
+     * with the event's frame.key and offset). */
+    uint8_t keep_masked;
     uint8_t head[SHMIPC__WS_HEAD_MAX];
     uint16_t code; /* after an error: its close code */
 };
@@ -131,11 +135,23 @@ void shmipc__ws_parser_init(struct shmipc__ws_parser *p, enum shmipc__ws_role ro
  * up to the payload length, the last one flagged `last` (one DATA of length 0 for an empty
  * payload, reported without using a byte). A DATA event returns every payload byte present
  * (up to the frame's end), so a frame that arrived whole is one DATA event with all of it.
- * Payload bytes are unmasked in place: `buf` must be writable, and the caller must not feed
- * the same bytes twice. After an ERROR event every call returns ERROR again and uses nothing.
+ * Payload bytes are unmasked in place (unless keep_masked is set): `buf` must be writable, and
+ * the caller must not feed the same bytes twice. After an ERROR event every call returns ERROR
+ * again and uses nothing.
  */
 size_t shmipc__ws_parse(struct shmipc__ws_parser *p, char *buf, size_t len,
                         struct shmipc__ws_event *ev);
+
+/*
+ * The owner read `n` payload bytes of the current frame itself, straight from the socket
+ * into its own memory, after at least one DATA event of the frame: the parser moves past
+ * them as if it had returned them (and expects the next header when they end the frame).
+ * Returns 0, or -1 (nothing changes) when no payload is being walked or `n` goes beyond it.
+ */
+int shmipc__ws_parser_consumed(struct shmipc__ws_parser *p, uint64_t n);
+
+/* Payload bytes of the current frame not yet returned (0 while reading a header). */
+uint64_t shmipc__ws_parser_left(const struct shmipc__ws_parser *p);
 
 /*
  * XORs data[0..len) with the masking key, starting `offset` bytes into the payload (so a
@@ -162,7 +178,12 @@ size_t shmipc__ws_frame_head(uint8_t head[SHMIPC__WS_HEAD_MAX], int fin, unsigne
 size_t shmipc__ws_frame_head_masked(uint8_t head[SHMIPC__WS_HEAD_MAX], int fin, unsigned opcode,
                                     uint64_t len, const uint8_t key[4]);
 
-/* Copies src[0..len) to dst masked with `key` from payload offset `offset`. */
+/*
+ * Copies src[0..len) to dst masked (or unmasked: XOR is its own inverse) with `key` from
+ * payload offset `offset`, in one pass: the unmasking of a received payload is fused into the
+ * copy out of the receive buffer. Eight bytes per step once `dst` is word-aligned, the key
+ * rotated to the offset reached there. The areas must not overlap (unless dst == src).
+ */
 void shmipc__ws_mask_copy(void *dst, const void *src, size_t len, const uint8_t key[4],
                           uint64_t offset);
 

@@ -135,6 +135,11 @@ struct shmipc__backend {
      * Resuming delivers what is waiting from a later turn, never inside the call. */
     void (*read_pause)(struct shmipc__loop *loop, struct shmipc__conn *conn);
     void (*read_resume)(struct shmipc__loop *loop, struct shmipc__conn *conn);
+    /* Optional: a non-blocking receive into the caller's memory, for shmipc__conn_read_now().
+     * Only a backend whose received bytes never wait outside the socket (epoll: they are
+     * delivered from the call that read them) can offer it without reordering input; io_uring
+     * leaves it NULL, since completions already in its queue may hold earlier bytes. */
+    size_t (*read_now)(struct shmipc__loop *loop, struct shmipc__conn *conn, void *buf, size_t len);
     /* Waits up to timeout_ns (-1: no limit) and dispatches at most max_events. Returns the
      * number dispatched or a negative code. */
     int (*poll)(struct shmipc__loop *loop, int64_t timeout_ns);

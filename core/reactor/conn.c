@@ -266,6 +266,30 @@ int shmipc__conn_send(struct shmipc__conn *c, const void *buf, size_t len, shmip
     return shmipc__conn_sendv(c, &iov, 1, cb, data);
 }
 
+size_t shmipc__conn_write_now(struct shmipc__conn *c, const struct iovec *iov, int n)
+{
+    struct msghdr msg = {0};
+    ssize_t k;
+    if (n < 1 || n > IOV_MAX || c->io.closed || c->tx_error != 0 || c->tx_head != NULL ||
+        c->tx_bytes != 0 || !shmipc__reactor_on_thread(c->loop))
+        return 0;
+    msg.msg_iov = (struct iovec *)(uintptr_t)iov;
+    msg.msg_iovlen = (size_t)n;
+    /* MSG_DONTWAIT: io_uring keeps its sockets blocking. MSG_NOSIGNAL: a peer gone is the
+     * queued send's error to report, not SIGPIPE. */
+    k = sendmsg(c->io.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    return k > 0 ? (size_t)k : 0;
+}
+
+size_t shmipc__conn_read_now(struct shmipc__conn *c, void *buf, size_t len)
+{
+    struct shmipc__loop *loop = c->loop;
+    if (len == 0 || c->io.closed || c->rd_done || c->rd_paused || loop->be->read_now == NULL ||
+        !shmipc__reactor_on_thread(loop))
+        return 0;
+    return loop->be->read_now(loop, c, buf, len);
+}
+
 int shmipc__conn_shutdown(struct shmipc__conn *c)
 {
     int rc = check_thread(c->loop, "conn_shutdown");

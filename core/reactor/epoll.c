@@ -381,6 +381,16 @@ err:
     return rc;
 }
 
+/* Bytes are in the socket or already delivered, never in between: a receive now keeps the
+ * order. A failure or the end of input is left for conn_read() to meet again (the end
+ * repeats; a reset reads as the end once its error was taken here). */
+static size_t ep_read_now(struct shmipc__loop *loop, struct shmipc__conn *c, void *buf, size_t len)
+{
+    (void)loop;
+    ssize_t n = recv(c->io.fd, buf, len, MSG_DONTWAIT);
+    return n > 0 ? (size_t)n : 0;
+}
+
 const struct shmipc__backend shmipc__backend_epoll = {
     .name = "epoll",
     .init = ep_init,
@@ -390,5 +400,6 @@ const struct shmipc__backend shmipc__backend_epoll = {
     .send = ep_send,
     .read_pause = ep_read_pause,
     .read_resume = ep_read_resume,
+    .read_now = ep_read_now,
     .poll = ep_poll,
 };

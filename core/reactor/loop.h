@@ -202,6 +202,21 @@ int shmipc__conn_sendv(struct shmipc__conn *conn, const struct iovec *iov, int n
                        shmipc__send_cb cb, void *data);
 
 /**
+ * Writes what the socket takes of iov[0..n) now, without blocking and without queuing, when
+ * nothing of this connection is queued or in flight (else, and on any failure, 0): the
+ * caller's memory is its own again on return. Returns the bytes written. For an owner that
+ * must copy what it cannot send at once anyway (the WebSocket send), to copy only the rest.
+ */
+size_t shmipc__conn_write_now(struct shmipc__conn *conn, const struct iovec *iov, int n);
+/**
+ * Receives up to `len` bytes into `buf` now, without blocking, when the backend can do so
+ * without reordering input (epoll; io_uring never: its completions may hold earlier bytes)
+ * and reading is not paused or ended. Returns the bytes read: 0 when none are ready, and
+ * also at the end of input or on a failure, which the loop's own next read then reports.
+ * For an owner that knows where the next bytes go (a large WebSocket payload).
+ */
+size_t shmipc__conn_read_now(struct shmipc__conn *conn, void *buf, size_t len);
+/**
  * Stops reading the connection: no on_data and no on_end until shmipc__conn_resume_read().
  * The socket's receive buffer then fills and TCP flow control stops the peer, which is how an
  * owner whose output backs up (a peer that sends but does not read) keeps its memory bounded.

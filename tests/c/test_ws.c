@@ -5,6 +5,7 @@
  * the connection behaviours that byte fixtures cannot show (zero-copy delivery, backpressure,
  * bounded memory, the close handshake started by the application).
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -438,6 +439,44 @@ static void mask_every_offset_and_length(void **state)
         }
 }
 
+/* The fused unmask-copy against a byte-wise reference: every source and destination alignment
+ * (0..7), every key rotation, lengths 0..70 and a few longer ones (the word loop starts once
+ * the destination is aligned, from 64 bytes); the bytes around the destination stay as they
+ * were, and the source is not changed. */
+static void mask_copy_every_alignment(void **state)
+{
+    (void)state;
+    static const uint8_t key[4] = {0x5a, 0xc3, 0x0f, 0x96};
+    static const size_t longer[] = {127, 128, 129, 255, 1000, 4099};
+    enum { MAX = 4099, PAD = 16 };
+    uint8_t *src = malloc(MAX + PAD), *dst = malloc(MAX + 2 * PAD), *want = malloc(MAX),
+            *orig = malloc(MAX);
+    for (size_t li = 0; li < 71 + sizeof longer / sizeof longer[0]; li++) {
+        size_t len = li < 71 ? li : longer[li - 71];
+        for (size_t sa = 0; sa < 8; sa++)
+            for (size_t da = 0; da < 8; da++)
+                for (uint64_t off = 0; off < 8; off++) {
+                    uint8_t *s = src + sa, *d = dst + PAD + da;
+                    for (size_t i = 0; i < len; i++)
+                        s[i] = orig[i] = (uint8_t)rnd();
+                    for (size_t i = 0; i < len; i++)
+                        want[i] = (uint8_t)(s[i] ^ key[(off + i) & 3]);
+                    memset(dst, 0xee, MAX + 2 * PAD);
+                    shmipc__ws_mask_copy(d, s, len, key, off);
+                    assert_memory_equal(d, want, len);
+                    assert_memory_equal(s, orig, len);
+                    for (size_t i = 0; i < PAD + da; i++)
+                        assert_int_equal(dst[i], 0xee);
+                    for (size_t i = PAD + da + len; i < MAX + 2 * PAD; i++)
+                        assert_int_equal(dst[i], 0xee);
+                }
+    }
+    free(src);
+    free(dst);
+    free(want);
+    free(orig);
+}
+
 static void frame_head_lengths(void **state)
 {
     (void)state;
@@ -748,7 +787,8 @@ static void app_close(void *ud, unsigned code, const char *reason, size_t len)
     a->close_code = code;
 }
 
-static const struct shmipc__ws_callbacks app_cbs = {app_message, app_ping, app_pong, app_close};
+static const struct shmipc__ws_callbacks app_cbs = {
+    .on_message = app_message, .on_ping = app_ping, .on_pong = app_pong, .on_close = app_close};
 
 static struct app *app_new(const struct shmipc__ws_limits *in)
 {
@@ -830,6 +870,349 @@ static void whole_message_is_delivered_in_place(void **state)
 
 /* The reassembly buffer follows the bytes that arrived, never a declared length: a header
  * announcing 16 MiB followed by 10 bytes costs 256 bytes, not 16 MiB. */
+/* ---------------------------------------------------------------------------------------- */
+/* The connection with the owner's read_now and write_now */
+
+/*
+ * A socket as the connection sees it through read_now: `bytes` is the client's stream, `pos`
+ * what was taken (by process() or read_now), `avail` what has arrived so far. Messages are
+ * kept, to compare.
+ */
+struct io_app {
+    struct shmipc__ws_conn conn;
+    struct shmipc__ws_limits limits;
+    const char *bytes;
+    size_t pos, avail;
+    unsigned read_calls, reads;
+    int read_all;    /* read_now returns all it is asked for while bytes have arrived */
+    size_t cap_seen; /* the largest reassembly capacity seen inside read_now */
+    char *msgs[8];
+    size_t msg_lens[8];
+    unsigned opcodes[8];
+    unsigned messages, closes, close_code;
+    /* write_now: takes at most write_take bytes (SIZE_MAX: all) into `wire` */
+    size_t write_take;
+    unsigned write_calls;
+    char *wire;
+    size_t wire_len;
+};
+
+static int io_message(void *ud, unsigned opcode, const char *data, size_t len)
+{
+    struct io_app *a = ud;
+    assert_true(a->messages < 8);
+    a->msgs[a->messages] = malloc(len + 1);
+    memcpy(a->msgs[a->messages], data, len);
+    a->msg_lens[a->messages] = len;
+    a->opcodes[a->messages] = opcode;
+    a->messages++;
+    return 0;
+}
+
+static void io_close(void *ud, unsigned code, const char *reason, size_t len)
+{
+    struct io_app *a = ud;
+    (void)reason;
+    (void)len;
+    a->closes++;
+    a->close_code = code;
+}
+
+/* Returns a random share of what asked and arrived: often less than asked, sometimes none. */
+static size_t io_read_now(void *ud, void *buf, size_t len)
+{
+    struct io_app *a = ud;
+    a->read_calls++;
+    if (a->conn.msg_cap > a->cap_seen)
+        a->cap_seen = a->conn.msg_cap;
+    size_t n = a->avail - a->pos;
+    if (n > len)
+        n = len;
+    if (n > 0 && !a->read_all && rnd() % 4 != 0)
+        n = 1 + (size_t)(rnd() % n);
+    memcpy(buf, a->bytes + a->pos, n);
+    a->pos += n;
+    a->reads += n > 0;
+    return n;
+}
+
+static size_t io_write_now(void *ud, const struct iovec *iov, int n)
+{
+    struct io_app *a = ud;
+    size_t done = 0;
+    a->write_calls++;
+    for (int i = 0; i < n && done < a->write_take; i++) {
+        size_t k = iov[i].iov_len;
+        if (k > a->write_take - done)
+            k = a->write_take - done;
+        a->wire = realloc(a->wire, a->wire_len + k);
+        memcpy(a->wire + a->wire_len, iov[i].iov_base, k);
+        a->wire_len += k;
+        done += k;
+    }
+    return done;
+}
+
+static const struct shmipc__ws_callbacks io_cbs = {
+    .on_message = io_message,
+    .on_close = io_close,
+    .write_now = io_write_now,
+    .read_now = io_read_now,
+};
+
+static struct io_app *io_app_new(void)
+{
+    struct io_app *a = calloc(1, sizeof *a);
+    assert_int_equal(shmipc__ws_limits_resolve(&a->limits, NULL), 0);
+    shmipc__ws_conn_init(&a->conn, &a->limits, &io_cbs, a);
+    return a;
+}
+
+static void io_app_free(struct io_app *a)
+{
+    shmipc__ws_conn_destroy(&a->conn);
+    for (unsigned i = 0; i < a->messages; i++)
+        free(a->msgs[i]);
+    free(a->wire);
+    free(a);
+}
+
+/*
+ * Feeds the stream as the server would: bytes arrive in random amounts; each receive (at most
+ * 16 KiB) goes to process() from a buffer of its own, poisoned afterwards; read_now takes
+ * what it can meanwhile. Stops at the end or once the connection closed.
+ */
+static void io_feed(struct io_app *a, size_t total)
+{
+    char *rx = malloc(16384);
+    while (a->pos < total && shmipc__ws_conn_state(&a->conn) != SHMIPC__WS_CLOSED) {
+        a->avail += 1 + (size_t)(rnd() % 40000);
+        if (a->avail > total)
+            a->avail = total;
+        while (a->pos < a->avail && shmipc__ws_conn_state(&a->conn) != SHMIPC__WS_CLOSED) {
+            size_t n = a->avail - a->pos;
+            if (n > 16384)
+                n = 16384;
+            if (rnd() % 2)
+                n = 1 + (size_t)(rnd() % n);
+            memcpy(rx, a->bytes + a->pos, n);
+            a->pos += n;
+            (void)shmipc__ws_conn_process(&a->conn, rx, n);
+            memset(rx, 0xdd, n);
+        }
+    }
+    free(rx);
+}
+
+/* read_now is asked for the rest of a frame whose header declares 1 MiB, of which 20 000
+ * bytes arrive: the buffer follows what arrived (doubling), not the declared length. */
+static void *declared_but_not_sent(void *stream)
+{
+    struct io_app *a = io_app_new();
+    const char *w = stream;
+    a->bytes = w;
+    a->avail = 20000;
+    char *rx = malloc(16384);
+    memcpy(rx, w, 16384);
+    a->pos = 16384;
+    assert_int_equal(shmipc__ws_conn_process(&a->conn, rx, 16384), SHMIPC__WS_CONN_MORE);
+    while (a->pos < a->avail) {
+        size_t k = a->avail - a->pos;
+        memcpy(rx, w + a->pos, k);
+        a->pos += k;
+        assert_int_equal(shmipc__ws_conn_process(&a->conn, rx, k), SHMIPC__WS_CONN_MORE);
+    }
+    assert_true(a->read_calls > 0);
+    assert_int_equal(a->messages, 0);
+    assert_int_equal(a->conn.msg_len, 20000 - 14);
+    assert_true(a->conn.msg_cap <= 2 * 20000);
+    free(rx);
+    io_app_free(a);
+    return NULL;
+}
+
+/* Large payloads land straight in the message across many partial reads (a binary message,
+ * text with characters split between reads, a fragmented message), each message whole and
+ * in order; the reassembly buffer grows only with bytes that arrived. */
+static void message_read_directly_in_pieces(void **state)
+{
+    (void)state;
+    size_t big = (1u << 20) + 3, tlen = 100000, frag = 50000;
+    char *bin = malloc(big), *text = malloc(tlen), *f1 = malloc(frag), *w = NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < big; i++)
+        bin[i] = (char)rnd();
+    for (size_t i = 0; i < tlen; i++) /* "a", then U+20AC (3 bytes) 33333 times */
+        text[i] = i == 0 ? 'a' : "\xe2\x82\xac"[(i - 1) % 3];
+    for (size_t i = 0; i < frag; i++)
+        f1[i] = (char)rnd();
+    for (int round = 0; round < 20; round++) {
+        struct io_app *a = io_app_new();
+        free(w);
+        w = NULL;
+        n = 0;
+        client_frame(&w, &n, 1, SHMIPC__WS_OP_BINARY, bin, big);
+        client_frame(&w, &n, 1, SHMIPC__WS_OP_TEXT, text, tlen);
+        client_frame(&w, &n, 0, SHMIPC__WS_OP_BINARY, f1, frag);
+        client_frame(&w, &n, 1, SHMIPC__WS_OP_CONT, f1, frag);
+        client_frame(&w, &n, 1, SHMIPC__WS_OP_BINARY, "tail", 4);
+        a->bytes = w;
+        io_feed(a, n);
+        assert_int_equal(a->pos, n);
+        assert_int_equal(a->closes, 0);
+        assert_int_equal(a->messages, 4);
+        assert_int_equal(a->msg_lens[0], big);
+        assert_memory_equal(a->msgs[0], bin, big);
+        assert_int_equal(a->opcodes[1], SHMIPC__WS_OP_TEXT);
+        assert_int_equal(a->msg_lens[1], tlen);
+        assert_memory_equal(a->msgs[1], text, tlen);
+        assert_int_equal(a->msg_lens[2], 2 * frag);
+        assert_memory_equal(a->msgs[2], f1, frag);
+        assert_memory_equal(a->msgs[2] + frag, f1, frag);
+        assert_int_equal(a->msg_lens[3], 4);
+        assert_memory_equal(a->msgs[3], "tail", 4);
+        assert_true(a->reads > 10); /* the direct path was taken, in many pieces */
+        assert_true(a->cap_seen <= big);
+        io_app_free(a);
+    }
+
+    /* A header that declares 1 MiB and 20 000 bytes of it, in a thread of its own (with no
+     * spare buffers from the rounds above). */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, declared_but_not_sent, w), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    free(w);
+    free(bin);
+    free(text);
+    free(f1);
+}
+
+/* Invalid UTF-8 that arrives through read_now fails the text message (1007) at once. */
+static void direct_read_checks_text(void **state)
+{
+    (void)state;
+    size_t len = 70000;
+    char *text = malloc(len), *w = NULL;
+    size_t n = 0;
+    memset(text, 'x', len);
+    text[40000] = (char)0xff;
+    client_frame(&w, &n, 1, SHMIPC__WS_OP_TEXT, text, len);
+    struct io_app *a = io_app_new();
+    a->bytes = w;
+    a->avail = n; /* everything is in the socket: read_now takes it */
+    char rx[16384];
+    memcpy(rx, w, sizeof rx);
+    a->pos = sizeof rx;
+    int v = shmipc__ws_conn_process(&a->conn, rx, sizeof rx);
+    for (int i = 0; i < 1000 && v != SHMIPC__WS_CONN_CLOSE && a->pos < n; i++) {
+        size_t k = n - a->pos < sizeof rx ? n - a->pos : sizeof rx;
+        memcpy(rx, w + a->pos, k);
+        a->pos += k;
+        v = shmipc__ws_conn_process(&a->conn, rx, k);
+    }
+    assert_int_equal(v, SHMIPC__WS_CONN_CLOSE);
+    assert_int_equal(a->closes, 1);
+    assert_int_equal(a->close_code, SHMIPC__WS_CLOSE_INVALID_DATA);
+    assert_int_equal(a->messages, 0);
+    assert_true(a->reads > 0);
+    assert_true(a->pos < n); /* failed before the end of the frame */
+    io_app_free(a);
+    free(text);
+    free(w);
+}
+
+/* One process() call reads at most SHMIPC__WS_READ_NOW_BUDGET through read_now, however much
+ * is waiting; the next receive carries on. */
+static void direct_read_is_bounded_per_call(void **state)
+{
+    (void)state;
+    size_t len = 3u << 20;
+    char *payload = malloc(len), *w = NULL, rx[16384];
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        payload[i] = (char)rnd();
+    client_frame(&w, &n, 1, SHMIPC__WS_OP_BINARY, payload, len);
+    struct io_app *a = io_app_new();
+    a->bytes = w;
+    a->avail = n;
+    a->read_all = 1;
+    unsigned calls = 0;
+    while (a->pos < n && a->messages == 0) {
+        size_t before = a->pos, k = n - a->pos < sizeof rx ? n - a->pos : sizeof rx;
+        memcpy(rx, w + a->pos, k);
+        a->pos += k;
+        assert_int_equal(shmipc__ws_conn_process(&a->conn, rx, k), SHMIPC__WS_CONN_MORE);
+        assert_true(a->pos - before <= k + SHMIPC__WS_READ_NOW_BUDGET);
+        calls++;
+    }
+    assert_int_equal(a->messages, 1);
+    assert_int_equal(a->msg_lens[0], len);
+    assert_memory_equal(a->msgs[0], payload, len);
+    assert_true(calls >= 3);
+    io_app_free(a);
+    free(payload);
+    free(w);
+}
+
+/* write_now: a large message leaves from the caller's memory; what the socket does not take
+ * at once (nothing, part of the head, part of the payload) is queued, copied, so the caller
+ * may reuse its buffer; small messages, and any while output is queued, are queued in order. */
+static void send_writes_now_and_queues_the_rest(void **state)
+{
+    (void)state;
+    enum { LEN = 10000 };
+    static const size_t takes[] = {0, 1, 2, 3, 4, 5, 1000, LEN + 3, LEN + 4, SIZE_MAX};
+    char *payload = malloc(LEN);
+    uint8_t head[SHMIPC__WS_HEAD_MAX];
+    size_t hl = shmipc__ws_frame_head(head, 1, SHMIPC__WS_OP_BINARY, LEN);
+    assert_int_equal(hl, 4);
+    for (size_t t = 0; t < sizeof takes / sizeof takes[0]; t++) {
+        struct io_app *a = io_app_new();
+        char *queued = NULL;
+        for (size_t i = 0; i < LEN; i++)
+            payload[i] = (char)rnd();
+        char *expect = malloc(hl + LEN);
+        memcpy(expect, head, hl);
+        memcpy(expect + hl, payload, LEN);
+        a->write_take = takes[t];
+        assert_int_equal(shmipc__ws_conn_send(&a->conn, SHMIPC__WS_OP_BINARY, payload, LEN, 0), 0);
+        assert_int_equal(a->write_calls, 1);
+        size_t taken = takes[t] < hl + LEN ? takes[t] : hl + LEN;
+        assert_int_equal(a->wire_len, taken);
+        assert_int_equal(shmipc__ws_conn_tx_queued(&a->conn), hl + LEN - taken);
+        memset(payload, 0, LEN); /* the caller's again */
+        size_t q = drain(&a->conn, &queued);
+        assert_int_equal(q, hl + LEN - taken);
+        if (taken)
+            assert_memory_equal(a->wire, expect, taken);
+        if (q)
+            assert_memory_equal(queued, expect + taken, q);
+        free(queued);
+        free(expect);
+        io_app_free(a);
+    }
+
+    /* Below SHMIPC__WS_WRITE_NOW_MIN, and behind queued output: queued, in order. */
+    struct io_app *a = io_app_new();
+    a->write_take = SIZE_MAX;
+    memset(payload, 'q', LEN);
+    assert_int_equal(shmipc__ws_conn_send(&a->conn, SHMIPC__WS_OP_BINARY, payload, 100, 0), 0);
+    assert_int_equal(a->write_calls, 0);
+    assert_int_equal(shmipc__ws_conn_send(&a->conn, SHMIPC__WS_OP_BINARY, payload, LEN, 0), 0);
+    assert_int_equal(a->write_calls, 0);
+    char *queued = NULL;
+    assert_int_equal(drain(&a->conn, &queued), 2 + 100 + hl + LEN);
+    assert_int_equal((uint8_t)queued[0], 0x82);
+    assert_int_equal((uint8_t)queued[102], 0x82);
+    free(queued);
+    /* With the queue empty again, the next one goes at once. */
+    assert_int_equal(shmipc__ws_conn_send(&a->conn, SHMIPC__WS_OP_BINARY, payload, LEN, 0), 0);
+    assert_int_equal(a->write_calls, 1);
+    assert_int_equal(shmipc__ws_conn_tx_queued(&a->conn), 0);
+    io_app_free(a);
+    free(payload);
+}
+
 static void declared_length_allocates_nothing(void **state)
 {
     (void)state;
@@ -1211,6 +1594,7 @@ int main(void)
         cmocka_unit_test(utf8_incremental_split),
         cmocka_unit_test(utf8_truncate_at_boundary),
         cmocka_unit_test(mask_every_offset_and_length),
+        cmocka_unit_test(mask_copy_every_alignment),
         cmocka_unit_test(frame_head_lengths),
         cmocka_unit_test(frame_iov_references_the_payload),
         cmocka_unit_test(close_payload_cuts_reason_at_a_character),
@@ -1220,6 +1604,10 @@ int main(void)
         cmocka_unit_test(parser_frame_whole_is_one_data_event),
         cmocka_unit_test(parser_header_errors),
         cmocka_unit_test(whole_message_is_delivered_in_place),
+        cmocka_unit_test(message_read_directly_in_pieces),
+        cmocka_unit_test(direct_read_checks_text),
+        cmocka_unit_test(direct_read_is_bounded_per_call),
+        cmocka_unit_test(send_writes_now_and_queues_the_rest),
         cmocka_unit_test(declared_length_allocates_nothing),
         cmocka_unit_test(fragments_grow_geometrically),
         cmocka_unit_test(pause_and_resume_at_the_marks),
