@@ -359,12 +359,13 @@ static int attach_memory(shmipc_session *s)
 {
     int rc = shmipc__queue_pair_attach(&s->qp, s->queue_map.base, s->queue_map.size,
                                        queue_layout(s), SHMIPC__QUEUE_SERVER);
-    if (rc < 0)
-        return rc;
-    rc = shmipc__buffer_attach(&s->bm, s->buffer_map.base, s->buffer_map.size);
-    /* A file that shrank while we read its layout raised SIGBUS; the guard gave us zeros. */
-    if (rc == 0 &&
-        (shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map)))
+    if (rc == 0)
+        rc = shmipc__buffer_attach(&s->bm, s->buffer_map.base, s->buffer_map.size);
+    /*
+     * A file that shrank while we read its layout raised SIGBUS; the guard gave us zeros,
+     * which usually fail the checks above with a less helpful message.
+     */
+    if (shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map))
         rc = shmipc__fail(SHMIPC_EPROTO, "handshake: the peer's shared memory shrank under the "
                                          "mapping (SIGBUS caught)");
     return rc;

@@ -94,17 +94,35 @@ static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **ou
 /* ------------------------------------------------------------------------------------ */
 
 /*
- * Sizes the cache once the buffer is known: a quarter of each list, so that a whole window of
- * messages in flight comes back to slices that are still hot. Without memory for it, a list
- * simply has no cache.
+ * Sizes the cache once the buffer is known: up to a quarter of each list (at most
+ * SHMIPC__SLICE_CACHE_MAX), so that a whole window of messages in flight comes back to slices
+ * that are still hot. The arrays grow as slices come back, so an idle session holds none.
  */
 static void cache_init(shmipc_session *s)
 {
     for (uint32_t l = 0; l < s->bm.nlists; l++) {
         uint32_t max = s->bm.lists[l].cap / SHMIPC__SLICE_CACHE_SHARE;
-        s->cache[l].off = max > 0 ? malloc(max * sizeof *s->cache[l].off) : NULL;
-        s->cache[l].max = s->cache[l].off != NULL ? max : 0;
+        s->cache[l].max = max > SHMIPC__SLICE_CACHE_MAX ? SHMIPC__SLICE_CACHE_MAX : max;
+        s->cache[l].reserve = max;
     }
+}
+
+/* Room for one more entry in list l's cache. Under cache_mu. */
+static int cache_room_locked(shmipc_session *s, uint32_t l)
+{
+    if (s->cache[l].n < s->cache[l].room)
+        return 1;
+    if (s->cache[l].room >= s->cache[l].max)
+        return 0;
+    uint32_t room = s->cache[l].room ? s->cache[l].room * 2 : 16;
+    if (room > s->cache[l].max)
+        room = s->cache[l].max;
+    uint32_t *off = realloc(s->cache[l].off, room * sizeof *off);
+    if (off == NULL)
+        return 0;
+    s->cache[l].off = off;
+    s->cache[l].room = room;
+    return 1;
 }
 
 /* We are done with the slice at `off`: keep it for our next write, or free it. */
@@ -112,15 +130,30 @@ static void cache_put(shmipc_session *s, uint32_t off)
 {
     struct shmipc__slice sl;
     if (shmipc__buffer_slice_at(&s->bm, off, &sl) == 0) {
+        uint32_t l = sl.list;
+        int32_t shared = shmipc__buffer_list_free(&s->bm, l);
         pthread_mutex_lock(&s->cache_mu);
-        if (s->cache[sl.list].n < s->cache[sl.list].max) {
-            s->cache[sl.list].off[s->cache[sl.list].n++] = off;
+        int wanted = s->cache[l].credit > 0 || s->cache[l].n < SHMIPC__SLICE_CACHE_FREE;
+        if (wanted && shared >= 0 && (uint32_t)shared >= s->cache[l].reserve &&
+            cache_room_locked(s, l)) {
+            s->cache[l].off[s->cache[l].n++] = off;
+            if (s->cache[l].credit > 0)
+                s->cache[l].credit--;
             pthread_mutex_unlock(&s->cache_mu);
             return;
         }
         pthread_mutex_unlock(&s->cache_mu);
     }
     shmipc__buffer_free(&s->bm, off);
+}
+
+/* We allocated a slice of list `l` to write into: one more we may keep when it comes back. */
+static void cache_credit(shmipc_session *s, uint32_t l)
+{
+    pthread_mutex_lock(&s->cache_mu);
+    if (l < s->bm.nlists && s->cache[l].credit < s->cache[l].max)
+        s->cache[l].credit++;
+    pthread_mutex_unlock(&s->cache_mu);
 }
 
 /* A kept slice of the smallest list that holds `want` bytes, most recently used first. */
@@ -335,6 +368,9 @@ static int session_start(shmipc_session *s, int client)
         return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory");
     if ((rc = setup_event_fd(s)) < 0)
         return rc;
+    /* A SIGBUS in our mappings (shm/guard.h) shuts the socket: every waiter wakes and sees it. */
+    shmipc__mapping_set_wake_fd(&s->buffer_map, s->fd);
+    shmipc__mapping_set_wake_fd(&s->queue_map, s->fd);
     cache_init(s);
     /*
      * From here on every read and write says MSG_DONTWAIT unless it means to block: a blocking
@@ -821,6 +857,9 @@ static int finish_turn_locked(shmipc_session *s, int rc, int events)
 {
     if (events > 0)
         pthread_cond_broadcast(&s->cond);
+    /* A damaged mapping explains a socket the guard shut down better than the socket does. */
+    if (rc < 0 && check_memory_locked(s) < 0)
+        return s->err;
     if (rc < 0)
         return fail_locked(s, rc);
     return events;
@@ -872,6 +911,8 @@ static int blocking_recv_locked(shmipc_session *s)
     int err = errno;
     lock(s);
     if (s->err)
+        return s->err;
+    if ((rc = check_memory_locked(s)) < 0)
         return s->err;
     if (n < 0 && err == EINTR)
         return shmipc__fail(SHMIPC_EINTR, "interrupted by a signal");
@@ -1294,6 +1335,18 @@ static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
     }
 }
 
+/*
+ * Reads the last byte of a range about to be handed out, then looks at the SIGBUS guard's
+ * mark. A truncation takes a suffix of the file, so when that byte is still there the whole
+ * range is; when it is not, the read faults, the guard swaps zeros in, and we say so now
+ * rather than on the next call. Under mu.
+ */
+static int probe_locked(shmipc_session *s, const uint8_t *last)
+{
+    (void)*(const volatile uint8_t *)last;
+    return check_memory_locked(s);
+}
+
 /* Skips chunks that were read to their end. Under mu. */
 static void settle_locked(shmipc_stream *st)
 {
@@ -1315,6 +1368,10 @@ int shmipc__stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr, s
         size_t n = c->len - st->read_offset;
         if (max != 0 && n > max)
             n = max;
+        if ((rc = probe_locked(s, c->data + st->read_offset + n - 1)) < 0) {
+            unlock(s);
+            return rc;
+        }
         *ptr = c->data + st->read_offset;
         *len = n;
         st->read_offset += (uint32_t)n;
@@ -1336,11 +1393,14 @@ int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int
         return shmipc__fail(SHMIPC_EINVAL, "read_exact_bytes: %zu bytes, at most %u", n,
                             UINT32_MAX);
     lock(s);
-    int rc = wait_readable_locked(st, n, flags);
+    int rc = wait_readable_locked(st, n, flags), copied = 0;
     if (rc == 0) {
         settle_locked(st);
         struct shmipc__chunk *c = &st->chunks[st->read_index];
-        if (c->len - st->read_offset >= n) {
+        if (c->len - st->read_offset >= n &&
+            (rc = probe_locked(s, c->data + st->read_offset + n - 1)) < 0) {
+            /* nothing consumed */
+        } else if (c->len - st->read_offset >= n) {
             *ptr = c->data + st->read_offset;
             st->read_offset += (uint32_t)n;
         } else if (n > st->scratch_cap && (st->scratch = realloc(st->scratch, n)) == NULL) {
@@ -1362,11 +1422,14 @@ int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int
                 settle_locked(st);
             }
             *ptr = st->scratch;
+            copied = 1;
         }
         if (rc == 0) {
             st->unread -= n;
             settle_locked(st);
         }
+        if (copied)
+            rc = check_memory_locked(s); /* the copy may have read zeros */
     }
     unlock(s);
     return rc;
@@ -1439,6 +1502,7 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous)
             rc = shmipc__buffer_alloc_many(&s->bm, want, &sl, 1) == 1 ? 0 : SHMIPC_ENOSHM;
         if (rc == 0) {
             *seg = (struct shmipc__segment){sl.data, sl.cap, 0, sl.offset};
+            cache_credit(s, sl.list);
             return 0;
         }
         if (rc != SHMIPC_ENOSHM) {
@@ -1723,8 +1787,9 @@ int shmipc__stream_flush(shmipc_stream *st)
         }
     }
     free_segments(s, st);
-    /* The element went into a queue that may have been truncated meanwhile. */
-    if (rc == 0 && shmipc__mapping_damaged(&s->queue_map)) {
+    /* The chain and its element went into memory that may have been truncated meanwhile. */
+    if (rc == 0 &&
+        (shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map))) {
         lock(s);
         rc = check_memory_locked(s);
         unlock(s);

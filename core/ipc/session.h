@@ -34,10 +34,14 @@ enum shmipc__stream_state {
 };
 
 /*
- * A session keeps back at most 1/SHMIPC__SLICE_CACHE_SHARE of each list's slices for reuse
- * (see shmipc_session.cache): both sides together at most half of a list.
+ * A session keeps back at most 1/SHMIPC__SLICE_CACHE_SHARE of each list's slices for reuse,
+ * and at most SHMIPC__SLICE_CACHE_MAX (see shmipc_session.cache), and only while the shared
+ * free list keeps at least that share for the peer.
  */
 #define SHMIPC__SLICE_CACHE_SHARE 4
+#define SHMIPC__SLICE_CACHE_MAX   1024
+/* Slices of a list kept without credit (allocations of our own in that list). */
+#define SHMIPC__SLICE_CACHE_FREE 16
 
 /* What a fallback chunk costs beyond its bytes: the copy's malloc header and its chunk entry. */
 #define SHMIPC__FALLBACK_CHUNK_COST 64u
@@ -133,12 +137,18 @@ struct shmipc_session {
      * Slices we were done with, kept back from the shared free lists (LIFO, up to a quarter of
      * each list) to be written again while still hot in the CPU caches. The reference's free
      * lists are FIFO, so every message would otherwise go to the coldest slice of the list: with
-     * more messages in flight than the cache holds, throughput fell to a third. Under cache_mu.
+     * more messages in flight than the cache holds, throughput fell to a third. A slice goes
+     * back to the shared list instead when that list runs low, so a peer that allocates from
+     * it (a Go peer knows nothing of our cache) is not starved, and when we do not write in
+     * that size ourselves (credit: a slice is kept only against one we allocated, beyond a
+     * few), so a class we only receive is not hoarded. Under cache_mu.
      */
     pthread_mutex_t cache_mu;
     struct {
-        uint32_t n, max;
-        uint32_t *off; /* max entries, allocated when the buffer is known */
+        uint32_t n, max, reserve; /* reserve: free slices the shared list must keep */
+        uint32_t credit;          /* our own allocations from the list, not yet matched */
+        uint32_t room;            /* entries allocated in off, grown on demand up to max */
+        uint32_t *off;
     } cache[SHMIPC__BM_MAX_LISTS];
 
     /* Bytes read from the socket and not yet parsed. */

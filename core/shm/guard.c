@@ -3,8 +3,11 @@
 #include "common/env.h"
 #include "common/log.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,6 +22,7 @@ struct shmipc__guard_slot {
     _Atomic uintptr_t base; /* 0: free */
     _Atomic size_t len;
     _Atomic int state;
+    _Atomic int wake_fd; /* a socket the handler shuts down when it hits, or -1 */
 };
 
 #define SLOTS_PER_BLOCK 256
@@ -34,56 +38,48 @@ static pthread_once_t knob_once = PTHREAD_ONCE_INIT;
 static struct sigaction previous;
 static atomic_int installed;
 
-static struct shmipc__guard_slot *find_slot(uintptr_t addr)
+/* Handlers between their lookup and their last use of a slot: unregister waits for 0. */
+static atomic_int in_flight;
+
+/* The slot whose mapping holds `addr`, with the base and length that matched. */
+static struct shmipc__guard_slot *find_slot(uintptr_t addr, uintptr_t *base_out, size_t *len_out)
 {
     for (struct block *b = &first_block; b != NULL;
          b = atomic_load_explicit(&b->next, memory_order_acquire))
         for (int i = 0; i < SLOTS_PER_BLOCK; i++) {
             struct shmipc__guard_slot *s = &b->slot[i];
             uintptr_t base = atomic_load_explicit(&s->base, memory_order_acquire);
-            if (base != 0 && addr >= base &&
-                addr - base < atomic_load_explicit(&s->len, memory_order_relaxed))
+            size_t len = atomic_load_explicit(&s->len, memory_order_relaxed);
+            if (base != 0 && addr >= base && addr - base < len) {
+                *base_out = base;
+                *len_out = len;
                 return s;
+            }
         }
     return NULL;
 }
 
 /*
- * The fault this thread is handing on, to catch a loop: a handler installed after ours that
- * chains back to ours, while we chain to it. Each round of such a loop passes the same address
- * from deeper in the stack; a handler that longjmps out leaves stale values behind, which a
- * later fault does not match both ways. Initial-exec TLS: the handler must not allocate it.
+ * What this thread is handing on, to catch loops. (1) A handler installed after ours that
+ * chains back to ours while we chain to it calls us again from inside itself: same address,
+ * same context, deeper stack. A handler that longjmps out leaves these values behind, which a
+ * fresh fault does not match (its context is new). (2) A handler that re-raises (Python's
+ * faulthandler restores the handler it replaced, ours, and calls raise()) leaves a SIGBUS
+ * pending that comes back to us as SI_TKILL from our own pid: that one takes the default
+ * action instead of going round again. Initial-exec TLS: the handler must not allocate it.
  */
 static __thread struct {
     void *addr;
+    void *ctx;
     uintptr_t sp;
+    int reraised;
 } passing __attribute__((tls_model("initial-exec")));
 
-/* Hands a SIGBUS that is not ours to whoever had it before, or to the default action. */
-static void pass_on(int sig, siginfo_t *info, void *ctx)
+static void take_default_action(void)
 {
-    volatile char here = 0;
-    uintptr_t sp = (uintptr_t)&here;
-    void *addr = info != NULL ? info->si_addr : NULL;
-    int loop = passing.sp != 0 && passing.addr == addr && sp < passing.sp;
-    int chained = (previous.sa_flags & SA_SIGINFO) ||
-                  (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN);
-    if (chained && !loop) {
-        void *old_addr = passing.addr;
-        uintptr_t old_sp = passing.sp;
-        passing.addr = addr;
-        passing.sp = sp;
-        if (previous.sa_flags & SA_SIGINFO)
-            previous.sa_sigaction(sig, info, ctx);
-        else
-            previous.sa_handler(sig);
-        passing.addr = old_addr;
-        passing.sp = old_sp;
-        return;
-    }
     /*
-     * Default action: restore it and raise. The signal is blocked while we run, so it is
-     * delivered (and kills) as the handler returns; a fault would also simply recur.
+     * Restore it and raise. Every signal is blocked while we run, so this one is delivered
+     * (and kills) as the handler returns; a fault would also simply recur.
      */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
@@ -92,27 +88,79 @@ static void pass_on(int sig, siginfo_t *info, void *ctx)
     raise(SIGBUS);
 }
 
-static void on_sigbus(int sig, siginfo_t *info, void *ctx)
+/* Hands a SIGBUS that is not ours to whoever had it before, or to the default action. */
+static void pass_on(int sig, siginfo_t *info, void *ctx)
 {
-    /* si_code > 0: raised by a fault, not sent with kill() or raise(). */
-    struct shmipc__guard_slot *s =
-        info != NULL && info->si_code > 0 ? find_slot((uintptr_t)info->si_addr) : NULL;
-    if (s == NULL) {
-        pass_on(sig, info, ctx);
+    volatile char here = 0;
+    uintptr_t sp = (uintptr_t)&here;
+    void *addr = info != NULL ? info->si_addr : NULL;
+    int sent = info == NULL || info->si_code <= 0; /* kill(), raise(), sigqueue() */
+    int loop = passing.sp != 0 && passing.addr == addr && passing.ctx == ctx && sp < passing.sp;
+    if (sent && passing.reraised && info != NULL && info->si_code == SI_TKILL &&
+        info->si_pid == getpid())
+        loop = 1;
+    passing.reraised = 0;
+    if (sent && !(previous.sa_flags & SA_SIGINFO) && previous.sa_handler == SIG_IGN)
+        return; /* ignored, as it was before us */
+    int chained = (previous.sa_flags & SA_SIGINFO) ||
+                  (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN);
+    if (!chained || loop) {
+        take_default_action();
         return;
     }
+    void *old_addr = passing.addr, *old_ctx = passing.ctx;
+    uintptr_t old_sp = passing.sp;
+    passing.addr = addr;
+    passing.ctx = ctx;
+    passing.sp = sp;
+    if (previous.sa_flags & SA_SIGINFO)
+        previous.sa_sigaction(sig, info, ctx);
+    else
+        previous.sa_handler(sig);
+    passing.addr = old_addr;
+    passing.ctx = old_ctx;
+    passing.sp = old_sp;
+    sigset_t pending;
+    passing.reraised = sigpending(&pending) == 0 && sigismember(&pending, SIGBUS);
+}
+
+/* Swaps private zero pages in for a whole mapping; -1 when that failed (then we pass on). */
+static int replace_pages(struct shmipc__guard_slot *s, uintptr_t base, size_t len)
+{
     int expect = INTACT;
-    if (atomic_compare_exchange_strong(&s->state, &expect, REPLACING)) {
-        uintptr_t base = atomic_load(&s->base);
-        size_t len = atomic_load(&s->len);
-        void *p = mmap((void *)base, len, PROT_READ | PROT_WRITE,
-                       MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        atomic_store(&s->state, p == MAP_FAILED ? FAILED : REPLACED);
-        expect = p == MAP_FAILED ? FAILED : REPLACED;
+    if (!atomic_compare_exchange_strong(&s->state, &expect, REPLACING))
+        return expect == FAILED ? -1 : 0; /* REPLACING: another thread is at it; retry */
+    /* MAP_NORESERVE: no commit charge that could fail under strict overcommit. */
+    void *p = mmap((void *)base, len, PROT_READ | PROT_WRITE,
+                   MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        atomic_store(&s->state, FAILED);
+        return -1;
     }
-    /* REPLACING: another thread is swapping the pages in; the access will retry. */
-    if (expect == FAILED)
+    atomic_store(&s->state, REPLACED);
+    /* Wakes the session's processor wherever it sleeps: it sees the damage and ends. */
+    int fd = atomic_load(&s->wake_fd);
+    if (fd >= 0)
+        shutdown(fd, SHUT_RDWR);
+    return 0;
+}
+
+static void on_sigbus(int sig, siginfo_t *info, void *ctx)
+{
+    int saved_errno = errno;
+    uintptr_t base = 0;
+    size_t len = 0;
+    int rc = -1;
+    atomic_fetch_add(&in_flight, 1);
+    /* si_code > 0: raised by a fault, not sent with kill() or raise(). */
+    struct shmipc__guard_slot *s =
+        info != NULL && info->si_code > 0 ? find_slot((uintptr_t)info->si_addr, &base, &len) : NULL;
+    if (s != NULL)
+        rc = replace_pages(s, base, len);
+    atomic_fetch_sub(&in_flight, 1);
+    if (rc < 0)
         pass_on(sig, info, ctx);
+    errno = saved_errno;
 }
 
 /* The knob, read once: SHMIPC_SIGBUS_GUARD=0 turns the guard off. */
@@ -143,8 +191,9 @@ static void install_locked(void)
         return;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
-    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    /* Nothing may interrupt the swap (another handler touching the same mapping would spin). */
+    sigfillset(&sa.sa_mask);
     previous = cur;
     if (sigaction(SIGBUS, &sa, NULL) != 0) {
         SHMIPC__LOG(SHMIPC__LOG_WARN, "SIGBUS guard: sigaction failed; guard off");
@@ -188,6 +237,7 @@ struct shmipc__guard_slot *shmipc__guard_register(void *base, size_t len)
     if (s != NULL) {
         atomic_store_explicit(&s->len, (len + page - 1) / page * page, memory_order_relaxed);
         atomic_store_explicit(&s->state, INTACT, memory_order_relaxed);
+        atomic_store_explicit(&s->wake_fd, -1, memory_order_relaxed);
         atomic_store_explicit(&s->base, (uintptr_t)base, memory_order_release);
     }
     pthread_mutex_unlock(&registry_mu);
@@ -201,8 +251,21 @@ void shmipc__guard_unregister(struct shmipc__guard_slot *slot)
     if (slot == NULL)
         return;
     pthread_mutex_lock(&registry_mu);
+    atomic_store_explicit(&slot->wake_fd, -1, memory_order_relaxed);
     atomic_store_explicit(&slot->base, 0, memory_order_release);
+    /*
+     * A handler that found the slot before we cleared it may still be swapping pages or
+     * shutting the socket down: both must happen before the caller unmaps and closes them.
+     */
+    while (atomic_load(&in_flight) != 0)
+        sched_yield();
     pthread_mutex_unlock(&registry_mu);
+}
+
+void shmipc__guard_set_wake_fd(struct shmipc__guard_slot *slot, int fd)
+{
+    if (slot != NULL)
+        atomic_store(&slot->wake_fd, fd);
 }
 
 int shmipc__guard_damaged(const struct shmipc__guard_slot *slot)

@@ -34,8 +34,17 @@ struct shmipc__guard_slot;
  */
 struct shmipc__guard_slot *shmipc__guard_register(void *base, size_t len);
 
-/* Forgets the slot before its mapping is unmapped. NULL is ignored. */
+/*
+ * Forgets the slot before its mapping is unmapped, after any handler still using it has
+ * finished. NULL is ignored.
+ */
 void shmipc__guard_unregister(struct shmipc__guard_slot *slot);
+
+/*
+ * A socket the handler shuts down when it hits the slot's mapping, so that a thread asleep
+ * on the session wakes and sees the damage (-1: none). It must stay open until unregister.
+ */
+void shmipc__guard_set_wake_fd(struct shmipc__guard_slot *slot, int fd);
 
 /* 1 when a SIGBUS hit the slot's mapping (its pages are now private zeros), else 0. */
 int shmipc__guard_damaged(const struct shmipc__guard_slot *slot);

@@ -207,6 +207,11 @@ int shmipc__mapping_damaged(const struct shmipc__mapping *m)
     return shmipc__guard_damaged(m->guard);
 }
 
+void shmipc__mapping_set_wake_fd(struct shmipc__mapping *m, int fd)
+{
+    shmipc__guard_set_wake_fd(m->guard, fd);
+}
+
 void shmipc__mapping_unmap(struct shmipc__mapping *m)
 {
     shmipc__guard_unregister(m->guard);

@@ -71,6 +71,12 @@ int shmipc__mapping_seal_size(struct shmipc__mapping *m);
  */
 int shmipc__mapping_damaged(const struct shmipc__mapping *m);
 
+/*
+ * The socket the SIGBUS guard shuts down when it hits `m`, so that a thread asleep on the
+ * session wakes up and sees the damage. It must stay open until `m` is unmapped.
+ */
+void shmipc__mapping_set_wake_fd(struct shmipc__mapping *m, int fd);
+
 /* Unmaps and closes whatever `m` holds and leaves it empty. Safe on an empty mapping. */
 void shmipc__mapping_unmap(struct shmipc__mapping *m);
 

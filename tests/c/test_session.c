@@ -512,6 +512,31 @@ static void released_slices_are_reused_hot(void **state)
     assert_int_equal(shmipc__buffer_all_returned(&p->client->bm), 1);
 }
 
+/*
+ * A size we only receive is not kept back from the peer: the server reads and releases many
+ * small messages and writes none, and keeps only a few of their slices (no credit).
+ */
+static void received_only_sizes_are_not_hoarded(void **state)
+{
+    struct ipc_pair *p = *state;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    char msg[100];
+    memset(msg, 'r', sizeof msg);
+    first_message(p, &cs, &ss, "first");
+    uint32_t list_cap = p->server->bm.lists[0].cap;
+    for (uint32_t i = 0; i < list_cap; i++) {
+        assert_int_equal(shmipc_stream_write(cs, msg, sizeof msg), 0);
+        assert_int_equal(shmipc_stream_flush(cs), 0);
+        assert_int_equal(shmipc_stream_read_exact_bytes(ss, sizeof msg, &ptr, 0), 0);
+        assert_int_equal(shmipc_stream_release(ss), 0);
+    }
+    assert_true(p->server->cache[0].n <= SHMIPC__SLICE_CACHE_FREE);
+    assert_true(p->server->cache[0].max > SHMIPC__SLICE_CACHE_FREE); /* it could have kept more */
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+}
+
 /* ---- A hostile or broken peer: the session ends with a clear error, nothing else does ---- */
 
 /* Tells the server that the client's send queue has work, as a peer would. */
@@ -846,6 +871,8 @@ int main(void)
         cmocka_unit_test(fallback_when_memory_runs_out),
         cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(released_slices_are_reused_hot, memfd_pair_open,
+                                        memfd_pair_close),
+        cmocka_unit_test_setup_teardown(received_only_sizes_are_not_hoarded, memfd_pair_open,
                                         memfd_pair_close),
         hostile_test(hostile_queue_element_offset),
         hostile_test(hostile_cyclic_chain),

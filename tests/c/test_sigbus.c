@@ -96,14 +96,75 @@ static volatile uint8_t *unguarded_truncated(void)
     return p;
 }
 
+/*
+ * A handler like Python's faulthandler: it restores the handler it replaced (ours) and
+ * re-raises, expecting the default action to follow.
+ */
+static struct sigaction reraise_prev;
+
+static void reraise_handler(int sig)
+{
+    sigaction(SIGBUS, &reraise_prev, NULL);
+    raise(sig);
+}
+
+/* Probes `p` from `depth` frames down; returns 1 when the probe's handler jumped back. */
+static sigjmp_buf probe_jump;
+
+static void probe_handler(int sig)
+{
+    (void)sig;
+    siglongjmp(probe_jump, 1);
+}
+
+static int __attribute__((noinline)) probe(volatile uint8_t *p, int depth)
+{
+    volatile char pad[256];
+    pad[0] = (char)depth;
+    if (depth > 0)
+        return probe(p, depth - 1) + pad[0] * 0;
+    if (sigsetjmp(probe_jump, 1) != 0)
+        return 1;
+    return p[100] * 0;
+}
+
+static int child_more(const char *mode, struct shmipc__mapping *m)
+{
+    struct shmipc__mapping second;
+    shmipc__mapping_init(&second);
+    if (strcmp(mode, "reraise") == 0) {
+        /* Guard first, then the re-raising handler, then a second mapping: ours in front. */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = reraise_handler;
+        if (sigaction(SIGBUS, &sa, &reraise_prev) != 0 ||
+            shmipc__mapping_create_memfd(&second, "/sigbus-second", 65536) < 0)
+            return 97;
+        alarm(10);                              /* a loop would end here, with SIGALRM */
+        return unguarded_truncated()[100] + 98; /* dies here, of SIGBUS, once */
+    }
+    if (strcmp(mode, "longjmp") == 0) {
+        /* An earlier handler that longjmps out, probed twice, the second time deeper. */
+        volatile uint8_t *p = unguarded_truncated();
+        return probe(p, 0) == 1 && probe(p, 8) == 1 ? 0 : 99;
+    }
+    if (strcmp(mode, "ignored") == 0) {
+        /* SIGBUS was ignored before the guard: one sent with kill() still is. */
+        kill(getpid(), SIGBUS);
+        return 0;
+    }
+    (void)m;
+    return 100;
+}
+
 static int child_main(const char *mode)
 {
     struct shmipc__mapping m;
     shmipc__mapping_init(&m);
-    if (strcmp(mode, "chain") == 0) {
+    if (strcmp(mode, "chain") == 0 || strcmp(mode, "longjmp") == 0) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
-        sa.sa_handler = chain_handler;
+        sa.sa_handler = strcmp(mode, "chain") == 0 ? chain_handler : probe_handler;
         sigemptyset(&sa.sa_mask);
         if (sigaction(SIGBUS, &sa, NULL) != 0)
             return 92;
@@ -116,8 +177,15 @@ static int child_main(const char *mode)
             return 94;
         return ((volatile uint8_t *)m.base)[8192]; /* dies here */
     }
+    if (strcmp(mode, "ignored") == 0)
+        signal(SIGBUS, SIG_IGN); /* after the first mapping: it becomes ours to chain to */
+    if (strcmp(mode, "ignored") == 0 &&
+        shmipc__mapping_create_memfd(&(struct shmipc__mapping){0}, "/sigbus-ign", 4096) < 0)
+        return 96;
     if (!shmipc__guard_active())
         return 95;
+    if (strcmp(mode, "default") != 0 && strcmp(mode, "chain") != 0)
+        return child_more(mode, &m);
     volatile uint8_t *p = unguarded_truncated();
     if (strcmp(mode, "chain") == 0 && sigsetjmp(chain_jump, 1) != 0)
         return 0;       /* the earlier handler ran */
@@ -155,6 +223,30 @@ static void test_earlier_handler_is_chained(void **state)
 {
     (void)state;
     int status = run_child("chain", NULL);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static void test_reraising_handler_does_not_loop(void **state)
+{
+    (void)state;
+    int status = run_child("reraise", NULL);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGBUS);
+}
+
+static void test_longjmp_handler_chained_again_deeper(void **state)
+{
+    (void)state;
+    int status = run_child("longjmp", NULL);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static void test_ignored_sigbus_stays_ignored(void **state)
+{
+    (void)state;
+    int status = run_child("ignored", NULL);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
 }
@@ -332,6 +424,67 @@ static void test_v2_reader_sees_truncated_queue(void **state)
     reader_sees_truncation(SHMIPC_MEMMAP_DEVSHM);
 }
 
+struct blocked_read {
+    shmipc_stream *st;
+    int rc;
+    char detail[256];
+};
+
+static void *blocked_read_main(void *arg)
+{
+    struct blocked_read *b = arg;
+    const void *data;
+    b->rc = shmipc_stream_read_exact_bytes(b->st, 10, &data, 0);
+    snprintf(b->detail, sizeof b->detail, "%s", shmipc_error_detail());
+    return NULL;
+}
+
+/*
+ * The fault happens outside the library (the application touches bytes it was handed): the
+ * guard shuts the session's socket, so a reader asleep in the library wakes with the cause.
+ */
+static void test_blocked_reader_wakes_on_outside_fault(void **state)
+{
+    (void)state;
+    const void *data;
+    struct pair p;
+    pthread_t t;
+    pair_open(&p, SHMIPC_MEMMAP_MEMFD);
+    assert_int_equal(shmipc_stream_write(p.cs, "held", 4), 0);
+    assert_int_equal(shmipc_stream_flush(p.cs), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(p.ss, 4, &data, 0), 0);
+    /* The server holds those bytes and waits for more on the same stream. */
+    struct blocked_read b = {.st = p.ss, .rc = 1};
+    assert_int_equal(pthread_create(&t, NULL, blocked_read_main, &b), 0);
+    usleep(100 * 1000); /* the server's reader is asleep in the library */
+    truncate_memory(SHMIPC_MEMMAP_MEMFD, p.prefix, "_buffer");
+    assert_int_equal(*(const volatile uint8_t *)data, 0); /* the held bytes: zeros now */
+    uint64_t start = ipc_now_ms();
+    pthread_join(t, NULL);
+    assert_true(ipc_now_ms() - start < 3000);
+    assert_int_equal(b.rc, SHMIPC_EPROTO);
+    assert_non_null(strstr(b.detail, "shrank"));
+    pair_close(&p);
+}
+
+/* Only the data pages go (the first page with the list headers stays): the read says so. */
+static void test_partial_truncation_fails_the_read(void **state)
+{
+    (void)state;
+    static uint8_t big[30000]; /* one slice of the 64 KiB class, past the first page */
+    const void *data;
+    struct pair p;
+    pair_open(&p, SHMIPC_MEMMAP_MEMFD);
+    memset(big, 0x33, sizeof big);
+    assert_int_equal(shmipc_stream_write(p.cs, big, sizeof big), 0);
+    assert_int_equal(shmipc_stream_flush(p.cs), 0);
+    int fd = memfd_named("_buffer");
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    assert_truncation_error(shmipc_stream_read_exact_bytes(p.ss, sizeof big, &data, 0));
+    pair_close(&p);
+}
+
 /* Other sessions of the process go on working after one was hit. */
 static void test_other_sessions_unaffected(void **state)
 {
@@ -366,12 +519,17 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_intact_mapping_is_not_damaged),
         cmocka_unit_test(test_unguarded_sigbus_still_kills),
         cmocka_unit_test(test_earlier_handler_is_chained),
+        cmocka_unit_test(test_reraising_handler_does_not_loop),
+        cmocka_unit_test(test_longjmp_handler_chained_again_deeper),
+        cmocka_unit_test(test_ignored_sigbus_stays_ignored),
         cmocka_unit_test(test_knob_turns_the_guard_off),
         cmocka_unit_test(test_v3_writer_sees_truncated_buffer),
         cmocka_unit_test(test_v3_reader_sees_truncated_queue),
         cmocka_unit_test(test_v2_writer_sees_truncated_buffer),
         cmocka_unit_test(test_v2_reader_sees_truncated_queue),
         cmocka_unit_test(test_other_sessions_unaffected),
+        cmocka_unit_test(test_blocked_reader_wakes_on_outside_fault),
+        cmocka_unit_test(test_partial_truncation_fails_the_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
