@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixture_reader.h"
 #include "shmipc.h"
 #include "net/http_parser.h"
 #include "net/ws_conn.h"
@@ -32,53 +33,30 @@ static const uint8_t default_key[4] = {0x37, 0xfa, 0x21, 0x3d};
 /* ---------------------------------------------------------------------------------------- */
 /* Byte strings */
 
-struct bytes {
-    char *p;
-    size_t n, cap;
-};
-
-static void put(struct bytes *b, const void *d, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = realloc(b->p, b->cap);
-        assert_non_null(b->p);
-    }
-    if (n)
-        memcpy(b->p + b->n, d, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void put_byte(struct bytes *b, unsigned v)
-{
-    char c = (char)v;
-    put(b, &c, 1);
-}
-
 /* Hex rendering for assertion messages, 32 bytes a line; long runs of one byte collapsed. */
 static char *render(const char *d, size_t n)
 {
-    struct bytes r = {0};
-    put(&r, "", 0);
+    struct fx_bytes r = {0};
+    fx_put(&r, "", 0);
     for (size_t i = 0; i < n;) {
         size_t run = 1;
         while (i + run < n && d[i + run] == d[i])
             run++;
         char tmp[48];
         if (run >= 8) {
-            put(&r, tmp, (size_t)snprintf(tmp, sizeof tmp, "[%02x x%zu]", (uint8_t)d[i], run));
+            fx_put(&r, tmp, (size_t)snprintf(tmp, sizeof tmp, "[%02x x%zu]", (uint8_t)d[i], run));
             i += run;
         } else {
-            put(&r, tmp, (size_t)snprintf(tmp, sizeof tmp, "%02x", (uint8_t)d[i]));
+            fx_put(&r, tmp, (size_t)snprintf(tmp, sizeof tmp, "%02x", (uint8_t)d[i]));
             i++;
         }
-        put(&r, i % 32 == 0 ? "\n" : " ", 1);
+        fx_put(&r, i % 32 == 0 ? "\n" : " ", 1);
     }
     return r.p;
 }
 
-static void assert_bytes_equal(const char *what, const struct bytes *got, const struct bytes *want)
+static void assert_bytes_equal(const char *what, const struct fx_bytes *got,
+                               const struct fx_bytes *want)
 {
     if (got->n == want->n && memcmp(got->p, want->p, got->n) == 0)
         return;
@@ -104,10 +82,10 @@ struct fixture {
     char protocols[8][32];
     size_t nprotocols;
     int has_request, has_response, has_out, has_messages;
-    struct bytes request, response; /* the upgrade, when the case has one */
-    struct bytes in, out;
-    struct bytes messages; /* records of record_message() */
-    size_t *starts;        /* where each `in` frame starts */
+    struct fx_bytes request, response; /* the upgrade, when the case has one */
+    struct fx_bytes in, out;
+    struct fx_bytes messages; /* records of record_message() */
+    size_t *starts;           /* where each `in` frame starts */
     size_t nstarts;
 };
 
@@ -121,78 +99,11 @@ static void fixture_free(struct fixture *f)
     free(f->messages.p);
 }
 
-/* Decodes the tests/http escapes of [s, e) into `out` (see tests/ws/README.md). Stops at an
- * unescaped `stop` character when stop is not 0, and returns where; NULL on a bad escape. */
-static const char *decode(const char *s, const char *e, char stop, struct bytes *out)
+/* Decodes the tests/http escapes of [s, e) into `out` (see tests/ws/README.md), with \\ \{ \}
+ * and \" for those characters. Stops at an unescaped `stop` when it is not 0. */
+static const char *decode(const char *s, const char *e, char stop, struct fx_bytes *out)
 {
-    while (s < e) {
-        if (stop && *s == stop)
-            return s;
-        if (*s != '\\') {
-            put(out, s++, 1);
-            continue;
-        }
-        if (++s == e)
-            return NULL;
-        char c = *s++;
-        switch (c) {
-        case 'r':
-            put(out, "\r", 1);
-            break;
-        case 'n':
-            put(out, "\n", 1);
-            break;
-        case 't':
-            put(out, "\t", 1);
-            break;
-        case '0':
-            put(out, "", 1);
-            break;
-        case '\\':
-        case '{':
-        case '}':
-        case '"':
-            put(out, &c, 1);
-            break;
-        case 'x': {
-            if (e - s < 2)
-                return NULL;
-            char hex[3] = {s[0], s[1], 0}, *end;
-            long v = strtol(hex, &end, 16);
-            if (*end)
-                return NULL;
-            put_byte(out, (unsigned)v);
-            s += 2;
-            break;
-        }
-        case '*': {
-            /* \*N{text}: text (escapes allowed, braces escaped) repeated N times. */
-            char *end;
-            unsigned long count = strtoul(s, &end, 10);
-            if (end == s || end >= e || *end != '{')
-                return NULL;
-            const char *body = end + 1, *q = body;
-            while (q < e && *q != '}')
-                q += *q == '\\' ? 2 : 1;
-            if (q >= e)
-                return NULL;
-            struct bytes once = {0};
-            put(&once, "", 0);
-            if (decode(body, q, 0, &once) == NULL) {
-                free(once.p);
-                return NULL;
-            }
-            for (unsigned long k = 0; k < count; k++)
-                put(out, once.p, once.n);
-            free(once.p);
-            s = q + 1;
-            break;
-        }
-        default:
-            return NULL;
-        }
-    }
-    return stop ? NULL : s;
+    return fx_decode(s, e, stop, "\\{}\"", out);
 }
 
 static int hex_value(char c)
@@ -207,7 +118,7 @@ static int hex_value(char c)
 }
 
 /* Decodes hex digits (spaces allowed between bytes) from [s, e). Returns 0 or -1. */
-static int decode_hex(const char *s, const char *e, struct bytes *out)
+static int decode_hex(const char *s, const char *e, struct fx_bytes *out)
 {
     while (s < e) {
         if (*s == ' ' || *s == '\t') {
@@ -216,7 +127,7 @@ static int decode_hex(const char *s, const char *e, struct bytes *out)
         }
         if (e - s < 2 || hex_value(s[0]) < 0 || hex_value(s[1]) < 0)
             return -1;
-        put_byte(out, (unsigned)(hex_value(s[0]) << 4 | hex_value(s[1])));
+        fx_put_byte(out, (unsigned)(hex_value(s[0]) << 4 | hex_value(s[1])));
         s += 2;
     }
     return 0;
@@ -251,7 +162,7 @@ static int word_is(const char *a, const char *z, const char *lit)
  * Parses payload parts from [s, e): "quoted escapes" and hex:DIGITS, concatenated. Returns 0
  * or -1.
  */
-static int payload(const char *s, const char *e, struct bytes *out)
+static int payload(const char *s, const char *e, struct fx_bytes *out)
 {
     for (;;) {
         s = skip_space(s, e);
@@ -301,7 +212,7 @@ static int opcode_of(const char *a, const char *z)
  * One frame line: `op [attrs] [payload]` or `raw HEX`. Encoded here by hand, independently
  * of the library's writers. `client` makes frames masked unless `nomask`.
  */
-static int frame_line(const char *s, const char *e, int client, struct bytes *out)
+static int frame_line(const char *s, const char *e, int client, struct fx_bytes *out)
 {
     const char *a, *z;
     if (!word(&s, e, &a, &z))
@@ -338,7 +249,7 @@ static int frame_line(const char *s, const char *e, int client, struct bytes *ou
         } else if (z - a > 5 && memcmp(a, "code=", 5) == 0) {
             code = (int)strtol(a + 5, NULL, 10);
         } else if (z - a == 13 && memcmp(a, "mask=", 5) == 0) {
-            struct bytes k = {0};
+            struct fx_bytes k = {0};
             if (decode_hex(a + 5, z, &k) != 0 || k.n != 4) {
                 free(k.p);
                 return -1;
@@ -350,36 +261,36 @@ static int frame_line(const char *s, const char *e, int client, struct bytes *ou
             return -1;
         }
     }
-    struct bytes body = {0};
-    put(&body, "", 0);
+    struct fx_bytes body = {0};
+    fx_put(&body, "", 0);
     if (code >= 0) {
-        put_byte(&body, (unsigned)code >> 8);
-        put_byte(&body, (unsigned)code & 0xff);
+        fx_put_byte(&body, (unsigned)code >> 8);
+        fx_put_byte(&body, (unsigned)code & 0xff);
     }
     if (payload(s, e, &body) != 0) {
         free(body.p);
         return -1;
     }
     uint64_t len = declared >= 0 ? (uint64_t)declared : body.n;
-    put_byte(out, (unsigned)((fin ? 0x80 : 0) | rsv << 4 | op));
+    fx_put_byte(out, (unsigned)((fin ? 0x80 : 0) | rsv << 4 | op));
     unsigned m = masked ? 0x80 : 0;
     if (form == 0 && len < 126) {
-        put_byte(out, m | (unsigned)len);
+        fx_put_byte(out, m | (unsigned)len);
     } else if (form != 64 && len <= 0xffff) {
-        put_byte(out, m | 126);
-        put_byte(out, (unsigned)(len >> 8));
-        put_byte(out, (unsigned)len & 0xff);
+        fx_put_byte(out, m | 126);
+        fx_put_byte(out, (unsigned)(len >> 8));
+        fx_put_byte(out, (unsigned)len & 0xff);
     } else {
-        put_byte(out, m | 127);
+        fx_put_byte(out, m | 127);
         for (int i = 7; i >= 0; i--)
-            put_byte(out, (unsigned)(len >> (8 * i)) & 0xff);
+            fx_put_byte(out, (unsigned)(len >> (8 * i)) & 0xff);
     }
     if (masked) {
-        put(out, key, 4);
+        fx_put(out, key, 4);
         for (size_t i = 0; i < body.n; i++)
             body.p[i] = (char)(body.p[i] ^ key[i & 3]);
     }
-    put(out, body.p, body.n);
+    fx_put(out, body.p, body.n);
     free(body.p);
     return 0;
 }
@@ -395,16 +306,16 @@ static uint64_t fnv1a(const void *d, size_t n)
 }
 
 /* Appends a message record: opcode, then length and hash in hex, so a mismatch reads well. */
-static void record_message(struct bytes *b, unsigned opcode, const void *data, size_t len)
+static void record_message(struct fx_bytes *b, unsigned opcode, const void *data, size_t len)
 {
     char line[80];
     int n = snprintf(line, sizeof line, "%s %zu bytes, hash %016llx; ",
                      opcode == 1 ? "text" : "binary", len, (unsigned long long)fnv1a(data, len));
-    put(b, line, (size_t)n);
+    fx_put(b, line, (size_t)n);
 }
 
 /* A `messages` line: `text PAYLOAD` or `binary PAYLOAD`. */
-static int message_line(const char *s, const char *e, struct bytes *out)
+static int message_line(const char *s, const char *e, struct fx_bytes *out)
 {
     const char *a, *z;
     if (!word(&s, e, &a, &z))
@@ -412,8 +323,8 @@ static int message_line(const char *s, const char *e, struct bytes *out)
     int op = word_is(a, z, "text") ? 1 : word_is(a, z, "binary") ? 2 : -1;
     if (op < 0)
         return -1;
-    struct bytes body = {0};
-    put(&body, "", 0);
+    struct fx_bytes body = {0};
+    fx_put(&body, "", 0);
     if (payload(s, e, &body) != 0) {
         free(body.p);
         return -1;
@@ -471,11 +382,11 @@ static void fixture_load(const char *path, struct fixture *f)
     f->closed = -1;
     f->close_code = -1;
     f->echo = 1;
-    put(&f->in, "", 0);
-    put(&f->out, "", 0);
-    put(&f->messages, "", 0);
-    put(&f->request, "", 0);
-    put(&f->response, "", 0);
+    fx_put(&f->in, "", 0);
+    fx_put(&f->out, "", 0);
+    fx_put(&f->messages, "", 0);
+    fx_put(&f->request, "", 0);
+    fx_put(&f->response, "", 0);
     FILE *fp = fopen(path, "rb");
     if (!fp)
         fail_msg("cannot open %s", path);
@@ -575,8 +486,8 @@ struct loopback {
     struct shmipc__ws_limits limits;
     struct shmipc__ws_conn conn;
     int live; /* conn was initialised */
-    struct bytes out;
-    struct bytes messages;
+    struct fx_bytes out;
+    struct fx_bytes messages;
     int echo;
     int verdict;
     int closes; /* on_close calls */
@@ -613,7 +524,7 @@ static void lb_drain(struct loopback *lb)
     size_t n;
     while ((n = shmipc__ws_conn_tx_peek(&lb->conn, &p)) > 0) {
         size_t take = lb->drain_step && lb->drain_step < n ? lb->drain_step : n;
-        put(&lb->out, p, take);
+        fx_put(&lb->out, p, take);
         (void)shmipc__ws_conn_tx_sent(&lb->conn, take);
     }
     assert_int_equal(shmipc__ws_conn_tx_queued(&lb->conn), 0);
@@ -634,8 +545,8 @@ static void lb_reset(struct loopback *lb, const struct fixture *f, size_t drain_
     lb->close_code = 0;
     lb->out.n = 0;
     lb->messages.n = 0;
-    put(&lb->out, "", 0);
-    put(&lb->messages, "", 0);
+    fx_put(&lb->out, "", 0);
+    fx_put(&lb->messages, "", 0);
     if (f->app_closes)
         assert_int_equal(shmipc__ws_conn_close(&lb->conn, f->app_close, NULL, 0), 0);
     lb_drain(lb);
@@ -747,7 +658,7 @@ static size_t split_points(const struct fixture *f, size_t *out)
 }
 
 /* The handshake of a case: parses the request, checks it, writes the response. */
-static void handshake(const struct fixture *f, struct bytes *resp)
+static void handshake(const struct fixture *f, struct fx_bytes *resp)
 {
     struct shmipc__http_limits lim;
     assert_int_equal(shmipc__http_limits_resolve(&lim, NULL), 0);
@@ -768,7 +679,7 @@ static void handshake(const struct fixture *f, struct bytes *resp)
     char out[2048];
     int n = shmipc__ws_handshake_write(&hs, out, sizeof out, NULL, NULL);
     assert_true(n > 0);
-    put(resp, out, (size_t)n);
+    fx_put(resp, out, (size_t)n);
     assert_bytes_equal("handshake response", resp, &f->response);
     free(fields);
 }
@@ -778,8 +689,8 @@ static void run_fixture(void **state)
     const char *path = *state;
     struct fixture f;
     fixture_load(path, &f);
-    struct bytes resp = {0};
-    put(&resp, "", 0);
+    struct fx_bytes resp = {0};
+    fx_put(&resp, "", 0);
     if (f.has_request)
         handshake(&f, &resp);
     if (!f.has_request || f.has_out) {

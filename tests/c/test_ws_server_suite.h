@@ -77,7 +77,7 @@ struct app {
     unsigned app_close; /* 0: none */
     int refuse;         /* on_open refuses */
     pthread_mutex_t mu;
-    struct bytes messages; /* record_message() records */
+    struct fx_bytes messages; /* record_message() records */
     atomic_int opens, closes, close_code, send_errors;
     char reason[128];
     /* The flood route: on each message, 256 KiB messages until the queue refuses. */
@@ -136,7 +136,7 @@ static void app_reset(struct app *a)
 {
     pthread_mutex_lock(&a->mu);
     a->messages.n = 0;
-    put(&a->messages, "", 0);
+    fx_put(&a->messages, "", 0);
     pthread_mutex_unlock(&a->mu);
     atomic_store(&a->opens, 0);
     atomic_store(&a->closes, 0);
@@ -280,7 +280,7 @@ static int client_connect(int port)
 }
 
 /* Where the response head ends in `b` (just past its blank line), or 0. */
-static size_t head_end(const struct bytes *b)
+static size_t head_end(const struct fx_bytes *b)
 {
     for (size_t i = 3; i < b->n; i++)
         if (memcmp(b->p + i - 3, "\r\n\r\n", 4) == 0)
@@ -294,8 +294,8 @@ static size_t head_end(const struct bytes *b)
  * (until_eof) or `want` bytes followed the response head and 100 ms passed with nothing more.
  * Returns what came.
  */
-static void exchange(int fd, const struct bytes *out, size_t first, size_t piece, int until_eof,
-                     size_t want, struct bytes *got)
+static void exchange(int fd, const struct fx_bytes *out, size_t first, size_t piece, int until_eof,
+                     size_t want, struct fx_bytes *got)
 {
     uint64_t end = mono_ms() + 20000, quiet_since = 0;
     size_t sent = 0;
@@ -319,7 +319,7 @@ static void exchange(int fd, const struct bytes *out, size_t first, size_t piece
             char buf[65536];
             ssize_t r = read(fd, buf, sizeof buf);
             if (r > 0) {
-                put(got, buf, (size_t)r);
+                fx_put(got, buf, (size_t)r);
                 quiet_since = 0;
             } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
                 if (!until_eof)
@@ -349,7 +349,7 @@ static void exchange(int fd, const struct bytes *out, size_t first, size_t piece
 }
 
 /* The response without its Date line (the only header that changes from run to run). */
-static void strip_date(struct bytes *b)
+static void strip_date(struct fx_bytes *b)
 {
     char *d = memmem(b->p, b->n, "\r\nDate: ", 8);
     size_t h = head_end(b);
@@ -378,23 +378,23 @@ static const char default_request[] = "GET /chat HTTP/1.1\r\n"
 static void fixture_connection(const struct fixture *f, struct srv *t, struct app *a, size_t piece,
                                const char *how)
 {
-    struct bytes out = {0}, got = {0};
+    struct fx_bytes out = {0}, got = {0};
     size_t req_len;
     int accepted, until_eof;
-    put(&out, "", 0);
-    put(&got, "", 0);
+    fx_put(&out, "", 0);
+    fx_put(&got, "", 0);
     if (f->has_request)
-        put(&out, f->request.p, f->request.n);
+        fx_put(&out, f->request.p, f->request.n);
     else
-        put(&out, default_request, sizeof default_request - 1);
+        fx_put(&out, default_request, sizeof default_request - 1);
     req_len = out.n;
     /* A server reads a declared body as HTTP before it answers the request (0.2.13): the
      * client sends it. */
     const char *cl = strcasestr(out.p, "\r\nContent-Length: ");
     if (cl != NULL && !f->has_out)
         for (long k = strtol(cl + 18, NULL, 10); k > 0; k--)
-            put(&out, "x", 1);
-    put(&out, f->in.p, f->in.n);
+            fx_put(&out, "x", 1);
+    fx_put(&out, f->in.p, f->in.n);
     /* A handshake-only case ends with the head (101) or the connection (errors). */
     accepted = !f->has_response || memcmp(f->response.p, "HTTP/1.1 101 ", 13) == 0;
     until_eof = !accepted || f->closed == 1;
@@ -408,9 +408,9 @@ static void fixture_connection(const struct fixture *f, struct srv *t, struct ap
     size_t h = head_end(&got);
     if (h == 0)
         fail_msg("%s (%s): no response head in %zu bytes", f->path, how, got.n);
-    struct bytes head = {0}, frames = {0};
-    put(&head, got.p, h);
-    put(&frames, got.p + h, got.n - h);
+    struct fx_bytes head = {0}, frames = {0};
+    fx_put(&head, got.p, h);
+    fx_put(&frames, got.p + h, got.n - h);
     if (f->has_response) {
         if (!f->has_out)
             assert_bytes_equal("response", &got, &f->response);
@@ -534,24 +534,24 @@ static int run_fixtures(const char *group, const char *dir)
 /* Server behaviours */
 
 /* A masked client frame (key 0: the payload goes as it is, which the server unmasks alike). */
-static void client_frame(struct bytes *b, unsigned op, const void *data, size_t len)
+static void client_frame(struct fx_bytes *b, unsigned op, const void *data, size_t len)
 {
     static const char key[4] = {0x11, 0x22, 0x33, 0x44};
-    put_byte(b, 0x80 | op);
+    fx_put_byte(b, 0x80 | op);
     if (len < 126) {
-        put_byte(b, 0x80 | (unsigned)len);
+        fx_put_byte(b, 0x80 | (unsigned)len);
     } else if (len <= 0xffff) {
-        put_byte(b, 0x80 | 126);
-        put_byte(b, (unsigned)(len >> 8));
-        put_byte(b, (unsigned)len & 0xff);
+        fx_put_byte(b, 0x80 | 126);
+        fx_put_byte(b, (unsigned)(len >> 8));
+        fx_put_byte(b, (unsigned)len & 0xff);
     } else {
-        put_byte(b, 0x80 | 127);
+        fx_put_byte(b, 0x80 | 127);
         for (int i = 7; i >= 0; i--)
-            put_byte(b, (unsigned)((uint64_t)len >> (8 * i)) & 0xff);
+            fx_put_byte(b, (unsigned)((uint64_t)len >> (8 * i)) & 0xff);
     }
-    put(b, key, 4);
+    fx_put(b, key, 4);
     size_t at = b->n;
-    put(b, data, len);
+    fx_put(b, data, len);
     for (size_t i = 0; i < len; i++)
         b->p[at + i] ^= key[i & 3];
 }
@@ -560,22 +560,22 @@ static void client_frame(struct bytes *b, unsigned op, const void *data, size_t 
 static int ws_connect(int port, const char *path)
 {
     char req[512];
-    struct bytes got = {0}, none = {0};
+    struct fx_bytes got = {0}, none = {0};
     int fd = client_connect(port);
     int n = snprintf(req, sizeof req,
                      "GET %s HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                      "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                      "Sec-WebSocket-Version: 13\r\n\r\n",
                      path);
-    put(&got, "", 0);
-    put(&none, req, (size_t)n);
+    fx_put(&got, "", 0);
+    fx_put(&none, req, (size_t)n);
     assert_int_equal(send(fd, none.p, none.n, MSG_NOSIGNAL), (ssize_t)none.n);
     /* Up to the end of the head only: a server that pings may follow it with frames soon. */
     uint64_t end = mono_ms() + 10000;
     while (head_end(&got) == 0) {
         ssize_t r = read(fd, req, 1);
         if (r == 1)
-            put(&got, req, 1);
+            fx_put(&got, req, 1);
         else if (r == 0 || (errno != EAGAIN && errno != EINTR))
             fail_msg("ws_connect: the server closed after %zu bytes", got.n);
         else
@@ -591,7 +591,7 @@ static int ws_connect(int port, const char *path)
 
 /* Reads server frames from `buf` (a stream) and checks each is an unmasked binary frame whose
  * payload continues the pattern; returns the payload bytes checked. */
-static size_t check_echo_stream(const struct bytes *got, size_t *pos, size_t msg_len)
+static size_t check_echo_stream(const struct fx_bytes *got, size_t *pos, size_t msg_len)
 {
     size_t checked = 0;
     while (got->n - *pos >= 4 + msg_len) {
@@ -616,7 +616,7 @@ static void backpressure_client_never_reads(void **state)
 {
     struct srv t;
     struct app a;
-    struct bytes msgs = {0}, got = {0};
+    struct fx_bytes msgs = {0}, got = {0};
     unsigned char payload[1024];
     size_t sent = 0, pos = 0, echoed = 0, limit = 256u << 20;
     struct shmipc__server_stats st;
@@ -632,7 +632,7 @@ static void backpressure_client_never_reads(void **state)
     srv_run(&t);
     int fd = ws_connect(t.port, "/echo");
     memset(payload, 'x', sizeof payload);
-    put(&msgs, "", 0);
+    fx_put(&msgs, "", 0);
     for (int i = 0; i < 64; i++)
         client_frame(&msgs, 2, payload, sizeof payload);
     /* Send until the writes have blocked for 300 ms (the server stopped reading). */
@@ -656,12 +656,12 @@ static void backpressure_client_never_reads(void **state)
                   suite_backend == SHMIPC_BACKEND_IO_URING ? "io_uring" : "epoll", sent);
     /* Finish on a frame boundary, then read every echo while sending the rest. */
     size_t frame = msgs.n / 64;
-    struct bytes tail = {0};
-    put(&tail, "", 0);
-    put(&tail, msgs.p + sent % frame, (frame - sent % frame) % frame);
+    struct fx_bytes tail = {0};
+    fx_put(&tail, "", 0);
+    fx_put(&tail, msgs.p + sent % frame, (frame - sent % frame) % frame);
     client_frame(&tail, 8, "\x03\xe8", 2);
     size_t total = (sent + tail.n - 8) / frame * sizeof payload;
-    put(&got, "", 0);
+    fx_put(&got, "", 0);
     exchange(fd, &tail, 0, 0, 1, 0, &got);
     close(fd);
     echoed = check_echo_stream(&got, &pos, sizeof payload);
@@ -695,7 +695,7 @@ static void backpressure_application_flood(void **state)
 {
     struct srv t;
     struct app a;
-    struct bytes hello = {0}, got = {0}, none = {0};
+    struct fx_bytes hello = {0}, got = {0}, none = {0};
     struct shmipc__server_stats st;
     size_t pos = 0;
     (void)state;
@@ -708,7 +708,7 @@ static void backpressure_application_flood(void **state)
     CHECK(shmipc_server_websocket(t.s, "/flood", NULL, NULL, flood_message, NULL, &a, NULL));
     srv_run(&t);
     int fd = ws_connect(t.port, "/flood");
-    put(&hello, "", 0);
+    fx_put(&hello, "", 0);
     client_frame(&hello, 1, "go", 2);
     assert_int_equal(send(fd, hello.p, hello.n, MSG_NOSIGNAL), (ssize_t)hello.n);
     WAIT_UNTIL(atomic_load(&a.flood_refused) + atomic_load(&a.send_errors) > 0);
@@ -716,15 +716,15 @@ static void backpressure_application_flood(void **state)
     int flooded = atomic_load(&a.flood_sent);
     assert_true((size_t)flooded * sizeof flood_block >= tx_limit);
     /* Read it all: every message arrives whole. */
-    put(&got, "", 0);
-    put(&none, "", 0);
+    fx_put(&got, "", 0);
+    fx_put(&none, "", 0);
     uint64_t end = mono_ms() + 20000;
     size_t want = (size_t)flooded * (10 + sizeof flood_block);
     while (got.n < want) {
         char buf[65536];
         ssize_t r = read(fd, buf, sizeof buf);
         if (r > 0)
-            put(&got, buf, (size_t)r);
+            fx_put(&got, buf, (size_t)r);
         else if (r == 0)
             fail_msg("EOF after %zu bytes", got.n);
         else
@@ -758,12 +758,12 @@ static int h_plain(shmipc_http_request *req, shmipc_http_response *res, void *ud
 }
 
 /* Sends `req` on a fresh connection and returns the whole response (the server closes). */
-static void http_once(int port, const char *req, struct bytes *got)
+static void http_once(int port, const char *req, struct fx_bytes *got)
 {
-    struct bytes out = {0};
+    struct fx_bytes out = {0};
     int fd = client_connect(port);
-    put(&out, req, strlen(req));
-    put(got, "", 0);
+    fx_put(&out, req, strlen(req));
+    fx_put(got, "", 0);
     exchange(fd, &out, 0, 0, 1, 0, got);
     close(fd);
     free(out.p);
@@ -778,7 +778,7 @@ static void upgrade_routing(void **state)
 {
     struct srv t;
     struct app a, refuse;
-    struct bytes got = {0};
+    struct fx_bytes got = {0};
     (void)state;
     app_init(&a);
     app_init(&refuse);
@@ -826,13 +826,13 @@ static void upgrade_routing(void **state)
     assert_non_null(strstr(got.p, "HTTP/1.1 404 "));
 
     /* The prefix route upgrades, with the subprotocol the client offers. */
-    struct bytes out = {0};
-    put(&out, "", 0);
+    struct fx_bytes out = {0};
+    fx_put(&out, "", 0);
     const char *up =
         "GET /rooms/blue HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
         "Sec-WebSocket-Protocol: b\r\n\r\n";
-    put(&out, up, strlen(up));
+    fx_put(&out, up, strlen(up));
     client_frame(&out, 1, "hi", 2);
     client_frame(&out, 8, "\x03\xe8", 2);
     got.n = 0;
@@ -862,7 +862,7 @@ static void stop_sends_going_away(void **state)
 {
     struct srv t;
     struct app a;
-    struct bytes got = {0}, answer = {0};
+    struct fx_bytes got = {0}, answer = {0};
     (void)state;
     app_init(&a);
     srv_new(&t, NULL);
@@ -871,19 +871,19 @@ static void stop_sends_going_away(void **state)
     int fd = ws_connect(t.port, "/ws");
     WAIT_UNTIL(atomic_load(&a.opens) == 1);
     assert_int_equal(shmipc_server_stop(t.s), 0);
-    put(&got, "", 0);
+    fx_put(&got, "", 0);
     uint64_t end = mono_ms() + 5000;
     while (got.n < 4) {
         char buf[16];
         ssize_t r = read(fd, buf, sizeof buf);
         if (r > 0)
-            put(&got, buf, (size_t)r);
+            fx_put(&got, buf, (size_t)r);
         else
             usleep(500);
         assert_true(mono_ms() < end);
     }
     assert_memory_equal(got.p, "\x88\x02\x03\xe9", 4);
-    put(&answer, "", 0);
+    fx_put(&answer, "", 0);
     client_frame(&answer, 8, "\x03\xe9", 2);
     assert_int_equal(send(fd, answer.p, answer.n, MSG_NOSIGNAL), (ssize_t)answer.n);
     /* The server closes first: its FIN, then ours. */
@@ -921,7 +921,7 @@ static void stall_paused_reader_closed(void **state)
     struct srv t;
     struct app a;
     struct srv_opts o = {.keepalive_ms = 300, .high_water = 64u << 10, .send_limit = 256u << 10};
-    struct bytes msgs = {0};
+    struct fx_bytes msgs = {0};
     unsigned char payload[1024];
     size_t sent = 0;
     uint64_t blocked_since = 0, closed_at;
@@ -935,7 +935,7 @@ static void stall_paused_reader_closed(void **state)
     srv_run(&t);
     int fd = ws_connect(t.port, "/echo");
     memset(payload, 'x', sizeof payload);
-    put(&msgs, "", 0);
+    fx_put(&msgs, "", 0);
     for (int i = 0; i < 64; i++)
         client_frame(&msgs, 2, payload, sizeof payload);
     /* Send until the writes have blocked for 50 ms: the server stopped reading. */
@@ -982,10 +982,10 @@ static void stall_paused_reader_closed(void **state)
  */
 static int idle_client(int fd, int answer, uint64_t ms, int *pings, int *others)
 {
-    struct bytes in = {0};
+    struct fx_bytes in = {0};
     uint64_t end = mono_ms() + ms;
     int closed = 0;
-    put(&in, "", 0);
+    fx_put(&in, "", 0);
     while (mono_ms() < end && !closed) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         char buf[4096];
@@ -997,7 +997,7 @@ static int idle_client(int fd, int answer, uint64_t ms, int *pings, int *others)
             break;
         }
         if (r > 0)
-            put(&in, buf, (size_t)r);
+            fx_put(&in, buf, (size_t)r);
         /* Server frames: unmasked, and here all short (control frames). */
         while (in.n >= 2 && in.n >= 2 + (size_t)(in.p[1] & 0x7f)) {
             unsigned op = (unsigned char)in.p[0] & 0x0f, len = (unsigned char)in.p[1] & 0x7f;
@@ -1005,8 +1005,8 @@ static int idle_client(int fd, int answer, uint64_t ms, int *pings, int *others)
             if (op == 9) {
                 (*pings)++;
                 if (answer) {
-                    struct bytes pong = {0};
-                    put(&pong, "", 0);
+                    struct fx_bytes pong = {0};
+                    fx_put(&pong, "", 0);
                     client_frame(&pong, 10, in.p + 2, len);
                     assert_int_equal(send(fd, pong.p, pong.n, MSG_NOSIGNAL), (ssize_t)pong.n);
                     free(pong.p);
@@ -1025,9 +1025,9 @@ static int idle_client(int fd, int answer, uint64_t ms, int *pings, int *others)
 /* Ends an open connection with a close handshake (1000) and checks the echo and on_close. */
 static void close_politely(int fd, struct app *a)
 {
-    struct bytes out = {0}, got = {0};
-    put(&out, "", 0);
-    put(&got, "", 0);
+    struct fx_bytes out = {0}, got = {0};
+    fx_put(&out, "", 0);
+    fx_put(&got, "", 0);
     client_frame(&out, 8, "\x03\xe8", 2);
     exchange(fd, &out, 0, 0, 1, 0, &got);
     assert_int_equal(got.n, 4);
