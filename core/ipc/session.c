@@ -275,6 +275,16 @@ static void session_release(shmipc_session *s)
 static int fail_locked(shmipc_session *s, int code)
 {
     if (s->err == 0) {
+        /*
+         * A damaged mapping explains whatever else failed: the SIGBUS guard shut the socket
+         * down, so a send or recv that meets that must not hide the cause.
+         */
+        int buffer = shmipc__mapping_damaged(&s->buffer_map);
+        if (buffer || shmipc__mapping_damaged(&s->queue_map))
+            code = shmipc__fail(SHMIPC_EPROTO,
+                                "shared memory %s: the file shrank under the mapping (SIGBUS "
+                                "caught); the peer truncated it",
+                                buffer ? s->buffer_path : s->queue_path);
         s->err = code;
         snprintf(s->why, sizeof s->why, "%s", shmipc_error_detail());
         SHMIPC__LOG(code == SHMIPC_ECLOSED ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_INFO,
@@ -306,14 +316,9 @@ static int ended(shmipc_session *s)
  */
 static int check_memory_locked(shmipc_session *s)
 {
-    int buffer = shmipc__mapping_damaged(&s->buffer_map);
-    if (!buffer && !shmipc__mapping_damaged(&s->queue_map))
+    if (!shmipc__mapping_damaged(&s->buffer_map) && !shmipc__mapping_damaged(&s->queue_map))
         return 0;
-    if (s->err == 0)
-        fail_locked(s, shmipc__fail(SHMIPC_EPROTO,
-                                    "shared memory %s: the file shrank under the mapping (SIGBUS "
-                                    "caught); the peer truncated it",
-                                    buffer ? s->buffer_path : s->queue_path));
+    fail_locked(s, SHMIPC_EPROTO); /* which names the damage */
     return ended(s);
 }
 

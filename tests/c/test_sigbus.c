@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ipc_helpers.h"
@@ -485,6 +486,96 @@ static void test_partial_truncation_fails_the_read(void **state)
     pair_close(&p);
 }
 
+/*
+ * Truncation at a random moment while both sides stream: a client thread sends messages and
+ * checks their echoes, a server thread echoes, and the memory goes (buffer or queue, to 0 or
+ * to one page) wherever they are. Both must end with an error within the read timeout's
+ * reach, never crash or hang, and leave nothing behind. An echo that reads as zeros is the
+ * documented race (bytes already handed out); the next call must then fail.
+ */
+#define STRESS_MSG 20000
+
+struct streamer {
+    shmipc_stream *st;
+    int client;
+    int rc;
+    int rounds; /* echoes completed */
+};
+
+static void *stream_main(void *arg)
+{
+    struct streamer *x = arg;
+    static __thread uint8_t msg[STRESS_MSG];
+    const void *data;
+    memset(msg, 0x5c, sizeof msg);
+    for (;;) {
+        if (x->client) {
+            if ((x->rc = shmipc_stream_write(x->st, msg, sizeof msg)) < 0 ||
+                (x->rc = shmipc_stream_flush(x->st)) < 0 ||
+                (x->rc = shmipc_stream_read_exact_bytes(x->st, sizeof msg, &data, 0)) < 0)
+                return NULL;
+            (void)memcmp(data, msg, sizeof msg); /* zeros after a late truncation: allowed */
+        } else {
+            if ((x->rc = shmipc_stream_read_exact_bytes(x->st, sizeof msg, &data, 0)) < 0 ||
+                (x->rc = shmipc_stream_write(x->st, data, sizeof msg)) < 0 ||
+                (x->rc = shmipc_stream_flush(x->st)) < 0)
+                return NULL;
+        }
+        if ((x->rc = shmipc_stream_release(x->st)) < 0)
+            return NULL;
+        x->rounds++;
+    }
+}
+
+static void join_within(pthread_t t, int ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    assert_int_equal(pthread_timedjoin_np(t, NULL, &ts), 0); /* else: a hang */
+}
+
+static void test_truncation_at_random_moments(void **state)
+{
+    (void)state;
+    struct ipc_held held = ipc_held_now();
+    unsigned seed = (unsigned)getpid();
+    long exchanged = 0;
+    for (int round = 0; round < 40; round++) {
+        struct pair p;
+        pthread_t tc, ts;
+        int memmap = round % 4 < 2 ? SHMIPC_MEMMAP_MEMFD : SHMIPC_MEMMAP_DEVSHM;
+        pair_open(&p, memmap);
+        struct streamer c = {.st = p.cs, .client = 1}, sv = {.st = p.ss, .client = 0};
+        assert_int_equal(pthread_create(&ts, NULL, stream_main, &sv), 0);
+        assert_int_equal(pthread_create(&tc, NULL, stream_main, &c), 0);
+        usleep((useconds_t)(rand_r(&seed) % 3000));
+        const char *part = round % 2 ? "_queue_" : "_buffer";
+        if (memmap == SHMIPC_MEMMAP_MEMFD) {
+            int fd = memfd_named(part);
+            assert_true(fd >= 0);
+            assert_int_equal(ftruncate(fd, rand_r(&seed) % 2 ? 0 : 4096), 0);
+        } else {
+            truncate_memory(memmap, p.prefix, part);
+        }
+        join_within(tc, 5000);
+        join_within(ts, 5000);
+        /* One side, at least, saw the truncation itself; the other may only see its peer go. */
+        assert_true(c.rc == SHMIPC_EPROTO || sv.rc == SHMIPC_EPROTO);
+        assert_true(c.rc == SHMIPC_EPROTO || c.rc == SHMIPC_ECONNRESET || c.rc == SHMIPC_EEOF);
+        assert_true(sv.rc == SHMIPC_EPROTO || sv.rc == SHMIPC_ECONNRESET || sv.rc == SHMIPC_EEOF);
+        exchanged += c.rounds;
+        pair_close(&p);
+    }
+    assert_true(exchanged > 40); /* the truncations hit sessions at work, not idle ones */
+    ipc_assert_held(&held);
+}
+
 /* Other sessions of the process go on working after one was hit. */
 static void test_other_sessions_unaffected(void **state)
 {
@@ -530,6 +621,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_other_sessions_unaffected),
         cmocka_unit_test(test_blocked_reader_wakes_on_outside_fault),
         cmocka_unit_test(test_partial_truncation_fails_the_read),
+        cmocka_unit_test(test_truncation_at_random_moments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
