@@ -1714,7 +1714,7 @@ static int send_fallback(shmipc_stream *st)
     lock(s);
     s->unhealthy_until_ns = shmipc__now_ns() + BREAKER_NS;
     if (rc < 0 && rc != SHMIPC_ETIMEDOUT)
-        fail_locked(s, rc);
+        rc = fail_locked(s, rc); /* the session's cause (a damaged mapping wins) */
     unlock(s);
     st->fallback = 1;
     free_segments(s, st);
@@ -1787,7 +1787,7 @@ int shmipc__stream_flush(shmipc_stream *st)
         pthread_mutex_unlock(&s->send_mu);
         if (rc < 0 && rc != SHMIPC_EQUEUEFULL && rc != SHMIPC_ETIMEDOUT) {
             lock(s);
-            fail_locked(s, rc);
+            rc = fail_locked(s, rc); /* the session's cause (a damaged mapping wins) */
             unlock(s);
         }
     }
