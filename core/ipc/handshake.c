@@ -365,7 +365,7 @@ static int attach_memory(shmipc_session *s)
      * A file that shrank while we read its layout raised SIGBUS; the guard gave us zeros,
      * which usually fail the checks above with a less helpful message.
      */
-    if (shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map))
+    if (shmipc__session_memory_damaged(s))
         rc = shmipc__fail(SHMIPC_EPROTO, "handshake: the peer's shared memory shrank under the "
                                          "mapping (SIGBUS caught)");
     return rc;

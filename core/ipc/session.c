@@ -103,7 +103,6 @@ static void cache_init(shmipc_session *s)
     for (uint32_t l = 0; l < s->bm.nlists; l++) {
         uint32_t max = s->bm.lists[l].cap / SHMIPC__SLICE_CACHE_SHARE;
         s->cache[l].max = max > SHMIPC__SLICE_CACHE_MAX ? SHMIPC__SLICE_CACHE_MAX : max;
-        s->cache[l].reserve = max;
     }
 }
 
@@ -134,8 +133,8 @@ static void cache_put(shmipc_session *s, uint32_t off)
         int32_t shared = shmipc__buffer_list_free(&s->bm, l);
         pthread_mutex_lock(&s->cache_mu);
         int wanted = s->cache[l].credit > 0 || s->cache[l].n < SHMIPC__SLICE_CACHE_FREE;
-        if (wanted && shared >= 0 && (uint32_t)shared >= s->cache[l].reserve &&
-            cache_room_locked(s, l)) {
+        uint32_t reserve = s->bm.lists[l].cap / SHMIPC__SLICE_CACHE_SHARE; /* the peer's */
+        if (wanted && shared >= 0 && (uint32_t)shared >= reserve && cache_room_locked(s, l)) {
             s->cache[l].off[s->cache[l].n++] = off;
             if (s->cache[l].credit > 0)
                 s->cache[l].credit--;
@@ -145,15 +144,6 @@ static void cache_put(shmipc_session *s, uint32_t off)
         pthread_mutex_unlock(&s->cache_mu);
     }
     shmipc__buffer_free(&s->bm, off);
-}
-
-/* We allocated a slice of list `l` to write into: one more we may keep when it comes back. */
-static void cache_credit(shmipc_session *s, uint32_t l)
-{
-    pthread_mutex_lock(&s->cache_mu);
-    if (l < s->bm.nlists && s->cache[l].credit < s->cache[l].max)
-        s->cache[l].credit++;
-    pthread_mutex_unlock(&s->cache_mu);
 }
 
 /* A kept slice of the smallest list that holds `want` bytes, most recently used first. */
@@ -167,6 +157,9 @@ static int cache_get(shmipc_session *s, uint32_t want, struct shmipc__slice *out
     pthread_mutex_lock(&s->cache_mu);
     if (s->cache[l].n > 0)
         off = s->cache[l].off[--s->cache[l].n];
+    /* We are about to write a slice of this size: one more we may keep when it comes back. */
+    if (s->cache[l].credit < s->cache[l].max)
+        s->cache[l].credit++;
     pthread_mutex_unlock(&s->cache_mu);
     if (off == 0 || shmipc__buffer_slice_at(&s->bm, off, out) < 0)
         return SHMIPC_ENOSHM;
@@ -279,12 +272,12 @@ static int fail_locked(shmipc_session *s, int code)
          * A damaged mapping explains whatever else failed: the SIGBUS guard shut the socket
          * down, so a send or recv that meets that must not hide the cause.
          */
-        int buffer = shmipc__mapping_damaged(&s->buffer_map);
-        if (buffer || shmipc__mapping_damaged(&s->queue_map))
+        if (shmipc__session_memory_damaged(s))
             code = shmipc__fail(SHMIPC_EPROTO,
                                 "shared memory %s: the file shrank under the mapping (SIGBUS "
                                 "caught); the peer truncated it",
-                                buffer ? s->buffer_path : s->queue_path);
+                                shmipc__mapping_damaged(&s->buffer_map) ? s->buffer_path
+                                                                        : s->queue_path);
         s->err = code;
         snprintf(s->why, sizeof s->why, "%s", shmipc_error_detail());
         SHMIPC__LOG(code == SHMIPC_ECLOSED ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_INFO,
@@ -316,10 +309,19 @@ static int ended(shmipc_session *s)
  */
 static int check_memory_locked(shmipc_session *s)
 {
-    if (!shmipc__mapping_damaged(&s->buffer_map) && !shmipc__mapping_damaged(&s->queue_map))
+    if (!shmipc__session_memory_damaged(s))
         return 0;
     fail_locked(s, SHMIPC_EPROTO); /* which names the damage */
     return ended(s);
+}
+
+/* check_memory_locked() for a caller that does not hold mu. */
+static int check_memory(shmipc_session *s)
+{
+    lock(s);
+    int rc = check_memory_locked(s);
+    unlock(s);
+    return rc;
 }
 
 /*
@@ -862,11 +864,8 @@ static int finish_turn_locked(shmipc_session *s, int rc, int events)
 {
     if (events > 0)
         pthread_cond_broadcast(&s->cond);
-    /* A damaged mapping explains a socket the guard shut down better than the socket does. */
-    if (rc < 0 && check_memory_locked(s) < 0)
-        return s->err;
     if (rc < 0)
-        return fail_locked(s, rc);
+        return fail_locked(s, rc); /* a damaged mapping wins over the socket error it caused */
     return events;
 }
 
@@ -1402,12 +1401,11 @@ int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int
     if (rc == 0) {
         settle_locked(st);
         struct shmipc__chunk *c = &st->chunks[st->read_index];
-        if (c->len - st->read_offset >= n &&
-            (rc = probe_locked(s, c->data + st->read_offset + n - 1)) < 0) {
-            /* nothing consumed */
-        } else if (c->len - st->read_offset >= n) {
-            *ptr = c->data + st->read_offset;
-            st->read_offset += (uint32_t)n;
+        if (c->len - st->read_offset >= n) {
+            if ((rc = probe_locked(s, c->data + st->read_offset + n - 1)) == 0) {
+                *ptr = c->data + st->read_offset;
+                st->read_offset += (uint32_t)n;
+            }
         } else if (n > st->scratch_cap && (st->scratch = realloc(st->scratch, n)) == NULL) {
             st->scratch_cap = 0;
             rc = shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory for %zu bytes", st->id, n);
@@ -1507,7 +1505,6 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous)
             rc = shmipc__buffer_alloc_many(&s->bm, want, &sl, 1) == 1 ? 0 : SHMIPC_ENOSHM;
         if (rc == 0) {
             *seg = (struct shmipc__segment){sl.data, sl.cap, 0, sl.offset};
-            cache_credit(s, sl.list);
             return 0;
         }
         if (rc != SHMIPC_ENOSHM) {
@@ -1751,12 +1748,9 @@ int shmipc__stream_flush(shmipc_stream *st)
         return shmipc__fail(SHMIPC_EEOF, "stream %u: the peer closed the stream", st->id);
     }
     /* The payload went into memory the peer may have truncated (shm/guard.h). */
-    if (shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map)) {
+    if (shmipc__session_memory_damaged(s)) {
         free_segments(s, st);
-        lock(s);
-        rc = check_memory_locked(s);
-        unlock(s);
-        return rc;
+        return check_memory(s);
     }
     if (heap || st->fallback) {
         /* Warn once per stream: after the first fallback every message takes the socket. */
@@ -1793,12 +1787,8 @@ int shmipc__stream_flush(shmipc_stream *st)
     }
     free_segments(s, st);
     /* The chain and its element went into memory that may have been truncated meanwhile. */
-    if (rc == 0 &&
-        (shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map))) {
-        lock(s);
-        rc = check_memory_locked(s);
-        unlock(s);
-    }
+    if (rc == 0 && shmipc__session_memory_damaged(s))
+        rc = check_memory(s);
     return rc;
 }
 

@@ -140,14 +140,14 @@ struct shmipc_session {
      * more messages in flight than the cache holds, throughput fell to a third. A slice goes
      * back to the shared list instead when that list runs low, so a peer that allocates from
      * it (a Go peer knows nothing of our cache) is not starved, and when we do not write in
-     * that size ourselves (credit: a slice is kept only against one we allocated, beyond a
+     * that size ourselves (credit: a slice is kept only against one we asked for, beyond a
      * few), so a class we only receive is not hoarded. Under cache_mu.
      */
     pthread_mutex_t cache_mu;
     struct {
-        uint32_t n, max, reserve; /* reserve: free slices the shared list must keep */
-        uint32_t credit;          /* our own allocations from the list, not yet matched */
-        uint32_t room;            /* entries allocated in off, grown on demand up to max */
+        uint32_t n, max;
+        uint32_t credit; /* slices of the list we asked for to write, not yet kept back */
+        uint32_t room;   /* entries allocated in off, grown on demand up to max */
         uint32_t *off;
     } cache[SHMIPC__BM_MAX_LISTS];
 
@@ -181,6 +181,15 @@ shmipc_stream *shmipc__session_handed_out(shmipc_session *s, uint32_t id);
 void shmipc__session_close(shmipc_session *s);
 /* Gives every slice the session keeps back for reuse to the shared free lists. */
 void shmipc__session_trim(shmipc_session *s);
+
+/*
+ * 1 when the SIGBUS guard hit the session's buffer or queue mapping (the peer shrank the file
+ * under it; shm/guard.h): the session must end.
+ */
+static inline int shmipc__session_memory_damaged(const shmipc_session *s)
+{
+    return shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map);
+}
 
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len);
 int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr);

@@ -24,31 +24,6 @@ static uint64_t key64(const uint8_t key[4], uint64_t offset, uint8_t k[8])
     return m;
 }
 
-void shmipc__ws_mask(void *data, size_t len, const uint8_t key[4], uint64_t offset)
-{
-    uint8_t *p = data, k[8];
-    uint64_t m = key64(key, offset, k);
-    size_t i = 0;
-    /* memcpy keeps the unaligned word accesses defined; compilers turn them into plain loads. */
-    for (; len - i >= 32; i += 32) {
-        uint64_t w[4];
-        memcpy(w, p + i, 32);
-        w[0] ^= m;
-        w[1] ^= m;
-        w[2] ^= m;
-        w[3] ^= m;
-        memcpy(p + i, w, 32);
-    }
-    for (; len - i >= 8; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        w ^= m;
-        memcpy(p + i, &w, 8);
-    }
-    for (; i < len; i++)
-        p[i] ^= k[i & 7];
-}
-
 void shmipc__ws_mask_copy(void *dst, const void *src, size_t len, const uint8_t key[4],
                           uint64_t offset)
 {
@@ -82,6 +57,12 @@ void shmipc__ws_mask_copy(void *dst, const void *src, size_t len, const uint8_t 
     }
     for (; j < n; j++)
         dp[j] = sp[j] ^ k[j & 7];
+}
+
+/* In place is the copy onto itself: each block is read whole before it is written. */
+void shmipc__ws_mask(void *data, size_t len, const uint8_t key[4], uint64_t offset)
+{
+    shmipc__ws_mask_copy(data, data, len, key, offset);
 }
 
 /* ---------------------------------------------------------------------------------------- */
