@@ -135,6 +135,12 @@ SHMIPC_API int shmipc_stream_release(shmipc_stream *st)
     return shmipc__stream_release(st);
 }
 
+SHMIPC_API int shmipc_stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags)
+{
+    REQUIRE(dst && src, "stream_forward", "dst or src");
+    return shmipc__stream_forward(dst, src, n, flags);
+}
+
 SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32_t ms)
 {
     REQUIRE(st, "stream_set_timeout_ms", "stream");

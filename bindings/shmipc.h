@@ -671,6 +671,19 @@ SHMIPC_API size_t shmipc_stream_available(const shmipc_stream *st);
  */
 SHMIPC_API int shmipc_stream_release(shmipc_stream *st);
 
+/**
+ * Sends received bytes on without copying them: appends to dst's send buffer first the bytes
+ * of src read and not yet released (what shmipc_stream_release() would give back), then the
+ * next `n` unread bytes of src (0: none), waiting for them as read_exact_bytes does (read
+ * timeout of src; SHMIPC_NONBLOCK fails with SHMIPC_EAGAIN and moves nothing). The bytes are
+ * consumed from src as if read and released; flush dst to send them. Whole slices move as
+ * they are when both streams belong to one session (an echo, or a proxy between two streams
+ * of a session); the rest (part of a slice, data that came over the socket, another session)
+ * is copied. dst may be src. Pointers returned by earlier reads of src become invalid. On a
+ * failure the bytes already moved stay in dst's send buffer and the rest stays in src.
+ */
+SHMIPC_API int shmipc_stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags);
+
 /** Sets this stream's SHMIPC_TIMEOUT_READ or SHMIPC_TIMEOUT_WRITE (0 = forever). */
 SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32_t ms);
 

@@ -1446,6 +1446,19 @@ size_t shmipc__stream_available(shmipc_stream *st)
     return n;
 }
 
+/* Drops the first `done` chunks (freed or handed on already). Under mu. */
+static void drop_chunks_locked(shmipc_stream *st, uint32_t done)
+{
+    memmove(st->chunks, st->chunks + done, (st->nchunks - done) * sizeof *st->chunks);
+    st->nchunks -= done;
+    st->read_index -= done < st->read_index ? done : st->read_index;
+    if (st->nchunks == 0 && st->chunk_cap > IDLE_CHUNK_CAP) {
+        free(st->chunks);
+        st->chunks = NULL;
+        st->chunk_cap = 0;
+    }
+}
+
 int shmipc__stream_release(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
@@ -1453,13 +1466,12 @@ int shmipc__stream_release(shmipc_stream *st)
     settle_locked(st);
     uint32_t done = st->read_index;
     free_chunks(s, st, 0, done);
-    memmove(st->chunks, st->chunks + done, (st->nchunks - done) * sizeof *st->chunks);
-    st->nchunks -= done;
-    st->read_index = 0;
-    if (st->nchunks == 0 && st->chunk_cap > IDLE_CHUNK_CAP) {
-        free(st->chunks);
-        st->chunks = NULL;
-        st->chunk_cap = 0;
+    drop_chunks_locked(st, done);
+    /* A slice read in part stays; its read bytes are behind us (forward no longer sends them). */
+    if (st->nchunks > 0 && st->read_offset > 0) {
+        st->chunks[0].data += st->read_offset;
+        st->chunks[0].len -= st->read_offset;
+        st->read_offset = 0;
     }
     unlock(s);
     /* An idle stream keeps no copy buffer either. */
@@ -1579,6 +1591,122 @@ int shmipc__stream_commit(shmipc_stream *st, size_t n)
     st->send_len += n;
     st->reserved_len = 0;
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Forwarding                                                                           */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * Moves a whole received chunk of src onto dst's send buffer: a slice of dst's own session
+ * becomes one of its segments as it is (the slice header is rewritten at flush); anything
+ * else is copied and freed. Under src's mu.
+ */
+static int forward_chunk_locked(shmipc_stream *dst, shmipc_stream *src, uint32_t i)
+{
+    shmipc_session *s = src->s;
+    struct shmipc__chunk *c = &src->chunks[i];
+    struct shmipc__slice sl;
+    if (c->slice != SHMIPC__HEAP_CHUNK && dst->s == s && c->len > 0) {
+        struct shmipc__segment *seg = add_segment(dst);
+        if (seg == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory", dst->id);
+        int rc = shmipc__buffer_slice_at(&s->bm, c->slice, &sl);
+        if (rc == 0)
+            rc = shmipc__buffer_slice_claim(&s->bm, &sl);
+        if (rc < 0) {
+            dst->nsegs--;
+            return rc;
+        }
+        *seg = (struct shmipc__segment){c->data, c->len, c->len, c->slice};
+        dst->send_len += c->len;
+        return 0;
+    }
+    int rc = c->len > 0 ? shmipc__stream_write(dst, c->data, c->len) : 0;
+    if (rc == 0)
+        free_chunks(s, src, i, i + 1);
+    return rc;
+}
+
+/*
+ * Moves src's first `total` bytes (from the oldest byte not released) onto dst's send
+ * buffer. Stops at the first failure with everything consistent: what moved is in dst, the
+ * rest is still src's. Returns the bytes moved in *moved. Under src's mu.
+ */
+static int forward_locked(shmipc_stream *dst, shmipc_stream *src, uint64_t total, uint64_t *moved)
+{
+    uint32_t i = 0;
+    int rc = 0;
+    *moved = 0;
+    while (i < src->nchunks && *moved < total) {
+        struct shmipc__chunk *c = &src->chunks[i];
+        uint64_t want = total - *moved;
+        if (c->len <= want) {
+            if ((rc = forward_chunk_locked(dst, src, i)) < 0)
+                break;
+            *moved += c->len;
+            i++;
+            continue;
+        }
+        /* The bytes end inside this chunk: copy them; the chunk keeps the rest. */
+        if ((rc = shmipc__stream_write(dst, c->data, (size_t)want)) < 0)
+            break;
+        c->data += want;
+        c->len -= (uint32_t)want;
+        *moved += want;
+    }
+    drop_chunks_locked(src, i);
+    return rc;
+}
+
+/* Bytes of src read and not yet released: what release would give back. Under mu. */
+static uint64_t read_unreleased_locked(const shmipc_stream *st)
+{
+    uint64_t n = st->read_index < st->nchunks ? st->read_offset : 0;
+    for (uint32_t i = 0; i < st->read_index; i++)
+        n += st->chunks[i].len;
+    return n;
+}
+
+/* Puts src's read position `pos` bytes after its first chunk's start. Under mu. */
+static void seek_locked(shmipc_stream *st, uint64_t pos)
+{
+    st->read_index = 0;
+    st->read_offset = 0;
+    while (pos > 0 && st->read_index < st->nchunks) {
+        uint32_t len = st->chunks[st->read_index].len;
+        if (pos < len) {
+            st->read_offset = (uint32_t)pos;
+            return;
+        }
+        pos -= len;
+        st->read_index++;
+    }
+}
+
+int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags)
+{
+    shmipc_session *s = src->s;
+    if (dst->s->err)
+        return ended(dst->s);
+    dst->reserved_len = 0;
+    lock(s);
+    int rc = n > 0 ? wait_readable_locked(src, n, flags) : check_memory_locked(s);
+    if (rc == 0) {
+        uint64_t done = read_unreleased_locked(src), moved;
+        rc = forward_locked(dst, src, done + n, &moved);
+        /* What moved is consumed; a failure leaves the rest where it was. */
+        src->unread -= moved > done ? moved - done : 0;
+        seek_locked(src, moved < done ? done - moved : 0);
+    }
+    unlock(s);
+    if (rc == 0) {
+        /* An idle stream keeps no copy buffer either. */
+        free(src->scratch);
+        src->scratch = NULL;
+        src->scratch_cap = 0;
+    }
+    return rc;
 }
 
 /* Sends the wakeup after a put, when the peer was not working already. Under send_mu. */
@@ -1764,8 +1892,10 @@ int shmipc__stream_flush(shmipc_stream *st)
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         struct shmipc__slice sl;
         rc = shmipc__buffer_slice_at(&s->bm, st->segs[i].slice, &sl);
+        /* A forwarded slice's bytes may start past its beginning. */
         if (rc == 0)
-            rc = shmipc__buffer_slice_set(&s->bm, &sl, 0, st->segs[i].used);
+            rc = shmipc__buffer_slice_set(&s->bm, &sl, (uint32_t)(st->segs[i].data - sl.data),
+                                          st->segs[i].used);
         if (rc == 0 && i + 1 < n)
             rc = shmipc__buffer_slice_link(&s->bm, &sl, st->segs[i + 1].slice);
     }

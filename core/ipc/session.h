@@ -200,6 +200,7 @@ int shmipc__stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr, s
 int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int flags);
 size_t shmipc__stream_available(shmipc_stream *st);
 int shmipc__stream_release(shmipc_stream *st);
+int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags);
 void shmipc__stream_close(shmipc_stream *st);
 
 /* Handshakes (handshake.c): fill the session's shared memory and version. */

@@ -1263,6 +1263,11 @@ static void stream_calls(void **state)
              "shmipc_stream_flush(st) = 0; shmipc_stream_read_exact_bytes(st, 3, &q, 0) = 0;"
              "q = \"abc\"; shmipc_stream_available(st) = 0; shmipc_stream_release(st) = 0;"
 
+             "shmipc_stream_write(st, \"fwd\", 3) = 0; shmipc_stream_flush(st) = 0;"
+             "shmipc_stream_forward(st, st, 3, 0) = 0; shmipc_stream_flush(st) = 0;"
+             "shmipc_stream_read_exact_bytes(st, 3, &q, 0) = 0; q = \"fwd\";"
+             "shmipc_stream_release(st) = 0;"
+
              "shmipc_stream_write(NULL, \"x\", 1) = SHMIPC_EINVAL;"
              "shmipc_stream_write(st, NULL, 1) = SHMIPC_EINVAL;"
              "shmipc_stream_reserve(st, 3, NULL) = SHMIPC_EINVAL;"
@@ -1277,6 +1282,9 @@ static void stream_calls(void **state)
              "shmipc_stream_read_exact_bytes(st, 1, NULL, 0) = SHMIPC_EINVAL;"
              "shmipc_stream_read_exact_bytes(NULL, 1, &q, 0) = SHMIPC_EINVAL;"
              "shmipc_stream_available(NULL) = 0; shmipc_stream_release(NULL) = SHMIPC_EINVAL;"
+             "shmipc_stream_forward(st, st, 1, SHMIPC_NONBLOCK) = SHMIPC_EAGAIN;"
+             "shmipc_stream_forward(NULL, st, 0, 0) = SHMIPC_EINVAL;"
+             "shmipc_stream_forward(st, NULL, 0, 0) = SHMIPC_EINVAL;"
              "shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 10000) = 0;"
              "shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_INITIALIZE, 1) = SHMIPC_EINVAL;"
              "shmipc_stream_set_timeout_ms(NULL, SHMIPC_TIMEOUT_READ, 1) = SHMIPC_EINVAL");
