@@ -159,6 +159,19 @@ static const struct shmipc__lua_op read_chunk_op = {"read_chunk", 2, attempt_rea
 static const struct shmipc__lua_op read_exact_op = {"read_exact_bytes", 2, attempt_read_exact,
                                                     stream_fd};
 
+/* Slot 1: src, slot 2: n, slot 3: dst. Pushes dst. */
+static int attempt_forward(lua_State *L, int flags)
+{
+    lstream *src = check_stream(L, 1), *dst = check_stream(L, 3);
+    int rc = shmipc_stream_forward(dst->st, src->st, (size_t)lua_tointeger(L, 2), flags);
+    if (rc < 0)
+        return rc;
+    lua_pushvalue(L, 3);
+    return 1;
+}
+
+static const struct shmipc__lua_op forward_op = {"forward", 3, attempt_forward, stream_fd};
+
 /* In yield mode the stream's read timeout bounds the whole wait, as it bounds a blocking one. */
 static int read_timeout(const lstream *u)
 {
@@ -189,6 +202,29 @@ static int stream_read_exact_bytes(lua_State *L)
         return 1;
     }
     return shmipc__lua_run(L, &read_exact_op, mode, read_timeout(u));
+}
+
+/*
+ * dst:forward(src, n [, mode]) -> dst: the next n unread bytes of src go into dst's send
+ * buffer, whole slices without a copy when both streams are of one session (an echo is
+ * st:forward(st, n)). Waits for them on src as read_exact_bytes does.
+ */
+static int stream_forward(lua_State *L)
+{
+    check_stream(L, 1);
+    lstream *src = check_stream(L, 2);
+    lua_Integer n = luaL_checkinteger(L, 3);
+    enum shmipc__lua_mode mode = shmipc__lua_check_mode(L, 4);
+    luaL_argcheck(L, n >= 0, 3, "n must not be negative");
+    /* The op's slots: src first (its descriptor is the one to wait on), n, dst. */
+    lua_settop(L, 3);
+    lua_pushvalue(L, 2);
+    lua_pushinteger(L, n);
+    lua_pushvalue(L, 1);
+    lua_replace(L, 3);
+    lua_replace(L, 2);
+    lua_replace(L, 1);
+    return shmipc__lua_run(L, &forward_op, mode, read_timeout(src));
 }
 
 static int stream_available(lua_State *L)
@@ -272,6 +308,7 @@ static const luaL_Reg stream_methods[] = {
     {"read_chunk", stream_read_chunk},
     {"read_exact_bytes", stream_read_exact_bytes},
     {"read", stream_read_exact_bytes},
+    {"forward", stream_forward},
     {"available", stream_available},
     {"id", stream_id},
     {"set_timeout", stream_set_timeout},

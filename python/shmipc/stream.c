@@ -390,7 +390,8 @@ PyType_Spec shmipcpy_window_spec = {
 /* Stream: reading                                                                          */
 /* ---------------------------------------------------------------------------------------- */
 
-enum read_kind { READ_CHUNK, READ_EXACT };
+/* READ_FORWARD: shmipc_stream_forward() onto another stream (or the same one). */
+enum read_kind { READ_CHUNK, READ_EXACT, READ_FORWARD };
 
 /*
  * The last read_exact_bytes() may have returned a stream-owned copy that the next read
@@ -419,9 +420,11 @@ static int detach_exact(StreamObject *self)
     return 0;
 }
 
-static int read_call(shmipc_stream *h, enum read_kind kind, size_t n, int flags, const void **p,
-                     size_t *len)
+static int read_call(shmipc_stream *h, enum read_kind kind, size_t n, int flags, shmipc_stream *dst,
+                     const void **p, size_t *len)
 {
+    if (kind == READ_FORWARD)
+        return shmipc_stream_forward(dst, h, n, flags);
     if (kind == READ_CHUNK)
         return shmipc_stream_read_chunk(h, n, p, len, flags);
     *len = n;
@@ -433,8 +436,8 @@ static int read_call(shmipc_stream *h, enum read_kind kind, size_t n, int flags,
  * in slices with the GIL released, checking for signals between slices. Returns 0 (*p, *len
  * set), SHMIPC_EEOF, SHMIPC_EAGAIN (non-blocking only), or RAISED.
  */
-static int do_read(StreamObject *self, enum read_kind kind, size_t n, int nonblock, const void **p,
-                   size_t *len)
+static int do_read(StreamObject *self, enum read_kind kind, size_t n, int nonblock,
+                   shmipc_stream *dst, const void **p, size_t *len)
 {
     module_state *ms = stream_state(self);
     shmipc_stream *h = usable(self);
@@ -444,8 +447,8 @@ static int do_read(StreamObject *self, enum read_kind kind, size_t n, int nonblo
     if (self->last_exact != NULL && detach_exact(self) < 0)
         return RAISED;
     /* Data already here: read it without giving up the GIL. */
-    if (nonblock || shmipc_stream_available(h) >= (kind == READ_EXACT ? n : 1)) {
-        rc = read_call(h, kind, n, SHMIPC_NONBLOCK, p, len);
+    if (nonblock || shmipc_stream_available(h) >= (kind == READ_CHUNK ? 1 : n)) {
+        rc = read_call(h, kind, n, SHMIPC_NONBLOCK, dst, p, len);
         if (nonblock || rc != SHMIPC_EAGAIN)
             goto done;
     }
@@ -465,7 +468,7 @@ static int do_read(StreamObject *self, enum read_kind kind, size_t n, int nonblo
             self->c_read_ms = (uint32_t)slice;
         }
         self->busy = 1;
-        Py_BEGIN_ALLOW_THREADS rc = read_call(h, kind, n, 0, p, len);
+        Py_BEGIN_ALLOW_THREADS rc = read_call(h, kind, n, 0, dst, p, len);
         Py_END_ALLOW_THREADS if (leave(self) < 0) return RAISED;
         if (rc != SHMIPC_ETIMEDOUT && rc != SHMIPC_EINTR)
             break;
@@ -528,7 +531,7 @@ static PyObject *read_impl(StreamObject *self, PyObject *const *args, Py_ssize_t
             return NULL;
         return copy ? PyBytes_FromStringAndSize(NULL, 0) : chunk_new(ms, NULL, NULL, 0);
     }
-    int rc = do_read(self, kind, (size_t)n, nonblock, &p, &len);
+    int rc = do_read(self, kind, (size_t)n, nonblock, NULL, &p, &len);
     if (rc == RAISED)
         return NULL;
     if (rc == SHMIPC_EAGAIN)
@@ -592,6 +595,49 @@ static PyObject *stream_release(StreamObject *self, PyObject *unused)
 /* ---------------------------------------------------------------------------------------- */
 /* Stream: writing                                                                          */
 /* ---------------------------------------------------------------------------------------- */
+
+/*
+ * forward(src, n=0, *, nonblock=False): src's bytes read and still held by live Chunks, then
+ * its next n unread bytes, go into this stream's send buffer, as whole slices where they can
+ * (shmipc_stream_forward). Every Chunk of src becomes invalid, as after src.release().
+ */
+static PyObject *stream_forward(StreamObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"src", "n", "nonblock", NULL};
+    module_state *ms = stream_state(self);
+    StreamObject *src;
+    Py_ssize_t n = 0;
+    int nonblock = 0;
+    const void *p;
+    size_t len;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|n$p:forward", kwlist, ms->stream_type, &src,
+                                     &n, &nonblock))
+        return NULL;
+    if (n < 0)
+        return shmipcpy_raise_invalid(ms, "forward", "n must be >= 0");
+    shmipc_stream *dst = usable(self);
+    if (dst == NULL || refuse_window(self, "forward") < 0)
+        return NULL;
+    if ((src != self && usable(src) == NULL) || refuse_exports(src, "forward") < 0)
+        return NULL;
+    /* Forwarding ends any reservation; while src waits, no other thread may use this one. */
+    self->wgen++;
+    if (src != self)
+        self->busy = 1;
+    int rc = do_read(src, READ_FORWARD, (size_t)n, nonblock, dst, &p, &len);
+    if (src != self && leave(self) < 0)
+        return NULL;
+    if (rc == RAISED)
+        return NULL;
+    if (rc == SHMIPC_EAGAIN)
+        Py_RETURN_NONE;
+    if (rc == SHMIPC_EEOF)
+        return shmipcpy_raise_last(ms, rc);
+    /* What src's Chunks pointed at belongs to this stream's send buffer now. */
+    invalidate(src);
+    src->consumed = 0;
+    Py_RETURN_TRUE;
+}
 
 static PyObject *stream_write(StreamObject *self, PyObject *data)
 {
@@ -936,6 +982,16 @@ static PyMethodDef stream_methods[] = {
     {"readexactly", (PyCFunction)(void (*)(void))stream_readexactly, METH_FASTCALL | METH_KEYWORDS,
      "readexactly(n, *, nonblock=False) -> bytes | None\n\n"
      "read_exact_bytes() copied into bytes; EndOfStreamError when the stream ends first."},
+    {"forward", (PyCFunction)(void (*)(void))stream_forward, METH_VARARGS | METH_KEYWORDS,
+     "forward(src, n=0, *, nonblock=False) -> True | None\n\n"
+     "Send received bytes on without copying them: the bytes of the Stream src read and\n"
+     "still held by live Chunks, then its next n unread bytes, go into this stream's send\n"
+     "buffer; flush() sends them. Whole slices move as they are when both streams belong\n"
+     "to one session (an echo: st.forward(st, n); a proxy between two streams), the rest is\n"
+     "copied. Waits for the n bytes as read_exact_bytes does (None with nonblock=True when\n"
+     "they are not there yet; EndOfStreamError when src ends first; nothing moves then).\n"
+     "Every Chunk of src becomes invalid, as after src.release(); raises BufferError while\n"
+     "a memoryview of one is alive."},
     {"release", (PyCFunction)stream_release, METH_NOARGS,
      "release() -> None\n\n"
      "Invalidate every Chunk of this stream and give the slices they hold back to shared\n"

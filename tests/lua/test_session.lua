@@ -293,6 +293,44 @@ function tests.misuse_raises(t)
     greet(t, s)
 end
 
+-- A Lua echo server that forwards each payload back without copying it: a 4-byte big-endian
+-- length (read and released), then st:forward(st, n). A length of 0 ends it.
+local FORWARD_SERVER = [[
+local shmipc = require "shmipc"
+local l = assert(shmipc.listen(arg[1]))
+print("listening")
+io.stdout:flush()
+local s = assert(l:accept(10))
+local st = assert(s:accept_stream(10))
+while true do
+    local n = string.unpack(">I4", assert(st:read(4)))
+    if n == 0 then break end
+    assert(st:forward(st, n) == st)
+    assert(st:flush())
+end
+print("done")
+]]
+
+function tests.forward_echo(t)
+    local address = support.address("fwd")
+    local server <close> = support.lua_peer(FORWARD_SERVER, address)
+    server:expect("listening")
+    local s <close> = t.ok(shmipc.connect(address))
+    local st <close> = t.ok(s:open_stream())
+    for _, n in ipairs({ 1, 100, 5000, 300000 }) do
+        local payload = string.rep(string.char(n % 251), n - 1) .. "!"
+        t.ok(send(st, string.pack(">I4", n) .. payload))
+        t.eq(st:read(n), payload, "echo of " .. n .. " bytes")
+    end
+    -- Nothing to forward yet: refused without waiting, nothing moves.
+    t.refused(E.EAGAIN, "", st:forward(st, 1, "nb"))
+    t.ok(send(st, string.pack(">I4", 0)))
+    local ok, out = server:finish()
+    t.truthy(ok and out:find("done", 1, true), "server: " .. out)
+    t.truthy(not pcall(st.forward, st, "not a stream", 1), "src must be a stream")
+    t.truthy(not pcall(st.forward, st, st, -1), "n must not be negative")
+end
+
 function tests.handle_names(t)
     local address = support.address("names")
     local server <close> = support.greeter_server(address)
