@@ -680,7 +680,8 @@ SHMIPC_API int shmipc_stream_release(shmipc_stream *st);
  * they are when both streams belong to one session (an echo, or a proxy between two streams
  * of a session); the rest (part of a slice, data that came over the socket, another session)
  * is copied. dst may be src. Pointers returned by earlier reads of src become invalid. On a
- * failure the bytes already moved stay in dst's send buffer and the rest stays in src.
+ * failure the bytes already moved stay in dst's send buffer and the rest stays in src (running
+ * out of memory in the middle of a copied piece may leave that piece in both).
  */
 SHMIPC_API int shmipc_stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags);
 

@@ -181,7 +181,7 @@ static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uin
         struct shmipc__chunk *c = &st->chunks[i];
         if (c->slice == SHMIPC__HEAP_CHUNK) {
             s->fallback_held -= c->len + SHMIPC__FALLBACK_CHUNK_COST;
-            free(c->data);
+            free(c->data - c->head);
             continue;
         }
         /* Give slices back while the buffer is in use; a dead session discards it. */
@@ -580,7 +580,7 @@ static int push_chunk_locked(shmipc_session *s, shmipc_stream *st, uint8_t *data
         st->chunks = p;
         st->chunk_cap = n;
     }
-    st->chunks[st->nchunks++] = (struct shmipc__chunk){data, len, slice};
+    st->chunks[st->nchunks++] = (struct shmipc__chunk){data, len, slice, 0};
     st->unread += len;
     note_ready_locked(s, st->id);
     return 0;
@@ -1446,6 +1446,19 @@ size_t shmipc__stream_available(shmipc_stream *st)
     return n;
 }
 
+/*
+ * Cuts `k` bytes (done with) off the front of a chunk; the rest stays. A heap copy's bytes no
+ * longer count as held. Under mu.
+ */
+static void trim_chunk_locked(shmipc_session *s, struct shmipc__chunk *c, uint32_t k)
+{
+    c->data += k;
+    c->len -= k;
+    c->head += k;
+    if (c->slice == SHMIPC__HEAP_CHUNK)
+        s->fallback_held -= k;
+}
+
 /* Drops the first `done` chunks (freed or handed on already). Under mu. */
 static void drop_chunks_locked(shmipc_stream *st, uint32_t done)
 {
@@ -1469,8 +1482,7 @@ int shmipc__stream_release(shmipc_stream *st)
     drop_chunks_locked(st, done);
     /* A slice read in part stays; its read bytes are behind us (forward no longer sends them). */
     if (st->nchunks > 0 && st->read_offset > 0) {
-        st->chunks[0].data += st->read_offset;
-        st->chunks[0].len -= st->read_offset;
+        trim_chunk_locked(s, &st->chunks[0], st->read_offset);
         st->read_offset = 0;
     }
     unlock(s);
@@ -1651,8 +1663,7 @@ static int forward_locked(shmipc_stream *dst, shmipc_stream *src, uint64_t total
         /* The bytes end inside this chunk: copy them; the chunk keeps the rest. */
         if ((rc = shmipc__stream_write(dst, c->data, (size_t)want)) < 0)
             break;
-        c->data += want;
-        c->len -= (uint32_t)want;
+        trim_chunk_locked(src->s, c, (uint32_t)want);
         *moved += want;
     }
     drop_chunks_locked(src, i);
@@ -1698,6 +1709,9 @@ int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int
         /* What moved is consumed; a failure leaves the rest where it was. */
         src->unread -= moved > done ? moved - done : 0;
         seek_locked(src, moved < done ? done - moved : 0);
+        /* A copy may have read zeros from a truncated mapping (shm/guard.h). */
+        if (rc == 0)
+            rc = check_memory_locked(s);
     }
     unlock(s);
     if (rc == 0) {

@@ -54,6 +54,7 @@ struct shmipc__chunk {
     uint8_t *data;
     uint32_t len;
     uint32_t slice; /* offset of the slice header to free, or SHMIPC__HEAP_CHUNK */
+    uint32_t head;  /* bytes trimmed off the front (a heap copy is freed at data - head) */
 };
 
 /* A piece of the send buffer: one held slice, or heap memory when shared memory ran out. */

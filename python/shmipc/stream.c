@@ -618,13 +618,29 @@ static PyObject *stream_forward(StreamObject *self, PyObject *args, PyObject *kw
     shmipc_stream *dst = usable(self);
     if (dst == NULL || refuse_window(self, "forward") < 0)
         return NULL;
-    if ((src != self && usable(src) == NULL) || refuse_exports(src, "forward") < 0)
+    if (src != self && usable(src) == NULL)
         return NULL;
+    if (src->exports > 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "cannot forward from a Stream while a memoryview of one of its Chunks is "
+                     "alive (%zd exported); release the memoryview first",
+                     src->exports);
+        return NULL;
+    }
     /* Forwarding ends any reservation; while src waits, no other thread may use this one. */
     self->wgen++;
     if (src != self)
         self->busy = 1;
     int rc = do_read(src, READ_FORWARD, (size_t)n, nonblock, dst, &p, &len);
+    /*
+     * What src's Chunks pointed at may be in this stream's send buffer now (all of it, or a
+     * part before a failure), and this stream may be closed below, freeing it: the Chunks
+     * end here. Only "not there yet" and "ended first" are known to move nothing.
+     */
+    if (rc != SHMIPC_EAGAIN && rc != SHMIPC_EEOF) {
+        invalidate(src);
+        maybe_release(src); /* what was read and did not move goes back */
+    }
     if (src != self && leave(self) < 0)
         return NULL;
     if (rc == RAISED)
@@ -633,9 +649,6 @@ static PyObject *stream_forward(StreamObject *self, PyObject *args, PyObject *kw
         Py_RETURN_NONE;
     if (rc == SHMIPC_EEOF)
         return shmipcpy_raise_last(ms, rc);
-    /* What src's Chunks pointed at belongs to this stream's send buffer now. */
-    invalidate(src);
-    src->consumed = 0;
     Py_RETURN_TRUE;
 }
 
@@ -984,14 +997,17 @@ static PyMethodDef stream_methods[] = {
      "read_exact_bytes() copied into bytes; EndOfStreamError when the stream ends first."},
     {"forward", (PyCFunction)(void (*)(void))stream_forward, METH_VARARGS | METH_KEYWORDS,
      "forward(src, n=0, *, nonblock=False) -> True | None\n\n"
-     "Send received bytes on without copying them: the bytes of the Stream src read and\n"
-     "still held by live Chunks, then its next n unread bytes, go into this stream's send\n"
-     "buffer; flush() sends them. Whole slices move as they are when both streams belong\n"
-     "to one session (an echo: st.forward(st, n); a proxy between two streams), the rest is\n"
-     "copied. Waits for the n bytes as read_exact_bytes does (None with nonblock=True when\n"
-     "they are not there yet; EndOfStreamError when src ends first; nothing moves then).\n"
-     "Every Chunk of src becomes invalid, as after src.release(); raises BufferError while\n"
-     "a memoryview of one is alive."},
+     "Send received bytes on without copying them: the bytes read from the Stream src and\n"
+     "not yet given back, then its next n unread bytes, go into this stream's send buffer;\n"
+     "flush() sends them. src gives what was read back as soon as none of its Chunks is\n"
+     "alive (whatever the read: read() and readexactly() too), so keep the Chunks you want\n"
+     "sent on, and drop them all to send only the next n bytes. Whole slices move as they\n"
+     "are when both streams belong to one session (an echo: st.forward(st, n); a proxy\n"
+     "between two streams), the rest is copied. Waits for the n bytes as read_exact_bytes\n"
+     "does (None with nonblock=True when they are not there yet; EndOfStreamError when src\n"
+     "ends first; nothing moves then). Otherwise every Chunk of src becomes invalid, as\n"
+     "after src.release(), also when it raises. BufferError while a memoryview of one is\n"
+     "alive."},
     {"release", (PyCFunction)stream_release, METH_NOARGS,
      "release() -> None\n\n"
      "Invalidate every Chunk of this stream and give the slices they hold back to shared\n"

@@ -322,6 +322,20 @@ static void fallback_data_is_copied(void **state)
     assert_int_equal(shmipc_stream_flush(ss), 0);
     expect_bytes(cs, (const uint8_t *)"over the socket", 15);
     assert_int_equal(p.server->fallback_held, 0);
+    /* Part of a heap copy: forwarded in part, then read in part and released, then the rest. */
+    const void *r;
+    size_t n;
+    assert_int_equal(shmipc_stream_write(cs, "0123456789", 10), 0);
+    assert_int_equal(shmipc_stream_flush(cs), 0);
+    assert_int_equal(shmipc_stream_forward(ss, ss, 4, 0), 0);
+    assert_int_equal(shmipc_stream_read_chunk(ss, 3, &r, &n, 0), 0);
+    assert_memory_equal(r, "456", 3);
+    assert_int_equal(shmipc_stream_release(ss), 0);
+    assert_int_equal(p.server->fallback_held, 3 + SHMIPC__FALLBACK_CHUNK_COST);
+    expect_bytes(ss, (const uint8_t *)"789", 3);
+    assert_int_equal(p.server->fallback_held, 0);
+    assert_int_equal(shmipc_stream_flush(ss), 0);
+    expect_bytes(cs, (const uint8_t *)"0123", 4);
     shmipc_stream_close(cs);
     shmipc_stream_close(ss);
     ipc_pair_close(&p);

@@ -111,3 +111,45 @@ def test_fallback_data_is_copied(make_pair):
     assert ss.forward(ss, 15)
     ss.flush()
     assert cs.readexactly(15) == b"over the socket"
+
+
+def test_dst_closed_while_forward_waits(pair):
+    """Review finding: the bytes of a live Chunk moved into dst, dst was closed meanwhile (its
+    send buffer freed), and the Chunk stayed valid, pointing at a freed slice."""
+    import threading
+    import time
+
+    ca, sa = pair.streams()
+    cb, sb = pair.streams()
+    send(ca, b"HEAD")
+    head = sa.read_chunk(4)
+    box = {}
+
+    def forward():
+        try:
+            box["rc"] = sb.forward(sa, 6)
+        except Exception as e:  # reported below
+            box["exc"] = e
+
+    t = threading.Thread(target=forward)
+    t.start()
+    time.sleep(0.2)
+    sb.close()  # forward is waiting on sa: the close is done when it returns
+    send(ca, b"PAYLOAD")
+    t.join(10)
+    assert isinstance(box.get("exc"), shmipc.ClosedError), box
+    with pytest.raises(shmipc.ReleasedError):
+        bytes(head)
+    assert sa.readexactly(1) == b"D"  # 6 of "PAYLOAD" moved with HEAD and were dropped
+
+
+def test_what_was_read_goes_with_live_chunks_only(pair):
+    cs, ss = pair.streams()
+    send(cs, b"AAABBBCCC")
+    assert ss.read(3) == b"AAA"  # a copy: no Chunk alive, so given back at once
+    held = ss.read_chunk(3)
+    assert ss.forward(ss)  # the bytes of the live Chunk only
+    assert held.released
+    ss.flush()
+    assert cs.readexactly(3) == b"BBB"
+    assert ss.readexactly(3) == b"CCC"
