@@ -14,8 +14,10 @@ own). Each transport is used the way a careful Python programmer would use it:
 
 - shmipc: the client writes the message into shared memory (`write`, one copy) and `flush`es,
   then takes the echo with `read_exact_bytes(n)` (in place when it lies in one slice, else one
-  copy) and releases it; the peer reads the header, then `read_chunk` pieces that it writes
-  back (one copy out of, one into shared memory) and flushes once.
+  copy) and releases it; the peer reads the header, then `forward`s the payload back: the
+  slices it arrived in go back untouched (no copy), as the socket peer sends back the buffer
+  it received into. `--echo copy` makes the peer copy instead: `read_chunk` pieces written
+  back (one copy out of, one into shared memory), flushed once.
 - socket: `sendall(message)`, then `recv_into` a preallocated buffer until n bytes came; the
   peer `recv_into`s the whole payload and `sendall`s it back.
 - Pipe: `send_bytes(payload)` / `recv_bytes()` on both sides.
@@ -48,6 +50,8 @@ SIZES = [64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20]
 # round trips walked the FIFO free list and page-faulted fresh slices, see warm_up.)
 BUFFER = 256 << 20
 SLICES = "16388:10,65540:15,262148:25,1048580:50"
+# How the shmipc peer echoes (--echo): "forward" or "copy".
+ECHO = "forward"
 
 
 def bench_config():
@@ -60,7 +64,7 @@ def bench_config():
 # ---------------------------------------------------------------------------------------------
 
 
-def shmipc_peer(address):
+def shmipc_peer(address, copy=False):
     with shmipc.Listener(address, bench_config()) as listener:
         print("ready", flush=True)
         with listener.accept(timeout=30) as session, session.accept_stream(timeout=30) as st:
@@ -69,7 +73,11 @@ def shmipc_peer(address):
                     n = HDR.unpack(h)[0]
                 if n == 0:
                     break
-                while n > 0:
+                if not copy:
+                    # The received slices go back as they are (zero copy), as socket_peer
+                    # sends back the buffer it received into.
+                    st.forward(st, n)
+                while copy and n > 0:
                     chunk = st.read_chunk(n)
                     st.write(chunk)
                     n -= len(chunk)
@@ -124,7 +132,7 @@ def pipe_peer(conn):
 
 def start_peer(kind, address):
     p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--peer", kind, address,
-                          "--buffer-mib", str(BUFFER >> 20)],
+                          "--buffer-mib", str(BUFFER >> 20), "--echo", ECHO],
                          stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline().strip()
     if line != "ready":
@@ -296,7 +304,7 @@ def loadavg():
 
 
 def main():
-    global BUFFER
+    global BUFFER, ECHO
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=0.4, help="timed seconds per measurement")
     ap.add_argument("--rounds", type=int, default=3)
@@ -309,11 +317,18 @@ def main():
                     "section per value")
     ap.add_argument("--buffer-mib", type=int, default=BUFFER >> 20,
                     help="shmipc buffer capacity in MiB (default %(default)s)")
+    ap.add_argument("--echo", choices=("forward", "copy"), default="forward",
+                    help="how the shmipc peer answers: forward (default; the received slices "
+                    "go back untouched) or copy (read_chunk pieces written into new slices)")
     ap.add_argument("--peer", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     BUFFER = a.buffer_mib << 20
+    ECHO = a.echo
     if a.peer:
-        {"shmipc": shmipc_peer, "socket": socket_peer}[a.peer[0]](a.peer[1])
+        if a.peer[0] == "shmipc":
+            shmipc_peer(a.peer[1], copy=a.echo == "copy")
+        else:
+            socket_peer(a.peer[1])
         return
     if a.spin_us:
         return spin_runs(a)
@@ -373,6 +388,7 @@ def main():
         "seconds": a.seconds,
         "rounds": a.rounds,
         "shmipc_config": {"buffer_capacity": BUFFER, "slice_classes": SLICES},
+        "shmipc_echo": ECHO,
         "transports": names,
         "results": {k: {str(s): v for s, v in r.items()} for k, r in results.items()},
         "call_cost_ns": costs,
@@ -400,7 +416,7 @@ def spin_runs(a):
         with tempfile.TemporaryDirectory() as tmp:
             argv = [sys.executable, os.path.abspath(__file__), "--seconds", str(a.seconds),
                     "--rounds", str(a.rounds), "--sizes", a.sizes,
-                    "--buffer-mib", str(a.buffer_mib),
+                    "--buffer-mib", str(a.buffer_mib), "--echo", a.echo,
                     "--json", os.path.join(tmp, "r.json"), "--md", os.path.join(tmp, "r.md")]
             if a.no_warmup:
                 argv.append("--no-warmup")
@@ -443,6 +459,9 @@ def report(out, sizes, results, names, costs, bar):
         "medians of the rounds",
         f"- shmipc config: buffer {BUFFER >> 20} MiB, slice classes {SLICES}; sessions warmed "
         "up (16 round trips per slice class) before the rounds",
+        f"- shmipc echo peer: {out.get('shmipc_echo', 'copy')} (forward: the payload's slices "
+        "go back untouched, as the socket peer sends back the buffer it received into; copy: "
+        "read_chunk pieces written into new slices)",
         "",
         "### Round trip p50 in µs (in parentheses: / the unix socket's; below 1 is faster)",
         "",

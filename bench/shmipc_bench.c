@@ -55,6 +55,9 @@
 #define PATTERN_SLACK 64u
 /* No blocking call of the client waits longer than this for the echo server (--timeout). */
 static int io_timeout_ms = 30000;
+
+/* --echo copy: the shmipc echo copies each payload into new slices instead of forwarding. */
+static int echo_copy;
 #define HANDSHAKE_MS 10000
 
 /* The default run order. The V4 transports differ only in the wakeup the client asks for. */
@@ -163,6 +166,10 @@ static void usage(FILE *f)
         "  --polling-us N      V4 polling interval of v4-polling, in µs (default 50)\n"
         "  --no-pin            do not pin the client and server to CPUs\n"
         "  --no-warmup         skip the untimed pass over every slice of a new session\n"
+        "  --echo MODE         how the shmipc echo server answers: forward (default; the\n"
+        "                      received slices go back untouched, as the socket echo sends\n"
+        "                      back the buffer it received into) or copy (the payload is\n"
+        "                      copied into new slices)\n"
         "  --timeout MS        longest wait of the client for an echo (default 30000)\n"
         "  --quick             a short run (about 30 s) for smoke tests\n"
         "  --json FILE         JSON results (default bench-ipc.json)\n"
@@ -334,6 +341,13 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         } else if (strcmp(a, "--transports") == 0) {
             o->ntransports = 0;
             rc = parse_list(v, add_transport, o);
+        } else if (strcmp(a, "--echo") == 0) {
+            if (strcmp(v, "copy") == 0 || strcmp(v, "forward") == 0) {
+                echo_copy = strcmp(v, "copy") == 0;
+            } else {
+                fprintf(stderr, "shmipc-bench: --echo: %s is neither forward nor copy\n", v);
+                rc = -1;
+            }
         } else if (strcmp(a, "--timeout") == 0) {
             rc = parse_int(a, v, 1, 3600000, &io_timeout_ms);
         } else if (strcmp(a, "--rounds") == 0) {
@@ -853,15 +867,67 @@ static void ssession_end(struct server *sv, int i)
 }
 
 /*
- * Echoes what one stream has received: the length goes into the reply when it is complete,
- * every payload chunk is copied into the reply as it is read, and the reply is flushed when
- * its message is complete. Reads stop at message ends, so a pipelining client works too.
+ * Reads the next bytes of a message's length. Copying echo: the length goes into the reply
+ * when it is complete. Forwarding echo: it stays read and not released, so the forward of
+ * the payload takes it along (an empty payload is forwarded at once).
+ */
+static int sstream_header(struct sstream *x)
+{
+    const void *p;
+    size_t n;
+    int rc = shmipc_stream_read_chunk(x->st, HDR - x->hdr_got, &p, &n, SHMIPC_NONBLOCK);
+    if (rc < 0)
+        return rc;
+    memcpy(x->hdr + x->hdr_got, p, n);
+    x->hdr_got += (uint32_t)n;
+    if (x->hdr_got < HDR)
+        return 0;
+    x->left = get_be32(x->hdr);
+    if (echo_copy) {
+        if ((rc = shmipc_stream_write(x->st, x->hdr, HDR)) < 0)
+            return rc;
+        return shmipc_stream_release(x->st);
+    }
+    return x->left == 0 ? shmipc_stream_forward(x->st, x->st, 0, 0) : 0;
+}
+
+/* Copying echo: one chunk of payload is copied into the reply and released. */
+static int sstream_copy(struct sstream *x)
+{
+    const void *p;
+    size_t n;
+    int rc = shmipc_stream_read_chunk(x->st, (size_t)x->left, &p, &n, SHMIPC_NONBLOCK);
+    if (rc < 0 || (rc = shmipc_stream_write(x->st, p, n)) < 0)
+        return rc;
+    x->left -= n;
+    return shmipc_stream_release(x->st);
+}
+
+/*
+ * Forwarding echo: the payload received so far (with the length before it) goes into the
+ * reply as the slices it arrived in. With nothing available it asks for one byte, which is
+ * how a probe sees the stream's end.
+ */
+static int sstream_forward(struct sstream *x, size_t avail)
+{
+    size_t n = avail == 0 ? 1 : avail < x->left ? avail : (size_t)x->left;
+    int rc = shmipc_stream_forward(x->st, x->st, n, SHMIPC_NONBLOCK);
+    if (rc == 0)
+        x->left -= n;
+    return rc;
+}
+
+/*
+ * Echoes what one stream has received, message by message, and flushes the reply when its
+ * message is complete; reads stop at message ends, so a pipelining client works too. The
+ * payload is forwarded (its slices go back untouched, as a socket echo sends back the buffer
+ * it received into) or, with --echo copy, copied into new slices.
  *
  * Only streams with bytes available are read: a non-blocking read of an empty stream makes
  * the library try the socket (a recv() system call). `probe` reads once anyway, which is
  * how a stream the peer has closed is seen (EEOF), without a system call.
  *
- * Returns the number of chunks read, or -1 when the stream is done (closed or failed).
+ * Returns the number of reads made, or -1 when the stream is done (closed or failed).
  */
 static int sstream_serve(struct sstream *x, int probe, uint64_t now)
 {
@@ -869,40 +935,22 @@ static int sstream_serve(struct sstream *x, int probe, uint64_t now)
     if (probe == PROBE_STALE)
         probe = now - x->last_ns >= STALE_NS;
     for (;;) {
-        if (!probe && shmipc_stream_available(x->st) == 0)
+        size_t avail = shmipc_stream_available(x->st);
+        if (!probe && avail == 0)
             break;
         probe = 0;
-        const void *p;
-        size_t n, max = x->hdr_got < HDR ? HDR - x->hdr_got : (size_t)x->left;
-        int rc = shmipc_stream_read_chunk(x->st, max, &p, &n, SHMIPC_NONBLOCK);
+        int rc = x->hdr_got < HDR ? sstream_header(x)
+                 : echo_copy      ? sstream_copy(x)
+                                  : sstream_forward(x, avail);
         if (rc == SHMIPC_EAGAIN)
             break;
         if (rc == SHMIPC_EEOF)
             return -1;
         if (rc < 0) {
-            shm_fail("server: read", rc);
+            shm_fail("server: echo", rc);
             return -1;
         }
         chunks++;
-        if (x->hdr_got < HDR) {
-            memcpy(x->hdr + x->hdr_got, p, n);
-            x->hdr_got += (uint32_t)n;
-            if (x->hdr_got == HDR) {
-                x->left = get_be32(x->hdr);
-                rc = shmipc_stream_write(x->st, x->hdr, HDR);
-            }
-        } else {
-            rc = shmipc_stream_write(x->st, p, n);
-            x->left -= n;
-        }
-        if (rc < 0) {
-            shm_fail("server: write", rc);
-            return -1;
-        }
-        if ((rc = shmipc_stream_release(x->st)) < 0) {
-            shm_fail("server: release", rc);
-            return -1;
-        }
         if (x->hdr_got == HDR && x->left == 0) {
             x->hdr_got = 0;
             if ((rc = shmipc_stream_flush(x->st)) < 0) {
@@ -940,7 +988,8 @@ static int ssession_serve_all(struct ssession *ss, int probe, uint64_t now)
  */
 static int ssession_pump(struct ssession *ss, uint64_t now, int probe)
 {
-    int served = 0;
+    /* Known streams first: their replies leave before the accept below reads the socket. */
+    int served = ssession_serve_all(ss, PROBE_NONE, now);
     for (;;) {
         shmipc_stream *st;
         int rc;
@@ -2106,6 +2155,14 @@ static void write_env(FILE *f, const struct opts *o, const struct env *e, int ma
                 b, idle_ms, 100 * idle_watched, 100 * idle_unwatched);
     if (o->connect_addr)
         fprintf(f, "%sclient only, against the external echo server at %s\n", b, o->connect_addr);
+    else
+        fprintf(f,
+                "%secho server: %s; the socket echoes send back the buffer they received "
+                "into\n",
+                b,
+                echo_copy ? "shmipc copies each payload into new slices (--echo copy)"
+                          : "shmipc forwards each payload's slices back untouched "
+                            "(shmipc_stream_forward; --echo copy to copy them)");
     fprintf(f, "%scommand: `%s`\n", b, o->command);
 }
 
@@ -2375,6 +2432,7 @@ static int write_json(const char *path, struct results *r, const struct env *e)
     json_str(f, shmipc_version_string());
     fprintf(f, ",\n  \"command\": ");
     json_str(f, o->command);
+    fprintf(f, ",\n  \"echo\": \"%s\"", echo_copy ? "copy" : "forward");
     fprintf(f, ",\n  \"env\": {\"kernel\": ");
     json_str(f, e->kernel);
     fprintf(f, ", \"cpu_model\": ");
