@@ -234,6 +234,16 @@ class AsyncStream:
         stream, _ = self._current()
         return await _until(stream, lambda: stream.readexactly(n, nonblock=True))
 
+    async def forward(self, src, n=0):
+        """Send received bytes on without a copy (see Stream.forward): what src (a Stream or
+        an AsyncStream) read and has not given back, then its next n bytes, go into this
+        stream's send buffer once they are there; drain() sends them. EndOfStreamError if src
+        ends first."""
+        stream, _ = self._current()
+        if isinstance(src, AsyncStream):
+            src, _ = src._current()
+        return await _until(src, lambda: stream.forward(src, n, nonblock=True))
+
     def write(self, data):
         """Append data to the send buffer (see Stream.write); returns its length."""
         stream, _ = self._current()

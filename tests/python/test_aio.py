@@ -321,3 +321,35 @@ def test_errors(pair):
             await a.read()
 
     run(main())
+
+
+def test_forward_echo_in_one_loop(pair):
+    """An echo server that forwards the framed messages it receives, in the loop, while the
+    client waits for each echo without blocking the loop."""
+    cs, ss = pair.streams()
+
+    async def server():
+        a = AsyncStream(ss)
+        while True:
+            header = await a.read_exact_bytes(4)
+            n = int.from_bytes(header, "big")
+            if n == 0:
+                break
+            assert await a.forward(a, n) is True  # the header goes back too: it was read
+            await a.drain()
+        a.close()
+
+    async def client():
+        a = AsyncStream(cs)
+        for size in (1, 100, 70000):
+            message = size.to_bytes(4, "big") + bytes(range(256)) * (size // 256) + b"!" * (size % 256)
+            a.write(message)
+            await a.drain()
+            assert await a.readexactly(len(message)) == message
+        a.write((0).to_bytes(4, "big"))
+        await a.drain()
+
+    async def both():
+        await asyncio.gather(server(), client())
+
+    run(both())
