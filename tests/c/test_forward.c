@@ -384,6 +384,169 @@ static void ended_session_refuses(void **state)
     shmipc_stream_close(ss);
 }
 
+/*
+ * Random sequences against a model: the client sends messages (several per flush, up to
+ * 300 KB), the server reads pieces (read_chunk with a limit, read_exact_bytes), releases,
+ * and forwards what it read plus a random count to its own stream or to a second stream,
+ * with writes before and after. After every step the server's unread count matches the
+ * model, every echo matches byte for byte, and at the end every slice is back. `classes`
+ * NULL: the default slice classes; "524268:100": every message falls back to the socket,
+ * so heap copies are read, trimmed and forwarded instead.
+ */
+#define RANDOM_MSG_MAX 300000u
+
+struct model {
+    uint8_t *unread; /* bytes sent to the server and not consumed, from `head` */
+    size_t head, tail;
+    uint8_t *held; /* read and not released */
+    size_t nheld;
+    uint8_t *out; /* what a forward should send */
+    unsigned rng;
+    size_t max_msg; /* largest message; over the socket a step's messages must fit its buffer */
+};
+
+static unsigned rnd(struct model *m, unsigned n)
+{
+    m->rng = m->rng * 1103515245u + 12345u;
+    return (m->rng >> 8) % n;
+}
+
+static void model_send(struct model *m, struct ipc_pair *p, shmipc_stream *cs, shmipc_stream *ss)
+{
+    static uint8_t msg[RANDOM_MSG_MAX];
+    for (int k = 1 + (int)rnd(m, 3); k > 0; k--) {
+        size_t len = rnd(m, 4) == 0 ? 1 + rnd(m, (unsigned)m->max_msg) : 1 + rnd(m, 2000);
+        for (size_t i = 0; i < len; i++)
+            msg[i] = (uint8_t)rnd(m, 256);
+        assert_int_equal(shmipc_stream_write(cs, msg, len), 0);
+        if (rnd(m, 2))
+            assert_int_equal(shmipc_stream_flush(cs), 0);
+        memcpy(m->unread + m->tail, msg, len);
+        m->tail += len;
+    }
+    assert_int_equal(shmipc_stream_flush(cs), 0);
+    /* Wait until the server has it all (the model counts what it will read). */
+    for (int i = 0; i < 100000 && shmipc_stream_available(ss) < m->tail - m->head; i++)
+        shmipc_session_process(p->server);
+}
+
+static void model_read(struct model *m, shmipc_stream *ss, int exact)
+{
+    size_t avail = m->tail - m->head, n, max = rnd(m, 2) ? 0 : 1 + rnd(m, 3000);
+    const void *r;
+    if (exact) {
+        n = rnd(m, 5) == 0 ? avail : 1 + rnd(m, avail < 5000 ? (unsigned)avail : 5000);
+        assert_int_equal(shmipc_stream_read_exact_bytes(ss, n, &r, 0), 0);
+    } else {
+        assert_int_equal(shmipc_stream_read_chunk(ss, max, &r, &n, 0), 0);
+        assert_true(n > 0 && n <= avail && (max == 0 || n <= max));
+    }
+    assert_memory_equal(r, m->unread + m->head, n);
+    memcpy(m->held + m->nheld, r, n);
+    m->nheld += n;
+    m->head += n;
+}
+
+static void model_forward(struct model *m, shmipc_stream *ss, shmipc_stream *dst,
+                          shmipc_stream *peer)
+{
+    size_t avail = m->tail - m->head, len = 0;
+    size_t n = rnd(m, 3) == 0 ? 0 : rnd(m, 3) == 0 ? avail : rnd(m, (unsigned)avail + 1);
+    if (rnd(m, 3) == 0) {
+        assert_int_equal(shmipc_stream_write(dst, "pre", 3), 0);
+        memcpy(m->out, "pre", 3);
+        len = 3;
+    }
+    assert_int_equal(shmipc_stream_forward(dst, ss, n, 0), 0);
+    memcpy(m->out + len, m->held, m->nheld);
+    len += m->nheld;
+    memcpy(m->out + len, m->unread + m->head, n);
+    len += n;
+    m->head += n;
+    m->nheld = 0;
+    if (rnd(m, 3) == 0) {
+        assert_int_equal(shmipc_stream_write(dst, "post", 4), 0);
+        memcpy(m->out + len, "post", 4);
+        len += 4;
+    }
+    assert_int_equal(dst->send_len, len);
+    if (len > 0) {
+        assert_int_equal(shmipc_stream_flush(dst), 0);
+        expect_bytes(peer, m->out, len);
+    }
+}
+
+static void random_sequence(const char *classes, unsigned seed, int steps)
+{
+    shmipc_config *cfg = config_new();
+    struct ipc_pair p;
+    char address[128];
+    shmipc_stream *cs, *ss, *cb, *sb;
+    struct model m = {.rng = seed, .max_msg = classes == NULL ? RANDOM_MSG_MAX : 20000};
+    /* At most 3 messages of under 300000 bytes per step, all kept by the model. */
+    size_t cap = (size_t)steps * 900000u + 8;
+    m.unread = malloc(cap);
+    m.held = malloc(cap);
+    m.out = malloc(cap);
+    assert_true(m.unread && m.held && m.out);
+    if (classes != NULL) {
+        assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+        assert_int_equal(shmipc_config_parse_slice_classes(cfg, classes), 0);
+    }
+    ipc_pick_address(address, sizeof address, "forward-random");
+    ipc_pair_open(&p, address, cfg, cfg);
+    /* Both opened first: once a message falls back, the session refuses new streams. */
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cb), 0);
+    ipc_send_text(cs, "a");
+    ipc_send_text(cb, "b");
+    assert_int_equal(shmipc_session_accept_stream(p.server, IPC_WAIT_MS, &ss), 0);
+    assert_int_equal(shmipc_session_accept_stream(p.server, IPC_WAIT_MS, &sb), 0);
+    expect_bytes(ss, (const uint8_t *)"a", 1);
+    expect_bytes(sb, (const uint8_t *)"b", 1);
+    for (int step = 0; step < steps; step++) {
+        assert_int_equal(shmipc_stream_available(ss), m.tail - m.head);
+        unsigned op = m.tail == m.head ? 0 : rnd(&m, 10);
+        if (op == 0)
+            model_send(&m, &p, cs, ss);
+        else if (op <= 4)
+            model_read(&m, ss, op > 2);
+        else if (op == 5) {
+            assert_int_equal(shmipc_stream_release(ss), 0);
+            m.nheld = 0;
+        } else if (rnd(&m, 2))
+            model_forward(&m, ss, ss, cs);
+        else
+            model_forward(&m, ss, sb, cb);
+    }
+    assert_int_equal(shmipc_stream_release(ss), 0);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+    shmipc_stream_close(cb);
+    shmipc_stream_close(sb);
+    assert_int_equal(p.server->fallback_held, 0);
+    assert_all_returned(&p);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+    free(m.unread);
+    free(m.held);
+    free(m.out);
+}
+
+static void random_sequences_match_the_model(void **state)
+{
+    (void)state;
+    for (unsigned seed = 1; seed <= 6; seed++)
+        random_sequence(NULL, seed, 150);
+}
+
+static void random_sequences_over_the_socket(void **state)
+{
+    (void)state;
+    for (unsigned seed = 1; seed <= 3; seed++)
+        random_sequence("524268:100", seed, 100);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -396,6 +559,8 @@ int main(void)
         cmocka_unit_test(fallback_data_is_copied),
         cmocka_unit_test_setup_teardown(failures_move_nothing, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(ended_session_refuses, pair_setup, pair_teardown),
+        cmocka_unit_test(random_sequences_match_the_model),
+        cmocka_unit_test(random_sequences_over_the_socket),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
