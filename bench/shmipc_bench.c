@@ -1733,8 +1733,20 @@ static int check_echo(const uint8_t *hdr, size_t size, uint64_t sum, uint64_t wa
     return 0;
 }
 
-/* Reads the echo of message `seq`, summing every payload byte of every chunk read. */
-static int chan_recv(const struct client *c, struct chan *ch, size_t size, uint64_t want)
+/* An echo whose bytes differ from the message sent (in order, not only in sum). */
+static int echo_differs(size_t size)
+{
+    fprintf(stderr, "shmipc-bench: echo of %zu bytes differs from the message sent\n", size);
+    return -1;
+}
+
+/*
+ * Reads the echo of a message, summing every payload byte of every chunk read; with `msg`
+ * (the untimed warm-ups) also compares every byte with the message sent, so an echo put
+ * together in the wrong order fails too.
+ */
+static int chan_recv(const struct client *c, struct chan *ch, size_t size, uint64_t want,
+                     const uint8_t *msg)
 {
     size_t total = HDR + size, got = 0;
     uint8_t hdr[HDR];
@@ -1751,6 +1763,8 @@ static int chan_recv(const struct client *c, struct chan *ch, size_t size, uint6
                 hdr[got++] = *b++;
                 n--;
             }
+            if (msg != NULL && n > 0 && memcmp(b, msg + (got - HDR), n) != 0)
+                return echo_differs(size);
             sum += byte_sum(b, n);
             got += n;
         }
@@ -1775,16 +1789,19 @@ static int chan_recv(const struct client *c, struct chan *ch, size_t size, uint6
         if (got > from)
             sum += byte_sum(ch->buf + from, got - from);
     }
+    if (msg != NULL && memcmp(ch->buf + HDR, msg, size) != 0)
+        return echo_differs(size);
     return check_echo(ch->buf, size, sum, want);
 }
 
 /* `sums` holds the sum of a message of `size` bytes at each pattern offset. */
 static int round_trip(const struct client *c, struct chan *ch, size_t size, uint64_t seq,
-                      const uint64_t *sums)
+                      const uint64_t *sums, int verify)
 {
     if (chan_send(c, ch, size, seq) < 0)
         return -1;
-    return chan_recv(c, ch, size, sums[seq % PATTERN_SLACK]);
+    return chan_recv(c, ch, size, sums[seq % PATTERN_SLACK],
+                     verify ? pattern + seq % PATTERN_SLACK : NULL);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -1843,14 +1860,14 @@ static int run_latency(const struct opts *o, const struct client *c, int si, str
     if (ch == NULL)
         goto out;
     for (int i = 0; i < warm; i++)
-        if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si]) < 0)
+        if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si], 1) < 0)
             goto out;
     /* CPU time around the timed loop: the server's read first and last, so that the system
      * call that reads it is not counted as the client's. */
     uint64_t s0 = server_cpu_ns(), c0 = client_cpu_ns(), w0 = now_ns();
     for (int i = 0; i < samples; i++) {
         uint64_t t0 = now_ns();
-        if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si]) < 0)
+        if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si], 0) < 0)
             goto out;
         t[i] = now_ns() - t0;
     }
@@ -1876,16 +1893,18 @@ out:
     return rc;
 }
 
-/* Writes one message to each of the n streams, then reads the n echoes. */
+/* Writes one message to each of the n streams, then reads the n echoes (`verify`: byte by byte). */
 static int batch(const struct client *c, struct chan *ch, int n, size_t size, uint64_t *seq,
-                 const uint64_t *sums)
+                 const uint64_t *sums, int verify)
 {
     for (int i = 0; i < n; i++)
         if (chan_send(c, &ch[i], size, *seq + (uint64_t)i) < 0)
             return -1;
-    for (int i = 0; i < n; i++)
-        if (chan_recv(c, &ch[i], size, sums[(*seq + (uint64_t)i) % PATTERN_SLACK]) < 0)
+    for (int i = 0; i < n; i++) {
+        uint64_t k = (*seq + (uint64_t)i) % PATTERN_SLACK;
+        if (chan_recv(c, &ch[i], size, sums[k], verify ? pattern + k : NULL) < 0)
             return -1;
+    }
     *seq += (uint64_t)n;
     return 0;
 }
@@ -1913,14 +1932,14 @@ static int run_parallel(const struct opts *o, const struct client *c, int si, in
     /* At least one untimed batch: the first touches of memory and connections stay out. */
     uint64_t end = now_ns() + (uint64_t)o->warmup_ms * 1000000u;
     do {
-        if (interrupted || batch(c, ch, n, size, &seq, expected_sum[si]) < 0)
+        if (interrupted || batch(c, ch, n, size, &seq, expected_sum[si], 1) < 0)
             goto out;
     } while (now_ns() < end);
     uint64_t t0 = now_ns();
     end = t0 + (uint64_t)o->duration_ms * 1000000u;
     uint64_t t1;
     do {
-        if (interrupted || batch(c, ch, n, size, &seq, expected_sum[si]) < 0)
+        if (interrupted || batch(c, ch, n, size, &seq, expected_sum[si], 0) < 0)
             goto out;
         batches++;
         t1 = now_ns();
@@ -1992,7 +2011,7 @@ static int session_warm(const struct opts *o, const struct client *c, const shmi
          * the whole list.
          */
         while (seq < slices) {
-            if (interrupted || batch(c, ch, streams, size, &seq, sums) < 0) {
+            if (interrupted || batch(c, ch, streams, size, &seq, sums, 1) < 0) {
                 chans_close(c, ch, streams);
                 fprintf(stderr, "shmipc-bench: %s: session warm-up failed\n", transport_name[c->t]);
                 return -1;
