@@ -73,15 +73,16 @@ def shmipc_peer(address, copy=False):
                     n = HDR.unpack(h)[0]
                 if n == 0:
                     break
-                if not copy:
+                if copy:
+                    while n > 0:
+                        chunk = st.read_chunk(n)
+                        st.write(chunk)
+                        n -= len(chunk)
+                        chunk.release()
+                else:
                     # The received slices go back as they are (zero copy), as socket_peer
                     # sends back the buffer it received into.
                     st.forward(st, n)
-                while copy and n > 0:
-                    chunk = st.read_chunk(n)
-                    st.write(chunk)
-                    n -= len(chunk)
-                    chunk.release()
                 st.flush()
 
 

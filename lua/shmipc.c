@@ -138,17 +138,25 @@ static int is_getter(lua_State *L)
     return lua_gettop(L) == 1;
 }
 
-static int config_buffer_capacity(lua_State *L)
+/* A byte count: a getter without an argument, else a setter of a non-negative integer. */
+static int u64_field(lua_State *L, const char *name, int (*set)(shmipc_config *, uint64_t),
+                     uint64_t (*get)(const shmipc_config *))
 {
     shmipc_config *cfg = check_config(L, 1);
     if (is_getter(L)) {
-        lua_pushinteger(L, (lua_Integer)shmipc_config_get_buffer_capacity(cfg));
+        lua_pushinteger(L, (lua_Integer)get(cfg));
         return 1;
     }
     lua_Integer n = luaL_checkinteger(L, 2);
     if (n < 0)
-        return shmipc__lua_push_invalid(L, "buffer_capacity: %I is negative", n);
-    return setter_result(L, shmipc_config_set_buffer_capacity(cfg, (uint64_t)n));
+        return shmipc__lua_push_invalid(L, "%s: %I is negative", name, n);
+    return setter_result(L, set(cfg, (uint64_t)n));
+}
+
+static int config_buffer_capacity(lua_State *L)
+{
+    return u64_field(L, "buffer_capacity", shmipc_config_set_buffer_capacity,
+                     shmipc_config_get_buffer_capacity);
 }
 
 static int config_queue_capacity(lua_State *L)
@@ -562,15 +570,8 @@ static int config_max_pending_streams(lua_State *L)
 
 static int config_max_fallback_unread(lua_State *L)
 {
-    shmipc_config *cfg = check_config(L, 1);
-    if (is_getter(L)) {
-        lua_pushinteger(L, (lua_Integer)shmipc_config_get_max_fallback_unread(cfg));
-        return 1;
-    }
-    lua_Integer n = luaL_checkinteger(L, 2);
-    if (n < 0)
-        return shmipc__lua_push_invalid(L, "max_fallback_unread: %I is negative", n);
-    return setter_result(L, shmipc_config_set_max_fallback_unread(cfg, (uint64_t)n));
+    return u64_field(L, "max_fallback_unread", shmipc_config_set_max_fallback_unread,
+                     shmipc_config_get_max_fallback_unread);
 }
 
 /* validate() -> true, or nil, message, code. */

@@ -218,12 +218,7 @@ static int stream_forward(lua_State *L)
     luaL_argcheck(L, n >= 0, 3, "n must not be negative");
     /* The op's slots: src first (its descriptor is the one to wait on), n, dst. */
     lua_settop(L, 3);
-    lua_pushvalue(L, 2);
-    lua_pushinteger(L, n);
-    lua_pushvalue(L, 1);
-    lua_replace(L, 3);
-    lua_replace(L, 2);
-    lua_replace(L, 1);
+    lua_rotate(L, 1, -1);
     return shmipc__lua_run(L, &forward_op, mode, read_timeout(src));
 }
 

@@ -1459,17 +1459,28 @@ static void trim_chunk_locked(shmipc_session *s, struct shmipc__chunk *c, uint32
         s->fallback_held -= k;
 }
 
-/* Drops the first `done` chunks (freed or handed on already). Under mu. */
+/*
+ * Drops the first `done` chunks (freed or handed on already); reading goes on from the first
+ * chunk left (callers that read into it set read_offset). Under mu.
+ */
 static void drop_chunks_locked(shmipc_stream *st, uint32_t done)
 {
     memmove(st->chunks, st->chunks + done, (st->nchunks - done) * sizeof *st->chunks);
     st->nchunks -= done;
-    st->read_index -= done < st->read_index ? done : st->read_index;
+    st->read_index = 0;
     if (st->nchunks == 0 && st->chunk_cap > IDLE_CHUNK_CAP) {
         free(st->chunks);
         st->chunks = NULL;
         st->chunk_cap = 0;
     }
+}
+
+/* Everything read was given back or sent on: an idle stream keeps no copy buffer either. */
+static void drop_scratch(shmipc_stream *st)
+{
+    free(st->scratch);
+    st->scratch = NULL;
+    st->scratch_cap = 0;
 }
 
 int shmipc__stream_release(shmipc_stream *st)
@@ -1486,10 +1497,7 @@ int shmipc__stream_release(shmipc_stream *st)
         st->read_offset = 0;
     }
     unlock(s);
-    /* An idle stream keeps no copy buffer either. */
-    free(st->scratch);
-    st->scratch = NULL;
-    st->scratch_cap = 0;
+    drop_scratch(st);
     return 0;
 }
 
@@ -1714,12 +1722,8 @@ int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int
             rc = check_memory_locked(s);
     }
     unlock(s);
-    if (rc == 0) {
-        /* An idle stream keeps no copy buffer either. */
-        free(src->scratch);
-        src->scratch = NULL;
-        src->scratch_cap = 0;
-    }
+    if (rc == 0)
+        drop_scratch(src);
     return rc;
 }
 

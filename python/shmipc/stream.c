@@ -89,7 +89,7 @@ static void invalidate(StreamObject *self)
     self->wgen++;
 }
 
-static int refuse_exports(StreamObject *self, const char *what)
+static int refuse_chunk_exports(StreamObject *self, const char *what)
 {
     if (self->exports > 0) {
         PyErr_Format(PyExc_BufferError,
@@ -98,6 +98,13 @@ static int refuse_exports(StreamObject *self, const char *what)
                      what, self->exports);
         return -1;
     }
+    return 0;
+}
+
+static int refuse_exports(StreamObject *self, const char *what)
+{
+    if (refuse_chunk_exports(self, what) < 0)
+        return -1;
     if (self->wexports > 0) {
         PyErr_Format(PyExc_BufferError,
                      "cannot %s a Stream while the memoryview from reserve() is alive; "
@@ -597,9 +604,10 @@ static PyObject *stream_release(StreamObject *self, PyObject *unused)
 /* ---------------------------------------------------------------------------------------- */
 
 /*
- * forward(src, n=0, *, nonblock=False): src's bytes read and still held by live Chunks, then
- * its next n unread bytes, go into this stream's send buffer, as whole slices where they can
- * (shmipc_stream_forward). Every Chunk of src becomes invalid, as after src.release().
+ * forward(src, n=0, *, nonblock=False): the bytes src read and has not given back (it gives
+ * them back once no Chunk of it is alive), then its next n unread bytes, go into this
+ * stream's send buffer, as whole slices where they can (shmipc_stream_forward). Unless nothing
+ * could move, every Chunk of src becomes invalid, as after src.release().
  */
 static PyObject *stream_forward(StreamObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -618,15 +626,8 @@ static PyObject *stream_forward(StreamObject *self, PyObject *args, PyObject *kw
     shmipc_stream *dst = usable(self);
     if (dst == NULL || refuse_window(self, "forward") < 0)
         return NULL;
-    if (src != self && usable(src) == NULL)
+    if ((src != self && usable(src) == NULL) || refuse_chunk_exports(src, "forward from") < 0)
         return NULL;
-    if (src->exports > 0) {
-        PyErr_Format(PyExc_BufferError,
-                     "cannot forward from a Stream while a memoryview of one of its Chunks is "
-                     "alive (%zd exported); release the memoryview first",
-                     src->exports);
-        return NULL;
-    }
     /* Forwarding ends any reservation; while src waits, no other thread may use this one. */
     self->wgen++;
     if (src != self)

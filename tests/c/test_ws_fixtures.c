@@ -12,7 +12,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -722,11 +721,6 @@ static void run_fixture(void **state)
 
 /* ---------------------------------------------------------------------------------------- */
 
-static int by_name(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 int main(int argc, char **argv)
 {
     /* The large cases allocate and free megabytes per run; without this glibc returns the
@@ -734,45 +728,5 @@ int main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     const char *dir = argc > 1 ? argv[1] : FIXTURE_DIR;
-    DIR *d = opendir(dir);
-    if (!d) {
-        fprintf(stderr, "test_ws_fixtures: cannot open %s\n", dir);
-        return 1;
-    }
-    char **names = NULL;
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        if (len < 4 || strcmp(e->d_name + len - 3, ".ws") != 0)
-            continue;
-        names = realloc(names, (n + 1) * sizeof *names);
-        names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    if (n == 0) {
-        fprintf(stderr, "test_ws_fixtures: no .ws file in %s\n", dir);
-        free(names);
-        return 1;
-    }
-    qsort(names, n, sizeof *names, by_name);
-    struct CMUnitTest *tests = calloc(n, sizeof *tests);
-    char **paths = calloc(n, sizeof *paths);
-    for (size_t i = 0; i < n; i++) {
-        size_t len = strlen(dir) + strlen(names[i]) + 2;
-        paths[i] = malloc(len);
-        snprintf(paths[i], len, "%s/%s", dir, names[i]);
-        tests[i].name = names[i];
-        tests[i].test_func = run_fixture;
-        tests[i].initial_state = paths[i];
-    }
-    int failed = _cmocka_run_group_tests("ws_fixtures", tests, n, NULL, NULL);
-    for (size_t i = 0; i < n; i++) {
-        free(paths[i]);
-        free(names[i]);
-    }
-    free(paths);
-    free(names);
-    free(tests);
-    return failed;
+    return fx_run_files("ws_fixtures", dir, ".ws", NULL, 0, run_fixture);
 }

@@ -487,49 +487,6 @@ static void server_fixture(void **state)
     fixture_free(&f);
 }
 
-/* Runs every fixture of `dir` as its own test; returns the number that failed. */
-static int run_fixtures(const char *group, const char *dir)
-{
-    DIR *d = opendir(dir);
-    char **names = NULL, **paths;
-    size_t n = 0;
-    struct dirent *e;
-    struct CMUnitTest *tests;
-    int failed;
-    if (d == NULL) {
-        fprintf(stderr, "%s: cannot open %s\n", group, dir);
-        return 1;
-    }
-    while ((e = readdir(d)) != NULL) {
-        size_t len = strlen(e->d_name);
-        if (len < 4 || strcmp(e->d_name + len - 3, ".ws") != 0)
-            continue;
-        names = realloc(names, (n + 1) * sizeof *names);
-        names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    qsort(names, n, sizeof *names, by_name);
-    tests = calloc(n, sizeof *tests);
-    paths = calloc(n, sizeof *paths);
-    for (size_t i = 0; i < n; i++) {
-        size_t len = strlen(dir) + strlen(names[i]) + 2;
-        paths[i] = malloc(len);
-        snprintf(paths[i], len, "%s/%s", dir, names[i]);
-        tests[i].name = names[i];
-        tests[i].test_func = server_fixture;
-        tests[i].initial_state = paths[i];
-    }
-    failed = _cmocka_run_group_tests(group, tests, n, NULL, NULL);
-    for (size_t i = 0; i < n; i++) {
-        free(paths[i]);
-        free(names[i]);
-    }
-    free(paths);
-    free(names);
-    free(tests);
-    return n == 0 ? 1 : failed;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Server behaviours */
 
@@ -1233,7 +1190,7 @@ static int ws_server_main(int argc, char **argv, const char *name)
     snprintf(group, sizeof group, "%s", name);
     failed = _cmocka_run_group_tests(group, tests, sizeof tests / sizeof tests[0], NULL, NULL);
     snprintf(group, sizeof group, "%s fixtures", name);
-    failed += run_fixtures(group, argc > 1 ? argv[1] : FIXTURE_DIR);
+    failed += fx_run_files(group, argc > 1 ? argv[1] : FIXTURE_DIR, ".ws", NULL, 0, server_fixture);
     return failed != 0;
 }
 
