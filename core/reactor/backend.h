@@ -75,6 +75,7 @@ struct shmipc__conn {
     uint8_t rx_cancel;    /* io_uring: a cancel of that receive is on its way */
     uint8_t held_end;     /* io_uring: the input ended while paused; held_status says how */
     int held_status;
+    unsigned rx_window; /* io_uring: the activity window it last received in (batched waits) */
     /* io_uring: bytes that completed after a pause, delivered first on resume. */
     char *held;
     size_t held_len, held_cap;
@@ -161,6 +162,7 @@ struct shmipc__loop {
     unsigned max_events;
     unsigned reads_per_event;
     unsigned ring_entries;
+    unsigned batch_us; /* 0: no batched waits */
     enum shmipc__rx_mode rx_mode;
     int test_uring_setup_errno;
 

@@ -30,6 +30,8 @@
 #define DEFAULT_MAX_EVENTS      256u
 #define DEFAULT_READS_PER_EVENT 16u
 #define DEFAULT_RING_ENTRIES    1024u
+#define DEFAULT_BATCH_US        50u
+#define MAX_BATCH_US            10000u
 #define POOL_CHUNK              64u
 
 /* The address of a thread-local byte names a live thread without a system call. */
@@ -184,6 +186,23 @@ static int rx_from_env(enum shmipc__rx_mode *out)
     return 0;
 }
 
+static int batch_from_env(unsigned *out)
+{
+    const char *v = shmipc__getenv("SHMIPC_REACTOR_BATCH_US");
+    char *end;
+    unsigned long n;
+    *out = DEFAULT_BATCH_US;
+    if (v == NULL)
+        return 0;
+    errno = 0;
+    n = strtoul(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || n > MAX_BATCH_US)
+        return shmipc__fail(SHMIPC_EINVAL, "SHMIPC_REACTOR_BATCH_US=%s is not a number in 0..%u", v,
+                            MAX_BATCH_US);
+    *out = (unsigned)n;
+    return 0;
+}
+
 static int apply_opts(struct shmipc__loop *loop, const struct shmipc__loop_opts *o,
                       enum shmipc__backend_kind *kind)
 {
@@ -208,6 +227,15 @@ static int apply_opts(struct shmipc__loop *loop, const struct shmipc__loop_opts 
     loop->reads_per_event = o->reads_per_event != 0 ? o->reads_per_event : DEFAULT_READS_PER_EVENT;
     loop->ring_entries = o->ring_entries != 0 ? o->ring_entries : DEFAULT_RING_ENTRIES;
     loop->test_uring_setup_errno = o->test_uring_setup_errno;
+    if (o->batch_us == 0)
+        rc = batch_from_env(&loop->batch_us);
+    else if (o->batch_us > (int)MAX_BATCH_US)
+        rc = shmipc__fail(SHMIPC_EINVAL, "loop_opts.batch_us: %d is above %u", o->batch_us,
+                          MAX_BATCH_US);
+    else
+        loop->batch_us = o->batch_us < 0 ? 0 : (unsigned)o->batch_us;
+    if (rc < 0)
+        return rc;
     if (loop->recv_buf_size > (1u << 30))
         return shmipc__fail(SHMIPC_EINVAL, "loop_opts.recv_buf_size: %zu is above 1 GiB",
                             loop->recv_buf_size);

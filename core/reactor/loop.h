@@ -47,6 +47,9 @@ struct shmipc__loop_opts {
     unsigned max_events;               /**< events or completions dispatched per turn; 256 */
     unsigned reads_per_event;          /**< epoll reads of one conn per turn; 16 */
     unsigned ring_entries;             /**< io_uring submission queue size; 1024 */
+    /** io_uring batched waits: how long (µs) a wait may hold back completions to gather those
+     *  of other busy connections; 0: SHMIPC_REACTOR_BATCH_US, else 50; negative: off. */
+    int batch_us;
     /** Test hook: when > 0, io_uring set-up fails with this errno (EPERM, ENOSYS, ...). */
     int test_uring_setup_errno;
 };
@@ -62,14 +65,18 @@ struct shmipc__loop_stats {
     uint64_t recv_rearm; /**< io_uring multishot receives armed again after the kernel ended them */
     uint64_t enobufs;    /**< io_uring receives that found the provided-buffer ring empty */
     uint64_t send_partial; /**< sends the socket did not take whole at the first try */
-    uint64_t deferred;     /**< epoll conns carried to the next turn by the per-turn read budget
-                                (or resumed after a pause) */
-    uint64_t held;         /**< io_uring receives completed after a pause, held for the resume */
+    /** epoll conns carried to the next turn by the per-turn read budget (or resumed after a
+     *  pause) */
+    uint64_t deferred;
+    uint64_t held;           /**< io_uring receives completed after a pause, held for the resume */
+    uint64_t batched;        /**< io_uring waits that asked for a batch of completions */
+    uint64_t batch_backoffs; /**< batched waits that gathered too little; batching paused */
 };
 
 /**
- * Creates a loop. `opts` may be NULL. Reads SHMIPC_REACTOR_BACKEND and SHMIPC_RX_EPOLL for the
- * fields left at DEFAULT; an unknown value is refused with SHMIPC_EINVAL naming the variable.
+ * Creates a loop. `opts` may be NULL. Reads SHMIPC_REACTOR_BACKEND, SHMIPC_RX_EPOLL and
+ * SHMIPC_REACTOR_BATCH_US for the fields left at DEFAULT (zero); an unknown value is refused
+ * with SHMIPC_EINVAL naming the variable.
  * An explicit io_uring request fails when io_uring cannot be set up (SHMIPC_EACCES for EPERM,
  * SHMIPC_ENOTSUP for ENOSYS or a kernel without the features used, SHMIPC_ENOMEM).
  */
@@ -93,7 +100,9 @@ int shmipc__loop_run(struct shmipc__loop *loop);
 /**
  * One turn: waits up to `timeout_ms` (-1: until something happens; 0: not at all) and
  * dispatches what is ready, at most `max_events` events plus due timers and send callbacks.
- * Returns the number of callbacks and events handled, or a negative code.
+ * Returns the number of callbacks and events handled, or a negative code. A batched io_uring
+ * wait (SHMIPC_REACTOR_BATCH_US) may end after its window with nothing handled (0), even with
+ * -1: callers loop.
  */
 int shmipc__loop_run_once(struct shmipc__loop *loop, int timeout_ms);
 

@@ -36,6 +36,7 @@ static void clear_env(void)
     unsetenv("SHMIPC_REACTOR_BACKEND");
     unsetenv("SHMIPC_RX_EPOLL");
     unsetenv("SHMIPC_WORKERS");
+    unsetenv("SHMIPC_REACTOR_BATCH_US");
 }
 
 static int teardown_env(void **state)
@@ -107,6 +108,26 @@ static void knobs_are_validated(void **state)
     o.recv_buf_count = 0;
     o.backend = (enum shmipc__backend_kind)9;
     assert_refused(shmipc__loop_new(&o, &loop), SHMIPC_EINVAL, "backend");
+
+    /* The batching window: microseconds in 0..10000. */
+    o.backend = SHMIPC__BACKEND_EPOLL;
+    o.batch_us = 10001;
+    assert_refused(shmipc__loop_new(&o, &loop), SHMIPC_EINVAL, "batch_us");
+    o.batch_us = 0;
+    {
+        const char *bad[] = {"abc", "-1", "10001", "50us", "99999999999999999999"};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            assert_int_equal(setenv("SHMIPC_REACTOR_BATCH_US", bad[i], 1), 0);
+            assert_refused(shmipc__loop_new(&o, &loop), SHMIPC_EINVAL, "SHMIPC_REACTOR_BATCH_US");
+            assert_null(loop);
+        }
+    }
+    assert_int_equal(setenv("SHMIPC_REACTOR_BATCH_US", "0", 1), 0);
+    assert_int_equal(shmipc__loop_new(&o, &loop), 0);
+    shmipc__loop_free(loop);
+    assert_int_equal(setenv("SHMIPC_REACTOR_BATCH_US", "10000", 1), 0);
+    assert_int_equal(shmipc__loop_new(&o, &loop), 0);
+    shmipc__loop_free(loop);
 }
 
 static void auto_prefers_io_uring(void **state)
