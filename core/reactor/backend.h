@@ -163,6 +163,8 @@ struct shmipc__loop {
     unsigned reads_per_event;
     unsigned ring_entries;
     unsigned batch_us; /* 0: no batched waits */
+    int batch_always;
+    uint64_t (*test_cpu_ns)(const struct shmipc__loop *loop);
     enum shmipc__rx_mode rx_mode;
     int test_uring_setup_errno;
 

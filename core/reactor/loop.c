@@ -227,6 +227,8 @@ static int apply_opts(struct shmipc__loop *loop, const struct shmipc__loop_opts 
     loop->reads_per_event = o->reads_per_event != 0 ? o->reads_per_event : DEFAULT_READS_PER_EVENT;
     loop->ring_entries = o->ring_entries != 0 ? o->ring_entries : DEFAULT_RING_ENTRIES;
     loop->test_uring_setup_errno = o->test_uring_setup_errno;
+    loop->batch_always = o->batch_always;
+    loop->test_cpu_ns = o->test_cpu_ns;
     if (o->batch_us == 0)
         rc = batch_from_env(&loop->batch_us);
     else if (o->batch_us > (int)MAX_BATCH_US)

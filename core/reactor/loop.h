@@ -50,6 +50,12 @@ struct shmipc__loop_opts {
     /** io_uring batched waits: how long (µs) a wait may hold back completions to gather those
      *  of other busy connections; 0: SHMIPC_REACTOR_BATCH_US, else 50; negative: off. */
     int batch_us;
+    /** io_uring batched waits: 0 measures now and then the loop thread's CPU time per
+     *  completion with and without batching and keeps the cheaper; 1 batches whenever the
+     *  load allows (tests, measurements). */
+    int batch_always;
+    /** Test hook: the loop thread's CPU time in ns, instead of CLOCK_THREAD_CPUTIME_ID. */
+    uint64_t (*test_cpu_ns)(const struct shmipc__loop *loop);
     /** Test hook: when > 0, io_uring set-up fails with this errno (EPERM, ENOSYS, ...). */
     int test_uring_setup_errno;
 };
@@ -71,6 +77,8 @@ struct shmipc__loop_stats {
     uint64_t held;           /**< io_uring receives completed after a pause, held for the resume */
     uint64_t batched;        /**< io_uring waits that asked for a batch of completions */
     uint64_t batch_backoffs; /**< batched waits that gathered too little; batching paused */
+    uint64_t batch_trials;   /**< comparisons of CPU per completion, batched against plain */
+    uint64_t batch_chosen;   /**< those that batching won */
 };
 
 /**

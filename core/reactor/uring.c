@@ -38,6 +38,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 enum {
@@ -73,8 +74,13 @@ static char ring_lifetimes;
 #define WINDOW_NS            UINT64_C(1000000) /* the activity window of batched waits */
 #define BATCH_MAX            256u              /* completions a batched wait asks for, at most */
 #define BATCH_MIN_ACTIVE     16u               /* busy conns below which a wait is never batched */
-#define BATCH_MIN_YIELD      8u /* completions a batched wait must gather to go on batching */
+#define BATCH_MIN_YIELD      4u /* completions a batched wait must gather to go on batching */
 #define BATCH_BACKOFF_MAX_MS 64u
+/* The comparison of batched and plain waits (batch_choice): each tried this long, then the
+ * cheaper kept this long; a trial with fewer completions than this says nothing. */
+#define TRIAL_NS         UINT64_C(20000000)
+#define HOLD_NS          UINT64_C(1000000000)
+#define TRIAL_MIN_EVENTS 200u
 
 struct uring_state {
     struct io_uring ring;
@@ -93,15 +99,24 @@ struct uring_state {
     /* Batched waits: sends queued since the last enter, and the activity windows. */
     unsigned sends_queued;
     uint64_t window_start_ns;
-    unsigned window;        /* the current window's number, stamped on conns (rx_window) */
-    unsigned window_active; /* conns that received in the current window */
-    unsigned last_active;   /* and in the previous one */
-    uint64_t last_rx_ns;    /* the turn that last delivered a receive */
-    unsigned batch_sends;   /* > 0 after an enter that asked for a batch: its sends + 1 */
+    unsigned window;          /* the current window's number, stamped on conns (rx_window) */
+    unsigned window_active;   /* conns that received in the current window */
+    unsigned last_active;     /* and in the previous one */
+    uint64_t last_rx_ns;      /* the turn that last delivered a receive */
+    unsigned window_receives; /* receives dispatched in the current window */
+    unsigned window_batched;  /* batched waits made in it */
     uint64_t batch_resume_ns;
     uint64_t batch_failed_ns; /* when a batched wait last gathered too little */
     unsigned batch_backoff_ms;
+    /* The comparison: its phase, when the phase ends, the CPU clock and completion count at
+     * its start, the plain trial's cost (ns per completion; 0: not measured), the choice. */
+    int ctl;
+    uint64_t ctl_start, ctl_until, ctl_cpu0, ctl_events0;
+    double cost_plain, busy_plain; /* the plain trial's CPU per completion, and busy share */
+    int ctl_batch;
 };
+
+enum { CTL_START, CTL_TRY_PLAIN, CTL_TRY_BATCH, CTL_HOLD };
 
 static struct uring_state *state(struct shmipc__loop *loop)
 {
@@ -286,6 +301,7 @@ static void recv_done(struct shmipc__loop *loop, struct shmipc__conn *c,
             }
         } else if (c != NULL && res > 0) {
             s->last_rx_ns = loop->now_ns;
+            s->window_receives++;
             if (c->rx_window != s->window) {
                 c->rx_window = s->window;
                 s->window_active++;
@@ -447,39 +463,92 @@ static int run_resumed(struct shmipc__loop *loop)
     return n;
 }
 
-/*
- * How many receive completions the next wait may gather: the conns that received in this
- * window or the previous one, when there are at least BATCH_MIN_ACTIVE of them and batching
- * has not been paying too little lately; else 0, a plain wait for one completion.
- */
-static unsigned batch_target(struct shmipc__loop *loop, struct uring_state *s)
+static uint64_t thread_cpu_ns(const struct shmipc__loop *loop)
 {
-    uint64_t age = loop->now_ns - s->window_start_ns;
-    unsigned active;
-    if (age >= WINDOW_NS) {
-        /* The window's conns count for the next one too while traffic goes on (a receive
-         * less than a window ago), however long the turns in between took. */
-        s->last_active = loop->now_ns - s->last_rx_ns < WINDOW_NS ? s->window_active : 0;
-        s->window_active = 0;
-        s->window++;
-        s->window_start_ns = loop->now_ns;
-    }
-    active = s->window_active > s->last_active ? s->window_active : s->last_active;
-    if (loop->batch_us == 0 || active < BATCH_MIN_ACTIVE || loop->now_ns < s->batch_resume_ns)
+    struct timespec ts;
+    if (loop->test_cpu_ns != NULL)
+        return loop->test_cpu_ns(loop);
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
         return 0;
-    return active < BATCH_MAX ? active : BATCH_MAX;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void ctl_phase(struct shmipc__loop *loop, struct uring_state *s, int phase, uint64_t len)
+{
+    s->ctl = phase;
+    s->ctl_start = loop->now_ns;
+    s->ctl_until = loop->now_ns + len;
+    s->ctl_cpu0 = thread_cpu_ns(loop);
+    s->ctl_events0 = loop->stats.events;
+}
+
+/* The loop thread's CPU ns per completion since the phase began; 0 with too few. */
+static double ctl_cost(const struct shmipc__loop *loop, const struct uring_state *s)
+{
+    uint64_t events = loop->stats.events - s->ctl_events0;
+    uint64_t cpu = thread_cpu_ns(loop);
+    if (events < TRIAL_MIN_EVENTS || cpu < s->ctl_cpu0)
+        return 0;
+    return (double)(cpu - s->ctl_cpu0) / (double)events;
 }
 
 /*
- * After a batched wait: `gathered` is what it brought besides its own sends' completions. A
- * wait that gathered fewer than BATCH_MIN_YIELD cost its timer for little (clients that send
- * rarely, or too few of them to keep requests in flight while the others wait), so batching
- * pauses: for 1 ms, twice as long after each such wait in a row (within a second of the
- * last), up to BATCH_BACKOFF_MAX_MS.
+ * Whether a wait under batching load should be batched. Whether batching pays depends on
+ * the machine (the cost of a wakeup against that of the timer a batched wait arms) and on
+ * how many requests a plain wait already finds: so the loop measures. Under load, plain waits
+ * for TRIAL_NS, then batched ones for TRIAL_NS, each timed by the thread's CPU clock per
+ * completion. Batching is kept for HOLD_NS when the thread was busy at least half the plain
+ * trial (below that, CPU is not what is short, and the latency batching adds is not worth
+ * it) and batching cost at least 10 % less per completion; else plain waits are. Then the
+ * comparison runs again. Load that stops ends a trial unjudged.
  */
-static void batch_judge(struct shmipc__loop *loop, struct uring_state *s, unsigned gathered)
+static int batch_choice(struct shmipc__loop *loop, struct uring_state *s)
 {
-    if (gathered >= BATCH_MIN_YIELD) {
+    double cost;
+    if (loop->batch_always)
+        return 1;
+    switch (s->ctl) {
+    case CTL_START:
+        ctl_phase(loop, s, CTL_TRY_PLAIN, TRIAL_NS);
+        return 0;
+    case CTL_TRY_PLAIN:
+        if (loop->now_ns < s->ctl_until)
+            return 0;
+        s->cost_plain = ctl_cost(loop, s);
+        s->busy_plain = loop->now_ns > s->ctl_start ? (double)(thread_cpu_ns(loop) - s->ctl_cpu0) /
+                                                          (double)(loop->now_ns - s->ctl_start)
+                                                    : 0;
+        ctl_phase(loop, s, CTL_TRY_BATCH, TRIAL_NS);
+        return 1;
+    case CTL_TRY_BATCH:
+        if (loop->now_ns < s->ctl_until)
+            return 1;
+        cost = ctl_cost(loop, s);
+        s->ctl_batch =
+            s->busy_plain >= 0.5 && s->cost_plain > 0 && cost > 0 && cost < s->cost_plain * 0.9;
+        loop->stats.batch_trials++;
+        loop->stats.batch_chosen += (uint64_t)s->ctl_batch;
+        ctl_phase(loop, s, CTL_HOLD, HOLD_NS);
+        return s->ctl_batch;
+    default:
+        if (loop->now_ns < s->ctl_until)
+            return s->ctl_batch;
+        s->ctl = CTL_START;
+        return batch_choice(loop, s);
+    }
+}
+
+/*
+ * At the end of a window with batched waits: the receives it dispatched per batched wait. A
+ * batched wait that gathers fewer than BATCH_MIN_YIELD cost its timer and its clients'
+ * latency for little (clients that send rarely, or too few of them to keep requests in flight
+ * while the others wait), so batching pauses: for 1 ms, twice as long after each such window
+ * in a row (within a second of the last), up to BATCH_BACKOFF_MAX_MS. Counted per window, not
+ * per wait: the kernel may post part of what a wait gathered only at the next enter.
+ */
+static void batch_judge(struct shmipc__loop *loop, struct uring_state *s)
+{
+    if (s->window_receives >= BATCH_MIN_YIELD * s->window_batched) {
         s->batch_backoff_ms = 1;
         return;
     }
@@ -490,6 +559,38 @@ static void batch_judge(struct shmipc__loop *loop, struct uring_state *s, unsign
     s->batch_resume_ns = loop->now_ns + (uint64_t)s->batch_backoff_ms * 1000000;
     if (s->batch_backoff_ms < BATCH_BACKOFF_MAX_MS)
         s->batch_backoff_ms *= 2;
+}
+
+/*
+ * How many receive completions the next wait may gather: the conns that received in this
+ * window or the previous one, when there are at least BATCH_MIN_ACTIVE of them and batching
+ * has not been paying too little lately; else 0, a plain wait for one completion.
+ */
+static unsigned batch_target(struct shmipc__loop *loop, struct uring_state *s)
+{
+    uint64_t age = loop->now_ns - s->window_start_ns;
+    unsigned active;
+    if (age >= WINDOW_NS) {
+        if (s->window_batched > 0)
+            batch_judge(loop, s);
+        s->window_batched = 0;
+        s->window_receives = 0;
+        /* The window's conns count for the next one too while traffic goes on (a receive
+         * less than a window ago), however long the turns in between took. */
+        s->last_active = loop->now_ns - s->last_rx_ns < WINDOW_NS ? s->window_active : 0;
+        s->window_active = 0;
+        s->window++;
+        s->window_start_ns = loop->now_ns;
+    }
+    active = s->window_active > s->last_active ? s->window_active : s->last_active;
+    if (loop->batch_us == 0 || active < BATCH_MIN_ACTIVE) {
+        if (s->ctl == CTL_TRY_PLAIN || s->ctl == CTL_TRY_BATCH)
+            s->ctl = CTL_START; /* the load went: a trial would compare unlike loads */
+        return 0;
+    }
+    if (!batch_choice(loop, s) || loop->now_ns < s->batch_resume_ns)
+        return 0;
+    return active < BATCH_MAX ? active : BATCH_MAX;
 }
 
 /*
@@ -520,7 +621,7 @@ static int submit_and_wait(struct shmipc__loop *loop, struct uring_state *s, int
          * toward the batch. A send that waits for socket space instead makes the batch one
          * short, which the time bound covers. */
         wait_nr = s->sends_queued + target;
-        s->batch_sends = s->sends_queued + 1;
+        s->window_batched++;
         if (timeout_ns > 0 && timeout_ns <= batch_ns)
             ; /* the first timer ends the wait before batch_us would */
         else if (s->min_timeout)
@@ -580,11 +681,6 @@ static int ur_poll(struct shmipc__loop *loop, int64_t timeout_ns)
         /* The turn's clock was read before the wait: callbacks start timers from it. */
         if (timeout_ns != 0)
             loop->now_ns = shmipc__reactor_clock_ns();
-        if (s->batch_sends > 0) {
-            unsigned ready = io_uring_cq_ready(&s->ring);
-            batch_judge(loop, s, ready >= s->batch_sends ? ready - (s->batch_sends - 1) : 0);
-            s->batch_sends = 0;
-        }
     }
     while (n < (int)loop->max_events && io_uring_peek_cqe(&s->ring, &cqe) == 0) {
         /* Copied and consumed first, so a callback that submits cannot run the CQ over. */
