@@ -596,6 +596,26 @@ static double median(double *v, int n)
     return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
 }
 
+/*
+ * The median over rounds of target i's figure divided by the peer's in the same round (0:
+ * req/s, 1: CPU per request). Each round measures the targets one after the other, seconds
+ * apart, so a shared machine whose speed drifts over minutes moves both sides of a ratio
+ * together; a ratio of medians taken from different rounds would not cancel it.
+ */
+static double paired_ratio(struct sample (*samples)[MAX_LIST][MAX_LIST][MAX_ROUNDS], int i,
+                           int peer, int d, int c, int cpu)
+{
+    double v[MAX_ROUNDS];
+    int n = 0;
+    for (int r = 0; r < opt.rounds; r++) {
+        const struct sample *a = &samples[i][d][c][r], *b = &samples[peer][d][c][r];
+        double x = cpu ? a->cpu_per_100k : a->rps, y = cpu ? b->cpu_per_100k : b->rps;
+        if (x > 0 && y > 0)
+            v[n++] = x / y;
+    }
+    return median(v, n);
+}
+
 /* A latency for the table: "n/a" when wrk did not report it. */
 static const char *ms(double v, char *buf, size_t cap)
 {
@@ -867,16 +887,18 @@ int main(int argc, char **argv)
                 "whatever the answers do (the client is this program, not wrk); req/s is the "
                 "rate answered, p50/p99 the latency of every request.\n\n",
                 opt.open_loop_us);
-    fprintf(md,
-            "Kernel %s, %s, %ld CPUs; servers (one worker each) pinned to CPU %d, the client "
-            "(`wrk -t1`) to "
-            "CPU %d. Medians of %d interleaved round(s), %d s each after a %d s warm-up. CPU = "
-            "server CPU seconds (utime+stime) per 100k requests. Ratios are ours / nginx. Load "
-            "average %.2f at the start, %.2f at the end (other work on the machine).\n\n"
-            "| conns | depth | server | req/s | p50 ms | p99 ms | CPU s/100k | req/s vs nginx | "
-            "CPU vs nginx | errors |\n|---|---|---|---|---|---|---|---|---|---|\n",
-            un.release, cpu_model, sysconf(_SC_NPROCESSORS_ONLN), opt.server_cpu, opt.client_cpu,
-            opt.rounds, opt.duration, opt.warmup, load_start, load_end);
+    fprintf(
+        md,
+        "Kernel %s, %s, %ld CPUs; servers (one worker each) pinned to CPU %d, the client "
+        "(`wrk -t1`) to "
+        "CPU %d. Medians of %d interleaved round(s), %d s each after a %d s warm-up. CPU = "
+        "server CPU seconds (utime+stime) per 100k requests. Ratios are ours / nginx in the same "
+        "round, median over rounds. Load "
+        "average %.2f at the start, %.2f at the end (other work on the machine).\n\n"
+        "| conns | depth | server | req/s | p50 ms | p99 ms | CPU s/100k | req/s vs nginx | "
+        "CPU vs nginx | errors |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        un.release, cpu_model, sysconf(_SC_NPROCESSORS_ONLN), opt.server_cpu, opt.client_cpu,
+        opt.rounds, opt.duration, opt.warmup, load_start, load_end);
     int nginx = -1, first = 1;
     /* The bar, per target: met at every level (1), missed somewhere (0). */
     int bar_rps[MAX_TARGETS], bar_cpu[MAX_TARGETS];
@@ -903,9 +925,11 @@ int main(int argc, char **argv)
                     med[i][k] = median(v[k], opt.rounds);
             }
             for (int i = 0; i < opt.ntargets; i++) {
-                double rr = nginx >= 0 && i != nginx ? med[i][0] / med[nginx][0] : 0;
-                double cr =
-                    nginx >= 0 && i != nginx && med[nginx][3] > 0 ? med[i][3] / med[nginx][3] : 0;
+                double rr = 0, cr = 0;
+                if (nginx >= 0 && i != nginx) {
+                    rr = paired_ratio(samples, i, nginx, d, c, 0);
+                    cr = paired_ratio(samples, i, nginx, d, c, 1);
+                }
                 fprintf(json,
                         "%s    {\"server\": \"%s\", \"conns\": %d, \"depth\": %d, \"rps\": %.0f, "
                         "\"p50_ms\": %.3f, \"p99_ms\": %.3f, \"cpu_s_per_100k\": %.4f, "
