@@ -218,17 +218,10 @@ int shmipc__server_config_set_server_name(struct shmipc_server_config *cfg, cons
 /* A millisecond knob's value `v`: unset keeps *out; a bad value fails naming the variable. */
 static int env_ms(const char *name, const char *v, uint32_t *out)
 {
-    char *end;
-    unsigned long n;
-    if (v == NULL)
-        return 0;
-    errno = 0;
-    n = strtoul(v, &end, 10);
-    if (errno != 0 || *end != '\0' || v[0] == '-' || n < 1 || n > SHMIPC__SERVER_MAX_TIMEOUT_MS)
-        return shmipc__fail(SHMIPC_EINVAL, "%s=%s is not a number of milliseconds in 1..%u", name,
-                            v, SHMIPC__SERVER_MAX_TIMEOUT_MS);
+    unsigned long n = *out;
+    int rc = shmipc__env_number(name, v, 1, SHMIPC__SERVER_MAX_TIMEOUT_MS, "milliseconds", &n);
     *out = (uint32_t)n;
-    return 0;
+    return rc < 0 ? rc : 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */

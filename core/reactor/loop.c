@@ -188,19 +188,12 @@ static int rx_from_env(enum shmipc__rx_mode *out)
 
 static int batch_from_env(unsigned *out)
 {
-    const char *v = shmipc__getenv("SHMIPC_REACTOR_BATCH_US");
-    char *end;
-    unsigned long n;
-    *out = DEFAULT_BATCH_US;
-    if (v == NULL)
-        return 0;
-    errno = 0;
-    n = strtoul(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || n > MAX_BATCH_US)
-        return shmipc__fail(SHMIPC_EINVAL, "SHMIPC_REACTOR_BATCH_US=%s is not a number in 0..%u", v,
-                            MAX_BATCH_US);
+    unsigned long n = DEFAULT_BATCH_US;
+    int rc =
+        shmipc__env_number("SHMIPC_REACTOR_BATCH_US", shmipc__getenv("SHMIPC_REACTOR_BATCH_US"), 0,
+                           MAX_BATCH_US, "microseconds", &n);
     *out = (unsigned)n;
-    return 0;
+    return rc < 0 ? rc : 0;
 }
 
 static int apply_opts(struct shmipc__loop *loop, const struct shmipc__loop_opts *o,

@@ -86,21 +86,14 @@ int shmipc__sock_port(int fd)
 
 int shmipc__workers_default(unsigned *out)
 {
-    const char *v = shmipc__getenv("SHMIPC_WORKERS");
-    long n;
-    if (v != NULL) {
-        char *end;
-        errno = 0;
-        n = strtol(v, &end, 10);
-        if (errno != 0 || *end != '\0' || n < 1 || n > (long)MAX_WORKERS)
-            return shmipc__fail(SHMIPC_EINVAL, "SHMIPC_WORKERS=%s is not a number in 1..%u", v,
-                                MAX_WORKERS);
-    } else {
-        n = sysconf(_SC_NPROCESSORS_ONLN);
-        if (n < 1)
-            n = 1;
-        if (n > (long)MAX_WORKERS)
-            n = MAX_WORKERS;
+    unsigned long n;
+    int rc = shmipc__env_number("SHMIPC_WORKERS", shmipc__getenv("SHMIPC_WORKERS"), 1, MAX_WORKERS,
+                                "workers", &n);
+    if (rc < 0)
+        return rc;
+    if (rc == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cpus < 1 ? 1 : cpus > (long)MAX_WORKERS ? MAX_WORKERS : (unsigned long)cpus;
     }
     *out = (unsigned)n;
     return 0;

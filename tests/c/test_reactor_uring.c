@@ -131,17 +131,25 @@ static struct shmipc__loop_stats drive_echo(const struct shmipc__loop_opts *o,
     return st;
 }
 
-/* 64 connections in lockstep: waits gather several completions, and every echo is right. */
-static void batched_waits_gather(void **state)
+/* drive_echo with every eligible wait batched (no comparison), its counters printed. */
+static struct shmipc__loop_stats drive_batched(void (*drive)(const int *, int, int), int rounds,
+                                               const char *what)
 {
     struct shmipc__loop_opts o = suite_opts;
     struct shmipc__loop_stats st;
     o.batch_always = 1;
-    st = drive_echo(&o, lockstep_rounds, 50);
-    (void)state;
-    print_message("lockstep, %d conns x 50 rounds: %llu waits, %llu batched, %llu backoffs\n",
-                  BATCH_CONNS, (unsigned long long)st.waits, (unsigned long long)st.batched,
+    st = drive_echo(&o, drive, rounds);
+    print_message("%s, %d conns x %d: %llu waits, %llu batched, %llu backoffs\n", what, BATCH_CONNS,
+                  rounds, (unsigned long long)st.waits, (unsigned long long)st.batched,
                   (unsigned long long)st.batch_backoffs);
+    return st;
+}
+
+/* 64 connections in lockstep: waits gather several completions, and every echo is right. */
+static void batched_waits_gather(void **state)
+{
+    struct shmipc__loop_stats st = drive_batched(lockstep_rounds, 50, "lockstep");
+    (void)state;
     assert_true(st.batched > 0);
 }
 
@@ -265,14 +273,8 @@ static void batching_can_be_off(void **state)
  */
 static void sparse_requests_back_off(void **state)
 {
-    struct shmipc__loop_opts o = suite_opts;
-    struct shmipc__loop_stats st;
-    o.batch_always = 1;
-    st = drive_echo(&o, one_at_a_time, 30);
+    struct shmipc__loop_stats st = drive_batched(one_at_a_time, 30, "one at a time");
     (void)state;
-    print_message("one at a time, %d conns x 30: %llu waits, %llu batched, %llu backoffs\n",
-                  BATCH_CONNS, (unsigned long long)st.waits, (unsigned long long)st.batched,
-                  (unsigned long long)st.batch_backoffs);
     if (st.batched > 0)
         assert_true(st.batch_backoffs > 0);
     assert_true(st.batched * 5 <= st.waits);
