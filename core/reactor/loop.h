@@ -79,6 +79,7 @@ struct shmipc__loop_stats {
     uint64_t batch_backoffs; /**< batched waits that gathered too little; batching paused */
     uint64_t batch_trials;   /**< comparisons of CPU per completion, batched against plain */
     uint64_t batch_chosen;   /**< those that batching won */
+    uint64_t batch_idle;     /**< those lost because the loop was busy under half the time */
 };
 
 /**
