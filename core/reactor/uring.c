@@ -112,8 +112,8 @@ struct uring_state {
      * its start, the plain trial's cost (ns per completion; 0: not measured), the choice. */
     int ctl;
     uint64_t ctl_start, ctl_until, ctl_cpu0, ctl_events0;
-    /* The plain trial's CPU per completion, busy share and completions per second. */
-    double cost_plain, busy_plain, rate_plain;
+    /* The plain trial's CPU per completion and completions per second. */
+    double cost_plain, rate_plain;
     int ctl_batch;
 };
 
@@ -517,6 +517,7 @@ static double ctl_cost(const struct shmipc__loop *loop, const struct uring_state
 static int batch_choice(struct shmipc__loop *loop, struct uring_state *s)
 {
     double cost;
+    int busy;
     if (loop->batch_always)
         return 1;
     switch (s->ctl) {
@@ -528,20 +529,19 @@ static int batch_choice(struct shmipc__loop *loop, struct uring_state *s)
             return 0;
         s->cost_plain = ctl_cost(loop, s);
         s->rate_plain = ctl_rate(loop, s);
-        /* Busy share = CPU per completion x completions / elapsed. */
-        s->busy_plain = s->cost_plain * s->rate_plain / 1e9;
         ctl_phase(loop, s, CTL_TRY_BATCH, TRIAL_NS);
         return 1;
     case CTL_TRY_BATCH:
         if (loop->now_ns < s->ctl_until)
             return 1;
         cost = ctl_cost(loop, s);
+        /* The plain trial's busy share: CPU per completion x completions per second. */
+        busy = s->cost_plain * s->rate_plain / 1e9 >= 0.5;
         /* A fake CPU clock (tests) comes with real time, whose rate a test cannot steer. */
-        s->ctl_batch = s->busy_plain >= 0.5 && s->cost_plain > 0 && cost > 0 &&
-                       cost < s->cost_plain * 0.9 &&
+        s->ctl_batch = busy && s->cost_plain > 0 && cost > 0 && cost < s->cost_plain * 0.9 &&
                        (loop->test_cpu_ns != NULL || ctl_rate(loop, s) >= s->rate_plain * 0.97);
         loop->stats.batch_trials++;
-        loop->stats.batch_idle += (uint64_t)(s->busy_plain < 0.5);
+        loop->stats.batch_idle += (uint64_t)!busy;
         loop->stats.batch_chosen += (uint64_t)s->ctl_batch;
         ctl_phase(loop, s, CTL_HOLD, HOLD_NS);
         return s->ctl_batch;
