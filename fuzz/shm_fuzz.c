@@ -5,7 +5,11 @@
  * Input: byte 0 is the mode. Bit 0 clear: the buffer and the queue pair are laid out
  * properly (as a client formats them) and the peer's hostility comes from the operations;
  * set: bytes 1-2 and 3-4 give the sizes of a buffer and a queue mapping whose every byte
- * follows from the input. Bit 1 picks the V4 queue layout, bit 2 the server's half. The rest
+ * follows from the input. Bit 1 picks the V4 queue layout, bit 2 the server's half. Bit 3
+ * makes this process keep what it receives, as a session does: chains are walked with the
+ * receiver's record of held slices (shmipc__held_new) and their slices kept until released,
+ * and a walk may start at a slice we keep (a peer announcing it again, maybe after erasing
+ * the walker's mark in shared memory). Oracle: no walk ever hands us a slice we keep. The rest
  * is a list of operations: the peer writing any 32-bit value anywhere in either mapping (or
  * allocating and sending chains by the rules), interleaved with what this process does (allocate, free, link, send, receive and walk the
  * chains it receives, free them). Mappings are heap blocks of the exact size, so any access
@@ -28,6 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define TEMPLATE_CAP    16u
 #define MAX_HELD        64u
 #define MAX_OPS         512u
+#define MAX_KEPT        64u
 
 struct input {
     const uint8_t *p;
@@ -57,6 +62,10 @@ struct state {
     int have_peer_q;
     uint32_t held[MAX_HELD];
     uint32_t nheld;
+    int keep;                /* mode bit 3 */
+    uint64_t *rec;           /* the receiver's record of the slices it holds */
+    uint32_t kept[MAX_KEPT]; /* received slices we hold, as a session's chunks do */
+    uint32_t nkept;
     uint32_t sink; /* keeps the reads of received bytes */
 };
 
@@ -77,7 +86,29 @@ static void hold(struct state *s, uint32_t off)
         (void)shmipc__buffer_free(&s->bm, off);
 }
 
-/* Walks a chain as a receiver does, reading every byte it is given, then frees it. */
+/* Lets go of the kept slice `i`: freed and forgotten, as a session's release does. */
+static void release_kept(struct state *s, uint32_t i)
+{
+    shmipc__held_drop(&s->bm, s->rec, s->kept[i]);
+    (void)shmipc__buffer_free(&s->bm, s->kept[i]);
+    s->kept[i] = s->kept[--s->nkept];
+}
+
+/* Keeps a slice a walk handed us; it must not be one we keep already. */
+static void keep_slice(struct state *s, uint32_t off)
+{
+    for (uint32_t i = 0; i < s->nkept; i++)
+        if (s->kept[i] == off)
+            abort(); /* the record let a slice we hold through twice */
+    if (s->nkept == MAX_KEPT)
+        release_kept(s, 0);
+    s->kept[s->nkept++] = off;
+}
+
+/*
+ * Walks a chain as a receiver does, reading every byte it is given, then frees it; or, in
+ * keep mode, keeps its slices with the receiver's record, as a session does.
+ */
 static void receive_chain(struct state *s, uint32_t off, int free_after)
 {
     struct shmipc__chain c;
@@ -85,19 +116,23 @@ static void receive_chain(struct state *s, uint32_t off, int free_after)
     uint32_t steps = 0;
     int rc;
     shmipc__chain_begin(&c, &s->bm, off);
+    if (s->keep)
+        c.held = s->rec;
     while ((rc = shmipc__chain_next(&c, &cs)) > 0) {
         if (++steps > s->bm.total_slices)
             abort();
         if (cs.bytes < s->buf || (uint64_t)(cs.bytes - s->buf) + cs.size > s->buf_len ||
-            cs.list >= s->bm.nlists)
+            cs.list >= s->bm.nlists || cs.index >= s->bm.total_slices)
             abort();
         for (uint32_t i = 0; i < cs.size; i++)
             s->sink += cs.bytes[i];
+        if (s->keep)
+            keep_slice(s, cs.offset);
     }
     if (rc != 0 && rc != SHMIPC_EPROTO)
         abort();
-    if (free_after) {
-        int n = shmipc__buffer_free_chain(&s->bm, off);
+    if (free_after && !s->keep) {
+        int n = shmipc__buffer_free_chain(&s->bm, off, NULL);
         if (n > (int)s->bm.total_slices)
             abort();
     }
@@ -130,7 +165,9 @@ static void op(struct state *s, struct input *in)
         break;
     case 3: /* we free a slice we hold */
         a = take(in, 1);
-        if (s->have_bm && s->nheld > 0) {
+        if (s->have_bm && s->keep && s->nkept > 0 && (a & 0x80)) {
+            release_kept(s, a % s->nkept);
+        } else if (s->have_bm && s->nheld > 0) {
             a %= s->nheld;
             (void)shmipc__buffer_free(&s->bm, s->held[a]);
             s->held[a] = s->held[--s->nheld];
@@ -144,7 +181,9 @@ static void op(struct state *s, struct input *in)
     case 5: /* we walk (and maybe free) a chain at an offset the peer gave us */
         a = take(in, 4);
         b = take(in, 1);
-        if (s->have_bm)
+        if (s->have_bm && s->keep && (b & 4) && s->nkept)
+            receive_chain(s, s->kept[a % s->nkept], b & 1); /* announced again */
+        else if (s->have_bm)
             receive_chain(s, (b & 2) && s->nheld ? s->held[a % s->nheld] : a, b & 1);
         break;
     case 6: /* we send on our ring */
@@ -287,6 +326,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!s.have_bm || !s.have_q || !s.have_peer_q)
             abort(); /* what format wrote, attach must accept */
     }
+    s.keep = (mode & 8) != 0;
+    if (s.have_bm && s.keep && (s.rec = shmipc__held_new(&s.bm)) == NULL)
+        abort();
     if (s.have_bm &&
         (s.bm.total_slices == 0 || s.bm.nlists == 0 ||
          s.bm.lists[s.bm.nlists - 1].region + (uint64_t)s.bm.lists[s.bm.nlists - 1].region_len >
@@ -294,6 +336,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     for (unsigned i = 0; i < MAX_OPS && in.n > 0; i++)
         op(&s, &in);
+    /* Every kept slice is still in the record; nothing else is. */
+    if (s.rec != NULL && shmipc__held_count(&s.bm, s.rec) < s.nkept)
+        abort();
+    free(s.rec);
     free(s.buf);
     free(s.qmem);
     sink = s.sink;

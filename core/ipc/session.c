@@ -184,6 +184,7 @@ static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uin
             free(c->data - c->head);
             continue;
         }
+        shmipc__held_drop(&s->bm, s->held, c->slice);
         /* Give slices back while the buffer is in use; a dead session discards it. */
         if (s->err == 0 || s->role == SHMIPC__CLIENT)
             cache_put(s, c->slice);
@@ -228,6 +229,7 @@ static void session_destroy(shmipc_session *s)
         shmipc__session_trim(s);
     for (uint32_t l = 0; l < SHMIPC__BM_MAX_LISTS; l++)
         free(s->cache[l].off);
+    free(s->held);
     free(s->buckets);
     free(s->accept_q);
     free(s->ready);
@@ -636,11 +638,14 @@ static int deliver_chain_locked(shmipc_session *s, uint32_t id, uint32_t offset)
     int rc = stream_for_data_locked(s, id, &st);
     if (rc < 0)
         return rc;
+    if (s->held == NULL && (s->held = shmipc__held_new(&s->bm)) == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory for the slice record");
     if (st == NULL) {
-        rc = shmipc__buffer_free_chain(&s->bm, offset);
+        rc = shmipc__buffer_free_chain(&s->bm, offset, s->held);
         return rc < 0 ? rc : 0;
     }
     shmipc__chain_begin(&walk, &s->bm, offset);
+    walk.held = s->held;
     while ((rc = shmipc__chain_next(&walk, &sl)) == 1) {
         /*
          * Empty slices become empty chunks that reads skip (Go skips them too). They are not
@@ -1640,6 +1645,8 @@ static int forward_chunk_locked(shmipc_stream *dst, shmipc_stream *src, uint32_t
         }
         *seg = (struct shmipc__segment){c->data, c->len, c->len, c->slice};
         dst->send_len += c->len;
+        /* Ours to send now: the peer gets it back with the flush and may announce it again. */
+        shmipc__held_drop(&s->bm, s->held, c->slice);
         return 0;
     }
     int rc = c->len > 0 ? shmipc__stream_write(dst, c->data, c->len) : 0;

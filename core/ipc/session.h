@@ -130,6 +130,14 @@ struct shmipc_session {
      */
     uint64_t fallback_held;
 
+    /*
+     * Received slices this session holds (a bit per slice of bm; shmipc__held_new(), under
+     * mu): a slice announced while its bit is set ends the session, so a hostile peer that
+     * erases the walker's mark in shared memory still cannot make us keep one slice twice.
+     * Allocated at the first received chain; bounds the slice chunks to one per slice.
+     */
+    uint64_t *held;
+
     /* Server: streams the peer opened that nobody accepted yet (max_pending_streams at most). */
     struct shmipc_stream **accept_q;
     uint32_t accept_head, accept_len, accept_cap;

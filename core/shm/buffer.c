@@ -3,6 +3,7 @@
 #include "common/error.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Field offsets inside the buffer header, a list header and a slice header. */
@@ -161,6 +162,7 @@ int shmipc__buffer_format(struct shmipc__buffer *out, void *base, size_t size,
         l->slice_size = c[i].size;
         l->stride = (uint32_t)stride;
         l->region_len = (uint32_t)(num * stride);
+        l->first = bm->total_slices;
         bm->total_slices += l->cap;
         off = l->region + l->region_len;
     }
@@ -252,6 +254,8 @@ int shmipc__buffer_attach(struct shmipc__buffer *out, void *base, size_t size)
         l->slice_size = slice_size;
         l->stride = (uint32_t)stride;
         l->region_len = (uint32_t)(cap * stride);
+        /* Fits: cap * stride <= the mapping (< 4 GiB) and stride >= 20. */
+        l->first = bm->total_slices;
         bm->total_slices += cap;
         bm->nlists = i + 1;
         off = (uint64_t)l->region + l->region_len;
@@ -402,6 +406,35 @@ int shmipc__buffer_slice_at(const struct shmipc__buffer *bm, uint32_t offset,
     return 0;
 }
 
+/* The number of the slice at `off` of list `li`, across lists. */
+static uint32_t slice_index(const struct shmipc__buffer *bm, uint32_t li, uint32_t off)
+{
+    const struct shmipc__buffer_list *l = &bm->lists[li];
+    return l->first + (off - l->region) / l->stride;
+}
+
+uint64_t *shmipc__held_new(const struct shmipc__buffer *bm)
+{
+    return calloc(((size_t)bm->total_slices + 63) / 64 + 1, sizeof(uint64_t));
+}
+
+void shmipc__held_drop(const struct shmipc__buffer *bm, uint64_t *held, uint32_t offset)
+{
+    int li = list_of(bm, offset);
+    if (held == NULL || li < 0)
+        return;
+    uint32_t i = slice_index(bm, (uint32_t)li, offset);
+    held[i / 64] &= ~(UINT64_C(1) << (i % 64));
+}
+
+uint32_t shmipc__held_count(const struct shmipc__buffer *bm, const uint64_t *held)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; held != NULL && i < bm->total_slices; i++)
+        n += (held[i / 64] >> (i % 64)) & 1;
+    return n;
+}
+
 int shmipc__buffer_free(struct shmipc__buffer *bm, uint32_t offset)
 {
     int li = list_of(bm, offset);
@@ -483,6 +516,7 @@ void shmipc__chain_begin(struct shmipc__chain *c, const struct shmipc__buffer *b
     c->mark = NO_MARK;
     c->power = 1;
     c->window = 1;
+    c->held = NULL;
 }
 
 int shmipc__chain_next(struct shmipc__chain *c, struct shmipc__chain_slice *out)
@@ -516,6 +550,13 @@ int shmipc__chain_next(struct shmipc__chain *c, struct shmipc__chain_slice *out)
     uint32_t start = __atomic_load_n(u32_at(bm, off + SLICE_START), __ATOMIC_RELAXED);
     uint32_t next = __atomic_load_n(u32_at(bm, off + SLICE_NEXT), __ATOMIC_RELAXED);
     uint32_t cap = bm->lists[li].slice_size;
+    uint32_t index = slice_index(bm, (uint32_t)li, off);
+    uint64_t bit = UINT64_C(1) << (index % 64);
+    if (c->held != NULL && (c->held[index / 64] & bit))
+        return shmipc__fail(SHMIPC_EPROTO,
+                            "chain: link %u names slice %u, which this receiver already holds "
+                            "(announced again: a slice in two chains)",
+                            c->steps, off);
     if (size == SHMIPC__BM_CLAIMED)
         return shmipc__fail(SHMIPC_EPROTO,
                             "chain: slice %u was already taken by this receiver (a cyclic chain, "
@@ -526,6 +567,9 @@ int shmipc__chain_next(struct shmipc__chain *c, struct shmipc__chain_slice *out)
                             "chain: slice %u has start %u + size %u beyond its %u bytes", off,
                             start, size, cap);
     __atomic_store_n(u32_at(bm, off + SLICE_SIZE), SHMIPC__BM_CLAIMED, __ATOMIC_RELAXED);
+    if (c->held != NULL)
+        c->held[index / 64] |= bit;
+    out->index = index;
     out->offset = off;
     out->list = (uint32_t)li;
     out->start = start;
@@ -538,7 +582,7 @@ int shmipc__chain_next(struct shmipc__chain *c, struct shmipc__chain_slice *out)
     return 1;
 }
 
-int shmipc__buffer_free_chain(struct shmipc__buffer *bm, uint32_t offset)
+int shmipc__buffer_free_chain(struct shmipc__buffer *bm, uint32_t offset, uint64_t *held)
 {
     struct shmipc__chain c;
     struct shmipc__chain_slice s;
@@ -553,6 +597,7 @@ int shmipc__buffer_free_chain(struct shmipc__buffer *bm, uint32_t offset)
      * and nothing is freed that this walk did not claim.
      */
     shmipc__chain_begin(&c, bm, offset);
+    c.held = held;
     while ((rc = shmipc__chain_next(&c, &s)) > 0)
         n++;
     if (rc < 0)
@@ -566,6 +611,8 @@ int shmipc__buffer_free_chain(struct shmipc__buffer *bm, uint32_t offset)
             break;
         uint8_t flags = __atomic_load_n(flags_at(bm, off), __ATOMIC_ACQUIRE);
         uint32_t next = __atomic_load_n(u32_at(bm, off + SLICE_NEXT), __ATOMIC_RELAXED);
+        /* The walk marked it held; it leaves our hands now. */
+        shmipc__held_drop(bm, held, off);
         int frc = list_push(bm, (uint32_t)li, off - bm->lists[li].region);
         if (frc < 0)
             return frc;

@@ -38,6 +38,7 @@ struct shmipc__buffer_list {
     uint32_t slice_size; /* data bytes per slice ("capPerBuffer") */
     uint32_t stride;     /* slice_size + 20 */
     uint32_t region_len; /* cap * stride */
+    uint32_t first;      /* number of its first slice among all slices of the buffer */
 };
 
 /* A process's view of one buffer mapping. Plain data: no cleanup is needed. */
@@ -117,6 +118,21 @@ int shmipc__buffer_alloc_many(struct shmipc__buffer *bm, uint64_t want, struct s
  */
 int shmipc__buffer_free(struct shmipc__buffer *bm, uint32_t offset);
 
+/*
+ * The receiver's record of the slices it holds: one bit per slice of the buffer, numbered
+ * across lists (list.first + index in the list), kept in process memory where the peer cannot
+ * reach it. shmipc__held_new() allocates it zeroed for `bm`'s layout (NULL when out of
+ * memory); free it with free(). The number of a slice is computed from its offset, so every
+ * operation is O(1).
+ */
+uint64_t *shmipc__held_new(const struct shmipc__buffer *bm);
+
+/* Forgets the slice at `offset` (it was freed, or handed back to the peer). Any offset is safe. */
+void shmipc__held_drop(const struct shmipc__buffer *bm, uint64_t *held, uint32_t offset);
+
+/* Number of slices marked in `held`, for tests and checks: O(slices). */
+uint32_t shmipc__held_count(const struct shmipc__buffer *bm, const uint64_t *held);
+
 /* Resolves `offset` to a slice: SHMIPC_EINVAL unless it is exactly a slice boundary. */
 int shmipc__buffer_slice_at(const struct shmipc__buffer *bm, uint32_t offset,
                             struct shmipc__slice *out);
@@ -170,6 +186,12 @@ uint32_t shmipc__buffer_max_slice(const struct shmipc__buffer *bm);
  * that case the walk also runs Brent's cycle detection, which stops a cycle within about
  * twice its length (a few slices may then have been returned twice), and the walk never
  * exceeds the buffer's slice count.
+ *
+ * The mark is in shared memory, so a hostile peer can erase it after we took a slice and
+ * announce the slice again. A receiver that keeps slices therefore also sets `held` (see
+ * shmipc__held_new()) after chain_begin: the walk then refuses, with SHMIPC_EPROTO, a slice
+ * whose bit is set ("already holds"), and sets the bit of every slice it returns. The caller
+ * clears a bit (shmipc__held_drop()) when it frees the slice or hands it back to the peer.
  */
 #define SHMIPC__BM_CLAIMED UINT32_MAX
 
@@ -181,6 +203,7 @@ struct shmipc__chain {
     uint32_t mark;   /* Brent: the offset later steps are compared with */
     uint32_t power;  /* Brent: steps before the mark moves on */
     uint32_t window; /* Brent: steps since the mark moved */
+    uint64_t *held;  /* the receiver's record of slices it holds, or NULL (chain_begin) */
 };
 
 /* One validated link of a chain. */
@@ -190,6 +213,7 @@ struct shmipc__chain_slice {
     uint32_t start;
     uint32_t size;
     uint32_t flags;
+    uint32_t index; /* the slice's number across lists (bit in `held`) */
     uint8_t *bytes; /* the `size` valid bytes: base + offset + 20 + start */
 };
 
@@ -202,8 +226,9 @@ int shmipc__chain_next(struct shmipc__chain *c, struct shmipc__chain_slice *out)
 /*
  * Walks and frees every slice of the chain at `offset`, as a receiver does with a message it
  * will not deliver. Returns the number of slices freed, or a negative code; a broken chain
- * has its sound prefix freed before the error is returned.
+ * has its sound prefix freed before the error is returned. With `held` (may be NULL), a slice
+ * the receiver holds ends the walk there as in shmipc__chain_next(), and is not freed.
  */
-int shmipc__buffer_free_chain(struct shmipc__buffer *bm, uint32_t offset);
+int shmipc__buffer_free_chain(struct shmipc__buffer *bm, uint32_t offset, uint64_t *held);
 
 #endif

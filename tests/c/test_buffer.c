@@ -843,7 +843,7 @@ static void cyclic_chains_end_with_an_error(void **state)
     assert_int_equal(shmipc__buffer_alloc(&bm, 1, &y), 0);
     assert_int_equal(shmipc__buffer_slice_link(&bm, &x, y.offset), 0);
     assert_int_equal(shmipc__buffer_slice_link(&bm, &y, x.offset), 0);
-    assert_int_equal(shmipc__buffer_free_chain(&bm, x.offset), SHMIPC_EPROTO);
+    assert_int_equal(shmipc__buffer_free_chain(&bm, x.offset, NULL), SHMIPC_EPROTO);
     assert_int_equal(shmipc__buffer_all_returned(&bm), 1);
     /* A broken chain has its sound prefix freed. */
     struct shmipc__slice z;
@@ -851,7 +851,7 @@ static void cyclic_chains_end_with_an_error(void **state)
     assert_int_equal(shmipc__buffer_alloc(&bm, 1, &y), 0);
     assert_int_equal(shmipc__buffer_slice_link(&bm, &x, y.offset), 0);
     poke_slice(g.base, y.offset, 1004, 0, 0, y.offset + 4, 3);
-    assert_int_equal(shmipc__buffer_free_chain(&bm, x.offset), SHMIPC_EPROTO);
+    assert_int_equal(shmipc__buffer_free_chain(&bm, x.offset, NULL), SHMIPC_EPROTO);
     assert_non_null(strstr(shmipc_error_detail(), "not a slice"));
     assert_int_equal(shmipc__buffer_all_returned(&bm), 1);
     /* A caller that frees during the walk hides the claim marks; Brent still stops it. */
@@ -879,8 +879,58 @@ static void cyclic_chains_end_with_an_error(void **state)
     assert_int_equal(shmipc__buffer_alloc(&bm, 1, &x), 0);
     assert_int_equal(shmipc__buffer_alloc(&bm, 2000, &y), 0);
     assert_int_equal(shmipc__buffer_slice_link(&bm, &x, y.offset), 0);
-    assert_int_equal(shmipc__buffer_free_chain(&bm, x.offset), 2);
+    assert_int_equal(shmipc__buffer_free_chain(&bm, x.offset, NULL), 2);
     assert_int_equal(shmipc__buffer_all_returned(&bm), 1);
+    guarded_free(&g);
+}
+
+/*
+ * The receiver's record of held slices: the walk refuses a slice whose bit is set even when
+ * the peer erased the shared mark, numbers slices across lists, and free_chain clears the bits
+ * of what it frees and never frees a held slice.
+ */
+static void held_slices_are_refused_with_the_mark_erased(void **state)
+{
+    (void)state;
+    struct guarded g;
+    struct shmipc__buffer bm;
+    struct shmipc__slice x, y;
+    struct shmipc__chain ch;
+    struct shmipc__chain_slice cs;
+    small_new(&g, &bm);
+    uint64_t *held = shmipc__held_new(&bm);
+    assert_non_null(held);
+    assert_true(bm.nlists >= 2);
+    assert_int_equal(bm.lists[1].first, bm.lists[0].cap);
+    assert_int_equal(shmipc__buffer_alloc(&bm, 1, &x), 0);
+    assert_int_equal(shmipc__buffer_alloc(&bm, 2000, &y), 0);
+    assert_int_equal(x.list, 0);
+    assert_int_equal(y.list, bm.nlists - 1);
+    shmipc__chain_begin(&ch, &bm, x.offset);
+    ch.held = held;
+    assert_int_equal(shmipc__chain_next(&ch, &cs), 1);
+    assert_int_equal(cs.index, (x.offset - bm.lists[0].region) / bm.lists[0].stride);
+    assert_int_equal(shmipc__held_count(&bm, held), 1);
+    /* The peer writes an ordinary size over our mark and sends x again, alone or linked. */
+    assert_int_equal(shmipc__buffer_slice_set(&bm, &x, 0, 1), 0);
+    shmipc__chain_begin(&ch, &bm, x.offset);
+    ch.held = held;
+    assert_int_equal(shmipc__chain_next(&ch, &cs), SHMIPC_EPROTO);
+    assert_non_null(strstr(shmipc_error_detail(), "already holds"));
+    assert_int_equal(shmipc__buffer_slice_link(&bm, &y, x.offset), 0);
+    assert_int_equal(shmipc__buffer_free_chain(&bm, y.offset, held), SHMIPC_EPROTO);
+    /* y was freed and forgotten; x, still ours, was neither freed nor forgotten. */
+    assert_int_equal(shmipc__held_count(&bm, held), 1);
+    assert_int_equal(shmipc__buffer_list_free(&bm, y.list), (int32_t)bm.lists[y.list].cap);
+    assert_int_equal(shmipc__buffer_list_free(&bm, 0), (int32_t)bm.lists[0].cap - 1);
+    /* Once we let x go, it may come again. */
+    shmipc__held_drop(&bm, held, x.offset);
+    shmipc__held_drop(&bm, held, 12345); /* not a slice: ignored */
+    assert_int_equal(shmipc__held_count(&bm, held), 0);
+    assert_int_equal(shmipc__buffer_slice_set(&bm, &x, 0, 1), 0);
+    assert_int_equal(shmipc__buffer_free_chain(&bm, x.offset, held), 1);
+    assert_int_equal(shmipc__buffer_all_returned(&bm), 1);
+    free(held);
     guarded_free(&g);
 }
 
@@ -1050,6 +1100,7 @@ int main(void)
         cmocka_unit_test(chain_sizes_are_judged_by_the_list),
         cmocka_unit_test(walks_claim_their_slices),
         cmocka_unit_test(cyclic_chains_end_with_an_error),
+        cmocka_unit_test(held_slices_are_refused_with_the_mark_erased),
         cmocka_unit_test(one_allocator_one_freer_across_threads),
         cmocka_unit_test(child_allocs_parent_frees),
     };

@@ -555,6 +555,9 @@ static void inject(shmipc_session *c, struct shmipc__queue_elem e)
     wake_server(c);
 }
 
+/* A stream a corruption accepted to get it out of the way; closed with its pair. */
+static shmipc_stream *hostile_taken;
+
 /* Runs `corrupt` against a fresh pair and checks that only that server session ends. */
 static void expect_server_ends(void (*corrupt)(struct ipc_pair *), int code, const char *why)
 {
@@ -572,6 +575,9 @@ static void expect_server_ends(void (*corrupt)(struct ipc_pair *), int code, con
     first_message(&good, &gs, &gss, "still fine");
     shmipc_stream_close(gs);
     shmipc_stream_close(gss);
+    if (hostile_taken != NULL)
+        shmipc_stream_close(hostile_taken);
+    hostile_taken = NULL;
     ipc_pair_close(&bad);
     ipc_pair_close(&good);
     shmipc_config_free(cfg);
@@ -855,6 +861,62 @@ static void corrupt_slice_resent(struct ipc_pair *p)
 static struct hostile_case hostile_slice_resent[] = {
     {corrupt_slice_resent, "a slice in two chains"}, {NULL, NULL}};
 
+/*
+ * The walker's mark lives in shared memory, so a hostile peer can erase it: it waits until we
+ * have taken a slice (the mark is there), writes an ordinary size over the mark and announces
+ * the same slice again, as often as it likes. Each announcement would be one more chunk on our
+ * heap, all naming one slice that we would later free as many times. Our own record of the
+ * slices we hold refuses the second announcement.
+ */
+static void resend_slice_with_mark_erased(struct ipc_pair *p, uint32_t first, uint32_t again)
+{
+    struct shmipc__buffer *bm = &p->client->bm;
+    const uint32_t size = 10;
+    inject(p->client, (struct shmipc__queue_elem){2, first, 0});
+    for (uint32_t i = 0; i <= p->server->bm.total_slices; i++) {
+        uint32_t mark = 0;
+        /* Let the server take what we sent; it stops at its first error. */
+        for (int spin = 0; spin < 1000 && mark != SHMIPC__BM_CLAIMED; spin++) {
+            if (shmipc__session_process(p->server) < 0)
+                goto take;
+            memcpy(&mark, bm->base + first + 4, 4);
+        }
+        assert_int_equal(mark, SHMIPC__BM_CLAIMED);
+        memcpy(bm->base + first + 4, &size, 4);
+        inject(p->client, (struct shmipc__queue_elem){2, again, 0});
+    }
+take:
+    /* Take the stream the first announcement opened, so the next accept sees the end. */
+    assert_int_equal(shmipc_session_accept_stream(p->server, 5000, &hostile_taken), 0);
+}
+
+static void corrupt_slice_resent_mark_erased(struct ipc_pair *p)
+{
+    struct shmipc__slice a;
+    struct shmipc__buffer *bm = &p->client->bm;
+    assert_int_equal(shmipc__buffer_alloc(bm, 100, &a), 0);
+    assert_int_equal(shmipc__buffer_slice_set(bm, &a, 0, 10), 0);
+    resend_slice_with_mark_erased(p, a.offset, a.offset);
+}
+
+/* An overlap: a new chain whose second link is a slice we already hold. */
+static void corrupt_slice_overlaps_held(struct ipc_pair *p)
+{
+    struct shmipc__slice a, b;
+    struct shmipc__buffer *bm = &p->client->bm;
+    assert_int_equal(shmipc__buffer_alloc(bm, 100, &a), 0);
+    assert_int_equal(shmipc__buffer_alloc(bm, 100, &b), 0);
+    assert_int_equal(shmipc__buffer_slice_set(bm, &a, 0, 10), 0);
+    assert_int_equal(shmipc__buffer_slice_set(bm, &b, 0, 10), 0);
+    assert_int_equal(shmipc__buffer_slice_link(bm, &b, a.offset), 0);
+    resend_slice_with_mark_erased(p, a.offset, b.offset);
+}
+
+static struct hostile_case hostile_slice_resent_mark_erased[] = {
+    {corrupt_slice_resent_mark_erased, "already holds"},
+    {corrupt_slice_overlaps_held, "already holds"},
+    {NULL, NULL}};
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -887,6 +949,7 @@ int main(void)
         cmocka_unit_test(pending_streams_are_capped),
         cmocka_unit_test(fallback_bytes_held_are_capped),
         hostile_test(hostile_slice_resent),
+        hostile_test(hostile_slice_resent_mark_erased),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
