@@ -12,7 +12,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +19,6 @@
 #include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #define SUPPORTED_VERSION 3
@@ -315,41 +313,30 @@ static void copy_path(char *dst, const uint8_t *src, uint16_t len)
 }
 
 /*
- * A V2 client names files for the server to open read-write and later remove. Accept only
- * regular files on a tmpfs that the peer owns (when the socket tells us who the peer is), so
- * a local client cannot make the server map or delete anyone else's files.
+ * A V2 client names files for the server to open read-write and later remove. They must lie
+ * beneath the directory of our path prefix (normally /dev/shm), reached without following a
+ * symlink, and be regular files with one link on a tmpfs, owned by the peer: its uid from
+ * SO_PEERCRED on a unix socket, our own uid where the socket has none (TCP), since a file of
+ * ours is the only kind a peer we cannot identify may name. See shmipc__mapping_open_beneath.
  */
-static int check_peer_file(shmipc_session *s, const char *path)
-{
-    struct stat st;
-    struct statfs fs;
-    if (lstat(path, &st) < 0)
-        return shmipc__fail_errno(errno, "handshake: shared-memory file %s", path);
-    if (!S_ISREG(st.st_mode))
-        return shmipc__fail(SHMIPC_EACCES, "handshake: %s is not a regular file", path);
-    if (statfs(path, &fs) < 0 || fs.f_type != TMPFS_MAGIC)
-        return shmipc__fail(SHMIPC_EACCES, "handshake: %s is not on a tmpfs such as /dev/shm",
-                            path);
-    struct ucred cred;
-    socklen_t len = sizeof cred;
-    if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid != 0 &&
-        cred.uid != st.st_uid)
-        return shmipc__fail(SHMIPC_EACCES, "handshake: %s belongs to uid %u, the peer is uid %u",
-                            path, (unsigned)st.st_uid, (unsigned)cred.uid);
-    return 0;
-}
-
 static int map_by_path(shmipc_session *s, const struct shmipc__msg *msg)
 {
+    char dir[SHMIPC__SHM_NAME_MAX];
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    uint32_t owner = (uint32_t)geteuid();
     int rc;
     copy_path(s->queue_path, msg->u.share.queue_path, msg->u.share.queue_len);
     copy_path(s->buffer_path, msg->u.share.buffer_path, msg->u.share.buffer_len);
-    if ((rc = check_peer_file(s, s->queue_path)) < 0 ||
-        (rc = check_peer_file(s, s->buffer_path)) < 0)
-        return rc;
-    if ((rc = shmipc__mapping_open_file(&s->queue_map, s->queue_path)) < 0 ||
-        (rc = shmipc__mapping_open_file(&s->buffer_map, s->buffer_path)) < 0)
-        return rc;
+    if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid != 0)
+        owner = (uint32_t)cred.uid;
+    if ((rc = shmipc__shm_dir_of(s->cfg.path_prefix, dir, sizeof dir)) < 0 ||
+        (rc = shmipc__mapping_open_beneath(&s->queue_map, dir, s->queue_path, owner)) < 0 ||
+        (rc = shmipc__mapping_open_beneath(&s->buffer_map, dir, s->buffer_path, owner)) < 0) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", shmipc__detail());
+        return shmipc__fail(rc, "handshake: %s", why);
+    }
     /* As the reference does, the server removes the client's files when it unmaps them. */
     s->unlink_files = 1;
     return 0;
@@ -368,6 +355,9 @@ static int attach_memory(shmipc_session *s)
     if (shmipc__session_memory_damaged(s))
         rc = shmipc__fail(SHMIPC_EPROTO, "handshake: the peer's shared memory shrank under the "
                                          "mapping (SIGBUS caught)");
+    /* Memory we refused was never served: its files stay the peer's to remove. */
+    if (rc < 0)
+        s->unlink_files = 0;
     return rc;
 }
 

@@ -234,12 +234,13 @@ static void session_destroy(shmipc_session *s)
     free(s->accept_q);
     free(s->ready);
     free(s->rbuf);
+    /* Only the very files that were mapped: a name the peer swapped since stays. */
+    if (s->unlink_files) {
+        shmipc__mapping_remove(&s->buffer_map);
+        shmipc__mapping_remove(&s->queue_map);
+    }
     shmipc__mapping_unmap(&s->buffer_map);
     shmipc__mapping_unmap(&s->queue_map);
-    if (s->unlink_files) {
-        shmipc__mapping_unlink(s->buffer_path);
-        shmipc__mapping_unlink(s->queue_path);
-    }
     if (s->event_fd >= 0 && s->event_fd != s->fd)
         close(s->event_fd);
     if (s->timer_fd >= 0)

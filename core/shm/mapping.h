@@ -24,6 +24,12 @@ struct shmipc__mapping {
     size_t size;
     int fd;
     struct shmipc__guard_slot *guard; /* shm/guard.h; NULL when unguarded */
+    /*
+     * A /dev/shm file's identity, from fstat of the descriptor that was mapped, so that only
+     * this very file is ever removed (shmipc__mapping_remove). ino 0: no file to remove.
+     */
+    uint64_t dev, ino;
+    uint32_t dir_len; /* path[0..dir_len) is the trusted directory the file lies beneath */
     char path[SHMIPC__SHM_NAME_MAX];
 };
 
@@ -52,11 +58,28 @@ int shmipc__mapping_create_file(struct shmipc__mapping *m, const char *path, siz
 int shmipc__mapping_map_fd(struct shmipc__mapping *m, int fd, const char *path);
 
 /*
- * Server, /dev/shm mode: opens the peer's existing regular file `path` read-write (not
- * following a final symlink) and maps it at its full size, with the size rules of
- * shmipc__mapping_map_fd(). The file is left in place; see shmipc__mapping_unlink().
+ * Server, /dev/shm mode: opens the file a (possibly hostile) peer named and maps it at its
+ * full size, with the size rules of shmipc__mapping_map_fd(). `path` must be `dir` + "/" +
+ * a relative name of plain components (no "", "." or ".."); `dir` is trusted (our own
+ * configuration) and opened as it is, the rest is resolved beneath it without following any
+ * symlink (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, or a component-by-component
+ * O_NOFOLLOW walk where openat2 is missing). The file must be a regular file with one link,
+ * on a tmpfs, owned by `owner`, and stay the same inode from the check to the open. Refusals
+ * are SHMIPC_EACCES with a detail naming the rule. The file is left in place; its device and
+ * inode are kept for shmipc__mapping_remove().
  */
-int shmipc__mapping_open_file(struct shmipc__mapping *m, const char *path);
+int shmipc__mapping_open_beneath(struct shmipc__mapping *m, const char *dir, const char *path,
+                                 uint32_t owner);
+
+/*
+ * Where shmipc__mapping_open_beneath() looks for a peer's files: the directory of `prefix`
+ * (the configured path prefix) when it is an absolute path, else "/dev/shm". Returns the
+ * length written, or SHMIPC_ENAMETOOLONG.
+ */
+int shmipc__shm_dir_of(const char *prefix, char *out, size_t cap);
+
+/* Tests only: 1 makes name resolution take the openat walk, as without openat2. */
+void shmipc__mapping_force_walk(int on);
 
 /*
  * Seals a memfd against shrinking and growing, so a peer that maps it can never see a page
@@ -80,7 +103,20 @@ void shmipc__mapping_set_wake_fd(struct shmipc__mapping *m, int fd);
 /* Unmaps and closes whatever `m` holds and leaves it empty. Safe on an empty mapping. */
 void shmipc__mapping_unmap(struct shmipc__mapping *m);
 
-/* Removes a /dev/shm file by path; SHMIPC_ENOENT when it is already gone. */
+/*
+ * Removes the /dev/shm file `m` was made from (by shmipc__mapping_create_file or
+ * shmipc__mapping_open_beneath), if its name still refers to the very file that was mapped:
+ * the name is resolved beneath the trusted directory again, without following symlinks, its
+ * device and inode compared with those kept at mapping time, and only then unlinkat(). A name
+ * that now refers to another file is left alone (SHMIPC_EACCES); SHMIPC_ENOENT when it is gone.
+ * Call it before shmipc__mapping_unmap(), which forgets the identity.
+ */
+int shmipc__mapping_remove(const struct shmipc__mapping *m);
+
+/*
+ * Removes a file by path, following whatever the path holds; SHMIPC_ENOENT when it is gone.
+ * For tests and for cleaning up names of our own: never for a name a peer gave us.
+ */
 int shmipc__mapping_unlink(const char *path);
 
 /*

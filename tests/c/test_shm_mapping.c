@@ -185,6 +185,7 @@ static void received_fds_are_checked(void **state)
 
 static void devshm_file_lifecycle(void **state)
 {
+    const struct dir *D = *state;
     struct shmipc__mapping m, peer;
     struct stat st;
     char path[128];
@@ -204,7 +205,7 @@ static void devshm_file_lifecycle(void **state)
 
     /* The server opens the path it was sent. */
     shmipc__mapping_init(&peer);
-    assert_int_equal(shmipc__mapping_open_file(&peer, path), 0);
+    assert_int_equal(shmipc__mapping_open_beneath(&peer, D->path, path, (uint32_t)geteuid()), 0);
     assert_int_equal(peer.size, 1u << 20);
     ((uint8_t *)peer.base)[777] = 7;
     assert_int_equal(((uint8_t *)m.base)[777], 7);
@@ -212,7 +213,8 @@ static void devshm_file_lifecycle(void **state)
     shmipc__mapping_unmap(&m);
     assert_int_equal(shmipc__mapping_unlink(path), 0);
     assert_int_equal(shmipc__mapping_unlink(path), SHMIPC_ENOENT);
-    assert_int_equal(shmipc__mapping_open_file(&peer, path), SHMIPC_ENOENT);
+    assert_int_equal(shmipc__mapping_open_beneath(&peer, D->path, path, (uint32_t)geteuid()),
+                     SHMIPC_ENOENT);
     assert_null(peer.base);
 }
 
@@ -224,6 +226,7 @@ static void devshm_refuses_what_it_should(void **state)
     in_dir(path, sizeof path, state, "empty");
     in_dir(link, sizeof link, state, "link");
     in_dir(missing, sizeof missing, state, "no/such/dir");
+    const struct dir *D = *state;
 
     /* Sizes are checked before anything is created. */
     assert_int_equal(shmipc__mapping_create_file(&m, path, 0), SHMIPC_EINVAL);
@@ -235,11 +238,11 @@ static void devshm_refuses_what_it_should(void **state)
     int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
     assert_true(fd >= 0);
     close(fd);
-    assert_int_equal(shmipc__mapping_open_file(&m, path), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__mapping_open_beneath(&m, D->path, path, (uint32_t)geteuid()),
+                     SHMIPC_EINVAL);
     assert_int_equal(symlink(path, link), 0);
-    assert_true(shmipc__mapping_open_file(&m, link) < 0);
-    const struct dir *d = *state;
-    assert_true(shmipc__mapping_open_file(&m, d->path) < 0);
+    assert_true(shmipc__mapping_open_beneath(&m, D->path, link, (uint32_t)geteuid()) < 0);
+    assert_true(shmipc__mapping_open_beneath(&m, D->path, D->path, (uint32_t)geteuid()) < 0);
     assert_null(m.base);
     assert_int_equal(unlink(link), 0);
     assert_int_equal(unlink(path), 0);
@@ -248,7 +251,8 @@ static void devshm_refuses_what_it_should(void **state)
     memset(longpath, 'x', sizeof longpath);
     longpath[sizeof longpath - 1] = '\0';
     assert_int_equal(shmipc__mapping_create_file(&m, longpath, 4096), SHMIPC_ENAMETOOLONG);
-    assert_int_equal(shmipc__mapping_open_file(&m, longpath), SHMIPC_ENAMETOOLONG);
+    assert_int_equal(shmipc__mapping_open_beneath(&m, D->path, longpath, (uint32_t)geteuid()),
+                     SHMIPC_ENAMETOOLONG);
 }
 
 int main(void)
