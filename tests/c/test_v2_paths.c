@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 
@@ -280,6 +282,34 @@ static void v2_non_regular_files_are_refused(void **state)
     assert_true(S_ISFIFO(st.st_mode));
 }
 
+/* A server whose directory is not a tmpfs maps nothing from it (page cache, disk writes). */
+static void v2_file_not_on_tmpfs_is_refused(void **state)
+{
+    (void)state;
+    char dir[64], prefix[160], q[160], b[160];
+    struct statfs fs;
+    shmipc_config *saved = cfg;
+    snprintf(dir, sizeof dir, "/var/tmp/shmipc-v2p-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    if (statfs(dir, &fs) != 0 || fs.f_type == TMPFS_MAGIC) {
+        rmdir(dir);
+        print_message("skipped: /var/tmp is a tmpfs here\n");
+        skip();
+    }
+    at(prefix, dir, "srv");
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_set_path_prefix(cfg, prefix), 0);
+    at(q, dir, "q");
+    at(b, dir, "b");
+    make_files(q, b);
+    struct ident iq = ident_of(q);
+    expect_refused(q, b, SHMIPC_EACCES, "not on a tmpfs");
+    assert_untouched(q, iq);
+    shmipc_config_free(cfg);
+    cfg = saved;
+    rm_rf(dir);
+}
+
 /* A file that belongs to another uid than the peer's (root only: chown). */
 static void v2_file_of_another_uid_is_refused(void **state)
 {
@@ -402,6 +432,7 @@ int main(void)
         cmocka_unit_test_teardown(v2_symlinked_last_component_is_refused, teardown),
         cmocka_unit_test_teardown(v2_dotdot_and_paths_outside_are_refused, teardown),
         cmocka_unit_test_teardown(v2_non_regular_files_are_refused, teardown),
+        cmocka_unit_test_teardown(v2_file_not_on_tmpfs_is_refused, teardown),
         cmocka_unit_test_teardown(v2_file_of_another_uid_is_refused, teardown),
         cmocka_unit_test_teardown(v2_hard_linked_file_is_refused, teardown),
         cmocka_unit_test_teardown(v2_too_small_files_are_refused, teardown),
