@@ -250,7 +250,8 @@ static int open_parent(int dirfd, const char *rel, const char *path, int *own)
         long fd = syscall(SYS_openat2, dirfd, sub, &how, sizeof how);
         if (fd >= 0)
             return (int)fd;
-        if (errno != ENOSYS)
+        /* Old seccomp profiles (Docker before 20.10) refuse unknown calls with EPERM. */
+        if (errno != ENOSYS && errno != EPERM)
             return shmipc__fail_errno(errno == ELOOP || errno == EXDEV ? EACCES : errno,
                                       "%s: directory \"%s\" beneath the allowed one (symlinks "
                                       "are not followed)",

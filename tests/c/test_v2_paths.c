@@ -179,6 +179,36 @@ static void v2_files_beneath_the_directory_are_mapped_and_removed(void **state)
     }
 }
 
+/*
+ * The server's own directory may be reached through a symlink (as /dev/shm -> /run/shm on
+ * some systems): it is configuration, not the peer's, and is followed as it is.
+ */
+static void v2_directory_of_the_prefix_may_be_a_symlink(void **state)
+{
+    (void)state;
+    char real[160], link[160], prefix[160], q[160], b[160], lq[160], lb[160];
+    shmipc_session *s;
+    shmipc_config *saved = cfg;
+    at(real, base, "real");
+    at(link, other, "to-real");
+    assert_int_equal(mkdir(real, 0700), 0);
+    assert_int_equal(symlink(real, link), 0);
+    at(prefix, link, "srv");
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_set_path_prefix(cfg, prefix), 0);
+    at(q, real, "q");
+    at(b, real, "b");
+    make_files(q, b);
+    at(lq, link, "q");
+    at(lb, link, "b");
+    assert_int_equal(serve(lq, lb, &s), 0);
+    shmipc_session_close(s);
+    assert_int_equal(access(q, F_OK), -1);
+    assert_int_equal(access(b, F_OK), -1);
+    shmipc_config_free(cfg);
+    cfg = saved;
+}
+
 /* base/link -> base/real: a directory component that is a symlink. */
 static void v2_symlinked_directory_component_is_refused(void **state)
 {
@@ -428,6 +458,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(v2_files_beneath_the_directory_are_mapped_and_removed, teardown),
+        cmocka_unit_test_teardown(v2_directory_of_the_prefix_may_be_a_symlink, teardown),
         cmocka_unit_test_teardown(v2_symlinked_directory_component_is_refused, teardown),
         cmocka_unit_test_teardown(v2_symlinked_last_component_is_refused, teardown),
         cmocka_unit_test_teardown(v2_dotdot_and_paths_outside_are_refused, teardown),
