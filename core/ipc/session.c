@@ -124,8 +124,8 @@ static int cache_room_locked(shmipc_session *s, uint32_t l)
     return 1;
 }
 
-/* We are done with the slice at `off`: keep it for our next write, or free it. */
-static void cache_put(shmipc_session *s, uint32_t off)
+/* We are done with the slice at `off`: keep it for our next write (1), or free it (0). */
+static int cache_put(shmipc_session *s, uint32_t off)
 {
     struct shmipc__slice sl;
     if (shmipc__buffer_slice_at(&s->bm, off, &sl) == 0) {
@@ -139,11 +139,12 @@ static void cache_put(shmipc_session *s, uint32_t off)
             if (s->cache[l].credit > 0)
                 s->cache[l].credit--;
             pthread_mutex_unlock(&s->cache_mu);
-            return;
+            return 1;
         }
         pthread_mutex_unlock(&s->cache_mu);
     }
     shmipc__buffer_free(&s->bm, off);
+    return 0;
 }
 
 /* A kept slice of the smallest list that holds `want` bytes, most recently used first. */
@@ -155,8 +156,11 @@ static int cache_get(shmipc_session *s, uint32_t want, struct shmipc__slice *out
     if (l == s->bm.nlists)
         return SHMIPC_ENOSHM;
     pthread_mutex_lock(&s->cache_mu);
-    if (s->cache[l].n > 0)
+    if (s->cache[l].n > 0) {
         off = s->cache[l].off[--s->cache[l].n];
+        /* It goes to the peer now; it was marked held while it waited here (free_chunks). */
+        shmipc__held_drop(&s->bm, s->held, off);
+    }
     /* We are about to write a slice of this size: one more we may keep when it comes back. */
     if (s->cache[l].credit < s->cache[l].max)
         s->cache[l].credit++;
@@ -170,8 +174,11 @@ void shmipc__session_trim(shmipc_session *s)
 {
     pthread_mutex_lock(&s->cache_mu);
     for (uint32_t l = 0; l < s->bm.nlists; l++)
-        while (s->cache[l].n > 0)
-            shmipc__buffer_free(&s->bm, s->cache[l].off[--s->cache[l].n]);
+        while (s->cache[l].n > 0) {
+            uint32_t off = s->cache[l].off[--s->cache[l].n];
+            shmipc__held_drop(&s->bm, s->held, off);
+            shmipc__buffer_free(&s->bm, off);
+        }
     pthread_mutex_unlock(&s->cache_mu);
 }
 
@@ -184,10 +191,14 @@ static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uin
             free(c->data - c->head);
             continue;
         }
+        /*
+         * Give slices back while the buffer is in use; a dead session discards it. A slice
+         * kept in the cache is still ours: it stays marked held, so the peer cannot announce
+         * it while it waits there (cache_get unmarks it when it goes out again).
+         */
+        if ((s->err == 0 || s->role == SHMIPC__CLIENT) && cache_put(s, c->slice))
+            continue;
         shmipc__held_drop(&s->bm, s->held, c->slice);
-        /* Give slices back while the buffer is in use; a dead session discards it. */
-        if (s->err == 0 || s->role == SHMIPC__CLIENT)
-            cache_put(s, c->slice);
     }
 }
 

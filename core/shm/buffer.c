@@ -424,14 +424,14 @@ void shmipc__held_drop(const struct shmipc__buffer *bm, uint64_t *held, uint32_t
     if (held == NULL || li < 0)
         return;
     uint32_t i = slice_index(bm, (uint32_t)li, offset);
-    held[i / 64] &= ~(UINT64_C(1) << (i % 64));
+    __atomic_fetch_and(&held[i / 64], ~(UINT64_C(1) << (i % 64)), __ATOMIC_RELAXED);
 }
 
 uint32_t shmipc__held_count(const struct shmipc__buffer *bm, const uint64_t *held)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; held != NULL && i < bm->total_slices; i++)
-        n += (held[i / 64] >> (i % 64)) & 1;
+        n += (__atomic_load_n(&held[i / 64], __ATOMIC_RELAXED) >> (i % 64)) & 1;
     return n;
 }
 
@@ -552,7 +552,7 @@ int shmipc__chain_next(struct shmipc__chain *c, struct shmipc__chain_slice *out)
     uint32_t cap = bm->lists[li].slice_size;
     uint32_t index = slice_index(bm, (uint32_t)li, off);
     uint64_t bit = UINT64_C(1) << (index % 64);
-    if (c->held != NULL && (c->held[index / 64] & bit))
+    if (c->held != NULL && (__atomic_load_n(&c->held[index / 64], __ATOMIC_RELAXED) & bit))
         return shmipc__fail(SHMIPC_EPROTO,
                             "chain: link %u names slice %u, which this receiver already holds "
                             "(announced again: a slice in two chains)",
@@ -568,7 +568,7 @@ int shmipc__chain_next(struct shmipc__chain *c, struct shmipc__chain_slice *out)
                             start, size, cap);
     __atomic_store_n(u32_at(bm, off + SLICE_SIZE), SHMIPC__BM_CLAIMED, __ATOMIC_RELAXED);
     if (c->held != NULL)
-        c->held[index / 64] |= bit;
+        __atomic_fetch_or(&c->held[index / 64], bit, __ATOMIC_RELAXED);
     out->index = index;
     out->offset = off;
     out->list = (uint32_t)li;

@@ -123,7 +123,9 @@ int shmipc__buffer_free(struct shmipc__buffer *bm, uint32_t offset);
  * across lists (list.first + index in the list), kept in process memory where the peer cannot
  * reach it. shmipc__held_new() allocates it zeroed for `bm`'s layout (NULL when out of
  * memory); free it with free(). The number of a slice is computed from its offset, so every
- * operation is O(1).
+ * operation is O(1). Bits are set and cleared with atomic operations: one word holds the bits
+ * of 64 slices, which threads under different locks (a session's receive path and its slice
+ * cache) may change at once.
  */
 uint64_t *shmipc__held_new(const struct shmipc__buffer *bm);
 

@@ -912,9 +912,35 @@ static void corrupt_slice_overlaps_held(struct ipc_pair *p)
     resend_slice_with_mark_erased(p, a.offset, b.offset);
 }
 
+/*
+ * A slice we read and released waits in our cache for our next write: still ours. The peer
+ * announcing it there (the mark erased) would have us send it and hand it to a reader at once.
+ */
+static void corrupt_slice_in_our_cache(struct ipc_pair *p)
+{
+    struct shmipc__slice a;
+    struct shmipc__buffer *bm = &p->client->bm;
+    const void *data;
+    size_t n;
+    const uint32_t size = 10;
+    assert_int_equal(shmipc__buffer_alloc(bm, 100, &a), 0);
+    assert_int_equal(shmipc__buffer_slice_set(bm, &a, 0, size), 0);
+    inject(p->client, (struct shmipc__queue_elem){2, a.offset, 0});
+    assert_int_equal(shmipc_session_accept_stream(p->server, 5000, &hostile_taken), 0);
+    assert_int_equal(shmipc_stream_read_chunk(hostile_taken, 0, &data, &n, 0), 0);
+    assert_int_equal(n, size);
+    assert_int_equal(shmipc_stream_release(hostile_taken), 0);
+    struct shmipc__slice mine;
+    assert_int_equal(shmipc__buffer_slice_at(&p->server->bm, a.offset, &mine), 0);
+    assert_int_equal(p->server->cache[mine.list].n, 1); /* kept, not freed */
+    memcpy(bm->base + a.offset + 4, &size, 4);
+    inject(p->client, (struct shmipc__queue_elem){2, a.offset, 0});
+}
+
 static struct hostile_case hostile_slice_resent_mark_erased[] = {
     {corrupt_slice_resent_mark_erased, "already holds"},
     {corrupt_slice_overlaps_held, "already holds"},
+    {corrupt_slice_in_our_cache, "already holds"},
     {NULL, NULL}};
 
 int main(void)
