@@ -37,13 +37,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#define RX_STD       8192u  /* pooled receive buffers; larger requests get their own */
-#define TX_IOV       64u    /* iovecs of a batch; the reactor takes up to 64 without malloc */
-#define TX_ARENA     16384u /* heads (and small bodies) of a batch */
-#define HEAD_RESERVE 6144u  /* a head with 4 KiB of handler headers, plus a copied body */
-#define LINGER_MS    2000u  /* how long a half-closed connection waits for the peer's FIN */
-#define POOL_KEEP    1024u  /* free buffers a worker keeps per list */
-#define WS_CLOSE_MS  2000u  /* how long the application's close waits for the peer's */
+#define RX_STD       8192u      /* pooled receive buffers; larger requests get their own */
+#define TX_IOV       64u        /* iovecs of a batch; the reactor takes up to 64 without malloc */
+#define TX_ARENA     16384u     /* heads (and small bodies) of a batch */
+#define HEAD_RESERVE 6144u      /* a head with 4 KiB of handler headers, plus a copied body */
+#define LINGER_MS    2000u      /* how long a half-closed connection waits for the peer's FIN */
+#define LINGER_BYTES (1u << 20) /* how much input a lingering close drains before closing */
+#define POOL_KEEP    1024u      /* free buffers a worker keeps per list */
+#define WS_CLOSE_MS  2000u      /* how long the application's close waits for the peer's */
 
 /* ---------------------------------------------------------------------------------------- */
 /* Config */
@@ -255,6 +256,8 @@ struct server_conn {
     struct shmipc__timer timer;
     uint64_t deadline; /* loop ms when the connection times out; 0: none */
     uint64_t timer_at; /* when the timer fires, while active */
+    size_t tx_mark;    /* the reactor's pending bytes when the send timer last saw progress */
+    size_t drained;    /* input dropped while lingering */
     uint8_t phase;
     uint8_t inflight;  /* a batch is being sent */
     uint8_t peer_done; /* the peer's FIN arrived */
@@ -410,18 +413,44 @@ static uint64_t after(const struct server_conn *sc, uint32_t ms)
     return shmipc__loop_now_ms(sc->w->loop) + ms;
 }
 
-/* Half-close: the peer gets a FIN after what was queued; its input is drained until its own
- * FIN (or the linger time), so that closing does not answer unread bytes with a reset. */
+/*
+ * The lingering close's wait, once the last response has left (the reactor shuts the write
+ * side down right behind it): input is drained until the peer's FIN, LINGER_MS or
+ * LINGER_BYTES, so that closing does not answer unread bytes with a reset that would destroy
+ * the response in the peer's receive queue. A FIN that already came ends it at once.
+ */
+static void linger_wait(struct server_conn *sc)
+{
+    if (sc->peer_done) {
+        conn_close(sc);
+        return;
+    }
+    set_deadline(sc, after(sc, LINGER_MS));
+}
+
+/* Half-close (nginx's lingering_close): the peer gets a FIN after what was queued, which is
+ * sent whole under the send timeout; the linger timer starts only when it has left. */
 static void conn_linger(struct server_conn *sc)
 {
-    uint64_t deadline = after(sc, LINGER_MS);
     sc->phase = P_LINGER;
     sc->in_head = 0;
     if (shmipc__conn_shutdown(sc->conn) < 0) {
         conn_close(sc);
         return;
     }
-    set_deadline(sc, deadline);
+    if (!sc->inflight)
+        linger_wait(sc);
+}
+
+/* The send timeout runs between two moves of the output (nginx's send_timeout), not over a
+ * whole response: it is extended while the peer takes bytes. */
+static int send_progress(struct server_conn *sc)
+{
+    size_t pending = shmipc__conn_pending(sc->conn);
+    if (pending >= sc->tx_mark)
+        return 0;
+    sc->tx_mark = pending;
+    return 1;
 }
 
 static void conn_timeout(struct shmipc__timer *t)
@@ -434,6 +463,8 @@ static void conn_timeout(struct shmipc__timer *t)
     }
     if (sc->deadline == 0)
         return;
+    if (sc->inflight && sc->deadline <= now && send_progress(sc))
+        sc->deadline = now + sc->w->srv->keepalive_ms;
     if (sc->deadline > now) {
         sc->timer_at = sc->deadline;
         if (shmipc__timer_start(&sc->timer, sc->deadline - now) == 0)
@@ -617,8 +648,12 @@ static void on_sent(struct shmipc__conn *c, int status, void *data)
         return;
     }
     rx_drop_done(sc);
-    if (sc->phase == P_LINGER || sc->phase == P_WS)
+    if (sc->phase == P_WS)
         return;
+    if (sc->phase == P_LINGER) {
+        linger_wait(sc); /* the response is out whole; the FIN follows it */
+        return;
+    }
     if (sc->rx_len > 0) {
         conn_serve(sc); /* pipelined leftovers, or bytes that came while sending */
         return;
@@ -660,17 +695,17 @@ static void conn_serve(struct server_conn *sc)
             return;
         }
         sc->inflight = 1;
+        sc->tx_mark = shmipc__conn_pending(sc->conn);
         if (sc->ws != NULL && verdict != SHMIPC__HTTP_CONN_CLOSE) {
             ws_start(sc, consumed);
             return;
         }
-        if (verdict == SHMIPC__HTTP_CONN_CLOSE) {
-            conn_linger(sc);
-            return;
-        }
-        /* The peer must take the batch within the keep-alive timeout. */
+        /* The send timeout: the peer must take some of the batch within the keep-alive
+         * timeout, again and again until it is sent (conn_timeout). */
         sc->in_head = 0;
         set_deadline(sc, after(sc, w->srv->keepalive_ms));
+        if (verdict == SHMIPC__HTTP_CONN_CLOSE)
+            conn_linger(sc);
         return;
     }
     tx_put(w, sc->tx);
@@ -692,8 +727,16 @@ static void conn_serve(struct server_conn *sc)
 static void on_data(struct shmipc__conn *c, const void *data, size_t len)
 {
     struct server_conn *sc = shmipc__conn_data(c);
-    if (sc->phase == P_LINGER)
-        return; /* drained: nobody will answer it */
+    if (sc->phase == P_LINGER) {
+        /* Drained: nobody will answer it. While the response is still going out the send
+         * timeout bounds the connection; afterwards the drain has a byte limit too. */
+        if (!sc->inflight) {
+            sc->drained += len;
+            if (sc->drained > LINGER_BYTES)
+                conn_close(sc);
+        }
+        return;
+    }
     if (sc->phase == P_WS) {
         /* The reactor's receive buffers are the loop's own writable memory, lent for the
          * call; the WebSocket layer unmasks payloads in place there, or while copying them
@@ -725,13 +768,14 @@ static void on_end(struct shmipc__conn *c, int status)
             ws_flush(sc);
         return;
     }
-    if (status < 0 || sc->phase == P_LINGER || !sc->inflight) {
-        /* A reset; or the FIN we were waiting for; or a FIN with at most part of a request
-         * unanswered (every complete one was answered when it arrived). */
+    if (status < 0 || !sc->inflight) {
+        /* A reset; or the FIN a lingering close was waiting for; or a FIN with at most part
+         * of a request unanswered (every complete one was answered when it arrived). */
         conn_close(sc);
         return;
     }
-    /* The peer is done sending but may still read: answer what it sent, then close. */
+    /* The peer is done sending but may still read (a half-close): the response in flight
+     * goes whole, what the receive buffer holds is answered, then the connection closes. */
     sc->peer_done = 1;
 }
 

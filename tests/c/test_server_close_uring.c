@@ -1,0 +1,29 @@
+/* Description: close-delimited responses (Connection: close, HTTP/1.0, 4xx/5xx) delivered whole
+ * under half-close, slow and stalled readers, with the io_uring backend forced (the shared
+ * suite). Exits 77 (skip) where the kernel or a seccomp filter refuses io_uring. */
+#include "test_server_close_suite.h"
+
+#include "reactor/loop.h"
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        CLOSE_TESTS,
+    };
+    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
+    struct shmipc__loop *probe = NULL;
+    int rc;
+
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    if (shmipc__loop_new(&o, &probe) != 0) {
+        printf("SKIP: io_uring refused here: %s\n", shmipc_error_detail());
+        return 77;
+    }
+    shmipc__loop_free(probe);
+    unsetenv("SHMIPC_REACTOR_BACKEND");
+    close_backend = SHMIPC_BACKEND_IO_URING;
+    rc = cmocka_run_group_tests_name("server_close_io_uring", tests, NULL, NULL);
+    free(huge_body);
+    return rc != 0;
+}
