@@ -10,6 +10,11 @@
  * held only while there is something in them, so an idle keep-alive connection costs its
  * small struct only.
  *
+ * The lifecycle is one state machine (conn_state.h; docs/http.md, "Connection lifecycle"):
+ * every reactor callback, the timer and a graceful stop become an event that conn_event()
+ * runs through the table; the act_* functions and conn_serve(), conn_linger(), linger_wait()
+ * and conn_close() are its named transitions.
+ *
  * Timeouts use one timer per connection, started lazily: the connection keeps its deadline
  * and the timer, when it fires early, starts again for what is left, so a keep-alive
  * request does not touch the timer heap.
@@ -19,6 +24,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "net/conn_state.h"
 #include "net/ws_codec.h"
 #include "net/ws_handshake.h"
 
@@ -242,12 +248,6 @@ struct release {
     void *user_data;
 };
 
-enum conn_phase {
-    P_OPEN = 0, /* reading and answering requests */
-    P_LINGER,   /* shut down for writing; input is drained until the peer's FIN */
-    P_WS,       /* upgraded: every byte goes to the WebSocket connection in `ws` */
-};
-
 struct server_conn {
     struct server_conn *prev, *next; /* the worker's list, for a graceful stop */
     struct shmipc__server_worker *w;
@@ -258,10 +258,9 @@ struct server_conn {
     uint64_t timer_at; /* when the timer fires, while active */
     size_t tx_mark;    /* the reactor's pending bytes when the send timer last saw progress */
     size_t drained;    /* input dropped while lingering */
-    uint8_t phase;
-    uint8_t inflight;  /* a batch is being sent */
+    uint8_t state;     /* enum shmipc__cs_state: the lifecycle (conn_state.h) */
+    uint8_t inflight;  /* an HTTP batch is being sent (WRITING, CLOSING, or the 101's) */
     uint8_t peer_done; /* the peer's FIN arrived */
-    uint8_t closed;    /* shmipc__conn_close() was called */
     uint8_t in_head;   /* a head is partly here: the header deadline runs */
     uint8_t fresh;     /* no request yet: the header timeout covers the first */
     char *rx;
@@ -421,6 +420,7 @@ static uint64_t after(const struct server_conn *sc, uint32_t ms)
  */
 static void linger_wait(struct server_conn *sc)
 {
+    sc->state = SHMIPC__CS_LINGERING;
     if (sc->peer_done) {
         conn_close(sc);
         return;
@@ -432,7 +432,7 @@ static void linger_wait(struct server_conn *sc)
  * sent whole under the send timeout; the linger timer starts only when it has left. */
 static void conn_linger(struct server_conn *sc)
 {
-    sc->phase = P_LINGER;
+    sc->state = sc->inflight ? SHMIPC__CS_CLOSING : SHMIPC__CS_LINGERING;
     sc->in_head = 0;
     if (shmipc__conn_shutdown(sc->conn) < 0) {
         conn_close(sc);
@@ -453,27 +453,24 @@ static int send_progress(struct server_conn *sc)
     return 1;
 }
 
+static void conn_event(struct server_conn *sc, int ev, const void *data, size_t len);
+
+/* The timer fired: a TIMEOUT event once the deadline has passed (a WebSocket keeps its own
+ * deadlines: ws_timeout). */
 static void conn_timeout(struct shmipc__timer *t)
 {
     struct server_conn *sc = t->data;
     uint64_t now = shmipc__loop_now_ms(sc->w->loop);
-    if (sc->phase == P_WS) {
-        ws_timeout(sc);
-        return;
-    }
-    if (sc->deadline == 0)
-        return;
-    if (sc->inflight && sc->deadline <= now && send_progress(sc))
-        sc->deadline = now + sc->w->srv->keepalive_ms;
-    if (sc->deadline > now) {
-        sc->timer_at = sc->deadline;
-        if (shmipc__timer_start(&sc->timer, sc->deadline - now) == 0)
+    if (sc->state != SHMIPC__CS_UPGRADED) {
+        if (sc->deadline == 0)
             return;
+        if (sc->deadline > now) {
+            sc->timer_at = sc->deadline;
+            if (shmipc__timer_start(&sc->timer, sc->deadline - now) == 0)
+                return;
+        }
     }
-    /* A slowloris head, an idle keep-alive connection, a stalled body or reader: nothing of
-     * ours is unsent that the peer would want, so close outright. */
-    sc->w->stats.timeouts++;
-    conn_close(sc);
+    conn_event(sc, SHMIPC__CE_TIMEOUT, NULL, 0);
 }
 
 static void date_tick(struct shmipc__timer *t)
@@ -541,9 +538,9 @@ static int conn_sending(const struct server_conn *sc)
  */
 static void conn_close(struct server_conn *sc)
 {
-    if (sc->closed)
+    if (sc->state == SHMIPC__CS_CLOSED)
         return;
-    sc->closed = 1;
+    sc->state = SHMIPC__CS_CLOSED;
     sc->deadline = 0;
     shmipc__timer_stop(&sc->timer);
     if (sc->ws != NULL && !sc->ws->reported)
@@ -629,31 +626,25 @@ static void update_deadline(struct server_conn *sc)
         set_deadline(sc, after(sc, s->keepalive_ms));
 }
 
+/* The batch in flight was written (or failed): a SENT or ERROR event. */
 static void on_sent(struct shmipc__conn *c, int status, void *data)
 {
     struct server_conn *sc = data;
-    struct shmipc__server_worker *w = sc->w;
     (void)c;
     sc->inflight = 0;
     release_all(sc);
-    tx_put(w, sc->tx);
+    tx_put(sc->w, sc->tx);
     sc->tx = NULL;
-    if (sc->closed) {
-        if (!conn_sending(sc))
-            conn_free(sc);
-        return;
-    }
-    if (status < 0) {
-        conn_close(sc);
-        return;
-    }
+    conn_event(sc, status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_SENT, NULL, 0);
+}
+
+/* WRITING, SENT: the next batch for what came meanwhile, the close the peer's FIN asked for,
+ * the lingering close of a graceful stop, or READING again. */
+static void act_next(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
     rx_drop_done(sc);
-    if (sc->phase == P_WS)
-        return;
-    if (sc->phase == P_LINGER) {
-        linger_wait(sc); /* the response is out whole; the FIN follows it */
-        return;
-    }
+    sc->state = SHMIPC__CS_READING;
     if (sc->rx_len > 0) {
         conn_serve(sc); /* pipelined leftovers, or bytes that came while sending */
         return;
@@ -683,6 +674,7 @@ static void conn_serve(struct server_conn *sc)
     }
     shmipc__http_batch_init(&sc->batch, sc->tx->iov, TX_IOV, sc->tx->arena, TX_ARENA, &w->date);
     sc->batch.server = w->srv->server_name;
+    sc->state = SHMIPC__CS_HANDLING;
     verdict =
         shmipc__http_conn_process(&sc->http, sc->rx, &len, &consumed, &sc->batch, w->srv->pipeline);
     sc->rx_len = len;
@@ -695,6 +687,7 @@ static void conn_serve(struct server_conn *sc)
             return;
         }
         sc->inflight = 1;
+        sc->state = SHMIPC__CS_WRITING;
         sc->tx_mark = shmipc__conn_pending(sc->conn);
         if (sc->ws != NULL && verdict != SHMIPC__HTTP_CONN_CLOSE) {
             ws_start(sc, consumed);
@@ -712,6 +705,7 @@ static void conn_serve(struct server_conn *sc)
     sc->tx = NULL;
     release_all(sc);
     rx_drop_done(sc);
+    sc->state = SHMIPC__CS_READING;
     if (verdict == SHMIPC__HTTP_CONN_CLOSE) {
         conn_linger(sc);
         return;
@@ -724,59 +718,165 @@ static void conn_serve(struct server_conn *sc)
     update_deadline(sc);
 }
 
-static void on_data(struct shmipc__conn *c, const void *data, size_t len)
+/* READING, DATA: append the bytes and answer what is complete. */
+static void act_serve(struct server_conn *sc, const void *data, size_t len)
 {
-    struct server_conn *sc = shmipc__conn_data(c);
-    if (sc->phase == P_LINGER) {
-        /* Drained: nobody will answer it. While the response is still going out the send
-         * timeout bounds the connection; afterwards the drain has a byte limit too. */
-        if (!sc->inflight) {
-            sc->drained += len;
-            if (sc->drained > LINGER_BYTES)
-                conn_close(sc);
-        }
-        return;
-    }
-    if (sc->phase == P_WS) {
-        /* The reactor's receive buffers are the loop's own writable memory, lent for the
-         * call; the WebSocket layer unmasks payloads in place there, or while copying them
-         * out (and may read the rest of a large payload itself: ws_read_now). */
-        ws_input(sc, (char *)(uintptr_t)data, len);
-        return;
-    }
     if (rx_append(sc, data, len) < 0) {
         SHMIPC__LOG(SHMIPC__LOG_DEBUG, "%s; closing", shmipc__detail());
         conn_close(sc);
         return;
     }
-    if (!sc->inflight)
-        conn_serve(sc);
-    else if (sc->http.phase != 0)
+    conn_serve(sc);
+}
+
+/* WRITING, DATA: append the bytes; they are answered when the batch in flight is sent. */
+static void act_buffer(struct server_conn *sc, const void *data, size_t len)
+{
+    if (rx_append(sc, data, len) < 0) {
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG, "%s; closing", shmipc__detail());
+        conn_close(sc);
+        return;
+    }
+    if (sc->http.phase != 0)
         set_deadline(sc, after(sc, sc->w->srv->keepalive_ms)); /* a body makes progress */
+}
+
+/* CLOSING or LINGERING, DATA: nobody will answer it. While the last response is still going
+ * out the send timeout bounds the connection; afterwards the drain has a byte limit too. */
+static void act_drain(struct server_conn *sc, size_t len)
+{
+    if (sc->state != SHMIPC__CS_LINGERING)
+        return;
+    sc->drained += len;
+    if (sc->drained > LINGER_BYTES)
+        conn_close(sc);
+}
+
+/* CLOSING or WRITING, TIMEOUT: the send timeout runs again while the peer takes bytes; a
+ * peer that took nothing for that long loses what it did not take. */
+static void act_send_timer(struct server_conn *sc)
+{
+    if (send_progress(sc)) {
+        set_deadline(sc, after(sc, sc->w->srv->keepalive_ms));
+        return;
+    }
+    sc->w->stats.timeouts++;
+    conn_close(sc);
+}
+
+/* UPGRADED: the WebSocket layer's part of each event. */
+static void act_ws(struct server_conn *sc, int ev, const void *data, size_t len)
+{
+    switch (ev) {
+    case SHMIPC__CE_DATA:
+        /* The reactor's receive buffers are the loop's own writable memory, lent for the
+         * call; the WebSocket layer unmasks payloads in place there, or while copying them
+         * out (and may read the rest of a large payload itself: ws_read_now). */
+        ws_input(sc, (char *)(uintptr_t)data, len);
+        break;
+    case SHMIPC__CE_SENT:
+        rx_drop_done(sc); /* the 101's batch; frames complete in ws_sent */
+        break;
+    case SHMIPC__CE_PEER_FIN:
+        /* After a close handshake the close frame may still be on its way out: it goes,
+         * then the connection closes (ws_flush). Otherwise the peer left without one. */
+        sc->peer_done = 1;
+        if (shmipc__ws_conn_state(&sc->ws->c) != SHMIPC__WS_CLOSED)
+            conn_close(sc);
+        else
+            ws_flush(sc);
+        break;
+    case SHMIPC__CE_TIMEOUT:
+        ws_timeout(sc);
+        break;
+    case SHMIPC__CE_SHUTDOWN:
+        /* A close frame (1001, going away); the stop timeout bounds the answer. */
+        if (shmipc__ws_conn_close(&sc->ws->c, 1001, NULL, 0) == 0)
+            ws_flush(sc);
+        break;
+    default:
+        conn_close(sc);
+        break;
+    }
+}
+
+/*
+ * Runs the lifecycle table's cell for (state, event) (conn_state.c; docs/http.md,
+ * "Connection lifecycle"). Each action sets the next state itself: the table's `next` is the
+ * one it leads to unless the action's own check decides (docs/http.md lists them).
+ */
+static void conn_event(struct server_conn *sc, int ev, const void *data, size_t len)
+{
+    const struct shmipc__cs_transition *t = shmipc__cs_lookup(sc->state, ev);
+    int from = sc->state;
+    switch (t->action) {
+    case SHMIPC__CA_SERVE:
+        act_serve(sc, data, len);
+        break;
+    case SHMIPC__CA_BUFFER:
+        act_buffer(sc, data, len);
+        break;
+    case SHMIPC__CA_DRAIN:
+        act_drain(sc, len);
+        break;
+    case SHMIPC__CA_NEXT:
+        act_next(sc);
+        break;
+    case SHMIPC__CA_LINGER:
+        rx_drop_done(sc);
+        linger_wait(sc); /* the response is out whole; the FIN follows it */
+        break;
+    case SHMIPC__CA_HALF_CLOSE:
+        /* The peer is done sending but may still read: the response in flight goes whole,
+         * what the receive buffer holds is answered, then the connection closes. */
+        sc->peer_done = 1;
+        break;
+    case SHMIPC__CA_SEND_TIMER:
+        act_send_timer(sc);
+        break;
+    case SHMIPC__CA_STOP_IDLE:
+        /* An idle keep-alive connection gets its FIN now; part of a request is answered
+         * with Connection: close (handle()) when the rest arrives. */
+        if (sc->rx_len == 0)
+            conn_linger(sc);
+        break;
+    case SHMIPC__CA_WS:
+        act_ws(sc, ev, data, len);
+        break;
+    case SHMIPC__CA_CLOSE:
+        /* A reset; the FIN a lingering close waits for, or one with at most part of a
+         * request unanswered; a slowloris head, an idle connection, the linger's end: nothing
+         * of ours is unsent that the peer would want. */
+        if (ev == SHMIPC__CE_TIMEOUT)
+            sc->w->stats.timeouts++;
+        conn_close(sc);
+        break;
+    case SHMIPC__CA_RELEASE:
+        if (shmipc__server_cs_trace != NULL)
+            shmipc__server_cs_trace(from, ev, t->action, from);
+        if (!conn_sending(sc))
+            conn_free(sc);
+        return; /* back on the free list */
+    case SHMIPC__CA_NONE:
+        break;
+    default:
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "server: event %s in state %s cannot happen; closing",
+                    shmipc__cs_event_name(ev), shmipc__cs_state_name(from));
+        conn_close(sc);
+        break;
+    }
+    if (shmipc__server_cs_trace != NULL)
+        shmipc__server_cs_trace(from, ev, t->action, sc->state);
+}
+
+static void on_data(struct shmipc__conn *c, const void *data, size_t len)
+{
+    conn_event(shmipc__conn_data(c), SHMIPC__CE_DATA, data, len);
 }
 
 static void on_end(struct shmipc__conn *c, int status)
 {
-    struct server_conn *sc = shmipc__conn_data(c);
-    if (sc->phase == P_WS) {
-        /* After a close handshake the close frame may still be on its way out: it goes,
-         * then the connection closes (ws_flush). Otherwise the peer left without one. */
-        sc->peer_done = 1;
-        if (status < 0 || shmipc__ws_conn_state(&sc->ws->c) != SHMIPC__WS_CLOSED)
-            conn_close(sc);
-        else
-            ws_flush(sc);
-        return;
-    }
-    if (status < 0 || !sc->inflight) {
-        /* A reset; or the FIN a lingering close was waiting for; or a FIN with at most part
-         * of a request unanswered (every complete one was answered when it arrived). */
-        conn_close(sc);
-        return;
-    }
-    /* The peer is done sending but may still read (a half-close): the response in flight
-     * goes whole, what the receive buffer holds is answered, then the connection closes. */
-    sc->peer_done = 1;
+    conn_event(shmipc__conn_data(c), status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_PEER_FIN, NULL, 0);
 }
 
 static const struct shmipc__conn_cbs conn_cbs = {on_data, on_end};
@@ -965,7 +1065,7 @@ static size_t ws_write_now(void *user_data, const struct iovec *iov, int n)
 {
     struct shmipc_ws *ws = user_data;
     struct server_conn *sc = ws->conn;
-    if (sc->closed || sc->phase != P_WS || ws->sending)
+    if (sc->state != SHMIPC__CS_UPGRADED || ws->sending)
         return 0;
     return shmipc__conn_write_now(sc->conn, iov, n);
 }
@@ -977,7 +1077,7 @@ static size_t ws_read_now(void *user_data, void *buf, size_t len)
 {
     struct shmipc_ws *ws = user_data;
     struct server_conn *sc = ws->conn;
-    if (sc->closed || sc->phase != P_WS)
+    if (sc->state != SHMIPC__CS_UPGRADED)
         return 0;
     return shmipc__conn_read_now(sc->conn, buf, len);
 }
@@ -1160,7 +1260,7 @@ static void ws_timeout(struct server_conn *sc)
             if (shmipc__ws_conn_ping(&ws->c, "", 0) == 0) {
                 w->stats.ws_pings++;
                 ws_flush(sc);
-                if (sc->closed || sc->phase != P_WS)
+                if (sc->state != SHMIPC__CS_UPGRADED)
                     return;
             }
         }
@@ -1172,7 +1272,7 @@ static void ws_timeout(struct server_conn *sc)
 static void ws_start(struct server_conn *sc, size_t consumed)
 {
     size_t left = sc->rx_len - consumed;
-    sc->phase = P_WS;
+    sc->state = SHMIPC__CS_UPGRADED;
     sc->in_head = 0;
     sc->w->stats.ws_upgrades++;
     /* The HTTP timeouts end here; the WebSocket's own start (an application's close in
@@ -1197,14 +1297,9 @@ static void ws_sent(struct shmipc__conn *c, int status, void *data)
     struct shmipc_ws *ws = sc->ws;
     (void)c;
     ws->sending = 0;
-    if (sc->closed) {
-        if (!conn_sending(sc))
-            conn_free(sc);
-        return;
-    }
-    if (status < 0) {
-        conn_close(sc);
-        return;
+    if (sc->state == SHMIPC__CS_CLOSED || status < 0) {
+        conn_event(sc, status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_SENT, NULL, 0);
+        return; /* released, or closed */
     }
     ws->tx_done += ws->flight;
     ws->tx_seen = 1;
@@ -1230,7 +1325,7 @@ static void ws_flush(struct server_conn *sc)
     struct shmipc_ws *ws = sc->ws;
     const char *p;
     size_t n, queued;
-    if (sc->closed || sc->phase != P_WS)
+    if (sc->state != SHMIPC__CS_UPGRADED)
         return; /* before the 101 is queued, or done */
     queued = shmipc__ws_conn_tx_queued(&ws->c);
     if (queued > sc->w->stats.ws_tx_max)
@@ -1332,7 +1427,8 @@ int shmipc__ws_close(struct shmipc_ws *ws, int code, const char *reason)
                             SHMIPC__WS_CONTROL_MAX - 2);
     rc = ws_queued(ws, shmipc__ws_conn_close(&ws->c, (unsigned)code, reason, rlen), "ws_close");
     /* The peer's close frame ends it; a peer that does not answer is given up on. */
-    if (rc == 0 && !sc->closed && shmipc__ws_conn_state(&ws->c) == SHMIPC__WS_CLOSING) {
+    if (rc == 0 && sc->state != SHMIPC__CS_CLOSED &&
+        shmipc__ws_conn_state(&ws->c) == SHMIPC__WS_CLOSING) {
         ws->close_at = after(sc, WS_CLOSE_MS);
         set_deadline(sc, ws->close_at);
     }
@@ -1548,10 +1644,7 @@ static void worker_teardown(struct shmipc__loop *loop, unsigned index, void *dat
      * WebSockets get a close frame (1001, going away) and the stop timeout to answer it. */
     for (sc = w->conns; sc != NULL; sc = next) {
         next = sc->next;
-        if (sc->phase == P_OPEN && !sc->inflight && sc->rx_len == 0)
-            conn_linger(sc);
-        else if (sc->phase == P_WS && shmipc__ws_conn_close(&sc->ws->c, 1001, NULL, 0) == 0)
-            ws_flush(sc);
+        conn_event(sc, SHMIPC__CE_SHUTDOWN, NULL, 0);
     }
     while (w->nconns > 0) {
         uint64_t now = shmipc__loop_now_ms(loop);

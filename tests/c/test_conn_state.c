@@ -1,0 +1,449 @@
+/* Description: the HTTP connection lifecycle's state machine (issue 18, item 3): the table in
+ * core/net/conn_state.c against the one in docs/http.md, cell by cell, then every reachable
+ * cell walked through real sockets on both backends (epoll, and io_uring where the kernel
+ * allows it), seen through the server's trace seam; no "cannot happen" cell is ever hit. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shmipc.h"
+#include "net/conn_state.h"
+#include "net/server.h"
+#include "reactor/loop.h"
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        int check_rc_ = (call);                                                                    \
+        if (check_rc_ < 0)                                                                         \
+            fail_msg("%s: %s: %s", #call, shmipc_errname(check_rc_), shmipc_error_detail());       \
+    } while (0)
+
+#define NS SHMIPC__CS_COUNT
+#define NE SHMIPC__CE_COUNT
+
+/* ---- the table, as docs/http.md writes it ("action>NEXT") ---- */
+
+static const char *const documented[NS][NE] = {
+    /* DATA, SENT, PEER_FIN, ERROR, TIMEOUT, SHUTDOWN */
+    [SHMIPC__CS_READING] = {"serve>HANDLING", "bug>CLOSED", "close>CLOSED", "close>CLOSED",
+                            "close>CLOSED", "stop_idle>LINGERING"},
+    [SHMIPC__CS_HANDLING] = {"bug>CLOSED", "bug>CLOSED", "bug>CLOSED", "bug>CLOSED", "bug>CLOSED",
+                             "bug>CLOSED"},
+    [SHMIPC__CS_WRITING] = {"buffer>WRITING", "next>READING", "half_close>WRITING", "close>CLOSED",
+                            "send_timer>WRITING", "none>WRITING"},
+    [SHMIPC__CS_CLOSING] = {"drain>CLOSING", "linger>LINGERING", "half_close>CLOSING",
+                            "close>CLOSED", "send_timer>CLOSING", "none>CLOSING"},
+    [SHMIPC__CS_LINGERING] = {"drain>LINGERING", "bug>CLOSED", "close>CLOSED", "close>CLOSED",
+                              "close>CLOSED", "none>LINGERING"},
+    [SHMIPC__CS_UPGRADED] = {"ws>UPGRADED", "ws>UPGRADED", "ws>UPGRADED", "close>CLOSED",
+                             "ws>UPGRADED", "ws>UPGRADED"},
+    [SHMIPC__CS_CLOSED] = {"none>CLOSED", "release>CLOSED", "none>CLOSED", "release>CLOSED",
+                           "none>CLOSED", "none>CLOSED"},
+};
+
+/* Every cell of the code's table is the documented one; out of range is the bug cell. */
+static void table_matches_the_documented_lifecycle(void **state)
+{
+    (void)state;
+    for (int s = 0; s < NS; s++)
+        for (int e = 0; e < NE; e++) {
+            const struct shmipc__cs_transition *t = shmipc__cs_lookup(s, e);
+            char cell[64];
+            snprintf(cell, sizeof cell, "%s>%s", shmipc__cs_action_name(t->action),
+                     shmipc__cs_state_name(t->next));
+            if (strcmp(cell, documented[s][e]) != 0)
+                fail_msg("%s x %s: the code says %s, the docs %s", shmipc__cs_state_name(s),
+                         shmipc__cs_event_name(e), cell, documented[s][e]);
+        }
+    assert_int_equal(shmipc__cs_lookup(-1, 0)->action, SHMIPC__CA_BUG);
+    assert_int_equal(shmipc__cs_lookup(0, NE)->action, SHMIPC__CA_BUG);
+    assert_int_equal(shmipc__cs_lookup(NS, 0)->action, SHMIPC__CA_BUG);
+    assert_string_equal(shmipc__cs_state_name(NS), "?");
+    assert_string_equal(shmipc__cs_event_name(-1), "?");
+    assert_string_equal(shmipc__cs_action_name(SHMIPC__CA_COUNT), "?");
+}
+
+/* ---- the walk through sockets ---- */
+
+static atomic_uint hits[NS][NE];
+static atomic_uint bad_next; /* a transition that left a state the table does not allow */
+
+/* The states each action may leave the connection in (docs/http.md). */
+static int allowed(int action, int next_table, int to)
+{
+    switch (action) {
+    case SHMIPC__CA_SERVE: /* HANDLING, then wherever the answer leads */
+        return to != SHMIPC__CS_HANDLING;
+    case SHMIPC__CA_NEXT:
+        return to != SHMIPC__CS_HANDLING && to != SHMIPC__CS_UPGRADED;
+    case SHMIPC__CA_LINGER:
+        return to == SHMIPC__CS_LINGERING || to == SHMIPC__CS_CLOSED;
+    case SHMIPC__CA_STOP_IDLE:
+        return to == SHMIPC__CS_READING || to == SHMIPC__CS_LINGERING || to == SHMIPC__CS_CLOSED;
+    case SHMIPC__CA_BUFFER:
+    case SHMIPC__CA_DRAIN:
+    case SHMIPC__CA_SEND_TIMER:
+    case SHMIPC__CA_WS:
+        /* Or closed: a buffer over the limit, the drain limit, no progress, the WebSocket
+         * ending (CLOSING/LINGERING after its close handshake). */
+        return to == next_table || to == SHMIPC__CS_CLOSED ||
+               (action == SHMIPC__CA_WS &&
+                (to == SHMIPC__CS_CLOSING || to == SHMIPC__CS_LINGERING));
+    default:
+        return to == next_table;
+    }
+}
+
+static void trace(int from, int ev, int action, int to)
+{
+    if (from < 0 || from >= NS || ev < 0 || ev >= NE)
+        return;
+    atomic_fetch_add(&hits[from][ev], 1);
+    if (!allowed(action, shmipc__cs_lookup(from, ev)->next, to))
+        atomic_fetch_add(&bad_next, 1);
+}
+
+#define HUGE_LEN (8u << 20)
+static unsigned char *huge;
+
+static int h_small(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    return shmipc_http_response_body(res, "small", 5);
+}
+
+static int h_huge(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    return shmipc_http_response_body_borrow(res, huge, HUGE_LEN, NULL, NULL);
+}
+
+static void ws_msg(shmipc_ws *ws, int kind, const void *data, size_t len, void *ud)
+{
+    (void)ud;
+    CHECK(shmipc_ws_send(ws, kind, data, len));
+}
+
+struct tsrv {
+    shmipc_server *s;
+    pthread_t thread;
+    int port, rc;
+};
+
+static void *run(void *arg)
+{
+    struct tsrv *t = arg;
+    t->rc = shmipc_server_run(t->s);
+    return NULL;
+}
+
+static void tsrv_start(struct tsrv *t, int backend, uint32_t short_ms)
+{
+    shmipc_server_config *cfg;
+    memset(t, 0, sizeof *t);
+    CHECK(shmipc_server_config_new(&cfg));
+    CHECK(shmipc_server_config_set_port(cfg, 0));
+    CHECK(shmipc_server_config_set_workers(cfg, 1));
+    CHECK(shmipc_server_config_set_backend(cfg, backend));
+    if (short_ms != 0) {
+        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, short_ms));
+        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, short_ms));
+        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, short_ms));
+    }
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 1000));
+    CHECK(shmipc_server_new(cfg, &t->s));
+    shmipc_server_config_free(cfg);
+    CHECK(shmipc_server_route(t->s, "GET", "/small", h_small, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/huge", h_huge, NULL, NULL));
+    CHECK(shmipc_server_websocket(t->s, "/ws", NULL, NULL, ws_msg, NULL, NULL, NULL));
+    CHECK(shmipc_server_start(t->s));
+    t->port = shmipc_server_port(t->s);
+    assert_int_equal(pthread_create(&t->thread, NULL, run, t), 0);
+}
+
+static void tsrv_stop(struct tsrv *t)
+{
+    assert_int_equal(shmipc_server_stop(t->s), 0);
+    assert_int_equal(pthread_join(t->thread, NULL), 0);
+    assert_int_equal(t->rc, 0);
+    shmipc_server_free(t->s);
+}
+
+static void msleep(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static int dial(int port, int rcvbuf)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct timeval tv = {.tv_sec = 10};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    if (rcvbuf > 0)
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf), 0);
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sin, sizeof sin) != 0)
+        fail_msg("connect: %s", strerror(errno));
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    return fd;
+}
+
+static void put(int fd, const char *s)
+{
+    assert_int_equal(send(fd, s, strlen(s), MSG_NOSIGNAL), (ssize_t)strlen(s));
+}
+
+/* Reads until `want` bytes came, or EOF/error when want is 0; returns the count. */
+static size_t drain(int fd, size_t want)
+{
+    static char buf[1 << 16];
+    size_t n = 0;
+    for (;;) {
+        size_t ask = want != 0 && want - n < sizeof buf ? want - n : sizeof buf;
+        ssize_t k = read(fd, buf, ask);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return n;
+        n += (size_t)k;
+        if (want != 0 && n >= want)
+            return n;
+    }
+}
+
+static void rst(int fd)
+{
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+    close(fd);
+}
+
+#define SMALL_KA    "GET /small HTTP/1.1\r\nHost: x\r\n\r\n"
+#define SMALL_CLOSE "GET /small HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+#define HUGE_KA     "GET /huge HTTP/1.1\r\nHost: x\r\n\r\n"
+#define HUGE_CLOSE  "GET /huge HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+#define WS_UPGRADE                                                                                 \
+    "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"                 \
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+
+static int ws_open(int port)
+{
+    int fd = dial(port, 0);
+    char buf[512];
+    ssize_t k;
+    put(fd, WS_UPGRADE);
+    k = read(fd, buf, sizeof buf - 1);
+    assert_true(k > 12);
+    assert_memory_equal(buf, "HTTP/1.1 101", 12);
+    return fd;
+}
+
+/* Scenarios that drive each reachable cell with timeouts of 300 ms. */
+static void walk_timed(int backend)
+{
+    struct tsrv t;
+    int fd;
+    const char frame[] = "\x81\x82\0\0\0\0hi"; /* a masked "hi" (mask 0) */
+    tsrv_start(&t, backend, 300);
+
+    /* READING DATA -> WRITING SENT -> READING; READING PEER_FIN. */
+    fd = dial(t.port, 0);
+    put(fd, SMALL_KA);
+    assert_true(drain(fd, 1) > 0);
+    msleep(50);
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    drain(fd, 0);
+    close(fd);
+    /* READING ERROR: part of a head, then a reset. */
+    fd = dial(t.port, 0);
+    put(fd, "GET /sm");
+    msleep(50);
+    rst(fd);
+    /* READING TIMEOUT: the header timeout. */
+    fd = dial(t.port, 0);
+    assert_int_equal(drain(fd, 0), 0);
+    close(fd);
+    /* WRITING DATA, WRITING TIMEOUT (no progress: closed; CLOSED ERROR/SENT releases). */
+    fd = dial(t.port, 16384);
+    put(fd, HUGE_KA);
+    msleep(50);
+    put(fd, SMALL_KA);
+    msleep(1200);
+    drain(fd, 0);
+    close(fd);
+    /* WRITING PEER_FIN: the whole response, the buffered request's, then EOF. */
+    fd = dial(t.port, 0);
+    put(fd, HUGE_KA SMALL_KA);
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    assert_true(drain(fd, 0) > HUGE_LEN);
+    close(fd);
+    /* WRITING ERROR. */
+    fd = dial(t.port, 16384);
+    put(fd, HUGE_KA);
+    assert_true(drain(fd, 4096) > 0);
+    rst(fd);
+    /* CLOSING DATA, CLOSING PEER_FIN, CLOSING SENT -> CLOSED (the FIN came). */
+    fd = dial(t.port, 0);
+    put(fd, HUGE_CLOSE);
+    msleep(20);
+    put(fd, SMALL_KA);
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    assert_true(drain(fd, 0) > HUGE_LEN);
+    close(fd);
+    /* CLOSING TIMEOUT. */
+    fd = dial(t.port, 16384);
+    put(fd, HUGE_CLOSE);
+    msleep(1200);
+    drain(fd, 0);
+    close(fd);
+    /* CLOSING ERROR. */
+    fd = dial(t.port, 16384);
+    put(fd, HUGE_CLOSE);
+    assert_true(drain(fd, 4096) > 0);
+    rst(fd);
+    /* CLOSING SENT -> LINGERING; LINGERING DATA, LINGERING PEER_FIN. */
+    fd = dial(t.port, 0);
+    put(fd, SMALL_CLOSE);
+    assert_true(drain(fd, 0) > 0);
+    msleep(20); /* the EOF came: the server has seen its send complete */
+    put(fd, SMALL_KA);
+    msleep(20);
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    msleep(20);
+    close(fd);
+    /* LINGERING ERROR. */
+    fd = dial(t.port, 0);
+    put(fd, SMALL_CLOSE);
+    assert_true(drain(fd, 0) > 0);
+    msleep(20);
+    rst(fd);
+    /* LINGERING TIMEOUT: the 2 s linger with no FIN. */
+    fd = dial(t.port, 0);
+    put(fd, SMALL_CLOSE);
+    assert_true(drain(fd, 0) > 0);
+    msleep(2500);
+    close(fd);
+    /* UPGRADED SENT (the 101's batch), DATA (echoed), TIMEOUT (a ping), PEER_FIN. */
+    fd = ws_open(t.port);
+    assert_int_equal(send(fd, frame, sizeof frame - 1, MSG_NOSIGNAL), (ssize_t)sizeof frame - 1);
+    msleep(700);
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    drain(fd, 0);
+    close(fd);
+    /* UPGRADED ERROR. */
+    fd = ws_open(t.port);
+    rst(fd);
+    msleep(100);
+    tsrv_stop(&t);
+}
+
+/* SHUTDOWN in every state a connection can be in when the server stops. */
+static void walk_stop(int backend)
+{
+    struct tsrv t;
+    int idle, writing, closing, lingering, ws;
+    tsrv_start(&t, backend, 0);
+    idle = dial(t.port, 0);
+    put(idle, SMALL_KA);
+    assert_true(drain(idle, 1) > 0);
+    writing = dial(t.port, 16384);
+    put(writing, HUGE_KA);
+    closing = dial(t.port, 16384);
+    put(closing, HUGE_CLOSE);
+    lingering = dial(t.port, 0);
+    put(lingering, SMALL_CLOSE);
+    assert_true(drain(lingering, 0) > 0);
+    ws = ws_open(t.port);
+    msleep(200);
+    tsrv_stop(&t);
+    close(idle);
+    close(writing);
+    close(closing);
+    close(lingering);
+    close(ws);
+}
+
+static void walk(int backend)
+{
+    /* Cells no socket can reach: HANDLING's (handlers run inside an event), the bug cells,
+     * a CLOSED connection's input, FIN, timer and stop (closed: the reactor and the timer
+     * are done with it, the worker's list no longer holds it), and a send that succeeds
+     * after the close (a race the kernel decides). */
+    memset(hits, 0, sizeof hits);
+    atomic_store(&bad_next, 0);
+    shmipc__server_cs_trace = trace;
+    walk_timed(backend);
+    walk_stop(backend);
+    shmipc__server_cs_trace = NULL;
+    for (int s = 0; s < NS; s++)
+        for (int e = 0; e < NE; e++) {
+            const struct shmipc__cs_transition *t = shmipc__cs_lookup(s, e);
+            unsigned n = atomic_load(&hits[s][e]);
+            int unreachable =
+                t->action == SHMIPC__CA_BUG || (s == SHMIPC__CS_CLOSED && e != SHMIPC__CE_ERROR);
+            printf("  %-9s x %-8s %-10s %u\n", shmipc__cs_state_name(s), shmipc__cs_event_name(e),
+                   shmipc__cs_action_name(t->action), n);
+            if (t->action == SHMIPC__CA_BUG && n != 0)
+                fail_msg("%s x %s cannot happen, yet happened %u times", shmipc__cs_state_name(s),
+                         shmipc__cs_event_name(e), n);
+            if (!unreachable && n == 0)
+                fail_msg("%s x %s was never walked", shmipc__cs_state_name(s),
+                         shmipc__cs_event_name(e));
+        }
+    assert_int_equal(atomic_load(&bad_next), 0);
+}
+
+static void every_cell_walked_epoll(void **state)
+{
+    (void)state;
+    walk(SHMIPC_BACKEND_EPOLL);
+}
+
+static void every_cell_walked_io_uring(void **state)
+{
+    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
+    struct shmipc__loop *probe = NULL;
+    (void)state;
+    if (shmipc__loop_new(&o, &probe) != 0)
+        skip();
+    shmipc__loop_free(probe);
+    walk(SHMIPC_BACKEND_IO_URING);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(table_matches_the_documented_lifecycle),
+        cmocka_unit_test(every_cell_walked_epoll),
+        cmocka_unit_test(every_cell_walked_io_uring),
+    };
+    int rc;
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    unsetenv("SHMIPC_REACTOR_BACKEND");
+    huge = malloc(HUGE_LEN);
+    assert_non_null(huge);
+    memset(huge, 'x', HUGE_LEN);
+    rc = cmocka_run_group_tests_name("conn_state", tests, NULL, NULL);
+    free(huge);
+    return rc != 0;
+}
