@@ -624,13 +624,18 @@ SHMIPC_API uint32_t shmipc_stream_id(const shmipc_stream *st);
 SHMIPC_API int shmipc_stream_write(shmipc_stream *st, const void *buf, size_t len);
 
 /**
- * Reserves a contiguous window of `n` bytes at the end of the send buffer, in shared memory
- * when a slice can hold it, and stores its address in *ptr. Write into it, then commit.
- * A second reserve before commit replaces the first.
+ * Reserves a contiguous window of `n` bytes (1 .. UINT32_MAX, else SHMIPC_EINVAL) at the end
+ * of the send buffer, in shared memory when a slice can hold it, and stores its address in
+ * *ptr. Write into it, then commit. A second reserve before commit replaces the first (also
+ * when it fails: then no window is open); write, flush and forward end the window too.
  */
 SHMIPC_API int shmipc_stream_reserve(shmipc_stream *st, size_t n, void **ptr);
 
-/** Adds the first `n` bytes of the last reserved window to the send buffer (n <= reserved). */
+/**
+ * Adds the first `n` bytes of the open window to the send buffer and closes the window;
+ * n = 0 gives the window up. SHMIPC_EINVAL when n is larger than the window or no window is
+ * open (nothing reserved, or it was committed or ended already), whatever n is.
+ */
 SHMIPC_API int shmipc_stream_commit(shmipc_stream *st, size_t n);
 
 /**

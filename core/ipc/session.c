@@ -1603,6 +1603,8 @@ int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len)
 
 int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
 {
+    /* The earlier window is gone whatever happens: commit must not reach a stale one. */
+    st->reserved_len = 0;
     if (st->s->err)
         return ended(st->s);
     if (n == 0 || n > UINT32_MAX)
@@ -1621,6 +1623,13 @@ int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
 
 int shmipc__stream_commit(shmipc_stream *st, size_t n)
 {
+    /*
+     * reserved_len is 0 exactly when no window is open (reserve takes at least 1 byte): after
+     * a commit, write, flush, forward or a failed reserve, and on a fresh stream, whose send
+     * buffer may have no segment at all. Committing then is a misuse, even of 0 bytes.
+     */
+    if (st->reserved_len == 0)
+        return shmipc__fail(SHMIPC_EINVAL, "commit: no window is reserved (reserve first)");
     if (n > st->reserved_len)
         return shmipc__fail(SHMIPC_EINVAL, "commit: %zu bytes, but %u were reserved", n,
                             st->reserved_len);
