@@ -9,6 +9,21 @@
 #include "ipc/manager.h"
 #include "ipc/session.h"
 
+/*
+ * A stream call counted in flight (shmipc__stream_enter), so that shutdown and close from
+ * another thread wake it and never free the stream under it. `expr` is evaluated between
+ * enter and leave; RC_STREAM returns its code.
+ */
+#define IN_STREAM(st, even_shut, expr)                                                             \
+    do {                                                                                           \
+        int in_rc_ = shmipc__stream_enter((st), (even_shut));                                      \
+        if (in_rc_ < 0)                                                                            \
+            return in_rc_;                                                                         \
+        in_rc_ = (expr);                                                                           \
+        shmipc__stream_leave(st);                                                                  \
+        return in_rc_;                                                                             \
+    } while (0)
+
 #define REQUIRE(cond, fn, what)                                                                    \
     do {                                                                                           \
         if (!(cond))                                                                               \
@@ -71,6 +86,12 @@ SHMIPC_API int shmipc_session_wakeup(const shmipc_session *s, uint32_t *polling_
     return s->wakeup;
 }
 
+SHMIPC_API int shmipc_session_shutdown(shmipc_session *s)
+{
+    REQUIRE(s, "session_shutdown", "session");
+    return shmipc__session_shutdown(s);
+}
+
 SHMIPC_API void shmipc_session_close(shmipc_session *s)
 {
     if (s != NULL)
@@ -86,26 +107,26 @@ SHMIPC_API int shmipc_stream_write(shmipc_stream *st, const void *buf, size_t le
 {
     REQUIRE(st, "stream_write", "stream");
     REQUIRE(buf || len == 0, "stream_write", "buf");
-    return shmipc__stream_write(st, buf, len);
+    IN_STREAM(st, 0, shmipc__stream_write(st, buf, len));
 }
 
 SHMIPC_API int shmipc_stream_reserve(shmipc_stream *st, size_t n, void **ptr)
 {
     REQUIRE(st, "stream_reserve", "stream");
     REQUIRE(ptr, "stream_reserve", "ptr");
-    return shmipc__stream_reserve(st, n, ptr);
+    IN_STREAM(st, 0, shmipc__stream_reserve(st, n, ptr));
 }
 
 SHMIPC_API int shmipc_stream_commit(shmipc_stream *st, size_t n)
 {
     REQUIRE(st, "stream_commit", "stream");
-    return shmipc__stream_commit(st, n);
+    IN_STREAM(st, 0, shmipc__stream_commit(st, n));
 }
 
 SHMIPC_API int shmipc_stream_flush(shmipc_stream *st)
 {
     REQUIRE(st, "stream_flush", "stream");
-    return shmipc__stream_flush(st);
+    IN_STREAM(st, 0, shmipc__stream_flush(st));
 }
 
 SHMIPC_API int shmipc_stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr,
@@ -113,7 +134,7 @@ SHMIPC_API int shmipc_stream_read_chunk(shmipc_stream *st, size_t max, const voi
 {
     REQUIRE(st, "stream_read_chunk", "stream");
     REQUIRE(ptr && len, "stream_read_chunk", "ptr or len");
-    return shmipc__stream_read_chunk(st, max, ptr, len, flags);
+    IN_STREAM(st, 0, shmipc__stream_read_chunk(st, max, ptr, len, flags));
 }
 
 SHMIPC_API int shmipc_stream_read_exact_bytes(shmipc_stream *st, size_t n, const void **ptr,
@@ -121,7 +142,7 @@ SHMIPC_API int shmipc_stream_read_exact_bytes(shmipc_stream *st, size_t n, const
 {
     REQUIRE(st, "stream_read_exact_bytes", "stream");
     REQUIRE(ptr, "stream_read_exact_bytes", "ptr");
-    return shmipc__stream_read_exact(st, n, ptr, flags);
+    IN_STREAM(st, 0, shmipc__stream_read_exact(st, n, ptr, flags));
 }
 
 SHMIPC_API size_t shmipc_stream_available(const shmipc_stream *st)
@@ -132,13 +153,21 @@ SHMIPC_API size_t shmipc_stream_available(const shmipc_stream *st)
 SHMIPC_API int shmipc_stream_release(shmipc_stream *st)
 {
     REQUIRE(st, "stream_release", "stream");
-    return shmipc__stream_release(st);
+    IN_STREAM(st, 1, shmipc__stream_release(st));
 }
 
 SHMIPC_API int shmipc_stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags)
 {
     REQUIRE(dst && src, "stream_forward", "dst or src");
-    return shmipc__stream_forward(dst, src, n, flags);
+    int rc = shmipc__stream_enter(dst, 0);
+    if (rc < 0)
+        return rc;
+    if ((rc = shmipc__stream_enter(src, 0)) == 0) {
+        rc = shmipc__stream_forward(dst, src, n, flags);
+        shmipc__stream_leave(src);
+    }
+    shmipc__stream_leave(dst);
+    return rc;
 }
 
 SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32_t ms)
@@ -155,10 +184,16 @@ SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32
     return 0;
 }
 
+SHMIPC_API int shmipc_stream_shutdown(shmipc_stream *st)
+{
+    REQUIRE(st, "stream_shutdown", "stream");
+    return shmipc__stream_shutdown(st);
+}
+
 SHMIPC_API void shmipc_stream_close(shmipc_stream *st)
 {
     if (st != NULL)
-        shmipc__stream_close(st);
+        shmipc__stream_close_handle(st);
 }
 
 SHMIPC_API int shmipc_listener_new(const char *address, const shmipc_config *cfg,
@@ -209,7 +244,8 @@ SHMIPC_API void shmipc_session_manager_put_back(shmipc_session_manager *m, shmip
 {
     if (st == NULL)
         return;
-    if (m == NULL)
+    /* A stream shut down is of no use to the next taker: it fails every call. */
+    if (m == NULL || (__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT))
         shmipc_stream_close(st);
     else
         shmipc__manager_put_back(m, st);

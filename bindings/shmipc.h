@@ -539,9 +539,19 @@ SHMIPC_API uint64_t shmipc_config_get_max_fallback_unread(const shmipc_config *c
  * byte streams inside a session; the client opens them, the server accepts them.
  *
  * Threads: a session handle may be used from several threads at once; a stream handle from
- * one thread at a time (different streams of one session may run in parallel). No library
- * thread exists: the thread that waits for data reads the socket itself, or an event loop
- * polls shmipc_session_fileno() and calls shmipc_session_process().
+ * one thread at a time (different streams of one session may run in parallel), except
+ * shmipc_stream_shutdown() and shmipc_stream_close(), which any thread may call while another
+ * is in a call on the stream. No library thread exists: the thread that waits for data reads
+ * the socket itself, or an event loop polls shmipc_session_fileno() and calls
+ * shmipc_session_process().
+ *
+ * Blocking calls: accept_stream, read_chunk, read_exact_bytes and forward wait (up to their
+ * timeouts); flush may wait up to the write timeouts when the peer's queue or the socket is
+ * full. To end a wait from another thread, shut the session or the stream down: the waiting
+ * call fails with SHMIPC_ECLOSED and the handle stays valid until closed. Closing a handle
+ * while another thread is inside a call on it is safe too (it shuts it down first, and the
+ * memory is freed when the last call in flight leaves), but no call may start on a handle
+ * once its close has begun: to stop workers, shut down, join them, then close.
  *
  * Addresses: "unix:/path", "/path" or "./path" (unix socket), "unix:@name" (abstract),
  * "tcp:host:port" or "host:port". memfd sessions need a unix socket.
@@ -605,11 +615,24 @@ SHMIPC_API int shmipc_session_version(const shmipc_session *s);
 SHMIPC_API int shmipc_session_wakeup(const shmipc_session *s, uint32_t *polling_interval_us);
 
 /**
+ * Ends the session as shmipc_session_close() does (the socket is shut down, the peer sees the
+ * connection end, unread data is lost) but keeps the handle: every call blocked on the
+ * session or one of its streams (accept_stream, reads, forward, a flush waiting for a full
+ * queue) wakes and fails with SHMIPC_ECLOSED, and so does every later call but status,
+ * version, fileno and close. Thread safe: any thread, any number of times, also while other
+ * threads are inside calls on the session. A session that ended already keeps its cause.
+ * Returns 0, or SHMIPC_EINVAL for NULL.
+ */
+SHMIPC_API int shmipc_session_shutdown(shmipc_session *s);
+
+/**
  * Hard close, as in the reference: the socket is closed at once, the peer sees the
  * connection end, queued but unread data is lost, and every stream of the session fails
  * with SHMIPC_ECLOSED from then on. Releases the handle; shared memory stays mapped until
  * the last stream handle is closed, so pointers from read_chunk stay valid until then.
- * NULL is a no-op.
+ * Calls blocked in other threads wake with SHMIPC_ECLOSED, and the session is freed when the
+ * last of them leaves; no call may start on the handle after close began (see "Blocking
+ * calls" above). NULL is a no-op.
  */
 SHMIPC_API void shmipc_session_close(shmipc_session *s);
 
@@ -694,8 +717,19 @@ SHMIPC_API int shmipc_stream_forward(shmipc_stream *dst, shmipc_stream *src, siz
 SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32_t ms);
 
 /**
+ * Wakes every call blocked on this stream (a read, forward, a flush retrying a full queue);
+ * they fail with SHMIPC_ECLOSED, and so does every later call on it but release and close.
+ * The peer is told nothing until close; the session goes on. Thread safe: any thread, any
+ * number of times. A flush already writing over the socket (fallback) finishes its message
+ * (bounded by the connection write timeout). Returns 0, or SHMIPC_EINVAL for NULL.
+ */
+SHMIPC_API int shmipc_stream_shutdown(shmipc_stream *st);
+
+/**
  * Closes the stream: unread data is dropped, the peer is told (its reads drain what was sent,
- * then end), and the handle is released. NULL is a no-op.
+ * then end), and the handle is released. Another thread may be inside a call on the stream:
+ * that call wakes with SHMIPC_ECLOSED (as after shmipc_stream_shutdown()) and the stream is
+ * freed when it leaves. NULL is a no-op.
  */
 SHMIPC_API void shmipc_stream_close(shmipc_stream *st);
 

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <sys/uio.h>
@@ -59,7 +60,7 @@ static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **ou
     if (s == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory");
     s->fd = -1;
-    s->efd_send = s->efd_recv = s->event_fd = s->timer_fd = -1;
+    s->efd_send = s->efd_recv = s->event_fd = s->timer_fd = s->kick_fd = -1;
     s->wakeup = SHMIPC_WAKEUP_SOCKET;
     s->role = role;
     s->refs = 1;
@@ -256,6 +257,8 @@ static void session_destroy(shmipc_session *s)
         close(s->event_fd);
     if (s->timer_fd >= 0)
         close(s->timer_fd);
+    if (s->kick_fd >= 0)
+        close(s->kick_fd);
     if (s->efd_send >= 0)
         close(s->efd_send);
     if (s->efd_recv >= 0)
@@ -311,8 +314,8 @@ static int fail_locked(shmipc_session *s, int code)
 /* The session's end as a fresh failure detail, for calls made after it ended. */
 static int ended(shmipc_session *s)
 {
-    if (s->err == SHMIPC_ECLOSED)
-        return shmipc__fail(SHMIPC_ECLOSED, "session: closed locally");
+    if (s->err == SHMIPC_ECLOSED) /* closed or shut down locally */
+        return shmipc__fail(SHMIPC_ECLOSED, "%s", s->why);
     return shmipc__fail(s->err, "session ended: %s", s->why);
 }
 
@@ -371,8 +374,11 @@ static int setup_event_fd(shmipc_session *s)
     struct epoll_event a = {.events = EPOLLIN, .data.fd = s->fd};
     struct epoll_event b = {.events = EPOLLIN | (extra == s->efd_recv ? EPOLLET : 0u),
                             .data.fd = extra};
+    /* A stream shutdown's kick wakes a processor in epoll_wait; it is read when it fires. */
+    struct epoll_event k = {.events = EPOLLIN, .data.fd = s->kick_fd};
     if (epoll_ctl(s->event_fd, EPOLL_CTL_ADD, s->fd, &a) < 0 ||
-        epoll_ctl(s->event_fd, EPOLL_CTL_ADD, extra, &b) < 0)
+        epoll_ctl(s->event_fd, EPOLL_CTL_ADD, extra, &b) < 0 ||
+        epoll_ctl(s->event_fd, EPOLL_CTL_ADD, s->kick_fd, &k) < 0)
         return shmipc__fail_errno(errno, "session: epoll_ctl");
     return 0;
 }
@@ -387,6 +393,12 @@ static int session_start(shmipc_session *s, int client)
     s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
     if (s->buckets == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory");
+    /*
+     * What wakes a processor that waits for the socket (or the epoll set) when a stream is shut
+     * down from another thread: nothing else would, the session itself goes on.
+     */
+    if ((s->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+        return shmipc__fail_errno(errno, "session: eventfd");
     if ((rc = setup_event_fd(s)) < 0)
         return rc;
     /* A SIGBUS in our mappings (shm/guard.h) shuts the socket: every waiter wakes and sees it. */
@@ -488,7 +500,22 @@ void shmipc__session_close(shmipc_session *s)
     lock(s);
     fail_locked(s, shmipc__fail(SHMIPC_ECLOSED, "session: closed locally"));
     unlock(s);
+    /* Calls still in flight hold references of their own: the last one out frees it. */
     session_release(s);
+}
+
+/*
+ * Ending the session wakes every waiter: fail_locked() shuts the socket down (a processor in
+ * poll or epoll_wait wakes) and broadcasts `cond` (the others). A session that ended already
+ * keeps its cause.
+ */
+int shmipc__session_shutdown(shmipc_session *s)
+{
+    lock(s);
+    if (s->err == 0)
+        fail_locked(s, shmipc__fail(SHMIPC_ECLOSED, "session: shut down locally"));
+    unlock(s);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -811,8 +838,8 @@ static int wait_set_locked(shmipc_session *s, int timeout_ms, int *socket)
         uint64_t ticks;
         if (ev[i].data.fd == s->fd)
             *socket = 1;
-        else if (ev[i].data.fd == s->timer_fd)
-            (void)!read(s->timer_fd, &ticks, sizeof ticks);
+        else if (ev[i].data.fd == s->timer_fd || ev[i].data.fd == s->kick_fd)
+            (void)!read(ev[i].data.fd, &ticks, sizeof ticks);
     }
     return n < 0 ? -err : n;
 }
@@ -912,36 +939,6 @@ static int process_fds_locked(shmipc_session *s, int socket_ready)
         rc = drain_queue_locked(s, &events);
     if (rc >= 0 && (rc = check_memory_locked(s)) < 0)
         return rc;
-    return finish_turn_locked(s, rc, events);
-}
-
-/*
- * The processor's wait when only the socket can wake it and there is no deadline: one blocking
- * recv instead of poll plus recv. The processing role makes the read buffer ours without mu.
- * Returns like process_locked(), or SHMIPC_EINTR.
- */
-static int blocking_recv_locked(shmipc_session *s)
-{
-    int events = 0, rc;
-    if ((rc = grow_rbuf_locked(s)) < 0)
-        return fail_locked(s, rc);
-    uint8_t *dst = s->rbuf + s->rlen;
-    size_t space = s->rcap - s->rlen;
-    unlock(s);
-    ssize_t n = recv(s->fd, dst, space, 0);
-    int err = errno;
-    lock(s);
-    if (s->err)
-        return s->err;
-    if ((rc = check_memory_locked(s)) < 0)
-        return s->err;
-    if (n < 0 && err == EINTR)
-        return shmipc__fail(SHMIPC_EINTR, "interrupted by a signal");
-    rc = take_recv_locked(s, n, err, space, &events);
-    if (rc == 1) {
-        rc = finish_turn_locked(s, 0, events);
-        return rc < 0 ? rc : process_locked(s);
-    }
     return finish_turn_locked(s, rc, events);
 }
 
@@ -1129,24 +1126,25 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
         if (s->err)
             return s->err;
     }
-    if (!s->processing && s->wakeup == SHMIPC_WAKEUP_SOCKET && deadline == 0) {
-        s->processing = 1;
-        int rc = blocking_recv_locked(s);
-        spin_judge(s, gave_up);
-        s->processing = 0;
-        pthread_cond_broadcast(&s->cond);
-        return rc < 0 ? rc : 0;
-    }
     if (!s->processing) {
         s->processing = 1;
         int socket = 0, err = 0, rc;
         if (s->wakeup == SHMIPC_WAKEUP_SOCKET) {
+            /*
+             * Not a blocking recv even without a deadline (one system call less): a stream
+             * shut down from another thread must be able to wake us through kick_fd.
+             */
             unlock(s);
-            struct pollfd p = {.fd = s->fd, .events = POLLIN};
-            rc = ppoll(&p, 1, wait_span(s, deadline), NULL);
+            struct pollfd p[2] = {{.fd = s->fd, .events = POLLIN},
+                                  {.fd = s->kick_fd, .events = POLLIN}};
+            rc = ppoll(p, 2, wait_span(s, deadline), NULL);
             err = errno;
             lock(s);
-            socket = rc > 0;
+            socket = rc > 0 && p[0].revents != 0;
+            if (rc > 0 && p[1].revents != 0) {
+                uint64_t kicks;
+                (void)!read(s->kick_fd, &kicks, sizeof kicks);
+            }
         } else if ((rc = wait_set_locked(s, span_ms(s, deadline), &socket)) < 0) {
             err = -rc;
             rc = -1;
@@ -1182,6 +1180,7 @@ int shmipc__session_process(shmipc_session *s)
 {
     int rc = 0;
     lock(s);
+    s->refs++; /* as accept_stream: a close meanwhile frees the session when we leave */
     if (!s->processing) {
         s->processing = 1;
         rc = process_locked(s);
@@ -1193,6 +1192,7 @@ int shmipc__session_process(shmipc_session *s)
     if (rc < 0)
         rc = ended(s);
     unlock(s);
+    session_release(s);
     return rc;
 }
 
@@ -1277,6 +1277,7 @@ int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stre
     if (s->role != SHMIPC__SERVER)
         return shmipc__fail(SHMIPC_ENOTSUP, "accept_stream: only servers accept streams");
     lock(s);
+    s->refs++; /* a close from another thread meanwhile frees the session when we leave */
     for (;;) {
         if (s->accept_len > 0) {
             *out = s->accept_q[s->accept_head];
@@ -1308,6 +1309,7 @@ int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stre
         }
     }
     unlock(s);
+    session_release(s);
     return rc;
 }
 
@@ -1320,12 +1322,25 @@ int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stre
  * when the bytes are there, SHMIPC_EEOF, SHMIPC_EAGAIN (non-blocking), SHMIPC_ETIMEDOUT, or
  * the code that ended the session.
  */
+static int stream_shut_error(const shmipc_stream *st)
+{
+    return shmipc__fail(SHMIPC_ECLOSED, "stream %u: shut down locally", st->id);
+}
+
+static int stream_is_shut(const shmipc_stream *st)
+{
+    return (__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT) != 0;
+}
+
 static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
 {
     shmipc_session *s = st->s;
     uint64_t deadline = shmipc__deadline_ms(st->read_timeout_ms);
     int rc;
     for (;;) {
+        /* Set before shmipc__stream_shutdown() takes mu to wake us: no wakeup is lost. */
+        if (stream_is_shut(st))
+            return stream_shut_error(st);
         /* Delivered data stays readable after the session ends, unless it may be zeros now. */
         if ((rc = check_memory_locked(s)) < 0)
             return rc;
@@ -1787,6 +1802,8 @@ static int put_element(shmipc_stream *st, const struct shmipc__queue_elem *e)
             return shmipc__fail(SHMIPC_ETIMEDOUT, "stream %u: write timed out, queue full", st->id);
         if (s->err)
             return ended(s);
+        if (stream_is_shut(st))
+            return stream_shut_error(st);
         struct timespec ts = {0, (long)QUEUE_FULL_WAIT_NS};
         nanosleep(&ts, NULL);
         rc = shmipc__queue_put(&s->qp.send, e);
@@ -2006,4 +2023,69 @@ void shmipc__stream_close(shmipc_stream *st)
     unlock(s);
     stream_free_memory(st);
     session_release(s);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Shutdown and close from another thread                                               */
+/* ------------------------------------------------------------------------------------ */
+
+int shmipc__stream_enter(shmipc_stream *st, int even_shut)
+{
+    uint8_t v = __atomic_load_n(&st->inuse, __ATOMIC_RELAXED);
+    uint8_t refuse = SHMIPC__STREAM_CLOSING | (even_shut ? 0 : SHMIPC__STREAM_SHUT);
+    do {
+        if (v & refuse)
+            return v & SHMIPC__STREAM_CLOSING
+                       ? shmipc__fail(SHMIPC_ECLOSED, "stream %u: closed", st->id)
+                       : stream_shut_error(st);
+        /* One count is left for close_handle, so the count never reaches the marks. */
+        if ((v & SHMIPC__STREAM_BUSY_MASK) >= SHMIPC__STREAM_BUSY_MASK - 1)
+            return shmipc__fail(SHMIPC_EBUSY, "stream %u: too many threads in it", st->id);
+    } while (!__atomic_compare_exchange_n(&st->inuse, &v, (uint8_t)(v + 1), 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+    return 0;
+}
+
+void shmipc__stream_leave(shmipc_stream *st)
+{
+    uint8_t v = __atomic_sub_fetch(&st->inuse, 1, __ATOMIC_ACQ_REL);
+    /* The close came while we were in: it left the stream to the last call out. */
+    if ((v & SHMIPC__STREAM_BUSY_MASK) == 0 && (v & SHMIPC__STREAM_CLOSING))
+        shmipc__stream_close(st);
+}
+
+/*
+ * Marks the stream shut, then wakes its waiters: a follower on `cond` by the broadcast, a
+ * processor in poll or epoll_wait by the kick (it reads the kick and looks again). The mark
+ * is set before mu is taken, and waiters look at it under mu before they wait, so none misses
+ * it. Any thread, any number of times.
+ */
+int shmipc__stream_shutdown(shmipc_stream *st)
+{
+    shmipc_session *s = st->s;
+    /* Counted in, so that a close from another thread meanwhile frees nothing under us. */
+    __atomic_add_fetch(&st->inuse, 1, __ATOMIC_ACQ_REL);
+    __atomic_fetch_or(&st->inuse, SHMIPC__STREAM_SHUT, __ATOMIC_ACQ_REL);
+    lock(s);
+    if (s->processing && s->kick_fd >= 0) {
+        uint64_t one = 1;
+        /* EAGAIN: the counter is saturated, a kick is pending anyway. */
+        (void)!write(s->kick_fd, &one, sizeof one);
+    }
+    pthread_cond_broadcast(&s->cond);
+    unlock(s);
+    shmipc__stream_leave(st);
+    return 0;
+}
+
+void shmipc__stream_close_handle(shmipc_stream *st)
+{
+    /*
+     * Counted in as a call of its own, so that a call in flight that leaves meanwhile cannot
+     * free the stream under the wakeup; the last one out (maybe this one) frees it.
+     */
+    __atomic_add_fetch(&st->inuse, 1, __ATOMIC_ACQ_REL);
+    __atomic_fetch_or(&st->inuse, SHMIPC__STREAM_CLOSING | SHMIPC__STREAM_SHUT, __ATOMIC_ACQ_REL);
+    shmipc__stream_shutdown(st);
+    shmipc__stream_leave(st);
 }

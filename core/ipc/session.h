@@ -70,9 +70,14 @@ struct shmipc_stream {
     struct shmipc_stream *next_in_bucket;
     uint32_t id;
     uint8_t state;
-    uint8_t fallback;  /* data goes over the socket for good */
-    uint8_t in_table;  /* still in the session's table (not closed locally) */
-    uint8_t reserved_; /* keeps the layout explicit */
+    uint8_t fallback; /* data goes over the socket for good */
+    uint8_t in_table; /* still in the session's table (not closed locally) */
+    /*
+     * Calls in flight on the handle (low bits) and the SHMIPC__STREAM_SHUT/_CLOSING marks,
+     * atomic: shutdown and close may come from another thread while a call blocks, and the
+     * last call to leave a closing stream frees it (shmipc__stream_enter/leave).
+     */
+    uint8_t inuse;
     /* Receive side, under s->mu. chunks[0..read_index) were read and wait for release. */
     struct shmipc__chunk *chunks;
     uint32_t nchunks, chunk_cap, read_index, read_offset;
@@ -89,6 +94,11 @@ struct shmipc_stream {
     uint32_t write_timeout_ms;
 };
 
+/* shmipc_stream.inuse: the count of calls in flight is the low bits. */
+#define SHMIPC__STREAM_BUSY_MASK 0x3fu
+#define SHMIPC__STREAM_SHUT      0x40u /* shut down: every call but release and close fails */
+#define SHMIPC__STREAM_CLOSING   0x80u /* closed by the user: freed when no call is in flight */
+
 struct shmipc_session {
     pthread_mutex_t mu;
     pthread_cond_t cond;
@@ -103,6 +113,7 @@ struct shmipc_session {
     int efd_send, efd_recv; /* eventfd wakeups (V4), else -1 */
     int event_fd;           /* what fileno() returns: the socket, or an epoll fd (V4) */
     int timer_fd;           /* polling mode: fires every interval for event loops, else -1 */
+    int kick_fd;            /* eventfd a stream shutdown writes to wake the processor, or -1 */
     int processing;         /* a thread is reading the socket (under mu) */
     unsigned spin_fails;    /* spins in a row that found nothing, at most 6 (under mu) */
     unsigned spin_skip;     /* waits left that sleep without spinning (under mu) */
@@ -188,6 +199,8 @@ uint32_t shmipc__session_take_ready(shmipc_session *s, uint32_t **ids, uint32_t 
 /* The user's handle on stream `id`, or NULL when it is not (or no longer) handed out. */
 shmipc_stream *shmipc__session_handed_out(shmipc_session *s, uint32_t id);
 void shmipc__session_close(shmipc_session *s);
+/* Ends the session with SHMIPC_ECLOSED and wakes every waiter; the handle stays valid. */
+int shmipc__session_shutdown(shmipc_session *s);
 /* Gives every slice the session keeps back for reuse to the shared free lists. */
 void shmipc__session_trim(shmipc_session *s);
 
@@ -211,6 +224,18 @@ size_t shmipc__stream_available(shmipc_stream *st);
 int shmipc__stream_release(shmipc_stream *st);
 int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags);
 void shmipc__stream_close(shmipc_stream *st);
+
+/*
+ * A call on the user's handle begins: 0, or SHMIPC_ECLOSED after a shutdown or close
+ * (`even_shut` lets release through a shutdown), or SHMIPC_EBUSY when too many threads are in
+ * it. Every 0 is paired with shmipc__stream_leave(), which frees a stream closed meanwhile.
+ */
+int shmipc__stream_enter(shmipc_stream *st, int even_shut);
+void shmipc__stream_leave(shmipc_stream *st);
+/* Wakes the stream's blocked calls, which fail with SHMIPC_ECLOSED, as do later ones. */
+int shmipc__stream_shutdown(shmipc_stream *st);
+/* The user's close: shutdown, then free now or when the last call in flight leaves. */
+void shmipc__stream_close_handle(shmipc_stream *st);
 
 /* Handshakes (handshake.c): fill the session's shared memory and version. */
 int shmipc__handshake_client(shmipc_session *s, uint64_t deadline);

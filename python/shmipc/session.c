@@ -217,12 +217,27 @@ static PyObject *session_process(SessionObject *self, PyObject *unused)
     return PyLong_FromLong(rc);
 }
 
+/*
+ * Wakes every call blocked on the session or its streams (ClosedError) and keeps the handle.
+ * With the GIL held: no other Python thread can close the handle meanwhile, and the library
+ * runs no callback under its locks (shmipc.h), so waiting for its lock cannot deadlock.
+ */
+static PyObject *session_shutdown(SessionObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->s != NULL && !self->close_pending)
+        shmipc_session_shutdown(self->s);
+    Py_RETURN_NONE;
+}
+
 static PyObject *session_close(SessionObject *self, PyObject *unused)
 {
     (void)unused;
     if (self->s == NULL || self->close_pending)
         Py_RETURN_NONE;
     if (self->busy) {
+        /* Wake the blocked calls now; the last one out frees the handle (session_settle). */
+        shmipc_session_shutdown(self->s);
         self->close_pending = 1;
         Py_RETURN_NONE;
     }
@@ -327,8 +342,14 @@ static PyMethodDef session_methods[] = {
      "close() -> None\n\n"
      "Hard close: the peer sees the connection end and every stream of the session fails\n"
      "with ClosedError from then on. Chunks already read stay valid until their stream is\n"
-     "closed (the memory stays mapped). Safe to call twice; from another thread it takes\n"
-     "effect when a blocked accept_stream() notices it (within about 0.1 s)."},
+     "closed (the memory stays mapped). Safe to call twice; from another thread it ends a\n"
+     "blocked accept_stream() at once (ClosedError), as shutdown() does."},
+    {"shutdown", (PyCFunction)session_shutdown, METH_NOARGS,
+     "shutdown() -> None\n\n"
+     "End the session as close() does (the peer sees the connection end) but keep the\n"
+     "object: every call blocked on it or on one of its streams, in any thread, raises\n"
+     "ClosedError at once, and so does every later call. Any thread, any number of times;\n"
+     "a no-op once closed. Then join the threads and close()."},
     {"__enter__", (PyCFunction)session_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)session_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

@@ -788,6 +788,18 @@ shmipc_stream *shmipcpy_stream_detach(StreamObject *self)
     return h;
 }
 
+/*
+ * Wakes a call blocked on the stream in another thread (ClosedError) and fails later ones; the
+ * stream stays open until close(). With the GIL held, as Session.shutdown.
+ */
+static PyObject *stream_shutdown(StreamObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->st != NULL && !self->close_pending)
+        shmipc_stream_shutdown(self->st);
+    Py_RETURN_NONE;
+}
+
 static PyObject *stream_close(StreamObject *self, PyObject *unused)
 {
     (void)unused;
@@ -797,7 +809,8 @@ static PyObject *stream_close(StreamObject *self, PyObject *unused)
         return NULL;
     invalidate(self);
     if (self->busy) {
-        /* Another thread is in a call on the handle: it closes it on its way out. */
+        /* Another thread is in a call on the handle: wake it; it closes it on its way out. */
+        shmipc_stream_shutdown(self->st);
         self->close_pending = 1;
         Py_RETURN_NONE;
     }
@@ -1023,7 +1036,13 @@ static PyMethodDef stream_methods[] = {
      "Close the stream: unread data is dropped, the peer's reads drain what was sent and\n"
      "then end. Every Chunk of the stream becomes invalid. Raises BufferError while a\n"
      "memoryview of a Chunk or of the reserve() window is alive. Safe to call twice; from\n"
-     "another thread it ends a blocked read (ClosedError) within about 0.1 s."},
+     "another thread it ends a blocked read (ClosedError) at once, as shutdown() does."},
+    {"shutdown", (PyCFunction)stream_shutdown, METH_NOARGS,
+     "shutdown() -> None\n\n"
+     "Wake a read, forward or flush blocked on this stream in another thread (it raises\n"
+     "ClosedError) and make every later call but release() and close() raise ClosedError.\n"
+     "The peer is told nothing until close(); the session goes on. Any thread, any number\n"
+     "of times; a no-op once closed."},
     {"__enter__", (PyCFunction)stream_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)stream_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

@@ -1222,12 +1222,18 @@ static void session_calls(void **state)
     interp_init(&in);
     RUN(&in, "shmipc_session_connect(addr, cfg, &s) = 0; shmipc_session_version(s) = 3;"
              "shmipc_session_close(s); shmipc_session_close(NULL);"
+             "shmipc_session_connect(addr, cfg, &s) = 0; shmipc_session_shutdown(s) = 0;"
+             "shmipc_session_shutdown(s) = 0; shmipc_session_status(s) = SHMIPC_ECLOSED;"
+             "shmipc_session_close(s); shmipc_session_shutdown(NULL) = SHMIPC_EINVAL;"
              "shmipc_session_connect(NULL, cfg, &s) = SHMIPC_EINVAL;"
              "shmipc_session_connect(addr, cfg, NULL) = SHMIPC_EINVAL;"
              "shmipc_session_connect(nobody, cfg, &s) = SHMIPC_ECONNREFUSED;"
 
              "shmipc_session_open_stream(client, &x) = 0; shmipc_stream_id(x) >= 2;"
              "shmipc_stream_close(x); shmipc_stream_close(NULL); shmipc_stream_id(NULL) = 0;"
+             "shmipc_session_open_stream(client, &x) = 0; shmipc_stream_shutdown(x) = 0;"
+             "shmipc_stream_write(x, \"x\", 1) = SHMIPC_ECLOSED; shmipc_stream_release(x) = 0;"
+             "shmipc_stream_close(x); shmipc_stream_shutdown(NULL) = SHMIPC_EINVAL;"
              "shmipc_session_open_stream(NULL, &x) = SHMIPC_EINVAL;"
              "shmipc_session_open_stream(client, NULL) = SHMIPC_EINVAL;"
 
