@@ -55,6 +55,20 @@ static int session_close(lua_State *L)
     return 0;
 }
 
+/*
+ * shutdown() -> true: ends the session as close does but keeps the handle; waiting calls on
+ * it and its streams and every later call fail with SHMIPC_ECLOSED. Any number of times; a
+ * no-op once closed.
+ */
+static int session_shutdown(lua_State *L)
+{
+    lsession *u = luaL_checkudata(L, 1, SESSION_MT);
+    if (u->s != NULL)
+        shmipc_session_shutdown(u->s);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 static int session_tostring(lua_State *L)
 {
     lsession *u = luaL_checkudata(L, 1, SESSION_MT);
@@ -174,6 +188,7 @@ static const luaL_Reg session_methods[] = {
     {"version", session_version},
     {"wakeup", session_wakeup},
     {"events", session_events},
+    {"shutdown", session_shutdown},
     {"close", session_close},
     {NULL, NULL},
 };

@@ -68,6 +68,20 @@ static int stream_close(lua_State *L)
     return 0;
 }
 
+/*
+ * shutdown() -> true: a read of this stream waiting elsewhere (a coroutine in "yield" mode,
+ * another Lua state's thread) and every later call but close fail with SHMIPC_ECLOSED; the
+ * session goes on. Any number of times; a no-op once closed.
+ */
+static int stream_shutdown(lua_State *L)
+{
+    lstream *u = luaL_checkudata(L, 1, STREAM_MT);
+    if (u->st != NULL)
+        shmipc_stream_shutdown(u->st);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 static int stream_tostring(lua_State *L)
 {
     lstream *u = luaL_checkudata(L, 1, STREAM_MT);
@@ -310,6 +324,7 @@ static const luaL_Reg stream_methods[] = {
     {"pollfd", stream_pollfd},
     {"fileno", stream_pollfd},
     {"events", stream_events},
+    {"shutdown", stream_shutdown},
     {"close", stream_close},
     {NULL, NULL},
 };
