@@ -1497,7 +1497,9 @@ static void trim_chunk_locked(shmipc_session *s, struct shmipc__chunk *c, uint32
  */
 static void drop_chunks_locked(shmipc_stream *st, uint32_t done)
 {
-    memmove(st->chunks, st->chunks + done, (st->nchunks - done) * sizeof *st->chunks);
+    /* A stream that never received has no array: memmove(NULL, ...) is undefined even for 0. */
+    if (done > 0)
+        memmove(st->chunks, st->chunks + done, (st->nchunks - done) * sizeof *st->chunks);
     st->nchunks -= done;
     st->read_index = 0;
     if (st->nchunks == 0 && st->chunk_cap > IDLE_CHUNK_CAP) {

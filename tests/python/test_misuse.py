@@ -223,3 +223,182 @@ def test_asyncio_cancel_and_shutdown_of_awaited_reads(pair):
         a.close()
 
     asyncio.run(main())
+
+
+# ---- Item 1: random call sequences ---------------------------------------------------------
+
+# One batch of rounds, run in a child: random stream calls with edge sizes, checking that only
+# documented exceptions come out and that the server reads exactly what the client flushed,
+# in order (a flush that fails drops its message, as documented).
+RANDOM_BATCH = r"""
+import os, random
+SEED, ROUNDS = int(os.environ["MISUSE_SEED"]), int(os.environ["MISUSE_ROUNDS"])
+rnd = random.Random(SEED)
+EDGES = [0, 1, 2, 4095, 4096, 4097, 16384, 16385, 3 * 16384 + 7,
+         2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**64, -1, -(2**63)]
+ALLOWED = (shmipc.Error, ValueError, OverflowError, BufferError)
+MAX_OUT = 96 * 1024
+cfg = default_config(read_timeout=0.003, write_timeout=0.005,
+                     buffer_capacity=2 << 20, slice_classes="4096:50,16384:50")
+counter = 0
+stats = {"read": 0, "flushed": 0, "raised": 0}
+
+def data(n):
+    global counter
+    out = bytes(((counter + i) * 2654435761 >> 13) & 0xFF for i in range(n))
+    counter += n
+    return out
+
+for r in range(ROUNDS):
+    p = Pair(cfg, cfg)
+    cs = p.client.open_stream()
+    first = data(1)
+    cs.write(first)
+    cs.flush()
+    ss = p.server.accept_stream(timeout=10)
+    expected, pending, window = bytearray(first), bytearray(), 0
+    closed_cs = closed_ss = False
+    for _ in range(rnd.randrange(50, 200)):
+        n = rnd.choice(EDGES)
+        op = rnd.randrange(13)
+        try:
+            if op == 0:
+                if not 0 <= n <= MAX_OUT // 2 or len(expected) + len(pending) + n > MAX_OUT:
+                    n = rnd.randrange(64)
+                b = data(n)
+                cs.write(b)
+                pending += b
+                window = 0
+            elif op == 1:
+                window = 0
+                w = cs.reserve(n)
+                window = n
+                k = rnd.randrange(min(n, 64) + 1)
+                b = data(k)
+                w[:k] = b
+                w.release()
+                cs.commit(k)
+                pending += b
+                window = 0
+            elif op == 2:
+                cs.commit(n)
+                raise SystemExit(f"commit({n}) with no window open did not raise")
+            elif op == 3:
+                try:
+                    cs.flush()
+                    expected += pending
+                    stats["flushed"] += len(pending)
+                except (shmipc.TimeoutError, shmipc.Error) as e:
+                    if closed_cs or isinstance(e, shmipc.ClosedError):
+                        raise
+                pending.clear()
+                window = 0
+            elif op == 4:
+                c = ss.read_chunk(max(0, min(n, 1 << 20)), nonblock=rnd.random() < 0.75)
+                if c is not None:
+                    got = bytes(c)
+                    c.release()
+                    assert got and expected[:len(got)] == got, "read_chunk out of order"
+                    del expected[:len(got)]
+                    stats["read"] += len(got)
+            elif op == 5:
+                if rnd.random() < 0.5 and expected:
+                    n = rnd.randrange(1, len(expected) + 1)
+                c = ss.read_exact_bytes(n, nonblock=True)
+                if c is not None:
+                    got = bytes(c)
+                    c.release()
+                    assert len(got) == n and expected[:n] == got, "read_exact out of order"
+                    del expected[:n]
+                    stats["read"] += n
+            elif op == 6:
+                ss.release()
+            elif op == 7:
+                # Forward to itself and read nothing back: the bytes leave ss's receive side.
+                k = rnd.randrange(len(expected) + 1) if rnd.random() < 0.5 else n
+                if ss.forward(ss, k, nonblock=True) is not None:
+                    del expected[:k]
+                ss.release()
+            elif op == 8:
+                ss.read_timeout = rnd.choice([0.001, 0.003, None if False else 0.002, -1, "x"])
+            elif op == 9:
+                (cs if rnd.random() < 0.5 else ss).available
+            elif op == 10:
+                ss.write(data(rnd.randrange(8)))
+                ss.flush()
+            elif op == 11:
+                cs.commit(0)
+                raise SystemExit("commit(0) with no window open did not raise")
+            else:
+                repr(cs); repr(ss); cs.id; ss.session
+        except AssertionError:
+            raise
+        except ALLOWED as e:
+            stats["raised"] += 1
+            if op in (0,) and not isinstance(e, (shmipc.ClosedError,)):
+                raise
+        except TypeError:
+            if op != 8:
+                raise
+    # End of the round: the client closes; the server drains what was flushed, then EOF.
+    ending = rnd.randrange(3)
+    if ending == 0:
+        try:
+            cs.flush()
+            expected += pending
+        except shmipc.Error:
+            pass
+        cs.close()
+        cs.close()
+        ss.read_timeout = 5
+        ss.release()
+        while True:
+            c = ss.read_chunk()
+            if not len(c):
+                break
+            got = bytes(c)
+            c.release()
+            assert expected[:len(got)] == got, "drain out of order"
+            del expected[:len(got)]
+        assert not expected, f"{len(expected)} bytes never arrived"
+    elif ending == 1:
+        ss.shutdown()
+        ss.shutdown()
+        for call in (lambda: ss.read(nonblock=True), lambda: ss.write(b"x")):
+            try:
+                call()
+                raise SystemExit("a call after shutdown did not raise")
+            except shmipc.ClosedError:
+                pass
+        ss.release()
+    else:
+        p.client.shutdown()
+        try:
+            cs.write(b"x")
+            raise SystemExit("write after the session's shutdown did not raise")
+        except shmipc.ClosedError:
+            pass
+    ss.close()
+    ss.close()
+    cs.close()
+    for call in (lambda: cs.write(b"x"), lambda: ss.read(nonblock=True), lambda: cs.commit(0),
+                 lambda: cs.reserve(1), lambda: ss.forward(ss, 0), lambda: cs.flush()):
+        try:
+            call()
+            raise SystemExit("a call after close did not raise")
+        except shmipc.ClosedError:
+            pass
+    p.close()
+# The sequences did something: bytes went through, and misuse raised.
+assert stats["read"] > 0 and stats["flushed"] > 0 and stats["raised"] > 0, stats
+print("ok", SEED, ROUNDS, stats)
+"""
+
+
+@pytest.mark.parametrize("batch", range(4))
+def test_random_stream_sequences(batch):
+    base = int(os.environ.get("SHMIPC_MISUSE_SEED", "19"), 0)
+    rounds = os.environ.get("SHMIPC_MISUSE_ROUNDS", "15")
+    env_code = f"import os; os.environ['MISUSE_SEED'] = '{base * 1000 + batch}'; " \
+               f"os.environ['MISUSE_ROUNDS'] = '{rounds}'\n"
+    run_child(env_code + RANDOM_BATCH, timeout=300)
