@@ -647,9 +647,10 @@ SHMIPC_API uint32_t shmipc_stream_id(const shmipc_stream *st);
 SHMIPC_API int shmipc_stream_write(shmipc_stream *st, const void *buf, size_t len);
 
 /**
- * Reserves a contiguous window of `n` bytes (1 .. UINT32_MAX, else SHMIPC_EINVAL) at the end
- * of the send buffer, in shared memory when a slice can hold it, and stores its address in
- * *ptr. Write into it, then commit. A second reserve before commit replaces the first (also
+ * Reserves a contiguous window of `n` bytes at the end of the send buffer, in shared memory
+ * when a slice can hold it (else on the heap, sent as fallback data), and stores its address
+ * in *ptr. n = 0 is SHMIPC_EINVAL; more than one message's payload (64 MiB - 16 bytes) is
+ * SHMIPC_EMSGSIZE. Write into it, then commit. A second reserve before commit replaces the first (also
  * when it fails: then no window is open); write, flush and forward end the window too.
  */
 SHMIPC_API int shmipc_stream_reserve(shmipc_stream *st, size_t n, void **ptr);

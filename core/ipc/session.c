@@ -1624,8 +1624,16 @@ int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
     st->reserved_len = 0;
     if (st->s->err)
         return ended(st->s);
-    if (n == 0 || n > UINT32_MAX)
-        return shmipc__fail(SHMIPC_EINVAL, "reserve: %zu bytes, need 1..%u", n, UINT32_MAX);
+    if (n == 0)
+        return shmipc__fail(SHMIPC_EINVAL, "reserve: 0 bytes, need at least 1");
+    /*
+     * A window larger than a slice lives on the heap and goes out as fallback data: no more
+     * than one message's payload, which any peer takes. A larger one would only allocate
+     * gigabytes that no flush could send.
+     */
+    if (n > SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE)
+        return shmipc__fail(SHMIPC_EMSGSIZE, "reserve: %zu bytes, at most %u", n,
+                            SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE);
     struct shmipc__segment *seg = st->nsegs ? &st->segs[st->nsegs - 1] : NULL;
     if (seg == NULL || seg->cap - seg->used < n) {
         int rc = grow_send_buffer(st, n, 1);

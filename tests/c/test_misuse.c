@@ -64,6 +64,10 @@ static void commit_zero_without_reserve_is_einval(void **state)
     assert_int_equal(shmipc_stream_commit(cs, 0), SHMIPC_EINVAL);
     assert_int_equal(shmipc_stream_commit(cs, 1), SHMIPC_EINVAL);
     assert_int_equal(shmipc_stream_commit(cs, SIZE_MAX), SHMIPC_EINVAL);
+    /* A window no flush could send is refused before anything is allocated. */
+    assert_int_equal(shmipc_stream_reserve(cs, (size_t)UINT32_MAX, &w), SHMIPC_EMSGSIZE);
+    assert_int_equal(shmipc_stream_reserve(cs, SIZE_MAX, &w), SHMIPC_EMSGSIZE);
+    assert_int_equal(shmipc_stream_reserve(cs, 0, &w), SHMIPC_EINVAL);
     /* After a write the window is gone too: the buffer has a segment, but no window. */
     assert_int_equal(shmipc_stream_write(cs, "ab", 2), 0);
     assert_int_equal(shmipc_stream_commit(cs, 0), SHMIPC_EINVAL);
@@ -402,6 +406,7 @@ static void documented(int rc, const char *what)
 {
     static const int ok[] = {0,
                              SHMIPC_EINVAL,
+                             SHMIPC_EMSGSIZE,
                              SHMIPC_EAGAIN,
                              SHMIPC_ETIMEDOUT,
                              SHMIPC_EQUEUEFULL,
@@ -507,8 +512,10 @@ static void one_op(struct model *m)
     case 1: /* reserve */
         rc = shmipc_stream_reserve(m->cs, n, &w);
         documented(rc, "reserve");
-        if (n == 0 || n > UINT32_MAX)
+        if (n == 0)
             assert_int_equal(rc, SHMIPC_EINVAL);
+        else if (n > (64u << 20) - 16u)
+            assert_int_equal(rc, SHMIPC_EMSGSIZE);
         m->reserved = rc == 0 ? n : 0;
         m->window = rc == 0 ? w : NULL;
         break;
