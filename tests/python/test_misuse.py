@@ -234,6 +234,7 @@ RANDOM_BATCH = r"""
 import os, random
 SEED, ROUNDS = int(os.environ["MISUSE_SEED"]), int(os.environ["MISUSE_ROUNDS"])
 rnd = random.Random(SEED)
+print("seed", SEED, "rounds", ROUNDS, flush=True)  # shown when the batch fails
 EDGES = [0, 1, 2, 4095, 4096, 4097, 16384, 16385, 3 * 16384 + 7,
          2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**64, -1, -(2**63)]
 ALLOWED = (shmipc.Error, ValueError, OverflowError, BufferError)
