@@ -413,9 +413,11 @@ static int request_line(struct shmipc__http_parser *p, const char *b, size_t s, 
     if (e - i != 8 || memcmp(b + i, "HTTP/", 5) != 0 || b[i + 5] < '0' || b[i + 5] > '9' ||
         b[i + 6] != '.' || b[i + 7] < '0' || b[i + 7] > '9')
         return fail(p, 400, "request line: the version is not HTTP/DIGIT.DIGIT");
-    if (b[i + 5] != '1' || b[i + 7] > '1')
-        return fail(p, 505, "request line: only HTTP/1.0 and HTTP/1.1 are supported");
-    r->minor = (uint8_t)(b[i + 7] - '0');
+    if (b[i + 5] != '1')
+        return fail(p, 505, "request line: only HTTP/1.x is supported");
+    /* RFC 9112 §2.6: a 1.x above the highest minor implemented is answered as that one, so
+     * HTTP/1.2 to HTTP/1.9 are parsed, framed and answered exactly as HTTP/1.1. */
+    r->minor = b[i + 7] == '0' ? 0 : 1;
     return target_form(p, b, t, te);
 }
 

@@ -22,8 +22,9 @@
  * - The request line is exactly `method SP target SP HTTP/x.y`: one SP each, no other
  *   whitespace. Target bytes must be visible ASCII (0x21-0x7E); `*` only with OPTIONS;
  *   authority-form only with (and required by) CONNECT; origin- and absolute-form otherwise.
- * - Versions other than HTTP/1.0 and HTTP/1.1 get 505, HTTP/1.2 included (RFC 9110 §2.5
- *   would allow treating it as 1.1); a malformed version is a 400.
+ * - HTTP/1.2 to HTTP/1.9 are served as HTTP/1.1 (RFC 9112 §2.6), as nginx does; any other
+ *   major version (0.x, 2.0, 3.0, ...) gets 505; a version that is not exactly
+ *   HTTP/DIGIT.DIGIT (HTTP/1.10, HTTP/1, http/1.1) is a 400.
  * - Host: exactly one on HTTP/1.1 (none or two: 400), and only host[:port] characters.
  * - obs-fold and whitespace between the request line and the first field are rejected (400),
  *   as is whitespace between a field name and its colon.
@@ -141,7 +142,7 @@ struct shmipc__http_request {
     uint32_t head_len;              /* bytes of the head, leading empty lines included */
     uint32_t flags;                 /* SHMIPC__HTTP_* request flags */
     uint8_t method;                 /* enum shmipc__http_method */
-    uint8_t minor;                  /* 0 for HTTP/1.0, 1 for HTTP/1.1 */
+    uint8_t minor;                  /* 0 for HTTP/1.0, 1 for HTTP/1.1 to HTTP/1.9 */
     uint8_t body_kind;              /* enum shmipc__http_body_kind */
     struct shmipc__http_slice name; /* the method token */
     struct shmipc__http_slice target;

@@ -376,7 +376,10 @@ static void request_line_validation(void **state)
     static const struct status_case cases[] = {
         T("http/1.0", "GET / HTTP/1.0\r\n\r\n", 0),
         T("http/1.1", "GET / HTTP/1.1\r\nHost: h\r\n\r\n", 0),
-        T("http/1.2", "GET / HTTP/1.2\r\nHost: h\r\n\r\n", 505),
+        T("http/1.2", "GET / HTTP/1.2\r\nHost: h\r\n\r\n", 0),
+        T("http/1.9", "GET / HTTP/1.9\r\nHost: h\r\n\r\n", 0),
+        T("http/1.2 without Host", "GET / HTTP/1.2\r\n\r\n", 400),
+        T("http/3.0", "GET / HTTP/3.0\r\nHost: h\r\n\r\n", 505),
         T("http/2.0", "GET / HTTP/2.0\r\nHost: h\r\n\r\n", 505),
         T("http/0.9", "GET / HTTP/0.9\r\n\r\n", 505),
         T("http/9.9", "GET / HTTP/9.9\r\n\r\n", 505),
