@@ -90,6 +90,16 @@ SHMIPC_API int shmipc_server_config_set_server_name(shmipc_server_config *cfg, c
     return shmipc__server_config_set_server_name(cfg, name);
 }
 
+SHMIPC_API int shmipc_server_config_set_reuse_port(shmipc_server_config *cfg, int share)
+{
+    REQUIRE(cfg, "server_config_set_reuse_port", "config");
+    if (share != 0 && share != 1)
+        return shmipc__fail(SHMIPC_EINVAL, "reuse_port: %d is not 0 or 1", share);
+    cfg->reuse_port = (uint8_t)share;
+    cfg->reuse_port_set = 1;
+    return 0;
+}
+
 /* ---- server ---- */
 
 SHMIPC_API int shmipc_server_new(const shmipc_server_config *cfg, shmipc_server **out)

@@ -957,6 +957,15 @@ SHMIPC_API int shmipc_server_config_set_limit(shmipc_server_config *cfg, int whi
 SHMIPC_API int shmipc_server_config_set_server_name(shmipc_server_config *cfg, const char *name);
 
 /**
+ * Whether the port may be shared with other processes: 0 (the default) makes
+ * shmipc_server_start() fail with SHMIPC_EADDRINUSE when any socket already listens on the
+ * address and port; 1 joins the SO_REUSEPORT group of another server of the same user there
+ * (the kernel then spreads new connections over both). The server's own workers share the
+ * port either way. Unset, SHMIPC_HTTP_REUSEPORT (0 or 1) decides. Other values: SHMIPC_EINVAL.
+ */
+SHMIPC_API int shmipc_server_config_set_reuse_port(shmipc_server_config *cfg, int share);
+
+/**
  * Creates a server from `cfg` (NULL: defaults), reading the SHMIPC_* variables for what the
  * config leaves at its default; nothing is bound or started yet. Returns 0, SHMIPC_EINVAL
  * (a bad variable, named in the detail) or SHMIPC_ENOMEM.
@@ -995,7 +1004,8 @@ SHMIPC_API int shmipc_server_static(shmipc_server *s, const char *method, const 
 
 /**
  * Binds the listening sockets and starts the workers; returns once every worker accepts.
- * Does not block beyond that. Starting a running server is a no-op. SHMIPC_EADDRINUSE,
+ * Does not block beyond that. Starting a running server is a no-op. SHMIPC_EADDRINUSE (the
+ * port is served by another socket and reuse_port is off; the detail says so),
  * SHMIPC_EACCES, SHMIPC_ENOTSUP (io_uring requested but refused), ...
  */
 SHMIPC_API int shmipc_server_start(shmipc_server *s);

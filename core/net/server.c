@@ -1689,6 +1689,12 @@ int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_ser
     if (rc == 0)
         rc = env_ms("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS",
                     shmipc__getenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS"), &keepalive_ms);
+    if (rc == 0 && !cfg->reuse_port_set) {
+        unsigned long share = 0;
+        rc = shmipc__env_number("SHMIPC_HTTP_REUSEPORT", shmipc__getenv("SHMIPC_HTTP_REUSEPORT"), 0,
+                                1, "flags (1: share)", &share);
+        s->cfg.reuse_port = (uint8_t)share;
+    }
     if (rc < 0)
         goto err;
     s->header_ms = cfg->timeout_set[SHMIPC_SERVER_TIMEOUT_HEADER]
@@ -2025,6 +2031,7 @@ int shmipc__server_start(struct shmipc_server *s)
     o.loop = &s->loop_opts;
     o.host = s->cfg.address;
     o.port = s->cfg.port;
+    o.share_port = s->cfg.reuse_port;
     o.setup = worker_setup;
     o.teardown = worker_teardown;
     o.data = s;

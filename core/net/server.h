@@ -50,6 +50,8 @@ struct shmipc_server_config {
     uint64_t ws_max_message;   /* 0: SHMIPC__WS_DEFAULT_MAX_MESSAGE */
     uint64_t ws_tx_high_water; /* 0: SHMIPC__WS_DEFAULT_TX_HIGH_WATER */
     uint64_t ws_tx_limit;      /* 0: SHMIPC__WS_DEFAULT_TX_LIMIT (or the high-water mark) */
+    uint8_t reuse_port;        /* 1: share the port with other processes (shmipc__workers_opts) */
+    uint8_t reuse_port_set;    /* 0: SHMIPC_HTTP_REUSEPORT decides at shmipc__server_new() */
 };
 
 /* A route or a static response. */

@@ -339,6 +339,12 @@ struct shmipc__workers_opts {
     uint16_t port;                        /**< 0: one ephemeral port shared by all workers */
     int backlog;                          /**< 0: SOMAXCONN */
     /**
+     * 0: a fixed port must be free, else SHMIPC_EADDRINUSE (the workers still share it among
+     * themselves); 1: join whatever SO_REUSEPORT group of the same user listens there, i.e.
+     * share the port with another process on purpose.
+     */
+    int share_port;
+    /**
      * Runs on each worker thread, before its loop runs, with the worker's own loop and its own
      * SO_REUSEPORT listening socket, whose ownership passes to the callee (typically to
      * shmipc__acceptor_open()). A negative return fails shmipc__workers_start().

@@ -23,6 +23,26 @@
 
 #define MAX_WORKERS 1024u
 
+/* `host` (numeric; NULL: 0.0.0.0) and `port` as a socket address. */
+static int sock_addr(const char *host, uint16_t port, struct sockaddr_storage *ss, socklen_t *len)
+{
+    memset(ss, 0, sizeof *ss);
+    if (inet_pton(AF_INET, host, &((struct sockaddr_in *)ss)->sin_addr) == 1) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons(port);
+        *len = sizeof *sin;
+    } else if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)ss)->sin6_addr) == 1) {
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons(port);
+        *len = sizeof *sin6;
+    } else {
+        return shmipc__fail(SHMIPC_EINVAL, "listen: host \"%s\" is not a numeric address", host);
+    }
+    return 0;
+}
+
 int shmipc__tcp_listen(const char *host, uint16_t port, int backlog, int reuseport, int *out_fd)
 {
     struct sockaddr_storage ss;
@@ -32,22 +52,11 @@ int shmipc__tcp_listen(const char *host, uint16_t port, int backlog, int reusepo
     int rc;
 
     *out_fd = -1;
-    memset(&ss, 0, sizeof ss);
     if (host == NULL)
         host = "0.0.0.0";
-    if (inet_pton(AF_INET, host, &((struct sockaddr_in *)&ss)->sin_addr) == 1) {
-        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-        sin->sin_family = AF_INET;
-        sin->sin_port = htons(port);
-        len = sizeof *sin;
-    } else if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)&ss)->sin6_addr) == 1) {
-        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
-        sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons(port);
-        len = sizeof *sin6;
-    } else {
-        return shmipc__fail(SHMIPC_EINVAL, "listen: host \"%s\" is not a numeric address", host);
-    }
+    rc = sock_addr(host, port, &ss, &len);
+    if (rc < 0)
+        return rc;
     fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return shmipc__fail_errno(errno, "listen: socket");
@@ -67,6 +76,51 @@ int shmipc__tcp_listen(const char *host, uint16_t port, int backlog, int reusepo
     *out_fd = fd;
     return 0;
 err:
+    close(fd);
+    return rc;
+}
+
+/*
+ * Whether `host`:`port` is free for a new SO_REUSEPORT group: a probe socket is bound there
+ * WITHOUT SO_REUSEPORT (with SO_REUSEADDR, as ours are, so connections in TIME_WAIT do not
+ * count) and closed at once, never listening. The kernel refuses that bind with EADDRINUSE
+ * when any listener overlaps the address (the wildcard included), whoever owns it and
+ * whatever its options, where an SO_REUSEPORT bind of the same user would silently join it.
+ *
+ * Why a probe: the workers need SO_REUSEPORT to share the port among themselves (one socket
+ * per worker, see the top of this file), and a socket with it set can join another
+ * process's group of the same user, which nothing on our side can refuse. So the group must
+ * be checked empty before we create it. The window between the probe and our binds is a few
+ * microseconds: two programs started at the same instant on one port could both pass it and
+ * share; one started after our binds fails its own probe (or, without a probe, joins only
+ * because it set SO_REUSEPORT itself, i.e. asked to share).
+ */
+static int port_free(const char *host, uint16_t port)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int one = 1;
+    int fd, rc;
+
+    if (host == NULL)
+        host = "0.0.0.0";
+    rc = sock_addr(host, port, &ss, &len);
+    if (rc < 0)
+        return rc;
+    fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return shmipc__fail_errno(errno, "listen: socket");
+    rc = 0;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+        rc = shmipc__fail_errno(errno, "listen: setsockopt");
+    else if (bind(fd, (struct sockaddr *)&ss, len) < 0)
+        rc = errno == EADDRINUSE
+                 ? shmipc__fail(SHMIPC_EADDRINUSE,
+                                "listen: %s port %u is already in use by another socket "
+                                "(to share it on purpose, set reuse_port or "
+                                "SHMIPC_HTTP_REUSEPORT=1)",
+                                host, (unsigned)port)
+                 : shmipc__fail_errno(errno, "listen: bind %s port %u", host, (unsigned)port);
     close(fd);
     return rc;
 }
@@ -240,8 +294,15 @@ int shmipc__workers_start(const struct shmipc__workers_opts *opts, struct shmipc
     for (unsigned i = 0; i < g->count; i++)
         g->w[i].listen_fd = -1;
     /* All sockets are bound here, first to last, so that port 0 becomes one ephemeral port
-     * that the others then share. */
+     * that the others then share. A fixed port must be free unless the caller shares it on
+     * purpose (port_free() says why a probe); an ephemeral one is free by construction: the
+     * kernel never picks a port that a reuseport bind would have to share. */
     g->port = opts->port;
+    if (g->port != 0 && !opts->share_port) {
+        rc = port_free(opts->host, g->port);
+        if (rc < 0)
+            goto err;
+    }
     for (unsigned i = 0; i < g->count; i++) {
         rc = shmipc__tcp_listen(opts->host, g->port, opts->backlog, 1, &g->w[i].listen_fd);
         if (rc < 0)

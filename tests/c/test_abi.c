@@ -1458,6 +1458,10 @@ static void server_calls(void **state)
         "shmipc_server_config_set_limit(NULL, 0, 1) = SHMIPC_EINVAL;"
         "shmipc_server_config_set_server_name(sc, \"bad\\tname\") = SHMIPC_EINVAL;"
         "shmipc_server_config_set_server_name(NULL, \"x\") = SHMIPC_EINVAL;"
+        "shmipc_server_config_set_reuse_port(sc, 2) = SHMIPC_EINVAL;"
+        "shmipc_server_config_set_reuse_port(NULL, 1) = SHMIPC_EINVAL;"
+        "shmipc_server_config_set_reuse_port(sc, 1) = 0;"
+        "shmipc_server_config_set_reuse_port(sc, 0) = 0;"
         "shmipc_server_config_new(NULL) = SHMIPC_EINVAL; shmipc_server_config_free(NULL);"
 
         "shmipc_server_new(sc, &srv) = 0; shmipc_server_config_free(sc);"

@@ -2,6 +2,7 @@
  * suite), the server config's validation, the SHMIPC_HTTP_* knobs, and the epoll_ctl count of
  * 200 keep-alive requests through the server: none after the connection's registration. */
 #include "test_server_suite.h"
+#include "test_server_port.h"
 
 /* Setters refuse bad values with a detail naming the field, and leave the config as it was. */
 static void config_validation(void **state)
@@ -153,9 +154,13 @@ static void epoll_ctl_per_request(void **state)
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(config_validation),     cmocka_unit_test(route_validation),
-        cmocka_unit_test(stop_before_run),       cmocka_unit_test(timeout_knobs),
-        cmocka_unit_test(epoll_ctl_per_request), SERVER_TESTS,
+        cmocka_unit_test(config_validation),
+        cmocka_unit_test(route_validation),
+        cmocka_unit_test(stop_before_run),
+        cmocka_unit_test(timeout_knobs),
+        cmocka_unit_test(epoll_ctl_per_request),
+        SERVER_TESTS,
+        PORT_TESTS,
     };
     int rc;
 
