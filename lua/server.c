@@ -1056,7 +1056,17 @@ static const char *const backend_names[] = {"default", "auto",          "io_urin
 
 #define T(t) (1u << (t))
 
-enum opt_kind { O_ADDRESS, O_PORT, O_WORKERS, O_BACKEND, O_TIMEOUT, O_LIMIT, O_NAME, O_ON_ERROR };
+enum opt_kind {
+    O_ADDRESS,
+    O_PORT,
+    O_WORKERS,
+    O_BACKEND,
+    O_TIMEOUT,
+    O_LIMIT,
+    O_NAME,
+    O_REUSE_PORT,
+    O_ON_ERROR
+};
 
 /*
  * The options, in the order they are applied (whatever the order of the table): the limits
@@ -1087,6 +1097,7 @@ static const struct server_option {
     {"ws_send_high_water", O_LIMIT, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER, T(LUA_TNUMBER)},
     {"ws_send_limit", O_LIMIT, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, T(LUA_TNUMBER)},
     {"server_name", O_NAME, 0, T(LUA_TSTRING) | T(LUA_TBOOLEAN)},
+    {"reuse_port", O_REUSE_PORT, 0, T(LUA_TBOOLEAN)},
     {"on_error", O_ON_ERROR, 0, T(LUA_TFUNCTION)},
 };
 #define NSERVER_OPTIONS (sizeof server_options / sizeof server_options[0])
@@ -1170,6 +1181,9 @@ static int apply_server_option(lua_State *L, shmipc_server_config *cfg,
             rc = shmipc_server_config_set_server_name(cfg, shmipc__lua_check_cstring(L, -1));
         }
         break;
+    case O_REUSE_PORT:
+        rc = shmipc_server_config_set_reuse_port(cfg, lua_toboolean(L, -1));
+        break;
     case O_ON_ERROR:
         break; /* kept by the caller */
     }
@@ -1220,7 +1234,8 @@ static int config_box_gc(lua_State *L)
  * address, port, workers, backend, header_timeout, keepalive_timeout, stop_timeout (seconds),
  * max_request_line, max_head_bytes, max_headers, max_body, pipeline, max_ws_message,
  * ws_ping_timeout, ws_idle_timeout (seconds, 0: never), ws_send_high_water, ws_send_limit,
- * server_name (false: no Server header), on_error (function(message), called for each
+ * server_name (false: no Server header), reuse_port (true: share the port with another
+ * server listening there; else start fails with EADDRINUSE), on_error (function(message), called for each
  * handler error; default: a line on stderr).
  */
 static int l_server(lua_State *L)

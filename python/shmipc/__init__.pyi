@@ -299,6 +299,7 @@ class Server(_ContextManager):
         ws_idle_timeout: Optional[float] = ...,
         ws_send_high_water: Optional[int] = ...,
         ws_send_limit: Optional[int] = ...,
+        reuse_port: Optional[bool] = ...,
     ) -> None: ...
     @overload
     def route(self, method: Optional[str], path: str) -> Callable[[_H], _H]: ...

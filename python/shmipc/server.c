@@ -832,17 +832,18 @@ static int build_config(module_state *ms, PyObject *args, PyObject *kwargs,
                              "ws_idle_timeout",
                              "ws_send_high_water",
                              "ws_send_limit",
+                             "reuse_port",
                              NULL};
     const char *address = NULL;
     int port = -1, rc;
     PyObject *workers = Py_None, *backend = Py_None, *header_to = NULL, *keepalive_to = NULL,
              *stop_to = NULL, *line = NULL, *head = NULL, *nheaders = NULL, *body = NULL,
              *pipeline = NULL, *name = NULL, *ws_message = NULL, *ws_ping = NULL, *ws_idle = NULL,
-             *ws_high = NULL, *ws_limit = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|zi$OOOOOOOOOOOOOOOO:Server", kwlist, &address,
+             *ws_high = NULL, *ws_limit = NULL, *reuse = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|zi$OOOOOOOOOOOOOOOOO:Server", kwlist, &address,
                                      &port, &workers, &backend, &header_to, &keepalive_to, &stop_to,
                                      &line, &head, &nheaders, &body, &pipeline, &name, &ws_message,
-                                     &ws_ping, &ws_idle, &ws_high, &ws_limit))
+                                     &ws_ping, &ws_idle, &ws_high, &ws_limit, &reuse))
         return -1;
     if (address != NULL && (rc = shmipc_server_config_set_address(cfg, address)) < 0)
         goto fail;
@@ -893,6 +894,14 @@ static int build_config(module_state *ms, PyObject *args, PyObject *kwargs,
                      "ws_send_high_water") < 0 ||
         config_limit(ms, cfg, ws_limit, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, "ws_send_limit") < 0)
         return -1;
+    if (reuse != Py_None) {
+        if (!PyBool_Check(reuse)) {
+            shmipcpy_raise_invalid(ms, "reuse_port", "must be True, False or None");
+            return -1;
+        }
+        if ((rc = shmipc_server_config_set_reuse_port(cfg, reuse == Py_True)) < 0)
+            goto fail;
+    }
     if (name != NULL) {
         const char *n = NULL;
         if (name != Py_None && (n = PyUnicode_AsUTF8(name)) == NULL)
@@ -1367,13 +1376,17 @@ static PyType_Slot server_slots[] = {
      "       header_timeout=None, keepalive_timeout=None, stop_timeout=None,\n"
      "       max_request_line=None, max_head_bytes=None, max_headers=None, max_body=None,\n"
      "       pipeline=None, server_name=..., max_ws_message=None, ws_ping_timeout=None,\n"
-     "       ws_idle_timeout=None, ws_send_high_water=None, ws_send_limit=None)\n\n"
+     "       ws_idle_timeout=None, ws_send_high_water=None, ws_send_limit=None,\n"
+     "       reuse_port=None)\n\n"
      "An HTTP/1.1 server on shmipc's io_uring/epoll reactor (docs/http.md, docs/python.md).\n"
      "port=0 picks an ephemeral port (see .port after start()). workers: worker threads\n"
      "(default SHMIPC_WORKERS, else one per CPU). backend: 'auto', 'io_uring', 'epoll',\n"
      "'epoll_oneshot' or None (the SHMIPC_REACTOR_BACKEND knob). Timeouts are float seconds;\n"
      "limits are counts of bytes (pipeline: requests per turn); None keeps the default.\n"
      "server_name: the Server header (None or '' removes it).\n"
+     "reuse_port: True shares the port with another server already listening there\n"
+     "(SO_REUSEPORT); False or None (SHMIPC_HTTP_REUSEPORT decides, default 0) makes start()\n"
+     "raise shmipc.Error with errno EADDRINUSE when any socket listens on the port.\n"
      "WebSocket: max_ws_message (bytes of a message; close 1009 above it), ws_ping_timeout\n"
      "(a ping after this many seconds of silence), ws_idle_timeout (fail the connection,\n"
      "1006, after this much silence; above ws_ping_timeout), with 0 or None meaning never;\n"

@@ -501,4 +501,28 @@ function tests.close_and_collect(t)
     t.eq(support.fd_count(), fds, "descriptors after close")
 end
 
+-- Regression (issue 18 item 5): a second server on a port the first serves joined its
+-- SO_REUSEPORT group silently; now start() returns nil, a message saying so, E.EADDRINUSE,
+-- unless reuse_port = true asks to share.
+function tests.port_in_use_is_eaddrinuse(t)
+    local a <close> = new_server({ backend = "epoll" })
+    assert(a:static("/", "a"))
+    assert(a:start())
+    local port = a:port()
+    for _, reuse in ipairs({ false, "unset" }) do
+        local opts = { port = port, workers = 2, backend = "epoll" }
+        if reuse ~= "unset" then
+            opts.reuse_port = reuse
+        end
+        local b <close> = assert(shmipc.server(opts))
+        t.refused(E.EADDRINUSE, "in use", b:start())
+    end
+    local b <close> = assert(shmipc.server({ port = port, workers = 2, backend = "epoll", reuse_port = true }))
+    assert(b:static("/", "b"))
+    t.truthy(b:start(), "shared on purpose")
+    t.eq(b:port(), port, "same port")
+    t.eq(fetch(port, "GET", "/").status, 200, "served")
+    t.raises("reuse_port", shmipc.server, { reuse_port = 1 })
+end
+
 return tests

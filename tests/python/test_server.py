@@ -500,3 +500,33 @@ def test_refused_in_a_subinterpreter(shmipc, tmp_path):
             f"open({str(out)!r}, 'w').write(r)\n")
     assert _testcapi.run_in_subinterp(code) == 0
     assert out.read_text() == "shmipc.Server runs in the main interpreter only"
+
+
+def test_port_in_use_is_oserror_eaddrinuse(shmipc, backend):
+    """Regression (issue 18 item 5): a second server on a port the first serves joined its
+    SO_REUSEPORT group silently; now start() raises OSError with errno EADDRINUSE."""
+    import errno
+
+    a = started(shmipc, workers=2, backend=backend)
+    try:
+        for reuse in (None, False):
+            b = shmipc.Server(port=a.port, workers=2, backend=backend, reuse_port=reuse)
+            with pytest.raises(OSError) as info:
+                b.start()
+            b.close()
+            assert info.value.errno == errno.EADDRINUSE
+            assert isinstance(info.value, shmipc.Error)
+            assert info.value.name == "SHMIPC_EADDRINUSE"
+            assert "in use" in str(info.value)
+        # Asked to share: both serve the port.
+        b = shmipc.Server(port=a.port, workers=2, backend=backend, reuse_port=True)
+        b.static("/", "b")
+        b.start()
+        try:
+            assert b.port == a.port
+        finally:
+            b.close()
+        with pytest.raises(ValueError):
+            shmipc.Server(port=0, reuse_port=1)
+    finally:
+        a.close()
