@@ -7,7 +7,9 @@
 -- C (no Lua runs for it); /items is a to-do list kept in a Lua table by handlers, which the
 -- server calls one at a time, so the table needs no lock even with several worker threads.
 -- A handler that raises gets a 500 and the server goes on (GET /items/oops shows it).
--- POST /shutdown stops the server from a handler; run() then returns.
+-- POST /shutdown stops the server from a handler; run() then returns. So do SIGINT (Ctrl-C)
+-- and SIGTERM, through run{signals = true}: requests in flight are answered first (GET
+-- /slow?ms=N takes N ms, at most 5000, to show it), and the script ends with status 0.
 local shmipc = require "shmipc"
 
 local port = tonumber(arg[1] or "8080")
@@ -73,6 +75,18 @@ assert(srv:route(nil, "/items/*", function(req)
     return 405, "GET or DELETE\n", { ["Content-Type"] = "text/plain", Allow = "GET, DELETE" }
 end))
 
+-- A handler that takes long (computing, say). It holds this Lua state meanwhile, so other Lua
+-- handlers wait; a stop lets it finish and answers it before the server closes.
+assert(srv:route("GET", "/slow", function(req)
+    local ms = math.min(tonumber((req.query or ""):match("ms=(%d+)")) or 200, 5000)
+    print("http_app: /slow started")
+    io.stdout:flush()
+    local deadline = shmipc.monotime() + ms / 1000
+    while shmipc.monotime() < deadline do
+    end
+    return 200, "slept " .. ms .. " ms\n", "text/plain"
+end))
+
 assert(srv:route("POST", "/shutdown", function()
     srv:stop()
     return "bye\n"
@@ -81,5 +95,5 @@ end))
 assert(srv:start())
 print(string.format("http_app: listening on 127.0.0.1:%d (%s)", srv:port(), srv:backend()))
 io.stdout:flush()
-assert(srv:run())
-print("http_app: stopped with " .. (next_id - 1) .. " items added")
+local _, signal = assert(srv:run { signals = true })
+print("http_app: stopped" .. (signal and " by " .. signal or "") .. " with " .. (next_id - 1) .. " items added")

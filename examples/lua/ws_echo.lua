@@ -43,5 +43,6 @@ assert(srv:websocket("/echo", {
 assert(srv:start())
 print(string.format("ws_echo: listening on ws://127.0.0.1:%d/echo (%s)", srv:port(), srv:backend()))
 io.stdout:flush()
-assert(srv:run())
-print("ws_echo: stopped after " .. total .. " messages")
+-- SIGINT and SIGTERM stop it as "shutdown" does: gracefully, and the script ends with 0.
+local _, signal = assert(srv:run { signals = true })
+print("ws_echo: stopped" .. (signal and " by " .. signal or "") .. " after " .. total .. " messages")

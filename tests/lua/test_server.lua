@@ -525,4 +525,20 @@ function tests.port_in_use_is_eaddrinuse(t)
     t.raises("reuse_port", shmipc.server, { reuse_port = 1 })
 end
 
+-- run{signals = ...}: only a boolean "signals" option; misuse raises before anything runs.
+function tests.run_options_misuse(t)
+    local srv <close> = new_server({ backend = "epoll" })
+    t.raises("unknown option 'signal'", srv.run, srv, { signal = true })
+    t.raises("'signals' is a boolean", srv.run, srv, { signals = 1 })
+    t.raises("table expected", srv.run, srv, "signals")
+    assert(srv:start())
+    srv:stop()
+    local ok, sig = srv:run({ signals = true })
+    t.truthy(ok, "stopped before run")
+    t.eq(sig, nil, "not by a signal")
+    -- The dispositions are restored: a second run{signals} can install them again.
+    srv:stop()
+    t.truthy(srv:run({ signals = true }), "again")
+end
+
 return tests
