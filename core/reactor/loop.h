@@ -263,9 +263,11 @@ int shmipc__conn_read_paused(const struct shmipc__conn *conn);
 int shmipc__conn_shutdown(struct shmipc__conn *conn);
 
 /**
- * Closes the connection and its socket now. No callback of this connection runs afterwards
+ * Closes the connection and its socket. No callback of this connection runs afterwards
  * except the send callbacks still due, which get SHMIPC_ECLOSED. The handle is invalid after
- * the call.
+ * the call. epoll closes the fd now; io_uring closes it at the loop's next wait, behind the
+ * SQEs that still name it, so that its number cannot be reused under them (the fd must not
+ * be touched meanwhile).
  */
 void shmipc__conn_close(struct shmipc__conn *conn);
 
@@ -288,7 +290,8 @@ typedef void (*shmipc__accept_cb)(struct shmipc__acceptor *acceptor, struct shmi
 int shmipc__acceptor_open(struct shmipc__loop *loop, int fd, const struct shmipc__conn_cbs *cbs,
                           shmipc__accept_cb on_accept, void *data, struct shmipc__acceptor **out);
 
-/** Stops accepting and closes the socket. Connections already accepted stay open. */
+/** Stops accepting and closes the socket (on io_uring at the next wait, as a conn's).
+ * Connections already accepted stay open. */
 void shmipc__acceptor_close(struct shmipc__acceptor *acceptor);
 
 /* ------------------------------------------------------------------------------------ */

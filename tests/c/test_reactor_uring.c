@@ -57,6 +57,57 @@ static void one_enter_per_request(void **state)
     shmipc__loop_free(loop);
 }
 
+/* ---- closing: no SQE may name a closed fd ---- */
+
+static void *free_loop_thread(void *arg)
+{
+    shmipc__loop_free(arg);
+    return NULL;
+}
+
+/*
+ * A conn's fd is closed by an IORING_OP_CLOSE behind the SQEs that name it (issue 18): it
+ * stays open until the next wait submits them, and only then is its number free. A loop
+ * freed from another thread, which submits nothing, still closes what it was asked to.
+ */
+static void close_waits_for_the_sqes(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__conn *c;
+    struct srv s;
+    int sp[2], fd;
+    char buf[8];
+    pthread_t t;
+    (void)state;
+
+    srv_init(&s, loop, SRV_ECHO);
+    srv_adopt_pair(&s, sp, &c);
+    assert_true(shmipc__loop_run_once(loop, 0) >= 0);
+    write_all(sp[1], "bye", 3);
+    PUMP_UNTIL(loop, atomic_load(&s.sent_ok) == 1); /* the receive is armed again */
+    fd = shmipc__conn_fd(c);
+    /* The echo's send SQE is queued, not submitted, when the conn closes. */
+    assert_int_equal(shmipc__conn_send(c, "late", 4, NULL, NULL), 0);
+    shmipc__conn_close(c);
+    assert_true(fcntl(fd, F_GETFD) >= 0);
+    assert_true(shmipc__loop_run_once(loop, 0) >= 0);
+    assert_int_equal(fcntl(fd, F_GETFD), -1);
+    assert_int_equal(errno, EBADF);
+    read_exact(sp[1], buf, 3);
+    close(sp[1]);
+
+    /* Closed, never submitted: the loop is freed off its thread. */
+    srv_adopt_pair(&s, sp, &c);
+    fd = shmipc__conn_fd(c);
+    shmipc__conn_close(c);
+    assert_true(fcntl(fd, F_GETFD) >= 0);
+    assert_int_equal(pthread_create(&t, NULL, free_loop_thread, loop), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(fcntl(fd, F_GETFD), -1);
+    assert_int_equal(read(sp[1], buf, sizeof buf), 0);
+    close(sp[1]);
+}
+
 /* ---- batched waits ---- */
 
 #define BATCH_CONNS 64
@@ -418,6 +469,7 @@ int main(int argc, char **argv)
         SUITE_TESTS,
         cmocka_unit_test(rearm_after_enobufs),
         cmocka_unit_test(one_enter_per_request),
+        cmocka_unit_test(close_waits_for_the_sqes),
         cmocka_unit_test(batched_waits_gather),
         cmocka_unit_test(batched_wait_gathers_spaced_requests),
         cmocka_unit_test(batching_can_be_off),
