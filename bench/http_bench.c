@@ -12,7 +12,10 @@
  *
  *   shmipc-bench-http [--quick] [--rounds N] [--duration S] [--warmup S] [--conns LIST]
  *                     [--depths LIST] [--targets LIST] [--server-cpu N] [--client-cpu N]
- *                     [--no-strace] [--json FILE] [--md FILE]
+ *                     [--path /|/static-10k|/handler-10k] [--no-strace] [--json FILE] [--md FILE]
+ *
+ * --path picks what wrk asks for: "/" (the default, 13 bytes), or a 10 KiB body as a static
+ * route (/static-10k) or from a handler (/handler-10k); nginx serves the same bodies.
  *   shmipc-bench-http serve BACKEND      (the target: prints "port N", runs until SIGTERM)
  *
  * Needs wrk and nginx (Debian: apt-get install wrk nginx-light) and strace for the syscall
@@ -48,6 +51,27 @@
 
 static shmipc_server *served;
 
+/* The 10 KiB body of /static-10k (a static route) and /handler-10k (a handler route that
+ * answers the same bytes): a larger static response once took batched waits that held it
+ * (issue 18, item 8), which "/" did not show. */
+#define BODY_10K_LEN 10240
+static char body_10k[BODY_10K_LEN];
+
+static void fill_body_10k(void)
+{
+    for (size_t i = 0; i < sizeof body_10k; i++)
+        body_10k[i] = (char)('a' + i % 26);
+}
+
+static int h_body_10k(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    if (shmipc_http_response_add_header(res, "Content-Type", "text/plain") < 0)
+        return -1;
+    return shmipc_http_response_body_borrow(res, body_10k, sizeof body_10k, NULL, NULL);
+}
+
 static void on_term(int sig)
 {
     (void)sig;
@@ -73,6 +97,7 @@ static int serve(const char *backend)
         fprintf(stderr, "serve: unknown backend %s\n", backend);
         return 2;
     }
+    fill_body_10k();
     /* The same-run comparison for batched waits (docs/reactor.md): io_uring with them off. */
     if (strcmp(backend, "io_uring-nobatch") == 0 && setenv("SHMIPC_REACTOR_BATCH_US", "0", 1) != 0)
         return 1;
@@ -83,6 +108,9 @@ static int serve(const char *backend)
         (rc = shmipc_server_new(cfg, &served)) < 0 ||
         (rc = shmipc_server_static(served, "GET", "/", 200, "text/plain", "Hello, World!", 13)) <
             0 ||
+        (rc = shmipc_server_static(served, "GET", "/static-10k", 200, "text/plain", body_10k,
+                                   sizeof body_10k)) < 0 ||
+        (rc = shmipc_server_route(served, "GET", "/handler-10k", h_body_10k, NULL, NULL)) < 0 ||
         (rc = shmipc_server_start(served)) < 0) {
         fprintf(stderr, "serve: %s: %s\n", shmipc_errname(rc), shmipc_error_detail());
         return 1;
@@ -123,6 +151,7 @@ static struct {
     int server_cpu, client_cpu;
     int strace;
     int open_loop_us; /* > 0: the open-loop client, a request per connection every this many µs */
+    const char *path; /* what wrk asks for: "/", "/static-10k" or "/handler-10k" */
     const char *json, *md;
 } opt;
 
@@ -240,7 +269,8 @@ static void start_ours(struct target *t, char *const *wrapper, int nwrap)
 
 static void start_nginx(struct target *t)
 {
-    char path[512], conf[1024];
+    static char conf[2 * BODY_10K_LEN + 2048];
+    char path[512];
     char *argv[] = {"nginx", "-p", tmpdir, "-c", path, "-e", "stderr", NULL};
     FILE *f;
     t->port = free_port();
@@ -253,8 +283,10 @@ static void start_nginx(struct target *t)
              "events { worker_connections 4096; }\n"
              "http {\n  access_log off;\n  keepalive_requests 100000000;\n"
              "  server {\n    listen 127.0.0.1:%d;\n"
-             "    location / { return 200 \"Hello, World!\"; }\n  }\n}\n",
-             tmpdir, t->port);
+             "    location / { return 200 \"Hello, World!\"; }\n"
+             "    location = /static-10k { return 200 \"%s\"; }\n"
+             "    location = /handler-10k { return 200 \"%s\"; }\n  }\n}\n",
+             tmpdir, t->port, body_10k, body_10k);
     f = fopen(path, "w");
     if (f == NULL || fputs(conf, f) < 0 || fclose(f) != 0)
         die("%s: %s", path, strerror(errno));
@@ -333,7 +365,7 @@ static void run_wrk(const struct target *t, int conns, int depth, int seconds, s
     int status;
     snprintf(c, sizeof c, "-c%d", conns);
     snprintf(d, sizeof d, "-d%ds", seconds);
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/", t->port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", t->port, opt.path);
     snprintf(dep, sizeof dep, "%d", depth);
     snprintf(script, sizeof script, "%s/pipeline.lua", tmpdir);
     argv[n++] = "wrk";
@@ -699,7 +731,7 @@ static void usage(void)
                     "         [--conns 64,256,512] [--depths 1,16] "
                     "[--targets io_uring,io_uring-nobatch,epoll,epoll-oneshot,nginx]\n"
                     "         [--server-cpu 0] [--client-cpu 1] [--no-strace] [--json F] [--md F]\n"
-                    "         [--open-loop PERIOD_US]\n"
+                    "         [--open-loop PERIOD_US] [--path /|/static-10k|/handler-10k]\n"
                     "       shmipc-bench-http serve BACKEND\n");
     exit(2);
 }
@@ -727,6 +759,7 @@ int main(int argc, char **argv)
     opt.client_cpu = 1;
     opt.strace = 1;
     opt.json = "bench-http.json";
+    opt.path = "/";
     opt.md = "bench-http.md";
     {
         const char *def[] = {"io_uring", "nginx", "epoll", "epoll-oneshot"};
@@ -764,6 +797,8 @@ int main(int argc, char **argv)
             opt.json = v, i++;
         } else if (strcmp(a, "--md") == 0) {
             opt.md = v, i++;
+        } else if (strcmp(a, "--path") == 0) {
+            opt.path = v, i++;
         } else if (strcmp(a, "--open-loop") == 0) {
             opt.open_loop_us = atoi(v), i++;
         } else if (strcmp(a, "--targets") == 0) {
@@ -780,8 +815,12 @@ int main(int argc, char **argv)
     }
     if (opt.rounds < 1 || opt.rounds > MAX_ROUNDS || opt.duration < 1 || opt.nconns < 1 ||
         opt.ndepths < 1 || opt.ntargets < 1 || opt.open_loop_us < 0 ||
-        (opt.open_loop_us > 0 && (opt.open_loop_us < 100 || opt.open_loop_us > 10000000)))
+        (opt.open_loop_us > 0 && (opt.open_loop_us < 100 || opt.open_loop_us > 10000000)) ||
+        (strcmp(opt.path, "/") != 0 && strcmp(opt.path, "/static-10k") != 0 &&
+         strcmp(opt.path, "/handler-10k") != 0) ||
+        (opt.open_loop_us > 0 && strcmp(opt.path, "/") != 0))
         usage();
+    fill_body_10k();
     if (opt.open_loop_us > 0) {
         /* The open-loop client sends one request at a time per connection, with its own
          * clock: no pipelining, no wrk, no strace run (that one drives wrk). */
@@ -833,9 +872,9 @@ int main(int argc, char **argv)
     if (f != NULL)
         fclose(f);
     printf("# shmipc-bench-http: kernel %s, %s, %ld CPUs; servers on CPU %d, wrk -t1 on CPU %d\n"
-           "# rounds %d, %d s per run after a %d s warm-up; libshmipc %s\n",
+           "# rounds %d, %d s per run after a %d s warm-up; libshmipc %s; GET %s\n",
            un.release, cpu_model, sysconf(_SC_NPROCESSORS_ONLN), opt.server_cpu, opt.client_cpu,
-           opt.rounds, opt.duration, opt.warmup, shmipc_version_string());
+           opt.rounds, opt.duration, opt.warmup, shmipc_version_string(), opt.path);
 
     memset(targets, 0, sizeof targets);
     for (int i = 0; i < opt.ntargets; i++) {
@@ -877,10 +916,13 @@ int main(int argc, char **argv)
             "{\n  \"bench\": \"http\",\n  \"kernel\": \"%s\",\n  \"cpu\": \"%s\",\n  \"cpus\": "
             "%ld,\n  \"server_cpu\": %d,\n  \"client_cpu\": %d,\n  \"rounds\": %d,\n  "
             "\"duration_s\": %d,\n  \"warmup_s\": %d,\n  \"open_loop_period_us\": %d,\n  "
-            "\"started\": %lld,\n  \"loadavg\": [%.2f, %.2f],\n  \"results\": [\n",
+            "\"started\": %lld,\n  \"loadavg\": [%.2f, %.2f],\n  \"path\": \"%s\",\n  "
+            "\"results\": [\n",
             un.release, cpu_model, sysconf(_SC_NPROCESSORS_ONLN), opt.server_cpu, opt.client_cpu,
             opt.rounds, opt.duration, opt.warmup, opt.open_loop_us, (long long)started, load_start,
-            load_end);
+            load_end, opt.path);
+    if (strcmp(opt.path, "/") != 0)
+        fprintf(md, "wrk asks for `%s` (a 10 KiB body).\n\n", opt.path);
     if (opt.open_loop_us > 0)
         fprintf(md,
                 "Open loop: each connection sends `GET /` every %d µs from a random start, "
