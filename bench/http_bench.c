@@ -269,8 +269,7 @@ static void start_ours(struct target *t, char *const *wrapper, int nwrap)
 
 static void start_nginx(struct target *t)
 {
-    static char conf[2 * BODY_10K_LEN + 2048];
-    char path[512];
+    char path[512], conf[2048];
     char *argv[] = {"nginx", "-p", tmpdir, "-c", path, "-e", "stderr", NULL};
     FILE *f;
     t->port = free_port();
@@ -284,9 +283,19 @@ static void start_nginx(struct target *t)
              "http {\n  access_log off;\n  keepalive_requests 100000000;\n"
              "  server {\n    listen 127.0.0.1:%d;\n"
              "    location / { return 200 \"Hello, World!\"; }\n"
-             "    location = /static-10k { return 200 \"%s\"; }\n"
-             "    location = /handler-10k { return 200 \"%s\"; }\n  }\n}\n",
-             tmpdir, t->port, body_10k, body_10k);
+             "    location = /static-10k { default_type text/plain; alias %s/body-10k; }\n"
+             "    location = /handler-10k { default_type text/plain; alias %s/body-10k; }\n"
+             "  }\n}\n",
+             tmpdir, t->port, tmpdir, tmpdir);
+    /* nginx takes no 10 KiB literal in `return`: it serves the same bytes from a file, which
+     * its worker (user nobody) must be able to read. */
+    if (chmod(tmpdir, 0755) != 0)
+        die("chmod %s: %s", tmpdir, strerror(errno));
+    snprintf(path, sizeof path, "%s/body-10k", tmpdir);
+    f = fopen(path, "w");
+    if (f == NULL || fwrite(body_10k, 1, sizeof body_10k, f) != sizeof body_10k || fclose(f) != 0)
+        die("%s: %s", path, strerror(errno));
+    snprintf(path, sizeof path, "%s/nginx.conf", tmpdir);
     f = fopen(path, "w");
     if (f == NULL || fputs(conf, f) < 0 || fclose(f) != 0)
         die("%s: %s", path, strerror(errno));
