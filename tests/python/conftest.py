@@ -5,8 +5,17 @@ import sys
 import pytest
 
 build = os.environ.get("SHMIPC_BUILD_DIR")
-if build:
+# SHMIPC_TEST_INSTALLED=1 (scripts/check-install-python.sh): the package under test is the one
+# installed for this interpreter; SHMIPC_BUILD_DIR then only locates the example programs.
+installed = os.environ.get("SHMIPC_TEST_INSTALLED") == "1"
+if build and not installed:
     sys.path.insert(0, os.path.join(build, "python"))
+if installed:
+    import shmipc as _installed
+
+    # Fail the whole run if the build tree's copy was picked up instead of the installed one.
+    assert build is None or not os.path.abspath(_installed.__file__).startswith(
+        os.path.abspath(build) + os.sep), f"shmipc imported from the build tree: {_installed.__file__}"
 
 
 @pytest.fixture
