@@ -11,7 +11,7 @@ build=$(cd "${2:-$root/build}" && pwd)
 mkdir -p "$results"
 results=$(cd "$results" && pwd)
 tmp=$(mktemp -d /tmp/shmipc-pip.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+trap '[[ -n ${KEEP_TMP:-} ]] || rm -rf "$tmp"' EXIT
 
 # Only what is committed: a file missing from git fails here, as it would for a user.
 git clone -q --no-checkout "$root" "$tmp/src"
@@ -24,9 +24,10 @@ py=$tmp/venv/bin/python
 wheel=$(echo "$tmp"/dist/shmipc-*.whl)
 version=$(sed -n "s/^  version: '\(.*\)',$/\1/p" "$root/meson.build")
 [[ $(basename "$wheel") == shmipc-$version-* ]] || { echo "wheel $wheel is not version $version"; exit 1; }
+listing=$("$py" -m zipfile -l "$wheel")
 for f in shmipc/__init__.py shmipc/__init__.pyi shmipc/aio.py shmipc/aio.pyi shmipc/abi.pyi \
   shmipc/py.typed shmipc/__main__.py 'shmipc/_shmipc\..*\.so'; do
-  "$py" -m zipfile -l "$wheel" | grep -q "^$f " || { echo "wheel lacks $f"; exit 1; }
+  grep -Eq "^(shmipc-[^/]*\.data/purelib/)?$f " <<<"$listing" || { echo "wheel lacks $f"; exit 1; }
 done
 "$py" -m pip install -q --no-index --no-build-isolation "$wheel"
 
