@@ -10,7 +10,10 @@ local support = {}
 
 local module_path = assert(package.searchpath("shmipc", package.cpath))
 support.module_dir = module_path:match("^(.*)/[^/]*$") or "."
-support.build_dir = support.module_dir:match("^(.*)/lua$") or (support.module_dir .. "/..")
+-- SHMIPC_BUILD_DIR: the build tree holding the peers when the module comes from elsewhere (a
+-- luarocks tree: scripts/check-install-lua.sh); else the tree the module was built in.
+support.build_dir = os.getenv("SHMIPC_BUILD_DIR")
+    or support.module_dir:match("^(.*)/lua$") or (support.module_dir .. "/..")
 support.examples = support.build_dir .. "/examples/c"
 -- This file is tests/lua/ipc_support.lua: the source tree is two levels up.
 support.source_dir = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or ".") .. "/../.."
