@@ -20,7 +20,7 @@ for prog in greeter_client greeter_server; do
   # shellcheck disable=SC2086
   cc -Wall -Wextra -Werror -o "$prog" "$prog.c" $flags
 done
-libdir=$PKG_CONFIG_SYSROOT_DIR$(PKG_CONFIG_SYSROOT_DIR= pkg-config --variable=libdir shmipc)
+libdir=$PKG_CONFIG_SYSROOT_DIR$(PKG_CONFIG_SYSROOT_DIR='' pkg-config --variable=libdir shmipc)
 readelf -d greeter_client | grep -q 'NEEDED.*libshmipc.so.0' || { echo "not linked to libshmipc"; exit 1; }
 addr="unix:@shmipc-pc-$$"
 LD_LIBRARY_PATH=$libdir ./greeter_server "$addr" 1 >server.log 2>&1 &
@@ -32,5 +32,5 @@ for _ in $(seq 50); do
 done
 wait "$server" || ok=0
 cat client.log
-[[ $ok == 1 ]] && grep -q "server hello world" client.log || { cat server.log; exit 1; }
+if [[ $ok != 1 ]] || ! grep -q "server hello world" client.log; then cat server.log; exit 1; fi
 echo "pkg-config route: built and ran greeter_client against greeter_server"

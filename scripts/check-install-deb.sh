@@ -18,19 +18,23 @@ trap cleanup EXIT
 
 mkdir "$tmp/src"
 git -C "$root" archive HEAD | tar -x -C "$tmp/src"
-(cd "$tmp/src" && DEB_BUILD_OPTIONS="nocheck parallel=$(nproc)" \
+(cd "$tmp/src" && DEB_BUILD_OPTIONS="nocheck noddebs parallel=$(nproc)" \
   dpkg-buildpackage -us -uc -b >"$tmp/build.log" 2>&1) || { tail -40 "$tmp/build.log"; exit 1; }
-ls "$tmp"/*.deb
+debs=()
 for p in "${packages[@]}"; do
-  ls "$tmp/${p}_"*.deb >/dev/null || { echo "no $p package built"; exit 1; }
+  deb=$(echo "$tmp/${p}_"*.deb)
+  [[ -f $deb ]] || { echo "no $p package built"; exit 1; }
+  debs+=("$deb")
 done
-apt-get install -y -q --no-install-recommends "$tmp"/*.deb >"$tmp/install.log" 2>&1 ||
+ls -l "${debs[@]}"
+apt-get install -y -q --no-install-recommends "${debs[@]}" >"$tmp/install.log" 2>&1 ||
   { cat "$tmp/install.log"; exit 1; }
 
 # The smoke test: a new shell in /tmp, nothing pointing at a build tree.
 mkdir "$tmp/smoke"
 cp "$root/examples/c/greeter_client.c" "$root/examples/c/greeter_server.c" "$tmp/smoke/"
 cd "$tmp/smoke"
+# shellcheck disable=SC2016 # the script's $ expand in the inner shell
 env -u PYTHONPATH -u LUA_PATH -u LUA_CPATH -u SHMIPC_BUILD_DIR -u LD_LIBRARY_PATH bash -euo pipefail -c '
   where=$(/usr/bin/python3 -c "import shmipc; print(shmipc.__file__)")
   [[ $where == /usr/lib/python3/dist-packages/shmipc/* ]] || { echo "python: $where"; exit 1; }
@@ -50,6 +54,7 @@ env -u PYTHONPATH -u LUA_PATH -u LUA_CPATH -u SHMIPC_BUILD_DIR -u LD_LIBRARY_PAT
   for _ in $(seq 50); do grep -q echoing echo.log && break; sleep 0.1; done
   /usr/bin/python3 -m shmipc ping unix:@shmipc-deb-echo-$$
   kill $echo_pid
-  shmipc-bench --help >/dev/null 2>&1 || command -v shmipc-bench
+  command -v shmipc-bench shmipc-bench-http shmipc-bench-ws
 '
+dpkg-query -W "${packages[@]}"
 echo "debian route: ${packages[*]} built, installed, smoke-tested"

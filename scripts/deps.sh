@@ -14,6 +14,9 @@ packages=(
   abigail-tools                             # ABI baseline: abidw, abidiff
   clang libclang-rt-14-dev                  # fuzz/: clang and its libFuzzer runtime (not a dependency of clang)
 )
+# The install routes of issue 23 (scripts/check-install-*.sh): pip into a venv with meson-python
+# (no PyPI), luarocks, and dpkg-buildpackage with debhelper.
+packages+=(python3-venv python3-mesonpy python3-build luarocks dpkg-dev debhelper dh-python)
 # tests/ws_interop (issue 6): node and Debian's `ws` for the interop test, offline (20 packages,
 # 12 MB on a fresh Debian 12). Not npm: it pulls in 355 packages; the test uses it when present.
 packages+=(nodejs node-ws)

@@ -80,6 +80,9 @@ def main():
         ("C tsan", cmocka(os.path.join(results, "c-tsan.json"))),
         ("Python", pytest(os.path.join(results, "python.xml"))),
         ("Lua", last_line_counts(os.path.join(results, "lua.txt"))),
+        ("Python (pip)", pytest(os.path.join(results, "python-installed.xml"))),
+        ("Lua (luarocks)", last_line_counts(os.path.join(results, "lua-installed.txt"))),
+        ("install routes", checks(os.path.join(results, "install.txt"))),
         ("checks", checks(os.path.join(results, "checks.txt"))),
         ("fuzz", last_line_counts(os.path.join(results, "fuzz.txt"))),
     ]

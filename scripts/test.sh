@@ -41,6 +41,26 @@ step "Python suite" env PYTHONPATH="$root/build/python" SHMIPC_BUILD_DIR="$root/
 step "Lua suite" bash -c "set -o pipefail; LUA_CPATH='$root/build/lua/?.so;;' \
   lua5.4 tests/lua/harness.lua | tee '$results/lua.txt'"
 
+# The install routes (issue 23), each from the committed tree as a user takes it: pip into a
+# venv and the Python suite against it, luarocks and the Lua suite against its tree, a C
+# program built against a staged `meson install` with pkg-config alone, and the Debian
+# packages built, installed, smoke-tested from /tmp and purged again (last, so nothing
+# installed outlives it).
+: >"$results/install.txt"
+install_route() { # install_route NAME COMMAND...: a step whose outcome is also counted
+  local name=$1
+  shift
+  echo "==> install: $name"
+  if "$@"; then echo "ok $name" >>"$results/install.txt"; else
+    echo "not ok $name" >>"$results/install.txt"
+    failed_steps+=("install: $name")
+  fi
+}
+install_route pip scripts/check-install-python.sh "$results" build
+install_route luarocks scripts/check-install-lua.sh "$results" build
+install_route pkg-config scripts/check-install-c.sh build
+install_route debian scripts/check-install-deb.sh
+
 # libFuzzer targets (fuzz/README.md): built with clang in build-fuzz, each run for 15 s.
 step "fuzz (bounded)" fuzz/run.sh -d build-fuzz -t 15 -j 2 -o "$results/fuzz.txt"
 
