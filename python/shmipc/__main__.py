@@ -169,7 +169,12 @@ def main(argv=None):
         return 2
     if args.command == "ping" and (args.count < 1 or args.size < 1 or args.timeout <= 0):
         p.error("--count and --size must be at least 1, --timeout positive")
-    return {"info": cmd_info, "ping": cmd_ping, "echo": cmd_echo}[args.command](args)
+    try:
+        return {"info": cmd_info, "ping": cmd_ping, "echo": cmd_echo}[args.command](args)
+    except BrokenPipeError:
+        # `shmipc info | head -1`: the reader left; exit quietly as other tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

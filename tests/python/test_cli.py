@@ -96,3 +96,10 @@ def test_usage_errors_exit_2():
     assert run().returncode == 2
     r = run("ping", "-c", "0", "unix:@x")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_info_into_closed_pipe_has_no_traceback():
+    r = subprocess.run(f"{sys.executable} -m shmipc info | head -c 1 >/dev/null; exit ${{PIPESTATUS[0]}}",
+                       shell=True, executable="/bin/bash", capture_output=True, text=True,
+                       env=python_env(), timeout=60)
+    assert "Traceback" not in r.stderr, r.stderr
