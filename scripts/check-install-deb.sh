@@ -10,8 +10,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d /tmp/shmipc-deb.XXXXXX)
 packages=(libshmipc0 libshmipc-dev python3-shmipc lua-shmipc shmipc-tools)
 export DEBIAN_FRONTEND=noninteractive
+sudo=()
+[[ $(id -u) -eq 0 ]] || sudo=(sudo)
 cleanup() {
-  apt-get purge -y -q "${packages[@]}" >/dev/null 2>&1 || true
+  "${sudo[@]}" apt-get purge -y -q "${packages[@]}" >/dev/null 2>&1 || true
   [[ -n ${KEEP_TMP:-} ]] || rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -27,7 +29,7 @@ for p in "${packages[@]}"; do
   debs+=("$deb")
 done
 ls -l "${debs[@]}"
-apt-get install -y -q --no-install-recommends "${debs[@]}" >"$tmp/install.log" 2>&1 ||
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${debs[@]}" >"$tmp/install.log" 2>&1 ||
   { cat "$tmp/install.log"; exit 1; }
 
 # The smoke test: a new shell in /tmp, nothing pointing at a build tree.
