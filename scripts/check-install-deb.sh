@@ -3,7 +3,7 @@
 # (so no build artifact lands in the clone; suites off: DEB_BUILD_OPTIONS=nocheck, they run
 # elsewhere in scripts/test.sh), the five packages installed with apt-get, a smoke test from
 # /tmp with no build tree in reach (Python, Lua, a C program linked via pkg-config, the
-# benchmarks), and the packages purged again so later steps test the build tree. As root.
+# benchmarks), and the packages purged again so later steps test the build tree. As root or with sudo.
 # Usage: scripts/check-install-deb.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
