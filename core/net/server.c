@@ -729,16 +729,18 @@ static void act_serve(struct server_conn *sc, const void *data, size_t len)
     conn_serve(sc);
 }
 
-/* WRITING, DATA: append the bytes; they are answered when the batch in flight is sent. */
+/*
+ * WRITING, DATA: append the bytes; they are answered when the batch in flight is sent. The
+ * deadline stays the send timeout's: bytes the peer sends are no progress of the response, and
+ * a peer that trickled a body while taking nothing would otherwise hold the connection (and
+ * its response) for as long as the body lasts. The body's own deadline starts again in READING.
+ */
 static void act_buffer(struct server_conn *sc, const void *data, size_t len)
 {
     if (rx_append(sc, data, len) < 0) {
         SHMIPC__LOG(SHMIPC__LOG_DEBUG, "%s; closing", shmipc__detail());
         conn_close(sc);
-        return;
     }
-    if (sc->http.phase != 0)
-        set_deadline(sc, after(sc, sc->w->srv->keepalive_ms)); /* a body makes progress */
 }
 
 /* CLOSING or LINGERING, DATA: nobody will answer it. While the last response is still going

@@ -396,6 +396,42 @@ static void stalled_reader_cut_by_send_timeout(void **state)
     }
 }
 
+/*
+ * A reader that takes nothing while it trickles the body of a pipelined request is cut off by
+ * the send timeout too: bytes it sends are not progress of the response (they used to push
+ * the deadline on, holding the connection and its 8 MiB response for as long as the body
+ * lasted).
+ */
+static void stalled_reader_trickling_body_cut_by_send_timeout(void **state)
+{
+    (void)state;
+    for (unsigned workers = 1; workers <= 2; workers++) {
+        struct csrv t;
+        int fd, cut = 0;
+        uint64_t t0;
+        csrv_start(&t, workers, 300);
+        fd = cconnect(t.port, 16384);
+        csend(fd, "GET /huge HTTP/1.1\r\nHost: x\r\n\r\n"
+                  "POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nab");
+        t0 = now_ms();
+        /* One body byte every 100 ms, never reading: at most 4 s. */
+        while (now_ms() - t0 < 4000) {
+            sleep_ms(100);
+            if (send(fd, "x", 1, MSG_NOSIGNAL) != 1) {
+                assert_true(errno == EPIPE || errno == ECONNRESET);
+                cut = 1;
+                break;
+            }
+        }
+        if (!cut)
+            fail_msg("workers %u: a stalled reader trickling a body kept its connection for "
+                     "%llu ms (send timeout 300 ms)",
+                     workers, (unsigned long long)(now_ms() - t0));
+        close(fd);
+        csrv_stop(&t);
+    }
+}
+
 /* Requests pipelined behind one that closes the connection are not answered. */
 static void pipelined_after_close_not_answered(void **state)
 {
@@ -463,6 +499,7 @@ static void reset_mid_response_ends_it(void **state)
         cmocka_unit_test(huge_close_delimited_fast_reader),                                        \
         cmocka_unit_test(huge_close_delimited_slow_reader_truncated),                              \
         cmocka_unit_test(stalled_reader_cut_by_send_timeout),                                      \
+        cmocka_unit_test(stalled_reader_trickling_body_cut_by_send_timeout),                       \
         cmocka_unit_test(pipelined_after_close_not_answered),                                      \
         cmocka_unit_test(reset_mid_response_ends_it)
 
