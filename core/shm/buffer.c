@@ -586,41 +586,60 @@ int shmipc__buffer_free_chain(struct shmipc__buffer *bm, uint32_t offset, uint64
 {
     struct shmipc__chain c;
     struct shmipc__chain_slice s;
-    uint32_t n = 0;
+    uint32_t local[64], *claimed = local, cap = 64, n = 0, freed = 0;
     int rc;
     char why[256] = "";
 
     /*
-     * Claim the whole chain first: freeing as we go would clear the marks that catch a cycle.
-     * Then free what was claimed, following the links again but only through slices that
-     * still carry our mark, so whatever the peer rewrote in between, nothing is freed twice
-     * and nothing is freed that this walk did not claim.
+     * Claim the whole chain first, noting in our own memory each slice the walk claimed:
+     * freeing as we go would clear the marks that catch a cycle. Then free exactly those.
+     * Following the links in shared memory a second time would let the peer relink the chain
+     * in between, into a slice we hold from an earlier message (its mark is ours too).
      */
     shmipc__chain_begin(&c, bm, offset);
     c.held = held;
-    while ((rc = shmipc__chain_next(&c, &s)) > 0)
-        n++;
+    while ((rc = shmipc__chain_next(&c, &s)) > 0) {
+        if (n == cap) {
+            uint32_t *more = malloc((size_t)cap * 2 * sizeof *more);
+            if (more == NULL) {
+                /* Out of memory: the walk stops here; this slice is ours too, so it goes back. */
+                shmipc__held_drop(bm, held, s.offset);
+                (void)list_push(bm, s.list, s.offset - bm->lists[s.list].region);
+                rc = shmipc__fail(SHMIPC_ENOMEM, "chain at %u: out of memory", offset);
+                break;
+            }
+            memcpy(more, claimed, (size_t)n * sizeof *more);
+            if (claimed != local)
+                free(claimed);
+            claimed = more;
+            cap *= 2;
+        }
+        claimed[n++] = s.offset;
+    }
     if (rc < 0)
         snprintf(why, sizeof why, "%s", shmipc__detail());
 
-    uint32_t off = offset, freed = 0;
-    while (freed < n) {
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t off = claimed[i];
         int li = list_of(bm, off);
-        if (li < 0 ||
-            __atomic_load_n(u32_at(bm, off + SLICE_SIZE), __ATOMIC_RELAXED) != SHMIPC__BM_CLAIMED)
-            break;
-        uint8_t flags = __atomic_load_n(flags_at(bm, off), __ATOMIC_ACQUIRE);
-        uint32_t next = __atomic_load_n(u32_at(bm, off + SLICE_NEXT), __ATOMIC_RELAXED);
+        /* With `held` the walk returned each slice once, whatever the peer wrote over the
+         * marks. Without it a peer that erased and rewrote a mark may have had a slice
+         * returned twice (see shmipc__chain_next): free it once, while it carries our mark. */
+        if (li < 0 || (held == NULL && __atomic_load_n(u32_at(bm, off + SLICE_SIZE),
+                                                       __ATOMIC_RELAXED) != SHMIPC__BM_CLAIMED))
+            continue;
         /* The walk marked it held; it leaves our hands now. */
         shmipc__held_drop(bm, held, off);
         int frc = list_push(bm, (uint32_t)li, off - bm->lists[li].region);
-        if (frc < 0)
-            return frc;
-        freed++;
-        if (!(flags & SHMIPC__BM_FLAG_HAS_NEXT))
+        if (frc < 0) {
+            rc = frc;
+            snprintf(why, sizeof why, "%s", shmipc__detail());
             break;
-        off = next;
+        }
+        freed++;
     }
+    if (claimed != local)
+        free(claimed);
     if (rc < 0)
         return shmipc__fail(rc, "%s", why);
     if (freed != n)

@@ -934,6 +934,77 @@ static void held_slices_are_refused_with_the_mark_erased(void **state)
     guarded_free(&g);
 }
 
+/*
+ * free_chain must free only what its own walk claimed. A hostile peer that rewrites a link
+ * between the walk and the freeing (here: b's next flips between c and a, a slice we still
+ * hold from an earlier message, its shared mark CLAIMED) used to have the freeing pass follow
+ * it into a: our slice went to the free list and its held bit was cleared while a stream
+ * still read it. The race is run many times; a bounded number of rounds.
+ */
+struct link_flipper {
+    uint32_t *next;      /* b's next field in the buffer */
+    uint32_t a, c;       /* the two targets */
+    int phase;           /* 1: flip; 2: stop (atomics) */
+    unsigned long flips; /* atomic */
+};
+
+static void *flip_link(void *arg)
+{
+    struct link_flipper *f = arg;
+    for (unsigned long i = 0; __atomic_load_n(&f->phase, __ATOMIC_ACQUIRE) == 1; i++) {
+        __atomic_store_n(f->next, (i & 1) ? f->a : f->c, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&f->flips, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void free_chain_frees_only_what_its_walk_claimed(void **state)
+{
+    (void)state;
+    unsigned bad = 0, rounds = 0;
+    uint64_t t0 = (uint64_t)time(NULL);
+    for (; rounds < 4000 && bad == 0 && (uint64_t)time(NULL) - t0 < 20; rounds++) {
+        struct guarded g;
+        struct shmipc__buffer bm;
+        struct shmipc__slice a, b, c;
+        struct shmipc__chain ch;
+        struct shmipc__chain_slice cs;
+        struct link_flipper f;
+        pthread_t t;
+        small_new(&g, &bm);
+        uint64_t *held = shmipc__held_new(&bm);
+        assert_non_null(held);
+        /* a: received earlier and still held (claimed, its bit set). */
+        assert_int_equal(shmipc__buffer_alloc(&bm, 1, &a), 0);
+        shmipc__chain_begin(&ch, &bm, a.offset);
+        ch.held = held;
+        assert_int_equal(shmipc__chain_next(&ch, &cs), 1);
+        /* b -> c: a message for a stream nobody reads, freed whole. */
+        assert_int_equal(shmipc__buffer_alloc(&bm, 1, &b), 0);
+        assert_int_equal(shmipc__buffer_alloc(&bm, 1, &c), 0);
+        assert_int_equal(shmipc__buffer_slice_link(&bm, &b, c.offset), 0);
+        f = (struct link_flipper){(uint32_t *)(void *)(bm.base + b.offset + 12), a.offset, c.offset,
+                                  1, 0};
+        assert_int_equal(pthread_create(&t, NULL, flip_link, &f), 0);
+        while (__atomic_load_n(&f.flips, __ATOMIC_ACQUIRE) < 2)
+            sched_yield();
+        (void)shmipc__buffer_free_chain(&bm, b.offset, held);
+        __atomic_store_n(&f.phase, 2, __ATOMIC_RELEASE);
+        assert_int_equal(pthread_join(t, NULL), 0);
+        /* a is ours whatever the peer did: still marked held, never on a free list. */
+        if (shmipc__held_count(&bm, held) != 1 ||
+            __atomic_load_n((uint32_t *)(void *)(bm.base + a.offset + 4), __ATOMIC_RELAXED) !=
+                SHMIPC__BM_CLAIMED)
+            bad++;
+        free(held);
+        guarded_free(&g);
+    }
+    if (bad != 0)
+        fail_msg("round %u: free_chain freed slice a, held from an earlier message, after the "
+                 "peer relinked the chain to it",
+                 rounds);
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* Concurrency                                                                          */
 /* ------------------------------------------------------------------------------------ */
@@ -1101,6 +1172,7 @@ int main(void)
         cmocka_unit_test(walks_claim_their_slices),
         cmocka_unit_test(cyclic_chains_end_with_an_error),
         cmocka_unit_test(held_slices_are_refused_with_the_mark_erased),
+        cmocka_unit_test(free_chain_frees_only_what_its_walk_claimed),
         cmocka_unit_test(one_allocator_one_freer_across_threads),
         cmocka_unit_test(child_allocs_parent_frees),
     };
