@@ -426,6 +426,9 @@ static void linger_wait(struct server_conn *sc)
         return;
     }
     set_deadline(sc, after(sc, LINGER_MS));
+    /* CLOSING stopped reading; the drain (bounded by LINGER_BYTES and LINGER_MS) reads again. */
+    if (shmipc__conn_resume_read(sc->conn) < 0)
+        conn_close(sc);
 }
 
 /* Half-close (nginx's lingering_close): the peer gets a FIN after what was queued, which is
@@ -435,6 +438,16 @@ static void conn_linger(struct server_conn *sc)
     sc->state = sc->inflight ? SHMIPC__CS_CLOSING : SHMIPC__CS_LINGERING;
     sc->in_head = 0;
     if (shmipc__conn_shutdown(sc->conn) < 0) {
+        conn_close(sc);
+        return;
+    }
+    /*
+     * While the last response goes out, input nobody will answer is not read: thrown away,
+     * it would have no bound but the send timeout, which a peer that takes a byte now and then
+     * extends forever (a worker receiving at full speed all that time). TCP pushes back
+     * instead; a reset still ends the send (ERROR), and linger_wait() reads again.
+     */
+    if (sc->inflight && shmipc__conn_pause_read(sc->conn) < 0) {
         conn_close(sc);
         return;
     }

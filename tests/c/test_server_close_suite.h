@@ -432,6 +432,43 @@ static void stalled_reader_trickling_body_cut_by_send_timeout(void **state)
     }
 }
 
+/*
+ * While the last response is going out, input nobody will answer is not read and thrown away
+ * without end: a client that does not read but sends as fast as it can would keep a worker
+ * receiving at full speed for as long as the send timeout is extended. The server stops
+ * reading (TCP pushes back) until the response has left; the lingering close then drains a
+ * bounded amount. Here the client manages at most socket buffers' worth in 2 s.
+ */
+static void closing_connection_does_not_swallow_unbounded_input(void **state)
+{
+    (void)state;
+    static char junk[1u << 16];
+    for (unsigned workers = 1; workers <= 2; workers++) {
+        struct csrv t;
+        int fd;
+        size_t pushed = 0;
+        uint64_t t0;
+        csrv_start(&t, workers, 0);
+        fd = cconnect(t.port, 16384);
+        csend(fd, "GET /huge HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        t0 = now_ms();
+        while (now_ms() - t0 < 2000 && pushed < (256u << 20)) {
+            ssize_t n = send(fd, junk, sizeof junk, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0)
+                pushed += (size_t)n;
+            else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                sleep_ms(5);
+            else
+                break;
+        }
+        if (pushed > (32u << 20))
+            fail_msg("workers %u: a closing connection took %zu bytes of input in 2 s", workers,
+                     pushed);
+        close(fd);
+        csrv_stop(&t);
+    }
+}
+
 /* Requests pipelined behind one that closes the connection are not answered. */
 static void pipelined_after_close_not_answered(void **state)
 {
@@ -500,6 +537,7 @@ static void reset_mid_response_ends_it(void **state)
         cmocka_unit_test(huge_close_delimited_slow_reader_truncated),                              \
         cmocka_unit_test(stalled_reader_cut_by_send_timeout),                                      \
         cmocka_unit_test(stalled_reader_trickling_body_cut_by_send_timeout),                       \
+        cmocka_unit_test(closing_connection_does_not_swallow_unbounded_input),                     \
         cmocka_unit_test(pipelined_after_close_not_answered),                                      \
         cmocka_unit_test(reset_mid_response_ends_it)
 
