@@ -121,6 +121,19 @@ def python_env():
     return dict(os.environ, PYTHONPATH=pkg_parent)
 
 
+def sigint_default():
+    """preexec_fn for a child that gets SIGINT (Ctrl-C) in a test.
+
+    A background job of a non-interactive shell (`bash scripts/test.sh </dev/null >log 2>&1 &`)
+    starts with SIGINT ignored, and an ignored disposition survives fork and exec; a child Python
+    then never installs its KeyboardInterrupt handler. subprocess's restore_signals covers only
+    SIGPIPE, SIGXFZ and SIGXFSZ, so a test that sends SIGINT resets it here, in the child, before exec.
+    Only async-signal-safe work happens here (one sigaction)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class EchoServer:
     """A Python server on its own thread, run by Listener.serve(): it echoes every stream and
     closes a stream when the client does."""

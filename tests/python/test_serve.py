@@ -8,7 +8,7 @@ import time
 import pytest
 
 import shmipc
-from conftest import default_config, python_env, unique_address
+from conftest import default_config, python_env, sigint_default, unique_address
 
 
 def send(st, data):
@@ -226,7 +226,8 @@ except KeyboardInterrupt:
     print("interrupted %.3f" % (time.monotonic() - t0))
 """
     out = subprocess.run([sys.executable, "-c", code, unique_address("serve-int")],
-                         capture_output=True, text=True, env=python_env(), timeout=30)
+                         capture_output=True, text=True, env=python_env(), timeout=30,
+                         preexec_fn=sigint_default)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("interrupted"), out.stdout
     assert float(out.stdout.split()[1]) < 1.5

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import python_env
+from conftest import python_env, sigint_default
 
 BACKENDS = ["epoll", "io_uring"]
 
@@ -420,7 +420,8 @@ sys.exit(1)
 @pytest.mark.parametrize("sender", ["self", "parent"])
 def test_ctrl_c_stops_run(sender):
     child = subprocess.Popen([sys.executable, "-c", RUNNER, sender], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=python_env())
+                             stderr=subprocess.PIPE, text=True, env=python_env(),
+                             preexec_fn=sigint_default)
     try:
         line = child.stdout.readline().split()
         assert line[0] == "port", child.stderr.read()

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, python_env
+from conftest import ROOT, python_env, sigint_default
 from test_server_ws import WSClient
 
 EXAMPLES = os.path.join(ROOT, "examples", "python")
@@ -18,7 +18,7 @@ EXAMPLES = os.path.join(ROOT, "examples", "python")
 def start(name):
     proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, name), "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=python_env())
+                            env=python_env(), preexec_fn=sigint_default)
     line = proc.stdout.readline()
     assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() else "")
     return proc, int(line.split()[2])

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import python_env, unique_address
+from conftest import python_env, sigint_default, unique_address
 
 CHILD = r"""
 import os, signal, sys, threading, time
@@ -56,7 +56,7 @@ sys.exit(1)
 def test_ctrl_c_interrupts_a_blocked_call(op, sender):
     child = subprocess.Popen([sys.executable, "-c", CHILD, unique_address("sig"), op, sender],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=python_env())
+                             env=python_env(), preexec_fn=sigint_default)
     try:
         assert child.stdout.readline().strip() == "ready"
         if sender == "parent":
