@@ -337,6 +337,51 @@ static void test_socket_file_mode(void **state)
     umask(old);
 }
 
+struct mode_poller {
+    const char *path;
+    _Atomic int stop;
+    _Atomic int looser; /* a mode other than the configured one was seen */
+    unsigned seen;
+    long polls;
+};
+
+static void *mode_poller_main(void *arg)
+{
+    struct mode_poller *p = arg;
+    while (!p->stop) {
+        struct stat st;
+        p->polls++;
+        if (stat(p->path, &st) == 0 && (st.st_mode & 07777) != 0600) {
+            p->looser = 1;
+            p->seen = st.st_mode & 07777;
+        }
+    }
+    return NULL;
+}
+
+/* Regression (issue 19, item 6e): the socket was bound at its final path and chmod-ed after, so
+ * for a moment the file existed with the umask's mode (0777 under umask 0). Another thread polls
+ * stat() while the listener is opened and closed again and again: the file must never show any
+ * mode but the configured one. */
+static void test_socket_never_visible_with_umask_mode(void **state)
+{
+    (void)state;
+    struct mode_poller p = {.path = address + strlen("unix:")};
+    pthread_t th;
+    mode_t old = umask(0);
+    assert_int_equal(pthread_create(&th, NULL, mode_poller_main, &p), 0);
+    for (int i = 0; i < 400 && !p.looser; i++) {
+        shmipc_listener *l;
+        assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
+        shmipc_listener_close(l);
+    }
+    p.stop = 1;
+    pthread_join(th, NULL);
+    umask(old);
+    if (p.looser)
+        fail_msg("socket file seen with mode %04o", p.seen);
+}
+
 /* Counts the /dev/shm files whose names start with `prefix` (after "/dev/shm/"); checks modes. */
 static int shm_files(const char *prefix, unsigned want_mode)
 {
@@ -416,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_tcp_with_list_is_refused),
         cmocka_unit_test(test_other_uid),
         cmocka_unit_test(test_socket_file_mode),
+        cmocka_unit_test(test_socket_never_visible_with_umask_mode),
         cmocka_unit_test(test_devshm_file_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
