@@ -264,7 +264,20 @@ int shmipc__buffer_attach(struct shmipc__buffer *out, void *base, size_t size)
     return 0;
 }
 
-/* The pop of §2.6. Returns 0 with `out` filled, SHMIPC_ENOSHM, or SHMIPC_EPROTO. */
+/* The pop of §2.6. Returns 0 with `out` filled, SHMIPC_ENOSHM, or SHMIPC_EPROTO.
+ *
+ * ABA: the CAS on `head` is untagged, and ABA is NOT impossible. Between our load of head (= A)
+ * with A.next (= B) and the CAS, other poppers (in this process or in the peer: §2.6, both
+ * processes pop from the same lists) could pop A, pop every slice after it up to the tail, while
+ * A is recycled to the tail and becomes head again; the CAS would then install the stale B,
+ * which may be in use. That needs at least a whole list's worth of pops and pushes to happen
+ * inside a window of a few instructions, i.e. this thread preempted there, which is rare but
+ * possible. A tag cannot be added: head is a 32-bit field of the shared layout and shmipc-go
+ * pops it with the same untagged CAS, so a tag in our process would not protect against theirs
+ * and a wider field would break the wire format. What bounds the damage: rel_is_slice() checks
+ * every offset we follow, so a corrupted list fails with SHMIPC_EPROTO instead of addressing
+ * outside the region. (issue 19, item 6d; a process-local lock around pops would remove the
+ * same-process case only.) */
 static int list_pop(struct shmipc__buffer *bm, uint32_t li, struct shmipc__slice *out)
 {
     const struct shmipc__buffer_list *l = &bm->lists[li];
