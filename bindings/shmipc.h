@@ -257,9 +257,20 @@ typedef void (*shmipc_log_sink)(int level, const char *line);
  * Sends the library's diagnostic lines to `sink` instead of stderr; NULL restores stderr.
  * SHMIPC_LOG_LEVEL filters as before. The sink gets the level and the text stderr would get,
  * "shmipc[<pid>] <level>: <message>", without the trailing newline. It may be called from any
- * thread, from several at once, and must not call back into shmipc. When this function
- * returns, no thread runs the previous sink any more and none will call it again, so what it
- * holds (a libffi closure, say) may be freed. Thread safe.
+ * thread, from several at once.
+ *
+ * Rule: no callback into user code (this sink, listener callbacks, closures, destroy
+ * callbacks) runs with a library lock held. A line logged while a session's lock is held is
+ * kept, formatted, and handed to the sink after the lock is dropped (so it may come slightly
+ * later than the event), and the sink is not called under any lock of the logger either. A
+ * sink may therefore call back into shmipc, even into the session that logged, and may call
+ * shmipc_set_log_sink() itself; a sink that takes its own lock (an interpreter lock) cannot
+ * deadlock against a thread that holds that lock and waits for a session.
+ *
+ * When this function returns, no thread runs the previous sink any more (other than the
+ * caller, when a sink calls it) and none will call it again, so what it holds (a libffi
+ * closure, say) may be freed. It waits for calls in flight: a binding releases its
+ * interpreter lock around it. Thread safe.
  */
 SHMIPC_API void shmipc_set_log_sink(shmipc_log_sink sink);
 

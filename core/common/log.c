@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -15,12 +16,31 @@ static pthread_once_t level_once = PTHREAD_ONCE_INIT;
 
 /*
  * The sink that replaces stderr, read atomically so that logging without one takes no lock.
- * Calls of a sink hold `sink_lock` for reading and a change of sink takes it for writing, so
- * that once shmipc__log_set_sink() returns nobody runs the old sink: the caller may free it
- * (a libffi closure, for instance). Sinks are called from any thread, several at once.
+ * No sink ever runs with a library lock held (shmipc.h): `sink_mu` only guards the pointer and
+ * the count of calls in flight, and is released around the call. shmipc__log_set_sink() waits
+ * until no call of the old sink is in flight (other than the caller's own, when a sink sets the
+ * sink), so once it returns nobody runs the old sink: the caller may free it (a libffi
+ * closure, for instance). Sinks are called from any thread, several at once.
  */
 static shmipc_log_sink sink;
-static pthread_rwlock_t sink_lock = PTHREAD_RWLOCK_INITIALIZER;
+static pthread_mutex_t sink_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sink_idle = PTHREAD_COND_INITIALIZER;
+static int sink_inflight; /* under sink_mu */
+
+/*
+ * Records logged while this thread holds a library lock (shmipc__log_defer_begin) wait here,
+ * formatted, and are emitted by the shmipc__log_defer_end() that drops the last lock.
+ */
+#define DEFER_MAX 8
+struct deferred {
+    int n, dropped;
+    int lvl[DEFER_MAX];
+    char line[DEFER_MAX][1024];
+};
+/* Thread-locals stay a few words: the library may be dlopen-ed, where static TLS is scarce. The
+ * queue is allocated by the first record deferred and freed when it is emitted. */
+static __thread int defer_depth, in_sink;
+static __thread struct deferred *defer_q;
 
 int shmipc__log_parse_level(const char *name)
 {
@@ -46,6 +66,29 @@ int shmipc__log_level(void)
     return level;
 }
 
+static void emit(int lvl, const char *line)
+{
+    if (__atomic_load_n(&sink, __ATOMIC_ACQUIRE) != NULL) {
+        pthread_mutex_lock(&sink_mu);
+        shmipc_log_sink fn = sink;
+        if (fn != NULL)
+            sink_inflight++;
+        pthread_mutex_unlock(&sink_mu);
+        if (fn != NULL) {
+            in_sink++;
+            fn(lvl, line);
+            in_sink--;
+            pthread_mutex_lock(&sink_mu);
+            if (--sink_inflight == 0)
+                pthread_cond_broadcast(&sink_idle);
+            pthread_mutex_unlock(&sink_mu);
+            return;
+        }
+    }
+    /* One write per line so lines from several threads or processes do not interleave. */
+    fprintf(stderr, "%s\n", line);
+}
+
 void shmipc__log(int lvl, const char *fmt, ...)
 {
     char line[1024];
@@ -55,22 +98,45 @@ void shmipc__log(int lvl, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
-    if (__atomic_load_n(&sink, __ATOMIC_ACQUIRE) != NULL) {
-        pthread_rwlock_rdlock(&sink_lock);
-        shmipc_log_sink fn = __atomic_load_n(&sink, __ATOMIC_ACQUIRE);
-        if (fn != NULL)
-            fn(lvl, line);
-        pthread_rwlock_unlock(&sink_lock);
-        if (fn != NULL)
+    if (defer_depth > 0) {
+        if (defer_q == NULL && (defer_q = calloc(1, sizeof *defer_q)) == NULL)
+            return; /* no memory: the record is lost rather than emitted under a lock */
+        if (defer_q->n == DEFER_MAX) {
+            defer_q->dropped++;
             return;
+        }
+        defer_q->lvl[defer_q->n] = lvl;
+        memcpy(defer_q->line[defer_q->n++], line, sizeof line);
+        return;
     }
-    /* One write per line so lines from several threads or processes do not interleave. */
-    fprintf(stderr, "%s\n", line);
+    emit(lvl, line);
+}
+
+void shmipc__log_defer_begin(void)
+{
+    defer_depth++;
+}
+
+void shmipc__log_defer_end(void)
+{
+    if (--defer_depth > 0 || defer_q == NULL)
+        return;
+    /* Detached first: a sink may log again (and defer again) while we emit. */
+    struct deferred *q = defer_q;
+    defer_q = NULL;
+    for (int i = 0; i < q->n; i++)
+        emit(q->lvl[i], q->line[i]);
+    if (q->dropped > 0)
+        shmipc__log(SHMIPC__LOG_WARN, "%d log records dropped (logged under a lock)", q->dropped);
+    free(q);
 }
 
 void shmipc__log_set_sink(shmipc_log_sink fn)
 {
-    pthread_rwlock_wrlock(&sink_lock);
+    pthread_mutex_lock(&sink_mu);
     __atomic_store_n(&sink, fn, __ATOMIC_RELEASE);
-    pthread_rwlock_unlock(&sink_lock);
+    /* A sink that sets the sink must not wait for itself. */
+    while (sink_inflight > in_sink)
+        pthread_cond_wait(&sink_idle, &sink_mu);
+    pthread_mutex_unlock(&sink_mu);
 }

@@ -26,6 +26,11 @@ void shmipc__log(int level, const char *fmt, ...) __attribute__((format(printf, 
 
 /* Replaces the sink (NULL: stderr); returns once no thread runs the previous one. */
 void shmipc__log_set_sink(shmipc_log_sink fn);
+/* Between these two calls (nestable, per thread) this thread holds a library lock: records are
+ * kept formatted and emitted by the outermost end, after the lock is dropped, so that no sink
+ * runs under a library lock. */
+void shmipc__log_defer_begin(void);
+void shmipc__log_defer_end(void);
 
 #define SHMIPC__LOG(level, ...)                                                                    \
     do {                                                                                           \

@@ -42,11 +42,13 @@ static int process_locked(shmipc_session *s);
 static void lock(shmipc_session *s)
 {
     pthread_mutex_lock(&s->mu);
+    shmipc__log_defer_begin();
 }
 
 static void unlock(shmipc_session *s)
 {
     pthread_mutex_unlock(&s->mu);
+    shmipc__log_defer_end();
 }
 
 /* ------------------------------------------------------------------------------------ */
