@@ -259,8 +259,8 @@ typedef void (*shmipc_log_sink)(int level, const char *line);
  * "shmipc[<pid>] <level>: <message>", without the trailing newline. It may be called from any
  * thread, from several at once.
  *
- * Rule: no callback into user code (this sink, listener callbacks, closures, destroy
- * callbacks) runs with a library lock held. A line logged while a session's lock is held is
+ * Rule: no callback into user code (this sink, the shmipc_listener_serve callbacks) runs with
+ * a library lock held. A line logged while a session's lock is held is
  * kept, formatted, and handed to the sink after the lock is dropped (so it may come slightly
  * later than the event), and the sink is not called under any lock of the logger either. A
  * sink may therefore call back into shmipc, even into the session that logged, and may call
