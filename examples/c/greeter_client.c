@@ -4,8 +4,11 @@
  *
  * Build: cc greeter_client.c $(pkg-config --cflags --libs shmipc) -o greeter_client
  * Usage: greeter_client [ADDRESS [v2|v3|v4|v4-eventfd|v4-polling]]
- *        (default unix:/tmp/shmipc_greeter.sock, v3). The V4 modes fall back to V3 against a
- *        legacy server such as shmipc-go's.
+ *        (default unix:/tmp/shmipc_greeter.sock, v3). Use v2 or v3 against shmipc-go: a V4
+ *        mode first offers V4 on one connection and, when the server rejects it, falls back to
+ *        V3 on a new connection. shmipc-go's greeter_server accepts a single connection and
+ *        spends it on the rejected V4 offer (it neither answers nor closes it), so the
+ *        fallback connection is never accepted and this client fails after its timeouts.
  */
 #include <shmipc.h>
 
