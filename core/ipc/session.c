@@ -297,8 +297,9 @@ static int fail_locked(shmipc_session *s, int code)
                                 "caught); the peer truncated it",
                                 shmipc__mapping_damaged(&s->buffer_map) ? s->buffer_path
                                                                         : s->queue_path);
-        s->err = code;
+        /* Atomic: shmipc_session_status() reads it without the lock (why is read under it). */
         snprintf(s->why, sizeof s->why, "%s", shmipc_error_detail());
+        __atomic_store_n(&s->err, code, __ATOMIC_RELEASE);
         SHMIPC__LOG(code == SHMIPC_ECLOSED ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_INFO,
                     "session %s ended: %s (%s)", s->buffer_path, shmipc_errname(code),
                     shmipc_error_detail());

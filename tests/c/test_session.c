@@ -943,10 +943,47 @@ static struct hostile_case hostile_slice_resent_mark_erased[] = {
     {corrupt_slice_in_our_cache, "already holds"},
     {NULL, NULL}};
 
+struct status_reader {
+    shmipc_session *s;
+    _Atomic int stop;
+    int last;
+};
+
+static void *status_reader_main(void *arg)
+{
+    struct status_reader *r = arg;
+    while (!r->stop)
+        r->last = shmipc_session_status(r->s);
+    return NULL;
+}
+
+/* Regression (issue 19, item 6b): the session's error was written without an atomic store
+ * while shmipc_session_status() reads it without the lock: TSan reports the race. One thread
+ * reads the status while the session ends under it. */
+static void status_read_while_the_session_ends(void **state)
+{
+    (void)state;
+    struct ipc_pair p;
+    pthread_t th;
+    shmipc_stream *st = NULL;
+    ipc_pair_open(&p, address, NULL, NULL);
+    struct status_reader r = {.s = p.server};
+    assert_int_equal(pthread_create(&th, NULL, status_reader_main, &r), 0);
+    shmipc_session_close(p.client);
+    p.client = NULL;
+    assert_true(shmipc_session_accept_stream(p.server, 5000, &st) < 0);
+    r.stop = 1;
+    pthread_join(th, NULL);
+    assert_true(shmipc_session_status(p.server) < 0);
+    shmipc_session_close(p.server);
+    shmipc_listener_close(p.l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(echo_v3_memfd),
+        cmocka_unit_test(status_read_while_the_session_ends),
         cmocka_unit_test(echo_v2_devshm),
         cmocka_unit_test(v2_files_are_removed),
         cmocka_unit_test(read_exact_spans_slices),
