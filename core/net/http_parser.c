@@ -410,14 +410,34 @@ static int request_line(struct shmipc__http_parser *p, const char *b, size_t s, 
         return fail(p, 400, "request line: the target is not visible ASCII followed by one space");
     r->target = slice(t, i - t);
     size_t te = i++;
-    if (e - i != 8 || memcmp(b + i, "HTTP/", 5) != 0 || b[i + 5] < '0' || b[i + 5] > '9' ||
-        b[i + 6] != '.' || b[i + 7] < '0' || b[i + 7] > '9')
-        return fail(p, 400, "request line: the version is not HTTP/DIGIT.DIGIT");
-    if (b[i + 5] != '1')
+    /* The version, checked as nginx 1.22 does (ngx_http_parse_request_line), where RFC 9112's
+     * HTTP/DIGIT.DIGIT is silent on what to answer: a major starts with 1-9 (HTTP/0.9, HTTP/01.1:
+     * 400); a major above 1, seen at its first digit too big (HTTP/2, HTTP/10.0), is 505; the
+     * minor is one or more digits whose value stays below 1000 (a digit added to a value above
+     * 99 is 400), so HTTP/1.10 and HTTP/1.01 are HTTP/1.x. */
+    if (e - i < 5 || memcmp(b + i, "HTTP/", 5) != 0)
+        return fail(p, 400, "request line: the version does not start with HTTP/");
+    i += 5;
+    if (i == e || b[i] < '1' || b[i] > '9')
+        return fail(p, 400, "request line: the version's major is not a digit 1-9");
+    if (b[i] != '1')
         return fail(p, 505, "request line: only HTTP/1.x is supported");
+    i++;
+    if (i < e && b[i] >= '0' && b[i] <= '9')
+        return fail(p, 505, "request line: only HTTP/1.x is supported");
+    if (i == e || b[i] != '.' || ++i == e)
+        return fail(p, 400, "request line: the version is not HTTP/1.DIGITS");
+    unsigned minor = 0;
+    for (; i < e; i++) {
+        if (b[i] < '0' || b[i] > '9')
+            return fail(p, 400, "request line: the version is not HTTP/1.DIGITS");
+        if (minor > 99)
+            return fail(p, 400, "request line: the minor is above 999");
+        minor = minor * 10 + (unsigned)(b[i] - '0');
+    }
     /* RFC 9112 §2.6: a 1.x above the highest minor implemented is answered as that one, so
-     * HTTP/1.2 to HTTP/1.9 are parsed, framed and answered exactly as HTTP/1.1. */
-    r->minor = b[i + 7] == '0' ? 0 : 1;
+     * every HTTP/1.x other than 1.0 is parsed, framed and answered exactly as HTTP/1.1. */
+    r->minor = minor == 0 ? 0 : 1;
     return target_form(p, b, t, te);
 }
 

@@ -142,7 +142,7 @@ struct shmipc__http_request {
     uint32_t head_len;              /* bytes of the head, leading empty lines included */
     uint32_t flags;                 /* SHMIPC__HTTP_* request flags */
     uint8_t method;                 /* enum shmipc__http_method */
-    uint8_t minor;                  /* 0 for HTTP/1.0, 1 for HTTP/1.1 to HTTP/1.9 */
+    uint8_t minor;                  /* 0 for HTTP/1.0, 1 for every other HTTP/1.x */
     uint8_t body_kind;              /* enum shmipc__http_body_kind */
     struct shmipc__http_slice name; /* the method token */
     struct shmipc__http_slice target;
