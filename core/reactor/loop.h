@@ -330,6 +330,13 @@ void shmipc__watch_free(struct shmipc__watch *watch);
  */
 int shmipc__tcp_listen(const char *host, uint16_t port, int backlog, int reuseport, int *out_fd);
 
+/**
+ * Test seam, NULL in production: when set, shmipc__workers_start() calls it between the
+ * probe that checks a fixed port free and the workers' binds, so that a test can bind a
+ * foreign listener in that window and check that the check after the binds catches it.
+ */
+extern void (*shmipc__sock_after_probe_hook)(const char *host, uint16_t port);
+
 /** The local port of a bound socket, or a negative code. */
 int shmipc__sock_port(int fd);
 

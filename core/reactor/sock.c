@@ -13,12 +13,18 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_WORKERS 1024u
@@ -90,10 +96,10 @@ err:
  * Why a probe: the workers need SO_REUSEPORT to share the port among themselves (one socket
  * per worker, see the top of this file), and a socket with it set can join another
  * process's group of the same user, which nothing on our side can refuse. So the group must
- * be checked empty before we create it. The window between the probe and our binds is a few
- * microseconds: two programs started at the same instant on one port could both pass it and
- * share; one started after our binds fails its own probe (or, without a probe, joins only
- * because it set SO_REUSEPORT itself, i.e. asked to share).
+ * be checked empty before we create it. A program that binds in the few microseconds between
+ * the probe and our binds is caught by listeners_ours() after them; one started after our
+ * binds fails its own probe (or, without a probe, joins only because it set SO_REUSEPORT
+ * itself, i.e. asked to share).
  */
 static int port_free(const char *host, uint16_t port)
 {
@@ -122,6 +128,186 @@ static int port_free(const char *host, uint16_t port)
                                 host, (unsigned)port)
                  : shmipc__fail_errno(errno, "listen: bind %s port %u", host, (unsigned)port);
     close(fd);
+    return rc;
+}
+
+void (*shmipc__sock_after_probe_hook)(const char *host, uint16_t port);
+
+/* Whether a listener bound to `a` (family `fa`; `v6only` for AF_INET6) and one bound to `b`
+ * (family `fb`) would both receive connections for some address, as the kernel's bind
+ * conflict check sees it: the same address, or a wildcard on either side, across families
+ * only through an AF_INET6 wildcard that is not IPV6_V6ONLY (or a v4-mapped address). */
+static int addr_overlap(int fa, const uint8_t *a, int a_v6only, int fb, const uint8_t *b,
+                        int b_v6only)
+{
+    static const uint8_t zero[16];
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (fa == fb) {
+        size_t n = fa == AF_INET ? 4 : 16;
+        return memcmp(a, zero, n) == 0 || memcmp(b, zero, n) == 0 || memcmp(a, b, n) == 0;
+    }
+    if (fa == AF_INET) /* order: a is AF_INET6, b is AF_INET */
+        return addr_overlap(fb, b, b_v6only, fa, a, a_v6only);
+    if (a_v6only)
+        return 0;
+    if (memcmp(a, zero, 16) == 0)
+        return 1;
+    return memcmp(a, mapped, 12) == 0 && (memcmp(a + 12, b, 4) == 0 || memcmp(b, zero, 4) == 0);
+}
+
+struct foreign_scan {
+    int family; /* our address */
+    uint8_t addr[16];
+    uint16_t port;       /* network order */
+    const ino_t *inodes; /* our listening sockets */
+    unsigned count;
+    unsigned long foreign; /* the first listener found that is not ours (its inode), or 0 */
+    int found;
+};
+
+/* One inet_diag reply: a listener of `family` that is on our port, overlaps our address and
+ * is none of our sockets is foreign. */
+static void scan_one(struct foreign_scan *f, const struct nlmsghdr *h)
+{
+    const struct inet_diag_msg *m = NLMSG_DATA(h);
+    int v6only = 0;
+    if (h->nlmsg_len < NLMSG_LENGTH(sizeof *m) || m->id.idiag_sport != f->port)
+        return;
+    if (m->idiag_family == AF_INET6) {
+        int rem = (int)(h->nlmsg_len - NLMSG_LENGTH(sizeof *m));
+        for (struct rtattr *a = (struct rtattr *)(uintptr_t)(m + 1); RTA_OK(a, rem);
+             a = RTA_NEXT(a, rem))
+            if (a->rta_type == INET_DIAG_SKV6ONLY && RTA_PAYLOAD(a) >= 1)
+                v6only = *(const uint8_t *)RTA_DATA(a) != 0;
+    }
+    if (!addr_overlap(f->family, f->addr, 0, m->idiag_family, (const uint8_t *)m->id.idiag_src,
+                      v6only))
+        return;
+    for (unsigned i = 0; i < f->count; i++)
+        if (f->inodes[i] == (ino_t)m->idiag_inode)
+            return;
+    if (!f->found) {
+        f->found = 1;
+        f->foreign = m->idiag_inode;
+    }
+}
+
+/* Dumps the TCP listeners of `family` in our network namespace through NETLINK_SOCK_DIAG. */
+static int scan_family(int nl, int family, struct foreign_scan *f)
+{
+    struct {
+        struct nlmsghdr nlh;
+        struct inet_diag_req_v2 r;
+    } req;
+    static _Alignas(struct nlmsghdr) char buf[32768];
+    struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+
+    memset(&req, 0, sizeof req);
+    req.nlh.nlmsg_len = sizeof req;
+    req.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req.nlh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    req.nlh.nlmsg_seq = (uint32_t)family;
+    req.r.sdiag_family = (uint8_t)family;
+    req.r.sdiag_protocol = IPPROTO_TCP;
+    /* Listeners only; an AF_INET6 listener's reply always carries INET_DIAG_SKV6ONLY. */
+    req.r.idiag_states = 1u << TCP_LISTEN;
+    if (sendto(nl, &req, sizeof req, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0)
+        return shmipc__fail_errno(errno, "listen: sock_diag request");
+    for (;;) {
+        ssize_t n = recv(nl, buf, sizeof buf, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return shmipc__fail_errno(errno, "listen: sock_diag reply");
+        if (n == 0)
+            return shmipc__fail(SHMIPC_EIO, "listen: sock_diag reply ended early");
+        size_t left = (size_t)n;
+        for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, left);
+             h = NLMSG_NEXT(h, left)) {
+            if (h->nlmsg_type == NLMSG_DONE)
+                return 0;
+            if (h->nlmsg_type == NLMSG_ERROR) {
+                const struct nlmsgerr *e = NLMSG_DATA(h);
+                return shmipc__fail_errno(e->error < 0 ? -e->error : EIO, "listen: sock_diag dump");
+            }
+            if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY)
+                scan_one(f, h);
+        }
+    }
+}
+
+/*
+ * The second half of the port check, after our sockets listen: every TCP listener in our
+ * network namespace on our port whose address overlaps ours must be one of `fds` (compared by
+ * socket inode, st_ino of the fd), else SHMIPC_EADDRINUSE. The probe of port_free() runs
+ * before our binds and cannot see a process that binds between it and them (two servers
+ * started at the same instant); this check, after them, sees it. With both, two racing
+ * servers can both fail, but neither silently shares.
+ *
+ * Why sock_diag and not /proc/net/tcp{,6}: it needs no procfs (containers may lack it, or
+ * hide it), the kernel filters on the listening state so the cost does not grow with the
+ * number of established connections (the /proc files list every socket, as text, and are
+ * slow on busy hosts), it reports IPV6_V6ONLY (needed to tell whether an AF_INET6 wildcard
+ * covers an IPv4 address), and its fields are binary and typed rather than hex text whose
+ * byte order depends on the host.
+ */
+static int listeners_ours(const char *host, uint16_t port, const int *fds, unsigned count)
+{
+    struct sockaddr_storage ss;
+    struct foreign_scan f;
+    ino_t *inodes = NULL;
+    socklen_t len;
+    int nl = -1;
+    int rc;
+
+    if (host == NULL)
+        host = "0.0.0.0";
+    rc = sock_addr(host, port, &ss, &len);
+    if (rc < 0)
+        return rc;
+    memset(&f, 0, sizeof f);
+    f.family = ss.ss_family;
+    f.port = htons(port);
+    if (ss.ss_family == AF_INET)
+        memcpy(f.addr, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+    else
+        memcpy(f.addr, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+    inodes = calloc(count, sizeof *inodes);
+    if (inodes == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "listen: %u inodes", count);
+    for (unsigned i = 0; i < count; i++) {
+        struct stat st;
+        if (fstat(fds[i], &st) < 0) {
+            rc = shmipc__fail_errno(errno, "listen: fstat");
+            goto out;
+        }
+        inodes[i] = st.st_ino;
+    }
+    f.inodes = inodes;
+    f.count = count;
+    nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (nl < 0) {
+        rc = shmipc__fail_errno(errno,
+                                "listen: cannot check %s port %u for other listeners: "
+                                "NETLINK_SOCK_DIAG socket",
+                                host, (unsigned)port);
+        goto out;
+    }
+    rc = scan_family(nl, AF_INET, &f);
+    if (rc == 0)
+        rc = scan_family(nl, AF_INET6, &f);
+    if (rc < 0)
+        goto out;
+    if (f.found)
+        rc = shmipc__fail(SHMIPC_EADDRINUSE,
+                          "listen: %s port %u is already in use by another socket (inode %lu, "
+                          "bound at the same time as ours; to share it on purpose, set "
+                          "reuse_port or SHMIPC_HTTP_REUSEPORT=1)",
+                          host, (unsigned)port, f.foreign);
+out:
+    if (nl >= 0)
+        close(nl);
+    free(inodes);
     return rc;
 }
 
@@ -302,6 +488,8 @@ int shmipc__workers_start(const struct shmipc__workers_opts *opts, struct shmipc
         rc = port_free(opts->host, g->port);
         if (rc < 0)
             goto err;
+        if (shmipc__sock_after_probe_hook != NULL)
+            shmipc__sock_after_probe_hook(opts->host, g->port);
     }
     for (unsigned i = 0; i < g->count; i++) {
         rc = shmipc__tcp_listen(opts->host, g->port, opts->backlog, 1, &g->w[i].listen_fd);
@@ -313,6 +501,19 @@ int shmipc__workers_start(const struct shmipc__workers_opts *opts, struct shmipc
                 goto err;
             g->port = (uint16_t)rc;
         }
+    }
+    if (opts->port != 0 && !opts->share_port) {
+        int *fds = malloc(g->count * sizeof *fds);
+        if (fds == NULL) {
+            rc = shmipc__fail(SHMIPC_ENOMEM, "workers: %u", g->count);
+            goto err;
+        }
+        for (unsigned i = 0; i < g->count; i++)
+            fds[i] = g->w[i].listen_fd;
+        rc = listeners_ours(opts->host, g->port, fds, g->count);
+        free(fds);
+        if (rc < 0)
+            goto err;
     }
     for (unsigned i = 0; i < g->count; i++) {
         g->w[i].group = g;
