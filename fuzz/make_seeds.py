@@ -162,9 +162,33 @@ def ws_frame(line):
     return (head + payload) * reps
 
 
+def sf(type_, payload=b"", arg=0):
+    """A shmipc-serve frame (docs/serve.md): magic "SV", version 1, type, length, arg."""
+    return b"SV" + struct.pack("<BBII", 1, type_, len(payload), arg) + payload
+
+
+def sf_fields(fields):
+    return b"".join(struct.pack("<HH", len(n), len(v)) + n + v for n, v in fields)
+
+
+def sf_addr(family, port, addr):
+    return struct.pack("<BBH", family, 0, port) + addr.ljust(16, b"\0")
+
+
+def sf_request(method, target, fields, flags=1, minor=1, clen=0):
+    fixed = struct.pack("<BBBBHHHHQ", 1, minor, 0, 0, len(method), len(target), len(fields), 0,
+                        clen)
+    fixed += sf_addr(1, 40000, bytes([127, 0, 0, 1])) + sf_addr(2, 8080, bytes(15) + b"\1")
+    return sf(1, fixed + method + target + sf_fields(fields), flags)
+
+
+def sf_response(status, fields, flags=0, clen=0):
+    return sf(4, struct.pack("<HHIQ", status, len(fields), 0, clen) + sf_fields(fields), flags)
+
+
 def main():
     out = sys.argv[1]
-    seeds = {t: [] for t in ("proto", "handshake", "json", "shm", "http", "ws")}
+    seeds = {t: [] for t in ("proto", "handshake", "json", "shm", "http", "ws", "serve_frame")}
 
     # proto: captured messages one by one and as whole streams, plus every type made here.
     for acc in vector_messages():
@@ -259,6 +283,23 @@ def main():
             seeds["ws"].append(bytes([0]) + struct.pack(">H", len(frames) // 2) + frames)
         for block in sec.get("request", []):
             seeds["ws"].append(bytes([4, 0, 0]) + unescape("".join(block)))
+
+    # serve_frame: whole exchanges as a front and a worker send them.
+    host = [(b"Host", b"example.com"), (b"Accept", b"*/*")]
+    seeds["serve_frame"] += [
+        sf_request(b"GET", b"/", host) + sf(3),
+        sf_request(b"POST", b"/upload?x=1", host + [(b"Content-Length", b"5")], 0x15, clen=5)
+        + sf(2, b"hello") + sf(3),
+        sf_request(b"PUT", b"/c", host, 0x0D, 0) + sf(2, b"ab") + sf(2, b"cd") + sf(3),
+        sf_request(b"GET", b"/ws", host + [(b"Upgrade", b"websocket")], 0x03)
+        + sf(6, b"hi", 0x101) + sf(6, b"\0\1", 2) + sf(6, b"", 0x100) + sf(7, b"p") + sf(8)
+        + sf(9, struct.pack("<H", 1000) + b"bye"),
+        sf_response(200, [(b"Content-Type", b"text/plain")], 1, 5) + sf(2, b"hello") + sf(3),
+        sf_response(101, [(b"Upgrade", b"websocket")]) + sf(6, b"x", 0x101) + sf(9),
+        sf_response(100, []) + sf_response(204, [(b"Set-Cookie", b"a=1")], 2),
+        sf_request(b"GET", b"/", host) + sf(5, b"client went away", 1),
+        sf_response(500, []) + sf(5, b"Traceback", 2),
+    ]
 
     for target, items in seeds.items():
         d = os.path.join(out, target)

@@ -166,6 +166,40 @@ static void test_request_head_round_trip(void **state)
     attack(buf, (size_t)n);
 }
 
+/* The example of docs/serve.md, byte for byte: the documented offsets are the real ones. */
+static void test_documented_example(void **state)
+{
+    (void)state;
+    static const uint8_t want[] = {
+        0x53, 0x56, 0x01, 0x01, 0x4b, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, /* header */
+        0x01, 0x01, 0x00, 0x00, 0x03, 0x00, 0x03, 0x00, 0x01, 0x00, 0x00, 0x00, /* fixed */
+        0,    0,    0,    0,    0,    0,    0,    0,                            /* length */
+        0x01, 0x00, 0x40, 0x9c, 0x7f, 0x00, 0x00, 0x01, 0,    0,    0,    0,    0,   0,
+        0,    0,    0,    0,    0,    0,    0x02, 0x00, 0x90, 0x1f, 0,    0,    0,   0,
+        0,    0,    0,    0,    0,    0,    0,    0,    0,    0,    0,    0x01, 'G', 'E',
+        'T',  '/',  'h',  'i',  0x04, 0x00, 0x01, 0x00, 'H',  'o',  's',  't',  'a', 0x53,
+        0x56, 0x01, 0x03, 0,    0,    0,    0,    0,    0,    0,    0, /* END */
+    };
+    static const struct shmipc__sf_field host[] = {F("Host", "a")};
+    struct shmipc__sf_request r = {.flags = SHMIPC__SF_REQ_KEEP_ALIVE,
+                                   .version_minor = 1,
+                                   .method = (const uint8_t *)"GET",
+                                   .method_len = 3,
+                                   .target = (const uint8_t *)"/hi",
+                                   .target_len = 3,
+                                   .nfields = 1};
+    r.peer = (struct shmipc__sf_addr){
+        .family = SHMIPC__SF_AF_INET, .port = 40000, .addr = {127, 0, 0, 1}};
+    r.local = (struct shmipc__sf_addr){.family = SHMIPC__SF_AF_INET6, .port = 8080};
+    r.local.addr[15] = 1;
+    uint8_t buf[128];
+    long n = shmipc__sf_encode_request_head(buf, sizeof(buf), &r, host);
+    assert_int_equal(n, 87);
+    assert_int_equal(shmipc__sf_encode_header(buf + n, SHMIPC__SF_END, 0, 0), 12);
+    assert_int_equal(sizeof(want), 99);
+    assert_memory_equal(buf, want, sizeof(want));
+}
+
 static void test_response_head_round_trip(void **state)
 {
     (void)state;
@@ -481,6 +515,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_request_head_round_trip),
+        cmocka_unit_test(test_documented_example),
         cmocka_unit_test(test_response_head_round_trip),
         cmocka_unit_test(test_body_end_abort_ws_round_trip),
         cmocka_unit_test(test_bad_frames),
