@@ -165,6 +165,7 @@ struct shmipc__loop {
     unsigned batch_us; /* 0: no batched waits */
     int batch_always;
     uint64_t (*test_cpu_ns)(const struct shmipc__loop *loop);
+    uint64_t (*test_clock_ns)(const struct shmipc__loop *loop); /* NULL: CLOCK_MONOTONIC */
     enum shmipc__rx_mode rx_mode;
     int test_uring_setup_errno;
 
@@ -248,5 +249,7 @@ void shmipc__reactor_close_io(struct shmipc__io *io);
 
 int shmipc__reactor_on_thread(const struct shmipc__loop *loop);
 uint64_t shmipc__reactor_clock_ns(void);
+/* The loop's clock: shmipc__reactor_clock_ns(), or the test's (loop_opts.test_clock_ns). */
+uint64_t shmipc__reactor_now_ns(const struct shmipc__loop *loop);
 
 #endif

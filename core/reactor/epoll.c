@@ -260,7 +260,7 @@ static int ep_poll(struct shmipc__loop *loop, int64_t timeout_ns)
     }
     /* The turn's clock was read before the wait: callbacks start timers from it. */
     if (timeout_ms != 0)
-        loop->now_ns = shmipc__reactor_clock_ns();
+        loop->now_ns = shmipc__reactor_now_ns(loop);
     loop->stats.events += (uint64_t)n;
     for (int i = 0; i < n; i++)
         dispatch(loop, &s->events[i]);

@@ -54,6 +54,11 @@ uint64_t shmipc__reactor_clock_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t shmipc__reactor_now_ns(const struct shmipc__loop *loop)
+{
+    return loop->test_clock_ns != NULL ? loop->test_clock_ns(loop) : shmipc__reactor_clock_ns();
+}
+
 /* ---- pools ---- */
 
 /* A chunk header keeps the objects behind it aligned as malloc() aligns. */
@@ -222,6 +227,7 @@ static int apply_opts(struct shmipc__loop *loop, const struct shmipc__loop_opts 
     loop->test_uring_setup_errno = o->test_uring_setup_errno;
     loop->batch_always = o->batch_always;
     loop->test_cpu_ns = o->test_cpu_ns;
+    loop->test_clock_ns = o->test_clock_ns;
     if (o->batch_us == 0)
         rc = batch_from_env(&loop->batch_us);
     else if (o->batch_us > (int)MAX_BATCH_US)
@@ -322,6 +328,8 @@ int shmipc__loop_new(const struct shmipc__loop_opts *opts, struct shmipc__loop *
     rc = apply_opts(loop, opts != NULL ? opts : &defaults, &kind);
     if (rc < 0)
         goto err;
+    if (loop->test_clock_ns != NULL)
+        loop->now_ns = loop->test_clock_ns(loop);
     rc = start_backend(loop, kind);
     if (rc < 0)
         goto err;
@@ -355,7 +363,7 @@ int shmipc__loop_run_once(struct shmipc__loop *loop, int timeout_ms)
     atomic_store_explicit(&loop->owner, self_token(), memory_order_relaxed);
     loop->stats.turns++;
     loop->in_turn = 1;
-    loop->now_ns = shmipc__reactor_clock_ns();
+    loop->now_ns = shmipc__reactor_now_ns(loop);
     /* Send callbacks already due must not wait behind a blocking wait. */
     if (loop->done_head != NULL)
         timeout_ns = 0;
@@ -365,7 +373,7 @@ int shmipc__loop_run_once(struct shmipc__loop *loop, int timeout_ms)
     rc = loop->be->poll(loop, timeout_ns);
     if (rc >= 0) {
         handled = rc;
-        loop->now_ns = shmipc__reactor_clock_ns();
+        loop->now_ns = shmipc__reactor_now_ns(loop);
         handled += shmipc__timers_run(loop);
         handled += shmipc__reactor_run_done(loop);
         shmipc__reactor_reclaim(loop);

@@ -56,6 +56,10 @@ struct shmipc__loop_opts {
     int batch_always;
     /** Test hook: the loop thread's CPU time in ns, instead of CLOCK_THREAD_CPUTIME_ID. */
     uint64_t (*test_cpu_ns)(const struct shmipc__loop *loop);
+    /** Test hook: the loop's monotonic clock in ns (loop->now_ns, read at each turn and
+     *  after each wait), instead of CLOCK_MONOTONIC; lets a test pace the batched waits'
+     *  windows and trials by its own measure (completions) rather than by the scheduler. */
+    uint64_t (*test_clock_ns)(const struct shmipc__loop *loop);
     /** Test hook: when > 0, io_uring set-up fails with this errno (EPERM, ENOSYS, ...). */
     int test_uring_setup_errno;
 };

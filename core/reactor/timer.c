@@ -101,7 +101,7 @@ int shmipc__timer_start(struct shmipc__timer *timer, uint64_t timeout_ms)
     /* Inside a turn the turn's clock is used, so timers started together stay in order;
      * outside one (set-up before running) the clock may be stale and is read afresh. */
     if (!loop->in_turn)
-        loop->now_ns = shmipc__reactor_clock_ns();
+        loop->now_ns = shmipc__reactor_now_ns(loop);
     timer->deadline_ns = loop->now_ns + timeout_ms * 1000000;
     timer->seq = loop->timer_seq++;
     loop->heap[loop->heap_len] = timer;

@@ -807,7 +807,7 @@ static int ur_poll(struct shmipc__loop *loop, int64_t timeout_ns)
         /* The turn's clock was read before the wait: callbacks start timers from it. */
         if (timeout_ns != 0) {
             uint64_t before = loop->now_ns;
-            loop->now_ns = shmipc__reactor_clock_ns();
+            loop->now_ns = shmipc__reactor_now_ns(loop);
             /* A trial that slept through a window saw the load stop: it starts again. */
             if (loop->now_ns - before >= WINDOW_NS &&
                 (s->ctl == CTL_TRY_PLAIN || s->ctl == CTL_TRY_BATCH))

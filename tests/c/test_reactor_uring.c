@@ -204,6 +204,24 @@ static void batched_waits_gather(void **state)
     assert_true(st.batched > 0);
 }
 
+/*
+ * The loop's clock in these tests: 2 µs per completion dispatched. On the real clock a trial
+ * (TRIAL_NS) starts over whenever the load pauses for a window (WINDOW_NS, 1 ms), as it does
+ * on a loaded machine whenever the scheduler stalls the client or the loop, and the
+ * comparison may not come for seconds (issue 18, item 7). On this clock time moves only with
+ * the load: a trial is 10,000 completions, a window 500, whatever the scheduling. A turn
+ * dispatches at most 256 completions (max_events), 512 µs, so a window still holds several
+ * turns; the waits' bounds are real time, as in production.
+ */
+#define NS_PER_COMPLETION 2000u
+
+static uint64_t clock_by_completions(const struct shmipc__loop *loop)
+{
+    struct shmipc__loop_stats st;
+    shmipc__loop_stats(loop, &st);
+    return UINT64_C(1000000000) + st.events * NS_PER_COMPLETION;
+}
+
 struct spaced {
     const int *fds;
     int n;      /* connections */
@@ -244,9 +262,12 @@ static size_t echoed(const int *fds, int n)
 /*
  * 400 requests over 40 connections, 40 µs apart: about 25 connections busy per millisecond.
  * Plain waits return for about each request, and once more for its answer's completion
- * (about 700 waits here); batched ones gather many: at most 200 waits, counting the first
- * millisecond or two before the loop has seen enough busy connections. Each turn is given 1 s: the batched waits must end by
- * their 10 ms window, or sooner when enough came, never by that second.
+ * (about 700 waits here); batched ones gather many: at most 200 waits, counting those before
+ * the loop has seen enough busy connections. The loop runs on clock_by_completions, so a
+ * writer stalled by the scheduler for a window (1 ms) does not make the loop forget its busy
+ * connections and wait plainly again. Each turn is given 2 s: the batched waits must end by
+ * their 10 ms window, or sooner when enough came, never by that bound: no turn that
+ * dispatched something may have taken it.
  */
 static void batched_wait_gathers_spaced_requests(void **state)
 {
@@ -257,11 +278,13 @@ static void batched_wait_gathers_spaced_requests(void **state)
     int fds[40];
     struct spaced sp = {fds, 40, 10};
     pthread_t t;
-    uint64_t start, took;
+    uint64_t start, took, longest = 0;
+    int failed = 0, stalled = 0;
     (void)state;
 
     o.batch_us = 10000;
     o.batch_always = 1;
+    o.test_clock_ns = clock_by_completions;
     loop = new_loop_with(&o);
     srv_init(&s, loop, SRV_ECHO);
     for (int i = 0; i < sp.n; i++) {
@@ -274,14 +297,21 @@ static void batched_wait_gathers_spaced_requests(void **state)
     assert_int_equal(pthread_create(&t, NULL, spaced_writer, &sp), 0);
     start = mono_ms();
     /* Done when every echo is back at the clients (two requests may share a receive, and so
-     * an echo, so the server's send count cannot tell). */
-    while (echoed(fds, sp.n) < (size_t)sp.n * sp.rounds * 7) {
-        assert_true(mono_ms() - start < 5000);
-        assert_true(shmipc__loop_run_once(loop, 1000) >= 0);
+     * an echo, so the server's send count cannot tell). No assertion before the writer,
+     * which uses this frame, is joined (its writes cannot block: 70 bytes a socket). */
+    while (!failed && !stalled && echoed(fds, sp.n) < (size_t)sp.n * sp.rounds * 7) {
+        uint64_t t0 = mono_ms();
+        int rc = shmipc__loop_run_once(loop, 2000);
+        failed = rc < 0;
+        if (rc > 0 && mono_ms() - t0 > longest)
+            longest = mono_ms() - t0;
+        stalled = mono_ms() - start > 60000;
     }
     took = mono_ms() - start;
     shmipc__loop_stats(loop, &st);
     assert_int_equal(pthread_join(t, NULL), 0);
+    assert_false(failed);
+    assert_false(stalled);
     for (int i = 0; i < sp.n; i++) {
         for (int r = 0; r < sp.rounds; r++) {
             char req[8], resp[8];
@@ -291,12 +321,14 @@ static void batched_wait_gathers_spaced_requests(void **state)
         }
         close(fds[i]);
     }
-    print_message("400 spaced requests: %llu waits (%llu batched, %llu backoffs) in %llu ms\n",
+    print_message("400 spaced requests: %llu waits (%llu batched, %llu backoffs) in %llu ms, "
+                  "longest turn %llu ms\n",
                   (unsigned long long)st.waits, (unsigned long long)st.batched,
-                  (unsigned long long)st.batch_backoffs, (unsigned long long)took);
+                  (unsigned long long)st.batch_backoffs, (unsigned long long)took,
+                  (unsigned long long)longest);
     assert_true(st.batched > 0);
     assert_true(st.waits <= 200);
-    assert_true(took < 800);
+    assert_true(longest < 2000);
     shmipc__loop_free(loop);
 }
 
@@ -339,7 +371,10 @@ static void sparse_requests_back_off(void **state)
  * 10 ms bound. Only one receive can come per wait (the client waits for each answer), so a
  * wait that asks for one per busy connection can only end at its bound, with the request in
  * hand and nothing else to do. After the first such wait, a batched wait asks for no more
- * completions than came within a bound, and ends when they are there.
+ * completions than came within a bound, and ends when they are there. A wait still ends
+ * short when the client stalls for the whole bound (the scheduler of a loaded machine does
+ * that now and then): allow one short wait in ten besides the first two. Before the fix
+ * nearly every batched wait was short.
  */
 static void batched_wait_asks_only_what_can_come(void **state)
 {
@@ -354,7 +389,7 @@ static void batched_wait_asks_only_what_can_come(void **state)
                   "%llu backoffs\n",
                   (unsigned long long)st.waits, (unsigned long long)st.batched,
                   (unsigned long long)st.batch_short, (unsigned long long)st.batch_backoffs);
-    assert_true(st.batch_short <= 2);
+    assert_true(st.batch_short <= 2 + st.batched / 10);
 }
 
 /* ---- the adaptive choice: batched against plain waits, by CPU per completion ---- */
@@ -363,14 +398,42 @@ struct load {
     int fds[BATCH_CONNS];
     atomic_int stop;
     atomic_int done;
+    atomic_int bad; /* a write or read failed, or an echo was wrong */
 };
 
-/* Lockstep rounds on every connection until told to stop. */
+static int load_io(int fd, char *buf, size_t len, int writing)
+{
+    while (len > 0) {
+        ssize_t n = writing ? write(fd, buf, len) : read(fd, buf, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        buf += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Lockstep rounds on every connection until told to stop, or until a socket fails (the test
+ * shuts them down to end a load that cannot go on). No cmocka assertion here: it would bail
+ * out of this thread, not the test's. */
 static void *load_thread(void *arg)
 {
     struct load *l = arg;
-    for (int r = 0; !atomic_load(&l->stop); r++)
-        lockstep_rounds(l->fds, BATCH_CONNS, 1);
+    for (int r = 0; !atomic_load(&l->stop) && !atomic_load(&l->bad); r++) {
+        char req[8], resp[8];
+        for (int i = 0; i < BATCH_CONNS && !atomic_load(&l->bad); i++) {
+            request_text(req, i, r);
+            if (load_io(l->fds[i], req, 7, 1) != 0)
+                atomic_store(&l->bad, 1);
+        }
+        for (int i = 0; i < BATCH_CONNS && !atomic_load(&l->bad); i++) {
+            request_text(req, i, r);
+            if (load_io(l->fds[i], resp, 7, 0) != 0 || memcmp(resp, req, 7) != 0)
+                atomic_store(&l->bad, 1);
+        }
+    }
     atomic_store(&l->done, 1);
     return NULL;
 }
@@ -378,8 +441,9 @@ static void *load_thread(void *arg)
 /* Fake CPU clocks for the comparison: 1 µs per completion plus 200 µs per plain wait (a
  * machine where wakeups are dear), 20 µs per completion plus 200 µs per batched wait (where
  * timers are; busy enough to be judged on cost), or 1 ns per completion (a loop that is
- * nearly idle, though batching is cheaper there too). The completion rate is not checked
- * with a fake clock: real time runs on, and a test cannot steer it. */
+ * nearly idle, though batching is cheaper there too). With 500,000 completions a second on
+ * clock_by_completions, the first two are busy all the time, the third 0.5 % at most. (The
+ * loop does not check the completion rate when the CPU clock is a test's.) */
 static uint64_t plain_dear(const struct shmipc__loop *loop)
 {
     struct shmipc__loop_stats st;
@@ -401,10 +465,14 @@ static uint64_t nearly_idle(const struct shmipc__loop *loop)
     return st.events + (st.waits - st.batched) * 10;
 }
 
+/* Completions that span 100 ms on clock_by_completions: inside the hold after a comparison. */
+#define AFTER_COMPARISON (100000000u / NS_PER_COMPLETION)
+
 /*
  * Runs the lockstep load until the loop has compared batched and plain waits once, then
- * 100 ms more (inside the hold that follows). Returns the counters at the comparison in
- * *at and at the end.
+ * AFTER_COMPARISON completions more (inside the hold that follows). Returns the counters at
+ * the comparison in *at and at the end. Nothing asserts until the load thread is joined (it
+ * uses this frame); the 60 s bound on real time only catches a loop that no longer serves.
  */
 static struct shmipc__loop_stats adaptive_run(uint64_t (*cpu)(const struct shmipc__loop *),
                                               struct shmipc__loop_stats *at)
@@ -415,12 +483,15 @@ static struct shmipc__loop_stats adaptive_run(uint64_t (*cpu)(const struct shmip
     struct load l;
     struct srv s;
     pthread_t t;
-    uint64_t start, end;
+    uint64_t deadline;
+    int failed = 0, stalled = 0;
 
     o.test_cpu_ns = cpu;
+    o.test_clock_ns = clock_by_completions;
     loop = new_loop_with(&o);
     srv_init(&s, loop, SRV_ECHO);
     memset(&l, 0, sizeof l);
+    memset(at, 0, sizeof *at);
     for (int i = 0; i < BATCH_CONNS; i++) {
         struct shmipc__conn *c;
         int pair[2];
@@ -428,19 +499,28 @@ static struct shmipc__loop_stats adaptive_run(uint64_t (*cpu)(const struct shmip
         l.fds[i] = pair[1];
     }
     assert_int_equal(pthread_create(&t, NULL, load_thread, &l), 0);
-    start = mono_ms();
-    do {
-        assert_true(mono_ms() - start < 10000);
-        assert_true(shmipc__loop_run_once(loop, 100) >= 0);
+    deadline = mono_ms() + 60000;
+    while (!failed && !stalled && !atomic_load(&l.done) && at->batch_trials == 0) {
+        failed = shmipc__loop_run_once(loop, 100) < 0;
+        stalled = mono_ms() > deadline;
         shmipc__loop_stats(loop, at);
-    } while (at->batch_trials == 0);
-    end = mono_ms() + 100;
-    while (mono_ms() < end)
-        assert_true(shmipc__loop_run_once(loop, 100) >= 0);
+    }
     shmipc__loop_stats(loop, &st);
+    while (!failed && !stalled && !atomic_load(&l.done) &&
+           st.events - at->events < AFTER_COMPARISON) {
+        failed = shmipc__loop_run_once(loop, 100) < 0;
+        stalled = mono_ms() > deadline;
+        shmipc__loop_stats(loop, &st);
+    }
+    /* The load finishes its round, served by the loop; a loop that cannot serve it has its
+     * sockets shut down under the load thread instead. */
     atomic_store(&l.stop, 1);
-    while (!atomic_load(&l.done))
-        assert_true(shmipc__loop_run_once(loop, 10) >= 0);
+    deadline = mono_ms() + 10000;
+    while (!failed && !atomic_load(&l.done) && mono_ms() < deadline)
+        failed = shmipc__loop_run_once(loop, 10) < 0;
+    if (!atomic_load(&l.done))
+        for (int i = 0; i < BATCH_CONNS; i++)
+            shutdown(l.fds[i], SHUT_RDWR);
     assert_int_equal(pthread_join(t, NULL), 0);
     for (int i = 0; i < BATCH_CONNS; i++)
         close(l.fds[i]);
@@ -449,6 +529,12 @@ static struct shmipc__loop_stats adaptive_run(uint64_t (*cpu)(const struct shmip
                   (unsigned long long)at->waits, (unsigned long long)at->batched,
                   (unsigned long long)(st.waits - at->waits),
                   (unsigned long long)(st.batched - at->batched));
+    assert_false(failed);
+    assert_false(atomic_load(&l.bad));
+    if (stalled)
+        fail_msg("no comparison and hold within 60 s: %llu completions, %llu trials",
+                 (unsigned long long)st.events, (unsigned long long)st.batch_trials);
+    assert_true(st.events - at->events >= AFTER_COMPARISON);
     return st;
 }
 
