@@ -2044,24 +2044,27 @@ void shmipc__stream_close(shmipc_stream *st)
 
 int shmipc__stream_enter(shmipc_stream *st, int even_shut)
 {
-    uint8_t v = __atomic_load_n(&st->inuse, __ATOMIC_RELAXED);
-    uint8_t refuse = SHMIPC__STREAM_CLOSING | (even_shut ? 0 : SHMIPC__STREAM_SHUT);
+    uint32_t v = __atomic_load_n(&st->inuse, __ATOMIC_RELAXED);
+    uint32_t refuse = SHMIPC__STREAM_CLOSING | (even_shut ? 0 : SHMIPC__STREAM_SHUT);
     do {
         if (v & refuse)
             return v & SHMIPC__STREAM_CLOSING
                        ? shmipc__fail(SHMIPC_ECLOSED, "stream %u: closed", st->id)
                        : stream_shut_error(st);
-        /* One count is left for close_handle, so the count never reaches the marks. */
+        /*
+         * Far below the marks: close_handle and every shutdown count in without this check
+         * (a byte-wide count carried into the marks with 62 calls in flight and a close).
+         */
         if ((v & SHMIPC__STREAM_BUSY_MASK) >= SHMIPC__STREAM_BUSY_MASK - 1)
             return shmipc__fail(SHMIPC_EBUSY, "stream %u: too many threads in it", st->id);
-    } while (!__atomic_compare_exchange_n(&st->inuse, &v, (uint8_t)(v + 1), 1, __ATOMIC_ACQ_REL,
-                                          __ATOMIC_RELAXED));
+    } while (
+        !__atomic_compare_exchange_n(&st->inuse, &v, v + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
     return 0;
 }
 
 void shmipc__stream_leave(shmipc_stream *st)
 {
-    uint8_t v = __atomic_sub_fetch(&st->inuse, 1, __ATOMIC_ACQ_REL);
+    uint32_t v = __atomic_sub_fetch(&st->inuse, 1, __ATOMIC_ACQ_REL);
     /* The close came while we were in: it left the stream to the last call out. */
     if ((v & SHMIPC__STREAM_BUSY_MASK) == 0 && (v & SHMIPC__STREAM_CLOSING))
         shmipc__stream_close(st);

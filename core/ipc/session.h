@@ -77,7 +77,7 @@ struct shmipc_stream {
      * atomic: shutdown and close may come from another thread while a call blocks, and the
      * last call to leave a closing stream frees it (shmipc__stream_enter/leave).
      */
-    uint8_t inuse;
+    uint32_t inuse;
     /* Receive side, under s->mu. chunks[0..read_index) were read and wait for release. */
     struct shmipc__chunk *chunks;
     uint32_t nchunks, chunk_cap, read_index, read_offset;
@@ -95,9 +95,9 @@ struct shmipc_stream {
 };
 
 /* shmipc_stream.inuse: the count of calls in flight is the low bits. */
-#define SHMIPC__STREAM_BUSY_MASK 0x3fu
-#define SHMIPC__STREAM_SHUT      0x40u /* shut down: every call but release and close fails */
-#define SHMIPC__STREAM_CLOSING   0x80u /* closed by the user: freed when no call is in flight */
+#define SHMIPC__STREAM_BUSY_MASK 0x3fffffffu
+#define SHMIPC__STREAM_SHUT      0x40000000u /* shut down: every call but release and close fails */
+#define SHMIPC__STREAM_CLOSING   0x80000000u /* closed by the user: freed when no call is in flight */
 
 struct shmipc_session {
     pthread_mutex_t mu;

@@ -26,6 +26,9 @@
 
 static char address[128];
 
+/* More readers on one stream than the in-flight count lets in (it refuses the rest). */
+#define SHMIPC_TEST_MAX_READERS 66
+
 static shmipc_config *small_config(void)
 {
     shmipc_config *cfg;
@@ -314,6 +317,47 @@ static void stream_close_while_read_blocks(void **state)
         pthread_join(b.thread, NULL);
         assert_int_equal(b.rc, SHMIPC_ECLOSED);
         assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &len, 0), SHMIPC_EEOF);
+        shmipc_stream_close(cs);
+    }
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/*
+ * Regression: the in-flight count shares a byte with the SHUT/CLOSING marks. enter stops at
+ * BUSY_MASK - 1, but close counts itself in and then its shutdown counts in again, so with
+ * the most calls in flight close carried the count into the marks (0xff + 1 == 0): the
+ * marks were lost, the readers slept on and the stream was never freed.
+ */
+static void close_with_most_reads_in_flight(void **state)
+{
+    (void)state;
+    enum { READERS = SHMIPC_TEST_MAX_READERS };
+    shmipc_config *cfg = small_config();
+    struct ipc_pair p;
+    pair_open(&p, cfg);
+    for (int round = 0; round < 3; round++) {
+        shmipc_stream *cs, *ss;
+        struct blocked_read b[READERS];
+        stream_pair(&p, &cs, &ss);
+        for (int i = 0; i < READERS; i++)
+            start_blocked_read(&b[i], ss, ss, READ_EXACT);
+        sleep_ms(20);
+        if (round == 2) {
+            /* Shutdowns from other threads count in too, any number of times. */
+            for (int i = 0; i < 8; i++)
+                assert_int_equal(shmipc_stream_shutdown(ss), 0);
+        }
+        shmipc_stream_close(ss);
+        int closed = 0;
+        for (int i = 0; i < READERS; i++) {
+            pthread_join(b[i].thread, NULL);
+            if (b[i].rc == SHMIPC_ECLOSED)
+                closed++;
+            else
+                assert_int_equal(b[i].rc, SHMIPC_EBUSY);
+        }
+        assert_true(closed > 0);
         shmipc_stream_close(cs);
     }
     ipc_pair_close(&p);
@@ -706,6 +750,7 @@ int main(void)
         cmocka_unit_test(stream_shutdown_wakes_reads),
         cmocka_unit_test(stream_close_while_read_blocks),
         cmocka_unit_test(session_close_while_read_blocks),
+        cmocka_unit_test(close_with_most_reads_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
