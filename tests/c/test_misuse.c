@@ -340,8 +340,17 @@ static void close_with_most_reads_in_flight(void **state)
         shmipc_stream *cs, *ss;
         struct blocked_read b[READERS];
         stream_pair(&p, &cs, &ss);
+        /* Set once: start_blocked_read() sets it per reader, racing with the earlier ones. */
+        assert_int_equal(shmipc_stream_set_timeout_ms(ss, SHMIPC_TIMEOUT_READ, 0), 0);
+        for (int i = 0; i < READERS; i++) {
+            memset(&b[i], 0, sizeof b[i]);
+            b[i].st = b[i].dst = ss;
+            b[i].kind = READ_EXACT;
+            assert_int_equal(pthread_create(&b[i].thread, NULL, read_main, &b[i]), 0);
+        }
         for (int i = 0; i < READERS; i++)
-            start_blocked_read(&b[i], ss, ss, READ_EXACT);
+            while (!__atomic_load_n(&b[i].started, __ATOMIC_ACQUIRE))
+                sleep_ms(1);
         sleep_ms(20);
         if (round == 2) {
             /* Shutdowns from other threads count in too, any number of times. */
