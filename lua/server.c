@@ -1151,17 +1151,23 @@ static int server_run(lua_State *L)
         return luaL_error(L, "run: not from a server callback (handlers must not block)");
     if (c->running)
         return luaL_error(L, "run: this server is already running");
+    /* Anchored before the signal watch starts: luaL_ref can raise (out of memory), and a raise
+     * after sig_watch_start would leave the handlers installed and the watcher thread reading
+     * this frame's `w` after it is gone. */
+    int was_anchored = c->anchor_ref != LUA_NOREF;
+    anchor(L, c);
     if (signals) {
         char msg[128];
         int rc = sig_watch_start(&w, c->s, msg, sizeof msg);
         if (rc < 0) {
+            if (!was_anchored)
+                unanchor(L, c);
             luaL_pushfail(L);
             lua_pushstring(L, msg);
             lua_pushinteger(L, rc);
             return 3;
         }
     }
-    anchor(L, c);
     c->running = 1;
     gate_leave(c->gate);
     int rc = shmipc_server_run(c->s);
