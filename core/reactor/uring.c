@@ -255,6 +255,11 @@ static void cancel(struct shmipc__loop *loop, uint64_t ud)
  *
  * When no SQE can be had (the SQ full and its submission failing), the fd waits in late_fds
  * and is closed once an enter has submitted everything queued before it.
+ *
+ * This rests on every SQE naming a conn's fd being issued inline by the enter that submits
+ * it. Do not add IOSQE_ASYNC, IOSQE_IO_DRAIN or links to the send, receive, accept or poll
+ * SQEs, nor set up the ring with SQPOLL, without revisiting it: an SQE punted to io-wq or
+ * deferred by a drain resolves its fd later, after the CLOSE may have run.
  */
 static void close_after_sqes(struct shmipc__loop *loop, int fd)
 {
