@@ -4,6 +4,7 @@
  */
 #include "ipc/session.h"
 
+#include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "ipc/proto.h"
@@ -316,8 +317,9 @@ static void copy_path(char *dst, const uint8_t *src, uint16_t len)
  * A V2 client names files for the server to open read-write and later remove. They must lie
  * beneath the directory of our path prefix (normally /dev/shm), reached without following a
  * symlink, and be regular files with one link on a tmpfs, owned by the peer: its uid from
- * SO_PEERCRED on a unix socket, our own uid where the socket has none (TCP), since a file of
- * ours is the only kind a peer we cannot identify may name. See shmipc__mapping_open_beneath.
+ * SO_PEERCRED on a unix socket. A TCP peer has none and is refused unless
+ * SHMIPC_TCP_PATH_MEMORY=1; then the owner is our own uid, since a file of ours is the only
+ * kind a peer we cannot identify may name. See shmipc__mapping_open_beneath.
  */
 static int map_by_path(shmipc_session *s, const struct shmipc__msg *msg)
 {
@@ -326,6 +328,21 @@ static int map_by_path(shmipc_session *s, const struct shmipc__msg *msg)
     socklen_t len = sizeof cred;
     uint32_t owner = (uint32_t)geteuid();
     int rc;
+    struct sockaddr_storage ss;
+    socklen_t slen = sizeof ss;
+    const char *knob = shmipc__getenv("SHMIPC_TCP_PATH_MEMORY");
+    /*
+     * A peer on a TCP socket has no credentials and may be on another host, where shared
+     * memory cannot work anyway: the owner its files would be checked against is ours, so it
+     * could make us map and later remove any single-link tmpfs file of our user. Refused
+     * unless the operator opts in; nothing is opened before this check.
+     */
+    if ((getsockname(s->fd, (struct sockaddr *)&ss, &slen) != 0 || ss.ss_family != AF_UNIX) &&
+        (knob == NULL || strcmp(knob, "1") != 0))
+        return shmipc__fail(SHMIPC_EACCES,
+                            "handshake: the peer names /dev/shm files over a socket that is not a "
+                            "unix socket; it has no uid to check them against (use a unix socket, "
+                            "or SHMIPC_TCP_PATH_MEMORY=1 to allow it)");
     copy_path(s->queue_path, msg->u.share.queue_path, msg->u.share.queue_len);
     copy_path(s->buffer_path, msg->u.share.buffer_path, msg->u.share.buffer_len);
     if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid != 0)

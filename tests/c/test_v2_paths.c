@@ -25,6 +25,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <linux/magic.h>
@@ -62,25 +64,92 @@ static void make_files(const char *q, const char *b)
     shmipc__mapping_unmap(&m);
 }
 
-/* Inode and size of `path` (not following a symlink), to show a file was left untouched. */
+/*
+ * Who `path` is (not following a symlink): device, inode, size, change and modification times
+ * and a hash of its bytes, taken BEFORE an action, so a file the server removed and one put in
+ * its place, or one it wrote into, no longer compares equal afterwards.
+ */
 struct ident {
+    dev_t dev;
     ino_t ino;
     off_t size;
+    struct timespec mtime, ctime;
+    uint64_t hash;
 };
+
+static uint64_t hash_of(const char *path)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    uint8_t buf[4096];
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return 0; /* a symlink or a non-regular file: its lstat fields identify it */
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+        for (ssize_t i = 0; i < n; i++)
+            h = (h ^ buf[i]) * 1099511628211ull;
+    close(fd);
+    return h;
+}
 
 static struct ident ident_of(const char *path)
 {
     struct stat st;
     if (lstat(path, &st) != 0)
         fail_msg("%s: %s", path, strerror(errno));
-    return (struct ident){st.st_ino, st.st_size};
+    return (struct ident){st.st_dev,  st.st_ino,  st.st_size,
+                          st.st_mtim, st.st_ctim, S_ISREG(st.st_mode) ? hash_of(path) : 0};
+}
+
+static int ident_equal(struct ident a, struct ident b)
+{
+    return a.dev == b.dev && a.ino == b.ino && a.size == b.size &&
+           a.mtime.tv_sec == b.mtime.tv_sec && a.mtime.tv_nsec == b.mtime.tv_nsec &&
+           a.ctime.tv_sec == b.ctime.tv_sec && a.ctime.tv_nsec == b.ctime.tv_nsec &&
+           a.hash == b.hash;
 }
 
 static void assert_untouched(const char *path, struct ident was)
 {
-    struct ident now = ident_of(path);
-    assert_int_equal(now.ino, was.ino);
-    assert_int_equal(now.size, was.size);
+    if (!ident_equal(ident_of(path), was))
+        fail_msg("%s was replaced or changed", path);
+}
+
+/*
+ * The identity above must tell a file from one put in its place with the same name, size and
+ * bytes, and from the same file written into; otherwise "untouched" proves only existence.
+ */
+static void v2_identity_sees_a_replaced_or_written_file(void **state)
+{
+    (void)state;
+    char q[160], b[160];
+    at(q, base, "q");
+    at(b, base, "b");
+    make_files(q, b);
+    struct ident was = ident_of(q);
+    assert_true(ident_equal(ident_of(q), was));
+    /* Replaced: same name, same size, same bytes. */
+    char tmp[160];
+    at(tmp, base, "q.new");
+    int in = open(q, O_RDONLY | O_CLOEXEC), out = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    assert_true(in >= 0 && out >= 0);
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0)
+        assert_int_equal(write(out, buf, (size_t)n), n);
+    close(in);
+    close(out);
+    assert_int_equal(rename(tmp, q), 0);
+    assert_int_equal(ident_of(q).size, was.size);
+    assert_int_equal(ident_of(q).hash, was.hash);
+    assert_false(ident_equal(ident_of(q), was));
+    /* Written into in place, size unchanged. */
+    was = ident_of(q);
+    int fd = open(q, O_WRONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "x", 1, 0), 1);
+    close(fd);
+    assert_false(ident_equal(ident_of(q), was));
 }
 
 /* The server's side of a V2 handshake naming `q` and `b`. */
@@ -95,6 +164,34 @@ static int serve(const char *q, const char *b, shmipc_session **out)
     assert_int_equal(write(sv[1], msg, n), (ssize_t)n);
     int rc = shmipc__session_accept_fd(sv[0], cfg, out);
     close(sv[1]);
+    return rc;
+}
+
+/*
+ * The server's side of a V2 handshake naming `q` and `b`, over a loopback TCP connection: a
+ * peer with no credentials, which may as well be on another host.
+ */
+static int serve_tcp(const char *q, const char *b, shmipc_session **out)
+{
+    uint8_t msg[8 + 4 + 2 * 256];
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(l >= 0 && c >= 0);
+    assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &len), 0);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof sa), 0);
+    int a = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+    assert_true(a >= 0);
+    close(l);
+    size_t n =
+        shmipc__encode_share_memory(msg, sizeof msg, 2, SHMIPC__MSG_SHARE_MEMORY_BY_PATH, q, b);
+    assert_true(n > 0);
+    assert_int_equal(write(c, msg, n), (ssize_t)n);
+    int rc = shmipc__session_accept_fd(a, cfg, out);
+    close(c);
     return rc;
 }
 
@@ -230,6 +327,7 @@ static void v2_symlinked_directory_component_is_refused(void **state)
     at(out_q, other, "q");
     at(out_b, other, "b");
     make_files(out_q, out_b);
+    struct ident ioq = ident_of(out_q), iob = ident_of(out_b);
     at(olink, base, "olink");
     assert_int_equal(symlink(other, olink), 0);
     at(oq, olink, "q");
@@ -237,7 +335,8 @@ static void v2_symlinked_directory_component_is_refused(void **state)
     expect_refused(oq, ob, SHMIPC_EACCES, "symlinks are not followed");
     assert_untouched(q, iq);
     assert_untouched(b, ib);
-    assert_untouched(out_q, ident_of(out_q));
+    assert_untouched(out_q, ioq);
+    assert_untouched(out_b, iob);
 }
 
 /* base/lq -> base/q: the last component is a symlink. */
@@ -454,10 +553,52 @@ static void v2_swap_between_handshake_and_unlink_spares_the_replacement(void **s
     assert_untouched(subb, ib);
 }
 
+/*
+ * A TCP peer has no uid, so the only owner its files could be checked against is ours: without
+ * the refusal, anyone reaching the port could make us map, then remove, any single-link tmpfs
+ * file of our own user (a V2 client's files elsewhere in this process, say). Path memory over
+ * TCP is refused unless SHMIPC_TCP_PATH_MEMORY=1 asks for it, and the files are left alone.
+ */
+static void v2_path_over_tcp_is_refused_without_the_knob(void **state)
+{
+    (void)state;
+    char q[160], b[160];
+    at(q, base, "q");
+    at(b, base, "b");
+    make_files(q, b);
+    struct ident iq = ident_of(q), ib = ident_of(b);
+    struct ipc_held before = ipc_held_now();
+    shmipc_session *s = NULL;
+    unsetenv("SHMIPC_TCP_PATH_MEMORY");
+    int rc = serve_tcp(q, b, &s);
+    if (rc == 0)
+        shmipc_session_close(s);
+    assert_int_equal(rc, SHMIPC_EACCES);
+    assert_non_null(strstr(shmipc_error_detail(), "SHMIPC_TCP_PATH_MEMORY"));
+    ipc_assert_held(&before);
+    assert_untouched(q, iq);
+    assert_untouched(b, ib);
+    /* Any value but 1 is no opt-in. */
+    setenv("SHMIPC_TCP_PATH_MEMORY", "0", 1);
+    assert_int_equal(serve_tcp(q, b, &s), SHMIPC_EACCES);
+    assert_untouched(q, iq);
+    assert_untouched(b, ib);
+    /* With the opt-in the old behaviour: mapped, and removed at close as a V2 server does. */
+    setenv("SHMIPC_TCP_PATH_MEMORY", "1", 1);
+    rc = serve_tcp(q, b, &s);
+    unsetenv("SHMIPC_TCP_PATH_MEMORY");
+    assert_int_equal(rc, 0);
+    shmipc_session_close(s);
+    assert_int_equal(access(q, F_OK), -1);
+    assert_int_equal(access(b, F_OK), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(v2_identity_sees_a_replaced_or_written_file, teardown),
         cmocka_unit_test_teardown(v2_files_beneath_the_directory_are_mapped_and_removed, teardown),
+        cmocka_unit_test_teardown(v2_path_over_tcp_is_refused_without_the_knob, teardown),
         cmocka_unit_test_teardown(v2_directory_of_the_prefix_may_be_a_symlink, teardown),
         cmocka_unit_test_teardown(v2_symlinked_directory_component_is_refused, teardown),
         cmocka_unit_test_teardown(v2_symlinked_last_component_is_refused, teardown),
