@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #define RX_STD       8192u      /* pooled receive buffers; larger requests get their own */
+#define RX_PAUSE     65536u     /* unanswered input held while a batch is sent; then no reads */
 #define TX_IOV       64u        /* iovecs of a batch; the reactor takes up to 64 without malloc */
 #define TX_ARENA     16384u     /* heads (and small bodies) of a batch */
 #define HEAD_RESERVE 6144u      /* a head with 4 KiB of handler headers, plus a copied body */
@@ -656,6 +657,12 @@ static void on_sent(struct shmipc__conn *c, int status, void *data)
 static void act_next(struct server_conn *sc)
 {
     struct shmipc__server_worker *w = sc->w;
+    /* act_buffer stopped reading behind the batch: it has left. Held bytes and the socket's
+     * come in a later dispatch, answered in READING or buffered behind the next batch. */
+    if (shmipc__conn_read_paused(sc->conn) && shmipc__conn_resume_read(sc->conn) < 0) {
+        conn_close(sc);
+        return;
+    }
     rx_drop_done(sc);
     sc->state = SHMIPC__CS_READING;
     if (sc->rx_len > 0) {
@@ -747,13 +754,20 @@ static void act_serve(struct server_conn *sc, const void *data, size_t len)
  * deadline stays the send timeout's: bytes the peer sends are no progress of the response, and
  * a peer that trickled a body while taking nothing would otherwise hold the connection (and
  * its response) for as long as the body lasts. The body's own deadline starts again in READING.
+ * Past RX_PAUSE unanswered bytes reading stops until the batch has left (act_next), as nginx
+ * reads nothing more while it writes: input piling up behind a large response would otherwise
+ * reach rx_max and close the connection with the started response cut short, and holding
+ * more is memory spent on a peer that is not reading. TCP pushes back meanwhile.
  */
 static void act_buffer(struct server_conn *sc, const void *data, size_t len)
 {
     if (rx_append(sc, data, len) < 0) {
         SHMIPC__LOG(SHMIPC__LOG_DEBUG, "%s; closing", shmipc__detail());
         conn_close(sc);
+        return;
     }
+    if (sc->rx_len - sc->rx_done > RX_PAUSE && shmipc__conn_pause_read(sc->conn) < 0)
+        conn_close(sc);
 }
 
 /* CLOSING or LINGERING, DATA: nobody will answer it. While the last response is still going

@@ -469,6 +469,111 @@ static void closing_connection_does_not_swallow_unbounded_input(void **state)
     }
 }
 
+#define PIPE_PAD 4000u /* an X-Pad header per pipelined request */
+#define PIPE_COUNT                                                                                 \
+    800u /* about 3.2 MB pipelined: more than rx_max (1.1 MiB), and than the 2 MiB buffer it may grow to */
+
+struct pipe_writer {
+    int fd;
+    char *bytes;
+    size_t len;
+    int err;
+};
+
+static void *pipe_write(void *arg)
+{
+    struct pipe_writer *pw = arg;
+    size_t off = 0;
+    while (off < pw->len) {
+        ssize_t n = send(pw->fd, pw->bytes + off, pw->len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            pw->err = n < 0 ? errno : EPIPE;
+            break;
+        }
+        off += (size_t)n;
+    }
+    return NULL;
+}
+
+/*
+ * Regression: more than rx_max bytes pipelined behind a request whose 8 MiB response the
+ * client reads slowly. The server kept buffering the input while it wrote the response and,
+ * past rx_max, closed the connection at once, cutting the started response short. It stops
+ * reading instead (TCP pushes back, as nginx), reads again once the response has left, and
+ * answers every pipelined request.
+ */
+static void pipelined_flood_behind_large_response_cut_it(void **state)
+{
+    (void)state;
+    static const char head[] = "GET /huge HTTP/1.1\r\nHost: x\r\n\r\n";
+    size_t one = 0;
+    struct pipe_writer pw = {0};
+    char pad[PIPE_PAD + 1];
+    memset(pad, 'p', PIPE_PAD);
+    pad[PIPE_PAD] = '\0';
+    pw.bytes = malloc(sizeof head + (size_t)PIPE_COUNT * (PIPE_PAD + 128));
+    assert_non_null(pw.bytes);
+    memcpy(pw.bytes, head, sizeof head - 1);
+    pw.len = sizeof head - 1;
+    for (unsigned i = 0; i < PIPE_COUNT; i++) {
+        int n = sprintf(pw.bytes + pw.len, "GET /small HTTP/1.1\r\nHost: x\r\nX-Pad: %s\r\n%s\r\n",
+                        pad, i + 1 == PIPE_COUNT ? "Connection: close\r\n" : "");
+        if (i == 0)
+            one = (size_t)n;
+        pw.len += (size_t)n;
+    }
+    assert_true(pw.len - one > (1u << 20) + (64u << 10));
+    for (unsigned workers = 1; workers <= 2; workers++) {
+        struct csrv t;
+        pthread_t th;
+        size_t len, head_len, cl;
+        int err;
+        const char *end, *p;
+        char *buf;
+        unsigned smalls = 0;
+        csrv_start(&t, workers, 0);
+        pw.fd = cconnect(t.port, 16384);
+        pw.err = 0;
+        assert_int_equal(pthread_create(&th, NULL, pipe_write, &pw), 0);
+        buf = read_all(pw.fd, 16384, 1, &len, &err);
+        assert_int_equal(pthread_join(th, NULL), 0);
+        if (err != 0)
+            fail_msg("workers %u: read failed (%s) after %zu bytes", workers, strerror(err), len);
+        end = memmem(buf, len, "\r\n\r\n", 4);
+        if (end == NULL)
+            fail_msg("workers %u: no response head (%zu bytes)", workers, len);
+        head_len = (size_t)(end - buf) + 4;
+        p = memmem(buf, head_len, "Content-Length: ", 16);
+        assert_non_null(p);
+        cl = (size_t)strtoull(p + 16, NULL, 10);
+        assert_int_equal(cl, HUGE_LEN);
+        if (len < head_len + HUGE_LEN)
+            fail_msg("workers %u: the 8 MiB response was cut short: %zu of %u body bytes", workers,
+                     len - head_len, HUGE_LEN);
+        if (memcmp(buf + head_len, huge_body, HUGE_LEN) != 0)
+            fail_msg("workers %u: the body's bytes differ", workers);
+        if (pw.err != 0)
+            fail_msg("workers %u: the pipelined requests were not all taken: %s", workers,
+                     strerror(pw.err));
+        for (p = buf + head_len + HUGE_LEN; p < buf + len;) {
+            const char *e = memmem(p, (size_t)(buf + len - p), "\r\n\r\nsmall answer", 16);
+            if (e == NULL)
+                break;
+            smalls++;
+            p = e + 16;
+        }
+        if (smalls != PIPE_COUNT || p != buf + len)
+            fail_msg("workers %u: %u of %u pipelined answers, %zu bytes left over", workers, smalls,
+                     PIPE_COUNT, (size_t)(buf + len - p));
+        free(buf);
+        close(pw.fd);
+        csrv_stop(&t);
+    }
+    free(pw.bytes);
+}
+
 /* Requests pipelined behind one that closes the connection are not answered. */
 static void pipelined_after_close_not_answered(void **state)
 {
@@ -538,6 +643,7 @@ static void reset_mid_response_ends_it(void **state)
         cmocka_unit_test(stalled_reader_cut_by_send_timeout),                                      \
         cmocka_unit_test(stalled_reader_trickling_body_cut_by_send_timeout),                       \
         cmocka_unit_test(closing_connection_does_not_swallow_unbounded_input),                     \
+        cmocka_unit_test(pipelined_flood_behind_large_response_cut_it),                            \
         cmocka_unit_test(pipelined_after_close_not_answered),                                      \
         cmocka_unit_test(reset_mid_response_ends_it)
 
