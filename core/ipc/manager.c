@@ -90,26 +90,46 @@ static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
     return 0;
 }
 
-int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
-{
-    int rc;
-    pthread_mutex_lock(&m->mu);
-    struct shmipc__pool *p = &m->pools[(m->calls++ / ROUND_ROBIN) % m->npools];
-    if ((rc = revive_locked(m, p)) == 0) {
-        if (p->nidle > 0)
-            *out = p->idle[--p->nidle];
-        else
-            rc = shmipc__session_open_stream(p->s, out);
-    }
-    pthread_mutex_unlock(&m->mu);
-    return rc;
-}
-
 /* A stream can go back to the pool only if the next user will find it as new. */
 static int reusable(const shmipc_stream *st)
 {
     return st->s->err == 0 && st->state == SHMIPC__STREAM_OPEN && !st->fallback &&
            st->unread == 0 && st->nchunks == 0 && st->send_len == 0 && st->nsegs == 0;
+}
+
+/* reusable() checked again when the pooled stream is taken out: the peer may have closed it. */
+static int still_reusable(shmipc_stream *st)
+{
+    pthread_mutex_lock(&st->s->mu);
+    int ok =
+        reusable(st) && (__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT) == 0;
+    pthread_mutex_unlock(&st->s->mu);
+    return ok;
+}
+
+int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
+{
+    int rc;
+    pthread_mutex_lock(&m->mu);
+    struct shmipc__pool *p = &m->pools[(m->calls++ / ROUND_ROBIN) % m->npools];
+    *out = NULL;
+    if ((rc = revive_locked(m, p)) == 0) {
+        /*
+         * The peer may have closed a stream (or the session may have ended) while it sat in the
+         * pool: such a stream is closed and the next one tried, or a new one opened.
+         */
+        while (*out == NULL && p->nidle > 0) {
+            shmipc_stream *st = p->idle[--p->nidle];
+            if (still_reusable(st))
+                *out = st;
+            else
+                shmipc_stream_close(st);
+        }
+        if (*out == NULL)
+            rc = shmipc__session_open_stream(p->s, out);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return rc;
 }
 
 void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)

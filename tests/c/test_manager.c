@@ -101,6 +101,33 @@ static void streams_are_reused(void **state)
     stop(&f);
 }
 
+/* Regression (issue 19 item 6a): the pool handed out a stream the peer had closed meanwhile. */
+static void pooled_stream_closed_by_peer_is_not_reused(void **state)
+{
+    (void)state;
+    struct fixture f;
+    shmipc_stream *cs, *again;
+    start(&f, 1);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
+    uint32_t id = shmipc_stream_id(cs);
+    shmipc_stream *ss = ipc_ping_pong(f.server[0], cs, NULL);
+    shmipc_session_manager_put_back(f.m, cs);
+    /* The peer closes the stream while it sits in the pool; the client session learns it. */
+    shmipc_stream_close(ss);
+    for (int i = 0; i < 5000 && cs->state != SHMIPC__STREAM_PEER_CLOSED; i++) {
+        shmipc_session_process(cs->s);
+        usleep(1000);
+    }
+    assert_int_equal(cs->state, SHMIPC__STREAM_PEER_CLOSED);
+    /* The next get returns a live stream that works end to end. */
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &again), 0);
+    assert_int_not_equal(shmipc_stream_id(again), id);
+    ss = ipc_ping_pong(f.server[0], again, NULL);
+    shmipc_session_manager_put_back(f.m, again);
+    shmipc_stream_close(ss);
+    stop(&f);
+}
+
 static void sessions_rotate_every_32_calls(void **state)
 {
     (void)state;
@@ -191,6 +218,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(streams_are_reused),
+        cmocka_unit_test(pooled_stream_closed_by_peer_is_not_reused),
         cmocka_unit_test(sessions_rotate_every_32_calls),
         cmocka_unit_test(dead_session_is_replaced),
         cmocka_unit_test(config_checks),
