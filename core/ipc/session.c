@@ -1421,6 +1421,17 @@ int shmipc__stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr, s
     return rc;
 }
 
+/* Grows the read scratch to `n` bytes; on failure the old buffer is kept (not leaked). */
+static int grow_scratch(shmipc_stream *st, size_t n)
+{
+    uint8_t *p = realloc(st->scratch, n);
+    if (p == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory for %zu bytes", st->id, n);
+    st->scratch = p;
+    st->scratch_cap = (uint32_t)n;
+    return 0;
+}
+
 int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int flags)
 {
     shmipc_session *s = st->s;
@@ -1441,13 +1452,10 @@ int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int
                 *ptr = c->data + st->read_offset;
                 st->read_offset += (uint32_t)n;
             }
-        } else if (n > st->scratch_cap && (st->scratch = realloc(st->scratch, n)) == NULL) {
-            st->scratch_cap = 0;
-            rc = shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory for %zu bytes", st->id, n);
+        } else if (n > st->scratch_cap && (rc = grow_scratch(st, n)) < 0) {
+            /* The old scratch and its capacity stay as they were: nothing leaks. */
         } else {
             /* The bytes span slices: the one case that copies. */
-            if (n > st->scratch_cap)
-                st->scratch_cap = (uint32_t)n;
             size_t done = 0;
             while (done < n) {
                 c = &st->chunks[st->read_index];
