@@ -10,6 +10,8 @@
 #include "ipc/proto.h"
 #include "ipc/sockio.h"
 #include "ipc/v4.h"
+#include "common/clock.h"
+#include "ipc/v4probe.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -201,7 +203,18 @@ static int handshake_client_v4(shmipc_session *s, uint64_t deadline)
     uint8_t *rbuf = malloc(SHMIPC__MAX_NEGOTIATION);
     if (rbuf == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "V4: out of memory");
-    rc = read_v4_message(s, SHMIPC__MSG_NEGOTIATION, rbuf, SHMIPC__MAX_NEGOTIATION, &m, deadline);
+    /*
+     * A legacy Go server gives no signal on a V4 hello (it neither answers nor closes), and a
+     * V4 server answers before any shared memory work: with fallback on, wait only the probe
+     * time for the response (docs/interop.md).
+     */
+    uint64_t probe = deadline;
+    if (s->cfg.fallback) {
+        uint64_t p = shmipc__deadline_ms(shmipc__v4_probe_ms());
+        if (deadline == 0 || p < deadline)
+            probe = p;
+    }
+    rc = read_v4_message(s, SHMIPC__MSG_NEGOTIATION, rbuf, SHMIPC__MAX_NEGOTIATION, &m, probe);
     if (rc == 0)
         rc = shmipc__v4_parse_response(m.u.negotiation.json, m.u.negotiation.len, &resp);
     free(rbuf);

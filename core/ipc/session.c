@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "ipc/proto.h"
 #include "ipc/sockio.h"
+#include "ipc/v4probe.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -466,17 +467,24 @@ int shmipc__session_connect(const char *address, const shmipc_config *cfg, shmip
         return rc;
     if ((rc = shmipc__addr_parse(address, &addr)) < 0)
         return rc;
-    rc = connect_once(&addr, cfg, out);
-    if (rc < 0 && cfg != NULL && cfg->protocol == SHMIPC_PROTOCOL_V4 && cfg->fallback &&
-        fallback_allowed(rc)) {
+    int probe = cfg != NULL && cfg->protocol == SHMIPC_PROTOCOL_V4 && cfg->fallback;
+    /* A peer that fell back lately speaks only V2/V3: skip the V4 probe (docs/interop.md). */
+    int known = probe && shmipc__v4_legacy_known(address);
+    rc = known ? SHMIPC_EVERSION : connect_once(&addr, cfg, out);
+    if (rc == 0 && probe && (*out)->version == 4)
+        shmipc__v4_legacy_forget(address);
+    if (rc < 0 && probe && fallback_allowed(rc)) {
         struct shmipc_config legacy = *cfg;
-        SHMIPC__LOG(SHMIPC__LOG_INFO, "connect %s: V4 set-up failed (%s: %s); retrying legacy",
-                    address, shmipc_errname(rc), shmipc_error_detail());
+        if (!known)
+            SHMIPC__LOG(SHMIPC__LOG_INFO, "connect %s: V4 set-up failed (%s: %s); retrying legacy",
+                        address, shmipc_errname(rc), shmipc_error_detail());
         legacy.protocol = SHMIPC_PROTOCOL_LEGACY;
         legacy.fallback = 0;
         legacy.wakeup = SHMIPC_WAKEUP_SOCKET;
         legacy.polling_interval_us = 0;
         rc = connect_once(&addr, &legacy, out);
+        if (rc == 0 && !known)
+            shmipc__v4_legacy_remember(address);
     }
     return rc;
 }

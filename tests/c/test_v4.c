@@ -26,6 +26,7 @@
 #include "ipc/session.h"
 #include "ipc/sockio.h"
 #include "ipc/v4.h"
+#include "ipc/v4probe.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define STRESS_MESSAGES 100000
@@ -399,6 +400,96 @@ static void malformed_answer_falls_back_or_fails(void **state)
     assert_int_equal(connect_to_script(&sc3, 0), SHMIPC_ECONNRESET);
 }
 
+/* ---- A shmipc-go-like server: silent on a V4 hello, V3 otherwise ---- */
+
+struct go_like {
+    int lfd;
+    int v4_hellos; /* V4 hellos seen (and left unanswered) */
+    int held[8];   /* sockets of those hellos, kept open as shmipc-go does */
+    shmipc_session *s[4];
+    int nsessions;
+    int want_sessions;
+};
+
+static void *go_like_main(void *arg)
+{
+    struct go_like *g = arg;
+    while (g->nsessions < g->want_sessions) {
+        if (shmipc__fd_wait(g->lfd, POLLIN, shmipc__deadline_ms(5000)) < 0)
+            return NULL;
+        int fd = accept4(g->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            return NULL;
+        uint8_t head[8];
+        if (shmipc__fd_wait(fd, POLLIN, shmipc__deadline_ms(5000)) < 0 ||
+            recv(fd, head, sizeof head, MSG_PEEK | MSG_WAITALL) != (ssize_t)sizeof head) {
+            close(fd);
+            return NULL;
+        }
+        if (head[6] == 0) { /* "invalid magic or version": no answer, socket left open */
+            if (g->v4_hellos < 8)
+                g->held[g->v4_hellos] = fd;
+            else
+                close(fd);
+            g->v4_hellos++;
+            continue;
+        }
+        if (shmipc__session_accept_fd(fd, NULL, &g->s[g->nsessions]) < 0)
+            return NULL;
+        g->nsessions++;
+    }
+    return NULL;
+}
+
+/*
+ * Regression (issue 19 item 8): against a server that ignores a V4 hello, every connect
+ * waited the initialize timeout before falling back. Now the first connect waits only the
+ * probe time, and the second goes straight to V3: the server sees exactly one V4 hello.
+ */
+static void v4_probe_is_paid_once_per_address(void **state)
+{
+    (void)state;
+    struct shmipc__addr addr;
+    struct go_like g = {.want_sessions = 2};
+    pthread_t t;
+    shmipc_session *c[2] = {NULL, NULL};
+    shmipc_config *cfg;
+    shmipc__v4_legacy_clear();
+    pick_address();
+    assert_int_equal(shmipc__addr_parse(address, &addr), 0);
+    g.lfd = shmipc__sock_listen(&addr, 0600);
+    assert_true(g.lfd >= 0);
+    assert_int_equal(pthread_create(&t, NULL, go_like_main, &g), 0);
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_set_protocol(cfg, SHMIPC_PROTOCOL_V4, 1), 0);
+    /* Long enough that only the probe time, not this, can end the first attempt in time. */
+    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, 30000), 0);
+    uint64_t t0 = shmipc__now_ns();
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(shmipc_session_connect(address, cfg, &c[i]), 0);
+        assert_int_equal(shmipc_session_version(c[i]), 3);
+    }
+    pthread_join(t, NULL);
+    /* A hang guard, not a speed check: without the probe time the first connect takes 30 s. */
+    assert_true(shmipc__now_ns() - t0 < 20000000000ull);
+    assert_int_equal(g.nsessions, 2);
+    assert_int_equal(g.v4_hellos, 1);
+    for (int i = 0; i < 2; i++) {
+        shmipc_stream *cs;
+        assert_int_equal(shmipc_session_open_stream(c[i], &cs), 0);
+        shmipc_stream *ss = ipc_ping_pong(g.s[i], cs, NULL);
+        shmipc_stream_close(cs);
+        shmipc_stream_close(ss);
+        shmipc_session_close(c[i]);
+        shmipc_session_close(g.s[i]);
+    }
+    for (int i = 0; i < g.v4_hellos && i < 8; i++)
+        close(g.held[i]);
+    close(g.lfd);
+    shmipc_config_free(cfg);
+    shmipc__v4_legacy_clear();
+}
+
 /* ---- Our server against scripted V4 clients ---- */
 
 struct server_run {
@@ -706,6 +797,7 @@ int main(void)
         cmocka_unit_test(negotiation_matrix),
         cmocka_unit_test(explicit_rejection_is_an_error),
         cmocka_unit_test(malformed_answer_falls_back_or_fails),
+        cmocka_unit_test(v4_probe_is_paid_once_per_address),
         cmocka_unit_test(server_refuses_bad_negotiations),
         cmocka_unit_test(server_requires_sealed_memfds),
         cmocka_unit_test(v4_memfds_are_sealed),
