@@ -219,6 +219,12 @@ SHMIPC_API int shmipc_listener_fileno(const shmipc_listener *l)
     return shmipc__ipc_listener_fileno(l);
 }
 
+SHMIPC_API int shmipc_listener_shutdown(shmipc_listener *l)
+{
+    REQUIRE(l, "listener_shutdown", "listener");
+    return shmipc__ipc_listener_shutdown(l);
+}
+
 SHMIPC_API void shmipc_listener_close(shmipc_listener *l)
 {
     if (l != NULL)

@@ -833,7 +833,23 @@ SHMIPC_API int shmipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_str
  */
 SHMIPC_API int shmipc_listener_stop(shmipc_listener *l);
 
-/** Stops listening (the unix socket file is removed) and frees the listener. */
+/**
+ * Ends the listener but keeps the handle: a shmipc_listener_accept() or
+ * shmipc_listener_serve() blocked in another thread wakes and fails with SHMIPC_ECLOSED
+ * (serve closes its sessions and calls destroy first), and so does every later accept or
+ * serve; handshakes in flight are cut off. Thread safe: any thread, any number of times,
+ * also while other threads are inside calls on the listener (not async-signal-safe: it takes
+ * a lock; use shmipc_listener_stop() from a signal handler). Returns 0, or SHMIPC_EINVAL for
+ * NULL.
+ */
+SHMIPC_API int shmipc_listener_shutdown(shmipc_listener *l);
+
+/**
+ * Stops listening (the unix socket file is removed) and frees the listener. Safe while
+ * another thread is blocked in accept or serve: close shuts the listener down first (that
+ * call fails with SHMIPC_ECLOSED) and the last call to leave frees it; the socket file goes
+ * then. The handle must not be used after close.
+ */
 SHMIPC_API void shmipc_listener_close(shmipc_listener *l);
 
 /* ------------------------------------------------------------------------------------ */

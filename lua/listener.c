@@ -277,14 +277,26 @@ static int listener_serve(lua_State *L)
     return 1;
 }
 
+/*
+ * shutdown() -> true: ends the listener but keeps the handle; a serve() running (this is
+ * called from one of its callbacks, Lua being single-threaded) returns nil, message,
+ * SHMIPC_ECLOSED, and every later accept or serve fails so. Any number of times; a no-op
+ * once closed.
+ */
+static int listener_shutdown(lua_State *L)
+{
+    llistener *u = luaL_checkudata(L, 1, LISTENER_MT);
+    if (u->l != NULL && !u->close_pending)
+        shmipc_listener_shutdown(u->l);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 static const luaL_Reg listener_methods[] = {
-    {"accept", listener_accept},
-    {"fileno", listener_fileno},
-    {"pollfd", listener_fileno},
-    {"serve", listener_serve},
-    {"stop", listener_stop},
-    {"close", listener_close},
-    {NULL, NULL},
+    {"accept", listener_accept}, {"fileno", listener_fileno},
+    {"pollfd", listener_fileno}, {"serve", listener_serve},
+    {"stop", listener_stop},     {"shutdown", listener_shutdown},
+    {"close", listener_close},   {NULL, NULL},
 };
 
 static const luaL_Reg listener_meta[] = {

@@ -21,13 +21,16 @@
 /* A handshake thread needs a few KiB: the messages it reads are small and on its stack. */
 #define HANDSHAKE_STACK (256u * 1024u)
 
+static void listener_destroy(shmipc_listener *l);
+
 int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmipc_listener **out)
 {
     shmipc_listener *l = calloc(1, sizeof *l);
     int rc;
     if (l == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
-    l->fd = l->wake_fd = l->ready_fd = l->poll_fd = -1;
+    l->fd = l->wake_fd = l->ready_fd = l->poll_fd = l->shut_fd = -1;
+    l->refs = 1;
     if (cfg != NULL && (rc = shmipc_config_validate(cfg)) < 0)
         goto err;
     if (cfg != NULL) {
@@ -56,15 +59,16 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
         goto err;
     }
     l->fd = rc;
-    /* From here on close() undoes what was done, including the socket file. */
+    /* From here on listener_destroy() undoes what was done, including the socket file. */
     struct epoll_event ev = {.events = EPOLLIN};
     if ((l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+        (l->shut_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
         (l->ready_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
         (l->poll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
         epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->fd, &ev) < 0 ||
         epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->ready_fd, &ev) < 0) {
         rc = shmipc__fail_errno(errno, "listener %s: eventfd/epoll", address);
-        shmipc__ipc_listener_close(l);
+        listener_destroy(l);
         return rc;
     }
     *out = l;
@@ -238,10 +242,40 @@ static shmipc_session *take_ready(shmipc_listener *l)
     return s;
 }
 
-int shmipc__ipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_session **out)
+static int shut_error(const shmipc_listener *l)
+{
+    return shmipc__fail(SHMIPC_ECLOSED, "listener %s: shut down", l->addr.text);
+}
+
+/*
+ * A call that may block (accept, serve) begins: it holds a reference, so that a close from
+ * another thread meanwhile wakes it (shutdown) and leaves the freeing to the last one out.
+ */
+static int listener_enter(shmipc_listener *l)
+{
+    pthread_mutex_lock(&l->mu);
+    int shut = l->closing;
+    if (!shut)
+        l->refs++;
+    pthread_mutex_unlock(&l->mu);
+    return shut ? shut_error(l) : 0;
+}
+
+static void listener_leave(shmipc_listener *l)
+{
+    pthread_mutex_lock(&l->mu);
+    int last = --l->refs == 0;
+    pthread_mutex_unlock(&l->mu);
+    if (last)
+        listener_destroy(l);
+}
+
+static int accept_in(shmipc_listener *l, int timeout_ms, shmipc_session **out)
 {
     uint64_t deadline = timeout_ms > 0 ? shmipc__deadline_ms((uint64_t)timeout_ms) : 0;
     for (;;) {
+        if (__atomic_load_n(&l->shut, __ATOMIC_ACQUIRE))
+            return shut_error(l);
         int rc = accept_clients(l);
         if (rc < 0)
             return rc;
@@ -249,10 +283,14 @@ int shmipc__ipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_sessi
             return 0;
         if (timeout_ms == 0)
             return shmipc__fail(SHMIPC_EAGAIN, "listener %s: no client waiting", l->addr.text);
-        /* New clients, or a handshake that finished (possibly for another accepting thread). */
-        struct pollfd p[2] = {{.fd = l->fd, .events = POLLIN},
-                              {.fd = l->ready_fd, .events = POLLIN}};
-        rc = poll(p, 2, shmipc__remaining_ms(deadline));
+        /*
+         * New clients, or a handshake that finished (possibly for another accepting thread),
+         * or a shutdown: shut_fd stays readable once written.
+         */
+        struct pollfd p[3] = {{.fd = l->fd, .events = POLLIN},
+                              {.fd = l->ready_fd, .events = POLLIN},
+                              {.fd = l->shut_fd, .events = POLLIN}};
+        rc = poll(p, 3, shmipc__remaining_ms(deadline));
         if (rc == 0)
             return shmipc__fail(SHMIPC_ETIMEDOUT, "listener %s: no client completed a handshake",
                                 l->addr.text);
@@ -263,15 +301,51 @@ int shmipc__ipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_sessi
     }
 }
 
+int shmipc__ipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_session **out)
+{
+    int rc = listener_enter(l);
+    if (rc < 0)
+        return rc;
+    rc = accept_in(l, timeout_ms, out);
+    listener_leave(l);
+    return rc;
+}
+
+/*
+ * Ends the listener but keeps the handle: blocked accept() and serve() calls wake with
+ * SHMIPC_ECLOSED (shut_fd, which is never drained, and wake_fd for serve), later ones fail
+ * so, and handshakes in flight end now (their reads see the connection shut down). Any
+ * thread, any number of times. The descriptors stay open until the last call leaves, so a
+ * poll in another thread never watches a number that means another file.
+ */
+int shmipc__ipc_listener_shutdown(shmipc_listener *l)
+{
+    uint64_t one = 1;
+    pthread_mutex_lock(&l->mu);
+    if (!l->closing) {
+        l->closing = 1;
+        __atomic_store_n(&l->shut, 1, __ATOMIC_RELEASE);
+        for (int i = 0; i < SHMIPC__MAX_HANDSHAKES; i++)
+            if (l->hs[i].used && !l->hs[i].done)
+                shutdown(l->hs[i].abort_fd, SHUT_RDWR);
+        (void)!write(l->shut_fd, &one, sizeof one);
+        (void)!write(l->wake_fd, &one, sizeof one);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return 0;
+}
+
 void shmipc__ipc_listener_close(shmipc_listener *l)
 {
+    shmipc__ipc_listener_shutdown(l);
+    listener_leave(l);
+}
+
+static void listener_destroy(shmipc_listener *l)
+{
     const struct sockaddr_un *un = (const struct sockaddr_un *)&l->addr.ss;
-    /* Handshakes in flight end now: their reads see the connection shut down. */
     pthread_mutex_lock(&l->mu);
-    l->closing = 1;
-    for (int i = 0; i < SHMIPC__MAX_HANDSHAKES; i++)
-        if (l->hs[i].used && !l->hs[i].done)
-            shutdown(l->hs[i].abort_fd, SHUT_RDWR);
+    l->closing = 1; /* a listener_new that failed half-way never shut down */
     pthread_mutex_unlock(&l->mu);
     reap_handshakes(l, 1);
     for (shmipc_session *s; (s = ready_pop(l)) != NULL;)
@@ -285,6 +359,8 @@ void shmipc__ipc_listener_close(shmipc_listener *l)
         close(l->ready_fd);
     if (l->poll_fd >= 0)
         close(l->poll_fd);
+    if (l->shut_fd >= 0)
+        close(l->shut_fd);
     if (l->addr.family == AF_UNIX && un->sun_path[0] != '\0')
         unlink(un->sun_path);
     free(l);
@@ -357,18 +433,29 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
                                shmipc_stream_cb on_data, void *user_data, shmipc_destroy_cb destroy)
 {
     struct served v = {0};
-    int rc = 0, again = 0;
-    if (__atomic_exchange_n(&l->serving, 1, __ATOMIC_ACQ_REL)) {
+    int rc = listener_enter(l), again = 0;
+    if (rc < 0) {
         /* The registration is refused, but its user_data is ours to free all the same. */
         if (destroy != NULL)
             destroy(user_data);
+        return rc;
+    }
+    if (__atomic_exchange_n(&l->serving, 1, __ATOMIC_ACQ_REL)) {
+        if (destroy != NULL)
+            destroy(user_data);
+        listener_leave(l);
         return shmipc__fail(SHMIPC_EBUSY, "listener %s: another thread is serving", l->addr.text);
     }
     if ((v.pfd = malloc(3 * sizeof *v.pfd)) == NULL) {
         rc = shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
         goto out;
     }
+    /* shutdown() sets shut before it writes wake_fd: either the check or the poll sees it. */
     while (!__atomic_load_n(&l->stopping, __ATOMIC_ACQUIRE)) {
+        if (__atomic_load_n(&l->shut, __ATOMIC_ACQUIRE)) {
+            rc = shut_error(l);
+            break;
+        }
         v.pfd[0] = (struct pollfd){.fd = l->wake_fd, .events = POLLIN};
         v.pfd[1] = (struct pollfd){.fd = l->fd, .events = POLLIN};
         v.pfd[2] = (struct pollfd){.fd = l->ready_fd, .events = POLLIN};
@@ -419,6 +506,8 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
 out:
     for (uint32_t i = 0; i < v.n; i++)
         shmipc__session_close(v.s[i]);
+    if (rc == SHMIPC_ECLOSED)
+        rc = shut_error(l); /* the detail the sessions' closes overwrote */
     free(v.s);
     free(v.pfd);
     free(v.ids);
@@ -426,6 +515,7 @@ out:
     __atomic_store_n(&l->serving, 0, __ATOMIC_RELEASE);
     if (destroy != NULL)
         destroy(user_data);
+    listener_leave(l);
     return rc;
 }
 

@@ -40,6 +40,8 @@ struct shmipc_listener {
     int wake_fd;  /* eventfd that shmipc_listener_stop() writes */
     int ready_fd; /* eventfd, non-zero exactly while `ready` holds a session (under mu) */
     int poll_fd;  /* epoll set of fd and ready_fd: what fileno() returns */
+    int shut_fd;  /* eventfd written once by shutdown and never drained: wakes every waiter */
+    int shut;     /* shutdown() ran: every call fails with SHMIPC_ECLOSED (atomic) */
     int serving;  /* a thread is in serve() (atomic) */
     int stopping; /* atomic */
     struct shmipc__addr addr;
@@ -47,7 +49,9 @@ struct shmipc_listener {
 
     /* Guards everything below. */
     pthread_mutex_t mu;
-    int closing;            /* close() runs: handshakes finishing now close their session */
+    int closing; /* shutdown() ran: handshakes finishing now close their session */
+    /* The user's handle plus each accept() or serve() in flight; the last one out frees. */
+    int refs;
     shmipc_session **ready; /* sessions whose handshake succeeded, oldest first */
     uint32_t nready, ready_cap;
     struct shmipc__handshake hs[SHMIPC__MAX_HANDSHAKES];
@@ -56,6 +60,8 @@ struct shmipc_listener {
 int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmipc_listener **out);
 int shmipc__ipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_session **out);
 int shmipc__ipc_listener_fileno(const shmipc_listener *l);
+int shmipc__ipc_listener_shutdown(shmipc_listener *l);
+/* shutdown, then free now or when the last accept() or serve() in flight leaves. */
 void shmipc__ipc_listener_close(shmipc_listener *l);
 int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
                                shmipc_stream_cb on_data, void *user_data,

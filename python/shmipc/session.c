@@ -717,15 +717,27 @@ static PyObject *listener_stop(ListenerObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/*
+ * Wakes a blocked accept() or serve() (ClosedError) and keeps the handle. With the GIL held:
+ * no other Python thread can close the handle meanwhile.
+ */
+static PyObject *listener_shutdown(ListenerObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->l != NULL && !self->close_pending)
+        shmipc_listener_shutdown(self->l);
+    Py_RETURN_NONE;
+}
+
 static PyObject *listener_close(ListenerObject *self, PyObject *unused)
 {
     (void)unused;
     if (self->l == NULL || self->close_pending)
         Py_RETURN_NONE;
     if (self->busy) {
-        /* serve() or accept() is running: make serve return; the last one out closes. */
+        /* serve() or accept() is running: wake it now; the last one out closes. */
         self->close_pending = 1;
-        shmipc_listener_stop(self->l);
+        shmipc_listener_shutdown(self->l);
         Py_RETURN_NONE;
     }
     shmipc_listener *l = self->l;
@@ -857,6 +869,8 @@ static PyObject *listener_serve(ListenerObject *self, PyObject *args, PyObject *
     int rc = shmipc_listener_serve(l, serve_on_stream, serve_on_data, &c, NULL);
     PyEval_RestoreThread(c.ts);
     self->busy--;
+    /* A close() from another thread ends serve as stop() does; a shutdown() raises. */
+    int by_close = self->close_pending;
     listener_settle(self);
     /* Streams the callbacks kept stay valid handles (that fail with ClosedError). */
     Py_DECREF(c.streams);
@@ -870,7 +884,7 @@ static PyObject *listener_serve(ListenerObject *self, PyObject *args, PyObject *
 #endif
         return NULL;
     }
-    if (rc < 0)
+    if (rc < 0 && !(rc == SHMIPC_ECLOSED && by_close))
         return shmipcpy_raise_last(c.ms, rc);
     Py_RETURN_NONE;
 }
@@ -941,10 +955,15 @@ static PyMethodDef listener_methods[] = {
      "stop() -> None\n\n"
      "Make serve() return soon. Thread safe; may be called from a callback. A stop before\n"
      "serve() starts makes the next serve() return at once."},
+    {"shutdown", (PyCFunction)listener_shutdown, METH_NOARGS,
+     "shutdown() -> None\n\n"
+     "End the listener but keep the object: an accept() or serve() blocked in another\n"
+     "thread raises ClosedError at once, as do later ones. Any thread, any number of times."},
     {"close", (PyCFunction)listener_close, METH_NOARGS,
      "close() -> None\n\n"
-     "Stop listening (a unix socket file is removed). While serve() runs it is stopped and\n"
-     "the listener closed when it returns. Safe to call twice."},
+     "Stop listening (a unix socket file is removed). From another thread while accept()\n"
+     "or serve() runs: accept() raises ClosedError at once, serve() returns, and the\n"
+     "listener is closed when the last of them leaves. Safe to call twice."},
     {"__enter__", (PyCFunction)listener_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)listener_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

@@ -1334,6 +1334,11 @@ static void listener_calls(void **state)
              "shmipc_listener_stop(l) = 0;"
              "shmipc_listener_serve(l, on_stream, on_data, ud, destroy) = 0;"
              "shmipc_listener_close(l); shmipc_listener_close(NULL);"
+             /* After shutdown accept and serve fail; serve still frees its user_data. */
+             "shmipc_listener_new(newaddr, cfg, &l) = 0; shmipc_listener_shutdown(l) = 0;"
+             "shmipc_listener_shutdown(l) = 0; shmipc_listener_accept(l, 0, &s) = SHMIPC_ECLOSED;"
+             "shmipc_listener_serve(l, on_stream, on_data, ud, destroy) = SHMIPC_ECLOSED;"
+             "shmipc_listener_close(l); shmipc_listener_shutdown(NULL) = SHMIPC_EINVAL;"
              "shmipc_listener_new(NULL, cfg, &l) = SHMIPC_EINVAL;"
              "shmipc_listener_new(newaddr, cfg, NULL) = SHMIPC_EINVAL;"
              "shmipc_listener_accept(NULL, 0, &s) = SHMIPC_EINVAL;"
@@ -1343,7 +1348,7 @@ static void listener_calls(void **state)
              "shmipc_listener_serve(NULL, on_stream, on_data, NULL, NULL) = SHMIPC_EINVAL;"
              "shmipc_listener_serve(idle, NULL, on_data, NULL, NULL) = SHMIPC_EINVAL;"
              "shmipc_listener_stop(NULL) = SHMIPC_EINVAL");
-    assert_int_equal(ud.destroyed, 1);
+    assert_int_equal(ud.destroyed, 2);
 
     /* A real accept: the client connects on another thread. */
     pthread_t t;

@@ -44,6 +44,7 @@ struct server_state {
     int destroyed;
     int stop_after; /* stop serving after this many ended streams (0: never) */
     shmipc_listener *l;
+    shmipc_stream *kept; /* keep_stream only */
 };
 
 static void on_stream(shmipc_stream *st, void *ud)
@@ -432,6 +433,161 @@ static void handshakes_in_flight_are_bounded(void **state)
     shmipc_listener_close(l);
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* Close or shutdown while another thread blocks in accept or serve                     */
+/* ------------------------------------------------------------------------------------ */
+
+/* A thread blocked in shmipc_listener_accept (10 s: bounded even on broken code). */
+struct blocked_listener {
+    shmipc_listener *l;
+    pthread_t thread;
+    int rc;
+    int started;
+    struct server_state ss; /* serve only */
+};
+
+static void *blocked_accept_main(void *arg)
+{
+    struct blocked_listener *b = arg;
+    shmipc_session *s = NULL;
+    __atomic_store_n(&b->started, 1, __ATOMIC_RELEASE);
+    b->rc = shmipc_listener_accept(b->l, 10000, &s);
+    if (b->rc == 0)
+        shmipc_session_close(s);
+    return NULL;
+}
+
+/* The stream a blocked serve was handed: the test closes it once serve returned. */
+static void keep_stream(shmipc_stream *st, void *ud)
+{
+    struct server_state *ss = ud;
+    assert_null(ss->kept);
+    ss->kept = st;
+}
+
+/* Echoes 8-byte messages; an ended stream is left to the test. */
+static void echo_data(shmipc_stream *st, void *ud)
+{
+    const void *p;
+    char msg[8];
+    (void)ud;
+    while (shmipc_stream_read_exact_bytes(st, 8, &p, SHMIPC_NONBLOCK) == 0) {
+        memcpy(msg, p, 8);
+        shmipc_stream_release(st);
+        if (shmipc_stream_write(st, msg, 8) < 0 || shmipc_stream_flush(st) < 0)
+            return;
+    }
+}
+
+static void *blocked_serve_main(void *arg)
+{
+    struct blocked_listener *b = arg;
+    __atomic_store_n(&b->started, 1, __ATOMIC_RELEASE);
+    b->rc = shmipc_listener_serve(b->l, keep_stream, echo_data, &b->ss, on_destroy);
+    shmipc_stream_close(b->ss.kept);
+    return NULL;
+}
+
+static void start_blocked(struct blocked_listener *b, shmipc_listener *l, void *(*fn)(void *))
+{
+    memset(b, 0, sizeof *b);
+    b->l = l;
+    assert_int_equal(pthread_create(&b->thread, NULL, fn, b), 0);
+    while (!__atomic_load_n(&b->started, __ATOMIC_ACQUIRE))
+        usleep(1000);
+    usleep(3000); /* into the wait, most of the time */
+}
+
+/*
+ * Regression: closing a listener while another thread was blocked in shmipc_listener_accept
+ * freed it under that thread, which sat in poll() on closed descriptors (heap-use-after-free
+ * under ASan). The blocked call must wake with SHMIPC_ECLOSED and the listener be freed when
+ * it leaves.
+ */
+static void listener_close_while_accept_blocks(void **state)
+{
+    (void)state;
+    int fds = ipc_count_fds();
+    for (int i = 0; i < 100; i++) {
+        struct blocked_listener b;
+        shmipc_listener *l;
+        ipc_pick_address(address, sizeof address, "listener-cab");
+        assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
+        start_blocked(&b, l, blocked_accept_main);
+        shmipc_listener_close(l);
+        pthread_join(b.thread, NULL);
+        assert_int_equal(b.rc, SHMIPC_ECLOSED);
+    }
+    assert_int_equal(ipc_count_fds(), fds);
+}
+
+/* The same for a thread in shmipc_listener_serve, with a client being served. */
+static void listener_close_while_serve_blocks(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = patient_config();
+    int fds = ipc_count_fds();
+    for (int i = 0; i < 20; i++) {
+        struct blocked_listener b;
+        shmipc_listener *l;
+        shmipc_session *c;
+        shmipc_stream *st;
+        ipc_pick_address(address, sizeof address, "listener-csb");
+        assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+        start_blocked(&b, l, blocked_serve_main);
+        assert_int_equal(shmipc_session_connect(address, cfg, &c), 0);
+        assert_int_equal(shmipc_session_open_stream(c, &st), 0);
+        assert_int_equal(shmipc_stream_write(st, "12345678", 8), 0);
+        assert_int_equal(shmipc_stream_flush(st), 0);
+        const void *p;
+        assert_int_equal(shmipc_stream_read_exact_bytes(st, 8, &p, 0), 0);
+        assert_memory_equal(p, "12345678", 8);
+        shmipc_stream_release(st);
+        shmipc_listener_close(l);
+        pthread_join(b.thread, NULL);
+        assert_int_equal(b.rc, SHMIPC_ECLOSED);
+        assert_int_equal(b.ss.destroyed, 1);
+        /* The served session was closed with the listener: the client hears of it. */
+        assert_int_equal(shmipc_stream_read_exact_bytes(st, 8, &p, 0), SHMIPC_ECONNRESET);
+        shmipc_stream_close(st);
+        shmipc_session_close(c);
+    }
+    assert_int_equal(ipc_count_fds(), fds);
+    shmipc_config_free(cfg);
+}
+
+/* shutdown wakes accept and serve; later calls fail; twice is fine; close still frees. */
+static void listener_shutdown_wakes_accept_and_serve(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 20; i++) {
+        struct blocked_listener a, b;
+        shmipc_listener *l;
+        shmipc_session *s;
+        ipc_pick_address(address, sizeof address, "listener-sd");
+        assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
+        start_blocked(&a, l, blocked_accept_main);
+        start_blocked(&b, l, blocked_serve_main);
+        assert_int_equal(shmipc_listener_shutdown(l), 0);
+        pthread_join(a.thread, NULL);
+        pthread_join(b.thread, NULL);
+        assert_int_equal(a.rc, SHMIPC_ECLOSED);
+        assert_int_equal(b.rc, SHMIPC_ECLOSED);
+        assert_int_equal(b.ss.destroyed, 1);
+        assert_int_equal(shmipc_listener_shutdown(l), 0);
+        assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_ECLOSED);
+        assert_int_equal(shmipc_listener_accept(l, SHMIPC_WAIT_FOREVER, &s), SHMIPC_ECLOSED);
+        struct server_state ss = {0};
+        assert_int_equal(shmipc_listener_serve(l, on_stream, on_data, &ss, on_destroy),
+                         SHMIPC_ECLOSED);
+        assert_int_equal(ss.destroyed, 1);
+        assert_int_equal(shmipc_listener_stop(l), 0);
+        assert_true(shmipc_listener_fileno(l) >= 0);
+        shmipc_listener_close(l);
+    }
+    assert_int_equal(shmipc_listener_shutdown(NULL), SHMIPC_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -443,6 +599,9 @@ int main(void)
         cmocka_unit_test(stalling_clients_do_not_delay_serve),
         cmocka_unit_test(close_with_handshakes_in_flight_leaks_nothing),
         cmocka_unit_test(handshakes_in_flight_are_bounded),
+        cmocka_unit_test(listener_close_while_accept_blocks),
+        cmocka_unit_test(listener_close_while_serve_blocks),
+        cmocka_unit_test(listener_shutdown_wakes_accept_and_serve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

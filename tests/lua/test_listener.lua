@@ -240,6 +240,23 @@ function tests.close_inside_a_callback(t)
     local again <close> = t.ok(shmipc.listen(address))
 end
 
+function tests.shutdown_inside_a_callback(t)
+    local address = support.address("cbshut")
+    local l <close> = t.ok(shmipc.listen(address))
+    local client <close> = support.greeter_client(address)
+    t.refused(E.ECLOSED, "shut down", l:serve(function(st)
+        t.eq(l:shutdown(), true, "shutdown")
+        t.eq(l:shutdown(), true, "twice is fine")
+        st:close()
+    end, function() end))
+    t.refused(E.ECLOSED, "shut down", l:accept(0))
+    t.refused(E.ECLOSED, "shut down", l:accept(5))
+    t.refused(E.ECLOSED, "shut down", l:serve(nil, function() end))
+    client:finish()
+    l:close()
+    t.eq(l:shutdown(), true, "a no-op once closed")
+end
+
 function tests.serve_misuse(t)
     local l <close> = t.ok(shmipc.listen(support.address("smisuse")))
     t.raises("function expected", l.serve, l, nil, nil)

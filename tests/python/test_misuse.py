@@ -196,6 +196,47 @@ def test_close_from_another_thread_wakes_each_blocking_call(pair):
         assert isinstance(box.get("error"), shmipc.ClosedError), (kind, box)
 
 
+def test_listener_shutdown_wakes_accept_and_serve_and_fails_later_calls(address):
+    listener = shmipc.Listener(address)
+    ta, boxa = _in_thread(lambda: listener.accept())
+    ts, boxs = _in_thread(lambda: listener.serve(lambda st: st.close()))
+    assert _blocked(ta) and _blocked(ts)
+    listener.shutdown()
+    ta.join(5)
+    ts.join(5)
+    assert not ta.is_alive() and not ts.is_alive()
+    assert isinstance(boxa.get("error"), shmipc.ClosedError), boxa
+    assert isinstance(boxs.get("error"), shmipc.ClosedError), boxs
+    listener.shutdown()  # twice is fine
+    with pytest.raises(shmipc.ClosedError):
+        listener.accept(timeout=0.1)
+    with pytest.raises(shmipc.ClosedError):
+        listener.serve(lambda st: st.close())
+    listener.close()
+    listener.shutdown()  # a no-op once closed
+    assert listener.closed
+
+
+def test_listener_close_from_another_thread_wakes_accept_and_serve(address):
+    for kind in ("accept", "serve"):
+        listener = shmipc.Listener(address + kind)
+        if kind == "accept":
+            t, box = _in_thread(lambda: listener.accept())
+        else:
+            t, box = _in_thread(lambda: listener.serve(lambda st: st.close()))
+        assert _blocked(t)
+        listener.close()
+        t.join(5)
+        assert not t.is_alive(), kind
+        if kind == "accept":
+            assert isinstance(box.get("error"), shmipc.ClosedError), box
+        else:
+            assert box == {"result": None}, box  # as after stop()
+        assert listener.closed
+        with pytest.raises(shmipc.ClosedError):
+            listener.accept(timeout=0.1)
+
+
 def test_asyncio_cancel_and_shutdown_of_awaited_reads(pair):
     import asyncio
 
