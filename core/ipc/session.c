@@ -1799,6 +1799,45 @@ int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int
     return rc;
 }
 
+/*
+ * Writes one whole control message to the socket. Under send_mu. A message cut part-way
+ * (timeout, or an error after the first bytes) would make the peer misread every frame after
+ * it, so that ends the session; one that never started leaves the socket whole.
+ */
+static int write_frame(shmipc_session *s, const uint8_t *msg, size_t len, uint64_t deadline)
+{
+    size_t sent = 0;
+    int rc = 0;
+    while (sent < len) {
+        ssize_t n = send(s->fd, msg + sent, len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            sent += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN) {
+            if ((rc = shmipc__fd_wait(s->fd, POLLOUT, deadline)) < 0)
+                break;
+            continue;
+        }
+        rc = n < 0 && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN)
+                 ? shmipc__fail(SHMIPC_ECONNRESET, "socket: peer is gone (write)")
+                 : shmipc__fail_errno(errno, "socket: send");
+        break;
+    }
+    if (rc < 0 && sent > 0) {
+        lock(s);
+        rc = fail_locked(s, shmipc__fail(rc,
+                                         "socket: a %zu-byte control message was cut after %zu "
+                                         "bytes (%s); a half-written frame would poison the "
+                                         "socket, so the session ends",
+                                         len, sent, shmipc_errname(rc)));
+        unlock(s);
+    }
+    return rc;
+}
+
 /* Sends the wakeup after a put, when the peer was not working already. Under send_mu. */
 static int wake_peer(shmipc_session *s)
 {
@@ -1814,9 +1853,8 @@ static int wake_peer(shmipc_session *s)
     }
     uint8_t msg[SHMIPC__HEADER_SIZE];
     shmipc__encode_simple(msg, s->wire, SHMIPC__MSG_POLLING);
-    return shmipc__write_full(
-        s->fd, msg, sizeof msg,
-        shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]));
+    return write_frame(s, msg, sizeof msg,
+                       shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]));
 }
 
 /* Puts an element, retrying a full queue as the reference does. Under send_mu. */
@@ -1847,13 +1885,15 @@ static int put_element(shmipc_stream *st, const struct shmipc__queue_elem *e)
  * a peer that is itself blocked writing fallback data to us would otherwise never drain its
  * end, and both sides would wait for each other until the write timeout.
  */
-static int fallback_write(shmipc_session *s, const uint8_t *p, size_t len, uint64_t deadline)
+static int fallback_write(shmipc_session *s, const uint8_t *p, size_t len, uint64_t deadline,
+                          size_t *sent)
 {
     while (len > 0) {
         ssize_t n = send(s->fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             p += n;
             len -= (size_t)n;
+            *sent += (size_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -1894,6 +1934,7 @@ static int send_fallback(shmipc_stream *st)
     shmipc_session *s = st->s;
     uint64_t deadline = shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
     uint32_t i = 0, off = 0;
+    size_t sent = 0;
     int rc = 0;
     pthread_mutex_lock(&s->send_mu);
     /* One message per at most SHMIPC__MAX_MESSAGE bytes, so any peer can take it. */
@@ -1913,12 +1954,12 @@ static int send_fallback(shmipc_stream *st)
         }
         uint8_t head[SHMIPC__FALLBACK_HEADER_SIZE];
         shmipc__encode_fallback_head(head, s->wire, st->id, 0, total);
-        rc = fallback_write(s, head, sizeof head, deadline);
+        rc = fallback_write(s, head, sizeof head, deadline, &sent);
         while (rc == 0 && total > 0) {
             uint32_t take = st->segs[i].used - off;
             if (take > total)
                 take = total;
-            rc = fallback_write(s, st->segs[i].data + off, take, deadline);
+            rc = fallback_write(s, st->segs[i].data + off, take, deadline, &sent);
             total -= take;
             off += take;
             if (off == st->segs[i].used) {
@@ -1927,12 +1968,25 @@ static int send_fallback(shmipc_stream *st)
             }
         }
     }
-    pthread_mutex_unlock(&s->send_mu);
     lock(s);
     s->unhealthy_until_ns = shmipc__now_ns() + BREAKER_NS;
-    if (rc < 0 && rc != SHMIPC_ETIMEDOUT)
+    /*
+     * Bytes of this message went out and the rest cannot follow: the peer would read the
+     * next frame as the rest of this one, on the socket every stream shares. Nothing can
+     * resync it, so the session ends (before send_mu is let go: no frame follows the half).
+     * A timeout before the first byte leaves the socket whole and the session alive.
+     */
+    if (rc < 0 && s->err == 0 && sent > 0)
+        rc = fail_locked(s, shmipc__fail(rc,
+                                         "stream %u: fallback write failed after %zu bytes of a "
+                                         "%llu-byte message (%s); a half-written frame would "
+                                         "poison the socket, so the session ends",
+                                         st->id, sent, (unsigned long long)st->send_len,
+                                         shmipc_errname(rc)));
+    else if (rc < 0 && rc != SHMIPC_ETIMEDOUT)
         rc = fail_locked(s, rc); /* the session's cause (a damaged mapping wins) */
     unlock(s);
+    pthread_mutex_unlock(&s->send_mu);
     st->fallback = 1;
     free_segments(s, st);
     return rc;
@@ -2031,7 +2085,7 @@ static void send_close(shmipc_stream *st)
     } else {
         uint8_t msg[12];
         shmipc__encode_stream_close(msg, s->wire, st->id);
-        rc = shmipc__write_full(s->fd, msg, sizeof msg, deadline);
+        rc = write_frame(s, msg, sizeof msg, deadline);
     }
     pthread_mutex_unlock(&s->send_mu);
     if (rc < 0)

@@ -588,8 +588,11 @@ static void listener_shutdown_wakes_accept_and_serve(void **state)
     assert_int_equal(shmipc_listener_shutdown(NULL), SHMIPC_EINVAL);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* One test by name: test_x NAME (shell pattern), for repeated runs under a sanitizer. */
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(serve_many_clients),
         cmocka_unit_test(stop_from_another_thread),

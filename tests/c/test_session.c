@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -465,6 +466,126 @@ static void fallback_when_memory_runs_out(void **state)
     shmipc_stream_close(ss);
     ipc_pair_close(&p);
     shmipc_config_free(cfg);
+}
+
+/*
+ * Regression: a fallback write that timed out part-way left half a frame on the socket and
+ * the session alive, so the peer read the next frame's bytes as the rest of this one. The
+ * socket is shared by every stream: a half-written frame must end the session (its error,
+ * SHMIPC_ETIMEDOUT, for every later call), and the peer must see the end, not a misparse.
+ */
+static void fallback_write_timeout_part_way_ends_the_session(void **state)
+{
+    (void)state;
+    enum { BIG = 1 << 20 };
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss, *other;
+    int small = 4096;
+    /* Every byte goes over the socket (one slice, never handed out, as above). */
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
+    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_CONNECTION_WRITE, 200), 0);
+    pair_open(&p, cfg);
+    assert_int_equal(setsockopt(p.client->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+    assert_int_equal(setsockopt(p.server->fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    ipc_send_text(cs, "first");
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    ipc_expect_text(ss, "first");
+    /* The server stops reading: a 1 MiB frame cannot get through before the timeout. */
+    uint8_t *big = malloc(BIG);
+    assert_non_null(big);
+    for (uint32_t i = 0; i < BIG; i++)
+        big[i] = (uint8_t)(i % 251);
+    assert_int_equal(shmipc_stream_write(cs, big, BIG), 0);
+    assert_int_equal(shmipc_stream_flush(cs), SHMIPC_ETIMEDOUT);
+    assert_int_equal(shmipc_session_status(p.client), SHMIPC_ETIMEDOUT);
+    if (strstr(shmipc_error_detail(), "half") == NULL)
+        fail_msg("detail \"%s\" does not say a frame was half written", shmipc_error_detail());
+    /* Later calls get the session's end, and nothing more goes out. */
+    assert_int_equal(shmipc_stream_write(cs, "after", 5), SHMIPC_ETIMEDOUT);
+    if (strstr(shmipc_error_detail(), "session ended") == NULL)
+        fail_msg("detail \"%s\" does not name the session's end", shmipc_error_detail());
+    assert_int_equal(shmipc_stream_flush(cs), 0); /* nothing to send */
+    assert_int_equal(shmipc_session_open_stream(p.client, &other), SHMIPC_ETIMEDOUT);
+    /* The server reads a prefix of the big message, then the end: never other bytes. */
+    size_t got = 0;
+    int rc;
+    const void *ptr;
+    size_t len;
+    while ((rc = shmipc_stream_read_chunk(ss, 0, &ptr, &len, 0)) == 0) {
+        for (size_t i = 0; i < len; i++)
+            if (((const uint8_t *)ptr)[i] != (uint8_t)((got + i) % 251))
+                fail_msg("byte %zu of the stream is %u: misparsed", got + i,
+                         ((const uint8_t *)ptr)[i]);
+        got += len;
+        shmipc_stream_release(ss);
+    }
+    assert_true(got < BIG);
+    assert_int_not_equal(rc, SHMIPC_ETIMEDOUT);
+    assert_int_not_equal(shmipc_session_status(p.server), 0);
+    free(big);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/* A thread that flushes one-byte messages into a full queue until something else happens. */
+struct full_flusher {
+    shmipc_stream *st;
+    pthread_t thread;
+    int rc;
+    int rounds;
+};
+
+static void *full_flusher_main(void *arg)
+{
+    struct full_flusher *f = arg;
+    /* EQUEUEFULL drops the message after ~0.1 s of retries: write another and retry. */
+    do {
+        f->rc = shmipc_stream_write(f->st, "q", 1);
+        if (f->rc == 0)
+            f->rc = shmipc_stream_flush(f->st);
+    } while (f->rc == SHMIPC_EQUEUEFULL && ++f->rounds < 1000);
+    return NULL;
+}
+
+/*
+ * A flush retrying a full queue returns SHMIPC_ECLOSED when the stream (then the session)
+ * is shut down from another thread, instead of waiting for the queue.
+ */
+static void flush_retrying_a_full_queue_wakes_on_shutdown(void **state)
+{
+    (void)state;
+    for (int which = 0; which < 2; which++) {
+        shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+        struct ipc_pair p;
+        struct full_flusher f = {0};
+        assert_int_equal(shmipc_config_set_queue_capacity(cfg, 4), 0);
+        pair_open(&p, cfg);
+        assert_int_equal(shmipc_session_open_stream(p.client, &f.st), 0);
+        /* Nobody drains the server's side: the queue fills. */
+        int rc = 0;
+        for (int i = 0; i < 64 && rc == 0; i++) {
+            assert_int_equal(shmipc_stream_write(f.st, "q", 1), 0);
+            rc = shmipc_stream_flush(f.st);
+        }
+        assert_int_equal(rc, SHMIPC_EQUEUEFULL);
+        assert_int_equal(pthread_create(&f.thread, NULL, full_flusher_main, &f), 0);
+        usleep(30000);
+        if (which == 0)
+            assert_int_equal(shmipc_stream_shutdown(f.st), 0);
+        else
+            assert_int_equal(shmipc_session_shutdown(p.client), 0);
+        pthread_join(f.thread, NULL);
+        assert_int_equal(f.rc, SHMIPC_ECLOSED);
+        assert_true(f.rounds < 1000);
+        shmipc_stream_close(f.st);
+        ipc_pair_close(&p);
+        shmipc_config_free(cfg);
+    }
 }
 
 static void event_loop_driving(void **state)
@@ -979,8 +1100,11 @@ static void status_read_while_the_session_ends(void **state)
     shmipc_listener_close(p.l);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* One test by name: test_x NAME (shell pattern), for repeated runs under a sanitizer. */
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(echo_v3_memfd),
         cmocka_unit_test(status_read_while_the_session_ends),
@@ -996,6 +1120,8 @@ int main(void)
                                         memfd_pair_close),
         cmocka_unit_test(hard_close_fails_everything),
         cmocka_unit_test(fallback_when_memory_runs_out),
+        cmocka_unit_test(fallback_write_timeout_part_way_ends_the_session),
+        cmocka_unit_test(flush_retrying_a_full_queue_wakes_on_shutdown),
         cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(released_slices_are_reused_hot, memfd_pair_open,
                                         memfd_pair_close),
