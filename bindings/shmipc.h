@@ -800,8 +800,9 @@ SHMIPC_API int shmipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc
 
 /**
  * A file descriptor (an epoll set) readable when a client waits on the socket or a finished
- * handshake waits to be accepted; accept(l, 0, ...) may still say SHMIPC_EAGAIN while the
- * handshake runs. Owned by the listener.
+ * handshake waits to be accepted, and for good after shmipc_listener_shutdown() (accept then
+ * says SHMIPC_ECLOSED); accept(l, 0, ...) may still say SHMIPC_EAGAIN while the handshake
+ * runs. Owned by the listener.
  */
 SHMIPC_API int shmipc_listener_fileno(const shmipc_listener *l);
 

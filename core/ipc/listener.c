@@ -66,7 +66,9 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
         (l->ready_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
         (l->poll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
         epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->fd, &ev) < 0 ||
-        epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->ready_fd, &ev) < 0) {
+        epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->ready_fd, &ev) < 0 ||
+        /* An event loop waiting on fileno() hears of a shutdown: accept then says ECLOSED. */
+        epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->shut_fd, &ev) < 0) {
         rc = shmipc__fail_errno(errno, "listener %s: eventfd/epoll", address);
         listener_destroy(l);
         return rc;

@@ -39,7 +39,7 @@ struct shmipc_listener {
     int fd;
     int wake_fd;  /* eventfd that shmipc_listener_stop() writes */
     int ready_fd; /* eventfd, non-zero exactly while `ready` holds a session (under mu) */
-    int poll_fd;  /* epoll set of fd and ready_fd: what fileno() returns */
+    int poll_fd;  /* epoll set of fd, ready_fd and shut_fd: what fileno() returns */
     int shut_fd;  /* eventfd written once by shutdown and never drained: wakes every waiter */
     int shut;     /* shutdown() ran: every call fails with SHMIPC_ECLOSED (atomic) */
     int serving;  /* a thread is in serve() (atomic) */

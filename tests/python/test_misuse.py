@@ -217,6 +217,23 @@ def test_listener_shutdown_wakes_accept_and_serve_and_fails_later_calls(address)
     assert listener.closed
 
 
+def test_listener_shutdown_wakes_an_awaited_accept(address):
+    import asyncio
+
+    from shmipc import aio
+
+    async def main():
+        with shmipc.Listener(address) as listener:
+            task = asyncio.ensure_future(aio.accept(listener))
+            await asyncio.sleep(0.05)
+            assert not task.done()
+            threading.Thread(target=listener.shutdown).start()
+            with pytest.raises(shmipc.ClosedError):
+                await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
 def test_listener_close_from_another_thread_wakes_accept_and_serve(address):
     for kind in ("accept", "serve"):
         listener = shmipc.Listener(address + kind)
