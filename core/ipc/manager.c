@@ -93,8 +93,9 @@ static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
 /* A stream can go back to the pool only if the next user will find it as new. */
 static int reusable(const shmipc_stream *st)
 {
-    return st->s->err == 0 && st->state == SHMIPC__STREAM_OPEN && !st->fallback &&
-           st->unread == 0 && st->nchunks == 0 && st->send_len == 0 && st->nsegs == 0;
+    return __atomic_load_n(&st->s->err, __ATOMIC_ACQUIRE) == 0 &&
+           st->state == SHMIPC__STREAM_OPEN && !st->fallback && st->unread == 0 &&
+           st->nchunks == 0 && st->send_len == 0 && st->nsegs == 0;
 }
 
 /* reusable() checked again when the pooled stream is taken out: the peer may have closed it. */

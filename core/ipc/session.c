@@ -186,6 +186,13 @@ void shmipc__session_trim(shmipc_session *s)
     pthread_mutex_unlock(&s->cache_mu);
 }
 
+/* The session's error: written once, under mu, with an atomic store (fail_locked); read
+ * through here with or without mu (the write path checks it without the lock). */
+static inline int session_err(const shmipc_session *s)
+{
+    return __atomic_load_n(&s->err, __ATOMIC_ACQUIRE);
+}
+
 static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uint32_t to)
 {
     for (uint32_t i = from; i < to; i++) {
@@ -200,7 +207,7 @@ static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uin
          * kept in the cache is still ours: it stays marked held, so the peer cannot announce
          * it while it waits there (cache_get unmarks it when it goes out again).
          */
-        if ((s->err == 0 || s->role == SHMIPC__CLIENT) && cache_put(s, c->slice))
+        if ((session_err(s) == 0 || s->role == SHMIPC__CLIENT) && cache_put(s, c->slice))
             continue;
         shmipc__held_drop(&s->bm, s->held, c->slice);
     }
@@ -287,7 +294,7 @@ static void session_release(shmipc_session *s)
 /* Ends the session with `code` (first cause wins) and wakes every waiter. Under mu. */
 static int fail_locked(shmipc_session *s, int code)
 {
-    if (s->err == 0) {
+    if (session_err(s) == 0) {
         /*
          * A damaged mapping explains whatever else failed: the SIGBUS guard shut the socket
          * down, so a send or recv that meets that must not hide the cause.
@@ -312,15 +319,15 @@ static int fail_locked(shmipc_session *s, int code)
                 note_ready_locked(s, st->id);
         pthread_cond_broadcast(&s->cond);
     }
-    return s->err;
+    return session_err(s);
 }
 
 /* The session's end as a fresh failure detail, for calls made after it ended. */
 static int ended(shmipc_session *s)
 {
-    if (s->err == SHMIPC_ECLOSED) /* closed or shut down locally */
+    if (session_err(s) == SHMIPC_ECLOSED) /* closed or shut down locally */
         return shmipc__fail(SHMIPC_ECLOSED, "%s", s->why);
-    return shmipc__fail(s->err, "session ended: %s", s->why);
+    return shmipc__fail(session_err(s), "session ended: %s", s->why);
 }
 
 /*
@@ -523,7 +530,7 @@ void shmipc__session_close(shmipc_session *s)
 int shmipc__session_shutdown(shmipc_session *s)
 {
     lock(s);
-    if (s->err == 0)
+    if (session_err(s) == 0)
         fail_locked(s, shmipc__fail(SHMIPC_ECLOSED, "session: shut down locally"));
     unlock(s);
     return 0;
@@ -934,8 +941,8 @@ static int finish_turn_locked(shmipc_session *s, int rc, int events)
 static int process_fds_locked(shmipc_session *s, int socket_ready)
 {
     int events = 0, rc = 0;
-    if (s->err)
-        return s->err;
+    if (session_err(s))
+        return session_err(s);
     if ((rc = check_memory_locked(s)) < 0)
         return rc;
     while (rc >= 0 && socket_ready) {
@@ -1098,8 +1105,8 @@ static int spin_for_work(shmipc_session *s, uint64_t deadline)
 
 static int wait_locked(shmipc_session *s, uint64_t deadline)
 {
-    if (s->err)
-        return s->err;
+    if (session_err(s))
+        return session_err(s);
     /* Events for other streams end a wait too; the caller's deadline holds across them. */
     if (deadline != 0 && shmipc__now_ns() >= deadline)
         return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
@@ -1124,7 +1131,7 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
          * Drain, then read the socket once without waiting: wakeups the peer sent before it
          * saw our flag would otherwise pile up unread until its writes block.
          */
-        if (found && s->err == 0) {
+        if (found && session_err(s) == 0) {
             rc = finish_turn_locked(s, drain_queue_locked(s, &events), events);
             if (rc >= 0)
                 rc = process_locked(s);
@@ -1134,8 +1141,8 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
             pthread_cond_broadcast(&s->cond);
             return rc < 0 ? rc : 0;
         }
-        if (s->err)
-            return s->err;
+        if (session_err(s))
+            return session_err(s);
     }
     if (!s->processing) {
         s->processing = 1;
@@ -1197,8 +1204,8 @@ int shmipc__session_process(shmipc_session *s)
         rc = process_locked(s);
         s->processing = 0;
         pthread_cond_broadcast(&s->cond);
-    } else if (s->err) {
-        rc = s->err;
+    } else if (session_err(s)) {
+        rc = session_err(s);
     }
     if (rc < 0)
         rc = ended(s);
@@ -1251,7 +1258,7 @@ int shmipc__session_open_stream(shmipc_session *s, shmipc_stream **out)
     if (s->role != SHMIPC__CLIENT)
         return shmipc__fail(SHMIPC_ENOTSUP, "open_stream: only clients open streams");
     lock(s);
-    if (s->err) {
+    if (session_err(s)) {
         rc = ended(s);
     } else if (shmipc__now_ns() < s->unhealthy_until_ns) {
         rc = shmipc__fail(SHMIPC_EUNHEALTHY,
@@ -1298,7 +1305,7 @@ int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stre
             rc = 0;
             break;
         }
-        if (s->err) {
+        if (session_err(s)) {
             rc = ended(s);
             break;
         }
@@ -1310,11 +1317,12 @@ int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stre
                 if (rc >= 0 && s->accept_len > 0)
                     continue;
             }
-            rc = s->err ? ended(s) : shmipc__fail(SHMIPC_EAGAIN, "accept_stream: no new stream");
+            rc = session_err(s) ? ended(s)
+                                : shmipc__fail(SHMIPC_EAGAIN, "accept_stream: no new stream");
             break;
         }
         if ((rc = wait_locked(s, deadline)) < 0) {
-            if (rc == s->err)
+            if (rc == session_err(s))
                 rc = ended(s);
             break;
         }
@@ -1359,7 +1367,7 @@ static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
             return 0;
         if (st->state == SHMIPC__STREAM_PEER_CLOSED)
             return shmipc__fail(SHMIPC_EEOF, "stream %u: the peer closed the stream", st->id);
-        if (s->err)
+        if (session_err(s))
             return ended(s);
         if (flags & SHMIPC_NONBLOCK) {
             if (!s->processing) {
@@ -1371,13 +1379,13 @@ static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
             }
             if (st->unread >= need)
                 return 0;
-            return s->err ? ended(s)
-                          : shmipc__fail(SHMIPC_EAGAIN, "stream %u: no data yet", st->id);
+            return session_err(s) ? ended(s)
+                                  : shmipc__fail(SHMIPC_EAGAIN, "stream %u: no data yet", st->id);
         }
         if ((rc = wait_locked(s, deadline)) < 0) {
             if (rc == SHMIPC_ETIMEDOUT)
                 return shmipc__fail(SHMIPC_ETIMEDOUT, "stream %u: read timed out", st->id);
-            return s->err ? ended(s) : rc;
+            return session_err(s) ? ended(s) : rc;
         }
     }
 }
@@ -1614,7 +1622,7 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous)
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len)
 {
     const uint8_t *p = buf;
-    if (st->s->err)
+    if (session_err(st->s))
         return ended(st->s);
     st->reserved_len = 0;
     while (len > 0) {
@@ -1641,7 +1649,7 @@ int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
 {
     /* The earlier window is gone whatever happens: commit must not reach a stale one. */
     st->reserved_len = 0;
-    if (st->s->err)
+    if (session_err(st->s))
         return ended(st->s);
     if (n == 0)
         return shmipc__fail(SHMIPC_EINVAL, "reserve: 0 bytes, need at least 1");
@@ -1778,7 +1786,7 @@ static void seek_locked(shmipc_stream *st, uint64_t pos)
 int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags)
 {
     shmipc_session *s = src->s;
-    if (dst->s->err)
+    if (session_err(dst->s))
         return ended(dst->s);
     dst->reserved_len = 0;
     lock(s);
@@ -1867,7 +1875,7 @@ static int put_element(shmipc_stream *st, const struct shmipc__queue_elem *e)
         uint64_t now = shmipc__now_ns();
         if (deadline != 0 && now >= deadline)
             return shmipc__fail(SHMIPC_ETIMEDOUT, "stream %u: write timed out, queue full", st->id);
-        if (s->err)
+        if (session_err(s))
             return ended(s);
         if (stream_is_shut(st))
             return stream_shut_error(st);
@@ -1917,7 +1925,7 @@ static int fallback_write(shmipc_session *s, const uint8_t *p, size_t len, uint6
             s->processing = 0;
             pthread_cond_broadcast(&s->cond);
         }
-        int err = s->err;
+        int err = session_err(s);
         unlock(s);
         if (err)
             return ended(s);
@@ -1976,7 +1984,7 @@ static int send_fallback(shmipc_stream *st)
      * resync it, so the session ends (before send_mu is let go: no frame follows the half).
      * A timeout before the first byte leaves the socket whole and the session alive.
      */
-    if (rc < 0 && s->err == 0 && sent > 0)
+    if (rc < 0 && session_err(s) == 0 && sent > 0)
         rc = fail_locked(s, shmipc__fail(rc,
                                          "stream %u: fallback write failed after %zu bytes of a "
                                          "%llu-byte message (%s); a half-written frame would "
@@ -2013,7 +2021,7 @@ int shmipc__stream_flush(shmipc_stream *st)
     st->nsegs = n;
     if (st->send_len == 0)
         return 0;
-    if (s->err) {
+    if (session_err(s)) {
         free_segments(s, st);
         return ended(s);
     }
@@ -2096,7 +2104,7 @@ static void send_close(shmipc_stream *st)
 void shmipc__stream_close(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
-    if (s->err == 0)
+    if (session_err(s) == 0)
         send_close(st);
     free_segments(s, st);
     lock(s);

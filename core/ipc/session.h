@@ -117,8 +117,8 @@ struct shmipc_session {
     int processing;         /* a thread is reading the socket (under mu) */
     unsigned spin_fails;    /* spins in a row that found nothing, at most 6 (under mu) */
     unsigned spin_skip;     /* waits left that sleep without spinning (under mu) */
-    int err;                /* 0, or the code that ended the session (under mu; read racily) */
-    char why[192];          /* the detail of the failure that ended it */
+    int err; /* 0, or the code that ended the session: stored under mu, atomically; read with session_err() */
+    char why[192]; /* the detail of the failure that ended it */
     struct shmipc_config cfg;
 
     struct shmipc__mapping buffer_map, queue_map;

@@ -559,11 +559,8 @@ static void *full_flusher_main(void *arg)
 static void flush_retrying_a_full_queue_wakes_on_shutdown(void **state)
 {
     (void)state;
-    /*
-     * which = 1 (session shutdown) also works but is left out: it trips the unlocked reads
-     * of the session's err field under TSan (issue 19 item 6, fixed separately).
-     */
-    for (int which = 0; which < 1; which++) {
+    /* which = 0: the stream is shut down; 1: the whole session is. */
+    for (int which = 0; which < 2; which++) {
         shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
         struct ipc_pair p;
         struct full_flusher f = {0};
