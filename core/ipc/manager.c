@@ -66,6 +66,20 @@ err:
     return rc;
 }
 
+/* The manager's lock. Lines logged under it (a reconnect, a connect that fails) reach the
+ * sink after it is dropped: no sink runs under a library lock (shmipc_set_log_sink). */
+static void mgr_lock(shmipc_session_manager *m)
+{
+    pthread_mutex_lock(&m->mu);
+    shmipc__log_defer_begin();
+}
+
+static void mgr_unlock(shmipc_session_manager *m)
+{
+    pthread_mutex_unlock(&m->mu);
+    shmipc__log_defer_end();
+}
+
 /* Replaces a dead session, at most once per rebuild interval after a failure. Under mu. */
 static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
 {
@@ -102,16 +116,18 @@ static int reusable(const shmipc_stream *st)
 static int still_reusable(shmipc_stream *st)
 {
     pthread_mutex_lock(&st->s->mu);
+    shmipc__log_defer_begin();
     int ok =
         reusable(st) && (__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT) == 0;
     pthread_mutex_unlock(&st->s->mu);
+    shmipc__log_defer_end();
     return ok;
 }
 
 int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
 {
     int rc;
-    pthread_mutex_lock(&m->mu);
+    mgr_lock(m);
     struct shmipc__pool *p = &m->pools[(m->calls++ / ROUND_ROBIN) % m->npools];
     *out = NULL;
     if ((rc = revive_locked(m, p)) == 0) {
@@ -129,26 +145,28 @@ int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
         if (*out == NULL)
             rc = shmipc__session_open_stream(p->s, out);
     }
-    pthread_mutex_unlock(&m->mu);
+    mgr_unlock(m);
     return rc;
 }
 
 void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
 {
-    pthread_mutex_lock(&m->mu);
+    mgr_lock(m);
     struct shmipc__pool *p = NULL;
     for (uint32_t i = 0; i < m->npools; i++)
         if (m->pools[i].s == st->s)
             p = &m->pools[i];
     pthread_mutex_lock(&st->s->mu);
+    shmipc__log_defer_begin();
     int ok = p != NULL && reusable(st) && p->nidle < m->cfg.max_stream_num;
     pthread_mutex_unlock(&st->s->mu);
+    shmipc__log_defer_end();
     if (ok) {
         st->read_timeout_ms = m->cfg.timeout_ms[SHMIPC_TIMEOUT_READ];
         st->write_timeout_ms = m->cfg.timeout_ms[SHMIPC_TIMEOUT_WRITE];
         p->idle[p->nidle++] = st;
     }
-    pthread_mutex_unlock(&m->mu);
+    mgr_unlock(m);
     if (!ok)
         shmipc_stream_close(st);
 }

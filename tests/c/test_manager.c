@@ -6,8 +6,11 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ipc_helpers.h"
@@ -190,6 +193,76 @@ static void dead_session_is_replaced(void **state)
     stop(&f);
 }
 
+/* A log sink that calls back into the manager whose lock may be held where the line was logged:
+ * on another thread (a sink that takes an interpreter lock meets the same wait), waiting at most
+ * 2 s for it. */
+static struct {
+    struct fixture *f;
+    int calls, stuck;
+    _Atomic int done;
+} sink_probe;
+
+static void *sink_get_main(void *arg)
+{
+    shmipc_stream *st;
+    (void)arg;
+    if (shmipc_session_manager_get_stream(sink_probe.f->m, &st) == 0)
+        shmipc_session_manager_put_back(sink_probe.f->m, st);
+    atomic_store(&sink_probe.done, 1);
+    return NULL;
+}
+
+static void manager_sink(int level, const char *line)
+{
+    (void)level;
+    if (strstr(line, "session_manager") == NULL || strstr(line, "reconnecting") == NULL)
+        return;
+    pthread_t t;
+    struct timespec until;
+    sink_probe.calls++;
+    assert_int_equal(pthread_create(&t, NULL, sink_get_main, NULL), 0);
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 2;
+    if (pthread_timedjoin_np(t, NULL, &until) != 0) {
+        /* Stuck behind a lock this thread holds: it goes on once the lock is dropped. */
+        sink_probe.stuck++;
+        pthread_detach(t);
+    }
+}
+
+/* Regression (issue 19, item 3): the manager logged its reconnect while holding its lock, so a
+ * sink that called into the manager (or waited for a thread that did) deadlocked. */
+static void log_sink_under_manager_lock(void **state)
+{
+    (void)state;
+    struct fixture f;
+    shmipc_stream *cs;
+    pthread_t t;
+    start(&f, 1);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
+    shmipc_stream *ss = ipc_ping_pong(f.server[0], cs, NULL);
+    shmipc_session_manager_put_back(f.m, cs);
+    shmipc_stream_close(ss);
+    shmipc_session_close(f.server[0]);
+    f.server[0] = NULL;
+    wait_until_server_gone(cs->s);
+    sink_probe.f = &f;
+    sink_probe.calls = sink_probe.stuck = 0;
+    atomic_store(&sink_probe.done, 0);
+    shmipc_set_log_sink(manager_sink);
+    assert_int_equal(pthread_create(&t, NULL, accept_main, &f), 0);
+    int rc = shmipc_session_manager_get_stream(f.m, &cs);
+    pthread_join(t, NULL);
+    shmipc_set_log_sink(NULL);
+    for (int i = 0; i < 5000 && !atomic_load(&sink_probe.done); i++)
+        usleep(1000); /* the sink's thread, detached if it was stuck */
+    assert_int_equal(rc, 0);
+    shmipc_session_manager_put_back(f.m, cs);
+    assert_int_equal(sink_probe.calls, 1);
+    assert_int_equal(sink_probe.stuck, 0);
+    stop(&f);
+}
+
 static void config_checks(void **state)
 {
     (void)state;
@@ -216,11 +289,14 @@ static void config_checks(void **state)
 
 int main(void)
 {
+    /* The manager's reconnect line is an info line. */
+    setenv("SHMIPC_LOG_LEVEL", "info", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(streams_are_reused),
         cmocka_unit_test(pooled_stream_closed_by_peer_is_not_reused),
         cmocka_unit_test(sessions_rotate_every_32_calls),
         cmocka_unit_test(dead_session_is_replaced),
+        cmocka_unit_test(log_sink_under_manager_lock),
         cmocka_unit_test(config_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
