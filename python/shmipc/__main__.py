@@ -20,6 +20,9 @@ import shmipc
 LIBRARY_KNOBS = (
     "SHMIPC_LOG_LEVEL",
     "SHMIPC_SPIN_US",
+    "SHMIPC_TCP_PATH_MEMORY",
+    "SHMIPC_V4_PROBE_TIMEOUT_MS",
+    "SHMIPC_V4_LEGACY_CACHE_MS",
     "SHMIPC_SIGBUS_GUARD",
     "SHMIPC_REACTOR_BACKEND",
     "SHMIPC_RX_EPOLL",
@@ -27,6 +30,7 @@ LIBRARY_KNOBS = (
     "SHMIPC_REACTOR_BATCH_US",
     "SHMIPC_HTTP_HEADER_TIMEOUT_MS",
     "SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS",
+    "SHMIPC_HTTP_REUSEPORT",
 )
 
 # Wire protocols this library speaks, as the C ABI selects them (enum shmipc_memmap and
