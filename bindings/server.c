@@ -1,6 +1,6 @@
 /*
  * Exported server, request and response calls: argument checks, then the core. The
- * behaviour is documented in shmipc.h and implemented in core/net/server.c.
+ * behaviour is documented in shmipc.h and implemented in core/net/server*.c.
  */
 #include "shmipc.h"
 

@@ -1,5 +1,5 @@
 /*
- * Exported WebSocket calls: argument checks, then the server (core/net/server.c), which owns
+ * Exported WebSocket calls: argument checks, then the server (core/net/server_ws.c), which owns
  * the connections. The behaviour is documented in shmipc.h and docs/websocket.md.
  */
 #include "shmipc.h"

@@ -1,7 +1,8 @@
 /*
  * The HTTP server connection's lifecycle as one state machine (issue 18, item 3; the table is
  * in docs/http.md, "Connection lifecycle"). The table says, for every state and every event,
- * which named action runs and the state it leads to; core/net/server.c performs the actions.
+ * which named action runs and the state it leads to; core/net/server_conn.c performs the
+ * actions.
  * The same code runs on every reactor backend: the events are the reactor's connection
  * callbacks (core/reactor/loop.h), which both backends deliver alike.
  */

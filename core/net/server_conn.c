@@ -1,0 +1,767 @@
+/*
+ * The HTTP server's connection driver and its workers: per-worker pools and timers, and the
+ * connection lifecycle, the one place where a connection's state (conn_state.h) changes.
+ * Owns struct server_conn from accept to free, and each worker's setup and teardown.
+ * May call: the reactor, http_conn (parsing and batching), the request dispatch
+ * (shmipc__server_handle(), server_route.c) and the WebSocket layer (server_ws.c) for
+ * upgraded connections. See docs/http.md, "Connection lifecycle".
+ *
+ * Per connection: bytes from the reactor are appended to the connection's receive buffer and
+ * shmipc__http_conn_process() answers every complete request there into one batch, which
+ * leaves in one vectored send. While a batch is in flight nothing else is processed: its
+ * iovecs may point into the receive buffer (a request body echoed back) and into the
+ * connection's arena, so new bytes are only appended, and the next batch is built when the
+ * send completes. Receive buffers and batch arenas come from per-worker free lists and are
+ * held only while there is something in them, so an idle keep-alive connection costs its
+ * small struct only.
+ *
+ * The lifecycle is one state machine (conn_state.h; docs/http.md, "Connection lifecycle"):
+ * every reactor callback, the timer and a graceful stop become an event that
+ * shmipc__server_conn_event() runs through the table; the act_* functions and conn_serve(),
+ * ws_start(), shmipc__server_conn_linger(), linger_wait() and shmipc__server_conn_close() are
+ * its named transitions.
+ *
+ * Timeouts use one timer per connection, started lazily: the connection keeps its deadline
+ * and the timer, when it fires early, starts again for what is left, so a keep-alive
+ * request does not touch the timer heap.
+ */
+#include "net/server_int.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static void conn_serve(struct server_conn *sc);
+static void ws_start(struct server_conn *sc, size_t consumed);
+
+/* ---- pools ---- */
+
+static char *rx_get(struct shmipc__server_worker *w)
+{
+    char *b = w->free_rx;
+    if (b != NULL) {
+        w->free_rx = *(char **)b;
+        w->nfree_rx--;
+        return b;
+    }
+    return malloc(RX_STD);
+}
+
+static void rx_put(struct shmipc__server_worker *w, char *b, size_t cap)
+{
+    if (b == NULL)
+        return;
+    if (cap != RX_STD || w->nfree_rx >= POOL_KEEP) {
+        free(b);
+        return;
+    }
+    *(char **)b = w->free_rx;
+    w->free_rx = b;
+    w->nfree_rx++;
+}
+
+static struct txbuf *tx_get(struct shmipc__server_worker *w)
+{
+    struct txbuf *t = w->free_tx;
+    if (t != NULL) {
+        w->free_tx = t->next;
+        w->nfree_tx--;
+        return t;
+    }
+    return malloc(sizeof *t);
+}
+
+static void tx_put(struct shmipc__server_worker *w, struct txbuf *t)
+{
+    if (t == NULL)
+        return;
+    if (w->nfree_tx >= POOL_KEEP) {
+        free(t);
+        return;
+    }
+    t->next = w->free_tx;
+    w->free_tx = t;
+    w->nfree_tx++;
+}
+
+static size_t conn_size(const struct shmipc_server *s)
+{
+    return sizeof(struct server_conn) + s->limits.max_headers * sizeof(struct shmipc__http_field);
+}
+
+void shmipc__server_worker_free_pools(struct shmipc__server_worker *w)
+{
+    while (w->free_conns != NULL) {
+        struct server_conn *sc = w->free_conns;
+        w->free_conns = sc->next;
+        free(sc);
+    }
+    while (w->free_rx != NULL) {
+        char *b = w->free_rx;
+        w->free_rx = *(char **)b;
+        free(b);
+    }
+    while (w->free_tx != NULL) {
+        struct txbuf *t = w->free_tx;
+        w->free_tx = t->next;
+        free(t);
+    }
+    w->nfree_rx = w->nfree_tx = 0;
+}
+
+/* ---- timers ---- */
+
+static void conn_timeout(struct shmipc__timer *t);
+
+/*
+ * Sets the connection's deadline (0: none). The timer is started only when it is idle or
+ * would fire after the new deadline; a later deadline is picked up when it fires.
+ */
+void shmipc__server_conn_set_deadline(struct server_conn *sc, uint64_t deadline)
+{
+    uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    sc->deadline = deadline;
+    if (deadline == 0)
+        return;
+    if (shmipc__timer_active(&sc->timer) && sc->timer_at <= deadline)
+        return;
+    sc->timer_at = deadline;
+    if (shmipc__timer_start(&sc->timer, deadline > now ? deadline - now : 0) < 0) {
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "server: timer: %s; closing the connection",
+                    shmipc__detail());
+        sc->deadline = 0;
+    }
+}
+
+uint64_t shmipc__server_conn_after(const struct server_conn *sc, uint32_t ms)
+{
+    return shmipc__loop_now_ms(sc->w->loop) + ms;
+}
+
+/*
+ * The lingering close's wait, once the last response has left (the reactor shuts the write
+ * side down right behind it): input is drained until the peer's FIN, LINGER_MS or
+ * LINGER_BYTES, so that closing does not answer unread bytes with a reset that would destroy
+ * the response in the peer's receive queue. A FIN that already came ends it at once.
+ */
+static void linger_wait(struct server_conn *sc)
+{
+    sc->state = SHMIPC__CS_LINGERING;
+    if (sc->peer_done) {
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, LINGER_MS));
+    /* CLOSING stopped reading; the drain (bounded by LINGER_BYTES and LINGER_MS) reads again. */
+    if (shmipc__conn_resume_read(sc->conn) < 0)
+        shmipc__server_conn_close(sc);
+}
+
+/* Half-close (nginx's lingering_close): the peer gets a FIN after what was queued, which is
+ * sent whole under the send timeout; the linger timer starts only when it has left. */
+void shmipc__server_conn_linger(struct server_conn *sc)
+{
+    sc->state = sc->inflight ? SHMIPC__CS_CLOSING : SHMIPC__CS_LINGERING;
+    sc->in_head = 0;
+    if (shmipc__conn_shutdown(sc->conn) < 0) {
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    /*
+     * While the last response goes out, input nobody will answer is not read: thrown away,
+     * it would have no bound but the send timeout, which a peer that takes a byte now and then
+     * extends forever (a worker receiving at full speed all that time). TCP pushes back
+     * instead; a reset still ends the send (ERROR), and linger_wait() reads again.
+     */
+    if (sc->inflight && shmipc__conn_pause_read(sc->conn) < 0) {
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    if (!sc->inflight)
+        linger_wait(sc);
+}
+
+/* The send timeout runs between two moves of the output (nginx's send_timeout), not over a
+ * whole response: it is extended while the peer takes bytes. */
+static int send_progress(struct server_conn *sc)
+{
+    size_t pending = shmipc__conn_pending(sc->conn);
+    if (pending >= sc->tx_mark)
+        return 0;
+    sc->tx_mark = pending;
+    return 1;
+}
+
+/* The timer fired: a TIMEOUT event once the deadline has passed (a WebSocket keeps its own
+ * deadlines: ws_timeout). */
+static void conn_timeout(struct shmipc__timer *t)
+{
+    struct server_conn *sc = t->data;
+    uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    if (sc->state != SHMIPC__CS_UPGRADED) {
+        if (sc->deadline == 0)
+            return;
+        if (sc->deadline > now) {
+            sc->timer_at = sc->deadline;
+            if (shmipc__timer_start(&sc->timer, sc->deadline - now) == 0)
+                return;
+        }
+    }
+    shmipc__server_conn_event(sc, SHMIPC__CE_TIMEOUT, NULL, 0);
+}
+
+static void date_tick(struct shmipc__timer *t)
+{
+    struct shmipc__server_worker *w = t->data;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    shmipc__http_date_refresh(&w->date, ts.tv_sec);
+    /* Just past the next second, so the text changes when the second does. */
+    if (shmipc__timer_start(&w->date_timer, 1000 - (uint64_t)ts.tv_nsec / 1000000 + 1) < 0)
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "server: date timer: %s", shmipc__detail());
+}
+
+/* ---- lifecycle ---- */
+
+static void release_all(struct server_conn *sc)
+{
+    while (sc->releases != NULL) {
+        struct release *r = sc->releases;
+        sc->releases = r->next;
+        if (r->fn != NULL)
+            r->fn(r->user_data);
+        free(r);
+    }
+}
+
+static void conn_free(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    if (sc->ws != NULL) {
+        shmipc__ws_conn_destroy(&sc->ws->c);
+        free(sc->ws);
+        sc->ws = NULL;
+    }
+    release_all(sc);
+    tx_put(w, sc->tx);
+    rx_put(w, sc->rx, sc->rx_cap);
+    free(sc->rx_retired);
+    sc->next = w->free_conns;
+    w->free_conns = sc;
+}
+
+static void conn_unlink(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    if (sc->prev != NULL)
+        sc->prev->next = sc->next;
+    else
+        w->conns = sc->next;
+    if (sc->next != NULL)
+        sc->next->prev = sc->prev;
+    sc->prev = sc->next = NULL;
+    w->nconns--;
+}
+
+/* A send of the connection is in flight: its callback will come. */
+static int conn_sending(const struct server_conn *sc)
+{
+    return sc->inflight || (sc->ws != NULL && sc->ws->sending);
+}
+
+/*
+ * Closes now. The memory waits for the sends in flight, whose callbacks come with ECLOSED.
+ * A WebSocket that did not finish its close handshake reports on_close (1006) first.
+ */
+void shmipc__server_conn_close(struct server_conn *sc)
+{
+    if (sc->state == SHMIPC__CS_CLOSED)
+        return;
+    sc->state = SHMIPC__CS_CLOSED;
+    sc->deadline = 0;
+    shmipc__timer_stop(&sc->timer);
+    if (sc->ws != NULL && !sc->ws->reported)
+        shmipc__ws_conn_eof(&sc->ws->c);
+    conn_unlink(sc);
+    shmipc__conn_close(sc->conn);
+    if (!conn_sending(sc))
+        conn_free(sc);
+}
+
+/* Drops the bytes the last batch was made of from the front of the receive buffer. */
+static void rx_drop_done(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    free(sc->rx_retired);
+    sc->rx_retired = NULL;
+    if (sc->rx_done > 0) {
+        sc->rx_len -= sc->rx_done;
+        memmove(sc->rx, sc->rx + sc->rx_done, sc->rx_len);
+        sc->rx_done = 0;
+    }
+    if (sc->rx_len == 0 && sc->rx != NULL) {
+        rx_put(w, sc->rx, sc->rx_cap);
+        sc->rx = NULL;
+        sc->rx_cap = 0;
+    }
+}
+
+/* Appends received bytes. Fails when the connection holds more than any request may need. */
+static int rx_append(struct server_conn *sc, const void *data, size_t len)
+{
+    struct shmipc__server_worker *w = sc->w;
+    size_t need = sc->rx_len + len;
+    if (need > sc->rx_cap) {
+        size_t keep = sc->rx_len - sc->rx_done; /* bytes not yet made into responses */
+        size_t cap = sc->rx_cap > RX_STD ? sc->rx_cap : RX_STD;
+        char *nb;
+        if (keep + len > w->srv->rx_max)
+            return shmipc__fail(SHMIPC_EMSGSIZE, "server: %zu unanswered bytes on one connection",
+                                keep + len);
+        while (cap < keep + len)
+            cap *= 2;
+        nb = cap == RX_STD ? rx_get(w) : malloc(cap);
+        if (nb == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "server: %zu-byte receive buffer", cap);
+        if (sc->rx != NULL) {
+            memcpy(nb, sc->rx + sc->rx_done, keep);
+            /* The batch in flight may point into the old buffer: keep it until it is sent.
+             * Only one buffer can be in that state, since the new one holds no answered
+             * bytes. */
+            if (sc->inflight && sc->rx_done > 0)
+                sc->rx_retired = sc->rx;
+            else
+                rx_put(w, sc->rx, sc->rx_cap);
+        }
+        sc->rx = nb;
+        sc->rx_cap = cap;
+        sc->rx_len = keep;
+        sc->rx_done = 0;
+    }
+    memcpy(sc->rx + sc->rx_len, data, len);
+    sc->rx_len += len;
+    return 0;
+}
+
+/* The deadline that applies once a batch has been built and there is nothing in flight. */
+static void update_deadline(struct server_conn *sc)
+{
+    const struct shmipc_server *s = sc->w->srv;
+    if (sc->rx_len > 0 && sc->http.phase == 0) {
+        /* Part of a head is here (phase 0 is http_conn's "reading a head"): the header
+         * timeout runs from its first byte and is not extended by more bytes. */
+        if (!sc->in_head) {
+            sc->in_head = 1;
+            shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->header_ms));
+        }
+        return;
+    }
+    sc->in_head = 0;
+    if (sc->fresh)
+        shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->header_ms));
+    else
+        shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->keepalive_ms));
+}
+
+/* The batch in flight was written (or failed): a SENT or ERROR event. */
+static void on_sent(struct shmipc__conn *c, int status, void *data)
+{
+    struct server_conn *sc = data;
+    (void)c;
+    sc->inflight = 0;
+    release_all(sc);
+    tx_put(sc->w, sc->tx);
+    sc->tx = NULL;
+    shmipc__server_conn_event(sc, status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_SENT, NULL, 0);
+}
+
+/* WRITING, SENT: the next batch for what came meanwhile, the close the peer's FIN asked for,
+ * the lingering close of a graceful stop, or READING again. */
+static void act_next(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    /* act_buffer stopped reading behind the batch: it has left. Held bytes and the socket's
+     * come in a later dispatch, answered in READING or buffered behind the next batch. */
+    if (shmipc__conn_read_paused(sc->conn) && shmipc__conn_resume_read(sc->conn) < 0) {
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    rx_drop_done(sc);
+    sc->state = SHMIPC__CS_READING;
+    if (sc->rx_len > 0) {
+        conn_serve(sc); /* pipelined leftovers, or bytes that came while sending */
+        return;
+    }
+    if (sc->peer_done)
+        shmipc__server_conn_close(sc);
+    else if (w->draining)
+        shmipc__server_conn_linger(sc);
+    else
+        update_deadline(sc);
+}
+
+/* Answers what the receive buffer holds. Called with no batch in flight. */
+static void conn_serve(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    size_t len = sc->rx_len, consumed = 0;
+    int verdict;
+
+    if (sc->tx == NULL) {
+        sc->tx = tx_get(w);
+        if (sc->tx == NULL) {
+            SHMIPC__LOG(SHMIPC__LOG_WARN, "server: out of memory for a response batch");
+            shmipc__server_conn_close(sc);
+            return;
+        }
+    }
+    shmipc__http_batch_init(&sc->batch, sc->tx->iov, TX_IOV, sc->tx->arena, TX_ARENA, &w->date);
+    sc->batch.server = w->srv->server_name;
+    sc->state = SHMIPC__CS_HANDLING;
+    verdict =
+        shmipc__http_conn_process(&sc->http, sc->rx, &len, &consumed, &sc->batch, w->srv->pipeline);
+    sc->rx_len = len;
+    sc->rx_done = consumed;
+    if (consumed > 0)
+        sc->fresh = 0;
+    if (sc->batch.niov > 0) {
+        if (shmipc__conn_sendv(sc->conn, sc->batch.iov, (int)sc->batch.niov, on_sent, sc) < 0) {
+            shmipc__server_conn_close(sc);
+            return;
+        }
+        sc->inflight = 1;
+        sc->state = SHMIPC__CS_WRITING;
+        sc->tx_mark = shmipc__conn_pending(sc->conn);
+        if (sc->ws != NULL && verdict != SHMIPC__HTTP_CONN_CLOSE) {
+            ws_start(sc, consumed);
+            return;
+        }
+        /* The send timeout: the peer must take some of the batch within the keep-alive
+         * timeout, again and again until it is sent (conn_timeout). */
+        sc->in_head = 0;
+        shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, w->srv->keepalive_ms));
+        if (verdict == SHMIPC__HTTP_CONN_CLOSE)
+            shmipc__server_conn_linger(sc);
+        return;
+    }
+    tx_put(w, sc->tx);
+    sc->tx = NULL;
+    release_all(sc);
+    rx_drop_done(sc);
+    sc->state = SHMIPC__CS_READING;
+    if (verdict == SHMIPC__HTTP_CONN_CLOSE) {
+        shmipc__server_conn_linger(sc);
+        return;
+    }
+    /* Only part of a request is here: with the peer done sending, it cannot complete. */
+    if (sc->peer_done) {
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    update_deadline(sc);
+}
+
+/* READING, DATA: append the bytes and answer what is complete. */
+static void act_serve(struct server_conn *sc, const void *data, size_t len)
+{
+    if (rx_append(sc, data, len) < 0) {
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG, "%s; closing", shmipc__detail());
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    conn_serve(sc);
+}
+
+/*
+ * WRITING, DATA: append the bytes; they are answered when the batch in flight is sent. The
+ * deadline stays the send timeout's: bytes the peer sends are no progress of the response, and
+ * a peer that trickled a body while taking nothing would otherwise hold the connection (and
+ * its response) for as long as the body lasts. The body's own deadline starts again in READING.
+ * Past RX_PAUSE unanswered bytes reading stops until the batch has left (act_next), as nginx
+ * reads nothing more while it writes: input piling up behind a large response would otherwise
+ * reach rx_max and close the connection with the started response cut short, and holding
+ * more is memory spent on a peer that is not reading. TCP pushes back meanwhile.
+ */
+static void act_buffer(struct server_conn *sc, const void *data, size_t len)
+{
+    if (rx_append(sc, data, len) < 0) {
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG, "%s; closing", shmipc__detail());
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    if (sc->rx_len - sc->rx_done > RX_PAUSE && shmipc__conn_pause_read(sc->conn) < 0)
+        shmipc__server_conn_close(sc);
+}
+
+/* CLOSING or LINGERING, DATA: nobody will answer it. While the last response is still going
+ * out the send timeout bounds the connection; afterwards the drain has a byte limit too. */
+static void act_drain(struct server_conn *sc, size_t len)
+{
+    if (sc->state != SHMIPC__CS_LINGERING)
+        return;
+    sc->drained += len;
+    if (sc->drained > LINGER_BYTES)
+        shmipc__server_conn_close(sc);
+}
+
+/* CLOSING or WRITING, TIMEOUT: the send timeout runs again while the peer takes bytes; a
+ * peer that took nothing for that long loses what it did not take. */
+static void act_send_timer(struct server_conn *sc)
+{
+    if (send_progress(sc)) {
+        shmipc__server_conn_set_deadline(sc,
+                                         shmipc__server_conn_after(sc, sc->w->srv->keepalive_ms));
+        return;
+    }
+    sc->w->stats.timeouts++;
+    shmipc__server_conn_close(sc);
+}
+
+/* UPGRADED: the WebSocket layer's part of each event. */
+static void act_ws(struct server_conn *sc, int ev, const void *data, size_t len)
+{
+    switch (ev) {
+    case SHMIPC__CE_DATA:
+        /* The reactor's receive buffers are the loop's own writable memory, lent for the
+         * call; the WebSocket layer unmasks payloads in place there, or while copying them
+         * out (and may read the rest of a large payload itself: ws_read_now). */
+        shmipc__server_ws_input(sc, (char *)(uintptr_t)data, len);
+        break;
+    case SHMIPC__CE_SENT:
+        rx_drop_done(sc); /* the 101's batch; frames complete in ws_sent */
+        break;
+    case SHMIPC__CE_PEER_FIN:
+        /* After a close handshake the close frame may still be on its way out: it goes,
+         * then the connection closes (ws_flush). Otherwise the peer left without one. */
+        sc->peer_done = 1;
+        if (shmipc__ws_conn_state(&sc->ws->c) != SHMIPC__WS_CLOSED)
+            shmipc__server_conn_close(sc);
+        else
+            shmipc__server_ws_flush(sc);
+        break;
+    case SHMIPC__CE_TIMEOUT:
+        shmipc__server_ws_timeout(sc);
+        break;
+    case SHMIPC__CE_SHUTDOWN:
+        /* A close frame (1001, going away); the stop timeout bounds the answer. */
+        if (shmipc__ws_conn_close(&sc->ws->c, 1001, NULL, 0) == 0)
+            shmipc__server_ws_flush(sc);
+        break;
+    default:
+        shmipc__server_conn_close(sc);
+        break;
+    }
+}
+
+/*
+ * Runs the lifecycle table's cell for (state, event) (conn_state.c; docs/http.md,
+ * "Connection lifecycle"). Each action sets the next state itself: the table's `next` is the
+ * one it leads to unless the action's own check decides (docs/http.md lists them).
+ */
+void shmipc__server_conn_event(struct server_conn *sc, int ev, const void *data, size_t len)
+{
+    const struct shmipc__cs_transition *t = shmipc__cs_lookup(sc->state, ev);
+    int from = sc->state;
+    switch (t->action) {
+    case SHMIPC__CA_SERVE:
+        act_serve(sc, data, len);
+        break;
+    case SHMIPC__CA_BUFFER:
+        act_buffer(sc, data, len);
+        break;
+    case SHMIPC__CA_DRAIN:
+        act_drain(sc, len);
+        break;
+    case SHMIPC__CA_NEXT:
+        act_next(sc);
+        break;
+    case SHMIPC__CA_LINGER:
+        rx_drop_done(sc);
+        linger_wait(sc); /* the response is out whole; the FIN follows it */
+        break;
+    case SHMIPC__CA_HALF_CLOSE:
+        /* The peer is done sending but may still read: the response in flight goes whole,
+         * what the receive buffer holds is answered, then the connection closes. */
+        sc->peer_done = 1;
+        break;
+    case SHMIPC__CA_SEND_TIMER:
+        act_send_timer(sc);
+        break;
+    case SHMIPC__CA_STOP_IDLE:
+        /* An idle keep-alive connection gets its FIN now; part of a request is answered
+         * with Connection: close (shmipc__server_handle()) when the rest arrives. */
+        if (sc->rx_len == 0)
+            shmipc__server_conn_linger(sc);
+        break;
+    case SHMIPC__CA_WS:
+        act_ws(sc, ev, data, len);
+        break;
+    case SHMIPC__CA_CLOSE:
+        /* A reset; the FIN a lingering close waits for, or one with at most part of a
+         * request unanswered; a slowloris head, an idle connection, the linger's end: nothing
+         * of ours is unsent that the peer would want. */
+        if (ev == SHMIPC__CE_TIMEOUT)
+            sc->w->stats.timeouts++;
+        shmipc__server_conn_close(sc);
+        break;
+    case SHMIPC__CA_RELEASE:
+        if (shmipc__server_cs_trace != NULL)
+            shmipc__server_cs_trace(from, ev, t->action, from);
+        if (!conn_sending(sc))
+            conn_free(sc);
+        return; /* back on the free list */
+    case SHMIPC__CA_NONE:
+        break;
+    default:
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "server: event %s in state %s cannot happen; closing",
+                    shmipc__cs_event_name(ev), shmipc__cs_state_name(from));
+        shmipc__server_conn_close(sc);
+        break;
+    }
+    if (shmipc__server_cs_trace != NULL)
+        shmipc__server_cs_trace(from, ev, t->action, sc->state);
+}
+
+static void on_data(struct shmipc__conn *c, const void *data, size_t len)
+{
+    shmipc__server_conn_event(shmipc__conn_data(c), SHMIPC__CE_DATA, data, len);
+}
+
+static void on_end(struct shmipc__conn *c, int status)
+{
+    shmipc__server_conn_event(shmipc__conn_data(c),
+                              status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_PEER_FIN, NULL, 0);
+}
+
+static const struct shmipc__conn_cbs conn_cbs = {on_data, on_end};
+
+static void on_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *data)
+{
+    struct shmipc__server_worker *w = data;
+    struct shmipc_server *s = w->srv;
+    struct server_conn *sc = w->free_conns;
+    int one = 1;
+    (void)a;
+    if (sc != NULL)
+        w->free_conns = sc->next;
+    else
+        sc = malloc(conn_size(s));
+    if (sc == NULL) {
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "server: out of memory for a connection");
+        shmipc__conn_close(c);
+        return;
+    }
+    memset(sc, 0, sizeof *sc);
+    sc->w = w;
+    sc->conn = c;
+    sc->fresh = 1;
+    shmipc__http_conn_init(&sc->http, &s->limits, sc->fields, shmipc__server_handle, sc);
+    sc->http.head_reserve = HEAD_RESERVE;
+    shmipc__timer_init(w->loop, &sc->timer, conn_timeout, sc);
+    shmipc__conn_set_data(c, sc);
+    /* Responses leave in one write per batch; Nagle would hold the next batch back until the
+     * peer acknowledged the previous one. */
+    if (setsockopt(shmipc__conn_fd(c), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG, "server: TCP_NODELAY: %s", strerror(errno));
+    sc->next = w->conns;
+    if (w->conns != NULL)
+        w->conns->prev = sc;
+    w->conns = sc;
+    w->nconns++;
+    w->stats.connections++;
+    shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->header_ms));
+}
+
+/* The 101 (and what the batch holds before it) was just queued: from here on, frames. */
+static void ws_start(struct server_conn *sc, size_t consumed)
+{
+    size_t left = sc->rx_len - consumed;
+    sc->state = SHMIPC__CS_UPGRADED;
+    sc->in_head = 0;
+    sc->w->stats.ws_upgrades++;
+    /* The HTTP timeouts end here; the WebSocket's own start (an application's close in
+     * on_open has its close_at already). */
+    sc->deadline = 0;
+    shmipc__timer_stop(&sc->timer);
+    sc->ws->rx_at = shmipc__loop_now_ms(sc->w->loop);
+    sc->ws->rx_seen = 1;
+    shmipc__server_ws_arm(sc);
+    /* The bytes behind the request head are the first frames. The batch in flight points
+     * only before them, so they are processed now and dropped with it (rx_drop_done). */
+    sc->rx_len = consumed;
+    if (left > 0)
+        shmipc__server_ws_input(sc, sc->rx + consumed, left);
+    else
+        shmipc__server_ws_flush(sc);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Workers */
+
+int shmipc__server_worker_setup(struct shmipc__loop *loop, int listen_fd, unsigned index,
+                                void *data)
+{
+    struct shmipc_server *s = data;
+    struct shmipc__server_worker *w = &s->w[index];
+    struct timespec ts;
+    int rc;
+    w->loop = loop;
+    w->thread = pthread_self();
+    clock_gettime(CLOCK_REALTIME, &ts);
+    shmipc__http_date_init(&w->date, ts.tv_sec);
+    shmipc__timer_init(loop, &w->date_timer, date_tick, w);
+    rc = shmipc__timer_start(&w->date_timer, 1000 - (uint64_t)ts.tv_nsec / 1000000 + 1);
+    if (rc < 0) {
+        close(listen_fd);
+        return rc;
+    }
+    rc = shmipc__acceptor_open(loop, listen_fd, &conn_cbs, on_accept, w, &w->acceptor);
+    if (rc < 0) {
+        shmipc__timer_stop(&w->date_timer);
+        return rc;
+    }
+    if (index == 0)
+        s->backend_name = shmipc__loop_backend_name(loop);
+    return 0;
+}
+
+/*
+ * Runs on the worker thread once its loop was stopped: the graceful part of a stop. The loop
+ * still works, so it is run here until the connections are gone or the stop timeout passed.
+ */
+void shmipc__server_worker_teardown(struct shmipc__loop *loop, unsigned index, void *data)
+{
+    struct shmipc_server *s = data;
+    struct shmipc__server_worker *w = &s->w[index];
+    uint64_t deadline = shmipc__loop_now_ms(loop) + s->stop_ms;
+    struct server_conn *sc, *next;
+
+    w->draining = 1;
+    if (w->acceptor != NULL) {
+        shmipc__acceptor_close(w->acceptor);
+        w->acceptor = NULL;
+    }
+    /* Idle keep-alive connections get their FIN now; the others with their last answer.
+     * WebSockets get a close frame (1001, going away) and the stop timeout to answer it. */
+    for (sc = w->conns; sc != NULL; sc = next) {
+        next = sc->next;
+        shmipc__server_conn_event(sc, SHMIPC__CE_SHUTDOWN, NULL, 0);
+    }
+    while (w->nconns > 0) {
+        uint64_t now = shmipc__loop_now_ms(loop);
+        if (now >= deadline)
+            break;
+        if (shmipc__loop_run_once(loop, (int)(deadline - now < 50 ? deadline - now : 50)) < 0)
+            break;
+    }
+    while (w->conns != NULL)
+        shmipc__server_conn_close(w->conns);
+    shmipc__timer_stop(&w->date_timer);
+    shmipc__loop_stats(loop, &w->stats.loop);
+}

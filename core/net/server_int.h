@@ -1,0 +1,125 @@
+/*
+ * Internal to the HTTP server's files (server.c, server_config.c, server_conn.c,
+ * server_route.c, server_ws.c): the worker and connection structs and the calls between those
+ * files. Nothing outside core/net/server*.c includes this; the rest of the library uses
+ * server.h.
+ */
+#ifndef SHMIPC_CORE_NET_SERVER_INT_H
+#define SHMIPC_CORE_NET_SERVER_INT_H
+
+#include "net/server.h"
+
+#include "common/env.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "net/conn_state.h"
+#include "net/ws_codec.h"
+#include "net/ws_handshake.h"
+
+#include <pthread.h>
+#include <sys/uio.h>
+
+#define RX_STD       8192u      /* pooled receive buffers; larger requests get their own */
+#define RX_PAUSE     65536u     /* unanswered input held while a batch is sent; then no reads */
+#define TX_IOV       64u        /* iovecs of a batch; the reactor takes up to 64 without malloc */
+#define TX_ARENA     16384u     /* heads (and small bodies) of a batch */
+#define HEAD_RESERVE 6144u      /* a head with 4 KiB of handler headers, plus a copied body */
+#define LINGER_MS    2000u      /* how long a half-closed connection waits for the peer's FIN */
+#define LINGER_BYTES (1u << 20) /* how much input a lingering close drains before closing */
+#define POOL_KEEP    1024u      /* free buffers a worker keeps per list */
+#define WS_CLOSE_MS  2000u      /* how long the application's close waits for the peer's */
+
+/* A batch's iovecs and arena, held by a connection while its batch is built and sent. */
+struct txbuf {
+    struct txbuf *next;
+    struct iovec iov[TX_IOV];
+    char arena[TX_ARENA];
+};
+
+/* Something to free or call once the batch in flight has been written. */
+struct release {
+    struct release *next;
+    shmipc_destroy_cb fn; /* NULL: the body was copied right behind this node */
+    void *user_data;
+};
+
+struct server_conn {
+    struct server_conn *prev, *next; /* the worker's list, for a graceful stop */
+    struct shmipc__server_worker *w;
+    struct shmipc__conn *conn;
+    struct shmipc__http_conn http;
+    struct shmipc__timer timer;
+    uint64_t deadline; /* loop ms when the connection times out; 0: none */
+    uint64_t timer_at; /* when the timer fires, while active */
+    size_t tx_mark;    /* the reactor's pending bytes when the send timer last saw progress */
+    size_t drained;    /* input dropped while lingering */
+    uint8_t state;     /* enum shmipc__cs_state: the lifecycle (conn_state.h) */
+    uint8_t inflight;  /* an HTTP batch is being sent (WRITING, CLOSING, or the 101's) */
+    uint8_t peer_done; /* the peer's FIN arrived */
+    uint8_t in_head;   /* a head is partly here: the header deadline runs */
+    uint8_t fresh;     /* no request yet: the header timeout covers the first */
+    char *rx;
+    size_t rx_len, rx_cap;
+    size_t rx_done;   /* bytes at the front that the batch in flight may point into */
+    char *rx_retired; /* an older buffer the batch in flight points into */
+    struct txbuf *tx;
+    struct shmipc__http_batch batch;
+    struct release *releases;
+    struct shmipc_ws *ws;               /* set by an accepted upgrade */
+    struct shmipc__http_field fields[]; /* limits.max_headers */
+};
+
+struct shmipc__server_worker {
+    struct shmipc_server *srv;
+    unsigned index;
+    struct shmipc__loop *loop;
+    struct shmipc__acceptor *acceptor;
+    struct shmipc__http_date date;
+    struct shmipc__timer date_timer;
+    struct server_conn *conns;
+    unsigned nconns;
+    int draining;
+    /* Free lists. */
+    struct server_conn *free_conns;
+    char *free_rx;
+    unsigned nfree_rx;
+    struct txbuf *free_tx;
+    unsigned nfree_tx;
+    /* A handler's response: headers and small bodies live here until the batch copies them. */
+    struct shmipc__http_header_out hdrs[SHMIPC__SERVER_MAX_RESP_HEADERS];
+    char hbytes[SHMIPC__SERVER_RESP_HEADER_BYTES];
+    size_t hused;
+    char body[SHMIPC__HTTP_COPY_MAX];
+    char allow[256];
+    struct shmipc__ws_handshake hs; /* an upgrade's response points here until batched */
+    pthread_t thread;
+    struct shmipc__server_stats stats;
+};
+
+/* server_conn.c: the connection driver and the workers */
+void shmipc__server_conn_set_deadline(struct server_conn *sc, uint64_t deadline);
+uint64_t shmipc__server_conn_after(const struct server_conn *sc, uint32_t ms);
+void shmipc__server_conn_close(struct server_conn *sc);
+void shmipc__server_conn_linger(struct server_conn *sc);
+void shmipc__server_conn_event(struct server_conn *sc, int ev, const void *data, size_t len);
+int shmipc__server_worker_setup(struct shmipc__loop *loop, int listen_fd, unsigned index,
+                                void *data);
+void shmipc__server_worker_teardown(struct shmipc__loop *loop, unsigned index, void *data);
+void shmipc__server_worker_free_pools(struct shmipc__server_worker *w);
+
+/* server_route.c: request dispatch and routes */
+int shmipc__server_handle(void *user_data, const struct shmipc__http_request *req, const char *body,
+                          size_t body_len, struct shmipc__http_response *resp);
+void shmipc__server_canned(struct shmipc__http_response *resp, int status);
+void shmipc__server_ws_route_free(struct shmipc__ws_route *rt);
+
+/* server_ws.c: the WebSocket glue */
+int shmipc__server_ws_upgrade(struct server_conn *sc, const struct shmipc__ws_route *wsr,
+                              const struct shmipc__http_request *req, const char *body,
+                              size_t body_len, struct shmipc__http_response *resp);
+void shmipc__server_ws_arm(struct server_conn *sc);
+void shmipc__server_ws_flush(struct server_conn *sc);
+void shmipc__server_ws_input(struct server_conn *sc, char *data, size_t len);
+void shmipc__server_ws_timeout(struct server_conn *sc);
+
+#endif
