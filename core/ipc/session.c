@@ -128,7 +128,10 @@ static int cache_room_locked(shmipc_session *s, uint32_t l)
     return 1;
 }
 
-/* We are done with the slice at `off`: keep it for our next write (1), or free it (0). */
+/*
+ * We are done with the slice at `off`: keep it for our next write (1; it stays marked ours in
+ * held), or free it (0; shmipc__buffer_free() clears the mark before the push).
+ */
 static int cache_put(shmipc_session *s, uint32_t off)
 {
     struct shmipc__slice sl;
@@ -161,9 +164,8 @@ static int cache_get(shmipc_session *s, uint32_t want, struct shmipc__slice *out
         return SHMIPC_ENOSHM;
     pthread_mutex_lock(&s->cache_mu);
     if (s->cache[l].n > 0) {
+        /* Still ours, still marked in held, until the flush hands it to the peer. */
         off = s->cache[l].off[--s->cache[l].n];
-        /* It goes to the peer now; it was marked held while it waited here (free_chunks). */
-        shmipc__held_drop(&s->bm, s->held, off);
     }
     /* We are about to write a slice of this size: one more we may keep when it comes back. */
     if (s->cache[l].credit < s->cache[l].max)
@@ -180,8 +182,7 @@ void shmipc__session_trim(shmipc_session *s)
     for (uint32_t l = 0; l < s->bm.nlists; l++)
         while (s->cache[l].n > 0) {
             uint32_t off = s->cache[l].off[--s->cache[l].n];
-            shmipc__held_drop(&s->bm, s->held, off);
-            shmipc__buffer_free(&s->bm, off);
+            shmipc__buffer_free(&s->bm, off); /* clears its mark in held first */
         }
     pthread_mutex_unlock(&s->cache_mu);
 }
@@ -204,12 +205,15 @@ static void free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uin
         }
         /*
          * Give slices back while the buffer is in use; a dead session discards it. A slice
-         * kept in the cache is still ours: it stays marked held, so the peer cannot announce
-         * it while it waits there (cache_get unmarks it when it goes out again).
+         * kept in the cache is still ours: it stays marked held, so neither the peer can
+         * announce it nor a pop hand it out while it waits there. A freed one is unmarked by
+         * the free, before the push: unmarking after it could erase the mark of a thread
+         * that popped it meanwhile.
          */
-        if ((session_err(s) == 0 || s->role == SHMIPC__CLIENT) && cache_put(s, c->slice))
-            continue;
-        shmipc__held_drop(&s->bm, s->held, c->slice);
+        if (session_err(s) == 0 || s->role == SHMIPC__CLIENT)
+            (void)cache_put(s, c->slice);
+        else
+            shmipc__held_drop(&s->bm, s->held, c->slice);
     }
 }
 
@@ -251,6 +255,7 @@ static void session_destroy(shmipc_session *s)
         shmipc__session_trim(s);
     for (uint32_t l = 0; l < SHMIPC__BM_MAX_LISTS; l++)
         free(s->cache[l].off);
+    s->bm.held = NULL;
     free(s->held);
     free(s->buckets);
     free(s->accept_q);
@@ -416,6 +421,10 @@ static int session_start(shmipc_session *s, int client)
     shmipc__mapping_set_wake_fd(&s->buffer_map, s->fd);
     shmipc__mapping_set_wake_fd(&s->queue_map, s->fd);
     cache_init(s);
+    /* From the first pop on: a pop that hands out a slice in our hands ends the session. */
+    if ((s->held = shmipc__held_new(&s->bm)) == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory for the slice record");
+    s->bm.held = s->held;
     /*
      * From here on every read and write says MSG_DONTWAIT unless it means to block: a blocking
      * socket lets a waiting processor sleep in recv() itself, one system call instead of two.
@@ -695,8 +704,6 @@ static int deliver_chain_locked(shmipc_session *s, uint32_t id, uint32_t offset)
     int rc = stream_for_data_locked(s, id, &st);
     if (rc < 0)
         return rc;
-    if (s->held == NULL && (s->held = shmipc__held_new(&s->bm)) == NULL)
-        return shmipc__fail(SHMIPC_ENOMEM, "session: out of memory for the slice record");
     if (st == NULL) {
         rc = shmipc__buffer_free_chain(&s->bm, offset, s->held);
         return rc < 0 ? rc : 0;
@@ -1619,7 +1626,22 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous)
     return 0;
 }
 
-int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len)
+/*
+ * A free list that handed out a slice in our hands (shmipc__buffer_alloc's SHMIPC_EPROTO):
+ * the shared lists cannot be trusted any more, so the session ends. Without mu.
+ */
+static int end_on_bad_list(shmipc_session *s, int rc)
+{
+    if (rc != SHMIPC_EPROTO)
+        return rc;
+    lock(s);
+    rc = fail_locked(s, rc);
+    unlock(s);
+    return rc;
+}
+
+/* shmipc__stream_write() for a caller that may hold mu (forward): see end_on_bad_list. */
+static int write_bytes(shmipc_stream *st, const void *buf, size_t len)
 {
     const uint8_t *p = buf;
     if (session_err(st->s))
@@ -1645,6 +1667,11 @@ int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len)
     return 0;
 }
 
+int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len)
+{
+    return end_on_bad_list(st->s, write_bytes(st, buf, len));
+}
+
 int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
 {
     /* The earlier window is gone whatever happens: commit must not reach a stale one. */
@@ -1665,7 +1692,7 @@ int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
     if (seg == NULL || seg->cap - seg->used < n) {
         int rc = grow_send_buffer(st, n, 1);
         if (rc < 0)
-            return rc;
+            return end_on_bad_list(st->s, rc);
         seg = &st->segs[st->nsegs - 1];
     }
     st->reserved_len = (uint32_t)n;
@@ -1718,11 +1745,10 @@ static int forward_chunk_locked(shmipc_stream *dst, shmipc_stream *src, uint32_t
         }
         *seg = (struct shmipc__segment){c->data, c->len, c->len, c->slice};
         dst->send_len += c->len;
-        /* Ours to send now: the peer gets it back with the flush and may announce it again. */
-        shmipc__held_drop(&s->bm, s->held, c->slice);
+        /* Ours to send now: it stays marked in held until the flush hands it to the peer. */
         return 0;
     }
-    int rc = c->len > 0 ? shmipc__stream_write(dst, c->data, c->len) : 0;
+    int rc = c->len > 0 ? write_bytes(dst, c->data, c->len) : 0;
     if (rc == 0)
         free_chunks(s, src, i, i + 1);
     return rc;
@@ -1749,7 +1775,7 @@ static int forward_locked(shmipc_stream *dst, shmipc_stream *src, uint64_t total
             continue;
         }
         /* The bytes end inside this chunk: copy them; the chunk keeps the rest. */
-        if ((rc = shmipc__stream_write(dst, c->data, (size_t)want)) < 0)
+        if ((rc = write_bytes(dst, c->data, (size_t)want)) < 0)
             break;
         trim_chunk_locked(src->s, c, (uint32_t)want);
         *moved += want;
@@ -1788,22 +1814,29 @@ int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int
     shmipc_session *s = src->s;
     if (session_err(dst->s))
         return ended(dst->s);
+    int bad_list = 0;
     dst->reserved_len = 0;
     lock(s);
     int rc = n > 0 ? wait_readable_locked(src, n, flags) : check_memory_locked(s);
     if (rc == 0) {
         uint64_t done = read_unreleased_locked(src), moved;
         rc = forward_locked(dst, src, done + n, &moved);
+        bad_list = rc == SHMIPC_EPROTO;
         /* What moved is consumed; a failure leaves the rest where it was. */
         src->unread -= moved > done ? moved - done : 0;
         seek_locked(src, moved < done ? done - moved : 0);
         /* A copy may have read zeros from a truncated mapping (shm/guard.h). */
         if (rc == 0)
             rc = check_memory_locked(s);
+        /* Only dst's pops fail with EPROTO in forward_locked: a bad list ends dst's session. */
+        else if (bad_list && dst->s == s)
+            rc = fail_locked(s, rc);
     }
     unlock(s);
     if (rc == 0)
         drop_scratch(src);
+    if (bad_list && dst->s != s)
+        rc = end_on_bad_list(dst->s, rc);
     return rc;
 }
 
@@ -2057,6 +2090,13 @@ int shmipc__stream_flush(shmipc_stream *st)
     }
     if (rc == 0) {
         struct shmipc__queue_elem e = {st->id, st->segs[0].slice, 0};
+        /*
+         * The chain leaves our hands with the element: unmark it before the peer can see it,
+         * free it and have it popped again (by us: a mark left behind would read as a double
+         * hand-out). Should the put fail, free_segments() pushes them back unmarked.
+         */
+        for (uint32_t i = 0; i < n; i++)
+            shmipc__held_drop(&s->bm, s->held, st->segs[i].slice);
         pthread_mutex_lock(&s->send_mu);
         rc = put_element(st, &e);
         if (rc == 0) {

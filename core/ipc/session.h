@@ -142,10 +142,13 @@ struct shmipc_session {
     uint64_t fallback_held;
 
     /*
-     * Received slices this session holds (a bit per slice of bm; shmipc__held_new(), under
-     * mu): a slice announced while its bit is set ends the session, so a hostile peer that
-     * erases the walker's mark in shared memory still cannot make us keep one slice twice.
-     * Allocated at the first received chain; bounds the slice chunks to one per slice.
+     * The slices in this session's hands, a bit per slice of bm (shmipc__held_new(), set up
+     * with the session and shared with bm.held; atomic bit operations, no lock): popped by us
+     * and not yet sent (being written, reserved, forwarded), received and not yet freed, or
+     * kept in the slice cache. A slice announced while its bit is set ends the session, so a
+     * hostile peer that erases the walker's mark in shared memory still cannot make us keep one
+     * slice twice (and the slice chunks are bounded to one per slice); a pop that hands out a
+     * slice whose bit is set ends it too (ABA on the free list's head: see list_pop()).
      */
     uint64_t *held;
 

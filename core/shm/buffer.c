@@ -264,20 +264,48 @@ int shmipc__buffer_attach(struct shmipc__buffer *out, void *base, size_t size)
     return 0;
 }
 
+/* The number of the slice at `off` of list `li`, across lists. */
+static uint32_t slice_index(const struct shmipc__buffer *bm, uint32_t li, uint32_t off)
+{
+    const struct shmipc__buffer_list *l = &bm->lists[li];
+    return l->first + (off - l->region) / l->stride;
+}
+
+/* Marks the slice at `off` of list `li` ours in bm->held: -1 when it was marked already. */
+static int mark_held(const struct shmipc__buffer *bm, uint32_t li, uint32_t off)
+{
+    if (bm->held == NULL)
+        return 0;
+    uint32_t i = slice_index(bm, li, off);
+    uint64_t bit = UINT64_C(1) << (i % 64);
+    /* Relaxed: the list's own acquire/release order the pushes and pops of one slice. */
+    return (__atomic_fetch_or(&bm->held[i / 64], bit, __ATOMIC_RELAXED) & bit) ? -1 : 0;
+}
+
 /* The pop of §2.6. Returns 0 with `out` filled, SHMIPC_ENOSHM, or SHMIPC_EPROTO.
  *
  * ABA: the CAS on `head` is untagged, and ABA is NOT impossible. Between our load of head (= A)
  * with A.next (= B) and the CAS, other poppers (in this process or in the peer: §2.6, both
  * processes pop from the same lists) could pop A, pop every slice after it up to the tail, while
  * A is recycled to the tail and becomes head again; the CAS would then install the stale B,
- * which may be in use. That needs at least a whole list's worth of pops and pushes to happen
- * inside a window of a few instructions, i.e. this thread preempted there, which is rare but
- * possible. A tag cannot be added: head is a 32-bit field of the shared layout and shmipc-go
- * pops it with the same untagged CAS, so a tag in our process would not protect against theirs
- * and a wider field would break the wire format. What bounds the damage: rel_is_slice() checks
- * every offset we follow, so a corrupted list fails with SHMIPC_EPROTO instead of addressing
- * outside the region. (issue 19, item 6d; a process-local lock around pops would remove the
- * same-process case only.) */
+ * which may be in use, and a later pop would hand B out a second time. That needs at least a
+ * whole list's worth of pops and pushes inside a window of a few instructions, i.e. this thread
+ * preempted there: rare but possible. A tag cannot be added: head is a 32-bit field of the
+ * shared layout and shmipc-go pops it with the same untagged CAS, so a tag in our process would
+ * not protect against theirs and a wider field would break the wire format. A hostile peer can
+ * produce the same state by writing head directly.
+ *
+ * So it is detected instead (issue 19, item 6d). The owner's bitmap bm->held has a bit for
+ * every slice in its hands: set here by the pop that takes it, set by the chain walk for a slice
+ * received, kept while the slice waits in the session's cache, is reserved, written or forwarded,
+ * and cleared only when the slice leaves our hands (handed to the peer at flush, or pushed back
+ * by shmipc__buffer_free()). The pop sets the bit with one atomic fetch-or after its CAS: a bit
+ * already set means the list handed out a slice that we (another thread of this process, or a
+ * reader of ours) hold, and the pop fails with SHMIPC_EPROTO, the slice untouched, and the
+ * session ends. A slice the peer holds carries no bit of ours, so a double hand-out into the
+ * peer's hands goes unseen here; its own checks are the peer's business. Besides, rel_is_slice()
+ * checks every offset we follow, so a corrupted list fails with SHMIPC_EPROTO instead of
+ * addressing outside the region. */
 static int list_pop(struct shmipc__buffer *bm, uint32_t li, struct shmipc__slice *out)
 {
     const struct shmipc__buffer_list *l = &bm->lists[li];
@@ -310,6 +338,14 @@ static int list_pop(struct shmipc__buffer *bm, uint32_t li, struct shmipc__slice
                 corrupt_next = 1;
             } else if (__atomic_compare_exchange_n(head, &old, next, 0, __ATOMIC_ACQ_REL,
                                                    __ATOMIC_ACQUIRE)) {
+                if (mark_held(bm, li, s) < 0) {
+                    /* Someone's slice: not ours to write, not ours to push back. */
+                    return shmipc__fail(SHMIPC_EPROTO,
+                                        "buffer list %u: free-list pop handed out slice %u, which "
+                                        "this process holds: a slice handed out twice (ABA on the "
+                                        "untagged head, or a peer that rewrote the list)",
+                                        li, s);
+                }
                 __atomic_store_n(flags_at(bm, s), (uint8_t)SHMIPC__BM_FLAG_IN_USE,
                                  __ATOMIC_RELAXED);
                 __atomic_add_fetch(i32_at(bm, l->offset + bm->counter_at), 1, __ATOMIC_RELAXED);
@@ -419,13 +455,6 @@ int shmipc__buffer_slice_at(const struct shmipc__buffer *bm, uint32_t offset,
     return 0;
 }
 
-/* The number of the slice at `off` of list `li`, across lists. */
-static uint32_t slice_index(const struct shmipc__buffer *bm, uint32_t li, uint32_t off)
-{
-    const struct shmipc__buffer_list *l = &bm->lists[li];
-    return l->first + (off - l->region) / l->stride;
-}
-
 uint64_t *shmipc__held_new(const struct shmipc__buffer *bm)
 {
     return calloc(((size_t)bm->total_slices + 63) / 64 + 1, sizeof(uint64_t));
@@ -453,6 +482,8 @@ int shmipc__buffer_free(struct shmipc__buffer *bm, uint32_t offset)
     int li = list_of(bm, offset);
     if (li < 0)
         return shmipc__fail(SHMIPC_EINVAL, "buffer: cannot free offset %u, not a slice", offset);
+    /* Before the push: once in the list, the slice may be popped (and marked) at once. */
+    shmipc__held_drop(bm, bm->held, offset);
     return list_push(bm, (uint32_t)li, offset - bm->lists[li].region);
 }
 

@@ -53,6 +53,13 @@ struct shmipc__buffer {
     uint32_t nlists; /* ascending by slice_size */
     uint32_t total_slices;
     struct shmipc__buffer_list lists[SHMIPC__BM_MAX_LISTS];
+    /*
+     * The owner's record of the slices in its hands (shmipc__held_new()), or NULL: when set,
+     * every pop marks the slice it takes, a pop that finds the mark already there fails with
+     * SHMIPC_EPROTO (the list handed out a slice in use: ABA on the untagged head CAS, or a
+     * hostile peer), and shmipc__buffer_free() clears the mark before the push.
+     */
+    uint64_t *held;
 };
 
 /* A slice this process holds. */
@@ -97,7 +104,8 @@ int shmipc__buffer_attach(struct shmipc__buffer *out, void *base, size_t size);
  * enough, else from larger lists. The last free slice of a list is never handed out. The
  * slice's flags become "in use", its size/start/next are left as they were (next is stale).
  * SHMIPC_ENOSHM when no list can serve `want` (also when `want` exceeds the largest slice),
- * SHMIPC_EPROTO when a free list in shared memory is corrupt.
+ * SHMIPC_EPROTO when a free list in shared memory is corrupt, or (with bm->held) when the
+ * list handed out a slice marked there: the slice is then left as it is, still its owner's.
  * Thread safe with other allocs and frees in this and the peer process.
  */
 int shmipc__buffer_alloc(struct shmipc__buffer *bm, uint32_t want, struct shmipc__slice *out);
@@ -113,7 +121,7 @@ int shmipc__buffer_alloc_many(struct shmipc__buffer *bm, uint64_t want, struct s
 
 /*
  * Returns the slice whose header is at `offset` to its free list (the push of §2.6): size,
- * start and flags are reset, next is left stale. `offset` must be exactly a slice boundary
+ * start and flags are reset, next is left stale; its mark in bm->held is cleared first. `offset` must be exactly a slice boundary
  * of some list (SHMIPC_EINVAL otherwise); SHMIPC_EPROTO when the free list is corrupt.
  */
 int shmipc__buffer_free(struct shmipc__buffer *bm, uint32_t offset);
