@@ -108,7 +108,8 @@ static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
 static int reusable(const shmipc_stream *st)
 {
     return __atomic_load_n(&st->s->err, __ATOMIC_ACQUIRE) == 0 &&
-           st->state == SHMIPC__STREAM_OPEN && !st->fallback && st->unread == 0 &&
+           __atomic_load_n(&st->state, __ATOMIC_RELAXED) == SHMIPC__STREAM_OPEN &&
+           !__atomic_load_n(&st->fallback, __ATOMIC_RELAXED) && st->unread == 0 &&
            st->nchunks == 0 && st->send_len == 0 && st->nsegs == 0;
 }
 

@@ -727,7 +727,8 @@ static void peer_closed_locked(shmipc_session *s, uint32_t id)
     shmipc_stream *st = lookup_locked(s, id);
     /* The peer closing a stream we closed already (or never knew) is normal: ignore it. */
     if (st != NULL) {
-        st->state = SHMIPC__STREAM_PEER_CLOSED;
+        /* Atomic: the writer's flush reads it without mu. */
+        __atomic_store_n(&st->state, (uint8_t)SHMIPC__STREAM_PEER_CLOSED, __ATOMIC_RELAXED);
         note_ready_locked(s, id);
     }
 }
@@ -778,7 +779,7 @@ static int handle_fallback_locked(shmipc_session *s, const struct shmipc__msg *m
         return rc;
     if (st == NULL || m->u.fallback.len == 0)
         return 0;
-    st->fallback = 1;
+    __atomic_store_n(&st->fallback, 1, __ATOMIC_RELAXED);
     /*
      * Fallback data lives on our heap until it is read and released. The socket is shared by
      * every stream, so we cannot push back on one: a peer that sends more than we hold ends
@@ -1594,7 +1595,7 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous)
     struct shmipc__segment *seg = add_segment(st);
     if (seg == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "stream %u: out of memory", st->id);
-    if (!st->fallback && !(contiguous && want > max)) {
+    if (!__atomic_load_n(&st->fallback, __ATOMIC_RELAXED) && !(contiguous && want > max)) {
         struct shmipc__slice sl;
         uint32_t ask = (uint32_t)(want > max ? max : want);
         int rc = cache_get(s, ask, &sl);
@@ -2030,7 +2031,7 @@ static int send_fallback(shmipc_stream *st)
         rc = fail_locked(s, rc); /* the session's cause (a damaged mapping wins) */
     unlock(s);
     pthread_mutex_unlock(&s->send_mu);
-    st->fallback = 1;
+    __atomic_store_n(&st->fallback, 1, __ATOMIC_RELAXED);
     free_segments(s, st);
     return rc;
 }
@@ -2060,7 +2061,7 @@ int shmipc__stream_flush(shmipc_stream *st)
         free_segments(s, st);
         return ended(s);
     }
-    if (st->state == SHMIPC__STREAM_PEER_CLOSED) {
+    if (__atomic_load_n(&st->state, __ATOMIC_RELAXED) == SHMIPC__STREAM_PEER_CLOSED) {
         free_segments(s, st);
         return shmipc__fail(SHMIPC_EEOF, "stream %u: the peer closed the stream", st->id);
     }
@@ -2069,12 +2070,13 @@ int shmipc__stream_flush(shmipc_stream *st)
         free_segments(s, st);
         return check_memory(s);
     }
-    if (heap || st->fallback) {
+    int fell_back = __atomic_load_n(&st->fallback, __ATOMIC_RELAXED);
+    if (heap || fell_back) {
         /* Warn once per stream: after the first fallback every message takes the socket. */
-        SHMIPC__LOG(st->fallback ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_WARN,
+        SHMIPC__LOG(fell_back ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_WARN,
                     "stream %u: %llu bytes go over the socket (fallback)%s", st->id,
                     (unsigned long long)st->send_len,
-                    st->fallback ? "" : "; the stream stays on the socket from now on");
+                    fell_back ? "" : "; the stream stays on the socket from now on");
         return send_fallback(st);
     }
     /* Hand the chain to the peer: sizes, links, then one queue element for its head. */

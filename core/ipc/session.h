@@ -69,8 +69,10 @@ struct shmipc_stream {
     struct shmipc_session *s;
     struct shmipc_stream *next_in_bucket;
     uint32_t id;
-    uint8_t state;
-    uint8_t fallback; /* data goes over the socket for good */
+    uint8_t state; /* written under mu, read by the writer without it: atomic accesses there */
+    /* Data goes over the socket for good. Set by the writer and by the receive path (under mu,
+     * on another thread), read by the writer without mu: atomic loads and stores only. */
+    uint8_t fallback;
     uint8_t in_table; /* still in the session's table (not closed locally) */
     /*
      * Calls in flight on the handle (low bits) and the SHMIPC__STREAM_SHUT/_CLOSING marks,
