@@ -127,7 +127,8 @@ int shmipc__buffer_alloc_many(struct shmipc__buffer *bm, uint64_t want, struct s
 int shmipc__buffer_free(struct shmipc__buffer *bm, uint32_t offset);
 
 /*
- * The receiver's record of the slices it holds: one bit per slice of the buffer, numbered
+ * A process's record of the slices in its hands (received and not yet freed, and, set as
+ * bm->held, popped and not yet sent or freed): one bit per slice of the buffer, numbered
  * across lists (list.first + index in the list), kept in process memory where the peer cannot
  * reach it. shmipc__held_new() allocates it zeroed for `bm`'s layout (NULL when out of
  * memory); free it with free(). The number of a slice is computed from its offset, so every
