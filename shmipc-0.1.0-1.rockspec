@@ -38,6 +38,8 @@ build = {
             "core/common/error.c",
             "core/common/clock.c",
             "core/common/log.c",
+            "core/common/version.c",
+            "core/ipc/config.c",
             "core/ipc/handshake.c",
             "core/ipc/json.c",
             "core/ipc/listener.c",

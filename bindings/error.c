@@ -1,45 +1,27 @@
-/* Version and error model of the public ABI. */
+/* Version and error model of the public ABI: the version and error table of core/common. */
 #include "shmipc.h"
 
 #include "common/error.h"
-
-#define STR_(x) #x
-#define STR(x)  STR_(x)
+#include "common/version.h"
 
 SHMIPC_API int shmipc_version(void)
 {
-    return SHMIPC_VERSION_HEX;
+    return shmipc__version();
 }
 
 SHMIPC_API const char *shmipc_version_string(void)
 {
-    return STR(SHMIPC_VERSION_MAJOR) "." STR(SHMIPC_VERSION_MINOR) "." STR(SHMIPC_VERSION_PATCH);
+    return shmipc__version_string();
 }
 
 SHMIPC_API const char *shmipc_strerror(int code)
 {
-    switch (code) {
-#define ERR_MSG(name, value, msg)                                                                  \
-    case (value):                                                                                  \
-        return msg;
-        SHMIPC_ERRNO_MAP(ERR_MSG)
-#undef ERR_MSG
-    default:
-        return "unknown error";
-    }
+    return shmipc__strerror(code);
 }
 
 SHMIPC_API const char *shmipc_errname(int code)
 {
-    switch (code) {
-#define ERR_NAME(name, value, msg)                                                                 \
-    case (value):                                                                                  \
-        return "SHMIPC_" #name;
-        SHMIPC_ERRNO_MAP(ERR_NAME)
-#undef ERR_NAME
-    default:
-        return NULL;
-    }
+    return shmipc__errname(code);
 }
 
 SHMIPC_API const char *shmipc_error_detail(void)

@@ -57,7 +57,7 @@ SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, s
 SHMIPC_API int shmipc_session_fileno(const shmipc_session *s)
 {
     REQUIRE(s, "session_fileno", "session");
-    return s->event_fd;
+    return shmipc__session_fileno(s);
 }
 
 SHMIPC_API int shmipc_session_process(shmipc_session *s)
@@ -69,7 +69,7 @@ SHMIPC_API int shmipc_session_process(shmipc_session *s)
 SHMIPC_API int shmipc_session_status(const shmipc_session *s)
 {
     REQUIRE(s, "session_status", "session");
-    return __atomic_load_n(&s->err, __ATOMIC_ACQUIRE);
+    return shmipc__session_status(s);
 }
 
 SHMIPC_API int shmipc_session_version(const shmipc_session *s)

@@ -63,3 +63,29 @@ const char *shmipc__detail(void)
 {
     return detail;
 }
+
+const char *shmipc__strerror(int code)
+{
+    switch (code) {
+#define ERR_MSG(name, value, msg)                                                                  \
+    case (value):                                                                                  \
+        return msg;
+        SHMIPC_ERRNO_MAP(ERR_MSG)
+#undef ERR_MSG
+    default:
+        return "unknown error";
+    }
+}
+
+const char *shmipc__errname(int code)
+{
+    switch (code) {
+#define ERR_NAME(name, value, msg)                                                                 \
+    case (value):                                                                                  \
+        return "SHMIPC_" #name;
+        SHMIPC_ERRNO_MAP(ERR_NAME)
+#undef ERR_NAME
+    default:
+        return NULL;
+    }
+}

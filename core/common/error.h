@@ -1,4 +1,8 @@
-/* Internal error helpers: every failure path records a detail for shmipc_error_detail(). */
+/*
+ * Internal error helpers: every failure path records a detail (shmipc__detail()), and the
+ * error table (shmipc__strerror(), shmipc__errname()) names the codes of SHMIPC_ERRNO_MAP.
+ * bindings/error.c exports them as shmipc_error_detail(), shmipc_strerror(), shmipc_errname().
+ */
 #ifndef SHMIPC_CORE_ERROR_H
 #define SHMIPC_CORE_ERROR_H
 
@@ -16,7 +20,13 @@ int shmipc__fail_errno(int err, const char *fmt, ...) __attribute__((format(prin
 /* Maps a positive errno value onto the closest shmipc code (SHMIPC_EIO when none fits). */
 int shmipc__code_from_errno(int err);
 
-/* The calling thread's detail buffer, read by shmipc_error_detail(). */
+/* The calling thread's detail buffer (what shmipc_error_detail() returns). */
 const char *shmipc__detail(void);
+
+/* The message of a code, "unknown error" for a code not in SHMIPC_ERRNO_MAP. */
+const char *shmipc__strerror(int code);
+
+/* "SHMIPC_EINVAL" for SHMIPC_EINVAL; NULL for a code not in SHMIPC_ERRNO_MAP. */
+const char *shmipc__errname(int code);
 
 #endif

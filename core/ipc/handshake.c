@@ -6,6 +6,7 @@
 
 #include "common/env.h"
 #include "common/error.h"
+#include "common/version.h"
 #include "common/log.h"
 #include "ipc/proto.h"
 #include "ipc/sockio.h"
@@ -189,7 +190,7 @@ static int handshake_client_v4(shmipc_session *s, uint64_t deadline)
     s->version = 4;
     s->wire = 0;
     strcpy(req.sdk_name, SHMIPC__V4_SDK_NAME);
-    snprintf(req.sdk_version, sizeof req.sdk_version, "%s", shmipc_version_string());
+    snprintf(req.sdk_version, sizeof req.sdk_version, "%s", shmipc__version_string());
     if (s->cfg.wakeup == SHMIPC_WAKEUP_POLLING) {
         req.features = SHMIPC_V4_FEATURE_POLLING;
         req.interval_us = s->cfg.polling_interval_us;
@@ -506,7 +507,7 @@ static int server_negotiate(shmipc_session *s, const struct shmipc__header *h, u
     if (rc == SHMIPC_EPROTO) {
         memset(&resp, 0, sizeof resp);
         strcpy(resp.error_code, "JSON_PARSE_ERROR");
-        snprintf(resp.error_message, sizeof resp.error_message, "%s", shmipc_error_detail());
+        snprintf(resp.error_message, sizeof resp.error_message, "%s", shmipc__detail());
     } else if (rc < 0) {
         return rc;
     } else {

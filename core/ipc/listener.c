@@ -31,16 +31,16 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
         return shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
     l->fd = l->wake_fd = l->ready_fd = l->poll_fd = l->shut_fd = -1;
     l->refs = 1;
-    if (cfg != NULL && (rc = shmipc_config_validate(cfg)) < 0)
+    if (cfg != NULL && (rc = shmipc__config_validate(cfg)) < 0)
         goto err;
     if (cfg != NULL) {
         l->cfg = *cfg;
     } else {
         shmipc_config *def;
-        if ((rc = shmipc_config_new(&def)) < 0)
+        if ((rc = shmipc__config_new(&def)) < 0)
             goto err;
         l->cfg = *def;
-        shmipc_config_free(def);
+        shmipc__config_free(def);
     }
     if ((rc = shmipc__addr_parse(address, &l->addr)) < 0)
         goto err;
@@ -54,7 +54,7 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
         rc = shmipc__fail_errno(rc, "listener %s: mutex", address);
         goto err;
     }
-    if ((rc = shmipc__sock_listen(&l->addr, shmipc_config_get_socket_mode(&l->cfg))) < 0) {
+    if ((rc = shmipc__sock_listen(&l->addr, shmipc__config_get_socket_mode(&l->cfg))) < 0) {
         pthread_mutex_destroy(&l->mu);
         goto err;
     }
@@ -126,7 +126,7 @@ static void *handshake_main(void *arg)
     int rc = shmipc__session_accept_fd(h->sock, &l->cfg, &s);
     if (rc < 0)
         SHMIPC__LOG(SHMIPC__LOG_WARN, "listener %s: handshake failed: %s (%s)", l->addr.text,
-                    shmipc_errname(rc), shmipc_error_detail());
+                    shmipc__errname(rc), shmipc__detail());
     pthread_mutex_lock(&l->mu);
     /* A listener that is closing takes no more sessions: this one is closed below. */
     if (rc == 0 && !l->closing && ready_push(l, s) == 0)
@@ -425,7 +425,7 @@ static void take_sessions(shmipc_listener *l, struct served *v)
     while ((s = take_ready(l)) != NULL) {
         shmipc__session_track_ready(s);
         if (served_add(v, s) < 0) {
-            SHMIPC__LOG(SHMIPC__LOG_ERROR, "listener %s: %s", l->addr.text, shmipc_error_detail());
+            SHMIPC__LOG(SHMIPC__LOG_ERROR, "listener %s: %s", l->addr.text, shmipc__detail());
             shmipc__session_close(s);
         }
     }
@@ -462,7 +462,7 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
         v.pfd[1] = (struct pollfd){.fd = l->fd, .events = POLLIN};
         v.pfd[2] = (struct pollfd){.fd = l->ready_fd, .events = POLLIN};
         for (uint32_t i = 0; i < v.n; i++)
-            v.pfd[3 + i] = (struct pollfd){.fd = shmipc_session_fileno(v.s[i]), .events = POLLIN};
+            v.pfd[3 + i] = (struct pollfd){.fd = shmipc__session_fileno(v.s[i]), .events = POLLIN};
         int n = poll(v.pfd, v.n + 3, again ? 0 : -1);
         if (n < 0 && errno != EINTR) {
             rc = shmipc__fail_errno(errno, "listener %s: poll", l->addr.text);
@@ -480,7 +480,7 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
         uint32_t before = v.n;
         /* Handshakes run on threads of their own: a stalling client holds up nobody here. */
         if (v.pfd[1].revents && accept_clients(l) < 0)
-            SHMIPC__LOG(SHMIPC__LOG_WARN, "%s", shmipc_error_detail());
+            SHMIPC__LOG(SHMIPC__LOG_WARN, "%s", shmipc__detail());
         if (v.pfd[2].revents)
             take_sessions(l, &v);
         for (uint32_t i = 0; i < v.n; i++) {
@@ -495,7 +495,7 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
          * a session can end inside a callback, after its last dispatch round.
          */
         for (uint32_t i = 0; i < v.n;) {
-            if (shmipc_session_status(v.s[i]) != 0) {
+            if (shmipc__session_status(v.s[i]) != 0) {
                 while (dispatch(v.s[i], &v, on_stream, on_data, user_data))
                     ;
                 shmipc__session_close(v.s[i]);

@@ -14,9 +14,10 @@
 static void drop_pool(struct shmipc__pool *p)
 {
     for (uint32_t i = 0; i < p->nidle; i++)
-        shmipc_stream_close(p->idle[i]);
+        shmipc__stream_close_handle(p->idle[i]);
     p->nidle = 0;
-    shmipc_session_close(p->s);
+    if (p->s != NULL)
+        shmipc__session_close(p->s);
     p->s = NULL;
 }
 
@@ -25,26 +26,26 @@ int shmipc__manager_new(const char *address, const shmipc_config *cfg, shmipc_se
     shmipc_config *def = NULL;
     int rc;
     if (cfg == NULL) {
-        if ((rc = shmipc_config_new(&def)) < 0)
+        if ((rc = shmipc__config_new(&def)) < 0)
             return rc;
         cfg = def;
     }
-    if ((rc = shmipc_config_validate(cfg)) < 0) {
-        shmipc_config_free(def);
+    if ((rc = shmipc__config_validate(cfg)) < 0) {
+        shmipc__config_free(def);
         return rc;
     }
     if (strlen(address) >= sizeof((shmipc_session_manager *)0)->address) {
-        shmipc_config_free(def);
+        shmipc__config_free(def);
         return shmipc__fail(SHMIPC_ENAMETOOLONG, "session_manager: address too long");
     }
     size_t size = sizeof(shmipc_session_manager) + cfg->session_num * sizeof(struct shmipc__pool);
     shmipc_session_manager *m = calloc(1, size);
     if (m == NULL) {
-        shmipc_config_free(def);
+        shmipc__config_free(def);
         return shmipc__fail(SHMIPC_ENOMEM, "session_manager: out of memory");
     }
     m->cfg = *cfg;
-    shmipc_config_free(def);
+    shmipc__config_free(def);
     strcpy(m->address, address);
     pthread_mutex_init(&m->mu, NULL);
     m->npools = m->cfg.session_num;
@@ -85,16 +86,16 @@ static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
 {
     uint64_t now = shmipc__now_ns();
     int rc;
-    if (p->s != NULL && shmipc_session_status(p->s) == 0)
+    if (p->s != NULL && shmipc__session_status(p->s) == 0)
         return 0;
     if (p->s != NULL) {
         SHMIPC__LOG(SHMIPC__LOG_INFO, "session_manager %s: session ended (%s), reconnecting",
-                    m->address, shmipc_errname(shmipc_session_status(p->s)));
+                    m->address, shmipc__errname(shmipc__session_status(p->s)));
         drop_pool(p);
     }
     if (now < m->next_attempt_ns)
         return shmipc__fail(m->last_err, "session_manager %s: reconnecting failed recently (%s)",
-                            m->address, shmipc_strerror(m->last_err));
+                            m->address, shmipc__strerror(m->last_err));
     if ((rc = shmipc__session_connect(m->address, &m->cfg, &p->s)) < 0) {
         p->s = NULL;
         m->last_err = rc;
@@ -141,7 +142,7 @@ int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
             if (still_reusable(st))
                 *out = st;
             else
-                shmipc_stream_close(st);
+                shmipc__stream_close_handle(st);
         }
         if (*out == NULL)
             rc = shmipc__session_open_stream(p->s, out);
@@ -169,7 +170,7 @@ void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
     }
     mgr_unlock(m);
     if (!ok)
-        shmipc_stream_close(st);
+        shmipc__stream_close_handle(st);
 }
 
 void shmipc__manager_close(shmipc_session_manager *m)

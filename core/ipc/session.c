@@ -81,13 +81,13 @@ static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **ou
         s->cfg = *cfg;
     } else {
         shmipc_config *def;
-        int rc = shmipc_config_new(&def);
+        int rc = shmipc__config_new(&def);
         if (rc < 0) {
             free(s);
             return rc;
         }
         s->cfg = *def;
-        shmipc_config_free(def);
+        shmipc__config_free(def);
     }
     *out = s;
     return 0;
@@ -311,11 +311,11 @@ static int fail_locked(shmipc_session *s, int code)
                                 shmipc__mapping_damaged(&s->buffer_map) ? s->buffer_path
                                                                         : s->queue_path);
         /* Atomic: shmipc_session_status() reads it without the lock (why is read under it). */
-        snprintf(s->why, sizeof s->why, "%s", shmipc_error_detail());
+        snprintf(s->why, sizeof s->why, "%s", shmipc__detail());
         __atomic_store_n(&s->err, code, __ATOMIC_RELEASE);
         SHMIPC__LOG(code == SHMIPC_ECLOSED ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_INFO,
-                    "session %s ended: %s (%s)", s->buffer_path, shmipc_errname(code),
-                    shmipc_error_detail());
+                    "session %s ended: %s (%s)", s->buffer_path, shmipc__errname(code),
+                    shmipc__detail());
         /* Wakes a processor blocked in poll() and shows the peer the end at once. */
         if (s->fd >= 0)
             shutdown(s->fd, SHUT_RDWR);
@@ -479,7 +479,7 @@ int shmipc__session_connect(const char *address, const shmipc_config *cfg, shmip
 {
     struct shmipc__addr addr;
     int rc;
-    if (cfg != NULL && (rc = shmipc_config_validate(cfg)) < 0)
+    if (cfg != NULL && (rc = shmipc__config_validate(cfg)) < 0)
         return rc;
     if ((rc = shmipc__addr_parse(address, &addr)) < 0)
         return rc;
@@ -493,7 +493,7 @@ int shmipc__session_connect(const char *address, const shmipc_config *cfg, shmip
         struct shmipc_config legacy = *cfg;
         if (!known)
             SHMIPC__LOG(SHMIPC__LOG_INFO, "connect %s: V4 set-up failed (%s: %s); retrying legacy",
-                        address, shmipc_errname(rc), shmipc_error_detail());
+                        address, shmipc__errname(rc), shmipc__detail());
         legacy.protocol = SHMIPC_PROTOCOL_LEGACY;
         legacy.fallback = 0;
         legacy.wakeup = SHMIPC_WAKEUP_SOCKET;
@@ -660,7 +660,7 @@ static int stream_for_data_locked(shmipc_session *s, uint32_t id, shmipc_stream 
     shmipc_stream *st = lookup_locked(s, id);
     if (st == NULL && s->role == SHMIPC__SERVER) {
         int rc;
-        uint32_t max = shmipc_config_get_max_pending_streams(&s->cfg);
+        uint32_t max = shmipc__config_get_max_pending_streams(&s->cfg);
         /*
          * Each stream costs us heap; a peer that opens them faster than they are accepted
          * would grow it without end. Go blocks its reader here, which stalls the session
@@ -785,7 +785,7 @@ static int handle_fallback_locked(shmipc_session *s, const struct shmipc__msg *m
      * every stream, so we cannot push back on one: a peer that sends more than we hold ends
      * the session.
      */
-    uint64_t max = shmipc_config_get_max_fallback_unread(&s->cfg);
+    uint64_t max = shmipc__config_get_max_fallback_unread(&s->cfg);
     if (s->fallback_held + m->u.fallback.len + SHMIPC__FALLBACK_CHUNK_COST > max)
         return shmipc__fail(SHMIPC_EPROTO,
                             "stream %u: %u bytes of fallback data on top of %llu held unread "
@@ -1874,7 +1874,7 @@ static int write_frame(shmipc_session *s, const uint8_t *msg, size_t len, uint64
                                          "socket: a %zu-byte control message was cut after %zu "
                                          "bytes (%s); a half-written frame would poison the "
                                          "socket, so the session ends",
-                                         len, sent, shmipc_errname(rc)));
+                                         len, sent, shmipc__errname(rc)));
         unlock(s);
     }
     return rc;
@@ -2026,7 +2026,7 @@ static int send_fallback(shmipc_stream *st)
                                          "%llu-byte message (%s); a half-written frame would "
                                          "poison the socket, so the session ends",
                                          st->id, sent, (unsigned long long)st->send_len,
-                                         shmipc_errname(rc)));
+                                         shmipc__errname(rc)));
     else if (rc < 0 && rc != SHMIPC_ETIMEDOUT)
         rc = fail_locked(s, rc); /* the session's cause (a damaged mapping wins) */
     unlock(s);
@@ -2142,7 +2142,7 @@ static void send_close(shmipc_stream *st)
     pthread_mutex_unlock(&s->send_mu);
     if (rc < 0)
         SHMIPC__LOG(SHMIPC__LOG_DEBUG, "stream %u: close not delivered: %s", st->id,
-                    shmipc_error_detail());
+                    shmipc__detail());
 }
 
 void shmipc__stream_close(shmipc_stream *st)

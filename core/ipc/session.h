@@ -218,6 +218,18 @@ static inline int shmipc__session_memory_damaged(const shmipc_session *s)
     return shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map);
 }
 
+/* 0 while the session lives, else the code that ended it (shmipc_session_status()). */
+static inline int shmipc__session_status(const shmipc_session *s)
+{
+    return __atomic_load_n(&s->err, __ATOMIC_ACQUIRE);
+}
+
+/* What shmipc_session_fileno() returns: the fd that polls readable when there is news. */
+static inline int shmipc__session_fileno(const shmipc_session *s)
+{
+    return s->event_fd;
+}
+
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len);
 int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr);
 int shmipc__stream_commit(shmipc_stream *st, size_t n);

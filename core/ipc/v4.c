@@ -1,6 +1,7 @@
 #include "ipc/v4.h"
 
 #include "common/error.h"
+#include "common/version.h"
 #include "ipc/json.h"
 #include "ipc/proto.h"
 
@@ -81,7 +82,7 @@ int shmipc__v4_encode_response(const struct shmipc__v4_response *r, uint8_t *out
     int rc = put(o, cap, &pos,
                  "{\"selected_protocol\":%d,\"sdk_name\":\"%s\",\"sdk_version\":\"%s\","
                  "\"selected_features\":",
-                 r->protocol, SHMIPC__V4_SDK_NAME, shmipc_version_string());
+                 r->protocol, SHMIPC__V4_SDK_NAME, shmipc__version_string());
     rc = rc ? rc : put_features(o, cap, &pos, r->features);
     rc = rc ? rc : put(o, cap, &pos, ",\"settings\":");
     rc = rc ? rc : put_settings(o, cap, &pos, r->features, r->interval_us);

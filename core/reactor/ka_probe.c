@@ -11,6 +11,7 @@
  * SHMIPC_RX_EPOLL choose the backend and the epoll mode. Not built by meson: a tool, not part
  * of the library.
  */
+#include "common/error.h"
 #include "reactor/loop.h"
 
 #include "shmipc.h"
@@ -110,7 +111,7 @@ static int serve(int port, long target)
     if (rc == 0)
         rc = shmipc__loop_run(s.loop);
     if (rc != 0) {
-        fprintf(stderr, "serve: %s: %s\n", shmipc_errname(rc), shmipc_error_detail());
+        fprintf(stderr, "serve: %s: %s\n", shmipc__errname(rc), shmipc__detail());
         return 1;
     }
     shmipc__loop_stats(s.loop, &st);
