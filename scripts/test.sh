@@ -66,6 +66,7 @@ step "fuzz (bounded)" fuzz/run.sh -d build-fuzz -t 15 -j 2 -o "$results/fuzz.txt
 
 : >"$results/checks.txt"
 for check in registered:scripts/check-tests.py knobs:scripts/check-knobs.py \
+  layers:scripts/check-layers.py \
   format:scripts/check-format.sh static:scripts/check-static.sh \
   abi-table:scripts/check-abi-table.py \
   abi-baseline:scripts/check-abi-baseline.sh \
