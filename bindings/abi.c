@@ -4,6 +4,7 @@
  * without a user-data pointer (bindings reach it through a libffi closure).
  */
 #include "shmipc.h"
+#include "shmipc_abi.h"
 
 #include "common/log.h"
 

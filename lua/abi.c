@@ -6,6 +6,8 @@
  */
 #include "lshmipc.h"
 
+#include <shmipc_abi.h>
+
 #include <ffi.h>
 
 #include <limits.h>

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Fails unless `meson install` installs what a C user needs: the library (with its SONAME
-# link and the development link), the public header and a pkg-config file with which a C
-# example builds. examples/c/greeter_client.c is compiled against a DESTDIR copy with
-# `pkg-config --cflags --libs shmipc`, run against the installed library, and must fail
-# cleanly because nobody listens on the address it is given.
+# link and the development link), the public headers (shmipc.h, and shmipc_abi.h beside it)
+# and a pkg-config file with which a C example builds. examples/c/greeter_client.c is
+# compiled against a DESTDIR copy with `pkg-config --cflags --libs shmipc`, run against the
+# installed library, and must fail cleanly because nobody listens on the address it is given;
+# a program that includes only <shmipc_abi.h> builds with the same flags and reads the table.
 #
 # Usage: check-abi-install.sh [BUILD_DIR]   (default build)
 set -euo pipefail
@@ -20,12 +21,18 @@ meson install -C "$build" --destdir "$root" --no-rebuild --tags runtime,devel \
 
 pc=$(find "$root" -name shmipc.pc -print -quit)
 header=$(find "$root" -path '*/include/shmipc.h' -print -quit)
+abi_header=$(find "$root" -path '*/include/shmipc_abi.h' -print -quit)
 lib=$(find "$root" -name libshmipc.so.0 -print -quit)
 [[ -n $pc ]] || die "no shmipc.pc was installed"
 [[ -n $header ]] || die "no include/shmipc.h was installed"
+[[ -n $abi_header ]] || die "no include/shmipc_abi.h was installed"
+[[ $(dirname "$abi_header") == "$(dirname "$header")" ]] \
+  || die "shmipc_abi.h is not installed beside shmipc.h: $abi_header"
 [[ -n $lib ]] || die "no libshmipc.so.0 was installed"
 [[ -e $(dirname "$lib")/libshmipc.so ]] || die "no libshmipc.so development link was installed"
 cmp -s "$header" bindings/shmipc.h || die "the installed shmipc.h differs from bindings/shmipc.h"
+cmp -s "$abi_header" bindings/shmipc_abi.h \
+  || die "the installed shmipc_abi.h differs from bindings/shmipc_abi.h"
 
 # The .pc file names the install prefix; the sysroot maps it into the DESTDIR copy.
 export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$root
@@ -49,5 +56,22 @@ if [[ $rc -ne 1 ]] || ! grep -q "SHMIPC_ECONNREFUSED" "$tmp/run.txt"; then
   cat "$tmp/run.txt" >&2
   die "greeter_client should fail cleanly with SHMIPC_ECONNREFUSED (exit 1), got exit $rc"
 fi
-echo "abi-install: installed ${lib#"$root"}, ${header#"$root"} and ${pc#"$root"};" \
+# The descriptor table's header, on its own (it includes shmipc.h), with the same flags.
+cat >"$tmp/abi_count.c" <<'EOF'
+#include <shmipc_abi.h>
+#include <stdio.h>
+int main(void)
+{
+    const shmipc_abi_fn *f = shmipc_abi_find("shmipc_abi_count");
+    printf("%d\n", shmipc_abi_count());
+    return f != NULL && f->size >= sizeof *f && shmipc_abi_count() > 0 ? 0 : 1;
+}
+EOF
+# shellcheck disable=SC2086 # the flags are words
+cc -std=gnu11 -Wall -Wextra -Werror -o "$tmp/abi_count" "$tmp/abi_count.c" $flags \
+  || die "a program including <shmipc_abi.h> does not build against the installed library"
+nfn=$(LD_LIBRARY_PATH=$libdir "$tmp/abi_count") \
+  || die "the installed library's descriptor table does not describe shmipc_abi_count"
+echo "abi-install: installed ${lib#"$root"}, ${header#"$root"}, ${abi_header#"$root"} and" \
+  "${pc#"$root"}; a <shmipc_abi.h> program reads $nfn descriptors;" \
   "greeter_client built with pkg-config and ran: $(tail -n1 "$tmp/run.txt")"

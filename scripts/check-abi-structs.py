@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Fails when a public struct that may grow breaks the rule that lets it grow: a struct of
-bindings/shmipc.h whose name ends in _opts or _options, or whose doc comment says @sized,
-must start with `size_t size;` and may only gain fields at its end, so its fields in the
-committed ABI baseline (bindings/abi/libshmipc.abi) must be the first fields it has now.
+the public headers (bindings/shmipc.h, bindings/shmipc_abi.h) whose name ends in _opts or
+_options, or whose doc comment says @sized, must start with `size_t size;` and may only gain
+fields at its end, so its fields in the committed ABI baseline (bindings/abi/libshmipc.abi)
+must be the first fields it has now.
 
 Every other public struct (shmipc_slice_class, shmipc_abi_param) is a plain value type and
 frozen: any change to it fails scripts/check-abi-baseline.sh, which also lets sized structs
@@ -24,8 +25,16 @@ spec.loader.exec_module(abi)
 BASELINE = os.path.join(ROOT, "bindings", "abi", "libshmipc.abi")
 
 
-def public_structs(path=abi.HEADER):
-    """[(name, sized, [(ctype, member name)], line)] for every struct defined in the header."""
+def public_structs(paths=abi.HEADERS):
+    """[(name, sized, [(ctype, member name)], "header:line")] for every struct defined in the
+    public headers."""
+    out = []
+    for path in paths:
+        out += header_structs(path)
+    return out
+
+
+def header_structs(path):
     raw = open(path).read()
     out = []
     pat = re.compile(r"(/\*\*(?:(?!\*/).)*\*/\s*)?(?:typedef\s+)?struct\s+(\w+)\s*\{(.*?)\}", re.S)
@@ -37,7 +46,8 @@ def public_structs(path=abi.HEADER):
             decl = " ".join(decl.split())
             if decl:
                 members.append(abi.split_param(decl))
-        out.append((name, sized, members, raw.count("\n", 0, m.start(2)) + 1))
+        line = raw.count("\n", 0, m.start(2)) + 1
+        out.append((name, sized, members, f"{os.path.basename(path)}:{line}"))
     return out
 
 
@@ -66,7 +76,7 @@ def main(argv):
     for name, sized, members, line in structs:
         if not sized:
             continue
-        where = f"shmipc.h:{line}: struct {name}"
+        where = f"{line}: struct {name}"
         if not members or members[0] != ("size_t", "size"):
             first = f"{members[0][0]} {members[0][1]}" if members else "nothing"
             problems.append(f"{where} is a sized struct but starts with {first}, not size_t size")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Fails when the descriptor table bindings/abi.def, the public header bindings/shmipc.h, the
-version script bindings/libshmipc.map and the dynamic symbols of the built libshmipc.so
+"""Fails when the descriptor table bindings/abi.def, the public headers bindings/shmipc.h and
+bindings/shmipc_abi.h (read as one), the version script bindings/libshmipc.map and the dynamic symbols of the built libshmipc.so
 disagree:
   - every SHMIPC_API function of the header has a row with the same return type and the same
     parameter types and names, and every row a declaration; the same for callback types;
@@ -20,6 +20,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER = os.path.join(ROOT, "bindings", "shmipc.h")
+# The public headers: the API (shmipc.h) and the descriptor table's types (shmipc_abi.h).
+HEADERS = [HEADER, os.path.join(ROOT, "bindings", "shmipc_abi.h")]
 TABLE = os.path.join(ROOT, "bindings", "abi.def")
 MAP = os.path.join(ROOT, "bindings", "libshmipc.map")
 SONAME = "libshmipc.so.0"
@@ -82,8 +84,9 @@ def split_param(p):
 
 
 class Header:
-    def __init__(self, path=HEADER):
-        self.raw = open(path).read()
+    def __init__(self, paths=None):
+        paths = HEADERS if paths is None else [paths] if isinstance(paths, str) else paths
+        self.raw = "\n".join(open(p).read() for p in paths)
         code = strip_directives(strip_comments(self.raw))
         self.functions = {}  # name -> (ret ctype, [(ctype, name)])
         self.order = []
@@ -503,8 +506,8 @@ def main(argv):
         print(f"check-abi-table: {len(problems)} problems; `scripts/check-abi-table.py --draft` "
               "prints rows for the functions the table lacks", file=sys.stderr)
         return 1
-    print(f"abi-table: {len(rows)} functions and {len(cbs)} callback types agree with shmipc.h, "
-          f"libshmipc.map ({len(nodes)} nodes) and the {nsyms} exported symbols; SONAME {SONAME}")
+    print(f"abi-table: {len(rows)} functions and {len(cbs)} callback types agree with shmipc.h "
+          f"and shmipc_abi.h, libshmipc.map ({len(nodes)} nodes) and the {nsyms} exported symbols; SONAME {SONAME}")
     return 0
 
 

@@ -12,6 +12,8 @@
  */
 #include "module.h"
 
+#include <shmipc_abi.h>
+
 #include <ffi.h>
 #include <string.h>
 

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "shmipc.h"
+#include "shmipc_abi.h"
 #include "common/log.h"
 
 #define MAX_PARAMS 16
