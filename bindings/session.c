@@ -250,9 +250,8 @@ SHMIPC_API void shmipc_session_manager_put_back(shmipc_session_manager *m, shmip
 {
     if (st == NULL)
         return;
-    /* A stream shut down is of no use to the next taker: it fails every call. */
-    if (m == NULL || (__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT))
-        shmipc_stream_close(st);
+    if (m == NULL)
+        shmipc__stream_close_handle(st);
     else
         shmipc__manager_put_back(m, st);
 }

@@ -153,6 +153,11 @@ int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
 
 void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
 {
+    /* A stream shut down is of no use to the next taker: it fails every call. */
+    if (__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT) {
+        shmipc__stream_close_handle(st);
+        return;
+    }
     mgr_lock(m);
     struct shmipc__pool *p = NULL;
     for (uint32_t i = 0; i < m->npools; i++)

@@ -32,6 +32,7 @@ struct shmipc_session_manager {
 int shmipc__manager_new(const char *address, const shmipc_config *cfg,
                         shmipc_session_manager **out);
 int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out);
+/* Pools `st` for the next taker, or closes it: shut down, not as new, or its pool full. */
 void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st);
 void shmipc__manager_close(shmipc_session_manager *m);
 

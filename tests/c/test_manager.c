@@ -15,6 +15,7 @@
 
 #include "ipc_helpers.h"
 #include "shmipc.h"
+#include "ipc/manager.h"
 #include "ipc/session.h"
 
 static char address[128];
@@ -127,6 +128,37 @@ static void pooled_stream_closed_by_peer_is_not_reused(void **state)
     assert_int_not_equal(shmipc_stream_id(again), id);
     ss = ipc_ping_pong(f.server[0], again, NULL);
     shmipc_session_manager_put_back(f.m, again);
+    shmipc_stream_close(ss);
+    stop(&f);
+}
+
+/*
+ * A stream shut down is closed by put_back, not pooled (the next taker would find it failing
+ * every call); with no manager, put_back closes it too. Pins the rule moved from
+ * bindings/session.c into shmipc__manager_put_back (issue 20, layers). ASan sees a leak if a
+ * path forgets the stream.
+ */
+static void shut_down_stream_is_closed_not_pooled(void **state)
+{
+    (void)state;
+    struct fixture f;
+    shmipc_stream *cs, *again, *loose;
+    start(&f, 1);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
+    uint32_t id = shmipc_stream_id(cs);
+    shmipc_stream *ss = ipc_ping_pong(f.server[0], cs, NULL);
+    assert_int_equal(shmipc_stream_shutdown(cs), 0);
+    shmipc_session_manager_put_back(f.m, cs);
+    assert_int_equal(f.m->pools[0].nidle, 0);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &again), 0);
+    assert_int_not_equal(shmipc_stream_id(again), id);
+    shmipc_session_manager_put_back(f.m, again);
+    assert_int_equal(f.m->pools[0].nidle, 1);
+    /* No manager: the stream is closed, whatever its state. */
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &loose), 0);
+    shmipc_session_manager_put_back(NULL, loose);
+    assert_int_equal(f.m->pools[0].nidle, 0);
+    shmipc_session_manager_put_back(f.m, NULL);
     shmipc_stream_close(ss);
     stop(&f);
 }
@@ -294,6 +326,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(streams_are_reused),
         cmocka_unit_test(pooled_stream_closed_by_peer_is_not_reused),
+        cmocka_unit_test(shut_down_stream_is_closed_not_pooled),
         cmocka_unit_test(sessions_rotate_every_32_calls),
         cmocka_unit_test(dead_session_is_replaced),
         cmocka_unit_test(log_sink_under_manager_lock),
