@@ -642,9 +642,19 @@ static PyObject *stream_forward(StreamObject *self, PyObject *args, PyObject *kw
         invalidate(src);
         maybe_release(src); /* what was read and did not move goes back */
     }
-    if (src != self && leave(self) < 0)
+    if (rc == RAISED) {
+        /* The read's error is the one reported; a close of this stream that waited for the
+         * forward still happens (raising over a set exception was a SystemError). */
+        if (src != self) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            if (leave(self) < 0)
+                PyErr_Clear();
+            PyErr_Restore(type, value, tb);
+        }
         return NULL;
-    if (rc == RAISED)
+    }
+    if (src != self && leave(self) < 0)
         return NULL;
     if (rc == SHMIPC_EAGAIN)
         Py_RETURN_NONE;

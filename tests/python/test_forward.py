@@ -143,6 +143,39 @@ def test_dst_closed_while_forward_waits(pair):
     assert sa.readexactly(1) == b"D"  # 6 of "PAYLOAD" moved with HEAD and were dropped
 
 
+def test_src_read_fails_after_dst_was_closed(pair):
+    """A forward waiting on src while dst is closed from another thread: the close shuts dst
+    down, which ends the forward's wait with an error for it, and the close that waited for
+    the forward then raised ClosedError on top of that error: Python reported SystemError
+    ("ClosedError returned a result with an exception set"; seen as a flake of
+    test_dst_closed_while_forward_waits). One ClosedError now, and dst is closed after."""
+    import threading
+    import time
+
+    ca, sa = pair.streams()  # ca and cb stay referenced: collected, they would close
+    cb, sb = pair.streams()
+    sa.read_timeout = 0.5
+    box = {}
+
+    def forward():
+        try:
+            box["rc"] = sb.forward(sa, 6)
+        except BaseException as e:  # reported below
+            box["exc"] = e
+
+    t = threading.Thread(target=forward)
+    t.start()
+    time.sleep(0.1)
+    sb.close()  # pending: forward still waits on sa, and then times out
+    t.join(10)
+    assert not t.is_alive()
+    assert isinstance(box.get("exc"), shmipc.ClosedError), box
+    with pytest.raises(shmipc.ClosedError):
+        sb.write(b"x")
+    ca.close()
+    cb.close()
+
+
 def test_what_was_read_goes_with_live_chunks_only(pair):
     cs, ss = pair.streams()
     send(cs, b"AAABBBCCC")
