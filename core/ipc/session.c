@@ -1087,6 +1087,20 @@ static void spin_judge(shmipc_session *s, uint64_t gave_up)
 }
 
 /*
+ * One step of a spin loop: the CPU's pause hint, which frees the pipeline for the sibling
+ * hyperthread and keeps the loop from flooding the memory system with reads. Nothing where
+ * there is no such hint.
+ */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("isb" ::: "memory");
+#endif
+}
+
+/*
  * Spins for up to spin_ns() (and never past `deadline`) with our receive queue's working flag
  * set, watching the queue. Returns 1 when elements arrived, 0 when the spin gave up with the
  * flag cleared again and the queue found empty. The caller holds the processing role.
@@ -1103,12 +1117,49 @@ static int spin_for_work(shmipc_session *s, uint64_t deadline)
             return 1;
         if ((i & 63) == 63 && shmipc__now_ns() >= end)
             break;
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
+        cpu_relax();
     }
     /* Clear and look again: a put that saw the flag set sent no wakeup. */
     return shmipc__queue_mark_not_working(&s->qp.recv) != 0;
+}
+
+/*
+ * One spin turn, when no other thread processes and spinning is on for this wait: before
+ * sleeping, spin a little with our working flag set. A peer that answers within the spin
+ * sees the flag and sends no wakeup, and we take its message with no system call on either
+ * side. Then the flag is cleared and the queue looked at once more (the consumer's usual
+ * Dekker step), so no wakeup is lost when the spin gives up. Under mu (dropped while
+ * spinning). Returns 1 when elements arrived and were processed, 0 when nothing came (with
+ * *gave_up set to when the spin ended, if it ran), or the code that ended the session.
+ */
+static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *gave_up)
+{
+    if (s->processing || s->wakeup == SHMIPC_WAKEUP_POLLING || session_err(s) || !spin_now(s))
+        return 0;
+    s->processing = 1;
+    unlock(s);
+    int found = spin_for_work(s, deadline);
+    lock(s);
+    int rc = 0, events = 0;
+    if (found) {
+        spin_done(s, 1);
+        /*
+         * Drain, then read the socket once without waiting: wakeups the peer sent before it
+         * saw our flag would otherwise pile up unread until its writes block.
+         */
+        if (session_err(s) == 0) {
+            rc = finish_turn_locked(s, drain_queue_locked(s, &events), events);
+            if (rc >= 0)
+                rc = process_locked(s);
+        }
+    } else {
+        *gave_up = shmipc__now_ns();
+    }
+    s->processing = 0;
+    if (!found)
+        return 0;
+    pthread_cond_broadcast(&s->cond);
+    return rc < 0 ? rc : 1;
 }
 
 static int wait_locked(shmipc_session *s, uint64_t deadline)
@@ -1119,42 +1170,14 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
     if (deadline != 0 && shmipc__now_ns() >= deadline)
         return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
     uint64_t gave_up = 0; /* when a spin found nothing */
-    if (!s->processing && s->wakeup != SHMIPC_WAKEUP_POLLING && spin_now(s)) {
-        /*
-         * Before sleeping, spin a little with our working flag set: a peer that answers within
-         * the spin sees the flag and sends no wakeup, and we take its message with no system
-         * call on either side. Then the flag is cleared and the queue looked at once more
-         * (the consumer's usual Dekker step), so no wakeup is lost when the spin gives up.
-         */
-        s->processing = 1;
-        unlock(s);
-        int found = spin_for_work(s, deadline);
-        lock(s);
-        if (found)
-            spin_done(s, 1);
-        else
-            gave_up = shmipc__now_ns();
-        int rc = 0, events = 0;
-        /*
-         * Drain, then read the socket once without waiting: wakeups the peer sent before it
-         * saw our flag would otherwise pile up unread until its writes block.
-         */
-        if (found && session_err(s) == 0) {
-            rc = finish_turn_locked(s, drain_queue_locked(s, &events), events);
-            if (rc >= 0)
-                rc = process_locked(s);
-        }
-        s->processing = 0;
-        if (found) {
-            pthread_cond_broadcast(&s->cond);
-            return rc < 0 ? rc : 0;
-        }
-        if (session_err(s))
-            return session_err(s);
-    }
+    int rc = spin_turn_locked(s, deadline, &gave_up);
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
+    if (session_err(s))
+        return session_err(s);
     if (!s->processing) {
         s->processing = 1;
-        int socket = 0, err = 0, rc;
+        int socket = 0, err = 0;
         if (s->wakeup == SHMIPC_WAKEUP_SOCKET) {
             /*
              * Not a blocking recv even without a deadline (one system call less): a stream
