@@ -245,6 +245,17 @@ SHMIPC_API uint32_t shmipc_config_get_max_pending_streams(const shmipc_config *c
     return cfg ? shmipc__config_get_max_pending_streams(cfg) : 0;
 }
 
+SHMIPC_API int shmipc_config_set_spin_us(shmipc_config *cfg, uint32_t us)
+{
+    REQUIRE_CONFIG(cfg, "spin_us");
+    return shmipc__config_set_spin_us(cfg, us);
+}
+
+SHMIPC_API uint32_t shmipc_config_get_spin_us(const shmipc_config *cfg)
+{
+    return cfg ? shmipc__config_get_spin_us(cfg) : 0;
+}
+
 SHMIPC_API int shmipc_config_set_max_fallback_unread(shmipc_config *cfg, uint64_t bytes)
 {
     REQUIRE_CONFIG(cfg, "max_fallback_unread");

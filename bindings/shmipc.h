@@ -414,6 +414,18 @@ SHMIPC_API int shmipc_config_set_max_fallback_unread(shmipc_config *cfg, uint64_
 /** The fallback limit in force, in bytes (128 MiB by default). */
 SHMIPC_API uint64_t shmipc_config_get_max_fallback_unread(const shmipc_config *cfg);
 
+/**
+ * Most microseconds a thread waiting for a session's shared-memory data (a blocking read,
+ * accept_stream, a serving listener, shmipc_session_spin()) polls the receive queue before it
+ * sleeps: 0..100000, 0 = never spin. The spin adapts below this cap to the gaps recently seen
+ * between messages. Default: SHMIPC_SPIN_US, else 20. A peer answering within the spin costs
+ * no system call on either side; an idle session spins only until the budget runs out.
+ * SHMIPC_EINVAL beyond 100000.
+ */
+SHMIPC_API int shmipc_config_set_spin_us(shmipc_config *cfg, uint32_t us);
+/** The spin cap of shmipc_config_set_spin_us(); 0 for a NULL config. */
+SHMIPC_API uint32_t shmipc_config_get_spin_us(const shmipc_config *cfg);
+
 /* ------------------------------------------------------------------------------------ */
 /* Sessions and streams                                                                 */
 /* ------------------------------------------------------------------------------------ */

@@ -568,6 +568,11 @@ static int config_max_pending_streams(lua_State *L)
                      shmipc_config_get_max_pending_streams);
 }
 
+static int config_spin_us(lua_State *L)
+{
+    return u32_field(L, "spin_us", shmipc_config_set_spin_us, shmipc_config_get_spin_us);
+}
+
 static int config_max_fallback_unread(lua_State *L)
 {
     return u64_field(L, "max_fallback_unread", shmipc_config_set_max_fallback_unread,
@@ -618,6 +623,7 @@ static const luaL_Reg config_methods[] = {
     {"socket_mode", config_socket_mode},
     {"max_pending_streams", config_max_pending_streams},
     {"max_fallback_unread", config_max_fallback_unread},
+    {"spin_us", config_spin_us},
     {"validate", config_validate},
     {"clone", config_clone},
     {"close", config_close},
@@ -677,6 +683,7 @@ static const struct option {
     {"socket_mode", config_socket_mode, T(LUA_TNUMBER) | T(LUA_TSTRING), OPT_VALUE},
     {"max_pending_streams", config_max_pending_streams, T(LUA_TNUMBER), OPT_VALUE},
     {"max_fallback_unread", config_max_fallback_unread, T(LUA_TNUMBER), OPT_VALUE},
+    {"spin_us", config_spin_us, T(LUA_TNUMBER), OPT_VALUE},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 

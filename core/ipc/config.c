@@ -108,6 +108,7 @@ int shmipc__config_new(shmipc_config **out)
     cfg->rebuild_interval_ms = 1000;
     cfg->server_v4 = 1;
     cfg->server_v4_features = SHMIPC_V4_FEATURE_EVENTFD | SHMIPC_V4_FEATURE_POLLING;
+    cfg->spin_us = shmipc__spin_default_us();
     *out = cfg;
     return 0;
 }
@@ -519,6 +520,20 @@ int shmipc__config_set_max_pending_streams(shmipc_config *cfg, uint32_t n)
 uint32_t shmipc__config_get_max_pending_streams(const shmipc_config *cfg)
 {
     return cfg->max_pending_streams != 0 ? cfg->max_pending_streams : DEFAULT_MAX_PENDING_STREAMS;
+}
+
+int shmipc__config_set_spin_us(shmipc_config *cfg, uint32_t us)
+{
+    if (us > SHMIPC__SPIN_US_MAX)
+        return shmipc__fail(SHMIPC_EINVAL, "spin_us: %u is outside 0..%u (0: never spin)", us,
+                            SHMIPC__SPIN_US_MAX);
+    cfg->spin_us = us;
+    return 0;
+}
+
+uint32_t shmipc__config_get_spin_us(const shmipc_config *cfg)
+{
+    return cfg->spin_us;
 }
 
 int shmipc__config_set_max_fallback_unread(shmipc_config *cfg, uint64_t bytes)

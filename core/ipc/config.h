@@ -47,7 +47,15 @@ struct shmipc_config {
      */
     uint32_t max_pending_streams;
     uint64_t max_fallback_unread;
+    /* Longest spin of a waiter before it sleeps, in µs (0: never spin); see session.c. */
+    uint32_t spin_us;
 };
+
+/* Most a waiter may spin: 100 ms, far past any gap worth spinning for. */
+#define SHMIPC__SPIN_US_MAX 100000u
+
+/* The spin budget a new config starts with: SHMIPC_SPIN_US, else the default (session.c). */
+uint32_t shmipc__spin_default_us(void);
 
 /*
  * Slices a class gets in a buffer of `capacity` bytes split into `nclasses` lists, by the
@@ -87,6 +95,8 @@ int shmipc__config_get_peer_uids(const shmipc_config *cfg, uint32_t *out, size_t
 int shmipc__config_set_socket_mode(shmipc_config *cfg, unsigned mode);
 int shmipc__config_set_max_pending_streams(shmipc_config *cfg, uint32_t n);
 int shmipc__config_set_max_fallback_unread(shmipc_config *cfg, uint64_t bytes);
+int shmipc__config_set_spin_us(shmipc_config *cfg, uint32_t us);
+uint32_t shmipc__config_get_spin_us(const shmipc_config *cfg);
 
 /* The limits in force: the value set, or the default where 0 means "the default". */
 unsigned shmipc__config_get_socket_mode(const shmipc_config *cfg);

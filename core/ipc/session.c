@@ -1017,18 +1017,24 @@ static int span_ms(const shmipc_session *s, uint64_t deadline)
     return ms > INT_MAX ? INT_MAX : (int)ms;
 }
 
-/* How long a waiting processor spins before it sleeps: SHMIPC_SPIN_US, 20 µs by default. */
-static uint64_t spin_ns(void)
+/* The spin cap of a new config: SHMIPC_SPIN_US (read once per process), 20 µs by default. */
+uint32_t shmipc__spin_default_us(void)
 {
-    static uint64_t ns = UINT64_MAX;
-    uint64_t v = __atomic_load_n(&ns, __ATOMIC_RELAXED);
-    if (v == UINT64_MAX) {
+    static uint32_t cached = UINT32_MAX;
+    uint32_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v == UINT32_MAX) {
         const char *env = shmipc__getenv("SHMIPC_SPIN_US");
         long us = env != NULL ? strtol(env, NULL, 10) : 20;
-        v = us < 0 ? 0 : (uint64_t)(us > 100000 ? 100000 : us) * 1000u;
-        __atomic_store_n(&ns, v, __ATOMIC_RELAXED);
+        v = us < 0 ? 0 : (uint32_t)(us > (long)SHMIPC__SPIN_US_MAX ? SHMIPC__SPIN_US_MAX : us);
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }
     return v;
+}
+
+/* How long a waiting processor spins before it sleeps: the config's spin_us. */
+static uint64_t spin_ns(const shmipc_session *s)
+{
+    return (uint64_t)s->cfg.spin_us * 1000u;
 }
 
 /*
@@ -1054,7 +1060,7 @@ static int have_two_cpus(void)
  */
 static int spin_now(shmipc_session *s)
 {
-    if (spin_ns() == 0 || !have_two_cpus())
+    if (spin_ns(s) == 0 || !have_two_cpus())
         return 0;
     if (s->spin_skip > 0) {
         s->spin_skip--;
@@ -1083,7 +1089,7 @@ static void spin_done(shmipc_session *s, int found)
 static void spin_judge(shmipc_session *s, uint64_t gave_up)
 {
     if (gave_up != 0)
-        spin_done(s, shmipc__now_ns() - gave_up < 4 * spin_ns());
+        spin_done(s, shmipc__now_ns() - gave_up < 4 * spin_ns(s));
 }
 
 /*
@@ -1101,14 +1107,14 @@ static inline void cpu_relax(void)
 }
 
 /*
- * Spins for up to spin_ns() (and never past `deadline`) with our receive queue's working flag
+ * Spins for up to spin_ns(s) (and never past `deadline`) with our receive queue's working flag
  * set, watching the queue. Returns 1 when elements arrived, 0 when the spin gave up with the
  * flag cleared again and the queue found empty. The caller holds the processing role.
  */
 static int spin_for_work(shmipc_session *s, uint64_t deadline)
 {
     uint32_t *flag = (uint32_t *)(void *)(s->qp.recv.hdr + s->qp.recv.flag_at);
-    uint64_t end = shmipc__now_ns() + spin_ns();
+    uint64_t end = shmipc__now_ns() + spin_ns(s);
     if (deadline != 0 && deadline < end)
         end = deadline;
     __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);

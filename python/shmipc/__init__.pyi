@@ -61,6 +61,7 @@ class Config:
     socket_mode: int
     max_pending_streams: int
     max_fallback_unread: int
+    spin_us: int
     @property
     def protocol(self) -> Literal["legacy", "v4"]: ...
     @property
@@ -90,6 +91,7 @@ class Config:
         socket_mode: int = ...,
         max_pending_streams: int = ...,
         max_fallback_unread: int = ...,
+        spin_us: int = ...,
     ) -> None: ...
     def set_protocol(self, protocol: Literal["legacy", "v4"], fallback: bool = ...) -> "Config": ...
     def set_wakeup(

@@ -730,6 +730,25 @@ static int set_max_pending_streams(ConfigObject *self, PyObject *value, void *cl
     return setter_result(self, shmipc_config_set_max_pending_streams(self->cfg, (uint32_t)v));
 }
 
+static PyObject *get_spin_us(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLong(shmipc_config_get_spin_us(self->cfg));
+}
+
+static int set_spin_us(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    uint64_t v;
+    if (require_value(value, "spin_us") < 0 || to_u64(self, value, "spin_us", &v) < 0)
+        return -1;
+    if (v > UINT32_MAX) {
+        shmipcpy_raise_invalid(shmipcpy_state_of_type(Py_TYPE(self)), "spin_us", "out of range");
+        return -1;
+    }
+    return setter_result(self, shmipc_config_set_spin_us(self->cfg, (uint32_t)v));
+}
+
 static PyObject *get_max_fallback_unread(ConfigObject *self, void *closure)
 {
     (void)closure;
@@ -931,6 +950,11 @@ static PyGetSetDef config_getset[] = {
     {"socket_mode", (getter)get_socket_mode, (setter)set_socket_mode,
      "Listener: permission bits of the unix socket file, 0o1..0o777 (default 0o600; 0\n"
      "restores it). Abstract sockets ('unix:@name') have no file: pair them with peer_uids.",
+     NULL},
+    {"spin_us", (getter)get_spin_us, (setter)set_spin_us,
+     "Most microseconds a waiting reader polls shared memory before it sleeps, 0..100000\n"
+     "(0: never spin; default SHMIPC_SPIN_US, else 20). Adapts below this cap to the gaps\n"
+     "recently seen between messages.",
      NULL},
     {"max_pending_streams", (getter)get_max_pending_streams, (setter)set_max_pending_streams,
      "Server side: streams the peer may open that nobody accepted yet, 1..65536 (default\n"

@@ -1212,7 +1212,15 @@ static void config_calls(void **state)
         "shmipc_config_get_max_fallback_unread(c) = 65536;"
         "shmipc_config_set_max_fallback_unread(c, 65535) = SHMIPC_EINVAL;"
         "shmipc_config_set_max_fallback_unread(NULL, 0) = SHMIPC_EINVAL;"
-        "shmipc_config_get_max_fallback_unread(NULL) = 0");
+        "shmipc_config_get_max_fallback_unread(NULL) = 0;"
+
+        /* The spin cap: 0 never spins, 100000 µs the most. */
+        "shmipc_config_set_spin_us(c, 0) = 0; shmipc_config_get_spin_us(c) = 0;"
+        "shmipc_config_set_spin_us(c, 100000) = 0; shmipc_config_get_spin_us(c) = 100000;"
+        "shmipc_config_set_spin_us(c, 100001) = SHMIPC_EINVAL;"
+        "shmipc_config_get_spin_us(c) = 100000;"
+        "shmipc_config_set_spin_us(NULL, 5) = SHMIPC_EINVAL;"
+        "shmipc_config_get_spin_us(NULL) = 0");
     interp_finish(&in);
 }
 

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "shmipc.h"
@@ -320,6 +321,28 @@ static void validate_catches_hand_edited_structs(void **state)
     assert_refused(shmipc_config_validate(cfg), SHMIPC_EINVAL, "buffer_capacity");
 }
 
+/* The spin cap: 0 never spins, 100000 µs the most, the default from SHMIPC_SPIN_US or 20. */
+static void spin_us(void **state)
+{
+    shmipc_config *cfg = *state;
+    if (getenv("SHMIPC_SPIN_US") == NULL)
+        assert_int_equal(shmipc_config_get_spin_us(cfg), 20);
+    assert_int_equal(shmipc_config_set_spin_us(cfg, 0), 0);
+    assert_int_equal(shmipc_config_get_spin_us(cfg), 0);
+    assert_int_equal(shmipc_config_set_spin_us(cfg, 100000), 0);
+    assert_int_equal(shmipc_config_get_spin_us(cfg), 100000);
+    assert_refused(shmipc_config_set_spin_us(cfg, 100001), SHMIPC_EINVAL, "spin_us");
+    /* A negative number through the unsigned parameter is huge: refused too. */
+    assert_refused(shmipc_config_set_spin_us(cfg, (uint32_t)-1), SHMIPC_EINVAL, "spin_us");
+    assert_int_equal(shmipc_config_get_spin_us(cfg), 100000);
+    shmipc_config *copy = NULL;
+    assert_int_equal(shmipc_config_clone(cfg, &copy), 0);
+    assert_int_equal(shmipc_config_get_spin_us(copy), 100000);
+    shmipc_config_free(copy);
+    assert_refused(shmipc_config_set_spin_us(NULL, 1), SHMIPC_EINVAL, "spin_us");
+    assert_int_equal(shmipc_config_get_spin_us(NULL), 0);
+}
+
 static void null_config(void **state)
 {
     (void)state;
@@ -353,6 +376,7 @@ int main(void)
         T(v4_helpers),
         T(clone_is_independent),
         T(validate_catches_hand_edited_structs),
+        T(spin_us),
         T(null_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

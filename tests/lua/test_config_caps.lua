@@ -114,6 +114,27 @@ function tests.session_caps(t)
     t.raises("number has no integer representation", cfg.max_pending_streams, cfg, 2.5)
 end
 
+function tests.spin_us(t)
+    local cfg = shmipc.config()
+    if os.getenv("SHMIPC_SPIN_US") == nil then
+        t.eq(cfg:spin_us(), 20, "the default cap")
+    end
+    set(t, cfg, cfg:spin_us(0))
+    t.eq(cfg:spin_us(), 0, "0: never spin")
+    set(t, cfg, cfg:spin_us(100000))
+    t.eq(cfg:spin_us(), 100000, "the most")
+    t.refused(E.EINVAL, "spin_us: 100001 is outside 0..100000", cfg:spin_us(100001))
+    t.refused(E.EINVAL, "spin_us: -1 is negative", cfg:spin_us(-1))
+    t.refused(E.EINVAL, "spin_us", cfg:spin_us(1 << 32))
+    t.eq(cfg:spin_us(), 100000, "unchanged after refusals")
+    t.raises("number expected, got string", cfg.spin_us, cfg, "ten")
+    t.raises("number has no integer representation", cfg.spin_us, cfg, 2.5)
+    t.eq(t.ok(shmipc.config { spin_us = 7 }):spin_us(), 7, "an option")
+    t.eq(t.ok(shmipc.config { spin_us = 7 }):clone():spin_us(), 7, "cloned")
+    t.refused(E.EINVAL, "spin_us", shmipc.config { spin_us = 100001 })
+    t.raises("option 'spin_us' got a string", shmipc.config, { spin_us = "3" })
+end
+
 function tests.options_and_clone(t)
     local cfg = t.ok(shmipc.config {
         peer_uids = { 7, 8 },

@@ -131,6 +131,42 @@ def test_session_caps_values():
             setattr(c, field, 1e6)
 
 
+def test_spin_us_values():
+    c = shmipc.Config()
+    env = os.environ.get("SHMIPC_SPIN_US")
+    if env is None:
+        assert c.spin_us == 20, "the default cap"
+    c.spin_us = 0
+    assert c.spin_us == 0, "0: never spin"
+    c.spin_us = 100000
+    assert c.spin_us == 100000
+    for bad in (100001, -1, 1 << 32, 1 << 80):
+        refused("spin_us", setattr, c, "spin_us", bad)
+    assert c.spin_us == 100000, "unchanged after refusals"
+    for bad in ("10", 1.5, None, True):
+        with pytest.raises(TypeError, match="spin_us"):
+            c.spin_us = bad
+    assert shmipc.Config(spin_us=7).spin_us == 7
+    refused("spin_us", shmipc.Config, spin_us=100001)
+
+
+def test_spin_us_zero_and_max_sessions_work(make_pair):
+    # Round trips with spinning off and at the cap both arrive (spin or no spin, no message is
+    # lost and no wait hangs).
+    for us in (0, 100000):
+        p = make_pair(client_config=default_config(spin_us=us),
+                      server_config=default_config(spin_us=us))
+        cs, ss = p.streams()
+        for i in range(200):
+            msg = b"ping %d" % i
+            cs.write(msg)
+            cs.flush()
+            assert ss.readexactly(len(msg)) == msg
+            ss.write(msg.upper())
+            ss.flush()
+            assert cs.readexactly(len(msg)) == msg.upper()
+
+
 def test_server_v4_values():
     c = shmipc.Config()
     c.server_v4_features = ["polling"]
