@@ -824,6 +824,7 @@ struct server {
     struct sconn *conns;
     int nconns, conns_cap;
     int sessions_done, sessions_limit;
+    int last; /* the session that had news last turn (spun on before poll()), or -1 */
 };
 
 static volatile sig_atomic_t server_stop;
@@ -857,6 +858,7 @@ static void sstream_close(struct ssession *ss, int i)
 
 static void ssession_end(struct server *sv, int i)
 {
+    sv->last = -1;
     struct ssession *ss = &sv->sess[i];
     while (ss->n > 0)
         sstream_close(ss, ss->n - 1);
@@ -1016,10 +1018,12 @@ static int ssession_pump(struct ssession *ss, uint64_t now, int probe)
     }
 }
 
-/* The session's descriptor fired: process, take new streams, echo. -1 when it ended. */
-static int ssession_ready(struct ssession *ss, uint64_t now)
+/*
+ * After shmipc_session_process() or shmipc_session_spin() returned rc: take new streams,
+ * echo. -1 when the session ended.
+ */
+static int ssession_took(struct ssession *ss, uint64_t now, int rc)
 {
-    int rc = shmipc_session_process(ss->s);
     if (rc < 0) {
         if (rc != SHMIPC_ECONNRESET && rc != SHMIPC_ECLOSED)
             shm_fail("server: session", rc);
@@ -1031,6 +1035,12 @@ static int ssession_ready(struct ssession *ss, uint64_t now)
         return rc < 0 ? -1 : 0;
     /* Events but no data: streams were closed (or opened empty); probing finds the closed. */
     return ssession_pump(ss, now, PROBE_ALL) < 0 ? -1 : 0;
+}
+
+/* The session's descriptor fired: process, take new streams, echo. -1 when it ended. */
+static int ssession_ready(struct ssession *ss, uint64_t now)
+{
+    return ssession_took(ss, now, shmipc_session_process(ss->s));
 }
 
 static void sconn_close(struct server *sv, int i)
@@ -1215,7 +1225,23 @@ static int server_loop(struct server *sv)
         for (int i = 0; i < nc; i++)
             pfd[k++] = (struct pollfd){.fd = sv->conns[i].fd,
                                        .events = sv->conns[i].msg > 0 ? POLLOUT : POLLIN};
-        int rc = poll(pfd, (nfds_t)k, sv->nsess > 0 ? (int)(STALE_NS / 1000000u) : 1000);
+        /*
+         * Before sleeping, spin on the session that had news last (shmipc_session_spin): a
+         * client in a ping-pong sends its next request within the spin, with no wakeup.
+         */
+        int spun = 0;
+        if (sv->last >= 0 && !sv->sess[sv->last].polling) {
+            int li = sv->last, src = shmipc_session_spin(sv->sess[li].s);
+            if (src != 0) {
+                /* Served; the poll below only looks (so other descriptors are not starved). */
+                spun = 1;
+                if (ssession_took(&sv->sess[li], now_ns(), src) < 0) {
+                    ssession_end(sv, li);
+                    continue; /* the pollfd set no longer matches the sessions */
+                }
+            }
+        }
+        int rc = poll(pfd, (nfds_t)k, spun ? 0 : sv->nsess > 0 ? (int)(STALE_NS / 1000000u) : 1000);
         if (rc < 0) {
             if (errno == EINTR)
                 continue;
@@ -1228,12 +1254,18 @@ static int server_loop(struct server *sv)
         /* Backwards, so that removing entry i (swapping in the last) keeps i-1..0 in place. */
         for (int i = rc > 0 ? ns - 1 : -1; i >= 0; i--) {
             int pi = sv->sess[i].pi;
-            if (pi >= 0 && pfd[pi].revents && ssession_ready(&sv->sess[i], now) < 0)
-                ssession_end(sv, i);
+            if (pi >= 0 && pfd[pi].revents) {
+                sv->last = i;
+                if (ssession_ready(&sv->sess[i], now) < 0)
+                    ssession_end(sv, i);
+            }
         }
         for (int i = rc > 0 ? nc - 1 : -1; i >= 0; i--)
-            if (pfd[c0 + i].revents && sconn_ready(&sv->conns[i], pfd[c0 + i].revents) < 0)
-                sconn_close(sv, i);
+            if (pfd[c0 + i].revents) {
+                sv->last = -1; /* a socket peer is the busy one: no spinning on a session */
+                if (sconn_ready(&sv->conns[i], pfd[c0 + i].revents) < 0)
+                    sconn_close(sv, i);
+            }
         if (rc > 0 && i_l >= 0 && pfd[i_l].revents)
             accept_sessions(sv);
         if (rc > 0 && i_uds >= 0 && pfd[i_uds].revents)
@@ -1272,7 +1304,7 @@ static int serve_main(const struct opts *o)
 {
     struct env e;
     shmipc_config *cfg = NULL;
-    struct server sv = {.uds_fd = -1, .tcp_fd = -1, .ctl_fd = -1};
+    struct server sv = {.uds_fd = -1, .tcp_fd = -1, .ctl_fd = -1, .last = -1};
     int rc;
     server_signals();
     env_probe(&e, o->pin);
@@ -1349,7 +1381,7 @@ static int listen_tcp(uint16_t *port)
 static void server_child(const struct opts *o, const struct env *e, const struct local *lc, int ctl,
                          int uds_fd, int tcp_fd, pid_t parent)
 {
-    struct server sv = {.uds_fd = uds_fd, .tcp_fd = tcp_fd, .ctl_fd = ctl};
+    struct server sv = {.uds_fd = uds_fd, .tcp_fd = tcp_fd, .ctl_fd = ctl, .last = -1};
     shmipc_config *cfg = NULL;
     int rc, status = 1;
     server_signals();

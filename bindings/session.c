@@ -66,6 +66,12 @@ SHMIPC_API int shmipc_session_process(shmipc_session *s)
     return shmipc__session_process(s);
 }
 
+SHMIPC_API int shmipc_session_spin(shmipc_session *s)
+{
+    REQUIRE(s, "session_spin", "session");
+    return shmipc__session_spin(s);
+}
+
 SHMIPC_API int shmipc_session_status(const shmipc_session *s)
 {
     REQUIRE(s, "session_status", "session");

@@ -499,6 +499,18 @@ SHMIPC_API int shmipc_session_fileno(const shmipc_session *s);
  */
 SHMIPC_API int shmipc_session_process(shmipc_session *s);
 
+/**
+ * For event loops, before they sleep on shmipc_session_fileno(): polls the session's receive
+ * queue for up to its spin budget (adaptive, capped by shmipc_config_set_spin_us(); with the
+ * queue's working flag set, so the peer sends no wakeup meanwhile) and processes what came,
+ * as shmipc_session_process() does. Returns 1 when it processed something (dispatch, do not
+ * sleep), 0 when nothing came within the budget, or spinning is off (0 cap, one CPU, V4
+ * polling), or recent spins came up empty (then a few calls in a row return 0 at once), or
+ * another thread is processing: sleep on the descriptor, which a message arriving after the
+ * spin makes readable as usual. SHMIPC_ECONNRESET or SHMIPC_ECLOSED when the session ended.
+ */
+SHMIPC_API int shmipc_session_spin(shmipc_session *s);
+
 /** 0 while the session is alive, else the code that ended it (SHMIPC_ECONNRESET, ...). */
 SHMIPC_API int shmipc_session_status(const shmipc_session *s);
 

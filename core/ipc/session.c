@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1031,26 +1032,75 @@ uint32_t shmipc__spin_default_us(void)
     return v;
 }
 
-/* How long a waiting processor spins before it sleeps: the config's spin_us. */
+/* The most a waiting processor spins before it sleeps: the config's spin_us. */
 static uint64_t spin_ns(const shmipc_session *s)
 {
     return (uint64_t)s->cfg.spin_us * 1000u;
+}
+
+/* The least budget of an adaptive spin: below this a spin is not worth setting the flag. */
+#define SPIN_MIN_NS 2000u
+
+/*
+ * This wait's spin budget: twice the recent average wait for data (so most waits like the
+ * recent ones end inside the spin), at least SPIN_MIN_NS, at most the cap. A session starts
+ * at the cap. A peer that answers in 1 µs makes a failed spin cost a few µs, not the whole
+ * cap; one that answers in 15 µs keeps a 30 µs budget (if the cap allows). Under mu.
+ */
+static uint64_t spin_budget(const shmipc_session *s)
+{
+    uint64_t cap = spin_ns(s);
+    if (s->spin_gap_ns == 0)
+        return cap;
+    uint64_t b = 2 * s->spin_gap_ns;
+    if (b < SPIN_MIN_NS)
+        b = SPIN_MIN_NS;
+    return b < cap ? b : cap;
+}
+
+/*
+ * Feeds one observed wait for data (from the start of a wait to the data, in the spin or
+ * after the sleep that followed it) into the average, 1/8 weight. A sample is clipped at
+ * twice the cap: an idle minute must not keep the budget at the cap for the next hundred
+ * waits once traffic resumes (the cap already covers anything longer). Under mu.
+ */
+static void spin_observe(shmipc_session *s, uint64_t gap)
+{
+    uint64_t cap = spin_ns(s);
+    if (gap > 2 * cap)
+        gap = 2 * cap;
+    s->spin_gap_ns = s->spin_gap_ns == 0 ? gap : s->spin_gap_ns - s->spin_gap_ns / 8 + gap / 8;
+    if (s->spin_gap_ns == 0)
+        s->spin_gap_ns = 1;
 }
 
 /*
  * Whether the machine has a second CPU: on one, spinning only delays the peer. (Not this
  * thread's affinity: a process pinned to one CPU may well have its peer pinned to another.)
  */
-static int have_two_cpus(void)
+static long online_cpus(void)
 {
     static long cpus;
     long n = __atomic_load_n(&cpus, __ATOMIC_RELAXED);
     if (n == 0) {
         n = sysconf(_SC_NPROCESSORS_ONLN);
-        __atomic_store_n(&cpus, n > 0 ? n : 2, __ATOMIC_RELAXED);
+        n = n > 0 ? n : 2;
+        __atomic_store_n(&cpus, n, __ATOMIC_RELAXED);
     }
-    return n != 1;
+    return n;
 }
+
+static int have_two_cpus(void)
+{
+    return online_cpus() != 1;
+}
+
+/*
+ * Threads of this process spinning right now. With more of them than CPUs, a spinner that
+ * pauses keeps a CPU from a thread that may be the one about to produce what another
+ * spinner waits for: they yield instead (sched_yield), which lets any runnable thread in.
+ */
+static int spinners;
 
 /*
  * Whether this wait spins first. Not while recent spins came up empty: on a loaded machine
@@ -1082,14 +1132,18 @@ static void spin_done(shmipc_session *s, int found)
 }
 
 /*
- * After a spin that found nothing and the sleep that followed: the spin counts as a failure
- * only when the peer took much longer than the spin (more than 4x), so a peer that answers
- * just after the spin ends keeps spinning on.
+ * After a spin that found nothing and the sleep that followed (`began`: when the spin
+ * started; `gave_up`: when it ended): the spin counts as a failure only when the peer took
+ * much longer than the cap (more than 4x), so a peer that answers just after the spin ends
+ * keeps spinning on, with a budget grown to the wait it took.
  */
-static void spin_judge(shmipc_session *s, uint64_t gave_up)
+static void spin_judge(shmipc_session *s, uint64_t began, uint64_t gave_up)
 {
-    if (gave_up != 0)
-        spin_done(s, shmipc__now_ns() - gave_up < 4 * spin_ns(s));
+    if (gave_up == 0)
+        return;
+    uint64_t now = shmipc__now_ns();
+    spin_observe(s, now - began);
+    spin_done(s, now - gave_up < 4 * spin_ns(s));
 }
 
 /*
@@ -1107,24 +1161,42 @@ static inline void cpu_relax(void)
 }
 
 /*
- * Spins for up to spin_ns(s) (and never past `deadline`) with our receive queue's working flag
- * set, watching the queue. Returns 1 when elements arrived, 0 when the spin gave up with the
- * flag cleared again and the queue found empty. The caller holds the processing role.
+ * Spins from `start` for up to `budget` ns (and never past `deadline`) with our receive
+ * queue's working flag set, watching the queue. Returns 1 when elements arrived, 0 when the
+ * spin gave up with the flag cleared again and the queue found empty. The caller holds the
+ * processing role.
  */
-static int spin_for_work(shmipc_session *s, uint64_t deadline)
+static int spin_for_work(shmipc_session *s, uint64_t start, uint64_t budget, uint64_t deadline)
 {
     uint32_t *flag = (uint32_t *)(void *)(s->qp.recv.hdr + s->qp.recv.flag_at);
-    uint64_t end = shmipc__now_ns() + spin_ns(s);
+    uint64_t end = start + budget;
+    int found = 0;
     if (deadline != 0 && deadline < end)
         end = deadline;
+    /*
+     * Set before the first look (seq_cst, as the producer's CAS): a put after this sees the
+     * flag and sends no wakeup, and we see its element in the loop or in the final look.
+     */
     __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
+    int crowd = __atomic_add_fetch(&spinners, 1, __ATOMIC_RELAXED) > online_cpus();
     for (unsigned i = 0;; i++) {
-        if (shmipc__queue_size(&s->qp.recv) != 0)
-            return 1;
-        if ((i & 63) == 63 && shmipc__now_ns() >= end)
+        if (shmipc__queue_size(&s->qp.recv) != 0) {
+            found = 1;
             break;
-        cpu_relax();
+        }
+        if ((i & 63) == 63) {
+            if (shmipc__now_ns() >= end)
+                break;
+            crowd = __atomic_load_n(&spinners, __ATOMIC_RELAXED) > online_cpus();
+        }
+        if (crowd)
+            sched_yield();
+        else
+            cpu_relax();
     }
+    __atomic_sub_fetch(&spinners, 1, __ATOMIC_RELAXED);
+    if (found)
+        return 1;
     /* Clear and look again: a put that saw the flag set sent no wakeup. */
     return shmipc__queue_mark_not_working(&s->qp.recv) != 0;
 }
@@ -1138,16 +1210,20 @@ static int spin_for_work(shmipc_session *s, uint64_t deadline)
  * spinning). Returns 1 when elements arrived and were processed, 0 when nothing came (with
  * *gave_up set to when the spin ended, if it ran), or the code that ended the session.
  */
-static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *gave_up)
+static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *began,
+                            uint64_t *gave_up)
 {
     if (s->processing || s->wakeup == SHMIPC_WAKEUP_POLLING || session_err(s) || !spin_now(s))
         return 0;
     s->processing = 1;
+    uint64_t budget = spin_budget(s);
+    *began = shmipc__now_ns();
     unlock(s);
-    int found = spin_for_work(s, deadline);
+    int found = spin_for_work(s, *began, budget, deadline);
     lock(s);
     int rc = 0, events = 0;
     if (found) {
+        spin_observe(s, shmipc__now_ns() - *began);
         spin_done(s, 1);
         /*
          * Drain, then read the socket once without waiting: wakeups the peer sent before it
@@ -1175,8 +1251,8 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
     /* Events for other streams end a wait too; the caller's deadline holds across them. */
     if (deadline != 0 && shmipc__now_ns() >= deadline)
         return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
-    uint64_t gave_up = 0; /* when a spin found nothing */
-    int rc = spin_turn_locked(s, deadline, &gave_up);
+    uint64_t began = 0, gave_up = 0; /* when a spin started, and when it found nothing */
+    int rc = spin_turn_locked(s, deadline, &began, &gave_up);
     if (rc != 0)
         return rc < 0 ? rc : 0;
     if (session_err(s))
@@ -1215,7 +1291,7 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
             rc = shmipc__fail(SHMIPC_EINTR, "interrupted by a signal");
         else
             rc = fail_locked(s, shmipc__fail_errno(err, "session: poll"));
-        spin_judge(s, gave_up);
+        spin_judge(s, began, gave_up);
         s->processing = 0;
         pthread_cond_broadcast(&s->cond);
         return rc < 0 ? rc : 0;
@@ -1229,6 +1305,27 @@ static int wait_locked(shmipc_session *s, uint64_t deadline)
     if (pthread_cond_timedwait(&s->cond, &s->mu, &ts) == ETIMEDOUT)
         return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
     return 0;
+}
+
+int shmipc__session_spin(shmipc_session *s)
+{
+    uint64_t began = 0, gave_up = 0;
+    lock(s);
+    s->refs++; /* as process: a close meanwhile frees the session when we leave */
+    int rc = session_err(s) ? session_err(s) : spin_turn_locked(s, 0, &began, &gave_up);
+    if (rc == 0 && gave_up != 0) {
+        /*
+         * The caller sleeps on fileno() now; what it sleeps through is not seen here, so the
+         * failure counts at once (the sleep's length would need the next call's clock).
+         */
+        spin_observe(s, gave_up - began);
+        spin_done(s, 0);
+    }
+    if (rc < 0)
+        rc = ended(s);
+    unlock(s);
+    session_release(s);
+    return rc;
 }
 
 int shmipc__session_process(shmipc_session *s)

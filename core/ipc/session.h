@@ -119,6 +119,7 @@ struct shmipc_session {
     int processing;         /* a thread is reading the socket (under mu) */
     unsigned spin_fails;    /* spins in a row that found nothing, at most 6 (under mu) */
     unsigned spin_skip;     /* waits left that sleep without spinning (under mu) */
+    uint64_t spin_gap_ns;   /* moving average of the waits for data, for the spin budget (mu) */
     int err; /* 0, or the code that ended the session: stored under mu, atomically; read with session_err() */
     char why[192]; /* the detail of the failure that ended it */
     struct shmipc_config cfg;
@@ -198,6 +199,12 @@ int shmipc__session_accept_fd(int fd, const shmipc_config *cfg, shmipc_session *
 int shmipc__session_open_stream(shmipc_session *s, shmipc_stream **out);
 int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stream **out);
 int shmipc__session_process(shmipc_session *s);
+/*
+ * Before an event loop sleeps on the session's descriptor: spins on the receive queue for
+ * the adaptive budget and processes what came. 1 when it processed something, 0 when not
+ * (sleep), or the code that ended the session.
+ */
+int shmipc__session_spin(shmipc_session *s);
 /* Serving with callbacks: start tracking ready streams, and take the ids noted so far. */
 void shmipc__session_track_ready(shmipc_session *s);
 uint32_t shmipc__session_take_ready(shmipc_session *s, uint32_t **ids, uint32_t *cap);

@@ -1257,6 +1257,7 @@ static void session_calls(void **state)
 
              "shmipc_session_fileno(client) >= 0; shmipc_session_fileno(NULL) = SHMIPC_EINVAL;"
              "shmipc_session_process(client) >= 0; shmipc_session_process(NULL) = SHMIPC_EINVAL;"
+             "shmipc_session_spin(client) >= 0; shmipc_session_spin(NULL) = SHMIPC_EINVAL;"
              "shmipc_session_status(client) = 0; shmipc_session_status(NULL) = SHMIPC_EINVAL;"
              "shmipc_session_version(client) = 3; shmipc_session_version(NULL) = SHMIPC_EINVAL;"
              "shmipc_session_wakeup(client, &iv) = SHMIPC_WAKEUP_SOCKET;"

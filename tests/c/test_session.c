@@ -606,6 +606,69 @@ static void event_loop_driving(void **state)
     shmipc_stream_close(ss);
 }
 
+/*
+ * shmipc_session_spin() for event loops: a message already queued is taken by the spin (1,
+ * and the stream is readable with no wait); an idle spin gives up (0) and leaves the working
+ * flag cleared, so a message sent after it still makes the descriptor readable (no lost
+ * wakeup); a 0 cap never spins; an ended session says so.
+ */
+static void event_loop_spin(void **state)
+{
+    struct memfd_pair *m = *state;
+    struct ipc_pair *p = &m->p;
+    int two_cpus = sysconf(_SC_NPROCESSORS_ONLN) > 1;
+    shmipc_stream *cs, *ss = NULL;
+    assert_int_equal(shmipc_session_open_stream(p->client, &cs), 0);
+    ipc_send_text(cs, "tick");
+    struct pollfd pfd = {.fd = shmipc_session_fileno(p->server), .events = POLLIN};
+    if (two_cpus) {
+        assert_int_equal(shmipc_session_spin(p->server), 1);
+    } else {
+        assert_int_equal(shmipc_session_spin(p->server), 0); /* one CPU: never spins */
+        assert_int_equal(poll(&pfd, 1, 5000), 1);
+        assert_true(shmipc_session_process(p->server) >= 1);
+    }
+    assert_int_equal(shmipc_session_accept_stream(p->server, 0, &ss), 0);
+    assert_int_equal(shmipc_stream_available(ss), 4);
+    ipc_expect_text(ss, "tick");
+    /* Drain what the socket still holds (the wakeup of "tick", if one was sent). */
+    while (poll(&pfd, 1, 0) == 1)
+        assert_true(shmipc_session_process(p->server) >= 0);
+    for (int round = 0; round < 20; round++) {
+        /* Nothing comes: the spin gives up (or is skipped after failures). */
+        assert_int_equal(shmipc_session_spin(p->server), 0);
+        ipc_send_text(cs, "tock");
+        /* The flag is clear again: the put woke the descriptor. */
+        assert_int_equal(poll(&pfd, 1, 5000), 1);
+        assert_true(shmipc_session_process(p->server) >= 1);
+        assert_int_equal(shmipc_stream_available(ss), 4);
+        ipc_expect_text(ss, "tock");
+    }
+    /* A 0 cap: no spin, even with a message waiting; the descriptor says it came. */
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    assert_int_equal(shmipc_config_set_spin_us(cfg, 0), 0);
+    struct ipc_pair q;
+    pair_open(&q, cfg);
+    shmipc_stream *qc, *qs = NULL;
+    assert_int_equal(shmipc_session_open_stream(q.client, &qc), 0);
+    ipc_send_text(qc, "zero");
+    assert_int_equal(shmipc_session_spin(q.server), 0);
+    struct pollfd qfd = {.fd = shmipc_session_fileno(q.server), .events = POLLIN};
+    assert_int_equal(poll(&qfd, 1, 5000), 1);
+    assert_true(shmipc_session_process(q.server) >= 1);
+    assert_int_equal(shmipc_session_accept_stream(q.server, 0, &qs), 0);
+    ipc_expect_text(qs, "zero");
+    shmipc_stream_close(qc);
+    shmipc_stream_close(qs);
+    ipc_pair_close(&q);
+    shmipc_config_free(cfg);
+    /* An ended session. */
+    assert_int_equal(shmipc_session_shutdown(p->server), 0);
+    assert_int_equal(shmipc_session_spin(p->server), SHMIPC_ECLOSED);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+}
+
 static void released_slices_are_reused_hot(void **state)
 {
     struct ipc_pair *p = *state;
@@ -1124,6 +1187,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(fallback_write_timeout_part_way_ends_the_session),
         cmocka_unit_test(flush_retrying_a_full_queue_wakes_on_shutdown),
         cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(event_loop_spin, memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(released_slices_are_reused_hot, memfd_pair_open,
                                         memfd_pair_close),
         cmocka_unit_test_setup_teardown(received_only_sizes_are_not_hoarded, memfd_pair_open,
