@@ -127,6 +127,8 @@ struct opts {
     char slices[256];
     uint32_t queue;
     uint32_t polling_us;
+    int spin_us; /* the spin cap of both peers' configs; -1: the library's default */
+    int idle_ms; /* CPU of each transport's idle session measured over this long; 0: not */
     int pin;
     int quick;
     int warm; /* warm the shmipc sessions up before the rounds */
@@ -164,7 +166,12 @@ static void usage(FILE *f)
         "  --slices SPEC       shmipc slice classes (default " DEFAULT_SLICES ")\n"
         "  --queue N           shmipc queue capacity (default 8192)\n"
         "  --polling-us N      V4 polling interval of v4-polling, in µs (default 50)\n"
-        "  --no-pin            do not pin the client and server to CPUs\n"
+        "  --spin-us N         spin cap of the shmipc client and echo server, 0..100000 µs\n"
+        "                      (0: never spin; default: the library's, SHMIPC_SPIN_US or 20)\n"
+        "  --idle-ms MS        after the rounds, the CPU of both processes over MS of quiet\n"
+        "                      after each transport's last message (default 2000; 0: skip)\n"
+        "  --no-pin            do not pin the client and server to CPUs (by default the\n"
+        "                      echo server and the client run on two different CPUs)\n"
         "  --no-warmup         skip the untimed pass over every slice of a new session\n"
         "  --echo MODE         how the shmipc echo server answers: forward (default; the\n"
         "                      received slices go back untouched, as the socket echo sends\n"
@@ -300,6 +307,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
     o->rounds = 3;
     o->queue = DEFAULT_QUEUE;
     o->polling_us = DEFAULT_POLLING_US;
+    o->spin_us = -1;
+    o->idle_ms = -1;
     o->pin = 1;
     o->warm = 1;
     o->json_path = "bench-ipc.json";
@@ -375,6 +384,10 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             int q;
             rc = parse_int(a, v, 1, (long)SHMIPC_MAX_QUEUE_CAPACITY, &q);
             o->queue = (uint32_t)q;
+        } else if (strcmp(a, "--spin-us") == 0) {
+            rc = parse_int(a, v, 0, 100000, &o->spin_us);
+        } else if (strcmp(a, "--idle-ms") == 0) {
+            rc = parse_int(a, v, 0, 60000, &o->idle_ms);
         } else if (strcmp(a, "--polling-us") == 0) {
             int us;
             rc = parse_int(a, v, SHMIPC_MIN_POLLING_INTERVAL_US, SHMIPC_MAX_POLLING_INTERVAL_US,
@@ -420,6 +433,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         }
     }
     o->quick = quick_seen;
+    if (o->idle_ms < 0)
+        o->idle_ms = quick_seen ? 200 : 2000;
     o->samples_max = quick_seen ? 500 : 5000;
     o->samples_min = quick_seen ? 30 : 200;
     o->sample_bytes = quick_seen ? (4ull << 20) : (64ull << 20);
@@ -729,6 +744,10 @@ static int make_config(const struct opts *o, int t, shmipc_config **out)
     }
     if ((rc = shmipc_config_set_queue_capacity(cfg, o->queue)) < 0) {
         shm_fail("config: --queue", rc);
+        goto err;
+    }
+    if (o->spin_us >= 0 && (rc = shmipc_config_set_spin_us(cfg, (uint32_t)o->spin_us)) < 0) {
+        shm_fail("config: --spin-us", rc);
         goto err;
     }
     /* A hung peer ends the run with an error instead of hanging it. */
@@ -2473,6 +2492,116 @@ static void json_cpu(FILE *f, double client, double server, double total)
         fprintf(f, "null, \"total\": null}");
 }
 
+/*
+ * What an idle session costs, per transport: one round trip, then the CPU time of both
+ * processes over idle_ms of quiet (as a share of one CPU). The other sessions have been quiet
+ * since the rounds, so the window holds what this transport's last message leaves behind: a
+ * spin of at most the budget, then sleep. -1 when not measured.
+ */
+static double idle_share[T_COUNT][2]; /* [t][0] client, [t][1] server */
+static int idle_window_ms;
+
+static int measure_idle_after(const struct opts *o, const struct client *c)
+{
+    size_t size = o->sizes[0];
+    struct chan *ch = chans_open(c, 1, size);
+    if (ch == NULL)
+        return -1;
+    if (round_trip(c, ch, size, 0, expected_sum[0], 1) < 0) {
+        chans_close(c, ch, 1);
+        return -1;
+    }
+    uint64_t c0 = client_cpu_ns(), s0 = server_cpu_ns(), t0 = now_ns();
+    struct timespec ts = {o->idle_ms / 1000, (long)(o->idle_ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !interrupted)
+        ;
+    uint64_t s1 = server_cpu_ns(), c1 = client_cpu_ns(), t1 = now_ns();
+    chans_close(c, ch, 1);
+    double span = (double)(t1 - t0);
+    idle_share[c->t][0] = (double)(c1 - c0) / span;
+    idle_share[c->t][1] =
+        s0 == UINT64_MAX || s1 == UINT64_MAX || s1 < s0 ? -1.0 : (double)(s1 - s0) / span;
+    return 0;
+}
+
+static void write_idle(FILE *f, const struct opts *o, int markdown)
+{
+    if (idle_window_ms <= 0)
+        return;
+    fprintf(f,
+            "\n### Idle: CPU over %d ms after each transport's last message (%% of one CPU)\n\n"
+            "One 64 B round trip (the first size), then nothing: a waiter spins at most its "
+            "budget (--spin-us: %s), then sleeps.\n\n",
+            idle_window_ms, o->spin_us >= 0 ? "set" : "the default");
+    fprintf(f, "| transport | client | server | total |\n|---|---:|---:|---:|\n");
+    for (int i = 0; i < o->ntransports; i++) {
+        int t = o->transports[i];
+        double cl = idle_share[t][0], sv = idle_share[t][1];
+        if (cl < 0)
+            continue;
+        fprintf(f, "| %s | %.3f%% | %s%.3f%% | %.3f%% |\n", transport_name[t], 100 * cl,
+                sv < 0 ? "n/a " : "", 100 * (sv < 0 ? 0 : sv), 100 * (cl + (sv < 0 ? 0 : sv)));
+    }
+    (void)markdown;
+}
+
+/*
+ * The memcpy floor of a large round trip: a payload is copied once into shared memory by the
+ * client and read once on the way back (the echo forwards the slices untouched), so a round
+ * trip cannot beat two passes over its bytes. Measured once, 1 MiB between two buffers that
+ * stay in cache as they would in the benchmark's loop; the median of 64 copies.
+ */
+static double memcpy_gibps = -1;
+
+static void measure_memcpy(void)
+{
+    const size_t n = 1u << 20;
+    uint8_t *a = malloc(n), *b = malloc(n);
+    uint64_t t[64];
+    if (a == NULL || b == NULL) {
+        free(a);
+        free(b);
+        return;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    for (int i = 0; i < 64; i++) {
+        uint64_t t0 = now_ns();
+        memcpy(i & 1 ? a : b, i & 1 ? b : a, n);
+        __asm__ __volatile__("" ::"r"(a), "r"(b) : "memory");
+        t[i] = now_ns() - t0;
+    }
+    qsort(t, 64, sizeof t[0], cmp_u64);
+    if (t[32] > 0)
+        memcpy_gibps = (double)n / (double)t[32] * 1e9 / (double)(1u << 30);
+    free(a);
+    free(b);
+}
+
+static void write_memcpy_floor(FILE *f, struct results *r)
+{
+    const struct opts *o = r->o;
+    int si = -1;
+    for (int i = 0; i < o->nsizes; i++)
+        if (o->sizes[i] == (1u << 20))
+            si = i;
+    if (si < 0 || memcpy_gibps <= 0)
+        return;
+    /* Two passes over 1 MiB (the write into shared memory and the read of the echo). */
+    double floor_us = 2.0 * (double)(1u << 20) / (memcpy_gibps * (double)(1u << 30)) * 1e6;
+    fprintf(f,
+            "\n### 1 MiB round trip against the memcpy floor\n\nmemcpy: %.2f GiB/s (1 MiB, "
+            "median of 64); floor of a round trip = 2 x 1 MiB = %.1f µs\n\n",
+            memcpy_gibps, floor_us);
+    fprintf(f, "| transport | p50 | p50 / floor |\n|---|---:|---:|\n");
+    for (int i = 0; i < o->ntransports; i++) {
+        int t = o->transports[i];
+        double p50 = lat_median(r, si, t, P50);
+        if (p50 > 0)
+            fprintf(f, "| %s | %.1f µs | %.2fx |\n", transport_name[t], p50, p50 / floor_us);
+    }
+}
+
 static int write_json(const char *path, struct results *r, const struct env *e)
 {
     const struct opts *o = r->o;
@@ -2637,7 +2766,18 @@ static int write_json(const char *path, struct results *r, const struct env *e)
                 "\"uds_p50_us\": %.3f}",
                 bar ? "met" : "not met", lat_median(r, si, T_V4E, P50),
                 lat_median(r, si, T_V3, P50), lat_median(r, si, T_UDS, P50));
-    fprintf(f, "\n}\n");
+    fprintf(f, ",\n  \"spin_us\": %d,\n  \"idle_ms\": %d,\n  \"idle_cpu_share\": {", o->spin_us,
+            idle_window_ms);
+    int none = 1;
+    for (int i = 0; i < o->ntransports; i++) {
+        int t = o->transports[i];
+        if (idle_share[t][0] < 0)
+            continue;
+        fprintf(f, "%s\n    \"%s\": {\"client\": %.5f, \"server\": %.5f}", none ? "" : ",",
+                transport_name[t], idle_share[t][0], idle_share[t][1]);
+        none = 0;
+    }
+    fprintf(f, "%s},\n  \"memcpy_gibps\": %.3f\n}\n", none ? "" : "\n  ", memcpy_gibps);
     if (fclose(f) != 0)
         return sys_fail(path);
     return 0;
@@ -2651,6 +2791,8 @@ static int write_md(const char *path, struct results *r, const struct opts *o, c
     fprintf(f, "## shmipc-bench ipc\n\n");
     write_env(f, o, e, 1);
     write_tables(f, r);
+    write_idle(f, o, 1);
+    write_memcpy_floor(f, r);
     write_bar(f, r, 1);
     write_bar4(f, r, 1);
     if (fclose(f) != 0)
@@ -2868,8 +3010,20 @@ static int ipc_main(const struct opts *o)
         fprintf(stderr, "shmipc-bench: round %d of %d done in %.1f s\n", k + 1, o->rounds,
                 (double)(now_ns() - t0) / 1e9);
     }
+    for (int t = 0; t < T_COUNT; t++)
+        idle_share[t][0] = idle_share[t][1] = -1;
+    idle_window_ms = o->idle_ms;
+    for (int i = 0; i < opened && o->idle_ms > 0 && !o->connect_addr; i++) {
+        if (measure_idle_after(o, &cl[i]) < 0)
+            goto out;
+        fprintf(stderr, "shmipc-bench: %s idle for %d ms measured\n", transport_name[cl[i].t],
+                o->idle_ms);
+    }
+    measure_memcpy();
     read_loadavg(e.load_end, sizeof e.load_end);
     write_tables(stdout, &r);
+    write_idle(stdout, o, 0);
+    write_memcpy_floor(stdout, &r);
     write_bar(stdout, &r, 0);
     write_bar4(stdout, &r, 0);
     printf("\nrun time: %.1f s; load average %s at the start, %s at the end\n",
