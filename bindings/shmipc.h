@@ -418,7 +418,7 @@ SHMIPC_API uint64_t shmipc_config_get_max_fallback_unread(const shmipc_config *c
  * Most microseconds a thread waiting for a session's shared-memory data (a blocking read,
  * accept_stream, a serving listener, shmipc_session_spin()) polls the receive queue before it
  * sleeps: 0..100000, 0 = never spin. The spin adapts below this cap to the gaps recently seen
- * between messages. Default: SHMIPC_SPIN_US, else 20. A peer answering within the spin costs
+ * between messages. Default: SHMIPC_SPIN_US, else 50. A peer answering within the spin costs
  * no system call on either side; an idle session spins only until the budget runs out.
  * SHMIPC_EINVAL beyond 100000.
  */

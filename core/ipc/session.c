@@ -1018,14 +1018,18 @@ static int span_ms(const shmipc_session *s, uint64_t deadline)
     return ms > INT_MAX ? INT_MAX : (int)ms;
 }
 
-/* The spin cap of a new config: SHMIPC_SPIN_US (read once per process), 20 µs by default. */
+/*
+ * The spin cap of a new config: SHMIPC_SPIN_US (read once per process), 50 µs by default.
+ * Caps below one cross-process wakeup (13-15 µs on a quiet VM, more under load) leave both
+ * peers asleep; 20 µs sat at that edge under load, 50 µs clears it (docs/benchmarks.md).
+ */
 uint32_t shmipc__spin_default_us(void)
 {
     static uint32_t cached = UINT32_MAX;
     uint32_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (v == UINT32_MAX) {
         const char *env = shmipc__getenv("SHMIPC_SPIN_US");
-        long us = env != NULL ? strtol(env, NULL, 10) : 20;
+        long us = env != NULL ? strtol(env, NULL, 10) : 50;
         v = us < 0 ? 0 : (uint32_t)(us > (long)SHMIPC__SPIN_US_MAX ? SHMIPC__SPIN_US_MAX : us);
         __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }

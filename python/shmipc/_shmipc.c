@@ -953,7 +953,7 @@ static PyGetSetDef config_getset[] = {
      NULL},
     {"spin_us", (getter)get_spin_us, (setter)set_spin_us,
      "Most microseconds a waiting reader polls shared memory before it sleeps, 0..100000\n"
-     "(0: never spin; default SHMIPC_SPIN_US, else 20). Adapts below this cap to the gaps\n"
+     "(0: never spin; default SHMIPC_SPIN_US, else 50). Adapts below this cap to the gaps\n"
      "recently seen between messages.",
      NULL},
     {"max_pending_streams", (getter)get_max_pending_streams, (setter)set_max_pending_streams,

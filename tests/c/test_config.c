@@ -321,12 +321,12 @@ static void validate_catches_hand_edited_structs(void **state)
     assert_refused(shmipc_config_validate(cfg), SHMIPC_EINVAL, "buffer_capacity");
 }
 
-/* The spin cap: 0 never spins, 100000 µs the most, the default from SHMIPC_SPIN_US or 20. */
+/* The spin cap: 0 never spins, 100000 µs the most, the default from SHMIPC_SPIN_US or 50. */
 static void spin_us(void **state)
 {
     shmipc_config *cfg = *state;
     if (getenv("SHMIPC_SPIN_US") == NULL)
-        assert_int_equal(shmipc_config_get_spin_us(cfg), 20);
+        assert_int_equal(shmipc_config_get_spin_us(cfg), 50);
     assert_int_equal(shmipc_config_set_spin_us(cfg, 0), 0);
     assert_int_equal(shmipc_config_get_spin_us(cfg), 0);
     assert_int_equal(shmipc_config_set_spin_us(cfg, 100000), 0);

@@ -117,7 +117,7 @@ end
 function tests.spin_us(t)
     local cfg = shmipc.config()
     if os.getenv("SHMIPC_SPIN_US") == nil then
-        t.eq(cfg:spin_us(), 20, "the default cap")
+        t.eq(cfg:spin_us(), 50, "the default cap")
     end
     set(t, cfg, cfg:spin_us(0))
     t.eq(cfg:spin_us(), 0, "0: never spin")

@@ -135,7 +135,7 @@ def test_spin_us_values():
     c = shmipc.Config()
     env = os.environ.get("SHMIPC_SPIN_US")
     if env is None:
-        assert c.spin_us == 20, "the default cap"
+        assert c.spin_us == 50, "the default cap"
     c.spin_us = 0
     assert c.spin_us == 0, "0: never spin"
     c.spin_us = 100000
