@@ -141,6 +141,19 @@ static int session_process(lua_State *L)
     return 1;
 }
 
+/*
+ * spin() -> true when something came within the spin budget and was processed (dispatch, do
+ * not sleep), false when not (sleep on fileno()); or nil, message, code once the session ended.
+ */
+static int session_spin(lua_State *L)
+{
+    int rc = shmipc_session_spin(check_session(L, 1)->s);
+    if (rc < 0)
+        return shmipc__lua_push_failure(L, rc);
+    lua_pushboolean(L, rc > 0);
+    return 1;
+}
+
 /* status() -> 0 while alive, else the code that ended the session. */
 static int session_status(lua_State *L)
 {
@@ -184,6 +197,7 @@ static const luaL_Reg session_methods[] = {
     {"fileno", session_fileno},
     {"pollfd", session_fileno},
     {"process", session_process},
+    {"spin", session_spin},
     {"status", session_status},
     {"version", session_version},
     {"wakeup", session_wakeup},

@@ -218,6 +218,29 @@ static PyObject *session_process(SessionObject *self, PyObject *unused)
 }
 
 /*
+ * Spins up to the spin budget with the GIL released (busy, as a blocking call: a close()
+ * meanwhile shuts the session down, which ends the spin, and the handle is freed here).
+ */
+static PyObject *session_spin(SessionObject *self, PyObject *unused)
+{
+    (void)unused;
+    shmipc_session *s = session_usable(self);
+    int rc;
+    if (s == NULL)
+        return NULL;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS rc = shmipc_session_spin(s);
+    Py_END_ALLOW_THREADS self->busy--;
+    if (self->close_pending) {
+        session_settle(self);
+        return shmipcpy_raise_closed(session_state(self), "session");
+    }
+    if (rc < 0)
+        return shmipcpy_raise_last(session_state(self), rc);
+    return PyBool_FromLong(rc > 0);
+}
+
+/*
  * Wakes every call blocked on the session or its streams (ClosedError) and keeps the handle.
  * With the GIL held: no other Python thread can close the handle meanwhile, and the library
  * runs no callback under its locks (shmipc.h), so waiting for its lock cannot deadlock.
@@ -334,6 +357,11 @@ static PyMethodDef session_methods[] = {
      "fileno() -> int\n\n"
      "A descriptor that becomes readable when the session has events; register it with an\n"
      "event loop (level-triggered) and call process() when it fires."},
+    {"spin", (PyCFunction)session_spin, METH_NOARGS,
+     "spin() -> bool\n\n"
+     "For event loops, before sleeping on fileno(): poll the receive queue for up to the\n"
+     "spin budget (Config.spin_us caps it) and process what came. True: something was\n"
+     "processed (dispatch, do not sleep); False: sleep on fileno() as usual."},
     {"process", (PyCFunction)session_process, METH_NOARGS,
      "process() -> int\n\n"
      "Handle pending events without waiting (data for streams, closes, new streams) and\n"

@@ -32,6 +32,36 @@ def test_session_attributes(pair):
     assert shmipc.Session.connect is not None and shmipc.connect is not None
 
 
+def test_spin_before_sleeping(pair):
+    # spin() for event loops: a message already queued is processed by it (True on a machine
+    # with two CPUs); an idle spin gives up (False) and a later message still wakes fileno().
+    import os
+    import select
+
+    cs = pair.client.open_stream()
+    cs.write(b"tick")
+    cs.flush()
+    spun = pair.server.spin()
+    assert spun is (os.cpu_count() > 1)
+    if not spun:
+        assert select.select([pair.server.fileno()], [], [], 5)[0]
+        pair.server.process()
+    ss = pair.server.accept_stream(nonblock=True)
+    assert ss.readexactly(4, nonblock=True) == b"tick"
+    for i in range(20):
+        assert pair.server.spin() is False
+        cs.write(b"tock")
+        cs.flush()
+        assert select.select([pair.server.fileno()], [], [], 5)[0], "a lost wakeup"
+        pair.server.process()
+        assert ss.readexactly(4, nonblock=True) == b"tock"
+    with pytest.raises(TypeError):
+        pair.server.spin(1)
+    pair.server.close()
+    with pytest.raises(shmipc.ClosedError):
+        pair.server.spin()
+
+
 def test_stream_ids_count_up(pair):
     ids = [pair.client.open_stream().id for _ in range(3)]
     assert ids == [2, 3, 4]
