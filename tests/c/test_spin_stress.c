@@ -27,7 +27,7 @@
 
 /* Messages each way per test, and the time bound of one test (whichever comes first). */
 #define STRESS_MESSAGES 1000000u
-#define STRESS_SECONDS  2u
+#define STRESS_SECONDS  2u /* x 5 cases: 10 s */
 /* The longest any one wait may take before the test calls it a lost wakeup. */
 #define WAIT_LIMIT_MS 5000
 #define MAX_BURST     8u
@@ -268,52 +268,68 @@ static shmipc_config *stress_config(int eventfd, uint32_t spin_us)
     return cfg;
 }
 
-static void stress(int eventfd, uint32_t client_spin, uint32_t server_spin, unsigned seed)
+#define MAX_PAIRS 3
+
+/*
+ * `npairs` pairs at once, each with its client and server thread: with more than one, more
+ * threads spin than the machine has CPUs (2 here), and the spinners yield instead of pausing.
+ */
+static void stress(int eventfd, uint32_t client_spin, uint32_t server_spin, unsigned seed,
+                   int npairs)
 {
     char address[128];
-    struct ipc_pair p;
-    struct run r;
-    memset(&r, 0, sizeof r);
+    struct ipc_pair p[MAX_PAIRS];
+    struct run r[MAX_PAIRS];
+    pthread_t ct[MAX_PAIRS], st[MAX_PAIRS];
+    memset(r, 0, sizeof r);
     shmipc_config *scfg = stress_config(eventfd, server_spin);
     shmipc_config *ccfg = stress_config(eventfd, client_spin);
-    ipc_pick_address(address, sizeof address, "spin-stress");
-    ipc_pair_open(&p, address, scfg, ccfg);
-    assert_int_equal(shmipc_session_version(p.client), eventfd ? 4 : 3);
-    r.client = (struct side){.name = "client", .s = p.client, .seed = seed};
-    r.server = (struct side){.name = "server", .s = p.server, .seed = seed * 7 + 1};
-    assert_int_equal(shmipc_session_open_stream(p.client, &r.client.st), 0);
-    ipc_send_text(r.client.st, "go");
-    assert_int_equal(shmipc_session_accept_stream(p.server, IPC_WAIT_MS, &r.server.st), 0);
-    ipc_expect_text(r.server.st, "go");
-
+    for (int k = 0; k < npairs; k++) {
+        ipc_pick_address(address, sizeof address, "spin-stress");
+        ipc_pair_open(&p[k], address, scfg, ccfg);
+        assert_int_equal(shmipc_session_version(p[k].client), eventfd ? 4 : 3);
+        r[k].client = (struct side){.name = "client", .s = p[k].client, .seed = seed + 100u * k};
+        r[k].server = (struct side){.name = "server", .s = p[k].server, .seed = seed * 7 + 1 + k};
+        assert_int_equal(shmipc_session_open_stream(p[k].client, &r[k].client.st), 0);
+        ipc_send_text(r[k].client.st, "go");
+        assert_int_equal(shmipc_session_accept_stream(p[k].server, IPC_WAIT_MS, &r[k].server.st),
+                         0);
+        ipc_expect_text(r[k].server.st, "go");
+    }
     uint64_t t0 = now_ns();
-    r.until_ns = t0 + (uint64_t)STRESS_SECONDS * 1000000000u;
-    pthread_t ct, st;
-    assert_int_equal(pthread_create(&st, NULL, server_main, &r), 0);
-    assert_int_equal(pthread_create(&ct, NULL, client_main, &r), 0);
-    pthread_join(ct, NULL);
-    if (r.client.failed)
-        shmipc_session_shutdown(p.server); /* the server may wait for a burst that never comes */
-    pthread_join(st, NULL);
+    for (int k = 0; k < npairs; k++) {
+        r[k].until_ns = t0 + (uint64_t)STRESS_SECONDS * 1000000000u;
+        assert_int_equal(pthread_create(&st[k], NULL, server_main, &r[k]), 0);
+        assert_int_equal(pthread_create(&ct[k], NULL, client_main, &r[k]), 0);
+    }
+    for (int k = 0; k < npairs; k++) {
+        pthread_join(ct[k], NULL);
+        if (r[k].client.failed)
+            shmipc_session_shutdown(p[k].server); /* it may wait for a burst that never comes */
+        pthread_join(st[k], NULL);
+    }
     double secs = (double)(now_ns() - t0) / 1e9;
-    printf("# %s, spin caps %u/%u µs: %llu messages each way in %.2f s; waits by mode "
-           "(blocking, spin+poll, poll) client %llu/%llu/%llu server %llu/%llu/%llu\n",
-           eventfd ? "V4 eventfd" : "V3", client_spin, server_spin,
-           (unsigned long long)r.client.sent, secs, (unsigned long long)r.client.waits[0],
-           (unsigned long long)r.client.waits[1], (unsigned long long)r.client.waits[2],
-           (unsigned long long)r.server.waits[0], (unsigned long long)r.server.waits[1],
-           (unsigned long long)r.server.waits[2]);
-    if (r.client.failed)
-        fail_msg("%s", r.client.why);
-    if (r.server.failed)
-        fail_msg("%s", r.server.why);
-    assert_int_equal(r.client.sent, r.server.received);
-    assert_int_equal(r.server.sent, r.client.received);
-    assert_int_equal(r.client.sent, r.client.received);
-    assert_true(r.client.sent > 0);
-    shmipc_stream_close(r.client.st);
-    shmipc_stream_close(r.server.st);
-    ipc_pair_close(&p);
+    for (int k = 0; k < npairs; k++) {
+        struct run *q = &r[k];
+        printf("# %s, spin caps %u/%u µs, pair %d of %d: %llu messages each way in %.2f s; waits "
+               "by mode (blocking, spin+poll, poll) client %llu/%llu/%llu server %llu/%llu/%llu\n",
+               eventfd ? "V4 eventfd" : "V3", client_spin, server_spin, k + 1, npairs,
+               (unsigned long long)q->client.sent, secs, (unsigned long long)q->client.waits[0],
+               (unsigned long long)q->client.waits[1], (unsigned long long)q->client.waits[2],
+               (unsigned long long)q->server.waits[0], (unsigned long long)q->server.waits[1],
+               (unsigned long long)q->server.waits[2]);
+        if (q->client.failed)
+            fail_msg("pair %d: %s", k + 1, q->client.why);
+        if (q->server.failed)
+            fail_msg("pair %d: %s", k + 1, q->server.why);
+        assert_int_equal(q->client.sent, q->server.received);
+        assert_int_equal(q->server.sent, q->client.received);
+        assert_int_equal(q->client.sent, q->client.received);
+        assert_true(q->client.sent > 0);
+        shmipc_stream_close(q->client.st);
+        shmipc_stream_close(q->server.st);
+        ipc_pair_close(&p[k]);
+    }
     shmipc_config_free(scfg);
     shmipc_config_free(ccfg);
 }
@@ -321,25 +337,32 @@ static void stress(int eventfd, uint32_t client_spin, uint32_t server_spin, unsi
 static void v3_both_spin_and_sleep(void **state)
 {
     (void)state;
-    stress(0, 50, 50, 1);
+    stress(0, 50, 50, 1, 1);
 }
 
 static void v3_only_the_server_spins(void **state)
 {
     (void)state;
-    stress(0, 0, 20, 2);
+    stress(0, 0, 20, 2, 1);
 }
 
 static void v4_eventfd_both_spin_and_sleep(void **state)
 {
     (void)state;
-    stress(1, 50, 50, 3);
+    stress(1, 50, 50, 3, 1);
+}
+
+/* Three pairs at once: six threads spinning on two CPUs yield to each other. */
+static void v3_more_spinners_than_cpus(void **state)
+{
+    (void)state;
+    stress(0, 100, 100, 5, 3);
 }
 
 static void v4_eventfd_short_caps(void **state)
 {
     (void)state;
-    stress(1, 2, 5, 4);
+    stress(1, 2, 5, 4, 1);
 }
 
 int main(void)
@@ -349,6 +372,7 @@ int main(void)
         cmocka_unit_test(v3_only_the_server_spins),
         cmocka_unit_test(v4_eventfd_both_spin_and_sleep),
         cmocka_unit_test(v4_eventfd_short_caps),
+        cmocka_unit_test(v3_more_spinners_than_cpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
