@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,8 @@
 #include "ipc/session.h"
 
 static char address[128];
+/* The buffer start() gives a manager's sessions. */
+static uint32_t start_buffer_capacity = 2u << 20;
 
 struct fixture {
     shmipc_config *cfg;
@@ -42,7 +45,7 @@ static void start(struct fixture *f, uint32_t sessions)
     memset(f, 0, sizeof *f);
     ipc_pick_address(address, sizeof address, "manager");
     assert_int_equal(shmipc_config_new(&f->cfg), 0);
-    assert_int_equal(shmipc_config_set_buffer_capacity(f->cfg, 2u << 20), 0);
+    assert_int_equal(shmipc_config_set_buffer_capacity(f->cfg, start_buffer_capacity), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(f->cfg, 256), 0);
     assert_int_equal(shmipc_config_set_session_num(f->cfg, sessions), 0);
     assert_int_equal(shmipc_config_set_timeout_ms(f->cfg, SHMIPC_TIMEOUT_READ, 5000), 0);
@@ -160,6 +163,113 @@ static void shut_down_stream_is_closed_not_pooled(void **state)
     assert_int_equal(f.m->pools[0].nidle, 0);
     shmipc_session_manager_put_back(f.m, NULL);
     shmipc_stream_close(ss);
+    stop(&f);
+}
+
+/*
+ * Regression (manager pool vs. receive path): put_back and get decide whether a stream can be
+ * handed out again from its receive-side fields (unread, nchunks, state), which the thread
+ * processing the session writes under the session's lock. The check must hold that lock too
+ * (TSan reports the data race when it does not), and whatever the interleaving, a stream the
+ * peer closed or that holds unread data is never handed out.
+ *
+ * Threads: the main thread gets a stream, writes to it and puts it back at once, in a loop; a
+ * processor thread runs the client session's receive path (as an event loop would); the peer
+ * answers every stream it accepts and closes it. Bounded: 1000 rounds or 2 s (about 2400
+ * rounds ran the 32 MiB buffer out here, see the report of this commit).
+ */
+static struct {
+    shmipc_session *client, *server;
+    atomic_int stop;
+} pool_race;
+
+static void *pool_race_processor(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&pool_race.stop)) {
+        shmipc_session_process(pool_race.client);
+        sched_yield();
+    }
+    return NULL;
+}
+
+static void *pool_race_peer(void *arg)
+{
+    (void)arg;
+    shmipc_stream *ss;
+    while (!atomic_load(&pool_race.stop)) {
+        if (shmipc_session_accept_stream(pool_race.server, 10, &ss) != 0)
+            continue;
+        /* Unread data on the client's stream, then the close: both race the manager's checks. */
+        if (shmipc_stream_write(ss, "pong", 4) == 0)
+            (void)shmipc_stream_flush(ss);
+        shmipc_stream_close(ss);
+    }
+    return NULL;
+}
+
+static int stream_fresh(shmipc_stream *st)
+{
+    pthread_mutex_lock(&st->s->mu);
+    int ok = st->state == SHMIPC__STREAM_OPEN && st->unread == 0 && st->nchunks == 0;
+    pthread_mutex_unlock(&st->s->mu);
+    return ok;
+}
+
+static void pool_check_races_receive_path(void **state)
+{
+    (void)state;
+    struct fixture f;
+    pthread_t proc, peer;
+    /* Room for the slices the pooled streams hold until a get closes them. */
+    start_buffer_capacity = 32u << 20;
+    start(&f, 1);
+    start_buffer_capacity = 2u << 20;
+    pool_race.client = f.m->pools[0].s;
+    pool_race.server = f.server[0];
+    atomic_store(&pool_race.stop, 0);
+    assert_int_equal(pthread_create(&proc, NULL, pool_race_processor, NULL), 0);
+    assert_int_equal(pthread_create(&peer, NULL, pool_race_peer, NULL), 0);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rounds = 0;
+    for (; rounds < 1000; rounds++) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >= 2000)
+            break;
+        shmipc_stream *cs;
+        assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
+        /* A reused stream may be closed by the peer right after the get: writes may fail. */
+        if (shmipc_stream_write(cs, "ping", 4) == 0)
+            (void)shmipc_stream_flush(cs);
+        /* Every other round the answer may land before put_back looks, else while it looks. */
+        if (rounds % 2)
+            usleep(50);
+        shmipc_session_manager_put_back(f.m, cs);
+    }
+    atomic_store(&pool_race.stop, 1);
+    pthread_join(peer, NULL);
+    pthread_join(proc, NULL);
+    assert_true(rounds > 0);
+    /*
+     * Quiet now. Every stream the peer accepted got data and a close; process until the client
+     * saw them all, then every get must skip the pooled streams that hold them.
+     */
+    for (int i = 0; i < 200; i++) {
+        shmipc_session_process(pool_race.client);
+        usleep(1000);
+    }
+    uint32_t pooled = f.m->pools[0].nidle;
+    shmipc_stream *taken[64];
+    uint32_t ntaken = 0;
+    for (uint32_t i = 0; i <= pooled && ntaken < 64; i++) {
+        shmipc_stream *cs;
+        assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
+        assert_true(stream_fresh(cs));
+        taken[ntaken++] = cs;
+    }
+    for (uint32_t i = 0; i < ntaken; i++)
+        shmipc_session_manager_put_back(f.m, taken[i]);
     stop(&f);
 }
 
@@ -327,6 +437,7 @@ int main(void)
         cmocka_unit_test(streams_are_reused),
         cmocka_unit_test(pooled_stream_closed_by_peer_is_not_reused),
         cmocka_unit_test(shut_down_stream_is_closed_not_pooled),
+        cmocka_unit_test(pool_check_races_receive_path),
         cmocka_unit_test(sessions_rotate_every_32_calls),
         cmocka_unit_test(dead_session_is_replaced),
         cmocka_unit_test(log_sink_under_manager_lock),
