@@ -105,27 +105,6 @@ static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
     return 0;
 }
 
-/* A stream can go back to the pool only if the next user will find it as new. */
-static int reusable(const shmipc_stream *st)
-{
-    return __atomic_load_n(&st->s->err, __ATOMIC_ACQUIRE) == 0 &&
-           __atomic_load_n(&st->state, __ATOMIC_RELAXED) == SHMIPC__STREAM_OPEN &&
-           !__atomic_load_n(&st->fallback, __ATOMIC_RELAXED) && st->unread == 0 &&
-           st->nchunks == 0 && st->send_len == 0 && st->nsegs == 0;
-}
-
-/* reusable() checked again when the pooled stream is taken out: the peer may have closed it. */
-static int still_reusable(shmipc_stream *st)
-{
-    pthread_mutex_lock(&st->s->mu);
-    shmipc__log_defer_begin();
-    int ok =
-        reusable(st) && (__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT) == 0;
-    pthread_mutex_unlock(&st->s->mu);
-    shmipc__log_defer_end();
-    return ok;
-}
-
 int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
 {
     int rc;
@@ -135,11 +114,12 @@ int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
     if ((rc = revive_locked(m, p)) == 0) {
         /*
          * The peer may have closed a stream (or the session may have ended) while it sat in the
-         * pool: such a stream is closed and the next one tried, or a new one opened.
+         * pool: such a stream is closed and the next one tried, or a new one opened. The check
+         * takes the session's lock under ours (lock order: shmipc__stream_reusable()).
          */
         while (*out == NULL && p->nidle > 0) {
             shmipc_stream *st = p->idle[--p->nidle];
-            if (still_reusable(st))
+            if (shmipc__stream_reusable(st))
                 *out = st;
             else
                 shmipc__stream_close_handle(st);
@@ -163,11 +143,8 @@ void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
     for (uint32_t i = 0; i < m->npools; i++)
         if (m->pools[i].s == st->s)
             p = &m->pools[i];
-    pthread_mutex_lock(&st->s->mu);
-    shmipc__log_defer_begin();
-    int ok = p != NULL && reusable(st) && p->nidle < m->cfg.max_stream_num;
-    pthread_mutex_unlock(&st->s->mu);
-    shmipc__log_defer_end();
+    /* The session's lock is taken under ours (lock order: shmipc__stream_reusable()). */
+    int ok = p != NULL && p->nidle < m->cfg.max_stream_num && shmipc__stream_reusable(st);
     if (ok) {
         st->read_timeout_ms = m->cfg.timeout_ms[SHMIPC_TIMEOUT_READ];
         st->write_timeout_ms = m->cfg.timeout_ms[SHMIPC_TIMEOUT_WRITE];

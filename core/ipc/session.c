@@ -2346,6 +2346,28 @@ int shmipc__stream_shutdown(shmipc_stream *st)
     return 0;
 }
 
+/*
+ * The receive path writes the fields looked at here (state, fallback, unread, nchunks) under mu
+ * on whichever thread processes the session, so they are read under mu too. Lock order: the
+ * session manager calls this holding its own lock (manager's lock, then mu); nothing that holds
+ * mu takes the manager's lock (the session does not know the manager, and log lines under either
+ * lock reach the sink after both are dropped). The send side (send_len, nsegs) belongs to the
+ * thread giving the stream back. A stream the peer closed (state), with data left (unread,
+ * nchunks), on the socket for good (fallback), shut down, or whose session ended is refused.
+ */
+int shmipc__stream_reusable(shmipc_stream *st)
+{
+    shmipc_session *s = st->s;
+    lock(s);
+    int ok = st->state == SHMIPC__STREAM_OPEN &&
+             !__atomic_load_n(&st->fallback, __ATOMIC_RELAXED) && st->unread == 0 &&
+             st->nchunks == 0 && st->send_len == 0 && st->nsegs == 0 &&
+             (__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT) == 0 &&
+             session_err(s) == 0;
+    unlock(s);
+    return ok;
+}
+
 void shmipc__stream_close_handle(shmipc_stream *st)
 {
     /*

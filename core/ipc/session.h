@@ -260,6 +260,11 @@ void shmipc__stream_leave(shmipc_stream *st);
 int shmipc__stream_shutdown(shmipc_stream *st);
 /* The user's close: shutdown, then free now or when the last call in flight leaves. */
 void shmipc__stream_close_handle(shmipc_stream *st);
+/*
+ * 1 if a stream given back to a session manager's pool may be handed out again (the next user
+ * finds it as new), else 0. Takes the session's lock: see session.c for the lock order.
+ */
+int shmipc__stream_reusable(shmipc_stream *st);
 
 /* Handshakes (handshake.c): fill the session's shared memory and version. */
 int shmipc__handshake_client(shmipc_session *s, uint64_t deadline);
