@@ -1,0 +1,94 @@
+"""A shmipc-serve worker process: a shmipc listener the front connects to, and a loop that
+serves each stream the front opens on it as one request (docs/serve.md, "Streams").
+
+The front is the shmipc client: shmipc (like shmipc-go) lets only the client open streams,
+and the front opens one per request. So the worker listens, on an address its supervisor
+gives it, and the front connects one session to it.
+
+Requests are served one at a time per process (``wsgi.multithread`` is False): a stream
+opened while one is being served waits in the session's accept queue, and the front sends a
+worker one request at a time anyway. Each session the listener accepts gets a thread that
+accepts its streams; they take turns through one lock.
+"""
+
+import logging
+import threading
+
+import shmipc
+
+from .wsgi import WSGIHandler
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("shmipc.serve")
+
+# Blocking accepts wake this often to see stop() (the binding also wakes for signals).
+_POLL = 0.2
+
+
+class Worker:
+    """Serve `app` (a WSGI callable) on shmipc `address` until stop().
+
+    ``Worker(app, "unix:@name")``; ``serve_forever()`` blocks; ``stop()`` (any thread, or a
+    signal handler) makes it return after the request in progress. ``counts`` holds the
+    outcomes so far (ok, error, aborted, protocol, and late: a stream that held only a late
+    ABORT for an exchange already over).
+    """
+
+    def __init__(self, app, address, config=None, *, handler=None):
+        self.handler = handler if handler is not None else WSGIHandler(app)
+        self.listener = shmipc.Listener(address, config)
+        self.address = self.listener.address
+        self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._sessions = set()
+        self._threads = []
+
+    def stop(self):
+        self._stopping.set()
+
+    def serve_forever(self):
+        try:
+            while not self._stopping.is_set():
+                try:
+                    s = self.listener.accept(timeout=_POLL)
+                except shmipc.TimeoutError:
+                    continue
+                except shmipc.Error as e:
+                    if self._stopping.is_set():
+                        break
+                    log.warning("shmipc-serve worker: a front's handshake failed: %s", e)
+                    continue
+                if s is None:
+                    continue
+                t = threading.Thread(target=self._serve_session, args=(s,),
+                                     name="shmipc-serve-session", daemon=True)
+                self._sessions.add(s)
+                self._threads = [x for x in self._threads if x.is_alive()]
+                self._threads.append(t)
+                t.start()
+        finally:
+            self._stopping.set()
+            for t in self._threads:
+                t.join()
+            self.listener.close()
+
+    def _serve_session(self, s):
+        try:
+            while not self._stopping.is_set():
+                try:
+                    st = s.accept_stream(timeout=_POLL)
+                except shmipc.TimeoutError:
+                    continue
+                except shmipc.Error as e:
+                    log.debug("shmipc-serve worker: the front's session ended: %s", e)
+                    return
+                if st is None:
+                    continue
+                with self._lock:
+                    outcome = self.handler.handle(st)
+                    self.counts[outcome] += 1
+        finally:
+            self._sessions.discard(s)
+            s.close()

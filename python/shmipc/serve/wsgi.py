@@ -1,0 +1,462 @@
+"""The WSGI side of a shmipc-serve worker (docs/serve.md): one request per shmipc stream.
+
+The front opens a stream per request and sends REQUEST_HEAD, BODY* and END; the environ is
+built in C (``shmipc._serve.decode_request``). The worker runs the app (PEP 3333:
+start_response with exc_info, the write() callable, the iterable's close()) and answers
+RESPONSE_HEAD, BODY* and END on the same stream. Failures:
+
+- the app raises before anything was sent: a complete 500 response, the traceback logged;
+- the app raises after the head was sent, or sends more or fewer bytes than its own
+  Content-Length: ABORT WORKER_ERROR (the front closes the client connection, so the client
+  sees a truncated response rather than a wrong one);
+- the front sends ABORT (the client went away, a timeout) or the stream ends: the app's
+  iterable is closed and nothing more is sent;
+- a frame that breaks docs/serve.md: ABORT PROTOCOL.
+"""
+
+import logging
+import struct
+import sys
+
+import shmipc
+
+from .. import _serve as sf
+
+__all__ = ["RequestAborted", "WSGIHandler"]
+
+log = logging.getLogger("shmipc.serve")
+
+_HDR = struct.Struct("<HBBII")
+_MAGIC = 0x5653
+# Hop-by-hop fields (RFC 9110 §7.6.1) are the front's: PEP 3333 forbids them to an app, and
+# the front reconciles its own framing. Connection: close turns into the CLOSE flag.
+_HOP = frozenset(
+    ("connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
+     "upgrade", "content-length"))
+_BODYLESS = frozenset((204, 304))
+_ERROR_BODY = b"Internal Server Error\n"
+# After its ABORT, how long the worker waits for the front to end its side of the stream.
+_ABORT_DRAIN_TIMEOUT = 5.0
+
+
+class RequestAborted(OSError):
+    """The front ended the request (ABORT from it, or its stream ended): the client is gone,
+    or the request timed out. Raised by wsgi.input reads and by write()."""
+
+
+class ProtocolViolation(Exception):
+    """The front sent a frame that breaks docs/serve.md."""
+
+
+def _body_header(n):
+    return _HDR.pack(_MAGIC, 1, sf.BODY, n, 0)
+
+
+_END = sf.encode_frame(sf.END)
+
+
+class _Exchange:
+    """The worker's end of one stream: reads the request's frames, writes the response's."""
+
+    __slots__ = ("st", "done", "aborted", "abort_reason", "pending")
+
+    def __init__(self, st):
+        self.st = st
+        self.done = False  # the front's END (or ABORT) was read
+        self.aborted = False
+        self.abort_reason = 0
+        self.pending = None  # a BODY payload check_abort read ahead, for wsgi.input
+
+    def read_frame_header(self, nonblock=False):
+        raw = self.st.readexactly(sf.HDR_SIZE, nonblock=nonblock)
+        if raw is None:
+            return None
+        try:
+            return raw, sf.decode_header(raw)
+        except sf.FrameError as e:
+            raise ProtocolViolation(str(e)) from None
+
+    def next_body(self, nonblock=False):
+        # nonblock: None when no frame header is queued yet (a payload is then read whole).
+        """The next BODY payload of the request; b"" at its END. RequestAborted on ABORT."""
+        if self.pending is not None:
+            data, self.pending = self.pending, None
+            return data
+        while not self.done:
+            got = self.read_frame_header(nonblock)
+            if got is None:
+                return None
+            _, (typ, length, arg) = got
+            if typ == sf.BODY:
+                return self.st.readexactly(length)
+            if typ == sf.END:
+                self.done = True
+                return b""
+            if typ == sf.ABORT:
+                if length:
+                    self.st.readexactly(length)
+                self.done = self.aborted = True
+                self.abort_reason = arg
+                break
+            raise ProtocolViolation(f"a frame of type {typ} in a request body")
+        if self.aborted:
+            raise RequestAborted(f"the front aborted the request (reason {self.abort_reason})")
+        return b""
+
+    def check_abort(self):
+        """Without blocking: raise RequestAborted if the front has aborted the request
+        (between the body pieces of a response, so a client that went away stops the app).
+
+        What is queued before an ABORT may be request body the app has not read: one BODY
+        frame is read ahead and kept for wsgi.input, and no more until the app takes it, so
+        this never buffers more than one frame (1 MiB)."""
+        while self.pending is None:
+            if self.done:
+                got = self.read_frame_header(nonblock=True)
+                if got is None:
+                    return
+                _, (typ, length, arg) = got
+                if typ != sf.ABORT:
+                    raise ProtocolViolation(f"a frame of type {typ} after the request's END")
+                if length:
+                    self.st.readexactly(length)
+                self.aborted = True
+                self.abort_reason = arg
+                raise RequestAborted(f"the front aborted the request (reason {arg})")
+            data = self.next_body(nonblock=True)
+            if data is None:
+                return
+            if data:
+                self.pending = data
+
+    def send(self, *parts):
+        for p in parts:
+            self.st.write(p)
+        self.st.flush()
+
+    def abort(self, reason, text=""):
+        """Send ABORT, then wait (bounded) for the front to end its side: its END or ABORT,
+        or the stream's end when it closes. Closing at once would let its frames still in
+        flight arrive after our close, and shmipc delivers data for a closed stream id as a
+        new stream."""
+        data = text.encode("utf-8", "replace")[: sf.MAX_ABORT_TEXT]
+        try:
+            self.send(sf.encode_frame(sf.ABORT, data, reason))
+            if reason != sf.ABORT_PROTOCOL:
+                self.st.read_timeout = _ABORT_DRAIN_TIMEOUT
+                self.drain()
+        except (shmipc.Error, OSError, ProtocolViolation):
+            pass
+
+    def drain(self):
+        """After our END: read the rest of the request (the front ends it at once when it
+        sees our END), so both sides have ended the exchange before the stream closes."""
+        try:
+            while not self.done:
+                self.next_body()
+        except RequestAborted:
+            pass
+
+
+class _Input:
+    """wsgi.input: the request body, read frame by frame as the app asks for it."""
+
+    __slots__ = ("_ex", "_buf", "_pos")
+
+    def __init__(self, ex):
+        self._ex = ex
+        self._buf = b""
+        self._pos = 0
+
+    def _fill(self):
+        if self._ex.done:
+            return False
+        data = self._ex.next_body()
+        if not data:
+            return False
+        if self._pos < len(self._buf):
+            self._buf = self._buf[self._pos:] + data
+        else:
+            self._buf = data
+        self._pos = 0
+        return True
+
+    def read(self, size=-1):
+        if size is None or size < 0:
+            while self._fill():
+                pass
+            out = self._buf[self._pos:]
+            self._buf, self._pos = b"", 0
+            return out
+        while len(self._buf) - self._pos < size and self._fill():
+            pass
+        out = self._buf[self._pos:self._pos + size]
+        self._pos += len(out)
+        return out
+
+    def readline(self, size=-1):
+        while True:
+            i = self._buf.find(b"\n", self._pos)
+            if i >= 0:
+                end = i + 1
+                break
+            if 0 <= size <= len(self._buf) - self._pos or not self._fill():
+                end = len(self._buf)
+                break
+        if size is not None and size >= 0:
+            end = min(end, self._pos + size)
+        out = self._buf[self._pos:end]
+        self._pos = end
+        return out
+
+    def readlines(self, hint=-1):
+        lines, total = [], 0
+        while True:
+            line = self.readline()
+            if not line:
+                return lines
+            lines.append(line)
+            total += len(line)
+            if hint is not None and 0 < hint <= total:
+                return lines
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+
+class _Response:
+    """start_response, write() and the sending of the head and body of one response."""
+
+    __slots__ = ("ex", "method", "status", "headers", "head_sent", "flags", "length",
+                 "sent", "code")
+
+    def __init__(self, ex, method):
+        self.ex = ex
+        self.method = method
+        self.status = None
+        self.headers = None
+        self.head_sent = False
+        self.flags = 0
+        self.length = None  # the app's Content-Length
+        self.sent = 0
+        self.code = 0
+
+    def start_response(self, status, headers, exc_info=None):
+        if exc_info is not None:
+            try:
+                if self.head_sent:
+                    raise exc_info[1].with_traceback(exc_info[2])
+            finally:
+                exc_info = None  # no cycle through the traceback (PEP 3333)
+        elif self.status is not None:
+            raise AssertionError("start_response was called twice without exc_info")
+        if not isinstance(status, str):
+            raise TypeError("the status must be a str like '200 OK'")
+        code = status[:3]
+        # "NNN Reason" (PEP 3333; wsgiref.validate checks the same)
+        if len(status) < 4 or status[3] != " " or not code.isdigit() or \
+                not 100 <= int(code) <= 599:
+            raise ValueError(f"bad status {status!r}")
+        if not isinstance(headers, list):
+            raise TypeError("the headers must be a list of (name, value) tuples")
+        flags, length, fields = 0, None, []
+        for h in headers:
+            if type(h) is not tuple or len(h) != 2:
+                raise TypeError(f"a header must be a (name, value) tuple, not {h!r}")
+            name, value = h
+            if type(name) is not str or type(value) is not str:
+                raise TypeError(f"header names and values must be str: {h!r}")
+            lname = name.lower()
+            if lname in _HOP:
+                if lname == "content-length":
+                    v = value.strip()
+                    if not v.isdigit():
+                        raise ValueError(f"bad Content-Length {value!r}")
+                    length = int(v)
+                elif lname == "connection" and "close" in value.lower():
+                    flags |= sf.RESP_CLOSE
+                continue
+            fields.append(h)
+        self.status, self.code, self.headers = status, int(code), fields
+        self.flags, self.length = flags, length
+        return self.write
+
+    def _head(self, length):
+        flags = self.flags
+        if length is not None:
+            flags |= sf.RESP_CONTENT_LENGTH
+        return sf.encode_response_head(self.code, self.headers, flags, length or 0)
+
+    def _bodyless(self):
+        return self.method == "HEAD" or self.code < 200 or self.code in _BODYLESS
+
+    def send_head(self, length=None):
+        if self.status is None:
+            raise AssertionError("the app sent body bytes before calling start_response")
+        if length is None:
+            length = self.length
+        h = self._head(length)
+        self.head_sent = True
+        self.ex.send(h)
+
+    def write(self, data):
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"the body must be bytes, not {type(data).__name__}")
+        n = len(data)
+        if n == 0:
+            return
+        if self.status is None:
+            raise AssertionError("the app sent body bytes before calling start_response")
+        self.ex.check_abort()
+        parts = []
+        if not self.head_sent:
+            parts.append(self._head(self.length))  # may raise: then nothing was sent
+            self.head_sent = True
+        if self._bodyless():
+            if parts:
+                self.ex.send(*parts)
+            return
+        if self.length is not None and self.sent + n > self.length:
+            raise _LengthError(f"the app sent more than its Content-Length of {self.length}")
+        mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        for off in range(0, n, sf.MAX_CHUNK):
+            piece = mv[off:off + sf.MAX_CHUNK]
+            parts.append(_body_header(len(piece)))
+            parts.append(piece)
+        self.sent += n
+        self.ex.send(*parts)
+
+    def finish(self):
+        """The iterable is exhausted: the head if none was sent yet, then END."""
+        if not self.head_sent:
+            length = self.length
+            if length is None and not self._bodyless():
+                length = 0
+            h = self._head(length)
+            self.head_sent = True
+            self.ex.send(h, _END)
+            return
+        if self.length is not None and self.sent < self.length and not self._bodyless():
+            raise _LengthError(
+                f"the app sent {self.sent} bytes of its Content-Length of {self.length}")
+        self.ex.send(_END)
+
+
+class _LengthError(Exception):
+    pass
+
+
+class WSGIHandler:
+    """Runs one WSGI app on request streams: ``handle(stream)`` serves one request."""
+
+    def __init__(self, app, *, errors=None):
+        self.app = app
+        self.base = {
+            "wsgi.version": (1, 0),
+            "wsgi.errors": errors if errors is not None else sys.stderr,
+            "wsgi.multithread": False,
+            "wsgi.multiprocess": True,
+            "wsgi.run_once": False,
+            # wsgi.input returns b"" at the end of the body, chunked uploads included.
+            "wsgi.input_terminated": True,
+        }
+
+    def handle(self, st):
+        """Serve the request on stream `st`, then close it. Returns "ok", "error" (the app
+        failed: 500 or ABORT WORKER_ERROR), "aborted" (the front ended it), "protocol" or
+        "late" (the stream held only a late ABORT)."""
+        ex = _Exchange(st)
+        try:
+            return self._handle(ex)
+        except (shmipc.Error, OSError) as e:
+            # The stream or session ended under us: the front went away.
+            log.debug("shmipc-serve: stream %d ended: %s", st.id, e)
+            return "aborted"
+        finally:
+            try:
+                st.close()
+            except shmipc.Error:
+                pass
+
+    def _handle(self, ex):
+        try:
+            raw, (typ, length, flags) = ex.read_frame_header()
+            if typ == sf.ABORT:
+                # A late ABORT for an exchange that is already over on our side: the front
+                # sent it before it saw our END, and shmipc delivers data for a closed
+                # stream id as a new stream. Nothing to do.
+                return "late"
+            if typ != sf.REQUEST_HEAD:
+                raise ProtocolViolation(f"a frame of type {typ} before the request head")
+            payload = ex.st.readexactly(length)
+            try:
+                environ = sf.decode_request(raw + payload, self.base)
+            except sf.FrameError as e:
+                raise ProtocolViolation(str(e)) from None
+        except ProtocolViolation as e:
+            log.error("shmipc-serve: bad frame from the front: %s", e)
+            ex.abort(sf.ABORT_PROTOCOL, str(e))
+            return "protocol"
+        environ["wsgi.input"] = _Input(ex)
+        resp = _Response(ex, environ["REQUEST_METHOD"])
+        result = None
+        outcome = "ok"
+        try:
+            result = self.app(environ, resp.start_response)
+            if (resp.length is None and not resp.head_sent and type(result) in (list, tuple)
+                    and len(result) == 1 and resp.status is not None and not resp._bodyless()):
+                # One piece: its length is known, so the front can send Content-Length.
+                resp.length = len(result[0])
+            for data in result:
+                resp.write(data)
+            resp.finish()
+        except RequestAborted as e:
+            log.info("shmipc-serve: %s %s: %s", environ["REQUEST_METHOD"],
+                     environ.get("RAW_URI", ""), e)
+            outcome = "aborted"
+        except ProtocolViolation as e:
+            log.error("shmipc-serve: bad frame from the front: %s", e)
+            ex.abort(sf.ABORT_PROTOCOL, str(e))
+            outcome = "protocol"
+        except (shmipc.Error, OSError) as e:
+            if isinstance(e, shmipc.Error) or ex.aborted:
+                raise  # the stream is gone: handle() reports it
+            outcome = self._failed(ex, resp, environ)
+        except Exception:
+            outcome = self._failed(ex, resp, environ)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    log.exception("shmipc-serve: the close() of the app's iterable raised")
+                    if outcome == "ok":
+                        outcome = "error"
+        if outcome == "ok":
+            ex.drain()
+        return outcome
+
+    def _failed(self, ex, resp, environ):
+        log.exception("shmipc-serve: the app failed on %s %s", environ["REQUEST_METHOD"],
+                      environ.get("RAW_URI", ""))
+        if not resp.head_sent:
+            head = sf.encode_response_head(
+                500, [("Content-Type", "text/plain; charset=utf-8")], sf.RESP_CONTENT_LENGTH,
+                len(_ERROR_BODY))
+            body = b"" if environ["REQUEST_METHOD"] == "HEAD" else _ERROR_BODY
+            parts = [head]
+            if body:
+                parts += [_body_header(len(body)), body]
+            ex.send(*parts, _END)
+            ex.drain()
+        else:
+            exc = sys.exc_info()[1]
+            ex.abort(sf.ABORT_WORKER_ERROR, f"{type(exc).__name__}: {exc}")
+        return "error"

@@ -1,0 +1,656 @@
+"""shmipc-serve's Python worker (python/shmipc/serve, docs/serve.md): the C decode of a
+REQUEST_HEAD into a WSGI environ, the response encoders, and the worker serving WSGI apps on
+streams. The front is played here by a shmipc client session speaking the frames."""
+import logging
+import struct
+import sys
+import threading
+import time
+import wsgiref.validate
+
+import pytest
+
+import shmipc
+from conftest import unique_address
+
+sf = pytest.importorskip("shmipc._serve")
+from shmipc.serve import Worker  # noqa: E402
+
+HDR = struct.Struct("<HBBII")
+
+
+def frame(typ, payload=b"", arg=0):
+    return HDR.pack(0x5653, 1, typ, len(payload), arg) + payload
+
+
+# ---- the codec --------------------------------------------------------------------------
+
+
+def head(method=b"GET", target=b"/", headers=(), **kw):
+    kw.setdefault("peer", ("127.0.0.1", 40000))
+    kw.setdefault("local", ("127.0.0.1", 8080))
+    return sf.encode_request_head(method, target, list(headers), **kw)
+
+
+def test_decode_request_builds_the_environ():
+    f = head(b"POST", b"/a%20b/%zz%4?x=1&y=%41",
+             [("Host", "example.org:8080"), ("X-A", "1"), ("x-a", "2"), ("Cookie", "a=1"),
+              ("cookie", "b=2"), ("Content-Type", "text/plain"), ("Content-Length", "3"),
+              ("Accept", "")],
+             flags=sf.REQ_KEEP_ALIVE | sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH,
+             content_length=3, peer=("::1", 5), local=("10.1.2.3", 8080))
+    base = {"wsgi.version": (1, 0)}
+    env = sf.decode_request(f, base)
+    assert base == {"wsgi.version": (1, 0)}  # a copy
+    assert env == {
+        "wsgi.version": (1, 0),
+        "REQUEST_METHOD": "POST",
+        "SCRIPT_NAME": "",
+        "PATH_INFO": "/a b/%zz%4",
+        "QUERY_STRING": "x=1&y=%41",
+        "RAW_URI": "/a%20b/%zz%4?x=1&y=%41",
+        "REQUEST_URI": "/a%20b/%zz%4?x=1&y=%41",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http",
+        "CONTENT_LENGTH": "3",
+        "CONTENT_TYPE": "text/plain",
+        "HTTP_HOST": "example.org:8080",
+        "HTTP_X_A": "1, 2",
+        "HTTP_COOKIE": "a=1; b=2",
+        "HTTP_ACCEPT": "",
+        "REMOTE_ADDR": "::1",
+        "REMOTE_PORT": "5",
+        "SERVER_NAME": "10.1.2.3",
+        "SERVER_PORT": "8080",
+    }
+
+
+def test_decode_request_drops_header_names_with_underscores():
+    # "X_Forwarded_For" would land on HTTP_X_FORWARDED_FOR, the key of the front's own
+    # X-Forwarded-For: dropped, as nginx and gunicorn do.
+    env = sf.decode_request(head(headers=[("X_Forwarded_For", "6.6.6.6"),
+                                          ("X-Forwarded-For", "1.2.3.4")]))
+    assert env["HTTP_X_FORWARDED_FOR"] == "1.2.3.4"
+
+
+def test_decode_request_percent_decodes_the_path_to_latin1():
+    env = sf.decode_request(head(target=b"/caf%C3%A9/%2F%00x%"))
+    assert env["PATH_INFO"] == "/caf\xc3\xa9//\x00x%"
+    assert env["PATH_INFO"].encode("latin-1").decode("utf-8") == "/café//\x00x%"
+    raw = "/\xe9?q=\xe9".encode("latin-1")
+    env = sf.decode_request(head(target=raw))
+    assert env["PATH_INFO"] == "/\xe9" and env["QUERY_STRING"] == "q=\xe9"
+
+
+@pytest.mark.parametrize("target,path,query", [
+    (b"http://h", "/", ""),
+    (b"http://h?q=1", "/", "q=1"),
+    (b"http://h:1/p/q?r", "/p/q", "r"),
+    (b"HTTPS://h/x", "/x", ""),
+    (b"*", "*", ""),
+    (b"/?", "/", ""),
+])
+def test_decode_request_target_forms(target, path, query):
+    env = sf.decode_request(head(b"OPTIONS", target))
+    assert (env["PATH_INFO"], env["QUERY_STRING"], env["RAW_URI"]) == (
+        path, query, target.decode("latin-1"))
+
+
+def test_decode_request_addresses_unix_none_and_host():
+    env = sf.decode_request(head(headers=[("Host", "[::1]:99")], peer="unix", local="unix"))
+    assert env["REMOTE_ADDR"] == "unix:" and "REMOTE_PORT" not in env
+    assert (env["SERVER_NAME"], env["SERVER_PORT"]) == ("[::1]", "99")
+    env = sf.decode_request(head(headers=[("Host", "a.b")], peer=None, local=None))
+    assert "REMOTE_ADDR" not in env
+    assert (env["SERVER_NAME"], env["SERVER_PORT"]) == ("a.b", "80")
+    env = sf.decode_request(head(peer=None, local=None, scheme=1, version_minor=0))
+    assert (env["SERVER_NAME"], env["SERVER_PORT"]) == ("localhost", "443")
+    assert env["wsgi.url_scheme"] == "https" and env["SERVER_PROTOCOL"] == "HTTP/1.0"
+
+
+def test_decode_request_chunked_has_no_content_length():
+    env = sf.decode_request(head(b"POST", headers=[("Transfer-Encoding", "chunked")],
+                                 flags=sf.REQ_HAS_BODY | sf.REQ_CHUNKED))
+    assert "CONTENT_LENGTH" not in env and env["HTTP_TRANSFER_ENCODING"] == "chunked"
+
+
+def test_decode_request_refuses_what_breaks_the_protocol():
+    good = head(headers=[("Host", "a")])
+    for n in range(len(good)):
+        with pytest.raises(sf.FrameError):
+            sf.decode_request(good[:n])
+    with pytest.raises(sf.FrameError):
+        sf.decode_request(good + b"\0")  # bytes after the frame
+    bad = bytearray(good)
+    bad[2] = 2  # version
+    with pytest.raises(sf.FrameError):
+        sf.decode_request(bytes(bad))
+    bad = bytearray(good)
+    bad[12 + 3] = 1  # a reserved byte
+    with pytest.raises(sf.FrameError):
+        sf.decode_request(bytes(bad))
+    with pytest.raises(sf.FrameError, match="not REQUEST_HEAD"):
+        sf.decode_request(sf.encode_frame(sf.END))
+    with pytest.raises(TypeError):
+        sf.decode_request("not bytes")
+    with pytest.raises(TypeError):
+        sf.decode_request(good, [])
+    with pytest.raises(TypeError):
+        sf.decode_request()
+    assert sf.decode_request(memoryview(good), None)["HTTP_HOST"] == "a"
+
+
+def test_decode_header():
+    assert sf.decode_header(b"SV\x01") is None
+    assert sf.decode_header(sf.encode_frame(sf.BODY, b"xyz")) == (sf.BODY, 3, 0)
+    with pytest.raises(sf.FrameError):
+        sf.decode_header(frame(sf.END, b"", 1))  # END takes no arg
+    with pytest.raises(sf.FrameError):
+        sf.decode_header(HDR.pack(0x5653, 1, sf.BODY, sf.MAX_CHUNK + 1, 0))
+
+
+def test_response_head_round_trip_and_refusals():
+    f = sf.encode_response_head(201, [("X-A", "b"), (b"X-B", b"\xff")], sf.RESP_CONTENT_LENGTH, 7)
+    assert sf.decode_response(f) == (201, sf.RESP_CONTENT_LENGTH, 7,
+                                     [("X-A", "b"), ("X-B", "\xff")])
+    for bad in ([("Bad Name", "x")], [("X", "a\r\nb")], [("X", " lead")], [("", "x")],
+                [("X", "\0")]):
+        with pytest.raises(ValueError):
+            sf.encode_response_head(200, bad)
+    with pytest.raises(ValueError):
+        sf.encode_response_head(200, [("X", "1")] * 129)
+    with pytest.raises(ValueError):
+        sf.encode_response_head(200, [("X", "v" * 16385)])
+    with pytest.raises(ValueError):
+        sf.encode_response_head(99, [])
+    with pytest.raises(ValueError):
+        sf.encode_response_head(200, [], 4)  # an unknown flag
+    with pytest.raises(UnicodeEncodeError):
+        sf.encode_response_head(200, [("X", "\u20ac")])
+    with pytest.raises(TypeError):
+        sf.encode_response_head(200, [("X",)])
+    with pytest.raises(TypeError):
+        sf.encode_response_head(200, [("X", 1)])
+    with pytest.raises(ValueError):
+        sf.encode_frame(sf.BODY, b"")  # BODY carries at least one byte
+    with pytest.raises(ValueError):
+        sf.encode_frame(sf.ABORT, b"", 99)
+
+
+# ---- the worker, with this test as the front -------------------------------------------
+
+
+class Front:
+    """The front's side: one session to a worker; request() sends one exchange."""
+
+    def __init__(self, address):
+        self.session = shmipc.connect(address, shmipc.Config(read_timeout=10))
+
+    def open(self, method=b"GET", target=b"/", headers=(), body=None, chunks=None, **kw):
+        flags = kw.pop("flags", 0)
+        if body is not None:
+            flags |= sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH
+            kw["content_length"] = len(body)
+            chunks = [body] if body else []
+        elif chunks is not None:
+            flags |= sf.REQ_HAS_BODY | sf.REQ_CHUNKED
+        st = self.session.open_stream()
+        st.write(head(method, target, headers, flags=flags, **kw))
+        return st, chunks
+
+    def send_body(self, st, chunks, end=True):
+        for c in chunks or ():
+            st.write(frame(sf.BODY, c))
+        if end:
+            st.write(frame(sf.END))
+        st.flush()
+
+    def read_frame(self, st):
+        raw = st.readexactly(12)
+        typ, length, arg = sf.decode_header(raw)
+        return typ, arg, st.readexactly(length) if length else b""
+
+    def response(self, st):
+        """(status, flags, content_length, headers, body, last frame type, its arg)."""
+        typ, arg, payload = self.read_frame(st)
+        if typ == sf.ABORT:
+            return None, None, None, None, b"", typ, arg
+        assert typ == sf.RESPONSE_HEAD
+        status, flags, clen, headers = sf.decode_response(frame(typ, payload, arg))
+        body = []
+        while True:
+            typ, arg, payload = self.read_frame(st)
+            if typ != sf.BODY:
+                break
+            body.append(payload)
+        return status, flags, clen, headers, b"".join(body), typ, arg
+
+    def request(self, *a, **kw):
+        st, chunks = self.open(*a, **kw)
+        self.send_body(st, chunks)
+        try:
+            return self.response(st)
+        finally:
+            st.close()
+
+    def close(self):
+        self.session.close()
+
+
+class Running:
+    def __init__(self, app):
+        self.worker = Worker(app, unique_address("serve"))
+        self.thread = threading.Thread(target=self.worker.serve_forever)
+        self.thread.start()
+        self.front = Front(self.worker.address)
+
+    def stop(self):
+        self.front.close()
+        self.worker.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def serve():
+    running = []
+
+    def start(app):
+        r = Running(app)
+        running.append(r)
+        return r.front
+
+    yield start
+    for r in running:
+        r.stop()
+
+
+def echo_app(environ, start_response):
+    body = environ["wsgi.input"].read()
+    start_response("200 OK", [("Content-Type", "application/octet-stream"),
+                              ("X-Path", environ["PATH_INFO"])])
+    return [body]
+
+
+def test_wsgiref_validate_wrapped_app(serve):
+    seen = {}
+
+    def app(environ, start_response):
+        seen.update(environ)
+        inp = environ["wsgi.input"]
+        # wsgiref.validate allows read() with a size only
+        first = inp.readline()
+        rest = b"".join(iter(lambda: inp.read(2), b""))
+        start_response("200 OK", [("Content-Type", "text/plain"),
+                                  ("Content-Length", str(len(first) + len(rest)))])
+        return [first, rest]
+
+    front = serve(wsgiref.validate.validator(app))
+    status, flags, clen, headers, body, last, _ = front.request(
+        b"POST", b"/v?a=1", [("Host", "h"), ("Content-Type", "text/plain")],
+        body=b"line one\nline two")
+    assert (status, body, last) == (200, b"line one\nline two", sf.END)
+    assert flags == sf.RESP_CONTENT_LENGTH and clen == 17
+    assert headers == [("Content-Type", "text/plain")]
+    assert seen["wsgi.multiprocess"] is True and seen["wsgi.input_terminated"] is True
+    # A chunked upload across many frames, and a GET without a body.
+    status, _, _, _, body, _, _ = front.request(b"PUT", b"/", [("Host", "h")],
+                                                chunks=[b"a\nb", b"c\n", b"d"])
+    assert (status, body) == (200, b"a\nbc\nd")
+    status, _, clen, _, body, _, _ = front.request(b"GET", b"/", [("Host", "h")])
+    assert (status, clen, body) == (200, 0, b"")
+
+
+def test_echo_unique_bodies_many_requests(serve):
+    front = serve(echo_app)
+    for i in range(200):
+        payload = b"%d:" % i + bytes([i % 256]) * (i * 37 % 5000)
+        status, flags, clen, headers, body, last, _ = front.request(
+            b"POST", b"/e/%d" % i, body=payload)
+        assert (status, body, last, clen) == (200, payload, sf.END, len(payload))
+        assert ("X-Path", "/e/%d" % i) in headers
+
+
+def test_input_readline_readlines_iter_and_sizes(serve):
+    got = {}
+
+    def app(environ, start_response):
+        inp = environ["wsgi.input"]
+        got["a"] = inp.readline(3)
+        got["b"] = inp.readline()
+        got["c"] = inp.read(4)
+        got["d"] = inp.readlines()
+        got["e"] = inp.read()
+        got["f"] = list(iter(inp))
+        start_response("204 No Content", [])
+        return []
+
+    front = serve(app)
+    status, flags, clen, _, body, last, _ = front.request(
+        b"POST", b"/", chunks=[b"hello\nwor", b"ld\n", b"xy\nz"])
+    assert (status, body, last) == (204, b"", sf.END)
+    assert flags == 0  # a 204 gets no Content-Length
+    assert got == {"a": b"hel", "b": b"lo\n", "c": b"worl", "d": [b"d\n", b"xy\n", b"z"],
+                   "e": b"", "f": []}
+
+
+def test_large_response_is_split_into_frames(serve):
+    big = bytes(range(256)) * (3 * 4096 + 7)  # over 3 MiB: several BODY frames
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return [big]
+
+    front = serve(app)
+    st, chunks = front.open()
+    front.send_body(st, chunks)
+    typ, arg, payload = front.read_frame(st)
+    assert typ == sf.RESPONSE_HEAD
+    sizes = []
+    while True:
+        typ, arg, payload = front.read_frame(st)
+        if typ != sf.BODY:
+            break
+        sizes.append(len(payload))
+    st.close()
+    assert typ == sf.END and sum(sizes) == len(big) and max(sizes) == sf.MAX_CHUNK
+
+
+def test_write_callable_and_streamed_body_without_length(serve):
+    def app(environ, start_response):
+        write = start_response("200 OK", [("Content-Type", "text/plain")])
+        write(b"from write, ")
+        yield b""
+        yield b"then "
+        yield bytearray(b"yield")
+
+    front = serve(app)
+    status, flags, clen, _, body, last, _ = front.request()
+    assert (status, flags, body, last) == (200, 0, b"from write, then yield", sf.END)
+
+
+def test_head_request_sends_no_body_frames(serve):
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "5")])
+        return [b"hello"] if environ["REQUEST_METHOD"] != "HEAD" else []
+
+    front = serve(app)
+    assert front.request(b"HEAD")[:5] == (200, sf.RESP_CONTENT_LENGTH, 5, [], b"")
+    assert front.request(b"GET")[:5] == (200, sf.RESP_CONTENT_LENGTH, 5, [], b"hello")
+
+
+def test_hop_by_hop_headers_become_flags(serve):
+    def app(environ, start_response):
+        start_response("200 OK", [("Connection", "close"), ("Transfer-Encoding", "chunked"),
+                                  ("X-Keep", "1")])
+        return [b"a", b"b"]
+
+    front = serve(app)
+    status, flags, clen, headers, body, last, _ = front.request()
+    assert (flags, headers, body) == (sf.RESP_CLOSE, [("X-Keep", "1")], b"ab")
+
+
+class Closing:
+    """An app iterable that records close() and can fail at a given item."""
+
+    def __init__(self, items, fail_at=None, wait=None):
+        self.items, self.fail_at, self.wait = items, fail_at, wait
+        self.closed = threading.Event()
+        self.yielded = 0
+
+    def __iter__(self):
+        for i, x in enumerate(self.items):
+            if i == self.fail_at:
+                raise RuntimeError("boom in the body")
+            if self.wait is not None and i == 1:
+                self.wait.wait(10)
+            self.yielded += 1
+            yield x
+
+    def close(self):
+        self.closed.set()
+
+
+def test_app_raises_before_the_head_gives_500_and_logs_the_traceback(serve, caplog):
+    def app(environ, start_response):
+        raise KeyError("no such thing")
+
+    front = serve(app)
+    with caplog.at_level(logging.ERROR, logger="shmipc.serve"):
+        status, flags, clen, headers, body, last, _ = front.request(b"POST", body=b"unread")
+    assert (status, body, last) == (500, b"Internal Server Error\n", sf.END)
+    assert "KeyError: 'no such thing'" in caplog.text and "Traceback" in caplog.text
+    # The worker serves the next request normally.
+    assert serve_ok(front)
+
+
+def serve_ok(front):
+    return front.request(b"GET")[5] == sf.END
+
+
+def test_app_raises_mid_body_aborts_and_closes_the_iterable(serve, caplog):
+    it = Closing([b"first", b"second"], fail_at=1)
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return it
+
+    front = serve(app)
+    with caplog.at_level(logging.ERROR, logger="shmipc.serve"):
+        status, _, _, _, body, last, arg = front.request()
+    assert (status, body, last, arg) == (200, b"first", sf.ABORT, sf.ABORT_WORKER_ERROR)
+    assert it.closed.wait(10) and "boom in the body" in caplog.text
+
+
+def test_start_response_exc_info(serve):
+    def app(environ, start_response):
+        start_response("200 OK", [("X-A", "1")])
+        try:
+            raise ValueError("late")
+        except ValueError:
+            # Before the head is sent, exc_info replaces the status and headers.
+            start_response("503 Service Unavailable", [("X-B", "2")], sys.exc_info())
+        return [b"sorry"]
+
+    front = serve(app)
+    status, _, _, headers, body, last, _ = front.request()
+    assert (status, headers, body, last) == (503, [("X-B", "2")], b"sorry", sf.END)
+
+
+def test_start_response_exc_info_after_the_head_reraises(serve):
+    def app(environ, start_response):
+        write = start_response("200 OK", [])
+        write(b"partial")
+        try:
+            raise ValueError("after the head")
+        except ValueError:
+            start_response("500 Oops", [], sys.exc_info())  # re-raises: the head is out
+        return [b"never"]
+
+    front = serve(app)
+    status, _, _, _, body, last, arg = front.request()
+    assert (status, body, last, arg) == (200, b"partial", sf.ABORT, sf.ABORT_WORKER_ERROR)
+
+
+def test_start_response_twice_without_exc_info_is_an_app_error(serve):
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        start_response("201 Created", [])
+        return [b"x"]
+
+    assert serve(app).request()[0] == 500
+
+
+@pytest.mark.parametrize("headers", [
+    [("X-A", 1)], [("X-A",)], "not a list", [("Bad Name", "x")], [("X", "a\nb")],
+])
+def test_bad_response_headers_give_500(serve, headers):
+    def app(environ, start_response):
+        start_response("200 OK", headers)
+        return [b"x"]
+
+    assert serve(app).request()[:1] == (500,)
+
+
+@pytest.mark.parametrize("status", ["200", "2000 X", 200, "099 Low", "600 High"])
+def test_bad_status_gives_500(serve, status):
+    def app(environ, start_response):
+        start_response(status, [])
+        return [b"x"]
+
+    assert serve(app).request()[0] == 500
+
+
+def test_body_as_str_is_an_app_error(serve):
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return ["text"]
+
+    assert serve(app).request()[0] == 500
+
+
+@pytest.mark.parametrize("items,declared", [([b"abc", b"def"], 4), ([b"ab"], 3)])
+def test_content_length_mismatch_aborts(serve, items, declared):
+    it = Closing(items)
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", str(declared))])
+        return it
+
+    status, flags, clen, _, body, last, arg = serve(app).request()
+    assert (status, clen, last, arg) == (200, declared, sf.ABORT, sf.ABORT_WORKER_ERROR)
+    assert len(body) <= declared and it.closed.wait(10)
+
+
+def test_client_gone_while_the_app_reads_the_body(serve):
+    seen = {}
+    got_first = threading.Event()
+
+    def app(environ, start_response):
+        if seen:  # serve_ok's request
+            start_response("200 OK", [])
+            return []
+        inp = environ["wsgi.input"]
+        seen["first"] = inp.read(3)
+        got_first.set()
+        try:
+            inp.read()
+        except OSError as e:
+            seen["error"] = e
+            raise
+        start_response("200 OK", [])
+        return [b"never"]
+
+    front = serve(app)
+    st, _ = front.open(b"POST", chunks=[])
+    front.send_body(st, [b"abc"], end=False)
+    assert got_first.wait(10)
+    st.write(frame(sf.ABORT, b"client reset", sf.ABORT_CLIENT_GONE))
+    st.flush()
+    st.close()
+    assert serve_ok(front)
+    assert seen["first"] == b"abc"
+    assert type(seen["error"]).__name__ == "RequestAborted"
+
+
+def test_client_gone_while_the_response_streams_stops_the_app(serve):
+    release = threading.Event()
+    it = Closing([b"one", b"two", b"three", b"four"], wait=release)
+    calls = []
+
+    def app(environ, start_response):
+        calls.append(1)
+        start_response("200 OK", [])
+        return it if len(calls) == 1 else []
+
+    front = serve(app)
+    st, chunks = front.open()
+    front.send_body(st, chunks)
+    typ, _, _ = front.read_frame(st)
+    assert typ == sf.RESPONSE_HEAD
+    typ, _, payload = front.read_frame(st)
+    assert (typ, payload) == (sf.BODY, b"one")
+    st.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
+    st.flush()
+    # The ABORT is in the worker's stream before the app makes its second item.
+    time.sleep(0.2)
+    release.set()
+    assert it.closed.wait(10)
+    st.close()
+    assert serve_ok(front)
+    assert it.yielded < 4  # the worker stopped iterating
+
+
+def test_front_closes_the_stream_mid_request(serve):
+    closed = threading.Event()
+    it = Closing([b"x"])
+
+    def app(environ, start_response):
+        try:
+            environ["wsgi.input"].read()
+        finally:
+            closed.set()
+        start_response("200 OK", [])
+        return it
+
+    front = serve(app)
+    st, _ = front.open(b"POST", chunks=[])
+    front.send_body(st, [b"abc"], end=False)
+    st.close()  # no END, no ABORT: the stream just ends
+    assert closed.wait(10)
+    assert serve_ok(front)
+
+
+@pytest.mark.parametrize("bad", [
+    b"garbage!garbage!",
+    frame(sf.BODY, b"x"),  # a body before the head
+    frame(sf.REQUEST_HEAD, b"\0" * 60),  # a head breaking its rules
+])
+def test_bad_frames_from_the_front_get_abort_protocol(serve, bad):
+    front = serve(echo_app)
+    st = front.session.open_stream()
+    st.write(bad)
+    st.flush()
+    typ, arg, _ = front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+    assert serve_ok(front)
+
+
+def test_bad_frame_in_the_body_gets_abort_protocol(serve):
+    front = serve(echo_app)
+    st, _ = front.open(b"POST", chunks=[])
+    st.write(frame(sf.RESPONSE_HEAD, b"\0" * 16))  # wrong direction
+    st.flush()
+    typ, arg, _ = front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+    assert serve_ok(front)
+
+
+def test_cross_talk_concurrent_streams_over_two_workers(serve):
+    fronts = [serve(echo_app), serve(echo_app)]
+    errors, mismatches = [], []
+
+    def client(k):
+        front = fronts[k % 2]
+        try:
+            for i in range(25):
+                payload = b"client %d request %d " % (k, i) + bytes([k]) * (k * 131 % 3000)
+                st, chunks = front.open(b"POST", b"/c/%d/%d" % (k, i), body=payload)
+                front.send_body(st, chunks)
+                status, _, _, headers, body, last, _ = front.response(st)
+                st.close()
+                if (status, body, last) != (200, payload, sf.END) or \
+                        ("X-Path", "/c/%d/%d" % (k, i)) not in headers:
+                    mismatches.append((k, i, status, body[:40]))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == [] and mismatches == []
