@@ -17,8 +17,34 @@
 
 #include "net/serve_frame.h"
 
+/* Header names common enough that their HTTP_* key is made once, at import. */
+static const char *const common_names[] = {
+    "host",
+    "user-agent",
+    "accept",
+    "accept-encoding",
+    "accept-language",
+    "connection",
+    "cookie",
+    "referer",
+    "cache-control",
+    "origin",
+    "upgrade-insecure-requests",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-request-id",
+    "authorization",
+    "if-none-match",
+    "if-modified-since",
+    "pragma",
+    "sec-fetch-mode",
+    "transfer-encoding",
+};
+#define NCOMMON (sizeof common_names / sizeof common_names[0])
+
 typedef struct {
     PyObject *frame_error; /* FrameError(ValueError) */
+    PyObject *common_keys[NCOMMON];
     /* Interned environ keys. */
     PyObject *k_method, *k_script, *k_path, *k_query, *k_raw_uri, *k_request_uri, *k_content_type,
         *k_content_length, *k_server_name, *k_server_port, *k_protocol, *k_remote_addr,
@@ -122,7 +148,13 @@ static int addr_text(const struct shmipc__sf_addr *a, char *out, size_t cap)
 
 static int set_u64(PyObject *d, PyObject *key, uint64_t n)
 {
-    PyObject *v = PyUnicode_FromFormat("%llu", (unsigned long long)n);
+    /* PyUnicode_FromFormat costs more than the rest of a port's entry */
+    char buf[24], *p = buf + sizeof buf;
+    do {
+        *--p = (char)('0' + n % 10);
+        n /= 10;
+    } while (n != 0);
+    PyObject *v = PyUnicode_FromStringAndSize(p, buf + sizeof buf - p);
     if (v == NULL)
         return -1;
     int rc = PyDict_SetItem(d, key, v);
@@ -145,29 +177,40 @@ static int name_is(const struct shmipc__sf_field *f, const char *lower)
     return 1;
 }
 
-/*
- * One header field as HTTP_<NAME>. A name with '_' is dropped, as nginx does by default
- * (underscores_in_headers off) and gunicorn since 22: "X_Forwarded_For" would otherwise
- * land on the same key as "X-Forwarded-For" and let a client spoof the front's own header.
- * Repeats are joined with ", " (RFC 9110 §5.3), Cookie with "; " (RFC 6265 §5.4).
- */
-static int set_http_field(PyObject *d, const struct shmipc__sf_field *f)
+/* HTTP_<NAME> for a field name; NULL without an error for a name with '_'. */
+static PyObject *http_key(const struct shmipc__sf_field *f)
 {
     char key[5 + SHMIPC__SF_MAX_NAME + 1];
     memcpy(key, "HTTP_", 5);
     for (size_t i = 0; i < f->name_len; i++) {
         uint8_t c = f->name[i];
         if (c == '_')
-            return 0;
+            return NULL;
         if (c >= 'a' && c <= 'z')
             c = (uint8_t)(c - 32);
         else if (c == '-')
             c = '_';
         key[5 + i] = (char)c;
     }
-    PyObject *k = PyUnicode_DecodeLatin1(key, (Py_ssize_t)(5 + f->name_len), NULL);
-    if (k == NULL)
-        return -1;
+    return PyUnicode_DecodeLatin1(key, (Py_ssize_t)(5 + f->name_len), NULL);
+}
+
+/*
+ * One header field as HTTP_<NAME>. A name with '_' is dropped, as nginx does by default
+ * (underscores_in_headers off) and gunicorn since 22: "X_Forwarded_For" would otherwise
+ * land on the same key as "X-Forwarded-For" and let a client spoof the front's own header.
+ * Repeats are joined with ", " (RFC 9110 §5.3), Cookie with "; " (RFC 6265 §5.4).
+ */
+static int set_http_field(serve_state *st, PyObject *d, const struct shmipc__sf_field *f)
+{
+    PyObject *k = NULL;
+    for (size_t i = 0; i < NCOMMON; i++)
+        if (name_is(f, common_names[i])) {
+            k = Py_NewRef(st->common_keys[i]);
+            break;
+        }
+    if (k == NULL && (k = http_key(f)) == NULL)
+        return PyErr_Occurred() ? -1 : 0;
     PyObject *v = PyUnicode_DecodeLatin1((const char *)f->value, f->value_len, NULL);
     int rc = -1;
     if (v == NULL)
@@ -255,13 +298,15 @@ static PyObject *py_decode_request(PyObject *module, PyObject *const *args, Py_s
         goto fail;
     }
     const struct shmipc__sf_request *r = &f.u.req;
-    d = base == Py_None ? PyDict_New() : PyDict_Copy(base);
-    if (d == NULL)
+    /* Sized for a typical environ up front: growing a dict from base's size to ~25 keys
+     * rehashes it twice, a good part of this call's time. */
+    d = _PyDict_NewPresized(32);
+    if (d == NULL || (base != Py_None && PyDict_Update(d, base) < 0))
         goto fail;
     if (set_str(d, st->k_method, r->method, r->method_len) < 0 ||
         PyDict_SetItem(d, st->k_script, st->k_empty) < 0 ||
         set_str(d, st->k_raw_uri, r->target, r->target_len) < 0 ||
-        set_str(d, st->k_request_uri, r->target, r->target_len) < 0 ||
+        PyDict_SetItem(d, st->k_request_uri, PyDict_GetItem(d, st->k_raw_uri)) < 0 ||
         PyDict_SetItem(d, st->k_protocol, r->version_minor ? st->k_proto11 : st->k_proto10) < 0 ||
         PyDict_SetItem(d, st->k_scheme, r->scheme ? st->k_https : st->k_http) < 0)
         goto fail;
@@ -336,7 +381,7 @@ static PyObject *py_decode_request(PyObject *module, PyObject *const *args, Py_s
             host = fld;
             have_host = 1;
         }
-        if (set_http_field(d, &fld) < 0)
+        if (set_http_field(st, d, &fld) < 0)
             goto fail;
     }
     if (addr_text(&r->local, addr, sizeof addr)) {
@@ -718,6 +763,13 @@ static int serve_exec(PyObject *m)
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0)
             return -1;
+    for (size_t i = 0; i < NCOMMON; i++) {
+        struct shmipc__sf_field f = {.name = (const uint8_t *)common_names[i],
+                                     .name_len = (uint16_t)strlen(common_names[i])};
+        if ((st->common_keys[i] = http_key(&f)) == NULL)
+            return -1;
+        PyUnicode_InternInPlace(&st->common_keys[i]);
+    }
     return 0;
 }
 
@@ -731,6 +783,8 @@ static int serve_clear(PyObject *m)
 {
     serve_state *st = state_of(m);
     Py_CLEAR(st->frame_error);
+    for (size_t i = 0; i < NCOMMON; i++)
+        Py_CLEAR(st->common_keys[i]);
     PyObject **keys[] = {
         &st->k_method,      &st->k_script,      &st->k_path,         &st->k_query,
         &st->k_raw_uri,     &st->k_request_uri, &st->k_content_type, &st->k_content_length,

@@ -184,6 +184,7 @@ class Front:
     """The front's side: one session to a worker; request() sends one exchange."""
 
     def __init__(self, address):
+        self.session_address = address
         self.session = shmipc.connect(address, shmipc.Config(read_timeout=10))
 
     def open(self, method=b"GET", target=b"/", headers=(), body=None, chunks=None, **kw):
@@ -581,24 +582,37 @@ def test_client_gone_while_the_response_streams_stops_the_app(serve):
     assert it.yielded < 4  # the worker stopped iterating
 
 
-def test_front_closes_the_stream_mid_request(serve):
-    closed = threading.Event()
-    it = Closing([b"x"])
+@pytest.mark.parametrize("how", ["stream", "session"])
+def test_front_ends_the_stream_or_session_mid_request(serve, how):
+    # No END, no ABORT: the stream ends (the front closed it) or the whole session does (the
+    # front went away). The app's read raises RequestAborted; the worker goes on.
+    seen = []
 
     def app(environ, start_response):
+        if environ["PATH_INFO"] == "/ok":
+            start_response("200 OK", [])
+            return []
         try:
             environ["wsgi.input"].read()
-        finally:
-            closed.set()
+        except OSError as e:
+            seen.append(e)
+            raise
         start_response("200 OK", [])
-        return it
+        return [b"x"]
 
     front = serve(app)
     st, _ = front.open(b"POST", chunks=[])
     front.send_body(st, [b"abc"], end=False)
-    st.close()  # no END, no ABORT: the stream just ends
-    assert closed.wait(10)
-    assert serve_ok(front)
+    if how == "stream":
+        st.close()
+    else:
+        front.session.close()
+        front.session = shmipc.connect(front.session_address, shmipc.Config(read_timeout=10))
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [type(e).__name__ for e in seen] == ["RequestAborted"]
+    assert front.request(b"GET", b"/ok")[5] == sf.END
 
 
 @pytest.mark.parametrize("bad", [

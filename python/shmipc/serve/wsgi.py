@@ -77,8 +77,16 @@ class _Exchange:
             raise ProtocolViolation(str(e)) from None
 
     def next_body(self, nonblock=False):
-        # nonblock: None when no frame header is queued yet (a payload is then read whole).
-        """The next BODY payload of the request; b"" at its END. RequestAborted on ABORT."""
+        """The next BODY payload of the request; b"" at its END; with nonblock, None when no
+        frame header is queued yet (a payload is then read whole). RequestAborted on ABORT,
+        and when the stream or the session ends (the front closed it, or went away)."""
+        try:
+            return self._next_body(nonblock)
+        except (shmipc.EndOfStreamError, shmipc.PeerGoneError, shmipc.ClosedError) as e:
+            self.done = self.aborted = True
+            raise RequestAborted(f"the front's stream ended: {e}") from e
+
+    def _next_body(self, nonblock):
         if self.pending is not None:
             data, self.pending = self.pending, None
             return data
