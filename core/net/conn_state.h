@@ -19,6 +19,8 @@ enum shmipc__cs_state {
     SHMIPC__CS_LINGERING,   /* the last batch left: input is drained until FIN/time/bytes */
     SHMIPC__CS_UPGRADED,    /* a WebSocket: every event goes to the WebSocket layer */
     SHMIPC__CS_CLOSED,      /* closed; the memory waits for the sends still in flight */
+    SHMIPC__CS_DEFERRED,    /* a request waits for its answer (an application worker's);
+                             * the answers before it may be in flight */
     SHMIPC__CS_COUNT
 };
 
@@ -29,23 +31,27 @@ enum shmipc__cs_event {
     SHMIPC__CE_ERROR,    /* a reset or a failed send (on_end or on_sent, status < 0) */
     SHMIPC__CE_TIMEOUT,  /* the connection's deadline passed */
     SHMIPC__CE_SHUTDOWN, /* the server stops gracefully (worker teardown) */
+    SHMIPC__CE_COMPLETE, /* the deferred request's answer came (shmipc__server_complete) */
     SHMIPC__CE_COUNT
 };
 
 enum shmipc__cs_action {
-    SHMIPC__CA_SERVE = 0,  /* append the input and answer what is complete: HANDLING */
-    SHMIPC__CA_BUFFER,     /* append the input; it is answered once the batch is sent */
-    SHMIPC__CA_DRAIN,      /* drop the input (counted against the linger limit) */
-    SHMIPC__CA_NEXT,       /* batch sent: answer buffered input, close, linger, or wait */
-    SHMIPC__CA_LINGER,     /* the last batch sent: wait for the FIN, or close if it came */
-    SHMIPC__CA_HALF_CLOSE, /* note the peer's FIN; close once nothing is owed */
-    SHMIPC__CA_SEND_TIMER, /* the send timeout: extend on progress, else close */
-    SHMIPC__CA_STOP_IDLE,  /* a graceful stop: an idle connection lingers (FIN now) */
-    SHMIPC__CA_WS,         /* the WebSocket layer handles it */
-    SHMIPC__CA_CLOSE,      /* close now */
-    SHMIPC__CA_RELEASE,    /* closed: free the memory once no send is in flight */
-    SHMIPC__CA_NONE,       /* nothing to do */
-    SHMIPC__CA_BUG,        /* cannot happen: logged, and the connection closes */
+    SHMIPC__CA_SERVE = 0,   /* append the input and answer what is complete: HANDLING */
+    SHMIPC__CA_BUFFER,      /* append the input; it is answered once the batch is sent */
+    SHMIPC__CA_DRAIN,       /* drop the input (counted against the linger limit) */
+    SHMIPC__CA_NEXT,        /* batch sent: answer buffered input, close, linger, or wait */
+    SHMIPC__CA_LINGER,      /* the last batch sent: wait for the FIN, or close if it came */
+    SHMIPC__CA_HALF_CLOSE,  /* note the peer's FIN; close once nothing is owed */
+    SHMIPC__CA_SEND_TIMER,  /* the send timeout: extend on progress, else close */
+    SHMIPC__CA_STOP_IDLE,   /* a graceful stop: an idle connection lingers (FIN now) */
+    SHMIPC__CA_WS,          /* the WebSocket layer handles it */
+    SHMIPC__CA_CLOSE,       /* close now */
+    SHMIPC__CA_RELEASE,     /* closed: free the memory once no send is in flight */
+    SHMIPC__CA_NONE,        /* nothing to do */
+    SHMIPC__CA_BUG,         /* cannot happen: logged, and the connection closes */
+    SHMIPC__CA_HOLD,        /* DEFERRED: the batch before the deferred answer was sent */
+    SHMIPC__CA_DEFER_TIMER, /* DEFERRED: the send timeout or the request's deadline (504) */
+    SHMIPC__CA_ANSWER,      /* DEFERRED: queue the answer (once no batch is in flight) */
     SHMIPC__CA_COUNT
 };
 

@@ -10,6 +10,7 @@ enum conn_phase {
     C_HEAD = 0, /* the next bytes start (or continue) a request head */
     C_BODY,     /* a head is complete; its body is being decoded */
     C_CLOSED,   /* a closing response was queued; input is ignored */
+    C_DEFERRED, /* a request's answer comes later (shmipc__http_conn_complete) */
 };
 
 void shmipc__http_conn_init(struct shmipc__http_conn *c, const struct shmipc__http_limits *limits,
@@ -42,7 +43,34 @@ static int fail(struct shmipc__http_conn *c, struct shmipc__http_batch *out, int
     return SHMIPC__HTTP_CONN_CLOSE;
 }
 
-/* Calls the handler for the complete request and queues its response. Returns 1 to close. */
+/* The response's last checks, then into the batch (a 500 when it is refused). */
+static int queue_response(const struct shmipc__http_request *req, struct shmipc__http_response *r,
+                          int rc, struct shmipc__http_batch *out)
+{
+    struct shmipc__http_response resp = *r;
+    if (rc == 0 && (resp.flags & SHMIPC__HTTP_RESP_STREAM))
+        rc = shmipc__fail(SHMIPC_ENOTSUP, "http: a handler answered with a STREAM response");
+    /* The client's "close" (or HTTP/1.0 without keep-alive) wins over the handler. */
+    if (req != NULL && !(req->flags & SHMIPC__HTTP_KEEP_ALIVE))
+        resp.flags |= SHMIPC__HTTP_RESP_CLOSE;
+    if (rc == 0)
+        rc = shmipc__http_batch_add(out, &resp);
+    if (rc < 0) {
+        /* Drop what the handler set; keep the flags the request implied (HEAD, 1.0). */
+        uint16_t keep = r->flags & (SHMIPC__HTTP_RESP_HEAD | SHMIPC__HTTP_RESP_HTTP10);
+        memset(&resp, 0, sizeof resp);
+        resp.flags = keep;
+        shmipc__http_response_error(&resp, 500); /* sets CLOSE */
+        (void)shmipc__http_batch_add(out, &resp);
+    }
+    return shmipc__http_response_closes(&resp);
+}
+
+/* respond()'s answer for a deferred request (1 means "close", 0 "go on"). */
+#define RESPOND_DEFERRED 2
+
+/* Calls the handler for the complete request and queues its response. Returns 1 to close,
+ * RESPOND_DEFERRED when the handler deferred it. */
 static int respond(struct shmipc__http_conn *c, const char *body, size_t body_len,
                    struct shmipc__http_batch *out)
 {
@@ -50,19 +78,31 @@ static int respond(struct shmipc__http_conn *c, const char *body, size_t body_le
     struct shmipc__http_response resp;
     shmipc__http_response_init(&resp, req);
     int rc = c->handler(c->user_data, req, body, body_len, &resp);
-    if (rc == 0 && (resp.flags & SHMIPC__HTTP_RESP_STREAM))
-        rc = shmipc__fail(SHMIPC_ENOTSUP, "http: a handler answered with a STREAM response");
-    /* The client's "close" (or HTTP/1.0 without keep-alive) wins over the handler. */
-    if (!(req->flags & SHMIPC__HTTP_KEEP_ALIVE))
-        resp.flags |= SHMIPC__HTTP_RESP_CLOSE;
-    if (rc == 0)
-        rc = shmipc__http_batch_add(out, &resp);
-    if (rc < 0) {
-        shmipc__http_response_init(&resp, req); /* drop what the handler set */
-        shmipc__http_response_error(&resp, 500);
-        (void)shmipc__http_batch_add(out, &resp);
+    if (rc == SHMIPC__HTTP_DEFER) {
+        /* The answer is the owner's to fill in later; what the request implies is kept. */
+        shmipc__http_response_init(&c->deferred, req);
+        c->deferred_flags = c->deferred.flags;
+        return RESPOND_DEFERRED;
     }
-    return shmipc__http_response_closes(&resp);
+    return queue_response(req, &resp, rc, out);
+}
+
+int shmipc__http_conn_deferred(const struct shmipc__http_conn *c)
+{
+    return c->phase == C_DEFERRED;
+}
+
+int shmipc__http_conn_complete(struct shmipc__http_conn *c, struct shmipc__http_batch *out)
+{
+    if (c->phase != C_DEFERRED)
+        return shmipc__fail(SHMIPC_EINVAL, "http: complete without a deferred request");
+    int rc = c->deferred.status == 0 ? SHMIPC_EINVAL : 0;
+    c->deferred.flags |= c->deferred_flags; /* the owner may have replaced them */
+    /* The request is gone (its bytes were dropped): the deferred response carries its flags,
+     * and a CLOSE the client asked for is already among them. */
+    int closes = queue_response(NULL, &c->deferred, rc, out);
+    c->phase = closes ? C_CLOSED : C_HEAD;
+    return closes;
 }
 
 int shmipc__http_conn_process(struct shmipc__http_conn *c, char *rx, size_t *len, size_t *consumed,
@@ -79,6 +119,8 @@ int shmipc__http_conn_process(struct shmipc__http_conn *c, char *rx, size_t *len
         *consumed = *len;
         return SHMIPC__HTTP_CONN_CLOSE;
     }
+    if (c->phase == C_DEFERRED)
+        return SHMIPC__HTTP_CONN_DEFER;
     for (;;) {
         if (c->phase == C_HEAD) {
             if (pos == *len) {
@@ -126,6 +168,11 @@ int shmipc__http_conn_process(struct shmipc__http_conn *c, char *rx, size_t *len
         served++;
         pos += c->head_len + shmipc__http_body_wire(p);
         c->phase = C_HEAD;
+        if (closes == RESPOND_DEFERRED) {
+            c->phase = C_DEFERRED;
+            verdict = SHMIPC__HTTP_CONN_DEFER;
+            break;
+        }
         if (closes) {
             c->phase = C_CLOSED;
             verdict = SHMIPC__HTTP_CONN_CLOSE;

@@ -29,8 +29,11 @@
  * into the batch right after the handler returns, so they must outlive its call (static or
  * user_data memory, not its stack); the body is referenced until the batch has been
  * written. STREAM responses are not supported here. Returns 0, or a negative code to
- * answer 500 and close.
+ * answer 500 and close, or SHMIPC__HTTP_DEFER: the answer comes later (an application worker
+ * computes it, docs/serve.md); the request's bytes may be dropped once the handler returns, so
+ * it takes what it needs (the shmipc-serve front copies the request to its worker).
  */
+#define SHMIPC__HTTP_DEFER 1
 typedef int (*shmipc__http_handler_fn)(void *user_data, const struct shmipc__http_request *req,
                                        const char *body, size_t body_len,
                                        struct shmipc__http_response *resp);
@@ -41,6 +44,8 @@ enum shmipc__http_conn_verdict {
     SHMIPC__HTTP_CONN_YIELD = 1, /* write the batch; call again without reading (budget or
                                     batch room ran out with bytes left) */
     SHMIPC__HTTP_CONN_CLOSE = 2, /* write the batch, then shutdown(SHUT_WR) and drain input */
+    SHMIPC__HTTP_CONN_DEFER = 3, /* write the batch (the answers before the deferred request);
+                                    answer nothing more until shmipc__http_conn_complete() */
 };
 
 /* Requests answered per call when the caller passes a budget of 0. */
@@ -58,6 +63,10 @@ struct shmipc__http_conn {
     uint32_t head_len;     /* of the request whose body is being read */
     uint32_t head_reserve; /* SHMIPC__HTTP_CONN_HEAD_RESERVE unless changed after init */
     uint8_t phase;
+    /* The deferred request's response, prepared from it (HEAD, HTTP/1.0, keep-alive) while
+     * phase is deferred; the owner fills it in before shmipc__http_conn_complete(). */
+    struct shmipc__http_response deferred;
+    uint16_t deferred_flags; /* what the request implied, kept whatever the owner sets */
 };
 
 /*
@@ -78,5 +87,16 @@ void shmipc__http_conn_init(struct shmipc__http_conn *c, const struct shmipc__ht
  */
 int shmipc__http_conn_process(struct shmipc__http_conn *c, char *rx, size_t *len, size_t *consumed,
                               struct shmipc__http_batch *out, unsigned budget);
+
+/* Whether a deferred request waits for its answer (process() then returns DEFER at once and
+ * consumes nothing: pipelined input stays in the owner's buffer). */
+int shmipc__http_conn_deferred(const struct shmipc__http_conn *c);
+
+/*
+ * Ends the deferral: queues c->deferred (filled in by the owner; a status of 0 or a response
+ * the batch refuses becomes a 500) into `out`. Returns 1 when the connection closes after it
+ * (then later process() calls return CLOSE), else 0: call process() for pipelined input.
+ */
+int shmipc__http_conn_complete(struct shmipc__http_conn *c, struct shmipc__http_batch *out);
 
 #endif

@@ -164,6 +164,7 @@ struct shmipc_http_response {
     struct shmipc__server_worker *w;
     void *conn; /* struct server_conn, for borrowed and large bodies */
     int ended;
+    int deferred; /* shmipc__server_defer() was called */
     int has_type;
 };
 

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 static void conn_serve(struct server_conn *sc);
+static void defer_start(struct server_conn *sc);
 static void ws_start(struct server_conn *sc, size_t consumed);
 
 /* ---- pools ---- */
@@ -229,15 +230,20 @@ static void date_tick(struct shmipc__timer *t)
 
 /* ---- lifecycle ---- */
 
-static void release_all(struct server_conn *sc)
+static void release_list(struct release **list)
 {
-    while (sc->releases != NULL) {
-        struct release *r = sc->releases;
-        sc->releases = r->next;
+    while (*list != NULL) {
+        struct release *r = *list;
+        *list = r->next;
         if (r->fn != NULL)
             r->fn(r->user_data);
         free(r);
     }
+}
+
+static void release_all(struct server_conn *sc)
+{
+    release_list(&sc->releases);
 }
 
 static void conn_free(struct server_conn *sc)
@@ -249,6 +255,7 @@ static void conn_free(struct server_conn *sc)
         sc->ws = NULL;
     }
     release_all(sc);
+    release_list(&sc->answer_rel);
     tx_put(w, sc->tx);
     rx_put(w, sc->rx, sc->rx_cap);
     free(sc->rx_retired);
@@ -283,6 +290,9 @@ void shmipc__server_conn_close(struct server_conn *sc)
 {
     if (sc->state == SHMIPC__CS_CLOSED)
         return;
+    /* Whatever closes the connection while its request is at a worker (the client's FIN or
+     * reset, a timeout, the stop's end) cancels the request there. */
+    shmipc__server_defer_cancel(sc, SHMIPC__SERVER_CANCEL_CLIENT_GONE);
     sc->state = SHMIPC__CS_CLOSED;
     sc->deadline = 0;
     shmipc__timer_stop(&sc->timer);
@@ -424,12 +434,33 @@ static void conn_serve(struct server_conn *sc)
     shmipc__http_batch_init(&sc->batch, sc->tx->iov, TX_IOV, sc->tx->arena, TX_ARENA, &w->date);
     sc->batch.server = w->srv->server_name;
     sc->state = SHMIPC__CS_HANDLING;
-    verdict =
-        shmipc__http_conn_process(&sc->http, sc->rx, &len, &consumed, &sc->batch, w->srv->pipeline);
+    verdict = SHMIPC__HTTP_CONN_MORE;
+    if (sc->answered) {
+        /* A deferred request's answer goes first; pipelined requests behind it follow. */
+        sc->answered = 0;
+        if (w->draining)
+            sc->http.deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
+        struct release **tail = &sc->releases;
+        while (*tail != NULL)
+            tail = &(*tail)->next;
+        *tail = sc->answer_rel;
+        sc->answer_rel = NULL;
+        if (shmipc__http_conn_complete(&sc->http, &sc->batch) == 1)
+            verdict = SHMIPC__HTTP_CONN_CLOSE;
+    }
+    if (verdict == SHMIPC__HTTP_CONN_CLOSE)
+        consumed = len; /* nothing after a closing answer is read */
+    else
+        verdict = shmipc__http_conn_process(&sc->http, sc->rx, &len, &consumed, &sc->batch,
+                                            w->srv->pipeline);
     sc->rx_len = len;
     sc->rx_done = consumed;
     if (consumed > 0)
         sc->fresh = 0;
+    if (verdict == SHMIPC__HTTP_CONN_DEFER) {
+        defer_start(sc);
+        return;
+    }
     if (sc->batch.niov > 0) {
         if (shmipc__conn_sendv(sc->conn, sc->batch.iov, (int)sc->batch.niov, on_sent, sc) < 0) {
             shmipc__server_conn_close(sc);
@@ -465,6 +496,212 @@ static void conn_serve(struct server_conn *sc)
         return;
     }
     update_deadline(sc);
+}
+
+/* ---- deferred requests (docs/serve.md, "The front") ---- */
+
+int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
+                         shmipc__server_cancel_fn cancel, void *data,
+                         struct shmipc__server_ticket *out)
+{
+    struct server_conn *sc = res->conn;
+    if (res->deferred || sc == NULL || sc->defer_on || sc->state != SHMIPC__CS_HANDLING)
+        return shmipc__fail(SHMIPC_EINVAL, "defer: not in a route handler, or deferred twice");
+    if (timeout_ms > SHMIPC__SERVER_MAX_TIMEOUT_MS)
+        return shmipc__fail(SHMIPC_ERANGE, "defer: timeout of %u ms", timeout_ms);
+    res->deferred = 1;
+    sc->defer_on = 1;
+    sc->answered = 0;
+    sc->on_cancel = cancel;
+    sc->cancel_data = data;
+    sc->defer_deadline = timeout_ms ? shmipc__server_conn_after(sc, timeout_ms) : 0;
+    out->sc = sc;
+    out->gen = sc->defer_gen;
+    return 0;
+}
+
+void shmipc__server_defer_cancel(struct server_conn *sc, int reason)
+{
+    if (!sc->defer_on)
+        return;
+    shmipc__server_cancel_fn fn = sc->on_cancel;
+    sc->defer_on = 0;
+    sc->defer_gen++;
+    sc->defer_deadline = 0;
+    sc->on_cancel = NULL;
+    if (fn != NULL)
+        fn(sc->cancel_data, reason);
+}
+
+/* DEFERRED's deadline: the request's (504), and the send timeout while the answers before it
+ * are in flight, whichever comes first; none when neither applies. */
+static void defer_deadline(struct server_conn *sc)
+{
+    uint64_t d = sc->answered ? 0 : sc->defer_deadline;
+    if (sc->inflight) {
+        uint64_t send = shmipc__server_conn_after(sc, sc->w->srv->keepalive_ms);
+        d = d == 0 || send < d ? send : d;
+    }
+    shmipc__server_conn_set_deadline(sc, d);
+}
+
+/* HANDLING ended with a deferred request: send what came before it, then wait. */
+static void defer_start(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    sc->in_head = 0;
+    sc->state = SHMIPC__CS_DEFERRED;
+    if (sc->batch.niov > 0) {
+        if (shmipc__conn_sendv(sc->conn, sc->batch.iov, (int)sc->batch.niov, on_sent, sc) < 0) {
+            shmipc__server_conn_close(sc);
+            return;
+        }
+        sc->inflight = 1;
+        sc->tx_mark = shmipc__conn_pending(sc->conn);
+    } else {
+        tx_put(w, sc->tx);
+        sc->tx = NULL;
+        release_all(sc);
+        rx_drop_done(sc);
+    }
+    defer_deadline(sc);
+}
+
+/* DEFERRED with nothing in flight and the answer here: out it goes, with what is behind it. */
+static void defer_answer(struct server_conn *sc)
+{
+    if (shmipc__conn_read_paused(sc->conn) && shmipc__conn_resume_read(sc->conn) < 0) {
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    conn_serve(sc);
+}
+
+/* DEFERRED, SENT: the answers before the deferred one have left. */
+static void act_hold(struct server_conn *sc)
+{
+    rx_drop_done(sc);
+    if (sc->answered)
+        defer_answer(sc);
+    else
+        defer_deadline(sc);
+}
+
+/* DEFERRED, TIMEOUT: the request's deadline (504, the worker is told), or the send timeout
+ * of the answers before it (no progress: closed, as in WRITING). */
+static void act_defer_timer(struct server_conn *sc)
+{
+    uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    if (sc->defer_on && !sc->answered && sc->defer_deadline != 0 && now >= sc->defer_deadline) {
+        sc->w->stats.timeouts++;
+        shmipc__server_defer_cancel(sc, SHMIPC__SERVER_CANCEL_TIMEOUT);
+        struct shmipc__http_response *r = &sc->http.deferred;
+        uint16_t keep = r->flags;
+        memset(r, 0, sizeof *r);
+        r->flags = keep;
+        shmipc__http_response_error(r, 504);
+        sc->answered = 1;
+        if (!sc->inflight)
+            defer_answer(sc);
+        else
+            defer_deadline(sc);
+        return;
+    }
+    if (sc->inflight && !send_progress(sc)) {
+        sc->w->stats.timeouts++;
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    defer_deadline(sc);
+}
+
+int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
+                            const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                            const void *body, size_t body_len, shmipc_destroy_cb release,
+                            void *user_data)
+{
+    struct server_conn *sc = t.sc;
+    int rc;
+    if (sc == NULL || !pthread_equal(pthread_self(), sc->w->thread) || status < 200 ||
+        status > 999 || nheaders > SHMIPC__SERVER_MAX_RESP_HEADERS) {
+        rc = shmipc__fail(SHMIPC_EINVAL, "complete: off the worker thread, or a bad answer");
+        goto refuse;
+    }
+    if (!sc->defer_on || sc->answered || sc->defer_gen != t.gen) {
+        rc = shmipc__fail(SHMIPC_ECLOSED, "complete: the deferred request was cancelled");
+        goto refuse;
+    }
+    if (sc->state != SHMIPC__CS_DEFERRED) { /* from inside the handler that deferred */
+        rc = shmipc__fail(SHMIPC_EINVAL, "complete: the handler has not returned yet");
+        goto refuse;
+    }
+    /* The header array and the content type are copied now: the answer may be batched later
+     * (after the batch in flight), when the caller's memory is gone. */
+    size_t need = sizeof(struct release) + nheaders * sizeof *headers +
+                  (content_type != NULL ? strlen(content_type) + 1 : 0);
+    for (uint32_t i = 0; i < nheaders; i++)
+        need += headers[i].name_len + headers[i].value_len;
+    struct release *meta = malloc(need), *bnode = NULL;
+    if (meta != NULL && body_len > 0 && release != NULL &&
+        (bnode = malloc(sizeof *bnode)) == NULL) {
+        free(meta);
+        meta = NULL;
+    }
+    if (meta == NULL) {
+        rc = shmipc__fail(SHMIPC_ENOMEM, "complete: out of memory for the answer");
+        goto refuse;
+    }
+    struct shmipc__http_header_out *h = (struct shmipc__http_header_out *)(meta + 1);
+    char *p = (char *)(h + nheaders);
+    for (uint32_t i = 0; i < nheaders; i++) {
+        h[i] = headers[i];
+        memcpy(p, headers[i].name, headers[i].name_len);
+        h[i].name = p;
+        p += headers[i].name_len;
+        memcpy(p, headers[i].value, headers[i].value_len);
+        h[i].value = p;
+        p += headers[i].value_len;
+    }
+    struct shmipc__http_response *r = &sc->http.deferred;
+    r->status = (uint16_t)status;
+    r->headers = h;
+    r->nheaders = nheaders;
+    r->content_type = NULL;
+    if (content_type != NULL) {
+        memcpy(p, content_type, strlen(content_type) + 1);
+        r->content_type = p;
+    }
+    r->body = body;
+    r->body_len = body_len;
+    meta->fn = NULL;
+    meta->user_data = NULL;
+    meta->next = sc->answer_rel;
+    sc->answer_rel = meta;
+    if (bnode != NULL) {
+        bnode->fn = release;
+        bnode->user_data = user_data;
+        bnode->next = sc->answer_rel;
+        sc->answer_rel = bnode;
+    }
+    sc->defer_on = 0;
+    sc->defer_gen++;
+    sc->on_cancel = NULL;
+    sc->answered = 1;
+    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    return 0;
+refuse:
+    if (release != NULL)
+        release(user_data);
+    return rc;
+}
+
+/* DEFERRED, COMPLETE: the answer goes now, or once the batch in flight has left. */
+static void act_answer(struct server_conn *sc)
+{
+    if (!sc->inflight)
+        defer_answer(sc);
+    else
+        defer_deadline(sc);
 }
 
 /* READING, DATA: append the bytes and answer what is complete. */
@@ -610,6 +847,15 @@ void shmipc__server_conn_event(struct server_conn *sc, int ev, const void *data,
             sc->w->stats.timeouts++;
         shmipc__server_conn_close(sc);
         break;
+    case SHMIPC__CA_HOLD:
+        act_hold(sc);
+        break;
+    case SHMIPC__CA_DEFER_TIMER:
+        act_defer_timer(sc);
+        break;
+    case SHMIPC__CA_ANSWER:
+        act_answer(sc);
+        break;
     case SHMIPC__CA_RELEASE:
         if (shmipc__server_cs_trace != NULL)
             shmipc__server_cs_trace(from, ev, t->action, from);
@@ -647,10 +893,14 @@ static void on_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *
     struct shmipc_server *s = w->srv;
     struct server_conn *sc = w->free_conns;
     int one = 1;
+    uint32_t gen = 0;
     (void)a;
-    if (sc != NULL)
+    if (sc != NULL) {
         w->free_conns = sc->next;
-    else
+        /* A pooled connection keeps counting deferrals: a stale ticket from its last life
+         * must not match its next one. */
+        gen = sc->defer_gen + 1;
+    } else
         sc = malloc(conn_size(s));
     if (sc == NULL) {
         SHMIPC__LOG(SHMIPC__LOG_WARN, "server: out of memory for a connection");
@@ -658,6 +908,7 @@ static void on_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *
         return;
     }
     memset(sc, 0, sizeof *sc);
+    sc->defer_gen = gen;
     sc->w = w;
     sc->conn = c;
     sc->fresh = 1;

@@ -43,6 +43,25 @@ struct release {
     void *user_data;
 };
 
+/*
+ * A deferred request (docs/serve.md, "The front"): a route handler calls
+ * shmipc__server_defer() and returns 0; the answer comes later from shmipc__server_complete()
+ * on the connection's worker thread, with the ticket defer gave. Until then the connection is
+ * DEFERRED. When the deferral ends otherwise, `cancel` runs once, on the worker thread, with a
+ * reason below; after it (or after complete) the ticket is stale and complete refuses it.
+ */
+enum {
+    SHMIPC__SERVER_CANCEL_CLIENT_GONE = 1, /* the client closed, reset, or stopped reading */
+    SHMIPC__SERVER_CANCEL_TIMEOUT = 2,     /* the request's deadline passed: the client got 504 */
+    SHMIPC__SERVER_CANCEL_ERROR = 3,       /* the handler failed after deferring: 500 */
+};
+typedef void (*shmipc__server_cancel_fn)(void *data, int reason);
+
+struct shmipc__server_ticket {
+    struct server_conn *sc; /* pooled: stays valid memory while the worker runs */
+    uint32_t gen;
+};
+
 struct server_conn {
     struct server_conn *prev, *next; /* the worker's list, for a graceful stop */
     struct shmipc__server_worker *w;
@@ -65,7 +84,15 @@ struct server_conn {
     struct txbuf *tx;
     struct shmipc__http_batch batch;
     struct release *releases;
-    struct shmipc_ws *ws;               /* set by an accepted upgrade */
+    struct shmipc_ws *ws; /* set by an accepted upgrade */
+    /* A deferred request: see shmipc__server_defer(). */
+    uint32_t defer_gen;      /* bumped when a deferral ends: older tickets are stale */
+    uint8_t defer_on;        /* a deferral is live (set in the handler, before DEFERRED) */
+    uint8_t answered;        /* complete() or the deadline filled http.deferred in */
+    uint64_t defer_deadline; /* loop ms of the request's deadline (504); 0: none */
+    shmipc__server_cancel_fn on_cancel;
+    void *cancel_data;
+    struct release *answer_rel;         /* the answer's memory, moved to `releases` when batched */
     struct shmipc__http_field fields[]; /* limits.max_headers */
 };
 
@@ -106,6 +133,23 @@ int shmipc__server_worker_setup(struct shmipc__loop *loop, int listen_fd, unsign
                                 void *data);
 void shmipc__server_worker_teardown(struct shmipc__loop *loop, unsigned index, void *data);
 void shmipc__server_worker_free_pools(struct shmipc__server_worker *w);
+
+/* server_conn.c: deferred requests (docs/serve.md, "The front") */
+int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
+                         shmipc__server_cancel_fn cancel, void *data,
+                         struct shmipc__server_ticket *out);
+/*
+ * The answer to a deferred request, on the connection's worker thread. `headers` and
+ * `content_type` are copied before this returns; `body` is referenced until it was sent, then
+ * release(user_data) runs (also when the answer cannot be used: a stale ticket, an error).
+ * Returns 0, SHMIPC_ECLOSED for a stale ticket (the deferral was cancelled or completed), or
+ * SHMIPC_EINVAL (off the worker thread, a status outside 100-999).
+ */
+int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
+                            const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                            const void *body, size_t body_len, shmipc_destroy_cb release,
+                            void *user_data);
+void shmipc__server_defer_cancel(struct server_conn *sc, int reason);
 
 /* server_route.c: request dispatch and routes */
 int shmipc__server_handle(void *user_data, const struct shmipc__http_request *req, const char *body,

@@ -160,7 +160,7 @@ int shmipc__server_handle(void *user_data, const struct shmipc__http_request *re
         resp->body_len = rt->body_len;
     } else {
         struct shmipc_http_request preq = {req, body, body_len, 0, 0};
-        struct shmipc_http_response pres = {resp, w, sc, 0, 0};
+        struct shmipc_http_response pres = {resp, w, sc, 0, 0, 0};
         if (rt->prefix) {
             preq.wild_off = req->path.off + (uint32_t)rt->path_len;
             preq.wild_len = req->path.len - (uint32_t)rt->path_len;
@@ -169,6 +169,12 @@ int shmipc__server_handle(void *user_data, const struct shmipc__http_request *re
         resp->headers = w->hdrs;
         resp->nheaders = 0;
         rc = rt->fn(&preq, &pres, rt->user_data);
+        if (pres.deferred) {
+            if (rc == 0)
+                return SHMIPC__HTTP_DEFER;
+            /* Failed after deferring: answered 500 now, and the deferral ends. */
+            shmipc__server_defer_cancel(sc, SHMIPC__SERVER_CANCEL_ERROR);
+        }
     }
     /* A graceful stop ends keep-alive with the answer to the request in progress. */
     if (w->draining)

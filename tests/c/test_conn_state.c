@@ -24,6 +24,8 @@
 #include "shmipc.h"
 #include "net/conn_state.h"
 #include "net/server.h"
+#include "net/server_int.h"
+#include <sys/eventfd.h>
 #include "reactor/loop.h"
 
 #define CHECK(call)                                                                                \
@@ -184,6 +186,14 @@ static int allowed(int action, int next_table, int to)
         return to == SHMIPC__CS_LINGERING || to == SHMIPC__CS_CLOSED;
     case SHMIPC__CA_STOP_IDLE:
         return to == SHMIPC__CS_READING || to == SHMIPC__CS_LINGERING || to == SHMIPC__CS_CLOSED;
+    case SHMIPC__CA_HOLD: /* waits on, or sends the answer that came meanwhile */
+    case SHMIPC__CA_ANSWER:
+        return to == SHMIPC__CS_DEFERRED || to == SHMIPC__CS_WRITING || to == SHMIPC__CS_CLOSING ||
+               to == SHMIPC__CS_LINGERING || to == SHMIPC__CS_CLOSED ||
+               (action == SHMIPC__CA_ANSWER && to == SHMIPC__CS_UPGRADED);
+    case SHMIPC__CA_DEFER_TIMER: /* waits on, the 504 (closing), or no send progress */
+        return to == SHMIPC__CS_DEFERRED || to == SHMIPC__CS_CLOSING ||
+               to == SHMIPC__CS_LINGERING || to == SHMIPC__CS_CLOSED;
     case SHMIPC__CA_BUFFER:
     case SHMIPC__CA_DRAIN:
     case SHMIPC__CA_SEND_TIMER:
@@ -224,6 +234,78 @@ static int h_huge(shmipc_http_request *req, shmipc_http_response *res, void *ud)
     return shmipc_http_response_body_borrow(res, huge, HUGE_LEN, NULL, NULL);
 }
 
+/*
+ * Deferred requests (DEFERRED): /defer waits until the test writes the eventfd, /defer504 has
+ * a 300 ms deadline. The completer runs on the worker's loop (a watch on the eventfd), as the
+ * shmipc-serve front completes from its sessions; it completes every ticket it holds, the
+ * cancelled ones too, which must be refused (stale).
+ */
+static int defer_efd = -1;
+static struct shmipc__watch *defer_watch; /* freed with the loop */
+static struct shmipc__server_ticket tickets[64];
+static unsigned nticket;
+static atomic_uint cancels[4];  /* by reason */
+static atomic_uint completed;   /* complete() returned 0 */
+static atomic_uint stale;       /* complete() returned SHMIPC_ECLOSED */
+static atomic_uint defer_wrong; /* anything else: a failure */
+
+static void on_cancel(void *data, int reason)
+{
+    (void)data;
+    if (reason < 1 || reason > 3)
+        atomic_fetch_add(&defer_wrong, 1);
+    else
+        atomic_fetch_add(&cancels[reason], 1);
+}
+
+static void defer_ready(struct shmipc__watch *watch, int fd, unsigned events, void *data)
+{
+    uint64_t v;
+    (void)watch;
+    (void)events;
+    (void)data;
+    if (read(fd, &v, sizeof v) != (ssize_t)sizeof v)
+        return;
+    for (unsigned i = 0; i < nticket; i++) {
+        int rc =
+            shmipc__server_complete(tickets[i], 200, "text/plain", NULL, 0, "done", 4, NULL, NULL);
+        atomic_fetch_add(rc == 0 ? &completed : rc == SHMIPC_ECLOSED ? &stale : &defer_wrong, 1);
+    }
+    nticket = 0;
+}
+
+static int h_defer(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    if (defer_watch == NULL && shmipc__watch_new(res->w->loop, defer_efd, SHMIPC__WATCH_READ,
+                                                 defer_ready, NULL, &defer_watch) < 0)
+        return -1;
+    if (nticket == sizeof tickets / sizeof tickets[0]) {
+        atomic_fetch_add(&defer_wrong, 1);
+        return -1;
+    }
+    int rc = shmipc__server_defer(res, (uint32_t)(uintptr_t)ud, on_cancel, NULL, &tickets[nticket]);
+    if (rc == 0)
+        nticket++;
+    return rc;
+}
+
+static void complete_all(void)
+{
+    uint64_t one = 1;
+    assert_int_equal(write(defer_efd, &one, sizeof one), (ssize_t)sizeof one);
+}
+
+/* Waits (up to 5 s) for *counter to reach at least `want`. */
+static void wait_count(atomic_uint *counter, unsigned want)
+{
+    for (int i = 0; i < 500 && atomic_load(counter) < want; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(atomic_load(counter) >= want);
+}
+
 static void ws_msg(shmipc_ws *ws, int kind, const void *data, size_t len, void *ud)
 {
     (void)ud;
@@ -261,6 +343,10 @@ static void tsrv_start(struct tsrv *t, int backend, uint32_t short_ms)
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_route(t->s, "GET", "/small", h_small, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/huge", h_huge, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/defer", h_defer, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/defer504", h_defer, (void *)(uintptr_t)300, NULL));
+    defer_watch = NULL;
+    nticket = 0;
     CHECK(shmipc_server_websocket(t->s, "/ws", NULL, NULL, ws_msg, NULL, NULL, NULL));
     CHECK(shmipc_server_start(t->s));
     t->port = shmipc_server_port(t->s);
@@ -327,7 +413,29 @@ static void rst(int fd)
     close(fd);
 }
 
-#define SMALL_KA    "GET /small HTTP/1.1\r\nHost: x\r\n\r\n"
+#define SMALL_KA  "GET /small HTTP/1.1\r\nHost: x\r\n\r\n"
+#define DEFER_KA  "GET /defer HTTP/1.1\r\nHost: x\r\n\r\n"
+#define DEFER_504 "GET /defer504 HTTP/1.1\r\nHost: x\r\n\r\n"
+
+/* Reads until `n` occurrences of `needle` came (or EOF with `n` 0); the text read, in buf. */
+static size_t read_until(int fd, const char *needle, int n, char *buf, size_t cap)
+{
+    size_t len = 0;
+    for (;;) {
+        int seen = 0;
+        buf[len] = '\0';
+        for (const char *p = buf; n > 0 && (p = strstr(p, needle)) != NULL; p++)
+            seen++;
+        if (n > 0 && seen >= n)
+            return len;
+        ssize_t k = read(fd, buf + len, cap - 1 - len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return len;
+        len += (size_t)k;
+    }
+}
 #define SMALL_CLOSE "GET /small HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 #define HUGE_KA     "GET /huge HTTP/1.1\r\nHost: x\r\n\r\n"
 #define HUGE_CLOSE  "GET /huge HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -348,12 +456,80 @@ static int ws_open(int port)
 }
 
 /* Scenarios that drive each reachable cell with timeouts of 300 ms. */
+/*
+ * DEFERRED's cells, each checked for what the client sees and what the deferral's owner is
+ * told: the answer after the pipelined answer before it and before the one behind it
+ * (SENT/hold, DATA/buffer, COMPLETE/answer); the client's FIN and reset cancel it (and the
+ * owner's later complete is refused); the request's deadline answers 504 and cancels it.
+ */
+static void walk_deferred(struct tsrv *t)
+{
+    char buf[4096];
+    unsigned c0, s0;
+    int fd, other;
+
+    /* DEFERRED SENT (the small answer before it left), DATA (a request behind it), then
+     * COMPLETE: answered in order, and another connection is served meanwhile. */
+    c0 = atomic_load(&completed);
+    fd = dial(t->port, 0);
+    put(fd, SMALL_KA DEFER_KA);
+    msleep(50);
+    put(fd, SMALL_KA);
+    other = dial(t->port, 0);
+    put(other, SMALL_KA);
+    assert_true(read_until(other, "small", 1, buf, sizeof buf) > 0);
+    close(other);
+    msleep(50);
+    complete_all();
+    read_until(fd, "small", 2, buf, sizeof buf);
+    char *a = strstr(buf, "small"), *d = strstr(buf, "done"), *b = a ? strstr(a + 5, "small") : 0;
+    if (a == NULL || d == NULL || b == NULL || !(a < d && d < b))
+        fail_msg("deferred answer out of order: %s", buf);
+    wait_count(&completed, c0 + 1);
+    close(fd);
+
+    /* DEFERRED PEER_FIN: the client leaves; cancelled, and the completion is refused. */
+    c0 = atomic_load(&cancels[SHMIPC__SERVER_CANCEL_CLIENT_GONE]);
+    s0 = atomic_load(&stale);
+    fd = dial(t->port, 0);
+    put(fd, DEFER_KA);
+    msleep(50);
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    assert_int_equal(drain(fd, 0), 0); /* closed without an answer */
+    close(fd);
+    wait_count(&cancels[SHMIPC__SERVER_CANCEL_CLIENT_GONE], c0 + 1);
+    complete_all();
+    wait_count(&stale, s0 + 1);
+
+    /* DEFERRED ERROR: a reset. */
+    fd = dial(t->port, 0);
+    put(fd, DEFER_KA);
+    msleep(50);
+    rst(fd);
+    wait_count(&cancels[SHMIPC__SERVER_CANCEL_CLIENT_GONE], c0 + 2);
+    complete_all();
+    wait_count(&stale, s0 + 2);
+
+    /* DEFERRED TIMEOUT: the request's deadline: 504, the owner told TIMEOUT. */
+    c0 = atomic_load(&cancels[SHMIPC__SERVER_CANCEL_TIMEOUT]);
+    fd = dial(t->port, 0);
+    put(fd, DEFER_504);
+    read_until(fd, "", 0, buf, sizeof buf);
+    if (strncmp(buf, "HTTP/1.1 504 ", 13) != 0)
+        fail_msg("no 504 at the request's deadline: %s", buf);
+    close(fd);
+    wait_count(&cancels[SHMIPC__SERVER_CANCEL_TIMEOUT], c0 + 1);
+    complete_all();
+    assert_int_equal(atomic_load(&defer_wrong), 0);
+}
+
 static void walk_timed(int backend)
 {
     struct tsrv t;
     int fd;
     const char frame[] = "\x81\x82\0\0\0\0hi"; /* a masked "hi" (mask 0) */
     tsrv_start(&t, backend, 300);
+    walk_deferred(&t);
 
     /* READING DATA -> WRITING SENT -> READING; READING PEER_FIN. */
     fd = dial(t.port, 0);
@@ -451,7 +627,8 @@ static void walk_timed(int backend)
 static void walk_stop(int backend)
 {
     struct tsrv t;
-    int idle, writing, closing, lingering, ws;
+    int idle, writing, closing, lingering, ws, deferred;
+    unsigned c0 = atomic_load(&cancels[SHMIPC__SERVER_CANCEL_CLIENT_GONE]);
     tsrv_start(&t, backend, 0);
     idle = dial(t.port, 0);
     put(idle, SMALL_KA);
@@ -464,8 +641,15 @@ static void walk_stop(int backend)
     put(lingering, SMALL_CLOSE);
     assert_true(drain(lingering, 0) > 0);
     ws = ws_open(t.port);
+    /* DEFERRED SHUTDOWN: the stop waits for the answer; none comes, so the stop timeout's
+     * close cancels it. */
+    deferred = dial(t.port, 0);
+    put(deferred, DEFER_KA);
     msleep(200);
     tsrv_stop(&t);
+    assert_int_equal(drain(deferred, 0), 0);
+    close(deferred);
+    assert_true(atomic_load(&cancels[SHMIPC__SERVER_CANCEL_CLIENT_GONE]) >= c0 + 1);
     close(idle);
     close(writing);
     close(closing);
@@ -553,8 +737,11 @@ int main(int argc, char **argv)
     unsetenv("SHMIPC_REACTOR_BACKEND");
     huge = malloc(HUGE_LEN);
     assert_non_null(huge);
+    defer_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    assert_true(defer_efd >= 0);
     memset(huge, 'x', HUGE_LEN);
     rc = cmocka_run_group_tests_name("conn_state", tests, NULL, NULL);
     free(huge);
+    close(defer_efd);
     return rc != 0;
 }
