@@ -290,6 +290,18 @@ static int h_defer(shmipc_http_request *req, shmipc_http_response *res, void *ud
     return rc;
 }
 
+/* Defers, then fails: answered 500, and the deferral is cancelled (ERROR). */
+static int h_defer_fail(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    struct shmipc__server_ticket t;
+    (void)req;
+    (void)ud;
+    if (shmipc__server_defer(res, 0, on_cancel, NULL, &t) < 0 ||
+        shmipc__server_complete(t, 200, NULL, NULL, 0, NULL, 0, NULL, NULL) != SHMIPC_EINVAL)
+        atomic_fetch_add(&defer_wrong, 1); /* completing inside the handler is refused */
+    return -1;
+}
+
 static void complete_all(void)
 {
     uint64_t one = 1;
@@ -344,6 +356,7 @@ static void tsrv_start(struct tsrv *t, int backend, uint32_t short_ms)
     CHECK(shmipc_server_route(t->s, "GET", "/small", h_small, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/huge", h_huge, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/defer", h_defer, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/deferfail", h_defer_fail, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/defer504", h_defer, (void *)(uintptr_t)300, NULL));
     defer_watch = NULL;
     nticket = 0;
@@ -520,6 +533,16 @@ static void walk_deferred(struct tsrv *t)
     close(fd);
     wait_count(&cancels[SHMIPC__SERVER_CANCEL_TIMEOUT], c0 + 1);
     complete_all();
+
+    /* The handler fails after deferring: 500, and the owner is told ERROR. */
+    c0 = atomic_load(&cancels[SHMIPC__SERVER_CANCEL_ERROR]);
+    fd = dial(t->port, 0);
+    put(fd, "GET /deferfail HTTP/1.1\r\nHost: x\r\n\r\n");
+    read_until(fd, "", 0, buf, sizeof buf);
+    if (strncmp(buf, "HTTP/1.1 500 ", 13) != 0)
+        fail_msg("no 500 for a handler failing after it deferred: %s", buf);
+    close(fd);
+    assert_int_equal(atomic_load(&cancels[SHMIPC__SERVER_CANCEL_ERROR]), c0 + 1);
     assert_int_equal(atomic_load(&defer_wrong), 0);
 }
 
