@@ -668,3 +668,93 @@ def test_cross_talk_concurrent_streams_over_two_workers(serve):
         t.join(60)
     assert not any(t.is_alive() for t in threads)
     assert errors == [] and mismatches == []
+
+
+# ---- the worker as a process (python -m shmipc.serve.worker) ---------------------------
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+
+from conftest import python_env  # noqa: E402
+
+APP = '''
+import os, time
+def app(environ, start_response):
+    if environ["PATH_INFO"] == "/slow":
+        time.sleep(float(environ["QUERY_STRING"]))
+    body = environ["wsgi.input"].read()
+    start_response("200 OK", [("X-Pid", str(os.getpid()))])
+    return [body]
+'''
+
+
+class WorkerProcess:
+    def __init__(self, tmp_path, spec="wapp:app"):
+        (tmp_path / "wapp.py").write_text(APP)
+        self.address = unique_address("proc")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shmipc.serve.worker", spec, "--address", self.address],
+            cwd=tmp_path, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+
+    def ready(self):
+        line = self.proc.stdout.readline()
+        assert "ready on" in line, (line, self.proc.stderr.read() if self.proc.poll() else "")
+        return Front(self.address)
+
+    def finish(self, timeout=10):
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+
+
+def test_worker_process_serves_and_stops_on_sigterm_after_the_request(tmp_path):
+    w = WorkerProcess(tmp_path)
+    front = w.ready()
+    status, _, _, headers, body, last, _ = front.request(b"POST", b"/", body=b"ping")
+    assert (status, body, last) == (200, b"ping", sf.END)
+    assert ("X-Pid", str(w.proc.pid)) in headers
+    # SIGTERM while a request is at the worker: that request is answered, then it exits 0.
+    st, chunks = front.open(b"POST", b"/slow?0.5", body=b"last")
+    front.send_body(st, chunks)
+    time.sleep(0.2)
+    w.proc.send_signal(signal.SIGTERM)
+    status, _, _, _, body, last, _ = front.response(st)
+    assert (status, body, last) == (200, b"last", sf.END)
+    st.close()
+    assert w.finish() == 0
+    front.close()
+
+
+def test_worker_process_killed_mid_request_ends_the_front_stream(tmp_path):
+    # What the front maps to 502: the worker's death ends the stream and the session at once.
+    w = WorkerProcess(tmp_path)
+    front = w.ready()
+    st, chunks = front.open(b"POST", b"/slow?30", body=b"x")
+    front.send_body(st, chunks)
+    time.sleep(0.2)
+    w.proc.kill()
+    t0 = time.monotonic()
+    with pytest.raises((shmipc.PeerGoneError, shmipc.EndOfStreamError, shmipc.ClosedError)):
+        front.response(st)
+    assert time.monotonic() - t0 < 5
+    assert w.finish() == -signal.SIGKILL
+    front.close()
+
+
+@pytest.mark.parametrize("spec,why", [
+    ("wapp", "not module:callable"), ("nosuch:app", "ModuleNotFoundError"),
+    ("wapp:missing", "AttributeError"), ("wapp:os", "not callable")])
+def test_worker_process_refuses_a_bad_app(tmp_path, spec, why):
+    w = WorkerProcess(tmp_path, spec)
+    try:
+        assert w.proc.wait(20) == 2
+        assert why in w.proc.stderr.read()
+    finally:
+        w.finish()

@@ -92,3 +92,63 @@ class Worker:
         finally:
             self._sessions.discard(s)
             s.close()
+
+
+def load_app(spec):
+    """`module:callable` (the callable may be dotted: `pkg.mod:factory.app`) -> the object.
+    The current directory is importable, as with gunicorn."""
+    import importlib
+    import os
+    import sys
+
+    modname, sep, attr = spec.partition(":")
+    if not sep or not modname or not attr:
+        raise ValueError(f"{spec!r} is not module:callable")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj = importlib.import_module(modname)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{spec} is not callable")
+    return obj
+
+
+def main(argv=None):
+    """One worker process: ``python -m shmipc.serve.worker APP --address ADDR``. The
+    supervisor of shmipc-serve starts these; run by hand, any front speaking docs/serve.md can
+    connect to ADDR. SIGTERM and SIGINT stop it after the request in progress (exit 0)."""
+    import argparse
+    import signal
+    import sys
+
+    ap = argparse.ArgumentParser(
+        prog="python -m shmipc.serve.worker",
+        description="Serve a WSGI app to a shmipc-serve front on a shmipc address "
+        "(docs/serve.md).")
+    ap.add_argument("app", help="the WSGI application, as module:callable")
+    ap.add_argument("--address", required=True,
+                    help="the shmipc address to listen on, e.g. unix:@name or unix:/path")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(message)s")
+    try:
+        app = load_app(args.app)
+    except Exception as e:
+        print(f"shmipc-serve worker: cannot load {args.app}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 2
+    worker = Worker(app, args.address)
+
+    def stop(signum, frame):
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"shmipc-serve worker {__import__('os').getpid()} ready on {worker.address}",
+          flush=True)
+    worker.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
