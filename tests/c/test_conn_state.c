@@ -730,6 +730,56 @@ static void walk(int backend)
     assert_int_equal(atomic_load(&bad_next), 0);
 }
 
+static void *complete_later(void *arg)
+{
+    (void)arg;
+    msleep(300);
+    complete_all();
+    return NULL;
+}
+
+/* A stop while a request is deferred waits for its answer (within the stop timeout); the
+ * answer is sent whole, with Connection: close, and nothing is cancelled. */
+static void deferred_answer_during_stop(int backend)
+{
+    struct tsrv t;
+    pthread_t th;
+    char buf[4096];
+    tsrv_start(&t, backend, 0);
+    unsigned c0 = atomic_load(&completed), g0 = atomic_load(&cancels[1]);
+    int fd = dial(t.port, 0);
+    put(fd, DEFER_KA);
+    msleep(100);
+    assert_int_equal(pthread_create(&th, NULL, complete_later, NULL), 0);
+    tsrv_stop(&t); /* returns once the answered connection is gone */
+    assert_int_equal(pthread_join(th, NULL), 0);
+    read_until(fd, "", 0, buf, sizeof buf);
+    close(fd);
+    if (strncmp(buf, "HTTP/1.1 200 ", 13) != 0 || strstr(buf, "Connection: close\r\n") == NULL ||
+        strstr(buf, "\r\n\r\ndone") == NULL)
+        fail_msg("the answer during a stop: %s", buf);
+    assert_int_equal(atomic_load(&completed), c0 + 1);
+    assert_int_equal(atomic_load(&cancels[1]), g0);
+    assert_int_equal(atomic_load(&defer_wrong), 0);
+}
+
+static void deferred_answer_during_stop_epoll(void **state)
+{
+    (void)state;
+    deferred_answer_during_stop(SHMIPC_BACKEND_EPOLL);
+}
+
+static void deferred_answer_during_stop_io_uring(void **state)
+{
+    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
+    struct shmipc__loop *probe = NULL;
+    (void)state;
+    if (shmipc__loop_new(&o, &probe) != 0)
+        skip();
+    shmipc__loop_free(probe);
+    deferred_answer_during_stop(SHMIPC_BACKEND_IO_URING);
+}
+
 static void every_cell_walked_epoll(void **state)
 {
     (void)state;
@@ -753,6 +803,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(table_matches_the_documented_lifecycle),
         cmocka_unit_test(every_cell_walked_epoll),
         cmocka_unit_test(every_cell_walked_io_uring),
+        cmocka_unit_test(deferred_answer_during_stop_epoll),
+        cmocka_unit_test(deferred_answer_during_stop_io_uring),
     };
     int rc;
     if (argc > 1)
