@@ -451,6 +451,107 @@ static void closed_connection_consumes_everything(void **state)
     assert_int_equal(bc.b.niov, 0);
 }
 
+/* Defers GET/HEAD /defer (the shmipc-serve front's handler does), answers "ok" otherwise. */
+static int deferring_handler(void *ud, const struct shmipc__http_request *req, const char *body,
+                             size_t body_len, struct shmipc__http_response *resp)
+{
+    (void)ud;
+    (void)body;
+    (void)body_len;
+    if (req->path.len == 6 && memcmp(req->base + req->path.off, "/defer", 6) == 0)
+        return SHMIPC__HTTP_DEFER;
+    resp->body = "ok";
+    resp->body_len = 2;
+    return 0;
+}
+
+static size_t batch_text(const struct shmipc__http_batch *b, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < b->niov; i++) {
+        assert_true(n + b->iov[i].iov_len < cap);
+        memcpy(out + n, b->iov[i].iov_base, b->iov[i].iov_len);
+        n += b->iov[i].iov_len;
+    }
+    out[n] = '\0';
+    return n;
+}
+
+/* A deferred request holds the pipeline: the answers before it go, nothing behind it is
+ * parsed until complete(), which keeps what the request implied (HEAD, HTTP/1.0's close)
+ * whatever the owner set, and answers 500 for an answer without a status. */
+static void deferred_request_holds_the_pipeline(void **state)
+{
+    (void)state;
+    struct bare_conn bc;
+    char text[8192];
+    bare_conn_init(&bc, NULL);
+    bc.c.handler = deferring_handler;
+    char rx[] = "GET /a HTTP/1.1\r\nHost: h\r\n\r\n"
+                "HEAD /defer HTTP/1.0\r\n\r\n"
+                "GET /b HTTP/1.1\r\nHost: h\r\n\r\n";
+    size_t first_two = strlen("GET /a HTTP/1.1\r\nHost: h\r\n\r\nHEAD /defer HTTP/1.0\r\n\r\n");
+    size_t len = sizeof rx - 1, consumed;
+    assert_int_equal(shmipc__http_conn_process(&bc.c, rx, &len, &consumed, &bc.b, 0),
+                     SHMIPC__HTTP_CONN_DEFER);
+    assert_int_equal(consumed, first_two);
+    assert_true(shmipc__http_conn_deferred(&bc.c));
+    batch_text(&bc.b, text, sizeof text);
+    assert_non_null(strstr(text, "\r\n\r\nok"));
+    assert_null(strstr(strstr(text, "\r\n\r\nok") + 6, "\r\n\r\nok")); /* only /a's */
+    /* Deferred: nothing more is answered, nothing consumed. */
+    shmipc__http_batch_reset(&bc.b);
+    char *rest = rx + first_two;
+    size_t rlen = len - first_two;
+    assert_int_equal(shmipc__http_conn_process(&bc.c, rest, &rlen, &consumed, &bc.b, 0),
+                     SHMIPC__HTTP_CONN_DEFER);
+    assert_int_equal(consumed, 0);
+    assert_int_equal(bc.b.niov, 0);
+    /* The owner's answer, with its own flags: HEAD and HTTP/1.0's close are kept. */
+    bc.c.deferred.status = 201;
+    bc.c.deferred.flags = 0;
+    bc.c.deferred.body = "xyz";
+    bc.c.deferred.body_len = 3;
+    assert_int_equal(shmipc__http_conn_complete(&bc.c, &bc.b), 1);
+    batch_text(&bc.b, text, sizeof text);
+    assert_true(strncmp(text, "HTTP/1.0 201 ", 13) == 0 || strncmp(text, "HTTP/1.1 201 ", 13) == 0);
+    assert_non_null(strstr(text, "Content-Length: 3\r\n"));
+    assert_null(strstr(text, "xyz")); /* HEAD: no body */
+    assert_false(shmipc__http_conn_deferred(&bc.c));
+    assert_int_equal(shmipc__http_conn_complete(&bc.c, &bc.b), SHMIPC_EINVAL);
+
+    /* Keep-alive: after complete() the pipelined request behind is answered; an answer
+     * without a status becomes a 500 that closes. */
+    bare_conn_init(&bc, NULL);
+    bc.c.handler = deferring_handler;
+    char rx2[] = "GET /defer HTTP/1.1\r\nHost: h\r\n\r\nGET /b HTTP/1.1\r\nHost: h\r\n\r\n";
+    len = sizeof rx2 - 1;
+    assert_int_equal(shmipc__http_conn_process(&bc.c, rx2, &len, &consumed, &bc.b, 0),
+                     SHMIPC__HTTP_CONN_DEFER);
+    assert_int_equal(bc.b.niov, 0);
+    bc.c.deferred.status = 200;
+    bc.c.deferred.body = "done";
+    bc.c.deferred.body_len = 4;
+    assert_int_equal(shmipc__http_conn_complete(&bc.c, &bc.b), 0);
+    char *rest2 = rx2 + consumed;
+    size_t rlen2 = len - consumed;
+    assert_int_equal(shmipc__http_conn_process(&bc.c, rest2, &rlen2, &consumed, &bc.b, 0),
+                     SHMIPC__HTTP_CONN_MORE);
+    batch_text(&bc.b, text, sizeof text);
+    char *done = strstr(text, "\r\n\r\ndone"), *ok = strstr(text, "\r\n\r\nok");
+    assert_true(done != NULL && ok != NULL && done < ok);
+
+    bare_conn_init(&bc, NULL);
+    bc.c.handler = deferring_handler;
+    len = sizeof rx2 - 1;
+    assert_int_equal(shmipc__http_conn_process(&bc.c, rx2, &len, &consumed, &bc.b, 0),
+                     SHMIPC__HTTP_CONN_DEFER);
+    bc.c.deferred.status = 0; /* no answer: a 500 that closes */
+    assert_int_equal(shmipc__http_conn_complete(&bc.c, &bc.b), 1);
+    batch_text(&bc.b, text, sizeof text);
+    assert_true(strncmp(text, "HTTP/1.1 500 ", 13) == 0);
+}
+
 /* The echo of a 1 MiB body leaves as [head, body] with the body referenced in place. */
 static void large_echo_is_not_copied(void **state)
 {
@@ -481,6 +582,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(a_full_batch_yields),
         cmocka_unit_test(closed_connection_consumes_everything),
         cmocka_unit_test(large_echo_is_not_copied),
+        cmocka_unit_test(deferred_request_holds_the_pipeline),
     };
     return fx_run_files("http_fixtures", argc > 1 ? argv[1] : FIXTURE_DIR, ".http", fixed,
                         sizeof fixed / sizeof fixed[0], run_fixture);
