@@ -639,11 +639,14 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
      * (after the batch in flight), when the caller's memory is gone. */
     size_t need = sizeof(struct release) + nheaders * sizeof *headers +
                   (content_type != NULL ? strlen(content_type) + 1 : 0);
+    /* Without a release callback the caller cannot know when the body is no longer used:
+     * it is copied too. */
+    if (release == NULL)
+        need += body_len;
     for (uint32_t i = 0; i < nheaders; i++)
         need += headers[i].name_len + headers[i].value_len;
     struct release *meta = malloc(need), *bnode = NULL;
-    if (meta != NULL && body_len > 0 && release != NULL &&
-        (bnode = malloc(sizeof *bnode)) == NULL) {
+    if (meta != NULL && release != NULL && (bnode = malloc(sizeof *bnode)) == NULL) {
         free(meta);
         meta = NULL;
     }
@@ -670,6 +673,11 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
     if (content_type != NULL) {
         memcpy(p, content_type, strlen(content_type) + 1);
         r->content_type = p;
+    }
+    if (release == NULL && body_len > 0) {
+        p += content_type != NULL ? strlen(content_type) + 1 : 0;
+        memcpy(p, body, body_len);
+        body = p;
     }
     r->body = body;
     r->body_len = body_len;

@@ -141,7 +141,8 @@ int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
 /*
  * The answer to a deferred request, on the connection's worker thread. `headers` and
  * `content_type` are copied before this returns; `body` is referenced until it was sent, then
- * release(user_data) runs (also when the answer cannot be used: a stale ticket, an error).
+ * release(user_data) runs (also when the answer cannot be used: a stale ticket, an error);
+ * without `release` the body is copied too.
  * Returns 0, SHMIPC_ECLOSED for a stale ticket (the deferral was cancelled or completed), or
  * SHMIPC_EINVAL (off the worker thread, a status outside 100-999).
  */

@@ -248,6 +248,14 @@ static atomic_uint cancels[4];  /* by reason */
 static atomic_uint completed;   /* complete() returned 0 */
 static atomic_uint stale;       /* complete() returned SHMIPC_ECLOSED */
 static atomic_uint defer_wrong; /* anything else: a failure */
+static atomic_uint released;    /* release callbacks run */
+static atomic_uint to_release;  /* complete() calls given one */
+
+static void count_release(void *ud)
+{
+    (void)ud;
+    atomic_fetch_add(&released, 1);
+}
 
 static void on_cancel(void *data, int reason)
 {
@@ -267,8 +275,14 @@ static void defer_ready(struct shmipc__watch *watch, int fd, unsigned events, vo
     if (read(fd, &v, sizeof v) != (ssize_t)sizeof v)
         return;
     for (unsigned i = 0; i < nticket; i++) {
+        /* Every other answer comes with a release callback (the body referenced until sent),
+         * the others are copied. */
+        static unsigned turn;
+        shmipc_destroy_cb rel = turn++ % 2 ? count_release : NULL;
+        if (rel != NULL)
+            atomic_fetch_add(&to_release, 1);
         int rc =
-            shmipc__server_complete(tickets[i], 200, "text/plain", NULL, 0, "done", 4, NULL, NULL);
+            shmipc__server_complete(tickets[i], 200, "text/plain", NULL, 0, "done", 4, rel, NULL);
         atomic_fetch_add(rc == 0 ? &completed : rc == SHMIPC_ECLOSED ? &stale : &defer_wrong, 1);
     }
     nticket = 0;
@@ -544,6 +558,9 @@ static void walk_deferred(struct tsrv *t)
     close(fd);
     assert_int_equal(atomic_load(&cancels[SHMIPC__SERVER_CANCEL_ERROR]), c0 + 1);
     assert_int_equal(atomic_load(&defer_wrong), 0);
+    /* Every release callback ran once: after the send, or at once for a refused answer. */
+    wait_count(&released, atomic_load(&to_release));
+    assert_int_equal(atomic_load(&released), atomic_load(&to_release));
 }
 
 static void walk_timed(int backend)
