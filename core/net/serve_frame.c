@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "net/http_parser.h"
 #include "net/ws_codec.h"
 #include "net/ws_frame.h"
 
@@ -508,4 +509,68 @@ long shmipc__sf_encode_ws_close(void *out, size_t cap, uint16_t code, const void
             memcpy(p + SHMIPC__SF_HDR_SIZE + 2, reason, reason_len);
     }
     return (long)(SHMIPC__SF_HDR_SIZE + len);
+}
+
+static int field_named(const char *base, const struct shmipc__http_field *f, const char *lower)
+{
+    size_t n = strlen(lower);
+    if (f->name.len != n)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = base[f->name.off + i];
+        if (c >= 'A' && c <= 'Z')
+            c = (char)(c + 32);
+        if (c != lower[i])
+            return 0;
+    }
+    return 1;
+}
+
+long shmipc__sf_encode_http_request(void *out, size_t cap, const struct shmipc__http_request *req,
+                                    const struct shmipc__sf_addr *peer,
+                                    const struct shmipc__sf_addr *local, uint32_t extra)
+{
+    static const struct shmipc__sf_addr none;
+    struct shmipc__sf_field fields[SHMIPC__SF_MAX_HEADERS];
+    struct shmipc__sf_request r;
+    const char *b = req->base;
+    if (extra & ~SHMIPC__SF_REQ_UPGRADE)
+        return shmipc__fail(SHMIPC_EINVAL, "serve frame: extra flags %#x", extra);
+    if (req->nfields > SHMIPC__SF_MAX_HEADERS)
+        return shmipc__fail(SHMIPC_EMSGSIZE, "serve frame: %u header fields", req->nfields);
+    memset(&r, 0, sizeof r);
+    r.flags = extra;
+    if (req->flags & SHMIPC__HTTP_KEEP_ALIVE)
+        r.flags |= SHMIPC__SF_REQ_KEEP_ALIVE;
+    if (req->flags & SHMIPC__HTTP_EXPECT_CONTINUE)
+        r.flags |= SHMIPC__SF_REQ_EXPECT_CONTINUE;
+    if (req->body_kind == SHMIPC__HTTP_BODY_CHUNKED) {
+        r.flags |= SHMIPC__SF_REQ_HAS_BODY | SHMIPC__SF_REQ_CHUNKED;
+    } else if (req->body_kind == SHMIPC__HTTP_BODY_LENGTH && req->content_length > 0) {
+        r.flags |= SHMIPC__SF_REQ_HAS_BODY | SHMIPC__SF_REQ_CONTENT_LENGTH;
+        r.content_length = req->content_length;
+    }
+    r.version_minor = req->minor ? 1 : 0;
+    r.peer = peer != NULL ? *peer : none;
+    r.local = local != NULL ? *local : none;
+    r.method = (const uint8_t *)b + req->name.off;
+    r.method_len = (uint16_t)(req->name.len <= SHMIPC__SF_MAX_METHOD ? req->name.len : 0);
+    r.target = (const uint8_t *)b + req->target.off;
+    if (req->name.len > SHMIPC__SF_MAX_METHOD || req->target.len > SHMIPC__SF_MAX_TARGET)
+        return shmipc__fail(SHMIPC_EMSGSIZE, "serve frame: method or target over the limit");
+    r.target_len = (uint16_t)req->target.len;
+    for (uint32_t i = 0; i < req->nfields; i++) {
+        const struct shmipc__http_field *f = &req->fields[i];
+        if (f->name.len > SHMIPC__SF_MAX_NAME || f->value.len > SHMIPC__SF_MAX_VALUE)
+            return shmipc__fail(SHMIPC_EMSGSIZE, "serve frame: header field %u over the limit", i);
+        /* "Content-Length: 0": the worker sees CONTENT_LENGTH "0", as the client sent. */
+        if (req->body_kind == SHMIPC__HTTP_BODY_NONE && field_named(b, f, "content-length"))
+            r.flags |= SHMIPC__SF_REQ_CONTENT_LENGTH;
+        fields[i].name = (const uint8_t *)b + f->name.off;
+        fields[i].name_len = (uint16_t)f->name.len;
+        fields[i].value = (const uint8_t *)b + f->value.off;
+        fields[i].value_len = (uint16_t)f->value.len;
+    }
+    r.nfields = (uint16_t)req->nfields;
+    return shmipc__sf_encode_request_head(out, cap, &r, fields);
 }

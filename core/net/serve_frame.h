@@ -185,6 +185,21 @@ int shmipc__sf_encode_header(uint8_t out[SHMIPC__SF_HDR_SIZE], unsigned type, si
 long shmipc__sf_encode_iov(struct iovec iov[2], uint8_t hdr[SHMIPC__SF_HDR_SIZE], unsigned type,
                            uint32_t arg, const void *data, size_t n);
 
+struct shmipc__http_request;
+
+/*
+ * The front's REQUEST_HEAD for a request its HTTP parser accepted (net/http_parser.h): the
+ * method, target and header fields as received (trailers are not sent), HTTP/1.<minor>, and
+ * the flags the request implies: KEEP_ALIVE, HAS_BODY, CHUNKED, CONTENT_LENGTH (also for a
+ * "Content-Length: 0"), EXPECT_CONTINUE; `extra` adds UPGRADE for a handshake the front has
+ * validated. `req->base` must point at the request's first byte. Returns the frame's size,
+ * SHMIPC_EMSGSIZE when it does not fit cap or the protocol's limits (the front then answers
+ * 431, or 414 for the target), or SHMIPC_EINVAL.
+ */
+long shmipc__sf_encode_http_request(void *out, size_t cap, const struct shmipc__http_request *req,
+                                    const struct shmipc__sf_addr *peer,
+                                    const struct shmipc__sf_addr *local, uint32_t extra);
+
 /* A WS_CLOSE frame: code 0 sends none (and no reason). */
 long shmipc__sf_encode_ws_close(void *out, size_t cap, uint16_t code, const void *reason,
                                 size_t reason_len);

@@ -9,11 +9,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "shmipc.h"
 #include "net/serve_frame.h"
+#include "net/http_parser.h"
 
 #define F(n, v)                                                                                    \
     {                                                                                              \
@@ -480,6 +482,95 @@ static void test_limits(void **state)
 }
 
 /* Frames back to back in one buffer decode one after the other. */
+/* Parses `raw` with the front's HTTP parser and encodes its REQUEST_HEAD into out. */
+static long head_of(const char *raw, struct shmipc__http_field *fields, uint8_t *out, size_t cap,
+                    uint32_t extra, const struct shmipc__http_limits *in)
+{
+    static struct shmipc__http_limits lim;
+    struct shmipc__http_parser p;
+    struct shmipc__sf_addr peer = {SHMIPC__SF_AF_INET, 40000, {127, 0, 0, 1}};
+    assert_int_equal(shmipc__http_limits_resolve(&lim, in), 0);
+    shmipc__http_parser_init(&p, &lim, fields);
+    if (shmipc__http_parse_head(&p, raw, strlen(raw)) <= 0)
+        fail_msg("parse: %s", shmipc_error_detail());
+    p.req.base = raw;
+    return shmipc__sf_encode_http_request(out, cap, &p.req, &peer, NULL, extra);
+}
+
+/* The front's REQUEST_HEAD for what its parser accepted: fields as received, the flags the
+ * request implies, and the limits. */
+static void test_http_request_to_head(void **state)
+{
+    (void)state;
+    static struct shmipc__http_field fields[1024];
+    static uint8_t out[SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD];
+    struct shmipc__sf_frame f;
+    struct shmipc__sf_field fld;
+    long n;
+
+    n = head_of("POST /p?q=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nX-Y:  z \r\n\r\nabc",
+                fields, out, sizeof out, 0, NULL);
+    assert_true(n > 0);
+    assert_int_equal(shmipc__sf_decode(out, (size_t)n, &f), n);
+    assert_int_equal(f.type, SHMIPC__SF_REQUEST_HEAD);
+    assert_int_equal(f.arg, SHMIPC__SF_REQ_KEEP_ALIVE | SHMIPC__SF_REQ_HAS_BODY |
+                                SHMIPC__SF_REQ_CONTENT_LENGTH);
+    assert_int_equal(f.u.req.content_length, 3);
+    assert_int_equal(f.u.req.version_minor, 1);
+    assert_int_equal(f.u.req.peer.port, 40000);
+    assert_int_equal(f.u.req.local.family, SHMIPC__SF_AF_NONE);
+    assert_memory_equal(f.u.req.method, "POST", 4);
+    assert_int_equal(f.u.req.target_len, 6);
+    assert_memory_equal(f.u.req.target, "/p?q=1", 6);
+    assert_int_equal(f.u.req.nfields, 3);
+    struct shmipc__sf_fields it = f.u.req.fields;
+    assert_true(shmipc__sf_fields_next(&it, &fld));
+    assert_true(shmipc__sf_fields_next(&it, &fld));
+    assert_true(shmipc__sf_fields_next(&it, &fld));
+    assert_int_equal(fld.value_len, 1); /* trimmed by the parser */
+    assert_memory_equal(fld.value, "z", 1);
+
+    /* Chunked, HTTP/1.0 without keep-alive, Expect, an upgrade the front validated. */
+    n = head_of("PUT /u HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n"
+                "Expect: 100-continue\r\n\r\n",
+                fields, out, sizeof out, SHMIPC__SF_REQ_UPGRADE, NULL);
+    assert_int_equal(shmipc__sf_decode(out, (size_t)n, &f), n);
+    assert_int_equal(f.arg, SHMIPC__SF_REQ_KEEP_ALIVE | SHMIPC__SF_REQ_HAS_BODY |
+                                SHMIPC__SF_REQ_CHUNKED | SHMIPC__SF_REQ_EXPECT_CONTINUE |
+                                SHMIPC__SF_REQ_UPGRADE);
+    n = head_of("GET / HTTP/1.0\r\n\r\n", fields, out, sizeof out, 0, NULL);
+    assert_int_equal(shmipc__sf_decode(out, (size_t)n, &f), n);
+    assert_int_equal(f.arg, 0);
+    assert_int_equal(f.u.req.version_minor, 0);
+    /* "Content-Length: 0": the flag without a body. */
+    n = head_of("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", fields, out, sizeof out,
+                0, NULL);
+    assert_int_equal(shmipc__sf_decode(out, (size_t)n, &f), n);
+    assert_int_equal(f.arg, SHMIPC__SF_REQ_KEEP_ALIVE | SHMIPC__SF_REQ_CONTENT_LENGTH);
+    assert_int_equal(f.u.req.content_length, 0);
+
+    /* Over the protocol's limits (the parser's raised): refused, for a 431 or 414. */
+    struct shmipc__http_limits big = {
+        .max_headers = 1000, .max_head_bytes = 1 << 20, .max_request_line = 1 << 16};
+    static char raw[1 << 20];
+    size_t len = (size_t)snprintf(raw, sizeof raw, "GET / HTTP/1.1\r\nHost: a\r\n");
+    for (int i = 0; i < 129; i++)
+        len += (size_t)snprintf(raw + len, sizeof raw - len, "X-%d: v\r\n", i);
+    snprintf(raw + len, sizeof raw - len, "\r\n");
+    assert_int_equal(head_of(raw, fields, out, sizeof out, 0, &big), SHMIPC_EMSGSIZE);
+    len = (size_t)snprintf(raw, sizeof raw, "GET /");
+    memset(raw + len, 'a', 16384);
+    len += 16384;
+    snprintf(raw + len, sizeof raw - len, " HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_int_equal(head_of(raw, fields, out, sizeof out, 0, &big), SHMIPC_EMSGSIZE);
+    /* A buffer too small, and an extra flag other than UPGRADE. */
+    assert_int_equal(head_of("GET / HTTP/1.1\r\nHost: a\r\n\r\n", fields, out, 40, 0, NULL),
+                     SHMIPC_EMSGSIZE);
+    assert_int_equal(head_of("GET / HTTP/1.1\r\nHost: a\r\n\r\n", fields, out, sizeof out,
+                             SHMIPC__SF_REQ_CHUNKED, NULL),
+                     SHMIPC_EINVAL);
+}
+
 static void test_stream_of_frames(void **state)
 {
     (void)state;
@@ -521,6 +612,7 @@ int main(void)
         cmocka_unit_test(test_bad_frames),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_stream_of_frames),
+        cmocka_unit_test(test_http_request_to_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
