@@ -758,3 +758,18 @@ def test_worker_process_refuses_a_bad_app(tmp_path, spec, why):
         assert why in w.proc.stderr.read()
     finally:
         w.finish()
+
+
+def test_codec_stub_names_match_the_module():
+    import ast
+
+    stub = os.path.join(os.path.dirname(sf.__file__), "_serve.pyi")
+    tree = ast.parse(open(stub).read())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    runtime = {n for n in dir(sf) if not n.startswith("_")}
+    assert {n for n in names if not n.startswith("_")} == runtime

@@ -1,0 +1,55 @@
+# The shmipc-serve frame codec (docs/serve.md), in C: python/shmipc/serve.c.
+from typing import Any, Iterable, Optional, Tuple, Union
+
+_Buffer = Any  # anything with the buffer protocol
+_Address = Union[Tuple[str, int], str, None]  # (host, port), "unix" or None
+_Headers = Iterable[Tuple[Union[str, bytes], Union[str, bytes]]]
+
+class FrameError(ValueError): ...
+
+REQUEST_HEAD: int
+BODY: int
+END: int
+RESPONSE_HEAD: int
+ABORT: int
+WS_DATA: int
+WS_PING: int
+WS_PONG: int
+WS_CLOSE: int
+HDR_SIZE: int
+MAX_HEAD: int
+MAX_CHUNK: int
+MAX_ABORT_TEXT: int
+REQ_KEEP_ALIVE: int
+REQ_UPGRADE: int
+REQ_HAS_BODY: int
+REQ_CHUNKED: int
+REQ_CONTENT_LENGTH: int
+REQ_EXPECT_CONTINUE: int
+RESP_CONTENT_LENGTH: int
+RESP_CLOSE: int
+ABORT_CLIENT_GONE: int
+ABORT_WORKER_ERROR: int
+ABORT_TIMEOUT: int
+ABORT_PROTOCOL: int
+ABORT_TOO_LARGE: int
+ABORT_SHUTDOWN: int
+
+def decode_header(buf: _Buffer) -> Optional[Tuple[int, int, int]]: ...
+def decode_request(frame: _Buffer, base: Optional[dict[str, Any]] = None) -> dict[str, Any]: ...
+def decode_response(frame: _Buffer) -> Tuple[int, int, int, list[Tuple[str, str]]]: ...
+def encode_response_head(
+    status: int, headers: _Headers, flags: int = 0, content_length: int = 0
+) -> bytes: ...
+def encode_request_head(
+    method: bytes,
+    target: bytes,
+    headers: _Headers,
+    flags: int = 0,
+    content_length: int = 0,
+    peer: _Address = None,
+    local: _Address = None,
+    version_minor: int = 1,
+    scheme: int = 0,
+) -> bytes: ...
+def encode_frame(type: int, payload: _Buffer = b"", arg: int = 0) -> bytes: ...
