@@ -5,6 +5,7 @@
  */
 #include "shmipc.h"
 #include "shmipc_abi.h"
+#include "shmipc_serve.h"
 
 #include "common/log.h"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fails when a public struct that may grow breaks the rule that lets it grow: a struct of
-the public headers (bindings/shmipc.h, bindings/shmipc_abi.h) whose name ends in _opts or
+the public headers (bindings/shmipc.h, shmipc_abi.h, shmipc_serve.h) whose name ends in _opts or
 _options, or whose doc comment says @sized, must start with `size_t size;` and may only gain
 fields at its end, so its fields in the committed ABI baseline (bindings/abi/libshmipc.abi)
 must be the first fields it has now.

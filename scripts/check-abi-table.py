@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fails when the descriptor table bindings/abi.def, the public headers bindings/shmipc.h and
-bindings/shmipc_abi.h (read as one), the version script bindings/libshmipc.map and the dynamic symbols of the built libshmipc.so
+bindings/shmipc_abi.h and bindings/shmipc_serve.h (read as one), the version script bindings/libshmipc.map and the dynamic symbols of the built libshmipc.so
 disagree:
   - every SHMIPC_API function of the header has a row with the same return type and the same
     parameter types and names, and every row a declaration; the same for callback types;
@@ -20,8 +20,10 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER = os.path.join(ROOT, "bindings", "shmipc.h")
-# The public headers: the API (shmipc.h) and the descriptor table's types (shmipc_abi.h).
-HEADERS = [HEADER, os.path.join(ROOT, "bindings", "shmipc_abi.h")]
+# The public headers: the API (shmipc.h), the descriptor table's types (shmipc_abi.h) and the
+# shmipc-serve frame codec (shmipc_serve.h).
+HEADERS = [HEADER, os.path.join(ROOT, "bindings", "shmipc_abi.h"),
+           os.path.join(ROOT, "bindings", "shmipc_serve.h")]
 TABLE = os.path.join(ROOT, "bindings", "abi.def")
 MAP = os.path.join(ROOT, "bindings", "libshmipc.map")
 SONAME = "libshmipc.so.0"
@@ -506,8 +508,8 @@ def main(argv):
         print(f"check-abi-table: {len(problems)} problems; `scripts/check-abi-table.py --draft` "
               "prints rows for the functions the table lacks", file=sys.stderr)
         return 1
-    print(f"abi-table: {len(rows)} functions and {len(cbs)} callback types agree with shmipc.h "
-          f"and shmipc_abi.h, libshmipc.map ({len(nodes)} nodes) and the {nsyms} exported symbols; SONAME {SONAME}")
+    print(f"abi-table: {len(rows)} functions and {len(cbs)} callback types agree with shmipc.h, "
+          f"shmipc_abi.h and shmipc_serve.h, libshmipc.map ({len(nodes)} nodes) and the {nsyms} exported symbols; SONAME {SONAME}")
     return 0
 
 

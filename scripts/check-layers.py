@@ -37,7 +37,7 @@ ALLOWED = {
     "ipc": {"common", "shm", "ipc"},
     "net": {"common", "reactor", "net"},
 }
-PUBLIC_HEADERS = ("shmipc.h", "shmipc_abi.h")
+PUBLIC_HEADERS = ("shmipc.h", "shmipc_abi.h", "shmipc_serve.h")
 SOURCE_EXT = (".c", ".h")
 
 

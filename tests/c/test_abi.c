@@ -1095,6 +1095,8 @@ static void version_and_errors(void **state)
              "!shmipc_strerror(12345) = \"unknown error\";"
              "shmipc_errname(SHMIPC_ETIMEDOUT) = \"SHMIPC_ETIMEDOUT\";"
              "!shmipc_errname(12345) = NULL;"
+             "shmipc_serve_type_name(1) = \"REQUEST_HEAD\";"
+             "!shmipc_serve_type_name(12345) = \"?\";"
              "shmipc_config_set_queue_capacity(cfg, 0) = SHMIPC_EINVAL;"
              "shmipc_error_detail() = \"queue_capacity: 0 is outside 1..16777216\";"
              "shmipc_abi_count() >= 1; shmipc_set_log_sink(sink);"

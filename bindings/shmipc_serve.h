@@ -1,0 +1,253 @@
+/*
+ * shmipc_serve.h - the frame codec of shmipc-serve's front<->worker protocol (docs/serve.md,
+ * "Protocol"), for workers in any language: the Python worker, Lua handler workers, C handlers.
+ *
+ * One shmipc stream per request (per connection for WebSocket) carries frames of a 12-byte
+ * little-endian header and a payload. Heads (REQUEST_HEAD, RESPONSE_HEAD) are whole frames;
+ * bodies and WebSocket data travel in their own frames, so a sender can write a 12-byte header
+ * and the payload behind it without a copy.
+ *
+ * Nothing here allocates, blocks or touches a socket; every function is thread safe. Decoders
+ * read only inside [buf, buf + len) and return 0 for "need more bytes" (every strict prefix of
+ * a valid frame gives 0), the frame's size when it is whole and valid, or a negative SHMIPC_E*
+ * code: SHMIPC_EPROTO for a malformed frame, SHMIPC_EMSGSIZE for one over a limit,
+ * SHMIPC_EINVAL for a bad argument. A receiver fails the stream on any of them (docs/serve.md,
+ * "Bad frames"). Encoders check the same rules, so they cannot write a frame the decoder
+ * refuses. Include it after (or instead of) shmipc.h, which it includes; it is installed beside
+ * it. See docs/api.md, "shmipc-serve frames".
+ */
+#ifndef SHMIPC_SERVE_H
+#define SHMIPC_SERVE_H
+
+#include "shmipc.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Bytes of a frame header. */
+#define SHMIPC_SERVE_HDR_SIZE 12u
+
+/* Limits (docs/serve.md, "Limits"). */
+#define SHMIPC_SERVE_MAX_HEAD         65536u     /**< payload of a request or response head */
+#define SHMIPC_SERVE_MAX_HEADERS      128u       /**< header fields in one head */
+#define SHMIPC_SERVE_MAX_NAME         256u       /**< bytes of one header name */
+#define SHMIPC_SERVE_MAX_VALUE        16384u     /**< bytes of one header value */
+#define SHMIPC_SERVE_MAX_METHOD       32u        /**< bytes of the method */
+#define SHMIPC_SERVE_MAX_TARGET       16384u     /**< bytes of the request target */
+#define SHMIPC_SERVE_MAX_CHUNK        (1u << 20) /**< payload of a BODY or WS_DATA frame */
+#define SHMIPC_SERVE_MAX_CONTROL      125u       /**< payload of a WS ping or pong */
+#define SHMIPC_SERVE_MAX_CLOSE_REASON 123u       /**< bytes of a WS close reason */
+#define SHMIPC_SERVE_MAX_ABORT_TEXT   1024u      /**< bytes of an ABORT message */
+
+/** Frame types. Values are only appended. */
+enum shmipc_serve_type {
+    SHMIPC_SERVE_REQUEST_HEAD = 1,  /**< front -> worker */
+    SHMIPC_SERVE_BODY = 2,          /**< both: one body chunk */
+    SHMIPC_SERVE_END = 3,           /**< both: end of the body (of the response: request done) */
+    SHMIPC_SERVE_RESPONSE_HEAD = 4, /**< worker -> front */
+    SHMIPC_SERVE_ABORT = 5,         /**< both: the stream ends abnormally; arg is the reason */
+    SHMIPC_SERVE_WS_DATA = 6,       /**< both: text/binary message data, fragmented by FIN */
+    SHMIPC_SERVE_WS_PING = 7,       /**< both */
+    SHMIPC_SERVE_WS_PONG = 8,       /**< both */
+    SHMIPC_SERVE_WS_CLOSE = 9,      /**< both */
+};
+
+/* REQUEST_HEAD flags (shmipc_serve_request.flags, the frame's arg). */
+#define SHMIPC_SERVE_REQ_KEEP_ALIVE      0x01u
+#define SHMIPC_SERVE_REQ_UPGRADE         0x02u /**< a WebSocket upgrade the front validated */
+#define SHMIPC_SERVE_REQ_HAS_BODY        0x04u
+#define SHMIPC_SERVE_REQ_CHUNKED         0x08u
+#define SHMIPC_SERVE_REQ_CONTENT_LENGTH  0x10u /**< content_length is meaningful */
+#define SHMIPC_SERVE_REQ_EXPECT_CONTINUE 0x20u
+
+/* RESPONSE_HEAD flags (shmipc_serve_response.flags, the frame's arg). */
+#define SHMIPC_SERVE_RESP_CONTENT_LENGTH 0x01u
+#define SHMIPC_SERVE_RESP_CLOSE          0x02u /**< close the client connection after it */
+
+/* WS_DATA arg: the opcode of the message in the low byte, FIN in bit 8. */
+#define SHMIPC_SERVE_WS_CONT   0u
+#define SHMIPC_SERVE_WS_TEXT   1u
+#define SHMIPC_SERVE_WS_BINARY 2u
+#define SHMIPC_SERVE_WS_FIN    0x100u
+
+/* ABORT reasons (the frame's arg). */
+#define SHMIPC_SERVE_ABORT_CLIENT_GONE  1u
+#define SHMIPC_SERVE_ABORT_WORKER_ERROR 2u
+#define SHMIPC_SERVE_ABORT_TIMEOUT      3u
+#define SHMIPC_SERVE_ABORT_PROTOCOL     4u
+#define SHMIPC_SERVE_ABORT_TOO_LARGE    5u
+#define SHMIPC_SERVE_ABORT_SHUTDOWN     6u
+
+/* Address families of shmipc_serve_addr. */
+#define SHMIPC_SERVE_AF_NONE  0u
+#define SHMIPC_SERVE_AF_INET  1u
+#define SHMIPC_SERVE_AF_INET6 2u
+#define SHMIPC_SERVE_AF_UNIX  3u
+
+/** A client's or listener's address in a REQUEST_HEAD. A value type: never grows. */
+typedef struct shmipc_serve_addr {
+    uint8_t family;   /**< SHMIPC_SERVE_AF_* */
+    uint8_t reserved; /**< 0 */
+    uint16_t port;    /**< host order */
+    uint8_t addr[16]; /**< network order: 4 bytes for INET, 16 for INET6, zero otherwise */
+} shmipc_serve_addr;
+
+/** One header field; the bytes are the frame's (decoded) or the caller's (encoded). */
+typedef struct shmipc_serve_field {
+    const uint8_t *name;
+    const uint8_t *value;
+    uint32_t name_len;  /**< 1..SHMIPC_SERVE_MAX_NAME */
+    uint32_t value_len; /**< 0..SHMIPC_SERVE_MAX_VALUE */
+} shmipc_serve_field;
+
+/**
+ * The header fields of a decoded head, already validated: walk a copy with
+ * shmipc_serve_fields_next(). Points into the decoded buffer. A value type: never grows.
+ */
+typedef struct shmipc_serve_fields {
+    const uint8_t *next; /**< the next field's bytes */
+    uint32_t left;       /**< fields not yet walked */
+    uint32_t reserved;
+} shmipc_serve_fields;
+
+/**
+ * A REQUEST_HEAD: what shmipc_serve_decode_request() fills and
+ * shmipc_serve_encode_request_head() reads (it ignores nfields and fields). @sized: set
+ * `size` to sizeof(shmipc_serve_request) before either call; it only grows at the end.
+ */
+typedef struct shmipc_serve_request {
+    size_t size;                /**< sizeof(shmipc_serve_request), set by the caller */
+    uint32_t flags;             /**< SHMIPC_SERVE_REQ_* */
+    uint8_t version_minor;      /**< HTTP/1.<minor>: 0 or 1 */
+    uint8_t scheme;             /**< 0: http; 1: https (reserved) */
+    uint16_t reserved;          /**< 0 */
+    uint64_t content_length;    /**< with SHMIPC_SERVE_REQ_CONTENT_LENGTH */
+    shmipc_serve_addr peer;     /**< the client */
+    shmipc_serve_addr local;    /**< the listener */
+    const uint8_t *method;      /**< not NUL-terminated */
+    const uint8_t *target;      /**< as received: origin, absolute, authority or "*" form */
+    uint32_t method_len;        /**< 1..SHMIPC_SERVE_MAX_METHOD */
+    uint32_t target_len;        /**< 1..SHMIPC_SERVE_MAX_TARGET */
+    uint32_t nfields;           /**< decoded: the number of header fields */
+    uint32_t reserved2;         /**< 0 */
+    shmipc_serve_fields fields; /**< decoded: the header fields */
+} shmipc_serve_request;
+
+/**
+ * A RESPONSE_HEAD: what shmipc_serve_decode_response() fills and
+ * shmipc_serve_encode_response_head() reads (it ignores nfields and fields). @sized: set
+ * `size` to sizeof(shmipc_serve_response) before either call; it only grows at the end.
+ */
+typedef struct shmipc_serve_response {
+    size_t size;                /**< sizeof(shmipc_serve_response), set by the caller */
+    uint32_t flags;             /**< SHMIPC_SERVE_RESP_* */
+    uint16_t status;            /**< 100..599 */
+    uint16_t reserved;          /**< 0 */
+    uint64_t content_length;    /**< with SHMIPC_SERVE_RESP_CONTENT_LENGTH */
+    uint32_t nfields;           /**< decoded: the number of header fields */
+    uint32_t reserved2;         /**< 0 */
+    shmipc_serve_fields fields; /**< decoded: the header fields */
+} shmipc_serve_response;
+
+/**
+ * A decoded frame of any type; payload points into the decoded buffer. For WS_CLOSE,
+ * close_code (0: none) and close_reason. @sized: set `size` to sizeof(shmipc_serve_frame)
+ * before decoding; it only grows at the end.
+ */
+typedef struct shmipc_serve_frame {
+    size_t size;                 /**< sizeof(shmipc_serve_frame), set by the caller */
+    uint32_t type;               /**< enum shmipc_serve_type */
+    uint32_t length;             /**< payload bytes */
+    uint32_t arg;                /**< flags of a head, WS_DATA opcode | FIN, ABORT reason */
+    uint16_t close_code;         /**< WS_CLOSE: the code, 0 when none */
+    uint16_t reserved;           /**< 0 */
+    const uint8_t *payload;      /**< NULL from shmipc_serve_decode_header() */
+    const uint8_t *close_reason; /**< WS_CLOSE: UTF-8, not NUL-terminated */
+    uint32_t close_reason_len;   /**< 0..SHMIPC_SERVE_MAX_CLOSE_REASON */
+    uint32_t reserved2;          /**< 0 */
+} shmipc_serve_frame;
+
+/** "REQUEST_HEAD", "BODY", ... for a frame type; "?" for any other value. Thread safe. */
+SHMIPC_API const char *shmipc_serve_type_name(uint32_t type);
+
+/**
+ * Decodes and checks a frame header: magic, version, type, arg and the payload length against
+ * the type's limits; fills type, length and arg of *f (payload NULL). Enough to forward a BODY
+ * or WS_DATA payload as it arrives. Returns SHMIPC_SERVE_HDR_SIZE, 0 with fewer than 12 bytes,
+ * SHMIPC_EPROTO or SHMIPC_EMSGSIZE, or SHMIPC_EINVAL (buf or f NULL, f->size too small).
+ */
+SHMIPC_API int shmipc_serve_decode_header(const void *buf, size_t len, shmipc_serve_frame *f);
+
+/**
+ * Decodes one whole frame from the start of buf, checking its payload (heads field by field,
+ * WS_CLOSE's code and UTF-8 reason). Returns its size (header + payload), 0 when buf holds only
+ * a prefix of it, or a negative code as decode_header.
+ */
+SHMIPC_API int64_t shmipc_serve_decode(const void *buf, size_t len, shmipc_serve_frame *f);
+
+/**
+ * Decodes one whole REQUEST_HEAD frame from the start of buf into *r (pointers into buf).
+ * Returns as shmipc_serve_decode(); a valid frame of another type is SHMIPC_EPROTO.
+ */
+SHMIPC_API int64_t shmipc_serve_decode_request(const void *buf, size_t len,
+                                               shmipc_serve_request *r);
+
+/** As shmipc_serve_decode_request(), for a RESPONSE_HEAD frame. */
+SHMIPC_API int64_t shmipc_serve_decode_response(const void *buf, size_t len,
+                                                shmipc_serve_response *r);
+
+/**
+ * The next field of a decoded head (it advances *it). Returns 1 and fills *out, 0 when no
+ * field is left, or SHMIPC_EINVAL for NULL.
+ */
+SHMIPC_API int shmipc_serve_fields_next(shmipc_serve_fields *it, shmipc_serve_field *out);
+
+/**
+ * Writes a whole REQUEST_HEAD frame into out (cap bytes) with the nfields fields (fields may be
+ * NULL when nfields is 0). Returns the bytes written; SHMIPC_EMSGSIZE when cap is too small or
+ * a limit is exceeded (SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD bytes always suffice);
+ * SHMIPC_EINVAL for NULL, r->size too small, or a field the decoder would refuse.
+ */
+SHMIPC_API int64_t shmipc_serve_encode_request_head(void *out, size_t cap,
+                                                    const shmipc_serve_request *r,
+                                                    const shmipc_serve_field *fields,
+                                                    size_t nfields);
+
+/** As shmipc_serve_encode_request_head(), for a RESPONSE_HEAD. */
+SHMIPC_API int64_t shmipc_serve_encode_response_head(void *out, size_t cap,
+                                                     const shmipc_serve_response *r,
+                                                     const shmipc_serve_field *fields,
+                                                     size_t nfields);
+
+/**
+ * The 12-byte header of a frame whose payload the caller sends behind it (BODY, END, ABORT,
+ * WS_DATA, WS_PING, WS_PONG, WS_CLOSE), into out (cap >= 12). Returns 12, SHMIPC_EINVAL (NULL,
+ * a head type, a bad arg) or SHMIPC_EMSGSIZE (cap, or length over the type's limit).
+ */
+SHMIPC_API int shmipc_serve_encode_header(void *out, size_t cap, uint32_t type, size_t length,
+                                          uint32_t arg);
+
+/**
+ * A whole frame of one of the types of encode_header, header and payload copied into out.
+ * Checks the payload as the decoder does (WS_CLOSE's code and reason; an ABORT text is not
+ * checked for UTF-8). payload may be NULL when len is 0. Returns 12 + len or a negative code.
+ */
+SHMIPC_API int64_t shmipc_serve_encode_frame(void *out, size_t cap, uint32_t type, uint32_t arg,
+                                             const void *payload, size_t len);
+
+/**
+ * A WS_CLOSE frame: code 0 sends none (then no reason). Returns its size, SHMIPC_EINVAL (a
+ * reserved code, a reason that is not UTF-8 or has no code) or SHMIPC_EMSGSIZE.
+ */
+SHMIPC_API int64_t shmipc_serve_encode_ws_close(void *out, size_t cap, uint32_t code,
+                                                const void *reason, size_t reason_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SHMIPC_SERVE_H */
