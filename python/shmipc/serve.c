@@ -1,12 +1,11 @@
 /*
- * serve.c - the shmipc._serve extension: the shmipc-serve frame codec (core/net/serve_frame.c,
+ * serve.c - the shmipc._serve extension: the shmipc-serve frame codec (shmipc_serve.h,
  * docs/serve.md "Protocol") for Python workers. The hot call is decode_request(), which
  * turns a whole REQUEST_HEAD frame into a PEP 3333 environ dict in one pass, so a WSGI worker
  * does no per-header work in Python. The encoders write whole frames as bytes.
  *
- * This is a module of its own, not part of _shmipc: the codec is internal to libshmipc (no
- * public ABI yet), so it is linked here from the core's static archive, with hidden
- * visibility like everything in it.
+ * A module of its own beside _shmipc: it calls the public codec of shmipc_serve.h directly
+ * (no descriptor table: the calls take structs) and needs none of _shmipc's objects.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -15,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "net/serve_frame.h"
+#include "shmipc_serve.h"
 
 /* Header names common enough that their HTTP_* key is made once, at import. */
 static const char *const common_names[] = {
@@ -56,13 +55,28 @@ static serve_state *state_of(PyObject *module)
     return (serve_state *)PyModule_GetState(module);
 }
 
-static PyObject *frame_error(serve_state *st, long rc, const char *what)
+static PyObject *frame_error(serve_state *st, int64_t rc, const char *what)
 {
     if (rc == 0)
         PyErr_Format(st->frame_error, "%s: an incomplete frame", what);
     else
-        PyErr_Format(st->frame_error, "%s: the frame breaks the protocol (%ld)", what, rc);
+        PyErr_Format(st->frame_error, "%s: the frame breaks the protocol (%lld)", what,
+                     (long long)rc);
     return NULL;
+}
+
+/* A decode_request/_response failure: a whole valid frame of another type is named as such
+ * (the typed decoders refuse it like a bad frame), anything else is frame_error. */
+static PyObject *other_frame_error(serve_state *st, const void *buf, size_t len, int64_t rc,
+                                   const char *what, const char *want)
+{
+    shmipc_serve_frame f = {.size = sizeof f};
+    if (rc < 0 && shmipc_serve_decode(buf, len, &f) == (int64_t)len) {
+        PyErr_Format(st->frame_error, "%s: a %s frame, not %s", what,
+                     shmipc_serve_type_name(f.type), want);
+        return NULL;
+    }
+    return frame_error(st, rc, what);
 }
 
 /* ---- decode_header ---------------------------------------------------------------------- */
@@ -73,8 +87,8 @@ static PyObject *py_decode_header(PyObject *module, PyObject *arg)
     Py_buffer b;
     if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
         return NULL;
-    struct shmipc__sf_frame f;
-    int rc = shmipc__sf_decode_header(b.buf, (size_t)b.len, &f);
+    shmipc_serve_frame f = {.size = sizeof f};
+    int rc = shmipc_serve_decode_header(b.buf, (size_t)b.len, &f);
     PyBuffer_Release(&b);
     if (rc == 0)
         Py_RETURN_NONE;
@@ -137,11 +151,11 @@ static int set_path(PyObject *d, PyObject *key, const uint8_t *p, size_t n)
 }
 
 /* An address as text; 0 when there is none (family none or unix). */
-static int addr_text(const struct shmipc__sf_addr *a, char *out, size_t cap)
+static int addr_text(const shmipc_serve_addr *a, char *out, size_t cap)
 {
-    if (a->family == SHMIPC__SF_AF_INET)
+    if (a->family == SHMIPC_SERVE_AF_INET)
         return inet_ntop(AF_INET, a->addr, out, (socklen_t)cap) != NULL;
-    if (a->family == SHMIPC__SF_AF_INET6)
+    if (a->family == SHMIPC_SERVE_AF_INET6)
         return inet_ntop(AF_INET6, a->addr, out, (socklen_t)cap) != NULL;
     return 0;
 }
@@ -162,7 +176,7 @@ static int set_u64(PyObject *d, PyObject *key, uint64_t n)
     return rc;
 }
 
-static int name_is(const struct shmipc__sf_field *f, const char *lower)
+static int name_is(const shmipc_serve_field *f, const char *lower)
 {
     size_t n = strlen(lower);
     if (f->name_len != n)
@@ -178,9 +192,9 @@ static int name_is(const struct shmipc__sf_field *f, const char *lower)
 }
 
 /* HTTP_<NAME> for a field name; NULL without an error for a name with '_'. */
-static PyObject *http_key(const struct shmipc__sf_field *f)
+static PyObject *http_key(const shmipc_serve_field *f)
 {
-    char key[5 + SHMIPC__SF_MAX_NAME + 1];
+    char key[5 + SHMIPC_SERVE_MAX_NAME + 1];
     memcpy(key, "HTTP_", 5);
     for (size_t i = 0; i < f->name_len; i++) {
         uint8_t c = f->name[i];
@@ -201,7 +215,7 @@ static PyObject *http_key(const struct shmipc__sf_field *f)
  * land on the same key as "X-Forwarded-For" and let a client spoof the front's own header.
  * Repeats are joined with ", " (RFC 9110 §5.3), Cookie with "; " (RFC 6265 §5.4).
  */
-static int set_http_field(serve_state *st, PyObject *d, const struct shmipc__sf_field *f)
+static int set_http_field(serve_state *st, PyObject *d, const shmipc_serve_field *f)
 {
     PyObject *k = NULL;
     for (size_t i = 0; i < NCOMMON; i++)
@@ -234,7 +248,7 @@ out:
 }
 
 /* SERVER_NAME and SERVER_PORT from the Host field when the listener has no IP address. */
-static int set_server_from_host(serve_state *st, PyObject *d, const struct shmipc__sf_field *host,
+static int set_server_from_host(serve_state *st, PyObject *d, const shmipc_serve_field *host,
                                 int https)
 {
     const char *dport = https ? "443" : "80";
@@ -283,21 +297,17 @@ static PyObject *py_decode_request(PyObject *module, PyObject *const *args, Py_s
     if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0)
         return NULL;
     PyObject *d = NULL;
-    struct shmipc__sf_frame f;
-    long rc = shmipc__sf_decode(b.buf, (size_t)b.len, &f);
+    shmipc_serve_request req = {.size = sizeof req};
+    int64_t rc = shmipc_serve_decode_request(b.buf, (size_t)b.len, &req);
     if (rc <= 0 || rc != b.len) {
         if (rc > 0)
-            PyErr_Format(st->frame_error, "decode_request: %zd bytes after the frame", b.len - rc);
+            PyErr_Format(st->frame_error, "decode_request: %zd bytes after the frame",
+                         b.len - (Py_ssize_t)rc);
         else
-            frame_error(st, rc, "decode_request");
+            other_frame_error(st, b.buf, (size_t)b.len, rc, "decode_request", "REQUEST_HEAD");
         goto fail;
     }
-    if (f.type != SHMIPC__SF_REQUEST_HEAD) {
-        PyErr_Format(st->frame_error, "decode_request: a %s frame, not REQUEST_HEAD",
-                     shmipc__sf_type_name(f.type));
-        goto fail;
-    }
-    const struct shmipc__sf_request *r = &f.u.req;
+    const shmipc_serve_request *r = &req;
     /* Sized for a typical environ up front: growing a dict from base's size to ~25 keys
      * rehashes it twice, a good part of this call's time. */
     d = _PyDict_NewPresized(32);
@@ -350,7 +360,7 @@ static PyObject *py_decode_request(PyObject *module, PyObject *const *args, Py_s
         goto fail;
     }
 
-    if ((r->flags & SHMIPC__SF_REQ_CONTENT_LENGTH) &&
+    if ((r->flags & SHMIPC_SERVE_REQ_CONTENT_LENGTH) &&
         set_u64(d, st->k_content_length, r->content_length) < 0)
         goto fail;
 
@@ -359,16 +369,16 @@ static PyObject *py_decode_request(PyObject *module, PyObject *const *args, Py_s
         if (set_str(d, st->k_remote_addr, (const uint8_t *)addr, strlen(addr)) < 0 ||
             set_u64(d, st->k_remote_port, r->peer.port) < 0)
             goto fail;
-    } else if (r->peer.family == SHMIPC__SF_AF_UNIX) {
+    } else if (r->peer.family == SHMIPC_SERVE_AF_UNIX) {
         /* nginx's $remote_addr for a unix socket client */
         if (set_str(d, st->k_remote_addr, (const uint8_t *)"unix:", 5) < 0)
             goto fail;
     }
 
-    struct shmipc__sf_field fld, host = {0};
+    shmipc_serve_field fld, host = {0};
     int have_host = 0, have_ctype = 0;
-    struct shmipc__sf_fields it = r->fields;
-    while (shmipc__sf_fields_next(&it, &fld)) {
+    shmipc_serve_fields it = r->fields;
+    while (shmipc_serve_fields_next(&it, &fld)) {
         if (name_is(&fld, "content-length"))
             continue; /* CONTENT_LENGTH comes from the flags: the front checked the value */
         if (name_is(&fld, "content-type")) {
@@ -406,8 +416,7 @@ fail:
  * "bytes-as-unicode") or bytes. On success *fields is a PyMem block pointing into *keep (a
  * list holding the encoded bytes), *n the count.
  */
-static int fields_from(PyObject *pairs, struct shmipc__sf_field **fields, uint16_t *n,
-                       PyObject **keep)
+static int fields_from(PyObject *pairs, shmipc_serve_field **fields, uint16_t *n, PyObject **keep)
 {
     *fields = NULL;
     *n = 0;
@@ -416,14 +425,14 @@ static int fields_from(PyObject *pairs, struct shmipc__sf_field **fields, uint16
     if (seq == NULL)
         return -1;
     Py_ssize_t cnt = PySequence_Fast_GET_SIZE(seq);
-    if (cnt > SHMIPC__SF_MAX_HEADERS) {
+    if (cnt > SHMIPC_SERVE_MAX_HEADERS) {
         PyErr_Format(PyExc_ValueError, "%zd header fields, at most %u", cnt,
-                     SHMIPC__SF_MAX_HEADERS);
+                     SHMIPC_SERVE_MAX_HEADERS);
         Py_DECREF(seq);
         return -1;
     }
     PyObject *keep_list = PyList_New(0);
-    struct shmipc__sf_field *fl = PyMem_Calloc((size_t)cnt + 1, sizeof *fl);
+    shmipc_serve_field *fl = PyMem_Calloc((size_t)cnt + 1, sizeof *fl);
     if (keep_list == NULL || fl == NULL) {
         PyErr_NoMemory();
         goto fail;
@@ -451,7 +460,7 @@ static int fields_from(PyObject *pairs, struct shmipc__sf_field **fields, uint16
             if (rc < 0)
                 goto fail;
             Py_ssize_t len = PyBytes_GET_SIZE(bytes);
-            if (len > (j == 0 ? SHMIPC__SF_MAX_NAME : SHMIPC__SF_MAX_VALUE)) {
+            if (len > (j == 0 ? SHMIPC_SERVE_MAX_NAME : SHMIPC_SERVE_MAX_VALUE)) {
                 PyErr_Format(PyExc_ValueError, "header %s of %zd bytes is over the limit",
                              j == 0 ? "name" : "value", len);
                 goto fail;
@@ -477,16 +486,16 @@ fail:
     return -1;
 }
 
-static PyObject *encoded(long rc, uint8_t *buf, const char *what)
+static PyObject *encoded(int64_t rc, uint8_t *buf, const char *what)
 {
     if (rc > 0) {
-        PyObject *out = PyBytes_FromStringAndSize((const char *)buf, rc);
+        PyObject *out = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)rc);
         PyMem_Free(buf);
         return out;
     }
     PyMem_Free(buf);
-    PyErr_Format(PyExc_ValueError, "%s: a field breaks the protocol's rules or limits (%ld)", what,
-                 rc);
+    PyErr_Format(PyExc_ValueError, "%s: a field breaks the protocol's rules or limits (%lld)", what,
+                 (long long)rc);
     return NULL;
 }
 
@@ -505,16 +514,16 @@ static PyObject *py_encode_response_head(PyObject *module, PyObject *args, PyObj
         PyErr_Format(PyExc_ValueError, "status %d is not in 100..599", status);
         return NULL;
     }
-    struct shmipc__sf_field *fields;
+    shmipc_serve_field *fields;
     uint16_t n;
     PyObject *keep;
     if (fields_from(headers, &fields, &n, &keep) < 0)
         return NULL;
-    struct shmipc__sf_response r = {
-        .flags = flags, .status = (uint16_t)status, .content_length = clen, .nfields = n};
-    size_t cap = SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD;
+    shmipc_serve_response r = {
+        .size = sizeof r, .flags = flags, .status = (uint16_t)status, .content_length = clen};
+    size_t cap = SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD;
     uint8_t *buf = PyMem_Malloc(cap);
-    long rc = buf != NULL ? shmipc__sf_encode_response_head(buf, cap, &r, fields) : 0;
+    int64_t rc = buf != NULL ? shmipc_serve_encode_response_head(buf, cap, &r, fields, n) : 0;
     PyMem_Free(fields);
     Py_DECREF(keep);
     if (buf == NULL)
@@ -523,13 +532,13 @@ static PyObject *py_encode_response_head(PyObject *module, PyObject *args, PyObj
 }
 
 /* (host, port) or None; a host with ':' is IPv6; the string "unix" is a unix socket. */
-static int addr_from(PyObject *o, struct shmipc__sf_addr *a)
+static int addr_from(PyObject *o, shmipc_serve_addr *a)
 {
     memset(a, 0, sizeof *a);
     if (o == Py_None)
         return 0;
     if (PyUnicode_Check(o) && PyUnicode_CompareWithASCIIString(o, "unix") == 0) {
-        a->family = SHMIPC__SF_AF_UNIX;
+        a->family = SHMIPC_SERVE_AF_UNIX;
         return 0;
     }
     const char *host;
@@ -542,9 +551,9 @@ static int addr_from(PyObject *o, struct shmipc__sf_addr *a)
     }
     a->port = (uint16_t)port;
     if (inet_pton(AF_INET, host, a->addr) == 1) {
-        a->family = SHMIPC__SF_AF_INET;
+        a->family = SHMIPC_SERVE_AF_INET;
     } else if (inet_pton(AF_INET6, host, a->addr) == 1) {
-        a->family = SHMIPC__SF_AF_INET6;
+        a->family = SHMIPC_SERVE_AF_INET6;
     } else {
         PyErr_Format(PyExc_ValueError, "%s is not an IP address", host);
         return -1;
@@ -567,11 +576,14 @@ static PyObject *py_encode_request_head(PyObject *module, PyObject *args, PyObje
                                      &scheme))
         return NULL;
     PyObject *out = NULL, *keep = NULL;
-    struct shmipc__sf_field *fields = NULL;
+    shmipc_serve_field *fields = NULL;
     uint16_t n;
-    struct shmipc__sf_request r = {
-        .flags = flags, .version_minor = minor, .scheme = scheme, .content_length = clen};
-    if (method.len > SHMIPC__SF_MAX_METHOD || target.len > SHMIPC__SF_MAX_TARGET) {
+    shmipc_serve_request r = {.size = sizeof r,
+                              .flags = flags,
+                              .version_minor = minor,
+                              .scheme = scheme,
+                              .content_length = clen};
+    if (method.len > SHMIPC_SERVE_MAX_METHOD || target.len > SHMIPC_SERVE_MAX_TARGET) {
         PyErr_SetString(PyExc_ValueError, "method or target over the limit");
         goto out;
     }
@@ -579,17 +591,17 @@ static PyObject *py_encode_request_head(PyObject *module, PyObject *args, PyObje
         fields_from(headers, &fields, &n, &keep) < 0)
         goto out;
     r.method = method.buf;
-    r.method_len = (uint16_t)method.len;
+    r.method_len = (uint32_t)method.len;
     r.target = target.buf;
-    r.target_len = (uint16_t)target.len;
-    r.nfields = n;
-    size_t cap = SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD;
+    r.target_len = (uint32_t)target.len;
+    size_t cap = SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD;
     uint8_t *buf = PyMem_Malloc(cap);
     if (buf == NULL) {
         PyErr_NoMemory();
         goto out;
     }
-    out = encoded(shmipc__sf_encode_request_head(buf, cap, &r, fields), buf, "encode_request_head");
+    out = encoded(shmipc_serve_encode_request_head(buf, cap, &r, fields, n), buf,
+                  "encode_request_head");
 out:
     PyMem_Free(fields);
     Py_XDECREF(keep);
@@ -608,24 +620,26 @@ static PyObject *py_encode_frame(PyObject *module, PyObject *args, PyObject *kw)
         return NULL;
     const void *data = payload.buf != NULL ? payload.buf : "";
     size_t n = payload.buf != NULL ? (size_t)payload.len : 0;
-    struct iovec iov[2];
-    uint8_t hdr[SHMIPC__SF_HDR_SIZE];
-    long rc = type == SHMIPC__SF_REQUEST_HEAD || type == SHMIPC__SF_RESPONSE_HEAD
-                  ? -1
-                  : shmipc__sf_encode_iov(iov, hdr, type, arg, data, n);
+    /* The header's checks first (type, arg, the length's limit), so a payload over the limit
+     * is refused before a bytes object of its size is made; then the whole frame, written
+     * straight into the result. */
+    uint8_t hdr[SHMIPC_SERVE_HDR_SIZE];
     PyObject *out = NULL;
+    int64_t rc = shmipc_serve_encode_header(hdr, sizeof hdr, type, n, arg);
+    if (rc > 0) {
+        out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(SHMIPC_SERVE_HDR_SIZE + n));
+        if (out == NULL)
+            goto done;
+        rc = shmipc_serve_encode_frame(PyBytes_AS_STRING(out), SHMIPC_SERVE_HDR_SIZE + n, type, arg,
+                                       data, n);
+    }
     if (rc < 0) {
+        Py_CLEAR(out);
         PyErr_Format(PyExc_ValueError,
                      "encode_frame: type %u, arg %u and %zu payload bytes break the protocol", type,
                      arg, n);
-    } else {
-        out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)rc);
-        if (out != NULL) {
-            memcpy(PyBytes_AS_STRING(out), hdr, SHMIPC__SF_HDR_SIZE);
-            if (n)
-                memcpy(PyBytes_AS_STRING(out) + SHMIPC__SF_HDR_SIZE, data, n);
-        }
     }
+done:
     if (payload.buf != NULL)
         PyBuffer_Release(&payload);
     return out;
@@ -638,23 +652,21 @@ static PyObject *py_decode_response(PyObject *module, PyObject *arg)
     if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
         return NULL;
     PyObject *list = NULL, *out = NULL;
-    struct shmipc__sf_frame f;
-    long rc = shmipc__sf_decode(b.buf, (size_t)b.len, &f);
+    shmipc_serve_response resp = {.size = sizeof resp};
+    int64_t rc = shmipc_serve_decode_response(b.buf, (size_t)b.len, &resp);
     if (rc <= 0 || rc != b.len) {
-        frame_error(st, rc <= 0 ? rc : -2, "decode_response");
-        goto done;
-    }
-    if (f.type != SHMIPC__SF_RESPONSE_HEAD) {
-        PyErr_Format(st->frame_error, "decode_response: a %s frame, not RESPONSE_HEAD",
-                     shmipc__sf_type_name(f.type));
+        if (rc > 0)
+            frame_error(st, -2, "decode_response");
+        else
+            other_frame_error(st, b.buf, (size_t)b.len, rc, "decode_response", "RESPONSE_HEAD");
         goto done;
     }
     list = PyList_New(0);
     if (list == NULL)
         goto done;
-    struct shmipc__sf_fields it = f.u.resp.fields;
-    struct shmipc__sf_field fld;
-    while (shmipc__sf_fields_next(&it, &fld)) {
+    shmipc_serve_fields it = resp.fields;
+    shmipc_serve_field fld;
+    while (shmipc_serve_fields_next(&it, &fld)) {
         /* latin-1, as WSGI's header strings: a value may hold any byte 0x80-0xFF */
         PyObject *name = PyUnicode_DecodeLatin1((const char *)fld.name, fld.name_len, NULL);
         PyObject *value = PyUnicode_DecodeLatin1((const char *)fld.value, fld.value_len, NULL);
@@ -667,8 +679,8 @@ static PyObject *py_decode_response(PyObject *module, PyObject *arg)
         }
         Py_DECREF(pair);
     }
-    out = Py_BuildValue("(iIKO)", f.u.resp.status, (unsigned)f.arg,
-                        (unsigned long long)f.u.resp.content_length, list);
+    out = Py_BuildValue("(iIKO)", resp.status, (unsigned)resp.flags,
+                        (unsigned long long)resp.content_length, list);
 done:
     Py_XDECREF(list);
     PyBuffer_Release(&b);
@@ -732,40 +744,40 @@ static int serve_exec(PyObject *m)
         const char *name;
         long value;
     } consts[] = {
-        {"REQUEST_HEAD", SHMIPC__SF_REQUEST_HEAD},
-        {"BODY", SHMIPC__SF_BODY},
-        {"END", SHMIPC__SF_END},
-        {"RESPONSE_HEAD", SHMIPC__SF_RESPONSE_HEAD},
-        {"ABORT", SHMIPC__SF_ABORT},
-        {"WS_DATA", SHMIPC__SF_WS_DATA},
-        {"WS_PING", SHMIPC__SF_WS_PING},
-        {"WS_PONG", SHMIPC__SF_WS_PONG},
-        {"WS_CLOSE", SHMIPC__SF_WS_CLOSE},
-        {"HDR_SIZE", SHMIPC__SF_HDR_SIZE},
-        {"MAX_HEAD", SHMIPC__SF_MAX_HEAD},
-        {"MAX_CHUNK", SHMIPC__SF_MAX_CHUNK},
-        {"MAX_ABORT_TEXT", SHMIPC__SF_MAX_ABORT_TEXT},
-        {"REQ_KEEP_ALIVE", SHMIPC__SF_REQ_KEEP_ALIVE},
-        {"REQ_UPGRADE", SHMIPC__SF_REQ_UPGRADE},
-        {"REQ_HAS_BODY", SHMIPC__SF_REQ_HAS_BODY},
-        {"REQ_CHUNKED", SHMIPC__SF_REQ_CHUNKED},
-        {"REQ_CONTENT_LENGTH", SHMIPC__SF_REQ_CONTENT_LENGTH},
-        {"REQ_EXPECT_CONTINUE", SHMIPC__SF_REQ_EXPECT_CONTINUE},
-        {"RESP_CONTENT_LENGTH", SHMIPC__SF_RESP_CONTENT_LENGTH},
-        {"RESP_CLOSE", SHMIPC__SF_RESP_CLOSE},
-        {"ABORT_CLIENT_GONE", SHMIPC__SF_ABORT_CLIENT_GONE},
-        {"ABORT_WORKER_ERROR", SHMIPC__SF_ABORT_WORKER_ERROR},
-        {"ABORT_TIMEOUT", SHMIPC__SF_ABORT_TIMEOUT},
-        {"ABORT_PROTOCOL", SHMIPC__SF_ABORT_PROTOCOL},
-        {"ABORT_TOO_LARGE", SHMIPC__SF_ABORT_TOO_LARGE},
-        {"ABORT_SHUTDOWN", SHMIPC__SF_ABORT_SHUTDOWN},
+        {"REQUEST_HEAD", SHMIPC_SERVE_REQUEST_HEAD},
+        {"BODY", SHMIPC_SERVE_BODY},
+        {"END", SHMIPC_SERVE_END},
+        {"RESPONSE_HEAD", SHMIPC_SERVE_RESPONSE_HEAD},
+        {"ABORT", SHMIPC_SERVE_ABORT},
+        {"WS_DATA", SHMIPC_SERVE_WS_DATA},
+        {"WS_PING", SHMIPC_SERVE_WS_PING},
+        {"WS_PONG", SHMIPC_SERVE_WS_PONG},
+        {"WS_CLOSE", SHMIPC_SERVE_WS_CLOSE},
+        {"HDR_SIZE", SHMIPC_SERVE_HDR_SIZE},
+        {"MAX_HEAD", SHMIPC_SERVE_MAX_HEAD},
+        {"MAX_CHUNK", SHMIPC_SERVE_MAX_CHUNK},
+        {"MAX_ABORT_TEXT", SHMIPC_SERVE_MAX_ABORT_TEXT},
+        {"REQ_KEEP_ALIVE", SHMIPC_SERVE_REQ_KEEP_ALIVE},
+        {"REQ_UPGRADE", SHMIPC_SERVE_REQ_UPGRADE},
+        {"REQ_HAS_BODY", SHMIPC_SERVE_REQ_HAS_BODY},
+        {"REQ_CHUNKED", SHMIPC_SERVE_REQ_CHUNKED},
+        {"REQ_CONTENT_LENGTH", SHMIPC_SERVE_REQ_CONTENT_LENGTH},
+        {"REQ_EXPECT_CONTINUE", SHMIPC_SERVE_REQ_EXPECT_CONTINUE},
+        {"RESP_CONTENT_LENGTH", SHMIPC_SERVE_RESP_CONTENT_LENGTH},
+        {"RESP_CLOSE", SHMIPC_SERVE_RESP_CLOSE},
+        {"ABORT_CLIENT_GONE", SHMIPC_SERVE_ABORT_CLIENT_GONE},
+        {"ABORT_WORKER_ERROR", SHMIPC_SERVE_ABORT_WORKER_ERROR},
+        {"ABORT_TIMEOUT", SHMIPC_SERVE_ABORT_TIMEOUT},
+        {"ABORT_PROTOCOL", SHMIPC_SERVE_ABORT_PROTOCOL},
+        {"ABORT_TOO_LARGE", SHMIPC_SERVE_ABORT_TOO_LARGE},
+        {"ABORT_SHUTDOWN", SHMIPC_SERVE_ABORT_SHUTDOWN},
     };
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0)
             return -1;
     for (size_t i = 0; i < NCOMMON; i++) {
-        struct shmipc__sf_field f = {.name = (const uint8_t *)common_names[i],
-                                     .name_len = (uint16_t)strlen(common_names[i])};
+        shmipc_serve_field f = {.name = (const uint8_t *)common_names[i],
+                                .name_len = (uint16_t)strlen(common_names[i])};
         if ((st->common_keys[i] = http_key(&f)) == NULL)
             return -1;
         PyUnicode_InternInPlace(&st->common_keys[i]);
