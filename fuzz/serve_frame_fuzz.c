@@ -4,9 +4,12 @@
  * Input: a stream of frames as a front or a worker sends them. The oracles, beyond the
  * sanitizers: a decoded frame never claims more bytes than it was given and its fields lie
  * inside it; every shorter prefix of a valid frame is "need more" (0); re-encoding a decoded
- * frame gives the same bytes; errors are only SHMIPC_EPROTO or SHMIPC_EMSGSIZE.
+ * frame gives the same bytes; errors are only SHMIPC_EPROTO or SHMIPC_EMSGSIZE. The public
+ * codec (shmipc_serve.h) decodes every frame as the core does and re-encodes it to the same
+ * bytes.
  */
 #include "net/serve_frame.h"
+#include "shmipc_serve.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,7 +19,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static uint8_t out[SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD];
+/* Room for the largest frame: a BODY or WS_DATA chunk (1 MiB) is larger than a head. */
+_Static_assert(SHMIPC__SF_MAX_CHUNK >= SHMIPC__SF_MAX_HEAD, "the largest payload");
+static uint8_t out[SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_CHUNK];
 static struct shmipc__sf_field fields[SHMIPC__SF_MAX_HEADERS];
 
 /* Walks the fields of a head, checks they lie in [p, end), and copies them for re-encoding. */
@@ -59,6 +64,54 @@ static void check_round_trip(const uint8_t *buf, long n, struct shmipc__sf_frame
         abort();
 }
 
+static shmipc_serve_field pub_fields[SHMIPC_SERVE_MAX_HEADERS];
+
+static uint32_t pub_walk(shmipc_serve_fields it, uint32_t n)
+{
+    shmipc_serve_field f;
+    uint32_t k = 0;
+    int rc;
+    while ((rc = shmipc_serve_fields_next(&it, &f)) == 1) {
+        if (k >= n || f.name != fields[k].name || f.name_len != fields[k].name_len ||
+            f.value != fields[k].value || f.value_len != fields[k].value_len)
+            abort();
+        pub_fields[k++] = f;
+    }
+    if (rc != 0 || k != n)
+        abort();
+    return k;
+}
+
+/* The public codec over a frame the core decoded as f (fields[] holds its fields). */
+static void check_public(const uint8_t *buf, long n, const struct shmipc__sf_frame *f)
+{
+    shmipc_serve_frame pf = {.size = sizeof pf};
+    if (shmipc_serve_decode(buf, (size_t)n, &pf) != n || pf.type != f->type ||
+        pf.length != f->length || pf.arg != f->arg || pf.payload != f->payload)
+        abort();
+    int64_t m;
+    if (f->type == SHMIPC__SF_REQUEST_HEAD) {
+        shmipc_serve_request r = {.size = sizeof r};
+        if (shmipc_serve_decode_request(buf, (size_t)n, &r) != n)
+            abort();
+        uint32_t k = pub_walk(r.fields, r.nfields);
+        m = shmipc_serve_encode_request_head(out, sizeof(out), &r, pub_fields, k);
+    } else if (f->type == SHMIPC__SF_RESPONSE_HEAD) {
+        shmipc_serve_response r = {.size = sizeof r};
+        if (shmipc_serve_decode_response(buf, (size_t)n, &r) != n)
+            abort();
+        uint32_t k = pub_walk(r.fields, r.nfields);
+        m = shmipc_serve_encode_response_head(out, sizeof(out), &r, pub_fields, k);
+    } else {
+        shmipc_serve_request r = {.size = sizeof r};
+        if (shmipc_serve_decode_request(buf, (size_t)n, &r) != SHMIPC_EPROTO)
+            abort();
+        m = shmipc_serve_encode_frame(out, sizeof(out), pf.type, pf.arg, pf.payload, pf.length);
+    }
+    if (m != n || memcmp(out, buf, (size_t)n) != 0)
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     size_t at = 0;
@@ -82,6 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             h.type != f.type || h.length != f.length || h.arg != f.arg)
             abort();
         check_round_trip(data + at, n, &f);
+        check_public(data + at, n, &f);
         /* Prefixes: a few lengths, each an exact heap copy so a read past it is caught. */
         size_t cuts[] = {0, 1, 4, 11, 12, (size_t)n / 2, (size_t)n - 1};
         for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
