@@ -1,0 +1,233 @@
+/*
+ * shmipc-bench ipc, statistics: clocks and CPU accounting (client and echo server), percentiles
+ * and the medians of the rounds, the idle CPU of each transport and of a watched V4 polling
+ * session, and the memcpy floor.
+ */
+#include "ipc_bench.h"
+
+/* The local echo server's CPU-time clock (clock_getcpuclockid), when the kernel gives it. */
+clockid_t server_clock;
+int server_clock_ok;
+
+uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t clock_ns(clockid_t clk)
+{
+    struct timespec ts;
+    if (clock_gettime(clk, &ts) != 0)
+        return UINT64_MAX;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* CPU time this process (the client: one thread) has used, user and system. */
+uint64_t client_cpu_ns(void)
+{
+    return clock_ns(CLOCK_PROCESS_CPUTIME_ID);
+}
+
+/*
+ * CPU time the local echo server (a forked child) has used, user and system: its CPU-time
+ * clock, read from here, to the nanosecond; where the kernel refuses that, utime + stime
+ * from /proc/PID/stat (in clock ticks, usually 10 ms). UINT64_MAX without a local server.
+ */
+uint64_t server_cpu_ns(void)
+{
+    if (server_pid <= 0)
+        return UINT64_MAX;
+    if (server_clock_ok) {
+        uint64_t v = clock_ns(server_clock);
+        if (v != UINT64_MAX)
+            return v;
+    }
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)server_pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return UINT64_MAX;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* Fields after the command, which ends at the last ')': state is field 3, utime 14. */
+    char *p = strrchr(buf, ')');
+    unsigned long long ut, st;
+    if (p == NULL ||
+        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return UINT64_MAX;
+    long hz = sysconf(_SC_CLK_TCK);
+    return (ut + st) * (1000000000ull / (uint64_t)(hz > 0 ? hz : 100));
+}
+
+const char *const pct_key[NPCT] = {"p50", "p90", "p99", "p99_9", "max"};
+const unsigned pct_permille[NPCT] = {500, 900, 990, 999, 1000};
+
+int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * What watching one idle V4 polling session costs the echo server: its CPU time over a quiet
+ * spell, as a fraction of one CPU, with the polling session watched and without (the baseline:
+ * every other session idle). -1 when not measured.
+ */
+double idle_watched = -1, idle_unwatched = -1;
+int idle_ms;
+
+struct lat_cell *lat_at(struct results *r, int si, int t, int round)
+{
+    return &r->lat[((size_t)si * T_COUNT + (size_t)t) * MAX_ROUNDS + (size_t)round];
+}
+
+struct par_cell *par_at(struct results *r, int si, int ci, int t, int round)
+{
+    return &r->par[(((size_t)si * MAX_COUNTS + (size_t)ci) * T_COUNT + (size_t)t) * MAX_ROUNDS +
+                   (size_t)round];
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    if (n == 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Median over the rounds of one latency figure; 0 when no round measured it. */
+double lat_median(struct results *r, int si, int t, int p)
+{
+    double v[MAX_ROUNDS];
+    int n = 0;
+    for (int k = 0; k < r->rounds_done; k++)
+        if (lat_at(r, si, t, k)->done)
+            v[n++] = lat_at(r, si, t, k)->us[p];
+    return median(v, n);
+}
+
+double par_median(struct results *r, int si, int ci, int t, int mib)
+{
+    double v[MAX_ROUNDS];
+    int n = 0;
+    for (int k = 0; k < r->rounds_done; k++) {
+        struct par_cell *pc = par_at(r, si, ci, t, k);
+        if (pc->done)
+            v[n++] = mib ? pc->mibps : pc->rtps;
+    }
+    return median(v, n);
+}
+
+/*
+ * What an idle session costs, per transport: one round trip, then the CPU time of both
+ * processes over idle_ms of quiet (as a share of one CPU). The other sessions have been quiet
+ * since the rounds, so the window holds what this transport's last message leaves behind: a
+ * spin of at most the budget, then sleep. -1 when not measured.
+ */
+double idle_share[T_COUNT][2]; /* [t][0] client, [t][1] server */
+int idle_window_ms;
+
+int measure_idle_after(const struct opts *o, const struct client *c)
+{
+    size_t size = o->sizes[0];
+    struct chan *ch = chans_open(c, 1, size);
+    if (ch == NULL)
+        return -1;
+    if (round_trip(c, ch, size, 0, expected_sum[0], 1) < 0) {
+        chans_close(c, ch, 1);
+        return -1;
+    }
+    uint64_t c0 = client_cpu_ns(), s0 = server_cpu_ns(), t0 = now_ns();
+    struct timespec ts = {o->idle_ms / 1000, (long)(o->idle_ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !interrupted)
+        ;
+    uint64_t s1 = server_cpu_ns(), c1 = client_cpu_ns(), t1 = now_ns();
+    chans_close(c, ch, 1);
+    double span = (double)(t1 - t0);
+    idle_share[c->t][0] = (double)(c1 - c0) / span;
+    idle_share[c->t][1] =
+        s0 == UINT64_MAX || s1 == UINT64_MAX || s1 < s0 ? -1.0 : (double)(s1 - s0) / span;
+    return 0;
+}
+
+/*
+ * The memcpy floor of a large round trip: a payload is copied once into shared memory by the
+ * client and read once on the way back (the echo forwards the slices untouched), so a round
+ * trip cannot beat two passes over its bytes. Measured once, 1 MiB between two buffers that
+ * stay in cache as they would in the benchmark's loop; the median of 64 copies.
+ */
+double memcpy_gibps = -1;
+
+void measure_memcpy(void)
+{
+    const size_t n = 1u << 20;
+    uint8_t *a = malloc(n), *b = malloc(n);
+    uint64_t t[64];
+    if (a == NULL || b == NULL) {
+        free(a);
+        free(b);
+        return;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    for (int i = 0; i < 64; i++) {
+        uint64_t t0 = now_ns();
+        memcpy(i & 1 ? a : b, i & 1 ? b : a, n);
+        __asm__ __volatile__("" ::"r"(a), "r"(b) : "memory");
+        t[i] = now_ns() - t0;
+    }
+    qsort(t, 64, sizeof t[0], cmp_u64);
+    if (t[32] > 0)
+        memcpy_gibps = (double)n / (double)t[32] * 1e9 / (double)(1u << 30);
+    free(a);
+    free(b);
+}
+
+/* The echo server's CPU time over `ms` of quiet, as a fraction of one CPU; -1 if unknown. */
+static double idle_server_share(int ms)
+{
+    uint64_t s0 = server_cpu_ns(), t0 = now_ns();
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !interrupted)
+        ;
+    uint64_t s1 = server_cpu_ns(), t1 = now_ns();
+    if (s0 == UINT64_MAX || s1 == UINT64_MAX || s1 < s0 || t1 <= t0)
+        return -1;
+    return (double)(s1 - s0) / (double)(t1 - t0);
+}
+
+/*
+ * What an idle V4 polling session costs the server: its CPU share while every session is
+ * quiet, with the polling session watched (its timer firing every interval) and without.
+ */
+int measure_idle(const struct opts *o, struct local *lc)
+{
+    idle_ms = o->quick ? 200 : 1000;
+    if (server_watch_polling(lc, 0) < 0)
+        return -1;
+    /* Let the server finish with the warm-up's streams (it probes quiet ones every 50 ms). */
+    idle_server_share(2 * (int)(STALE_NS / 1000000u));
+    double off = idle_server_share(idle_ms);
+    if (server_watch_polling(lc, 1) < 0)
+        return -1;
+    double on = idle_server_share(idle_ms);
+    if (server_watch_polling(lc, 0) < 0)
+        return -1;
+    if (on >= 0 && off >= 0) {
+        idle_watched = on;
+        idle_unwatched = off;
+        printf("idle echo server over %d ms: %.1f%% of a CPU with the V4 polling session "
+               "watched (every %" PRIu32 " µs), %.1f%% without\n",
+               idle_ms, 100 * on, o->polling_us, 100 * off);
+    }
+    return 0;
+}
