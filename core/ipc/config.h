@@ -47,14 +47,14 @@ struct shmipc_config {
      */
     uint32_t max_pending_streams;
     uint64_t max_fallback_unread;
-    /* Longest spin of a waiter before it sleeps, in µs (0: never spin); see session.c. */
+    /* Longest spin of a waiter before it sleeps, in µs (0: never spin); see session_wait.c. */
     uint32_t spin_us;
 };
 
 /* Most a waiter may spin: 100 ms, far past any gap worth spinning for. */
 #define SHMIPC__SPIN_US_MAX 100000u
 
-/* The spin budget a new config starts with: SHMIPC_SPIN_US, else the default (session.c). */
+/* The spin budget a new config starts with: SHMIPC_SPIN_US, else the default (session_wait.c). */
 uint32_t shmipc__spin_default_us(void);
 
 /*

@@ -262,7 +262,7 @@ int shmipc__stream_shutdown(shmipc_stream *st);
 void shmipc__stream_close_handle(shmipc_stream *st);
 /*
  * 1 if a stream given back to a session manager's pool may be handed out again (the next user
- * finds it as new), else 0. Takes the session's lock: see session.c for the lock order.
+ * finds it as new), else 0. Takes the session's lock: see session_stream.c for the lock order.
  */
 int shmipc__stream_reusable(shmipc_stream *st);
 
