@@ -99,7 +99,15 @@ def make_pair():
     made = []
 
     def make(client_config=None, server_config=None):
-        p = Pair(client_config or default_config(), server_config or default_config())
+        # The handshake may take as long as the fixture's accept waits (10 s): at the default
+        # 1 s, a client thread stalled for a second on a loaded machine (CI beside other
+        # builds) failed the setup of whichever test came next, with "handshake failed:
+        # SHMIPC_ETIMEDOUT" on the listener's side. Tests of the handshake timeout itself
+        # build their own configs.
+        p = Pair(
+            client_config or default_config(initialize_timeout=10.0),
+            server_config or default_config(initialize_timeout=10.0),
+        )
         made.append(p)
         return p
 
