@@ -32,6 +32,7 @@ build = {
             "bindings/config.c",
             "bindings/error.c",
             "bindings/session.c",
+            "bindings/serve.c",
             "bindings/server.c",
             "bindings/ws.c",
             "core/common/env.c",
