@@ -610,9 +610,18 @@ int shmipc__chain_next(struct shmipc__chain *c, struct shmipc__chain_slice *out)
         return shmipc__fail(SHMIPC_EPROTO,
                             "chain: slice %u has start %u + size %u beyond its %u bytes", off,
                             start, size, cap);
+    /*
+     * Test and set in one step: a pop of this process takes the slice with the same fetch-or
+     * (list_pop), so when the peer announces a slice a free list is handing us at the same
+     * moment, exactly one of the two sees the other's bit. The load above only gives the
+     * common case its own message.
+     */
+    if (c->held != NULL && (__atomic_fetch_or(&c->held[index / 64], bit, __ATOMIC_RELAXED) & bit))
+        return shmipc__fail(SHMIPC_EPROTO,
+                            "chain: link %u names slice %u, which this process took from a free "
+                            "list meanwhile (a slice handed out twice)",
+                            c->steps, off);
     __atomic_store_n(u32_at(bm, off + SLICE_SIZE), SHMIPC__BM_CLAIMED, __ATOMIC_RELAXED);
-    if (c->held != NULL)
-        __atomic_fetch_or(&c->held[index / 64], bit, __ATOMIC_RELAXED);
     out->index = index;
     out->offset = off;
     out->list = (uint32_t)li;

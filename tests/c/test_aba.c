@@ -407,6 +407,102 @@ static void legal_load_never_reports_a_double_hand_out(void **state)
     free(ld);
 }
 
+/* ---- The walk and a pop racing for one slice ---- */
+
+#define RACE_ROUNDS 200000
+
+struct race {
+    struct shmipc__buffer bm;
+    uint64_t *held;
+    uint32_t off; /* the free list's head this round: popped by one, announced to the other */
+    int pop_rc, walk_rc;
+    uint32_t popped;
+    unsigned round;   /* both threads start round r when it reaches r (spin barrier) */
+    unsigned arrived; /* threads done with the current round */
+};
+
+static void race_wait_round(struct race *r, unsigned n)
+{
+    while (__atomic_load_n(&r->round, __ATOMIC_ACQUIRE) != n)
+        ;
+}
+
+/* One delay per round, so that the two threads' critical instructions meet at every skew. */
+static void race_skew(unsigned n)
+{
+    for (volatile unsigned i = 0; i < n % 97; i++)
+        ;
+}
+
+static void *race_popper(void *arg)
+{
+    struct race *r = arg;
+    for (unsigned n = 1; n <= RACE_ROUNDS; n++) {
+        race_wait_round(r, n);
+        if (n % 2)
+            race_skew(n);
+        struct shmipc__slice sl;
+        r->pop_rc = shmipc__buffer_alloc(&r->bm, 1, &sl);
+        r->popped = r->pop_rc == 0 ? sl.offset : 0;
+        __atomic_add_fetch(&r->arrived, 1, __ATOMIC_ACQ_REL);
+    }
+    return NULL;
+}
+
+/*
+ * Regression: the receive walk tested a slice's bit in `held` and set it later, so a pop that
+ * took the same slice in between (ABA in the peer's pop left it at the head of a free list
+ * while the peer announced it to us) went unseen: the slice was both in our writer's hands and
+ * in a stream's chunks. Test and set are one atomic step on both sides now: one of the two
+ * always fails with SHMIPC_EPROTO.
+ */
+static void walk_and_pop_of_one_slice_never_both_take_it(void **state)
+{
+    (void)state;
+    static const shmipc_slice_class classes[] = {{64, 100}};
+    size_t size = 64 * 1024;
+    void *base = aligned_alloc(4096, size);
+    struct race *r = calloc(1, sizeof *r);
+    pthread_t t;
+    unsigned both = 0;
+    assert_non_null(base);
+    assert_non_null(r);
+    assert_int_equal(shmipc__buffer_format(&r->bm, base, size, classes, 1), 0);
+    assert_non_null(r->held = shmipc__held_new(&r->bm));
+    r->bm.held = r->held;
+    const struct shmipc__buffer_list *l = &r->bm.lists[0];
+    assert_int_equal(pthread_create(&t, NULL, race_popper, r), 0);
+    for (unsigned n = 1; n <= RACE_ROUNDS; n++) {
+        uint32_t head =
+            __atomic_load_n((uint32_t *)(void *)(r->bm.base + l->offset + 8), __ATOMIC_ACQUIRE);
+        r->off = l->region + head;
+        __atomic_store_n(&r->round, n, __ATOMIC_RELEASE);
+        if (n % 2 == 0)
+            race_skew(n);
+        struct shmipc__chain c;
+        struct shmipc__chain_slice cs;
+        shmipc__chain_begin(&c, &r->bm, r->off);
+        c.held = r->held;
+        r->walk_rc = shmipc__chain_next(&c, &cs);
+        while (__atomic_load_n(&r->arrived, __ATOMIC_ACQUIRE) != n)
+            ;
+        assert_true(r->pop_rc == 0 || r->pop_rc == SHMIPC_EPROTO);
+        assert_true(r->pop_rc != 0 || r->popped == r->off);
+        if (r->pop_rc == 0 && r->walk_rc == 1)
+            both++;
+        /* Whoever took it, the slice goes back; the round's state is cleared for the next. */
+        shmipc__held_drop(&r->bm, r->held, r->off);
+        assert_int_equal(shmipc__buffer_free(&r->bm, r->off), 0);
+        assert_int_equal(shmipc__held_count(&r->bm, r->held), 0);
+    }
+    pthread_join(t, NULL);
+    free(r->held);
+    free(r);
+    free(base);
+    if (both != 0)
+        fail_msg("%u of %d rounds: the walk and a pop both took one slice", both, RACE_ROUNDS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -414,6 +510,7 @@ int main(void)
         cmocka_unit_test(pop_of_a_slice_we_hold_for_reading_ends_the_session),
         cmocka_unit_test(pop_of_a_slice_taken_from_our_cache_ends_the_session),
         cmocka_unit_test(legal_load_never_reports_a_double_hand_out),
+        cmocka_unit_test(walk_and_pop_of_one_slice_never_both_take_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
