@@ -84,9 +84,6 @@ struct shmipc__loop_stats {
     uint64_t batch_trials;   /**< comparisons of CPU per completion, batched against plain */
     uint64_t batch_chosen;   /**< those that batching won */
     uint64_t batch_idle;     /**< those lost because the loop was busy under half the time */
-    /** batched waits that returned with fewer completions than they asked for: they held
-     *  what had come until their time bound (or a timer) */
-    uint64_t batch_short;
 };
 
 /**

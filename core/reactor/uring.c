@@ -122,9 +122,6 @@ struct uring_state {
     uint64_t batch_resume_ns;
     uint64_t batch_failed_ns; /* when a batched wait last gathered too little */
     unsigned batch_backoff_ms;
-    /* Receive completions a batched wait may ask for: what came within one bound (see
-     * batch_learn()). */
-    unsigned batch_fit;
     /* The comparison: its phase, when the phase ends, the CPU clock and completion count at
      * its start, the plain trial's cost (ns per completion; 0: not measured), the choice. */
     int ctl;
@@ -691,30 +688,6 @@ static unsigned batch_target(struct shmipc__loop *loop, struct uring_state *s)
 }
 
 /*
- * After a batched wait that asked for wait_nr completions, `sends` of them its own sends':
- * how many receives the next one may ask for. A wait that returned short, at its bound, held
- * what had come while the loop had nothing else to do, waiting for completions that could
- * not come in time: one per busy connection assumes that every client sends again within the
- * bound, which a client that reads each answer before it sends (wrk), and takes longer than
- * the bound to get through all of them (10 KiB answers to 64 connections: issue 18, item
- * 8), does not. So the next waits ask for the receives that came within that bound, and for
- * twice as many once more came than they asked for (the load grew), up to the busy
- * connections. A wait ended by an earlier timer says nothing about the rate.
- */
-static void batch_learn(struct shmipc__loop *loop, struct uring_state *s, unsigned wait_nr,
-                        unsigned sends, int by_timer)
-{
-    unsigned got = io_uring_cq_ready(&s->ring);
-    if (got < wait_nr) {
-        loop->stats.batch_short++;
-        if (!by_timer)
-            s->batch_fit = got > sends + 1 ? got - sends : 1; /* at least 1 */
-    } else if (got > wait_nr && s->batch_fit < BATCH_MAX) {
-        s->batch_fit = s->batch_fit * 2 < BATCH_MAX ? s->batch_fit * 2 : BATCH_MAX;
-    }
-}
-
-/*
  * io_uring_submit_and_wait_timeout() with a wait for more than one completion and the
  * kernel's minimum timeout, which liburing 2.3 cannot ask for: publishes the queued SQEs as
  * liburing does, then makes the one enter. Returns what the enter returns, or -errno.
@@ -725,8 +698,7 @@ static int submit_and_wait(struct shmipc__loop *loop, struct uring_state *s, int
     struct io_uring_getevents_arg arg;
     struct __kernel_timespec ts;
     unsigned flags = IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG;
-    unsigned wait_nr = 1, target = batch_target(loop, s), submit, sends = s->sends_queued;
-    int batched = 0, by_timer = 0;
+    unsigned wait_nr = 1, target = batch_target(loop, s), submit;
     int64_t batch_ns = (int64_t)loop->batch_us * 1000;
     long rc;
 
@@ -741,15 +713,11 @@ static int submit_and_wait(struct shmipc__loop *loop, struct uring_state *s, int
     if (target > 0 && timeout_ns != 0 && io_uring_cq_ready(&s->ring) == 0) {
         /* The sends complete as they are submitted, mostly: their completions do not count
          * toward the batch. A send that waits for socket space instead makes the batch one
-         * short, which the time bound covers. Never more receives than can come within the
-         * bound (batch_learn()). */
-        if (target > s->batch_fit)
-            target = s->batch_fit;
-        wait_nr = sends + target;
-        batched = 1;
+         * short, which the time bound covers. */
+        wait_nr = s->sends_queued + target;
         s->window_batched++;
         if (timeout_ns > 0 && timeout_ns <= batch_ns)
-            by_timer = 1; /* the first timer ends the wait before batch_us would */
+            ; /* the first timer ends the wait before batch_us would */
         else if (s->min_timeout)
             arg.pad = loop->batch_us; /* min_wait_usec in kernel 6.12's layout */
         else
@@ -766,11 +734,7 @@ static int submit_and_wait(struct shmipc__loop *loop, struct uring_state *s, int
         flags |= IORING_ENTER_REGISTERED_RING;
     rc = syscall(__NR_io_uring_enter, s->ring_registered ? s->ring.enter_ring_fd : s->ring.ring_fd,
                  submit, wait_nr, flags, &arg, sizeof arg);
-    if (rc < 0 && errno != ETIME)
-        return -errno;
-    if (batched)
-        batch_learn(loop, s, wait_nr, sends, by_timer);
-    return rc < 0 ? -ETIME : (int)rc;
+    return rc < 0 ? -errno : (int)rc;
 }
 
 static int ur_poll(struct shmipc__loop *loop, int64_t timeout_ns)
@@ -999,7 +963,6 @@ static int ur_init(struct shmipc__loop *loop, int *setup_errno)
     s->min_timeout = (p.features & IORING_FEAT_MIN_TIMEOUT) != 0;
     s->window = 1; /* a new conn's rx_window is 0: its first receive counts */
     s->batch_backoff_ms = 1;
-    s->batch_fit = BATCH_MAX;
     if ((p.features & IORING_FEAT_EXT_ARG) == 0 || (p.features & IORING_FEAT_NODROP) == 0) {
         rc = setup_failed(setup_errno, EOPNOTSUPP, "io_uring: kernel lacks EXT_ARG/NODROP");
         goto err;

@@ -349,13 +349,10 @@ static void batching_can_be_off(void **state)
 }
 
 /*
- * Many connections, but one request in flight at a time: a batched wait gathers a single
- * request, so after a window of such waits batching pauses (and the pause doubles). Since
- * such waits ask only for what can come (batched_wait_asks_only_what_can_come) they end
- * with their request instead of sitting out their bound, so a window holds more of them
- * than it did (up to 1 wait in 5 here). Whether the loop sees 16 busy connections in a
- * millisecond depends on the machine's speed (sanitizers slow it); when it did, most waits
- * must still have been plain ones.
+ * Many connections, but one request in flight at a time: a batched wait would sit out its
+ * window for a single request, so after such a wait batching pauses (and the pause doubles).
+ * Whether the loop sees 16 busy connections in a millisecond depends on the machine's speed
+ * (sanitizers slow it); when it did, most waits must still have been plain ones.
  */
 static void sparse_requests_back_off(void **state)
 {
@@ -363,30 +360,7 @@ static void sparse_requests_back_off(void **state)
     (void)state;
     if (st.batched > 0)
         assert_true(st.batch_backoffs > 0);
-    assert_true(st.batched * 3 <= st.waits);
-}
-
-/*
- * Issue 18, item 8: one request at a time over 64 connections, every wait batched, with a
- * 10 ms bound. Only one receive can come per wait (the client waits for each answer), so a
- * wait that asks for one per busy connection can only end at its bound, with the request in
- * hand and nothing else to do. After the first such wait, a batched wait asks for no more
- * completions than came within a bound, and ends when they are there.
- */
-static void batched_wait_asks_only_what_can_come(void **state)
-{
-    struct shmipc__loop_opts o = suite_opts;
-    struct shmipc__loop_stats st;
-    (void)state;
-
-    o.batch_always = 1;
-    o.batch_us = 10000;
-    st = drive_echo(&o, one_at_a_time, 10);
-    print_message("one at a time, 10 ms bound: %llu waits, %llu batched, %llu short, "
-                  "%llu backoffs\n",
-                  (unsigned long long)st.waits, (unsigned long long)st.batched,
-                  (unsigned long long)st.batch_short, (unsigned long long)st.batch_backoffs);
-    assert_true(st.batch_short <= 2);
+    assert_true(st.batched * 5 <= st.waits);
 }
 
 /* ---- the adaptive choice: batched against plain waits, by CPU per completion ---- */
@@ -583,7 +557,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(batched_wait_gathers_spaced_requests),
         cmocka_unit_test(batching_can_be_off),
         cmocka_unit_test(sparse_requests_back_off),
-        cmocka_unit_test(batched_wait_asks_only_what_can_come),
         cmocka_unit_test(adaptive_keeps_cheaper_batching),
         cmocka_unit_test(adaptive_drops_dearer_batching),
         cmocka_unit_test(adaptive_idle_loop_stays_plain),
