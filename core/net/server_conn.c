@@ -592,6 +592,10 @@ static void act_hold(struct server_conn *sc)
 static void act_defer_timer(struct server_conn *sc)
 {
     uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    if (sc->answered && !sc->inflight) { /* completed from inside a handler: act_answer */
+        defer_answer(sc);
+        return;
+    }
     if (sc->defer_on && !sc->answered && sc->defer_deadline != 0 && now >= sc->defer_deadline) {
         sc->w->stats.timeouts++;
         shmipc__server_defer_cancel(sc, SHMIPC__SERVER_CANCEL_TIMEOUT);
@@ -703,13 +707,19 @@ refuse:
     return rc;
 }
 
-/* DEFERRED, COMPLETE: the answer goes now, or once the batch in flight has left. */
+/* DEFERRED, COMPLETE: the answer goes now, once the batch in flight has left, or (from inside
+ * a handler) on the timer right after it. */
 static void act_answer(struct server_conn *sc)
 {
-    if (!sc->inflight)
-        defer_answer(sc);
-    else
+    if (sc->inflight)
         defer_deadline(sc);
+    else if (sc->w->in_handler)
+        /* complete() from a route handler (another client's request, as in long polling):
+         * serving here would run this connection's pipelined handlers inside that one, over
+         * the worker's response scratch it is using. The timer answers once it returned. */
+        shmipc__server_conn_set_deadline(sc, shmipc__loop_now_ms(sc->w->loop));
+    else
+        defer_answer(sc);
 }
 
 /* READING, DATA: append the bytes and answer what is complete. */

@@ -106,6 +106,9 @@ struct shmipc__server_worker {
     struct server_conn *conns;
     unsigned nconns;
     int draining;
+    /* A route handler is running: its response lives in the scratch below, which an answer
+     * sent from inside it (complete() for another connection) would overwrite. */
+    unsigned in_handler;
     /* Free lists. */
     struct server_conn *free_conns;
     char *free_rx;

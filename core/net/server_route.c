@@ -168,7 +168,9 @@ int shmipc__server_handle(void *user_data, const struct shmipc__http_request *re
         w->hused = 0;
         resp->headers = w->hdrs;
         resp->nheaders = 0;
+        w->in_handler++;
         rc = rt->fn(&preq, &pres, rt->user_data);
+        w->in_handler--;
         if (pres.deferred) {
             if (rc == 0)
                 return SHMIPC__HTTP_DEFER;

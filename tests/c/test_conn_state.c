@@ -316,6 +316,34 @@ static int h_defer_fail(shmipc_http_request *req, shmipc_http_response *res, voi
     return -1;
 }
 
+/* A pipelined request behind a deferred one: a header of its own. */
+static int h_who_a(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    if (shmipc_http_response_add_header(res, "X-Who", "A-pipelined") < 0)
+        return -1;
+    return shmipc_http_response_body(res, "a", 1);
+}
+
+/* Long polling: another client's request completes the deferred ones from its handler, after
+ * setting its own header; its answer must keep that header (the worker's header scratch is
+ * shared by every handler it runs). */
+static int h_publish(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    if (shmipc_http_response_add_header(res, "X-Who", "B-publisher") < 0)
+        return -1;
+    for (unsigned i = 0; i < nticket; i++) {
+        int rc =
+            shmipc__server_complete(tickets[i], 200, "text/plain", NULL, 0, "done", 4, NULL, NULL);
+        atomic_fetch_add(rc == 0 ? &completed : rc == SHMIPC_ECLOSED ? &stale : &defer_wrong, 1);
+    }
+    nticket = 0;
+    return shmipc_http_response_body(res, "pub", 3);
+}
+
 static void complete_all(void)
 {
     uint64_t one = 1;
@@ -371,6 +399,8 @@ static void tsrv_start(struct tsrv *t, int backend, uint32_t short_ms)
     CHECK(shmipc_server_route(t->s, "GET", "/huge", h_huge, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/defer", h_defer, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/deferfail", h_defer_fail, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/who", h_who_a, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/publish", h_publish, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/defer504", h_defer, (void *)(uintptr_t)300, NULL));
     defer_watch = NULL;
     nticket = 0;
@@ -797,6 +827,52 @@ static void deferred_answer_during_stop_io_uring(void **state)
     deferred_answer_during_stop(SHMIPC_BACKEND_IO_URING);
 }
 
+/* Regression: a handler completing another connection's deferred request ran that
+ * connection's pipelined handlers inside it, over the worker's shared response-header scratch:
+ * the publisher's answer carried the other client's header (cross-client bytes). */
+static void complete_in_other_handler_keeps_its_headers(int backend)
+{
+    struct tsrv t;
+    char buf[4096];
+    tsrv_start(&t, backend, 0);
+    unsigned c0 = atomic_load(&completed);
+    int a = dial(t.port, 0);
+    put(a, DEFER_KA "GET /who HTTP/1.1\r\nHost: x\r\n\r\n");
+    msleep(100); /* deferred, the pipelined request held behind it */
+    int b = dial(t.port, 0);
+    put(b, "GET /publish HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    read_until(b, "", 0, buf, sizeof buf);
+    close(b);
+    if (strstr(buf, "X-Who: B-publisher\r\n") == NULL || strstr(buf, "A-pipelined") != NULL ||
+        strstr(buf, "\r\n\r\npub") == NULL)
+        fail_msg("the publisher's answer: %s", buf);
+    read_until(a, "\r\n\r\na", 1, buf, sizeof buf); /* "done", then the pipelined answer */
+    if (strstr(buf, "\r\n\r\ndone") == NULL || strstr(buf, "X-Who: A-pipelined\r\n") == NULL ||
+        strstr(buf, "B-publisher") != NULL)
+        fail_msg("the deferred client's answers: %s", buf);
+    close(a);
+    assert_int_equal(atomic_load(&completed), c0 + 1);
+    assert_int_equal(atomic_load(&defer_wrong), 0);
+    tsrv_stop(&t);
+}
+
+static void complete_in_other_handler_keeps_its_headers_epoll(void **state)
+{
+    (void)state;
+    complete_in_other_handler_keeps_its_headers(SHMIPC_BACKEND_EPOLL);
+}
+
+static void complete_in_other_handler_keeps_its_headers_io_uring(void **state)
+{
+    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
+    struct shmipc__loop *probe = NULL;
+    (void)state;
+    if (shmipc__loop_new(&o, &probe) != 0)
+        skip();
+    shmipc__loop_free(probe);
+    complete_in_other_handler_keeps_its_headers(SHMIPC_BACKEND_IO_URING);
+}
+
 static void every_cell_walked_epoll(void **state)
 {
     (void)state;
@@ -822,6 +898,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(every_cell_walked_io_uring),
         cmocka_unit_test(deferred_answer_during_stop_epoll),
         cmocka_unit_test(deferred_answer_during_stop_io_uring),
+        cmocka_unit_test(complete_in_other_handler_keeps_its_headers_epoll),
+        cmocka_unit_test(complete_in_other_handler_keeps_its_headers_io_uring),
     };
     int rc;
     if (argc > 1)
