@@ -233,6 +233,11 @@ static int valid_value(const char *s, size_t n)
     return 1;
 }
 
+int shmipc__http_header_valid(const struct shmipc__http_header_out *h)
+{
+    return valid_name(h->name, h->name_len) && valid_value(h->value, h->value_len);
+}
+
 /* A bounded writer: appends until the end, then only remembers that it ran out. */
 struct out {
     char *p;

@@ -102,6 +102,10 @@ static inline int shmipc__http_response_closes(const struct shmipc__http_respons
                (SHMIPC__HTTP_RESP_STREAM | SHMIPC__HTTP_RESP_HTTP10);
 }
 
+/* 1 when the header can be written as given: a token for a name, no CR, LF or other control
+ * byte but tab in the value (shmipc__http_write_head()'s check). */
+int shmipc__http_header_valid(const struct shmipc__http_header_out *h);
+
 /*
  * Writes the head of `r` (status line to the empty line) into out[0..cap). `server` is the
  * Server header's value or NULL. Returns the head's length, SHMIPC_ENOSPC when it does not

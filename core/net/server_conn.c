@@ -33,6 +33,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -619,6 +620,12 @@ static void act_defer_timer(struct server_conn *sc)
     defer_deadline(sc);
 }
 
+static int header_named(const struct shmipc__http_header_out *h, const char *name)
+{
+    size_t n = strlen(name);
+    return h->name_len == n && strncasecmp(h->name, name, n) == 0;
+}
+
 int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
                             const struct shmipc__http_header_out *headers, uint32_t nheaders,
                             const void *body, size_t body_len, shmipc_destroy_cb release,
@@ -638,6 +645,34 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
     if (sc->state != SHMIPC__CS_DEFERRED) { /* from inside the handler that deferred */
         rc = shmipc__fail(SHMIPC_EINVAL, "complete: the handler has not returned yet");
         goto refuse;
+    }
+    /* The owner's head is checked as the handler API checks it (shmipc_http_response_add_header):
+     * the framing headers are the server's alone (a second Content-Length beside ours makes
+     * the client or a proxy in front split the stream elsewhere), and a control byte is
+     * refused now, while the owner can still answer otherwise. */
+    uint16_t close_flag = 0;
+    uint32_t ntype = content_type != NULL;
+    if (content_type != NULL) {
+        struct shmipc__http_header_out ct = {"Content-Type", content_type, 12,
+                                             (uint32_t)strlen(content_type)};
+        if (!shmipc__http_header_valid(&ct)) {
+            rc = shmipc__fail(SHMIPC_EINVAL, "complete: Content-Type has a control byte");
+            goto refuse;
+        }
+    }
+    for (uint32_t i = 0; i < nheaders; i++) {
+        const struct shmipc__http_header_out *hd = &headers[i];
+        if (!shmipc__http_header_valid(hd) || header_named(hd, "Content-Length") ||
+            header_named(hd, "Transfer-Encoding") || header_named(hd, "Date") ||
+            header_named(hd, "Server") ||
+            (header_named(hd, "Connection") &&
+             (hd->value_len != 5 || strncasecmp(hd->value, "close", 5) != 0)) ||
+            (header_named(hd, "Content-Type") && ++ntype > 1)) {
+            rc = shmipc__fail(SHMIPC_EINVAL, "complete: response header %u is refused", i);
+            goto refuse;
+        }
+        if (header_named(hd, "Connection"))
+            close_flag = SHMIPC__HTTP_RESP_CLOSE;
     }
     /* The header array and the content type are copied now: the answer may be batched later
      * (after the batch in flight), when the caller's memory is gone. */
@@ -660,19 +695,24 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
     }
     struct shmipc__http_header_out *h = (struct shmipc__http_header_out *)(meta + 1);
     char *p = (char *)(h + nheaders);
+    uint32_t nh = 0;
     for (uint32_t i = 0; i < nheaders; i++) {
-        h[i] = headers[i];
+        if (header_named(&headers[i], "Connection"))
+            continue; /* "close": a flag, the writer adds the header */
+        h[nh] = headers[i];
         memcpy(p, headers[i].name, headers[i].name_len);
-        h[i].name = p;
+        h[nh].name = p;
         p += headers[i].name_len;
         memcpy(p, headers[i].value, headers[i].value_len);
-        h[i].value = p;
+        h[nh].value = p;
         p += headers[i].value_len;
+        nh++;
     }
     struct shmipc__http_response *r = &sc->http.deferred;
     r->status = (uint16_t)status;
+    r->flags |= close_flag;
     r->headers = h;
-    r->nheaders = nheaders;
+    r->nheaders = nh;
     r->content_type = NULL;
     if (content_type != NULL) {
         memcpy(p, content_type, strlen(content_type) + 1);

@@ -147,7 +147,11 @@ int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
  * release(user_data) runs (also when the answer cannot be used: a stale ticket, an error);
  * without `release` the body is copied too.
  * Returns 0, SHMIPC_ECLOSED for a stale ticket (the deferral was cancelled or completed), or
- * SHMIPC_EINVAL (off the worker thread, a status outside 100-999).
+ * SHMIPC_EINVAL (off the worker thread, a status outside 200-999, a header the handler API
+ * refuses too: a control byte, a name that is no token, Content-Length, Transfer-Encoding,
+ * Date, Server, a Connection other than "close", a second Content-Type); the deferral stays
+ * live after EINVAL. Completing from inside a route handler is allowed: the answer is sent
+ * once that handler returned.
  */
 int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
                             const struct shmipc__http_header_out *headers, uint32_t nheaders,

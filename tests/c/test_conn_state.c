@@ -266,6 +266,30 @@ static void on_cancel(void *data, int reason)
         atomic_fetch_add(&cancels[reason], 1);
 }
 
+/*
+ * An answer's head is the owner's input (an application worker's headers): what the handler
+ * API refuses (a control byte, a name that is no token, the headers the server writes) is
+ * refused here too, and the deferral stays live for a good answer.
+ */
+static atomic_int complete_hostile;
+
+static void complete_refuses_hostile(struct shmipc__server_ticket t)
+{
+    static const struct shmipc__http_header_out bad[] = {
+        /* The framing headers first: the old code sent them beside its own. */
+        {"Content-Length", "0", 14, 1},       {"Transfer-Encoding", "chunked", 17, 7},
+        {"Connection", "keep-alive", 10, 10}, {"X-Bad", "a\r\nX-Injected: 1", 5, 17},
+        {"X-Bad\r\nX-Injected", "2", 18, 1},  {"", "x", 0, 1},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (shmipc__server_complete(t, 200, NULL, &bad[i], 1, "bad", 3, NULL, NULL) !=
+            SHMIPC_EINVAL)
+            atomic_fetch_add(&defer_wrong, 1);
+    if (shmipc__server_complete(t, 200, "text/plain\r\nX-Injected: 3", NULL, 0, "bad", 3, NULL,
+                                NULL) != SHMIPC_EINVAL)
+        atomic_fetch_add(&defer_wrong, 1);
+}
+
 static void defer_ready(struct shmipc__watch *watch, int fd, unsigned events, void *data)
 {
     uint64_t v;
@@ -275,6 +299,8 @@ static void defer_ready(struct shmipc__watch *watch, int fd, unsigned events, vo
     if (read(fd, &v, sizeof v) != (ssize_t)sizeof v)
         return;
     for (unsigned i = 0; i < nticket; i++) {
+        if (atomic_load(&complete_hostile))
+            complete_refuses_hostile(tickets[i]);
         /* Every other answer comes with a release callback (the body referenced until sent),
          * the others are copied. */
         static unsigned turn;
@@ -873,6 +899,48 @@ static void complete_in_other_handler_keeps_its_headers_io_uring(void **state)
     complete_in_other_handler_keeps_its_headers(SHMIPC_BACKEND_IO_URING);
 }
 
+/* Regression: complete() wrote the owner's header names, values and content type as given,
+ * so CR LF in one started a header (or a response) of the owner's making, and a Content-Length
+ * of its own stood beside the server's. */
+static void complete_refuses_header_injection(int backend)
+{
+    struct tsrv t;
+    char buf[4096];
+    tsrv_start(&t, backend, 0);
+    unsigned c0 = atomic_load(&completed);
+    int fd = dial(t.port, 0);
+    put(fd, DEFER_KA);
+    msleep(100);
+    atomic_store(&complete_hostile, 1);
+    complete_all();
+    read_until(fd, "\r\n\r\n", 1, buf, sizeof buf);
+    atomic_store(&complete_hostile, 0);
+    close(fd);
+    if (strstr(buf, "X-Injected") != NULL || strstr(buf, "X-Bad") != NULL ||
+        strstr(buf, "Content-Length: 0") != NULL || strstr(buf, "Content-Length: 4\r\n") == NULL)
+        fail_msg("an answer with a hostile head: %s", buf);
+    assert_int_equal(atomic_load(&completed), c0 + 1);
+    assert_int_equal(atomic_load(&defer_wrong), 0);
+    tsrv_stop(&t);
+}
+
+static void complete_refuses_header_injection_epoll(void **state)
+{
+    (void)state;
+    complete_refuses_header_injection(SHMIPC_BACKEND_EPOLL);
+}
+
+static void complete_refuses_header_injection_io_uring(void **state)
+{
+    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
+    struct shmipc__loop *probe = NULL;
+    (void)state;
+    if (shmipc__loop_new(&o, &probe) != 0)
+        skip();
+    shmipc__loop_free(probe);
+    complete_refuses_header_injection(SHMIPC_BACKEND_IO_URING);
+}
+
 static void every_cell_walked_epoll(void **state)
 {
     (void)state;
@@ -900,6 +968,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(deferred_answer_during_stop_io_uring),
         cmocka_unit_test(complete_in_other_handler_keeps_its_headers_epoll),
         cmocka_unit_test(complete_in_other_handler_keeps_its_headers_io_uring),
+        cmocka_unit_test(complete_refuses_header_injection_epoll),
+        cmocka_unit_test(complete_refuses_header_injection_io_uring),
     };
     int rc;
     if (argc > 1)
