@@ -250,6 +250,7 @@ static atomic_uint stale;       /* complete() returned SHMIPC_ECLOSED */
 static atomic_uint defer_wrong; /* anything else: a failure */
 static atomic_uint released;    /* release callbacks run */
 static atomic_uint to_release;  /* complete() calls given one */
+static atomic_uint deferred_n;  /* requests deferred */
 
 static void count_release(void *ud)
 {
@@ -325,8 +326,10 @@ static int h_defer(shmipc_http_request *req, shmipc_http_response *res, void *ud
         return -1;
     }
     int rc = shmipc__server_defer(res, (uint32_t)(uintptr_t)ud, on_cancel, NULL, &tickets[nticket]);
-    if (rc == 0)
+    if (rc == 0) {
         nticket++;
+        atomic_fetch_add(&deferred_n, 1);
+    }
     return rc;
 }
 
@@ -861,10 +864,10 @@ static void complete_in_other_handler_keeps_its_headers(int backend)
     struct tsrv t;
     char buf[4096];
     tsrv_start(&t, backend, 0);
-    unsigned c0 = atomic_load(&completed);
+    unsigned c0 = atomic_load(&completed), d0 = atomic_load(&deferred_n);
     int a = dial(t.port, 0);
     put(a, DEFER_KA "GET /who HTTP/1.1\r\nHost: x\r\n\r\n");
-    msleep(100); /* deferred, the pipelined request held behind it */
+    wait_count(&deferred_n, d0 + 1); /* the pipelined request held behind it */
     int b = dial(t.port, 0);
     put(b, "GET /publish HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     read_until(b, "", 0, buf, sizeof buf);
@@ -907,10 +910,10 @@ static void complete_refuses_header_injection(int backend)
     struct tsrv t;
     char buf[4096];
     tsrv_start(&t, backend, 0);
-    unsigned c0 = atomic_load(&completed);
+    unsigned c0 = atomic_load(&completed), d0 = atomic_load(&deferred_n);
     int fd = dial(t.port, 0);
     put(fd, DEFER_KA);
-    msleep(100);
+    wait_count(&deferred_n, d0 + 1);
     atomic_store(&complete_hostile, 1);
     complete_all();
     read_until(fd, "\r\n\r\n", 1, buf, sizeof buf);
@@ -919,6 +922,7 @@ static void complete_refuses_header_injection(int backend)
     if (strstr(buf, "X-Injected") != NULL || strstr(buf, "X-Bad") != NULL ||
         strstr(buf, "Content-Length: 0") != NULL || strstr(buf, "Content-Length: 4\r\n") == NULL)
         fail_msg("an answer with a hostile head: %s", buf);
+    wait_count(&completed, c0 + 1); /* counted after complete() returned */
     assert_int_equal(atomic_load(&completed), c0 + 1);
     assert_int_equal(atomic_load(&defer_wrong), 0);
     tsrv_stop(&t);
