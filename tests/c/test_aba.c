@@ -348,6 +348,19 @@ static void *server_main(void *arg)
 static void legal_load_never_reports_a_double_hand_out(void **state)
 {
     (void)state;
+#if defined(__SANITIZE_THREAD__)
+    /*
+     * Not under TSan: both ends of this pair live in this process, each with its own mapping
+     * of the same memfds, and a slice goes from one server thread to another only through the
+     * client's mapping (server writes it, the client frees it and pops it again, the server
+     * reads it). TSan keys memory by address, so it sees no happens-before through the other
+     * mapping and reported about one run in ten a race between write_bytes and probe_locked
+     * on the server's slice that the queue's release/acquire pair orders (review of issue
+     * 19 item 6d). The plain and ASan builds run it; the TSan build keeps the single-thread
+     * cases above and test_spin_stress / test_session for the session's own locking.
+     */
+    skip();
+#endif
     shmipc_config *cfg = small_config();
     struct ipc_pair p;
     struct load *ld = calloc(1, sizeof *ld);
