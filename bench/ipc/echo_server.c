@@ -67,11 +67,15 @@ static int server_command(struct server *sv)
     return 0;
 }
 
+/* Turns served by a spin in a row before the loop polls its other descriptors once. */
+#define LOOK_EVERY 16u
+
 static int server_loop(struct server *sv)
 {
     struct pollfd *pfd = NULL;
     int pcap = 0, status = 0;
     uint64_t last_sweep = now_ns();
+    unsigned quiet_turns = 0; /* turns served by a spin without a poll */
     while (!server_stop) {
         if (sv->sessions_limit > 0 && sv->sessions_done >= sv->sessions_limit)
             break;
@@ -119,7 +123,16 @@ static int server_loop(struct server *sv)
                 }
             }
         }
-        int rc = poll(pfd, (nfds_t)k, spun ? 0 : sv->nsess > 0 ? (int)(STALE_NS / 1000000u) : 1000);
+        /*
+         * After a spin that served, the other descriptors are looked at only every
+         * LOOK_EVERY turns: a poll is a system call, about what the rest of a round trip
+         * costs, and the session just served answers again within the next spin.
+         */
+        int rc = 0;
+        if (!spun || ++quiet_turns >= LOOK_EVERY) {
+            quiet_turns = 0;
+            rc = poll(pfd, (nfds_t)k, spun ? 0 : sv->nsess > 0 ? (int)(STALE_NS / 1000000u) : 1000);
+        }
         if (rc < 0) {
             if (errno == EINTR)
                 continue;

@@ -20,6 +20,8 @@
 
 /* A handshake thread needs a few KiB: the messages it reads are small and on its stack. */
 #define HANDSHAKE_STACK (256u * 1024u)
+/* Turns served by a spin in a row before serve() polls its descriptors once. */
+#define LOOK_EVERY 16u
 
 static void listener_destroy(shmipc_listener *l);
 
@@ -402,7 +404,8 @@ static int dispatch(shmipc_session *s, struct served *v, shmipc_stream_cb on_str
                     shmipc_stream_cb on_data, void *user_data)
 {
     shmipc_stream *st;
-    while (shmipc__session_accept_stream(s, 0, &st) == 0)
+    /* The session was processed just before: take what it found, with no system call. */
+    while (shmipc__session_accept_queued(s, &st) == 0)
         on_stream(st, user_data);
     /* A few rounds, for callbacks whose reads bring in more; then let other sessions run. */
     for (int round = 0; round < 4; round++) {
@@ -412,7 +415,7 @@ static int dispatch(shmipc_session *s, struct served *v, shmipc_stream_cb on_str
         for (uint32_t i = 0; i < n; i++)
             if ((st = shmipc__session_handed_out(s, v->ids[i])) != NULL)
                 on_data(st, user_data);
-        while (shmipc__session_accept_stream(s, 0, &st) == 0)
+        while (shmipc__session_accept_queued(s, &st) == 0)
             on_stream(st, user_data);
     }
     return 1;
@@ -454,6 +457,7 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
     }
     /* The session that had news last turn: the one to spin on before sleeping. */
     shmipc_session *last = NULL;
+    unsigned quiet_turns = 0; /* turns served by a spin without a poll */
     /* shutdown() sets shut before it writes wake_fd: either the check or the poll sees it. */
     while (!__atomic_load_n(&l->stopping, __ATOMIC_ACQUIRE)) {
         if (__atomic_load_n(&l->shut, __ATOMIC_ACQUIRE)) {
@@ -470,9 +474,25 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
          * reply exchange answers within the spin, and neither side makes a system call.
          * What it processed is dispatched below as leftover news.
          */
-        if (!again && last != NULL && shmipc__session_spin(last) != 0)
+        shmipc_session *spun = NULL;
+        if (!again && last != NULL && shmipc__session_spin(last) != 0) {
             again = 1;
-        int n = poll(v.pfd, v.n + 3, again ? 0 : -1);
+            spun = last;
+        }
+        /*
+         * After a spin that found work, the descriptors are polled only every LOOK_EVERY
+         * turns: a poll is a system call, about what the rest of a round trip costs, and the
+         * spun session is served below without one. New clients and the other sessions wait
+         * at most that many turns; stop and shutdown are flags, seen at the loop's top.
+         */
+        int n = 0;
+        if (spun == NULL || ++quiet_turns >= LOOK_EVERY) {
+            quiet_turns = 0;
+            n = poll(v.pfd, v.n + 3, again ? 0 : -1);
+        } else {
+            for (uint32_t i = 0; i < v.n + 3; i++)
+                v.pfd[i].revents = 0;
+        }
         if (n < 0 && errno != EINTR) {
             rc = shmipc__fail_errno(errno, "listener %s: poll", l->addr.text);
             break;
@@ -496,7 +516,9 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
             /* Sessions accepted this turn have no pollfd yet: look at them anyway. */
             if (i < before && v.pfd[3 + i].revents == 0 && !leftover)
                 continue;
-            if (shmipc__session_process(v.s[i]) > 0 || (i < before && v.pfd[3 + i].revents))
+            /* The spin processed its session already; its descriptor says whether more came. */
+            int fired = i < before && v.pfd[3 + i].revents;
+            if ((v.s[i] == spun && !fired) || shmipc__session_process(v.s[i]) > 0 || fired)
                 last = v.s[i];
             again |= dispatch(v.s[i], &v, on_stream, on_data, user_data);
         }

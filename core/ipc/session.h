@@ -120,6 +120,7 @@ struct shmipc_session {
     unsigned spin_fails;    /* spins in a row that found nothing, at most 6 (under mu) */
     unsigned spin_skip;     /* waits left that sleep without spinning (under mu) */
     uint64_t spin_gap_ns;   /* moving average of the waits for data, for the spin budget (mu) */
+    unsigned spin_unread;   /* spins in a row that found work and skipped the socket (mu) */
     int err; /* 0, or the code that ended the session: stored under mu, atomically; read with session_err() */
     char why[192]; /* the detail of the failure that ended it */
     struct shmipc_config cfg;
@@ -198,6 +199,11 @@ int shmipc__session_accept_fd(int fd, const shmipc_config *cfg, shmipc_session *
 
 int shmipc__session_open_stream(shmipc_session *s, shmipc_stream **out);
 int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stream **out);
+/*
+ * Takes a stream that processing already found (0), with no I/O: SHMIPC_EAGAIN when there is
+ * none, or the code that ended the session. For a loop that has just processed the session.
+ */
+int shmipc__session_accept_queued(shmipc_session *s, shmipc_stream **out);
 int shmipc__session_process(shmipc_session *s);
 /*
  * Before an event loop sleeps on the session's descriptor: spins on the receive queue for

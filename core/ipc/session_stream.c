@@ -180,6 +180,32 @@ int shmipc__session_open_stream(shmipc_session *s, shmipc_stream **out)
     return rc;
 }
 
+/* Pops the oldest stream the peer opened, handing it out; 0 when there was none. Under mu. */
+static int pop_accepted_locked(shmipc_session *s, shmipc_stream **out)
+{
+    if (s->accept_len == 0)
+        return 0;
+    *out = s->accept_q[s->accept_head];
+    s->accept_head = (s->accept_head + 1) % s->accept_cap;
+    s->accept_len--;
+    s->refs++;
+    return 1;
+}
+
+int shmipc__session_accept_queued(shmipc_session *s, shmipc_stream **out)
+{
+    int rc = SHMIPC_EAGAIN;
+    if (s->role != SHMIPC__SERVER)
+        return shmipc__fail(SHMIPC_ENOTSUP, "accept_stream: only servers accept streams");
+    shmipc__session_lock(s);
+    if (pop_accepted_locked(s, out))
+        rc = 0;
+    else if (shmipc__session_err(s))
+        rc = shmipc__session_ended(s);
+    shmipc__session_unlock(s);
+    return rc;
+}
+
 int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stream **out)
 {
     int rc = 0;
@@ -189,11 +215,7 @@ int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stre
     shmipc__session_lock(s);
     s->refs++; /* a close from another thread meanwhile frees the session when we leave */
     for (;;) {
-        if (s->accept_len > 0) {
-            *out = s->accept_q[s->accept_head];
-            s->accept_head = (s->accept_head + 1) % s->accept_cap;
-            s->accept_len--;
-            s->refs++;
+        if (pop_accepted_locked(s, out)) {
             rc = 0;
             break;
         }

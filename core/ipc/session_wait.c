@@ -32,14 +32,6 @@
 #include <unistd.h>
 
 /*
- * Reads what the socket holds and handles every complete message. Under mu, by the one
- * processing thread. Returns the number of events or the code that ended the session.
- */
-/*
- * V4 eventfd and polling modes: the queue may have work without any socket message. Clear the
- * eventfd or timerfd (one read resets either) and drain. Under mu.
- */
-/*
  * V4 eventfd and polling sessions: one epoll_wait on the session's set, waiting up to
  * `timeout_ms` (-1: forever). Returns how many fds fired (0 when none), *socket set when the
  * socket did, or -errno. Waits with mu released when `timeout_ms` is not 0.
@@ -232,6 +224,9 @@ static void spin_judge(shmipc_session *s, uint64_t began, uint64_t gave_up)
     spin_done(s, now - gave_up < 4 * spin_ns(s));
 }
 
+/* Spins that found work may skip reading the socket this many times in a row, at most. */
+#define SPIN_UNREAD_MAX 64u
+
 /*
  * One step of a spin loop: the CPU's pause hint, which frees the pipeline for the sibling
  * hyperthread and keeps the loop from flooding the memory system with reads. Nothing where
@@ -249,10 +244,12 @@ static inline void cpu_relax(void)
 /*
  * Spins from `start` for up to `budget` ns (and never past `deadline`) with our receive
  * queue's working flag set, watching the queue. Returns 1 when elements arrived, 0 when the
- * spin gave up with the flag cleared again and the queue found empty. The caller holds the
+ * spin gave up with the flag cleared again and the queue found empty. *woken tells whether
+ * the peer may have sent a wakeup since our last turn (see below). The caller holds the
  * processing role.
  */
-static int spin_for_work(shmipc_session *s, uint64_t start, uint64_t budget, uint64_t deadline)
+static int spin_for_work(shmipc_session *s, uint64_t start, uint64_t budget, uint64_t deadline,
+                         int *woken)
 {
     uint32_t *flag = (uint32_t *)(void *)(s->qp.recv.hdr + s->qp.recv.flag_at);
     uint64_t end = start + budget;
@@ -262,8 +259,11 @@ static int spin_for_work(shmipc_session *s, uint64_t start, uint64_t budget, uin
     /*
      * Set before the first look (seq_cst, as the producer's CAS): a put after this sees the
      * flag and sends no wakeup, and we see its element in the loop or in the final look.
+     * Exchanged, not stored: every turn of ours ends with the flag cleared, so a 1 here is the
+     * peer's CAS (shmipc__queue_mark_working), and that peer sent a wakeup (a Polling
+     * message on the socket, or an eventfd write) that is ours to read.
      */
-    __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
+    *woken = __atomic_exchange_n(flag, 1, __ATOMIC_SEQ_CST) != 0;
     int crowd = __atomic_add_fetch(&spinners, 1, __ATOMIC_RELAXED) > online_cpus();
     for (unsigned i = 0;; i++) {
         if (shmipc__queue_size(&s->qp.recv) != 0) {
@@ -306,21 +306,29 @@ static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *bega
     uint64_t budget = spin_budget(s);
     *began = shmipc__now_ns();
     shmipc__session_unlock(s);
-    int found = spin_for_work(s, *began, budget, deadline);
+    int woken = 0;
+    int found = spin_for_work(s, *began, budget, deadline, &woken);
     shmipc__session_lock(s);
     int rc = 0, events = 0;
     if (found) {
         spin_observe(s, shmipc__now_ns() - *began);
         spin_done(s, 1);
         /*
-         * Drain, then read the socket once without waiting: wakeups the peer sent before it
-         * saw our flag would otherwise pile up unread until its writes block.
+         * Drain. Then read the socket (and, V4, the eventfd) only when the peer sent us a
+         * wakeup, or after SPIN_UNREAD_MAX turns that skipped it: a system call costs about as
+         * much as the rest of a round trip, and in a ping-pong answered within the spin the
+         * peer sends none. Read it when it did, or its wakeups would pile up unread until its
+         * writes block; and now and then regardless, so a control message (StreamClose,
+         * FallbackData) waits a bounded number of turns while the queue keeps us busy. When
+         * the queue goes quiet, the sleep's poll sees the socket at once.
          */
         if (shmipc__session_err(s) == 0) {
             rc = shmipc__session_finish_turn_locked(
                 s, shmipc__session_drain_queue_locked(s, &events), events);
-            if (rc >= 0)
+            if (rc >= 0 && (woken || ++s->spin_unread >= SPIN_UNREAD_MAX)) {
+                s->spin_unread = 0;
                 rc = shmipc__session_process_locked(s);
+            }
         }
     } else {
         *gave_up = shmipc__now_ns();

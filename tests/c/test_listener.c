@@ -132,6 +132,97 @@ static void *client_main(void *arg)
     return (void *)bad;
 }
 
+/* A client that sends 8-byte messages on one stream, 4 in flight, until told to stop (or 10 s). */
+struct busy_client {
+    pthread_t thread;
+    int stop;
+    unsigned round_trips;
+    int bad;
+};
+
+static void *busy_client_main(void *arg)
+{
+    struct busy_client *b = arg;
+    shmipc_session *s;
+    shmipc_stream *st;
+    const void *p;
+    shmipc_config *cfg = patient_config();
+    int rc = shmipc_session_connect(address, cfg, &s);
+    shmipc_config_free(cfg);
+    if (rc != 0 || shmipc_session_open_stream(s, &st) != 0) {
+        b->bad = 1;
+        return NULL;
+    }
+    /* Messages kept in flight, so that every spin of the server finds one already queued. */
+    enum { IN_FLIGHT = 4 };
+    unsigned sent = 0;
+    uint64_t end = ipc_now_ms() + 10000;
+    while (!b->bad && !__atomic_load_n(&b->stop, __ATOMIC_ACQUIRE) && ipc_now_ms() < end) {
+        char msg[9];
+        while (sent < b->round_trips + IN_FLIGHT) {
+            snprintf(msg, sizeof msg, "b%07u", sent++ % 10000000u);
+            if (shmipc_stream_write(st, msg, 8) != 0 || shmipc_stream_flush(st) != 0)
+                b->bad = 1;
+        }
+        snprintf(msg, sizeof msg, "b%07u", b->round_trips % 10000000u);
+        if (b->bad || shmipc_stream_read_exact_bytes(st, 8, &p, 0) != 0 || memcmp(p, msg, 8) != 0) {
+            b->bad = 1;
+            break;
+        }
+        shmipc_stream_release(st);
+        __atomic_store_n(&b->round_trips, b->round_trips + 1, __ATOMIC_RELEASE);
+    }
+    shmipc_stream_close(st);
+    shmipc_session_close(s);
+    return NULL;
+}
+
+/*
+ * serve() spins on the session that was busy last and, while such spins keep finding work,
+ * polls its other descriptors only every few turns (listener.c, LOOK_EVERY). A client that
+ * connects while another keeps a session busy must still be accepted and served, with the
+ * busy one still running, not once it goes quiet.
+ */
+static void a_busy_session_does_not_starve_new_clients(void **state)
+{
+    (void)state;
+    ipc_pick_address(address, sizeof address, "busy");
+    shmipc_config *cfg = patient_config();
+    shmipc_listener *l;
+    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+    shmipc_config_free(cfg);
+    struct server_state ss = {0};
+    struct serve_run run = {l, &ss, 0};
+    pthread_t server;
+    assert_int_equal(pthread_create(&server, NULL, serve_main, &run), 0);
+    struct busy_client busy = {0};
+    assert_int_equal(pthread_create(&busy.thread, NULL, busy_client_main, &busy), 0);
+    uint64_t end = ipc_now_ms() + 5000;
+    while (__atomic_load_n(&busy.round_trips, __ATOMIC_ACQUIRE) < 500 && !busy.bad &&
+           ipc_now_ms() < end)
+        usleep(1000);
+    unsigned before = __atomic_load_n(&busy.round_trips, __ATOMIC_ACQUIRE);
+    pthread_t other;
+    void *bad;
+    assert_int_equal(pthread_create(&other, NULL, client_main, NULL), 0);
+    assert_int_equal(pthread_join(other, &bad), 0);
+    /* The busy client kept going while the other was served (it was not starved either). */
+    unsigned during = __atomic_load_n(&busy.round_trips, __ATOMIC_ACQUIRE) - before;
+    int busy_alive = !__atomic_load_n(&busy.stop, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&busy.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(busy.thread, NULL);
+    print_message("busy client: %u round trips before, %u while the other was served\n", before,
+                  during);
+    assert_null(bad);
+    assert_false(busy.bad);
+    assert_true(busy_alive);
+    assert_true(during > 0);
+    assert_int_equal(shmipc_listener_stop(l), 0);
+    pthread_join(server, NULL);
+    assert_int_equal(run.rc, 0);
+    shmipc_listener_close(l);
+}
+
 static void serve_many_clients(void **state)
 {
     (void)state;
@@ -597,6 +688,7 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(serve_many_clients),
+        cmocka_unit_test(a_busy_session_does_not_starve_new_clients),
         cmocka_unit_test(stop_from_another_thread),
         cmocka_unit_test(socket_file_mode_and_stale_replacement),
         cmocka_unit_test(accept_timeout),
