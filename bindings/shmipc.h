@@ -481,6 +481,8 @@ SHMIPC_API int shmipc_session_open_stream(shmipc_session *s, shmipc_stream **out
 /**
  * Takes the next stream the peer opened (server sessions). Waits up to `timeout_ms`
  * (SHMIPC_WAIT_FOREVER, or 0 to poll); SHMIPC_ETIMEDOUT or SHMIPC_EAGAIN when none came.
+ * A poll (0) within 50 µs of the session's last processing, with nothing come since, takes
+ * only what that processing found (no system call; see docs/ipc.md, event loops).
  */
 SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stream **out);
 

@@ -121,6 +121,7 @@ struct shmipc_session {
     unsigned spin_skip;     /* waits left that sleep without spinning (under mu) */
     uint64_t spin_gap_ns;   /* moving average of the waits for data, for the spin budget (mu) */
     unsigned spin_unread;   /* spins in a row that found work and skipped the socket (mu) */
+    uint64_t drained_ns;    /* when the receive queue was last drained (mu) */
     int err; /* 0, or the code that ended the session: stored under mu, atomically; read with session_err() */
     char why[192]; /* the detail of the failure that ended it */
     struct shmipc_config cfg;

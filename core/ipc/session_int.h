@@ -91,4 +91,12 @@ int shmipc__session_end_on_bad_list(shmipc_session *s, int rc);
 int shmipc__stream_write_bytes(shmipc_stream *st, const void *buf, size_t len);
 void shmipc__stream_send_close(shmipc_stream *st);
 
+/*
+ * Whether a non-blocking look (accept_stream with timeout 0, a SHMIPC_NONBLOCK read) may skip
+ * processing: the queue was drained less than SHMIPC__FRESH_NS ago and nothing came since (the
+ * queue is empty and the peer sent no wakeup). What only the socket carries is then seen by the
+ * next look after that window, or by process() on the descriptor's readiness. Under mu.
+ */
+int shmipc__session_fresh_locked(shmipc_session *s);
+
 #endif

@@ -335,6 +335,8 @@ int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready)
         rc = shmipc__session_drain_queue_locked(s, &events);
     if (rc >= 0 && (rc = shmipc__session_check_memory_locked(s)) < 0)
         return rc;
+    if (rc >= 0)
+        s->drained_ns = shmipc__now_ns();
     return shmipc__session_finish_turn_locked(s, rc, events);
 }
 

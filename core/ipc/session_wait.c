@@ -224,6 +224,18 @@ static void spin_judge(shmipc_session *s, uint64_t began, uint64_t gave_up)
     spin_done(s, now - gave_up < 4 * spin_ns(s));
 }
 
+/* How long after a drain a non-blocking look trusts it (shmipc__session_fresh_locked). */
+#define FRESH_NS 50000u
+
+int shmipc__session_fresh_locked(shmipc_session *s)
+{
+    const uint32_t *flag = (const uint32_t *)(const void *)(s->qp.recv.hdr + s->qp.recv.flag_at);
+    if (s->drained_ns == 0 || shmipc__queue_size(&s->qp.recv) != 0 ||
+        __atomic_load_n(flag, __ATOMIC_SEQ_CST) != 0)
+        return 0;
+    return shmipc__now_ns() - s->drained_ns < FRESH_NS;
+}
+
 /* Spins that found work may skip reading the socket this many times in a row, at most. */
 #define SPIN_UNREAD_MAX 64u
 
@@ -325,6 +337,8 @@ static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *bega
         if (shmipc__session_err(s) == 0) {
             rc = shmipc__session_finish_turn_locked(
                 s, shmipc__session_drain_queue_locked(s, &events), events);
+            if (rc >= 0)
+                s->drained_ns = shmipc__now_ns();
             if (rc >= 0 && (woken || ++s->spin_unread >= SPIN_UNREAD_MAX)) {
                 s->spin_unread = 0;
                 rc = shmipc__session_process_locked(s);

@@ -23,6 +23,7 @@
 
 #include "ipc_helpers.h"
 #include "shmipc.h"
+#include "ipc/session.h"
 
 static char address[128];
 
@@ -118,8 +119,19 @@ static void start_blocked_accept(struct blocked_accept *b, shmipc_session *s)
     memset(b, 0, sizeof *b);
     b->s = s;
     assert_int_equal(pthread_create(&b->thread, NULL, accept_main, b), 0);
-    while (!__atomic_load_n(&b->started, __ATOMIC_ACQUIRE))
+    /*
+     * Until the call holds its reference on the session: a close before that would be the
+     * caller's use after close, not the race under test (on a loaded machine the thread can
+     * take longer than any fixed sleep to get there).
+     */
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int refs = s->refs;
+        pthread_mutex_unlock(&s->mu);
+        if (refs > 1)
+            break;
         sleep_ms(1);
+    }
     sleep_ms(2); /* into the wait, most of the time */
 }
 
@@ -229,7 +241,8 @@ static void start_blocked_read(struct blocked_read *b, shmipc_stream *st, shmipc
     b->kind = kind;
     assert_int_equal(shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 0), 0);
     assert_int_equal(pthread_create(&b->thread, NULL, read_main, b), 0);
-    while (!__atomic_load_n(&b->started, __ATOMIC_ACQUIRE))
+    /* Until the call is in the stream (see start_blocked_accept). */
+    while ((__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_BUSY_MASK) == 0)
         sleep_ms(1);
     sleep_ms(2);
 }

@@ -1045,6 +1045,53 @@ static void socket_message_reaches_a_reader_the_queue_keeps_busy(void **state)
     shmipc_config_free(cfg);
 }
 
+/*
+ * accept_stream(0) and SHMIPC_NONBLOCK reads skip processing for a short while after a drain
+ * when nothing came since (shmipc__session_fresh_locked): a loop polling them must still see
+ * what only the socket carries, with no process() call, once that window has passed.
+ */
+static void nonblocking_looks_see_socket_messages(void **state)
+{
+    (void)state;
+    char address[64];
+    ipc_pick_address(address, sizeof address, "fresh");
+    struct ipc_pair p;
+    ipc_pair_open(&p, address, NULL, NULL);
+    shmipc_stream *cs, *ss, *b = NULL;
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    ipc_send_text(cs, "hello!!!");
+    assert_int_equal(shmipc_session_accept_stream(p.server, IPC_WAIT_MS, &ss), 0);
+    ipc_expect_text(ss, "hello!!!");
+    /* A fresh drain just happened; now a new stream comes over the socket alone. */
+    assert_int_equal(shmipc_session_accept_stream(p.server, 0, &b), SHMIPC_EAGAIN);
+    send_fallback_bytes(&p, shmipc_stream_id(cs) + 2, 16);
+    uint64_t start = ipc_now_us(), waited = 0;
+    int rc;
+    while ((rc = shmipc_session_accept_stream(p.server, 0, &b)) == SHMIPC_EAGAIN &&
+           (waited = ipc_now_us() - start) < 2000000u)
+        ;
+    assert_int_equal(rc, 0);
+    print_message("accept(0) saw the socket-only stream after %llu us\n",
+                  (unsigned long long)waited);
+    const void *q;
+    assert_int_equal(shmipc_stream_read_exact_bytes(b, 16, &q, SHMIPC_NONBLOCK), 0);
+    assert_memory_equal(q, "ffffffffffffffff", 16);
+    assert_int_equal(shmipc_stream_release(b), 0);
+    /* The same for a NONBLOCK read: more FallbackData for b, polled without process(). */
+    assert_int_equal(shmipc_stream_read_exact_bytes(b, 1, &q, SHMIPC_NONBLOCK), SHMIPC_EAGAIN);
+    send_fallback_bytes(&p, shmipc_stream_id(b), 16);
+    start = ipc_now_us();
+    while ((rc = shmipc_stream_read_exact_bytes(b, 16, &q, SHMIPC_NONBLOCK)) == SHMIPC_EAGAIN &&
+           ipc_now_us() - start < 2000000u)
+        ;
+    assert_int_equal(rc, 0);
+    assert_int_equal(shmipc_stream_release(b), 0);
+    shmipc_stream_close(b);
+    shmipc_stream_close(ss);
+    shmipc_stream_close(cs);
+    ipc_pair_close(&p);
+}
+
 static void fallback_bytes_held_are_capped(void **state)
 {
     (void)state;
@@ -1260,6 +1307,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(pending_streams_are_capped),
         cmocka_unit_test(fallback_bytes_held_are_capped),
         cmocka_unit_test(socket_message_reaches_a_reader_the_queue_keeps_busy),
+        cmocka_unit_test(nonblocking_looks_see_socket_messages),
         hostile_test(hostile_slice_resent),
         hostile_test(hostile_slice_resent_mark_erased),
     };
