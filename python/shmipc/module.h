@@ -3,9 +3,11 @@
  * object layouts, and the error and timeout helpers. Nothing here is exported: the module is
  * built with -fvisibility=hidden and only PyInit__shmipc is public.
  *
- * Files: _shmipc.c (module, errors, Config), stream.c (Stream, Chunk, the reserve window),
- * session.c (Session, SessionManager, Listener and its serve loop), server.c (Server: the
- * HTTP server with Python handlers; its Python half is _server.py).
+ * Files: _shmipc.c (module, errors, helpers), config.c and config_fields.c (Config),
+ * stream.c (Stream) with chunk.c (Chunk, the reserve window) and stream_io.c (its reads and
+ * writes), session.c (Session), manager.c (SessionManager), listener.c (Listener and its
+ * serve loop), abi.c and abi_call.c (shmipc.abi), server.c (Server: the HTTP server with Python
+ * handlers; its Python half is _server.py) with request.c, ws.c and server_config.c.
  */
 #ifndef SHMIPC_PY_MODULE_H
 #define SHMIPC_PY_MODULE_H
@@ -130,7 +132,7 @@ typedef struct {
     PyObject *address;
 } ListenerObject;
 
-/* _shmipc.c */
+/* _shmipc.c: the module, errors and the helpers every type shares */
 module_state *shmipcpy_state_of_type(PyTypeObject *type);
 PyObject *shmipcpy_raise_code(module_state *st, int code, const char *detail);
 PyObject *shmipcpy_raise_last(module_state *st, int rc);
@@ -158,19 +160,138 @@ void shmipcpy_config_timeouts(const shmipc_config *cfg, uint32_t *read_ms, uint3
 int shmipcpy_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
                         PyObject *kwnames, const char *argname, PyObject **value, int *nonblock);
 
+/* config.c */
+extern const char *const shmipcpy_config_memmap_names[];
+extern const char *const shmipcpy_config_wakeup_names[];
+int shmipcpy_config_lookup_name(const char *const *names, int n, PyObject *value);
+int shmipcpy_config_setter_result(ConfigObject *self, int rc);
+int shmipcpy_config_require_value(PyObject *value, const char *field);
+int shmipcpy_config_to_u64(ConfigObject *self, PyObject *value, const char *field, uint64_t *out);
+extern PyType_Spec shmipcpy_config_spec;
+
+/* config_fields.c */
+PyObject *shmipcpy_config_get_slice_classes(ConfigObject *self, void *closure);
+extern PyGetSetDef shmipcpy_config_getset[];
+
+/* The reserve() window, a writable buffer exporter (chunk.c). */
+typedef struct {
+    PyObject_HEAD StreamObject *stream;
+    char *data;
+    Py_ssize_t len;
+    uint64_t wgen;
+    Py_ssize_t exports;
+} WindowObject;
+
 /* stream.c */
-extern PyType_Spec shmipcpy_stream_spec, shmipcpy_chunk_spec, shmipcpy_window_spec;
+extern PyType_Spec shmipcpy_stream_spec;
 /* Wraps a handle the caller owns; on failure the handle is closed. */
 PyObject *shmipcpy_stream_wrap(module_state *st, shmipc_stream *h, PyObject *owner,
                                uint32_t read_ms, uint32_t write_ms);
 /* Gives the handle up (for put_back) after checking the rules close() checks; NULL on error. */
 shmipc_stream *shmipcpy_stream_detach(StreamObject *self);
+module_state *shmipcpy_stream_state(StreamObject *self);
+shmipc_stream *shmipcpy_stream_usable(StreamObject *self);
+int shmipcpy_stream_leave(StreamObject *self);
+void shmipcpy_stream_maybe_release(StreamObject *self);
+void shmipcpy_stream_invalidate(StreamObject *self);
+int shmipcpy_stream_refuse_chunk_exports(StreamObject *self, const char *what);
+int shmipcpy_stream_refuse_exports(StreamObject *self, const char *what);
+int shmipcpy_stream_refuse_window(StreamObject *self, const char *what);
+
+/* chunk.c */
+extern PyType_Spec shmipcpy_chunk_spec, shmipcpy_window_spec;
+PyObject *shmipcpy_chunk_new(module_state *ms, StreamObject *stream, const void *data, size_t len);
+
+/* stream_io.c */
+PyObject *shmipcpy_stream_read_chunk(StreamObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames);
+PyObject *shmipcpy_stream_read_exact_bytes(StreamObject *self, PyObject *const *args,
+                                           Py_ssize_t nargs, PyObject *kwnames);
+PyObject *shmipcpy_stream_read(StreamObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames);
+PyObject *shmipcpy_stream_readexactly(StreamObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames);
+PyObject *shmipcpy_stream_release(StreamObject *self, PyObject *unused);
+PyObject *shmipcpy_stream_forward(StreamObject *self, PyObject *args, PyObject *kwargs);
+PyObject *shmipcpy_stream_write(StreamObject *self, PyObject *data);
+PyObject *shmipcpy_stream_reserve(StreamObject *self, PyObject *arg);
+PyObject *shmipcpy_stream_commit(StreamObject *self, PyObject *arg);
+PyObject *shmipcpy_stream_flush(StreamObject *self, PyObject *unused);
+
+/* What shmipcpy_sliced_accept() returns besides the C result (which is <= 0). */
+enum {
+    ACCEPT_RAISED = 1,     /* a Python exception is set (timeout, signal) */
+    ACCEPT_CLOSED_GOT = 2, /* close() came meanwhile; the caller must close what it got */
+    ACCEPT_CLOSED = 3,     /* close() came meanwhile; nothing was accepted */
+};
+
+/*
+ * Waits for `call` (an accept taking a timeout) in slices with the GIL released, counting
+ * itself in `*busy` during each slice, and looking for signals and for `*close_pending`
+ * between slices.
+ */
+typedef int (*accept_fn)(void *handle, int timeout_ms, void **out);
 
 /* session.c */
-extern PyType_Spec shmipcpy_session_spec, shmipcpy_manager_spec, shmipcpy_listener_spec;
+extern PyType_Spec shmipcpy_session_spec;
 PyObject *shmipcpy_connect(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server, uint32_t read_ms,
+                                uint32_t write_ms);
+int shmipcpy_sliced_accept(module_state *ms, accept_fn call, void *handle, int *busy,
+                           int *close_pending, PyObject *timeout, int nonblock, const char *what,
+                           void **out);
+
+/* manager.c */
+extern PyType_Spec shmipcpy_manager_spec;
+
+/* listener.c */
+extern PyType_Spec shmipcpy_listener_spec;
+
+/*
+ * The Server's files: server.c (the Server type and its lifecycle), request.c (route handlers
+ * and the Request/response conversion), ws.c (WebSocket objects and routes), server_config.c
+ * (the constructor's arguments).
+ */
+typedef struct {
+    PyObject_HEAD shmipc_server *s;
+    PyObject *handlers;  /* list: every route handler (the C contexts borrow them) */
+    PyObject *request;   /* shmipc._server.Request */
+    PyObject *normalize; /* shmipc._server._normalize */
+    PyObject *log_error; /* shmipc._server._log_error */
+    PyObject *weakreflist;
+    int wake_fd;       /* eventfd that wakes run() */
+    int busy;          /* threads inside a call on `s` with the GIL released */
+    int close_pending; /* close() came while busy (or from a handler) */
+    int started;       /* workers are running */
+    int running;       /* a thread is inside run() */
+    int starting;      /* a thread is inside start() */
+    int stop_flag;     /* stop() asked run() to return (or the next run() not to wait) */
+} ServerObject;
+
+typedef struct {
+    ServerObject *server; /* borrowed: the server outlives its routes */
+    PyObject *handler;    /* borrowed from server->handlers */
+} route_ctx;
 
 /* server.c */
-extern PyType_Spec shmipcpy_server_spec, shmipcpy_websocket_spec;
+extern PyType_Spec shmipcpy_server_spec;
+extern _Thread_local int shmipcpy_in_callback;
+PyGILState_STATE shmipcpy_gil_enter(void);
+module_state *shmipcpy_server_state(ServerObject *self);
+shmipc_server *shmipcpy_server_usable(ServerObject *self);
+
+/* request.c */
+PyObject *shmipcpy_make_request(ServerObject *srv, const shmipc_http_request *req);
+void shmipcpy_log_exception(ServerObject *srv, const char *what);
+int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, void *user_data);
+void shmipcpy_route_ctx_free(void *user_data);
+
+/* ws.c */
+extern PyType_Spec shmipcpy_websocket_spec;
+PyObject *shmipcpy_server_websocket(ServerObject *self, PyObject *args, PyObject *kwargs);
+
+/* server_config.c */
+int shmipcpy_build_config(module_state *ms, PyObject *args, PyObject *kwargs,
+                          shmipc_server_config *cfg);
 
 #endif

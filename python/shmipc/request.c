@@ -1,0 +1,202 @@
+/*
+ * request.c - the route handlers of shmipc.Server, on the server's worker threads: builds the
+ * shmipc._server.Request for a C request, calls the Python handler under the GIL and turns its
+ * return value (normalized by _server._normalize) into the C response; an exception is logged and
+ * answered with 500.
+ *
+ * Owns: shmipcpy_route_call (the C route callback), its context, the request/response conversion.
+ * May call: the public C API (shmipc_http_*), module.h's helpers and server.c's GIL helpers.
+ */
+#include "module.h"
+
+/* Bodies from this size up are lent to the C server instead of copied. */
+#define BORROW_MIN (64 * 1024)
+
+/* ---------------------------------------------------------------------------------------- */
+/* Handlers (worker threads)                                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+static PyObject *str_of(const char *p, size_t len)
+{
+    return PyUnicode_DecodeLatin1(p ? p : "", (Py_ssize_t)len, NULL);
+}
+
+PyObject *shmipcpy_make_request(ServerObject *srv, const shmipc_http_request *req)
+{
+    size_t len, nlen, n = shmipc_http_request_header_count(req);
+    const char *p, *name;
+    PyObject *args[7] = {NULL};
+    PyObject *result = NULL;
+    int i;
+
+    p = shmipc_http_request_method(req, &len);
+    args[0] = str_of(p, len);
+    p = shmipc_http_request_path(req, &len);
+    args[1] = str_of(p, len);
+    p = shmipc_http_request_query(req, &len);
+    args[2] = str_of(p, len);
+    p = shmipc_http_request_wildcard(req, &len);
+    args[3] = str_of(p, len);
+    args[4] =
+        PyUnicode_FromString(shmipc_http_request_version(req) == 10 ? "HTTP/1.0" : "HTTP/1.1");
+    args[5] = PyList_New((Py_ssize_t)n);
+    for (size_t k = 0; args[5] != NULL && k < n; k++) {
+        const char *value = shmipc_http_request_header_at(req, k, &name, &nlen, &len);
+        PyObject *pair = Py_BuildValue("(NN)", str_of(name, nlen), str_of(value, len));
+        if (pair == NULL) {
+            Py_CLEAR(args[5]);
+            break;
+        }
+        PyList_SET_ITEM(args[5], (Py_ssize_t)k, pair);
+    }
+    p = shmipc_http_request_body(req, &len);
+    args[6] = PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
+    for (i = 0; i < 7; i++)
+        if (args[i] == NULL)
+            goto out;
+    result = PyObject_Vectorcall(srv->request, args, 7, NULL);
+out:
+    for (i = 0; i < 7; i++)
+        Py_XDECREF(args[i]);
+    return result;
+}
+
+/* Logs the exception set on this thread as raised by `what` and clears it. */
+void shmipcpy_log_exception(ServerObject *srv, const char *what)
+{
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    if (tb != NULL && exc != NULL)
+        PyException_SetTraceback(exc, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    if (exc == NULL)
+        exc = Py_NewRef(Py_None);
+    PyObject *res = PyObject_CallFunction(srv->log_error, "Os", exc, what);
+    if (res == NULL)
+        PyErr_WriteUnraisable(srv->log_error);
+    Py_XDECREF(res);
+    Py_XDECREF(exc);
+}
+
+static void release_bytes(void *obj)
+{
+    PyGILState_STATE g = shmipcpy_gil_enter();
+    Py_DECREF((PyObject *)obj);
+    PyGILState_Release(g);
+}
+
+/* Sets `body` (a bytes object) as the response body, lent when large. */
+static int set_body(shmipc_http_response *res, PyObject *body)
+{
+    Py_ssize_t len = PyBytes_GET_SIZE(body);
+    if (len < BORROW_MIN)
+        return shmipc_http_response_body(res, PyBytes_AS_STRING(body), (size_t)len);
+    /* release runs on this worker later (or before a failing call returns) and takes the GIL
+     * (a nested PyGILState_Ensure() while this thread holds it is fine). */
+    Py_INCREF(body);
+    return shmipc_http_response_body_borrow(res, PyBytes_AS_STRING(body), (size_t)len, body,
+                                            release_bytes);
+}
+
+/* Applies (status, [(name, value)], body) from _normalize(); < 0 with an exception set. */
+static int apply_normalized(ServerObject *srv, shmipc_http_response *res, PyObject *t)
+{
+    PyObject *headers, *body;
+    int status, rc;
+    char detail[200];
+    (void)srv;
+    if (!PyArg_ParseTuple(t, "iOS", &status, &headers, &body))
+        return -1;
+    if (!PyList_Check(headers)) {
+        PyErr_SetString(PyExc_TypeError, "_normalize: headers must be a list");
+        return -1;
+    }
+    rc = shmipc_http_response_set_status(res, status);
+    for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(headers); i++) {
+        const char *name, *value;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(headers, i), "ss", &name, &value))
+            return -1;
+        rc = shmipc_http_response_add_header(res, name, value);
+    }
+    if (rc == 0)
+        rc = set_body(res, body);
+    if (rc < 0) {
+        PyOS_snprintf(detail, sizeof detail, "%s", shmipc_error_detail());
+        PyErr_Format(PyExc_ValueError, "invalid response: %s (%s)", detail,
+                     shmipc_errname(rc) ? shmipc_errname(rc) : "?");
+        return -1;
+    }
+    return 0;
+}
+
+/* The 500 of a failed handler, on a response nothing was set on yet. */
+static int answer_500(shmipc_http_response *res)
+{
+    static const char msg[] = "Internal Server Error\n";
+    if (shmipc_http_response_set_status(res, 500) < 0 ||
+        shmipc_http_response_add_header(res, "Content-Type", "text/plain; charset=utf-8") < 0 ||
+        shmipc_http_response_body(res, msg, sizeof msg - 1) < 0)
+        return -1;
+    return 0;
+}
+
+int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, void *user_data)
+{
+    route_ctx *ctx = user_data;
+    ServerObject *srv = ctx->server;
+    PyGILState_STATE g = shmipcpy_gil_enter();
+    int rc = 0, touched = 0;
+    shmipcpy_in_callback = 1;
+    PyObject *request = shmipcpy_make_request(srv, req);
+    PyObject *result = request ? PyObject_CallOneArg(ctx->handler, request) : NULL;
+    if (result != NULL) {
+        if (PyBytes_Check(result)) {
+            touched = 1;
+            rc = set_body(res, result);
+        } else if (PyUnicode_Check(result)) {
+            Py_ssize_t len;
+            const char *text = PyUnicode_AsUTF8AndSize(result, &len);
+            if (text != NULL) {
+                touched = 1;
+                rc = shmipc_http_response_add_header(res, "Content-Type",
+                                                     "text/plain; charset=utf-8");
+                if (rc == 0)
+                    rc = shmipc_http_response_body(res, text, (size_t)len);
+            }
+        } else {
+            PyObject *t = PyObject_CallOneArg(srv->normalize, result);
+            if (t != NULL) {
+                touched = 1;
+                rc = apply_normalized(srv, res, t) < 0 ? -1 : 0;
+                Py_DECREF(t);
+            }
+        }
+    }
+    if (rc < 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "invalid response: %s (%s)", shmipc_error_detail(),
+                     shmipc_errname(rc) ? shmipc_errname(rc) : "?");
+    if (PyErr_Occurred()) {
+        char what[160];
+        size_t mlen = 0, plen = 0;
+        const char *m = shmipc_http_request_method(req, &mlen);
+        const char *p = shmipc_http_request_path(req, &plen);
+        PyOS_snprintf(what, sizeof what, "handler for %.*s %.*s", (int)(mlen > 16 ? 16 : mlen),
+                      m ? m : "", (int)(plen > 100 ? 100 : plen), p ? p : "");
+        shmipcpy_log_exception(srv, what);
+        /* A clean 500 keeps the connection; once the handler's answer was partly applied,
+         * a negative return makes the C server drop it and answer 500 (closing). */
+        rc = touched ? -1 : answer_500(res);
+    }
+    Py_XDECREF(result);
+    Py_XDECREF(request);
+    shmipcpy_in_callback = 0;
+    PyGILState_Release(g);
+    return rc;
+}
+
+void shmipcpy_route_ctx_free(void *user_data)
+{
+    PyMem_RawFree(user_data);
+}

@@ -1,0 +1,35 @@
+/*
+ * serve_module.h - what serve.c and serve_encode.c (the shmipc._serve extension) share: the
+ * module state and the frame errors. Nothing here is exported: only PyInit__serve is public.
+ */
+#ifndef SHMIPC_PY_SERVE_MODULE_H
+#define SHMIPC_PY_SERVE_MODULE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+#include "shmipc_serve.h"
+
+/* The number of header names whose HTTP_* key is made once, at import (serve.c's common_names). */
+#define NCOMMON 20
+
+typedef struct {
+    PyObject *frame_error; /* FrameError(ValueError) */
+    PyObject *common_keys[NCOMMON];
+    /* Interned environ keys. */
+    PyObject *k_method, *k_script, *k_path, *k_query, *k_raw_uri, *k_request_uri, *k_content_type,
+        *k_content_length, *k_server_name, *k_server_port, *k_protocol, *k_remote_addr,
+        *k_remote_port, *k_scheme, *k_empty, *k_http, *k_https, *k_proto10, *k_proto11;
+} serve_state;
+
+/* serve.c */
+PyObject *shmipcpy_serve_frame_error(serve_state *st, int64_t rc, const char *what);
+
+/* serve_encode.c */
+PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *shmipcpy_serve_py_encode_request_head(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObject *kw);
+
+#endif
