@@ -2,11 +2,13 @@
  * lshmipc.h - what the C files of the Lua module share. Internal: nothing here is API, and
  * every function is hidden in the shared object (the module exports luaopen_shmipc only).
  *
- * The files: shmipc.c (module entry, version, errors, config), wait.c (modes, timeouts,
- * yielding waits, shmipc.poll), stream.c (the stream handle), session.c (session and
- * session manager), listener.c (listener, accept, serve with Lua callbacks), server.c (the
- * HTTP server with Lua handlers, and the gate that keeps its worker threads out of Lua while
- * Lua code runs).
+ * The files: shmipc.c (module entry, version, errors), config.c and config_options.c (the
+ * config handle and shmipc.config{...}), wait.c (modes, timeouts, yielding waits,
+ * shmipc.poll), stream.c (the stream handle), session.c (session and session manager),
+ * listener.c (listener, accept, serve with Lua callbacks), abi.c and abi_call.c (shmipc.abi,
+ * sharing labi.h), server.c (the HTTP server with Lua handlers) with gate.c (the gate that
+ * keeps its worker threads out of Lua while Lua code runs), request.c, ws.c,
+ * server_signals.c and server_config.c (they share lserver.h).
  */
 #ifndef SHMIPC_LUA_LSHMIPC_H
 #define SHMIPC_LUA_LSHMIPC_H
@@ -174,6 +176,44 @@ void shmipc__lua_open_server(lua_State *L);
 struct shmipc__lua_gate;
 struct shmipc__lua_gate *shmipc__lua_gate_leave(lua_State *L);
 void shmipc__lua_gate_enter(struct shmipc__lua_gate *g);
+
+/* ------------------------------------------------------------------------------------ */
+/* Config (config.c, config_options.c)                                                  */
+/* ------------------------------------------------------------------------------------ */
+
+/* A new userdata holding no config yet (pushed), so a failed allocation leaks nothing. */
+lconfig *shmipc__lua_config_alloc(lua_State *L);
+/* The config at `arg`; raises when it is not a config or is closed. */
+shmipc_config *shmipc__lua_check_config(lua_State *L, int arg);
+/* The config methods, which the option table of shmipc.config{...} (config_options.c) calls. */
+int shmipc__lua_config_buffer_capacity(lua_State *L);
+int shmipc__lua_config_queue_capacity(lua_State *L);
+int shmipc__lua_config_session_num(lua_State *L);
+int shmipc__lua_config_max_stream_num(lua_State *L);
+int shmipc__lua_config_rebuild_interval(lua_State *L);
+int shmipc__lua_config_slice_classes(lua_State *L);
+int shmipc__lua_config_memmap(lua_State *L);
+int shmipc__lua_config_path_prefix(lua_State *L);
+int shmipc__lua_config_initialize_timeout(lua_State *L);
+int shmipc__lua_config_connection_write_timeout(lua_State *L);
+int shmipc__lua_config_read_timeout(lua_State *L);
+int shmipc__lua_config_write_timeout(lua_State *L);
+int shmipc__lua_config_protocol(lua_State *L);
+int shmipc__lua_config_wakeup(lua_State *L);
+int shmipc__lua_config_with_v4(lua_State *L);
+int shmipc__lua_config_with_v4_eventfd(lua_State *L);
+int shmipc__lua_config_with_v4_event_queue_polling(lua_State *L);
+int shmipc__lua_config_server_v4(lua_State *L);
+int shmipc__lua_config_peer_uids(lua_State *L);
+int shmipc__lua_config_socket_mode(lua_State *L);
+int shmipc__lua_config_max_pending_streams(lua_State *L);
+int shmipc__lua_config_spin_us(lua_State *L);
+int shmipc__lua_config_max_fallback_unread(lua_State *L);
+extern const luaL_Reg shmipc__lua_config_methods[];
+extern const luaL_Reg shmipc__lua_config_metamethods[];
+
+/* shmipc.config([opts]) (config_options.c). */
+int shmipc__lua_config_new(lua_State *L);
 
 /* Sets the method table `methods` as __index of the metatable `name`, with `meta`. */
 void shmipc__lua_new_class(lua_State *L, const char *name, const luaL_Reg *meta,
