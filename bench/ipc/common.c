@@ -5,6 +5,10 @@
  */
 #include "ipc_bench.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 const char *const transport_name[T_COUNT] = {
     "shmipc-v3", "shmipc-v2", "shmipc-v4", "shmipc-v4-eventfd", "shmipc-v4-polling", "uds", "tcp"};
 /* What --transports takes (the full names above are accepted too). */
@@ -85,13 +89,31 @@ size_t min_size(size_t a, size_t b)
 
 /*
  * The sum of the bytes. It ignores positions, so it is the same however the echo was cut
- * into chunks. Eight bytes at a time: the words are split into four 16-bit lanes that can
- * take 128 words of two bytes each before they could carry.
+ * into chunks. It is the reader's pass over the payload, so it runs at the speed of a read:
+ * with SSE2 (every x86-64), PSADBW sums 16 bytes into a 64-bit lane per instruction (a 1 MiB
+ * pass took 92 us as the word loop below and 21 us this way, with memcpy at 15 us per MiB,
+ * so the 1 MiB round trip was mostly this checksum). Elsewhere, and for the tail, eight bytes
+ * at a time: the words are split into four 16-bit lanes that can take 128 words of two bytes
+ * each before they could carry.
  */
 uint64_t byte_sum(const uint8_t *p, size_t n)
 {
     const uint64_t lo = 0x00ff00ff00ff00ffull;
     uint64_t total = 0;
+#if defined(__SSE2__)
+    __m128i zero = _mm_setzero_si128(), acc0 = zero, acc1 = zero;
+    while (n >= 32) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)p);
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(p + 16));
+        acc0 = _mm_add_epi64(acc0, _mm_sad_epu8(a, zero));
+        acc1 = _mm_add_epi64(acc1, _mm_sad_epu8(b, zero));
+        p += 32;
+        n -= 32;
+    }
+    uint64_t lanes[2];
+    _mm_storeu_si128((__m128i *)(void *)lanes, _mm_add_epi64(acc0, acc1));
+    total = lanes[0] + lanes[1];
+#endif
     while (n >= 8) {
         size_t words = n / 8 > 128 ? 128 : n / 8;
         uint64_t acc = 0;
