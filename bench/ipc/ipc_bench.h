@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -259,6 +260,8 @@ extern int idle_window_ms;
 int measure_idle_after(const struct opts *o, const struct client *c);
 extern double memcpy_gibps;
 void measure_memcpy(void);
+extern double wake_floor_us;
+void measure_wake_floor(const struct env *e);
 int measure_idle(const struct opts *o, struct local *lc);
 
 /* transport_shmipc.c */
@@ -314,6 +317,7 @@ int size64(const struct opts *o);
 int write_bar4(FILE *f, struct results *r, int markdown);
 void write_idle(FILE *f, const struct opts *o, int markdown);
 void write_memcpy_floor(FILE *f, struct results *r);
+void write_wake_floor(FILE *f, struct results *r);
 int write_md(const char *path, struct results *r, const struct opts *o, const struct env *e);
 
 /* report_json.c */

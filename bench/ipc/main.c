@@ -546,10 +546,12 @@ static int ipc_main(const struct opts *o)
                 o->idle_ms);
     }
     measure_memcpy();
+    measure_wake_floor(&e);
     read_loadavg(e.load_end, sizeof e.load_end);
     write_tables(stdout, &r);
     write_idle(stdout, o, 0);
     write_memcpy_floor(stdout, &r);
+    write_wake_floor(stdout, &r);
     write_bar(stdout, &r, 0);
     write_bar4(stdout, &r, 0);
     printf("\nrun time: %.1f s; load average %s at the start, %s at the end\n",

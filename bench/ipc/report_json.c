@@ -201,7 +201,8 @@ int write_json(const char *path, struct results *r, const struct env *e)
                 transport_name[t], idle_share[t][0], idle_share[t][1]);
         none = 0;
     }
-    fprintf(f, "%s},\n  \"memcpy_gibps\": %.3f\n}\n", none ? "" : "\n  ", memcpy_gibps);
+    fprintf(f, "%s},\n  \"memcpy_gibps\": %.3f,\n  \"wake_floor_us\": %.3f\n}\n",
+            none ? "" : "\n  ", memcpy_gibps, wake_floor_us);
     if (fclose(f) != 0)
         return sys_fail(path);
     return 0;

@@ -373,6 +373,28 @@ void write_memcpy_floor(FILE *f, struct results *r)
     }
 }
 
+void write_wake_floor(FILE *f, struct results *r)
+{
+    const struct opts *o = r->o;
+    char size[32];
+    if (wake_floor_us <= 0 || o->nsizes == 0)
+        return;
+    fmt_size(size, sizeof size, o->sizes[0]);
+    fprintf(f,
+            "\n### Small round trips against the wakeup floor\n\nTwo processes pinned as above "
+            "pass a token through two eventfds with blocking reads: two cross-process wakeups "
+            "and no payload take %.2f µs a round trip (median of 2000). A transport whose "
+            "waiters sleep cannot go below it; spinning skips the wakeups.\n\n",
+            wake_floor_us);
+    fprintf(f, "| transport | %s p50 | p50 / wakeup floor |\n|---|---:|---:|\n", size);
+    for (int i = 0; i < o->ntransports; i++) {
+        int t = o->transports[i];
+        double p50 = lat_median(r, 0, t, P50);
+        if (p50 > 0)
+            fprintf(f, "| %s | %.2f µs | %.2fx |\n", transport_name[t], p50, p50 / wake_floor_us);
+    }
+}
+
 int write_md(const char *path, struct results *r, const struct opts *o, const struct env *e)
 {
     FILE *f = fopen(path, "w");
@@ -383,6 +405,7 @@ int write_md(const char *path, struct results *r, const struct opts *o, const st
     write_tables(f, r);
     write_idle(f, o, 1);
     write_memcpy_floor(f, r);
+    write_wake_floor(f, r);
     write_bar(f, r, 1);
     write_bar4(f, r, 1);
     if (fclose(f) != 0)
