@@ -20,13 +20,16 @@ def snippet(lang):
 
 
 def test_c_example(tmp_path):
+    # The README's fixed socket path, made unique: two test runs at once must not collide.
+    sock = str(tmp_path / "greeter.sock")
+    code = snippet("c")
+    assert "/tmp/shmipc_greeter.sock" in code
     src = tmp_path / "example.c"
-    src.write_text(snippet("c"))
+    src.write_text(code.replace("/tmp/shmipc_greeter.sock", sock))
     exe = tmp_path / "example"
     libdir = os.path.join(BUILD, "bindings")
     subprocess.run(["cc", "-Wall", "-Wextra", "-Werror", str(src), "-I", os.path.join(ROOT, "bindings"),
                     "-L", libdir, "-lshmipc", f"-Wl,-rpath,{libdir}", "-o", str(exe)], check=True)
-    sock = "/tmp/shmipc_greeter.sock"
     server = subprocess.Popen([os.path.join(BUILD, "examples", "c", "greeter_server"), "unix:" + sock, "1"],
                               stdout=subprocess.PIPE, text=True)
     try:
