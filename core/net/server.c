@@ -2,9 +2,10 @@
  * The HTTP/1.1 server object; see server.h and docs/http.md. Owns struct shmipc_server's
  * life: shmipc__server_new() (resolving the config and the SHMIPC_HTTP_* knobs), start, run,
  * stop, stats and free. May call: the config (server_config.c), the workers' setup and
- * teardown (server_conn.c), the route tables' release (server_route.c), the reactor's workers.
- * The rest of the server lives beside it: server_config.c, server_conn.c (the connection
- * lifecycle), server_route.c (routing and the response API) and server_ws.c (WebSocket).
+ * teardown (server_worker.c), the route tables' release (server_route.c), the reactor's
+ * workers. The rest of the server lives beside it: server_config.c, server_conn.c (the
+ * connection lifecycle), server_defer.c (deferred requests), server_worker.c (the workers and
+ * their pools), server_route.c (routing and the response API) and server_ws.c (WebSocket).
  */
 #include "net/server_int.h"
 

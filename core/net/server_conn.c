@@ -1,10 +1,13 @@
 /*
- * The HTTP server's connection driver and its workers: per-worker pools and timers, and the
- * connection lifecycle, the one place where a connection's state (conn_state.h) changes.
- * Owns struct server_conn from accept to free, and each worker's setup and teardown.
+ * The HTTP server's connection lifecycle, the one place where a connection's state
+ * (conn_state.h) changes: the event dispatch through the table, its named transitions, the
+ * per-connection timer, and the receive buffer and batch a transition works on.
+ * Owns struct server_conn from accept to free (the workers' pools it borrows from are
+ * server_worker.c's; the deferred request's ticket and answer are server_defer.c's).
  * May call: the reactor, http_conn (parsing and batching), the request dispatch
- * (shmipc__server_handle(), server_route.c) and the WebSocket layer (server_ws.c) for
- * upgraded connections. See docs/http.md, "Connection lifecycle".
+ * (shmipc__server_handle(), server_route.c), the WebSocket layer (server_ws.c) for
+ * upgraded connections, server_worker.c's pools and server_defer.c's cancel. See
+ * docs/http.md, "Connection lifecycle".
  *
  * Per connection: bytes from the reactor are appended to the connection's receive buffer and
  * shmipc__http_conn_process() answers every complete request there into one batch, which
@@ -30,91 +33,19 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
 
 static void conn_serve(struct server_conn *sc);
 static void defer_start(struct server_conn *sc);
 static void ws_start(struct server_conn *sc, size_t consumed);
 
-/* ---- pools ---- */
-
-static char *rx_get(struct shmipc__server_worker *w)
-{
-    char *b = w->free_rx;
-    if (b != NULL) {
-        w->free_rx = *(char **)b;
-        w->nfree_rx--;
-        return b;
-    }
-    return malloc(RX_STD);
-}
-
-static void rx_put(struct shmipc__server_worker *w, char *b, size_t cap)
-{
-    if (b == NULL)
-        return;
-    if (cap != RX_STD || w->nfree_rx >= POOL_KEEP) {
-        free(b);
-        return;
-    }
-    *(char **)b = w->free_rx;
-    w->free_rx = b;
-    w->nfree_rx++;
-}
-
-static struct txbuf *tx_get(struct shmipc__server_worker *w)
-{
-    struct txbuf *t = w->free_tx;
-    if (t != NULL) {
-        w->free_tx = t->next;
-        w->nfree_tx--;
-        return t;
-    }
-    return malloc(sizeof *t);
-}
-
-static void tx_put(struct shmipc__server_worker *w, struct txbuf *t)
-{
-    if (t == NULL)
-        return;
-    if (w->nfree_tx >= POOL_KEEP) {
-        free(t);
-        return;
-    }
-    t->next = w->free_tx;
-    w->free_tx = t;
-    w->nfree_tx++;
-}
+/* ---- the connection ---- */
 
 static size_t conn_size(const struct shmipc_server *s)
 {
     return sizeof(struct server_conn) + s->limits.max_headers * sizeof(struct shmipc__http_field);
-}
-
-void shmipc__server_worker_free_pools(struct shmipc__server_worker *w)
-{
-    while (w->free_conns != NULL) {
-        struct server_conn *sc = w->free_conns;
-        w->free_conns = sc->next;
-        free(sc);
-    }
-    while (w->free_rx != NULL) {
-        char *b = w->free_rx;
-        w->free_rx = *(char **)b;
-        free(b);
-    }
-    while (w->free_tx != NULL) {
-        struct txbuf *t = w->free_tx;
-        w->free_tx = t->next;
-        free(t);
-    }
-    w->nfree_rx = w->nfree_tx = 0;
 }
 
 /* ---- timers ---- */
@@ -218,17 +149,6 @@ static void conn_timeout(struct shmipc__timer *t)
     shmipc__server_conn_event(sc, SHMIPC__CE_TIMEOUT, NULL, 0);
 }
 
-static void date_tick(struct shmipc__timer *t)
-{
-    struct shmipc__server_worker *w = t->data;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    shmipc__http_date_refresh(&w->date, ts.tv_sec);
-    /* Just past the next second, so the text changes when the second does. */
-    if (shmipc__timer_start(&w->date_timer, 1000 - (uint64_t)ts.tv_nsec / 1000000 + 1) < 0)
-        SHMIPC__LOG(SHMIPC__LOG_WARN, "server: date timer: %s", shmipc__detail());
-}
-
 /* ---- lifecycle ---- */
 
 static void release_list(struct release **list)
@@ -257,8 +177,8 @@ static void conn_free(struct server_conn *sc)
     }
     release_all(sc);
     release_list(&sc->answer_rel);
-    tx_put(w, sc->tx);
-    rx_put(w, sc->rx, sc->rx_cap);
+    shmipc__server_tx_put(w, sc->tx);
+    shmipc__server_rx_put(w, sc->rx, sc->rx_cap);
     free(sc->rx_retired);
     sc->next = w->free_conns;
     w->free_conns = sc;
@@ -317,7 +237,7 @@ static void rx_drop_done(struct server_conn *sc)
         sc->rx_done = 0;
     }
     if (sc->rx_len == 0 && sc->rx != NULL) {
-        rx_put(w, sc->rx, sc->rx_cap);
+        shmipc__server_rx_put(w, sc->rx, sc->rx_cap);
         sc->rx = NULL;
         sc->rx_cap = 0;
     }
@@ -337,7 +257,7 @@ static int rx_append(struct server_conn *sc, const void *data, size_t len)
                                 keep + len);
         while (cap < keep + len)
             cap *= 2;
-        nb = cap == RX_STD ? rx_get(w) : malloc(cap);
+        nb = cap == RX_STD ? shmipc__server_rx_get(w) : malloc(cap);
         if (nb == NULL)
             return shmipc__fail(SHMIPC_ENOMEM, "server: %zu-byte receive buffer", cap);
         if (sc->rx != NULL) {
@@ -348,7 +268,7 @@ static int rx_append(struct server_conn *sc, const void *data, size_t len)
             if (sc->inflight && sc->rx_done > 0)
                 sc->rx_retired = sc->rx;
             else
-                rx_put(w, sc->rx, sc->rx_cap);
+                shmipc__server_rx_put(w, sc->rx, sc->rx_cap);
         }
         sc->rx = nb;
         sc->rx_cap = cap;
@@ -387,7 +307,7 @@ static void on_sent(struct shmipc__conn *c, int status, void *data)
     (void)c;
     sc->inflight = 0;
     release_all(sc);
-    tx_put(sc->w, sc->tx);
+    shmipc__server_tx_put(sc->w, sc->tx);
     sc->tx = NULL;
     shmipc__server_conn_event(sc, status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_SENT, NULL, 0);
 }
@@ -425,7 +345,7 @@ static void conn_serve(struct server_conn *sc)
     int verdict;
 
     if (sc->tx == NULL) {
-        sc->tx = tx_get(w);
+        sc->tx = shmipc__server_tx_get(w);
         if (sc->tx == NULL) {
             SHMIPC__LOG(SHMIPC__LOG_WARN, "server: out of memory for a response batch");
             shmipc__server_conn_close(sc);
@@ -482,7 +402,7 @@ static void conn_serve(struct server_conn *sc)
             shmipc__server_conn_linger(sc);
         return;
     }
-    tx_put(w, sc->tx);
+    shmipc__server_tx_put(w, sc->tx);
     sc->tx = NULL;
     release_all(sc);
     rx_drop_done(sc);
@@ -497,41 +417,6 @@ static void conn_serve(struct server_conn *sc)
         return;
     }
     update_deadline(sc);
-}
-
-/* ---- deferred requests (docs/serve.md, "The front") ---- */
-
-int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
-                         shmipc__server_cancel_fn cancel, void *data,
-                         struct shmipc__server_ticket *out)
-{
-    struct server_conn *sc = res->conn;
-    if (res->deferred || sc == NULL || sc->defer_on || sc->state != SHMIPC__CS_HANDLING)
-        return shmipc__fail(SHMIPC_EINVAL, "defer: not in a route handler, or deferred twice");
-    if (timeout_ms > SHMIPC__SERVER_MAX_TIMEOUT_MS)
-        return shmipc__fail(SHMIPC_ERANGE, "defer: timeout of %u ms", timeout_ms);
-    res->deferred = 1;
-    sc->defer_on = 1;
-    sc->answered = 0;
-    sc->on_cancel = cancel;
-    sc->cancel_data = data;
-    sc->defer_deadline = timeout_ms ? shmipc__server_conn_after(sc, timeout_ms) : 0;
-    out->sc = sc;
-    out->gen = sc->defer_gen;
-    return 0;
-}
-
-void shmipc__server_defer_cancel(struct server_conn *sc, int reason)
-{
-    if (!sc->defer_on)
-        return;
-    shmipc__server_cancel_fn fn = sc->on_cancel;
-    sc->defer_on = 0;
-    sc->defer_gen++;
-    sc->defer_deadline = 0;
-    sc->on_cancel = NULL;
-    if (fn != NULL)
-        fn(sc->cancel_data, reason);
 }
 
 /* DEFERRED's deadline: the request's (504), and the send timeout while the answers before it
@@ -560,7 +445,7 @@ static void defer_start(struct server_conn *sc)
         sc->inflight = 1;
         sc->tx_mark = shmipc__conn_pending(sc->conn);
     } else {
-        tx_put(w, sc->tx);
+        shmipc__server_tx_put(w, sc->tx);
         sc->tx = NULL;
         release_all(sc);
         rx_drop_done(sc);
@@ -618,133 +503,6 @@ static void act_defer_timer(struct server_conn *sc)
         return;
     }
     defer_deadline(sc);
-}
-
-static int header_named(const struct shmipc__http_header_out *h, const char *name)
-{
-    size_t n = strlen(name);
-    return h->name_len == n && strncasecmp(h->name, name, n) == 0;
-}
-
-int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
-                            const struct shmipc__http_header_out *headers, uint32_t nheaders,
-                            const void *body, size_t body_len, shmipc_destroy_cb release,
-                            void *user_data)
-{
-    struct server_conn *sc = t.sc;
-    int rc;
-    if (sc == NULL || !pthread_equal(pthread_self(), sc->w->thread) || status < 200 ||
-        status > 999 || nheaders > SHMIPC__SERVER_MAX_RESP_HEADERS) {
-        rc = shmipc__fail(SHMIPC_EINVAL, "complete: off the worker thread, or a bad answer");
-        goto refuse;
-    }
-    if (!sc->defer_on || sc->answered || sc->defer_gen != t.gen) {
-        rc = shmipc__fail(SHMIPC_ECLOSED, "complete: the deferred request was cancelled");
-        goto refuse;
-    }
-    if (sc->state != SHMIPC__CS_DEFERRED) { /* from inside the handler that deferred */
-        rc = shmipc__fail(SHMIPC_EINVAL, "complete: the handler has not returned yet");
-        goto refuse;
-    }
-    /* The owner's head is checked as the handler API checks it (shmipc_http_response_add_header):
-     * the framing headers are the server's alone (a second Content-Length beside ours makes
-     * the client or a proxy in front split the stream elsewhere), and a control byte is
-     * refused now, while the owner can still answer otherwise. */
-    uint16_t close_flag = 0;
-    uint32_t ntype = content_type != NULL;
-    if (content_type != NULL) {
-        struct shmipc__http_header_out ct = {"Content-Type", content_type, 12,
-                                             (uint32_t)strlen(content_type)};
-        if (!shmipc__http_header_valid(&ct)) {
-            rc = shmipc__fail(SHMIPC_EINVAL, "complete: Content-Type has a control byte");
-            goto refuse;
-        }
-    }
-    for (uint32_t i = 0; i < nheaders; i++) {
-        const struct shmipc__http_header_out *hd = &headers[i];
-        if (!shmipc__http_header_valid(hd) || header_named(hd, "Content-Length") ||
-            header_named(hd, "Transfer-Encoding") || header_named(hd, "Date") ||
-            header_named(hd, "Server") ||
-            (header_named(hd, "Connection") &&
-             (hd->value_len != 5 || strncasecmp(hd->value, "close", 5) != 0)) ||
-            (header_named(hd, "Content-Type") && ++ntype > 1)) {
-            rc = shmipc__fail(SHMIPC_EINVAL, "complete: response header %u is refused", i);
-            goto refuse;
-        }
-        if (header_named(hd, "Connection"))
-            close_flag = SHMIPC__HTTP_RESP_CLOSE;
-    }
-    /* The header array and the content type are copied now: the answer may be batched later
-     * (after the batch in flight), when the caller's memory is gone. */
-    size_t need = sizeof(struct release) + nheaders * sizeof *headers +
-                  (content_type != NULL ? strlen(content_type) + 1 : 0);
-    /* Without a release callback the caller cannot know when the body is no longer used:
-     * it is copied too. */
-    if (release == NULL)
-        need += body_len;
-    for (uint32_t i = 0; i < nheaders; i++)
-        need += headers[i].name_len + headers[i].value_len;
-    struct release *meta = malloc(need), *bnode = NULL;
-    if (meta != NULL && release != NULL && (bnode = malloc(sizeof *bnode)) == NULL) {
-        free(meta);
-        meta = NULL;
-    }
-    if (meta == NULL) {
-        rc = shmipc__fail(SHMIPC_ENOMEM, "complete: out of memory for the answer");
-        goto refuse;
-    }
-    struct shmipc__http_header_out *h = (struct shmipc__http_header_out *)(meta + 1);
-    char *p = (char *)(h + nheaders);
-    uint32_t nh = 0;
-    for (uint32_t i = 0; i < nheaders; i++) {
-        if (header_named(&headers[i], "Connection"))
-            continue; /* "close": a flag, the writer adds the header */
-        h[nh] = headers[i];
-        memcpy(p, headers[i].name, headers[i].name_len);
-        h[nh].name = p;
-        p += headers[i].name_len;
-        memcpy(p, headers[i].value, headers[i].value_len);
-        h[nh].value = p;
-        p += headers[i].value_len;
-        nh++;
-    }
-    struct shmipc__http_response *r = &sc->http.deferred;
-    r->status = (uint16_t)status;
-    r->flags |= close_flag;
-    r->headers = h;
-    r->nheaders = nh;
-    r->content_type = NULL;
-    if (content_type != NULL) {
-        memcpy(p, content_type, strlen(content_type) + 1);
-        r->content_type = p;
-    }
-    if (release == NULL && body_len > 0) {
-        p += content_type != NULL ? strlen(content_type) + 1 : 0;
-        memcpy(p, body, body_len);
-        body = p;
-    }
-    r->body = body;
-    r->body_len = body_len;
-    meta->fn = NULL;
-    meta->user_data = NULL;
-    meta->next = sc->answer_rel;
-    sc->answer_rel = meta;
-    if (bnode != NULL) {
-        bnode->fn = release;
-        bnode->user_data = user_data;
-        bnode->next = sc->answer_rel;
-        sc->answer_rel = bnode;
-    }
-    sc->defer_on = 0;
-    sc->defer_gen++;
-    sc->on_cancel = NULL;
-    sc->answered = 1;
-    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
-    return 0;
-refuse:
-    if (release != NULL)
-        release(user_data);
-    return rc;
 }
 
 /* DEFERRED, COMPLETE: the answer goes now, once the batch in flight has left, or (from inside
@@ -943,9 +701,9 @@ static void on_end(struct shmipc__conn *c, int status)
                               status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_PEER_FIN, NULL, 0);
 }
 
-static const struct shmipc__conn_cbs conn_cbs = {on_data, on_end};
+const struct shmipc__conn_cbs shmipc__server_conn_cbs = {on_data, on_end};
 
-static void on_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *data)
+void shmipc__server_conn_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *data)
 {
     struct shmipc__server_worker *w = data;
     struct shmipc_server *s = w->srv;
@@ -1008,69 +766,4 @@ static void ws_start(struct server_conn *sc, size_t consumed)
         shmipc__server_ws_input(sc, sc->rx + consumed, left);
     else
         shmipc__server_ws_flush(sc);
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Workers */
-
-int shmipc__server_worker_setup(struct shmipc__loop *loop, int listen_fd, unsigned index,
-                                void *data)
-{
-    struct shmipc_server *s = data;
-    struct shmipc__server_worker *w = &s->w[index];
-    struct timespec ts;
-    int rc;
-    w->loop = loop;
-    w->thread = pthread_self();
-    clock_gettime(CLOCK_REALTIME, &ts);
-    shmipc__http_date_init(&w->date, ts.tv_sec);
-    shmipc__timer_init(loop, &w->date_timer, date_tick, w);
-    rc = shmipc__timer_start(&w->date_timer, 1000 - (uint64_t)ts.tv_nsec / 1000000 + 1);
-    if (rc < 0) {
-        close(listen_fd);
-        return rc;
-    }
-    rc = shmipc__acceptor_open(loop, listen_fd, &conn_cbs, on_accept, w, &w->acceptor);
-    if (rc < 0) {
-        shmipc__timer_stop(&w->date_timer);
-        return rc;
-    }
-    if (index == 0)
-        s->backend_name = shmipc__loop_backend_name(loop);
-    return 0;
-}
-
-/*
- * Runs on the worker thread once its loop was stopped: the graceful part of a stop. The loop
- * still works, so it is run here until the connections are gone or the stop timeout passed.
- */
-void shmipc__server_worker_teardown(struct shmipc__loop *loop, unsigned index, void *data)
-{
-    struct shmipc_server *s = data;
-    struct shmipc__server_worker *w = &s->w[index];
-    uint64_t deadline = shmipc__loop_now_ms(loop) + s->stop_ms;
-    struct server_conn *sc, *next;
-
-    w->draining = 1;
-    if (w->acceptor != NULL) {
-        shmipc__acceptor_close(w->acceptor);
-        w->acceptor = NULL;
-    }
-    /* Idle keep-alive connections get their FIN now; the others with their last answer.
-     * WebSockets get a close frame (1001, going away) and the stop timeout to answer it. */
-    for (sc = w->conns; sc != NULL; sc = next) {
-        next = sc->next;
-        shmipc__server_conn_event(sc, SHMIPC__CE_SHUTDOWN, NULL, 0);
-    }
-    while (w->nconns > 0) {
-        uint64_t now = shmipc__loop_now_ms(loop);
-        if (now >= deadline)
-            break;
-        if (shmipc__loop_run_once(loop, (int)(deadline - now < 50 ? deadline - now : 50)) < 0)
-            break;
-    }
-    while (w->conns != NULL)
-        shmipc__server_conn_close(w->conns);
-    shmipc__timer_stop(&w->date_timer);
-    shmipc__loop_stats(loop, &w->stats.loop);
 }

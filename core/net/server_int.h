@@ -1,6 +1,6 @@
 /*
  * Internal to the HTTP server's files (server.c, server_config.c, server_conn.c,
- * server_route.c, server_ws.c): the worker and connection structs and the calls between those
+ * server_defer.c, server_route.c, server_worker.c, server_ws.c): the worker and connection structs and the calls between those
  * files. Nothing outside core/net/server*.c includes this; the rest of the library uses
  * server.h.
  */
@@ -126,18 +126,27 @@ struct shmipc__server_worker {
     struct shmipc__server_stats stats;
 };
 
-/* server_conn.c: the connection driver and the workers */
+/* server_conn.c: the connection lifecycle */
 void shmipc__server_conn_set_deadline(struct server_conn *sc, uint64_t deadline);
 uint64_t shmipc__server_conn_after(const struct server_conn *sc, uint32_t ms);
 void shmipc__server_conn_close(struct server_conn *sc);
 void shmipc__server_conn_linger(struct server_conn *sc);
 void shmipc__server_conn_event(struct server_conn *sc, int ev, const void *data, size_t len);
+/* The acceptor's callbacks (server_worker.c opens the acceptor with them). */
+extern const struct shmipc__conn_cbs shmipc__server_conn_cbs;
+void shmipc__server_conn_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *data);
+
+/* server_worker.c: the workers and their pools */
 int shmipc__server_worker_setup(struct shmipc__loop *loop, int listen_fd, unsigned index,
                                 void *data);
 void shmipc__server_worker_teardown(struct shmipc__loop *loop, unsigned index, void *data);
 void shmipc__server_worker_free_pools(struct shmipc__server_worker *w);
+char *shmipc__server_rx_get(struct shmipc__server_worker *w);
+void shmipc__server_rx_put(struct shmipc__server_worker *w, char *b, size_t cap);
+struct txbuf *shmipc__server_tx_get(struct shmipc__server_worker *w);
+void shmipc__server_tx_put(struct shmipc__server_worker *w, struct txbuf *t);
 
-/* server_conn.c: deferred requests (docs/serve.md, "The front") */
+/* server_defer.c: deferred requests (docs/serve.md, "The front") */
 int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
                          shmipc__server_cancel_fn cancel, void *data,
                          struct shmipc__server_ticket *out);

@@ -1,0 +1,174 @@
+/*
+ * The HTTP server's deferred requests (docs/serve.md, "The front"): a route handler defers its
+ * request and an application worker answers it later. Owns the ticket (defer, cancel) and the
+ * answer's checks and copies (complete); the DEFERRED state's transitions are server_conn.c's,
+ * which complete() reaches through the COMPLETE event.
+ * May call: http_writer (header checks, the deferred response) and server_conn.c's
+ * shmipc__server_conn_event() and shmipc__server_conn_after().
+ */
+#include "net/server_int.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
+                         shmipc__server_cancel_fn cancel, void *data,
+                         struct shmipc__server_ticket *out)
+{
+    struct server_conn *sc = res->conn;
+    if (res->deferred || sc == NULL || sc->defer_on || sc->state != SHMIPC__CS_HANDLING)
+        return shmipc__fail(SHMIPC_EINVAL, "defer: not in a route handler, or deferred twice");
+    if (timeout_ms > SHMIPC__SERVER_MAX_TIMEOUT_MS)
+        return shmipc__fail(SHMIPC_ERANGE, "defer: timeout of %u ms", timeout_ms);
+    res->deferred = 1;
+    sc->defer_on = 1;
+    sc->answered = 0;
+    sc->on_cancel = cancel;
+    sc->cancel_data = data;
+    sc->defer_deadline = timeout_ms ? shmipc__server_conn_after(sc, timeout_ms) : 0;
+    out->sc = sc;
+    out->gen = sc->defer_gen;
+    return 0;
+}
+
+void shmipc__server_defer_cancel(struct server_conn *sc, int reason)
+{
+    if (!sc->defer_on)
+        return;
+    shmipc__server_cancel_fn fn = sc->on_cancel;
+    sc->defer_on = 0;
+    sc->defer_gen++;
+    sc->defer_deadline = 0;
+    sc->on_cancel = NULL;
+    if (fn != NULL)
+        fn(sc->cancel_data, reason);
+}
+
+static int header_named(const struct shmipc__http_header_out *h, const char *name)
+{
+    size_t n = strlen(name);
+    return h->name_len == n && strncasecmp(h->name, name, n) == 0;
+}
+
+int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
+                            const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                            const void *body, size_t body_len, shmipc_destroy_cb release,
+                            void *user_data)
+{
+    struct server_conn *sc = t.sc;
+    int rc;
+    if (sc == NULL || !pthread_equal(pthread_self(), sc->w->thread) || status < 200 ||
+        status > 999 || nheaders > SHMIPC__SERVER_MAX_RESP_HEADERS) {
+        rc = shmipc__fail(SHMIPC_EINVAL, "complete: off the worker thread, or a bad answer");
+        goto refuse;
+    }
+    if (!sc->defer_on || sc->answered || sc->defer_gen != t.gen) {
+        rc = shmipc__fail(SHMIPC_ECLOSED, "complete: the deferred request was cancelled");
+        goto refuse;
+    }
+    if (sc->state != SHMIPC__CS_DEFERRED) { /* from inside the handler that deferred */
+        rc = shmipc__fail(SHMIPC_EINVAL, "complete: the handler has not returned yet");
+        goto refuse;
+    }
+    /* The owner's head is checked as the handler API checks it (shmipc_http_response_add_header):
+     * the framing headers are the server's alone (a second Content-Length beside ours makes
+     * the client or a proxy in front split the stream elsewhere), and a control byte is
+     * refused now, while the owner can still answer otherwise. */
+    uint16_t close_flag = 0;
+    uint32_t ntype = content_type != NULL;
+    if (content_type != NULL) {
+        struct shmipc__http_header_out ct = {"Content-Type", content_type, 12,
+                                             (uint32_t)strlen(content_type)};
+        if (!shmipc__http_header_valid(&ct)) {
+            rc = shmipc__fail(SHMIPC_EINVAL, "complete: Content-Type has a control byte");
+            goto refuse;
+        }
+    }
+    for (uint32_t i = 0; i < nheaders; i++) {
+        const struct shmipc__http_header_out *hd = &headers[i];
+        if (!shmipc__http_header_valid(hd) || header_named(hd, "Content-Length") ||
+            header_named(hd, "Transfer-Encoding") || header_named(hd, "Date") ||
+            header_named(hd, "Server") ||
+            (header_named(hd, "Connection") &&
+             (hd->value_len != 5 || strncasecmp(hd->value, "close", 5) != 0)) ||
+            (header_named(hd, "Content-Type") && ++ntype > 1)) {
+            rc = shmipc__fail(SHMIPC_EINVAL, "complete: response header %u is refused", i);
+            goto refuse;
+        }
+        if (header_named(hd, "Connection"))
+            close_flag = SHMIPC__HTTP_RESP_CLOSE;
+    }
+    /* The header array and the content type are copied now: the answer may be batched later
+     * (after the batch in flight), when the caller's memory is gone. */
+    size_t need = sizeof(struct release) + nheaders * sizeof *headers +
+                  (content_type != NULL ? strlen(content_type) + 1 : 0);
+    /* Without a release callback the caller cannot know when the body is no longer used:
+     * it is copied too. */
+    if (release == NULL)
+        need += body_len;
+    for (uint32_t i = 0; i < nheaders; i++)
+        need += headers[i].name_len + headers[i].value_len;
+    struct release *meta = malloc(need), *bnode = NULL;
+    if (meta != NULL && release != NULL && (bnode = malloc(sizeof *bnode)) == NULL) {
+        free(meta);
+        meta = NULL;
+    }
+    if (meta == NULL) {
+        rc = shmipc__fail(SHMIPC_ENOMEM, "complete: out of memory for the answer");
+        goto refuse;
+    }
+    struct shmipc__http_header_out *h = (struct shmipc__http_header_out *)(meta + 1);
+    char *p = (char *)(h + nheaders);
+    uint32_t nh = 0;
+    for (uint32_t i = 0; i < nheaders; i++) {
+        if (header_named(&headers[i], "Connection"))
+            continue; /* "close": a flag, the writer adds the header */
+        h[nh] = headers[i];
+        memcpy(p, headers[i].name, headers[i].name_len);
+        h[nh].name = p;
+        p += headers[i].name_len;
+        memcpy(p, headers[i].value, headers[i].value_len);
+        h[nh].value = p;
+        p += headers[i].value_len;
+        nh++;
+    }
+    struct shmipc__http_response *r = &sc->http.deferred;
+    r->status = (uint16_t)status;
+    r->flags |= close_flag;
+    r->headers = h;
+    r->nheaders = nh;
+    r->content_type = NULL;
+    if (content_type != NULL) {
+        memcpy(p, content_type, strlen(content_type) + 1);
+        r->content_type = p;
+    }
+    if (release == NULL && body_len > 0) {
+        p += content_type != NULL ? strlen(content_type) + 1 : 0;
+        memcpy(p, body, body_len);
+        body = p;
+    }
+    r->body = body;
+    r->body_len = body_len;
+    meta->fn = NULL;
+    meta->user_data = NULL;
+    meta->next = sc->answer_rel;
+    sc->answer_rel = meta;
+    if (bnode != NULL) {
+        bnode->fn = release;
+        bnode->user_data = user_data;
+        bnode->next = sc->answer_rel;
+        sc->answer_rel = bnode;
+    }
+    sc->defer_on = 0;
+    sc->defer_gen++;
+    sc->on_cancel = NULL;
+    sc->answered = 1;
+    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    return 0;
+refuse:
+    if (release != NULL)
+        release(user_data);
+    return rc;
+}
