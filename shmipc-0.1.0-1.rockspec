@@ -74,6 +74,8 @@ build = {
             "core/reactor/sock.c",
             "core/reactor/timer.c",
             "core/reactor/uring.c",
+            "core/reactor/uring_batch.c",
+            "core/reactor/uring_setup.c",
             "core/net/http_conn.c",
             "core/net/http_parser.c",
             "core/net/http_writer.c",

@@ -13,7 +13,8 @@
  * to batch_us (the MIN_TIMEOUT wait of kernel 6.12; before that, the wait's timeout is cut to
  * batch_us instead). Under load one wakeup then carries many requests instead of about one.
  * A batched wait that gathers little (clients that send rarely) pauses batching for a while.
- * A lone client, or a few, is never held back. docs/reactor.md has the measurements.
+ * A lone client, or a few, is never held back. docs/reactor.md has the measurements;
+ * uring_batch.c holds the controller and the enter.
  *
  * Sockets stay blocking (O_NONBLOCK cleared on fds we did not accept ourselves): on an
  * O_NONBLOCK file io_uring returns -EAGAIN instead of arming its internal poll, which would
@@ -27,23 +28,23 @@
  * No SQE ever names a closed fd: conns and listeners are closed by an IORING_OP_CLOSE queued
  * behind their last SQE, never by close() while SQEs naming the fd wait in the SQ
  * (close_after_sqes() says why).
+ *
+ * This file owns the submissions (arming receives, accepts and polls, sends, cancels, the
+ * closes behind the last SQE), the completion dispatch and the backend table. The ring's
+ * setup, probe and teardown are uring_setup.c's, the batched waits uring_batch.c's; the three
+ * share uring_int.h. May call: the reactor's common parts (backend.h), liburing, common/.
  */
-#include "reactor/backend.h"
+#include "reactor/uring_int.h"
 
 #include "common/error.h"
 #include "common/log.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <liburing.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 enum {
@@ -53,90 +54,9 @@ enum {
     OP_SEND,
     OP_IGNORE,
 };
-/*
- * liburing maps and unmaps rings with raw system calls that TSan does not see, so a ring
- * mapped where another thread's freed ring was looks like a race with the old ring's writes
- * (issue 18, item 7: test_reactor's workers_count_and_failures, a worker whose setup failed
- * freeing its ring while another worker created one at the same address; 2 runs in 300
- * under load). No ring is shared: the kernel orders the unmap before the new map. Under TSan,
- * mapping and unmapping hold one lock, which TSan does see: a ring that lands where a freed
- * one was is mapped in a critical section after the one that unmapped it, and so after every
- * write to the old ring. (A release after the unmap and an acquire after the map, as here
- * before, missed a map that ran between the other thread's unmap and its release.) Not
- * compiled otherwise: rings are created and freed once per loop.
- */
-#if defined(__SANITIZE_THREAD__)
-static pthread_mutex_t ring_lifetimes = PTHREAD_MUTEX_INITIALIZER;
-#define RING_MAP_BEGIN() pthread_mutex_lock(&ring_lifetimes)
-#define RING_MAP_END()   pthread_mutex_unlock(&ring_lifetimes)
-#else
-#define RING_MAP_BEGIN() ((void)0)
-#define RING_MAP_END()   ((void)0)
-#endif
 
 #define OP_MASK  UINT64_C(15)
-#define BGID     0
 #define SEND_MAX (1u << 30) /* an SQE length is 32 bits; larger sends continue */
-
-#ifndef IORING_FEAT_MIN_TIMEOUT
-#define IORING_FEAT_MIN_TIMEOUT (1U << 15) /* kernel 6.12; liburing 2.3's headers predate it */
-#endif
-#define WINDOW_NS            UINT64_C(1000000) /* the activity window of batched waits */
-#define BATCH_MAX            256u              /* completions a batched wait asks for, at most */
-#define BATCH_MIN_ACTIVE     16u               /* busy conns below which a wait is never batched */
-#define BATCH_MIN_YIELD      4u /* completions a batched wait must gather to go on batching */
-#define BATCH_BACKOFF_MAX_MS 64u
-/* The comparison of batched and plain waits (batch_choice): each tried this long, then the
- * cheaper kept this long; a trial with fewer completions than this says nothing. */
-#define TRIAL_NS         UINT64_C(20000000)
-#define HOLD_NS          UINT64_C(1000000000)
-#define TRIAL_MIN_EVENTS 200u
-
-struct uring_state {
-    struct io_uring ring;
-    int ring_ok;
-    int enabled;
-    struct io_uring_buf_ring *br;
-    size_t br_bytes;
-    unsigned char *bufs;
-    size_t bufs_bytes;
-    unsigned buf_size;
-    unsigned nbufs;
-    /* fds to close once every SQE queued so far is submitted (close_after_sqes()'s
-     * fallback when no SQE is free for the IORING_OP_CLOSE). */
-    int *late_fds;
-    unsigned late_n, late_cap;
-    /* Conns resumed after a pause, served at the next poll (conn->ready_next). */
-    struct shmipc__conn *resumed_head, *resumed_tail;
-    int ring_registered; /* enter through ring.enter_ring_fd */
-    int min_timeout;     /* the kernel holds completions back (IORING_FEAT_MIN_TIMEOUT) */
-    /* Batched waits: sends queued since the last enter, and the activity windows. */
-    unsigned sends_queued;
-    uint64_t window_start_ns;
-    unsigned window;          /* the current window's number, stamped on conns (rx_window) */
-    unsigned window_active;   /* conns that received in the current window */
-    unsigned last_active;     /* and in the previous one */
-    uint64_t last_rx_ns;      /* the turn that last delivered a receive */
-    unsigned window_receives; /* receives dispatched in the current window */
-    unsigned window_batched;  /* batched waits made in it */
-    uint64_t batch_resume_ns;
-    uint64_t batch_failed_ns; /* when a batched wait last gathered too little */
-    unsigned batch_backoff_ms;
-    /* The comparison: its phase, when the phase ends, the CPU clock and completion count at
-     * its start, the plain trial's cost (ns per completion; 0: not measured), the choice. */
-    int ctl;
-    uint64_t ctl_start, ctl_until, ctl_cpu0, ctl_events0;
-    /* The plain trial's CPU per completion and completions per second. */
-    double cost_plain, rate_plain;
-    int ctl_batch;
-};
-
-enum { CTL_START, CTL_TRY_PLAIN, CTL_TRY_BATCH, CTL_HOLD };
-
-static struct uring_state *state(struct shmipc__loop *loop)
-{
-    return loop->be_state;
-}
 
 static uint64_t ud_io(const struct shmipc__io *io, unsigned op)
 {
@@ -543,200 +463,6 @@ static int run_resumed(struct shmipc__loop *loop)
     return n;
 }
 
-static uint64_t thread_cpu_ns(const struct shmipc__loop *loop)
-{
-    struct timespec ts;
-    if (loop->test_cpu_ns != NULL)
-        return loop->test_cpu_ns(loop);
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void ctl_phase(struct shmipc__loop *loop, struct uring_state *s, int phase, uint64_t len)
-{
-    s->ctl = phase;
-    s->ctl_start = loop->now_ns;
-    s->ctl_until = loop->now_ns + len;
-    s->ctl_cpu0 = thread_cpu_ns(loop);
-    s->ctl_events0 = loop->stats.events;
-}
-
-/* Completions per second since the phase began. */
-static double ctl_rate(const struct shmipc__loop *loop, const struct uring_state *s)
-{
-    uint64_t ns = loop->now_ns - s->ctl_start;
-    return ns > 0 ? (double)(loop->stats.events - s->ctl_events0) * 1e9 / (double)ns : 0;
-}
-
-/* The loop thread's CPU ns per completion since the phase began; 0 with too few. */
-static double ctl_cost(const struct shmipc__loop *loop, const struct uring_state *s)
-{
-    uint64_t events = loop->stats.events - s->ctl_events0;
-    uint64_t cpu = thread_cpu_ns(loop);
-    /* 0 is a failed clock read (at either end): not measured. */
-    if (events < TRIAL_MIN_EVENTS || s->ctl_cpu0 == 0 || cpu <= s->ctl_cpu0)
-        return 0;
-    return (double)(cpu - s->ctl_cpu0) / (double)events;
-}
-
-/*
- * Whether a wait under batching load should be batched. Whether batching pays depends on
- * the machine (the cost of a wakeup against that of the timer a batched wait arms) and on
- * how many requests a plain wait already finds: so the loop measures. Under load, plain waits
- * for TRIAL_NS, then batched ones for TRIAL_NS, each timed by the thread's CPU clock per
- * completion. Batching is kept for HOLD_NS when the thread was busy at least half the plain
- * trial (below that, CPU is not what is short, and the latency batching adds is not worth
- * it), batching cost at least 10 % less per completion, and the completions kept coming at
- * 97 % of the plain trial's rate or more (clients that wait for their answers send less when
- * answers are held back: on a loaded host, where a 50 µs timer fires late, a closed loop
- * lost 16 % of its requests); else plain waits are. Then the comparison runs again. Load
- * that stops ends a trial unjudged.
- */
-static int batch_choice(struct shmipc__loop *loop, struct uring_state *s)
-{
-    double cost;
-    int busy;
-    if (loop->batch_always)
-        return 1;
-    switch (s->ctl) {
-    case CTL_START:
-        ctl_phase(loop, s, CTL_TRY_PLAIN, TRIAL_NS);
-        return 0;
-    case CTL_TRY_PLAIN:
-        if (loop->now_ns < s->ctl_until)
-            return 0;
-        s->cost_plain = ctl_cost(loop, s);
-        s->rate_plain = ctl_rate(loop, s);
-        ctl_phase(loop, s, CTL_TRY_BATCH, TRIAL_NS);
-        return 1;
-    case CTL_TRY_BATCH:
-        if (loop->now_ns < s->ctl_until)
-            return 1;
-        cost = ctl_cost(loop, s);
-        /* The plain trial's busy share: CPU per completion x completions per second. */
-        busy = s->cost_plain * s->rate_plain / 1e9 >= 0.5;
-        /* A fake CPU clock (tests) comes with real time, whose rate a test cannot steer. */
-        s->ctl_batch = busy && s->cost_plain > 0 && cost > 0 && cost < s->cost_plain * 0.9 &&
-                       (loop->test_cpu_ns != NULL || ctl_rate(loop, s) >= s->rate_plain * 0.97);
-        loop->stats.batch_trials++;
-        loop->stats.batch_idle += (uint64_t)!busy;
-        loop->stats.batch_chosen += (uint64_t)s->ctl_batch;
-        ctl_phase(loop, s, CTL_HOLD, HOLD_NS);
-        return s->ctl_batch;
-    default:
-        if (loop->now_ns < s->ctl_until)
-            return s->ctl_batch;
-        s->ctl = CTL_START;
-        return batch_choice(loop, s);
-    }
-}
-
-/*
- * At the end of a window with batched waits: the receives it dispatched per batched wait. A
- * batched wait that gathers fewer than BATCH_MIN_YIELD cost its timer and its clients'
- * latency for little (clients that send rarely, or too few of them to keep requests in flight
- * while the others wait), so batching pauses: for 1 ms, twice as long after each such window
- * in a row (within a second of the last), up to BATCH_BACKOFF_MAX_MS. Counted per window, not
- * per wait: the kernel may post part of what a wait gathered only at the next enter.
- */
-static void batch_judge(struct shmipc__loop *loop, struct uring_state *s)
-{
-    if (s->window_receives >= BATCH_MIN_YIELD * s->window_batched) {
-        s->batch_backoff_ms = 1;
-        return;
-    }
-    loop->stats.batch_backoffs++;
-    if (loop->now_ns - s->batch_failed_ns > UINT64_C(1000000000))
-        s->batch_backoff_ms = 1;
-    s->batch_failed_ns = loop->now_ns;
-    s->batch_resume_ns = loop->now_ns + (uint64_t)s->batch_backoff_ms * 1000000;
-    if (s->batch_backoff_ms < BATCH_BACKOFF_MAX_MS)
-        s->batch_backoff_ms *= 2;
-}
-
-/*
- * How many receive completions the next wait may gather: the conns that received in this
- * window or the previous one, when there are at least BATCH_MIN_ACTIVE of them and batching
- * has not been paying too little lately; else 0, a plain wait for one completion.
- */
-static unsigned batch_target(struct shmipc__loop *loop, struct uring_state *s)
-{
-    uint64_t age = loop->now_ns - s->window_start_ns;
-    unsigned active;
-    if (age >= WINDOW_NS) {
-        if (s->window_batched > 0)
-            batch_judge(loop, s);
-        s->window_batched = 0;
-        s->window_receives = 0;
-        /* The window's conns count for the next one too while traffic goes on (a receive
-         * less than a window ago), however long the turns in between took. */
-        s->last_active = loop->now_ns - s->last_rx_ns < WINDOW_NS ? s->window_active : 0;
-        s->window_active = 0;
-        s->window++;
-        s->window_start_ns = loop->now_ns;
-    }
-    active = s->window_active > s->last_active ? s->window_active : s->last_active;
-    if (loop->batch_us == 0 || active < BATCH_MIN_ACTIVE) {
-        if (s->ctl == CTL_TRY_PLAIN || s->ctl == CTL_TRY_BATCH)
-            s->ctl = CTL_START; /* the load went: a trial would compare unlike loads */
-        return 0;
-    }
-    if (!batch_choice(loop, s) || loop->now_ns < s->batch_resume_ns)
-        return 0;
-    return active < BATCH_MAX ? active : BATCH_MAX;
-}
-
-/*
- * io_uring_submit_and_wait_timeout() with a wait for more than one completion and the
- * kernel's minimum timeout, which liburing 2.3 cannot ask for: publishes the queued SQEs as
- * liburing does, then makes the one enter. Returns what the enter returns, or -errno.
- */
-static int submit_and_wait(struct shmipc__loop *loop, struct uring_state *s, int64_t timeout_ns)
-{
-    struct io_uring_sq *sq = &s->ring.sq;
-    struct io_uring_getevents_arg arg;
-    struct __kernel_timespec ts;
-    unsigned flags = IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG;
-    unsigned wait_nr = 1, target = batch_target(loop, s), submit;
-    int64_t batch_ns = (int64_t)loop->batch_us * 1000;
-    long rc;
-
-    if (sq->sqe_head != sq->sqe_tail) {
-        sq->sqe_head = sq->sqe_tail;
-        __atomic_store_n(sq->ktail, sq->sqe_tail, __ATOMIC_RELEASE);
-    }
-    submit = sq->sqe_tail - __atomic_load_n(sq->khead, __ATOMIC_ACQUIRE);
-    memset(&arg, 0, sizeof arg);
-    arg.sigmask_sz = _NSIG / 8;
-    /* Completions already in the CQ (left by the previous turn's budget) are served now. */
-    if (target > 0 && timeout_ns != 0 && io_uring_cq_ready(&s->ring) == 0) {
-        /* The sends complete as they are submitted, mostly: their completions do not count
-         * toward the batch. A send that waits for socket space instead makes the batch one
-         * short, which the time bound covers. */
-        wait_nr = s->sends_queued + target;
-        s->window_batched++;
-        if (timeout_ns > 0 && timeout_ns <= batch_ns)
-            ; /* the first timer ends the wait before batch_us would */
-        else if (s->min_timeout)
-            arg.pad = loop->batch_us; /* min_wait_usec in kernel 6.12's layout */
-        else
-            timeout_ns = batch_ns;
-        loop->stats.batched++;
-    }
-    s->sends_queued = 0;
-    if (timeout_ns >= 0) {
-        ts.tv_sec = timeout_ns / 1000000000;
-        ts.tv_nsec = timeout_ns % 1000000000;
-        arg.ts = (uint64_t)(uintptr_t)&ts;
-    }
-    if (s->ring_registered)
-        flags |= IORING_ENTER_REGISTERED_RING;
-    rc = syscall(__NR_io_uring_enter, s->ring_registered ? s->ring.enter_ring_fd : s->ring.ring_fd,
-                 submit, wait_nr, flags, &arg, sizeof arg);
-    return rc < 0 ? -errno : (int)rc;
-}
-
 static int ur_poll(struct shmipc__loop *loop, int64_t timeout_ns)
 {
     struct uring_state *s = state(loop);
@@ -769,7 +495,7 @@ static int ur_poll(struct shmipc__loop *loop, int64_t timeout_ns)
      * there is something to submit. */
     if (io_uring_cq_ready(&s->ring) == 0 || io_uring_sq_ready(&s->ring) > 0) {
         loop->stats.waits++;
-        rc = submit_and_wait(loop, s, timeout_ns);
+        rc = shmipc__uring_submit_and_wait(loop, s, timeout_ns);
         if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN)
             return shmipc__fail_errno(-rc, "io_uring_enter");
         close_late(s);
@@ -840,156 +566,10 @@ static void ur_del(struct shmipc__loop *loop, struct shmipc__io *io)
     }
 }
 
-/*
- * At teardown: the CLOSE SQEs that no enter submitted (a loop freed off its thread, or one
- * that never ran) are done here, since nothing will submit the SQEs before them either.
- */
-static void close_unsubmitted(struct uring_state *s)
-{
-    struct io_uring_sq *sq = &s->ring.sq;
-    for (unsigned i = __atomic_load_n(sq->khead, __ATOMIC_ACQUIRE); i != sq->sqe_tail; i++) {
-        const struct io_uring_sqe *sqe = &sq->sqes[i & sq->ring_mask];
-        if (sqe->opcode == IORING_OP_CLOSE)
-            close(sqe->fd);
-    }
-    sq->sqe_head = sq->sqe_tail = __atomic_load_n(sq->khead, __ATOMIC_ACQUIRE);
-    for (unsigned i = 0; i < s->late_n; i++)
-        close(s->late_fds[i]);
-    s->late_n = 0;
-}
-
-static void ur_destroy(struct shmipc__loop *loop)
-{
-    struct uring_state *s = state(loop);
-    if (s == NULL)
-        return;
-    for (struct shmipc__conn *c = s->resumed_head; c != NULL; c = c->ready_next)
-        shmipc__reactor_unref(&c->io);
-    if (s->ring_ok) {
-        close_unsubmitted(s);
-        RING_MAP_BEGIN();
-        io_uring_queue_exit(&s->ring);
-        RING_MAP_END();
-    }
-    if (s->br != NULL)
-        munmap(s->br, s->br_bytes);
-    if (s->bufs != NULL)
-        munmap(s->bufs, s->bufs_bytes);
-    free(s->late_fds);
-    free(s);
-    loop->be_state = NULL;
-}
-
-/* Set-up failures carry their errno to the caller, which decides about the epoll fallback. */
-static int setup_failed(int *setup_errno, int err, const char *what)
-{
-    *setup_errno = err;
-    if (err == ENOSYS || err == EOPNOTSUPP)
-        return shmipc__fail(SHMIPC_ENOTSUP, "%s: %s", what, strerror(err));
-    return shmipc__fail_errno(err, "%s", what);
-}
-
-/* liburing 2.3 has no io_uring_setup_buf_ring(); this is what it does. */
-static int setup_buf_ring(struct shmipc__loop *loop, struct uring_state *s, int *setup_errno)
-{
-    struct io_uring_buf_reg reg;
-    int rc;
-    s->nbufs = loop->recv_buf_count;
-    s->buf_size = (unsigned)loop->recv_buf_size;
-    s->br_bytes = s->nbufs * sizeof(struct io_uring_buf);
-    s->br = mmap(NULL, s->br_bytes, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
-    if (s->br == MAP_FAILED) {
-        s->br = NULL;
-        return setup_failed(setup_errno, errno, "io_uring: buffer ring");
-    }
-    s->bufs_bytes = (size_t)s->nbufs * s->buf_size;
-    s->bufs = mmap(NULL, s->bufs_bytes, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
-    if (s->bufs == MAP_FAILED) {
-        s->bufs = NULL;
-        return setup_failed(setup_errno, errno, "io_uring: receive buffers");
-    }
-    memset(&reg, 0, sizeof reg);
-    reg.ring_addr = (uint64_t)(uintptr_t)s->br;
-    reg.ring_entries = s->nbufs;
-    reg.bgid = BGID;
-    rc = io_uring_register_buf_ring(&s->ring, &reg, 0);
-    if (rc < 0)
-        return setup_failed(setup_errno, rc == -EINVAL ? EOPNOTSUPP : -rc,
-                            "io_uring_register_buf_ring (kernel 5.19+)");
-    io_uring_buf_ring_init(s->br);
-    for (unsigned i = 0; i < s->nbufs; i++)
-        io_uring_buf_ring_add(s->br, s->bufs + (size_t)i * s->buf_size, s->buf_size,
-                              (unsigned short)i, io_uring_buf_ring_mask(s->nbufs), (int)i);
-    io_uring_buf_ring_advance(s->br, (int)s->nbufs);
-    return 0;
-}
-
-static int ur_init(struct shmipc__loop *loop, int *setup_errno)
-{
-    struct uring_state *s = NULL;
-    struct io_uring_params p;
-    struct io_uring_probe *probe = NULL;
-    int rc;
-
-    if (loop->test_uring_setup_errno > 0)
-        return setup_failed(setup_errno, loop->test_uring_setup_errno,
-                            "io_uring_queue_init (test hook)");
-    s = calloc(1, sizeof *s);
-    if (s == NULL)
-        return shmipc__fail(SHMIPC_ENOMEM, "io_uring backend");
-    loop->be_state = s;
-    /* One issuer with deferred task work: completions are processed only inside our own
-     * enter, never by interrupting the thread, which is the intended mode for one ring per
-     * thread. Kernels before 6.1 refuse these flags and get a plain ring. */
-    memset(&p, 0, sizeof p);
-    p.flags = IORING_SETUP_SUBMIT_ALL | IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP |
-              IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_R_DISABLED;
-    p.cq_entries = loop->ring_entries * 4;
-    RING_MAP_BEGIN();
-    rc = io_uring_queue_init_params(loop->ring_entries, &s->ring, &p);
-    if (rc == -EINVAL) {
-        memset(&p, 0, sizeof p);
-        p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP;
-        p.cq_entries = loop->ring_entries * 4;
-        rc = io_uring_queue_init_params(loop->ring_entries, &s->ring, &p);
-    }
-    RING_MAP_END();
-    if (rc < 0) {
-        rc = setup_failed(setup_errno, -rc, "io_uring_queue_init");
-        goto err;
-    }
-    s->ring_ok = 1;
-    s->enabled = (p.flags & IORING_SETUP_R_DISABLED) == 0;
-    s->min_timeout = (p.features & IORING_FEAT_MIN_TIMEOUT) != 0;
-    s->window = 1; /* a new conn's rx_window is 0: its first receive counts */
-    s->batch_backoff_ms = 1;
-    if ((p.features & IORING_FEAT_EXT_ARG) == 0 || (p.features & IORING_FEAT_NODROP) == 0) {
-        rc = setup_failed(setup_errno, EOPNOTSUPP, "io_uring: kernel lacks EXT_ARG/NODROP");
-        goto err;
-    }
-    /* Multishot receive (6.0) cannot be probed; SEND_ZC arrived in the same release. */
-    probe = io_uring_get_probe_ring(&s->ring);
-    if (probe == NULL || !io_uring_opcode_supported(probe, IORING_OP_SEND_ZC)) {
-        rc = setup_failed(setup_errno, EOPNOTSUPP,
-                          "io_uring: kernel older than 6.0 (no multishot receive)");
-        goto err;
-    }
-    rc = setup_buf_ring(loop, s, setup_errno);
-    if (rc < 0)
-        goto err;
-    io_uring_free_probe(probe);
-    return 0;
-err:
-    if (probe != NULL)
-        io_uring_free_probe(probe);
-    ur_destroy(loop);
-    return rc;
-}
-
 const struct shmipc__backend shmipc__backend_uring = {
     .name = "io_uring",
-    .init = ur_init,
-    .destroy = ur_destroy,
+    .init = shmipc__uring_init,
+    .destroy = shmipc__uring_destroy,
     .add = ur_add,
     .del = ur_del,
     .send = ur_send,
