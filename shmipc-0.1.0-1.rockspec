@@ -76,6 +76,7 @@ build = {
             "core/reactor/uring.c",
             "core/reactor/uring_batch.c",
             "core/reactor/uring_setup.c",
+            "core/net/http_body.c",
             "core/net/http_conn.c",
             "core/net/http_parser.c",
             "core/net/http_writer.c",

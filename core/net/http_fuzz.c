@@ -3,8 +3,9 @@
  * Not part of the library: everything is inside SHMIPC_HTTP_FUZZ. Build and run with
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DSHMIPC_HTTP_FUZZ -Ibindings -Icore \
- *     core/net/http_fuzz.c core/net/http_parser.c core/net/http_writer.c core/net/http_conn.c \
- *     core/common/error.c core/common/log.c core/common/env.c bindings/error.c -o http_fuzz
+ *     core/net/http_fuzz.c core/net/http_parser.c core/net/http_body.c core/net/http_writer.c \
+ *     core/net/http_conn.c core/common/error.c core/common/log.c core/common/env.c \
+ *     bindings/error.c -o http_fuzz
  *   ./http_fuzz CORPUS_DIR
  *
  * or, as the project does, with fuzz/run.sh (target "http", fuzz/README.md); the C suite

@@ -1,32 +1,27 @@
 /*
- * The HTTP/1.1 request parser and body decoder; see http_parser.h for the contract and the
- * choices made where RFC 9112 leaves room.
+ * The HTTP/1.1 request parser: the head (the body decoder is http_body.c); see http_parser.h
+ * for the contract and the choices made where RFC 9112 leaves room.
  *
  * The head is read line by line: memchr finds the LF, searching only bytes not searched
  * before and never past the limit that the line could still meet, so a client that sends a
  * huge head costs one bounded scan. A complete line is then validated in one pass with the
  * character classes below.
+ *
+ * This file owns the head: the character classes, the request line, the field lines and what
+ * they mean for framing (Content-Length, Transfer-Encoding, Connection, Expect, Host). The
+ * body and its chunked framing are decoded in http_body.c, which shares the classes, the
+ * failure path and the field-line parser (for trailers) through http_parser_int.h.
+ * May call: common/ (errors).
  */
-#include "net/http_parser.h"
+#include "net/http_parser_int.h"
 
 #include <string.h>
 
 #include "common/error.h"
 #include "shmipc.h"
 
-/* Character classes, one bit each (RFC 9110 §5.6.2, §5.5, §5.6.4; RFC 3986 for hosts). */
-enum {
-    C_TCHAR = 0x01,  /* token character */
-    C_FIELD = 0x02,  /* may appear in a field value: VCHAR, obs-text, SP, HTAB */
-    C_TARGET = 0x04, /* may appear in a request target: 0x21-0x7E */
-    C_HEX = 0x08,    /* HEXDIG */
-    C_HOST = 0x10,   /* unreserved, sub-delims, ":", "[", "]", "%" */
-    C_QDTEXT = 0x20, /* may appear unescaped in a quoted-string */
-    C_OWS = 0x40,    /* SP or HTAB */
-};
-
-/* Generated from the definitions above; one row per 16 byte values. */
-static const uint8_t cls[256] = {
+/* Generated from the definitions in http_parser_int.h; one row per 16 byte values. */
+const uint8_t shmipc__http_cls[256] = {
     0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x62, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
     0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
     0x62, 0x37, 0x06, 0x27, 0x37, 0x37, 0x37, 0x37, 0x36, 0x36, 0x37, 0x37, 0x36, 0x37, 0x37, 0x26,
@@ -45,8 +40,6 @@ static const uint8_t cls[256] = {
     0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22,
 };
 
-#define IS(c, k) ((cls[(unsigned char)(c)] & (k)) != 0)
-
 /*
  * Eight bytes at a time for the long runs (field values, targets): a word passes when no
  * byte is below `lo` or is DEL (and, with `ascii`, none has its high bit). A word that does
@@ -63,23 +56,6 @@ static int plain8(const char *p, uint64_t lo, int ascii)
         bad |= x;
     return (bad & highs) == 0;
 }
-
-enum parser_state {
-    P_IDLE = 0, /* between requests: the next call starts a new one */
-    P_REQLINE,  /* reading the request line (or the empty lines before it) */
-    P_FIELDS,   /* reading field lines */
-    P_BODY,     /* the head is done; the body decoder runs */
-    P_FAILED,   /* a status was reported; the connection must close */
-};
-
-enum body_state {
-    B_LENGTH = 0, /* Content-Length bytes remain */
-    B_SIZE,       /* reading a chunk-size line */
-    B_DATA,       /* chunk data remains */
-    B_DATA_END,   /* the CRLF after chunk data */
-    B_TRAILER,    /* reading trailer field lines */
-    B_DONE,
-};
 
 /* What the fields of the head said (parser.facts). */
 enum {
@@ -145,19 +121,6 @@ void shmipc__http_parser_init(struct shmipc__http_parser *p,
     p->fields = fields;
     p->fields_cap = limits->max_headers;
     p->state = P_IDLE;
-}
-
-/* Marks the parser failed with `status`; every later call reports the same status. */
-static int fail(struct shmipc__http_parser *p, int status, const char *what)
-{
-    p->status = (uint16_t)status;
-    p->state = P_FAILED;
-    return shmipc__fail(SHMIPC_EPROTO, "http %d: %s", status, what);
-}
-
-static unsigned char lower(unsigned char c)
-{
-    return (c >= 'A' && c <= 'Z') ? (unsigned char)(c + 32) : c;
 }
 
 /* Case-insensitive comparison of s[0..n) with the lower-case literal `lit` of length n. */
@@ -246,7 +209,7 @@ int shmipc__http_find_header(const struct shmipc__http_request *req, const char 
  * Validates `*( BWS ";" BWS name [ BWS "=" BWS ( token / quoted-string ) ] )` in [i, e): the
  * grammar of chunk extensions and of transfer-coding parameters. Returns 1 when valid.
  */
-static int valid_params(const char *b, size_t i, size_t e)
+int shmipc__http_valid_params(const char *b, size_t i, size_t e)
 {
     while (i < e) {
         while (i < e && IS(b[i], C_OWS))
@@ -501,7 +464,7 @@ static int transfer_encoding(struct shmipc__http_parser *p, const char *b, size_
         size_t n = a;
         while (n < z && IS(b[n], C_TCHAR))
             n++;
-        if (n == a || !valid_params(b, n, z))
+        if (n == a || !shmipc__http_valid_params(b, n, z))
             return fail(p, 400, "Transfer-Encoding is not a list of codings");
         p->te_codings++;
         if (IEQ(b + a, n - a, "chunked")) {
@@ -588,7 +551,8 @@ static int known_field(struct shmipc__http_parser *p, const char *b, struct shmi
  * `field-name ":" OWS field-value OWS` in [s, e), stored as the next entry of the field array
  * (offsets from `b`). `trailer` says which count grows.
  */
-static int field_line(struct shmipc__http_parser *p, const char *b, size_t s, size_t e, int trailer)
+int shmipc__http_field_line(struct shmipc__http_parser *p, const char *b, size_t s, size_t e,
+                            int trailer)
 {
     struct shmipc__http_request *r = &p->req;
     if (IS(b[s], C_OWS))
@@ -737,185 +701,8 @@ int shmipc__http_parse_head(struct shmipc__http_parser *p, const char *buf, size
             p->state = P_FIELDS;
         } else if (ce == line) {
             return end_of_head(p, buf, f + 1);
-        } else if ((rc = field_line(p, buf, line, ce, 0)) != 0) {
+        } else if ((rc = shmipc__http_field_line(p, buf, line, ce, 0)) != 0) {
             return rc;
         }
     }
-}
-
-/* Drops the chunk framing already decoded: moves the undecoded tail down to the data. */
-static void squeeze(struct shmipc__http_parser *p, char *buf, size_t *len)
-{
-    if (p->out == p->in)
-        return;
-    size_t d = p->in - p->out;
-    memmove(buf + p->out, buf + p->in, *len - p->in);
-    *len -= d;
-    p->in -= d;
-    if (p->bstate == B_SIZE) { /* the only squeezing state whose line offsets are live */
-        p->bline -= d;
-        p->bscan -= d;
-    }
-}
-
-/* `chunk-size [ chunk-ext ]` in [s, e). */
-static int chunk_size_line(struct shmipc__http_parser *p, const char *b, size_t s, size_t e)
-{
-    uint64_t v = 0;
-    int huge = 0;
-    size_t i = s;
-    for (; i < e && IS(b[i], C_HEX); i++) {
-        /* Below 2^59 a digit more cannot overflow; above, the chunk is past any limit. */
-        if (v >= (1ull << 59)) {
-            huge = 1;
-            continue;
-        }
-        unsigned char c = lower((unsigned char)b[i]);
-        v = v * 16 + (uint64_t)(c <= '9' ? c - '0' : c - 'a' + 10);
-    }
-    if (i == s)
-        return fail(p, 400, "chunk size is not hexadecimal");
-    if (!valid_params(b, i, e))
-        return fail(p, 400, "invalid chunk extension");
-    if (huge || v > p->limits->max_body - p->total)
-        return fail(p, 413, "chunked body above max_body");
-    p->remaining = v;
-    p->total += v;
-    return 0;
-}
-
-int shmipc__http_body_decode(struct shmipc__http_parser *p, char *buf, size_t *len)
-{
-    const struct shmipc__http_limits *lim = p->limits;
-    size_t n = *len;
-    if (p->state == P_FAILED)
-        return shmipc__fail(SHMIPC_EPROTO, "http %d: the connection already failed", p->status);
-    if (p->state == P_IDLE)
-        return 1;
-    if (p->state != P_BODY)
-        return shmipc__fail(SHMIPC_EINVAL, "http: no request head to decode a body for");
-    for (;;) {
-        switch (p->bstate) {
-        case B_LENGTH: {
-            size_t k = n - p->in;
-            if (k > p->remaining)
-                k = (size_t)p->remaining;
-            p->in += k;
-            p->out += k;
-            p->remaining -= k;
-            if (p->remaining)
-                return 0;
-            p->bstate = B_DONE;
-            break;
-        }
-        case B_DATA: {
-            size_t k = n - p->in;
-            if (k > p->remaining)
-                k = (size_t)p->remaining;
-            if (p->out != p->in)
-                memmove(buf + p->out, buf + p->in, k);
-            p->in += k;
-            p->out += k;
-            p->remaining -= k;
-            if (p->remaining) {
-                squeeze(p, buf, len);
-                return 0;
-            }
-            p->bstate = B_DATA_END;
-            p->bline = p->bscan = p->in;
-            break;
-        }
-        case B_DATA_END: {
-            /* Exactly CRLF (or LF when lenient) after the data, split anywhere. */
-            size_t k = n - p->in;
-            if (k >= 1 && buf[p->in] == '\n' && (lim->flags & SHMIPC__HTTP_LENIENT_LF)) {
-                p->in += 1;
-            } else if (k >= 1 && buf[p->in] != '\r') {
-                return fail(p, 400, "chunk data not followed by CRLF");
-            } else if (k < 2) {
-                squeeze(p, buf, len);
-                return 0;
-            } else if (buf[p->in + 1] != '\n') {
-                return fail(p, 400, "chunk data not followed by CRLF");
-            } else {
-                p->in += 2;
-            }
-            p->bstate = B_SIZE;
-            p->bline = p->bscan = p->in;
-            break;
-        }
-        case B_SIZE:
-        case B_TRAILER: {
-            int trailer = p->bstate == B_TRAILER;
-            size_t end =
-                trailer ? p->trailer_start + lim->max_head_bytes : p->bline + lim->max_chunk_line;
-            size_t stop = n < end ? n : end;
-            const char *lf = NULL;
-            if (p->bscan < stop)
-                lf = memchr(buf + p->bscan, '\n', stop - p->bscan);
-            if (!lf) {
-                if (n >= end)
-                    return trailer ? fail(p, 431, "trailer section larger than max_head_bytes")
-                                   : fail(p, 400, "chunk line longer than max_chunk_line");
-                p->bscan = n;
-                if (!trailer)
-                    squeeze(p, buf, len);
-                return 0;
-            }
-            size_t line = p->bline, f = (size_t)(lf - buf), ce = f;
-            if (f > line && buf[f - 1] == '\r')
-                ce = f - 1;
-            else if (!(lim->flags & SHMIPC__HTTP_LENIENT_LF))
-                return fail(p, 400, "a line ends with a bare LF");
-            p->bline = p->bscan = p->in = f + 1;
-            int rc;
-            if (!trailer) {
-                if ((rc = chunk_size_line(p, buf, line, ce)) != 0)
-                    return rc;
-                if (p->remaining) {
-                    p->bstate = B_DATA;
-                } else {
-                    p->bstate = B_TRAILER;
-                    p->trailer_start = p->in;
-                }
-            } else if (ce == line) {
-                p->bstate = B_DONE;
-            } else if (f + 1 > UINT32_MAX) {
-                return fail(p, 431, "trailers beyond 4 GiB of buffered body");
-            } else if ((rc = field_line(p, buf, line, ce, 1)) != 0) {
-                return rc;
-            }
-            break;
-        }
-        case B_DONE:
-        default:
-            p->state = P_IDLE;
-            return 1;
-        }
-    }
-}
-
-size_t shmipc__http_body_take(struct shmipc__http_parser *p)
-{
-    size_t n = p->out;
-    if (n == 0)
-        return 0;
-    /* Live offsets are all at or after `out`: line offsets while a line is read, the trailer
-     * section and its fields once the last chunk was seen. */
-    p->out = 0;
-    p->in -= n;
-    if (p->bstate == B_SIZE || p->bstate == B_TRAILER) {
-        p->bline -= n;
-        p->bscan -= n;
-    }
-    if (p->req.body_kind == SHMIPC__HTTP_BODY_CHUNKED &&
-        (p->bstate == B_TRAILER || p->bstate == B_DONE)) {
-        p->trailer_start -= n;
-        struct shmipc__http_request *r = &p->req;
-        for (uint32_t i = r->nfields; i < r->nfields + r->ntrailers; i++) {
-            p->fields[i].name.off -= (uint32_t)n;
-            p->fields[i].value.off -= (uint32_t)n;
-        }
-    }
-    return n;
 }

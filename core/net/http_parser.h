@@ -1,6 +1,7 @@
 /*
  * HTTP/1.1 request parsing (RFC 9112), without sockets: a strict, incremental request-head
- * parser and a body decoder for Content-Length and chunked bodies.
+ * parser (http_parser.c) and a body decoder for Content-Length and chunked bodies
+ * (http_body.c).
  *
  * The parser is fed the connection's receive buffer. Bytes may arrive split at any point
  * (inside a CRLF, inside a chunk size); each call resumes where the last one stopped: no byte
