@@ -690,11 +690,12 @@ def app(environ, start_response):
 
 
 class WorkerProcess:
-    def __init__(self, tmp_path, spec="wapp:app"):
+    def __init__(self, tmp_path, spec="wapp:app", args=()):
         (tmp_path / "wapp.py").write_text(APP)
         self.address = unique_address("proc")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shmipc.serve.worker", spec, "--address", self.address],
+            [sys.executable, "-m", "shmipc.serve.worker", spec, "--address", self.address,
+             *args],
             cwd=tmp_path, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
 
@@ -773,3 +774,59 @@ def test_codec_stub_names_match_the_module():
             names.add(node.target.id)
     runtime = {n for n in dir(sf) if not n.startswith("_")}
     assert {n for n in names if not n.startswith("_")} == runtime
+
+
+def test_worker_process_exits_0_after_max_requests(tmp_path):
+    # --max-requests 3: the third request is answered in full, then the process exits 0 (the
+    # supervisor starts a fresh one at once); a request after it is not served.
+    w = WorkerProcess(tmp_path, args=("--max-requests", "3"))
+    front = w.ready()
+    for i in range(3):
+        status, _, _, headers, body, last, _ = front.request(b"POST", b"/", body=b"r%d" % i)
+        assert (status, body, last) == (200, b"r%d" % i, sf.END)
+        assert ("X-Pid", str(w.proc.pid)) in headers
+    assert w.finish() == 0
+    with pytest.raises((shmipc.PeerGoneError, shmipc.EndOfStreamError, shmipc.ClosedError)):
+        front.request(b"GET", b"/")
+    front.close()
+
+
+def test_worker_max_requests_counts_only_requests(tmp_path):
+    # A late ABORT (a stream with only ABORT) is not a request: it does not use up the count.
+    worker = Worker(lambda e, sr: (sr("200 OK", []), [b"x"])[1], unique_address("maxreq"),
+                    max_requests=2)
+    t = threading.Thread(target=worker.serve_forever)
+    t.start()
+    try:
+        front = Front(worker.address)
+        st = front.session.open_stream()
+        st.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
+        st.flush()
+        status, *_ = front.request(b"GET", b"/")
+        assert status == 200
+        assert t.is_alive()
+        status, *_ = front.request(b"GET", b"/")
+        assert status == 200
+        t.join(10)
+        assert not t.is_alive()
+        assert worker.served == 2 and worker.counts["late"] == 1
+        front.close()
+    finally:
+        worker.stop()
+        t.join(10)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True, None])
+def test_worker_max_requests_refuses_bad_values(bad):
+    with pytest.raises(ValueError):
+        Worker(lambda e, sr: [], unique_address("maxbad"), max_requests=bad)
+
+
+@pytest.mark.parametrize("arg", ["-1", "x", ""])
+def test_worker_process_refuses_bad_max_requests(tmp_path, arg):
+    w = WorkerProcess(tmp_path, args=("--max-requests", arg))
+    try:
+        assert w.proc.wait(20) == 2
+        assert "max-requests" in w.proc.stderr.read()
+    finally:
+        w.finish()

@@ -33,9 +33,18 @@ class Worker:
     signal handler) makes it return after the request in progress. ``counts`` holds the
     outcomes so far (ok, error, aborted, protocol, and late: a stream that held only a late
     ABORT for an exchange already over).
+
+    ``max_requests`` (0: no limit): stop after the request that makes this many served (a
+    late ABORT is not a request), so ``serve_forever()`` returns and the process exits 0 and
+    its supervisor starts a fresh one (``--max-requests``, docs/serve.md "Supervision").
     """
 
-    def __init__(self, app, address, config=None, *, handler=None):
+    def __init__(self, app, address, config=None, *, handler=None, max_requests=0):
+        if not isinstance(max_requests, int) or isinstance(max_requests, bool) or \
+                max_requests < 0:
+            raise ValueError(f"max_requests must be an int >= 0, not {max_requests!r}")
+        self.max_requests = max_requests
+        self.served = 0
         self.handler = handler if handler is not None else WSGIHandler(app)
         self.listener = shmipc.Listener(address, config)
         self.address = self.listener.address
@@ -87,8 +96,18 @@ class Worker:
                 if st is None:
                     continue
                 with self._lock:
+                    if self._stopping.is_set():
+                        # Past --max-requests (or stopping): not served. The front sees the
+                        # stream end with nothing sent and the session close, as for any
+                        # worker that exits, and retries or answers 502.
+                        st.close()
+                        return
                     outcome = self.handler.handle(st)
                     self.counts[outcome] += 1
+                    if outcome != "late":
+                        self.served += 1
+                        if self.max_requests and self.served >= self.max_requests:
+                            self.stop()
         finally:
             self._sessions.discard(s)
             s.close()
@@ -117,7 +136,8 @@ def load_app(spec):
 def main(argv=None):
     """One worker process: ``python -m shmipc.serve.worker APP --address ADDR``. The
     supervisor of shmipc-serve starts these; run by hand, any front speaking docs/serve.md can
-    connect to ADDR. SIGTERM and SIGINT stop it after the request in progress (exit 0)."""
+    connect to ADDR. SIGTERM and SIGINT stop it after the request in progress (exit 0), and so
+    does the Nth request with ``--max-requests N``."""
     import argparse
     import signal
     import sys
@@ -129,7 +149,12 @@ def main(argv=None):
     ap.add_argument("app", help="the WSGI application, as module:callable")
     ap.add_argument("--address", required=True,
                     help="the shmipc address to listen on, e.g. unix:@name or unix:/path")
+    ap.add_argument("--max-requests", type=int, default=0, metavar="N",
+                    help="exit 0 after serving N requests, for the supervisor to start a fresh "
+                    "worker (0: no limit)")
     args = ap.parse_args(argv)
+    if args.max_requests < 0:
+        ap.error("--max-requests must be >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(message)s")
     try:
         app = load_app(args.app)
@@ -137,7 +162,7 @@ def main(argv=None):
         print(f"shmipc-serve worker: cannot load {args.app}: {type(e).__name__}: {e}",
               file=sys.stderr)
         return 2
-    worker = Worker(app, args.address)
+    worker = Worker(app, args.address, max_requests=args.max_requests)
 
     def stop(signum, frame):
         worker.stop()
