@@ -1,0 +1,1150 @@
+/*
+ * Description: shmipc-serve's process supervisor (serve/supervisor.c, docs/serve.md
+ * "Supervision") with real worker processes: /bin/sh scripts that print the ready line and
+ * misbehave on purpose (crash, ignore SIGTERM, never get ready), and, when the Python module is
+ * built, Python WSGI workers that this test talks to over shmipc with the public codec.
+ * Every wait is bounded.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "shmipc_serve.h"
+#include "supervisor.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define MAXSET 16
+
+struct harness {
+    shmipc__sup *sup;
+    pthread_t th;
+    int rc;
+    int running;
+    pthread_mutex_t mu;
+    unsigned nsets;
+    size_t nset;
+    char set[MAXSET][96];
+    int events_fd; /* the ready sets are appended here as "SET n a b ..." lines */
+    char dir[64];
+    char out_path[128], log_path[128];
+    int out_fd, log_fd;
+};
+
+static uint64_t ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static void on_ready(void *data, const char *const *addrs, size_t n)
+{
+    struct harness *h = data;
+    pthread_mutex_lock(&h->mu);
+    h->nsets++;
+    h->nset = n < MAXSET ? n : MAXSET;
+    for (size_t i = 0; i < h->nset; i++)
+        snprintf(h->set[i], sizeof h->set[i], "%s", addrs[i]);
+    if (h->events_fd >= 0) {
+        char line[2048];
+        int len = snprintf(line, sizeof line, "SET %zu", n);
+        for (size_t i = 0; i < n && len < 1800; i++)
+            len += snprintf(line + len, sizeof line - (size_t)len, " %s", addrs[i]);
+        line[len++] = '\n';
+        assert_int_equal(write(h->events_fd, line, (size_t)len), len);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void *run_thread(void *arg)
+{
+    struct harness *h = arg;
+    h->rc = shmipc__sup_run(h->sup);
+    return NULL;
+}
+
+static void harness_init(struct harness *h)
+{
+    memset(h, 0, sizeof *h);
+    pthread_mutex_init(&h->mu, NULL);
+    h->events_fd = -1;
+    snprintf(h->dir, sizeof h->dir, "/tmp/shmipc-sup-XXXXXX");
+    assert_non_null(mkdtemp(h->dir));
+    snprintf(h->out_path, sizeof h->out_path, "%s/out", h->dir);
+    snprintf(h->log_path, sizeof h->log_path, "%s/log", h->dir);
+    h->out_fd = open(h->out_path, O_CREAT | O_RDWR | O_APPEND | O_CLOEXEC, 0600);
+    h->log_fd = open(h->log_path, O_CREAT | O_RDWR | O_APPEND | O_CLOEXEC, 0600);
+    assert_true(h->out_fd >= 0 && h->log_fd >= 0);
+}
+
+/* The config every test starts from: the harness's output files and callback. */
+static shmipc__sup_config base_config(struct harness *h, const char *const *argv, unsigned n)
+{
+    shmipc__sup_config c;
+    memset(&c, 0, sizeof c);
+    c.argv = argv;
+    c.workers = n;
+    c.out_fd = h->out_fd;
+    c.log_fd = h->log_fd;
+    c.on_ready_set = on_ready;
+    c.data = h;
+    c.graceful_timeout_ms = 5000;
+    c.start_timeout_ms = 10000;
+    return c;
+}
+
+static void harness_start(struct harness *h, const shmipc__sup_config *c)
+{
+    assert_int_equal(shmipc__sup_new(c, &h->sup), 0);
+    assert_int_equal(pthread_create(&h->th, NULL, run_thread, h), 0);
+    h->running = 1;
+}
+
+static void harness_join(struct harness *h)
+{
+    if (h->running) {
+        assert_int_equal(pthread_join(h->th, NULL), 0);
+        h->running = 0;
+        assert_int_equal(h->rc, 0);
+    }
+}
+
+static void harness_finish(struct harness *h)
+{
+    if (h->running) {
+        shmipc__sup_stop(h->sup);
+        harness_join(h);
+    }
+    shmipc__sup_free(h->sup);
+    h->sup = NULL;
+    close(h->out_fd);
+    close(h->log_fd);
+    if (h->events_fd >= 0)
+        close(h->events_fd);
+    DIR *d = opendir(h->dir);
+    if (d != NULL) {
+        struct dirent *e;
+        char p[512];
+        while ((e = readdir(d)) != NULL)
+            if (e->d_name[0] != '.') {
+                snprintf(p, sizeof p, "%s/%s", h->dir, e->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(h->dir);
+    pthread_mutex_destroy(&h->mu);
+}
+
+/* The whole file (NUL-terminated; the caller frees). */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return strdup("");
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    size_t k;
+    while ((k = fread(b + n, 1, cap - n - 1, f)) > 0) {
+        n += k;
+        if (cap - n < 2) {
+            cap *= 2;
+            b = realloc(b, cap);
+        }
+    }
+    fclose(f);
+    b[n] = '\0';
+    return b;
+}
+
+static unsigned ready_count(struct harness *h, unsigned *nsets)
+{
+    pthread_mutex_lock(&h->mu);
+    unsigned n = (unsigned)h->nset;
+    if (nsets != NULL)
+        *nsets = h->nsets;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+/* Waits until the ready set has n addresses; fails the test after timeout_ms. */
+static void wait_ready(struct harness *h, unsigned n, unsigned timeout_ms)
+{
+    uint64_t end = ms_now() + timeout_ms;
+    while (ready_count(h, NULL) != n) {
+        if (ms_now() > end) {
+            char *log = slurp(h->log_path);
+            print_message("ready set %u, want %u; log:\n%s\n", ready_count(h, NULL), n, log);
+            free(log);
+            fail_msg("the workers were not ready in time");
+        }
+        sleep_ms(10);
+    }
+}
+
+/* Snapshot of slot `index` of generation `gen`; 0 when there is none. */
+static int slot_of(struct harness *h, unsigned gen, unsigned index, shmipc__sup_worker_info *out)
+{
+    shmipc__sup_worker_info w[64];
+    size_t n = shmipc__sup_snapshot(h->sup, w, 64);
+    for (size_t i = 0; i < n && i < 64; i++)
+        if (w[i].generation == gen && w[i].index == index) {
+            *out = w[i];
+            return 1;
+        }
+    return 0;
+}
+
+static unsigned first_generation(struct harness *h)
+{
+    shmipc__sup_worker_info w[64];
+    uint64_t end = ms_now() + 5000;
+    size_t n;
+    while ((n = shmipc__sup_snapshot(h->sup, w, 64)) == 0 && ms_now() < end)
+        sleep_ms(5);
+    assert_true(n > 0);
+    return w[0].generation;
+}
+
+static int file_contains(const char *path, const char *needle)
+{
+    char *b = slurp(path);
+    int r = strstr(b, needle) != NULL;
+    free(b);
+    return r;
+}
+
+static void wait_log(struct harness *h, const char *needle, unsigned timeout_ms)
+{
+    uint64_t end = ms_now() + timeout_ms;
+    while (!file_contains(h->log_path, needle)) {
+        if (ms_now() > end) {
+            char *log = slurp(h->log_path);
+            print_message("log:\n%s\n", log);
+            free(log);
+            fail_msg("'%s' not logged in time", needle);
+        }
+        sleep_ms(10);
+    }
+}
+
+static int pid_gone(pid_t pid)
+{
+    return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+#define SH(script) ((const char *const[]){"/bin/sh", "-c", script, NULL})
+
+/* A worker that prints its ready line and sleeps; TERM ends it (exec'd sleep). */
+static const char *const sleeper_argv[] = {
+    "/bin/sh", "-c", "echo \"w $$ ready on {address}\"; echo after-ready; exec sleep 30", NULL};
+
+static const char *const *sleeper(void)
+{
+    return sleeper_argv;
+}
+
+/* ---- misuse ---------------------------------------------------------------------------- */
+
+static void test_misuse(void **state)
+{
+    (void)state;
+    shmipc__sup *s = (shmipc__sup *)1;
+    shmipc__sup_config c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(shmipc__sup_new(NULL, &s), SHMIPC_EINVAL);
+    assert_null(s);
+    c.workers = 1;
+    assert_int_equal(shmipc__sup_new(&c, &s), SHMIPC_EINVAL); /* argv NULL */
+    const char *const empty[] = {NULL};
+    c.argv = empty;
+    assert_int_equal(shmipc__sup_new(&c, &s), SHMIPC_EINVAL);
+    const char *const blank[] = {"", NULL};
+    c.argv = blank;
+    assert_int_equal(shmipc__sup_new(&c, &s), SHMIPC_EINVAL);
+    c.argv = sleeper();
+    assert_int_equal(shmipc__sup_new(&c, NULL), SHMIPC_EINVAL);
+    c.workers = 0;
+    assert_int_equal(shmipc__sup_new(&c, &s), SHMIPC_EINVAL);
+    c.workers = SHMIPC__SUP_MAX_WORKERS + 1;
+    assert_int_equal(shmipc__sup_new(&c, &s), SHMIPC_EINVAL);
+    c.workers = UINT32_MAX;
+    assert_int_equal(shmipc__sup_new(&c, &s), SHMIPC_EINVAL);
+    c.workers = 1;
+    c.backoff_min_ms = 200;
+    c.backoff_max_ms = 100;
+    assert_int_equal(shmipc__sup_new(&c, &s), SHMIPC_EINVAL);
+    c.backoff_min_ms = c.backoff_max_ms = 0;
+
+    shmipc__sup_stop(NULL);
+    shmipc__sup_reload(NULL);
+    shmipc__sup_request_status(NULL);
+    assert_int_equal(shmipc__sup_snapshot(NULL, NULL, 0), 0);
+    assert_int_equal(shmipc__sup_status(NULL, 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__sup_run(NULL), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__sup_spawns(NULL), 0);
+    shmipc__sup_free(NULL);
+    assert_string_equal(shmipc__sup_state_name(0), "?");
+    assert_string_equal(shmipc__sup_state_name(SHMIPC__SUP_READY), "ready");
+
+    /* Stopped before it ran: run() starts nothing and returns; a second run() is refused. */
+    struct harness h;
+    harness_init(&h);
+    c = base_config(&h, sleeper(), 3);
+    assert_int_equal(shmipc__sup_new(&c, &h.sup), 0);
+    assert_int_equal(shmipc__sup_status(h.sup, -1), SHMIPC_EINVAL);
+    shmipc__sup_stop(h.sup);
+    assert_int_equal(shmipc__sup_run(h.sup), 0);
+    assert_int_equal(shmipc__sup_spawns(h.sup), 0);
+    assert_int_equal(shmipc__sup_run(h.sup), SHMIPC_EINVAL);
+    harness_finish(&h);
+
+    /* Freed without running. */
+    harness_init(&h);
+    c = base_config(&h, sleeper(), 2);
+    assert_int_equal(shmipc__sup_new(&c, &h.sup), 0);
+    harness_finish(&h);
+}
+
+/* ---- start, ready, output -------------------------------------------------------------- */
+
+static void test_workers_ready_with_unique_addresses(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(&h, sleeper(), 3);
+    harness_start(&h, &c);
+    wait_ready(&h, 3, 10000);
+    unsigned gen = first_generation(&h);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "unix:@shmipc-serve-%d-%u-", (int)getpid(), gen);
+    pid_t pids[3];
+    for (unsigned i = 0; i < 3; i++) {
+        shmipc__sup_worker_info w;
+        assert_true(slot_of(&h, gen, i, &w));
+        assert_int_equal(w.state, SHMIPC__SUP_READY);
+        assert_true(w.pid > 0);
+        assert_int_equal(w.restarts, 0);
+        assert_int_equal(w.last_status, -1);
+        char want[96];
+        snprintf(want, sizeof want, "%s%u", prefix, i);
+        assert_string_equal(w.address, want);
+        pids[i] = w.pid;
+        pthread_mutex_lock(&h.mu);
+        int found = 0;
+        for (size_t k = 0; k < h.nset; k++)
+            found += strcmp(h.set[k], want) == 0;
+        pthread_mutex_unlock(&h.mu);
+        assert_int_equal(found, 1);
+        /* The worker's stdout is forwarded, the ready line and what follows it. */
+        char line[160];
+        snprintf(line, sizeof line, "w %d ready on %s\n", (int)w.pid, want);
+        uint64_t end = ms_now() + 5000;
+        while (!file_contains(h.out_path, line) && ms_now() < end)
+            sleep_ms(10);
+        assert_true(file_contains(h.out_path, line));
+    }
+    uint64_t end = ms_now() + 5000;
+    while (ms_now() < end) {
+        char *out = slurp(h.out_path);
+        int n = 0;
+        for (char *p = strstr(out, "after-ready"); p != NULL; p = strstr(p + 1, "after-ready"))
+            n++;
+        free(out);
+        if (n == 3)
+            break;
+        sleep_ms(10);
+    }
+    assert_true(ms_now() <= end);
+    assert_int_equal(shmipc__sup_spawns(h.sup), 3);
+    shmipc__sup_stop(h.sup);
+    harness_join(&h);
+    /* All reaped; the last report was the empty set. */
+    for (unsigned i = 0; i < 3; i++)
+        assert_true(pid_gone(pids[i]));
+    assert_int_equal(shmipc__sup_snapshot(h.sup, NULL, 0), 0);
+    assert_int_equal(ready_count(&h, NULL), 0);
+    harness_finish(&h);
+}
+
+static void test_kill9_restarts_with_a_new_pid(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(&h, sleeper(), 2);
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w0, w1, now;
+    assert_true(slot_of(&h, gen, 0, &w0));
+    assert_true(slot_of(&h, gen, 1, &w1));
+    unsigned sets_before;
+    ready_count(&h, &sets_before);
+    assert_int_equal(kill(w0.pid, SIGKILL), 0);
+    uint64_t end = ms_now() + 10000;
+    for (;;) {
+        assert_true(slot_of(&h, gen, 0, &now));
+        if (now.state == SHMIPC__SUP_READY && now.pid != w0.pid)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    assert_int_equal(now.restarts, 1);
+    assert_true(WIFSIGNALED(now.last_status) && WTERMSIG(now.last_status) == SIGKILL);
+    assert_int_equal(now.last_delay_ms, 100); /* the first restart after a failure: 100 ms */
+    assert_string_equal(now.address, w0.address); /* the slot keeps its address */
+    /* The other worker was not touched. */
+    assert_true(slot_of(&h, gen, 1, &now));
+    assert_int_equal(now.pid, w1.pid);
+    assert_int_equal(now.restarts, 0);
+    /* The set lost the worker, then got it back. */
+    wait_ready(&h, 2, 5000);
+    unsigned sets_after;
+    ready_count(&h, &sets_after);
+    assert_true(sets_after >= sets_before + 2);
+    wait_log(&h, "died (signal 9)", 2000);
+    /* Killed again at once: the delay doubles, as it never ran healthy for 10 s. */
+    assert_true(slot_of(&h, gen, 0, &w0));
+    assert_int_equal(kill(w0.pid, SIGKILL), 0);
+    end = ms_now() + 10000;
+    for (;;) {
+        assert_true(slot_of(&h, gen, 0, &now));
+        if (now.restarts == 2)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(5);
+    }
+    assert_int_equal(now.last_delay_ms, 200);
+    harness_finish(&h);
+}
+
+/* ---- back-off and crash loops ---------------------------------------------------------- */
+
+static void test_crash_loop_backs_off(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(&h, SH("echo boom >&2; exit 3"), 2);
+    harness_start(&h, &c);
+    unsigned gen = first_generation(&h);
+    sleep_ms(2500);
+    shmipc__sup_worker_info w[2];
+    for (unsigned i = 0; i < 2; i++) {
+        assert_true(slot_of(&h, gen, i, &w[i]));
+        /* Spawns at 0, 0.1, 0.3, 0.7, 1.5 s (+ the shell's run time each): 4 restarts in
+         * 2.5 s, never the hundreds an unbounded loop would make. */
+        assert_in_range(w[i].restarts, 2, 5);
+        assert_true(WIFEXITED(w[i].last_status) && WEXITSTATUS(w[i].last_status) == 3);
+        /* Each delay doubled the last: 100, 200, 400, 800. */
+        assert_int_equal(w[i].last_delay_ms, 100u << (w[i].restarts - 1));
+    }
+    assert_in_range(shmipc__sup_spawns(h.sup), 6, 12);
+    unsigned nsets;
+    assert_int_equal(ready_count(&h, &nsets), 0);
+    assert_int_equal(nsets, 0); /* never ready: never reported */
+    wait_log(&h, "failed to start (exit 3)", 1000);
+    harness_finish(&h);
+}
+
+static void test_crash_loop_delay_caps_at_max(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(&h, SH("exit 1"), 1);
+    c.backoff_min_ms = 20;
+    c.backoff_max_ms = 60;
+    harness_start(&h, &c);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w;
+    uint64_t end = ms_now() + 10000;
+    do {
+        assert_true(ms_now() < end);
+        sleep_ms(20);
+        assert_true(slot_of(&h, gen, 0, &w));
+    } while (w.restarts < 5);
+    assert_int_equal(w.last_delay_ms, 60); /* 20, 40, 60, 60, ... */
+    harness_finish(&h);
+}
+
+static void test_spawn_rate_is_capped(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    /* A back-off of 1 ms would respawn ~hundreds of times a second; the cap holds it. */
+    shmipc__sup_config c = base_config(&h, SH("exit 1"), 2);
+    c.backoff_min_ms = 1;
+    c.backoff_max_ms = 1;
+    c.max_spawns_per_sec = 4;
+    harness_start(&h, &c);
+    sleep_ms(1500);
+    uint64_t spawns = shmipc__sup_spawns(h.sup);
+    /* At most 4 in any second: 0..1 s and 1..1.5 s. */
+    assert_in_range(spawns, 4, 8);
+    wait_log(&h, "restarts are held back", 1000);
+    harness_finish(&h);
+}
+
+static void test_spawn_failure_backs_off(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c =
+        base_config(&h, (const char *const[]){"/nonexistent/shmipc-worker", NULL}, 1);
+    c.backoff_min_ms = 10;
+    c.backoff_max_ms = 40;
+    harness_start(&h, &c);
+    unsigned gen = first_generation(&h);
+    wait_log(&h, "cannot start /nonexistent/shmipc-worker", 5000);
+    shmipc__sup_worker_info w;
+    uint64_t end = ms_now() + 5000;
+    do {
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+        assert_true(slot_of(&h, gen, 0, &w));
+    } while (w.restarts < 3);
+    assert_true(WIFEXITED(w.last_status) && WEXITSTATUS(w.last_status) == 127);
+    harness_finish(&h);
+}
+
+static void test_start_timeout_kills_a_silent_worker(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    /* It prints a ready line for another address (not its own), then nothing. */
+    shmipc__sup_config c =
+        base_config(&h, SH("echo \"w ready on unix:@someone-else\"; exec sleep 30"), 1);
+    c.start_timeout_ms = 300;
+    harness_start(&h, &c);
+    unsigned gen = first_generation(&h);
+    wait_log(&h, "not ready within 0.3 s: killed", 5000);
+    shmipc__sup_worker_info w;
+    uint64_t end = ms_now() + 5000;
+    do {
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+        assert_true(slot_of(&h, gen, 0, &w));
+    } while (w.restarts < 1);
+    assert_true(WIFSIGNALED(w.last_status) && WTERMSIG(w.last_status) == SIGKILL);
+    unsigned nsets;
+    ready_count(&h, &nsets);
+    assert_int_equal(nsets, 0);
+    harness_finish(&h);
+}
+
+static void test_long_output_line_then_ready(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    /* 5000 bytes without a newline overflow the line buffer; the ready line after still
+     * counts, and every byte is forwarded. */
+    shmipc__sup_config c = base_config(
+        &h,
+        SH("head -c 5000 /dev/zero | tr '\\0' x; echo; echo \"w ready on {address}\"; exec sleep 30"),
+        1);
+    harness_start(&h, &c);
+    wait_ready(&h, 1, 10000);
+    char *out = slurp(h.out_path);
+    char *x = strchr(out, 'x');
+    assert_non_null(x);
+    assert_true(strspn(x, "x") == 5000);
+    free(out);
+    harness_finish(&h);
+}
+
+static void test_clean_exit_restarts_at_once(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    /* As a worker does after --max-requests: ready, then exit 0. */
+    shmipc__sup_config c =
+        base_config(&h, SH("echo \"w ready on {address}\"; sleep 0.2; exit 0"), 1);
+    harness_start(&h, &c);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w;
+    uint64_t end = ms_now() + 10000;
+    do {
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+        assert_true(slot_of(&h, gen, 0, &w));
+    } while (w.restarts < 3);
+    assert_int_equal(w.last_delay_ms, 0);
+    assert_true(WIFEXITED(w.last_status) && WEXITSTATUS(w.last_status) == 0);
+    wait_log(&h, "exited (exit 0)", 1000);
+    harness_finish(&h);
+}
+
+/* ---- reload ---------------------------------------------------------------------------- */
+
+static void test_reload_new_ready_before_old_term(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    char ev[160], script[512];
+    snprintf(ev, sizeof ev, "%s/events", h.dir);
+    h.events_fd = open(ev, O_CREAT | O_WRONLY | O_APPEND | O_CLOEXEC, 0600);
+    assert_true(h.events_fd >= 0);
+    /* Each worker logs its ready and its SIGTERM into the same file as the ready sets. */
+    snprintf(script, sizeof script,
+             "trap 'echo \"TERM {address}\" >> %s; exit 0' TERM; sleep 0.1; "
+             "echo \"READY {address}\" >> %s; echo \"w ready on {address}\"; "
+             "while :; do sleep 0.05; done",
+             ev, ev);
+    shmipc__sup_config c = base_config(&h, SH(script), 2);
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned g0 = first_generation(&h);
+    shmipc__sup_worker_info old0, old1;
+    assert_true(slot_of(&h, g0, 0, &old0));
+    assert_true(slot_of(&h, g0, 1, &old1));
+    shmipc__sup_reload(h.sup);
+    /* Until the old ones are gone and two new ones serve. */
+    uint64_t end = ms_now() + 15000;
+    shmipc__sup_worker_info w[8];
+    size_t n;
+    for (;;) {
+        n = shmipc__sup_snapshot(h.sup, w, 8);
+        if (n == 2 && w[0].generation != g0 && w[1].generation != g0 &&
+            w[0].state == SHMIPC__SUP_READY && w[1].state == SHMIPC__SUP_READY &&
+            pid_gone(old0.pid) && pid_gone(old1.pid) && file_contains(ev, "TERM") &&
+            ready_count(&h, NULL) == 2)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    unsigned g1 = w[0].generation;
+    assert_int_equal(w[1].generation, g1);
+    /* Give the old ones' traps time to write both TERM lines. */
+    end = ms_now() + 5000;
+    for (;;) {
+        char *e = slurp(ev);
+        int terms = 0;
+        for (char *p = strstr(e, "TERM"); p != NULL; p = strstr(p + 1, "TERM"))
+            terms++;
+        free(e);
+        if (terms == 2)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    char *e = slurp(ev);
+    char a[2][160], set_new[400];
+    for (unsigned i = 0; i < 2; i++)
+        snprintf(a[i], sizeof a[i], "READY %s\n", w[i].address);
+    snprintf(set_new, sizeof set_new, "SET 2 %s %s\n", w[0].address, w[1].address);
+    char *term = strstr(e, "TERM ");
+    char *r0 = strstr(e, a[0]), *r1 = strstr(e, a[1]), *s2 = strstr(e, set_new);
+    if (term == NULL || r0 == NULL || r1 == NULL || s2 == NULL || r0 > term || r1 > term ||
+        s2 > term)
+        print_message("events:\n%s\n", e);
+    assert_non_null(term);
+    /* The new workers were ready, and the set was the new one alone, before the first TERM. */
+    assert_true(r0 != NULL && r0 < term);
+    assert_true(r1 != NULL && r1 < term);
+    assert_true(s2 != NULL && s2 < term);
+    /* While the new ones came up, old and new served together (a set of more than 2). */
+    assert_true(strstr(e, "SET 3 ") != NULL || strstr(e, "SET 4 ") != NULL);
+    /* Only the old generation got SIGTERM. */
+    char t_old[2][160];
+    snprintf(t_old[0], sizeof t_old[0], "TERM %s\n", old0.address);
+    snprintf(t_old[1], sizeof t_old[1], "TERM %s\n", old1.address);
+    assert_non_null(strstr(e, t_old[0]));
+    assert_non_null(strstr(e, t_old[1]));
+    free(e);
+    wait_log(&h, "reload: generation", 1000);
+    harness_finish(&h);
+}
+
+static void test_reload_to_a_broken_generation_keeps_the_old_one(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    char flag[160], script[512];
+    snprintf(flag, sizeof flag, "%s/broken", h.dir);
+    snprintf(script, sizeof script,
+             "[ -e %s ] && exit 4; echo \"w ready on {address}\"; exec sleep 30", flag);
+    shmipc__sup_config c = base_config(&h, SH(script), 2);
+    c.backoff_min_ms = 20;
+    c.backoff_max_ms = 100;
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned g0 = first_generation(&h);
+    shmipc__sup_worker_info o0;
+    assert_true(slot_of(&h, g0, 0, &o0));
+    int fd = open(flag, O_CREAT | O_WRONLY, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    shmipc__sup_reload(h.sup);
+    /* The new generation fails; the old one goes on serving, untouched. */
+    sleep_ms(800);
+    assert_int_equal(ready_count(&h, NULL), 2);
+    shmipc__sup_worker_info w;
+    assert_true(slot_of(&h, g0, 0, &w));
+    assert_int_equal(w.pid, o0.pid);
+    assert_int_equal(w.state, SHMIPC__SUP_READY);
+    assert_false(pid_gone(o0.pid));
+    assert_int_equal(shmipc__sup_snapshot(h.sup, NULL, 0), 4);
+    /* Fixed: the new generation comes up and replaces the old. */
+    unlink(flag);
+    uint64_t end = ms_now() + 10000;
+    while (!pid_gone(o0.pid) || shmipc__sup_snapshot(h.sup, NULL, 0) != 2) {
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    assert_false(slot_of(&h, g0, 0, &w));
+    wait_ready(&h, 2, 5000);
+    harness_finish(&h);
+}
+
+/* ---- stop ------------------------------------------------------------------------------ */
+
+static void test_stop_kills_a_worker_that_ignores_term(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c =
+        base_config(&h, SH("trap '' TERM; echo \"w ready on {address}\"; exec sleep 30"), 2);
+    c.graceful_timeout_ms = 300;
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w0, w1;
+    assert_true(slot_of(&h, gen, 0, &w0));
+    assert_true(slot_of(&h, gen, 1, &w1));
+    uint64_t t0 = ms_now();
+    shmipc__sup_stop(h.sup);
+    harness_join(&h);
+    uint64_t took = ms_now() - t0;
+    assert_true(took >= 300);  /* it waited for the graceful deadline */
+    assert_true(took < 10000); /* and not for the 30 s sleep */
+    assert_true(pid_gone(w0.pid) && pid_gone(w1.pid));
+    wait_log(&h, "still running 0.3 s after SIGTERM: killed", 100);
+    wait_log(&h, "stopped: signal 9", 100);
+    harness_finish(&h);
+}
+
+static void test_stop_is_quick_for_a_polite_worker(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(
+        &h, SH("trap 'exit 0' TERM; echo \"w ready on {address}\"; while :; do sleep 0.05; done"),
+        2);
+    c.graceful_timeout_ms = 20000;
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    uint64_t t0 = ms_now();
+    shmipc__sup_stop(h.sup);
+    harness_join(&h);
+    assert_true(ms_now() - t0 < 10000);
+    assert_false(file_contains(h.log_path, "killed"));
+    harness_finish(&h);
+}
+
+static void test_second_stop_kills_at_once(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c =
+        base_config(&h, SH("trap '' TERM; echo \"w ready on {address}\"; exec sleep 30"), 1);
+    c.graceful_timeout_ms = 60000;
+    harness_start(&h, &c);
+    wait_ready(&h, 1, 10000);
+    uint64_t t0 = ms_now();
+    shmipc__sup_stop(h.sup);
+    wait_log(&h, "stop: stopping", 5000);
+    shmipc__sup_stop(h.sup);
+    harness_join(&h);
+    assert_true(ms_now() - t0 < 10000);
+    wait_log(&h, "stop: killing the workers now", 100);
+    harness_finish(&h);
+}
+
+/* ---- status and signals ---------------------------------------------------------------- */
+
+static void test_status_output(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(&h, sleeper(), 2);
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w0;
+    assert_true(slot_of(&h, gen, 0, &w0));
+    kill(w0.pid, SIGKILL);
+    uint64_t end = ms_now() + 10000;
+    do {
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+        assert_true(slot_of(&h, gen, 0, &w0));
+    } while (w0.state != SHMIPC__SUP_READY || w0.restarts != 1);
+    char path[160];
+    snprintf(path, sizeof path, "%s/status", h.dir);
+    int fd = open(path, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(shmipc__sup_status(h.sup, fd), 0);
+    close(fd);
+    char *s = slurp(path);
+    char want[200];
+    snprintf(want, sizeof want, "status: 2 workers, generation %u serving", gen);
+    assert_non_null(strstr(s, want));
+    assert_non_null(strstr(s, "index gen  pid      state     restarts uptime    last-exit  address"));
+    snprintf(want, sizeof want, "%-5u %-4u %-8d %-9s %-8u ", 0u, gen, (int)w0.pid, "ready", 1u);
+    assert_non_null(strstr(s, want));
+    assert_non_null(strstr(s, "signal 9"));
+    assert_non_null(strstr(s, w0.address));
+    free(s);
+    /* The request from another thread prints it on the log. */
+    shmipc__sup_request_status(h.sup);
+    wait_log(&h, "status: 2 workers", 5000);
+    harness_finish(&h);
+}
+
+static void test_signals(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(&h, sleeper(), 1);
+    c.signals = 1;
+    harness_start(&h, &c);
+    wait_ready(&h, 1, 10000); /* the handlers are in place before the first spawn */
+    unsigned g0 = first_generation(&h);
+    assert_int_equal(kill(getpid(), SIGUSR1), 0);
+    wait_log(&h, "status: 1 workers", 5000);
+    assert_int_equal(kill(getpid(), SIGHUP), 0);
+    wait_log(&h, "reload: starting generation", 5000);
+    uint64_t end = ms_now() + 10000;
+    shmipc__sup_worker_info w[4];
+    while (shmipc__sup_snapshot(h.sup, w, 4) != 1 || w[0].generation == g0 ||
+           w[0].state != SHMIPC__SUP_READY) {
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    assert_int_equal(kill(getpid(), SIGTERM), 0);
+    harness_join(&h);
+    /* run() put the previous dispositions back. */
+    struct sigaction sa;
+    sigaction(SIGTERM, NULL, &sa);
+    assert_true(sa.sa_handler == SIG_DFL);
+    sigaction(SIGPIPE, NULL, &sa);
+    assert_true(sa.sa_handler == SIG_DFL);
+    harness_finish(&h);
+}
+
+/* ---- Python WSGI workers --------------------------------------------------------------- */
+
+static const char app_py[] =
+    "import os\n"
+    "def app(environ, start_response):\n"
+    "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
+    "    return [('pid=%d path=%s' % (os.getpid(), environ['PATH_INFO'])).encode()]\n";
+
+/* The Python module is built (it is not in the sanitizer builds): else these tests skip. */
+static int python_built(void)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/python/shmipc/serve/worker.py", SHMIPC_BUILD_DIR);
+    if (access(p, R_OK) != 0)
+        return 0;
+    snprintf(p, sizeof p, "%s/python/shmipc", SHMIPC_BUILD_DIR);
+    DIR *d = opendir(p);
+    int found = 0;
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL)
+        found |= strncmp(e->d_name, "_serve.", 7) == 0 && strstr(e->d_name, ".so") != NULL;
+    if (d != NULL)
+        closedir(d);
+    return found && access(SHMIPC_PYTHON, X_OK) == 0;
+}
+
+struct pyenv {
+    char *env[512];
+    char pythonpath[600];
+};
+
+static void pyenv_init(struct pyenv *pe)
+{
+    size_t n = 0;
+    snprintf(pe->pythonpath, sizeof pe->pythonpath, "PYTHONPATH=%s/python", SHMIPC_BUILD_DIR);
+    pe->env[n++] = pe->pythonpath;
+    for (char **e = environ; *e != NULL && n < 510; e++)
+        if (strncmp(*e, "PYTHONPATH=", 11) != 0)
+            pe->env[n++] = *e;
+    pe->env[n] = NULL;
+}
+
+static void write_app(struct harness *h)
+{
+    char p[200];
+    snprintf(p, sizeof p, "%s/supapp.py", h->dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(app_py, f);
+    fclose(f);
+}
+
+/* One GET through a worker's shmipc address, as the front will send it; the body into out. */
+static int request(const char *address, const char *target, char *out, size_t cap)
+{
+    shmipc_config *cfg = NULL;
+    shmipc_session *s = NULL;
+    shmipc_stream *st = NULL;
+    int status = -1;
+    uint8_t buf[2048];
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
+    if (shmipc_session_connect(address, cfg, &s) != 0)
+        goto out;
+    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
+    shmipc_serve_request r;
+    memset(&r, 0, sizeof r);
+    r.size = sizeof r;
+    r.version_minor = 1;
+    r.method = (const uint8_t *)"GET";
+    r.method_len = 3;
+    r.target = (const uint8_t *)target;
+    r.target_len = (uint32_t)strlen(target);
+    shmipc_serve_field host = {(const uint8_t *)"Host", (const uint8_t *)"t", 4, 1};
+    int64_t n = shmipc_serve_encode_request_head(buf, sizeof buf, &r, &host, 1);
+    assert_true(n > 0);
+    assert_int_equal(shmipc_serve_encode_header(buf + n, sizeof buf - (size_t)n, SHMIPC_SERVE_END,
+                                                0, 0),
+                     SHMIPC_SERVE_HDR_SIZE);
+    assert_int_equal(shmipc_stream_write(st, buf, (size_t)n + SHMIPC_SERVE_HDR_SIZE), 0);
+    assert_int_equal(shmipc_stream_flush(st), 0);
+    size_t got = 0;
+    for (int frames = 0; frames < 64; frames++) {
+        const void *p;
+        shmipc_serve_frame f;
+        memset(&f, 0, sizeof f);
+        f.size = sizeof f;
+        if (shmipc_stream_read_exact_bytes(st, SHMIPC_SERVE_HDR_SIZE, &p, 0) != 0)
+            goto out;
+        uint8_t hdr[SHMIPC_SERVE_HDR_SIZE];
+        memcpy(hdr, p, sizeof hdr);
+        assert_int_equal(shmipc_serve_decode_header(hdr, sizeof hdr, &f), SHMIPC_SERVE_HDR_SIZE);
+        assert_true(f.length <= sizeof buf - sizeof hdr);
+        memcpy(buf, hdr, sizeof hdr);
+        if (f.length > 0) {
+            assert_int_equal(shmipc_stream_read_exact_bytes(st, f.length, &p, 0), 0);
+            memcpy(buf + sizeof hdr, p, f.length);
+        }
+        if (f.type == SHMIPC_SERVE_RESPONSE_HEAD) {
+            shmipc_serve_response resp;
+            memset(&resp, 0, sizeof resp);
+            resp.size = sizeof resp;
+            assert_true(shmipc_serve_decode_response(buf, sizeof hdr + f.length, &resp) > 0);
+            status = resp.status;
+        } else if (f.type == SHMIPC_SERVE_BODY) {
+            assert_true(got + f.length < cap);
+            memcpy(out + got, buf + sizeof hdr, f.length);
+            got += f.length;
+        } else {
+            assert_int_equal(f.type, SHMIPC_SERVE_END);
+            break;
+        }
+    }
+    out[got] = '\0';
+out:
+    if (st != NULL)
+        shmipc_stream_close(st);
+    if (s != NULL)
+        shmipc_session_close(s);
+    shmipc_config_free(cfg);
+    return status;
+}
+
+static void expect_served_by(const char *address, pid_t pid, const char *target)
+{
+    char body[256], want[256];
+    assert_int_equal(request(address, target, body, sizeof body), 200);
+    snprintf(want, sizeof want, "pid=%d path=%s", (int)pid, target);
+    assert_string_equal(body, want);
+}
+
+static void test_python_wsgi_workers(void **state)
+{
+    (void)state;
+    if (!python_built())
+        skip();
+    struct harness h;
+    struct pyenv pe;
+    harness_init(&h);
+    write_app(&h);
+    pyenv_init(&pe);
+    const char *const argv[] = {SHMIPC_PYTHON, "-m", "shmipc.serve.worker", "supapp:app",
+                                "--address", "{address}", NULL};
+    shmipc__sup_config c = base_config(&h, argv, 2);
+    c.envp = pe.env;
+    c.chdir_to = h.dir;
+    c.start_timeout_ms = 60000;
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 60000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w0, w1, now;
+    assert_true(slot_of(&h, gen, 0, &w0));
+    assert_true(slot_of(&h, gen, 1, &w1));
+    /* Each address is served by its own worker process. */
+    expect_served_by(w0.address, w0.pid, "/zero");
+    expect_served_by(w1.address, w1.pid, "/one");
+    /* kill -9: a new process on the same address, and it serves. */
+    assert_int_equal(kill(w0.pid, SIGKILL), 0);
+    uint64_t end = ms_now() + 60000;
+    for (;;) {
+        assert_true(slot_of(&h, gen, 0, &now));
+        if (now.state == SHMIPC__SUP_READY && now.pid != w0.pid)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(20);
+    }
+    assert_int_equal(now.restarts, 1);
+    expect_served_by(now.address, now.pid, "/again");
+    expect_served_by(w1.address, w1.pid, "/one");
+    /* Stop: the workers exit on SIGTERM (exit 0), none is killed. */
+    shmipc__sup_stop(h.sup);
+    harness_join(&h);
+    assert_true(pid_gone(now.pid) && pid_gone(w1.pid));
+    assert_false(file_contains(h.log_path, "killed"));
+    harness_finish(&h);
+}
+
+static void test_python_max_requests_recycles(void **state)
+{
+    (void)state;
+    if (!python_built())
+        skip();
+    struct harness h;
+    struct pyenv pe;
+    harness_init(&h);
+    write_app(&h);
+    pyenv_init(&pe);
+    const char *const argv[] = {SHMIPC_PYTHON,     "-m", "shmipc.serve.worker", "supapp:app",
+                                "--max-requests",  "2",  "--address",           "{address}",
+                                NULL};
+    shmipc__sup_config c = base_config(&h, argv, 1);
+    c.envp = pe.env;
+    c.chdir_to = h.dir;
+    c.start_timeout_ms = 60000;
+    harness_start(&h, &c);
+    wait_ready(&h, 1, 60000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w, now;
+    assert_true(slot_of(&h, gen, 0, &w));
+    expect_served_by(w.address, w.pid, "/1");
+    expect_served_by(w.address, w.pid, "/2");
+    uint64_t end = ms_now() + 60000;
+    for (;;) {
+        assert_true(slot_of(&h, gen, 0, &now));
+        if (now.state == SHMIPC__SUP_READY && now.pid != w.pid)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(20);
+    }
+    assert_int_equal(now.restarts, 1);
+    assert_true(WIFEXITED(now.last_status) && WEXITSTATUS(now.last_status) == 0);
+    assert_int_equal(now.last_delay_ms, 0); /* a clean recycle: no back-off */
+    expect_served_by(now.address, now.pid, "/3");
+    harness_finish(&h);
+}
+
+static void test_python_import_failure_backs_off(void **state)
+{
+    (void)state;
+    if (!python_built())
+        skip();
+    struct harness h;
+    struct pyenv pe;
+    harness_init(&h);
+    pyenv_init(&pe);
+    const char *const argv[] = {SHMIPC_PYTHON, "-m", "shmipc.serve.worker", "nosuchmodule:app",
+                                "--address", "{address}", NULL};
+    shmipc__sup_config c = base_config(&h, argv, 1);
+    c.envp = pe.env;
+    c.chdir_to = h.dir;
+    harness_start(&h, &c);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w;
+    uint64_t end = ms_now() + 60000;
+    do {
+        assert_true(ms_now() < end);
+        sleep_ms(20);
+        assert_true(slot_of(&h, gen, 0, &w));
+    } while (w.restarts < 2);
+    assert_true(WIFEXITED(w.last_status) && WEXITSTATUS(w.last_status) == 2);
+    assert_true(w.last_delay_ms >= 200);
+    /* Bounded: the interpreter's start is slow, the back-off only adds to it. */
+    sleep_ms(1000);
+    assert_true(slot_of(&h, gen, 0, &w));
+    assert_true(w.restarts <= 6);
+    unsigned nsets;
+    ready_count(&h, &nsets);
+    assert_int_equal(nsets, 0);
+    harness_finish(&h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_workers_ready_with_unique_addresses),
+        cmocka_unit_test(test_kill9_restarts_with_a_new_pid),
+        cmocka_unit_test(test_crash_loop_backs_off),
+        cmocka_unit_test(test_crash_loop_delay_caps_at_max),
+        cmocka_unit_test(test_spawn_rate_is_capped),
+        cmocka_unit_test(test_spawn_failure_backs_off),
+        cmocka_unit_test(test_start_timeout_kills_a_silent_worker),
+        cmocka_unit_test(test_long_output_line_then_ready),
+        cmocka_unit_test(test_clean_exit_restarts_at_once),
+        cmocka_unit_test(test_reload_new_ready_before_old_term),
+        cmocka_unit_test(test_reload_to_a_broken_generation_keeps_the_old_one),
+        cmocka_unit_test(test_stop_kills_a_worker_that_ignores_term),
+        cmocka_unit_test(test_stop_is_quick_for_a_polite_worker),
+        cmocka_unit_test(test_second_stop_kills_at_once),
+        cmocka_unit_test(test_status_output),
+        cmocka_unit_test(test_signals),
+        cmocka_unit_test(test_python_wsgi_workers),
+        cmocka_unit_test(test_python_max_requests_recycles),
+        cmocka_unit_test(test_python_import_failure_backs_off),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
