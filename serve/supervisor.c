@@ -29,7 +29,7 @@
 
 extern char **environ;
 
-#define NS_PER_MS 1000000ull
+#define NS_PER_MS      1000000ull
 #define LINE_MAX_BYTES 1024
 /* Without a pidfd (old kernels) exits are found by this periodic waitpid sweep. */
 #define SWEEP_MS 100
@@ -114,8 +114,8 @@ static void logf_(shmipc__sup *sup, const char *fmt, ...)
     va_end(ap);
     if (m < 0)
         return;
-    size_t len = (size_t)n + ((size_t)m < sizeof buf - (size_t)n - 1 ? (size_t)m
-                                                                     : sizeof buf - (size_t)n - 2);
+    size_t len = (size_t)n +
+                 ((size_t)m < sizeof buf - (size_t)n - 1 ? (size_t)m : sizeof buf - (size_t)n - 2);
     buf[len++] = '\n';
     write_all(sup->cfg.log_fd, buf, len);
 }
@@ -462,10 +462,10 @@ fail:
     s->pid = 0;
     s->last_status = 127 << 8;
     s->state = SHMIPC__SUP_BACKOFF;
-    s->delay_ms = s->delay_ms == 0 ? sup->cfg.backoff_min_ms
-                                   : (s->delay_ms >= sup->cfg.backoff_max_ms / 2
-                                          ? sup->cfg.backoff_max_ms
-                                          : s->delay_ms * 2);
+    s->delay_ms = s->delay_ms == 0
+                      ? sup->cfg.backoff_min_ms
+                      : (s->delay_ms >= sup->cfg.backoff_max_ms / 2 ? sup->cfg.backoff_max_ms
+                                                                    : s->delay_ms * 2);
     s->last_delay_ms = s->delay_ms;
     s->restarts++;
     s->deadline_ns = now + s->delay_ms * NS_PER_MS;
@@ -563,8 +563,8 @@ static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
     if (sup->stopping || was == SHMIPC__SUP_STOPPING ||
         (s->gen != sup->cur_gen && s->gen != sup->act_gen)) {
         if (was != SHMIPC__SUP_STOPPING || status != 0)
-            logf_(sup, "worker %u (generation %u, pid %d) stopped: %s", s->index, s->gen,
-                  (int)pid, how);
+            logf_(sup, "worker %u (generation %u, pid %d) stopped: %s", s->index, s->gen, (int)pid,
+                  how);
         remove_slot(sup, i);
         return;
     }
@@ -574,10 +574,10 @@ static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
     } else {
         if (was == SHMIPC__SUP_READY && now - s->ready_ns >= sup->cfg.healthy_ms * NS_PER_MS)
             s->delay_ms = 0; /* it ran healthy long enough: the back-off starts over */
-        delay = s->delay_ms == 0 ? sup->cfg.backoff_min_ms
-                                 : (s->delay_ms >= sup->cfg.backoff_max_ms / 2
-                                        ? sup->cfg.backoff_max_ms
-                                        : s->delay_ms * 2);
+        delay = s->delay_ms == 0
+                    ? sup->cfg.backoff_min_ms
+                    : (s->delay_ms >= sup->cfg.backoff_max_ms / 2 ? sup->cfg.backoff_max_ms
+                                                                  : s->delay_ms * 2);
         s->delay_ms = delay;
     }
     s->last_delay_ms = delay;
@@ -588,8 +588,7 @@ static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
         logf_(sup, "worker %u (generation %u, pid %d) exited (%s) after %.1f s; restarting",
               s->index, s->gen, (int)pid, how, ran);
     else
-        logf_(sup,
-              "worker %u (generation %u, pid %d) %s (%s) after %.1f s; restart %u in %.1f s",
+        logf_(sup, "worker %u (generation %u, pid %d) %s (%s) after %.1f s; restart %u in %.1f s",
               s->index, s->gen, (int)pid, was == SHMIPC__SUP_STARTING ? "failed to start" : "died",
               how, ran, s->restarts, delay / 1000.0);
 }
@@ -763,8 +762,9 @@ static uint64_t run_timers(shmipc__sup *sup, uint64_t now)
             if (s->killed)
                 break;
             if (now >= s->deadline_ns) {
-                logf_(sup, "worker %u (generation %u, pid %d) still running %.1f s after SIGTERM: "
-                           "killed",
+                logf_(sup,
+                      "worker %u (generation %u, pid %d) still running %.1f s after SIGTERM: "
+                      "killed",
                       s->index, s->gen, (int)s->pid, sup->cfg.graceful_timeout_ms / 1000.0);
                 send_signal(s, SIGKILL);
                 s->killed = 1;

@@ -31,10 +31,10 @@ typedef void (*shmipc__sup_ready_fn)(void *data, const char *const *addrs, size_
 
 /* Zero means the default for every number; the strings are copied by shmipc__sup_new(). */
 typedef struct shmipc__sup_config {
-    const char *const *argv; /* NULL-terminated template; argv[0] is looked up in PATH */
-    char *const *envp;       /* the workers' environment; NULL: the supervisor's */
-    const char *chdir_to;    /* the workers' directory; NULL: the supervisor's */
-    unsigned workers;        /* 1 .. SHMIPC__SUP_MAX_WORKERS */
+    const char *const *argv;      /* NULL-terminated template; argv[0] is looked up in PATH */
+    char *const *envp;            /* the workers' environment; NULL: the supervisor's */
+    const char *chdir_to;         /* the workers' directory; NULL: the supervisor's */
+    unsigned workers;             /* 1 .. SHMIPC__SUP_MAX_WORKERS */
     uint32_t start_timeout_ms;    /* ready within this, or SIGKILL and restart; default 30 s */
     uint32_t graceful_timeout_ms; /* SIGTERM to SIGKILL on stop and reload; default 30 s */
     uint32_t backoff_min_ms;      /* the first restart delay after a failure; default 100 ms */
@@ -60,11 +60,11 @@ typedef struct shmipc__sup_worker_info {
     pid_t pid; /* 0 in BACKOFF */
     unsigned generation;
     unsigned index;
-    int state;               /* enum shmipc__sup_state */
-    unsigned restarts;       /* spawns of this slot after its first */
-    uint64_t started_ns;     /* CLOCK_MONOTONIC of the last spawn */
-    int last_status;         /* the last wait status; -1 when none exited yet */
-    uint32_t last_delay_ms;  /* the delay before the last restart (0: at once) */
+    int state;              /* enum shmipc__sup_state */
+    unsigned restarts;      /* spawns of this slot after its first */
+    uint64_t started_ns;    /* CLOCK_MONOTONIC of the last spawn */
+    int last_status;        /* the last wait status; -1 when none exited yet */
+    uint32_t last_delay_ms; /* the delay before the last restart (0: at once) */
     char address[96];
 } shmipc__sup_worker_info;
 

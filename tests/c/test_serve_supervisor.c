@@ -417,7 +417,7 @@ static void test_kill9_restarts_with_a_new_pid(void **state)
     }
     assert_int_equal(now.restarts, 1);
     assert_true(WIFSIGNALED(now.last_status) && WTERMSIG(now.last_status) == SIGKILL);
-    assert_int_equal(now.last_delay_ms, 100); /* the first restart after a failure: 100 ms */
+    assert_int_equal(now.last_delay_ms, 100);     /* the first restart after a failure: 100 ms */
     assert_string_equal(now.address, w0.address); /* the slot keeps its address */
     /* The other worker was not touched. */
     assert_true(slot_of(&h, gen, 1, &now));
@@ -569,10 +569,10 @@ static void test_long_output_line_then_ready(void **state)
     harness_init(&h);
     /* 5000 bytes without a newline overflow the line buffer; the ready line after still
      * counts, and every byte is forwarded. */
-    shmipc__sup_config c = base_config(
-        &h,
-        SH("head -c 5000 /dev/zero | tr '\\0' x; echo; echo \"w ready on {address}\"; exec sleep 30"),
-        1);
+    shmipc__sup_config c = base_config(&h,
+                                       SH("head -c 5000 /dev/zero | tr '\\0' x; echo; echo \"w "
+                                          "ready on {address}\"; exec sleep 30"),
+                                       1);
     harness_start(&h, &c);
     wait_ready(&h, 1, 10000);
     char *out = slurp(h.out_path);
@@ -827,7 +827,8 @@ static void test_status_output(void **state)
     char want[200];
     snprintf(want, sizeof want, "status: 2 workers, generation %u serving", gen);
     assert_non_null(strstr(s, want));
-    assert_non_null(strstr(s, "index gen  pid      state     restarts uptime    last-exit  address"));
+    assert_non_null(
+        strstr(s, "index gen  pid      state     restarts uptime    last-exit  address"));
     snprintf(want, sizeof want, "%-5u %-4u %-8d %-9s %-8u ", 0u, gen, (int)w0.pid, "ready", 1u);
     assert_non_null(strstr(s, want));
     assert_non_null(strstr(s, "signal 9"));
@@ -947,9 +948,9 @@ static int request(const char *address, const char *target, char *out, size_t ca
     shmipc_serve_field host = {(const uint8_t *)"Host", (const uint8_t *)"t", 4, 1};
     int64_t n = shmipc_serve_encode_request_head(buf, sizeof buf, &r, &host, 1);
     assert_true(n > 0);
-    assert_int_equal(shmipc_serve_encode_header(buf + n, sizeof buf - (size_t)n, SHMIPC_SERVE_END,
-                                                0, 0),
-                     SHMIPC_SERVE_HDR_SIZE);
+    assert_int_equal(
+        shmipc_serve_encode_header(buf + n, sizeof buf - (size_t)n, SHMIPC_SERVE_END, 0, 0),
+        SHMIPC_SERVE_HDR_SIZE);
     assert_int_equal(shmipc_stream_write(st, buf, (size_t)n + SHMIPC_SERVE_HDR_SIZE), 0);
     assert_int_equal(shmipc_stream_flush(st), 0);
     size_t got = 0;
@@ -1012,8 +1013,8 @@ static void test_python_wsgi_workers(void **state)
     harness_init(&h);
     write_app(&h);
     pyenv_init(&pe);
-    const char *const argv[] = {SHMIPC_PYTHON, "-m", "shmipc.serve.worker", "supapp:app",
-                                "--address", "{address}", NULL};
+    const char *const argv[] = {
+        SHMIPC_PYTHON, "-m", "shmipc.serve.worker", "supapp:app", "--address", "{address}", NULL};
     shmipc__sup_config c = base_config(&h, argv, 2);
     c.envp = pe.env;
     c.chdir_to = h.dir;
@@ -1058,9 +1059,9 @@ static void test_python_max_requests_recycles(void **state)
     harness_init(&h);
     write_app(&h);
     pyenv_init(&pe);
-    const char *const argv[] = {SHMIPC_PYTHON,     "-m", "shmipc.serve.worker", "supapp:app",
-                                "--max-requests",  "2",  "--address",           "{address}",
-                                NULL};
+    const char *const argv[] = {
+        SHMIPC_PYTHON, "-m",        "shmipc.serve.worker", "supapp:app", "--max-requests",
+        "2",           "--address", "{address}",           NULL};
     shmipc__sup_config c = base_config(&h, argv, 1);
     c.envp = pe.env;
     c.chdir_to = h.dir;
@@ -1096,8 +1097,9 @@ static void test_python_import_failure_backs_off(void **state)
     struct pyenv pe;
     harness_init(&h);
     pyenv_init(&pe);
-    const char *const argv[] = {SHMIPC_PYTHON, "-m", "shmipc.serve.worker", "nosuchmodule:app",
-                                "--address", "{address}", NULL};
+    const char *const argv[] = {
+        SHMIPC_PYTHON, "-m", "shmipc.serve.worker", "nosuchmodule:app", "--address",
+        "{address}",   NULL};
     shmipc__sup_config c = base_config(&h, argv, 1);
     c.envp = pe.env;
     c.chdir_to = h.dir;

@@ -1,0 +1,747 @@
+/*
+ * Description: shmipc-serve's options (serve/options.c, docs/serve.md "Configuration"): every
+ * flag, the config file and its hostile forms (unknown keys, duplicates, long lines, NUL,
+ * missing values, numbers at and past their limits, random bytes), flags over the file,
+ * --check (with the Python interpreter when the module is built), the worker command, and the
+ * access-log formatter with hostile bytes.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "options.h"
+#include "shmipc.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static char dir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/shmipc-opt-XXXXXX");
+    return mkdtemp(dir) != NULL ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    DIR *d = opendir(dir);
+    if (d != NULL) {
+        struct dirent *e;
+        char p[512];
+        while ((e = readdir(d)) != NULL)
+            if (e->d_name[0] != '.') {
+                snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+                if (unlink(p) != 0)
+                    rmdir(p);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+    return 0;
+}
+
+/* Writes `len` bytes into dir/name and returns the path (static buffer per call site). */
+static const char *write_file(const char *name, const void *data, size_t len)
+{
+    static char path[8][256];
+    static int next;
+    char *p = path[next++ % 8];
+    snprintf(p, 256, "%s/%s", dir, name);
+    int fd = open(p, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, data, len), (ssize_t)len);
+    close(fd);
+    return p;
+}
+
+static const char *write_text(const char *name, const char *text)
+{
+    return write_file(name, text, strlen(text));
+}
+
+/* Parses the NULL-terminated args (argv[0] added). */
+static int parse(shmipc__serve_options *o, char *err, const char *const *args)
+{
+    const char *argv[64] = {"shmipc-serve"};
+    int argc = 1;
+    while (args[argc - 1] != NULL)
+        argv[argc] = args[argc - 1], argc++;
+    assert_int_equal(shmipc__serve_options_init(o), 0);
+    return shmipc__serve_options_parse(o, argc, (char *const *)argv, err, SHMIPC__SERVE_ERR_SIZE);
+}
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* Parsing fails with a message containing `want`. */
+static void expect_error(const char *const *args, const char *want)
+{
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    int rc = parse(&o, err, args);
+    if (rc != SHMIPC_EINVAL || strstr(err, want) == NULL)
+        print_message("args[0]=%s: rc %d, message '%s', want '%s'\n", args[0] ? args[0] : "-", rc,
+                      err, want);
+    assert_int_equal(rc, SHMIPC_EINVAL);
+    assert_non_null(strstr(err, want));
+    shmipc__serve_options_free(&o);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    assert_int_equal(parse(&o, err, ARGS("myapp:app")), 0);
+    assert_int_equal(o.kind, SHMIPC__SERVE_WSGI);
+    assert_string_equal(o.app, "myapp:app");
+    assert_string_equal(o.listen, "127.0.0.1:8000");
+    assert_int_equal(o.workers, 1);
+    assert_int_equal(o.threads, 1);
+    assert_int_equal(o.max_requests, 0);
+    assert_int_equal(o.timeout_ms, 60000);
+    assert_int_equal(o.queue, 1024);
+    assert_int_equal(o.graceful_timeout_ms, 30000);
+    assert_null(o.access_log);
+    assert_int_equal(o.access_log_format, SHMIPC__ACCESS_COMMON);
+    assert_string_equal(o.python, "python3");
+    assert_null(o.chdir_to);
+    assert_null(o.config);
+    assert_false(o.check || o.help || o.version);
+    shmipc__serve_options_free(&o);
+    shmipc__serve_options_free(&o); /* twice: nothing left to free */
+    shmipc__serve_options_free(NULL);
+    assert_int_equal(shmipc__serve_options_init(NULL), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__serve_options_parse(NULL, 1, NULL, err, sizeof err), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__serve_options_init(&o), 0);
+    assert_int_equal(shmipc__serve_options_parse(&o, 2, NULL, err, sizeof err), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__serve_options_parse(&o, -1, NULL, NULL, 0), SHMIPC_EINVAL);
+    shmipc__serve_options_free(&o);
+    assert_string_equal(shmipc__serve_kind_name(SHMIPC__SERVE_C), "c");
+    assert_string_equal(shmipc__serve_kind_name(0), "?");
+    assert_non_null(strstr(shmipc__serve_usage(), "--graceful-timeout S"));
+}
+
+static void test_every_flag(void **state)
+{
+    (void)state;
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    assert_int_equal(
+        parse(&o, err,
+              ARGS("--workers", "4", "--listen=[::1]:9000", "--max-requests", "1000000000",
+                   "--timeout", "2.5", "--queue", "0", "--graceful-timeout", "0.001",
+                   "--access-log", "-", "--access-log-format", "json", "--python",
+                   "/usr/bin/python3", "--chdir", "/tmp", "--threads", "256", "--check", "--wsgi",
+                   "pkg.mod:factory.app")),
+        0);
+    assert_int_equal(o.workers, 4);
+    assert_string_equal(o.listen, "[::1]:9000");
+    assert_int_equal(o.max_requests, 1000000000);
+    assert_int_equal(o.timeout_ms, 2500);
+    assert_int_equal(o.queue, 0);
+    assert_int_equal(o.graceful_timeout_ms, 1);
+    assert_string_equal(o.access_log, "-");
+    assert_int_equal(o.access_log_format, SHMIPC__ACCESS_JSON);
+    assert_string_equal(o.python, "/usr/bin/python3");
+    assert_string_equal(o.chdir_to, "/tmp");
+    assert_int_equal(o.threads, 256);
+    assert_true(o.check);
+    assert_string_equal(o.app, "pkg.mod:factory.app");
+    shmipc__serve_options_free(&o);
+
+    /* The other kinds are recorded (they fail at --check, not here). */
+    assert_int_equal(parse(&o, err, ARGS("--asgi", "m:a")), 0);
+    assert_int_equal(o.kind, SHMIPC__SERVE_ASGI);
+    shmipc__serve_options_free(&o);
+    assert_int_equal(parse(&o, err, ARGS("--lua", "handler.lua", "--listen", "unix:/tmp/s")), 0);
+    assert_int_equal(o.kind, SHMIPC__SERVE_LUA);
+    assert_string_equal(o.app, "handler.lua");
+    shmipc__serve_options_free(&o);
+    assert_int_equal(parse(&o, err, ARGS("--c=./libh.so:handle")), 0);
+    assert_int_equal(o.kind, SHMIPC__SERVE_C);
+    assert_string_equal(o.app, "./libh.so:handle");
+    shmipc__serve_options_free(&o);
+    /* "--" ends the options: an APP that starts with a dash is still refused as a name. */
+    assert_int_equal(parse(&o, err, ARGS("--workers", "2", "--", "m:a")), 0);
+    assert_string_equal(o.app, "m:a");
+    shmipc__serve_options_free(&o);
+    /* The last value of a repeated flag wins, as with most commands. */
+    assert_int_equal(parse(&o, err, ARGS("m:a", "--workers", "2", "--workers", "3")), 0);
+    assert_int_equal(o.workers, 3);
+    shmipc__serve_options_free(&o);
+    /* --help and --version need no APP. */
+    assert_int_equal(parse(&o, err, ARGS("--help")), 0);
+    assert_true(o.help);
+    shmipc__serve_options_free(&o);
+    assert_int_equal(parse(&o, err, ARGS("--version")), 0);
+    assert_true(o.version);
+    shmipc__serve_options_free(&o);
+}
+
+static void test_flag_errors(void **state)
+{
+    (void)state;
+    expect_error(ARGS("m:a", "--workers"), "--workers needs a value");
+    expect_error(ARGS("m:a", "--workers", "0"), "--workers: '0' is out of range (1 .. 1024)");
+    expect_error(ARGS("m:a", "--workers", "1025"), "out of range (1 .. 1024)");
+    expect_error(ARGS("m:a", "--workers", "4294967297"), "out of range");
+    expect_error(ARGS("m:a", "--workers", "18446744073709551616"), "out of range");
+    expect_error(ARGS("m:a", "--workers", "99999999999999999999999999999"), "out of range");
+    expect_error(ARGS("m:a", "--workers", "-1"), "'-1' is not a number");
+    expect_error(ARGS("m:a", "--workers", "+1"), "not a number");
+    expect_error(ARGS("m:a", "--workers", " 4"), "not a number");
+    expect_error(ARGS("m:a", "--workers", "4x"), "not a number");
+    expect_error(ARGS("m:a", "--workers", "0x10"), "not a number");
+    expect_error(ARGS("m:a", "--workers="), "not a number");
+    expect_error(ARGS("m:a", "--threads", "257"), "out of range (1 .. 256)");
+    expect_error(ARGS("m:a", "--queue", "1000001"), "out of range (0 .. 1000000)");
+    expect_error(ARGS("m:a", "--max-requests", "1000000001"), "out of range");
+    expect_error(ARGS("m:a", "--timeout", "1.2345"), "at most 3 decimals");
+    expect_error(ARGS("m:a", "--timeout", "-1"), "not a number of seconds");
+    expect_error(ARGS("m:a", "--timeout", "1."), "not a number of seconds");
+    expect_error(ARGS("m:a", "--timeout", ".5"), "not a number of seconds");
+    expect_error(ARGS("m:a", "--timeout", "1e3"), "not a number of seconds");
+    expect_error(ARGS("m:a", "--timeout", "86400.001"), "out of range (0 .. 86400 seconds)");
+    expect_error(ARGS("m:a", "--timeout", "99999999999999999999999"), "out of range");
+    expect_error(ARGS("m:a", "--graceful-timeout", "0"), "out of range (0.001 .. 86400");
+    expect_error(ARGS("m:a", "--listen", "8000"), "expected HOST:PORT");
+    expect_error(ARGS("m:a", "--listen", "::1:80"), "brackets");
+    expect_error(ARGS("m:a", "--listen", "[::1]:0"), "port must be 1 .. 65535");
+    expect_error(ARGS("m:a", "--listen", "[::1]80"), "expected [IPv6]:PORT");
+    expect_error(ARGS("m:a", "--listen", "host:65536"), "port must be");
+    expect_error(ARGS("m:a", "--listen", "host:"), "port must be");
+    expect_error(ARGS("m:a", "--listen", "ho st:80"), "space or control");
+    expect_error(ARGS("m:a", "--listen", "unix:"), "unix: needs a path");
+    expect_error(ARGS("m:a", "--listen", ""), "--listen: the value is empty");
+    expect_error(ARGS("m:a", "--access-log-format", "xml"), "'xml' is not common or json");
+    expect_error(ARGS("m:a", "--python", ""), "--python: the value is empty");
+    expect_error(ARGS("m:a", "--bogus"), "unknown option '--bogus'");
+    expect_error(ARGS("m:a", "-w", "2"), "unknown option '-w'");
+    expect_error(ARGS("m:a", "--check=1"), "--check takes no value");
+    expect_error(ARGS("m:a", "n:b"), "unexpected argument 'n:b'");
+    expect_error(ARGS("--asgi", "--lua", "f.lua"), "--lua: the application kind was already set "
+                                                   "by asgi");
+    expect_error(ARGS("--wsgi", "--asgi", "m:a"), "already set by wsgi");
+    expect_error(ARGS("m:a", "--lua", "x.lua"), "already given as APP");
+    expect_error(ARGS("--lua", "x.lua", "m:a"), "already given by --lua");
+    expect_error(ARGS("--c", "lib.so"), "'lib.so' is not LIB.so:symbol");
+    expect_error(ARGS("--c", "lib.so:"), "not LIB.so:symbol");
+    expect_error(ARGS("--workers", "2"), "no application");
+    expect_error(ARGS("notanapp"), "'notanapp' is not module:callable");
+    expect_error(ARGS("m:"), "not module:callable");
+    expect_error(ARGS(":a"), "not module:callable");
+    expect_error(ARGS("a..b:c"), "not module:callable");
+    expect_error(ARGS("a:b:c"), "not module:callable");
+    expect_error(ARGS("a:b."), "not module:callable");
+    expect_error(ARGS("a b:c"), "not module:callable");
+    expect_error(ARGS("m:a", "--config"), "--config needs a value");
+    expect_error(ARGS("m:a", "--config", "x", "--config", "y"), "--config given twice");
+    expect_error(ARGS("m:a", "--config="), "--config: the value is empty");
+    /* A huge value is refused, and a control byte in one is shown as '?'. */
+    char *big = malloc(5001);
+    memset(big, 'a', 5000);
+    big[5000] = '\0';
+    expect_error(ARGS("m:a", "--python", big), "--python: the value is longer than 4096 bytes");
+    free(big);
+    expect_error(ARGS("m:a", "--workers", "\x1b[31m"), "'?[31m' is not a number");
+}
+
+static void test_config_file(void **state)
+{
+    (void)state;
+    const char *f =
+        write_text("good.conf", "# shmipc-serve config\n"
+                                "\n"
+                                "app = myapp:app\r\n"
+                                "  workers\t=  2  \n"
+                                "listen = 127.0.0.1:9001\n"
+                                "threads = 2\n"
+                                "max-requests = 500\n"
+                                "timeout = 10\n"
+                                "queue = 16\n"
+                                "graceful-timeout = 5.5\n"
+                                "access-log = /tmp/x # not a comment: part of the value\n"
+                                "access-log-format = json\n"
+                                "python = /usr/bin/python3\n"
+                                "chdir = /tmp\n"
+                                "wsgi = yes\n"
+                                "asgi = false");
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    assert_int_equal(parse(&o, err, ARGS("--config", f)), 0);
+    assert_string_equal(o.app, "myapp:app");
+    assert_int_equal(o.workers, 2);
+    assert_string_equal(o.listen, "127.0.0.1:9001");
+    assert_int_equal(o.threads, 2);
+    assert_int_equal(o.max_requests, 500);
+    assert_int_equal(o.timeout_ms, 10000);
+    assert_int_equal(o.queue, 16);
+    assert_int_equal(o.graceful_timeout_ms, 5500);
+    assert_string_equal(o.access_log, "/tmp/x # not a comment: part of the value");
+    assert_int_equal(o.access_log_format, SHMIPC__ACCESS_JSON);
+    assert_string_equal(o.config, f);
+    assert_int_equal(o.kind, SHMIPC__SERVE_WSGI);
+    shmipc__serve_options_free(&o);
+
+    /* Flags override the file, whether they come before or after --config. */
+    assert_int_equal(
+        parse(&o, err, ARGS("--workers", "3", "--config", f, "--queue", "7", "other:app")), 0);
+    assert_int_equal(o.workers, 3);
+    assert_int_equal(o.queue, 7);
+    assert_string_equal(o.app, "other:app");
+    assert_string_equal(o.listen, "127.0.0.1:9001"); /* from the file */
+    shmipc__serve_options_free(&o);
+
+    /* The kind: the command line's wins over the file's, with the right app. */
+    const char *lua = write_text("lua.conf", "lua = h.lua\nworkers = 2\n");
+    assert_int_equal(parse(&o, err, ARGS("--config", lua, "m:a")), 0);
+    assert_int_equal(o.kind, SHMIPC__SERVE_WSGI);
+    assert_string_equal(o.app, "m:a");
+    shmipc__serve_options_free(&o);
+    assert_int_equal(parse(&o, err, ARGS("--config", lua, "--asgi", "m:a")), 0);
+    assert_int_equal(o.kind, SHMIPC__SERVE_ASGI);
+    assert_string_equal(o.app, "m:a");
+    shmipc__serve_options_free(&o);
+    const char *app = write_text("app.conf", "app = m:a\nasgi = true\n");
+    assert_int_equal(parse(&o, err, ARGS("--config", app)), 0);
+    assert_int_equal(o.kind, SHMIPC__SERVE_ASGI);
+    shmipc__serve_options_free(&o);
+    assert_int_equal(parse(&o, err, ARGS("--config", app, "--lua", "x.lua")), 0);
+    assert_int_equal(o.kind, SHMIPC__SERVE_LUA);
+    assert_string_equal(o.app, "x.lua");
+    shmipc__serve_options_free(&o);
+    assert_int_equal(parse(&o, err, ARGS("--config", app, "--wsgi")), 0);
+    assert_int_equal(o.kind, SHMIPC__SERVE_WSGI);
+    assert_string_equal(o.app, "m:a");
+    shmipc__serve_options_free(&o);
+
+    /* load_file alone, as the API. */
+    assert_int_equal(shmipc__serve_options_init(&o), 0);
+    assert_int_equal(shmipc__serve_options_load_file(&o, f, err, sizeof err), 0);
+    assert_int_equal(o.workers, 2);
+    assert_int_equal(shmipc__serve_options_load_file(&o, NULL, err, sizeof err), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__serve_options_load_file(NULL, f, err, sizeof err), SHMIPC_EINVAL);
+    shmipc__serve_options_free(&o);
+
+    /* An empty file and a file of comments are fine. */
+    assert_int_equal(parse(&o, err, ARGS("--config", write_text("e.conf", ""), "m:a")), 0);
+    shmipc__serve_options_free(&o);
+    assert_int_equal(parse(&o, err, ARGS("--config", write_text("c.conf", "#\n  # x\n\n"), "m:a")),
+                     0);
+    shmipc__serve_options_free(&o);
+}
+
+/* A config file with `text` fails with "NAME:want". */
+static void expect_file_error(const char *text, size_t len, const char *want)
+{
+    const char *f = write_file("bad.conf", text, len);
+    char full[300];
+    snprintf(full, sizeof full, "%s%s", f, want);
+    expect_error(ARGS("--config", f, "m:a"), want[0] == ':' ? full : want);
+}
+
+#define FILE_ERR(text, want) expect_file_error(text, sizeof(text) - 1, want)
+
+static void test_config_file_hostile(void **state)
+{
+    (void)state;
+    FILE_ERR("workers = 2\nworker = 3\n", ":2: unknown key 'worker' (keys are the long option");
+    FILE_ERR("--workers = 3\n", ":1: unknown key '--workers'");
+    FILE_ERR("# c\nworkers = 2\n\nworkers = 2\n", ":4: 'workers' again (first set on line 2)");
+    FILE_ERR("workers =\n", ":1: 'workers' has no value");
+    FILE_ERR("workers = \t \n", ":1: 'workers' has no value");
+    FILE_ERR("workers\n", ":1: expected 'key = value'");
+    FILE_ERR(" = 3\n", ":1: a value without a key");
+    FILE_ERR("workers = 0\n", ":1: workers: '0' is out of range (1 .. 1024)");
+    FILE_ERR("workers = -1\n", ":1: workers: '-1' is not a number");
+    FILE_ERR("workers = 1025\n", ":1: workers: '1025' is out of range");
+    FILE_ERR("workers = 99999999999999999999999999\n", "out of range");
+    FILE_ERR("queue = 1000001\n", ":1: queue: '1000001' is out of range (0 .. 1000000)");
+    FILE_ERR("timeout = 86401\n", ":1: timeout: '86401' is out of range");
+    FILE_ERR("graceful-timeout = 0\n", "out of range");
+    FILE_ERR("workers = 2 # two\n", "'2 # two' is not a number");
+    FILE_ERR("check = true\n", ":1: 'check' is a command-line option only");
+    FILE_ERR("config = other.conf\n", "'config' is a command-line option only");
+    FILE_ERR("help = true\n", "command-line option only");
+    FILE_ERR("wsgi = maybe\n", ":1: wsgi: 'maybe' is not true or false");
+    FILE_ERR("asgi = true\nlua = x.lua\n", ":2: lua: the application kind was already set by asgi");
+    FILE_ERR("app = m:a\nlua = x.lua\n", ":2: lua: the application was already given as APP");
+    FILE_ERR("listen = nope\n", ":1: listen: 'nope': expected HOST:PORT");
+    FILE_ERR("workers = 2\nqueue\x00 = 3\n", ":2: a NUL byte");
+    FILE_ERR("\x00", ":1: a NUL byte");
+    /* A line longer than 8192 bytes; a value of 5000 bytes on a shorter line. */
+    char *long_line = malloc(9000);
+    memset(long_line, 'a', 8999);
+    memcpy(long_line, "python = ", 9);
+    long_line[8999] = '\n';
+    expect_file_error(long_line, 9000, ":1: the line is longer than 8192 bytes");
+    memcpy(long_line + 5009, "\n", 1);
+    expect_file_error(long_line, 5010, ":1: python: the value is longer than 4096 bytes");
+    free(long_line);
+    /* Larger than 1 MiB. */
+    size_t huge = (1u << 20) + 10;
+    char *h = malloc(huge);
+    memset(h, '\n', huge);
+    expect_file_error(h, huge, "larger than 1048576 bytes");
+    free(h);
+    /* Not a file. */
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/missing.conf", dir);
+    expect_error(ARGS("--config", missing, "m:a"), "missing.conf: cannot open: No such file");
+    expect_error(ARGS("--config", dir, "m:a"), ": not a regular file");
+    /* A file of random bytes, many times: an error or success, never a crash (ASan run). */
+    srand(12345);
+    unsigned errors = 0;
+    for (int round = 0; round < 300; round++) {
+        char buf[512];
+        size_t n = (size_t)(rand() % (int)sizeof buf);
+        for (size_t i = 0; i < n; i++) {
+            /* Mostly text that looks like config, with some raw bytes. */
+            static const char alphabet[] = "workers=queue2 \n#:-.timeout1app";
+            buf[i] = rand() % 8 == 0 ? (char)(rand() % 256)
+                                     : alphabet[rand() % (int)(sizeof alphabet - 1)];
+        }
+        const char *f = write_file("fuzz.conf", buf, n);
+        shmipc__serve_options o;
+        char err[SHMIPC__SERVE_ERR_SIZE];
+        const char *const args[] = {"--config", f, "m:a", NULL};
+        int rc = parse(&o, err, args);
+        assert_true(rc == 0 || rc == SHMIPC_EINVAL);
+        if (rc != 0) {
+            errors++;
+            assert_true(strlen(err) > 0);
+            /* The message is printable: hostile bytes are not echoed raw. */
+            for (const char *p = err; *p != '\0'; p++)
+                assert_true((unsigned char)*p >= 0x20 && (unsigned char)*p < 0x7f);
+        }
+        shmipc__serve_options_free(&o);
+    }
+    assert_true(errors > 0);
+    /* A tiny error buffer gets a cut, terminated message. */
+    shmipc__serve_options o;
+    char small[8];
+    assert_int_equal(shmipc__serve_options_init(&o), 0);
+    const char *argv[] = {"shmipc-serve", "--bogus", NULL};
+    assert_int_equal(shmipc__serve_options_parse(&o, 2, (char *const *)argv, small, sizeof small),
+                     SHMIPC_EINVAL);
+    assert_int_equal(strlen(small), 7);
+    assert_int_equal(shmipc__serve_options_parse(&o, 2, (char *const *)argv, NULL, 0),
+                     SHMIPC_EINVAL);
+    shmipc__serve_options_free(&o);
+}
+
+static void test_worker_argv(void **state)
+{
+    (void)state;
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    char **argv;
+    assert_int_equal(parse(&o, err, ARGS("m:a", "--python", "/opt/py")), 0);
+    assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), 0);
+    const char *want[] = {"/opt/py",   "-m", "shmipc.serve.worker", "m:a", "--address",
+                          "{address}", NULL};
+    for (size_t i = 0; i < 7; i++)
+        if (want[i] == NULL)
+            assert_null(argv[i]);
+        else
+            assert_string_equal(argv[i], want[i]);
+    shmipc__serve_argv_free(argv);
+    shmipc__serve_options_free(&o);
+    assert_int_equal(parse(&o, err, ARGS("m:a", "--max-requests", "7")), 0);
+    assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), 0);
+    assert_string_equal(argv[6], "--max-requests");
+    assert_string_equal(argv[7], "7");
+    assert_null(argv[8]);
+    shmipc__serve_argv_free(argv);
+    shmipc__serve_options_free(&o);
+    const char *const *kinds[] = {ARGS("--asgi", "m:a"), ARGS("--lua", "h.lua"),
+                                  ARGS("--c", "l.so:f")};
+    const char *names[] = {"--asgi: ASGI workers are not available yet",
+                           "--lua: Lua workers are not available yet",
+                           "--c: C workers are not available yet"};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(parse(&o, err, kinds[i]), 0);
+        argv = (char **)1;
+        assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), SHMIPC_ENOTSUP);
+        assert_null(argv);
+        assert_non_null(strstr(err, names[i]));
+        /* --check says the same, as an error (exit 2), not a crash. */
+        assert_int_equal(shmipc__serve_check(&o, NULL, 1000, err, sizeof err), SHMIPC_EINVAL);
+        assert_non_null(strstr(err, names[i]));
+        shmipc__serve_options_free(&o);
+    }
+    assert_int_equal(shmipc__serve_worker_argv(NULL, &argv, err, sizeof err), SHMIPC_EINVAL);
+    shmipc__serve_argv_free(NULL);
+}
+
+/* ---- --check ---------------------------------------------------------------------------- */
+
+static int python_built(void)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/python/shmipc/serve/worker.py", SHMIPC_BUILD_DIR);
+    if (access(p, R_OK) != 0)
+        return 0;
+    snprintf(p, sizeof p, "%s/python/shmipc", SHMIPC_BUILD_DIR);
+    DIR *d = opendir(p);
+    int found = 0;
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL)
+        found |= strncmp(e->d_name, "_serve.", 7) == 0 && strstr(e->d_name, ".so") != NULL;
+    if (d != NULL)
+        closedir(d);
+    return found;
+}
+
+static int check(const char *const *args, char **envp, uint32_t timeout_ms, char *err)
+{
+    shmipc__serve_options o;
+    int rc = parse(&o, err, args);
+    if (rc == 0)
+        rc = shmipc__serve_check(&o, envp, timeout_ms, err, SHMIPC__SERVE_ERR_SIZE);
+    shmipc__serve_options_free(&o);
+    return rc;
+}
+
+static void expect_check_error(const char *const *args, char **envp, uint32_t timeout_ms,
+                               const char *want)
+{
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    int rc = check(args, envp, timeout_ms, err);
+    if (rc != SHMIPC_EINVAL || strstr(err, want) == NULL)
+        print_message("rc %d, message '%s', want '%s'\n", rc, err, want);
+    assert_int_equal(rc, SHMIPC_EINVAL);
+    assert_non_null(strstr(err, want));
+}
+
+static void test_check_without_python(void **state)
+{
+    (void)state;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    assert_int_equal(shmipc__serve_check(NULL, NULL, 0, err, sizeof err), SHMIPC_EINVAL);
+    char nodir[300];
+    snprintf(nodir, sizeof nodir, "%s/nodir", dir);
+    expect_check_error(ARGS("m:a", "--chdir", nodir), NULL, 1000, "--chdir");
+    expect_check_error(ARGS("m:a", "--chdir", write_text("plain", "x")), NULL, 1000,
+                       "not a directory");
+    expect_check_error(ARGS("m:a", "--python", "/nonexistent/python3"), NULL, 1000,
+                       "--python /nonexistent/python3: not found or not executable");
+    expect_check_error(ARGS("m:a", "--python", "no-such-python-shmipc"), NULL, 1000,
+                       "not found or not executable");
+    char log[300];
+    snprintf(log, sizeof log, "%s/nodir/access.log", dir);
+    expect_check_error(ARGS("m:a", "--python", "/bin/sh", "--access-log", log), NULL, 1000,
+                       "its directory cannot be written");
+    expect_check_error(ARGS("m:a", "--python", "/bin/sh", "--access-log", dir), NULL, 1000,
+                       "cannot be written");
+    snprintf(log, sizeof log, "unix:%s/nodir/sock", dir);
+    expect_check_error(ARGS("m:a", "--python", "/bin/sh", "--listen", log), NULL, 1000,
+                       "the directory does not exist");
+    /* An interpreter that is not Python fails the import check with its own words. */
+    expect_check_error(ARGS("m:a", "--python", "/bin/false"), NULL, 5000,
+                       "APP m:a cannot be loaded by /bin/false: the interpreter failed");
+}
+
+static void test_check_imports_the_app(void **state)
+{
+    (void)state;
+    if (!python_built())
+        skip();
+    char *env[512];
+    char pp[600];
+    size_t n = 0;
+    snprintf(pp, sizeof pp, "PYTHONPATH=%s/python", SHMIPC_BUILD_DIR);
+    env[n++] = pp;
+    for (char **e = environ; *e != NULL && n < 510; e++)
+        if (strncmp(*e, "PYTHONPATH=", 11) != 0)
+            env[n++] = *e;
+    env[n] = NULL;
+    write_text("okapp.py", "def app(environ, start_response):\n    return []\n");
+    write_text("boomapp.py", "raise RuntimeError('boom at import')\n");
+    write_text("slowapp.py", "import time\ntime.sleep(30)\n");
+    write_text("noisyapp.py", "print('x' * 200000)\ndef app(e, s):\n    return []\n");
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    int rc = check(ARGS("okapp:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000, err);
+    if (rc != 0)
+        print_message("%s\n", err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(
+        check(ARGS("noisyapp:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000, err), 0);
+    expect_check_error(ARGS("nosuchmod:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000,
+                       "ModuleNotFoundError: No module named 'nosuchmod'");
+    expect_check_error(ARGS("okapp:nothere", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000,
+                       "AttributeError");
+    expect_check_error(ARGS("boomapp:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000,
+                       "RuntimeError: boom at import");
+    expect_check_error(ARGS("slowapp:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 500,
+                       "importing it took longer than 0.5 s");
+}
+
+/* ---- the access log ------------------------------------------------------------------------ */
+
+static shmipc__access_entry entry(const char *target)
+{
+    shmipc__access_entry e;
+    memset(&e, 0, sizeof e);
+    e.remote = "127.0.0.1";
+    e.remote_len = 9;
+    e.method = "GET";
+    e.method_len = 3;
+    e.target = target;
+    e.target_len = strlen(target);
+    e.time_sec = 1700000000; /* 2023-11-14 22:13:20 UTC */
+    e.time_nsec = 123456789;
+    e.version_minor = 1;
+    e.status = 200;
+    e.bytes = 13;
+    e.duration_us = 1500;
+    return e;
+}
+
+static void test_access_log_common(void **state)
+{
+    (void)state;
+    char out[1024];
+    shmipc__access_entry e = entry("/x?a=1");
+    int n = shmipc__access_format(SHMIPC__ACCESS_COMMON, &e, out, sizeof out);
+    const char want[] =
+        "127.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET /x?a=1 HTTP/1.1\" 200 13\n";
+    assert_string_equal(out, want);
+    assert_int_equal(n, sizeof want - 1);
+    /* Hostile bytes in the target and method cannot break the line or the quotes. */
+    static const char bad[] = "/a\"b\\c\x01\n\r\x7f\xff\xc3\xa9 d";
+    e = entry("");
+    e.target = bad;
+    e.target_len = sizeof bad - 1;
+    e.method = "G\"T";
+    e.remote = NULL;
+    e.version_minor = 0;
+    e.status = 404;
+    e.bytes = 0;
+    n = shmipc__access_format(SHMIPC__ACCESS_COMMON, &e, out, sizeof out);
+    assert_string_equal(out,
+                        "- - - [14/Nov/2023:22:13:20 +0000] \"G\\x22T "
+                        "/a\\x22b\\x5Cc\\x01\\x0A\\x0D\\x7F\\xFF\\xC3\\xA9 d HTTP/1.0\" 404 0\n");
+    /* One line, one pair of quotes around the request. */
+    assert_int_equal(strchr(out, '\n') - out, n - 1);
+    int quotes = 0;
+    for (char *p = out; *p != '\0'; p++)
+        quotes += *p == '"';
+    assert_int_equal(quotes, 2);
+}
+
+static void test_access_log_json(void **state)
+{
+    (void)state;
+    char out[2048];
+    shmipc__access_entry e = entry("/x");
+    e.user_agent = "curl/8";
+    e.user_agent_len = 6;
+    int n = shmipc__access_format(SHMIPC__ACCESS_JSON, &e, out, sizeof out);
+    const char want[] = "{\"time\":\"2023-11-14T22:13:20.123Z\",\"remote\":\"127.0.0.1\","
+                        "\"method\":\"GET\",\"target\":\"/x\",\"protocol\":\"HTTP/1.1\","
+                        "\"status\":200,\"bytes\":13,\"duration_us\":1500,\"referer\":null,"
+                        "\"user_agent\":\"curl/8\"}\n";
+    assert_string_equal(out, want);
+    assert_int_equal(n, sizeof want - 1);
+    /* Quotes, backslash, control bytes and DEL escaped; valid UTF-8 kept (2, 3 and 4 bytes);
+     * every byte of invalid UTF-8 becomes U+FFFD: a lone 0xFF, an overlong '/', a surrogate,
+     * a cut sequence, a code point past U+10FFFF. */
+    static const char bad[] = "\"\\\x01\x1f\x7f"
+                              "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"
+                              "\xff|\xc0\xaf|\xed\xa0\x80|\xe2\x82|\xf4\x90\x80\x80|\xc3";
+    e = entry("/");
+    e.referer = bad;
+    e.referer_len = sizeof bad - 1;
+    e.remote = "unix:";
+    e.remote_len = 5;
+    n = shmipc__access_format(SHMIPC__ACCESS_JSON, &e, out, sizeof out);
+    assert_true(n > 0);
+    assert_non_null(strstr(out, "\"referer\":\"\\\"\\\\\\u0001\\u001f\\u007f"
+                                "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"
+                                "\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd|\\ufffd\\ufffd|"
+                                "\\ufffd\\ufffd\\ufffd\\ufffd|\\ufffd\","));
+    assert_non_null(strstr(out, "\"remote\":\"unix:\""));
+    assert_non_null(strstr(out, "\"user_agent\":null}"));
+    for (char *p = out; *p != '\0'; p++)
+        assert_true((unsigned char)*p >= 0x20 || *p == '\n');
+}
+
+static void test_access_log_limits(void **state)
+{
+    (void)state;
+    /* Worst case: every byte needs the longest escape. The bound holds it. */
+    char *worst = malloc(4096);
+    for (size_t i = 0; i < 4096; i++)
+        worst[i] = (char)(i % 2 ? 0x01 : 0xff);
+    shmipc__access_entry e = entry("");
+    e.target = e.referer = e.user_agent = e.method = e.remote = worst;
+    e.target_len = e.referer_len = e.user_agent_len = 4096;
+    e.method_len = 32;
+    e.remote_len = 45;
+    e.bytes = UINT64_MAX;
+    e.duration_us = UINT64_MAX;
+    e.status = 999;
+    e.version_minor = 9;
+    e.time_sec = INT64_MAX; /* gmtime fails: a zero time, not a crash */
+    e.time_nsec = -5;
+    size_t bound = shmipc__access_format_bound(&e);
+    char *out = malloc(bound);
+    for (int f = SHMIPC__ACCESS_COMMON; f <= SHMIPC__ACCESS_JSON; f++) {
+        int n = shmipc__access_format(f, &e, out, bound);
+        assert_true(n > 0 && (size_t)n < bound);
+        assert_int_equal(strlen(out), (size_t)n);
+        /* Every shorter buffer is refused whole, never overrun (ASan checks the copy). */
+        for (size_t cap = 1; cap <= (size_t)n; cap += (cap < 64 ? 1 : 97)) {
+            char *small = malloc(cap);
+            assert_int_equal(shmipc__access_format(f, &e, small, cap), SHMIPC_EMSGSIZE);
+            free(small);
+        }
+        char *exact = malloc((size_t)n + 1);
+        assert_int_equal(shmipc__access_format(f, &e, exact, (size_t)n + 1), n);
+        free(exact);
+    }
+    free(out);
+    free(worst);
+    char buf[16];
+    e = entry("/");
+    assert_int_equal(shmipc__access_format(SHMIPC__ACCESS_COMMON, NULL, buf, sizeof buf),
+                     SHMIPC_EINVAL);
+    assert_int_equal(shmipc__access_format(SHMIPC__ACCESS_COMMON, &e, NULL, 16), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__access_format(SHMIPC__ACCESS_COMMON, &e, buf, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__access_format(0, &e, buf, sizeof buf), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__access_format(3, &e, buf, sizeof buf), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__access_format_bound(NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_every_flag),
+        cmocka_unit_test(test_flag_errors),
+        cmocka_unit_test(test_config_file),
+        cmocka_unit_test(test_config_file_hostile),
+        cmocka_unit_test(test_worker_argv),
+        cmocka_unit_test(test_check_without_python),
+        cmocka_unit_test(test_check_imports_the_app),
+        cmocka_unit_test(test_access_log_common),
+        cmocka_unit_test(test_access_log_json),
+        cmocka_unit_test(test_access_log_limits),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
