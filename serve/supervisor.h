@@ -25,7 +25,8 @@ typedef struct shmipc__sup shmipc__sup;
 /*
  * Called on the loop's thread, without the supervisor's lock, whenever the set of ready
  * worker addresses changes; `addrs` (n strings) is valid during the call only. n is 0 once
- * the stop began: the front sends no new request then.
+ * the stop began: the front sends no new request then. An address that leaves the set gets no
+ * new request; the requests in flight on it go on (its worker finishes them after SIGTERM).
  */
 typedef void (*shmipc__sup_ready_fn)(void *data, const char *const *addrs, size_t n);
 
