@@ -875,8 +875,10 @@ static void test_signals(void **state)
 /* ---- Python WSGI workers --------------------------------------------------------------- */
 
 static const char app_py[] =
-    "import os\n"
+    "import os, time\n"
     "def app(environ, start_response):\n"
+    "    if environ['PATH_INFO'] == '/slow':\n"
+    "        time.sleep(float(environ['QUERY_STRING']))\n"
     "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
     "    return [('pid=%d path=%s' % (os.getpid(), environ['PATH_INFO'])).encode()]\n";
 
@@ -1049,6 +1051,60 @@ static void test_python_wsgi_workers(void **state)
     harness_finish(&h);
 }
 
+struct slow_req {
+    char address[96];
+    int status;
+    char body[256];
+};
+
+static void *slow_request(void *arg)
+{
+    struct slow_req *r = arg;
+    r->status = request(r->address, "/slow?0.8", r->body, sizeof r->body);
+    return NULL;
+}
+
+static void test_python_stop_finishes_the_request_in_flight(void **state)
+{
+    (void)state;
+    if (!python_built())
+        skip();
+    struct harness h;
+    struct pyenv pe;
+    harness_init(&h);
+    write_app(&h);
+    pyenv_init(&pe);
+    const char *const argv[] = {
+        SHMIPC_PYTHON, "-m", "shmipc.serve.worker", "supapp:app", "--address", "{address}", NULL};
+    shmipc__sup_config c = base_config(&h, argv, 1);
+    c.envp = pe.env;
+    c.chdir_to = h.dir;
+    c.start_timeout_ms = 60000;
+    c.graceful_timeout_ms = 20000;
+    harness_start(&h, &c);
+    wait_ready(&h, 1, 60000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w;
+    assert_true(slot_of(&h, gen, 0, &w));
+    struct slow_req r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.address, sizeof r.address, "%s", w.address);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, slow_request, &r), 0);
+    sleep_ms(300); /* the request is in the app's sleep */
+    shmipc__sup_stop(h.sup);
+    harness_join(&h);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    /* SIGTERM let the worker answer the request it had, then it exited 0: not killed. */
+    assert_int_equal(r.status, 200);
+    char want[64];
+    snprintf(want, sizeof want, "pid=%d path=/slow", (int)w.pid);
+    assert_string_equal(r.body, want);
+    assert_true(pid_gone(w.pid));
+    assert_false(file_contains(h.log_path, "killed"));
+    harness_finish(&h);
+}
+
 static void test_python_max_requests_recycles(void **state)
 {
     (void)state;
@@ -1145,6 +1201,7 @@ int main(void)
         cmocka_unit_test(test_status_output),
         cmocka_unit_test(test_signals),
         cmocka_unit_test(test_python_wsgi_workers),
+        cmocka_unit_test(test_python_stop_finishes_the_request_in_flight),
         cmocka_unit_test(test_python_max_requests_recycles),
         cmocka_unit_test(test_python_import_failure_backs_off),
     };
