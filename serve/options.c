@@ -897,12 +897,18 @@ static int check_import(const shmipc__serve_options *o, char *const *envp, uint3
         if (k <= 0)
             break;
         /* Keep the last bytes: the exception line is printed last. */
-        for (ssize_t i = 0; i < k; i++) {
-            if (got == sizeof out - 1) {
-                memmove(out, out + 1, got - 1);
-                got--;
+        size_t kk = (size_t)k, room = sizeof out - 1;
+        if (kk >= room) {
+            memcpy(out, tmp + kk - room, room);
+            got = room;
+        } else {
+            if (got + kk > room) {
+                size_t drop = got + kk - room;
+                memmove(out, out + drop, got - drop);
+                got -= drop;
             }
-            out[got++] = tmp[i];
+            memcpy(out + got, tmp, kk);
+            got += kk;
         }
     }
     close(pfd[0]);

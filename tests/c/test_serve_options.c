@@ -574,6 +574,7 @@ static void test_check_imports_the_app(void **state)
     write_text("boomapp.py", "raise RuntimeError('boom at import')\n");
     write_text("slowapp.py", "import time\ntime.sleep(30)\n");
     write_text("noisyapp.py", "print('x' * 200000)\ndef app(e, s):\n    return []\n");
+    write_text("noisybad.py", "print('y' * 200001)\nprint('z' * 333)\nraise ValueError('late')\n");
     char err[SHMIPC__SERVE_ERR_SIZE];
     int rc = check(ARGS("okapp:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000, err);
     if (rc != 0)
@@ -581,6 +582,9 @@ static void test_check_imports_the_app(void **state)
     assert_int_equal(rc, 0);
     assert_int_equal(
         check(ARGS("noisyapp:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000, err), 0);
+    /* After much output, the message is still the exception's line. */
+    expect_check_error(ARGS("noisybad:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000,
+                       "cannot be loaded by " SHMIPC_PYTHON ": ValueError: late");
     expect_check_error(ARGS("nosuchmod:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000,
                        "ModuleNotFoundError: No module named 'nosuchmod'");
     expect_check_error(ARGS("okapp:nothere", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 30000,
