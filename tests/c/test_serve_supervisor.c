@@ -583,6 +583,35 @@ static void test_long_output_line_then_ready(void **state)
     harness_finish(&h);
 }
 
+static void test_address_substitution(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    /* Every "{address}" of every argument is replaced, a partial token is not; argv[0] is
+     * looked up in PATH. */
+    const char *const argv[] = {"sh",
+                                "-c",
+                                "echo \"$1 $2 ready on {address}\"; exec sleep 30",
+                                "{address}",
+                                "x{address}y{address}{addr",
+                                "{}",
+                                NULL};
+    shmipc__sup_config c = base_config(&h, argv, 1);
+    harness_start(&h, &c);
+    wait_ready(&h, 1, 10000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w;
+    assert_true(slot_of(&h, gen, 0, &w));
+    char want[400];
+    snprintf(want, sizeof want, "x%sy%s{addr {} ready on %s\n", w.address, w.address, w.address);
+    uint64_t end = ms_now() + 5000;
+    while (!file_contains(h.out_path, want) && ms_now() < end)
+        sleep_ms(10);
+    assert_true(file_contains(h.out_path, want));
+    harness_finish(&h);
+}
+
 static void test_clean_exit_restarts_at_once(void **state)
 {
     (void)state;
@@ -1192,6 +1221,7 @@ int main(void)
         cmocka_unit_test(test_spawn_failure_backs_off),
         cmocka_unit_test(test_start_timeout_kills_a_silent_worker),
         cmocka_unit_test(test_long_output_line_then_ready),
+        cmocka_unit_test(test_address_substitution),
         cmocka_unit_test(test_clean_exit_restarts_at_once),
         cmocka_unit_test(test_reload_new_ready_before_old_term),
         cmocka_unit_test(test_reload_to_a_broken_generation_keeps_the_old_one),
