@@ -635,6 +635,71 @@ static void test_clean_exit_restarts_at_once(void **state)
     harness_finish(&h);
 }
 
+static void test_instant_clean_exits_are_capped_too(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    /* Ready, then exit 0 at once: each exit restarts without delay, and only the spawn cap
+     * (2 x 1 + 4 a second by default) keeps it from spinning. */
+    shmipc__sup_config c = base_config(&h, SH("echo \"w ready on {address}\"; exit 0"), 1);
+    harness_start(&h, &c);
+    sleep_ms(1500);
+    assert_in_range(shmipc__sup_spawns(h.sup), 3, 12);
+    wait_log(&h, "restarts are held back", 2000);
+    harness_finish(&h);
+}
+
+static void test_many_workers(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    enum { N = 32 };
+    shmipc__sup_config c = base_config(&h, sleeper(), N);
+    c.max_spawns_per_sec = 1000;
+    harness_start(&h, &c);
+    wait_ready(&h, MAXSET, 30000); /* the harness keeps the first 16 of the set */
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w[N + 8];
+    uint64_t end = ms_now() + 30000;
+    for (;;) {
+        size_t n = shmipc__sup_snapshot(h.sup, w, N + 8);
+        size_t ready = 0;
+        for (size_t i = 0; i < n; i++)
+            ready += w[i].state == SHMIPC__SUP_READY;
+        if (n == N && ready == N)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    /* Half of them killed at once: all come back, each with a new pid and one restart. */
+    pid_t old[N];
+    for (unsigned i = 0; i < N; i++) {
+        old[i] = w[i].pid;
+        if (i % 2 == 0)
+            assert_int_equal(kill(w[i].pid, SIGKILL), 0);
+    }
+    end = ms_now() + 30000;
+    for (;;) {
+        size_t n = shmipc__sup_snapshot(h.sup, w, N + 8);
+        size_t back = 0;
+        for (size_t i = 0; i < n; i++)
+            back += w[i].state == SHMIPC__SUP_READY && w[i].generation == gen &&
+                    (w[i].index % 2 == 0 ? w[i].pid != old[w[i].index] && w[i].restarts == 1
+                                         : w[i].pid == old[w[i].index] && w[i].restarts == 0);
+        if (n == N && back == N)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    shmipc__sup_stop(h.sup);
+    harness_join(&h);
+    for (unsigned i = 0; i < N; i++)
+        assert_true(pid_gone(w[i].pid));
+    harness_finish(&h);
+}
+
 /* ---- reload ---------------------------------------------------------------------------- */
 
 static void test_reload_new_ready_before_old_term(void **state)
@@ -756,6 +821,51 @@ static void test_reload_to_a_broken_generation_keeps_the_old_one(void **state)
     }
     assert_false(slot_of(&h, g0, 0, &w));
     wait_ready(&h, 2, 5000);
+    harness_finish(&h);
+}
+
+static void test_stop_during_a_reload(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    /* The new generations are slow to get ready; the stop takes every generation down. */
+    shmipc__sup_config c =
+        base_config(&h, SH("sleep 1; echo \"w ready on {address}\"; exec sleep 30"), 2);
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned g0 = first_generation(&h);
+    shmipc__sup_reload(h.sup);
+    uint64_t end = ms_now() + 5000;
+    while (shmipc__sup_snapshot(h.sup, NULL, 0) < 4) {
+        assert_true(ms_now() < end);
+        sleep_ms(5);
+    }
+    shmipc__sup_worker_info w[16];
+    size_t n = shmipc__sup_snapshot(h.sup, w, 16);
+    assert_int_equal(n, 4);
+    unsigned g1 = w[2].generation;
+    assert_true(g1 != g0);
+    /* A reload during the reload: the unfinished generation g1 is stopped, g0 still serves. */
+    shmipc__sup_reload(h.sup);
+    end = ms_now() + 10000;
+    for (;;) {
+        shmipc__sup_worker_info x;
+        n = shmipc__sup_snapshot(h.sup, w, 16);
+        if (!slot_of(&h, g1, 0, &x) && !slot_of(&h, g1, 1, &x) && n == 4)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(5);
+    }
+    assert_int_equal(w[0].generation, g0);
+    assert_int_equal(w[0].state, SHMIPC__SUP_READY);
+    assert_true(w[2].generation != g1 && w[2].generation != g0);
+    shmipc__sup_stop(h.sup);
+    harness_join(&h);
+    for (size_t i = 0; i < n; i++)
+        if (w[i].pid > 0)
+            assert_true(pid_gone(w[i].pid));
+    assert_int_equal(shmipc__sup_snapshot(h.sup, NULL, 0), 0);
     harness_finish(&h);
 }
 
@@ -1223,8 +1333,11 @@ int main(void)
         cmocka_unit_test(test_long_output_line_then_ready),
         cmocka_unit_test(test_address_substitution),
         cmocka_unit_test(test_clean_exit_restarts_at_once),
+        cmocka_unit_test(test_instant_clean_exits_are_capped_too),
+        cmocka_unit_test(test_many_workers),
         cmocka_unit_test(test_reload_new_ready_before_old_term),
         cmocka_unit_test(test_reload_to_a_broken_generation_keeps_the_old_one),
+        cmocka_unit_test(test_stop_during_a_reload),
         cmocka_unit_test(test_stop_kills_a_worker_that_ignores_term),
         cmocka_unit_test(test_stop_is_quick_for_a_polite_worker),
         cmocka_unit_test(test_second_stop_kills_at_once),
