@@ -42,6 +42,11 @@ struct harness {
     size_t nset;
     char set[MAXSET][96];
     int events_fd; /* the ready sets are appended here as "SET n a b ..." lines */
+    /* Reload watch: when the set first holds no address of generation old_gen, how many of
+     * that generation's workers had been told to stop already (-1: not seen yet). */
+    int watch;
+    char old_prefix[96];
+    int stopping_at_switch;
     char dir[64];
     char out_path[128], log_path[128];
     int out_fd, log_fd;
@@ -69,6 +74,21 @@ static void on_ready(void *data, const char *const *addrs, size_t n)
     h->nset = n < MAXSET ? n : MAXSET;
     for (size_t i = 0; i < h->nset; i++)
         snprintf(h->set[i], sizeof h->set[i], "%s", addrs[i]);
+    if (h->watch && h->stopping_at_switch < 0 && n > 0) {
+        int old = 0;
+        for (size_t i = 0; i < n; i++)
+            old += strncmp(addrs[i], h->old_prefix, strlen(h->old_prefix)) == 0;
+        if (old == 0) {
+            /* Called without the supervisor's lock: its state at this moment is visible. */
+            shmipc__sup_worker_info w[16];
+            size_t k = shmipc__sup_snapshot(h->sup, w, 16);
+            h->stopping_at_switch = 0;
+            for (size_t i = 0; i < k && i < 16; i++)
+                h->stopping_at_switch +=
+                    strncmp(w[i].address, h->old_prefix, strlen(h->old_prefix)) == 0 &&
+                    w[i].state == SHMIPC__SUP_STOPPING;
+        }
+    }
     if (h->events_fd >= 0) {
         char line[2048];
         int len = snprintf(line, sizeof line, "SET %zu", n);
@@ -494,6 +514,36 @@ static void test_crash_loop_delay_caps_at_max(void **state)
     harness_finish(&h);
 }
 
+/* A worker that is ready, then dies after 0.3 s; with healthy_ms the delays after 3 deaths. */
+static uint32_t delay_after_three_deaths(uint32_t healthy_ms)
+{
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c =
+        base_config(&h, SH("echo \"w ready on {address}\"; sleep 0.3; exit 1"), 1);
+    c.healthy_ms = healthy_ms;
+    harness_start(&h, &c);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w;
+    uint64_t end = ms_now() + 15000;
+    do {
+        assert_true(ms_now() < end);
+        sleep_ms(5);
+        assert_true(slot_of(&h, gen, 0, &w));
+    } while (w.restarts < 3);
+    harness_finish(&h);
+    return w.last_delay_ms;
+}
+
+static void test_backoff_resets_after_a_healthy_run(void **state)
+{
+    (void)state;
+    /* Ready for 0.3 s counts as healthy with healthy_ms 100: each death restarts after the
+     * first delay again. With 10 s it does not: the delay doubles. */
+    assert_int_equal(delay_after_three_deaths(100), 100);
+    assert_int_equal(delay_after_three_deaths(10000), 400);
+}
+
 static void test_spawn_rate_is_capped(void **state)
 {
     (void)state;
@@ -724,6 +774,11 @@ static void test_reload_new_ready_before_old_term(void **state)
     shmipc__sup_worker_info old0, old1;
     assert_true(slot_of(&h, g0, 0, &old0));
     assert_true(slot_of(&h, g0, 1, &old1));
+    pthread_mutex_lock(&h.mu);
+    snprintf(h.old_prefix, sizeof h.old_prefix, "unix:@shmipc-serve-%d-%u-", (int)getpid(), g0);
+    h.stopping_at_switch = -1;
+    h.watch = 1;
+    pthread_mutex_unlock(&h.mu);
     shmipc__sup_reload(h.sup);
     /* Until the old ones are gone and two new ones serve. */
     uint64_t end = ms_now() + 15000;
@@ -765,6 +820,10 @@ static void test_reload_new_ready_before_old_term(void **state)
         s2 > term)
         print_message("events:\n%s\n", e);
     assert_non_null(term);
+    /* When the set became the new generation alone, no old worker had been told to stop. */
+    pthread_mutex_lock(&h.mu);
+    assert_int_equal(h.stopping_at_switch, 0);
+    pthread_mutex_unlock(&h.mu);
     /* The new workers were ready, and the set was the new one alone, before the first TERM. */
     assert_true(r0 != NULL && r0 < term);
     assert_true(r1 != NULL && r1 < term);
@@ -1327,6 +1386,7 @@ int main(void)
         cmocka_unit_test(test_kill9_restarts_with_a_new_pid),
         cmocka_unit_test(test_crash_loop_backs_off),
         cmocka_unit_test(test_crash_loop_delay_caps_at_max),
+        cmocka_unit_test(test_backoff_resets_after_a_healthy_run),
         cmocka_unit_test(test_spawn_rate_is_capped),
         cmocka_unit_test(test_spawn_failure_backs_off),
         cmocka_unit_test(test_start_timeout_kills_a_silent_worker),
