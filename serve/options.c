@@ -111,13 +111,13 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-/* A value for a message: printable ASCII, cut at 60 bytes. */
+/* A value for a message: printable ASCII ('?' for other bytes), cut with "..." to fit cap. */
 static const char *shown(const char *v, char *buf, size_t cap)
 {
     size_t n = 0;
-    for (const char *p = v; *p != '\0' && n + 5 < cap; p++) {
+    for (const char *p = v; *p != '\0'; p++) {
         unsigned char c = (unsigned char)*p;
-        if (n >= 60) {
+        if (n + 4 >= cap) {
             memcpy(buf + n, "...", 3);
             n += 3;
             break;
@@ -476,15 +476,16 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
 static int load_file(shmipc__serve_options *o, struct parse_state *ps, const char *path, char *err,
                      size_t errlen)
 {
-    char sb[80];
+    char pathbuf[256];
+    shown(path, pathbuf, sizeof pathbuf);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        set_err(err, errlen, "%s: cannot open: %s", shown(path, sb, sizeof sb), strerror(errno));
+        set_err(err, errlen, "%s: cannot open: %s", pathbuf, strerror(errno));
         return SHMIPC_EINVAL;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: not a regular file", shown(path, sb, sizeof sb));
+        set_err(err, errlen, "%s: not a regular file", pathbuf);
         close(fd);
         return SHMIPC_EINVAL;
     }
@@ -499,8 +500,7 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0) {
-            set_err(err, errlen, "%s: cannot read: %s", shown(path, sb, sizeof sb),
-                    strerror(errno));
+            set_err(err, errlen, "%s: cannot read: %s", pathbuf, strerror(errno));
             free(buf);
             close(fd);
             return SHMIPC_EINVAL;
@@ -509,8 +509,7 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
             break;
         len += (size_t)k;
         if (len > SHMIPC__SERVE_MAX_FILE) {
-            set_err(err, errlen, "%s: larger than %u bytes", shown(path, sb, sizeof sb),
-                    SHMIPC__SERVE_MAX_FILE);
+            set_err(err, errlen, "%s: larger than %u bytes", pathbuf, SHMIPC__SERVE_MAX_FILE);
             free(buf);
             close(fd);
             return SHMIPC_EINVAL;
@@ -521,10 +520,7 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
     unsigned seen[NOPTS] = {0};
     int rc = 0;
     unsigned lineno = 0;
-    char where[160];
-    const char *shown_path = shown(path, sb, sizeof sb);
-    char pathbuf[80];
-    snprintf(pathbuf, sizeof pathbuf, "%s", shown_path);
+    char where[320];
     for (size_t pos = 0; pos < len && rc == 0;) {
         lineno++;
         char *line = buf + pos;

@@ -403,6 +403,15 @@ static void test_config_file_hostile(void **state)
     snprintf(missing, sizeof missing, "%s/missing.conf", dir);
     expect_error(ARGS("--config", missing, "m:a"), "missing.conf: cannot open: No such file");
     expect_error(ARGS("--config", dir, "m:a"), ": not a regular file");
+    /* A long path is shown whole up to 250 bytes, then cut with "...". */
+    char longp[400];
+    int k = snprintf(longp, sizeof longp, "%s/", dir);
+    memset(longp + k, 'p', 300);
+    longp[k + 300] = '\0';
+    char want_long[300];
+    memcpy(want_long, longp, 252);
+    memcpy(want_long + 252, "...: cannot open", 17);
+    expect_error(ARGS("--config", longp, "m:a"), want_long);
     /* A file of random bytes, many times: an error or success, never a crash (ASan run). */
     srand(12345);
     unsigned errors = 0;
