@@ -122,6 +122,7 @@ struct shmipc_session {
     uint64_t spin_gap_ns;   /* moving average of the waits for data, for the spin budget (mu) */
     unsigned spin_unread;   /* spins in a row that found work and skipped the socket (mu) */
     uint64_t drained_ns;    /* when the receive queue was last drained (mu) */
+    unsigned queue_closes;  /* close elements taken from the queue, ever (mu) */
     int err; /* 0, or the code that ended the session: stored under mu, atomically; read with session_err() */
     char why[192]; /* the detail of the failure that ended it */
     struct shmipc_config cfg;

@@ -141,6 +141,8 @@ static int handle_element_locked(shmipc_session *s, const struct shmipc__queue_e
     case 0:
         return deliver_chain_locked(s, e->seq_id, e->offset);
     case 1:
+        /* Counted: what the peer sent on the socket before this close must be read first. */
+        s->queue_closes++;
         shmipc__stream_peer_closed_locked(s, e->seq_id);
         return 0;
     default:
@@ -323,16 +325,28 @@ int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready)
         return shmipc__session_err(s);
     if ((rc = shmipc__session_check_memory_locked(s)) < 0)
         return rc;
-    while (rc >= 0 && socket_ready) {
-        if ((rc = grow_rbuf_locked(s)) < 0)
+    for (;;) {
+        unsigned closes = s->queue_closes;
+        while (rc >= 0 && socket_ready) {
+            if ((rc = grow_rbuf_locked(s)) < 0)
+                break;
+            size_t space = s->rcap - s->rlen;
+            ssize_t n = recv(s->fd, s->rbuf + s->rlen, space, MSG_DONTWAIT);
+            rc = take_recv_locked(s, n, errno, space, &events);
+            socket_ready = rc == 1 || (n < 0 && errno == EINTR);
+        }
+        if (rc >= 0 && s->wakeup != SHMIPC_WAKEUP_SOCKET)
+            rc = shmipc__session_drain_queue_locked(s, &events);
+        /*
+         * A close taken from the queue may have been put after our recv, behind FallbackData
+         * the peer had finished writing before it (a stream on the socket closes with a queue
+         * element): read the socket again, in this turn, or the stream's reader would see
+         * the end before that data.
+         */
+        if (rc < 0 || s->queue_closes == closes)
             break;
-        size_t space = s->rcap - s->rlen;
-        ssize_t n = recv(s->fd, s->rbuf + s->rlen, space, MSG_DONTWAIT);
-        rc = take_recv_locked(s, n, errno, space, &events);
-        socket_ready = rc == 1 || (n < 0 && errno == EINTR);
+        socket_ready = 1;
     }
-    if (rc >= 0 && s->wakeup != SHMIPC_WAKEUP_SOCKET)
-        rc = shmipc__session_drain_queue_locked(s, &events);
     if (rc >= 0 && (rc = shmipc__session_check_memory_locked(s)) < 0)
         return rc;
     if (rc >= 0)

@@ -335,11 +335,19 @@ static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *bega
          * the queue goes quiet, the sleep's poll sees the socket at once.
          */
         if (shmipc__session_err(s) == 0) {
+            unsigned closes = s->queue_closes;
             rc = shmipc__session_finish_turn_locked(
                 s, shmipc__session_drain_queue_locked(s, &events), events);
             if (rc >= 0)
                 s->drained_ns = shmipc__now_ns();
-            if (rc >= 0 && (woken || ++s->spin_unread >= SPIN_UNREAD_MAX)) {
+            /*
+             * A close element is read with the socket too, in this turn (mu held): a stream
+             * on the socket sends its last FallbackData there and then its close as an
+             * element, which finds our flag set and sends no wakeup. Skipping the socket
+             * would end the stream before that data.
+             */
+            if (rc >= 0 &&
+                (woken || s->queue_closes != closes || ++s->spin_unread >= SPIN_UNREAD_MAX)) {
                 s->spin_unread = 0;
                 rc = shmipc__session_process_locked(s);
             }

@@ -1092,6 +1092,95 @@ static void nonblocking_looks_see_socket_messages(void **state)
     ipc_pair_close(&p);
 }
 
+/* ---- A spinning reader keeps the order of the socket and the queue ---- */
+
+struct blocked_read {
+    shmipc_stream *st;
+    char got[64];
+    size_t len;
+    int rc; /* what the read ended with: 0 after "last words", else the code */
+};
+
+static void *blocked_read_main(void *arg)
+{
+    struct blocked_read *b = arg;
+    const void *q;
+    size_t n;
+    b->rc = shmipc_stream_read_chunk(b->st, sizeof b->got, &q, &n, 0);
+    if (b->rc == 0) {
+        memcpy(b->got, q, n);
+        b->len = n;
+        b->rc = shmipc_stream_release(b->st);
+    }
+    return NULL;
+}
+
+/*
+ * Regression: a stream on the socket (fallback) whose writer sends its last data and then
+ * closes. The data goes out as FallbackData on the socket; the close, a queue element, finds
+ * the reader spinning (its working flag set) and sends no wakeup. The spin found the close,
+ * drained it and skipped the socket (the peer "sent no wakeup"), so the blocked read returned
+ * SHMIPC_EEOF with the data still unread on the socket: the data was lost.
+ */
+static void spin_close_behind_fallback_data(int v4_eventfd)
+{
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    /* Memory that is never handed out: every write falls back to the socket. */
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
+    /* A long spin, so the close surely finds the reader spinning. */
+    assert_int_equal(shmipc_config_set_spin_us(cfg, 100000), 0);
+    if (v4_eventfd)
+        assert_int_equal(shmipc_config_with_v4_eventfd(cfg), 0);
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss;
+    pair_open(&p, cfg);
+    if (v4_eventfd)
+        assert_int_equal(shmipc_session_wakeup(p.client, NULL), SHMIPC_WAKEUP_EVENTFD);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    ipc_send_text(cs, "over the socket");
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    ipc_expect_text(ss, "over the socket");
+    assert_true(cs->fallback);
+    struct blocked_read b = {.st = ss, .rc = 1};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, blocked_read_main, &b), 0);
+    /* Wait until the reader spins: its working flag is set and it holds the processing role. */
+    const uint32_t *flag =
+        (const uint32_t *)(const void *)(p.server->qp.recv.hdr + p.server->qp.recv.flag_at);
+    uint64_t start = ipc_now_us();
+    while (__atomic_load_n(flag, __ATOMIC_SEQ_CST) == 0 && ipc_now_us() - start < 2000000u)
+        usleep(50);
+    if (__atomic_load_n(flag, __ATOMIC_SEQ_CST) == 0)
+        print_message("the reader did not spin (one CPU?): the order is not at stake\n");
+    ipc_send_text(cs, "last words"); /* FallbackData, on the socket */
+    shmipc_stream_close(cs);         /* a queue element; the flag is set, so no wakeup */
+    pthread_join(t, NULL);
+    if (b.rc != 0)
+        fail_msg("the read ended with %d (%s) before the data sent ahead of the close", b.rc,
+                 shmipc_errname(b.rc));
+    assert_int_equal(b.len, 10);
+    assert_memory_equal(b.got, "last words", 10);
+    const void *q;
+    size_t n;
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &q, &n, 0), SHMIPC_EEOF);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+static void spin_reads_fallback_data_before_the_close_behind_it_v3(void **state)
+{
+    (void)state;
+    spin_close_behind_fallback_data(0);
+}
+
+static void spin_reads_fallback_data_before_the_close_behind_it_v4_eventfd(void **state)
+{
+    (void)state;
+    spin_close_behind_fallback_data(1);
+}
+
 static void fallback_bytes_held_are_capped(void **state)
 {
     (void)state;
@@ -1308,6 +1397,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(fallback_bytes_held_are_capped),
         cmocka_unit_test(socket_message_reaches_a_reader_the_queue_keeps_busy),
         cmocka_unit_test(nonblocking_looks_see_socket_messages),
+        cmocka_unit_test(spin_reads_fallback_data_before_the_close_behind_it_v3),
+        cmocka_unit_test(spin_reads_fallback_data_before_the_close_behind_it_v4_eventfd),
         hostile_test(hostile_slice_resent),
         hostile_test(hostile_slice_resent_mark_erased),
     };
