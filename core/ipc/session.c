@@ -136,6 +136,7 @@ static void session_destroy(shmipc_session *s)
     free(s->buckets);
     free(s->accept_q);
     free(s->ready);
+    free(s->closes_due);
     free(s->rbuf);
     /* Only the very files that were mapped: a name the peer swapped since stays. */
     if (s->unlink_files) {

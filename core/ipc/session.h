@@ -123,6 +123,13 @@ struct shmipc_session {
     unsigned spin_unread;   /* spins in a row that found work and skipped the socket (mu) */
     uint64_t drained_ns;    /* when the receive queue was last drained (mu) */
     unsigned queue_closes;  /* close elements taken from the queue, ever (mu) */
+    /*
+     * Closes taken from the queue and not yet applied: a turn applies them once it has read
+     * the socket after taking them, so FallbackData sent before a close (even one that opens
+     * its stream) comes first (session_recv.c). Under mu.
+     */
+    uint32_t *closes_due;
+    uint32_t nclose_due, close_due_cap;
     int err; /* 0, or the code that ended the session: stored under mu, atomically; read with session_err() */
     char why[192]; /* the detail of the failure that ended it */
     struct shmipc_config cfg;

@@ -77,6 +77,11 @@ void shmipc__stream_set_fallback(shmipc_stream *st);
 /* session_recv.c */
 void shmipc__session_note_ready_locked(shmipc_session *s, uint32_t id);
 int shmipc__session_drain_queue_locked(shmipc_session *s, int *events);
+/*
+ * Applies the closes taken from the queue (the streams read their end), once the socket was
+ * read after they were taken. Under mu.
+ */
+void shmipc__session_apply_closes_locked(shmipc_session *s);
 int shmipc__session_finish_turn_locked(shmipc_session *s, int rc, int events);
 int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready);
 int shmipc__session_process_locked(shmipc_session *s);

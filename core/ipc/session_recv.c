@@ -135,15 +135,42 @@ static int deliver_chain_locked(shmipc_session *s, uint32_t id, uint32_t offset)
     return rc;
 }
 
+/*
+ * A close element: the peer may have written FallbackData for the stream (even the message
+ * that opens it here) just before it put the close, after our last recv. The close waits
+ * until the turn has read the socket again (shmipc__session_apply_closes_locked); applied at
+ * once it would end the stream before that data, or be dropped for an id not known yet.
+ */
+static void close_due_locked(shmipc_session *s, uint32_t id)
+{
+    s->queue_closes++;
+    if (s->nclose_due == s->close_due_cap) {
+        uint32_t n = s->close_due_cap ? s->close_due_cap * 2 : 16;
+        void *p = realloc(s->closes_due, n * sizeof *s->closes_due);
+        if (p == NULL) {
+            shmipc__stream_peer_closed_locked(s, id); /* at once, as best we can */
+            return;
+        }
+        s->closes_due = p;
+        s->close_due_cap = n;
+    }
+    s->closes_due[s->nclose_due++] = id;
+}
+
+void shmipc__session_apply_closes_locked(shmipc_session *s)
+{
+    for (uint32_t i = 0; i < s->nclose_due; i++)
+        shmipc__stream_peer_closed_locked(s, s->closes_due[i]);
+    s->nclose_due = 0;
+}
+
 static int handle_element_locked(shmipc_session *s, const struct shmipc__queue_elem *e)
 {
     switch (e->status & 0xff) {
     case 0:
         return deliver_chain_locked(s, e->seq_id, e->offset);
     case 1:
-        /* Counted: what the peer sent on the socket before this close must be read first. */
-        s->queue_closes++;
-        shmipc__stream_peer_closed_locked(s, e->seq_id);
+        close_due_locked(s, e->seq_id);
         return 0;
     default:
         return shmipc__fail(SHMIPC_EPROTO, "queue: element for stream %u with status %u", e->seq_id,
@@ -340,13 +367,13 @@ int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready)
         /*
          * A close taken from the queue may have been put after our recv, behind FallbackData
          * the peer had finished writing before it (a stream on the socket closes with a queue
-         * element): read the socket again, in this turn, or the stream's reader would see
-         * the end before that data.
+         * element): read the socket again, in this turn, and only then apply the closes.
          */
         if (rc < 0 || s->queue_closes == closes)
             break;
         socket_ready = 1;
     }
+    shmipc__session_apply_closes_locked(s);
     if (rc >= 0 && (rc = shmipc__session_check_memory_locked(s)) < 0)
         return rc;
     if (rc >= 0)

@@ -343,8 +343,9 @@ static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *bega
             /*
              * A close element is read with the socket too, in this turn (mu held): a stream
              * on the socket sends its last FallbackData there and then its close as an
-             * element, which finds our flag set and sends no wakeup. Skipping the socket
-             * would end the stream before that data.
+             * element, which finds our flag set and sends no wakeup. The close is applied
+             * after that read (shmipc__session_apply_closes_locked), or the stream would end
+             * before that data, or never (a close for a stream the data has yet to open).
              */
             if (rc >= 0 &&
                 (woken || s->queue_closes != closes || ++s->spin_unread >= SPIN_UNREAD_MAX)) {
@@ -352,6 +353,7 @@ static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *bega
                 rc = shmipc__session_process_locked(s);
             }
         }
+        shmipc__session_apply_closes_locked(s);
     } else {
         *gave_up = shmipc__now_ns();
     }

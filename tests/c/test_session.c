@@ -1181,6 +1181,97 @@ static void spin_reads_fallback_data_before_the_close_behind_it_v4_eventfd(void 
     spin_close_behind_fallback_data(1);
 }
 
+/* A server thread that accepts one stream, reads one message from it and then its end. */
+struct accept_then_read {
+    shmipc_session *server;
+    shmipc_stream *st;
+    char got[64];
+    size_t len;
+    int rc;     /* accept and the first read: 0, else the code */
+    int end_rc; /* the read after the message: SHMIPC_EEOF expected */
+};
+
+static void *accept_then_read_main(void *arg)
+{
+    struct accept_then_read *a = arg;
+    const void *q;
+    size_t n;
+    a->rc = shmipc_session_accept_stream(a->server, 5000, &a->st);
+    if (a->rc == 0)
+        a->rc = shmipc_stream_read_chunk(a->st, sizeof a->got, &q, &n, 0);
+    if (a->rc == 0) {
+        memcpy(a->got, q, n);
+        a->len = n;
+        a->rc = shmipc_stream_release(a->st);
+        a->end_rc = shmipc_stream_read_chunk(a->st, 0, &q, &n, 0);
+    }
+    return NULL;
+}
+
+/*
+ * Regression: a stream whose whole life is on the socket: its first message goes out as
+ * FallbackData (which opens it on the server), then its close as a queue element, which finds
+ * the server spinning and sends no wakeup. The spin took the close first, for a stream the
+ * server did not know yet, and dropped it ("a close for an unknown id is ignored"); the
+ * FallbackData then opened the stream, whose reader got the data and never the end (its read
+ * timed out).
+ */
+static void spin_close_of_a_new_fallback_stream(int v4_eventfd)
+{
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
+    assert_int_equal(shmipc_config_set_spin_us(cfg, 100000), 0);
+    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 2000), 0);
+    if (v4_eventfd)
+        assert_int_equal(shmipc_config_with_v4_eventfd(cfg), 0);
+    struct ipc_pair p;
+    shmipc_stream *cs, *cy, *ss;
+    pair_open(&p, cfg);
+    if (v4_eventfd)
+        assert_int_equal(shmipc_session_wakeup(p.client, NULL), SHMIPC_WAKEUP_EVENTFD);
+    /* Both opened before the first fallback: after it, the circuit breaker refuses new ones. */
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cy), 0);
+    first_message(&p, &cs, &ss, "over the socket");
+    struct accept_then_read a = {.server = p.server, .rc = 1, .end_rc = 1};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, accept_then_read_main, &a), 0);
+    const uint32_t *flag =
+        (const uint32_t *)(const void *)(p.server->qp.recv.hdr + p.server->qp.recv.flag_at);
+    uint64_t start = ipc_now_us();
+    while (__atomic_load_n(flag, __ATOMIC_SEQ_CST) == 0 && ipc_now_us() - start < 2000000u)
+        usleep(50);
+    if (__atomic_load_n(flag, __ATOMIC_SEQ_CST) == 0)
+        print_message("the server did not spin (one CPU?): the order is not at stake\n");
+    ipc_send_text(cy, "only words"); /* FallbackData that opens the stream */
+    shmipc_stream_close(cy);         /* a queue element; the flag is set, so no wakeup */
+    pthread_join(t, NULL);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(a.len, 10);
+    assert_memory_equal(a.got, "only words", 10);
+    if (a.end_rc != SHMIPC_EEOF)
+        fail_msg("the read after the data ended with %d (%s), not SHMIPC_EEOF", a.end_rc,
+                 shmipc_errname(a.end_rc));
+    shmipc_stream_close(a.st);
+    shmipc_stream_close(ss);
+    shmipc_stream_close(cs);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+static void spin_close_of_a_new_fallback_stream_reaches_it_v3(void **state)
+{
+    (void)state;
+    spin_close_of_a_new_fallback_stream(0);
+}
+
+static void spin_close_of_a_new_fallback_stream_reaches_it_v4_eventfd(void **state)
+{
+    (void)state;
+    spin_close_of_a_new_fallback_stream(1);
+}
+
 static void fallback_bytes_held_are_capped(void **state)
 {
     (void)state;
@@ -1399,6 +1490,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(nonblocking_looks_see_socket_messages),
         cmocka_unit_test(spin_reads_fallback_data_before_the_close_behind_it_v3),
         cmocka_unit_test(spin_reads_fallback_data_before_the_close_behind_it_v4_eventfd),
+        cmocka_unit_test(spin_close_of_a_new_fallback_stream_reaches_it_v3),
+        cmocka_unit_test(spin_close_of_a_new_fallback_stream_reaches_it_v4_eventfd),
         hostile_test(hostile_slice_resent),
         hostile_test(hostile_slice_resent_mark_erased),
     };
