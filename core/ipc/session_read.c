@@ -67,7 +67,14 @@ static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
         if ((rc = shmipc__session_wait_locked(s, deadline)) < 0) {
             if (rc == SHMIPC_ETIMEDOUT)
                 return shmipc__fail(SHMIPC_ETIMEDOUT, "stream %u: read timed out", st->id);
-            return shmipc__session_err(s) ? shmipc__session_ended(s) : rc;
+            /*
+             * The turn that ended the session may have delivered our data first (the peer
+             * wrote, closed and left; one turn reads it all): the loop's top hands that out,
+             * then reports the end.
+             */
+            if (shmipc__session_err(s))
+                continue;
+            return rc;
         }
     }
 }

@@ -1272,6 +1272,65 @@ static void spin_close_of_a_new_fallback_stream_reaches_it_v4_eventfd(void **sta
     spin_close_of_a_new_fallback_stream(1);
 }
 
+/* ---- Data the peer sent before it left is read before the end ---- */
+
+struct last_words {
+    shmipc_session *server;
+    shmipc_stream *st;
+};
+
+static void *last_words_main(void *arg)
+{
+    struct last_words *lw = arg;
+    struct timespec ts = {0, 3 * 1000 * 1000}; /* the reader is asleep in its read by then */
+    nanosleep(&ts, NULL);
+    char msg[100];
+    memset(msg, 'w', sizeof msg);
+    if (shmipc_stream_write(lw->st, msg, sizeof msg) == 0)
+        (void)shmipc_stream_flush(lw->st);
+    shmipc_stream_close(lw->st);
+    shmipc_session_close(lw->server);
+    return NULL;
+}
+
+/*
+ * Regression: a peer that writes, closes its stream and its session while we are blocked in a
+ * read: one processing turn can take the data, the close and the socket's end together (a
+ * close element makes the turn read the socket again, where it meets the FIN). The read
+ * returned the session's end (SHMIPC_ECONNRESET) with the data delivered and unread; it must
+ * hand the data out first, as a read after the end does. (Streams still waiting to be
+ * accepted are not handed out once the session ended: pending_streams_are_capped.)
+ */
+static void data_before_the_peer_left_is_read_first(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 30; round++) {
+        char address[64];
+        ipc_pick_address(address, sizeof address, "lastw");
+        struct ipc_pair p;
+        ipc_pair_open(&p, address, NULL, NULL);
+        shmipc_stream *cs;
+        struct last_words lw = {.server = p.server};
+        assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+        ipc_send_text(cs, "hi");
+        assert_int_equal(shmipc_session_accept_stream(p.server, IPC_WAIT_MS, &lw.st), 0);
+        ipc_expect_text(lw.st, "hi");
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, last_words_main, &lw), 0);
+        const void *q;
+        int rc = shmipc_stream_read_exact_bytes(cs, 100, &q, 0);
+        if (rc != 0)
+            fail_msg("round %d: the read ended with %s before the 100 bytes sent ahead", round,
+                     shmipc_errname(rc));
+        assert_int_equal(((const char *)q)[99], 'w');
+        assert_int_equal(shmipc_stream_release(cs), 0);
+        pthread_join(t, NULL);
+        shmipc_stream_close(cs);
+        shmipc_session_close(p.client);
+        shmipc_listener_close(p.l);
+    }
+}
+
 static void fallback_bytes_held_are_capped(void **state)
 {
     (void)state;
@@ -1486,6 +1545,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(stream_object_stays_small),
         cmocka_unit_test(pending_streams_are_capped),
         cmocka_unit_test(fallback_bytes_held_are_capped),
+        cmocka_unit_test(data_before_the_peer_left_is_read_first),
         cmocka_unit_test(socket_message_reaches_a_reader_the_queue_keeps_busy),
         cmocka_unit_test(nonblocking_looks_see_socket_messages),
         cmocka_unit_test(spin_reads_fallback_data_before_the_close_behind_it_v3),
