@@ -121,7 +121,7 @@ static int serve(const char *backend)
     printf("port %d %s\n", shmipc_server_port(served), shmipc_server_backend(served));
     fflush(stdout);
     rc = shmipc_server_run(served);
-    shmipc_server_free(served);
+    shmipc_server_close(served);
     return rc < 0;
 }
 

@@ -89,6 +89,20 @@ SHMIPC_API int shmipc_config_set_timeout_ms(shmipc_config *cfg, int which, uint3
     return shmipc__config_set_timeout_ms(cfg, which, ms);
 }
 
+SHMIPC_API int shmipc_config_set_timeout(shmipc_config *cfg, int which, int timeout_ms)
+{
+    REQUIRE_CONFIG(cfg, "timeout");
+    return shmipc__config_set_timeout(cfg, which, timeout_ms);
+}
+
+SHMIPC_API int shmipc_config_get_timeout(const shmipc_config *cfg, int which, int *timeout_ms)
+{
+    REQUIRE_CONFIG(cfg, "get_timeout");
+    if (timeout_ms == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "get_timeout: timeout_ms is NULL");
+    return shmipc__config_get_timeout(cfg, which, timeout_ms);
+}
+
 SHMIPC_API int shmipc_config_set_protocol(shmipc_config *cfg, int protocol, int fallback)
 {
     REQUIRE_CONFIG(cfg, "protocol");

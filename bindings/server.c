@@ -78,6 +78,13 @@ SHMIPC_API int shmipc_server_config_set_timeout_ms(shmipc_server_config *cfg, in
     return shmipc__server_config_set_timeout_ms(cfg, which, ms);
 }
 
+SHMIPC_API int shmipc_server_config_set_timeout(shmipc_server_config *cfg, int which,
+                                                int timeout_ms)
+{
+    REQUIRE(cfg, "server_config_set_timeout", "config");
+    return shmipc__server_config_set_timeout(cfg, which, timeout_ms);
+}
+
 SHMIPC_API int shmipc_server_config_set_limit(shmipc_server_config *cfg, int which, uint64_t value)
 {
     REQUIRE(cfg, "server_config_set_limit", "config");
@@ -165,6 +172,12 @@ SHMIPC_API const char *shmipc_server_backend(const shmipc_server *s)
     return s != NULL ? s->backend_name : NULL;
 }
 
+SHMIPC_API void shmipc_server_close(shmipc_server *s)
+{
+    shmipc__server_free(s);
+}
+
+/* The name before the _close/_free rule (deprecated): the same call. */
 SHMIPC_API void shmipc_server_free(shmipc_server *s)
 {
     shmipc__server_free(s);

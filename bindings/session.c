@@ -49,9 +49,8 @@ SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, s
 {
     REQUIRE(s, "session_accept_stream", "session");
     REQUIRE(out, "session_accept_stream", "out");
-    if (timeout_ms < SHMIPC_WAIT_FOREVER)
-        return shmipc__fail(SHMIPC_EINVAL, "session_accept_stream: timeout %d ms", timeout_ms);
-    return shmipc__session_accept_stream(s, timeout_ms, out);
+    /* The rule of every wait: any negative value waits forever, 0 does not wait. */
+    return shmipc__session_accept_stream(s, timeout_ms < 0 ? SHMIPC_WAIT_FOREVER : timeout_ms, out);
 }
 
 SHMIPC_API int shmipc_session_fileno(const shmipc_session *s)
@@ -176,18 +175,30 @@ SHMIPC_API int shmipc_stream_forward(shmipc_stream *dst, shmipc_stream *src, siz
     return rc;
 }
 
+/* Stores a stream timeout in the core's form: -1 waits forever, 0 does not wait. */
+static int stream_timeout(shmipc_stream *st, const char *fn, int which, int64_t ms)
+{
+    if (which == SHMIPC_TIMEOUT_READ)
+        st->read_timeout_ms = shmipc__stream_timeout(ms);
+    else if (which == SHMIPC_TIMEOUT_WRITE)
+        st->write_timeout_ms = shmipc__stream_timeout(ms);
+    else
+        return shmipc__fail(SHMIPC_EINVAL, "%s: %d is neither SHMIPC_TIMEOUT_READ nor _WRITE", fn,
+                            which);
+    return 0;
+}
+
+/* Deprecated: 0 means forever here. */
 SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32_t ms)
 {
     REQUIRE(st, "stream_set_timeout_ms", "stream");
-    if (which == SHMIPC_TIMEOUT_READ)
-        st->read_timeout_ms = ms;
-    else if (which == SHMIPC_TIMEOUT_WRITE)
-        st->write_timeout_ms = ms;
-    else
-        return shmipc__fail(SHMIPC_EINVAL,
-                            "stream_set_timeout_ms: %d is neither SHMIPC_TIMEOUT_READ nor _WRITE",
-                            which);
-    return 0;
+    return stream_timeout(st, "stream_set_timeout_ms", which, ms == 0 ? -1 : (int64_t)ms);
+}
+
+SHMIPC_API int shmipc_stream_set_timeout(shmipc_stream *st, int which, int timeout_ms)
+{
+    REQUIRE(st, "stream_set_timeout", "stream");
+    return stream_timeout(st, "stream_set_timeout", which, timeout_ms < 0 ? -1 : timeout_ms);
 }
 
 SHMIPC_API int shmipc_stream_shutdown(shmipc_stream *st)
@@ -214,9 +225,7 @@ SHMIPC_API int shmipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc
 {
     REQUIRE(l, "listener_accept", "listener");
     REQUIRE(out, "listener_accept", "out");
-    if (timeout_ms < SHMIPC_WAIT_FOREVER)
-        return shmipc__fail(SHMIPC_EINVAL, "listener_accept: timeout %d ms", timeout_ms);
-    return shmipc__ipc_listener_accept(l, timeout_ms, out);
+    return shmipc__ipc_listener_accept(l, timeout_ms < 0 ? SHMIPC_WAIT_FOREVER : timeout_ms, out);
 }
 
 SHMIPC_API int shmipc_listener_fileno(const shmipc_listener *l)

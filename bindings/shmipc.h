@@ -8,8 +8,17 @@
  *  - After a failure, shmipc_error_detail() returns a message for the calling thread that
  *    names the field or object at fault (for example "buffer_capacity: 4096 is below the
  *    minimum 1048576"). It stays valid until the next failing call on the same thread.
- *  - Handles are opaque. The caller owns what a *_new() function returns and frees it
- *    with the matching *_free(). Freeing NULL is a no-op.
+ *  - Handles are opaque. The caller owns what a *_new() function returns and releases it
+ *    with the matching *_close() when the object holds a peer, a file descriptor or threads
+ *    (session, stream, listener, session manager, server), or *_free() when it is a plain
+ *    value (the two configs). Closing or freeing NULL is a no-op.
+ *  - Timeouts are int milliseconds with one rule everywhere: a negative value waits forever
+ *    (SHMIPC_WAIT_FOREVER, or any other), 0 does not wait (the call does what it can at once
+ *    and fails with SHMIPC_ETIMEDOUT, or SHMIPC_EAGAIN where documented, otherwise), a
+ *    positive value is the most it waits. A timeout for which "no wait" has no meaning (a
+ *    handshake) refuses 0 with SHMIPC_EINVAL.
+ *  - Functions marked SHMIPC_DEPRECATED still work as documented and are removed in the
+ *    release after the next one (CHANGELOG.md).
  *  - Unless a comment says otherwise, a handle must not be used from two threads at once;
  *    different handles are independent.
  */
@@ -27,6 +36,14 @@ extern "C" {
 #define SHMIPC_API __attribute__((visibility("default")))
 #else
 #define SHMIPC_API
+#endif
+
+/* Marks a function kept for one more release under an old name or meaning; `msg` says what to
+ * use instead. The compiler warns at each use (GCC, clang). */
+#if defined(__GNUC__) || defined(__clang__)
+#define SHMIPC_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define SHMIPC_DEPRECATED(msg)
 #endif
 
 /* ------------------------------------------------------------------------------------ */
@@ -185,12 +202,24 @@ enum shmipc_wakeup {
     SHMIPC_WAKEUP_POLLING = 2, /**< no wakeup; both peers drain every polling interval */
 };
 
-/** Which timeout shmipc_config_set_timeout_ms() sets. */
+/**
+ * Which timeout shmipc_config_set_timeout() (and shmipc_stream_set_timeout(), for READ and
+ * WRITE) sets. Negative waits forever, 0 does not wait, as everywhere.
+ */
 enum shmipc_timeout {
-    SHMIPC_TIMEOUT_INITIALIZE = 0,       /**< whole handshake; 1..3600000 ms, default 1000 */
-    SHMIPC_TIMEOUT_CONNECTION_WRITE = 1, /**< socket writes; 1..3600000 ms, default 10000 */
-    SHMIPC_TIMEOUT_READ = 2,             /**< stream reads; 0 = wait forever (default) */
-    SHMIPC_TIMEOUT_WRITE = 3,            /**< stream writes; 0 = wait forever (default) */
+    /** The whole handshake: negative (forever) or 1..3600000 ms, default 1000. 0 is
+     * SHMIPC_EINVAL: a handshake cannot take no time. */
+    SHMIPC_TIMEOUT_INITIALIZE = 0,
+    /** Socket writes (control messages, fallback data): negative (forever) or 1..3600000 ms,
+     * default 10000. 0 is SHMIPC_EINVAL, as for the handshake. */
+    SHMIPC_TIMEOUT_CONNECTION_WRITE = 1,
+    /** Stream reads and forward: negative waits forever (default); 0 takes what is pending
+     * now and else fails at once with SHMIPC_ETIMEDOUT; > 0 waits up to that many ms. */
+    SHMIPC_TIMEOUT_READ = 2,
+    /** A flush retrying a full queue: negative waits forever (default; the retry still ends
+     * after about 100 ms with SHMIPC_EQUEUEFULL); 0 fails at once with SHMIPC_ETIMEDOUT when
+     * the queue is full; > 0 waits up to that many ms. */
+    SHMIPC_TIMEOUT_WRITE = 3,
 };
 
 /** One slice class: slices of `size` data bytes taking `percent` of the buffer. */
@@ -276,7 +305,24 @@ SHMIPC_API int shmipc_config_get_slice_classes(const shmipc_config *cfg, shmipc_
  */
 SHMIPC_API int shmipc_config_set_path_prefix(shmipc_config *cfg, const char *prefix);
 
-/** Sets one of the timeouts (enum shmipc_timeout) in milliseconds; ranges are given there. */
+/**
+ * Sets one of the timeouts (enum shmipc_timeout) in milliseconds by the rule: negative waits
+ * forever, 0 does not wait (SHMIPC_EINVAL for the two handshake timeouts), ranges as given
+ * there. Returns 0 or SHMIPC_EINVAL.
+ */
+SHMIPC_API int shmipc_config_set_timeout(shmipc_config *cfg, int which, int timeout_ms);
+
+/**
+ * Stores one of the timeouts in *timeout_ms: SHMIPC_WAIT_FOREVER for forever, 0 for "do not
+ * wait", else the milliseconds (at most INT_MAX: a longer one set with the deprecated setter
+ * reads back as INT_MAX). Returns 0 or SHMIPC_EINVAL (NULL, a bad `which`).
+ */
+SHMIPC_API int shmipc_config_get_timeout(const shmipc_config *cfg, int which, int *timeout_ms);
+
+/**
+ * Deprecated: use shmipc_config_set_timeout(). The old meaning: for READ and WRITE 0 waits
+ * forever (any uint32 ms else); INITIALIZE and CONNECTION_WRITE take 1..3600000.
+ */
 SHMIPC_API int shmipc_config_set_timeout_ms(shmipc_config *cfg, int which, uint32_t ms);
 
 /**
@@ -343,7 +389,11 @@ SHMIPC_API int shmipc_config_get_memmap_type(const shmipc_config *cfg);
 SHMIPC_API uint64_t shmipc_config_get_buffer_capacity(const shmipc_config *cfg);
 SHMIPC_API uint32_t shmipc_config_get_queue_capacity(const shmipc_config *cfg);
 SHMIPC_API const char *shmipc_config_get_path_prefix(const shmipc_config *cfg);
-/** Returns the timeout in ms, 0 meaning "wait forever" for read/write; -1 for a bad `which`. */
+/**
+ * Deprecated: use shmipc_config_get_timeout(). Returns the timeout in ms, 0 meaning "wait
+ * forever"; -1 for a bad `which`, and for a read or write timeout of 0 ("do not wait", set
+ * with shmipc_config_set_timeout()), which this getter cannot express.
+ */
 SHMIPC_API int64_t shmipc_config_get_timeout_ms(const shmipc_config *cfg, int which);
 SHMIPC_API int shmipc_config_get_protocol(const shmipc_config *cfg);
 SHMIPC_API int shmipc_config_get_fallback(const shmipc_config *cfg);
@@ -460,7 +510,7 @@ typedef struct shmipc_listener shmipc_listener;
 /** Flag for reads and accepts: fail with SHMIPC_EAGAIN instead of waiting. */
 #define SHMIPC_NONBLOCK 1
 
-/** A timeout argument meaning "wait forever". */
+/** A timeout argument meaning "wait forever" (any negative value means the same). */
 #define SHMIPC_WAIT_FOREVER (-1)
 
 /**
@@ -479,8 +529,9 @@ SHMIPC_API int shmipc_session_connect(const char *address, const shmipc_config *
 SHMIPC_API int shmipc_session_open_stream(shmipc_session *s, shmipc_stream **out);
 
 /**
- * Takes the next stream the peer opened (server sessions). Waits up to `timeout_ms`
- * (SHMIPC_WAIT_FOREVER, or 0 to poll); SHMIPC_ETIMEDOUT or SHMIPC_EAGAIN when none came.
+ * Takes the next stream the peer opened (server sessions). Waits up to `timeout_ms`: any
+ * negative value waits forever, 0 takes what is pending without waiting (SHMIPC_EAGAIN when
+ * nothing is), a positive value fails with SHMIPC_ETIMEDOUT when none came in time.
  * A poll (0) within 50 µs of the session's last processing, with nothing come since, takes
  * only what that processing found (no system call; see docs/ipc.md, event loops).
  */
@@ -558,9 +609,12 @@ SHMIPC_API uint32_t shmipc_stream_id(const shmipc_stream *st);
 SHMIPC_API int shmipc_stream_write(shmipc_stream *st, const void *buf, size_t len);
 
 /**
- * Reserves a contiguous window of `n` bytes at the end of the send buffer, in shared memory
- * when a slice can hold it (else on the heap, sent as fallback data), and stores its address
- * in *ptr. n = 0 is SHMIPC_EINVAL; more than one message's payload (64 MiB - 16 bytes) is
+ * Reserves a contiguous window of `n` bytes at the end of the send buffer, in one slice of
+ * shared memory, and stores its address in *ptr. n = 0 is SHMIPC_EINVAL; n larger than the
+ * largest slice class is SHMIPC_EMSGSIZE and changes nothing (no window, the stream stays on
+ * shared memory): use shmipc_stream_write(), which splits any size across slices. A window that
+ * fits a class while shared memory is exhausted goes on the heap and is sent as fallback data
+ * (as in the reference); more than one message's payload (64 MiB - 16 bytes) is always
  * SHMIPC_EMSGSIZE. Write into it, then commit. A second reserve before commit replaces the first (also
  * when it fails: then no window is open); write, flush and forward end the window too.
  */
@@ -625,7 +679,14 @@ SHMIPC_API int shmipc_stream_release(shmipc_stream *st);
  */
 SHMIPC_API int shmipc_stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags);
 
-/** Sets this stream's SHMIPC_TIMEOUT_READ or SHMIPC_TIMEOUT_WRITE (0 = forever). */
+/**
+ * Sets this stream's SHMIPC_TIMEOUT_READ or SHMIPC_TIMEOUT_WRITE (a new stream has the
+ * config's): negative waits forever, 0 does not wait (a read or flush that cannot proceed at
+ * once fails with SHMIPC_ETIMEDOUT), a positive value waits up to that many ms.
+ */
+SHMIPC_API int shmipc_stream_set_timeout(shmipc_stream *st, int which, int timeout_ms);
+
+/** Deprecated: use shmipc_stream_set_timeout(). The old meaning: 0 waits forever. */
 SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32_t ms);
 
 /**
@@ -690,8 +751,8 @@ SHMIPC_API int shmipc_listener_new(const char *address, const shmipc_config *cfg
                                    shmipc_listener **out);
 
 /**
- * Accepts one client and runs the server handshake. Waits up to `timeout_ms`
- * (SHMIPC_WAIT_FOREVER, or 0 to poll). A client that fails its handshake is dropped and the
+ * Accepts one client and runs the server handshake. Waits up to `timeout_ms` (any negative
+ * value: forever; 0: take a finished handshake without waiting, else SHMIPC_EAGAIN). A client that fails its handshake is dropped and the
  * wait goes on. Thread safe. Each handshake runs on a short-lived thread of the listener (at
  * most 64 at once; a client beyond them is disconnected), so a client that stalls its
  * handshake delays no other; this returns the oldest session whose handshake is done.
@@ -783,36 +844,43 @@ enum shmipc_backend {
     SHMIPC_BACKEND_EPOLL_ONESHOT = 4, /**< epoll re-armed per read, for comparison only */
 };
 
-/** Which timeout shmipc_server_config_set_timeout_ms() sets. */
+/**
+ * Which timeout shmipc_server_config_set_timeout() sets. Values are ms by the rule of every
+ * timeout: negative is never (forever), 0 does not wait, where that means something; positive
+ * values up to 3600000.
+ */
 enum shmipc_server_timeout {
     /**
      * A request head must arrive whole within this time of its first byte (of the connection,
-     * for the first request); else the connection is closed (slowloris). 1..3600000 ms;
-     * default SHMIPC_HTTP_HEADER_TIMEOUT_MS, else 10000.
+     * for the first request); else the connection is closed (slowloris). Negative: no header
+     * deadline; 0: SHMIPC_EINVAL. Default SHMIPC_HTTP_HEADER_TIMEOUT_MS, else 10000.
      */
     SHMIPC_SERVER_TIMEOUT_HEADER = 0,
     /**
-     * An idle keep-alive connection, a request body that stops arriving, or a response (or
-     * WebSocket output: on_close 1006) the peer stops reading is closed after this long
-     * without progress. 1..3600000 ms; default SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS, else 60000.
+     * An idle keep-alive connection is closed after this long. 0: no keep-alive (every
+     * response carries Connection: close and the connection closes after it, as nginx's
+     * keepalive_timeout 0); negative: idle connections never time out. Default
+     * SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS, else 60000. A request body that stops arriving, or a
+     * response (or WebSocket output: on_close 1006) the peer stops reading, is closed after
+     * this long without progress when it is positive, else after 60000 ms.
      */
     SHMIPC_SERVER_TIMEOUT_KEEPALIVE = 1,
     /**
      * A graceful stop waits this long for requests in flight before it closes what is left.
-     * 0..3600000 ms; default 5000.
+     * 0: close at once; negative: wait for them however long they take. Default 5000.
      */
     SHMIPC_SERVER_TIMEOUT_STOP = 2,
     /**
      * An open WebSocket that received nothing for this long is sent a ping, and again after
-     * each such interval of silence. 0 = never (default); 0..3600000 ms, and below
+     * each such interval of silence. Negative: never (default); 0: SHMIPC_EINVAL; below
      * SHMIPC_SERVER_TIMEOUT_WS_IDLE when both are set.
      */
     SHMIPC_SERVER_TIMEOUT_WS_PING = 3,
     /**
      * An open WebSocket that received nothing at all (a pong included) for this long is failed:
      * the TCP connection is closed without a close frame and on_close gets 1006. Not counted
-     * while the server itself stopped reading it (backpressure). 0 = never (default);
-     * 0..3600000 ms, and above SHMIPC_SERVER_TIMEOUT_WS_PING when both are set.
+     * while the server itself stopped reading it (backpressure). Negative: never (default);
+     * 0: SHMIPC_EINVAL; above SHMIPC_SERVER_TIMEOUT_WS_PING when both are set.
      */
     SHMIPC_SERVER_TIMEOUT_WS_IDLE = 4,
 };
@@ -868,7 +936,17 @@ SHMIPC_API int shmipc_server_config_set_workers(shmipc_server_config *cfg, unsig
  */
 SHMIPC_API int shmipc_server_config_set_backend(shmipc_server_config *cfg, int backend);
 
-/** Sets one of the timeouts (enum shmipc_server_timeout) in milliseconds; ranges are given there. */
+/**
+ * Sets one of the timeouts (enum shmipc_server_timeout) in milliseconds: negative is never, 0
+ * as given there. Returns 0 or SHMIPC_EINVAL (the config unchanged).
+ */
+SHMIPC_API int shmipc_server_config_set_timeout(shmipc_server_config *cfg, int which,
+                                                int timeout_ms);
+
+/**
+ * Deprecated: use shmipc_server_config_set_timeout(). The old meaning: HEADER and KEEPALIVE
+ * 1..3600000, STOP 0..3600000, WS_PING and WS_IDLE 0..3600000 with 0 = never.
+ */
 SHMIPC_API int shmipc_server_config_set_timeout_ms(shmipc_server_config *cfg, int which,
                                                    uint32_t ms);
 
@@ -965,6 +1043,9 @@ SHMIPC_API const char *shmipc_server_backend(const shmipc_server *s);
  * every route's destroy and frees the server. Not while shmipc_server_run() runs on another
  * thread: stop it and let it return first. NULL is a no-op.
  */
+SHMIPC_API void shmipc_server_close(shmipc_server *s);
+
+/** Deprecated: the old name of shmipc_server_close(), which it calls. */
 SHMIPC_API void shmipc_server_free(shmipc_server *s);
 
 /*

@@ -137,7 +137,7 @@ static shmipc_config *make_config(int client, int v4, int wakeup)
     if (shmipc_config_new(&c) < 0 || shmipc_config_set_buffer_capacity(c, 1u << 20) < 0 ||
         shmipc_config_set_queue_capacity(c, QUEUE_CAP) < 0 ||
         shmipc_config_parse_slice_classes(c, "65536:100") < 0 ||
-        shmipc_config_set_timeout_ms(c, SHMIPC_TIMEOUT_INITIALIZE, 2000) < 0)
+        shmipc_config_set_timeout(c, SHMIPC_TIMEOUT_INITIALIZE, 2000) < 0)
         abort();
     unsigned all = SHMIPC_V4_FEATURE_EVENTFD | SHMIPC_V4_FEATURE_POLLING;
     if (!client && v4 && shmipc_config_set_server_v4(c, 1, all) < 0)

@@ -59,13 +59,12 @@ int make_config(const struct opts *o, int t, shmipc_config **out)
         goto err;
     }
     /* A hung peer ends the run with an error instead of hanging it. */
-    if ((rc = shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, (uint32_t)io_timeout_ms)) <
-        0) {
+    if ((rc = shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, (int)io_timeout_ms)) < 0) {
         shm_fail("config: read timeout", rc);
         goto err;
     }
     /* The client lays out a large buffer during the handshake: give it more than 1 s. */
-    if ((rc = shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS)) < 0) {
+    if ((rc = shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS)) < 0) {
         shm_fail("config: initialize timeout", rc);
         goto err;
     }

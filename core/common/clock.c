@@ -15,6 +15,15 @@ uint64_t shmipc__deadline_ms(uint64_t ms)
     return ms == 0 ? 0 : shmipc__now_ns() + ms * 1000000u;
 }
 
+uint64_t shmipc__wait_deadline(int64_t ms)
+{
+    if (ms < 0)
+        return 0;
+    if (ms == 0)
+        return SHMIPC__DEADLINE_NOW;
+    return shmipc__deadline_ms((uint64_t)ms);
+}
+
 int shmipc__remaining_ms(uint64_t deadline)
 {
     if (deadline == 0)

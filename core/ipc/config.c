@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,6 +102,8 @@ int shmipc__config_new(shmipc_config **out)
     strcpy(cfg->path_prefix, "/dev/shm/shmipc");
     cfg->timeout_ms[SHMIPC_TIMEOUT_INITIALIZE] = 1000;
     cfg->timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE] = 10000;
+    cfg->timeout_ms[SHMIPC_TIMEOUT_READ] = -1;
+    cfg->timeout_ms[SHMIPC_TIMEOUT_WRITE] = -1;
     cfg->protocol = SHMIPC_PROTOCOL_LEGACY;
     cfg->wakeup = SHMIPC_WAKEUP_SOCKET;
     cfg->session_num = 1;
@@ -326,16 +329,47 @@ int shmipc__config_set_path_prefix(shmipc_config *cfg, const char *prefix)
     return 0;
 }
 
-int shmipc__config_set_timeout_ms(shmipc_config *cfg, int which, uint32_t ms)
+static int check_timeout_which(int which)
 {
     if (which < SHMIPC_TIMEOUT_INITIALIZE || which > SHMIPC_TIMEOUT_WRITE)
         return shmipc__fail(SHMIPC_EINVAL, "timeout: %d is not an enum shmipc_timeout value",
                             which);
+    return 0;
+}
+
+/* The deprecated setter: 0 meant "forever" for read and write, and was refused for the rest. */
+int shmipc__config_set_timeout_ms(shmipc_config *cfg, int which, uint32_t ms)
+{
+    int rc = check_timeout_which(which);
+    if (rc < 0)
+        return rc;
     int handshake = which == SHMIPC_TIMEOUT_INITIALIZE || which == SHMIPC_TIMEOUT_CONNECTION_WRITE;
     if (handshake && (ms == 0 || ms > MAX_HANDSHAKE_TIMEOUT_MS))
         return shmipc__fail(SHMIPC_EINVAL, "%s: %u ms is outside 1..%u", timeout_names[which], ms,
                             MAX_HANDSHAKE_TIMEOUT_MS);
-    cfg->timeout_ms[which] = ms;
+    cfg->timeout_ms[which] = ms == 0 ? -1 : (int64_t)ms;
+    return 0;
+}
+
+/*
+ * The rule of the API: negative waits forever, 0 does not wait. A handshake cannot take no
+ * time, so 0 is refused for the two handshake timeouts, which keep their upper bound.
+ */
+int shmipc__config_set_timeout(shmipc_config *cfg, int which, int timeout_ms)
+{
+    int rc = check_timeout_which(which);
+    if (rc < 0)
+        return rc;
+    int handshake = which == SHMIPC_TIMEOUT_INITIALIZE || which == SHMIPC_TIMEOUT_CONNECTION_WRITE;
+    if (handshake && timeout_ms == 0)
+        return shmipc__fail(SHMIPC_EINVAL,
+                            "%s: 0 ms, but a handshake cannot take no time (negative: forever, "
+                            "else 1..%u)",
+                            timeout_names[which], MAX_HANDSHAKE_TIMEOUT_MS);
+    if (handshake && timeout_ms > (int)MAX_HANDSHAKE_TIMEOUT_MS)
+        return shmipc__fail(SHMIPC_EINVAL, "%s: %d ms is above %u", timeout_names[which],
+                            timeout_ms, MAX_HANDSHAKE_TIMEOUT_MS);
+    cfg->timeout_ms[which] = timeout_ms < 0 ? -1 : timeout_ms;
     return 0;
 }
 
@@ -420,11 +454,32 @@ int shmipc__config_with_v4_event_queue_polling(shmipc_config *cfg, uint32_t inte
     return use_v4(cfg, SHMIPC_WAKEUP_POLLING, interval_us);
 }
 
+/* The deprecated getter: 0 for forever; "do not wait" has no value in it (-1, as a bad which). */
 int64_t shmipc__config_get_timeout_ms(const shmipc_config *cfg, int which)
 {
     if (which < SHMIPC_TIMEOUT_INITIALIZE || which > SHMIPC_TIMEOUT_WRITE)
         return -1;
+    if (cfg->timeout_ms[which] < 0)
+        return 0;
+    if (cfg->timeout_ms[which] == 0) {
+        shmipc__fail(SHMIPC_EINVAL,
+                     "%s: 0 (do not wait) has no value in shmipc_config_get_timeout_ms; use "
+                     "shmipc_config_get_timeout",
+                     timeout_names[which]);
+        return -1;
+    }
     return cfg->timeout_ms[which];
+}
+
+int shmipc__config_get_timeout(const shmipc_config *cfg, int which, int *timeout_ms)
+{
+    int rc = check_timeout_which(which);
+    if (rc < 0)
+        return rc;
+    int64_t v = cfg->timeout_ms[which];
+    /* The deprecated setter takes up to UINT32_MAX ms (49 days); an int holds 24 days. */
+    *timeout_ms = v < 0 ? SHMIPC_WAIT_FOREVER : v > INT_MAX ? INT_MAX : (int)v;
+    return 0;
 }
 
 /* Sets a u32 field that must lie within lo..hi. */

@@ -25,7 +25,8 @@ struct shmipc_config {
     uint32_t nclasses;
     shmipc_slice_class classes[SHMIPC_MAX_SLICE_CLASSES]; /* sorted by size, ascending */
     char path_prefix[SHMIPC_MAX_PATH_PREFIX + 1];
-    uint32_t timeout_ms[4]; /* indexed by enum shmipc_timeout */
+    /* Indexed by enum shmipc_timeout: -1 waits forever, 0 does not wait (read and write only). */
+    int64_t timeout_ms[4];
     int protocol;
     int fallback;
     int wakeup;
@@ -81,6 +82,8 @@ int shmipc__config_get_slice_classes(const shmipc_config *cfg, shmipc_slice_clas
 int shmipc__config_set_path_prefix(shmipc_config *cfg, const char *prefix);
 int shmipc__config_set_timeout_ms(shmipc_config *cfg, int which, uint32_t ms);
 int64_t shmipc__config_get_timeout_ms(const shmipc_config *cfg, int which);
+int shmipc__config_set_timeout(shmipc_config *cfg, int which, int timeout_ms);
+int shmipc__config_get_timeout(const shmipc_config *cfg, int which, int *timeout_ms);
 int shmipc__config_set_protocol(shmipc_config *cfg, int protocol, int fallback);
 int shmipc__config_set_wakeup(shmipc_config *cfg, int wakeup, uint32_t polling_interval_us);
 int shmipc__config_with_v4(shmipc_config *cfg);

@@ -146,8 +146,8 @@ void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
     /* The session's lock is taken under ours (lock order: shmipc__stream_reusable()). */
     int ok = p != NULL && p->nidle < m->cfg.max_stream_num && shmipc__stream_reusable(st);
     if (ok) {
-        st->read_timeout_ms = m->cfg.timeout_ms[SHMIPC_TIMEOUT_READ];
-        st->write_timeout_ms = m->cfg.timeout_ms[SHMIPC_TIMEOUT_WRITE];
+        st->read_timeout_ms = shmipc__stream_timeout(m->cfg.timeout_ms[SHMIPC_TIMEOUT_READ]);
+        st->write_timeout_ms = shmipc__stream_timeout(m->cfg.timeout_ms[SHMIPC_TIMEOUT_WRITE]);
         p->idle[p->nidle++] = st;
     }
     mgr_unlock(m);

@@ -278,7 +278,7 @@ static int setup_event_fd(shmipc_session *s)
 
 static int session_start(shmipc_session *s, int client)
 {
-    uint64_t deadline = shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_INITIALIZE]);
+    uint64_t deadline = shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_INITIALIZE]);
     int rc = client ? shmipc__handshake_client(s, deadline) : shmipc__handshake_server(s, deadline);
     if (rc < 0)
         return rc;
@@ -327,7 +327,7 @@ static int connect_once(const struct shmipc__addr *addr, const shmipc_config *cf
         return shmipc__fail(SHMIPC_EINVAL, "connect %s: memfd needs a unix socket", addr->text);
     }
     rc = shmipc__sock_connect(addr,
-                              shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_INITIALIZE]));
+                              shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_INITIALIZE]));
     if (rc < 0) {
         session_destroy(s);
         return rc;

@@ -87,14 +87,23 @@ struct shmipc_stream {
     /* Send side, owned by the thread using the stream. */
     struct shmipc__segment *segs;
     uint32_t nsegs, seg_cap;
-    uint32_t reserved_len; /* size of the window handed out by reserve, 0 if none */
-    uint32_t read_timeout_ms;
+    uint32_t reserved_len;   /* size of the window handed out by reserve, 0 if none */
+    int32_t read_timeout_ms; /* -1: forever, 0: do not wait */
     uint64_t send_len;
     /* The copy read_exact_bytes makes when bytes span slices. */
     uint8_t *scratch;
     uint32_t scratch_cap;
-    uint32_t write_timeout_ms;
+    int32_t write_timeout_ms; /* -1: forever, 0: do not wait */
 };
+
+/*
+ * A timeout as a stream keeps it: -1 forever, 0 no wait, else ms up to INT32_MAX (24 days; the
+ * deprecated setters take up to UINT32_MAX, which is clamped).
+ */
+static inline int32_t shmipc__stream_timeout(int64_t ms)
+{
+    return ms < 0 ? -1 : ms > INT32_MAX ? INT32_MAX : (int32_t)ms;
+}
 
 /* shmipc_stream.inuse: the count of calls in flight is the low bits. */
 #define SHMIPC__STREAM_BUSY_MASK 0x3fffffffu

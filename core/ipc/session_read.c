@@ -35,7 +35,7 @@
 static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
 {
     shmipc_session *s = st->s;
-    uint64_t deadline = shmipc__deadline_ms(st->read_timeout_ms);
+    uint64_t deadline = shmipc__wait_deadline(st->read_timeout_ms);
     int rc;
     for (;;) {
         /* Set before shmipc__stream_shutdown() takes mu to wake us: no wakeup is lost. */

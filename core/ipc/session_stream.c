@@ -104,8 +104,8 @@ shmipc_stream *shmipc__stream_new(shmipc_session *s, uint32_t id)
         return NULL;
     st->s = s;
     st->id = id;
-    st->read_timeout_ms = s->cfg.timeout_ms[SHMIPC_TIMEOUT_READ];
-    st->write_timeout_ms = s->cfg.timeout_ms[SHMIPC_TIMEOUT_WRITE];
+    st->read_timeout_ms = shmipc__stream_timeout(s->cfg.timeout_ms[SHMIPC_TIMEOUT_READ]);
+    st->write_timeout_ms = shmipc__stream_timeout(s->cfg.timeout_ms[SHMIPC_TIMEOUT_WRITE]);
     return st;
 }
 

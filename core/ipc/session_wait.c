@@ -364,10 +364,32 @@ static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *bega
     return rc < 0 ? rc : 1;
 }
 
+/*
+ * The wait of a timeout of 0 (SHMIPC__DEADLINE_NOW): processes what is pending at once, the
+ * socket and the queue, without sleeping or spinning. Returns 0 when that handled something
+ * (the caller looks again, and calls here again: each turn takes only what had arrived), else
+ * SHMIPC_ETIMEDOUT, as a timeout that expired. While another thread holds the processing role
+ * nothing can be taken without waiting for it, so that times out too. Under mu.
+ */
+static int wait_now_locked(shmipc_session *s)
+{
+    if (s->processing)
+        return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out (timeout 0: another thread processes)");
+    s->processing = 1;
+    int rc = shmipc__session_process_locked(s);
+    s->processing = 0;
+    pthread_cond_broadcast(&s->cond);
+    if (rc < 0)
+        return shmipc__session_err(s) ? shmipc__session_err(s) : rc;
+    return rc > 0 ? 0 : shmipc__fail(SHMIPC_ETIMEDOUT, "timed out (timeout 0: nothing pending)");
+}
+
 int shmipc__session_wait_locked(shmipc_session *s, uint64_t deadline)
 {
     if (shmipc__session_err(s))
         return shmipc__session_err(s);
+    if (deadline == SHMIPC__DEADLINE_NOW)
+        return wait_now_locked(s);
     /* Events for other streams end a wait too; the caller's deadline holds across them. */
     if (deadline != 0 && shmipc__now_ns() >= deadline)
         return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");

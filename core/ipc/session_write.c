@@ -139,10 +139,18 @@ int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
     if (n == 0)
         return shmipc__fail(SHMIPC_EINVAL, "reserve: 0 bytes, need at least 1");
     /*
-     * A window larger than a slice lives on the heap and goes out as fallback data: no more
-     * than one message's payload, which any peer takes. A larger one would only allocate
-     * gigabytes that no flush could send.
+     * A window is one slice: one larger than the largest slice class could only live on the
+     * heap and would move the stream to the socket for good, a cost the caller did not ask
+     * for. It is refused and nothing changes; write() splits any size across slices. (A window
+     * that fits a class but finds shared memory exhausted still takes the heap, as in Go.)
      */
+    uint32_t max = shmipc__buffer_max_slice(&st->s->bm);
+    if (n > max)
+        return shmipc__fail(SHMIPC_EMSGSIZE,
+                            "reserve: %zu bytes, but the largest slice holds %u (write() splits "
+                            "larger data across slices)",
+                            n, max);
+    /* A window that may have to go out as fallback data holds at most one message's payload. */
     if (n > SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE)
         return shmipc__fail(SHMIPC_EMSGSIZE, "reserve: %zu bytes, at most %u", n,
                             SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE);
@@ -232,14 +240,14 @@ static int wake_peer(shmipc_session *s)
     uint8_t msg[SHMIPC__HEADER_SIZE];
     shmipc__encode_simple(msg, s->wire, SHMIPC__MSG_POLLING);
     return write_frame(s, msg, sizeof msg,
-                       shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]));
+                       shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]));
 }
 
 /* Puts an element, retrying a full queue as the reference does. Under send_mu. */
 static int put_element(shmipc_stream *st, const struct shmipc__queue_elem *e)
 {
     shmipc_session *s = st->s;
-    uint64_t deadline = shmipc__deadline_ms(st->write_timeout_ms);
+    uint64_t deadline = shmipc__wait_deadline(st->write_timeout_ms);
     int rc = shmipc__queue_put(&s->qp.send, e);
     for (int i = 0; rc == SHMIPC_EQUEUEFULL && i < QUEUE_FULL_RETRIES; i++) {
         uint64_t now = shmipc__now_ns();
@@ -312,7 +320,7 @@ static int fallback_write(shmipc_session *s, const uint8_t *p, size_t len, uint6
 static int send_fallback(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
-    uint64_t deadline = shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
+    uint64_t deadline = shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
     uint32_t i = 0, off = 0;
     size_t sent = 0;
     int rc = 0;
@@ -462,7 +470,7 @@ void shmipc__stream_send_close(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
     struct shmipc__queue_elem e = {st->id, 0, 1};
-    uint64_t deadline = shmipc__deadline_ms(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
+    uint64_t deadline = shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
     int rc;
     pthread_mutex_lock(&s->send_mu);
     if (shmipc__queue_put(&s->qp.send, &e) == 0) {

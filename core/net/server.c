@@ -16,12 +16,28 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-/* A millisecond knob's value `v`: unset keeps *out; a bad value fails naming the variable. */
-static int env_ms(const char *name, const char *v, uint32_t *out)
+/*
+ * A timeout knob's value `v`, by the API's rule: unset keeps *out, a negative whole number is
+ * -1 (never), 0 is allowed only where `zero_ok` (keep-alive off), else 1..3600000 ms. A bad
+ * value fails naming the variable.
+ */
+static int env_timeout(const char *name, const char *v, int zero_ok, int64_t *out)
 {
-    unsigned long n = *out;
-    int rc = shmipc__env_number(name, v, 1, SHMIPC__SERVER_MAX_TIMEOUT_MS, "milliseconds", &n);
-    *out = (uint32_t)n;
+    if (v != NULL && v[0] == '-') {
+        char *end;
+        errno = 0;
+        long long n = strtoll(v, &end, 10);
+        if (end == v + 1 || *end != '\0' || (n >= 0 && errno == 0))
+            return shmipc__fail(SHMIPC_EINVAL, "%s: \"%s\" is not a whole number of milliseconds",
+                                name, v);
+        *out = -1; /* any negative value, however large (ERANGE included) */
+        return 0;
+    }
+    unsigned long n = 0;
+    int rc = shmipc__env_number(name, v, zero_ok ? 0 : 1, SHMIPC__SERVER_MAX_TIMEOUT_MS,
+                                "milliseconds (negative: never)", &n);
+    if (rc > 0)
+        *out = (int64_t)n;
     return rc < 0 ? rc : 0;
 }
 
@@ -32,8 +48,8 @@ int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_ser
 {
     struct shmipc_server_config *defaults = NULL;
     struct shmipc_server *s = NULL;
-    uint32_t header_ms = SHMIPC__SERVER_DEFAULT_HEADER_MS;
-    uint32_t keepalive_ms = SHMIPC__SERVER_DEFAULT_KEEPALIVE_MS;
+    int64_t header_ms = SHMIPC__SERVER_DEFAULT_HEADER_MS;
+    int64_t keepalive_ms = SHMIPC__SERVER_DEFAULT_KEEPALIVE_MS;
     int rc;
 
     *out = NULL;
@@ -50,11 +66,11 @@ int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_ser
     }
     s->stop_fd = -1;
     s->cfg = *cfg;
-    rc = env_ms("SHMIPC_HTTP_HEADER_TIMEOUT_MS", shmipc__getenv("SHMIPC_HTTP_HEADER_TIMEOUT_MS"),
-                &header_ms);
+    rc = env_timeout("SHMIPC_HTTP_HEADER_TIMEOUT_MS",
+                     shmipc__getenv("SHMIPC_HTTP_HEADER_TIMEOUT_MS"), 0, &header_ms);
     if (rc == 0)
-        rc = env_ms("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS",
-                    shmipc__getenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS"), &keepalive_ms);
+        rc = env_timeout("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS",
+                         shmipc__getenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS"), 1, &keepalive_ms);
     if (rc == 0 && !cfg->reuse_port_set) {
         unsigned long share = 0;
         rc = shmipc__env_number("SHMIPC_HTTP_REUSEPORT", shmipc__getenv("SHMIPC_HTTP_REUSEPORT"), 0,
@@ -66,14 +82,19 @@ int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_ser
     s->header_ms = cfg->timeout_set[SHMIPC_SERVER_TIMEOUT_HEADER]
                        ? cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_HEADER]
                        : header_ms;
-    s->keepalive_ms = cfg->timeout_set[SHMIPC_SERVER_TIMEOUT_KEEPALIVE]
-                          ? cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_KEEPALIVE]
-                          : keepalive_ms;
+    s->idle_ms = cfg->timeout_set[SHMIPC_SERVER_TIMEOUT_KEEPALIVE]
+                     ? cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_KEEPALIVE]
+                     : keepalive_ms;
+    s->stall_ms = s->idle_ms > 0 ? (uint32_t)s->idle_ms : SHMIPC__SERVER_DEFAULT_KEEPALIVE_MS;
     s->stop_ms = cfg->timeout_set[SHMIPC_SERVER_TIMEOUT_STOP]
                      ? cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_STOP]
                      : SHMIPC__SERVER_DEFAULT_STOP_MS;
-    s->ws_ping_ms = cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_PING];
-    s->ws_idle_ms = cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_IDLE];
+    s->ws_ping_ms = cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_PING] > 0
+                        ? (uint32_t)cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_PING]
+                        : 0;
+    s->ws_idle_ms = cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_IDLE] > 0
+                        ? (uint32_t)cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_IDLE]
+                        : 0;
     s->pipeline = cfg->pipeline != 0 ? cfg->pipeline : SHMIPC__HTTP_CONN_BUDGET;
     rc = shmipc__http_limits_resolve(&s->limits, &cfg->limits);
     if (rc < 0)

@@ -40,9 +40,10 @@ struct shmipc_server_config {
     uint16_t port;
     unsigned workers; /* 0: SHMIPC_WORKERS or the CPUs */
     int backend;      /* enum shmipc_backend */
-    /* 0 means unset: the variable, then the default. The stop timeout may be 0 when set; the
-     * WebSocket ping and idle timeouts are 0 (never) unless set. */
-    uint32_t timeout_ms[5];
+    /* Meaningful when timeout_set (else the variable, then the default), by the API's rule:
+     * -1 is never (no header deadline, no idle timeout, wait forever to stop, no ping, no idle
+     * close), 0 is no keep-alive or an immediate stop. The WebSocket ones are -1 unless set. */
+    int64_t timeout_ms[5];
     uint8_t timeout_set[5];
     struct shmipc__http_limits limits; /* 0 fields: defaults */
     uint32_t pipeline;                 /* 0: SHMIPC__HTTP_CONN_BUDGET */
@@ -127,7 +128,12 @@ struct shmipc__server_worker;
 struct shmipc_server {
     struct shmipc_server_config cfg;
     struct shmipc__http_limits limits; /* resolved */
-    uint32_t header_ms, keepalive_ms, stop_ms, pipeline;
+    /* header_ms: -1 no header deadline; idle_ms (keep-alive): -1 never, 0 no keep-alive;
+     * stop_ms: -1 waits for requests in flight forever, 0 closes at once. stall_ms bounds a body
+     * that stops arriving and output the peer stops reading: the keep-alive timeout when it is
+     * positive, else its default (turning keep-alive off must not let a peer stall forever). */
+    int64_t header_ms, idle_ms, stop_ms;
+    uint32_t stall_ms, pipeline;
     uint32_t ws_ping_ms, ws_idle_ms; /* 0: never */
     size_t rx_max;                   /* most unprocessed bytes a connection may hold */
     struct shmipc__loop_opts loop_opts;
@@ -171,6 +177,7 @@ struct shmipc_http_response {
 int shmipc__server_config_new(struct shmipc_server_config **out);
 int shmipc__server_config_set_address(struct shmipc_server_config *cfg, const char *address);
 int shmipc__server_config_set_timeout_ms(struct shmipc_server_config *cfg, int which, uint32_t ms);
+int shmipc__server_config_set_timeout(struct shmipc_server_config *cfg, int which, int timeout_ms);
 int shmipc__server_config_set_limit(struct shmipc_server_config *cfg, int which, uint64_t value);
 int shmipc__server_config_set_server_name(struct shmipc_server_config *cfg, const char *name);
 

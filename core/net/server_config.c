@@ -23,6 +23,8 @@ int shmipc__server_config_new(struct shmipc_server_config **out)
     strcpy(cfg->address, "127.0.0.1");
     cfg->port = SHMIPC__SERVER_DEFAULT_PORT;
     strcpy(cfg->server_name, "shmipc");
+    cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_PING] = -1;
+    cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_IDLE] = -1;
     *out = cfg;
     return 0;
 }
@@ -46,29 +48,71 @@ int shmipc__server_config_set_address(struct shmipc_server_config *cfg, const ch
     return 0;
 }
 
-int shmipc__server_config_set_timeout_ms(struct shmipc_server_config *cfg, int which, uint32_t ms)
+/*
+ * Stores a timeout in the config's form (-1: never, else ms), after checking the WebSocket
+ * ping against the idle timeout: a ping that is not sent before the idle timeout runs out
+ * cannot keep anything open.
+ */
+static int store_timeout(struct shmipc_server_config *cfg, int which, int64_t ms)
 {
-    uint32_t min, ping, idle;
+    int64_t ping = which == SHMIPC_SERVER_TIMEOUT_WS_PING
+                       ? ms
+                       : cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_PING];
+    int64_t idle = which == SHMIPC_SERVER_TIMEOUT_WS_IDLE
+                       ? ms
+                       : cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_IDLE];
+    if ((which == SHMIPC_SERVER_TIMEOUT_WS_PING || which == SHMIPC_SERVER_TIMEOUT_WS_IDLE) &&
+        ping > 0 && idle > 0 && ping >= idle)
+        return shmipc__fail(SHMIPC_EINVAL,
+                            "%s: %lld ms, but ws_ping_timeout (%lld ms) must be below "
+                            "ws_idle_timeout (%lld ms)",
+                            timeout_names[which], (long long)ms, (long long)ping, (long long)idle);
+    cfg->timeout_ms[which] = ms;
+    cfg->timeout_set[which] = 1;
+    return 0;
+}
+
+static int check_server_timeout_which(int which)
+{
     if (which < SHMIPC_SERVER_TIMEOUT_HEADER || which > SHMIPC_SERVER_TIMEOUT_WS_IDLE)
         return shmipc__fail(SHMIPC_EINVAL, "server timeout: %d is not a shmipc_server_timeout",
                             which);
+    return 0;
+}
+
+/* The deprecated setter, with its old ranges; 0 meant "never" for the WebSocket timeouts. */
+int shmipc__server_config_set_timeout_ms(struct shmipc_server_config *cfg, int which, uint32_t ms)
+{
+    uint32_t min;
+    int rc = check_server_timeout_which(which);
+    if (rc < 0)
+        return rc;
     min = which == SHMIPC_SERVER_TIMEOUT_HEADER || which == SHMIPC_SERVER_TIMEOUT_KEEPALIVE ? 1 : 0;
     if (ms < min || ms > SHMIPC__SERVER_MAX_TIMEOUT_MS)
         return shmipc__fail(SHMIPC_EINVAL, "%s: %u ms is outside %u..%u", timeout_names[which], ms,
                             min, SHMIPC__SERVER_MAX_TIMEOUT_MS);
-    /* A ping that is not sent before the idle timeout runs out cannot keep anything open. */
-    ping = which == SHMIPC_SERVER_TIMEOUT_WS_PING ? ms
-                                                  : cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_PING];
-    idle = which == SHMIPC_SERVER_TIMEOUT_WS_IDLE ? ms
-                                                  : cfg->timeout_ms[SHMIPC_SERVER_TIMEOUT_WS_IDLE];
-    if (ping != 0 && idle != 0 && ping >= idle)
-        return shmipc__fail(SHMIPC_EINVAL,
-                            "%s: %u ms, but ws_ping_timeout (%u ms) must be below "
-                            "ws_idle_timeout (%u ms)",
-                            timeout_names[which], ms, ping, idle);
-    cfg->timeout_ms[which] = ms;
-    cfg->timeout_set[which] = 1;
-    return 0;
+    int ws = which == SHMIPC_SERVER_TIMEOUT_WS_PING || which == SHMIPC_SERVER_TIMEOUT_WS_IDLE;
+    return store_timeout(cfg, which, ws && ms == 0 ? -1 : (int64_t)ms);
+}
+
+/*
+ * The API's rule: negative is never (forever), 0 does not wait. For the header, ping and idle
+ * timeouts "no wait" means nothing, so 0 is refused; for keep-alive it turns keep-alive off,
+ * for the stop it closes at once.
+ */
+int shmipc__server_config_set_timeout(struct shmipc_server_config *cfg, int which, int timeout_ms)
+{
+    int rc = check_server_timeout_which(which);
+    if (rc < 0)
+        return rc;
+    if (timeout_ms == 0 && which != SHMIPC_SERVER_TIMEOUT_KEEPALIVE &&
+        which != SHMIPC_SERVER_TIMEOUT_STOP)
+        return shmipc__fail(SHMIPC_EINVAL, "%s: 0 ms has no meaning (negative: never, else 1..%u)",
+                            timeout_names[which], SHMIPC__SERVER_MAX_TIMEOUT_MS);
+    if (timeout_ms > (int)SHMIPC__SERVER_MAX_TIMEOUT_MS)
+        return shmipc__fail(SHMIPC_EINVAL, "%s: %d ms is above %u", timeout_names[which],
+                            timeout_ms, SHMIPC__SERVER_MAX_TIMEOUT_MS);
+    return store_timeout(cfg, which, timeout_ms < 0 ? -1 : timeout_ms);
 }
 
 static int limit_range(int which, uint64_t value)

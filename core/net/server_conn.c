@@ -77,6 +77,12 @@ uint64_t shmipc__server_conn_after(const struct server_conn *sc, uint32_t ms)
     return shmipc__loop_now_ms(sc->w->loop) + ms;
 }
 
+/* The deadline of a timeout that may be off (negative: none, 0 for set_deadline). */
+static uint64_t after_or_never(const struct server_conn *sc, int64_t ms)
+{
+    return ms < 0 ? 0 : shmipc__server_conn_after(sc, (uint32_t)ms);
+}
+
 /*
  * The lingering close's wait, once the last response has left (the reactor shuts the write
  * side down right behind it): input is drained until the peer's FIN, LINGER_MS or
@@ -289,15 +295,17 @@ static void update_deadline(struct server_conn *sc)
          * timeout runs from its first byte and is not extended by more bytes. */
         if (!sc->in_head) {
             sc->in_head = 1;
-            shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->header_ms));
+            shmipc__server_conn_set_deadline(sc, after_or_never(sc, s->header_ms));
         }
         return;
     }
     sc->in_head = 0;
     if (sc->fresh)
-        shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->header_ms));
-    else
-        shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->keepalive_ms));
+        shmipc__server_conn_set_deadline(sc, after_or_never(sc, s->header_ms));
+    else if (sc->http.phase != 0) /* a body that stops arriving */
+        shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->stall_ms));
+    else /* idle between requests: the keep-alive timeout, which may be off */
+        shmipc__server_conn_set_deadline(sc, after_or_never(sc, s->idle_ms));
 }
 
 /* The batch in flight was written (or failed): a SENT or ERROR event. */
@@ -359,7 +367,7 @@ static void conn_serve(struct server_conn *sc)
     if (sc->answered) {
         /* A deferred request's answer goes first; pipelined requests behind it follow. */
         sc->answered = 0;
-        if (w->draining)
+        if (w->draining || w->srv->idle_ms == 0)
             sc->http.deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
         struct release **tail = &sc->releases;
         while (*tail != NULL)
@@ -397,7 +405,7 @@ static void conn_serve(struct server_conn *sc)
         /* The send timeout: the peer must take some of the batch within the keep-alive
          * timeout, again and again until it is sent (conn_timeout). */
         sc->in_head = 0;
-        shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, w->srv->keepalive_ms));
+        shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, w->srv->stall_ms));
         if (verdict == SHMIPC__HTTP_CONN_CLOSE)
             shmipc__server_conn_linger(sc);
         return;
@@ -425,7 +433,7 @@ static void defer_deadline(struct server_conn *sc)
 {
     uint64_t d = sc->answered ? 0 : sc->defer_deadline;
     if (sc->inflight) {
-        uint64_t send = shmipc__server_conn_after(sc, sc->w->srv->keepalive_ms);
+        uint64_t send = shmipc__server_conn_after(sc, sc->w->srv->stall_ms);
         d = d == 0 || send < d ? send : d;
     }
     shmipc__server_conn_set_deadline(sc, d);
@@ -568,8 +576,7 @@ static void act_drain(struct server_conn *sc, size_t len)
 static void act_send_timer(struct server_conn *sc)
 {
     if (send_progress(sc)) {
-        shmipc__server_conn_set_deadline(sc,
-                                         shmipc__server_conn_after(sc, sc->w->srv->keepalive_ms));
+        shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, sc->w->srv->stall_ms));
         return;
     }
     sc->w->stats.timeouts++;
@@ -742,7 +749,7 @@ void shmipc__server_conn_accept(struct shmipc__acceptor *a, struct shmipc__conn 
     w->conns = sc;
     w->nconns++;
     w->stats.connections++;
-    shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->header_ms));
+    shmipc__server_conn_set_deadline(sc, after_or_never(sc, s->header_ms));
 }
 
 /* The 101 (and what the batch holds before it) was just queued: from here on, frames. */

@@ -131,7 +131,9 @@ void shmipc__server_worker_teardown(struct shmipc__loop *loop, unsigned index, v
 {
     struct shmipc_server *s = data;
     struct shmipc__server_worker *w = &s->w[index];
-    uint64_t deadline = shmipc__loop_now_ms(loop) + s->stop_ms;
+    /* A negative stop timeout waits for the requests in flight for as long as they take. */
+    uint64_t deadline =
+        s->stop_ms < 0 ? UINT64_MAX : shmipc__loop_now_ms(loop) + (uint64_t)s->stop_ms;
     struct server_conn *sc, *next;
 
     w->draining = 1;

@@ -167,7 +167,7 @@ static uint64_t ws_deadline(const struct server_conn *sc)
     const struct shmipc_server *s = sc->w->srv;
     uint64_t d = ws->close_at;
     if (ws->sending)
-        d = earliest(d, ws->tx_at + s->keepalive_ms);
+        d = earliest(d, ws->tx_at + s->stall_ms);
     if (ws_reading(sc)) {
         if (s->ws_idle_ms != 0)
             d = earliest(d, ws->rx_at + s->ws_idle_ms);
@@ -217,7 +217,7 @@ void shmipc__server_ws_timeout(struct server_conn *sc)
             ws->tx_seen = 0;
             ws->tx_at = now;
             ws->tx_mark = mark;
-        } else if (now >= ws->tx_at + s->keepalive_ms) {
+        } else if (now >= ws->tx_at + s->stall_ms) {
             /* The peer stopped reading: what it did not take goes with the connection. */
             w->stats.timeouts++;
             w->stats.ws_stall_closes++;
@@ -300,7 +300,7 @@ void shmipc__server_ws_flush(struct server_conn *sc)
                 ws->tx_seen = 1;
                 ws->tx_at = shmipc__loop_now_ms(sc->w->loop);
             }
-            shmipc__server_conn_set_deadline(sc, ws->tx_at + sc->w->srv->keepalive_ms);
+            shmipc__server_conn_set_deadline(sc, ws->tx_at + sc->w->srv->stall_ms);
         }
     }
     /* Not from inside process(): its caller flushes again when it returns. */

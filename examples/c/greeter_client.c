@@ -36,7 +36,7 @@ int main(int argc, char **argv)
         (strcmp(mode, "v4-eventfd") == 0 && (rc = shmipc_config_with_v4_eventfd(cfg)) < 0) ||
         (strcmp(mode, "v4-polling") == 0 &&
          (rc = shmipc_config_with_v4_event_queue_polling(cfg, 100)) < 0) ||
-        (rc = shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 5000)) < 0 ||
+        (rc = shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 5000)) < 0 ||
         (rc = shmipc_session_connect(address, cfg, &s)) < 0 ||
         (rc = shmipc_session_open_stream(s, &st)) < 0)
         goto out;

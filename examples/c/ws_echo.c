@@ -97,6 +97,6 @@ int main(int argc, char **argv)
            shmipc_server_backend(server));
     fflush(stdout);
     rc = shmipc_server_run(server);
-    shmipc_server_free(server);
+    shmipc_server_close(server);
     return rc < 0 ? fail("run", rc) : 0;
 }

@@ -31,7 +31,7 @@ static shmipc_config *small_config(void)
     assert_int_equal(shmipc_config_parse_slice_classes(cfg, "1024:30,8192:70"), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, 1024), 0);
     assert_int_equal(shmipc_config_set_memmap_type(cfg, SHMIPC_MEMMAP_MEMFD), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 20000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 20000), 0);
     return cfg;
 }
 

@@ -199,6 +199,9 @@ struct constant {
     X(SHMIPC_BACKEND_DEFAULT)                                                                      \
     X(SHMIPC_BACKEND_EPOLL)                                                                        \
     X(SHMIPC_SERVER_TIMEOUT_STOP)                                                                  \
+    X(SHMIPC_SERVER_TIMEOUT_HEADER)                                                                \
+    X(SHMIPC_SERVER_TIMEOUT_KEEPALIVE)                                                             \
+    X(SHMIPC_SERVER_TIMEOUT_WS_PING)                                                               \
     X(SHMIPC_SERVER_LIMIT_BODY)                                                                    \
     X(SHMIPC_LOG_ERROR)
 #define K(x)               {.name = #x, .value = (x)},
@@ -1152,6 +1155,14 @@ static void config_calls(void **state)
         "shmipc_config_set_timeout_ms(c, 9, 1) = SHMIPC_EINVAL;"
         "shmipc_config_get_timeout_ms(c, 9) = -1;"
         "shmipc_config_get_timeout_ms(NULL, 0) = -1;"
+        "shmipc_config_set_timeout(c, SHMIPC_TIMEOUT_READ, 0) = 0;"
+        "shmipc_config_get_timeout(c, SHMIPC_TIMEOUT_READ, &i) = 0; i = 0;"
+        "shmipc_config_get_timeout_ms(c, SHMIPC_TIMEOUT_READ) = -1;"
+        "shmipc_config_set_timeout(c, SHMIPC_TIMEOUT_READ, -5) = 0;"
+        "shmipc_config_get_timeout(c, SHMIPC_TIMEOUT_READ, &i) = 0; i = SHMIPC_WAIT_FOREVER;"
+        "shmipc_config_set_timeout(c, SHMIPC_TIMEOUT_INITIALIZE, 0) = SHMIPC_EINVAL;"
+        "shmipc_config_get_timeout(c, 9, &i) = SHMIPC_EINVAL;"
+        "shmipc_config_get_timeout(NULL, 0, &i) = SHMIPC_EINVAL;"
 
         "shmipc_config_set_protocol(c, SHMIPC_PROTOCOL_V4, 1) = 0;"
         "shmipc_config_get_protocol(c) = SHMIPC_PROTOCOL_V4; shmipc_config_get_fallback(c) = 1;"
@@ -1253,7 +1264,7 @@ static void session_calls(void **state)
              "shmipc_stream_read_exact_bytes(y, 1, &p, 0) = 0; p = \"x\";"
              "shmipc_stream_release(y) = 0; shmipc_stream_close(y);"
              "shmipc_session_accept_stream(server, 0, &y) = SHMIPC_EAGAIN;"
-             "shmipc_session_accept_stream(server, -2, &y) = SHMIPC_EINVAL;"
+             "shmipc_session_accept_stream(server, 1, &y) = SHMIPC_ETIMEDOUT;"
              "shmipc_session_accept_stream(server, 0, NULL) = SHMIPC_EINVAL;"
              "shmipc_session_accept_stream(NULL, 0, &y) = SHMIPC_EINVAL;"
 
@@ -1305,7 +1316,13 @@ static void stream_calls(void **state)
              "shmipc_stream_forward(st, NULL, 0, 0) = SHMIPC_EINVAL;"
              "shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 10000) = 0;"
              "shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_INITIALIZE, 1) = SHMIPC_EINVAL;"
-             "shmipc_stream_set_timeout_ms(NULL, SHMIPC_TIMEOUT_READ, 1) = SHMIPC_EINVAL");
+             "shmipc_stream_set_timeout_ms(NULL, SHMIPC_TIMEOUT_READ, 1) = SHMIPC_EINVAL;"
+             "shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, 0) = 0;"
+             "shmipc_stream_read_chunk(st, 0, &p, &n, 0) = SHMIPC_ETIMEDOUT;"
+             "shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, -7) = 0;"
+             "shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_WRITE, 0) = 0;"
+             "shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_INITIALIZE, 1) = SHMIPC_EINVAL;"
+             "shmipc_stream_set_timeout(NULL, SHMIPC_TIMEOUT_READ, 1) = SHMIPC_EINVAL");
     interp_finish(&in);
 }
 
@@ -1354,7 +1371,7 @@ static void listener_calls(void **state)
              "shmipc_listener_new(NULL, cfg, &l) = SHMIPC_EINVAL;"
              "shmipc_listener_new(newaddr, cfg, NULL) = SHMIPC_EINVAL;"
              "shmipc_listener_accept(NULL, 0, &s) = SHMIPC_EINVAL;"
-             "shmipc_listener_accept(idle, -5, &s) = SHMIPC_EINVAL;"
+             "shmipc_listener_accept(idle, 1, &s) = SHMIPC_ETIMEDOUT;"
              "shmipc_listener_accept(idle, 0, NULL) = SHMIPC_EINVAL;"
              "shmipc_listener_fileno(NULL) = SHMIPC_EINVAL;"
              "shmipc_listener_serve(NULL, on_stream, on_data, NULL, NULL) = SHMIPC_EINVAL;"
@@ -1471,6 +1488,12 @@ static void server_calls(void **state)
         "shmipc_server_config_set_backend(NULL, 0) = SHMIPC_EINVAL;"
         "shmipc_server_config_set_timeout_ms(sc, 99, 1) = SHMIPC_EINVAL;"
         "shmipc_server_config_set_timeout_ms(NULL, 0, 1) = SHMIPC_EINVAL;"
+        "shmipc_server_config_set_timeout(sc, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 0) = 0;"
+        "shmipc_server_config_set_timeout(sc, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 60000) = 0;"
+        "shmipc_server_config_set_timeout(sc, SHMIPC_SERVER_TIMEOUT_HEADER, 0) = SHMIPC_EINVAL;"
+        "shmipc_server_config_set_timeout(sc, SHMIPC_SERVER_TIMEOUT_WS_PING, -1) = 0;"
+        "shmipc_server_config_set_timeout(sc, 99, 1) = SHMIPC_EINVAL;"
+        "shmipc_server_config_set_timeout(NULL, 0, 1) = SHMIPC_EINVAL;"
         "shmipc_server_config_set_limit(sc, 99, 1) = SHMIPC_EINVAL;"
         "shmipc_server_config_set_limit(NULL, 0, 1) = SHMIPC_EINVAL;"
         "shmipc_server_config_set_server_name(sc, \"bad\\tname\") = SHMIPC_EINVAL;"
@@ -1496,7 +1519,7 @@ static void server_calls(void **state)
         "shmipc_server_route(srv, \"GET\", \"/late\", handler, NULL, NULL) = SHMIPC_EBUSY;"
         "shmipc_server_start(NULL) = SHMIPC_EINVAL; shmipc_server_run(NULL) = SHMIPC_EINVAL;"
         "shmipc_server_stop(NULL) = SHMIPC_EINVAL; shmipc_server_port(NULL) = SHMIPC_EINVAL;"
-        "shmipc_server_backend(NULL) = NULL; shmipc_server_free(NULL)");
+        "shmipc_server_backend(NULL) = NULL; shmipc_server_free(NULL); shmipc_server_close(NULL)");
 
     int port = shmipc_server_port(interp_get(&in, "srv"));
     http_get(port,
@@ -1513,7 +1536,7 @@ static void server_calls(void **state)
     assert_non_null(strstr(resp, "\r\n\r\nstatic!"));
 
     /* A stop before run makes run return at once; free calls the route's destroy. */
-    RUN(&in, "shmipc_server_stop(srv) = 0; shmipc_server_run(srv) = 0; shmipc_server_free(srv)");
+    RUN(&in, "shmipc_server_stop(srv) = 0; shmipc_server_run(srv) = 0; shmipc_server_close(srv)");
     assert_int_equal(ud.destroyed, 1);
     interp_finish(&in);
 }

@@ -72,8 +72,7 @@ static shmipc_config *make_config(enum proto p)
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, 1024), 0);
     assert_int_equal(shmipc_config_set_path_prefix(cfg, prefix), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, INIT_TIMEOUT_MS),
-                     0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, INIT_TIMEOUT_MS), 0);
     switch (p) {
     case P_V2:
         assert_int_equal(shmipc_config_set_memmap_type(cfg, SHMIPC_MEMMAP_DEVSHM), 0);
@@ -411,7 +410,7 @@ static void server_round(shmipc_listener *l, const char *address, const shmipc_c
         if (st == NULL) {
             rc = shmipc_session_accept_stream(s, 5, &st);
             if (rc == 0)
-                rc = shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 5);
+                rc = shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, 5);
         } else {
             const void *p;
             size_t len;
@@ -477,7 +476,7 @@ static void client_round(const char *address, const shmipc_config *cfg, struct s
         note_setup(ipc_now_us() - forked);
         rc = shmipc_session_open_stream(s, &st);
         if (rc == 0)
-            rc = shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 5);
+            rc = shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, 5);
         for (uint32_t seed = (uint32_t)next_random(); rc == 0; seed++) {
             size_t n = 1 + seed % MAX_MESSAGE, got = 0;
             fill(buf, n, seed);
@@ -541,8 +540,8 @@ static void witness_check(struct witness *w, int i)
     assert_int_equal(shmipc_session_open_stream(w->client, &c), 0);
     ipc_send_text(c, msg);
     assert_int_equal(shmipc_session_accept_stream(w->server, 5000, &s), 0);
-    assert_int_equal(shmipc_stream_set_timeout_ms(s, SHMIPC_TIMEOUT_READ, 5000), 0);
-    assert_int_equal(shmipc_stream_set_timeout_ms(c, SHMIPC_TIMEOUT_READ, 5000), 0);
+    assert_int_equal(shmipc_stream_set_timeout(s, SHMIPC_TIMEOUT_READ, 5000), 0);
+    assert_int_equal(shmipc_stream_set_timeout(c, SHMIPC_TIMEOUT_READ, 5000), 0);
     ipc_expect_text(s, msg);
     ipc_send_text(s, msg);
     ipc_expect_text(c, msg);

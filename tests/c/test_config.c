@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 
 #include "shmipc.h"
@@ -240,6 +241,58 @@ static void timeouts(void **state)
     assert_int_equal(shmipc_config_get_timeout_ms(cfg, 9), -1);
 }
 
+/* The rule of every timeout: negative waits forever (any negative), 0 does not wait. */
+static void timeouts_follow_one_rule(void **state)
+{
+    static const int forever[] = {-1, -2, INT_MIN};
+    shmipc_config *cfg = *state;
+    int v = 42;
+    assert_int_equal(shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_READ, &v), 0);
+    assert_int_equal(v, SHMIPC_WAIT_FOREVER); /* the default */
+    assert_int_equal(shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, &v), 0);
+    assert_int_equal(v, 1000);
+    for (size_t i = 0; i < sizeof forever / sizeof forever[0]; i++) {
+        for (int which = SHMIPC_TIMEOUT_INITIALIZE; which <= SHMIPC_TIMEOUT_WRITE; which++) {
+            assert_int_equal(shmipc_config_set_timeout(cfg, which, forever[i]), 0);
+            assert_int_equal(shmipc_config_get_timeout(cfg, which, &v), 0);
+            assert_int_equal(v, SHMIPC_WAIT_FOREVER);
+            assert_int_equal(shmipc_config_get_timeout_ms(cfg, which), 0); /* old: 0 = forever */
+        }
+    }
+    /* 0: no wait for reads and writes; refused for the handshake ones. */
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 0), 0);
+    assert_int_equal(shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_READ, &v), 0);
+    assert_int_equal(v, 0);
+    assert_refused(shmipc_config_get_timeout_ms(cfg, SHMIPC_TIMEOUT_READ), -1, "do not wait");
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_WRITE, 1), 0);
+    assert_int_equal(shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_WRITE, &v), 0);
+    assert_int_equal(v, 1);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_WRITE, INT_MAX), 0);
+    assert_refused(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 0), SHMIPC_EINVAL,
+                   "cannot take no time");
+    assert_refused(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_CONNECTION_WRITE, 0),
+                   SHMIPC_EINVAL, "connection_write_timeout");
+    assert_refused(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 3600001),
+                   SHMIPC_EINVAL, "initialize_timeout");
+    assert_refused(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, INT_MAX),
+                   SHMIPC_EINVAL, "initialize_timeout");
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 3600000), 0);
+    assert_refused(shmipc_config_set_timeout(cfg, 4, 10), SHMIPC_EINVAL, "timeout");
+    assert_refused(shmipc_config_set_timeout(cfg, -1, 10), SHMIPC_EINVAL, "timeout");
+    assert_refused(shmipc_config_set_timeout(NULL, 0, 10), SHMIPC_EINVAL, "NULL");
+    assert_refused(shmipc_config_get_timeout(cfg, 4, &v), SHMIPC_EINVAL, "timeout");
+    assert_refused(shmipc_config_get_timeout(cfg, 0, NULL), SHMIPC_EINVAL, "NULL");
+    assert_refused(shmipc_config_get_timeout(NULL, 0, &v), SHMIPC_EINVAL, "NULL");
+    /* The deprecated setter keeps its meaning: 0 is forever, up to UINT32_MAX ms is taken. */
+    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 0), 0);
+    assert_int_equal(shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_READ, &v), 0);
+    assert_int_equal(v, SHMIPC_WAIT_FOREVER);
+    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, UINT32_MAX), 0);
+    assert_int_equal(shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_READ, &v), 0);
+    assert_int_equal(v, INT_MAX);
+    assert_int_equal(shmipc_config_get_timeout_ms(cfg, SHMIPC_TIMEOUT_READ), UINT32_MAX);
+}
+
 static void protocol_and_wakeup(void **state)
 {
     shmipc_config *cfg = *state;
@@ -371,6 +424,7 @@ int main(void)
         T(memmap_type),
         T(path_prefix),
         T(timeouts),
+        T(timeouts_follow_one_rule),
         T(protocol_and_wakeup),
         T(eventfd_needs_memfd),
         T(v4_helpers),

@@ -417,11 +417,11 @@ static void tsrv_start(struct tsrv *t, int backend, uint32_t short_ms)
     CHECK(shmipc_server_config_set_workers(cfg, 1));
     CHECK(shmipc_server_config_set_backend(cfg, backend));
     if (short_ms != 0) {
-        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, short_ms));
-        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, short_ms));
-        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, short_ms));
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, short_ms));
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, short_ms));
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, short_ms));
     }
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 1000));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 1000));
     CHECK(shmipc_server_new(cfg, &t->s));
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_route(t->s, "GET", "/small", h_small, NULL, NULL));
@@ -444,7 +444,7 @@ static void tsrv_stop(struct tsrv *t)
     assert_int_equal(shmipc_server_stop(t->s), 0);
     assert_int_equal(pthread_join(t->thread, NULL), 0);
     assert_int_equal(t->rc, 0);
-    shmipc_server_free(t->s);
+    shmipc_server_close(t->s);
 }
 
 static void msleep(unsigned ms)

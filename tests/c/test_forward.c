@@ -26,7 +26,7 @@ static shmipc_config *config_new(void)
     assert_int_equal(shmipc_config_new(&cfg), 0);
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 8u << 20), 0);
     assert_int_equal(shmipc_config_set_memmap_type(cfg, SHMIPC_MEMMAP_MEMFD), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
     return cfg;
 }
 
@@ -350,7 +350,7 @@ static void failures_move_nothing(void **state)
     shmipc_stream *cs, *ss;
     open_and_send(p, &cs, &ss, (const uint8_t *)"12345", 5);
     assert_int_equal(shmipc_stream_forward(ss, ss, 6, SHMIPC_NONBLOCK), SHMIPC_EAGAIN);
-    assert_int_equal(shmipc_stream_set_timeout_ms(ss, SHMIPC_TIMEOUT_READ, 50), 0);
+    assert_int_equal(shmipc_stream_set_timeout(ss, SHMIPC_TIMEOUT_READ, 50), 0);
     assert_int_equal(shmipc_stream_forward(ss, ss, 6, 0), SHMIPC_ETIMEDOUT);
     assert_int_equal(shmipc_stream_available(ss), 5);
     assert_int_equal(ss->send_len, 0);

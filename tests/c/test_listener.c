@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -31,7 +32,7 @@ static shmipc_config *patient_config(void)
 {
     shmipc_config *cfg;
     if (shmipc_config_new(&cfg) != 0 ||
-        shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, 10000) != 0)
+        shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 10000) != 0)
         return NULL;
     return cfg;
 }
@@ -319,9 +320,51 @@ static void accept_timeout(void **state)
     ipc_pick_address(address, sizeof address, "listener-t");
     assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
     assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_EAGAIN);
+    assert_int_equal(shmipc_listener_accept(l, 1, &s), SHMIPC_ETIMEDOUT);
     assert_int_equal(shmipc_listener_accept(l, 30, &s), SHMIPC_ETIMEDOUT);
-    assert_int_equal(shmipc_listener_accept(l, -2, &s), SHMIPC_EINVAL);
     shmipc_listener_close(l);
+}
+
+struct forever_accept {
+    shmipc_listener *l;
+    int timeout_ms;
+    int rc;
+    shmipc_session *s;
+};
+
+static void *forever_accept_main(void *arg)
+{
+    struct forever_accept *a = arg;
+    a->rc = shmipc_listener_accept(a->l, a->timeout_ms, &a->s);
+    return NULL;
+}
+
+/*
+ * Every negative timeout waits forever, not only SHMIPC_WAIT_FOREVER (the old code refused
+ * -2 and INT_MIN with SHMIPC_EINVAL): the accept is still waiting after a while, and takes the
+ * client that connects then.
+ */
+static void accept_any_negative_timeout_waits_forever(void **state)
+{
+    static const int timeouts[] = {-1, -2, -1000, INT_MIN};
+    (void)state;
+    for (size_t i = 0; i < sizeof timeouts / sizeof timeouts[0]; i++) {
+        struct forever_accept a = {.timeout_ms = timeouts[i], .rc = 1};
+        struct ipc_connector c;
+        pthread_t t;
+        ipc_pick_address(address, sizeof address, "listener-forever");
+        assert_int_equal(shmipc_listener_new(address, NULL, &a.l), 0);
+        assert_int_equal(pthread_create(&t, NULL, forever_accept_main, &a), 0);
+        usleep(100 * 1000);
+        assert_int_equal(__atomic_load_n(&a.rc, __ATOMIC_SEQ_CST), 1); /* still waiting */
+        ipc_connector_start(&c, address, NULL);
+        pthread_join(t, NULL);
+        assert_int_equal(a.rc, 0);
+        assert_int_equal(ipc_connector_join(&c), 0);
+        shmipc_session_close(c.s);
+        shmipc_session_close(a.s);
+        shmipc_listener_close(a.l);
+    }
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -363,7 +406,7 @@ static shmipc_config *stall_config(void)
 {
     shmipc_config *cfg;
     if (shmipc_config_new(&cfg) != 0 ||
-        shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, STALL_TIMEOUT_MS) != 0)
+        shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, STALL_TIMEOUT_MS) != 0)
         return NULL;
     return cfg;
 }
@@ -699,6 +742,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(stop_from_another_thread),
         cmocka_unit_test(socket_file_mode_and_stale_replacement),
         cmocka_unit_test(accept_timeout),
+        cmocka_unit_test(accept_any_negative_timeout_waits_forever),
         cmocka_unit_test(stalling_clients_do_not_delay_accept),
         cmocka_unit_test(stalling_clients_do_not_delay_serve),
         cmocka_unit_test(close_with_handshakes_in_flight_leaks_nothing),

@@ -48,7 +48,7 @@ static void start(struct fixture *f, uint32_t sessions)
     assert_int_equal(shmipc_config_set_buffer_capacity(f->cfg, start_buffer_capacity), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(f->cfg, 256), 0);
     assert_int_equal(shmipc_config_set_session_num(f->cfg, sessions), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(f->cfg, SHMIPC_TIMEOUT_READ, 5000), 0);
+    assert_int_equal(shmipc_config_set_timeout(f->cfg, SHMIPC_TIMEOUT_READ, 5000), 0);
     assert_int_equal(shmipc_config_set_rebuild_interval_ms(f->cfg, 200), 0);
     assert_int_equal(shmipc_listener_new(address, f->cfg, &f->l), 0);
     assert_int_equal(pthread_create(&t, NULL, manager_main, f), 0);

@@ -37,7 +37,7 @@ static shmipc_config *small_config(void)
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, 64), 0);
     assert_int_equal(shmipc_config_set_memmap_type(cfg, SHMIPC_MEMMAP_MEMFD), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
     return cfg;
 }
 
@@ -239,7 +239,7 @@ static void start_blocked_read(struct blocked_read *b, shmipc_stream *st, shmipc
     b->st = st;
     b->dst = dst;
     b->kind = kind;
-    assert_int_equal(shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 0), 0);
+    assert_int_equal(shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, SHMIPC_WAIT_FOREVER), 0);
     assert_int_equal(pthread_create(&b->thread, NULL, read_main, b), 0);
     /* Until the call is in the stream (see start_blocked_accept). */
     while ((__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_BUSY_MASK) == 0)
@@ -354,7 +354,8 @@ static void close_with_most_reads_in_flight(void **state)
         struct blocked_read b[READERS];
         stream_pair(&p, &cs, &ss);
         /* Set once: start_blocked_read() sets it per reader, racing with the earlier ones. */
-        assert_int_equal(shmipc_stream_set_timeout_ms(ss, SHMIPC_TIMEOUT_READ, 0), 0);
+        assert_int_equal(shmipc_stream_set_timeout(ss, SHMIPC_TIMEOUT_READ, SHMIPC_WAIT_FOREVER),
+                         0);
         for (int i = 0; i < READERS; i++) {
             memset(&b[i], 0, sizeof b[i]);
             b[i].st = b[i].dst = ss;
@@ -657,9 +658,9 @@ static void one_op(struct model *m)
         assert_int_equal(shmipc_stream_release(m->cs), 0);
         break;
     case 10: /* timeouts: short, so that blocking reads end */
-        rc = shmipc_stream_set_timeout_ms(rng() % 2 ? m->cs : m->ss, (int)(rng() % 7),
-                                          (uint32_t)(1 + rng() % 5));
-        documented(rc, "set_timeout_ms");
+        rc = shmipc_stream_set_timeout(rng() % 2 ? m->cs : m->ss, (int)(rng() % 7),
+                                       (int)(1 + rng() % 5));
+        documented(rc, "set_timeout");
         break;
     default: /* available never exceeds what the model says was sent */
         if (m->exact)
@@ -680,7 +681,7 @@ static void end_round(struct ipc_pair *p, struct model *m)
         flush_cs(m);
         shmipc_stream_close(m->cs);
         m->cs = NULL;
-        assert_int_equal(shmipc_stream_set_timeout_ms(m->ss, SHMIPC_TIMEOUT_READ, 5000), 0);
+        assert_int_equal(shmipc_stream_set_timeout(m->ss, SHMIPC_TIMEOUT_READ, 5000), 0);
         assert_int_equal(shmipc_stream_release(m->ss), 0);
         while ((rc = shmipc_stream_read_chunk(m->ss, 0, &ptr, &len, 0)) == 0) {
             if (m->exact)
@@ -722,8 +723,8 @@ static void random_stream_sequences(void **state)
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 2u << 20), 0);
     assert_int_equal(shmipc_config_parse_slice_classes(cfg, "4096:50,16384:50"), 0);
     /* A full queue or socket gives up after a few ms, not 100 ms or 10 s. */
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_WRITE, 5), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 3), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_WRITE, 5), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 3), 0);
     print_message("seed 0x%llx, %llu rounds (SHMIPC_MISUSE_SEED, SHMIPC_MISUSE_ROUNDS)\n",
                   (unsigned long long)seed, (unsigned long long)rounds);
     rng_state = seed * 0x9e3779b97f4a7c15ull + 1;

@@ -58,7 +58,7 @@ static shmipc_config *config_with_uids(const uint32_t *uids, size_t n)
     shmipc_config *cfg;
     assert_int_equal(shmipc_config_new(&cfg), 0);
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, 5000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 5000), 0);
     assert_int_equal(shmipc_config_set_peer_uids(cfg, uids, n), 0);
     return cfg;
 }

@@ -111,9 +111,8 @@ static void csrv_start(struct csrv *t, unsigned workers, uint32_t keepalive_ms)
     CHECK(shmipc_server_config_set_workers(cfg, workers));
     CHECK(shmipc_server_config_set_backend(cfg, close_backend));
     if (keepalive_ms != 0)
-        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE,
-                                                  keepalive_ms));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 2000));
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, keepalive_ms));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 2000));
     CHECK(shmipc_server_new(cfg, &t->s));
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_route(t->s, "GET", "/small", h_small, NULL, NULL));
@@ -133,7 +132,7 @@ static struct shmipc__server_stats csrv_stop(struct csrv *t)
     assert_int_equal(pthread_join(t->thread, NULL), 0);
     assert_int_equal(t->run_rc, 0);
     shmipc__server_stats(t->s, &st);
-    shmipc_server_free(t->s);
+    shmipc_server_close(t->s);
     return st;
 }
 

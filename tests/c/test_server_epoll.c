@@ -76,9 +76,9 @@ static void route_validation(void **state)
                      SHMIPC_EBUSY);
     assert_int_equal(shmipc_server_static(s, NULL, "/t", 200, NULL, "", 0), SHMIPC_EBUSY);
     before = atomic_load(&destroys);
-    shmipc_server_free(s); /* stops the running server, then destroys the three routes */
+    shmipc_server_close(s); /* stops the running server, then destroys the three routes */
     assert_int_equal(atomic_load(&destroys), before + 3);
-    shmipc_server_free(NULL);
+    shmipc_server_close(NULL);
 }
 
 /* A stop before run makes run return at once, without starting. */
@@ -90,28 +90,116 @@ static void stop_before_run(void **state)
     CHECK(shmipc_server_stop(s));
     CHECK(shmipc_server_run(s));
     assert_null(shmipc_server_backend(s));
-    shmipc_server_free(s);
+    shmipc_server_close(s);
 }
 
-/* The timeout knobs are read at server creation; bad values are refused naming them. */
+/*
+ * The timeout knobs are read at server creation, by the rule of every timeout (negative:
+ * never, 0: no wait where that means something); bad values are refused naming them.
+ */
 static void timeout_knobs(void **state)
 {
+    static const char *const bad_header[] = {"soon", "0", "3600001", "-", "-x", "--1", "1-"};
     shmipc_server *s;
     (void)state;
-    setenv("SHMIPC_HTTP_HEADER_TIMEOUT_MS", "soon", 1);
-    assert_int_equal(shmipc_server_new(NULL, &s), SHMIPC_EINVAL);
-    assert_non_null(strstr(shmipc_error_detail(), "SHMIPC_HTTP_HEADER_TIMEOUT_MS"));
+    for (size_t i = 0; i < sizeof bad_header / sizeof bad_header[0]; i++) {
+        setenv("SHMIPC_HTTP_HEADER_TIMEOUT_MS", bad_header[i], 1);
+        assert_int_equal(shmipc_server_new(NULL, &s), SHMIPC_EINVAL);
+        assert_non_null(strstr(shmipc_error_detail(), "SHMIPC_HTTP_HEADER_TIMEOUT_MS"));
+    }
     setenv("SHMIPC_HTTP_HEADER_TIMEOUT_MS", "250", 1);
-    setenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS", "0", 1);
-    assert_int_equal(shmipc_server_new(NULL, &s), SHMIPC_EINVAL);
-    assert_non_null(strstr(shmipc_error_detail(), "SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS"));
     setenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS", "1000", 1);
     CHECK(shmipc_server_new(NULL, &s));
     assert_int_equal(s->header_ms, 250);
-    assert_int_equal(s->keepalive_ms, 1000);
-    shmipc_server_free(s);
+    assert_int_equal(s->idle_ms, 1000);
+    assert_int_equal(s->stall_ms, 1000);
+    shmipc_server_close(s);
+    /* 0: no keep-alive; the stall timeout keeps its default. */
+    setenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS", "0", 1);
+    CHECK(shmipc_server_new(NULL, &s));
+    assert_int_equal(s->idle_ms, 0);
+    assert_int_equal(s->stall_ms, 60000);
+    shmipc_server_close(s);
+    /* Any negative value is "never", however large. */
+    setenv("SHMIPC_HTTP_HEADER_TIMEOUT_MS", "-1", 1);
+    setenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS", "-99999999999999999999999", 1);
+    CHECK(shmipc_server_new(NULL, &s));
+    assert_true(s->header_ms < 0);
+    assert_true(s->idle_ms < 0);
+    assert_int_equal(s->stall_ms, 60000);
+    shmipc_server_close(s);
     unsetenv("SHMIPC_HTTP_HEADER_TIMEOUT_MS");
     unsetenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS");
+}
+
+/*
+ * shmipc_server_config_set_timeout() follows the rule of every timeout (negative: never, 0: no
+ * wait where that means something, else EINVAL); the deprecated _ms setter keeps its meaning.
+ */
+static void server_timeouts_follow_one_rule(void **state)
+{
+    shmipc_server_config *cfg;
+    shmipc_server *s;
+    (void)state;
+    CHECK(shmipc_server_config_new(&cfg));
+    /* 0 where "no wait" means nothing; above the bound; a bad which; NULL. */
+    assert_int_equal(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, 0),
+                     SHMIPC_EINVAL);
+    assert_int_equal(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 0),
+                     SHMIPC_EINVAL);
+    assert_int_equal(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 0),
+                     SHMIPC_EINVAL);
+    assert_int_equal(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 3600001),
+                     SHMIPC_EINVAL);
+    assert_int_equal(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, INT_MAX),
+                     SHMIPC_EINVAL);
+    assert_int_equal(shmipc_server_config_set_timeout(cfg, 5, 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_server_config_set_timeout(cfg, -1, 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_server_config_set_timeout(NULL, 0, 1), SHMIPC_EINVAL);
+    /* The ping must stay below the idle timeout when both are on; "never" is no bound. */
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 1000));
+    assert_int_equal(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 1000),
+                     SHMIPC_EINVAL);
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 500));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, -1));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 3600000));
+    CHECK(shmipc_server_new(cfg, &s));
+    assert_int_equal(s->ws_ping_ms, 3600000);
+    assert_int_equal(s->ws_idle_ms, 0); /* never */
+    shmipc_server_close(s);
+    /* Negative, however large, is never. */
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, INT_MIN));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, -2));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, -1));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, -5));
+    CHECK(shmipc_server_new(cfg, &s));
+    assert_true(s->header_ms < 0);
+    assert_true(s->idle_ms < 0);
+    assert_int_equal(s->stall_ms, 60000); /* a stalled body or reader still times out */
+    assert_true(s->stop_ms < 0);
+    assert_int_equal(s->ws_ping_ms, 0);
+    shmipc_server_close(s);
+    /* 0: no keep-alive, an immediate stop. */
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 0));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 0));
+    CHECK(shmipc_server_new(cfg, &s));
+    assert_int_equal(s->idle_ms, 0);
+    assert_int_equal(s->stall_ms, 60000);
+    assert_int_equal(s->stop_ms, 0);
+    shmipc_server_close(s);
+    /* The deprecated setter: its old ranges and its 0 = never for the WebSocket ones. */
+    assert_int_equal(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 0),
+                     SHMIPC_EINVAL);
+    assert_int_equal(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, 0),
+                     SHMIPC_EINVAL);
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 0));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 2500));
+    CHECK(shmipc_server_new(cfg, &s));
+    assert_int_equal(s->ws_ping_ms, 0);
+    assert_int_equal(s->idle_ms, 2500);
+    assert_int_equal(s->stall_ms, 2500);
+    shmipc_server_close(s);
+    shmipc_server_config_free(cfg);
 }
 
 /* 200 keep-alive requests on one connection; returns the worker's epoll_ctl calls. */
@@ -158,6 +246,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(route_validation),
         cmocka_unit_test(stop_before_run),
         cmocka_unit_test(timeout_knobs),
+        cmocka_unit_test(server_timeouts_follow_one_rule),
         cmocka_unit_test(epoll_ctl_per_request),
         SERVER_TESTS,
         PORT_TESTS,

@@ -28,7 +28,7 @@ static int port_server_at(shmipc_server **out, const char *address, int port, un
     CHECK(shmipc_server_config_set_port(cfg, port));
     CHECK(shmipc_server_config_set_workers(cfg, workers));
     CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 500));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 500));
     if (reuse >= 0)
         CHECK(shmipc_server_config_set_reuse_port(cfg, reuse));
     rc = shmipc_server_new(cfg, out);
@@ -38,7 +38,7 @@ static int port_server_at(shmipc_server **out, const char *address, int port, un
     CHECK(shmipc_server_static(*out, NULL, "/", 200, "text/plain", "Hello, World!", 13));
     rc = shmipc_server_start(*out);
     if (rc < 0) {
-        shmipc_server_free(*out);
+        shmipc_server_close(*out);
         *out = NULL;
     }
     return rc;
@@ -96,7 +96,7 @@ static void port_in_use_is_eaddrinuse(void **state)
     /* Asking for exclusive use explicitly is the same. */
     assert_int_equal(port_server(&b, port, 1, 0), SHMIPC_EADDRINUSE);
     port_get(port, 4); /* the first server is untouched */
-    shmipc_server_free(a);
+    shmipc_server_close(a);
 }
 
 /* Any other listener counts, with or without SO_REUSEPORT (another program, a raw socket). */
@@ -126,22 +126,22 @@ static void port_shared_when_asked(void **state)
     assert_int_equal(port_server(&b, port, 2, 1), 0);
     assert_int_equal(shmipc_server_port(b), port);
     port_get(port, 8);
-    shmipc_server_free(a);
+    shmipc_server_close(a);
     port_get(port, 4); /* b alone serves the port now */
-    shmipc_server_free(b);
+    shmipc_server_close(b);
 
     /* The environment knob, read at shmipc_server_new(); the config wins over it. */
     assert_int_equal(port_server(&a, 0, 1, -1), 0);
     port = shmipc_server_port(a);
     assert_int_equal(setenv("SHMIPC_HTTP_REUSEPORT", "1", 1), 0);
     assert_int_equal(port_server(&b, port, 1, -1), 0);
-    shmipc_server_free(b);
+    shmipc_server_close(b);
     assert_int_equal(port_server(&b, port, 1, 0), SHMIPC_EADDRINUSE);
     assert_int_equal(setenv("SHMIPC_HTTP_REUSEPORT", "yes", 1), 0);
     assert_int_equal(port_server(&b, port, 1, -1), SHMIPC_EINVAL);
     assert_non_null(strstr(shmipc_error_detail(), "SHMIPC_HTTP_REUSEPORT"));
     assert_int_equal(unsetenv("SHMIPC_HTTP_REUSEPORT"), 0);
-    shmipc_server_free(a);
+    shmipc_server_close(a);
 }
 
 /* A server's own workers share its port: a fixed port and the ephemeral one, 1 to 4 workers,
@@ -154,12 +154,12 @@ static void port_own_workers_share(void **state)
     assert_int_equal(port_server(&s, 0, 4, -1), 0);
     port = shmipc_server_port(s);
     port_get(port, 16);
-    shmipc_server_free(s);
+    shmipc_server_close(s);
     for (unsigned workers = 1; workers <= 4; workers *= 2) {
         assert_int_equal(port_server(&s, port, workers, -1), 0);
         assert_int_equal(shmipc_server_port(s), port);
         port_get(port, 8);
-        shmipc_server_free(s);
+        shmipc_server_close(s);
     }
 }
 
@@ -211,7 +211,7 @@ static int port_unused(const char *address)
     int port;
     assert_int_equal(port_server_at(&s, address, 0, 1, -1), 0);
     port = shmipc_server_port(s);
-    shmipc_server_free(s);
+    shmipc_server_close(s);
     return port;
 }
 
@@ -234,7 +234,7 @@ static int race_start(const char *ours, const char *theirs, int v6only, unsigned
     if (rc == 0) {
         if (strchr(ours, ':') == NULL)
             port_get(port, 2);
-        shmipc_server_free(s);
+        shmipc_server_close(s);
     } else {
         assert_null(s);
         assert_non_null(strstr(shmipc_error_detail(), "in use"));
@@ -244,7 +244,7 @@ static int race_start(const char *ours, const char *theirs, int v6only, unsigned
     if (rc == SHMIPC_EADDRINUSE) {
         /* Our sockets were closed on the way out: the port is free again. */
         assert_int_equal(port_server_at(&s, ours, port, workers, -1), 0);
-        shmipc_server_free(s);
+        shmipc_server_close(s);
     }
     return rc;
 }

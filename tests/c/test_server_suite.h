@@ -15,6 +15,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -142,6 +143,8 @@ static void *run_thread(void *arg)
 struct srv_opts {
     unsigned workers;
     uint32_t header_ms, keepalive_ms, stop_ms;
+    /* Set with shmipc_server_config_set_timeout() when *_set (0 and negative included). */
+    int keepalive_set, keepalive, stop_set, stop;
     int backend; /* 0: suite_backend */
     uint64_t max_body;
 };
@@ -164,12 +167,16 @@ static void srv_start(struct srv *t, const struct srv_opts *o)
     CHECK(shmipc_server_config_set_workers(cfg, o->workers ? o->workers : 1));
     CHECK(shmipc_server_config_set_backend(cfg, o->backend ? o->backend : suite_backend));
     if (o->header_ms)
-        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, o->header_ms));
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, o->header_ms));
     if (o->keepalive_ms)
-        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE,
-                                                  o->keepalive_ms));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP,
-                                              o->stop_ms ? o->stop_ms : 2000));
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE,
+                                               o->keepalive_ms));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP,
+                                           o->stop_ms ? o->stop_ms : 2000));
+    if (o->keepalive_set)
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, o->keepalive));
+    if (o->stop_set)
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, o->stop));
     if (o->max_body)
         CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_BODY, o->max_body));
     CHECK(shmipc_server_new(cfg, &t->s));
@@ -200,7 +207,7 @@ static struct shmipc__server_stats srv_stop(struct srv *t)
     assert_int_equal(pthread_join(t->thread, NULL), 0);
     assert_int_equal(t->run_rc, 0);
     shmipc__server_stats(t->s, &st);
-    shmipc_server_free(t->s);
+    shmipc_server_close(t->s);
     assert_int_equal(atomic_load(&destroys), destroyed + 1);
     return st;
 }
@@ -843,7 +850,79 @@ static void graceful_stop(void **state)
     rd_close(&ri);
     assert_int_equal(pthread_join(t.thread, NULL), 0);
     assert_int_equal(t.run_rc, 0);
-    shmipc_server_free(t.s);
+    shmipc_server_close(t.s);
+}
+
+/*
+ * A keep-alive timeout of 0 turns keep-alive off, as nginx's keepalive_timeout 0: every
+ * response (static, handler, 404) carries Connection: close and the connection ends after
+ * it, even with a second request pipelined behind the first. (The old setter refused 0.)
+ */
+static void keepalive_zero_closes_after_each_response(void **state)
+{
+    static const char *const targets[] = {"/", "/hello", "/nowhere"};
+    static const int statuses[] = {200, 200, 404};
+    struct srv_opts o = {.keepalive_set = 1, .keepalive = 0};
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    char req[128];
+    (void)state;
+
+    srv_start(&t, &o);
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        rd_open(&r, t.port);
+        snprintf(req, sizeof req,
+                 "GET %s HTTP/1.1\r\nHost: t\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\n", targets[i]);
+        exchange(&r, req, &p);
+        assert_int_equal(p.status, statuses[i]);
+        assert_header(&p, "Connection", "close");
+        free(p.body);
+        expect_eof(&r); /* the pipelined second request is not answered */
+        rd_close(&r);
+    }
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.requests, 3);
+}
+
+/*
+ * A negative keep-alive timeout: idle connections do not time out (they are still served after
+ * a pause longer than a short keep-alive would allow), and a negative stop timeout waits for a
+ * request in flight: run() is still waiting after a while, and the request is answered.
+ */
+static void negative_keepalive_and_stop_wait(void **state)
+{
+    struct srv_opts o = {.keepalive_set = 1, .keepalive = -2, .stop_set = 1, .stop = INT_MIN};
+    struct srv t;
+    struct rd r, rb;
+    struct resp p;
+    (void)state;
+
+    srv_start(&t, &o);
+    rd_open(&r, t.port);
+    exchange(&r, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
+    free(p.body);
+    usleep(300 * 1000);
+    exchange(&r, "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n", &p);
+    assert_int_equal(p.status, 200);
+    free(p.body);
+    rd_open(&rb, t.port);
+    send_str(rb.fd, "GET /hello HTTP/1.1\r\nHost: t\r\n");
+    usleep(200000); /* the half head reaches the server before the stop */
+    assert_int_equal(shmipc_server_stop(t.s), 0);
+    expect_eof(&r); /* the idle one is closed at once, as in every graceful stop */
+    usleep(500 * 1000);
+    assert_int_equal(atomic_load(&t.returned), 0); /* still waiting for the busy one */
+    exchange(&rb, "\r\n", &p);
+    assert_int_equal(p.status, 200);
+    assert_header(&p, "Connection", "close");
+    free(p.body);
+    expect_eof(&rb);
+    rd_close(&rb);
+    rd_close(&r);
+    assert_int_equal(pthread_join(t.thread, NULL), 0);
+    assert_int_equal(t.run_rc, 0);
+    shmipc_server_close(t.s);
 }
 
 /* 500 connections open at once, each served twice (two workers). */
@@ -889,6 +968,8 @@ static void many_connections(void **state)
         cmocka_unit_test(expect_continue), cmocka_unit_test(big_body_slow_reader),                 \
         cmocka_unit_test(half_close_fin), cmocka_unit_test(limits_and_failures),                   \
         cmocka_unit_test(header_timeout_slowloris), cmocka_unit_test(keepalive_timeout),           \
-        cmocka_unit_test(graceful_stop), cmocka_unit_test(many_connections)
+        cmocka_unit_test(graceful_stop), cmocka_unit_test(many_connections),                       \
+        cmocka_unit_test(keepalive_zero_closes_after_each_response),                               \
+        cmocka_unit_test(negative_keepalive_and_stop_wait)
 
 #endif

@@ -210,13 +210,13 @@ static void xtalk(int backend, unsigned workers)
     CHECK(shmipc_server_config_set_port(cfg, 0));
     CHECK(shmipc_server_config_set_workers(cfg, (int)workers));
     CHECK(shmipc_server_config_set_backend(cfg, backend));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 2000));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 2000));
     CHECK(shmipc_server_new(cfg, &s));
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_route(s, "GET", "/x/*", h_path, NULL, NULL));
     rc = shmipc_server_start(s);
     if (rc == SHMIPC_ENOTSUP && backend == SHMIPC_BACKEND_IO_URING) {
-        shmipc_server_free(s);
+        shmipc_server_close(s);
         skip();
     }
     CHECK(rc);
@@ -233,7 +233,7 @@ static void xtalk(int backend, unsigned workers)
     for (unsigned i = 0; i < XT_THREADS; i++)
         assert_int_equal(pthread_join(th[i], NULL), 0);
     CHECK(shmipc_server_stop(s));
-    shmipc_server_free(s);
+    shmipc_server_close(s);
     pthread_mutex_destroy(&r.lock);
 
     print_message("%s, %u workers: %llu connections, %llu answers checked, %llu mismatched, "

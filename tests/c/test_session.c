@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -37,7 +38,7 @@ static shmipc_config *config_for(int memmap)
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 4u << 20), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, 1024), 0);
     assert_int_equal(shmipc_config_set_memmap_type(cfg, memmap), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
     return cfg;
 }
 
@@ -368,10 +369,10 @@ static void read_timeout(void **state)
     const void *ptr;
     size_t n;
     assert_int_equal(shmipc_session_open_stream(p->client, &cs), 0);
-    assert_int_equal(shmipc_stream_set_timeout_ms(cs, SHMIPC_TIMEOUT_READ, 50), 0);
+    assert_int_equal(shmipc_stream_set_timeout(cs, SHMIPC_TIMEOUT_READ, 50), 0);
     assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &n, 0), SHMIPC_ETIMEDOUT);
     assert_non_null(strstr(shmipc_error_detail(), "timed out"));
-    assert_int_equal(shmipc_stream_set_timeout_ms(cs, 7, 50), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_stream_set_timeout(cs, 7, 50), SHMIPC_EINVAL);
     shmipc_stream_close(cs);
 }
 
@@ -404,7 +405,7 @@ static void read_timeout_holds_under_other_traffic(void **state)
     struct chatter c = {.st = ss};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, chatter_main, &c), 0);
-    assert_int_equal(shmipc_stream_set_timeout_ms(quiet, SHMIPC_TIMEOUT_READ, 100), 0);
+    assert_int_equal(shmipc_stream_set_timeout(quiet, SHMIPC_TIMEOUT_READ, 100), 0);
     uint64_t t0 = shmipc__now_ns();
     assert_int_equal(shmipc_stream_read_chunk(quiet, 0, &ptr, &n, 0), SHMIPC_ETIMEDOUT);
     uint64_t took = shmipc__now_ns() - t0;
@@ -485,7 +486,7 @@ static void fallback_write_timeout_part_way_ends_the_session(void **state)
     /* Every byte goes over the socket (one slice, never handed out, as above). */
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
     assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_CONNECTION_WRITE, 200), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_CONNECTION_WRITE, 200), 0);
     pair_open(&p, cfg);
     assert_int_equal(setsockopt(p.client->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
     assert_int_equal(setsockopt(p.server->fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
@@ -1507,6 +1508,232 @@ static void status_read_while_the_session_ends(void **state)
     shmipc_listener_close(p.l);
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* One vocabulary: timeouts (0 = do not wait, negative = forever) and reserve's bound    */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * A read timeout of 0 does not wait, but it takes what already came: the wait engine
+ * processes what is pending once (a fake that failed at once would miss "two", which sits
+ * unprocessed in the server's queue), then times out as an expired timeout does.
+ */
+static void read_timeout_zero_takes_pending_data_and_never_waits(void **state)
+{
+    struct ipc_pair *p = *state;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    size_t n;
+    first_message(p, &cs, &ss, "one");
+    assert_int_equal(shmipc_stream_set_timeout(ss, SHMIPC_TIMEOUT_READ, 0), 0);
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_ETIMEDOUT);
+    assert_int_equal(shmipc_stream_read_exact_bytes(ss, 1, &ptr, 0), SHMIPC_ETIMEDOUT);
+    assert_int_equal(shmipc_stream_forward(ss, ss, 1, 0), SHMIPC_ETIMEDOUT);
+    ipc_send_text(cs, "two");
+    usleep(50 * 1000); /* nobody processes the server meanwhile: "two" waits in the queue */
+    assert_int_equal(shmipc_stream_read_exact_bytes(ss, 3, &ptr, 0), 0);
+    assert_memory_equal(ptr, "two", 3);
+    assert_int_equal(shmipc_stream_release(ss), 0);
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_ETIMEDOUT);
+    /* 1 ms is a real, short wait. */
+    assert_int_equal(shmipc_stream_set_timeout(ss, SHMIPC_TIMEOUT_READ, 1), 0);
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_ETIMEDOUT);
+    assert_int_equal(shmipc_stream_set_timeout(ss, 7, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_stream_set_timeout(NULL, SHMIPC_TIMEOUT_READ, 0), SHMIPC_EINVAL);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+}
+
+struct forever_read {
+    shmipc_stream *st;
+    int rc;
+    char got[4];
+};
+
+static void *forever_read_main(void *arg)
+{
+    struct forever_read *f = arg;
+    const void *ptr;
+    int rc = shmipc_stream_read_exact_bytes(f->st, 3, &ptr, 0);
+    if (rc == 0)
+        memcpy(f->got, ptr, 3);
+    __atomic_store_n(&f->rc, rc, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* Every negative read timeout waits forever (not only -1). */
+static void read_timeout_any_negative_waits_forever(void **state)
+{
+    static const int timeouts[] = {-1, -2, INT_MIN};
+    struct ipc_pair *p = *state;
+    for (size_t i = 0; i < sizeof timeouts / sizeof timeouts[0]; i++) {
+        shmipc_stream *cs, *ss;
+        struct forever_read f = {.rc = 1};
+        pthread_t t;
+        first_message(p, &cs, &ss, "hi");
+        assert_int_equal(shmipc_stream_set_timeout(ss, SHMIPC_TIMEOUT_READ, timeouts[i]), 0);
+        f.st = ss;
+        assert_int_equal(pthread_create(&t, NULL, forever_read_main, &f), 0);
+        usleep(100 * 1000);
+        assert_int_equal(__atomic_load_n(&f.rc, __ATOMIC_SEQ_CST), 1); /* still waiting */
+        ipc_send_text(cs, "abc");
+        pthread_join(t, NULL);
+        assert_int_equal(f.rc, 0);
+        assert_memory_equal(f.got, "abc", 3);
+        assert_int_equal(shmipc_stream_release(ss), 0);
+        shmipc_stream_close(cs);
+        shmipc_stream_close(ss);
+    }
+}
+
+/* The config's read timeout of 0 reaches new streams: a read on an idle stream fails at once.
+ * Handshake timeouts that wait forever connect as usual. */
+static void config_read_timeout_zero_reaches_new_streams(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream *cs;
+    const void *ptr;
+    size_t n;
+    int v = 42;
+    /* The handshake runs without a deadline (negative: forever). */
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, -1), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_CONNECTION_WRITE, INT_MIN), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 0), 0);
+    assert_int_equal(shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_READ, &v), 0);
+    assert_int_equal(v, 0);
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &n, 0), SHMIPC_ETIMEDOUT);
+    shmipc_stream_close(cs);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/*
+ * A write timeout of 0: a flush that finds the peer's queue full fails at once with
+ * SHMIPC_ETIMEDOUT instead of retrying (the forever default retries ~0.1 s, then says
+ * SHMIPC_EQUEUEFULL).
+ */
+static void write_timeout_zero_fails_a_full_queue_at_once(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream *st;
+    int rc = 0, i;
+    assert_int_equal(shmipc_config_set_queue_capacity(cfg, 4), 0);
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &st), 0);
+    assert_int_equal(shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_WRITE, 0), 0);
+    /* Nobody drains the server's side: the queue fills. */
+    for (i = 0; i < 64 && rc == 0; i++) {
+        assert_int_equal(shmipc_stream_write(st, "q", 1), 0);
+        rc = shmipc_stream_flush(st);
+    }
+    assert_true(i > 1); /* the first flushes found room and went out at once */
+    assert_int_equal(rc, SHMIPC_ETIMEDOUT);
+    assert_non_null(strstr(shmipc_error_detail(), "queue full"));
+    assert_int_equal(shmipc_session_status(p.client), 0);
+    shmipc_stream_close(st);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+struct forever_accept_stream {
+    shmipc_session *server;
+    int timeout_ms;
+    int rc;
+    shmipc_stream *st;
+};
+
+static void *forever_accept_stream_main(void *arg)
+{
+    struct forever_accept_stream *a = arg;
+    int rc = shmipc_session_accept_stream(a->server, a->timeout_ms, &a->st);
+    __atomic_store_n(&a->rc, rc, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/*
+ * accept_stream: every negative timeout waits forever (the old code refused all but -1 with
+ * SHMIPC_EINVAL), 0 polls once (SHMIPC_EAGAIN), 1 waits 1 ms (SHMIPC_ETIMEDOUT).
+ */
+static void accept_stream_any_negative_timeout_waits_forever(void **state)
+{
+    static const int timeouts[] = {-1, -2, INT_MIN};
+    struct ipc_pair *p = *state;
+    shmipc_stream *st;
+    assert_int_equal(shmipc_session_accept_stream(p->server, 0, &st), SHMIPC_EAGAIN);
+    assert_int_equal(shmipc_session_accept_stream(p->server, 1, &st), SHMIPC_ETIMEDOUT);
+    for (size_t i = 0; i < sizeof timeouts / sizeof timeouts[0]; i++) {
+        struct forever_accept_stream a = {.server = p->server, .timeout_ms = timeouts[i], .rc = 1};
+        shmipc_stream *cs;
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, forever_accept_stream_main, &a), 0);
+        usleep(100 * 1000);
+        assert_int_equal(__atomic_load_n(&a.rc, __ATOMIC_SEQ_CST), 1); /* still waiting */
+        assert_int_equal(shmipc_session_open_stream(p->client, &cs), 0);
+        ipc_send_text(cs, "new");
+        pthread_join(t, NULL);
+        assert_int_equal(a.rc, 0);
+        ipc_expect_text(a.st, "new");
+        shmipc_stream_close(a.st);
+        shmipc_stream_close(cs);
+    }
+}
+
+/*
+ * A reserve larger than the largest slice is SHMIPC_EMSGSIZE and changes nothing: no window is
+ * open and the stream stays on shared memory (the old code put the window on the heap and
+ * moved the stream to the socket for good). One of the largest slice's size still works.
+ */
+static void reserve_above_largest_slice_is_emsgsize(void **state)
+{
+    struct ipc_pair *p = *state;
+    shmipc_stream *cs, *ss;
+    const size_t huge[] = {(64u << 20) - 16, SIZE_MAX};
+    const void *ptr;
+    void *w;
+    first_message(p, &cs, &ss, "x");
+    size_t max = shmipc__buffer_max_slice(&p->client->bm);
+    assert_int_equal(shmipc_stream_reserve(cs, max, &w), 0);
+    assert_true((uint8_t *)w >= p->client->bm.base &&
+                (uint8_t *)w + max <= p->client->bm.base + p->client->bm.size);
+    assert_int_equal(shmipc_stream_commit(cs, 0), 0); /* gives the window up */
+    assert_int_equal(shmipc_stream_reserve(cs, max + 1, &w), SHMIPC_EMSGSIZE);
+    assert_non_null(strstr(shmipc_error_detail(), "largest slice"));
+    assert_int_equal(shmipc_stream_commit(cs, 0), SHMIPC_EINVAL); /* no window is open */
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++)
+        assert_int_equal(shmipc_stream_reserve(cs, huge[i], &w), SHMIPC_EMSGSIZE);
+    assert_int_equal(cs->fallback, 0);
+    /* The stream still sends over shared memory: the bytes arrive in the shared buffer. */
+    assert_int_equal(shmipc_stream_reserve(cs, 5, &w), 0);
+    memcpy(w, "after", 5);
+    assert_int_equal(shmipc_stream_commit(cs, 5), 0);
+    assert_int_equal(shmipc_stream_flush(cs), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(ss, 5, &ptr, 0), 0);
+    assert_memory_equal(ptr, "after", 5);
+    assert_true((const uint8_t *)ptr >= p->server->bm.base &&
+                (const uint8_t *)ptr < p->server->bm.base + p->server->bm.size);
+    assert_int_equal(shmipc_stream_release(ss), 0);
+    assert_int_equal(cs->fallback, 0);
+    /* write() of more than a slice still splits across slices, on shared memory. */
+    size_t big = max * 2 + 3;
+    uint8_t *buf = malloc(big);
+    assert_non_null(buf);
+    fill(buf, big, 9);
+    assert_int_equal(shmipc_stream_write(cs, buf, big), 0);
+    assert_int_equal(shmipc_stream_flush(cs), 0);
+    assert_int_equal(shmipc_stream_read_exact_bytes(ss, big, &ptr, 0), 0);
+    assert_memory_equal(ptr, buf, big);
+    assert_int_equal(shmipc_stream_release(ss), 0);
+    assert_int_equal(cs->fallback, 0);
+    free(buf);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+}
+
 int main(int argc, char **argv)
 {
     /* One test by name: test_x NAME (shell pattern), for repeated runs under a sanitizer. */
@@ -1554,6 +1781,16 @@ int main(int argc, char **argv)
         cmocka_unit_test(spin_close_of_a_new_fallback_stream_reaches_it_v4_eventfd),
         hostile_test(hostile_slice_resent),
         hostile_test(hostile_slice_resent_mark_erased),
+        cmocka_unit_test_setup_teardown(read_timeout_zero_takes_pending_data_and_never_waits,
+                                        memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(read_timeout_any_negative_waits_forever, memfd_pair_open,
+                                        memfd_pair_close),
+        cmocka_unit_test(config_read_timeout_zero_reaches_new_streams),
+        cmocka_unit_test(write_timeout_zero_fails_a_full_queue_at_once),
+        cmocka_unit_test_setup_teardown(accept_stream_any_negative_timeout_waits_forever,
+                                        memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(reserve_above_largest_slice_is_emsgsize, memfd_pair_open,
+                                        memfd_pair_close),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -261,7 +261,7 @@ static shmipc_config *stress_config(int eventfd, uint32_t spin_us)
     assert_int_equal(shmipc_config_new(&cfg), 0);
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 4u << 20), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, 1024), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, WAIT_LIMIT_MS), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, WAIT_LIMIT_MS), 0);
     assert_int_equal(shmipc_config_set_spin_us(cfg, spin_us), 0);
     if (eventfd)
         assert_int_equal(shmipc_config_with_v4_eventfd(cfg), 0);

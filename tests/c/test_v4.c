@@ -202,7 +202,7 @@ static shmipc_config *client_config(enum client_mode mode)
     assert_int_equal(shmipc_config_new(&cfg), 0);
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 2u << 20), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, 256), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 5000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 5000), 0);
     switch (mode) {
     case C_V4:
         assert_int_equal(shmipc_config_with_v4(cfg), 0);
@@ -463,7 +463,7 @@ static void v4_probe_is_paid_once_per_address(void **state)
     assert_int_equal(shmipc_config_new(&cfg), 0);
     assert_int_equal(shmipc_config_set_protocol(cfg, SHMIPC_PROTOCOL_V4, 1), 0);
     /* Long enough that only the probe time, not this, can end the first attempt in time. */
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_INITIALIZE, 30000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 30000), 0);
     uint64_t t0 = shmipc__now_ns();
     for (int i = 0; i < 2; i++) {
         assert_int_equal(shmipc_session_connect(address, cfg, &c[i]), 0);
@@ -748,7 +748,7 @@ static void eventfd_stress_loses_no_wakeup(void **state)
     shmipc_config *cfg = client_config(C_EVENTFD);
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 64u << 20), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, 1024), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 20000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 20000), 0);
     struct ipc_pair p;
     struct stress w[STREAMS], r[STREAMS];
     pthread_t wt[STREAMS], rt[STREAMS];

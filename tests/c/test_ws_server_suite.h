@@ -198,14 +198,17 @@ static void srv_new_opts(struct srv *t, const struct shmipc__ws_limits *limits,
     CHECK(shmipc_server_config_set_workers(cfg, 1));
     CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
     CHECK(shmipc_server_config_set_server_name(cfg, NULL));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 2000));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 2000));
     if (o->keepalive_ms != 0)
-        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE,
-                                                  o->keepalive_ms));
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE,
+                                               o->keepalive_ms));
     if (o->header_ms != 0)
-        CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, o->header_ms));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, o->ws_ping_ms));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, o->ws_idle_ms));
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, o->header_ms));
+    /* 0 in the options: never, which the setter spells negative. */
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING,
+                                           o->ws_ping_ms ? (int)o->ws_ping_ms : -1));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE,
+                                           o->ws_idle_ms ? (int)o->ws_idle_ms : -1));
     if (o->high_water != 0)
         CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER,
                                              o->high_water));
@@ -258,7 +261,7 @@ static struct shmipc__server_stats srv_stop(struct srv *t)
     assert_int_equal(pthread_join(t->thread, NULL), 0);
     assert_int_equal(t->run_rc, 0);
     shmipc__server_stats(t->s, &st);
-    shmipc_server_free(t->s);
+    shmipc_server_close(t->s);
     return st;
 }
 
@@ -858,7 +861,7 @@ static void stop_sends_going_away(void **state)
     assert_int_equal(t.run_rc, 0);
     assert_int_equal(atomic_load(&a.closes), 1);
     assert_int_equal(atomic_load(&a.close_code), 1001);
-    shmipc_server_free(t.s);
+    shmipc_server_close(t.s);
     free(got.p);
     free(answer.p);
     app_free(&a);
@@ -1121,24 +1124,26 @@ static void config_ws_timeouts_and_limits(void **state)
     assert_int_equal(s->ws_idle_ms, 0);
     assert_int_equal(s->ws_limits.tx_high_water, 1u << 20);
     assert_int_equal(s->ws_limits.tx_limit, 16u << 20);
-    shmipc_server_free(s);
+    shmipc_server_close(s);
 
-    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 3600001));
+    REFUSED(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 3600001));
     assert_non_null(strstr(shmipc_error_detail(), "ws_ping_timeout"));
-    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 3600001));
+    REFUSED(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 3600001));
     assert_non_null(strstr(shmipc_error_detail(), "ws_idle_timeout"));
-    REFUSED(shmipc_server_config_set_timeout_ms(cfg, 5, 1000));
-    REFUSED(shmipc_server_config_set_timeout_ms(cfg, -1, 1000));
+    REFUSED(shmipc_server_config_set_timeout(cfg, 5, 1000));
+    REFUSED(shmipc_server_config_set_timeout(cfg, -1, 1000));
     /* The ping must come before the idle timeout, whichever is set first. */
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 1000));
-    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 1000));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 999));
-    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 999));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 0));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 3600000));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 0));
-    /* The keep-alive timeout still may not be 0. */
-    REFUSED(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 0));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 1000));
+    REFUSED(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 1000));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 999));
+    REFUSED(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 999));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, -1));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 3600000));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, -1));
+    /* Never is negative: 0 (no wait) means nothing for a ping or an idle timeout. */
+    REFUSED(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 0));
+    REFUSED(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 0));
+    REFUSED(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, 0));
 
     REFUSED(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER,
                                            (1ull << 30) + 1));
@@ -1154,21 +1159,21 @@ static void config_ws_timeouts_and_limits(void **state)
     REFUSED(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER,
                                            (256u << 10) + 1));
     CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER, 256u << 10));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 20000));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 60000));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_PING, 20000));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_WS_IDLE, 60000));
     CHECK(shmipc_server_new(cfg, &s));
     assert_int_equal(s->ws_limits.tx_high_water, 256u << 10);
     assert_int_equal(s->ws_limits.tx_limit, 256u << 10);
     assert_int_equal(s->ws_ping_ms, 20000);
     assert_int_equal(s->ws_idle_ms, 60000);
-    shmipc_server_free(s);
+    shmipc_server_close(s);
     /* 0 restores a default; a high-water mark above 16 MiB lifts the default limit with it. */
     CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, 0));
     CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER, 32u << 20));
     CHECK(shmipc_server_new(cfg, &s));
     assert_int_equal(s->ws_limits.tx_high_water, 32u << 20);
     assert_int_equal(s->ws_limits.tx_limit, 32u << 20);
-    shmipc_server_free(s);
+    shmipc_server_close(s);
     shmipc_server_config_free(cfg);
 }
 

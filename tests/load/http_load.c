@@ -101,9 +101,9 @@ static _Noreturn void run_server(const struct options *o, int port_fd)
     if (shmipc_server_config_new(&cfg) != 0 || shmipc_server_config_set_port(cfg, 0) != 0 ||
         shmipc_server_config_set_workers(cfg, (unsigned)o->workers) != 0 ||
         shmipc_server_config_set_backend(cfg, o->backend) != 0 ||
-        shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_HEADER,
-                                            (uint32_t)o->header_ms) != 0 ||
-        shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 120000) != 0 ||
+        shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, (int)o->header_ms) !=
+            0 ||
+        shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 120000) != 0 ||
         shmipc_server_new(cfg, &served) != 0 ||
         shmipc_server_route(served, "GET", "/n/*", echo_wildcard, NULL, NULL) != 0 ||
         shmipc_server_websocket(served, "/ws", NULL, NULL, ws_echo, NULL, NULL, NULL) != 0 ||
@@ -119,7 +119,7 @@ static _Noreturn void run_server(const struct options *o, int port_fd)
         _exit(1);
     close(port_fd);
     int rc = shmipc_server_run(served);
-    shmipc_server_free(served);
+    shmipc_server_close(served);
     _exit(rc == 0 ? 0 : 1);
 }
 
