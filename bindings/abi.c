@@ -11,6 +11,9 @@
 
 #include <string.h>
 
+/* The table describes every exported function, the deprecated ones too (CHANGELOG.md). */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
 /* Short names for the flags column of abi.def. */
 #define GENERIC SHMIPC_ABI_GENERIC
 #define BLOCKS  SHMIPC_ABI_BLOCKS

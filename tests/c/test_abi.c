@@ -33,6 +33,10 @@
 #include "shmipc_abi.h"
 #include "common/log.h"
 
+/* This file calls the deprecated functions on purpose: their old meaning is part of the ABI
+ * until they go (CHANGELOG.md). */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
 #define MAX_PARAMS 16
 #define MAX_VARS   48
 
