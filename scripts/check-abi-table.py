@@ -95,6 +95,8 @@ class Header:
         self.callbacks = {}  # typedef name -> (ret ctype, [(ctype, name)])
         for stmt in re.split(r"[;{}]", code):
             s = " ".join(stmt.split())
+            # A deprecated function is still exported: its mark says what replaces it.
+            s = re.sub(r'^SHMIPC_DEPRECATED\("[^"]*"\)\s*', "", s)
             m = re.match(r"^SHMIPC_API\s+(.*?)\b(\w+)\s*\((.*)\)$", s)
             if m:
                 self.functions[m.group(2)] = (norm_type(m.group(1)), self._params(m.group(3)))
