@@ -323,6 +323,7 @@ SHMIPC_API int shmipc_config_get_timeout(const shmipc_config *cfg, int which, in
  * Deprecated: use shmipc_config_set_timeout(). The old meaning: for READ and WRITE 0 waits
  * forever (any uint32 ms else); INITIALIZE and CONNECTION_WRITE take 1..3600000.
  */
+SHMIPC_DEPRECATED("use shmipc_config_set_timeout")
 SHMIPC_API int shmipc_config_set_timeout_ms(shmipc_config *cfg, int which, uint32_t ms);
 
 /**
@@ -394,6 +395,7 @@ SHMIPC_API const char *shmipc_config_get_path_prefix(const shmipc_config *cfg);
  * forever"; -1 for a bad `which`, and for a read or write timeout of 0 ("do not wait", set
  * with shmipc_config_set_timeout()), which this getter cannot express.
  */
+SHMIPC_DEPRECATED("use shmipc_config_get_timeout")
 SHMIPC_API int64_t shmipc_config_get_timeout_ms(const shmipc_config *cfg, int which);
 SHMIPC_API int shmipc_config_get_protocol(const shmipc_config *cfg);
 SHMIPC_API int shmipc_config_get_fallback(const shmipc_config *cfg);
@@ -687,6 +689,7 @@ SHMIPC_API int shmipc_stream_forward(shmipc_stream *dst, shmipc_stream *src, siz
 SHMIPC_API int shmipc_stream_set_timeout(shmipc_stream *st, int which, int timeout_ms);
 
 /** Deprecated: use shmipc_stream_set_timeout(). The old meaning: 0 waits forever. */
+SHMIPC_DEPRECATED("use shmipc_stream_set_timeout")
 SHMIPC_API int shmipc_stream_set_timeout_ms(shmipc_stream *st, int which, uint32_t ms);
 
 /**
@@ -947,6 +950,7 @@ SHMIPC_API int shmipc_server_config_set_timeout(shmipc_server_config *cfg, int w
  * Deprecated: use shmipc_server_config_set_timeout(). The old meaning: HEADER and KEEPALIVE
  * 1..3600000, STOP 0..3600000, WS_PING and WS_IDLE 0..3600000 with 0 = never.
  */
+SHMIPC_DEPRECATED("use shmipc_server_config_set_timeout")
 SHMIPC_API int shmipc_server_config_set_timeout_ms(shmipc_server_config *cfg, int which,
                                                    uint32_t ms);
 
@@ -1046,6 +1050,7 @@ SHMIPC_API const char *shmipc_server_backend(const shmipc_server *s);
 SHMIPC_API void shmipc_server_close(shmipc_server *s);
 
 /** Deprecated: the old name of shmipc_server_close(), which it calls. */
+SHMIPC_DEPRECATED("use shmipc_server_close")
 SHMIPC_API void shmipc_server_free(shmipc_server *s);
 
 /*

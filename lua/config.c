@@ -8,6 +8,7 @@
  */
 #include "lshmipc.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -277,37 +278,48 @@ static const char *const timeout_names[] = {"initialize_timeout", "connection_wr
                                             "read_timeout", "write_timeout"};
 
 /*
- * A timeout in seconds, as Lua code counts time, stored in milliseconds rounded up, so a
- * positive value never becomes 0, which means "wait forever" for read and write. The Python
- * module rounds the same way.
+ * A timeout in seconds, as Lua code counts time, by the API's rule: nil and any negative
+ * value wait forever (*ms = -1), 0 does not wait, else milliseconds rounded up, so a positive
+ * value never becomes 0. The Python module rounds the same way.
  */
-int shmipc__lua_seconds_to_ms(lua_State *L, int arg, const char *field, uint32_t *ms)
+int shmipc__lua_seconds_to_ms(lua_State *L, int arg, const char *field, int *ms)
 {
+    if (lua_isnil(L, arg)) {
+        *ms = -1;
+        return 0;
+    }
     lua_Number s = luaL_checknumber(L, arg);
     if (isnan(s))
         return shmipc__lua_push_invalid(L, "%s: not a number", field);
-    if (s < 0)
-        return shmipc__lua_push_invalid(L, "%s: %f s is negative", field, s);
+    if (s < 0) {
+        *ms = -1;
+        return 0;
+    }
     lua_Number v = ceil(s * 1000);
-    if (v > UINT32_MAX)
+    if (v > INT_MAX)
         return shmipc__lua_push_invalid(L, "%s: %f s is more than %f s", field, s,
-                                        (lua_Number)UINT32_MAX / 1000);
-    *ms = (uint32_t)v;
+                                        (lua_Number)INT_MAX / 1000);
+    *ms = (int)v;
     return 0;
 }
 
 static int timeout(lua_State *L, int which)
 {
     shmipc_config *cfg = shmipc__lua_check_config(L, 1);
-    uint32_t ms = 0;
+    int ms = 0;
     int nres;
     if (is_getter(L)) {
-        lua_pushnumber(L, (lua_Number)shmipc_config_get_timeout_ms(cfg, which) / 1000);
+        /* Forever reads back as -1, a value the setter takes for forever. */
+        (void)shmipc_config_get_timeout(cfg, which, &ms);
+        if (ms < 0)
+            lua_pushinteger(L, -1);
+        else
+            lua_pushnumber(L, (lua_Number)ms / 1000);
         return 1;
     }
     if ((nres = shmipc__lua_seconds_to_ms(L, 2, timeout_names[which], &ms)) != 0)
         return nres;
-    return setter_result(L, shmipc_config_set_timeout_ms(cfg, which, ms));
+    return setter_result(L, shmipc_config_set_timeout(cfg, which, ms));
 }
 
 int shmipc__lua_config_initialize_timeout(lua_State *L)

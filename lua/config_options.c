@@ -171,9 +171,11 @@ int shmipc__lua_opt_config(lua_State *L, int arg, const shmipc_config **out)
     return 0;
 }
 
-uint32_t shmipc__lua_read_timeout_ms(const shmipc_config *cfg)
+int32_t shmipc__lua_read_timeout_ms(const shmipc_config *cfg)
 {
-    /* A new config holds the default, so NULL needs no special value here. */
-    int64_t ms = cfg != NULL ? shmipc_config_get_timeout_ms(cfg, SHMIPC_TIMEOUT_READ) : 0;
-    return ms > 0 && ms <= UINT32_MAX ? (uint32_t)ms : 0;
+    /* A NULL config means the defaults: forever. */
+    int ms = SHMIPC_WAIT_FOREVER;
+    if (cfg != NULL)
+        (void)shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_READ, &ms);
+    return ms;
 }

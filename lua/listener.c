@@ -18,9 +18,9 @@
 /* A listener; l is NULL once closed. */
 typedef struct {
     shmipc_listener *l;
-    uint32_t read_timeout_ms; /* what the streams of its sessions start with */
-    int serving;              /* serve() is running */
-    int close_pending;        /* close() was called from a callback: close when serve returns */
+    int32_t read_timeout_ms; /* what the streams of its sessions start with */
+    int serving;             /* serve() is running */
+    int close_pending;       /* close() was called from a callback: close when serve returns */
 } llistener;
 
 static llistener *check_listener(lua_State *L, int arg)

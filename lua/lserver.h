@@ -35,7 +35,7 @@ enum {
 };
 
 /*
- * What the workers see; freed after shmipc_server_free(), so it outlives the routes. Fields
+ * What the workers see; freed after shmipc_server_close(), so it outlives the routes. Fields
  * other than `closing` are used by the Lua side and, inside callbacks, by the gate holder.
  */
 struct core {

@@ -48,15 +48,15 @@ const char *shmipc__lua_check_cstring(lua_State *L, int arg);
  */
 int shmipc__lua_opt_config(lua_State *L, int arg, const shmipc_config **out);
 
-/* The read timeout of `cfg` in ms (NULL: the default, 0 = forever). */
-uint32_t shmipc__lua_read_timeout_ms(const shmipc_config *cfg);
+/* The read timeout of `cfg` in ms (NULL: the default; -1 = forever, 0 = do not wait). */
+int32_t shmipc__lua_read_timeout_ms(const shmipc_config *cfg);
 
 /*
  * Converts the seconds at `arg` to whole milliseconds rounded up, as the config setters do.
  * Returns 0 with *ms set, or the number of results pushed (nil, message, EINVAL) for a value
  * that is negative, NaN or beyond UINT32_MAX ms.
  */
-int shmipc__lua_seconds_to_ms(lua_State *L, int arg, const char *field, uint32_t *ms);
+int shmipc__lua_seconds_to_ms(lua_State *L, int arg, const char *field, int *ms);
 
 /* ------------------------------------------------------------------------------------ */
 /* Waiting (wait.c)                                                                     */
@@ -73,9 +73,9 @@ enum shmipc__lua_mode {
 enum shmipc__lua_mode shmipc__lua_check_mode(lua_State *L, int arg);
 
 /*
- * A wait timeout in seconds at `arg`: none, nil or math.huge is SHMIPC_WAIT_FOREVER, 0
- * polls, a positive number is rounded up to whole ms (at most INT_MAX, beyond which it is
- * forever). Raises on a negative number or NaN.
+ * A wait timeout in seconds at `arg`: none, nil, any negative number or math.huge is
+ * SHMIPC_WAIT_FOREVER, 0 polls, a positive number is rounded up to whole ms (at most INT_MAX,
+ * beyond which it is forever). Raises on NaN.
  */
 int shmipc__lua_check_wait_ms(lua_State *L, int arg);
 
@@ -124,7 +124,7 @@ typedef struct {
 /* A session; s is NULL once closed. read_timeout_ms is what its streams start with. */
 typedef struct {
     shmipc_session *s;
-    uint32_t read_timeout_ms;
+    int32_t read_timeout_ms; /* -1: forever, 0: do not wait */
 } lsession;
 
 /*
@@ -134,7 +134,7 @@ typedef struct {
  */
 typedef struct {
     shmipc_stream *st;
-    uint32_t read_timeout_ms; /* a mirror of the stream's read timeout, for yielding reads */
+    int32_t read_timeout_ms; /* a mirror of the stream's read timeout, for yielding reads */
 } lstream;
 
 /* Stream user values. */
@@ -145,7 +145,7 @@ typedef struct {
  * Pushes a stream userdata holding nothing yet, with the value at `parent` as its user value,
  * so a failed open leaks nothing: the caller stores the stream in it right after.
  */
-lstream *shmipc__lua_new_stream(lua_State *L, int parent, uint32_t read_timeout_ms);
+lstream *shmipc__lua_new_stream(lua_State *L, int parent, int32_t read_timeout_ms);
 
 /*
  * Detaches the C stream from the handle at `idx`, which counts as closed from then on, and
@@ -158,7 +158,7 @@ shmipc_stream *shmipc__lua_stream_take(lua_State *L, int idx);
 void shmipc__lua_stream_close(lua_State *L, int idx);
 
 /* Pushes a new, empty session userdata, for listener:accept(). */
-lsession *shmipc__lua_new_session(lua_State *L, uint32_t read_timeout_ms);
+lsession *shmipc__lua_new_session(lua_State *L, int32_t read_timeout_ms);
 
 /* Registration: each creates its metatable(s) and adds its functions to the module table. */
 void shmipc__lua_open_stream(lua_State *L);

@@ -133,7 +133,7 @@ static void free_core(lua_State *L, struct core *c)
     pthread_cond_broadcast(&c->gate->cv);
     pthread_mutex_unlock(&c->gate->m);
     /* Workers waiting for the gate answer 503 now, so the stop can end without it. */
-    shmipc_server_free(c->s);
+    shmipc_server_close(c->s);
     unanchor(L, c);
     luaL_unref(L, LUA_REGISTRYINDEX, c->thread_ref);
     shmipc__lua_gate_unref(c->gate);

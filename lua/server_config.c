@@ -92,7 +92,7 @@ static int apply_server_option(lua_State *L, shmipc_server_config *cfg,
 {
     int rc = 0;
     lua_Integer v;
-    uint32_t ms;
+    int ms;
     int nres;
     switch (o->kind) {
     case O_ADDRESS:
@@ -127,7 +127,7 @@ static int apply_server_option(lua_State *L, shmipc_server_config *cfg,
     case O_TIMEOUT:
         if ((nres = shmipc__lua_seconds_to_ms(L, lua_gettop(L), o->name, &ms)) != 0)
             return nres;
-        rc = shmipc_server_config_set_timeout_ms(cfg, o->which, ms);
+        rc = shmipc_server_config_set_timeout(cfg, o->which, ms);
         break;
     case O_LIMIT:
         v = int_option(L, o->name);

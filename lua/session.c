@@ -14,7 +14,7 @@
 /* Session                                                                              */
 /* ------------------------------------------------------------------------------------ */
 
-lsession *shmipc__lua_new_session(lua_State *L, uint32_t read_timeout_ms)
+lsession *shmipc__lua_new_session(lua_State *L, int32_t read_timeout_ms)
 {
     lsession *u = lua_newuserdatauv(L, sizeof *u, 0);
     u->s = NULL;
@@ -221,7 +221,7 @@ static const luaL_Reg session_meta[] = {
 /* A session manager; m is NULL once closed. */
 typedef struct {
     shmipc_session_manager *m;
-    uint32_t read_timeout_ms;
+    int32_t read_timeout_ms;
 } lmanager;
 
 static lmanager *check_manager(lua_State *L, int arg)

@@ -24,7 +24,7 @@ static lstream *check_stream(lua_State *L, int arg)
     return u;
 }
 
-lstream *shmipc__lua_new_stream(lua_State *L, int parent, uint32_t read_timeout_ms)
+lstream *shmipc__lua_new_stream(lua_State *L, int parent, int32_t read_timeout_ms)
 {
     parent = lua_absindex(L, parent);
     lstream *u = lua_newuserdatauv(L, sizeof *u, 2);
@@ -189,7 +189,17 @@ static const struct shmipc__lua_op forward_op = {"forward", 3, attempt_forward, 
 /* In yield mode the stream's read timeout bounds the whole wait, as it bounds a blocking one. */
 static int read_timeout(const lstream *u)
 {
-    return u->read_timeout_ms == 0 || u->read_timeout_ms > INT32_MAX ? -1 : (int)u->read_timeout_ms;
+    return u->read_timeout_ms < 0 ? -1 : (int)u->read_timeout_ms;
+}
+
+/*
+ * A read timeout of 0 does not wait in any mode: the read runs once in C, whose wait engine
+ * takes what is pending and otherwise fails with SHMIPC_ETIMEDOUT (a yielding read with a 0
+ * wait would say SHMIPC_EAGAIN instead).
+ */
+static enum shmipc__lua_mode read_mode(const lstream *u, enum shmipc__lua_mode mode)
+{
+    return u->read_timeout_ms == 0 && mode == SHMIPC__LUA_YIELD ? SHMIPC__LUA_BLOCK : mode;
 }
 
 /* read_chunk([max [, mode]]) -> string: one non-empty piece of at most max bytes. */
@@ -201,7 +211,7 @@ static int stream_read_chunk(lua_State *L)
     luaL_argcheck(L, lua_isnoneornil(L, 2) || max > 0, 2, "max must be positive");
     lua_settop(L, 1);
     lua_pushinteger(L, max);
-    return shmipc__lua_run(L, &read_chunk_op, mode, read_timeout(u));
+    return shmipc__lua_run(L, &read_chunk_op, read_mode(u, mode), read_timeout(u));
 }
 
 /* read_exact_bytes(n [, mode]) and read(n [, mode]) -> string of exactly n bytes. */
@@ -215,7 +225,7 @@ static int stream_read_exact_bytes(lua_State *L)
         lua_pushliteral(L, "");
         return 1;
     }
-    return shmipc__lua_run(L, &read_exact_op, mode, read_timeout(u));
+    return shmipc__lua_run(L, &read_exact_op, read_mode(u, mode), read_timeout(u));
 }
 
 /*
@@ -233,7 +243,7 @@ static int stream_forward(lua_State *L)
     /* The op's slots: src first (its descriptor is the one to wait on), n, dst. */
     lua_settop(L, 3);
     lua_rotate(L, 1, -1);
-    return shmipc__lua_run(L, &forward_op, mode, read_timeout(src));
+    return shmipc__lua_run(L, &forward_op, read_mode(src, mode), read_timeout(src));
 }
 
 static int stream_available(lua_State *L)
@@ -248,19 +258,19 @@ static int stream_id(lua_State *L)
     return 1;
 }
 
-/* set_timeout("read" | "write", seconds) -> stream; 0 waits forever. */
+/* set_timeout("read" | "write", seconds) -> stream; nil or negative waits forever, 0 does not wait. */
 static int stream_set_timeout(lua_State *L)
 {
     static const char *const names[] = {"read", "write", NULL};
     static const char *const fields[] = {"read_timeout", "write_timeout"};
     lstream *u = check_stream(L, 1);
     int which = luaL_checkoption(L, 2, NULL, names);
-    uint32_t ms = 0;
+    int ms = 0;
     int nres = shmipc__lua_seconds_to_ms(L, 3, fields[which], &ms);
     if (nres != 0)
         return nres;
-    int rc = shmipc_stream_set_timeout_ms(
-        u->st, which == 0 ? SHMIPC_TIMEOUT_READ : SHMIPC_TIMEOUT_WRITE, ms);
+    int rc = shmipc_stream_set_timeout(u->st,
+                                       which == 0 ? SHMIPC_TIMEOUT_READ : SHMIPC_TIMEOUT_WRITE, ms);
     if (rc == 0 && which == 0)
         u->read_timeout_ms = ms;
     return self_or_failure(L, rc);

@@ -38,7 +38,9 @@ int shmipc__lua_check_wait_ms(lua_State *L, int arg)
     if (lua_isnoneornil(L, arg))
         return SHMIPC_WAIT_FOREVER;
     lua_Number s = luaL_checknumber(L, arg);
-    luaL_argcheck(L, !isnan(s) && s >= 0, arg, "timeout must be a number of seconds >= 0");
+    luaL_argcheck(L, !isnan(s), arg, "timeout must be a number of seconds");
+    if (s < 0) /* the API's rule: any negative value waits forever */
+        return SHMIPC_WAIT_FOREVER;
     lua_Number ms = ceil(s * 1000);
     return ms > INT_MAX ? SHMIPC_WAIT_FOREVER : (int)ms;
 }

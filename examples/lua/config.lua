@@ -14,7 +14,7 @@ cfg:buffer_capacity(8 << 20)
    :slice_classes({ { 4096, 60 }, { 65536, 40 } })
    :queue_capacity(1024)
    :with_v4_event_queue_polling(200)
-   :read_timeout(2.5) -- seconds; 0 waits forever
+   :read_timeout(2.5) -- seconds; nil or negative waits forever, 0 does not wait
 assert(cfg:validate())
 
 print("buffer_capacity", cfg:buffer_capacity())

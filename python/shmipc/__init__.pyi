@@ -42,8 +42,8 @@ class Config:
     slice_classes: list[Tuple[int, int]]
     memmap: Literal["memfd", "devshm"]
     path_prefix: str
-    initialize_timeout: float
-    connection_write_timeout: float
+    initialize_timeout: Optional[float]
+    connection_write_timeout: Optional[float]
     read_timeout: Optional[float]
     write_timeout: Optional[float]
     session_num: int
@@ -78,8 +78,8 @@ class Config:
         slice_classes: SliceClasses = ...,
         memmap: Literal["memfd", "devshm"] = ...,
         path_prefix: str = ...,
-        initialize_timeout: float = ...,
-        connection_write_timeout: float = ...,
+        initialize_timeout: Optional[float] = ...,
+        connection_write_timeout: Optional[float] = ...,
         read_timeout: Optional[float] = ...,
         write_timeout: Optional[float] = ...,
         session_num: int = ...,

@@ -121,12 +121,18 @@ int shmipcpy_timeout_arg(module_state *st, PyObject *value, const char *field, i
     double s = PyFloat_AsDouble(value);
     if (s == -1.0 && PyErr_Occurred())
         return -1;
-    if (!isfinite(s) || s < 0 || s * 1000.0 > (double)INT32_MAX) {
-        shmipcpy_raise_invalid(st, field, "must be a finite number of seconds >= 0, or None");
+    if (isnan(s) || s * 1000.0 > (double)INT32_MAX) {
+        shmipcpy_raise_invalid(st, field,
+                               "must be a number of seconds up to 2147483.647 (negative or None: "
+                               "forever)");
         return -1;
     }
+    if (s < 0) {
+        *ms = -1;
+        return 0;
+    }
     if (s == 0 && !allow_zero) {
-        shmipcpy_raise_invalid(st, field, "0 is not a timeout; use None to wait forever");
+        shmipcpy_raise_invalid(st, field, "0 is not a timeout here; None or negative: forever");
         return -1;
     }
     *ms = (int64_t)ceil(s * 1000.0);
@@ -170,11 +176,16 @@ int shmipcpy_config_arg(module_state *st, PyObject *obj, shmipc_config **out)
     return 0;
 }
 
-void shmipcpy_config_timeouts(const shmipc_config *cfg, uint32_t *read_ms, uint32_t *write_ms)
+void shmipcpy_config_timeouts(const shmipc_config *cfg, int32_t *read_ms, int32_t *write_ms)
 {
     /* A NULL config means the defaults, whose stream timeouts are "forever". */
-    *read_ms = cfg ? (uint32_t)shmipc_config_get_timeout_ms(cfg, SHMIPC_TIMEOUT_READ) : 0;
-    *write_ms = cfg ? (uint32_t)shmipc_config_get_timeout_ms(cfg, SHMIPC_TIMEOUT_WRITE) : 0;
+    int r = SHMIPC_WAIT_FOREVER, w = SHMIPC_WAIT_FOREVER;
+    if (cfg != NULL) {
+        (void)shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_READ, &r);
+        (void)shmipc_config_get_timeout(cfg, SHMIPC_TIMEOUT_WRITE, &w);
+    }
+    *read_ms = r;
+    *write_ms = w;
 }
 
 int shmipcpy_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,

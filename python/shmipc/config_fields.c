@@ -169,44 +169,28 @@ static const char *const timeout_fields[] = {"initialize_timeout", "connection_w
 static PyObject *get_timeout(ConfigObject *self, void *closure)
 {
     int which = (int)(intptr_t)closure;
-    int64_t ms = shmipc_config_get_timeout_ms(self->cfg, which);
-    if (ms == 0 && (which == SHMIPC_TIMEOUT_READ || which == SHMIPC_TIMEOUT_WRITE))
+    int ms = 0;
+    (void)shmipc_config_get_timeout(self->cfg, which, &ms);
+    if (ms < 0)
         Py_RETURN_NONE;
     return PyFloat_FromDouble((double)ms / 1000.0);
 }
 
 /*
- * Timeouts are float seconds. None means "wait forever" (read/write only). A positive value
- * below a millisecond rounds up to 1 ms rather than down to 0, which would mean forever.
+ * Timeouts are float seconds by the API's rule: None and any negative value wait forever, 0
+ * does not wait (the C setter refuses it for the two handshake timeouts). A positive value
+ * below a millisecond rounds up to 1 ms rather than down to 0, which would mean "no wait".
  */
 static int set_timeout(ConfigObject *self, PyObject *value, void *closure)
 {
     int which = (int)(intptr_t)closure;
     const char *field = timeout_fields[which];
-    module_state *st = shmipcpy_state_of_type(Py_TYPE(self));
-    uint32_t ms;
-    if (shmipcpy_config_require_value(value, field) < 0)
+    int64_t ms;
+    if (shmipcpy_config_require_value(value, field) < 0 ||
+        shmipcpy_timeout_arg(shmipcpy_state_of_type(Py_TYPE(self)), value, field, 1, &ms) < 0)
         return -1;
-    if (value == Py_None) {
-        ms = 0;
-    } else {
-        double s = PyFloat_AsDouble(value);
-        if (s == -1.0 && PyErr_Occurred())
-            return -1;
-        if (!isfinite(s) || s < 0 || s * 1000.0 > (double)UINT32_MAX) {
-            shmipcpy_raise_invalid(st, field, "must be a finite number of seconds >= 0");
-            return -1;
-        }
-        double msf = ceil(s * 1000.0);
-        ms = (uint32_t)msf;
-        if (s > 0 && ms == 0)
-            ms = 1;
-        if (s == 0 && (which == SHMIPC_TIMEOUT_READ || which == SHMIPC_TIMEOUT_WRITE)) {
-            shmipcpy_raise_invalid(st, field, "0 is not a timeout; use None to wait forever");
-            return -1;
-        }
-    }
-    return shmipcpy_config_setter_result(self, shmipc_config_set_timeout_ms(self->cfg, which, ms));
+    return shmipcpy_config_setter_result(self,
+                                         shmipc_config_set_timeout(self->cfg, which, (int)ms));
 }
 
 /* session_num and max_stream_num: plain u32 fields; the closure picks which. */
@@ -536,13 +520,18 @@ PyGetSetDef shmipcpy_config_getset[] = {
      "'memfd' (default, protocol V3) or 'devshm' (/dev/shm files, protocol V2).", NULL},
     {"path_prefix", (getter)get_path_prefix, (setter)set_path_prefix,
      "Prefix of shared-memory names (default '/dev/shm/shmipc').", NULL},
-    TIMEOUT_GETSET("initialize_timeout", 0, "Handshake timeout in seconds (default 1.0)."),
+    TIMEOUT_GETSET("initialize_timeout", 0,
+                   "Handshake timeout in seconds (default 1.0); None or negative: forever; "
+                   "0 is refused."),
     TIMEOUT_GETSET("connection_write_timeout", 1,
-                   "Socket write timeout in seconds (default 10.0)."),
+                   "Socket write timeout in seconds (default 10.0); None or negative: "
+                   "forever; 0 is refused."),
     TIMEOUT_GETSET("read_timeout", 2,
-                   "Stream read timeout in seconds, or None to wait forever (default)."),
+                   "Stream read timeout in seconds; None or negative: forever (default); "
+                   "0: do not wait."),
     TIMEOUT_GETSET("write_timeout", 3,
-                   "Stream write timeout in seconds, or None to wait forever (default)."),
+                   "Stream write timeout in seconds; None or negative: forever (default); "
+                   "0: do not wait."),
     {"session_num", (getter)get_pool_field, (setter)set_pool_field,
      "Session manager: sessions kept to the server (1..1024, default 1).", NULL},
     {"max_stream_num", (getter)get_pool_field, (setter)set_pool_field,

@@ -339,7 +339,8 @@ static PyMethodDef listener_methods[] = {
     {"accept", (PyCFunction)(void (*)(void))listener_accept, METH_FASTCALL | METH_KEYWORDS,
      "accept(timeout=None, *, nonblock=False) -> Session | None\n\n"
      "Accept one client and run the server handshake (V2, V3 or V4, as the client asks).\n"
-     "Waits up to timeout seconds (None: forever; 0: just look) and raises TimeoutError;\n"
+     "Waits up to timeout seconds (None or negative: forever; 0: just look) and raises "
+     "TimeoutError;\n"
      "with nonblock=True returns None when no client is waiting. A client that fails its\n"
      "handshake is dropped. The GIL is released; Ctrl-C interrupts. Thread safe."},
     {"fileno", (PyCFunction)listener_fileno, METH_NOARGS,

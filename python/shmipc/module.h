@@ -61,9 +61,10 @@ typedef struct {
     PyObject_HEAD shmipc_session *s;
     int busy;
     int close_pending;
-    int server;        /* accepted by a Listener (streams are accepted, not opened) */
-    uint32_t read_ms;  /* the config's stream read timeout (0: forever), for new Streams */
-    uint32_t write_ms; /* the config's stream write timeout (0: forever) */
+    int server; /* accepted by a Listener (streams are accepted, not opened) */
+    int32_t
+        read_ms; /* the config's stream read timeout (-1: forever, 0: no wait), for new Streams */
+    int32_t write_ms; /* the config's stream write timeout (-1: forever, 0: no wait) */
     PyObject *weakreflist;
 } SessionObject;
 
@@ -102,9 +103,9 @@ typedef struct {
     struct ChunkObject *last_exact; /* borrowed */
     uint64_t wgen;
     Py_ssize_t wexports;
-    uint32_t read_ms;   /* the user's read timeout, 0 = forever */
-    uint32_t c_read_ms; /* the read timeout currently set on `st` */
-    uint32_t write_ms;  /* the write timeout set on `st`, 0 = forever */
+    int32_t read_ms;   /* the user's read timeout: -1 forever, 0 do not wait */
+    int32_t c_read_ms; /* the read timeout currently set on `st` */
+    int32_t write_ms;  /* the write timeout set on `st`: -1 forever, 0 do not wait */
 } StreamObject;
 
 typedef struct ChunkObject {
@@ -121,14 +122,14 @@ typedef struct {
     PyObject_HEAD shmipc_session_manager *m;
     int busy;
     int close_pending;
-    uint32_t read_ms, write_ms;
+    int32_t read_ms, write_ms;
 } ManagerObject;
 
 typedef struct {
     PyObject_HEAD shmipc_listener *l;
     int busy;
     int close_pending;
-    uint32_t read_ms, write_ms;
+    int32_t read_ms, write_ms;
     PyObject *address;
 } ListenerObject;
 
@@ -140,8 +141,9 @@ PyObject *shmipcpy_raise_invalid(module_state *st, const char *field, const char
 PyObject *shmipcpy_raise_closed(module_state *st, const char *what);
 PyObject *shmipcpy_raise_busy(const char *what);
 /*
- * Reads a timeout argument: None means forever (*ms = -1); otherwise float seconds, rounded
- * up to whole milliseconds (a positive value never becomes 0). 0 is refused unless allow_zero.
+ * Reads a timeout argument by the API's rule: None and any negative value mean forever
+ * (*ms = -1), 0 does not wait (refused unless allow_zero), else float seconds rounded up to
+ * whole milliseconds (a positive value never becomes 0). NaN and +inf are refused.
  */
 int shmipcpy_timeout_arg(module_state *st, PyObject *value, const char *field, int allow_zero,
                          int64_t *ms);
@@ -154,8 +156,8 @@ uint64_t shmipcpy_now_ms(void);
 int shmipcpy_slice_ms(uint64_t deadline);
 /* A private copy of a Config argument (NULL for None), so the GIL can be released. */
 int shmipcpy_config_arg(module_state *st, PyObject *obj, shmipc_config **out);
-/* The read and write timeouts (ms, 0 = forever) that streams under `cfg` (may be NULL) get. */
-void shmipcpy_config_timeouts(const shmipc_config *cfg, uint32_t *read_ms, uint32_t *write_ms);
+/* The read and write timeouts (ms; -1 forever, 0 do not wait) that streams under `cfg` (may be NULL) get. */
+void shmipcpy_config_timeouts(const shmipc_config *cfg, int32_t *read_ms, int32_t *write_ms);
 /* Parses (value=default, *, nonblock=False) for the vectorcall methods of Stream and Session. */
 int shmipcpy_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
                         PyObject *kwnames, const char *argname, PyObject **value, int *nonblock);
@@ -185,8 +187,8 @@ typedef struct {
 /* stream.c */
 extern PyType_Spec shmipcpy_stream_spec;
 /* Wraps a handle the caller owns; on failure the handle is closed. */
-PyObject *shmipcpy_stream_wrap(module_state *st, shmipc_stream *h, PyObject *owner,
-                               uint32_t read_ms, uint32_t write_ms);
+PyObject *shmipcpy_stream_wrap(module_state *st, shmipc_stream *h, PyObject *owner, int32_t read_ms,
+                               int32_t write_ms);
 /* Gives the handle up (for put_back) after checking the rules close() checks; NULL on error. */
 shmipc_stream *shmipcpy_stream_detach(StreamObject *self);
 module_state *shmipcpy_stream_state(StreamObject *self);
@@ -235,8 +237,8 @@ typedef int (*accept_fn)(void *handle, int timeout_ms, void **out);
 /* session.c */
 extern PyType_Spec shmipcpy_session_spec;
 PyObject *shmipcpy_connect(PyObject *module, PyObject *args, PyObject *kwargs);
-PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server, uint32_t read_ms,
-                                uint32_t write_ms);
+PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server, int32_t read_ms,
+                                int32_t write_ms);
 int shmipcpy_sliced_accept(module_state *ms, accept_fn call, void *handle, int *busy,
                            int *close_pending, PyObject *timeout, int nonblock, const char *what,
                            void **out);

@@ -37,7 +37,7 @@ _Thread_local int shmipcpy_in_callback;
  * know creates a thread state and the matching Release deletes it, which made a trivial
  * handler cost about 150 us; so each worker keeps the one its first callback created (one
  * extra Ensure), and a thread-exit destructor deletes it when the worker ends (inside
- * shmipc_server_free() or the end of run(), whose callers release the GIL). When the
+ * shmipc_server_close() or the end of run(), whose callers release the GIL). When the
  * interpreter is already finalizing, the state is left to the interpreter's own cleanup.
  */
 static pthread_key_t kept_key;
@@ -99,7 +99,7 @@ static void server_free_now(ServerObject *self)
     shmipc_server *h = self->s;
     self->s = NULL;
     self->started = 0;
-    Py_BEGIN_ALLOW_THREADS shmipc_server_free(h);
+    Py_BEGIN_ALLOW_THREADS shmipc_server_close(h);
     Py_END_ALLOW_THREADS
 }
 
@@ -587,14 +587,19 @@ static PyType_Slot server_slots[] = {
      "port=0 picks an ephemeral port (see .port after start()). workers: worker threads\n"
      "(default SHMIPC_WORKERS, else one per CPU). backend: 'auto', 'io_uring', 'epoll',\n"
      "'epoll_oneshot' or None (the SHMIPC_REACTOR_BACKEND knob). Timeouts are float seconds;\n"
-     "limits are counts of bytes (pipeline: requests per turn); None keeps the default.\n"
+     "limits are counts of bytes (pipeline: requests per turn); None keeps the default (for\n"
+     "the timeouts: 10 s, 60 s, 5 s or the SHMIPC_HTTP_* knobs, not forever). A negative\n"
+     "timeout means never (no header deadline, no idle timeout, a stop that waits for the\n"
+     "requests in flight); keepalive_timeout=0 turns keep-alive off (Connection: close),\n"
+     "stop_timeout=0 closes at once, header_timeout=0 is refused.\n"
      "server_name: the Server header (None or '' removes it).\n"
      "reuse_port: True shares the port with another server already listening there\n"
      "(SO_REUSEPORT); False or None (SHMIPC_HTTP_REUSEPORT decides, default 0) makes start()\n"
      "raise shmipc.Error with errno EADDRINUSE when any socket listens on the port.\n"
      "WebSocket: max_ws_message (bytes of a message; close 1009 above it), ws_ping_timeout\n"
      "(a ping after this many seconds of silence), ws_idle_timeout (fail the connection,\n"
-     "1006, after this much silence; above ws_ping_timeout), with 0 or None meaning never;\n"
+     "1006, after this much silence; above ws_ping_timeout), negative or None meaning never\n"
+     "(0 is refused);\n"
      "ws_send_high_water (bytes queued for a peer at which the server stops reading it) and\n"
      "ws_send_limit (bytes queued at which WebSocket.send() raises SHMIPC_EAGAIN).\n\n"
      "Handlers run on the worker threads, several at once with several workers, each taking\n"

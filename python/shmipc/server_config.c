@@ -42,13 +42,11 @@ static int config_timeout(module_state *ms, shmipc_server_config *cfg, PyObject 
     int64_t ms_value;
     if (v == NULL || v == Py_None)
         return 0;
-    /* 0 is a value of its own for these: no stop wait, no WebSocket pings, no idle limit. */
-    int allow_zero = which == SHMIPC_SERVER_TIMEOUT_STOP ||
-                     which == SHMIPC_SERVER_TIMEOUT_WS_PING ||
-                     which == SHMIPC_SERVER_TIMEOUT_WS_IDLE;
-    if (shmipcpy_timeout_arg(ms, v, field, allow_zero, &ms_value) < 0)
+    /* None keeps the default (above). Negative: never; 0 is the C setter's to judge (no
+     * keep-alive, an immediate stop; refused for the header, ping and idle timeouts). */
+    if (shmipcpy_timeout_arg(ms, v, field, 1, &ms_value) < 0)
         return -1;
-    int rc = shmipc_server_config_set_timeout_ms(cfg, which, (uint32_t)ms_value);
+    int rc = shmipc_server_config_set_timeout(cfg, which, (int)ms_value);
     if (rc < 0) {
         shmipcpy_raise_last(ms, rc);
         return -1;

@@ -46,8 +46,8 @@ static void session_settle(SessionObject *self)
     shmipc_session_close(h);
 }
 
-PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server, uint32_t read_ms,
-                                uint32_t write_ms)
+PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server, int32_t read_ms,
+                                int32_t write_ms)
 {
     SessionObject *self = PyObject_New(SessionObject, ms->session_type);
     if (self == NULL) {
@@ -71,7 +71,7 @@ static PyObject *connect_impl(module_state *ms, PyObject *args, PyObject *kwargs
     PyObject *cfg_obj = Py_None;
     shmipc_config *cfg;
     shmipc_session *s;
-    uint32_t read_ms, write_ms;
+    int32_t read_ms, write_ms;
     int rc;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|O:connect", kwlist, &address, &cfg_obj) ||
         shmipcpy_config_arg(ms, cfg_obj, &cfg) < 0)
@@ -341,8 +341,9 @@ static PyMethodDef session_methods[] = {
     {"accept_stream", (PyCFunction)(void (*)(void))session_accept_stream,
      METH_FASTCALL | METH_KEYWORDS,
      "accept_stream(timeout=None, *, nonblock=False) -> Stream | None\n\n"
-     "The next stream the peer opened (server sessions). Waits up to timeout seconds (None:\n"
-     "forever; 0: just look) and raises TimeoutError; with nonblock=True returns None when\n"
+     "The next stream the peer opened (server sessions). Waits up to timeout seconds (None\n"
+     "or negative: forever; 0: just look) and raises TimeoutError; with nonblock=True returns None "
+     "when\n"
      "no stream is waiting. The GIL is released while waiting; Ctrl-C interrupts."},
     {"fileno", (PyCFunction)session_fileno, METH_NOARGS,
      "fileno() -> int\n\n"

@@ -122,8 +122,8 @@ int shmipcpy_stream_refuse_window(StreamObject *self, const char *what)
 /* Stream: life                                                                             */
 /* ---------------------------------------------------------------------------------------- */
 
-PyObject *shmipcpy_stream_wrap(module_state *ms, shmipc_stream *h, PyObject *owner,
-                               uint32_t read_ms, uint32_t write_ms)
+PyObject *shmipcpy_stream_wrap(module_state *ms, shmipc_stream *h, PyObject *owner, int32_t read_ms,
+                               int32_t write_ms)
 {
     StreamObject *self = PyObject_New(StreamObject, ms->stream_type);
     if (self == NULL) {
@@ -276,9 +276,9 @@ static PyObject *stream_get_session(StreamObject *self, void *closure)
     Py_RETURN_NONE;
 }
 
-static PyObject *timeout_value(uint32_t ms)
+static PyObject *timeout_value(int32_t ms)
 {
-    if (ms == 0)
+    if (ms < 0)
         Py_RETURN_NONE;
     return PyFloat_FromDouble(ms / 1000.0);
 }
@@ -297,10 +297,10 @@ static int stream_set_read_timeout(StreamObject *self, PyObject *value, void *cl
         PyErr_SetString(PyExc_AttributeError, "cannot delete Stream.read_timeout");
         return -1;
     }
-    if (shmipcpy_timeout_arg(shmipcpy_stream_state(self), value, "read_timeout", 0, &ms) < 0)
+    if (shmipcpy_timeout_arg(shmipcpy_stream_state(self), value, "read_timeout", 1, &ms) < 0)
         return -1;
-    /* Applied per wait slice by do_read(); the handle is not touched here. */
-    self->read_ms = ms < 0 ? 0 : (uint32_t)ms;
+    /* Applied per wait slice (or as "no wait") by do_read(); the handle is not touched here. */
+    self->read_ms = (int32_t)ms;
     return 0;
 }
 
@@ -319,11 +319,11 @@ static int stream_set_write_timeout(StreamObject *self, PyObject *value, void *c
         PyErr_SetString(PyExc_AttributeError, "cannot delete Stream.write_timeout");
         return -1;
     }
-    if (shmipcpy_timeout_arg(shmipcpy_stream_state(self), value, "write_timeout", 0, &ms) < 0 ||
+    if (shmipcpy_timeout_arg(shmipcpy_stream_state(self), value, "write_timeout", 1, &ms) < 0 ||
         (h = shmipcpy_stream_usable(self)) == NULL)
         return -1;
-    uint32_t v = ms < 0 ? 0 : (uint32_t)ms;
-    int rc = shmipc_stream_set_timeout_ms(h, SHMIPC_TIMEOUT_WRITE, v);
+    int32_t v = (int32_t)ms;
+    int rc = shmipc_stream_set_timeout(h, SHMIPC_TIMEOUT_WRITE, v);
     if (rc < 0) {
         shmipcpy_raise_last(shmipcpy_stream_state(self), rc);
         return -1;
@@ -339,7 +339,8 @@ static PyObject *stream_repr(StreamObject *self)
 }
 
 #define READ_DOC_TAIL                                                                              \
-    "Waits up to read_timeout (None: forever) with the GIL released; Ctrl-C interrupts the\n"      \
+    "Waits up to read_timeout (None: forever; 0: no wait) with the GIL released; Ctrl-C "          \
+    "interrupts the\n"                                                                             \
     "wait within about 0.1 s. With nonblock=True it never waits and returns None when no\n"        \
     "data is there yet. "
 
@@ -434,9 +435,13 @@ static PyGetSetDef stream_getset[] = {
      "serving Listener.",
      NULL},
     {"read_timeout", (getter)stream_get_read_timeout, (setter)stream_set_read_timeout,
-     "Read timeout in seconds, or None to wait forever (from the config by default).", NULL},
+     "Read timeout in seconds; None (negative when set) waits forever, 0 does not wait (from\n"
+     "the config by default).",
+     NULL},
     {"write_timeout", (getter)stream_get_write_timeout, (setter)stream_set_write_timeout,
-     "Write timeout in seconds (how long flush retries a full queue), or None.", NULL},
+     "Write timeout in seconds (how long flush retries a full queue); None (negative when set)\n"
+     "waits forever, 0 fails a flush at once when the queue is full.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -84,7 +84,27 @@ static int do_read(StreamObject *self, enum read_kind kind, size_t n, int nonblo
         if (nonblock || rc != SHMIPC_EAGAIN)
             goto done;
     }
-    uint64_t deadline = self->read_ms ? shmipcpy_now_ms() + self->read_ms : 0;
+    if (self->read_ms == 0) {
+        /* "Do not wait": one look in C's wait engine, which takes what is pending. */
+        if (self->c_read_ms != 0) {
+            shmipc_stream_set_timeout(h, SHMIPC_TIMEOUT_READ, 0);
+            self->c_read_ms = 0;
+        }
+        self->busy = 1;
+        Py_BEGIN_ALLOW_THREADS rc = read_call(h, kind, n, 0, dst, p, len);
+        Py_END_ALLOW_THREADS if (shmipcpy_stream_leave(self) < 0) return RAISED;
+        if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EINTR) {
+            char msg[96];
+            PyOS_snprintf(msg, sizeof msg,
+                          "stream %u: read timed out (read_timeout 0: nothing pending)",
+                          (unsigned)self->id);
+            shmipcpy_stream_maybe_release(self);
+            shmipcpy_raise_code(ms, SHMIPC_ETIMEDOUT, msg);
+            return RAISED;
+        }
+        goto done;
+    }
+    uint64_t deadline = self->read_ms > 0 ? shmipcpy_now_ms() + (uint64_t)self->read_ms : 0;
     for (;;) {
         int slice = shmipcpy_slice_ms(deadline);
         if (slice == 0) {
@@ -95,9 +115,9 @@ static int do_read(StreamObject *self, enum read_kind kind, size_t n, int nonblo
             shmipcpy_raise_code(ms, SHMIPC_ETIMEDOUT, msg);
             return RAISED;
         }
-        if ((uint32_t)slice != self->c_read_ms) {
-            shmipc_stream_set_timeout_ms(h, SHMIPC_TIMEOUT_READ, (uint32_t)slice);
-            self->c_read_ms = (uint32_t)slice;
+        if (slice != self->c_read_ms) {
+            shmipc_stream_set_timeout(h, SHMIPC_TIMEOUT_READ, slice);
+            self->c_read_ms = slice;
         }
         self->busy = 1;
         Py_BEGIN_ALLOW_THREADS rc = read_call(h, kind, n, 0, dst, p, len);

@@ -424,7 +424,8 @@ end)
 function tests.ws_options_refused(t)
     t.refused(E.EINVAL, "ws_ping_timeout (1000 ms) must be below ws_idle_timeout",
         shmipc.server { ws_ping_timeout = 1, ws_idle_timeout = 0.5 })
-    t.refused(E.EINVAL, "ws_idle_timeout: -1", shmipc.server { ws_idle_timeout = -1 })
+    t.refused(E.EINVAL, "ws_idle_timeout: 0", shmipc.server { ws_idle_timeout = 0 })
+    t.refused(E.EINVAL, "ws_ping_timeout: 0", shmipc.server { ws_ping_timeout = 0 })
     t.refused(E.EINVAL, "ws_ping_timeout", shmipc.server { ws_ping_timeout = 3601 })
     t.refused(E.EINVAL, "ws_send_limit", shmipc.server { ws_send_limit = 1000 })
     t.refused(E.EINVAL, "ws_send_high_water", shmipc.server { ws_send_high_water = (1 << 30) + 1 })
@@ -436,7 +437,7 @@ function tests.ws_options_refused(t)
         t.ok(shmipc.server { ws_send_limit = 128 << 10, ws_send_high_water = 64 << 10 }):close()
     end
     t.ok(shmipc.server { ws_idle_timeout = 0.5, ws_ping_timeout = 0.1 }):close()
-    t.ok(shmipc.server { ws_idle_timeout = 0, ws_ping_timeout = 0 }):close()
+    t.ok(shmipc.server { ws_idle_timeout = -1, ws_ping_timeout = -1 }):close()
 end
 
 return tests

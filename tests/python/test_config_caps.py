@@ -447,7 +447,8 @@ def test_ws_send_limit_refuses_sends_to_a_peer_that_does_not_read():
 
 def test_ws_settings_refused():
     refused("ws_ping_timeout", shmipc.Server, port=0, ws_ping_timeout=1, ws_idle_timeout=0.5)
-    refused("ws_idle_timeout", shmipc.Server, port=0, ws_idle_timeout=-1)
+    refused("ws_idle_timeout", shmipc.Server, port=0, ws_idle_timeout=0)
+    refused("ws_ping_timeout", shmipc.Server, port=0, ws_ping_timeout=0)
     refused("ws_ping_timeout", shmipc.Server, port=0, ws_ping_timeout=float("inf"))
     refused("ws_idle_timeout", shmipc.Server, port=0, ws_idle_timeout=3601)
     # A limit below the default high-water mark (1 MiB) needs a lower mark too.
@@ -460,7 +461,8 @@ def test_ws_settings_refused():
         shmipc.Server(port=0, ws_ping_timeout="1s")
     with pytest.raises(TypeError):
         shmipc.Server(port=0, ws_send_limit="1M")
-    # Accepted whatever order the keywords come in; 0 and None mean "never".
+    # Accepted whatever order the keywords come in; negative means "never", and None the
+    # default, which is never too.
     shmipc.Server(port=0, ws_send_limit=128 << 10, ws_send_high_water=64 << 10).close()
     shmipc.Server(port=0, ws_idle_timeout=0.5, ws_ping_timeout=0.1).close()
-    shmipc.Server(port=0, ws_idle_timeout=0, ws_ping_timeout=None).close()
+    shmipc.Server(port=0, ws_idle_timeout=-1, ws_ping_timeout=None).close()

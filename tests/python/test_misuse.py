@@ -379,7 +379,7 @@ for r in range(ROUNDS):
                     del expected[:k]
                 ss.release()
             elif op == 8:
-                ss.read_timeout = rnd.choice([0.001, 0.003, None if False else 0.002, -1, "x"])
+                ss.read_timeout = rnd.choice([0.001, 0.003, None if False else 0.002, float("nan"), "x"])
             elif op == 9:
                 (cs if rnd.random() < 0.5 else ss).available
             elif op == 10:
