@@ -103,9 +103,9 @@ static int attempt_accept(lua_State *L, int flags)
 static const struct shmipc__lua_op accept_op = {"accept", 2, attempt_accept, listener_fd};
 
 /*
- * accept([timeout_s [, mode]]) -> session: the next client, after its handshake. nil waits
- * forever, 0 polls. Once a client is there its handshake runs to its end (bounded by the
- * initialize timeout) in every mode.
+ * accept([timeout_s [, mode]]) -> session: the next client, after its handshake. nil or a
+ * negative timeout waits forever, 0 polls. Once a client is there its handshake runs to its
+ * end (bounded by the initialize timeout) in every mode.
  */
 static int listener_accept(lua_State *L)
 {

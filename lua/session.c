@@ -111,8 +111,8 @@ static const struct shmipc__lua_op accept_stream_op = {"accept_stream", 2, attem
                                                        session_fd};
 
 /*
- * accept_stream([timeout_s [, mode]]) -> stream (server sessions): nil waits forever, 0
- * polls (SHMIPC_EAGAIN when none came).
+ * accept_stream([timeout_s [, mode]]) -> stream (server sessions): nil or negative waits
+ * forever, 0 polls (SHMIPC_EAGAIN when none came).
  */
 static int session_accept_stream(lua_State *L)
 {

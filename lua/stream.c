@@ -258,7 +258,10 @@ static int stream_id(lua_State *L)
     return 1;
 }
 
-/* set_timeout("read" | "write", seconds) -> stream; nil or negative waits forever, 0 does not wait. */
+/*
+ * set_timeout("read" | "write", seconds) -> stream; nil or negative waits forever, 0 does not
+ * wait.
+ */
 static int stream_set_timeout(lua_State *L)
 {
     static const char *const names[] = {"read", "write", NULL};

@@ -129,8 +129,9 @@ int shmipc__lua_run(lua_State *L, const struct shmipc__lua_op *op, enum shmipc__
 /*
  * poll(fds, [timeout_s]) -> ready: waits until one of the descriptors in the array `fds` is
  * readable (or hung up, in error, or not open: anything a read would not wait on), for at
- * most timeout_s seconds (nil: forever). Returns the array of ready descriptors, in the
- * order given and empty on timeout, or nil, message, code (-errno; SHMIPC_EINTR on a signal).
+ * most timeout_s seconds (nil or negative: forever). Returns the array of ready descriptors,
+ * in the order given and empty on timeout, or nil, message, code (-errno; SHMIPC_EINTR on a
+ * signal).
  */
 static int l_poll(lua_State *L)
 {

@@ -156,7 +156,10 @@ uint64_t shmipcpy_now_ms(void);
 int shmipcpy_slice_ms(uint64_t deadline);
 /* A private copy of a Config argument (NULL for None), so the GIL can be released. */
 int shmipcpy_config_arg(module_state *st, PyObject *obj, shmipc_config **out);
-/* The read and write timeouts (ms; -1 forever, 0 do not wait) that streams under `cfg` (may be NULL) get. */
+/*
+ * The read and write timeouts (ms; -1 forever, 0 do not wait) that streams under `cfg` (may be
+ * NULL) get.
+ */
 void shmipcpy_config_timeouts(const shmipc_config *cfg, int32_t *read_ms, int32_t *write_ms);
 /* Parses (value=default, *, nonblock=False) for the vectorcall methods of Stream and Session. */
 int shmipcpy_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,

@@ -255,7 +255,9 @@ function tests.poll(t)
     t.raises("table expected", shmipc.poll, 3)
     t.raises("entry 1 is not a descriptor", shmipc.poll, { "x" })
     t.raises("entry 2 is not a descriptor", shmipc.poll, { 0, -1 })
-    t.raises("timeout must be a number of seconds", shmipc.poll, {}, -1)
+    t.raises("timeout must be a number of seconds", shmipc.poll, {}, 0 / 0)
+    -- A negative timeout waits forever (the rule of every wait): poll() with one ready fd.
+    t.eq(t.ok(shmipc.poll({ 1000000 }, -1))[1], 1000000, "negative: forever, ready at once")
     t.eq(math.type(shmipc.monotime()), "float", "monotime")
 end
 
