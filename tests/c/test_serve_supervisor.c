@@ -1133,7 +1133,7 @@ static int request(const char *address, const char *target, char *out, size_t ca
     int status = -1;
     uint8_t buf[2048];
     assert_int_equal(shmipc_config_new(&cfg), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
     if (shmipc_session_connect(address, cfg, &s) != 0)
         goto out;
     assert_int_equal(shmipc_session_open_stream(s, &st), 0);

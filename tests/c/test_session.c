@@ -1223,7 +1223,7 @@ static void spin_close_of_a_new_fallback_stream(int v4_eventfd)
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
     assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
     assert_int_equal(shmipc_config_set_spin_us(cfg, 100000), 0);
-    assert_int_equal(shmipc_config_set_timeout_ms(cfg, SHMIPC_TIMEOUT_READ, 2000), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 2000), 0);
     if (v4_eventfd)
         assert_int_equal(shmipc_config_with_v4_eventfd(cfg), 0);
     struct ipc_pair p;
