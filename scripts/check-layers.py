@@ -36,6 +36,7 @@ ALLOWED = {
     "reactor": {"common", "reactor"},
     "ipc": {"common", "shm", "ipc"},
     "net": {"common", "reactor", "net"},
+    "serve": {"common", "shm", "ipc", "reactor", "net", "serve"},
 }
 PUBLIC_HEADERS = ("shmipc.h", "shmipc_abi.h", "shmipc_serve.h")
 SOURCE_EXT = (".c", ".h")

@@ -261,6 +261,17 @@ static inline int shmipc__session_fileno(const shmipc_session *s)
     return s->event_fd;
 }
 
+/*
+ * 1 when the send queue has room for an element now, else 0: for an event loop that is the
+ * session's only sender, a flush then puts its element without the full-queue wait (up to
+ * 100 ms) that a loop thread must not take; at 0 it retries later instead.
+ */
+static inline int shmipc__session_can_send(const shmipc_session *s)
+{
+    int n = shmipc__queue_size(&s->qp.send);
+    return n >= 0 && (uint32_t)n < s->qp.send.cap;
+}
+
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len);
 int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr);
 int shmipc__stream_commit(shmipc_stream *st, size_t n);

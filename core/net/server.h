@@ -125,6 +125,10 @@ struct shmipc__server_stats {
 
 struct shmipc__server_worker;
 
+/* shmipc__server_thread_hooks(), below. */
+typedef int (*shmipc__server_thread_fn)(struct shmipc__loop *loop, unsigned index,
+                                        unsigned nworkers, void *data);
+
 struct shmipc_server {
     struct shmipc_server_config cfg;
     struct shmipc__http_limits limits; /* resolved */
@@ -155,6 +159,9 @@ struct shmipc_server {
     int stop_fd; /* an eventfd that shmipc_server_stop() writes */
     atomic_int stop_requested;
     atomic_int running; /* shmipc_server_run() is in progress */
+
+    shmipc__server_thread_fn thread_start, thread_end; /* shmipc__server_thread_hooks() */
+    void *thread_data;
 };
 
 /* The request and response handles a handler sees (on the worker's stack). */
@@ -199,6 +206,65 @@ int shmipc__server_websocket(struct shmipc_server *s, const char *path, const ch
 int shmipc__ws_send(struct shmipc_ws *ws, int kind, const void *data, size_t len);
 int shmipc__ws_ping(struct shmipc_ws *ws, const void *data, size_t len);
 int shmipc__ws_close(struct shmipc_ws *ws, int code, const char *reason);
+
+/*
+ * Deferred requests (docs/serve.md, "The front"), for a layer that answers requests elsewhere
+ * (core/serve/): a route handler calls shmipc__server_defer() and returns 0; the answer comes
+ * later from shmipc__server_complete() on the connection's worker thread, with the ticket defer
+ * gave. Until then the connection is DEFERRED. When the deferral ends otherwise, `cancel` runs
+ * once, on the worker thread, with a reason below; after it (or after complete) the ticket is
+ * stale and complete refuses it. `cancel` must not call back into the server.
+ */
+enum {
+    SHMIPC__SERVER_CANCEL_CLIENT_GONE = 1, /* the client closed, reset, or stopped reading */
+    SHMIPC__SERVER_CANCEL_TIMEOUT = 2,     /* the request's deadline passed: the client got 504 */
+    SHMIPC__SERVER_CANCEL_ERROR = 3,       /* the handler failed after deferring: 500 */
+};
+typedef void (*shmipc__server_cancel_fn)(void *data, int reason);
+
+struct server_conn;
+struct shmipc__server_ticket {
+    struct server_conn *sc; /* pooled: stays valid memory while the worker runs */
+    uint32_t gen;
+};
+
+int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
+                         shmipc__server_cancel_fn cancel, void *data,
+                         struct shmipc__server_ticket *out);
+/*
+ * The answer to a deferred request, on the connection's worker thread. `headers` and
+ * `content_type` are copied before this returns; `body` is referenced until it was sent, then
+ * release(user_data) runs (also when the answer cannot be used: a stale ticket, an error);
+ * without `release` the body is copied too.
+ * Returns 0, SHMIPC_ECLOSED for a stale ticket (the deferral was cancelled or completed), or
+ * SHMIPC_EINVAL (off the worker thread, a status outside 200-999, a header the handler API
+ * refuses too: a control byte, a name that is no token, Content-Length, Transfer-Encoding,
+ * Date, Server, a Connection other than "close", a second Content-Type); the deferral stays
+ * live after EINVAL. Completing from inside a route handler is allowed: the answer is sent
+ * once that handler returned.
+ */
+int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
+                            const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                            const void *body, size_t body_len, shmipc_destroy_cb release,
+                            void *user_data);
+
+/* Where a route handler runs: its worker thread (index of nworkers) and loop, and the client
+ * connection's socket (for its addresses). */
+struct shmipc__server_where {
+    unsigned index, nworkers;
+    struct shmipc__loop *loop;
+    int fd;
+};
+int shmipc__server_where(const struct shmipc_http_response *res, struct shmipc__server_where *out);
+
+/*
+ * Per worker thread hooks for a layer that keeps state in the workers' loops (core/serve/):
+ * `start` runs on each worker thread before its loop runs (a negative return fails the start),
+ * `end` on it after its connections are gone (the graceful stop ran), before the loop is
+ * freed. One registration per server, before it starts: SHMIPC_EBUSY otherwise.
+ */
+int shmipc__server_thread_hooks(struct shmipc_server *s, shmipc__server_thread_fn start,
+                                shmipc__server_thread_fn end, void *data);
 
 /* The counters of the last run (all zero before a run ended). Not while running. */
 void shmipc__server_stats(const struct shmipc_server *s, struct shmipc__server_stats *out);

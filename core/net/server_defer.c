@@ -172,3 +172,15 @@ refuse:
         release(user_data);
     return rc;
 }
+
+int shmipc__server_where(const struct shmipc_http_response *res, struct shmipc__server_where *out)
+{
+    const struct server_conn *sc = res->conn;
+    if (sc == NULL || res->w == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "server_where: not a route handler's response");
+    out->index = res->w->index;
+    out->nworkers = res->w->srv->nworkers;
+    out->loop = res->w->loop;
+    out->fd = shmipc__conn_fd(sc->conn);
+    return 0;
+}

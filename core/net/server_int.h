@@ -43,25 +43,6 @@ struct release {
     void *user_data;
 };
 
-/*
- * A deferred request (docs/serve.md, "The front"): a route handler calls
- * shmipc__server_defer() and returns 0; the answer comes later from shmipc__server_complete()
- * on the connection's worker thread, with the ticket defer gave. Until then the connection is
- * DEFERRED. When the deferral ends otherwise, `cancel` runs once, on the worker thread, with a
- * reason below; after it (or after complete) the ticket is stale and complete refuses it.
- */
-enum {
-    SHMIPC__SERVER_CANCEL_CLIENT_GONE = 1, /* the client closed, reset, or stopped reading */
-    SHMIPC__SERVER_CANCEL_TIMEOUT = 2,     /* the request's deadline passed: the client got 504 */
-    SHMIPC__SERVER_CANCEL_ERROR = 3,       /* the handler failed after deferring: 500 */
-};
-typedef void (*shmipc__server_cancel_fn)(void *data, int reason);
-
-struct shmipc__server_ticket {
-    struct server_conn *sc; /* pooled: stays valid memory while the worker runs */
-    uint32_t gen;
-};
-
 struct server_conn {
     struct server_conn *prev, *next; /* the worker's list, for a graceful stop */
     struct shmipc__server_worker *w;
@@ -146,26 +127,7 @@ void shmipc__server_rx_put(struct shmipc__server_worker *w, char *b, size_t cap)
 struct txbuf *shmipc__server_tx_get(struct shmipc__server_worker *w);
 void shmipc__server_tx_put(struct shmipc__server_worker *w, struct txbuf *t);
 
-/* server_defer.c: deferred requests (docs/serve.md, "The front") */
-int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
-                         shmipc__server_cancel_fn cancel, void *data,
-                         struct shmipc__server_ticket *out);
-/*
- * The answer to a deferred request, on the connection's worker thread. `headers` and
- * `content_type` are copied before this returns; `body` is referenced until it was sent, then
- * release(user_data) runs (also when the answer cannot be used: a stale ticket, an error);
- * without `release` the body is copied too.
- * Returns 0, SHMIPC_ECLOSED for a stale ticket (the deferral was cancelled or completed), or
- * SHMIPC_EINVAL (off the worker thread, a status outside 200-999, a header the handler API
- * refuses too: a control byte, a name that is no token, Content-Length, Transfer-Encoding,
- * Date, Server, a Connection other than "close", a second Content-Type); the deferral stays
- * live after EINVAL. Completing from inside a route handler is allowed: the answer is sent
- * once that handler returned.
- */
-int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
-                            const struct shmipc__http_header_out *headers, uint32_t nheaders,
-                            const void *body, size_t body_len, shmipc_destroy_cb release,
-                            void *user_data);
+/* server_defer.c: deferred requests (the calls themselves are in server.h) */
 void shmipc__server_defer_cancel(struct server_conn *sc, int reason);
 
 /* server_route.c: request dispatch and routes */

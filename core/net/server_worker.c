@@ -118,8 +118,27 @@ int shmipc__server_worker_setup(struct shmipc__loop *loop, int listen_fd, unsign
         shmipc__timer_stop(&w->date_timer);
         return rc;
     }
+    if (s->thread_start != NULL &&
+        (rc = s->thread_start(loop, index, s->nworkers, s->thread_data)) < 0) {
+        shmipc__acceptor_close(w->acceptor);
+        w->acceptor = NULL;
+        shmipc__timer_stop(&w->date_timer);
+        return rc;
+    }
     if (index == 0)
         s->backend_name = shmipc__loop_backend_name(loop);
+    return 0;
+}
+
+int shmipc__server_thread_hooks(struct shmipc_server *s, shmipc__server_thread_fn start,
+                                shmipc__server_thread_fn end, void *data)
+{
+    if (s->workers != NULL || atomic_load(&s->running) || s->thread_start != NULL ||
+        s->thread_end != NULL)
+        return shmipc__fail(SHMIPC_EBUSY, "server: thread hooks set already, or running");
+    s->thread_start = start;
+    s->thread_end = end;
+    s->thread_data = data;
     return 0;
 }
 
@@ -156,6 +175,8 @@ void shmipc__server_worker_teardown(struct shmipc__loop *loop, unsigned index, v
     }
     while (w->conns != NULL)
         shmipc__server_conn_close(w->conns);
+    if (s->thread_end != NULL)
+        s->thread_end(loop, index, s->nworkers, s->thread_data);
     shmipc__timer_stop(&w->date_timer);
     shmipc__loop_stats(loop, &w->stats.loop);
 }

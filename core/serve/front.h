@@ -1,0 +1,105 @@
+/*
+ * The front of shmipc-serve (docs/serve.md, "The front"): a route handler on the HTTP server
+ * that hands each matching request to an application worker process over a shmipc stream
+ * (the protocol of docs/serve.md, net/serve_frame.h) and answers the client with the worker's
+ * response, through the server's deferred responses (net/server.h).
+ *
+ * Each reactor worker thread of the server owns one shmipc session to every application
+ * worker, created on that thread and watched in its loop; nothing blocks the loop but the
+ * connect (and its handshake) of a session, bounded by the connect timeout. An application
+ * worker serves one request at a time: an atomic busy flag per worker, claimed by
+ * compare-and-swap, hands it to one request of one thread. A request that finds no worker free
+ * waits in its thread's FIFO (one atomic total over the threads: the 503 limit); a thread that
+ * frees a worker while others have requests waiting nudges them through their eventfds.
+ *
+ * Failure mapping (docs/serve.md, "The front"): the worker's session ends or the stream ends
+ * mid-request: 502, the session reconnects with a back-off; the wait queue is full: 503 with
+ * `Retry-After: 1`; the request's deadline: 504 (the server's) and ABORT TIMEOUT to the
+ * worker; the client leaves: ABORT CLIENT_GONE; a bad frame: 502 and ABORT PROTOCOL; a
+ * response over max_response: 502 and ABORT TOO_LARGE. After an ABORT of the front's the
+ * worker stays busy until its stream ends (its close), at most SHMIPC__FRONT_DRAIN_MS.
+ *
+ * Threading: new, attach and free on one thread, attach before the server starts, free after
+ * the server stopped (its threads' state goes with the server's stop) or was freed;
+ * set_workers and stats from any thread.
+ */
+#ifndef SHMIPC_CORE_SERVE_FRONT_H
+#define SHMIPC_CORE_SERVE_FRONT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shmipc.h"
+
+struct shmipc_server;
+struct shmipc__front;
+
+#define SHMIPC__FRONT_MAX_WORKERS       64u          /* application workers in one set */
+#define SHMIPC__FRONT_MAX_ADDRESS       107u         /* bytes of a worker's shmipc address */
+#define SHMIPC__FRONT_DEFAULT_QUEUE     1024u        /* requests waiting for a worker, in all */
+#define SHMIPC__FRONT_DEFAULT_DEADLINE  30000u       /* ms per request, from its arrival */
+#define SHMIPC__FRONT_DEFAULT_CONNECT   1000u        /* ms for a session's connect and handshake */
+#define SHMIPC__FRONT_DEFAULT_RESPONSE  (64u << 20)  /* bytes of a response body */
+#define SHMIPC__FRONT_LIMIT_RESPONSE    (1ull << 32) /* most max_response may be */
+#define SHMIPC__FRONT_DRAIN_MS          5000u        /* after the front's ABORT, at most */
+#define SHMIPC__FRONT_BACKOFF_MIN_MS    20u          /* first reconnect after a session ended */
+#define SHMIPC__FRONT_BACKOFF_MAX_MS    2000u        /* the back-off doubles up to this */
+
+struct shmipc__front_opts {
+    const char *const *workers; /* shmipc addresses of the application workers */
+    unsigned nworkers;          /* 1..SHMIPC__FRONT_MAX_WORKERS */
+    uint32_t queue_max;         /* 0: the default; waiting requests over all threads */
+    uint32_t deadline_ms;       /* 0: the default; up to 3600000 */
+    uint32_t connect_ms;        /* 0: the default; up to 3600000 */
+    uint64_t max_response;      /* 0: the default; response body bytes, up to the limit */
+    const shmipc_config *ipc;   /* the sessions' config (copied); NULL: defaults */
+};
+
+enum {
+    SHMIPC__FRONT_WORKER_DOWN = 0,    /* no thread has a session to it */
+    SHMIPC__FRONT_WORKER_UP = 1,      /* some thread has a session to it */
+    SHMIPC__FRONT_WORKER_RETIRED = 2, /* not in the current set; sessions close once idle */
+};
+
+struct shmipc__front_worker_stats {
+    char address[SHMIPC__FRONT_MAX_ADDRESS + 1];
+    int state;          /* SHMIPC__FRONT_WORKER_* */
+    unsigned sessions;  /* threads with a live session to it */
+    unsigned in_flight; /* 0 or 1: its busy flag */
+    uint64_t served;    /* responses relayed */
+    uint64_t failures;  /* 502s: session ended, stream ended, bad frame, too large */
+};
+
+struct shmipc__front_stats {
+    unsigned queued;      /* requests waiting for a worker now */
+    unsigned nworkers;    /* entries below: the current set, then retired ones still open */
+    uint64_t rejected;    /* 503s (queue full) */
+    uint64_t timeouts;    /* requests cancelled by their deadline (504) */
+    uint64_t client_gone; /* requests cancelled because the client left */
+    struct shmipc__front_worker_stats w[2 * SHMIPC__FRONT_MAX_WORKERS];
+};
+
+/* SHMIPC_EINVAL / SHMIPC_ERANGE for bad options, SHMIPC_ENOMEM. */
+int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__front **out);
+
+/*
+ * Routes every request matching `pattern` (a shmipc_server_route path, any method) to the
+ * workers, and hooks the server's worker threads. Once per front and per server, before the
+ * server starts (SHMIPC_EBUSY otherwise).
+ */
+int shmipc__front_attach(struct shmipc__front *f, struct shmipc_server *srv, const char *pattern);
+
+/*
+ * Replaces the set of workers (a reload): new requests go to the new set; a request in flight
+ * on a worker left out finishes there, and its sessions close once idle. Addresses in both
+ * sets keep their sessions. Thread safe.
+ */
+int shmipc__front_set_workers(struct shmipc__front *f, const char *const *addrs, unsigned n);
+
+/* Counters and worker states. Thread safe. */
+int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out);
+
+/* After the server stopped or was freed. NULL is a no-op. */
+void shmipc__front_free(struct shmipc__front *f);
+
+#endif
