@@ -44,10 +44,10 @@
 struct fworker {
     struct fworker *next; /* every worker the front ever had: freed with the front */
     char addr[SHMIPC__FRONT_MAX_ADDRESS + 1];
-    atomic_int busy;       /* claimed by one request */
-    atomic_uint sessions;  /* threads with a live session to it */
-    atomic_int current;    /* in the current set */
-    atomic_ullong served;  /* responses relayed */
+    atomic_int busy;        /* claimed by one request */
+    atomic_uint sessions;   /* threads with a live session to it */
+    atomic_int current;     /* in the current set */
+    atomic_ullong served;   /* responses relayed */
     atomic_ullong failures; /* 502s */
 };
 
@@ -445,7 +445,8 @@ static void req_read(struct freq *r)
             memcpy(copy, r->hdr, SHMIPC__SF_HDR_SIZE);
             memcpy(copy + SHMIPC__SF_HDR_SIZE, p, len);
             shmipc__stream_release(r->st);
-            if (r->got_head || shmipc__sf_decode(copy, SHMIPC__SF_HDR_SIZE + (size_t)len, &fr) <= 0 ||
+            if (r->got_head ||
+                shmipc__sf_decode(copy, SHMIPC__SF_HDR_SIZE + (size_t)len, &fr) <= 0 ||
                 fr.u.resp.status == 101) { /* a 101 answers no upgrade the front sent */
                 free(copy);
                 goto protocol;
@@ -613,8 +614,8 @@ static void fs_connect(struct fsess *fs)
     shmipc_session *s = NULL;
     int rc = shmipc__session_connect(fs->w->addr, t->f->ipc, &s);
     if (rc == 0)
-        rc = shmipc__watch_new(t->loop, shmipc__session_fileno(s), SHMIPC__WATCH_READ, fs_ready,
-                               fs, &fs->watch);
+        rc = shmipc__watch_new(t->loop, shmipc__session_fileno(s), SHMIPC__WATCH_READ, fs_ready, fs,
+                               &fs->watch);
     if (rc < 0) {
         if (s != NULL)
             shmipc__session_close(s);
@@ -808,10 +809,13 @@ static int direct(shmipc_http_response *res, int status, const char *retry_after
     static const char *const text[] = {"Bad Gateway\n", "Service Unavailable\n",
                                        "Request Header Fields Too Large\n",
                                        "Internal Server Error\n"};
-    const char *b = status == 502 ? text[0] : status == 503 ? text[1] : status == 431 ? text[2]
-                                                                                        : text[3];
+    const char *b = status == 502   ? text[0]
+                    : status == 503 ? text[1]
+                    : status == 431 ? text[2]
+                                    : text[3];
     res->r->status = (uint16_t)status;
-    if (retry_after != NULL && shmipc__http_response_add_header(res, "Retry-After", retry_after) < 0)
+    if (retry_after != NULL &&
+        shmipc__http_response_add_header(res, "Retry-After", retry_after) < 0)
         return -1;
     if (shmipc__http_response_add_header(res, "Content-Type", "text/plain") < 0)
         return -1;
@@ -1030,10 +1034,8 @@ static int check_addrs(const char *const *addrs, unsigned n)
         return shmipc__fail(SHMIPC_EINVAL, "front: %u workers, 1..%u", n,
                             SHMIPC__FRONT_MAX_WORKERS);
     for (unsigned i = 0; i < n; i++) {
-        if (addrs[i] == NULL || addrs[i][0] == '\0' ||
-            strlen(addrs[i]) > SHMIPC__FRONT_MAX_ADDRESS)
-            return shmipc__fail(SHMIPC_EINVAL, "front: worker address %u is empty or too long",
-                                i);
+        if (addrs[i] == NULL || addrs[i][0] == '\0' || strlen(addrs[i]) > SHMIPC__FRONT_MAX_ADDRESS)
+            return shmipc__fail(SHMIPC_EINVAL, "front: worker address %u is empty or too long", i);
         for (unsigned j = 0; j < i; j++)
             if (strcmp(addrs[i], addrs[j]) == 0)
                 return shmipc__fail(SHMIPC_EINVAL, "front: worker address %s twice", addrs[i]);
@@ -1145,8 +1147,8 @@ int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out
             memcpy(ws->address, w->addr, sizeof ws->address);
             ws->sessions = atomic_load(&w->sessions);
             ws->state = !atomic_load(&w->current) ? SHMIPC__FRONT_WORKER_RETIRED
-                        : ws->sessions > 0       ? SHMIPC__FRONT_WORKER_UP
-                                                 : SHMIPC__FRONT_WORKER_DOWN;
+                        : ws->sessions > 0        ? SHMIPC__FRONT_WORKER_UP
+                                                  : SHMIPC__FRONT_WORKER_DOWN;
             ws->in_flight = (unsigned)atomic_load(&w->busy);
             ws->served = atomic_load(&w->served);
             ws->failures = atomic_load(&w->failures);

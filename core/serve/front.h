@@ -34,16 +34,16 @@
 struct shmipc_server;
 struct shmipc__front;
 
-#define SHMIPC__FRONT_MAX_WORKERS       64u          /* application workers in one set */
-#define SHMIPC__FRONT_MAX_ADDRESS       107u         /* bytes of a worker's shmipc address */
-#define SHMIPC__FRONT_DEFAULT_QUEUE     1024u        /* requests waiting for a worker, in all */
-#define SHMIPC__FRONT_DEFAULT_DEADLINE  30000u       /* ms per request, from its arrival */
-#define SHMIPC__FRONT_DEFAULT_CONNECT   1000u        /* ms for a session's connect and handshake */
-#define SHMIPC__FRONT_DEFAULT_RESPONSE  (64u << 20)  /* bytes of a response body */
-#define SHMIPC__FRONT_LIMIT_RESPONSE    (1ull << 32) /* most max_response may be */
-#define SHMIPC__FRONT_DRAIN_MS          5000u        /* after the front's ABORT, at most */
-#define SHMIPC__FRONT_BACKOFF_MIN_MS    20u          /* first reconnect after a session ended */
-#define SHMIPC__FRONT_BACKOFF_MAX_MS    2000u        /* the back-off doubles up to this */
+#define SHMIPC__FRONT_MAX_WORKERS      64u          /* application workers in one set */
+#define SHMIPC__FRONT_MAX_ADDRESS      107u         /* bytes of a worker's shmipc address */
+#define SHMIPC__FRONT_DEFAULT_QUEUE    1024u        /* requests waiting for a worker, in all */
+#define SHMIPC__FRONT_DEFAULT_DEADLINE 30000u       /* ms per request, from its arrival */
+#define SHMIPC__FRONT_DEFAULT_CONNECT  1000u        /* ms for a session's connect and handshake */
+#define SHMIPC__FRONT_DEFAULT_RESPONSE (64u << 20)  /* bytes of a response body */
+#define SHMIPC__FRONT_LIMIT_RESPONSE   (1ull << 32) /* most max_response may be */
+#define SHMIPC__FRONT_DRAIN_MS         5000u        /* after the front's ABORT, at most */
+#define SHMIPC__FRONT_BACKOFF_MIN_MS   20u          /* first reconnect after a session ended */
+#define SHMIPC__FRONT_BACKOFF_MAX_MS   2000u        /* the back-off doubles up to this */
 
 struct shmipc__front_opts {
     const char *const *workers; /* shmipc addresses of the application workers */

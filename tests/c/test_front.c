@@ -1,0 +1,1094 @@
+/* Description: shmipc-serve's front (core/serve/front.c) end to end on epoll and io_uring: the
+ * HTTP server on 127.0.0.1 hands requests to application workers that are C threads of this
+ * process (a shmipc listener and the public frame codec, shmipc_serve.h); cross-talk over 2
+ * workers and 2 reactor threads with unique bodies, keep-alive and pipelining order, and every
+ * failure of docs/serve.md's table: 502 (session died, stream ended, bad frame, too large),
+ * 503 with Retry-After, 504 with ABORT TIMEOUT, ABORT CLIENT_GONE, a worker that stops
+ * reading, the front closed with requests in flight, and set_workers under load. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shmipc.h"
+#include "shmipc_serve.h"
+#include "net/server.h"
+#include "serve/front.h"
+
+static int suite_backend = SHMIPC_BACKEND_EPOLL;
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        int check_rc_ = (call);                                                                    \
+        if (check_rc_ < 0)                                                                         \
+            fail_msg("%s: %s: %s", #call, shmipc_errname(check_rc_), shmipc_error_detail());       \
+    } while (0)
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- application workers: threads of this process ---- */
+
+enum mode {
+    M_ECHO = 0, /* 200, body = target ":" body, X-Worker: name */
+    M_SLOW,     /* M_ECHO after slow_ms */
+    M_DIE,      /* reads the request, then every session of the worker ends */
+    M_BAD,      /* answers a frame with a bad magic */
+    M_HUGE,     /* a body of 1 MiB in 64 KiB frames, no Content-Length */
+    M_MID_END,  /* RESPONSE_HEAD, then closes its stream */
+    M_HANG,     /* never answers; waits for the front's ABORT */
+    M_STALL,    /* never reads the stream at all until told to go on */
+};
+
+struct appw {
+    char name[16];
+    char addr[96];
+    shmipc_listener *l;
+    pthread_t acceptor;
+    atomic_int stop;
+    atomic_int mode;
+    atomic_int slow_ms;
+    atomic_int release_stall;
+    atomic_int requests;   /* request heads read */
+    atomic_int aborts[8];  /* ABORT reasons the front sent */
+    atomic_int concurrent; /* streams being served now */
+    atomic_int max_concurrent;
+    pthread_mutex_t mu;
+    shmipc_session *sess[16];
+    pthread_t sthreads[16];
+    int nsess;
+};
+
+struct sarg {
+    struct appw *w;
+    shmipc_session *s;
+};
+
+static int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serve_frame *f)
+{
+    const void *p;
+    uint8_t h[12];
+    int rc = shmipc_stream_read_exact_bytes(st, 12, &p, 0);
+    if (rc < 0)
+        return rc;
+    memcpy(h, p, 12);
+    f->size = sizeof *f;
+    if (shmipc_serve_decode_header(h, 12, f) != 12)
+        return SHMIPC_EPROTO;
+    *len = 12 + f->length;
+    *buf = malloc(*len);
+    memcpy(*buf, h, 12);
+    if (f->length > 0) {
+        rc = shmipc_stream_read_exact_bytes(st, f->length, &p, 0);
+        if (rc < 0) {
+            free(*buf);
+            return rc;
+        }
+        memcpy(*buf + 12, p, f->length);
+    }
+    shmipc_stream_release(st);
+    f->size = sizeof *f;
+    return shmipc_serve_decode(*buf, *len, f) == (int64_t)*len ? 0 : SHMIPC_EPROTO;
+}
+
+/* Reads until the front's ABORT (counted) or the stream's end, up to 5 s. */
+static void wait_abort(struct appw *w, shmipc_stream *st)
+{
+    shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 5000);
+    for (;;) {
+        uint8_t *b;
+        size_t n;
+        shmipc_serve_frame f;
+        if (read_frame(st, &b, &n, &f) < 0)
+            return;
+        free(b);
+        if (f.type == SHMIPC_SERVE_ABORT) {
+            atomic_fetch_add(&w->aborts[f.arg & 7], 1);
+            return;
+        }
+    }
+}
+
+static void send_frames(struct appw *w, shmipc_stream *st, int status, const char *name,
+                        const void *body, size_t len, int with_length)
+{
+    uint8_t head[512], h[12];
+    shmipc_serve_field fields[2] = {
+        {(const uint8_t *)"Content-Type", (const uint8_t *)"text/plain", 12, 10},
+        {(const uint8_t *)"X-Worker", (const uint8_t *)name, 8, (uint32_t)strlen(name)},
+    };
+    shmipc_serve_response r = {.size = sizeof r, .status = (uint16_t)status};
+    if (with_length) {
+        r.flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH;
+        r.content_length = len;
+    }
+    int64_t n = shmipc_serve_encode_response_head(head, sizeof head, &r, fields, 2);
+    assert_true(n > 0);
+    shmipc_stream_write(st, head, (size_t)n);
+    if (len > 0) {
+        shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, len, 0);
+        shmipc_stream_write(st, h, 12);
+        shmipc_stream_write(st, body, len);
+    }
+    shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_END, 0, 0);
+    shmipc_stream_write(st, h, 12);
+    /* The front may hand this worker its next request once END is out. */
+    atomic_fetch_sub(&w->concurrent, 1);
+    shmipc_stream_flush(st);
+    atomic_fetch_add(&w->concurrent, 1);
+}
+
+static void kill_sessions(struct appw *w)
+{
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->nsess; i++)
+        shmipc_session_shutdown(w->sess[i]);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void serve_stream(struct appw *w, shmipc_stream *st)
+{
+    uint8_t *buf = NULL, *out = NULL;
+    size_t n, blen = 0, tlen = 0;
+    char target[256];
+    shmipc_serve_frame f;
+    uint8_t *body = malloc(1 << 20);
+
+    if (atomic_load(&w->mode) == M_STALL) {
+        while (!atomic_load(&w->release_stall) && !atomic_load(&w->stop))
+            sleep_ms(5);
+    }
+    shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 5000);
+    if (read_frame(st, &buf, &n, &f) < 0)
+        goto out;
+    if (f.type == SHMIPC_SERVE_ABORT) /* a late ABORT for an exchange that ended here */
+        goto out;
+    assert_int_equal(f.type, SHMIPC_SERVE_REQUEST_HEAD);
+    shmipc_serve_request rq = {.size = sizeof rq};
+    assert_true(shmipc_serve_decode_request(buf, n, &rq) > 0);
+    tlen = rq.target_len < sizeof target ? rq.target_len : sizeof target - 1;
+    memcpy(target, rq.target, tlen);
+    free(buf);
+    buf = NULL;
+    atomic_fetch_add(&w->requests, 1);
+    for (;;) { /* the body, then END */
+        if (read_frame(st, &buf, &n, &f) < 0)
+            goto out;
+        if (f.type == SHMIPC_SERVE_END)
+            break;
+        assert_int_equal(f.type, SHMIPC_SERVE_BODY);
+        if (blen + f.length > (1u << 20))
+            goto out;
+        memcpy(body + blen, f.payload, f.length);
+        blen += f.length;
+        free(buf);
+        buf = NULL;
+    }
+    int c = atomic_fetch_add(&w->concurrent, 1) + 1;
+    int m = atomic_load(&w->max_concurrent);
+    while (c > m && !atomic_compare_exchange_weak(&w->max_concurrent, &m, c)) {
+    }
+    switch (atomic_load(&w->mode)) {
+    case M_SLOW:
+        sleep_ms((unsigned)atomic_load(&w->slow_ms));
+        /* fall through */
+    case M_ECHO:
+        out = malloc(tlen + 1 + blen);
+        memcpy(out, target, tlen);
+        out[tlen] = ':';
+        memcpy(out + tlen + 1, body, blen);
+        send_frames(w, st, 200, w->name, out, tlen + 1 + blen, 1);
+        break;
+    case M_DIE:
+        kill_sessions(w);
+        break;
+    case M_BAD: {
+        uint8_t bad[12] = {'X', 'X', 1, 4, 0, 0, 0, 0, 0, 0, 0, 0};
+        shmipc_stream_write(st, bad, sizeof bad);
+        shmipc_stream_flush(st);
+        wait_abort(w, st);
+        break;
+    }
+    case M_HUGE: {
+        uint8_t head[256], h[12];
+        static uint8_t chunk[1 << 16];
+        shmipc_serve_response r = {.size = sizeof r, .status = 200};
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+        shmipc_stream_write(st, head, (size_t)hn);
+        shmipc_stream_flush(st);
+        for (int i = 0; i < 16; i++) {
+            shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, sizeof chunk, 0);
+            shmipc_stream_write(st, h, 12);
+            shmipc_stream_write(st, chunk, sizeof chunk);
+            if (shmipc_stream_flush(st) < 0)
+                break;
+        }
+        wait_abort(w, st);
+        break;
+    }
+    case M_MID_END: {
+        uint8_t head[256];
+        shmipc_serve_response r = {.size = sizeof r, .status = 200};
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+        shmipc_stream_write(st, head, (size_t)hn);
+        shmipc_stream_flush(st);
+        break; /* the close ends the stream mid-response */
+    }
+    case M_HANG:
+    case M_STALL: /* the front gave up meanwhile: its ABORT follows the request */
+        wait_abort(w, st);
+        break;
+    }
+    atomic_fetch_sub(&w->concurrent, 1);
+out:
+    free(body);
+    free(buf);
+    free(out);
+    shmipc_stream_close(st);
+}
+
+static void *session_main(void *arg)
+{
+    struct sarg *a = arg;
+    while (!atomic_load(&a->w->stop)) {
+        shmipc_stream *st;
+        int rc = shmipc_session_accept_stream(a->s, 50, &st);
+        if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN)
+            continue;
+        if (rc < 0)
+            break;
+        serve_stream(a->w, st);
+    }
+    free(a);
+    return NULL;
+}
+
+static void *acceptor_main(void *arg)
+{
+    struct appw *w = arg;
+    while (!atomic_load(&w->stop)) {
+        shmipc_session *s;
+        int rc = shmipc_listener_accept(w->l, 50, &s);
+        if (rc < 0)
+            continue;
+        pthread_mutex_lock(&w->mu);
+        if (w->nsess == 16) {
+            pthread_mutex_unlock(&w->mu);
+            shmipc_session_close(s);
+            continue;
+        }
+        struct sarg *a = malloc(sizeof *a);
+        a->w = w;
+        a->s = s;
+        w->sess[w->nsess] = s;
+        pthread_create(&w->sthreads[w->nsess], NULL, session_main, a);
+        w->nsess++;
+        pthread_mutex_unlock(&w->mu);
+    }
+    return NULL;
+}
+
+static int appw_seq;
+
+static void appw_start(struct appw *w, const char *name, const char *addr)
+{
+    if (name != NULL) {
+        memset(w, 0, sizeof *w);
+        snprintf(w->name, sizeof w->name, "%s", name);
+        if (addr != NULL)
+            snprintf(w->addr, sizeof w->addr, "%s", addr);
+        else
+            snprintf(w->addr, sizeof w->addr, "unix:@shmipc-front-test-%d-%d", (int)getpid(),
+                     appw_seq++);
+        pthread_mutex_init(&w->mu, NULL);
+    }
+    atomic_store(&w->stop, 0);
+    CHECK(shmipc_listener_new(w->addr, NULL, &w->l));
+    pthread_create(&w->acceptor, NULL, acceptor_main, w);
+}
+
+/* Stops it as a process exit would: every session ends, the listener goes. */
+static void appw_stop(struct appw *w)
+{
+    atomic_store(&w->stop, 1);
+    pthread_join(w->acceptor, NULL);
+    kill_sessions(w);
+    for (int i = 0; i < w->nsess; i++) {
+        pthread_join(w->sthreads[i], NULL);
+        shmipc_session_close(w->sess[i]);
+    }
+    w->nsess = 0;
+    shmipc_listener_close(w->l);
+    w->l = NULL;
+}
+
+/* ---- the front under test ---- */
+
+struct fx {
+    shmipc_server *srv;
+    struct shmipc__front *f;
+    int port;
+};
+
+static int h_static(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    return shmipc_http_response_body(res, "static", 6);
+}
+
+static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
+                     const struct shmipc__front_opts *o)
+{
+    shmipc_server_config *cfg;
+    const char *addrs[8];
+    struct shmipc__front_opts opts = o ? *o : (struct shmipc__front_opts){0};
+    for (unsigned i = 0; i < n; i++)
+        addrs[i] = ws[i]->addr;
+    opts.workers = addrs;
+    opts.nworkers = n;
+    CHECK(shmipc__front_new(&opts, &x->f));
+    CHECK(shmipc_server_config_new(&cfg));
+    CHECK(shmipc_server_config_set_address(cfg, "127.0.0.1"));
+    CHECK(shmipc_server_config_set_port(cfg, 0));
+    CHECK(shmipc_server_config_set_workers(cfg, threads));
+    CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
+    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 3000));
+    CHECK(shmipc_server_new(cfg, &x->srv));
+    shmipc_server_config_free(cfg);
+    CHECK(shmipc_server_route(x->srv, "GET", "/static", h_static, NULL, NULL));
+    CHECK(shmipc__front_attach(x->f, x->srv, "/*"));
+    CHECK(shmipc_server_start(x->srv));
+    x->port = shmipc_server_port(x->srv);
+}
+
+static void fx_stop(struct fx *x)
+{
+    shmipc_server_free(x->srv);
+    shmipc__front_free(x->f);
+}
+
+/* ---- an HTTP client ---- */
+
+static int tcp_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct timeval tv = {10, 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_true(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void send_all(int fd, const void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        assert_true(k > 0);
+        p = (const char *)p + k;
+        n -= (size_t)k;
+    }
+}
+
+/* A reader that keeps what it read past a response for the next one. */
+struct rd {
+    int fd;
+    char buf[1 << 17];
+    size_t len;
+};
+
+struct resp {
+    int status;
+    char head[4096];
+    char *body;
+    size_t body_len;
+};
+
+/* Reads one response (Content-Length framing); status -1 when the connection ended first. */
+static void read_resp(struct rd *r, struct resp *p)
+{
+    char *end;
+    p->status = -1;
+    p->body = NULL;
+    p->body_len = 0;
+    for (;;) {
+        r->buf[r->len] = '\0';
+        if ((end = strstr(r->buf, "\r\n\r\n")) != NULL)
+            break;
+        ssize_t k = recv(r->fd, r->buf + r->len, sizeof r->buf - 1 - r->len, 0);
+        if (k <= 0)
+            return;
+        r->len += (size_t)k;
+    }
+    size_t hl = (size_t)(end - r->buf) + 4;
+    assert_true(hl < sizeof p->head);
+    memcpy(p->head, r->buf, hl);
+    p->head[hl] = '\0';
+    p->status = atoi(r->buf + 9);
+    const char *cl = strcasestr(p->head, "\r\nContent-Length: ");
+    size_t blen = cl ? strtoul(cl + 18, NULL, 10) : 0;
+    while (r->len < hl + blen) {
+        ssize_t k = recv(r->fd, r->buf + r->len, sizeof r->buf - 1 - r->len, 0);
+        if (k <= 0) {
+            p->status = -1;
+            return;
+        }
+        r->len += (size_t)k;
+    }
+    p->body = malloc(blen + 1);
+    memcpy(p->body, r->buf + hl, blen);
+    p->body[blen] = '\0';
+    p->body_len = blen;
+    memmove(r->buf, r->buf + hl + blen, r->len - hl - blen);
+    r->len -= hl + blen;
+}
+
+static void rd_open(struct rd *r, int port)
+{
+    r->fd = tcp_connect(port);
+    r->len = 0;
+}
+
+/* One request on a new connection. */
+static int request(int port, const char *method, const char *target, const char *body,
+                   struct resp *p)
+{
+    struct rd *r = malloc(sizeof *r);
+    char req[1024];
+    size_t bl = body ? strlen(body) : 0;
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: t\r\nContent-Length: %zu\r\n\r\n%s",
+                     method, target, bl, body ? body : "");
+    rd_open(r, port);
+    send_all(r->fd, req, (size_t)n);
+    read_resp(r, p);
+    close(r->fd);
+    free(r);
+    return p->status;
+}
+
+static void resp_free(struct resp *p)
+{
+    free(p->body);
+    p->body = NULL;
+}
+
+static int wait_for(atomic_int *v, int want, unsigned ms)
+{
+    uint64_t end = mono_ms() + ms;
+    while (atomic_load(v) < want && mono_ms() < end)
+        sleep_ms(2);
+    return atomic_load(v) >= want;
+}
+
+/* Waits until `n` sessions to the worker are up (state UP), up to 5 s. */
+static int wait_sessions(struct fx *x, const char *addr, unsigned n)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + 5000;
+    while (mono_ms() < end) {
+        CHECK(shmipc__front_stats(x->f, &st));
+        for (unsigned i = 0; i < st.nworkers; i++)
+            if (strcmp(st.w[i].address, addr) == 0 && st.w[i].sessions >= n)
+                return 1;
+        sleep_ms(5);
+    }
+    return 0;
+}
+
+/* ---- tests ---- */
+
+/* A GET and a POST: the worker's status, fields and body reach the client. */
+static void basic(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct resp p;
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    fx_start(&x, ws, 1, 1, NULL);
+    print_message("backend: %s\n", shmipc_server_backend(x.srv));
+    assert_int_equal(request(x.port, "GET", "/hello?x=1", NULL, &p), 200);
+    assert_string_equal(p.body, "/hello?x=1:");
+    assert_non_null(strcasestr(p.head, "\r\nX-Worker: w0\r\n"));
+    assert_non_null(strcasestr(p.head, "\r\nContent-Type: text/plain\r\n"));
+    resp_free(&p);
+    assert_int_equal(request(x.port, "POST", "/p", "some body", &p), 200);
+    assert_string_equal(p.body, "/p:some body");
+    resp_free(&p);
+    assert_int_equal(request(x.port, "GET", "/static", NULL, &p), 200);
+    assert_string_equal(p.body, "static");
+    resp_free(&p);
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x.f, &st));
+    assert_int_equal(st.nworkers, 1);
+    assert_int_equal(st.w[0].served, 2);
+    assert_int_equal(st.w[0].state, SHMIPC__FRONT_WORKER_UP);
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
+/* Keep-alive and pipelining: five requests in one write come back in order. */
+static void pipelining(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct rd *r = malloc(sizeof *r);
+    char req[2048];
+    size_t n = 0;
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    fx_start(&x, ws, 1, 1, NULL);
+    rd_open(r, x.port);
+    for (int i = 0; i < 5; i++)
+        n += (size_t)snprintf(req + n, sizeof req - n,
+                              "POST /pipe/%d HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nb%d",
+                              i, i);
+    send_all(r->fd, req, n);
+    for (int i = 0; i < 5; i++) {
+        struct resp p;
+        char want[64];
+        read_resp(r, &p);
+        assert_int_equal(p.status, 200);
+        snprintf(want, sizeof want, "/pipe/%d:b%d", i, i);
+        assert_string_equal(p.body, want);
+        resp_free(&p);
+    }
+    /* and keep-alive after them */
+    send_all(r->fd, "GET /again HTTP/1.1\r\nHost: t\r\n\r\n", 32);
+    struct resp p;
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "/again:");
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
+struct xt {
+    int port;
+    int id;
+    int n;
+    atomic_int *mismatches;
+    atomic_int *ok;
+};
+
+static void *xtalk_client(void *arg)
+{
+    struct xt *a = arg;
+    struct rd *r = malloc(sizeof *r);
+    rd_open(r, a->port);
+    for (int i = 0; i < a->n; i++) {
+        char req[512], body[128], want[256];
+        struct resp p;
+        int bl = snprintf(body, sizeof body, "client %d request %d %08x", a->id, i,
+                          (unsigned)(a->id * 7919 + i * 104729));
+        int n = snprintf(req, sizeof req,
+                         "POST /x/%d/%d HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s", a->id,
+                         i, bl, body);
+        send_all(r->fd, req, (size_t)n);
+        read_resp(r, &p);
+        snprintf(want, sizeof want, "/x/%d/%d:%s", a->id, i, body);
+        if (p.status != 200 || p.body == NULL || strcmp(p.body, want) != 0)
+            atomic_fetch_add(a->mismatches, 1);
+        else
+            atomic_fetch_add(a->ok, 1);
+        resp_free(&p);
+        if (p.status < 0) { /* the connection ended: a new one */
+            close(r->fd);
+            rd_open(r, a->port);
+        }
+    }
+    close(r->fd);
+    free(r);
+    return NULL;
+}
+
+/* 2 workers, 2 reactor threads, 8 clients x 70 requests with unique bodies: no mix-up, no
+ * worker ever serving two requests at once, both workers used. */
+static void cross_talk(void **state)
+{
+    struct appw w0, w1;
+    struct appw *ws[] = {&w0, &w1};
+    struct fx x;
+    pthread_t th[8];
+    struct xt a[8];
+    atomic_int mism = 0, ok = 0;
+    (void)state;
+    appw_start(&w0, "w0", NULL);
+    appw_start(&w1, "w1", NULL);
+    fx_start(&x, ws, 2, 2, NULL);
+    for (int i = 0; i < 8; i++) {
+        a[i] = (struct xt){x.port, i, 70, &mism, &ok};
+        pthread_create(&th[i], NULL, xtalk_client, &a[i]);
+    }
+    for (int i = 0; i < 8; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(atomic_load(&mism), 0);
+    assert_int_equal(atomic_load(&ok), 560);
+    assert_int_equal(atomic_load(&w0.max_concurrent), 1);
+    assert_int_equal(atomic_load(&w1.max_concurrent), 1);
+    assert_true(atomic_load(&w0.requests) > 0 && atomic_load(&w1.requests) > 0);
+    assert_int_equal(atomic_load(&w0.requests) + atomic_load(&w1.requests), 560);
+    fx_stop(&x);
+    appw_stop(&w0);
+    appw_stop(&w1);
+}
+
+struct bg {
+    int port;
+    const char *target;
+    struct resp p;
+    pthread_t th;
+};
+
+static void *bg_main(void *arg)
+{
+    struct bg *b = arg;
+    request(b->port, "GET", b->target, NULL, &b->p);
+    return NULL;
+}
+
+static void bg_start(struct bg *b, int port, const char *target)
+{
+    b->port = port;
+    b->target = target;
+    pthread_create(&b->th, NULL, bg_main, b);
+}
+
+/* No worker free and the queue (1) full: 503 with Retry-After: 1; the queued one is served. */
+static void queue_full_503(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct shmipc__front_opts o = {.queue_max = 1};
+    struct bg b1, b2;
+    struct resp p;
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    atomic_store(&w.mode, M_SLOW);
+    atomic_store(&w.slow_ms, 400);
+    fx_start(&x, ws, 1, 1, &o);
+    bg_start(&b1, x.port, "/first");
+    assert_true(wait_for(&w.requests, 1, 5000)); /* the worker has the first */
+    bg_start(&b2, x.port, "/second");
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + 5000;
+    do { /* the second waits in the queue */
+        CHECK(shmipc__front_stats(x.f, &st));
+    } while (st.queued < 1 && mono_ms() < end);
+    assert_int_equal(st.queued, 1);
+    assert_int_equal(request(x.port, "GET", "/third", NULL, &p), 503);
+    assert_non_null(strcasestr(p.head, "\r\nRetry-After: 1\r\n"));
+    resp_free(&p);
+    pthread_join(b1.th, NULL);
+    pthread_join(b2.th, NULL);
+    assert_int_equal(b1.p.status, 200);
+    assert_string_equal(b1.p.body, "/first:");
+    assert_int_equal(b2.p.status, 200);
+    assert_string_equal(b2.p.body, "/second:");
+    resp_free(&b1.p);
+    resp_free(&b2.p);
+    CHECK(shmipc__front_stats(x.f, &st));
+    assert_int_equal(st.rejected, 1);
+    assert_int_equal(st.queued, 0);
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
+/* The deadline: 504, the worker gets ABORT TIMEOUT, and is free for the next request. */
+static void deadline_504(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct shmipc__front_opts o = {.deadline_ms = 200};
+    struct resp p;
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    atomic_store(&w.mode, M_HANG);
+    fx_start(&x, ws, 1, 1, &o);
+    assert_int_equal(request(x.port, "GET", "/slow", NULL, &p), 504);
+    resp_free(&p);
+    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, 5000));
+    atomic_store(&w.mode, M_ECHO);
+    assert_int_equal(request(x.port, "GET", "/next", NULL, &p), 200);
+    assert_string_equal(p.body, "/next:");
+    resp_free(&p);
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x.f, &st));
+    assert_int_equal(st.timeouts, 1);
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
+/* The client leaves while its request is with the worker: ABORT CLIENT_GONE; the worker is
+ * free again once its stream ended. */
+static void client_gone_abort(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct resp p;
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    atomic_store(&w.mode, M_HANG);
+    fx_start(&x, ws, 1, 1, NULL);
+    int fd = tcp_connect(x.port);
+    send_all(fd, "GET /gone HTTP/1.1\r\nHost: t\r\n\r\n", 31);
+    assert_true(wait_for(&w.requests, 1, 5000));
+    struct linger lg = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd); /* a reset */
+    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], 1, 5000));
+    atomic_store(&w.mode, M_ECHO);
+    assert_int_equal(request(x.port, "GET", "/after", NULL, &p), 200);
+    assert_string_equal(p.body, "/after:");
+    resp_free(&p);
+    /* and a FIN rather than a reset */
+    atomic_store(&w.mode, M_HANG);
+    fd = tcp_connect(x.port);
+    send_all(fd, "GET /gone2 HTTP/1.1\r\nHost: t\r\n\r\n", 32);
+    assert_true(wait_for(&w.requests, 3, 5000));
+    shutdown(fd, SHUT_WR);
+    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], 2, 5000));
+    close(fd);
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
+/* A worker dies mid-request: 502 for that request only, the other worker serves on, and the
+ * dead one's sessions come back when it does. */
+static void worker_died_502(void **state)
+{
+    struct appw w0, w1;
+    struct appw *ws[] = {&w0, &w1};
+    struct fx x;
+    struct resp p;
+    int n502 = 0, n200 = 0;
+    (void)state;
+    appw_start(&w0, "w0", NULL);
+    appw_start(&w1, "w1", NULL);
+    atomic_store(&w0.mode, M_DIE);
+    fx_start(&x, ws, 2, 1, NULL);
+    for (int i = 0; i < 6; i++) {
+        int s = request(x.port, "GET", "/d", NULL, &p);
+        if (s == 502)
+            n502++;
+        else if (s == 200 && strcmp(p.body, "/d:") == 0 && strcasestr(p.head, "X-Worker: w1"))
+            n200++;
+        resp_free(&p);
+    }
+    assert_int_equal(n502, 1);
+    assert_int_equal(n200, 5);
+    /* w0 comes back (a new process on the same address) */
+    appw_stop(&w0);
+    atomic_store(&w0.mode, M_ECHO);
+    appw_start(&w0, NULL, NULL);
+    assert_true(wait_sessions(&x, w0.addr, 1));
+    int seen0 = 0;
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(request(x.port, "GET", "/e", NULL, &p), 200);
+        seen0 += strcasestr(p.head, "X-Worker: w0") != NULL;
+        resp_free(&p);
+    }
+    assert_true(seen0 > 0);
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x.f, &st));
+    assert_int_equal(st.w[0].failures, 1);
+    fx_stop(&x);
+    appw_stop(&w0);
+    appw_stop(&w1);
+}
+
+/* A bad frame: 502 and ABORT PROTOCOL. A stream ended mid-response: 502. A response over
+ * max_response: 502 and ABORT TOO_LARGE. The session stays up through all three. */
+static void bad_frames_502(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct shmipc__front_opts o = {.max_response = 256 * 1024};
+    struct resp p;
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    fx_start(&x, ws, 1, 1, &o);
+    atomic_store(&w.mode, M_BAD);
+    assert_int_equal(request(x.port, "GET", "/bad", NULL, &p), 502);
+    resp_free(&p);
+    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_PROTOCOL], 1, 5000));
+    atomic_store(&w.mode, M_MID_END);
+    assert_int_equal(request(x.port, "GET", "/mid", NULL, &p), 502);
+    resp_free(&p);
+    atomic_store(&w.mode, M_HUGE);
+    assert_int_equal(request(x.port, "GET", "/huge", NULL, &p), 502);
+    resp_free(&p);
+    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_TOO_LARGE], 1, 5000));
+    atomic_store(&w.mode, M_ECHO);
+    assert_int_equal(request(x.port, "GET", "/fine", NULL, &p), 200);
+    assert_string_equal(p.body, "/fine:");
+    resp_free(&p);
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x.f, &st));
+    assert_int_equal(st.w[0].failures, 3);
+    assert_int_equal(st.w[0].sessions, 1);
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
+/* A worker that stops reading holds its request; the same reactor thread serves another
+ * connection meanwhile (no stall), and the stalled request ends in 504. */
+static void stalled_worker_no_stall(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct shmipc__front_opts o = {.deadline_ms = 1500};
+    struct resp p;
+    static char big[600000];
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    atomic_store(&w.mode, M_STALL);
+    fx_start(&x, ws, 1, 1, &o);
+    struct rd *r = malloc(sizeof *r);
+    char head[128];
+    memset(big, 'a', sizeof big);
+    rd_open(r, x.port);
+    int hn = snprintf(head, sizeof head,
+                      "POST /big HTTP/1.1\r\nHost: t\r\nContent-Length: %zu\r\n\r\n", sizeof big);
+    send_all(r->fd, head, (size_t)hn);
+    send_all(r->fd, big, sizeof big);
+    sleep_ms(100);
+    uint64_t t0 = mono_ms();
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(request(x.port, "GET", "/static", NULL, &p), 200);
+        resp_free(&p);
+    }
+    assert_true(mono_ms() - t0 < 1400); /* served while the big one waits, not after it */
+    read_resp(r, &p);
+    assert_int_equal(p.status, 504);
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    atomic_store(&w.release_stall, 1);
+    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, 5000));
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
+/* The server (and then the front) is freed while requests are in flight and queued. */
+static void close_in_flight(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct bg b[3];
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    atomic_store(&w.mode, M_SLOW);
+    atomic_store(&w.slow_ms, 300);
+    fx_start(&x, ws, 1, 2, NULL);
+    bg_start(&b[0], x.port, "/c0");
+    bg_start(&b[1], x.port, "/c1");
+    bg_start(&b[2], x.port, "/c2");
+    assert_true(wait_for(&w.requests, 1, 5000));
+    fx_stop(&x);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(b[i].th, NULL);
+        /* answered before the stop's deadline, or the connection closed: never a wrong body */
+        if (b[i].p.status == 200) {
+            char want[16];
+            snprintf(want, sizeof want, "/c%d:", i);
+            assert_string_equal(b[i].p.body, want);
+        } else {
+            assert_true(b[i].p.status == -1 || b[i].p.status == 502 || b[i].p.status == 504);
+        }
+        resp_free(&b[i].p);
+    }
+    appw_stop(&w);
+}
+
+struct load {
+    int port;
+    atomic_int stop;
+    atomic_int bad, ok, after_c, after_old;
+    atomic_int switched;
+};
+
+static void *load_main(void *arg)
+{
+    struct load *l = arg;
+    struct rd *r = malloc(sizeof *r);
+    rd_open(r, l->port);
+    for (int i = 0; !atomic_load(&l->stop) && i < 2000; i++) {
+        char req[256], want[64];
+        struct resp p;
+        int sw = atomic_load(&l->switched);
+        int n = snprintf(req, sizeof req, "GET /l/%d HTTP/1.1\r\nHost: t\r\n\r\n", i);
+        send_all(r->fd, req, (size_t)n);
+        read_resp(r, &p);
+        snprintf(want, sizeof want, "/l/%d:", i);
+        if (p.status != 200 || strcmp(p.body, want) != 0) {
+            atomic_fetch_add(&l->bad, 1);
+        } else {
+            atomic_fetch_add(&l->ok, 1);
+            if (sw == 2) { /* sent after set_workers returned and the old ones closed */
+                if (strcasestr(p.head, "X-Worker: c"))
+                    atomic_fetch_add(&l->after_c, 1);
+                else
+                    atomic_fetch_add(&l->after_old, 1);
+            }
+        }
+        resp_free(&p);
+        if (p.status < 0)
+            break;
+    }
+    close(r->fd);
+    free(r);
+    return NULL;
+}
+
+/* set_workers under load: no request fails, new requests go to the new worker, and the old
+ * workers' sessions close once idle. */
+static void set_workers_under_load(void **state)
+{
+    struct appw a, b, c;
+    struct appw *ws[] = {&a, &b};
+    struct fx x;
+    struct load l = {0};
+    pthread_t th[3];
+    (void)state;
+    appw_start(&a, "a", NULL);
+    appw_start(&b, "b", NULL);
+    appw_start(&c, "c", NULL);
+    fx_start(&x, ws, 2, 2, NULL);
+    l.port = x.port;
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, load_main, &l);
+    assert_true(wait_for(&l.ok, 100, 10000));
+    const char *next[] = {c.addr};
+    CHECK(shmipc__front_set_workers(x.f, next, 1));
+    atomic_store(&l.switched, 1);
+    /* the old sessions close once idle */
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + 5000;
+    int old_open;
+    do {
+        CHECK(shmipc__front_stats(x.f, &st));
+        old_open = 0;
+        for (unsigned i = 0; i < st.nworkers; i++)
+            old_open += st.w[i].state == SHMIPC__FRONT_WORKER_RETIRED;
+        if (old_open)
+            sleep_ms(5);
+    } while (old_open && mono_ms() < end);
+    assert_int_equal(old_open, 0);
+    atomic_store(&l.switched, 2);
+    int ok0 = atomic_load(&l.ok);
+    assert_true(wait_for(&l.ok, ok0 + 100, 10000));
+    atomic_store(&l.stop, 1);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(atomic_load(&l.bad), 0);
+    assert_true(atomic_load(&l.after_c) >= 100);
+    assert_int_equal(atomic_load(&l.after_old), 0);
+    CHECK(shmipc__front_stats(x.f, &st));
+    assert_int_equal(st.nworkers, 1);
+    assert_string_equal(st.w[0].address, c.addr);
+    fx_stop(&x);
+    appw_stop(&a);
+    appw_stop(&b);
+    appw_stop(&c);
+}
+
+/* Options and misuse. */
+static void options(void **state)
+{
+    struct shmipc__front *f;
+    const char *one[] = {"unix:@x"};
+    const char *dup[] = {"unix:@x", "unix:@x"};
+    const char *empty[] = {""};
+    struct shmipc__front_opts o = {.workers = one, .nworkers = 1};
+    (void)state;
+    assert_int_equal(shmipc__front_new(NULL, &f), SHMIPC_EINVAL);
+    o.nworkers = 0;
+    assert_int_equal(shmipc__front_new(&o, &f), SHMIPC_EINVAL);
+    o.nworkers = SHMIPC__FRONT_MAX_WORKERS + 1;
+    assert_int_equal(shmipc__front_new(&o, &f), SHMIPC_EINVAL);
+    o.workers = dup;
+    o.nworkers = 2;
+    assert_int_equal(shmipc__front_new(&o, &f), SHMIPC_EINVAL);
+    o.workers = empty;
+    o.nworkers = 1;
+    assert_int_equal(shmipc__front_new(&o, &f), SHMIPC_EINVAL);
+    o.workers = one;
+    o.deadline_ms = 3600001;
+    assert_int_equal(shmipc__front_new(&o, &f), SHMIPC_ERANGE);
+    o.deadline_ms = 0;
+    o.max_response = SHMIPC__FRONT_LIMIT_RESPONSE + 1;
+    assert_int_equal(shmipc__front_new(&o, &f), SHMIPC_ERANGE);
+    o.max_response = 0;
+    CHECK(shmipc__front_new(&o, &f));
+    assert_int_equal(shmipc__front_set_workers(f, dup, 2), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__front_set_workers(f, NULL, 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__front_attach(f, NULL, "/*"), SHMIPC_EINVAL);
+    shmipc_server *s;
+    CHECK(shmipc_server_new(NULL, &s));
+    CHECK(shmipc__front_attach(f, s, "/*"));
+    assert_int_equal(shmipc__front_attach(f, s, "/*"), SHMIPC_EBUSY);
+    shmipc_server_free(s);
+    shmipc__front_free(f);
+    shmipc__front_free(NULL);
+}
+
+#define FRONT_TESTS                                                                                \
+    cmocka_unit_test(basic), cmocka_unit_test(pipelining), cmocka_unit_test(cross_talk),           \
+        cmocka_unit_test(queue_full_503), cmocka_unit_test(deadline_504),                          \
+        cmocka_unit_test(client_gone_abort), cmocka_unit_test(worker_died_502),                    \
+        cmocka_unit_test(bad_frames_502), cmocka_unit_test(stalled_worker_no_stall),               \
+        cmocka_unit_test(close_in_flight), cmocka_unit_test(set_workers_under_load)
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(options), FRONT_TESTS};
+    const struct CMUnitTest tests_uring[] = {FRONT_TESTS};
+    int rc;
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    unsetenv("SHMIPC_REACTOR_BACKEND");
+    suite_backend = SHMIPC_BACKEND_EPOLL;
+    rc = cmocka_run_group_tests_name("front_epoll", tests, NULL, NULL);
+    suite_backend = SHMIPC_BACKEND_AUTO; /* io_uring where the kernel has it */
+    rc |= cmocka_run_group_tests_name("front_uring", tests_uring, NULL, NULL);
+    return rc != 0;
+}
