@@ -91,6 +91,7 @@ struct freq {
     uint8_t live; /* the deferral is ours to answer */
     uint8_t state;
     uint8_t have_hdr, got_head;
+    uint8_t is_head;       /* a HEAD request: the worker sends no body, whatever its length says */
     uint32_t abort_reason; /* an ABORT still to send, 0: none */
     uint64_t drain_until;  /* loop ms */
     uint8_t hdr[SHMIPC__SF_HDR_SIZE];
@@ -318,8 +319,11 @@ static void req_answer(struct freq *r)
 
     if (shmipc__sf_decode(r->head, r->head_len, &fr) <= 0)
         goto bad;
-    if ((fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) && fr.u.resp.content_length != r->rlen)
-        goto bad; /* the body does not add up to the worker's own length */
+    /* The body must add up to the worker's own length, but for HEAD, 204 and 304, which
+     * carry none. */
+    if ((fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) && !r->is_head &&
+        fr.u.resp.status != 204 && fr.u.resp.status != 304 && fr.u.resp.content_length != r->rlen)
+        goto bad;
     struct shmipc__sf_fields it = fr.u.resp.fields;
     while (shmipc__sf_fields_next(&it, &fd)) {
         /* The framing fields are the front's (docs/serve.md, "RESPONSE_HEAD"). */
@@ -858,6 +862,7 @@ static int front_handler(shmipc_http_request *req, shmipc_http_response *res, vo
     memcpy(r->out, t->scratch, (size_t)n);
     r->out_len = (size_t)n;
     r->t = t;
+    r->is_head = (req->r->flags & SHMIPC__HTTP_IS_HEAD) != 0;
     r->body = req->body;
     r->body_len = req->body_len;
     shmipc__timer_init(t->loop, &r->timer, req_timer, r);

@@ -78,6 +78,7 @@ struct appw {
     atomic_int aborts[8];  /* ABORT reasons the front sent */
     atomic_int concurrent; /* streams being served now */
     atomic_int max_concurrent;
+    int is_head; /* the request being served is a HEAD (one at a time per worker) */
     pthread_mutex_t mu;
     shmipc_session *sess[16];
     pthread_t sthreads[16];
@@ -150,7 +151,7 @@ static void send_frames(struct appw *w, shmipc_stream *st, int status, const cha
     int64_t n = shmipc_serve_encode_response_head(head, sizeof head, &r, fields, 2);
     assert_true(n > 0);
     shmipc_stream_write(st, head, (size_t)n);
-    if (len > 0) {
+    if (len > 0 && !w->is_head) { /* HEAD: the length, no body */
         shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, len, 0);
         shmipc_stream_write(st, h, 12);
         shmipc_stream_write(st, body, len);
@@ -191,6 +192,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     assert_int_equal(f.type, SHMIPC_SERVE_REQUEST_HEAD);
     shmipc_serve_request rq = {.size = sizeof rq};
     assert_true(shmipc_serve_decode_request(buf, n, &rq) > 0);
+    w->is_head = rq.method_len == 4 && memcmp(rq.method, "HEAD", 4) == 0;
     tlen = rq.target_len < sizeof target ? rq.target_len : sizeof target - 1;
     memcpy(target, rq.target, tlen);
     free(buf);
@@ -431,8 +433,9 @@ struct resp {
     size_t body_len;
 };
 
-/* Reads one response (Content-Length framing); status -1 when the connection ended first. */
-static void read_resp(struct rd *r, struct resp *p)
+/* Reads one response (Content-Length framing; none after a HEAD); status -1 when the
+ * connection ended first. */
+static void read_resp_x(struct rd *r, struct resp *p, int head)
 {
     char *end;
     p->status = -1;
@@ -453,7 +456,7 @@ static void read_resp(struct rd *r, struct resp *p)
     p->head[hl] = '\0';
     p->status = atoi(r->buf + 9);
     const char *cl = strcasestr(p->head, "\r\nContent-Length: ");
-    size_t blen = cl ? strtoul(cl + 18, NULL, 10) : 0;
+    size_t blen = cl && !head ? strtoul(cl + 18, NULL, 10) : 0;
     while (r->len < hl + blen) {
         ssize_t k = recv(r->fd, r->buf + r->len, sizeof r->buf - 1 - r->len, 0);
         if (k <= 0) {
@@ -468,6 +471,11 @@ static void read_resp(struct rd *r, struct resp *p)
     p->body_len = blen;
     memmove(r->buf, r->buf + hl + blen, r->len - hl - blen);
     r->len -= hl + blen;
+}
+
+static void read_resp(struct rd *r, struct resp *p)
+{
+    read_resp_x(r, p, 0);
 }
 
 static void rd_open(struct rd *r, int port)
@@ -546,10 +554,25 @@ static void basic(void **state)
     assert_int_equal(request(x.port, "GET", "/static", NULL, &p), 200);
     assert_string_equal(p.body, "static");
     resp_free(&p);
+    /* HEAD: the worker says Content-Length and sends no body; not a 502 */
+    struct rd *r = malloc(sizeof *r);
+    rd_open(r, x.port);
+    const char *two = "HEAD /h HTTP/1.1\r\nHost: t\r\n\r\nGET /g HTTP/1.1\r\nHost: t\r\n\r\n";
+    send_all(r->fd, two, strlen(two));
+    read_resp_x(r, &p, 1);
+    assert_int_equal(p.status, 200);
+    resp_free(&p);
+    /* the HEAD's answer had no body bytes: the next response starts right after its head */
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "/g:");
+    resp_free(&p);
+    close(r->fd);
+    free(r);
     static struct shmipc__front_stats st;
     CHECK(shmipc__front_stats(x.f, &st));
     assert_int_equal(st.nworkers, 1);
-    assert_int_equal(st.w[0].served, 2);
+    assert_int_equal(st.w[0].served, 4);
     assert_int_equal(st.w[0].state, SHMIPC__FRONT_WORKER_UP);
     fx_stop(&x);
     appw_stop(&w);
