@@ -354,17 +354,18 @@ static void req_answer(struct freq *r)
     size_t len = r->rlen;
     r->rbody = NULL;
     r->live = 0;
+    /* Counted first: the client may see the answer before complete() returns. */
+    atomic_fetch_add(&r->fs->w->served, 1);
     rc = shmipc__server_complete(r->ticket, fr.u.resp.status, ctype, h, n, body, len,
                                  body != NULL ? free : NULL, body);
     free(ctype);
     if (rc == SHMIPC_EINVAL) {
         /* A field the server refuses (a control byte in a value, a status it does not send). */
+        atomic_fetch_sub(&r->fs->w->served, 1);
         r->live = 1;
-        atomic_fetch_add(&r->fs->w->failures, 1);
         answer_status(r, 502);
         return;
     }
-    atomic_fetch_add(&r->fs->w->served, 1);
     return;
 bad:
     free(ctype);
@@ -748,6 +749,41 @@ static struct fsess *claim(struct fthread *t)
     return NULL;
 }
 
+/*
+ * The session failed under a request before its worker answered anything, as a worker that
+ * died before the front noticed: nothing of it reached a live worker (a dead session's
+ * messages are never read), so it goes back to the head of this thread's queue rather than
+ * being answered 502, as nginx retries the next upstream when nothing was sent. The session
+ * goes down. 0, or SHMIPC_ENOMEM (the body could not be kept).
+ */
+static int requeue_head(struct fthread *t, struct freq *r, int rc)
+{
+    struct fsess *fs = r->fs;
+    fs->active = NULL;
+    atomic_store(&fs->w->busy, 0);
+    if (r->st != NULL) {
+        shmipc__stream_close_handle(r->st);
+        r->st = NULL;
+    }
+    r->fs = NULL;
+    fs_down(fs, rc);
+    if (r->body_len > 0 && r->body_copy == NULL) {
+        if ((r->body_copy = malloc(r->body_len)) == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "front: a body copy");
+        memcpy(r->body_copy, r->body, r->body_len);
+        r->body = r->body_copy;
+    }
+    r->state = RQ_QUEUED;
+    r->next = t->qhead;
+    t->qhead = r;
+    if (t->qtail == NULL)
+        t->qtail = r;
+    atomic_fetch_add(&t->nwait, 1);
+    atomic_fetch_add(&t->f->queued, 1);
+    kick(t);
+    return 0;
+}
+
 /* Starts waiting requests while workers are free. From the loop only (it may answer 502). */
 static void pump(struct fthread *t)
 {
@@ -769,7 +805,7 @@ static void pump(struct fthread *t)
         r->state = RQ_ACTIVE;
         int rc = req_send(r);
         if (rc < 0)
-            fs_down(fs, rc);
+            (void)requeue_head(t, r, rc); /* the body is a copy already */
     }
 }
 
@@ -873,15 +909,9 @@ static int front_handler(shmipc_http_request *req, shmipc_http_response *res, vo
         fs->active = r;
         r->state = RQ_ACTIVE;
         rc = req_send(r);
-        if (rc < 0) {
-            /* Not deferred yet: answered here, the session goes down without it. */
-            fs->active = NULL;
-            atomic_store(&fs->w->busy, 0);
-            atomic_fetch_add(&fs->w->failures, 1);
+        if (rc < 0 && requeue_head(t, r, rc) < 0) {
             req_free(r);
-            fs_down(fs, rc);
-            kick(t);
-            return direct(res, 502, NULL);
+            return direct(res, 503, "1");
         }
     } else {
         if (atomic_fetch_add(&f->queued, 1) >= f->queue_max) {

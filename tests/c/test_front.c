@@ -819,24 +819,23 @@ static void worker_died_502(void **state)
     struct appw *ws[] = {&w0, &w1};
     struct fx x;
     struct resp p;
-    int n502 = 0, n200 = 0;
+    int n200 = 0;
     (void)state;
     appw_start(&w0, "w0", NULL);
     appw_start(&w1, "w1", NULL);
     atomic_store(&w0.mode, M_DIE);
     fx_start(&x, ws, 2, 1, NULL);
+    /* one reactor thread claims round robin from w0: the first request dies with it */
+    assert_int_equal(request(x.port, "GET", "/d", NULL, &p), 502);
+    resp_free(&p);
+    appw_stop(&w0); /* the process is gone: its listener too */
     for (int i = 0; i < 6; i++) {
         int s = request(x.port, "GET", "/d", NULL, &p);
-        if (s == 502)
-            n502++;
-        else if (s == 200 && strcmp(p.body, "/d:") == 0 && strcasestr(p.head, "X-Worker: w1"))
-            n200++;
+        n200 += s == 200 && strcmp(p.body, "/d:") == 0 && strcasestr(p.head, "X-Worker: w1");
         resp_free(&p);
     }
-    assert_int_equal(n502, 1);
-    assert_int_equal(n200, 5);
+    assert_int_equal(n200, 6);
     /* w0 comes back (a new process on the same address) */
-    appw_stop(&w0);
     atomic_store(&w0.mode, M_ECHO);
     appw_start(&w0, NULL, NULL);
     assert_true(wait_sessions(&x, w0.addr, 1));
@@ -850,6 +849,36 @@ static void worker_died_502(void **state)
     static struct shmipc__front_stats st;
     CHECK(shmipc__front_stats(x.f, &st));
     assert_int_equal(st.w[0].failures, 1);
+    fx_stop(&x);
+    appw_stop(&w0);
+    appw_stop(&w1);
+}
+
+/* A worker stops and restarts between requests, five times: every request is answered 200
+ * (by the other worker while it is down, or by it again once its session is back). The
+ * narrower case, a death the loop has not read yet when a request is sent on that session
+ * (then the request goes back to the queue's head, not 502), is not forced here. */
+static void worker_restarts_between_requests(void **state)
+{
+    struct appw w0, w1;
+    struct appw *ws[] = {&w0, &w1};
+    struct fx x;
+    struct resp p;
+    (void)state;
+    appw_start(&w0, "w0", NULL);
+    appw_start(&w1, "w1", NULL);
+    fx_start(&x, ws, 2, 1, NULL);
+    for (int round = 0; round < 5; round++) {
+        /* w0 dies between requests, and the next request comes at once */
+        appw_stop(&w0);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(request(x.port, "GET", "/r", NULL, &p), 200);
+            assert_string_equal(p.body, "/r:");
+            resp_free(&p);
+        }
+        appw_start(&w0, NULL, NULL);
+        assert_true(wait_sessions(&x, w0.addr, 1));
+    }
     fx_stop(&x);
     appw_stop(&w0);
     appw_stop(&w1);
@@ -1098,8 +1127,9 @@ static void options(void **state)
     cmocka_unit_test(basic), cmocka_unit_test(pipelining), cmocka_unit_test(cross_talk),           \
         cmocka_unit_test(queue_full_503), cmocka_unit_test(deadline_504),                          \
         cmocka_unit_test(client_gone_abort), cmocka_unit_test(worker_died_502),                    \
-        cmocka_unit_test(bad_frames_502), cmocka_unit_test(stalled_worker_no_stall),               \
-        cmocka_unit_test(close_in_flight), cmocka_unit_test(set_workers_under_load)
+        cmocka_unit_test(worker_restarts_between_requests), cmocka_unit_test(bad_frames_502),      \
+        cmocka_unit_test(stalled_worker_no_stall), cmocka_unit_test(close_in_flight),              \
+        cmocka_unit_test(set_workers_under_load)
 
 int main(int argc, char **argv)
 {
