@@ -678,7 +678,7 @@ static void fs_down(struct fsess *fs, int rc)
 static void refresh(struct fthread *t, int connect_now)
 {
     struct shmipc__front *f = t->f;
-    struct fworker *set[SHMIPC__FRONT_MAX_WORKERS];
+    struct fworker *set[SHMIPC__FRONT_MAX_WORKERS] = {NULL};
     unsigned n;
     if (atomic_load(&f->gen) == t->gen)
         return;
@@ -1039,7 +1039,7 @@ static int thread_end(struct shmipc__loop *loop, unsigned index, unsigned nworke
 /* Builds the set from addresses, reusing the workers of the same address. Under mu. */
 static int set_locked(struct shmipc__front *f, const char *const *addrs, unsigned n)
 {
-    struct fworker *set[SHMIPC__FRONT_MAX_WORKERS];
+    struct fworker *set[SHMIPC__FRONT_MAX_WORKERS] = {NULL};
     for (unsigned i = 0; i < n; i++) {
         struct fworker *w = f->all;
         while (w != NULL && strcmp(w->addr, addrs[i]) != 0)
