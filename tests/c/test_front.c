@@ -78,7 +78,6 @@ struct appw {
     atomic_int aborts[8];  /* ABORT reasons the front sent */
     atomic_int concurrent; /* streams being served now */
     atomic_int max_concurrent;
-    int is_head; /* the request being served is a HEAD (one at a time per worker) */
     pthread_mutex_t mu;
     shmipc_session *sess[16];
     pthread_t sthreads[16];
@@ -136,7 +135,7 @@ static void wait_abort(struct appw *w, shmipc_stream *st)
 }
 
 static void send_frames(struct appw *w, shmipc_stream *st, int status, const char *name,
-                        const void *body, size_t len, int with_length)
+                        const void *body, size_t len, int with_length, int is_head)
 {
     uint8_t head[512], h[12];
     shmipc_serve_field fields[2] = {
@@ -151,7 +150,7 @@ static void send_frames(struct appw *w, shmipc_stream *st, int status, const cha
     int64_t n = shmipc_serve_encode_response_head(head, sizeof head, &r, fields, 2);
     assert_true(n > 0);
     shmipc_stream_write(st, head, (size_t)n);
-    if (len > 0 && !w->is_head) { /* HEAD: the length, no body */
+    if (len > 0 && !is_head) { /* HEAD: the length, no body */
         shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, len, 0);
         shmipc_stream_write(st, h, 12);
         shmipc_stream_write(st, body, len);
@@ -192,7 +191,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     assert_int_equal(f.type, SHMIPC_SERVE_REQUEST_HEAD);
     shmipc_serve_request rq = {.size = sizeof rq};
     assert_true(shmipc_serve_decode_request(buf, n, &rq) > 0);
-    w->is_head = rq.method_len == 4 && memcmp(rq.method, "HEAD", 4) == 0;
+    int is_head = rq.method_len == 4 && memcmp(rq.method, "HEAD", 4) == 0;
     tlen = rq.target_len < sizeof target ? rq.target_len : sizeof target - 1;
     memcpy(target, rq.target, tlen);
     free(buf);
@@ -224,7 +223,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         memcpy(out, target, tlen);
         out[tlen] = ':';
         memcpy(out + tlen + 1, body, blen);
-        send_frames(w, st, 200, w->name, out, tlen + 1 + blen, 1);
+        send_frames(w, st, 200, w->name, out, tlen + 1 + blen, 1, is_head);
         break;
     case M_DIE:
         kill_sessions(w);
