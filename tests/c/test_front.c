@@ -157,10 +157,9 @@ static void send_frames(struct appw *w, shmipc_stream *st, int status, const cha
     }
     shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_END, 0, 0);
     shmipc_stream_write(st, h, 12);
-    /* The front may hand this worker its next request once END is out. */
+    /* The front may hand this worker its next request once END is out: this one is over. */
     atomic_fetch_sub(&w->concurrent, 1);
     shmipc_stream_flush(st);
-    atomic_fetch_add(&w->concurrent, 1);
 }
 
 static void kill_sessions(struct appw *w)
@@ -224,7 +223,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         out[tlen] = ':';
         memcpy(out + tlen + 1, body, blen);
         send_frames(w, st, 200, w->name, out, tlen + 1 + blen, 1, is_head);
-        break;
+        goto out; /* counted out by send_frames */
     case M_DIE:
         kill_sessions(w);
         break;
