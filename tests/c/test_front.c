@@ -74,6 +74,7 @@ struct appw {
     atomic_int mode;
     atomic_int slow_ms;
     atomic_int release_stall;
+    atomic_int freeze;     /* session threads touch nothing (the queue to it stays full) */
     atomic_int requests;   /* request heads read */
     atomic_int aborts[8];  /* ABORT reasons the front sent */
     atomic_int concurrent; /* streams being served now */
@@ -213,7 +214,8 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     int m = atomic_load(&w->max_concurrent);
     while (c > m && !atomic_compare_exchange_weak(&w->max_concurrent, &m, c)) {
     }
-    switch (atomic_load(&w->mode)) {
+    /* "/hang..." hangs in any mode, waiting for the front's ABORT */
+    switch (tlen >= 5 && memcmp(target, "/hang", 5) == 0 ? M_HANG : atomic_load(&w->mode)) {
     case M_SLOW:
         sleep_ms((unsigned)atomic_load(&w->slow_ms));
         /* fall through */
@@ -277,6 +279,10 @@ static void *session_main(void *arg)
     struct sarg *a = arg;
     while (!atomic_load(&a->w->stop)) {
         shmipc_stream *st;
+        if (atomic_load(&a->w->freeze)) {
+            sleep_ms(2);
+            continue;
+        }
         int rc = shmipc_session_accept_stream(a->s, 50, &st);
         if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN)
             continue;
@@ -998,6 +1004,55 @@ static void stalled_worker_no_stall(void **state)
     appw_stop(&w);
 }
 
+/*
+ * The session's queue to the worker is full (capacity 1, the worker frozen with the request
+ * in it): the front's ABORT at the deadline waits on a retry timer instead of blocking the
+ * loop (another connection is served meanwhile), reaches the worker once it reads again, and
+ * the request queued behind is served after that.
+ */
+static void full_queue_backpressure(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    shmipc_config *ipc;
+    struct resp p;
+    struct bg b2;
+    (void)state;
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_queue_capacity(ipc, 1));
+    struct shmipc__front_opts o = {.deadline_ms = 400, .ipc = ipc};
+    appw_start(&w, "w0", NULL);
+    fx_start(&x, ws, 1, 1, &o);
+    shmipc_config_free(ipc); /* the front keeps a copy */
+    assert_true(wait_sessions(&x, w.addr, 1));
+    atomic_store(&w.freeze, 1);
+    sleep_ms(100); /* the session thread is out of accept_stream */
+    assert_int_equal(request(x.port, "GET", "/hang-frozen", NULL, &p), 504);
+    resp_free(&p);
+    bg_start(&b2, x.port, "/behind");
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + 5000;
+    do {
+        CHECK(shmipc__front_stats(x.f, &st));
+    } while (st.queued < 1 && mono_ms() < end);
+    assert_int_equal(st.queued, 1);
+    assert_int_equal(st.w[0].in_flight, 1); /* draining: busy until the worker ends it */
+    for (int i = 0; i < 3; i++) {           /* the loop is not blocked on the full queue */
+        assert_int_equal(request(x.port, "GET", "/static", NULL, &p), 200);
+        resp_free(&p);
+    }
+    assert_int_equal(atomic_load(&w.aborts[SHMIPC_SERVE_ABORT_TIMEOUT]), 0);
+    atomic_store(&w.freeze, 0);
+    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, 5000));
+    pthread_join(b2.th, NULL);
+    assert_int_equal(b2.p.status, 200);
+    assert_string_equal(b2.p.body, "/behind:");
+    resp_free(&b2.p);
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
 /* The server (and then the front) is freed while requests are in flight and queued. */
 static void close_in_flight(void **state)
 {
@@ -1173,8 +1228,8 @@ static void options(void **state)
         cmocka_unit_test(queue_full_503), cmocka_unit_test(deadline_504),                          \
         cmocka_unit_test(client_gone_abort), cmocka_unit_test(worker_died_502),                    \
         cmocka_unit_test(worker_restarts_between_requests), cmocka_unit_test(bad_frames_502),      \
-        cmocka_unit_test(stalled_worker_no_stall), cmocka_unit_test(close_in_flight),              \
-        cmocka_unit_test(set_workers_under_load)
+        cmocka_unit_test(stalled_worker_no_stall), cmocka_unit_test(full_queue_backpressure),      \
+        cmocka_unit_test(close_in_flight), cmocka_unit_test(set_workers_under_load)
 
 int main(int argc, char **argv)
 {
