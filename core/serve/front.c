@@ -125,6 +125,7 @@ struct shmipc__front {
 
 static void fs_down(struct fsess *fs, int rc);
 static void pump(struct fthread *t);
+static void req_drain(struct freq *r);
 
 /* ---- small helpers ---- */
 
@@ -242,6 +243,9 @@ static void req_abort(struct freq *r, int status, uint32_t reason)
     }
     r->abort_reason = rc == 1 ? reason : 0;
     shmipc__timer_start(&r->timer, r->abort_reason ? RETRY_MS : SHMIPC__FRONT_DRAIN_MS);
+    /* What is here already, the worker's close included, brings no new readiness: read it
+     * now, or a worker that closed at once would stay busy for the whole drain. */
+    req_drain(r);
 }
 
 /* ---- sending a request ---- */

@@ -215,6 +215,13 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     while (c > m && !atomic_compare_exchange_weak(&w->max_concurrent, &m, c)) {
     }
     /* "/hang..." hangs in any mode, waiting for the front's ABORT */
+    if (tlen >= 9 && memcmp(target, "/badclose", 9) == 0) { /* a bad frame, then its close */
+        uint8_t bad[12] = {'X', 'X', 1, 4, 0, 0, 0, 0, 0, 0, 0, 0};
+        shmipc_stream_write(st, bad, sizeof bad);
+        shmipc_stream_flush(st);
+        atomic_fetch_sub(&w->concurrent, 1);
+        goto out;
+    }
     switch (tlen >= 5 && memcmp(target, "/hang", 5) == 0 ? M_HANG : atomic_load(&w->mode)) {
     case M_SLOW:
         sleep_ms((unsigned)atomic_load(&w->slow_ms));
@@ -963,6 +970,30 @@ static void bad_frames_502(void **state)
     appw_stop(&w);
 }
 
+/* A worker that sends a bad frame and closes its stream at once: 502, and the worker is free
+ * for the next request as soon as the front has read the close, not after the 5 s drain (the
+ * next request's deadline, 2 s, would answer it 504 then). */
+static void bad_frame_then_close_frees_worker(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct shmipc__front_opts o = {.deadline_ms = 2000};
+    struct resp p;
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    fx_start(&x, ws, 1, 1, &o);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(request(x.port, "GET", "/badclose", NULL, &p), 502);
+        resp_free(&p);
+        assert_int_equal(request(x.port, "GET", "/next", NULL, &p), 200);
+        assert_string_equal(p.body, "/next:");
+        resp_free(&p);
+    }
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
 /* A worker that stops reading holds its request; the same reactor thread serves another
  * connection meanwhile (no stall), and the stalled request ends in 504. */
 static void stalled_worker_no_stall(void **state)
@@ -1229,7 +1260,8 @@ static void options(void **state)
         cmocka_unit_test(client_gone_abort), cmocka_unit_test(worker_died_502),                    \
         cmocka_unit_test(worker_restarts_between_requests), cmocka_unit_test(bad_frames_502),      \
         cmocka_unit_test(stalled_worker_no_stall), cmocka_unit_test(full_queue_backpressure),      \
-        cmocka_unit_test(close_in_flight), cmocka_unit_test(set_workers_under_load)
+        cmocka_unit_test(bad_frame_then_close_frees_worker), cmocka_unit_test(close_in_flight),    \
+        cmocka_unit_test(set_workers_under_load)
 
 int main(int argc, char **argv)
 {
