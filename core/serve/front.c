@@ -852,10 +852,11 @@ static int direct(shmipc_http_response *res, int status, const char *retry_after
 {
     static const char *const text[] = {"Bad Gateway\n", "Service Unavailable\n",
                                        "Request Header Fields Too Large\n",
-                                       "Internal Server Error\n"};
+                                       "Internal Server Error\n", "URI Too Long\n"};
     const char *b = status == 502   ? text[0]
                     : status == 503 ? text[1]
                     : status == 431 ? text[2]
+                    : status == 414 ? text[4]
                                     : text[3];
     res->r->status = (uint16_t)status;
     if (retry_after != NULL &&
@@ -893,8 +894,14 @@ static int front_handler(shmipc_http_request *req, shmipc_http_response *res, vo
     sf_addr(&peer_ss, &peer);
     sf_addr(&local_ss, &local);
     n = shmipc__sf_encode_http_request(t->scratch, SCRATCH, req->r, &peer, &local, 0);
+    /* Over the protocol's limits (docs/serve.md, "Limits"): the target's is 414's, the rest
+     * of the head's 431's. */
     if (n < 0)
-        return direct(res, n == SHMIPC_EMSGSIZE ? 431 : 500, NULL);
+        return direct(res,
+                      n != SHMIPC_EMSGSIZE                         ? 500
+                      : req->r->target.len > SHMIPC__SF_MAX_TARGET ? 414
+                                                                   : 431,
+                      NULL);
     if ((r = calloc(1, sizeof *r)) == NULL || (r->out = malloc((size_t)n)) == NULL) {
         free(r);
         return direct(res, 503, "1");

@@ -392,6 +392,9 @@ static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned thread
     CHECK(shmipc_server_config_set_workers(cfg, threads));
     CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
     CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 3000));
+    /* Above the protocol's target limit (16384), so that the front's own 414 can be seen. */
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_REQUEST_LINE, 32768));
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_HEAD_BYTES, 1 << 20));
     CHECK(shmipc_server_new(cfg, &x->srv));
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_route(x->srv, "GET", "/static", h_static, NULL, NULL));
@@ -585,6 +588,49 @@ static void basic(void **state)
     assert_int_equal(st.nworkers, 1);
     assert_int_equal(st.w[0].served, 4);
     assert_int_equal(st.w[0].state, SHMIPC__FRONT_WORKER_UP);
+    fx_stop(&x);
+    appw_stop(&w);
+}
+
+/* A request the server accepts but the protocol cannot carry: 414 for a target over 16384
+ * bytes, 431 for a head over 65536 bytes; the worker never sees them. */
+static void too_large_for_protocol(void **state)
+{
+    struct appw w;
+    struct appw *ws[] = {&w};
+    struct fx x;
+    struct resp p;
+    struct rd *r = malloc(sizeof *r);
+    size_t cap = 100000, n;
+    char *req = malloc(cap);
+    (void)state;
+    appw_start(&w, "w0", NULL);
+    fx_start(&x, ws, 1, 1, NULL);
+    rd_open(r, x.port);
+    n = (size_t)snprintf(req, cap, "GET /");
+    memset(req + n, 'a', 20000);
+    n += 20000;
+    n += (size_t)snprintf(req + n, cap - n, " HTTP/1.1\r\nHost: t\r\n\r\n");
+    send_all(r->fd, req, n);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 414);
+    resp_free(&p);
+    n = (size_t)snprintf(req, cap, "GET /h HTTP/1.1\r\nHost: t\r\n");
+    for (int i = 0; i < 5; i++) { /* 5 fields of 15000 bytes: 75000 */
+        n += (size_t)snprintf(req + n, cap - n, "X-%d: ", i);
+        memset(req + n, 'v', 15000);
+        n += 15000;
+        n += (size_t)snprintf(req + n, cap - n, "\r\n");
+    }
+    n += (size_t)snprintf(req + n, cap - n, "\r\n");
+    send_all(r->fd, req, n);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 431);
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    free(req);
+    assert_int_equal(atomic_load(&w.requests), 0);
     fx_stop(&x);
     appw_stop(&w);
 }
@@ -1255,7 +1301,8 @@ static void options(void **state)
 }
 
 #define FRONT_TESTS                                                                                \
-    cmocka_unit_test(basic), cmocka_unit_test(pipelining), cmocka_unit_test(cross_talk),           \
+    cmocka_unit_test(basic), cmocka_unit_test(too_large_for_protocol),                             \
+        cmocka_unit_test(pipelining), cmocka_unit_test(cross_talk),                                \
         cmocka_unit_test(queue_full_503), cmocka_unit_test(deadline_504),                          \
         cmocka_unit_test(client_gone_abort), cmocka_unit_test(worker_died_502),                    \
         cmocka_unit_test(worker_restarts_between_requests), cmocka_unit_test(bad_frames_502),      \
