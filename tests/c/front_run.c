@@ -49,7 +49,7 @@ int main(int argc, char **argv)
     }
     rc = 0;
 out:
-    shmipc_server_free(srv);
+    shmipc_server_close(srv);
     shmipc_server_config_free(cfg);
     shmipc__front_free(f);
     return rc < 0 ? 1 : 0;

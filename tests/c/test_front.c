@@ -120,7 +120,7 @@ static int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serv
 /* Reads until the front's ABORT (counted) or the stream's end, up to 5 s. */
 static void wait_abort(struct appw *w, shmipc_stream *st)
 {
-    shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 5000);
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, 5000);
     for (;;) {
         uint8_t *b;
         size_t n;
@@ -183,7 +183,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         while (!atomic_load(&w->release_stall) && !atomic_load(&w->stop))
             sleep_ms(5);
     }
-    shmipc_stream_set_timeout_ms(st, SHMIPC_TIMEOUT_READ, 5000);
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, 5000);
     if (read_frame(st, &buf, &n, &f) < 0)
         goto out;
     if (f.type == SHMIPC_SERVE_ABORT) /* a late ABORT for an exchange that ended here */
@@ -391,7 +391,7 @@ static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned thread
     CHECK(shmipc_server_config_set_port(cfg, 0));
     CHECK(shmipc_server_config_set_workers(cfg, threads));
     CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
-    CHECK(shmipc_server_config_set_timeout_ms(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 3000));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 3000));
     /* Above the protocol's target limit (16384), so that the front's own 414 can be seen. */
     CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_REQUEST_LINE, 32768));
     CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_HEAD_BYTES, 1 << 20));
@@ -405,7 +405,7 @@ static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned thread
 
 static void fx_stop(struct fx *x)
 {
-    shmipc_server_free(x->srv);
+    shmipc_server_close(x->srv);
     shmipc__front_free(x->f);
 }
 
@@ -1295,7 +1295,7 @@ static void options(void **state)
     CHECK(shmipc_server_new(NULL, &s));
     CHECK(shmipc__front_attach(f, s, "/*"));
     assert_int_equal(shmipc__front_attach(f, s, "/*"), SHMIPC_EBUSY);
-    shmipc_server_free(s);
+    shmipc_server_close(s);
     shmipc__front_free(f);
     shmipc__front_free(NULL);
 }
