@@ -453,6 +453,10 @@ static PyMethodDef serve_methods[] = {
      "decode_request(frame, base=None) -> dict: a whole REQUEST_HEAD frame (header and\n"
      "payload, nothing more) as a PEP 3333 environ, starting from a copy of base (the\n"
      "constant wsgi.* keys). FrameError when it breaks docs/serve.md."},
+    {"decode_request_scope", shmipcpy_serve_py_decode_request_scope, METH_O,
+     "decode_request_scope(frame) -> dict: a whole REQUEST_HEAD frame as the ASGI 3 HTTP\n"
+     "connection scope (docs/serve.md, \"The ASGI worker\"). FrameError when it breaks\n"
+     "docs/serve.md."},
     {"decode_response", py_decode_response, METH_O,
      "decode_response(frame) -> (status, flags, content_length, [(name, value), ...])."},
     {"encode_response_head", (PyCFunction)(void (*)(void))shmipcpy_serve_py_encode_response_head,

@@ -32,4 +32,7 @@ PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *arg
 PyObject *shmipcpy_serve_py_encode_request_head(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObject *kw);
 
+/* serve_scope.c */
+PyObject *shmipcpy_serve_py_decode_request_scope(PyObject *module, PyObject *arg);
+
 #endif

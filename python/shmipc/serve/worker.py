@@ -146,12 +146,17 @@ def main(argv=None):
         prog="python -m shmipc.serve.worker",
         description="Serve a WSGI app to a shmipc-serve front on a shmipc address "
         "(docs/serve.md).")
-    ap.add_argument("app", help="the WSGI application, as module:callable")
+    ap.add_argument("app", help="the WSGI (or, with --asgi, ASGI 3) application, as "
+                    "module:callable")
     ap.add_argument("--address", required=True,
                     help="the shmipc address to listen on, e.g. unix:@name or unix:/path")
     ap.add_argument("--max-requests", type=int, default=0, metavar="N",
                     help="exit 0 after serving N requests, for the supervisor to start a fresh "
                     "worker (0: no limit)")
+    ap.add_argument("--asgi", action="store_true",
+                    help="APP is an ASGI 3 app (http and lifespan; docs/serve.md, "
+                    "\"The ASGI worker\"): lifespan startup runs before the worker is ready, "
+                    "shutdown after it stops; a failed startup exits with status 3")
     args = ap.parse_args(argv)
     if args.max_requests < 0:
         ap.error("--max-requests must be >= 0")
@@ -162,7 +167,17 @@ def main(argv=None):
         print(f"shmipc-serve worker: cannot load {args.app}: {type(e).__name__}: {e}",
               file=sys.stderr)
         return 2
-    worker = Worker(app, args.address, max_requests=args.max_requests)
+    handler = None
+    if args.asgi:
+        from .asgi import ASGIHandler, LifespanFailed
+
+        handler = ASGIHandler(app)
+        try:
+            handler.startup()
+        except (LifespanFailed, TimeoutError) as e:
+            print(f"shmipc-serve worker: lifespan startup failed: {e}", file=sys.stderr)
+            return 3
+    worker = Worker(app, args.address, handler=handler, max_requests=args.max_requests)
 
     def stop(signum, frame):
         worker.stop()
@@ -172,6 +187,12 @@ def main(argv=None):
     print(f"shmipc-serve worker {__import__('os').getpid()} ready on {worker.address}",
           flush=True)
     worker.serve_forever()
+    if handler is not None:
+        try:
+            handler.shutdown()
+        except (LifespanFailed, TimeoutError) as e:
+            print(f"shmipc-serve worker: lifespan shutdown failed: {e}", file=sys.stderr)
+            return 3
     return 0
 
 

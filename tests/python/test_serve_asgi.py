@@ -1,0 +1,489 @@
+"""shmipc-serve's ASGI 3 worker (python/shmipc/serve/asgi.py, docs/serve.md "The ASGI
+worker"): the C decode of a REQUEST_HEAD into the HTTP scope, lifespan, and the spec's HTTP
+cases, with this test playing the front over a shmipc client session (test_serve_worker's)."""
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import shmipc
+from conftest import unique_address
+
+sf = pytest.importorskip("shmipc._serve")
+from shmipc.serve.asgi import ASGIHandler, LifespanFailed  # noqa: E402
+from shmipc.serve.worker import Worker  # noqa: E402
+from test_serve_worker import Front, frame, head  # noqa: E402
+
+# ---- the scope --------------------------------------------------------------------------
+
+
+def test_decode_request_scope_fields():
+    f = head(b"POST", b"/a%20b/%E2%82%AC?x=1&y=%20",
+             [("Host", "h.example"), ("X-Rep", "1"), ("Cookie", "a"), ("x-rep", "2")],
+             flags=sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, content_length=5,
+             peer=("10.0.0.7", 5555), local=("::1", 8443), version_minor=0, scheme=1)
+    s = sf.decode_request_scope(f)
+    assert s["type"] == "http"
+    assert s["asgi"] == {"version": "3.0", "spec_version": "2.3"}
+    assert s["http_version"] == "1.0"
+    assert s["method"] == "POST"
+    assert s["scheme"] == "https"
+    assert s["path"] == "/a b/\u20ac"
+    assert s["raw_path"] == b"/a%20b/%E2%82%AC"
+    assert s["query_string"] == b"x=1&y=%20"
+    assert s["root_path"] == ""
+    # order and repeats kept, names lowercased, all bytes
+    assert s["headers"] == [[b"host", b"h.example"], [b"x-rep", b"1"], [b"cookie", b"a"],
+                            [b"x-rep", b"2"]]
+    assert s["client"] == ["10.0.0.7", 5555]
+    assert s["server"] == ["::1", 8443]
+
+
+def test_decode_request_scope_unix_and_no_peer_are_none():
+    s = sf.decode_request_scope(head(peer="unix", local=None))
+    assert s["client"] is None and s["server"] is None
+    assert s["http_version"] == "1.1" and s["scheme"] == "http"
+    assert s["query_string"] == b"" and s["path"] == "/"
+
+
+@pytest.mark.parametrize("target,path,raw,query", [
+    (b"/", "/", b"/", b""),
+    (b"/p?", "/p", b"/p", b""),
+    (b"http://h:8/x/y?q=1", "/x/y", b"/x/y", b"q=1"),
+    (b"http://h", "/", b"/", b""),
+    (b"*", "*", b"*", b""),
+    (b"/%ff%zz%4", "/\udcff%zz%4", b"/%ff%zz%4", b""),
+])
+def test_decode_request_scope_targets(target, path, raw, query):
+    method = b"OPTIONS" if target == b"*" else b"GET"
+    s = sf.decode_request_scope(head(method, target))
+    assert (s["path"], s["raw_path"], s["query_string"]) == (path, raw, query)
+
+
+def test_decode_request_scope_refuses_hostile_frames():
+    good = head(b"GET", b"/x", [("A", "b")])
+    for bad in (good[:-1], good + b"\0", good[:11], b"", frame(sf.END),
+                b"\0" * len(good), good[:4] + b"\xff\xff\xff\x7f" + good[8:]):
+        with pytest.raises(sf.FrameError):
+            sf.decode_request_scope(bad)
+    # every truncation and every single-byte corruption: FrameError or a dict, never a crash
+    for i in range(len(good)):
+        with pytest.raises(sf.FrameError):
+            sf.decode_request_scope(good[:i])
+        for v in (0, 0x7f, 0xff):
+            b = bytearray(good)
+            b[i] = v
+            try:
+                assert isinstance(sf.decode_request_scope(bytes(b)), dict)
+            except sf.FrameError:
+                pass
+    with pytest.raises(TypeError):
+        sf.decode_request_scope("not bytes")
+
+
+# ---- the worker -------------------------------------------------------------------------
+
+
+class Running:
+    def __init__(self, app):
+        self.handler = ASGIHandler(app, lifespan_timeout=5)
+        self.handler.startup()
+        self.worker = Worker(app, unique_address("asgi"), handler=self.handler)
+        self.thread = threading.Thread(target=self.worker.serve_forever)
+        self.thread.start()
+        self.front = Front(self.worker.address)
+
+    def stop(self):
+        self.front.close()
+        self.worker.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        self.handler.shutdown()
+
+
+@pytest.fixture
+def serve():
+    running = []
+
+    def start(app):
+        r = Running(app)
+        running.append(r)
+        return r.front
+
+    yield start
+    for r in running:
+        r.stop()
+
+
+async def read_body(receive):
+    parts, events = [], []
+    while True:
+        m = await receive()
+        events.append(m)
+        assert m["type"] == "http.request"
+        parts.append(m["body"])
+        if not m["more_body"]:
+            return b"".join(parts), events
+
+
+def echo(seen=None):
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            raise RuntimeError("no lifespan here")
+        body, events = await read_body(receive)
+        if seen is not None:
+            seen.append((scope, events))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/octet-stream"),
+                                (b"x-path", scope["path"].encode())]})
+        await send({"type": "http.response.body", "body": body})
+    return app
+
+
+def test_echo_body_in_one_frame_and_headers(serve):
+    seen = []
+    front = serve(echo(seen))
+    status, flags, clen, headers, body, last, _ = front.request(
+        b"POST", b"/e?q", [("X-A", "1"), ("X-A", "2")], body=b"hello")
+    assert (status, body, last) == (200, b"hello", sf.END)
+    assert flags & sf.RESP_CONTENT_LENGTH and clen == 5  # one piece: its length is known
+    assert ("x-path", "/e") in [(k.lower(), v) for k, v in headers]
+    scope, events = seen[0]
+    assert [h for h in scope["headers"] if h[0] == b"x-a"] == [[b"x-a", b"1"], [b"x-a", b"2"]]
+    assert scope["client"] == ["127.0.0.1", 40000]
+
+
+def test_body_in_several_frames_gives_more_body(serve):
+    seen = []
+    front = serve(echo(seen))
+    chunks = [b"a" * 10, b"b" * 70000, b"c"]
+    status, _, _, _, body, last, _ = front.request(b"POST", b"/", chunks=chunks)
+    assert (status, body, last) == (200, b"".join(chunks), sf.END)
+    events = seen[0][1]
+    assert [e["more_body"] for e in events][-1] is False
+    assert all(e["more_body"] for e in events[:-1]) and len(events) >= 3
+
+
+def test_unique_bodies_many_sequential_requests(serve):
+    front = serve(echo())
+    for i in range(300):
+        b = os.urandom(i % 50) + f"#{i}".encode()
+        status, _, _, _, body, last, _ = front.request(b"PUT", f"/{i}".encode(), body=b)
+        assert (status, body, last) == (200, b, sf.END), i
+
+
+def test_streaming_response_more_body(serve):
+    async def app(scope, receive, send):
+        await read_body(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(5):
+            await send({"type": "http.response.body", "body": b"x%d" % i, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    front = serve(app)
+    status, flags, _, _, body, last, _ = front.request()
+    assert (status, body, last) == (200, b"x0x1x2x3x4", sf.END)
+    assert not flags & sf.RESP_CONTENT_LENGTH
+
+
+@pytest.mark.parametrize("method,status", [(b"HEAD", 200), (b"GET", 204), (b"GET", 304)])
+def test_bodyless_responses_send_no_body_frames(serve, method, status):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-length", b"3")]})
+        await send({"type": "http.response.body", "body": b"abc"})
+    front = serve(app)
+    st, _ = front.open(method, b"/")
+    front.send_body(st, None)
+    typ, arg, payload = front.read_frame(st)
+    assert typ == sf.RESPONSE_HEAD
+    assert sf.decode_response(frame(typ, payload, arg))[0] == status
+    assert front.read_frame(st)[0] == sf.END  # no BODY frame between
+    st.close()
+
+
+def test_disconnect_on_abort_while_app_waits(serve):
+    got = []
+
+    async def app(scope, receive, send):
+        await read_body(receive)
+        got.append(await asyncio.wait_for(receive(), 10))
+        with pytest.raises(OSError):
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        got.append("send raised")
+    front = serve(app)
+    for _ in range(3):  # and the worker goes on to the next request
+        del got[:]
+        st, _ = front.open(b"GET", b"/")
+        front.send_body(st, None)
+        time.sleep(0.05)
+        st.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
+        st.flush()
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert got == [{"type": "http.disconnect"}, "send raised"]
+        st.close()
+
+
+def test_disconnect_on_abort_mid_body(serve):
+    got = []
+
+    async def app(scope, receive, send):
+        assert scope["type"] == "http"  # no lifespan
+        while True:
+            m = await receive()
+            got.append(m["type"])
+            if m["type"] == "http.disconnect":
+                return
+    front = serve(app)
+    st, chunks = front.open(b"POST", b"/", chunks=[])
+    front.send_body(st, [b"part"], end=False)
+    st.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
+    st.flush()
+    deadline = time.monotonic() + 10
+    while "http.disconnect" not in got and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert got == ["http.request", "http.disconnect"]
+    st.close()
+
+
+def test_disconnect_when_the_stream_ends(serve):
+    got = []
+
+    async def app(scope, receive, send):
+        assert scope["type"] == "http"  # no lifespan
+        m = await receive()
+        got.append(m["type"])
+        got.append((await receive())["type"])
+    front = serve(app)
+    st, _ = front.open(b"POST", b"/", chunks=[])
+    front.send_body(st, [b"x"], end=False)
+    time.sleep(0.1)
+    st.close()
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert got == ["http.request", "http.disconnect"]
+
+
+def serve_ok(front):
+    return front.request(b"POST", b"/ok", body=b"ok")[0] is not None
+
+
+def test_app_raises_before_start_gives_500_and_logs(serve, caplog):
+    async def app(scope, receive, send):
+        raise ValueError("boom before start")
+    front = serve(app)
+    with caplog.at_level(logging.ERROR, logger="shmipc.serve"):
+        status, flags, clen, _, body, last, _ = front.request()
+    assert (status, body, last) == (500, b"Internal Server Error\n", sf.END)
+    assert "boom before start" in caplog.text and "Traceback" in caplog.text
+
+
+def test_app_raises_after_start_aborts_worker_error(serve):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        raise ValueError("boom after start")
+    front = serve(app)
+    st, _ = front.open()
+    front.send_body(st, None)
+    typ, _, _ = front.read_frame(st)
+    assert typ == sf.RESPONSE_HEAD
+    assert front.read_frame(st)[:2] == (sf.BODY, 0)
+    typ, arg, text = front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_WORKER_ERROR) and b"boom after start" in text
+    st.close()
+
+
+@pytest.mark.parametrize("messages,expect", [
+    ([{"type": "http.response.body", "body": b"x"}], 500),  # body before start
+    ([{"type": "nope"}], 500),
+    ([{"status": 200}], 500),  # no type
+    ([{"type": "http.response.start"}], 500),  # no status
+    ([{"type": "http.response.start", "status": 99}], 500),
+    ([{"type": "http.response.start", "status": 200, "headers": [("str", "str")]}], 500),
+    ([{"type": "http.response.start", "status": 200}], sf.ABORT),  # returns before the body
+    ([{"type": "http.response.start", "status": 200},
+      {"type": "http.response.body", "body": "str"}], sf.ABORT),
+    ([{"type": "http.response.start", "status": 200},
+      {"type": "http.response.start", "status": 200}], sf.ABORT),
+    ([{"type": "http.response.start", "status": 200},
+      {"type": "http.response.body", "body": b"a"},
+      {"type": "http.response.body", "body": b"b"}], 200),  # after complete: raises, logged
+    ([{"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]},
+      {"type": "http.response.body", "body": b"ab"}], sf.ABORT),  # short of its length
+    ([{"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"1")]},
+      {"type": "http.response.body", "body": b"ab"}], sf.ABORT),  # over its length
+])
+def test_wrong_messages_give_500_or_abort(serve, messages, expect):
+    async def app(scope, receive, send):
+        for m in messages:
+            await send(m)
+    front = serve(app)
+    for _ in range(3):  # the worker goes on, and answers each request the same
+        status, _, _, _, body, last, arg = front.request()
+        if expect == sf.ABORT:
+            assert (last, arg) == (sf.ABORT, sf.ABORT_WORKER_ERROR)
+        else:
+            assert status == expect and last == sf.END
+
+
+def test_scope_state_is_a_copy_of_the_lifespan_state(serve):
+    seen = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                if m["type"] == "lifespan.startup":
+                    scope["state"]["db"] = "conn"
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        seen.append(dict(scope["state"]))
+        scope["state"]["mine"] = 1
+        await send({"type": "http.response.start", "status": 200})
+        await send({"type": "http.response.body"})
+    front = serve(app)
+    assert front.request()[0] == 200 and front.request()[0] == 200
+    assert seen[1] == {"db": "conn"}
+
+
+# ---- lifespan ----------------------------------------------------------------------------
+
+
+def lifespan_app(events, fail=None):
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                events.append(m["type"])
+                if m["type"] == "lifespan.startup":
+                    if fail == "startup":
+                        await send({"type": "lifespan.startup.failed", "message": "no db"})
+                        return
+                    await send({"type": "lifespan.startup.complete"})
+                elif m["type"] == "lifespan.shutdown":
+                    if fail == "shutdown":
+                        await send({"type": "lifespan.shutdown.failed", "message": "bye"})
+                        return
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        events.append("request")
+        await send({"type": "http.response.start", "status": 200})
+        await send({"type": "http.response.body", "body": b"ok"})
+    return app
+
+
+def test_lifespan_order_startup_requests_shutdown(serve):
+    events = []
+    r = Running(lifespan_app(events))
+    try:
+        assert events == ["lifespan.startup"]
+        assert r.front.request()[4] == b"ok"
+    finally:
+        r.stop()
+    assert events == ["lifespan.startup", "request", "lifespan.shutdown"]
+
+
+def test_lifespan_startup_failed_raises_with_the_message():
+    h = ASGIHandler(lifespan_app([], fail="startup"), lifespan_timeout=5)
+    with pytest.raises(LifespanFailed, match="no db"):
+        h.startup()
+    h.shutdown()
+
+
+def test_lifespan_shutdown_failed_raises():
+    h = ASGIHandler(lifespan_app([], fail="shutdown"), lifespan_timeout=5)
+    h.startup()
+    with pytest.raises(LifespanFailed, match="bye"):
+        h.shutdown()
+
+
+def test_lifespan_unsupported_app_is_accepted(serve):
+    front = serve(echo())  # raises on the lifespan scope
+    assert front.request(body=b"still")[4] == b"still"
+
+
+def test_lifespan_startup_that_never_answers_is_bounded():
+    async def app(scope, receive, send):
+        await asyncio.sleep(3600)
+    h = ASGIHandler(app, lifespan_timeout=0.3)
+    t = time.monotonic()
+    with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+        h.startup()
+    assert time.monotonic() - t < 10
+    h.shutdown()
+
+
+APP_MODULE = '''
+import sys
+events = []
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            if m["type"] == "lifespan.startup":
+                print("startup", flush=True)
+                if "fail" in sys.argv[-1]:
+                    await send({"type": "lifespan.startup.failed", "message": "cannot start"})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                print("shutdown", flush=True)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    await send({"type": "http.response.start", "status": 200})
+    await send({"type": "http.response.body", "body": b"from the process"})
+'''
+
+
+def _worker(tmp_path, address):
+    (tmp_path / "asgiapp.py").write_text(APP_MODULE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path)] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    return subprocess.Popen([sys.executable, "-m", "shmipc.serve.worker", "asgiapp:app",
+                             "--asgi", "--address", address], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_worker_process_asgi_startup_ready_serve_sigterm_shutdown(tmp_path):
+    address = unique_address("asgiproc")
+    p = _worker(tmp_path, address)
+    try:
+        assert p.stdout.readline().strip() == "startup"  # before "ready on"
+        assert "ready on" in p.stdout.readline()
+        front = Front(address)
+        assert front.request()[4] == b"from the process"
+        front.close()
+        p.terminate()
+        out, err = p.communicate(timeout=20)
+        assert p.returncode == 0, err
+        assert out.strip() == "shutdown"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_worker_process_startup_failed_exits_3(tmp_path):
+    address = unique_address("asgifail")
+    assert "fail" in address  # the app module fails its startup on such an address
+    p = _worker(tmp_path, address)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 3
+    assert "startup" in out and "ready on" not in out
+    assert "cannot start" in err
+
+
+def test_worker_help_mentions_asgi():
+    p = subprocess.run([sys.executable, "-m", "shmipc.serve.worker", "--help"],
+                       capture_output=True, text=True, timeout=20)
+    assert p.returncode == 0 and "--asgi" in p.stdout and "ASGI" in p.stdout
