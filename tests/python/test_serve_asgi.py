@@ -487,3 +487,25 @@ def test_worker_help_mentions_asgi():
     p = subprocess.run([sys.executable, "-m", "shmipc.serve.worker", "--help"],
                        capture_output=True, text=True, timeout=20)
     assert p.returncode == 0 and "--asgi" in p.stdout and "ASGI" in p.stdout
+
+
+def test_send_after_complete_sends_no_abort_after_end(serve, caplog):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200})
+        await send({"type": "http.response.body", "body": b"done"})
+        await send({"type": "http.response.body", "body": b"late"})
+    front = serve(app)
+    st, _ = front.open()
+    front.send_body(st, None)
+    with caplog.at_level(logging.ERROR, logger="shmipc.serve"):
+        assert front.read_frame(st)[0] == sf.RESPONSE_HEAD
+        assert front.read_frame(st) == (sf.BODY, 0, b"done")
+        assert front.read_frame(st)[0] == sf.END
+        time.sleep(0.3)
+        try:
+            extra = st.readexactly(12, nonblock=True)
+        except (shmipc.EndOfStreamError, shmipc.ClosedError):
+            extra = None
+        assert extra is None, sf.decode_header(extra)
+    st.close()
+    assert "after its response" in caplog.text

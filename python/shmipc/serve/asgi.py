@@ -307,6 +307,12 @@ class ASGIHandler:
             if h.disconnected or ex.aborted:
                 log.info("shmipc-serve: the app raised after the client went away: %r", e)
                 return "aborted"
+            if h.complete:
+                # The response went out whole (its END too): it stands, no ABORT after it.
+                log.error("shmipc-serve: the app failed after its response on %s %s",
+                          scope["method"], scope["raw_path"], exc_info=e)
+                ex.drain()
+                return "error"
             return self._failed(ex, h, scope, e)
         if h.disconnected or ex.aborted:
             return "aborted"

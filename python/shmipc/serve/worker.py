@@ -169,12 +169,14 @@ def main(argv=None):
         return 2
     handler = None
     if args.asgi:
+        import asyncio
+
         from .asgi import ASGIHandler, LifespanFailed
 
         handler = ASGIHandler(app)
         try:
             handler.startup()
-        except (LifespanFailed, TimeoutError) as e:
+        except (LifespanFailed, TimeoutError, asyncio.TimeoutError) as e:
             print(f"shmipc-serve worker: lifespan startup failed: {e}", file=sys.stderr)
             return 3
     worker = Worker(app, args.address, handler=handler, max_requests=args.max_requests)
@@ -190,7 +192,7 @@ def main(argv=None):
     if handler is not None:
         try:
             handler.shutdown()
-        except (LifespanFailed, TimeoutError) as e:
+        except (LifespanFailed, TimeoutError, asyncio.TimeoutError) as e:
             print(f"shmipc-serve worker: lifespan shutdown failed: {e}", file=sys.stderr)
             return 3
     return 0
