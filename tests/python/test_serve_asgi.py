@@ -509,3 +509,39 @@ def test_send_after_complete_sends_no_abort_after_end(serve, caplog):
         assert extra is None, sf.decode_header(extra)
     st.close()
     assert "after its response" in caplog.text
+
+
+def test_abort_mid_stream_makes_send_raise_and_stops_the_app(serve):
+    got = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200})
+        try:
+            for i in range(100):  # bounded: 100 x 20 ms
+                await send({"type": "http.response.body", "body": b"p%d" % i,
+                            "more_body": True})
+                await asyncio.sleep(0.02)
+        except OSError as e:
+            got.append(type(e).__name__)
+            raise
+        await send({"type": "http.response.body", "body": b"end"})
+        got.append("never aborted")
+    front = serve(app)
+    st, _ = front.open()
+    front.send_body(st, None)
+    assert front.read_frame(st)[0] == sf.RESPONSE_HEAD
+    assert front.read_frame(st)[0] == sf.BODY
+    st.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
+    st.flush()
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert got == ["RequestAborted"]
+    st.close()
+    assert serve_ok_streaming(front)
+
+
+def serve_ok_streaming(front):
+    # the same app on a request the front does not abort: its 100 pieces, then END
+    status, _, _, _, body, last, _ = front.request()
+    return status == 200 and last == sf.END and body.endswith(b"p99end")
