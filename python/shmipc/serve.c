@@ -101,7 +101,7 @@ static int set_str(PyObject *d, PyObject *key, const uint8_t *p, size_t n)
     return rc;
 }
 
-static int hexval(uint8_t c)
+int shmipcpy_serve_hexval(uint8_t c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -128,8 +128,8 @@ static int set_path(PyObject *d, PyObject *key, const uint8_t *p, size_t n)
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         int hi, lo;
-        if (p[i] == '%' && i + 2 < n && (hi = hexval(p[i + 1])) >= 0 &&
-            (lo = hexval(p[i + 2])) >= 0) {
+        if (p[i] == '%' && i + 2 < n && (hi = shmipcpy_serve_hexval(p[i + 1])) >= 0 &&
+            (lo = shmipcpy_serve_hexval(p[i + 2])) >= 0) {
             out[o++] = (uint8_t)(hi << 4 | lo);
             i += 2;
         } else {
@@ -273,6 +273,37 @@ static int set_server_from_host(serve_state *st, PyObject *d, const shmipc_serve
     return set_str(d, st->k_server_port, port, pn);
 }
 
+/* The target's path and query part: the target itself in origin form; in absolute form
+ * "http://host/p?q" what follows the authority (RFC 9112 §3.2.2), NULL with length 0 for
+ * "http://h", "?q" for "http://h?q"; "*" for OPTIONS. Shared with serve_scope.c. */
+const uint8_t *shmipcpy_serve_target_path(const shmipc_serve_request *r, size_t *len)
+{
+    const uint8_t *t = r->target;
+    size_t tn = r->target_len;
+    if (tn && t[0] != '/' && t[0] != '*') {
+        const uint8_t *sep = NULL;
+        for (size_t i = 0; i + 2 < tn; i++)
+            if (t[i] == ':' && t[i + 1] == '/' && t[i + 2] == '/') {
+                sep = t + i + 3;
+                break;
+            }
+        if (sep != NULL) {
+            size_t rest = tn - (size_t)(sep - t);
+            const uint8_t *slash = memchr(sep, '/', rest);
+            const uint8_t *qm = memchr(sep, '?', rest);
+            if (slash != NULL && (qm == NULL || slash < qm)) {
+                tn -= (size_t)(slash - t);
+                t = slash;
+            } else { /* "http://h" or "http://h?q": the path is "/" */
+                tn = qm != NULL ? tn - (size_t)(qm - t) : 0;
+                t = qm;
+            }
+        }
+    }
+    *len = tn;
+    return t;
+}
+
 static PyObject *py_decode_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     serve_state *st = state_of(module);
@@ -313,30 +344,8 @@ static PyObject *py_decode_request(PyObject *module, PyObject *const *args, Py_s
         PyDict_SetItem(d, st->k_scheme, r->scheme ? st->k_https : st->k_http) < 0)
         goto fail;
 
-    /* The target: origin form "/p?q"; absolute form "http://host/p?q" (RFC 9112 §3.2.2:
-     * the path is what follows the authority); "*" for OPTIONS. */
-    const uint8_t *t = r->target;
-    size_t tn = r->target_len;
-    if (t[0] != '/' && t[0] != '*') {
-        const uint8_t *sep = NULL;
-        for (size_t i = 0; i + 2 < tn; i++)
-            if (t[i] == ':' && t[i + 1] == '/' && t[i + 2] == '/') {
-                sep = t + i + 3;
-                break;
-            }
-        if (sep != NULL) {
-            size_t rest = tn - (size_t)(sep - t);
-            const uint8_t *slash = memchr(sep, '/', rest);
-            const uint8_t *qm = memchr(sep, '?', rest);
-            if (slash != NULL && (qm == NULL || slash < qm)) {
-                tn -= (size_t)(slash - t);
-                t = slash;
-            } else { /* "http://h" or "http://h?q": the path is "/" */
-                tn = qm != NULL ? tn - (size_t)(qm - t) : 0;
-                t = qm;
-            }
-        }
-    }
+    size_t tn;
+    const uint8_t *t = shmipcpy_serve_target_path(r, &tn);
     const uint8_t *q = tn ? memchr(t, '?', tn) : NULL;
     size_t pathn = q != NULL ? (size_t)(q - t) : tn;
     if (pathn == 0 && (t == NULL || t != r->target)) {

@@ -26,6 +26,8 @@ typedef struct {
 
 /* serve.c */
 PyObject *shmipcpy_serve_frame_error(serve_state *st, int64_t rc, const char *what);
+int shmipcpy_serve_hexval(uint8_t c);
+const uint8_t *shmipcpy_serve_target_path(const shmipc_serve_request *r, size_t *len);
 
 /* serve_encode.c */
 PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *args, PyObject *kw);

@@ -20,17 +20,6 @@ static int put(PyObject *d, const char *key, PyObject *v)
     return rc;
 }
 
-static int hexval(uint8_t c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* The ASGI path: percent-decoded, then decoded from UTF-8 (the spec); bytes that are not
  * UTF-8 become lone surrogates (surrogateescape), so no client's path fails the request, and
  * raw_path keeps the bytes as sent. */
@@ -42,8 +31,8 @@ static PyObject *decoded_path(const uint8_t *p, size_t n)
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         int hi, lo;
-        if (p[i] == '%' && i + 2 < n && (hi = hexval(p[i + 1])) >= 0 &&
-            (lo = hexval(p[i + 2])) >= 0) {
+        if (p[i] == '%' && i + 2 < n && (hi = shmipcpy_serve_hexval(p[i + 1])) >= 0 &&
+            (lo = shmipcpy_serve_hexval(p[i + 2])) >= 0) {
             out[o++] = (uint8_t)(hi << 4 | lo);
             i += 2;
         } else {
@@ -108,30 +97,8 @@ PyObject *shmipcpy_serve_py_decode_request_scope(PyObject *module, PyObject *arg
         put(d, "root_path", PyUnicode_FromString("")) < 0)
         goto fail;
 
-    /* The target, as decode_request splits it: origin form; absolute form (the path follows
-     * the authority, RFC 9112 §3.2.2); "*" for OPTIONS. */
-    const uint8_t *t = r->target;
-    size_t tn = r->target_len;
-    if (tn && t[0] != '/' && t[0] != '*') {
-        const uint8_t *sep = NULL;
-        for (size_t i = 0; i + 2 < tn; i++)
-            if (t[i] == ':' && t[i + 1] == '/' && t[i + 2] == '/') {
-                sep = t + i + 3;
-                break;
-            }
-        if (sep != NULL) {
-            size_t rest = tn - (size_t)(sep - t);
-            const uint8_t *slash = memchr(sep, '/', rest);
-            const uint8_t *qm = memchr(sep, '?', rest);
-            if (slash != NULL && (qm == NULL || slash < qm)) {
-                tn -= (size_t)(slash - t);
-                t = slash;
-            } else {
-                tn = qm != NULL ? tn - (size_t)(qm - t) : 0;
-                t = qm;
-            }
-        }
-    }
+    size_t tn;
+    const uint8_t *t = shmipcpy_serve_target_path(r, &tn);
     const uint8_t *q = tn ? memchr(t, '?', tn) : NULL;
     size_t pathn = q != NULL ? (size_t)(q - t) : tn;
     if (pathn == 0) {
