@@ -761,12 +761,9 @@ void shmipc__serve_argv_free(char **argv)
 static int no_worker_yet(const shmipc__serve_options *o, char *err, size_t errlen)
 {
     set_err(err, errlen,
-            "--%s: %s workers are not available yet; only WSGI apps (--wsgi, the default) can be "
-            "served today (docs/serve.md)",
-            shmipc__serve_kind_name(o->kind),
-            o->kind == SHMIPC__SERVE_ASGI  ? "ASGI"
-            : o->kind == SHMIPC__SERVE_LUA ? "Lua"
-                                           : "C");
+            "--%s: %s workers are not available yet; only WSGI (--wsgi, the default) and ASGI "
+            "(--asgi) apps can be served today (docs/serve.md)",
+            shmipc__serve_kind_name(o->kind), o->kind == SHMIPC__SERVE_LUA ? "Lua" : "C");
     return SHMIPC_ENOTSUP;
 }
 
@@ -779,14 +776,18 @@ int shmipc__serve_worker_argv(const shmipc__serve_options *o, char ***argvp, cha
         set_err(err, errlen, "no options or no application");
         return SHMIPC_EINVAL;
     }
-    if (o->kind != SHMIPC__SERVE_WSGI)
+    if (o->kind != SHMIPC__SERVE_WSGI && o->kind != SHMIPC__SERVE_ASGI)
         return no_worker_yet(o, err, errlen);
     char maxreq[32];
     snprintf(maxreq, sizeof maxreq, "%llu", (unsigned long long)o->max_requests);
-    const char *t[] = {o->python,        "-m",        "shmipc.serve.worker",
-                       o->app,           "--address", "{address}",
-                       "--max-requests", maxreq,      NULL};
-    size_t n = o->max_requests ? 8 : 6;
+    const char *t[10] = {o->python, "-m", "shmipc.serve.worker", o->app, "--address", "{address}"};
+    size_t n = 6;
+    if (o->kind == SHMIPC__SERVE_ASGI)
+        t[n++] = "--asgi";
+    if (o->max_requests) {
+        t[n++] = "--max-requests";
+        t[n++] = maxreq;
+    }
     char **v = calloc(n + 1, sizeof *v);
     if (v == NULL)
         return SHMIPC_ENOMEM;
@@ -955,7 +956,7 @@ int shmipc__serve_check(const shmipc__serve_options *o, char *const *envp, uint3
         set_err(err, errlen, "no application");
         return SHMIPC_EINVAL;
     }
-    if (o->kind != SHMIPC__SERVE_WSGI) {
+    if (o->kind != SHMIPC__SERVE_WSGI && o->kind != SHMIPC__SERVE_ASGI) {
         no_worker_yet(o, err, errlen);
         return SHMIPC_EINVAL;
     }
@@ -1045,7 +1046,7 @@ const char *shmipc__serve_usage(void)
            "\n"
            "  APP                      the application: module:callable for --wsgi/--asgi\n"
            "  --wsgi                   APP is a WSGI app (the default)\n"
-           "  --asgi                   APP is an ASGI 3 app (not available yet)\n"
+           "  --asgi                   APP is an ASGI 3 app (http and lifespan)\n"
            "  --lua FILE               a Lua handler module (not available yet)\n"
            "  --c LIB.so:symbol        a C handler in a shared object (not available yet)\n"
            "  --listen ADDR            HOST:PORT, [IPv6]:PORT or unix:PATH (127.0.0.1:8000)\n"

@@ -1097,13 +1097,17 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
         return shmipc__fail(SHMIPC_EINVAL, "front_new: NULL");
     if ((rc = check_addrs(opts->workers, opts->nworkers)) < 0)
         return rc;
-    if (opts->deadline_ms > 3600000u || opts->connect_ms > 3600000u ||
-        opts->max_response > SHMIPC__FRONT_LIMIT_RESPONSE || opts->queue_max > (1u << 24))
+    if ((opts->deadline_ms > 3600000u && opts->deadline_ms != SHMIPC__FRONT_NO_DEADLINE) ||
+        opts->connect_ms > 3600000u || opts->max_response > SHMIPC__FRONT_LIMIT_RESPONSE ||
+        opts->queue_max > (1u << 24))
         return shmipc__fail(SHMIPC_ERANGE, "front_new: a deadline, timeout or limit too large");
     if ((f = calloc(1, sizeof *f)) == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "front_new");
     f->queue_max = opts->queue_max ? opts->queue_max : SHMIPC__FRONT_DEFAULT_QUEUE;
-    f->deadline_ms = opts->deadline_ms ? opts->deadline_ms : SHMIPC__FRONT_DEFAULT_DEADLINE;
+    /* The server's deferral takes 0 as "no deadline". */
+    f->deadline_ms = opts->deadline_ms == SHMIPC__FRONT_NO_DEADLINE ? 0
+                     : opts->deadline_ms                            ? opts->deadline_ms
+                                         : SHMIPC__FRONT_DEFAULT_DEADLINE;
     f->connect_ms = opts->connect_ms ? opts->connect_ms : SHMIPC__FRONT_DEFAULT_CONNECT;
     f->max_response = opts->max_response ? opts->max_response : SHMIPC__FRONT_DEFAULT_RESPONSE;
     pthread_mutex_init(&f->mu, NULL);

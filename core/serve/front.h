@@ -38,6 +38,7 @@ struct shmipc__front;
 #define SHMIPC__FRONT_MAX_ADDRESS      107u         /* bytes of a worker's shmipc address */
 #define SHMIPC__FRONT_DEFAULT_QUEUE    1024u        /* requests waiting for a worker, in all */
 #define SHMIPC__FRONT_DEFAULT_DEADLINE 30000u       /* ms per request, from its arrival */
+#define SHMIPC__FRONT_NO_DEADLINE      UINT32_MAX   /* deadline_ms: requests wait for ever */
 #define SHMIPC__FRONT_DEFAULT_CONNECT  1000u        /* ms for a session's connect and handshake */
 #define SHMIPC__FRONT_DEFAULT_RESPONSE (64u << 20)  /* bytes of a response body */
 #define SHMIPC__FRONT_LIMIT_RESPONSE   (1ull << 32) /* most max_response may be */
@@ -49,7 +50,7 @@ struct shmipc__front_opts {
     const char *const *workers; /* shmipc addresses of the application workers */
     unsigned nworkers;          /* 1..SHMIPC__FRONT_MAX_WORKERS */
     uint32_t queue_max;         /* 0: the default; waiting requests over all threads */
-    uint32_t deadline_ms;       /* 0: the default; up to 3600000 */
+    uint32_t deadline_ms;       /* 0: the default; up to 3600000, or SHMIPC__FRONT_NO_DEADLINE */
     uint32_t connect_ms;        /* 0: the default; up to 3600000 */
     uint64_t max_response;      /* 0: the default; response body bytes, up to the limit */
     const shmipc_config *ipc;   /* the sessions' config (copied); NULL: defaults */

@@ -477,12 +477,20 @@ static void test_worker_argv(void **state)
     assert_null(argv[8]);
     shmipc__serve_argv_free(argv);
     shmipc__serve_options_free(&o);
-    const char *const *kinds[] = {ARGS("--asgi", "m:a"), ARGS("--lua", "h.lua"),
-                                  ARGS("--c", "l.so:f")};
-    const char *names[] = {"--asgi: ASGI workers are not available yet",
-                           "--lua: Lua workers are not available yet",
+    /* ASGI: the same worker module with --asgi, before --max-requests. */
+    assert_int_equal(parse(&o, err, ARGS("--asgi", "m:a", "--max-requests", "3")), 0);
+    assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), 0);
+    assert_string_equal(argv[3], "m:a");
+    assert_string_equal(argv[6], "--asgi");
+    assert_string_equal(argv[7], "--max-requests");
+    assert_string_equal(argv[8], "3");
+    assert_null(argv[9]);
+    shmipc__serve_argv_free(argv);
+    shmipc__serve_options_free(&o);
+    const char *const *kinds[] = {ARGS("--lua", "h.lua"), ARGS("--c", "l.so:f")};
+    const char *names[] = {"--lua: Lua workers are not available yet",
                            "--c: C workers are not available yet"};
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < 2; i++) {
         assert_int_equal(parse(&o, err, kinds[i]), 0);
         argv = (char **)1;
         assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), SHMIPC_ENOTSUP);

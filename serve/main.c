@@ -1,0 +1,379 @@
+/*
+ * shmipc-serve, the application server's command (docs/serve.md): the flags and the config
+ * file (serve/options.c), --check, then the run. The supervisor (serve/supervisor.c) starts
+ * the worker processes and watches them on a thread of its own; once the first of them are
+ * ready, the HTTP server starts with the front (core/serve/front.c) routing every path to the
+ * ready workers, and each later change of the ready set (a restart, a reload) goes to the
+ * front. The main thread waits for signals: SIGTERM or SIGINT stop the HTTP server gracefully
+ * (it stops accepting, and the requests in flight are answered within the graceful timeout),
+ * then the workers; SIGHUP reloads the workers; SIGUSR1 prints the workers' and the front's
+ * state on stderr.
+ *
+ * May call: the public API (the HTTP server), core/serve/front.h, serve/options.h and
+ * serve/supervisor.h.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "shmipc.h"
+#include "options.h"
+#include "serve/front.h"
+#include "supervisor.h"
+
+/* How long --check lets the interpreter import APP. */
+#define CHECK_IMPORT_MS 30000u
+
+struct run {
+    const shmipc__serve_options *o;
+    shmipc__sup *sup;
+    int wake_fd; /* eventfd: a ready set is pending, or the supervisor's thread ended */
+    pthread_mutex_t mu;
+    struct shmipc__front *front; /* set by the main thread once the server runs (mu) */
+    char **pending;              /* the last ready set seen before that (mu) */
+    size_t npending;
+    int sup_done, sup_rc; /* the supervisor's loop returned (mu) */
+};
+
+static void free_set(char **set, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(set[i]);
+    free(set);
+}
+
+static void wake(struct run *r)
+{
+    uint64_t one = 1;
+    (void)!write(r->wake_fd, &one, sizeof one);
+}
+
+/*
+ * The supervisor's thread: the ready set changed. Once the front runs it takes the set
+ * directly; before, the set is kept for the main thread to start the server with. An empty
+ * set (the stop began, or every worker is down) leaves the front's set as it is: a request
+ * then waits for a worker that comes back, or gets its 502 or 504.
+ */
+static void on_ready_set(void *data, const char *const *addrs, size_t n)
+{
+    struct run *r = data;
+    if (n == 0)
+        return;
+    if (n > SHMIPC__FRONT_MAX_WORKERS)
+        n = SHMIPC__FRONT_MAX_WORKERS;
+    pthread_mutex_lock(&r->mu);
+    if (r->front != NULL) {
+        int rc = shmipc__front_set_workers(r->front, addrs, (unsigned)n);
+        if (rc < 0)
+            fprintf(stderr, "shmipc-serve: workers: %s: %s\n", shmipc_errname(rc),
+                    shmipc_error_detail());
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    char **set = calloc(n, sizeof *set);
+    size_t k = 0;
+    for (; set != NULL && k < n; k++)
+        if ((set[k] = strdup(addrs[k])) == NULL)
+            break;
+    if (set == NULL || k < n) {
+        free_set(set, k);
+        pthread_mutex_unlock(&r->mu);
+        fprintf(stderr, "shmipc-serve: out of memory for the ready workers\n");
+        return;
+    }
+    free_set(r->pending, r->npending);
+    r->pending = set;
+    r->npending = n;
+    pthread_mutex_unlock(&r->mu);
+    wake(r);
+}
+
+static void *sup_main(void *arg)
+{
+    struct run *r = arg;
+    int rc = shmipc__sup_run(r->sup);
+    pthread_mutex_lock(&r->mu);
+    r->sup_done = 1;
+    r->sup_rc = rc;
+    pthread_mutex_unlock(&r->mu);
+    wake(r);
+    return NULL;
+}
+
+/* HOST:PORT or [IPv6]:PORT into the server config. */
+static int set_listen(shmipc_server_config *cfg, const char *listen)
+{
+    char host[256];
+    const char *colon = strrchr(listen, ':');
+    if (colon == NULL || (size_t)(colon - listen) >= sizeof host)
+        return shmipc_server_config_set_address(cfg, listen); /* reports the error */
+    size_t hl = (size_t)(colon - listen);
+    memcpy(host, listen, hl);
+    host[hl] = '\0';
+    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = '\0';
+    }
+    int rc = shmipc_server_config_set_address(cfg, host);
+    if (rc == 0)
+        rc = shmipc_server_config_set_port(cfg, atoi(colon + 1));
+    return rc;
+}
+
+/* Starts the HTTP server and the front on the ready set `addrs`. */
+static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **srv_out)
+{
+    const shmipc__serve_options *o = r->o;
+    struct shmipc__front_opts fo = {
+        .workers = (const char *const *)addrs,
+        .nworkers = (unsigned)n,
+        .queue_max = o->queue,
+        /* --timeout 0 means none; the front's 0 would mean its default. */
+        .deadline_ms = o->timeout_ms ? o->timeout_ms : SHMIPC__FRONT_NO_DEADLINE,
+    };
+    shmipc_server_config *cfg = NULL;
+    shmipc_server *srv = NULL;
+    struct shmipc__front *f = NULL;
+    int rc;
+    if ((rc = shmipc__front_new(&fo, &f)) < 0 || (rc = shmipc_server_config_new(&cfg)) < 0 ||
+        (rc = set_listen(cfg, o->listen)) < 0 ||
+        (rc = shmipc_server_config_set_workers(cfg, o->threads)) < 0 ||
+        /* The server's stop waits an hour at most; the workers get the whole timeout. */
+        (rc = shmipc_server_config_set_timeout(
+             cfg, SHMIPC_SERVER_TIMEOUT_STOP,
+             (int)(o->graceful_timeout_ms < 3600000u ? o->graceful_timeout_ms : 3600000u))) < 0 ||
+        (rc = shmipc_server_new(cfg, &srv)) < 0 || (rc = shmipc__front_attach(f, srv, "/*")) < 0 ||
+        (rc = shmipc_server_start(srv)) < 0) {
+        fprintf(stderr, "shmipc-serve: server: %s: %s\n", shmipc_errname(rc),
+                shmipc_error_detail());
+        shmipc_server_close(srv);
+        shmipc_server_config_free(cfg);
+        shmipc__front_free(f);
+        return rc;
+    }
+    shmipc_server_config_free(cfg);
+    /*
+     * From now on the supervisor's thread hands sets to the front itself. A set that came
+     * while the server started is newer than `addrs`: applied here, under the same lock, so
+     * no older set can follow it.
+     */
+    pthread_mutex_lock(&r->mu);
+    r->front = f;
+    if (r->pending != NULL) {
+        if ((rc = shmipc__front_set_workers(f, (const char *const *)r->pending,
+                                            (unsigned)r->npending)) < 0)
+            fprintf(stderr, "shmipc-serve: workers: %s: %s\n", shmipc_errname(rc),
+                    shmipc_error_detail());
+        free_set(r->pending, r->npending);
+        r->pending = NULL;
+        r->npending = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    fprintf(stderr, "shmipc-serve: listening on %s (port %d), %s app %s, %u worker%s\n", o->listen,
+            shmipc_server_port(srv), shmipc__serve_kind_name(o->kind), o->app, o->workers,
+            o->workers == 1 ? "" : "s");
+    *srv_out = srv;
+    return 0;
+}
+
+static void print_front_stats(struct run *r)
+{
+    struct shmipc__front_stats *st = malloc(sizeof *st);
+    pthread_mutex_lock(&r->mu);
+    int rc = st != NULL && r->front != NULL ? shmipc__front_stats(r->front, st) : -1;
+    pthread_mutex_unlock(&r->mu);
+    if (rc == 0) {
+        fprintf(stderr,
+                "shmipc-serve: front: %u queued, %llu rejected (503), %llu timed out (504), "
+                "%llu left by their client\n",
+                st->queued, (unsigned long long)st->rejected, (unsigned long long)st->timeouts,
+                (unsigned long long)st->client_gone);
+        for (unsigned i = 0; i < st->nworkers; i++)
+            fprintf(stderr, "  %s %s: %u session(s), %u in flight, %llu served, %llu failed\n",
+                    st->w[i].address,
+                    st->w[i].state == SHMIPC__FRONT_WORKER_UP        ? "up"
+                    : st->w[i].state == SHMIPC__FRONT_WORKER_RETIRED ? "retired"
+                                                                     : "down",
+                    st->w[i].sessions, st->w[i].in_flight, (unsigned long long)st->w[i].served,
+                    (unsigned long long)st->w[i].failures);
+    }
+    free(st);
+}
+
+/* Until a stop signal or the supervisor's end: starts the server, passes on HUP and USR1. */
+static int run_loop(struct run *r, int sfd, shmipc_server **srv)
+{
+    for (;;) {
+        struct pollfd p[2] = {{.fd = sfd, .events = POLLIN}, {.fd = r->wake_fd, .events = POLLIN}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            perror("shmipc-serve: poll");
+            return 1;
+        }
+        if (p[0].revents) {
+            struct signalfd_siginfo si;
+            if (read(sfd, &si, sizeof si) == sizeof si) {
+                if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)
+                    return 0;
+                if (si.ssi_signo == SIGHUP) {
+                    fprintf(stderr, "shmipc-serve: SIGHUP: reloading the workers\n");
+                    shmipc__sup_reload(r->sup);
+                } else if (si.ssi_signo == SIGUSR1) {
+                    shmipc__sup_request_status(r->sup);
+                    print_front_stats(r);
+                }
+            }
+        }
+        if (p[1].revents) {
+            uint64_t junk;
+            (void)!read(r->wake_fd, &junk, sizeof junk);
+            pthread_mutex_lock(&r->mu);
+            int done = r->sup_done, rc = r->sup_rc;
+            char **set = NULL;
+            size_t n = 0;
+            if (*srv == NULL && r->pending != NULL) {
+                set = r->pending;
+                n = r->npending;
+                r->pending = NULL;
+                r->npending = 0;
+            }
+            pthread_mutex_unlock(&r->mu);
+            if (set != NULL) {
+                int src = start_server(r, set, n, srv);
+                free_set(set, n);
+                if (src < 0)
+                    return 1;
+            }
+            if (done) {
+                fprintf(stderr, "shmipc-serve: the supervisor ended: %s\n",
+                        rc < 0 ? shmipc_errname(rc) : "stopped");
+                return 1;
+            }
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    shmipc__serve_options o;
+    char err[512];
+    char **wargv = NULL;
+    struct run r = {.o = &o, .wake_fd = -1};
+    shmipc_server *srv = NULL;
+    pthread_t sup_thread;
+    int started = 0, status = 2, sfd = -1;
+    sigset_t sigs;
+
+    if (shmipc__serve_options_init(&o) < 0) {
+        fprintf(stderr, "shmipc-serve: out of memory\n");
+        return 2;
+    }
+    if (shmipc__serve_options_parse(&o, argc, argv, err, sizeof err) < 0) {
+        fprintf(stderr, "shmipc-serve: %s\n(shmipc-serve --help lists the options)\n", err);
+        goto out;
+    }
+    if (o.help) {
+        fputs(shmipc__serve_usage(), stdout);
+        status = 0;
+        goto out;
+    }
+    if (o.version) {
+        printf("shmipc-serve %s\n", shmipc_version_string());
+        status = 0;
+        goto out;
+    }
+    if (o.check) {
+        if (shmipc__serve_check(&o, NULL, CHECK_IMPORT_MS, err, sizeof err) < 0) {
+            fprintf(stderr, "shmipc-serve: check: %s\n", err);
+            goto out;
+        }
+        printf("shmipc-serve: the configuration is valid\n");
+        status = 0;
+        goto out;
+    }
+    /* What the options accept but this build cannot do yet: said now, not ignored. */
+    if (strncmp(o.listen, "unix:", 5) == 0) {
+        fprintf(stderr, "shmipc-serve: --listen %s: the HTTP server listens on TCP only so far\n",
+                o.listen);
+        goto out;
+    }
+    if (o.access_log != NULL) {
+        fprintf(stderr, "shmipc-serve: --access-log: the front does not write an access log yet\n");
+        goto out;
+    }
+    if (shmipc__serve_worker_argv(&o, &wargv, err, sizeof err) < 0) {
+        fprintf(stderr, "shmipc-serve: %s\n", err);
+        goto out;
+    }
+    status = 1;
+    /* Every thread started below inherits the mask: the signals come through sfd only. */
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    sigaddset(&sigs, SIGUSR1);
+    if (pthread_sigmask(SIG_BLOCK, &sigs, NULL) != 0 ||
+        (sfd = signalfd(-1, &sigs, SFD_CLOEXEC)) < 0 || (r.wake_fd = eventfd(0, EFD_CLOEXEC)) < 0) {
+        perror("shmipc-serve: signals");
+        goto out;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    pthread_mutex_init(&r.mu, NULL);
+    shmipc__sup_config sc = {
+        .argv = (const char *const *)wargv,
+        .chdir_to = o.chdir_to,
+        .workers = o.workers,
+        .graceful_timeout_ms = o.graceful_timeout_ms,
+        .on_ready_set = on_ready_set,
+        .data = &r,
+    };
+    int rc = shmipc__sup_new(&sc, &r.sup);
+    if (rc < 0) {
+        fprintf(stderr, "shmipc-serve: supervisor: %s: %s\n", shmipc_errname(rc),
+                shmipc_error_detail());
+        goto out;
+    }
+    if (pthread_create(&sup_thread, NULL, sup_main, &r) != 0) {
+        perror("shmipc-serve: thread");
+        goto out;
+    }
+    started = 1;
+    status = run_loop(&r, sfd, &srv);
+    /*
+     * The stop: closing the server stops it gracefully (no new connection; the requests in
+     * flight are answered, up to the stop timeout), while the workers still serve; then the
+     * workers are stopped.
+     */
+    if (srv != NULL) {
+        fprintf(stderr, "shmipc-serve: stopping (up to %u ms for requests in flight)\n",
+                o.graceful_timeout_ms);
+        shmipc_server_close(srv);
+        srv = NULL;
+    }
+out:
+    if (started) {
+        shmipc__sup_stop(r.sup);
+        pthread_join(sup_thread, NULL);
+        if (status == 0 && r.sup_rc < 0)
+            status = 1;
+    }
+    shmipc_server_close(srv);
+    shmipc__front_free(r.front);
+    shmipc__sup_free(r.sup);
+    free_set(r.pending, r.npending);
+    shmipc__serve_argv_free(wargv);
+    shmipc__serve_options_free(&o);
+    if (sfd >= 0)
+        close(sfd);
+    if (r.wake_fd >= 0)
+        close(r.wake_fd);
+    return status;
+}

@@ -1,0 +1,319 @@
+"""shmipc-serve, the command, end to end: the supervisor starts real `python -m
+shmipc.serve.worker` processes, the front (core/serve/front.c) hands them HTTP requests. Unique
+bodies from concurrent clients (no cross-talk), a worker killed with SIGKILL is replaced and
+serving goes on, SIGHUP replaces every worker with no failed request, SIGTERM answers the
+request in flight and leaves no process behind, an app that raises is a 500, and the flags
+the build cannot honour yet are refused, not ignored."""
+import http.client
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import BUILD, python_env
+
+SERVE = os.path.join(BUILD, "serve", "shmipc-serve")
+
+APP = '''
+import os
+import time
+
+def app(environ, start_response):
+    path = environ["PATH_INFO"]
+    body = environ["wsgi.input"].read()
+    if path == "/raise":
+        raise RuntimeError("the app failed")
+    if path == "/slow":
+        time.sleep(float(environ.get("QUERY_STRING") or "1"))
+    out = b"pid=%d path=%s body=" % (os.getpid(), path.encode()) + body
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [out]
+'''
+
+pytestmark = pytest.mark.skipif(not os.path.exists(SERVE), reason="shmipc-serve is not built")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Serve:
+    """shmipc-serve running an app from tmp_path; stderr is collected on a thread."""
+
+    def __init__(self, tmp_path, *flags, workers=2):
+        (tmp_path / "cliapp.py").write_text(APP)
+        self.port = free_port()
+        self.p = subprocess.Popen(
+            [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{self.port}",
+             "--workers", str(workers), "--python", "/usr/bin/python3", "--graceful-timeout", "10",
+             *flags],
+            env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.err = []
+        self.listening = threading.Event()
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+        threading.Thread(target=self.p.stdout.read, daemon=True).start()
+        assert self.listening.wait(30), "".join(self.err)
+
+    def _read(self):
+        for line in self.p.stderr:
+            self.err.append(line)
+            if "listening on" in line:
+                self.listening.set()
+
+    def request(self, method, path, body=None, timeout=20):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request(method, path, body=body)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def worker_pids(self, count=None):
+        """The ready worker pids of the newest generation, from the SIGUSR1 status table;
+        with `count`, asks again (up to 20 s) until that many are ready."""
+        deadline = time.monotonic() + 20
+        while True:
+            before = len(self.err)
+            self.p.send_signal(signal.SIGUSR1)
+            pids = None
+            while time.monotonic() < deadline and pids is None:
+                text = "".join(self.err[before:])
+                rows = re.findall(r"^\d+\s+(\d+)\s+(\d+)\s+ready\s", text, re.M)
+                if rows and "in flight" in text:
+                    gen = max(int(g) for g, _ in rows)
+                    pids = sorted(int(pid) for g, pid in rows if int(g) == gen)
+                time.sleep(0.05)
+            if pids is None:
+                raise AssertionError("no status table: " + "".join(self.err[before:]))
+            if count is None or len(pids) == count or time.monotonic() >= deadline:
+                return pids
+            time.sleep(0.1)
+
+    def stop(self, timeout=30):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        rc = self.p.wait(timeout=timeout)
+        self.t.join(5)
+        return rc
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie of ours would still count; the workers are the supervisor's children, reaped.
+    return True
+
+
+def test_unique_bodies_across_workers(tmp_path):
+    s = Serve(tmp_path, workers=2)
+    try:
+        errors = []
+
+        def client(k):
+            for i in range(25):
+                body = f"client {k} request {i} {os.urandom(6).hex()}".encode()
+                status, out = s.request("POST", f"/u/{k}/{i}", body)
+                if status != 200 or not out.endswith(b" path=/u/%d/%d body=" % (k, i) + body):
+                    errors.append((status, out[:120]))
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        # While one worker is busy, the other takes the next request.
+        slow = {}
+        t = threading.Thread(target=lambda: slow.setdefault("r", s.request("GET", "/slow?1")))
+        t.start()
+        time.sleep(0.3)
+        status, fast = s.request("GET", "/fast")
+        t.join(30)
+        assert status == 200 and slow["r"][0] == 200
+        assert fast.split()[0] != slow["r"][1].split()[0], (fast, slow)
+    finally:
+        assert s.stop() == 0
+
+
+def test_killed_worker_is_replaced(tmp_path):
+    s = Serve(tmp_path, workers=2)
+    try:
+        pids = s.worker_pids(2)
+        os.kill(pids[0], signal.SIGKILL)
+        # Requests go on (the other worker, then the replacement); at most the request that
+        # was on the killed worker could fail, and none was.
+        deadline = time.monotonic() + 20
+        now = []
+        while time.monotonic() < deadline:
+            now = s.worker_pids(2)
+            if len(now) == 2 and pids[0] not in now:
+                break
+            time.sleep(0.1)
+        assert len(now) == 2 and pids[0] not in now and pids[1] in now, (pids, now)
+        for i in range(20):
+            status, out = s.request("GET", f"/after/{i}")
+            assert status == 200, out
+    finally:
+        assert s.stop() == 0
+
+
+def test_reload_replaces_every_worker_without_failures(tmp_path):
+    s = Serve(tmp_path, workers=2)
+    try:
+        old = s.worker_pids(2)
+        failures, done = [], threading.Event()
+
+        def load():
+            i = 0
+            while not done.is_set() and i < 2000:
+                status, out = s.request("GET", f"/during/{i}")
+                if status != 200:
+                    failures.append((status, out[:100]))
+                i += 1
+
+        t = threading.Thread(target=load)
+        t.start()
+        time.sleep(0.3)
+        s.p.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        new = old
+        while time.monotonic() < deadline:
+            new = s.worker_pids(2)
+            if len(new) == 2 and not set(new) & set(old):
+                break
+            time.sleep(0.2)
+        time.sleep(0.3)
+        done.set()
+        t.join(60)
+        assert len(new) == 2 and not set(new) & set(old), (old, new)
+        assert failures == []
+        for pid in old:  # the old generation was stopped and reaped
+            deadline = time.monotonic() + 15
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not alive(pid)
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_answers_the_request_in_flight_and_leaves_nothing(tmp_path):
+    s = Serve(tmp_path, workers=1)
+    pids = s.worker_pids(1)
+    result = {}
+
+    def slow():
+        result["r"] = s.request("GET", "/slow?1.5")
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.5)
+    s.p.send_signal(signal.SIGTERM)
+    t.join(30)
+    assert s.stop() == 0
+    assert result["r"][0] == 200, result
+    assert b"path=/slow" in result["r"][1]
+    for pid in pids:
+        assert not alive(pid)
+    with pytest.raises(OSError):
+        s.request("GET", "/gone", timeout=2)
+
+
+def test_app_exception_is_500_and_the_worker_serves_on(tmp_path):
+    s = Serve(tmp_path, workers=1)
+    try:
+        status, _ = s.request("GET", "/raise")
+        assert status == 500
+        status, out = s.request("GET", "/fine")
+        assert status == 200 and b"path=/fine" in out
+    finally:
+        assert s.stop() == 0
+    assert "RuntimeError: the app failed" in "".join(s.err)
+
+
+def run_cli(*args, timeout=60):
+    return subprocess.run([SERVE, *args], env=python_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_version_and_bad_flags():
+    r = run_cli("--help")
+    assert r.returncode == 0 and "usage: shmipc-serve" in r.stdout
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("shmipc-serve ")
+    for bad in (["--workers", "0", "a:b"], ["--workers", "-1", "a:b"], ["--nope", "a:b"], []):
+        r = run_cli(*bad)
+        assert r.returncode == 2, (bad, r.stderr)
+        assert "shmipc-serve:" in r.stderr
+
+
+def test_check(tmp_path):
+    (tmp_path / "cliapp.py").write_text(APP)
+    r = run_cli("--check", "--chdir", str(tmp_path), "--python", "/usr/bin/python3", "cliapp:app")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("--check", "--chdir", str(tmp_path), "--python", "/usr/bin/python3", "nomod:app")
+    assert r.returncode == 2 and "nomod" in r.stderr
+
+
+def test_what_is_not_built_yet_is_refused(tmp_path):
+    (tmp_path / "cliapp.py").write_text(APP)
+    common = ["--chdir", str(tmp_path), "--python", "/usr/bin/python3"]
+    for flags, said in ((["--listen", f"unix:{tmp_path}/s.sock"], "TCP only"),
+                        (["--access-log", "-"], "access log"),
+                        (["--lua", "h.lua"], "not available yet")):
+        r = run_cli(*common, *flags, *([] if "--lua" in flags else ["cliapp:app"]), timeout=30)
+        assert r.returncode == 2, (flags, r.stderr)
+        assert said in r.stderr, r.stderr
+
+
+ASGI_APP = """
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            if m["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif m["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 201,
+                "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"asgi " + scope["path"].encode() + b" " + body})
+"""
+
+
+def test_asgi_app(tmp_path):
+    (tmp_path / "asgiapp.py").write_text(ASGI_APP)
+    port = free_port()
+    p = subprocess.Popen([SERVE, "--asgi", "asgiapp:app", "--chdir", str(tmp_path), "--listen",
+                          f"127.0.0.1:{port}", "--python", "/usr/bin/python3"],
+                         env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        for line in p.stderr:
+            if "listening on" in line:
+                break
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        c.request("POST", "/x", body=b"hello")
+        r = c.getresponse()
+        assert (r.status, r.read()) == (201, b"asgi /x hello")
+        c.close()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
