@@ -1,0 +1,138 @@
+/*
+ * Internal to the front's files (front.c, front_session.c, front_request.c): the front's
+ * structs and the calls between those files. Nothing outside core/serve/front*.c includes
+ * this; the rest of the library uses front.h.
+ *
+ * Per reactor thread (struct fthread): a session to every application worker (struct fsess,
+ * watched in the thread's loop), a FIFO of requests waiting for a worker, an eventfd other
+ * threads write when they free a worker this thread may want, and a "kick" timer that runs
+ * the FIFO from the loop (never from inside a route handler or a cancel callback, where the
+ * server must not be called back).
+ *
+ * A request (struct freq) is QUEUED, SENDING (a worker claimed, its session's queue full: the
+ * flush is retried on a 1 ms timer rather than waiting inside the loop), ACTIVE (sent; the
+ * response is read as the session becomes readable) or DRAINING (the front sent ABORT, or the
+ * client's deferral ended: what the worker still sends is discarded until its stream ends).
+ * The worker's busy flag is held from the claim until the request is freed.
+ */
+#ifndef SHMIPC_CORE_SERVE_FRONT_INT_H
+#define SHMIPC_CORE_SERVE_FRONT_INT_H
+
+#include "serve/front.h"
+
+#include "ipc/session.h"
+#include "net/serve_frame.h"
+#include "net/server.h"
+#include "reactor/loop.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MAX_THREADS 1024u /* shmipc__workers_default()'s limit */
+#define RETRY_MS    1u    /* a full session queue is retried this often */
+#define SCRATCH     (SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD)
+
+struct fworker {
+    struct fworker *next; /* every worker the front ever had: freed with the front */
+    char addr[SHMIPC__FRONT_MAX_ADDRESS + 1];
+    atomic_int busy;        /* claimed by one request */
+    atomic_uint sessions;   /* threads with a live session to it */
+    atomic_int current;     /* in the current set */
+    atomic_ullong served;   /* responses relayed */
+    atomic_ullong failures; /* 502s */
+};
+
+struct fthread;
+struct freq;
+
+struct fsess {
+    struct fthread *t;
+    struct fworker *w;
+    shmipc_session *s; /* NULL while down */
+    struct shmipc__watch *watch;
+    struct freq *active; /* the request it serves, holding w->busy */
+    int retired;         /* w left the set: closed once idle */
+    uint32_t backoff_ms;
+    struct shmipc__timer timer; /* reconnect */
+};
+
+struct fthread {
+    struct shmipc__front *f;
+    unsigned index;
+    struct shmipc__loop *loop;
+    int efd;
+    struct shmipc__watch *ewatch;
+    struct shmipc__timer kick;
+    unsigned gen;
+    struct fsess **sess;
+    unsigned nsess, cap, rr;
+    struct freq *qhead, *qtail;
+    atomic_uint nwait;
+    uint8_t *scratch;
+};
+
+enum { RQ_QUEUED = 1, RQ_SENDING, RQ_ACTIVE, RQ_DRAINING };
+
+struct freq {
+    struct freq *next;
+    struct fthread *t;
+    struct fsess *fs;
+    shmipc_stream *st;
+    struct shmipc__server_ticket ticket;
+    uint8_t live; /* the deferral is ours to answer */
+    uint8_t state;
+    uint8_t have_hdr, got_head;
+    uint8_t is_head;       /* a HEAD request: the worker sends no body, whatever its length says */
+    uint32_t abort_reason; /* an ABORT still to send, 0: none */
+    uint64_t drain_until;  /* loop ms */
+    uint8_t hdr[SHMIPC__SF_HDR_SIZE];
+    struct shmipc__sf_frame fh;
+    uint8_t *head; /* the RESPONSE_HEAD frame */
+    size_t head_len;
+    uint8_t *out; /* the REQUEST_HEAD frame */
+    size_t out_len;
+    const char *body;
+    size_t body_len;
+    char *body_copy; /* a queued request's body (the server's buffer is gone by then) */
+    uint8_t *rbody;
+    size_t rlen, rcap;
+    struct shmipc__timer timer;
+};
+
+struct shmipc__front {
+    uint32_t queue_max, deadline_ms, connect_ms;
+    uint64_t max_response;
+    shmipc_config *ipc;
+    struct shmipc_server *srv;
+    pthread_mutex_t mu; /* all, set, nset, threads[] (for nudges) */
+    struct fworker *all;
+    struct fworker *set[SHMIPC__FRONT_MAX_WORKERS];
+    unsigned nset;
+    atomic_uint gen;
+    atomic_uint queued;
+    atomic_ullong rejected, timeouts, client_gone;
+    struct fthread *threads[MAX_THREADS];
+};
+
+/* front_request.c: a request's life */
+void shmipc__front_kick(struct fthread *t);
+void shmipc__front_req_free(struct freq *r);
+void shmipc__front_req_done(struct freq *r);
+void shmipc__front_answer_status(struct freq *r, int status);
+int shmipc__front_req_send(struct freq *r);
+void shmipc__front_req_drain(struct freq *r);
+void shmipc__front_req_read(struct freq *r);
+int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, void *ud);
+
+/* front_session.c: a thread's sessions and its queue */
+void shmipc__front_fs_down(struct fsess *fs, int rc);
+void shmipc__front_refresh(struct fthread *t, int connect_now);
+struct fsess *shmipc__front_claim(struct fthread *t);
+int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc);
+void shmipc__front_pump(struct fthread *t);
+void shmipc__front_on_kick(struct shmipc__timer *timer);
+void shmipc__front_on_nudge(struct shmipc__watch *watch, int fd, unsigned events, void *data);
+
+#endif

@@ -1,0 +1,606 @@
+/*
+ * The front: a request's life. The route handler (encode, claim or queue, defer), the send,
+ * reading the response and answering the client, the deadline timer, cancel and ABORT, and the
+ * mapping of failures to statuses.
+ * May call: front_session.c (claim, requeue, pump, a session down, refresh), the serve frame
+ * codec, the server's deferral and response API.
+ */
+#include "serve/front_int.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "net/http_parser.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* ---- small helpers ---- */
+
+void shmipc__front_kick(struct fthread *t)
+{
+    if (!shmipc__timer_active(&t->kick) && shmipc__timer_start(&t->kick, 0) < 0)
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "front: cannot start a timer: %s", shmipc__detail());
+}
+
+void shmipc__front_req_free(struct freq *r)
+{
+    shmipc__timer_stop(&r->timer);
+    if (r->st != NULL)
+        shmipc__stream_close_handle(r->st);
+    free(r->head);
+    free(r->out);
+    free(r->body_copy);
+    free(r->rbody);
+    free(r);
+}
+
+/*
+ * The worker is free again: the request is done with it. Other threads' waiting requests are
+ * told through their eventfds when this thread has fewer waiting than all threads together.
+ */
+static void release_worker(struct fthread *t, struct fsess *fs)
+{
+    struct shmipc__front *f = t->f;
+    fs->active = NULL;
+    atomic_store(&fs->w->busy, 0);
+    shmipc__front_kick(t);
+    if (atomic_load(&f->queued) > atomic_load(&t->nwait)) {
+        uint64_t one = 1;
+        pthread_mutex_lock(&f->mu);
+        for (unsigned i = 0; i < MAX_THREADS; i++) {
+            struct fthread *o = f->threads[i];
+            if (o != NULL && o != t && atomic_load(&o->nwait) > 0 &&
+                write(o->efd, &one, sizeof one) < 0 && errno != EAGAIN)
+                SHMIPC__LOG(SHMIPC__LOG_ERROR, "front: eventfd write: %s", strerror(errno));
+        }
+        pthread_mutex_unlock(&f->mu);
+    }
+}
+
+/* The exchange is over (or given up): the stream closes, the worker is free. */
+void shmipc__front_req_done(struct freq *r)
+{
+    struct fsess *fs = r->fs;
+    if (fs != NULL && fs->active == r)
+        release_worker(r->t, fs);
+    shmipc__front_req_free(r);
+}
+
+/* As shmipc__front_req_done(), and a retired session closes once idle. Not from shmipc__front_fs_down(). */
+static void req_finish(struct freq *r)
+{
+    struct fsess *fs = r->fs;
+    shmipc__front_req_done(r);
+    if (fs != NULL && fs->retired && fs->active == NULL && fs->s != NULL)
+        shmipc__front_fs_down(fs, 0);
+}
+
+/* Answers the client with a canned status (502, 500, ...) when the deferral is still ours. */
+void shmipc__front_answer_status(struct freq *r, int status)
+{
+    static const char *const text[] = {"Bad Gateway\n", "Internal Server Error\n",
+                                       "Payload Too Large\n", "Service Unavailable\n"};
+    const char *b = status == 502   ? text[0]
+                    : status == 413 ? text[2]
+                    : status == 503 ? text[3]
+                                    : text[1];
+    if (!r->live)
+        return;
+    r->live = 0;
+    if (status == 502 && r->fs != NULL)
+        atomic_fetch_add(&r->fs->w->failures, 1);
+    (void)shmipc__server_complete(r->ticket, status, "text/plain", NULL, 0, b, strlen(b), NULL,
+                                  NULL);
+}
+
+/* Sends an ABORT now (returns 0), or says the session's queue is full (1), or fails. */
+static int send_abort(struct freq *r, uint32_t reason)
+{
+    uint8_t h[SHMIPC__SF_HDR_SIZE];
+    shmipc_session *s = r->fs->s;
+    if (s == NULL || r->st == NULL)
+        return 0;
+    if (!shmipc__session_can_send(s))
+        return 1;
+    if (shmipc__sf_encode_header(h, SHMIPC__SF_ABORT, 0, reason) < 0)
+        return SHMIPC_EINVAL;
+    int rc = shmipc__stream_write(r->st, h, sizeof h);
+    if (rc == 0)
+        rc = shmipc__stream_flush(r->st);
+    /* The worker closed its stream already (it ended the exchange): nothing to abort. */
+    return rc == SHMIPC_EEOF ? 0 : rc;
+}
+
+/*
+ * The front gives the exchange up: the client is answered `status` (0: not at all, the
+ * deferral ended already), the worker gets ABORT `reason`, and what it still sends is read
+ * and dropped until its stream ends, at most SHMIPC__FRONT_DRAIN_MS.
+ */
+static void req_abort(struct freq *r, int status, uint32_t reason)
+{
+    if (status != 0)
+        shmipc__front_answer_status(r, status);
+    r->live = 0;
+    r->state = RQ_DRAINING;
+    r->drain_until = shmipc__loop_now_ms(r->t->loop) + SHMIPC__FRONT_DRAIN_MS;
+    int rc = send_abort(r, reason);
+    if (rc < 0) {
+        shmipc__front_fs_down(r->fs, rc);
+        return;
+    }
+    r->abort_reason = rc == 1 ? reason : 0;
+    shmipc__timer_start(&r->timer, r->abort_reason ? RETRY_MS : SHMIPC__FRONT_DRAIN_MS);
+    /* What is here already, the worker's close included, brings no new readiness: read it
+     * now, or a worker that closed at once would stay busy for the whole drain. */
+    shmipc__front_req_drain(r);
+}
+
+/* ---- sending a request ---- */
+
+static int write_frame_hdr(shmipc_stream *st, unsigned type, size_t len)
+{
+    uint8_t h[SHMIPC__SF_HDR_SIZE];
+    int rc = shmipc__sf_encode_header(h, type, len, 0);
+    return rc < 0 ? rc : shmipc__stream_write(st, h, sizeof h);
+}
+
+/*
+ * Sends the whole request as one message: REQUEST_HEAD, the body in BODY frames of at most
+ * 1 MiB, END. With the session's queue full it waits on the request's timer (SENDING).
+ */
+int shmipc__front_req_send(struct freq *r)
+{
+    struct fsess *fs = r->fs;
+    int rc = 0;
+    if (r->st == NULL && (rc = shmipc__session_open_stream(fs->s, &r->st)) < 0)
+        return rc;
+    if (!shmipc__session_can_send(fs->s)) {
+        /* The server's copy of the body is gone once the handler returned. */
+        if (r->body_len > 0 && r->body_copy == NULL) {
+            if ((r->body_copy = malloc(r->body_len)) == NULL)
+                return shmipc__fail(SHMIPC_ENOMEM, "front: a body copy");
+            memcpy(r->body_copy, r->body, r->body_len);
+            r->body = r->body_copy;
+        }
+        r->state = RQ_SENDING;
+        return shmipc__timer_start(&r->timer, RETRY_MS);
+    }
+    rc = shmipc__stream_write(r->st, r->out, r->out_len);
+    for (size_t off = 0; rc == 0 && off < r->body_len;) {
+        size_t n = r->body_len - off;
+        n = n > SHMIPC__SF_MAX_CHUNK ? SHMIPC__SF_MAX_CHUNK : n;
+        rc = write_frame_hdr(r->st, SHMIPC__SF_BODY, n);
+        if (rc == 0)
+            rc = shmipc__stream_write(r->st, r->body + off, n);
+        off += n;
+    }
+    if (rc == 0)
+        rc = write_frame_hdr(r->st, SHMIPC__SF_END, 0);
+    if (rc == 0)
+        rc = shmipc__stream_flush(r->st);
+    if (rc < 0)
+        return rc;
+    r->state = RQ_ACTIVE;
+    free(r->out);
+    r->out = NULL;
+    free(r->body_copy);
+    r->body_copy = NULL;
+    r->body = NULL;
+    r->body_len = 0;
+    return 0;
+}
+
+/* ---- reading the response ---- */
+
+static int hdr_is(const struct shmipc__sf_field *fd, const char *name)
+{
+    size_t n = strlen(name);
+    return fd->name_len == n && strncasecmp((const char *)fd->name, name, n) == 0;
+}
+
+/* The worker's END: the response goes to the client. */
+static void req_answer(struct freq *r)
+{
+    struct shmipc__sf_frame fr;
+    struct shmipc__http_header_out h[SHMIPC__SERVER_MAX_RESP_HEADERS + 1];
+    struct shmipc__sf_field fd;
+    char *ctype = NULL;
+    uint32_t n = 0;
+    int rc = SHMIPC_EPROTO;
+
+    if (shmipc__sf_decode(r->head, r->head_len, &fr) <= 0)
+        goto bad;
+    /* The body must add up to the worker's own length, but for HEAD, 204 and 304, which
+     * carry none. */
+    if ((fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) && !r->is_head &&
+        fr.u.resp.status != 204 && fr.u.resp.status != 304 && fr.u.resp.content_length != r->rlen)
+        goto bad;
+    struct shmipc__sf_fields it = fr.u.resp.fields;
+    while (shmipc__sf_fields_next(&it, &fd)) {
+        /* The framing fields are the front's (docs/serve.md, "RESPONSE_HEAD"). */
+        if (hdr_is(&fd, "Content-Length") || hdr_is(&fd, "Transfer-Encoding") ||
+            hdr_is(&fd, "Connection") || hdr_is(&fd, "Date") || hdr_is(&fd, "Server") ||
+            hdr_is(&fd, "Keep-Alive"))
+            continue;
+        if (hdr_is(&fd, "Content-Type")) {
+            if (ctype != NULL)
+                continue;
+            if ((ctype = malloc(fd.value_len + 1u)) == NULL)
+                goto bad;
+            memcpy(ctype, fd.value, fd.value_len);
+            ctype[fd.value_len] = '\0';
+            continue;
+        }
+        if (n == SHMIPC__SERVER_MAX_RESP_HEADERS)
+            goto bad; /* more than the server takes from a handler */
+        h[n++] = (struct shmipc__http_header_out){(const char *)fd.name, (const char *)fd.value,
+                                                  fd.name_len, fd.value_len};
+    }
+    if (fr.u.resp.flags & SHMIPC__SF_RESP_CLOSE) {
+        if (n == SHMIPC__SERVER_MAX_RESP_HEADERS)
+            goto bad;
+        h[n++] = (struct shmipc__http_header_out){"Connection", "close", 10, 5};
+    }
+    uint8_t *body = r->rbody;
+    size_t len = r->rlen;
+    r->rbody = NULL;
+    r->live = 0;
+    /* Counted first: the client may see the answer before complete() returns. */
+    atomic_fetch_add(&r->fs->w->served, 1);
+    rc = shmipc__server_complete(r->ticket, fr.u.resp.status, ctype, h, n, body, len,
+                                 body != NULL ? free : NULL, body);
+    free(ctype);
+    if (rc == SHMIPC_EINVAL) {
+        /* A field the server refuses (a control byte in a value, a status it does not send). */
+        atomic_fetch_sub(&r->fs->w->served, 1);
+        r->live = 1;
+        shmipc__front_answer_status(r, 502);
+        return;
+    }
+    return;
+bad:
+    free(ctype);
+    (void)rc;
+    shmipc__front_answer_status(r, 502);
+}
+
+/* Appends a BODY payload; 0, or 1 when the response is over max_response. */
+static int body_append(struct freq *r, const void *p, size_t n)
+{
+    if (r->rlen + n > r->t->f->max_response)
+        return 1;
+    if (r->rlen + n > r->rcap) {
+        size_t cap = r->rcap ? r->rcap : 4096;
+        while (cap < r->rlen + n)
+            cap *= 2;
+        if (cap > r->t->f->max_response)
+            cap = r->t->f->max_response;
+        uint8_t *nb = realloc(r->rbody, cap);
+        if (nb == NULL)
+            return 1;
+        r->rbody = nb;
+        r->rcap = cap;
+    }
+    memcpy(r->rbody + r->rlen, p, n);
+    r->rlen += n;
+    return 0;
+}
+
+/* DRAINING: drop what comes until the worker's stream ends. */
+void shmipc__front_req_drain(struct freq *r)
+{
+    for (;;) {
+        const void *p;
+        size_t n;
+        int rc = shmipc__stream_read_chunk(r->st, 0, &p, &n, SHMIPC_NONBLOCK);
+        if (rc == SHMIPC_EAGAIN)
+            return;
+        if (rc < 0) { /* SHMIPC_EEOF: the worker closed its stream; or the session failed */
+            req_finish(r);
+            return;
+        }
+        shmipc__stream_release(r->st);
+    }
+}
+
+/* ACTIVE: reads whole frames as they come. */
+void shmipc__front_req_read(struct freq *r)
+{
+    for (;;) {
+        const void *p;
+        int rc;
+        if (!r->have_hdr) {
+            rc = shmipc__stream_read_exact(r->st, SHMIPC__SF_HDR_SIZE, &p, SHMIPC_NONBLOCK);
+            if (rc == SHMIPC_EAGAIN)
+                return;
+            if (rc < 0)
+                goto ended;
+            memcpy(r->hdr, p, sizeof r->hdr);
+            if (shmipc__sf_decode_header(r->hdr, sizeof r->hdr, &r->fh) < 0) {
+                shmipc__stream_release(r->st);
+                goto protocol;
+            }
+            r->have_hdr = 1;
+        }
+        uint32_t len = r->fh.length;
+        p = NULL;
+        if (len > 0) {
+            rc = shmipc__stream_read_exact(r->st, len, &p, SHMIPC_NONBLOCK);
+            if (rc == SHMIPC_EAGAIN)
+                return;
+            if (rc < 0)
+                goto ended;
+        }
+        r->have_hdr = 0;
+        switch (r->fh.type) {
+        case SHMIPC__SF_RESPONSE_HEAD: {
+            struct shmipc__sf_frame fr;
+            uint8_t *copy = malloc(SHMIPC__SF_HDR_SIZE + (size_t)len);
+            if (copy == NULL)
+                goto protocol;
+            memcpy(copy, r->hdr, SHMIPC__SF_HDR_SIZE);
+            memcpy(copy + SHMIPC__SF_HDR_SIZE, p, len);
+            shmipc__stream_release(r->st);
+            if (r->got_head ||
+                shmipc__sf_decode(copy, SHMIPC__SF_HDR_SIZE + (size_t)len, &fr) <= 0 ||
+                fr.u.resp.status == 101) { /* a 101 answers no upgrade the front sent */
+                free(copy);
+                goto protocol;
+            }
+            if (fr.u.resp.status < 200) { /* interim: the final head follows */
+                free(copy);
+                break;
+            }
+            r->head = copy;
+            r->head_len = SHMIPC__SF_HDR_SIZE + (size_t)len;
+            r->got_head = 1;
+            break;
+        }
+        case SHMIPC__SF_BODY:
+            if (!r->got_head) {
+                shmipc__stream_release(r->st);
+                goto protocol;
+            }
+            rc = body_append(r, p, len);
+            shmipc__stream_release(r->st);
+            if (rc) {
+                req_abort(r, 502, SHMIPC__SF_ABORT_TOO_LARGE);
+                return;
+            }
+            break;
+        case SHMIPC__SF_END:
+            shmipc__stream_release(r->st);
+            if (!r->got_head)
+                goto protocol;
+            req_answer(r);
+            req_finish(r);
+            return;
+        case SHMIPC__SF_ABORT: {
+            uint32_t why = r->fh.arg;
+            shmipc__stream_release(r->st);
+            /* The worker ended the exchange: nothing more comes, its close follows. */
+            shmipc__front_answer_status(r, why == SHMIPC__SF_ABORT_WORKER_ERROR ? 500
+                                           : why == SHMIPC__SF_ABORT_TOO_LARGE  ? 413
+                                           : why == SHMIPC__SF_ABORT_SHUTDOWN   ? 503
+                                                                                : 502);
+            req_finish(r);
+            return;
+        }
+        default: /* WS_* on an HTTP request, REQUEST_HEAD from a worker */
+            shmipc__stream_release(r->st);
+            goto protocol;
+        }
+    }
+ended:
+    /* The stream or the session ended mid-request. */
+    if (shmipc__session_status(r->fs->s) < 0) {
+        shmipc__front_fs_down(r->fs, shmipc__session_status(r->fs->s));
+        return;
+    }
+    shmipc__front_answer_status(r, 502);
+    req_finish(r);
+    return;
+protocol:
+    req_abort(r, 502, SHMIPC__SF_ABORT_PROTOCOL);
+}
+
+static void req_timer(struct shmipc__timer *timer)
+{
+    struct freq *r = timer->data;
+    if (r->state == RQ_SENDING) {
+        int rc = shmipc__front_req_send(r);
+        if (rc < 0)
+            shmipc__front_fs_down(r->fs, rc);
+        return;
+    }
+    if (r->state != RQ_DRAINING)
+        return;
+    if (shmipc__loop_now_ms(r->t->loop) >= r->drain_until) {
+        req_finish(r);
+        return;
+    }
+    if (r->abort_reason != 0) {
+        int rc = send_abort(r, r->abort_reason);
+        if (rc < 0) {
+            shmipc__front_fs_down(r->fs, rc);
+            return;
+        }
+        r->abort_reason = rc == 1 ? r->abort_reason : 0;
+    }
+    uint64_t now = shmipc__loop_now_ms(r->t->loop);
+    shmipc__timer_start(timer, r->abort_reason ? RETRY_MS : r->drain_until - now);
+    shmipc__front_req_drain(r);
+}
+
+/* The server ends the deferral: the client left, the deadline passed, the handler failed. */
+static void on_cancel(void *data, int reason)
+{
+    struct freq *r = data;
+    struct fthread *t = r->t;
+    struct shmipc__front *f = t->f;
+    r->live = 0;
+    if (reason == SHMIPC__SERVER_CANCEL_TIMEOUT)
+        atomic_fetch_add(&f->timeouts, 1);
+    else if (reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE)
+        atomic_fetch_add(&f->client_gone, 1);
+    if (r->state == RQ_QUEUED) {
+        struct freq **pp = &t->qhead, *prev = NULL;
+        while (*pp != r) {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+        *pp = r->next;
+        if (t->qtail == r)
+            t->qtail = prev;
+        atomic_fetch_sub(&t->nwait, 1);
+        atomic_fetch_sub(&f->queued, 1);
+        shmipc__front_req_free(r);
+        return;
+    }
+    if (r->state == RQ_SENDING) { /* nothing reached the worker */
+        req_finish(r);
+        return;
+    }
+    if (r->state == RQ_ACTIVE)
+        req_abort(r, 0,
+                  reason == SHMIPC__SERVER_CANCEL_TIMEOUT ? SHMIPC__SF_ABORT_TIMEOUT
+                                                          : SHMIPC__SF_ABORT_CLIENT_GONE);
+}
+
+/* ---- the route handler ---- */
+
+static void sf_addr(const struct sockaddr_storage *ss, struct shmipc__sf_addr *out)
+{
+    memset(out, 0, sizeof *out);
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        out->family = SHMIPC__SF_AF_INET;
+        out->port = ntohs(a->sin_port);
+        memcpy(out->addr, &a->sin_addr, 4);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        out->family = SHMIPC__SF_AF_INET6;
+        out->port = ntohs(a->sin6_port);
+        memcpy(out->addr, &a->sin6_addr, 16);
+    } else if (ss->ss_family == AF_UNIX) {
+        out->family = SHMIPC__SF_AF_UNIX;
+    }
+}
+
+static int direct(shmipc_http_response *res, int status, const char *retry_after)
+{
+    static const char *const text[] = {"Bad Gateway\n", "Service Unavailable\n",
+                                       "Request Header Fields Too Large\n",
+                                       "Internal Server Error\n", "URI Too Long\n"};
+    const char *b = status == 502   ? text[0]
+                    : status == 503 ? text[1]
+                    : status == 431 ? text[2]
+                    : status == 414 ? text[4]
+                                    : text[3];
+    res->r->status = (uint16_t)status;
+    if (retry_after != NULL &&
+        shmipc__http_response_add_header(res, "Retry-After", retry_after) < 0)
+        return -1;
+    if (shmipc__http_response_add_header(res, "Content-Type", "text/plain") < 0)
+        return -1;
+    return shmipc__http_response_body(res, b, strlen(b), NULL, NULL, 0);
+}
+
+int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    struct shmipc__front *f = ud;
+    struct shmipc__server_where where;
+    struct sockaddr_storage peer_ss, local_ss;
+    struct shmipc__sf_addr peer, local;
+    socklen_t sl;
+    struct freq *r;
+    struct fthread *t;
+    long n;
+    int rc;
+
+    if (shmipc__server_where(res, &where) < 0 || where.index >= MAX_THREADS ||
+        (t = f->threads[where.index]) == NULL)
+        return direct(res, 500, NULL);
+    shmipc__front_refresh(t, 0);
+    memset(&peer_ss, 0, sizeof peer_ss);
+    memset(&local_ss, 0, sizeof local_ss);
+    sl = sizeof peer_ss;
+    if (getpeername(where.fd, (struct sockaddr *)&peer_ss, &sl) < 0)
+        peer_ss.ss_family = AF_UNSPEC;
+    sl = sizeof local_ss;
+    if (getsockname(where.fd, (struct sockaddr *)&local_ss, &sl) < 0)
+        local_ss.ss_family = AF_UNSPEC;
+    sf_addr(&peer_ss, &peer);
+    sf_addr(&local_ss, &local);
+    n = shmipc__sf_encode_http_request(t->scratch, SCRATCH, req->r, &peer, &local, 0);
+    /* Over the protocol's limits (docs/serve.md, "Limits"): the target's is 414's, the rest
+     * of the head's 431's. */
+    if (n < 0)
+        return direct(res,
+                      n != SHMIPC_EMSGSIZE                         ? 500
+                      : req->r->target.len > SHMIPC__SF_MAX_TARGET ? 414
+                                                                   : 431,
+                      NULL);
+    if ((r = calloc(1, sizeof *r)) == NULL || (r->out = malloc((size_t)n)) == NULL) {
+        free(r);
+        return direct(res, 503, "1");
+    }
+    memcpy(r->out, t->scratch, (size_t)n);
+    r->out_len = (size_t)n;
+    r->t = t;
+    r->is_head = (req->r->flags & SHMIPC__HTTP_IS_HEAD) != 0;
+    r->body = req->body;
+    r->body_len = req->body_len;
+    shmipc__timer_init(t->loop, &r->timer, req_timer, r);
+
+    struct fsess *fs = t->qhead == NULL ? shmipc__front_claim(t) : NULL;
+    if (fs != NULL) {
+        r->fs = fs;
+        fs->active = r;
+        r->state = RQ_ACTIVE;
+        rc = shmipc__front_req_send(r);
+        if (rc < 0 && shmipc__front_requeue_head(t, r, rc) < 0) {
+            shmipc__front_req_free(r);
+            return direct(res, 503, "1");
+        }
+    } else {
+        if (atomic_fetch_add(&f->queued, 1) >= f->queue_max) {
+            atomic_fetch_sub(&f->queued, 1);
+            atomic_fetch_add(&f->rejected, 1);
+            shmipc__front_req_free(r);
+            return direct(res, 503, "1");
+        }
+        if (r->body_len > 0) {
+            if ((r->body_copy = malloc(r->body_len)) == NULL) {
+                atomic_fetch_sub(&f->queued, 1);
+                shmipc__front_req_free(r);
+                return direct(res, 503, "1");
+            }
+            memcpy(r->body_copy, r->body, r->body_len);
+            r->body = r->body_copy;
+        }
+        r->state = RQ_QUEUED;
+        if (t->qtail != NULL)
+            t->qtail->next = r;
+        else
+            t->qhead = r;
+        t->qtail = r;
+        atomic_fetch_add(&t->nwait, 1);
+        /* A worker freed by another thread before nwait went up is found by this shmipc__front_pump. */
+        shmipc__front_kick(t);
+    }
+    rc = shmipc__server_defer(res, f->deadline_ms, on_cancel, r, &r->ticket);
+    if (rc < 0) { /* cannot happen in a route handler; the request is given up */
+        on_cancel(r, SHMIPC__SERVER_CANCEL_ERROR);
+        return direct(res, 500, NULL);
+    }
+    r->live = 1;
+    return 0;
+}

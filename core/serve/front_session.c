@@ -1,0 +1,262 @@
+/*
+ * The front: a reactor thread's sessions to the workers (connect, back-off, readiness watch,
+ * down, taking up a new set) and its queue of waiting requests (claim a free worker, requeue,
+ * pump, the kick timer and the nudge eventfd).
+ * May call: front_request.c (send, read, drain, answer, done), the IPC session and the loop.
+ */
+#include "serve/front_int.h"
+
+#include "common/error.h"
+#include "common/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- sessions ---- */
+
+static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void *data)
+{
+    struct fsess *fs = data;
+    int rc;
+    (void)watch;
+    (void)fd;
+    (void)events;
+    while ((rc = shmipc__session_process(fs->s)) > 0) {
+    }
+    if (rc < 0) {
+        shmipc__front_fs_down(fs, rc);
+        return;
+    }
+    struct freq *r = fs->active;
+    if (r == NULL)
+        return;
+    if (r->state == RQ_ACTIVE)
+        shmipc__front_req_read(r);
+    else if (r->state == RQ_DRAINING)
+        shmipc__front_req_drain(r);
+}
+
+static void fs_unlink(struct fsess *fs)
+{
+    struct fthread *t = fs->t;
+    for (unsigned i = 0; i < t->nsess; i++) {
+        if (t->sess[i] == fs) {
+            t->sess[i] = t->sess[--t->nsess];
+            break;
+        }
+    }
+    shmipc__timer_stop(&fs->timer);
+    free(fs);
+}
+
+static void fs_connect(struct fsess *fs)
+{
+    struct fthread *t = fs->t;
+    shmipc_session *s = NULL;
+    int rc = shmipc__session_connect(fs->w->addr, t->f->ipc, &s);
+    if (rc == 0)
+        rc = shmipc__watch_new(t->loop, shmipc__session_fileno(s), SHMIPC__WATCH_READ, fs_ready, fs,
+                               &fs->watch);
+    if (rc < 0) {
+        if (s != NULL)
+            shmipc__session_close(s);
+        fs->backoff_ms = fs->backoff_ms == 0 ? SHMIPC__FRONT_BACKOFF_MIN_MS : fs->backoff_ms * 2;
+        if (fs->backoff_ms > SHMIPC__FRONT_BACKOFF_MAX_MS)
+            fs->backoff_ms = SHMIPC__FRONT_BACKOFF_MAX_MS;
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG, "front: worker %s: %s; again in %u ms", fs->w->addr,
+                    shmipc__errname(rc), fs->backoff_ms);
+        shmipc__timer_start(&fs->timer, fs->backoff_ms);
+        return;
+    }
+    fs->s = s;
+    fs->backoff_ms = 0;
+    atomic_fetch_add(&fs->w->sessions, 1);
+    shmipc__front_kick(t);
+}
+
+static void fs_timer(struct shmipc__timer *timer)
+{
+    struct fsess *fs = timer->data;
+    if (fs->s == NULL && !fs->retired)
+        fs_connect(fs);
+}
+
+/*
+ * The session ended (rc < 0), or a retired one closes (rc 0): its request is answered 502,
+ * the worker freed; it reconnects after the back-off unless retired.
+ */
+void shmipc__front_fs_down(struct fsess *fs, int rc)
+{
+    struct freq *r = fs->active;
+    if (r != NULL) {
+        shmipc__front_answer_status(r, 502);
+        shmipc__front_req_done(r);
+    }
+    if (fs->s == NULL)
+        return;
+    if (rc < 0)
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "front: worker %s: session ended (%s)", fs->w->addr,
+                    shmipc__errname(rc));
+    shmipc__watch_free(fs->watch);
+    fs->watch = NULL;
+    shmipc__session_close(fs->s);
+    fs->s = NULL;
+    atomic_fetch_sub(&fs->w->sessions, 1);
+    if (fs->retired) {
+        fs_unlink(fs);
+        return;
+    }
+    fs->backoff_ms = fs->backoff_ms == 0 ? SHMIPC__FRONT_BACKOFF_MIN_MS : fs->backoff_ms;
+    shmipc__timer_start(&fs->timer, fs->backoff_ms);
+}
+
+/* Takes up a new set of workers (set_workers) when the generation moved. */
+void shmipc__front_refresh(struct fthread *t, int connect_now)
+{
+    struct shmipc__front *f = t->f;
+    struct fworker *set[SHMIPC__FRONT_MAX_WORKERS] = {NULL};
+    unsigned n;
+    if (atomic_load(&f->gen) == t->gen)
+        return;
+    pthread_mutex_lock(&f->mu);
+    n = f->nset;
+    memcpy(set, f->set, n * sizeof set[0]);
+    t->gen = atomic_load(&f->gen);
+    pthread_mutex_unlock(&f->mu);
+    for (unsigned i = 0; i < t->nsess; i++) {
+        struct fsess *fs = t->sess[i];
+        fs->retired = 1;
+        for (unsigned j = 0; j < n; j++)
+            fs->retired &= fs->w != set[j];
+    }
+    for (unsigned j = 0; j < n; j++) {
+        unsigned i = 0;
+        while (i < t->nsess && t->sess[i]->w != set[j])
+            i++;
+        if (i < t->nsess)
+            continue;
+        if (t->nsess == t->cap) {
+            unsigned cap = t->cap ? t->cap * 2 : 8;
+            struct fsess **ns = realloc(t->sess, cap * sizeof *ns);
+            if (ns == NULL)
+                continue;
+            t->sess = ns;
+            t->cap = cap;
+        }
+        struct fsess *fs = calloc(1, sizeof *fs);
+        if (fs == NULL)
+            continue;
+        fs->t = t;
+        fs->w = set[j];
+        shmipc__timer_init(t->loop, &fs->timer, fs_timer, fs);
+        t->sess[t->nsess++] = fs;
+        if (connect_now)
+            fs_connect(fs);
+        else
+            shmipc__timer_start(&fs->timer, 0);
+    }
+    /* Retired sessions close now when idle, else when their request ends. */
+    for (unsigned i = 0; i < t->nsess;) {
+        struct fsess *fs = t->sess[i];
+        if (fs->retired && fs->active == NULL) {
+            if (fs->s != NULL)
+                shmipc__front_fs_down(fs, 0);
+            else
+                fs_unlink(fs);
+            continue;
+        }
+        i++;
+    }
+}
+
+/* A free worker this thread has a session to, claimed; NULL when none. */
+struct fsess *shmipc__front_claim(struct fthread *t)
+{
+    for (unsigned k = 0; k < t->nsess; k++) {
+        struct fsess *fs = t->sess[(t->rr + k) % t->nsess];
+        int zero = 0;
+        if (fs->s == NULL || fs->retired || fs->active != NULL)
+            continue;
+        if (atomic_compare_exchange_strong(&fs->w->busy, &zero, 1)) {
+            t->rr = (t->rr + k + 1) % t->nsess;
+            return fs;
+        }
+    }
+    return NULL;
+}
+
+/*
+ * The session failed under a request before its worker answered anything, as a worker that
+ * died before the front noticed: nothing of it reached a live worker (a dead session's
+ * messages are never read), so it goes back to the head of this thread's queue rather than
+ * being answered 502, as nginx retries the next upstream when nothing was sent. The session
+ * goes down. 0, or SHMIPC_ENOMEM (the body could not be kept).
+ */
+int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc)
+{
+    struct fsess *fs = r->fs;
+    fs->active = NULL;
+    atomic_store(&fs->w->busy, 0);
+    if (r->st != NULL) {
+        shmipc__stream_close_handle(r->st);
+        r->st = NULL;
+    }
+    r->fs = NULL;
+    shmipc__front_fs_down(fs, rc);
+    if (r->body_len > 0 && r->body_copy == NULL) {
+        if ((r->body_copy = malloc(r->body_len)) == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "front: a body copy");
+        memcpy(r->body_copy, r->body, r->body_len);
+        r->body = r->body_copy;
+    }
+    r->state = RQ_QUEUED;
+    r->next = t->qhead;
+    t->qhead = r;
+    if (t->qtail == NULL)
+        t->qtail = r;
+    atomic_fetch_add(&t->nwait, 1);
+    atomic_fetch_add(&t->f->queued, 1);
+    shmipc__front_kick(t);
+    return 0;
+}
+
+/* Starts waiting requests while workers are free. From the loop only (it may answer 502). */
+void shmipc__front_pump(struct fthread *t)
+{
+    struct shmipc__front *f = t->f;
+    shmipc__front_refresh(t, 0);
+    while (t->qhead != NULL) {
+        struct fsess *fs = shmipc__front_claim(t);
+        if (fs == NULL)
+            return;
+        struct freq *r = t->qhead;
+        t->qhead = r->next;
+        if (t->qhead == NULL)
+            t->qtail = NULL;
+        r->next = NULL;
+        atomic_fetch_sub(&t->nwait, 1);
+        atomic_fetch_sub(&f->queued, 1);
+        r->fs = fs;
+        fs->active = r;
+        r->state = RQ_ACTIVE;
+        int rc = shmipc__front_req_send(r);
+        if (rc < 0)
+            (void)shmipc__front_requeue_head(t, r, rc); /* the body is a copy already */
+    }
+}
+
+void shmipc__front_on_kick(struct shmipc__timer *timer)
+{
+    shmipc__front_pump(timer->data);
+}
+
+void shmipc__front_on_nudge(struct shmipc__watch *watch, int fd, unsigned events, void *data)
+{
+    uint64_t v;
+    (void)watch;
+    (void)events;
+    while (read(fd, &v, sizeof v) > 0) {
+    }
+    shmipc__front_pump(data);
+}
