@@ -778,10 +778,13 @@ int shmipc__serve_worker_argv(const shmipc__serve_options *o, char ***argvp, cha
     }
     if (o->kind != SHMIPC__SERVE_WSGI && o->kind != SHMIPC__SERVE_ASGI)
         return no_worker_yet(o, err, errlen);
-    char maxreq[32];
+    char maxreq[32], ppid[32];
     snprintf(maxreq, sizeof maxreq, "%llu", (unsigned long long)o->max_requests);
-    const char *t[10] = {o->python, "-m", "shmipc.serve.worker", o->app, "--address", "{address}"};
-    size_t n = 6;
+    /* The worker ends itself when this process dies, even by SIGKILL (worker.py). */
+    snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
+    const char *t[12] = {o->python,   "-m",        "shmipc.serve.worker", o->app,
+                         "--address", "{address}", "--parent-pid",        ppid};
+    size_t n = 8;
     if (o->kind == SHMIPC__SERVE_ASGI)
         t[n++] = "--asgi";
     if (o->max_requests) {

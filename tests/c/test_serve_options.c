@@ -461,9 +461,12 @@ static void test_worker_argv(void **state)
     char **argv;
     assert_int_equal(parse(&o, err, ARGS("m:a", "--python", "/opt/py")), 0);
     assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), 0);
-    const char *want[] = {"/opt/py",   "-m", "shmipc.serve.worker", "m:a", "--address",
-                          "{address}", NULL};
-    for (size_t i = 0; i < 7; i++)
+    char pid[32];
+    snprintf(pid, sizeof pid, "%ld", (long)getpid());
+    const char *want[] = {"/opt/py",      "-m",        "shmipc.serve.worker",
+                          "m:a",          "--address", "{address}",
+                          "--parent-pid", pid,         NULL};
+    for (size_t i = 0; i < 9; i++)
         if (want[i] == NULL)
             assert_null(argv[i]);
         else
@@ -472,19 +475,19 @@ static void test_worker_argv(void **state)
     shmipc__serve_options_free(&o);
     assert_int_equal(parse(&o, err, ARGS("m:a", "--max-requests", "7")), 0);
     assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), 0);
-    assert_string_equal(argv[6], "--max-requests");
-    assert_string_equal(argv[7], "7");
-    assert_null(argv[8]);
+    assert_string_equal(argv[8], "--max-requests");
+    assert_string_equal(argv[9], "7");
+    assert_null(argv[10]);
     shmipc__serve_argv_free(argv);
     shmipc__serve_options_free(&o);
     /* ASGI: the same worker module with --asgi, before --max-requests. */
     assert_int_equal(parse(&o, err, ARGS("--asgi", "m:a", "--max-requests", "3")), 0);
     assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), 0);
     assert_string_equal(argv[3], "m:a");
-    assert_string_equal(argv[6], "--asgi");
-    assert_string_equal(argv[7], "--max-requests");
-    assert_string_equal(argv[8], "3");
-    assert_null(argv[9]);
+    assert_string_equal(argv[8], "--asgi");
+    assert_string_equal(argv[9], "--max-requests");
+    assert_string_equal(argv[10], "3");
+    assert_null(argv[11]);
     shmipc__serve_argv_free(argv);
     shmipc__serve_options_free(&o);
     const char *const *kinds[] = {ARGS("--lua", "h.lua"), ARGS("--c", "l.so:f")};

@@ -317,3 +317,29 @@ def test_asgi_app(tmp_path):
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0
+
+
+def test_workers_end_when_the_supervisor_is_killed(tmp_path):
+    # SIGKILL gives shmipc-serve no chance to stop its workers: each worker asked the kernel
+    # for a SIGTERM when its parent dies (--parent-pid, PR_SET_PDEATHSIG) and ends on it.
+    s = Serve(tmp_path, workers=2)
+    pids = s.worker_pids(2)
+    assert len(pids) == 2
+    s.p.kill()
+    s.p.wait(10)
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+def test_worker_whose_parent_is_not_the_one_named_serves_nothing(tmp_path):
+    (tmp_path / "cliapp.py").write_text(APP)
+    import sys
+    r = subprocess.run([sys.executable, "-m", "shmipc.serve.worker", "cliapp:app", "--address",
+                        "unix:@shmipc-test-ppid-%d" % os.getpid(), "--parent-pid", "1"],
+                       cwd=tmp_path, env=python_env(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr

@@ -133,6 +133,24 @@ def load_app(spec):
     return obj
 
 
+def _follow_parent(pid):
+    """Asks the kernel for SIGTERM when our parent dies (PR_SET_PDEATHSIG), so that a supervisor
+    killed with SIGKILL leaves no worker behind; the worker then ends as on any SIGTERM, after
+    the request in progress. False when the parent is not `pid` any more (it died already)."""
+    import ctypes
+    import os
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        log.warning("shmipc-serve worker: no parent-death signal on this system")
+    # Checked after the prctl: a parent that died before it is seen here, not missed.
+    return os.getppid() == pid
+
+
 def main(argv=None):
     """One worker process: ``python -m shmipc.serve.worker APP --address ADDR``. The
     supervisor of shmipc-serve starts these; run by hand, any front speaking docs/serve.md can
@@ -150,6 +168,9 @@ def main(argv=None):
                     "module:callable")
     ap.add_argument("--address", required=True,
                     help="the shmipc address to listen on, e.g. unix:@name or unix:/path")
+    ap.add_argument("--parent-pid", type=int, default=0, metavar="PID",
+                    help="exit (as on SIGTERM) when process PID, the supervisor that started "
+                    "this worker, dies, even by SIGKILL (Linux parent-death signal)")
     ap.add_argument("--max-requests", type=int, default=0, metavar="N",
                     help="exit 0 after serving N requests, for the supervisor to start a fresh "
                     "worker (0: no limit)")
@@ -186,6 +207,8 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if args.parent_pid > 0 and not _follow_parent(args.parent_pid):
+        worker.stop()  # the supervisor died before we could watch it: serve nothing
     print(f"shmipc-serve worker {__import__('os').getpid()} ready on {worker.address}",
           flush=True)
     worker.serve_forever()
