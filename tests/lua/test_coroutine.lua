@@ -123,6 +123,13 @@ local function many_streams(t, n, rounds, cfg)
     for i = 1, n do
         sched:spawn(function()
             local st <close> = assert(s:open_stream())
+            -- Nothing was sent on this stream yet, so this read must yield (then time out):
+            -- the echoes below may all be back before their reads (a fast peer that spins),
+            -- and the yield path would go unexercised.
+            st:set_timeout("read", 0.05)
+            local none, _, code = st:read(1, "yield")
+            assert(none == nil and code == shmipc.errors.ETIMEDOUT, code)
+            st:set_timeout("read", nil)
             for r = 1, rounds do
                 local msg = string.format("task %3d round %4d", i, r)
                 assert(st:write(msg):flush())
