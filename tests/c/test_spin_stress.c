@@ -262,6 +262,9 @@ static shmipc_config *stress_config(int eventfd, uint32_t spin_us)
     assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 4u << 20), 0);
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, 1024), 0);
     assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, WAIT_LIMIT_MS), 0);
+    /* 10 s, as the other threaded suites: under TSan beside another CI run the default second
+     * was overrun once (handshake timed out in v3_more_spinners_than_cpus). */
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 10000), 0);
     assert_int_equal(shmipc_config_set_spin_us(cfg, spin_us), 0);
     if (eventfd)
         assert_int_equal(shmipc_config_with_v4_eventfd(cfg), 0);
