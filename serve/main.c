@@ -49,6 +49,15 @@ static void free_set(char **set, size_t n)
     free(set);
 }
 
+/* Hands the front a new set of ready workers; a refusal is logged (the old set stays). */
+static void set_workers(struct shmipc__front *f, const char *const *addrs, size_t n)
+{
+    int rc = shmipc__front_set_workers(f, addrs, (unsigned)n);
+    if (rc < 0)
+        fprintf(stderr, "shmipc-serve: workers: %s: %s\n", shmipc_errname(rc),
+                shmipc_error_detail());
+}
+
 static void wake(struct run *r)
 {
     uint64_t one = 1;
@@ -70,10 +79,7 @@ static void on_ready_set(void *data, const char *const *addrs, size_t n)
         n = SHMIPC__FRONT_MAX_WORKERS;
     pthread_mutex_lock(&r->mu);
     if (r->front != NULL) {
-        int rc = shmipc__front_set_workers(r->front, addrs, (unsigned)n);
-        if (rc < 0)
-            fprintf(stderr, "shmipc-serve: workers: %s: %s\n", shmipc_errname(rc),
-                    shmipc_error_detail());
+        set_workers(r->front, addrs, n);
         pthread_mutex_unlock(&r->mu);
         return;
     }
@@ -167,10 +173,7 @@ static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **s
     pthread_mutex_lock(&r->mu);
     r->front = f;
     if (r->pending != NULL) {
-        if ((rc = shmipc__front_set_workers(f, (const char *const *)r->pending,
-                                            (unsigned)r->npending)) < 0)
-            fprintf(stderr, "shmipc-serve: workers: %s: %s\n", shmipc_errname(rc),
-                    shmipc_error_detail());
+        set_workers(f, (const char *const *)r->pending, r->npending);
         free_set(r->pending, r->npending);
         r->pending = NULL;
         r->npending = 0;

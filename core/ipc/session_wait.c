@@ -224,12 +224,18 @@ static void spin_judge(shmipc_session *s, uint64_t began, uint64_t gave_up)
     spin_done(s, now - gave_up < 4 * spin_ns(s));
 }
 
+/* Our receive queue's working flag in shared memory (the peer's CAS, our spin and clear). */
+static uint32_t *recv_flag(const shmipc_session *s)
+{
+    return (uint32_t *)(void *)(s->qp.recv.hdr + s->qp.recv.flag_at);
+}
+
 /* How long after a drain a non-blocking look trusts it (shmipc__session_fresh_locked). */
 #define FRESH_NS 50000u
 
 int shmipc__session_fresh_locked(shmipc_session *s)
 {
-    const uint32_t *flag = (const uint32_t *)(const void *)(s->qp.recv.hdr + s->qp.recv.flag_at);
+    const uint32_t *flag = recv_flag(s);
     if (s->drained_ns == 0 || shmipc__queue_size(&s->qp.recv) != 0 ||
         __atomic_load_n(flag, __ATOMIC_SEQ_CST) != 0)
         return 0;
@@ -263,7 +269,7 @@ static inline void cpu_relax(void)
 static int spin_for_work(shmipc_session *s, uint64_t start, uint64_t budget, uint64_t deadline,
                          int *woken)
 {
-    uint32_t *flag = (uint32_t *)(void *)(s->qp.recv.hdr + s->qp.recv.flag_at);
+    uint32_t *flag = recv_flag(s);
     uint64_t end = start + budget;
     int found = 0;
     if (deadline != 0 && deadline < end)

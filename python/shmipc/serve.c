@@ -101,7 +101,7 @@ static int set_str(PyObject *d, PyObject *key, const uint8_t *p, size_t n)
     return rc;
 }
 
-int shmipcpy_serve_hexval(uint8_t c)
+static int hexval(uint8_t c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -110,6 +110,22 @@ int shmipcpy_serve_hexval(uint8_t c)
     if (c >= 'A' && c <= 'F')
         return c - 'A' + 10;
     return -1;
+}
+
+size_t shmipcpy_serve_percent_decode(const uint8_t *p, size_t n, uint8_t *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int hi, lo;
+        if (p[i] == '%' && i + 2 < n && (hi = hexval(p[i + 1])) >= 0 &&
+            (lo = hexval(p[i + 2])) >= 0) {
+            out[o++] = (uint8_t)(hi << 4 | lo);
+            i += 2;
+        } else {
+            out[o++] = p[i];
+        }
+    }
+    return o;
 }
 
 /* PATH_INFO: the path percent-decoded to bytes, as latin-1 text (PEP 3333, as wsgiref and
@@ -125,17 +141,7 @@ static int set_path(PyObject *d, PyObject *key, const uint8_t *p, size_t n)
         PyErr_NoMemory();
         return -1;
     }
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int hi, lo;
-        if (p[i] == '%' && i + 2 < n && (hi = shmipcpy_serve_hexval(p[i + 1])) >= 0 &&
-            (lo = shmipcpy_serve_hexval(p[i + 2])) >= 0) {
-            out[o++] = (uint8_t)(hi << 4 | lo);
-            i += 2;
-        } else {
-            out[o++] = p[i];
-        }
-    }
+    size_t o = shmipcpy_serve_percent_decode(p, n, out);
     int rc = set_str(d, key, out, o);
     if (out != stackbuf)
         PyMem_Free(out);

@@ -26,7 +26,8 @@ typedef struct {
 
 /* serve.c */
 PyObject *shmipcpy_serve_frame_error(serve_state *st, int64_t rc, const char *what);
-int shmipcpy_serve_hexval(uint8_t c);
+/* Percent-decodes p[0..n) into out (room for n bytes); a '%' without two hex digits stays. */
+size_t shmipcpy_serve_percent_decode(const uint8_t *p, size_t n, uint8_t *out);
 const uint8_t *shmipcpy_serve_target_path(const shmipc_serve_request *r, size_t *len);
 
 /* serve_encode.c */

@@ -28,17 +28,7 @@ static PyObject *decoded_path(const uint8_t *p, size_t n)
     uint8_t *out = PyMem_Malloc(n ? n : 1);
     if (out == NULL)
         return PyErr_NoMemory();
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int hi, lo;
-        if (p[i] == '%' && i + 2 < n && (hi = shmipcpy_serve_hexval(p[i + 1])) >= 0 &&
-            (lo = shmipcpy_serve_hexval(p[i + 2])) >= 0) {
-            out[o++] = (uint8_t)(hi << 4 | lo);
-            i += 2;
-        } else {
-            out[o++] = p[i];
-        }
-    }
+    size_t o = shmipcpy_serve_percent_decode(p, n, out);
     PyObject *v = PyUnicode_DecodeUTF8((const char *)out, (Py_ssize_t)o, "surrogateescape");
     PyMem_Free(out);
     return v;
