@@ -888,12 +888,22 @@ static void test_stop_during_a_reload(void **state)
     (void)state;
     struct harness h;
     harness_init(&h);
-    /* The new generations are slow to get ready; the stop takes every generation down. */
-    shmipc__sup_config c =
-        base_config(&h, SH("sleep 1; echo \"w ready on {address}\"; exec sleep 30"), 2);
+    /* The new generations never get ready: a worker started after the marker file exists
+     * sleeps without its ready line. (A fixed "sleep 1" raced against a loaded TSan run, where
+     * the first new generation could get ready before the second reload.) The stop takes every
+     * generation down. */
+    char marker[160], script[400];
+    snprintf(marker, sizeof marker, "%s/slow", h.dir);
+    snprintf(script, sizeof script,
+             "if [ -e '%s' ]; then exec sleep 30; fi; echo \"w ready on {address}\"; exec sleep 30",
+             marker);
+    shmipc__sup_config c = base_config(&h, SH(script), 2);
     harness_start(&h, &c);
     wait_ready(&h, 2, 10000);
     unsigned g0 = first_generation(&h);
+    int mfd = open(marker, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(mfd >= 0);
+    close(mfd);
     shmipc__sup_reload(h.sup);
     uint64_t end = ms_now() + 5000;
     while (shmipc__sup_snapshot(h.sup, NULL, 0) < 4) {
