@@ -1,5 +1,7 @@
 /*
- * shmipc-serve's options, config file and --check (options.h, docs/serve.md "Configuration").
+ * shmipc-serve's options (options.h, docs/serve.md "Configuration"): the option table, the
+ * command line, the config file, the defaults and --help. The worker command and --check are in
+ * check.c, the access-log formatter in access_log.c.
  *
  * One table describes every option: the command line and the config file go through the same
  * setter, so a key means exactly what its flag means and is checked the same way. Values are
@@ -7,6 +9,7 @@
  * names where it came from.
  */
 #include "options.h"
+#include "options_int.h"
 
 #include "shmipc.h"
 
@@ -99,9 +102,7 @@ struct parse_state {
     const char *kind_by; /* the flag that set the kind, for messages */
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
+void shmipc__serve_set_err(char *err, size_t errlen, const char *fmt, ...)
 {
     if (err == NULL || errlen == 0)
         return;
@@ -111,8 +112,7 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-/* A value for a message: printable ASCII ('?' for other bytes), cut with "..." to fit cap. */
-static const char *shown(const char *v, char *buf, size_t cap)
+const char *shmipc__serve_shown(const char *v, char *buf, size_t cap)
 {
     size_t n = 0;
     for (const char *p = v; *p != '\0'; p++) {
@@ -318,13 +318,13 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
     char sb[80], why[96];
     uint64_t n = 0;
     if (v != NULL && strlen(v) > SHMIPC__SERVE_MAX_VALUE) {
-        set_err(err, errlen, "%s: the value is longer than %u bytes", where,
-                SHMIPC__SERVE_MAX_VALUE);
+        shmipc__serve_set_err(err, errlen, "%s: the value is longer than %u bytes", where,
+                              SHMIPC__SERVE_MAX_VALUE);
         return SHMIPC_EINVAL;
     }
     if (v != NULL && (op->type == T_STR || op->type == T_KINDAPP || op->type == T_LISTEN) &&
         v[0] == '\0') {
-        set_err(err, errlen, "%s: the value is empty", where);
+        shmipc__serve_set_err(err, errlen, "%s: the value is empty", where);
         return SHMIPC_EINVAL;
     }
     switch (op->type) {
@@ -332,7 +332,8 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
     case T_KIND: {
         int on = 1;
         if (v != NULL && (on = parse_bool(v)) < 0) {
-            set_err(err, errlen, "%s: '%s' is not true or false", where, shown(v, sb, sizeof sb));
+            shmipc__serve_set_err(err, errlen, "%s: '%s' is not true or false", where,
+                                  shmipc__serve_shown(v, sb, sizeof sb));
             return SHMIPC_EINVAL;
         }
         if (op->type == T_FLAG) {
@@ -343,8 +344,8 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
         if (!on)
             return 0; /* "asgi = false": nothing chosen */
         if (ps->kind_src == src && o->kind != op->arg) {
-            set_err(err, errlen, "%s: the application kind was already set by %s", where,
-                    ps->kind_by);
+            shmipc__serve_set_err(err, errlen, "%s: the application kind was already set by %s",
+                                  where, ps->kind_by);
             return SHMIPC_EINVAL;
         }
         if (ps->kind_src < src && ps->kapp_src != 0) {
@@ -360,19 +361,20 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
     }
     case T_KINDAPP:
         if (ps->kind_src == src && o->kind != op->arg) {
-            set_err(err, errlen, "%s: the application kind was already set by %s", where,
-                    ps->kind_by);
+            shmipc__serve_set_err(err, errlen, "%s: the application kind was already set by %s",
+                                  where, ps->kind_by);
             return SHMIPC_EINVAL;
         }
         if (ps->app_src == src) {
-            set_err(err, errlen, "%s: the application was already given as APP", where);
+            shmipc__serve_set_err(err, errlen, "%s: the application was already given as APP",
+                                  where);
             return SHMIPC_EINVAL;
         }
         if (op->arg == SHMIPC__SERVE_C) {
             const char *c = strrchr(v, ':');
             if (c == NULL || c == v || c[1] == '\0') {
-                set_err(err, errlen, "%s: '%s' is not LIB.so:symbol", where,
-                        shown(v, sb, sizeof sb));
+                shmipc__serve_set_err(err, errlen, "%s: '%s' is not LIB.so:symbol", where,
+                                      shmipc__serve_shown(v, sb, sizeof sb));
                 return SHMIPC_EINVAL;
             }
         }
@@ -388,8 +390,8 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
         switch (op->arg) {
         case F_APP:
             if (ps->kapp_src == src) {
-                set_err(err, errlen, "%s: the application was already given by --%s", where,
-                        shmipc__serve_kind_name(o->kind));
+                shmipc__serve_set_err(err, errlen, "%s: the application was already given by --%s",
+                                      where, shmipc__serve_kind_name(o->kind));
                 return SHMIPC_EINVAL;
             }
             if (ps->kapp_src != 0 && ps->kapp_src < src && ps->kind_src <= ps->kapp_src) {
@@ -413,7 +415,8 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
         return SHMIPC_EINVAL;
     case T_LISTEN:
         if (check_listen(v, why, sizeof why) != 0) {
-            set_err(err, errlen, "%s: '%s': %s", where, shown(v, sb, sizeof sb), why);
+            shmipc__serve_set_err(err, errlen, "%s: '%s': %s", where,
+                                  shmipc__serve_shown(v, sb, sizeof sb), why);
             return SHMIPC_EINVAL;
         }
         return set_str(&o->listen, v);
@@ -423,21 +426,22 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
         else if (strcmp(v, "json") == 0)
             o->access_log_format = SHMIPC__ACCESS_JSON;
         else {
-            set_err(err, errlen, "%s: '%s' is not common or json", where, shown(v, sb, sizeof sb));
+            shmipc__serve_set_err(err, errlen, "%s: '%s' is not common or json", where,
+                                  shmipc__serve_shown(v, sb, sizeof sb));
             return SHMIPC_EINVAL;
         }
         return 0;
     case T_UINT: {
         int r = parse_uint(v, op->min, op->max, &n);
         if (r == -1) {
-            set_err(err, errlen, "%s: '%s' is not a number (digits only)", where,
-                    shown(v, sb, sizeof sb));
+            shmipc__serve_set_err(err, errlen, "%s: '%s' is not a number (digits only)", where,
+                                  shmipc__serve_shown(v, sb, sizeof sb));
             return SHMIPC_EINVAL;
         }
         if (r != 0) {
-            set_err(err, errlen, "%s: '%s' is out of range (%llu .. %llu)", where,
-                    shown(v, sb, sizeof sb), (unsigned long long)op->min,
-                    (unsigned long long)op->max);
+            shmipc__serve_set_err(err, errlen, "%s: '%s' is out of range (%llu .. %llu)", where,
+                                  shmipc__serve_shown(v, sb, sizeof sb),
+                                  (unsigned long long)op->min, (unsigned long long)op->max);
             return SHMIPC_EINVAL;
         }
         if (op->arg == F_WORKERS)
@@ -453,14 +457,16 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
     case T_SECONDS: {
         int r = parse_seconds(v, op->min, op->max, &n);
         if (r == -1 || r == -3) {
-            set_err(err, errlen, "%s: '%s' is not a number of seconds (like 30 or 2.5, %s)", where,
-                    shown(v, sb, sizeof sb),
-                    r == -3 ? "at most 3 decimals" : "digits and one point");
+            shmipc__serve_set_err(err, errlen,
+                                  "%s: '%s' is not a number of seconds (like 30 or 2.5, %s)", where,
+                                  shmipc__serve_shown(v, sb, sizeof sb),
+                                  r == -3 ? "at most 3 decimals" : "digits and one point");
             return SHMIPC_EINVAL;
         }
         if (r != 0) {
-            set_err(err, errlen, "%s: '%s' is out of range (%g .. %g seconds)", where,
-                    shown(v, sb, sizeof sb), (double)op->min / 1000.0, (double)op->max / 1000.0);
+            shmipc__serve_set_err(err, errlen, "%s: '%s' is out of range (%g .. %g seconds)", where,
+                                  shmipc__serve_shown(v, sb, sizeof sb), (double)op->min / 1000.0,
+                                  (double)op->max / 1000.0);
             return SHMIPC_EINVAL;
         }
         if (op->arg == F_TIMEOUT)
@@ -477,15 +483,15 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
                      size_t errlen)
 {
     char pathbuf[256];
-    shown(path, pathbuf, sizeof pathbuf);
+    shmipc__serve_shown(path, pathbuf, sizeof pathbuf);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        set_err(err, errlen, "%s: cannot open: %s", pathbuf, strerror(errno));
+        shmipc__serve_set_err(err, errlen, "%s: cannot open: %s", pathbuf, strerror(errno));
         return SHMIPC_EINVAL;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: not a regular file", pathbuf);
+        shmipc__serve_set_err(err, errlen, "%s: not a regular file", pathbuf);
         close(fd);
         return SHMIPC_EINVAL;
     }
@@ -500,7 +506,7 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0) {
-            set_err(err, errlen, "%s: cannot read: %s", pathbuf, strerror(errno));
+            shmipc__serve_set_err(err, errlen, "%s: cannot read: %s", pathbuf, strerror(errno));
             free(buf);
             close(fd);
             return SHMIPC_EINVAL;
@@ -509,7 +515,8 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
             break;
         len += (size_t)k;
         if (len > SHMIPC__SERVE_MAX_FILE) {
-            set_err(err, errlen, "%s: larger than %u bytes", pathbuf, SHMIPC__SERVE_MAX_FILE);
+            shmipc__serve_set_err(err, errlen, "%s: larger than %u bytes", pathbuf,
+                                  SHMIPC__SERVE_MAX_FILE);
             free(buf);
             close(fd);
             return SHMIPC_EINVAL;
@@ -528,13 +535,13 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
         size_t ll = nl != NULL ? (size_t)(nl - line) : len - pos;
         pos += ll + (nl != NULL);
         if (ll > SHMIPC__SERVE_MAX_LINE) {
-            set_err(err, errlen, "%s:%u: the line is longer than %u bytes", pathbuf, lineno,
-                    SHMIPC__SERVE_MAX_LINE);
+            shmipc__serve_set_err(err, errlen, "%s:%u: the line is longer than %u bytes", pathbuf,
+                                  lineno, SHMIPC__SERVE_MAX_LINE);
             rc = SHMIPC_EINVAL;
             break;
         }
         if (memchr(line, '\0', ll) != NULL) {
-            set_err(err, errlen, "%s:%u: a NUL byte", pathbuf, lineno);
+            shmipc__serve_set_err(err, errlen, "%s:%u: a NUL byte", pathbuf, lineno);
             rc = SHMIPC_EINVAL;
             break;
         }
@@ -548,7 +555,7 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
             continue;
         char *eq = strchr(line, '=');
         if (eq == NULL) {
-            set_err(err, errlen, "%s:%u: expected 'key = value'", pathbuf, lineno);
+            shmipc__serve_set_err(err, errlen, "%s:%u: expected 'key = value'", pathbuf, lineno);
             rc = SHMIPC_EINVAL;
             break;
         }
@@ -559,31 +566,33 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
         while (*val == ' ' || *val == '\t')
             val++;
         if (*key == '\0') {
-            set_err(err, errlen, "%s:%u: a value without a key", pathbuf, lineno);
+            shmipc__serve_set_err(err, errlen, "%s:%u: a value without a key", pathbuf, lineno);
             rc = SHMIPC_EINVAL;
             break;
         }
         const struct opt *op = find_opt(key, strlen(key));
         if (op == NULL || !op->file_ok) {
             char kb[80];
-            set_err(err, errlen,
-                    op == NULL ? "%s:%u: unknown key '%s' (keys are the long option names, "
-                                 "without --)"
-                               : "%s:%u: '%s' is a command-line option only",
-                    pathbuf, lineno, shown(key, kb, sizeof kb));
+            shmipc__serve_set_err(err, errlen,
+                                  op == NULL
+                                      ? "%s:%u: unknown key '%s' (keys are the long option names, "
+                                        "without --)"
+                                      : "%s:%u: '%s' is a command-line option only",
+                                  pathbuf, lineno, shmipc__serve_shown(key, kb, sizeof kb));
             rc = SHMIPC_EINVAL;
             break;
         }
         size_t idx = (size_t)(op - opts);
         if (seen[idx] != 0) {
-            set_err(err, errlen, "%s:%u: '%s' again (first set on line %u)", pathbuf, lineno,
-                    op->name, seen[idx]);
+            shmipc__serve_set_err(err, errlen, "%s:%u: '%s' again (first set on line %u)", pathbuf,
+                                  lineno, op->name, seen[idx]);
             rc = SHMIPC_EINVAL;
             break;
         }
         seen[idx] = lineno;
         if (*val == '\0') {
-            set_err(err, errlen, "%s:%u: '%s' has no value", pathbuf, lineno, op->name);
+            shmipc__serve_set_err(err, errlen, "%s:%u: '%s' has no value", pathbuf, lineno,
+                                  op->name);
             rc = SHMIPC_EINVAL;
             break;
         }
@@ -597,9 +606,9 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
 int shmipc__serve_options_load_file(shmipc__serve_options *o, const char *path, char *err,
                                     size_t errlen)
 {
-    set_err(err, errlen, "%s", "");
+    shmipc__serve_set_err(err, errlen, "%s", "");
     if (o == NULL || path == NULL) {
-        set_err(err, errlen, "no options or no path");
+        shmipc__serve_set_err(err, errlen, "no options or no path");
         return SHMIPC_EINVAL;
     }
     struct parse_state ps = {0};
@@ -622,15 +631,16 @@ static const struct opt *cli_opt(const char *a, const char **inline_val)
     return find_opt(name, len);
 }
 
-static int validate_final(shmipc__serve_options *o, char *err, size_t errlen)
+int shmipc__serve_validate(shmipc__serve_options *o, char *err, size_t errlen)
 {
     char sb[80];
     if (o->help || o->version)
         return 0;
     if (o->app == NULL) {
-        set_err(err, errlen,
-                "no application: give APP (module:callable), --lua FILE or --c LIB.so:symbol "
-                "(see --help)");
+        shmipc__serve_set_err(
+            err, errlen,
+            "no application: give APP (module:callable), --lua FILE or --c LIB.so:symbol "
+            "(see --help)");
         return SHMIPC_EINVAL;
     }
     if (o->kind == SHMIPC__SERVE_WSGI || o->kind == SHMIPC__SERVE_ASGI) {
@@ -647,8 +657,8 @@ static int validate_final(shmipc__serve_options *o, char *err, size_t errlen)
                 ok = 0;
         }
         if (!ok) {
-            set_err(err, errlen, "APP '%s' is not module:callable (like myapp:app)",
-                    shown(o->app, sb, sizeof sb));
+            shmipc__serve_set_err(err, errlen, "APP '%s' is not module:callable (like myapp:app)",
+                                  shmipc__serve_shown(o->app, sb, sizeof sb));
             return SHMIPC_EINVAL;
         }
     }
@@ -659,9 +669,9 @@ int shmipc__serve_options_parse(shmipc__serve_options *o, int argc, char *const 
                                 size_t errlen)
 {
     char sb[80], where[96];
-    set_err(err, errlen, "%s", "");
+    shmipc__serve_set_err(err, errlen, "%s", "");
     if (o == NULL || argc < 0 || (argc > 0 && argv == NULL)) {
-        set_err(err, errlen, "no options or no arguments");
+        shmipc__serve_set_err(err, errlen, "no options or no arguments");
         return SHMIPC_EINVAL;
     }
     struct parse_state ps = {0};
@@ -678,20 +688,20 @@ int shmipc__serve_options_parse(shmipc__serve_options *o, int argc, char *const 
             continue;
         if (iv == NULL) {
             if (i + 1 >= argc || argv[i + 1] == NULL) {
-                set_err(err, errlen, "--config needs a value");
+                shmipc__serve_set_err(err, errlen, "--config needs a value");
                 return SHMIPC_EINVAL;
             }
             iv = argv[++i];
         }
         if (config != NULL) {
-            set_err(err, errlen, "--config given twice");
+            shmipc__serve_set_err(err, errlen, "--config given twice");
             return SHMIPC_EINVAL;
         }
         config = iv;
     }
     if (config != NULL) {
         if (config[0] == '\0') {
-            set_err(err, errlen, "--config: the value is empty");
+            shmipc__serve_set_err(err, errlen, "--config: the value is empty");
             return SHMIPC_EINVAL;
         }
         int rc = load_file(o, &ps, config, err, errlen);
@@ -710,8 +720,8 @@ int shmipc__serve_options_parse(shmipc__serve_options *o, int argc, char *const 
         }
         if (only_positional || a[0] != '-' || a[1] == '\0') {
             if (ps.app_src == 2) {
-                set_err(err, errlen, "unexpected argument '%s' (APP was '%s')",
-                        shown(a, sb, sizeof sb), o->app);
+                shmipc__serve_set_err(err, errlen, "unexpected argument '%s' (APP was '%s')",
+                                      shmipc__serve_shown(a, sb, sizeof sb), o->app);
                 return SHMIPC_EINVAL;
             }
             rc = apply(o, &ps, find_opt("app", 3), a, 2, "APP", err, errlen);
@@ -721,18 +731,19 @@ int shmipc__serve_options_parse(shmipc__serve_options *o, int argc, char *const 
         }
         const struct opt *op = cli_opt(a, &iv);
         if (op == NULL) {
-            set_err(err, errlen, "unknown option '%s' (see --help)", shown(a, sb, sizeof sb));
+            shmipc__serve_set_err(err, errlen, "unknown option '%s' (see --help)",
+                                  shmipc__serve_shown(a, sb, sizeof sb));
             return SHMIPC_EINVAL;
         }
         snprintf(where, sizeof where, "--%s", op->name);
         if (op->type == T_FLAG || op->type == T_KIND) {
             if (iv != NULL) {
-                set_err(err, errlen, "%s takes no value", where);
+                shmipc__serve_set_err(err, errlen, "%s takes no value", where);
                 return SHMIPC_EINVAL;
             }
         } else if (iv == NULL) {
             if (i + 1 >= argc || argv[i + 1] == NULL) {
-                set_err(err, errlen, "%s needs a value", where);
+                shmipc__serve_set_err(err, errlen, "%s needs a value", where);
                 return SHMIPC_EINVAL;
             }
             iv = argv[++i];
@@ -746,299 +757,7 @@ int shmipc__serve_options_parse(shmipc__serve_options *o, int argc, char *const 
         if (rc != 0)
             return rc;
     }
-    return validate_final(o, err, errlen);
-}
-
-void shmipc__serve_argv_free(char **argv)
-{
-    if (argv == NULL)
-        return;
-    for (size_t i = 0; argv[i] != NULL; i++)
-        free(argv[i]);
-    free(argv);
-}
-
-static int no_worker_yet(const shmipc__serve_options *o, char *err, size_t errlen)
-{
-    set_err(err, errlen,
-            "--%s: %s workers are not available yet; only WSGI (--wsgi, the default) and ASGI "
-            "(--asgi) apps can be served today (docs/serve.md)",
-            shmipc__serve_kind_name(o->kind), o->kind == SHMIPC__SERVE_LUA ? "Lua" : "C");
-    return SHMIPC_ENOTSUP;
-}
-
-int shmipc__serve_worker_argv(const shmipc__serve_options *o, char ***argvp, char *err,
-                              size_t errlen)
-{
-    if (argvp != NULL)
-        *argvp = NULL;
-    if (o == NULL || argvp == NULL || o->app == NULL || o->python == NULL) {
-        set_err(err, errlen, "no options or no application");
-        return SHMIPC_EINVAL;
-    }
-    if (o->kind != SHMIPC__SERVE_WSGI && o->kind != SHMIPC__SERVE_ASGI)
-        return no_worker_yet(o, err, errlen);
-    char maxreq[32], ppid[32];
-    snprintf(maxreq, sizeof maxreq, "%llu", (unsigned long long)o->max_requests);
-    /* The worker ends itself when this process dies, even by SIGKILL (worker.py). */
-    snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
-    const char *t[12] = {o->python,   "-m",        "shmipc.serve.worker", o->app,
-                         "--address", "{address}", "--parent-pid",        ppid};
-    size_t n = 8;
-    if (o->kind == SHMIPC__SERVE_ASGI)
-        t[n++] = "--asgi";
-    if (o->max_requests) {
-        t[n++] = "--max-requests";
-        t[n++] = maxreq;
-    }
-    char **v = calloc(n + 1, sizeof *v);
-    if (v == NULL)
-        return SHMIPC_ENOMEM;
-    for (size_t i = 0; i < n; i++)
-        if ((v[i] = strdup(t[i])) == NULL) {
-            shmipc__serve_argv_free(v);
-            return SHMIPC_ENOMEM;
-        }
-    *argvp = v;
-    return 0;
-}
-
-/* ---- --check ------------------------------------------------------------------------------ */
-
-/* The program as posix_spawnp finds it: a path with '/', else each PATH entry. */
-static int find_program(const char *prog, char *const *envp)
-{
-    if (strchr(prog, '/') != NULL)
-        return access(prog, X_OK);
-    const char *path = NULL;
-    for (char *const *e = envp; e != NULL && *e != NULL; e++)
-        if (strncmp(*e, "PATH=", 5) == 0)
-            path = *e + 5;
-    if (path == NULL)
-        path = "/usr/local/bin:/usr/bin:/bin";
-    char buf[PATH_MAX];
-    while (*path != '\0') {
-        const char *c = strchr(path, ':');
-        size_t len = c != NULL ? (size_t)(c - path) : strlen(path);
-        if (len > 0 && len + strlen(prog) + 2 < sizeof buf) {
-            memcpy(buf, path, len);
-            buf[len] = '/';
-            strcpy(buf + len + 1, prog);
-            if (access(buf, X_OK) == 0)
-                return 0;
-        }
-        path += len + (c != NULL);
-    }
-    return -1;
-}
-
-/* Imports APP with the interpreter, as the worker's load_app would. */
-static const char import_check[] = "import sys\n"
-                                   "try:\n"
-                                   "    from shmipc.serve.worker import load_app\n"
-                                   "    load_app(sys.argv[1])\n"
-                                   "except BaseException as e:\n"
-                                   "    print(f'{type(e).__name__}: {e}', file=sys.stderr)\n"
-                                   "    sys.exit(2)\n";
-
-static int check_import(const shmipc__serve_options *o, char *const *envp, uint32_t timeout_ms,
-                        char *err, size_t errlen)
-{
-    char sb[80];
-    int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC) != 0) {
-        set_err(err, errlen, "cannot check APP: %s", strerror(errno));
-        return SHMIPC_EINVAL;
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, pfd[1], 2);
-    if (o->chdir_to != NULL)
-        posix_spawn_file_actions_addchdir_np(&fa, o->chdir_to);
-    const char *argv[] = {o->python, "-c", import_check, o->app, NULL};
-    pid_t pid;
-    int e = posix_spawnp(&pid, o->python, &fa, NULL, (char *const *)argv, envp);
-    posix_spawn_file_actions_destroy(&fa);
-    close(pfd[1]);
-    if (e != 0) {
-        close(pfd[0]);
-        set_err(err, errlen, "--python %s: cannot run: %s", shown(o->python, sb, sizeof sb),
-                strerror(e));
-        return SHMIPC_EINVAL;
-    }
-    char out[400];
-    size_t got = 0;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    int timed_out = 0;
-    for (;;) {
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        int64_t left = (int64_t)timeout_ms -
-                       ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
-        if (left <= 0) {
-            timed_out = 1;
-            break;
-        }
-        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
-        int r = poll(&p, 1, (int)left);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            timed_out = r == 0;
-            break;
-        }
-        char tmp[512];
-        ssize_t k = read(pfd[0], tmp, sizeof tmp);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        /* Keep the last bytes: the exception line is printed last. */
-        size_t kk = (size_t)k, room = sizeof out - 1;
-        if (kk >= room) {
-            memcpy(out, tmp + kk - room, room);
-            got = room;
-        } else {
-            if (got + kk > room) {
-                size_t drop = got + kk - room;
-                memmove(out, out + drop, got - drop);
-                got -= drop;
-            }
-            memcpy(out + got, tmp, kk);
-            got += kk;
-        }
-    }
-    close(pfd[0]);
-    if (timed_out)
-        kill(pid, SIGKILL);
-    int status;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    out[got] = '\0';
-    while (got > 0 && (out[got - 1] == '\n' || out[got - 1] == '\r'))
-        out[--got] = '\0';
-    const char *last = strrchr(out, '\n');
-    last = last != NULL ? last + 1 : out;
-    if (timed_out) {
-        set_err(err, errlen, "APP %s: importing it took longer than %.1f s",
-                shown(o->app, sb, sizeof sb), timeout_ms / 1000.0);
-        return SHMIPC_EINVAL;
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        char lb[200];
-        size_t n = 0;
-        for (const char *p = last; *p != '\0' && n + 1 < sizeof lb; p++)
-            lb[n++] = (unsigned char)*p >= 0x20 ? *p : '?';
-        lb[n] = '\0';
-        set_err(err, errlen, "APP %s cannot be loaded by %s: %s", shown(o->app, sb, sizeof sb),
-                o->python, n ? lb : "the interpreter failed");
-        return SHMIPC_EINVAL;
-    }
-    return 0;
-}
-
-int shmipc__serve_check(const shmipc__serve_options *o, char *const *envp, uint32_t timeout_ms,
-                        char *err, size_t errlen)
-{
-    char sb[80];
-    set_err(err, errlen, "%s", "");
-    if (o == NULL) {
-        set_err(err, errlen, "no options");
-        return SHMIPC_EINVAL;
-    }
-    if (envp == NULL)
-        envp = environ;
-    if (timeout_ms == 0)
-        timeout_ms = 30000;
-    if (validate_final((shmipc__serve_options *)o, err, errlen) != 0)
-        return SHMIPC_EINVAL;
-    if (o->app == NULL) {
-        set_err(err, errlen, "no application");
-        return SHMIPC_EINVAL;
-    }
-    if (o->kind != SHMIPC__SERVE_WSGI && o->kind != SHMIPC__SERVE_ASGI) {
-        no_worker_yet(o, err, errlen);
-        return SHMIPC_EINVAL;
-    }
-    struct stat st;
-    if (o->chdir_to != NULL && (stat(o->chdir_to, &st) != 0 || !S_ISDIR(st.st_mode))) {
-        set_err(err, errlen, "--chdir %s: not a directory", shown(o->chdir_to, sb, sizeof sb));
-        return SHMIPC_EINVAL;
-    }
-    if (find_program(o->python, envp) != 0) {
-        set_err(err, errlen, "--python %s: not found or not executable",
-                shown(o->python, sb, sizeof sb));
-        return SHMIPC_EINVAL;
-    }
-    if (strncmp(o->listen, "unix:", 5) == 0) {
-        /* The socket's directory must exist (the file is created at start). */
-        char dir[PATH_MAX];
-        snprintf(dir, sizeof dir, "%s", o->listen + 5);
-        char *slash = strrchr(dir, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-            if (dir[0] != '\0' && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
-                set_err(err, errlen, "--listen %s: the directory does not exist",
-                        shown(o->listen, sb, sizeof sb));
-                return SHMIPC_EINVAL;
-            }
-        }
-    } else {
-        char host[300];
-        const char *colon = strrchr(o->listen, ':');
-        size_t hl = (size_t)(colon - o->listen);
-        const char *h = o->listen;
-        if (h[0] == '[') {
-            h++;
-            hl -= 2;
-        }
-        if (hl >= sizeof host) {
-            set_err(err, errlen, "--listen: the host is too long");
-            return SHMIPC_EINVAL;
-        }
-        memcpy(host, h, hl);
-        host[hl] = '\0';
-        struct addrinfo hints, *res = NULL;
-        memset(&hints, 0, sizeof hints);
-        hints.ai_socktype = SOCK_STREAM;
-        hints.ai_flags = AI_PASSIVE;
-        int g = getaddrinfo(host, colon + 1, &hints, &res);
-        if (g != 0) {
-            set_err(err, errlen, "--listen %s: %s", shown(o->listen, sb, sizeof sb),
-                    gai_strerror(g));
-            return SHMIPC_EINVAL;
-        }
-        freeaddrinfo(res);
-    }
-    if (o->access_log != NULL && strcmp(o->access_log, "-") != 0) {
-        /* Writable where it is, or creatable in its directory; nothing is created here. */
-        if (access(o->access_log, F_OK) == 0) {
-            if (stat(o->access_log, &st) != 0 || S_ISDIR(st.st_mode) ||
-                access(o->access_log, W_OK) != 0) {
-                set_err(err, errlen, "--access-log %s: cannot be written",
-                        shown(o->access_log, sb, sizeof sb));
-                return SHMIPC_EINVAL;
-            }
-        } else {
-            char dir[PATH_MAX];
-            snprintf(dir, sizeof dir, "%s", o->access_log);
-            char *slash = strrchr(dir, '/');
-            const char *d = ".";
-            if (slash != NULL) {
-                *slash = '\0';
-                d = dir[0] != '\0' ? dir : "/";
-            }
-            if (access(d, W_OK) != 0) {
-                set_err(err, errlen, "--access-log %s: its directory cannot be written",
-                        shown(o->access_log, sb, sizeof sb));
-                return SHMIPC_EINVAL;
-            }
-        }
-    }
-    return check_import(o, envp, timeout_ms, err, errlen);
+    return shmipc__serve_validate(o, err, errlen);
 }
 
 const char *shmipc__serve_usage(void)
@@ -1070,174 +789,4 @@ const char *shmipc__serve_usage(void)
            "\n"
            "Signals: SIGTERM/SIGINT stop gracefully, SIGHUP reloads the workers, SIGUSR1 prints\n"
            "the workers' states to stderr.\n";
-}
-
-/* ---- the access log ----------------------------------------------------------------------- */
-
-size_t shmipc__access_format_bound(const shmipc__access_entry *e)
-{
-    if (e == NULL)
-        return 0;
-    /* JSON's \u00XX is 6 bytes for one, U+FFFD 3; CLF's \xHH 4. Plus the fixed text. */
-    return 6 * (e->remote_len + e->method_len + e->target_len + e->referer_len +
-                e->user_agent_len) +
-           512;
-}
-
-struct out {
-    char *p;
-    size_t n, cap;
-    int over;
-};
-
-static void put(struct out *o, const char *s, size_t n)
-{
-    if (o->over || n > o->cap - o->n - 1) {
-        o->over = 1;
-        return;
-    }
-    memcpy(o->p + o->n, s, n);
-    o->n += n;
-}
-
-static void putf(struct out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void putf(struct out *o, const char *fmt, ...)
-{
-    char b[128];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(b, sizeof b, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof b) {
-        o->over = 1;
-        return;
-    }
-    put(o, b, (size_t)n);
-}
-
-/* nginx's access-log escaping: '"', '\\', bytes below 0x20 and from 0x7F as \xHH. */
-static void put_clf(struct out *o, const char *s, size_t n)
-{
-    if (s == NULL) {
-        put(o, "-", 1);
-        return;
-    }
-    static const char hex[] = "0123456789ABCDEF";
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x7f) {
-            char b[4] = {'\\', 'x', hex[c >> 4], hex[c & 15]};
-            put(o, b, 4);
-        } else {
-            put(o, (const char *)&c, 1);
-        }
-    }
-}
-
-/* The length of a valid UTF-8 sequence at s (RFC 3629: no overlongs, no surrogates, at most
- * U+10FFFF), or 0. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        return n >= 2 && (s[1] & 0xc0) == 0x80 ? 2 : 0;
-    if (c >= 0xe0 && c <= 0xef) {
-        if (n < 3 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80)
-            return 0;
-        if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f))
-            return 0;
-        return 3;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if (n < 4 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 || (s[3] & 0xc0) != 0x80)
-            return 0;
-        if ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] > 0x8f))
-            return 0;
-        return 4;
-    }
-    return 0;
-}
-
-static void put_json_str(struct out *o, const char *s, size_t n)
-{
-    if (s == NULL) {
-        put(o, "null", 4);
-        return;
-    }
-    static const char hex[] = "0123456789abcdef";
-    const unsigned char *u = (const unsigned char *)s;
-    put(o, "\"", 1);
-    for (size_t i = 0; i < n;) {
-        unsigned char c = u[i];
-        if (c == '"' || c == '\\') {
-            char b[2] = {'\\', (char)c};
-            put(o, b, 2);
-            i++;
-        } else if (c < 0x20 || c == 0x7f) {
-            char b[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-            put(o, b, 6);
-            i++;
-        } else {
-            size_t l = utf8_len(u + i, n - i);
-            if (l == 0) {
-                put(o, "\\ufffd", 6);
-                i++;
-            } else {
-                put(o, s + i, l);
-                i += l;
-            }
-        }
-    }
-    put(o, "\"", 1);
-}
-
-int shmipc__access_format(int format, const shmipc__access_entry *e, char *out, size_t cap)
-{
-    if (e == NULL || out == NULL || cap == 0 ||
-        (format != SHMIPC__ACCESS_COMMON && format != SHMIPC__ACCESS_JSON))
-        return SHMIPC_EINVAL;
-    struct out o = {out, 0, cap, 0};
-    time_t t = (time_t)e->time_sec;
-    struct tm tm;
-    if (gmtime_r(&t, &tm) == NULL)
-        memset(&tm, 0, sizeof tm);
-    const char *remote = e->remote;
-    size_t remote_len = e->remote_len;
-    if (format == SHMIPC__ACCESS_COMMON) {
-        static const char *const mon[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                          "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-        put_clf(&o, remote, remote_len);
-        putf(&o, " - - [%02d/%s/%04d:%02d:%02d:%02d +0000] \"", tm.tm_mday,
-             mon[tm.tm_mon >= 0 && tm.tm_mon < 12 ? tm.tm_mon : 0], tm.tm_year + 1900, tm.tm_hour,
-             tm.tm_min, tm.tm_sec);
-        put_clf(&o, e->method, e->method_len);
-        put(&o, " ", 1);
-        put_clf(&o, e->target, e->target_len);
-        putf(&o, " HTTP/1.%u\" %u %llu\n", e->version_minor, e->status,
-             (unsigned long long)e->bytes);
-    } else {
-        putf(&o,
-             "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"remote\":", tm.tm_year + 1900,
-             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-             (e->time_nsec >= 0 && e->time_nsec < 1000000000L ? e->time_nsec : 0) / 1000000L);
-        put_json_str(&o, remote, remote_len);
-        put(&o, ",\"method\":", 10);
-        put_json_str(&o, e->method, e->method_len);
-        put(&o, ",\"target\":", 10);
-        put_json_str(&o, e->target, e->target_len);
-        putf(&o, ",\"protocol\":\"HTTP/1.%u\",\"status\":%u,\"bytes\":%llu,\"duration_us\":%llu",
-             e->version_minor, e->status, (unsigned long long)e->bytes,
-             (unsigned long long)e->duration_us);
-        put(&o, ",\"referer\":", 11);
-        put_json_str(&o, e->referer, e->referer_len);
-        put(&o, ",\"user_agent\":", 14);
-        put_json_str(&o, e->user_agent, e->user_agent_len);
-        put(&o, "}\n", 2);
-    }
-    if (o.over)
-        return SHMIPC_EMSGSIZE;
-    out[o.n] = '\0';
-    return (int)o.n;
 }
