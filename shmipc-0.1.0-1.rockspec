@@ -93,6 +93,7 @@ build = {
             "core/net/server_ws.c",
             "core/net/conn_state.c",
             "core/net/serve_frame.c",
+            "core/serve/access_log.c",
             "core/serve/front.c",
             "core/serve/front_request.c",
             "core/serve/front_session.c",

@@ -7,7 +7,7 @@
  * front. The main thread waits for signals: SIGTERM or SIGINT stop the HTTP server gracefully
  * (it stops accepting, and the requests in flight are answered within the graceful timeout),
  * then the workers; SIGHUP reloads the workers; SIGUSR1 prints the workers' and the front's
- * state on stderr.
+ * state on stderr; SIGUSR2 reopens the access log (for logrotate).
  *
  * May call: the public API (the HTTP server), core/serve/front.h, serve/options.h and
  * serve/supervisor.h.
@@ -25,6 +25,7 @@
 
 #include "shmipc.h"
 #include "options.h"
+#include "serve/access_log.h"
 #include "serve/front.h"
 #include "supervisor.h"
 
@@ -33,6 +34,7 @@
 
 struct run {
     const shmipc__serve_options *o;
+    struct shmipc__access_log *alog; /* NULL: no --access-log */
     shmipc__sup *sup;
     int wake_fd; /* eventfd: a ready set is pending, or the supervisor's thread ended */
     pthread_mutex_t mu;
@@ -143,6 +145,7 @@ static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **s
         .queue_max = o->queue,
         /* --timeout 0 means none; the front's 0 would mean its default. */
         .deadline_ms = o->timeout_ms ? o->timeout_ms : SHMIPC__FRONT_NO_DEADLINE,
+        .access_log = r->alog,
     };
     shmipc_server_config *cfg = NULL;
     shmipc_server *srv = NULL;
@@ -208,6 +211,12 @@ static void print_front_stats(struct run *r)
                     (unsigned long long)st->w[i].failures);
     }
     free(st);
+    if (r->alog != NULL) {
+        uint64_t lines, errors;
+        shmipc__access_log_counts(r->alog, &lines, &errors);
+        fprintf(stderr, "shmipc-serve: access log: %llu lines written, %llu write errors\n",
+                (unsigned long long)lines, (unsigned long long)errors);
+    }
 }
 
 /* Until a stop signal or the supervisor's end: starts the server, passes on HUP and USR1. */
@@ -232,6 +241,11 @@ static int run_loop(struct run *r, int sfd, shmipc_server **srv)
                 } else if (si.ssi_signo == SIGUSR1) {
                     shmipc__sup_request_status(r->sup);
                     print_front_stats(r);
+                } else if (si.ssi_signo == SIGUSR2 && r->alog != NULL) {
+                    /* logrotate moved the file: lines go to a new one at the same path. */
+                    if (shmipc__access_log_reopen(r->alog) < 0)
+                        fprintf(stderr, "shmipc-serve: SIGUSR2: %s (the old file stays)\n",
+                                shmipc_error_detail());
                 }
             }
         }
@@ -308,8 +322,9 @@ int main(int argc, char **argv)
                 o.listen);
         goto out;
     }
-    if (o.access_log != NULL) {
-        fprintf(stderr, "shmipc-serve: --access-log: the front does not write an access log yet\n");
+    if (o.access_log != NULL &&
+        shmipc__access_log_open(o.access_log, o.access_log_format, &r.alog) < 0) {
+        fprintf(stderr, "shmipc-serve: --access-log: %s\n", shmipc_error_detail());
         goto out;
     }
     if (shmipc__serve_worker_argv(&o, &wargv, err, sizeof err) < 0) {
@@ -323,6 +338,7 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGHUP);
     sigaddset(&sigs, SIGUSR1);
+    sigaddset(&sigs, SIGUSR2);
     if (pthread_sigmask(SIG_BLOCK, &sigs, NULL) != 0 ||
         (sfd = signalfd(-1, &sigs, SFD_CLOEXEC)) < 0 || (r.wake_fd = eventfd(0, EFD_CLOEXEC)) < 0) {
         perror("shmipc-serve: signals");
@@ -370,6 +386,7 @@ out:
     }
     shmipc_server_close(srv);
     shmipc__front_free(r.front);
+    shmipc__access_log_free(r.alog); /* after the server: its threads flushed their lines */
     shmipc__sup_free(r.sup);
     free_set(r.pending, r.npending);
     shmipc__serve_argv_free(wargv);

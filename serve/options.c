@@ -788,5 +788,5 @@ const char *shmipc__serve_usage(void)
            "  --version                the version\n"
            "\n"
            "Signals: SIGTERM/SIGINT stop gracefully, SIGHUP reloads the workers, SIGUSR1 prints\n"
-           "the workers' states to stderr.\n";
+           "the workers' states to stderr, SIGUSR2 reopens the access log.\n";
 }

@@ -10,17 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "serve/access_log.h" /* the access-log formats (core/serve) */
+
 /* The kinds of application; only WSGI has a worker today. */
 enum shmipc__serve_kind {
     SHMIPC__SERVE_WSGI = 1,
     SHMIPC__SERVE_ASGI = 2,
     SHMIPC__SERVE_LUA = 3,
     SHMIPC__SERVE_C = 4,
-};
-
-enum shmipc__access_format_kind {
-    SHMIPC__ACCESS_COMMON = 1,
-    SHMIPC__ACCESS_JSON = 2,
 };
 
 /* Limits of the numeric options. */
@@ -96,40 +93,5 @@ const char *shmipc__serve_usage(void);
 
 /* The kind's flag name: "wsgi", "asgi", "lua", "c"; "?" otherwise. */
 const char *shmipc__serve_kind_name(int kind);
-
-/* ---- the access log ---------------------------------------------------------------------- */
-
-/* One request as the front logs it; strings are bytes with lengths (NULL: "-"). */
-typedef struct shmipc__access_entry {
-    const char *remote; /* the client: "127.0.0.1", "::1", "unix:" */
-    size_t remote_len;
-    const char *method;
-    size_t method_len;
-    const char *target; /* as received */
-    size_t target_len;
-    const char *referer;
-    size_t referer_len;
-    const char *user_agent;
-    size_t user_agent_len;
-    int64_t time_sec; /* wall clock (seconds since 1970, UTC) and nanoseconds of the request */
-    long time_nsec;
-    unsigned version_minor; /* HTTP/1.x */
-    unsigned status;        /* 100 .. 999 */
-    uint64_t bytes;         /* body bytes sent */
-    uint64_t duration_us;
-} shmipc__access_entry;
-
-/* A buffer size that always holds the formatted line of e. */
-size_t shmipc__access_format_bound(const shmipc__access_entry *e);
-
-/*
- * One line (with its '\n', NUL-terminated) into out: the common log format (`remote - - [time]
- * "METHOD target HTTP/1.x" status bytes`, time in UTC, nginx's escaping: '"', '\\', control
- * bytes and bytes >= 0x7F as \xHH; referer and user agent are not in it) or a JSON object
- * (every field; control bytes as \u00XX, invalid UTF-8 as U+FFFD). Returns the length,
- * SHMIPC_EMSGSIZE when cap is too small, SHMIPC_EINVAL for NULL or a bad format. Pure: no I/O,
- * thread safe.
- */
-int shmipc__access_format(int format, const shmipc__access_entry *e, char *out, size_t cap);
 
 #endif

@@ -38,6 +38,12 @@ static int thread_start(struct shmipc__loop *loop, unsigned index, unsigned nwor
     t->loop = loop;
     t->gen = atomic_load(&f->gen) - 1u;
     shmipc__timer_init(loop, &t->kick, shmipc__front_on_kick, t);
+    shmipc__timer_init(loop, &t->alog_timer, shmipc__front_on_log_timer, t);
+    if (f->alog != NULL && (rc = shmipc__access_buf_init(&t->alog, f->alog)) < 0) {
+        free(t->scratch);
+        free(t);
+        return rc;
+    }
     t->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (t->efd < 0) {
         rc = shmipc__fail_errno(errno, "front: eventfd");
@@ -55,6 +61,7 @@ static int thread_start(struct shmipc__loop *loop, unsigned index, unsigned nwor
 fail:
     if (t->efd >= 0)
         close(t->efd);
+    shmipc__access_buf_free(&t->alog);
     free(t->scratch);
     free(t);
     return rc;
@@ -97,6 +104,9 @@ static int thread_end(struct shmipc__loop *loop, unsigned index, unsigned nworke
     }
     free(t->sess);
     shmipc__timer_stop(&t->kick);
+    /* Every request was logged as the server cancelled it: the last lines go out now. */
+    shmipc__timer_stop(&t->alog_timer);
+    shmipc__access_buf_free(&t->alog);
     shmipc__watch_free(t->ewatch);
     close(t->efd);
     free(t->scratch);
@@ -169,6 +179,7 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
                                          : SHMIPC__FRONT_DEFAULT_DEADLINE;
     f->connect_ms = opts->connect_ms ? opts->connect_ms : SHMIPC__FRONT_DEFAULT_CONNECT;
     f->max_response = opts->max_response ? opts->max_response : SHMIPC__FRONT_DEFAULT_RESPONSE;
+    f->alog = opts->access_log;
     pthread_mutex_init(&f->mu, NULL);
     rc = opts->ipc != NULL ? shmipc__config_clone(opts->ipc, &f->ipc) : shmipc__config_new(&f->ipc);
     if (rc == 0) {

@@ -54,6 +54,9 @@ struct shmipc__front_opts {
     uint32_t connect_ms;        /* 0: the default; up to 3600000 */
     uint64_t max_response;      /* 0: the default; response body bytes, up to the limit */
     const shmipc_config *ipc;   /* the sessions' config (copied); NULL: defaults */
+    /* One line per finished request (serve/access_log.h), written from each reactor thread's
+     * buffer; NULL: none. Borrowed: it outlives the front. */
+    struct shmipc__access_log *access_log;
 };
 
 enum {

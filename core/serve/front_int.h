@@ -20,6 +20,8 @@
 
 #include "serve/front.h"
 
+#include "serve/access_log.h"
+
 #include "ipc/session.h"
 #include "net/serve_frame.h"
 #include "net/server.h"
@@ -71,6 +73,8 @@ struct fthread {
     struct freq *qhead, *qtail;
     atomic_uint nwait;
     uint8_t *scratch;
+    struct shmipc__access_buf alog;  /* when the front logs: this thread's lines */
+    struct shmipc__timer alog_timer; /* writes them out at most SHMIPC__ACCESS_FLUSH_MS late */
 };
 
 enum { RQ_QUEUED = 1, RQ_SENDING, RQ_ACTIVE, RQ_DRAINING };
@@ -99,6 +103,12 @@ struct freq {
     uint8_t *rbody;
     size_t rlen, rcap;
     struct shmipc__timer timer;
+    /* The access log's entry (when the front logs): the strings copied into le_blob, since
+     * the server's request is gone once the handler returned; logged once. */
+    shmipc__access_entry le;
+    char *le_blob;
+    uint64_t le_t0_us;
+    uint8_t logged;
 };
 
 struct shmipc__front {
@@ -113,6 +123,7 @@ struct shmipc__front {
     atomic_uint gen;
     atomic_uint queued;
     atomic_ullong rejected, timeouts, client_gone;
+    struct shmipc__access_log *alog; /* borrowed; NULL: no access log */
     struct fthread *threads[MAX_THREADS];
 };
 
@@ -125,6 +136,7 @@ int shmipc__front_req_send(struct freq *r);
 void shmipc__front_req_drain(struct freq *r);
 void shmipc__front_req_read(struct freq *r);
 int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, void *ud);
+void shmipc__front_on_log_timer(struct shmipc__timer *timer);
 
 /* front_session.c: a thread's sessions and its queue */
 void shmipc__front_fs_down(struct fsess *fs, int rc);

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "net/http_parser.h"
+#include "net/http_writer.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,6 +20,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- small helpers ---- */
@@ -38,7 +40,63 @@ void shmipc__front_req_free(struct freq *r)
     free(r->out);
     free(r->body_copy);
     free(r->rbody);
+    free(r->le_blob);
     free(r);
+}
+
+/* ---- the access log ---- */
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+void shmipc__front_on_log_timer(struct shmipc__timer *timer)
+{
+    struct fthread *t = timer->data;
+    shmipc__access_buf_flush(&t->alog);
+}
+
+/* The body bytes the client gets with `status` and a body of `len`: none for HEAD, 1xx, 204
+ * and 304 (nginx's $body_bytes_sent). */
+static uint64_t body_sent(int is_head, unsigned status, size_t len)
+{
+    return is_head || status < 200 || status == 204 || status == 304 ? 0 : len;
+}
+
+/* The body of the answer the server itself makes for `status` (504, 500). */
+static size_t server_body_len(int status)
+{
+    struct shmipc__http_response tmp;
+    memset(&tmp, 0, sizeof tmp);
+    shmipc__http_response_error(&tmp, status);
+    return tmp.body_len;
+}
+
+/* One line into the thread's buffer; the flush timer runs while lines wait. */
+static void log_line(struct fthread *t, shmipc__access_entry *e, uint64_t t0_us, unsigned status,
+                     uint64_t bytes, const struct fsess *fs)
+{
+    uint64_t now = mono_us();
+    e->status = status;
+    e->bytes = bytes;
+    e->duration_us = now > t0_us ? now - t0_us : 0;
+    e->worker = fs != NULL ? fs->w->addr : NULL;
+    e->worker_len = fs != NULL ? strlen(fs->w->addr) : 0;
+    if (shmipc__access_buf_add(&t->alog, e) && !shmipc__timer_active(&t->alog_timer) &&
+        shmipc__timer_start(&t->alog_timer, SHMIPC__ACCESS_FLUSH_MS) < 0)
+        shmipc__access_buf_flush(&t->alog); /* no timer: written now rather than late */
+}
+
+/* The deferred request's line, once: `status` and the body it carried. */
+static void req_log(struct freq *r, unsigned status, size_t body_len)
+{
+    if (r->le_blob == NULL || r->logged)
+        return;
+    r->logged = 1;
+    log_line(r->t, &r->le, r->le_t0_us, status, body_sent(r->is_head, status, body_len), r->fs);
 }
 
 /*
@@ -94,6 +152,7 @@ void shmipc__front_answer_status(struct freq *r, int status)
     if (!r->live)
         return;
     r->live = 0;
+    req_log(r, (unsigned)status, strlen(b));
     if (status == 502 && r->fs != NULL)
         atomic_fetch_add(&r->fs->w->failures, 1);
     (void)shmipc__server_complete(r->ticket, status, "text/plain", NULL, 0, b, strlen(b), NULL,
@@ -257,6 +316,8 @@ static void req_answer(struct freq *r)
     rc = shmipc__server_complete(r->ticket, fr.u.resp.status, ctype, h, n, body, len,
                                  body != NULL ? free : NULL, body);
     free(ctype);
+    if (rc == 0)
+        req_log(r, fr.u.resp.status, len);
     if (rc == SHMIPC_EINVAL) {
         /* A field the server refuses (a control byte in a value, a status it does not send). */
         atomic_fetch_sub(&r->fs->w->served, 1);
@@ -446,6 +507,14 @@ static void on_cancel(void *data, int reason)
     struct fthread *t = r->t;
     struct shmipc__front *f = t->f;
     r->live = 0;
+    /* What the server answers now: 504 or 500, or nothing when the client left (nginx's 499). */
+    req_log(r,
+            reason == SHMIPC__SERVER_CANCEL_TIMEOUT       ? 504
+            : reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE ? 499
+                                                          : 500,
+            reason == SHMIPC__SERVER_CANCEL_TIMEOUT       ? server_body_len(504)
+            : reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE ? 0
+                                                          : server_body_len(500));
     if (reason == SHMIPC__SERVER_CANCEL_TIMEOUT)
         atomic_fetch_add(&f->timeouts, 1);
     else if (reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE)
@@ -494,7 +563,86 @@ static void sf_addr(const struct sockaddr_storage *ss, struct shmipc__sf_addr *o
     }
 }
 
-static int direct(shmipc_http_response *res, int status, const char *retry_after)
+/* The request as the access log takes it, before any answer (on the handler's stack). */
+struct lcap {
+    int on;
+    shmipc__access_entry e;
+    uint64_t t0_us;
+    char remote[INET6_ADDRSTRLEN];
+};
+
+/* The first field named `name` (the referer, the user agent). */
+static void find_field(const struct shmipc__http_request *hr, const char *name, const char **v,
+                       size_t *len)
+{
+    size_t n = strlen(name);
+    for (uint32_t i = 0; i < hr->nfields; i++) {
+        const struct shmipc__http_field *fd = &hr->fields[i];
+        if (fd->name.len == n && strncasecmp(hr->base + fd->name.off, name, n) == 0) {
+            *v = hr->base + fd->value.off;
+            *len = fd->value.len;
+            return;
+        }
+    }
+}
+
+static void log_capture(struct lcap *c, const shmipc_http_request *req,
+                        const struct sockaddr_storage *peer)
+{
+    const struct shmipc__http_request *hr = req->r;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    memset(&c->e, 0, sizeof c->e);
+    c->on = 1;
+    c->t0_us = mono_us();
+    c->e.time_sec = (int64_t)now.tv_sec;
+    c->e.time_nsec = now.tv_nsec;
+    c->e.version_minor = hr->minor;
+    c->e.method = hr->base + hr->name.off;
+    c->e.method_len = hr->name.len;
+    c->e.target = hr->base + hr->target.off;
+    c->e.target_len = hr->target.len;
+    find_field(hr, "Referer", &c->e.referer, &c->e.referer_len);
+    find_field(hr, "User-Agent", &c->e.user_agent, &c->e.user_agent_len);
+    const void *a = NULL;
+    if (peer->ss_family == AF_INET)
+        a = &((const struct sockaddr_in *)peer)->sin_addr;
+    else if (peer->ss_family == AF_INET6)
+        a = &((const struct sockaddr_in6 *)peer)->sin6_addr;
+    if (a != NULL && inet_ntop(peer->ss_family, a, c->remote, sizeof c->remote) != NULL)
+        c->e.remote = c->remote;
+    else if (peer->ss_family == AF_UNIX)
+        c->e.remote = "unix:";
+    c->e.remote_len = c->e.remote != NULL ? strlen(c->e.remote) : 0;
+}
+
+/* The entry's strings into the request's own copy (one allocation). */
+static int log_keep(struct freq *r, const struct lcap *c)
+{
+    const shmipc__access_entry *e = &c->e;
+    size_t n = e->remote_len + e->method_len + e->target_len + e->referer_len + e->user_agent_len;
+    if ((r->le_blob = malloc(n + 1)) == NULL)
+        return -1;
+    r->le = *e;
+    char *p = r->le_blob;
+#define KEEP(field)                                                                                \
+    if (e->field != NULL) {                                                                        \
+        memcpy(p, e->field, e->field##_len);                                                       \
+        r->le.field = p;                                                                           \
+        p += e->field##_len;                                                                       \
+    }
+    KEEP(remote)
+    KEEP(method)
+    KEEP(target)
+    KEEP(referer)
+    KEEP(user_agent)
+#undef KEEP
+    r->le_t0_us = c->t0_us;
+    return 0;
+}
+
+static int direct(struct fthread *t, struct lcap *lc, const shmipc_http_request *req,
+                  shmipc_http_response *res, int status, const char *retry_after)
 {
     static const char *const text[] = {"Bad Gateway\n", "Service Unavailable\n",
                                        "Request Header Fields Too Large\n",
@@ -504,6 +652,11 @@ static int direct(shmipc_http_response *res, int status, const char *retry_after
                     : status == 431 ? text[2]
                     : status == 414 ? text[4]
                                     : text[3];
+    if (t != NULL && lc != NULL && lc->on)
+        log_line(
+            t, &lc->e, lc->t0_us, (unsigned)status,
+            body_sent((req->r->flags & SHMIPC__HTTP_IS_HEAD) != 0, (unsigned)status, strlen(b)),
+            NULL);
     res->r->status = (uint16_t)status;
     if (retry_after != NULL &&
         shmipc__http_response_add_header(res, "Retry-After", retry_after) < 0)
@@ -522,12 +675,13 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
     socklen_t sl;
     struct freq *r;
     struct fthread *t;
+    struct lcap lc;
     long n;
     int rc;
 
     if (shmipc__server_where(res, &where) < 0 || where.index >= MAX_THREADS ||
         (t = f->threads[where.index]) == NULL)
-        return direct(res, 500, NULL);
+        return direct(NULL, NULL, req, res, 500, NULL);
     shmipc__front_refresh(t, 0);
     memset(&peer_ss, 0, sizeof peer_ss);
     memset(&local_ss, 0, sizeof local_ss);
@@ -539,18 +693,24 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
         local_ss.ss_family = AF_UNSPEC;
     sf_addr(&peer_ss, &peer);
     sf_addr(&local_ss, &local);
+    lc.on = 0;
+    if (f->alog != NULL)
+        log_capture(&lc, req, &peer_ss);
     n = shmipc__sf_encode_http_request(t->scratch, SCRATCH, req->r, &peer, &local, 0);
     /* Over the protocol's limits (docs/serve.md, "Limits"): the target's is 414's, the rest
      * of the head's 431's. */
     if (n < 0)
-        return direct(res,
+        return direct(t, &lc, req, res,
                       n != SHMIPC_EMSGSIZE                         ? 500
                       : req->r->target.len > SHMIPC__SF_MAX_TARGET ? 414
                                                                    : 431,
                       NULL);
-    if ((r = calloc(1, sizeof *r)) == NULL || (r->out = malloc((size_t)n)) == NULL) {
+    if ((r = calloc(1, sizeof *r)) == NULL || (r->out = malloc((size_t)n)) == NULL ||
+        (lc.on && log_keep(r, &lc) < 0)) {
+        if (r != NULL)
+            free(r->out);
         free(r);
-        return direct(res, 503, "1");
+        return direct(t, &lc, req, res, 503, "1");
     }
     memcpy(r->out, t->scratch, (size_t)n);
     r->out_len = (size_t)n;
@@ -568,20 +728,20 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
         rc = shmipc__front_req_send(r);
         if (rc < 0 && shmipc__front_requeue_head(t, r, rc) < 0) {
             shmipc__front_req_free(r);
-            return direct(res, 503, "1");
+            return direct(t, &lc, req, res, 503, "1");
         }
     } else {
         if (atomic_fetch_add(&f->queued, 1) >= f->queue_max) {
             atomic_fetch_sub(&f->queued, 1);
             atomic_fetch_add(&f->rejected, 1);
             shmipc__front_req_free(r);
-            return direct(res, 503, "1");
+            return direct(t, &lc, req, res, 503, "1");
         }
         if (r->body_len > 0) {
             if ((r->body_copy = malloc(r->body_len)) == NULL) {
                 atomic_fetch_sub(&f->queued, 1);
                 shmipc__front_req_free(r);
-                return direct(res, 503, "1");
+                return direct(t, &lc, req, res, 503, "1");
             }
             memcpy(r->body_copy, r->body, r->body_len);
             r->body = r->body_copy;
@@ -598,8 +758,8 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
     }
     rc = shmipc__server_defer(res, f->deadline_ms, on_cancel, r, &r->ticket);
     if (rc < 0) { /* cannot happen in a route handler; the request is given up */
-        on_cancel(r, SHMIPC__SERVER_CANCEL_ERROR);
-        return direct(res, 500, NULL);
+        on_cancel(r, SHMIPC__SERVER_CANCEL_ERROR); /* logs its 500 */
+        return direct(t, NULL, req, res, 500, NULL);
     }
     r->live = 1;
     return 0;

@@ -679,7 +679,7 @@ static void test_access_log_json(void **state)
     const char want[] = "{\"time\":\"2023-11-14T22:13:20.123Z\",\"remote\":\"127.0.0.1\","
                         "\"method\":\"GET\",\"target\":\"/x\",\"protocol\":\"HTTP/1.1\","
                         "\"status\":200,\"bytes\":13,\"duration_us\":1500,\"referer\":null,"
-                        "\"user_agent\":\"curl/8\"}\n";
+                        "\"user_agent\":\"curl/8\",\"worker\":null}\n";
     assert_string_equal(out, want);
     assert_int_equal(n, sizeof want - 1);
     /* Quotes, backslash, control bytes and DEL escaped; valid UTF-8 kept (2, 3 and 4 bytes);
@@ -700,7 +700,7 @@ static void test_access_log_json(void **state)
                                 "\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd|\\ufffd\\ufffd|"
                                 "\\ufffd\\ufffd\\ufffd\\ufffd|\\ufffd\","));
     assert_non_null(strstr(out, "\"remote\":\"unix:\""));
-    assert_non_null(strstr(out, "\"user_agent\":null}"));
+    assert_non_null(strstr(out, "\"user_agent\":null,"));
     for (char *p = out; *p != '\0'; p++)
         assert_true((unsigned char)*p >= 0x20 || *p == '\n');
 }
@@ -713,8 +713,8 @@ static void test_access_log_limits(void **state)
     for (size_t i = 0; i < 4096; i++)
         worst[i] = (char)(i % 2 ? 0x01 : 0xff);
     shmipc__access_entry e = entry("");
-    e.target = e.referer = e.user_agent = e.method = e.remote = worst;
-    e.target_len = e.referer_len = e.user_agent_len = 4096;
+    e.target = e.referer = e.user_agent = e.method = e.remote = e.worker = worst;
+    e.target_len = e.referer_len = e.user_agent_len = e.worker_len = 4096;
     e.method_len = 32;
     e.remote_len = 45;
     e.bytes = UINT64_MAX;

@@ -269,11 +269,91 @@ def test_what_is_not_built_yet_is_refused(tmp_path):
     (tmp_path / "cliapp.py").write_text(APP)
     common = ["--chdir", str(tmp_path), "--python", "/usr/bin/python3"]
     for flags, said in ((["--listen", f"unix:{tmp_path}/s.sock"], "TCP only"),
-                        (["--access-log", "-"], "access log"),
                         (["--lua", "h.lua"], "not available yet")):
         r = run_cli(*common, *flags, *([] if "--lua" in flags else ["cliapp:app"]), timeout=30)
         assert r.returncode == 2, (flags, r.stderr)
         assert said in r.stderr, r.stderr
+
+
+def wait_lines(path, n, timeout=10):
+    """The file's lines once it has n (the front writes them within 100 ms)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = path.read_text() if path.exists() else ""
+        if text.count("\n") >= n or time.monotonic() > deadline:
+            assert text.count("\n") == n, text
+            return text.splitlines()
+
+
+def test_access_log_file(tmp_path):
+    import json
+    log = tmp_path / "access.log"
+    s = Serve(tmp_path, "--access-log", str(log), "--access-log-format", "json", workers=2)
+    try:
+        assert s.request("GET", "/a?x=1")[0] == 200
+        assert s.request("POST", "/raise", b"body")[0] == 500
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=20)
+        c.request("GET", "/ua", headers={"User-Agent": 'evil"\\ agent', "Referer": "http://r/"})
+        assert c.getresponse().read().startswith(b"pid=")
+        c.close()
+        lines = [json.loads(l) for l in wait_lines(log, 3)]
+        assert [(l["method"], l["target"], l["status"]) for l in lines] == [
+            ("GET", "/a?x=1", 200), ("POST", "/raise", 500), ("GET", "/ua", 200)]
+        assert all(l["remote"] == "127.0.0.1" and l["protocol"] == "HTTP/1.1" and
+                   l["worker"].startswith("unix:") for l in lines), lines
+        assert lines[0]["bytes"] == len(s.request("GET", "/a?x=1")[1])
+        assert lines[2]["user_agent"] == 'evil"\\ agent' and lines[2]["referer"] == "http://r/"
+        wait_lines(log, 4)
+        # logrotate: the file moves, SIGUSR2 opens a new one at the path
+        log.rename(tmp_path / "access.log.1")
+        s.p.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while not log.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert s.request("GET", "/after")[0] == 200
+        assert json.loads(wait_lines(log, 1)[0])["target"] == "/after"
+        assert len(wait_lines(tmp_path / "access.log.1", 4)) == 4
+        # the status output counts the lines and the write errors
+        before = len(s.err)
+        s.p.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while "access log:" not in "".join(s.err[before:]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert re.search(r"access log: 5 lines written, 0 write errors", "".join(s.err[before:]))
+    finally:
+        assert s.stop() == 0
+    # the stop wrote nothing more, and no line is torn
+    assert len(wait_lines(log, 1)) == 1
+
+
+def test_access_log_common_to_stdout(tmp_path):
+    (tmp_path / "cliapp.py").write_text(APP)
+    port = free_port()
+    p = subprocess.Popen(
+        [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{port}",
+         "--python", "/usr/bin/python3", "--access-log", "-"],
+        env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+                c.request("GET", "/x")
+                assert c.getresponse().status == 200
+                c.close()
+                break
+            except (ConnectionRefusedError, http.client.RemoteDisconnected):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0
+    # stdout also carries what the workers print (their "ready" lines), whole lines each
+    logged = [l for l in out.splitlines() if not l.startswith("shmipc-serve worker ")]
+    assert len(logged) == 1, out
+    assert re.fullmatch(r'127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d \+0000\] '
+                        r'"GET /x HTTP/1\.1" 200 \d+', logged[0]), out
 
 
 ASGI_APP = """
