@@ -276,6 +276,7 @@ typedef struct {
 typedef struct {
     ServerObject *server; /* borrowed: the server outlives its routes */
     PyObject *handler;    /* borrowed from server->handlers */
+    int frame;            /* handler(frame, body) -> (status, headers, body): request.c */
 } route_ctx;
 
 /* server.c */

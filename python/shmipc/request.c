@@ -9,6 +9,10 @@
  */
 #include "module.h"
 
+#include "shmipc_serve.h"
+
+#include <string.h>
+
 /* Bodies from this size up are lent to the C server instead of copied. */
 #define BORROW_MIN (64 * 1024)
 
@@ -142,16 +146,143 @@ static int answer_500(shmipc_http_response *res)
     return 0;
 }
 
+/*
+ * The request as a REQUEST_HEAD frame of docs/serve.md, for the in-process WSGI/ASGI adapters:
+ * they hand it to shmipc._serve's decoder, the one a shmipc-serve worker uses, so an app sees
+ * the same environ or scope in both modes. The public request API knows no peer or listener
+ * address: both are left out (no REMOTE_ADDR; SERVER_NAME/PORT come from Host). The body is
+ * complete here, so its length is the Content-Length. Returns the frame, or NULL with *status
+ * set to the answer (414, 431) when the head is over the protocol's limits, or an exception.
+ */
+static PyObject *request_frame(const shmipc_http_request *req, int *status)
+{
+    size_t n = shmipc_http_request_header_count(req), plen = 0, qlen = 0, mlen = 0, blen = 0;
+    const char *path = shmipc_http_request_path(req, &plen);
+    const char *query = shmipc_http_request_query(req, &qlen);
+    const char *method = shmipc_http_request_method(req, &mlen);
+    shmipc_serve_field fstack[32], *fields = fstack;
+    uint8_t tstack[1024], *target = tstack;
+    uint8_t ostack[4096], *out = ostack;
+    PyObject *frame = NULL;
+    size_t tlen = plen + (query != NULL ? 1 + qlen : 0);
+
+    *status = 0;
+    (void)shmipc_http_request_body(req, &blen);
+    if (n > SHMIPC_SERVE_MAX_HEADERS || tlen > SHMIPC_SERVE_MAX_TARGET) {
+        *status = n > SHMIPC_SERVE_MAX_HEADERS ? 431 : 414;
+        return NULL;
+    }
+    if (n > 32 && (fields = PyMem_Malloc(n * sizeof *fields)) == NULL)
+        return PyErr_NoMemory();
+    if (tlen > sizeof tstack && (target = PyMem_Malloc(tlen)) == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    memcpy(target, path, plen);
+    if (query != NULL) {
+        target[plen] = '?';
+        memcpy(target + plen + 1, query, qlen);
+    }
+    for (size_t k = 0; k < n; k++) {
+        size_t nl = 0, vl = 0;
+        const char *name;
+        const char *value = shmipc_http_request_header_at(req, k, &name, &nl, &vl);
+        fields[k] = (shmipc_serve_field){.name = (const uint8_t *)name,
+                                         .value = (const uint8_t *)value,
+                                         .name_len = (uint32_t)nl,
+                                         .value_len = (uint32_t)vl};
+    }
+    shmipc_serve_request r = {.size = sizeof r,
+                              .version_minor = shmipc_http_request_version(req) == 10 ? 0 : 1,
+                              .method = (const uint8_t *)method,
+                              .method_len = (uint32_t)mlen,
+                              .target = target,
+                              .target_len = (uint32_t)tlen};
+    if (blen > 0) {
+        r.flags |= SHMIPC_SERVE_REQ_HAS_BODY | SHMIPC_SERVE_REQ_CONTENT_LENGTH;
+        r.content_length = blen;
+    }
+    int64_t len = shmipc_serve_encode_request_head(ostack, sizeof ostack, &r, fields, n);
+    if (len == SHMIPC_EMSGSIZE) { /* a big head: the protocol's bound always suffices */
+        size_t cap = SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD;
+        if ((out = PyMem_Malloc(cap)) == NULL) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        len = shmipc_serve_encode_request_head(out, cap, &r, fields, n);
+    }
+    if (len == SHMIPC_EMSGSIZE)
+        *status = 431;
+    else if (len < 0)
+        PyErr_Format(PyExc_ValueError, "the request does not fit a REQUEST_HEAD frame: %s",
+                     shmipc_error_detail());
+    else
+        frame = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)len);
+out:
+    if (out != ostack)
+        PyMem_Free(out);
+    if (target != tstack)
+        PyMem_Free(target);
+    if (fields != fstack)
+        PyMem_Free(fields);
+    return frame;
+}
+
+/* A frame route's handler: handler(frame, body) -> (status, [(name, value)], body). */
+static PyObject *call_frame_route(route_ctx *ctx, const shmipc_http_request *req, int *direct)
+{
+    size_t blen = 0;
+    const char *b = shmipc_http_request_body(req, &blen);
+    PyObject *args[2] = {request_frame(req, direct), NULL};
+    PyObject *result = NULL;
+    if (args[0] == NULL)
+        return NULL;
+    args[1] = PyBytes_FromStringAndSize(b, (Py_ssize_t)blen);
+    if (args[1] != NULL)
+        result = PyObject_Vectorcall(ctx->handler, args, 2, NULL);
+    Py_DECREF(args[0]);
+    Py_XDECREF(args[1]);
+    if (result != NULL && !PyTuple_Check(result)) {
+        PyErr_Format(PyExc_TypeError, "a frame route returns (status, headers, body), not %s",
+                     Py_TYPE(result)->tp_name);
+        Py_CLEAR(result);
+    }
+    return result;
+}
+
+/* A head over the protocol's limits in a frame route: the front's answer (docs/serve.md). */
+static int answer_direct(shmipc_http_response *res, int status)
+{
+    const char *msg = status == 414 ? "URI Too Long\n" : "Request Header Fields Too Large\n";
+    if (shmipc_http_response_set_status(res, status) < 0 ||
+        shmipc_http_response_add_header(res, "Content-Type", "text/plain") < 0 ||
+        shmipc_http_response_body(res, msg, strlen(msg)) < 0)
+        return -1;
+    return 0;
+}
+
 int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, void *user_data)
 {
     route_ctx *ctx = user_data;
     ServerObject *srv = ctx->server;
     PyGILState_STATE g = shmipcpy_gil_enter();
-    int rc = 0, touched = 0;
+    int rc = 0, touched = 0, direct = 0;
     shmipcpy_in_callback = 1;
-    PyObject *request = shmipcpy_make_request(srv, req);
-    PyObject *result = request ? PyObject_CallOneArg(ctx->handler, request) : NULL;
-    if (result != NULL) {
+    PyObject *request = NULL, *result;
+    if (ctx->frame) {
+        result = call_frame_route(ctx, req, &direct);
+        if (direct) {
+            rc = answer_direct(res, direct);
+            goto done;
+        }
+    } else {
+        request = shmipcpy_make_request(srv, req);
+        result = request ? PyObject_CallOneArg(ctx->handler, request) : NULL;
+    }
+    if (result != NULL && ctx->frame) {
+        touched = 1;
+        rc = apply_normalized(srv, res, result) < 0 ? -1 : 0;
+    } else if (result != NULL) {
         if (PyBytes_Check(result)) {
             touched = 1;
             rc = set_body(res, result);
@@ -191,6 +322,7 @@ int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, voi
     }
     Py_XDECREF(result);
     Py_XDECREF(request);
+done:
     shmipcpy_in_callback = 0;
     PyGILState_Release(g);
     return rc;

@@ -221,6 +221,9 @@ static PyObject *add_route(ServerObject *self, PyObject *method, PyObject *path,
         return PyErr_NoMemory();
     ctx->server = self;
     ctx->handler = handler;
+    /* The in-process WSGI/ASGI adapters (shmipc.serve.inprocess) take the request as a
+     * REQUEST_HEAD frame, so the environ/scope comes from shmipc._serve's one C decoder. */
+    ctx->frame = PyObject_HasAttrString(handler, "_shmipc_frame_route");
     if (PyList_Append(self->handlers, handler) < 0) {
         PyMem_RawFree(ctx);
         return NULL;

@@ -1,0 +1,328 @@
+"""The WSGI and ASGI adapters of shmipc-serve on the in-process server, shmipc.Server
+(docs/serve.md, "One process: the in-process adapters"; docs/python.md).
+
+    server = shmipc.Server(port=8080, workers=2)
+    server.route(None, "/*", shmipc.serve.wsgi_handler(app))     # or asgi_handler(app)
+
+The route is a *frame route*: shmipc.Server's C side (request.c) hands the handler the request
+as the REQUEST_HEAD frame a shmipc-serve front would send, and the handler builds the environ
+or the scope with the same C decoder as a shmipc-serve worker (``shmipc._serve``), so an app
+sees the same keys in both modes. What differs, because the in-process server answers from its
+own worker threads with complete bodies:
+
+- the request body has been read whole (up to the server's ``max_body``); wsgi.input is a
+  BytesIO over it, and ASGI gets it as one http.request message;
+- the response is collected whole and sent when the app has finished (a streaming iterable
+  or several http.response.body messages still work, but nothing reaches the client early);
+- a client that goes away is not seen by the app (ASGI's http.disconnect comes once the
+  response is complete);
+- the public request API has no peer address: no REMOTE_ADDR / scope "client" is None, and
+  SERVER_NAME / SERVER_PORT come from the Host field;
+- a broken Content-Length (the app sends fewer or more bytes than it declared) or an error
+  after the first body bytes is a 500 here (nothing was sent yet), an ABORT with a front.
+"""
+
+import asyncio
+import io
+import logging
+import sys
+import threading
+
+from .. import _serve as sf
+from . import asgi as _asgi
+from . import wsgi as _wsgi
+
+__all__ = ["ASGIRoute", "WSGIRoute", "asgi_handler", "wsgi_handler"]
+
+log = logging.getLogger("shmipc.serve")
+
+_ERROR = (500, [("Content-Type", "text/plain; charset=utf-8")], b"Internal Server Error\n")
+# Fields the C server sets itself (the front drops them from a worker's head the same way).
+_SERVERS = frozenset(("date", "server"))
+
+
+def _fields(pairs, close):
+    """(name, value) str pairs for the C server: Date and Server are its own, a second
+    Content-Type is dropped (as the front does), Connection: close becomes its own field."""
+    out, ctype = [], False
+    for name, value in pairs:
+        lname = name.lower()
+        if lname in _SERVERS:
+            continue
+        if lname == "content-type":
+            if ctype:
+                continue
+            ctype = True
+        out.append((name, value))
+    if close:
+        out.append(("Connection", "close"))
+    return out
+
+
+class _LengthError(Exception):
+    pass
+
+
+class _Collect(_wsgi._Response):
+    """start_response and write() of one in-process response: the body is collected."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self, method):
+        super().__init__(None, method)
+        self.chunks = []
+
+    def write(self, data):
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"the body must be bytes, not {type(data).__name__}")
+        n = len(data)
+        if n == 0:
+            return
+        if self.status is None:
+            raise AssertionError("the app sent body bytes before calling start_response")
+        # As with a front: once body bytes are out, exc_info can no longer replace the head.
+        self.head_sent = True
+        if self._bodyless():
+            return
+        if self.length is not None and self.sent + n > self.length:
+            raise _LengthError(f"the app sent more than its Content-Length of {self.length}")
+        self.chunks.append(bytes(data))
+        self.sent += n
+
+    def result(self):
+        if self.status is None:
+            raise AssertionError("the app returned without calling start_response")
+        if self.length is not None and self.sent < self.length and not self._bodyless():
+            raise _LengthError(
+                f"the app sent {self.sent} bytes of its Content-Length of {self.length}")
+        body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        return (self.code, _fields(self.headers, self.flags & sf.RESP_CLOSE), body)
+
+
+class WSGIRoute:
+    """A shmipc.Server route handler serving a WSGI app (PEP 3333) in-process:
+    ``server.route(None, "/*", WSGIRoute(app))``. Runs on the server's worker threads
+    (wsgi.multithread is True with more than one worker)."""
+
+    _shmipc_frame_route = True  # server.c: call me with (frame, body)
+
+    def __init__(self, app, *, errors=None):
+        if not callable(app):
+            raise TypeError("the WSGI app must be callable")
+        self.app = app
+        self.base = {
+            "wsgi.version": (1, 0),
+            "wsgi.errors": errors if errors is not None else sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+            "wsgi.input_terminated": True,
+        }
+
+    def __call__(self, frame, body):
+        environ = sf.decode_request(frame, self.base)
+        environ["wsgi.input"] = io.BytesIO(body)
+        resp = _Collect(environ["REQUEST_METHOD"])
+        result = None
+        try:
+            result = self.app(environ, resp.start_response)
+            for data in result:
+                resp.write(data)
+            out = resp.result()
+        except Exception:
+            log.exception("shmipc-serve: the app failed on %s %s", environ["REQUEST_METHOD"],
+                          environ.get("RAW_URI", ""))
+            out = _ERROR
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    log.exception("shmipc-serve: the close() of the app's iterable raised")
+                    out = _ERROR
+        return out
+
+
+class _Http(_asgi._Http):
+    """receive() and send() of one in-process ASGI request: the body is whole, the response
+    collected (the validation of http.response.start is the worker's)."""
+
+    def __init__(self, scope, body):
+        super().__init__(None, scope)
+        self.body = body
+        self.chunks = []
+        self.done = asyncio.Event()
+
+    async def receive(self):
+        if not self.body_done:
+            self.body_done = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        # After the body: http.disconnect once the response is complete (the in-process
+        # server does not see a client leave while the app runs).
+        await self.done.wait()
+        self.disconnected = True
+        return {"type": "http.disconnect"}
+
+    async def send(self, message):
+        if not isinstance(message, dict):
+            raise TypeError(f"an ASGI message must be a dict, not {type(message).__name__}")
+        typ = message.get("type")
+        if self.complete:
+            raise RuntimeError(f"{typ!r} sent after the response was complete")
+        if typ == "http.response.start":
+            if self.started:
+                raise RuntimeError("http.response.start sent twice")
+            self._start(message)
+        elif typ == "http.response.body":
+            if not self.started:
+                raise RuntimeError("http.response.body before http.response.start")
+            self._collect(message)
+        else:
+            raise ValueError(f"unexpected ASGI message type {typ!r} for an http scope")
+
+    def _collect(self, message):
+        body = message.get("body", b"")
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise TypeError(f"the body must be bytes, not {type(body).__name__}")
+        n = len(body)
+        self.head_sent = True
+        if n and not self.bodyless():
+            if self.length is not None and self.sent + n > self.length:
+                raise _LengthError(f"the app sent more than its Content-Length of {self.length}")
+            self.chunks.append(bytes(body))
+            self.sent += n
+        if not message.get("more_body", False):
+            if self.length is not None and self.sent < self.length and not self.bodyless():
+                raise _LengthError(
+                    f"the app sent {self.sent} bytes of its Content-Length of {self.length}")
+            self.complete = True
+            self.done.set()
+
+    def result(self):
+        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in self.headers]
+        body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        return (self.status, _fields(headers, self.flags & sf.RESP_CLOSE), body)
+
+
+class ASGIRoute:
+    """A shmipc.Server route handler serving an ASGI 3 app (http and lifespan) in-process.
+
+    The app runs on an asyncio loop of its own thread, started here; lifespan startup runs
+    before the constructor returns (LifespanFailed if the app reports failure; an app that
+    raises on the lifespan scope does not support it, as the spec allows). Each request waits
+    on its worker thread, the GIL released, until the app has answered, so requests in
+    progress at once are at most the server's workers. ``close()`` (or ``with``) runs lifespan
+    shutdown and stops the loop; close it after the server.
+    """
+
+    _shmipc_frame_route = True
+
+    def __init__(self, app, *, lifespan=True, lifespan_timeout=_asgi.LIFESPAN_TIMEOUT,
+                 loop_factory=None):
+        if not callable(app):
+            raise TypeError("the ASGI app must be callable")
+        self.app = app
+        self.loop = loop_factory() if loop_factory is not None else asyncio.new_event_loop()
+        # The lifespan exchange of the worker's handler, on our loop.
+        self._life = _asgi.ASGIHandler.__new__(_asgi.ASGIHandler)
+        self._life.app = app
+        self._life.loop = self.loop
+        self._life.lifespan_timeout = lifespan_timeout
+        self._life._ls_task = None
+        self._life.lifespan_supported = None
+        self.state = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run_loop, name="shmipc-asgi-loop",
+                                        daemon=True)
+        self._thread.start()
+        if lifespan:
+            try:
+                self._submit(self._life._startup()).result()
+            except BaseException:
+                self._stop_loop()
+                raise
+            self.state = self._life.state
+
+    def _run_loop(self):
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def _submit(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def __call__(self, frame, body):
+        if self._closed:
+            raise RuntimeError("the ASGI route is closed")
+        scope = sf.decode_request_scope(frame)
+        if self.state is not None:
+            scope["state"] = dict(self.state)  # the spec: a shallow copy per request
+        return self._submit(self._serve(scope, body)).result()
+
+    async def _serve(self, scope, body):
+        h = _Http(scope, body)
+        try:
+            await self.app(scope, h.receive, h.send)
+            if not h.complete:
+                raise RuntimeError("the app returned before completing its response")
+            return h.result()
+        except Exception as e:
+            if h.complete:
+                # The response is whole: it stands (a front would have sent it already).
+                log.error("shmipc-serve: the app failed after its response on %s %s",
+                          scope["method"], scope["raw_path"], exc_info=e)
+                return h.result()
+            log.error("shmipc-serve: the app failed on %s %s", scope["method"],
+                      scope["raw_path"], exc_info=e)
+            return _ERROR
+        finally:
+            h.done.set()
+
+    def _stop_loop(self):
+        self._closed = True
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+        self.loop.close()
+
+    def close(self):
+        """Lifespan shutdown (LifespanFailed if the app reports failure), then the loop
+        stops. Safe twice."""
+        if self._closed:
+            return
+        try:
+            if self._life.lifespan_supported:
+                self._submit(self._life._shutdown()).result()
+        finally:
+            task = self._life._ls_task
+            if task is not None and not task.done():
+                try:
+                    self._submit(_cancel(task)).result(self._life.lifespan_timeout)
+                except Exception:  # noqa: BLE001 (the app's own error on cancel)
+                    pass
+            self._stop_loop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+async def _cancel(task):
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # noqa: BLE001 (cancelled, or the app's own error)
+        pass
+
+
+def wsgi_handler(app, **kw):
+    """``server.route(None, "/*", wsgi_handler(app))``: see WSGIRoute."""
+    return WSGIRoute(app, **kw)
+
+
+def asgi_handler(app, **kw):
+    """``server.route(None, "/*", asgi_handler(app))``: see ASGIRoute (close it after the
+    server)."""
+    return ASGIRoute(app, **kw)

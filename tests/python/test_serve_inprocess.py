@@ -1,0 +1,497 @@
+"""The shmipc-serve WSGI/ASGI adapters on the in-process shmipc.Server (shmipc.serve.inprocess,
+docs/serve.md "One process"): wsgiref.validate passes, the same app sees the same environ and
+scope keys as behind the shmipc-serve front, failures are 500s with the traceback logged,
+streaming iterables, write(), exc_info and close(); ASGI lifespan and http.disconnect; many
+concurrent clients with unique bodies on both backends; misuse."""
+import asyncio
+import http.client
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from wsgiref.validate import validator
+
+import pytest
+
+from conftest import BUILD, python_env, unique_address
+from test_server import BACKENDS
+
+import shmipc
+from shmipc.serve import ASGIRoute, WSGIRoute, asgi_handler, wsgi_handler
+from shmipc.serve.asgi import LifespanFailed
+
+FRONT = os.path.join(BUILD, "tests", "c", "front_run")
+
+
+def serve(route, backend=None, workers=1, path="/*"):
+    kw = {"port": 0, "workers": workers}
+    if backend:
+        kw["backend"] = backend
+    s = shmipc.Server(**kw)
+    s.route(None, path, route)
+    try:
+        s.start()
+    except shmipc.Error as e:
+        s.close()
+        if backend == "io_uring" and e.name in ("SHMIPC_ENOTSUP", "SHMIPC_EACCES"):
+            pytest.skip(f"io_uring refused here: {e}")
+        raise
+    return s
+
+
+def request(port, method, path, body=None, headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+# ---- WSGI -----------------------------------------------------------------------------------
+
+
+def echo_app(environ, start_response):
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    start_response("200 OK", [("Content-Type", "text/plain"),
+                              ("X-Path", environ["PATH_INFO"]),
+                              ("X-Query", environ["QUERY_STRING"])])
+    return [b"echo:" + body]
+
+
+def streaming_app(environ, start_response):
+    write = start_response("200 OK", [("Content-Type", "text/plain")])
+    write(b"w1,")
+
+    def gen():
+        for i in range(5):
+            yield b"chunk%d," % i
+        yield b""
+    return gen()
+
+
+def test_wsgiref_validate_passes(caplog):
+    caplog.set_level(logging.ERROR, logger="shmipc.serve")
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/stream":
+            return streaming_app(environ, start_response)
+        if environ["PATH_INFO"] == "/lines":
+            lines = environ["wsgi.input"].readlines()
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"%d" % len(lines)]
+        return echo_app(environ, start_response)
+
+    s = serve(WSGIRoute(validator(app)))
+    with s:
+        st, h, b = request(s.port, "GET", "/a%20b?x=1&y=%41")
+        assert (st, b, h["x-path"], h["x-query"]) == (200, b"echo:", "/a b", "x=1&y=%41")
+        st, h, b = request(s.port, "POST", "/p", body=b"payload" * 1000)
+        assert (st, b) == (200, b"echo:" + b"payload" * 1000)
+        st, h, b = request(s.port, "GET", "/stream")
+        assert (st, b) == (200, b"w1,chunk0,chunk1,chunk2,chunk3,chunk4,")
+        st, h, b = request(s.port, "POST", "/lines", body=b"a\nb\nc")
+        assert (st, b) == (200, b"3")
+        st, h, b = request(s.port, "HEAD", "/x")
+        assert (st, b) == (200, b"")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_app_error_is_500_with_traceback_logged_and_serving_goes_on(caplog):
+    caplog.set_level(logging.ERROR, logger="shmipc.serve")
+    closed = []
+
+    class Body:
+        def __iter__(self):
+            yield b"first"
+            raise RuntimeError("failed while streaming")
+
+        def close(self):
+            closed.append("stream")
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/raise":
+            raise ValueError("the app failed")
+        if environ["PATH_INFO"] == "/stream":
+            start_response("200 OK", [])
+            return Body()
+        if environ["PATH_INFO"] == "/short":
+            start_response("200 OK", [("Content-Length", "10")])
+            return [b"abc"]
+        if environ["PATH_INFO"] == "/badstatus":
+            start_response("OK", [])
+            return [b""]
+        if environ["PATH_INFO"] == "/badheader":
+            start_response("200 OK", [("X-Bad", "a\nb")])
+            return [b""]
+        return echo_app(environ, start_response)
+
+    s = serve(wsgi_handler(app))
+    with s:
+        for path in ("/raise", "/stream", "/short", "/badstatus"):
+            st, h, b = request(s.port, "GET", path)
+            assert (st, b) == (500, b"Internal Server Error\n"), path
+        st, h, b = request(s.port, "GET", "/badheader")
+        assert st == 500  # the C server refuses the value: its own 500
+        st, h, b = request(s.port, "POST", "/ok", body=b"still")
+        assert (st, b) == (200, b"echo:still")
+    assert closed == ["stream"]
+    failed = [r for r in caplog.records if "the app failed on GET /raise" in r.getMessage()]
+    assert failed and failed[0].exc_info is not None
+    assert "ValueError: the app failed" in caplog.text
+    assert "failed while streaming" in caplog.text
+
+
+def test_exc_info_and_close():
+    closed = []
+
+    class Result(list):
+        def close(self):
+            closed.append(self[0])
+
+    def app(environ, start_response):
+        write = start_response("200 OK", [("X-First", "1")])
+        try:
+            raise KeyError("boom")
+        except KeyError:
+            if environ["PATH_INFO"] == "/replace":
+                # Before any body bytes: the new head replaces the first (PEP 3333).
+                start_response("503 Busy", [("X-Second", "2")], sys.exc_info())
+                return Result([b"replaced"])
+        write(b"body")
+        try:
+            raise KeyError("again")
+        except KeyError:
+            # After body bytes the head counts as sent: exc_info re-raises, so a 500.
+            start_response("500 Oops", [], sys.exc_info())
+        return Result([b"never"])
+
+    s = serve(WSGIRoute(app))
+    with s:
+        st, h, b = request(s.port, "GET", "/replace")
+        assert (st, b, h.get("x-second"), h.get("x-first")) == (503, b"replaced", "2", None)
+        st, h, b = request(s.port, "GET", "/after")
+        assert st == 500
+    assert closed == [b"replaced"]
+
+
+def test_response_fields_the_server_owns():
+    def app(environ, start_response):
+        start_response("200 OK", [("Server", "app"), ("Date", "x"), ("Connection", "close"),
+                                  ("Content-Type", "a/b"), ("content-type", "c/d"),
+                                  ("Transfer-Encoding", "chunked"), ("X-Ok", "1")])
+        return [b"x", b"y"]
+
+    s = serve(WSGIRoute(app))
+    with s:
+        st, h, b = request(s.port, "GET", "/")
+        assert (st, b, h["x-ok"], h["content-type"], h["server"]) == (200, b"xy", "1", "a/b",
+                                                                          "shmipc")
+        assert h["connection"] == "close" and h["content-length"] == "2"
+
+
+def test_large_bodies_both_ways():
+    big = bytes(range(256)) * 4096  # 1 MiB: lent to the C server, not copied
+    s = serve(WSGIRoute(echo_app))
+    with s:
+        st, h, b = request(s.port, "POST", "/big", body=big)
+        assert st == 200 and b == b"echo:" + big
+
+
+def test_misuse():
+    with pytest.raises(TypeError):
+        WSGIRoute(42)
+    with pytest.raises(TypeError):
+        ASGIRoute("not an app", lifespan=False)
+
+    def not_a_tuple(frame, body):
+        return b"x"
+    not_a_tuple._shmipc_frame_route = True
+    s = serve(not_a_tuple)
+    with s:
+        st, h, b = request(s.port, "GET", "/")
+        assert st == 500
+
+
+# ---- ASGI -----------------------------------------------------------------------------------
+
+
+class LifespanApp:
+    def __init__(self, fail=False):
+        self.events = []
+        self.fail = fail
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                self.events.append(msg["type"])
+                if msg["type"] == "lifespan.startup":
+                    if self.fail:
+                        await send({"type": "lifespan.startup.failed", "message": "no db"})
+                        return
+                    scope["state"]["db"] = "connected"
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        assert scope["type"] == "http"
+        msg = await receive()
+        assert msg["type"] == "http.request" and msg["more_body"] is False
+        path = scope["path"]
+        if path == "/raise":
+            raise RuntimeError("the asgi app failed")
+        if path == "/disconnect":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"done"})
+            self.events.append((await receive())["type"])
+            return
+        headers = [(b"content-type", b"text/plain"), (b"x-state", scope["state"]["db"].encode())]
+        await send({"type": "http.response.start", "status": 201, "headers": headers})
+        for piece in (b"echo:", msg["body"]):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_asgi_lifespan_http_and_disconnect(caplog):
+    caplog.set_level(logging.ERROR, logger="shmipc.serve")
+    app = LifespanApp()
+    with asgi_handler(app) as route:
+        assert app.events == ["lifespan.startup"]
+        s = serve(route)
+        with s:
+            st, h, b = request(s.port, "POST", "/e", body=b"hello")
+            assert (st, b, h["x-state"]) == (201, b"echo:hello", "connected")
+            st, h, b = request(s.port, "GET", "/disconnect")
+            assert (st, b) == (200, b"done")
+            st, h, b = request(s.port, "GET", "/raise")
+            assert (st, b) == (500, b"Internal Server Error\n")
+    assert app.events == ["lifespan.startup", "http.disconnect", "lifespan.shutdown"]
+    failed = [r for r in caplog.records if "the app failed on GET b'/raise'" in r.getMessage()]
+    assert failed and failed[0].exc_info is not None
+    route.close()  # twice is fine
+
+
+def test_asgi_lifespan_failed_and_unsupported():
+    with pytest.raises(LifespanFailed, match="no db"):
+        ASGIRoute(LifespanApp(fail=True))
+
+    async def no_lifespan(scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError("only http")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    route = ASGIRoute(no_lifespan)
+    try:
+        s = serve(route)
+        with s:
+            assert request(s.port, "GET", "/")[::2] == (200, b"ok")
+    finally:
+        route.close()
+    # After close(): a 500, not a hang.
+    s = serve(route)
+    with s:
+        assert request(s.port, "GET", "/")[0] == 500
+
+
+def test_asgi_protocol_errors_are_500():
+    async def app(scope, receive, send):
+        p = scope["path"]
+        if p == "/nostart":
+            return
+        if p == "/bodyfirst":
+            await send({"type": "http.response.body", "body": b"x"})
+        if p == "/badstatus":
+            await send({"type": "http.response.start", "status": 99, "headers": []})
+        if p == "/twice":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        if p == "/short":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", b"9")]})
+            await send({"type": "http.response.body", "body": b"abc"})
+
+    with ASGIRoute(app, lifespan=False) as route:
+        s = serve(route)
+        with s:
+            for p in ("/nostart", "/bodyfirst", "/badstatus", "/twice", "/short"):
+                assert request(s.port, "GET", p)[0] == 500, p
+
+
+# ---- both modes -----------------------------------------------------------------------------
+
+KEYS_APP = '''
+import json
+
+def app(environ, start_response):
+    environ["wsgi.input"].read()
+    keys = sorted(k for k in environ)
+    vals = {k: environ[k] for k in keys if k.startswith("HTTP_") or k in
+            ("PATH_INFO", "QUERY_STRING", "SCRIPT_NAME", "REQUEST_METHOD", "SERVER_PROTOCOL",
+             "CONTENT_TYPE", "CONTENT_LENGTH", "RAW_URI", "wsgi.url_scheme")}
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [json.dumps({"keys": keys, "vals": vals}).encode()]
+
+async def asgi(scope, receive, send):
+    await receive()
+    out = {"keys": sorted(scope), "vals": {k: scope[k] for k in
+           ("type", "http_version", "method", "scheme", "path", "query_string", "root_path")
+           if k in scope}}
+    out["vals"]["query_string"] = out["vals"]["query_string"].decode()
+    out["headers"] = [[n.decode(), v.decode()] for n, v in scope["headers"]]
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": json.dumps(out).encode()})
+'''
+
+# The public request API of the in-process server has no peer address (docs/serve.md).
+IN_PROCESS_MISSING = {"REMOTE_ADDR", "REMOTE_PORT"}
+
+
+def ask(port, what):
+    hdrs = {"X-Custom": "v", "Cookie": "a=1", "Content-Type": "text/x"}
+    st, h, b = request(port, "POST", "/k%41/x?q=1&r=%20", body=b"0123456789", headers=hdrs)
+    assert st == 200, (what, b)
+    return json.loads(b)
+
+
+@pytest.mark.skipif(not os.path.exists(FRONT), reason="front_run is not built")
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_same_app_same_environ_keys_in_both_modes(tmp_path, kind):
+    (tmp_path / "keysapp.py").write_text(KEYS_APP)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import keysapp
+    finally:
+        sys.path.remove(str(tmp_path))
+    address = unique_address("inproc")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "shmipc.serve.worker",
+         "keysapp:app" if kind == "wsgi" else "keysapp:asgi", "--address", address]
+        + (["--asgi"] if kind == "asgi" else []),
+        cwd=tmp_path, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    front = None
+    try:
+        line = worker.stdout.readline()
+        while "does not support lifespan" in line:  # keysapp.asgi has no lifespan
+            line = worker.stdout.readline()
+        assert "ready on" in line, line
+        front = subprocess.Popen([FRONT, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+        line = front.stdout.readline()
+        assert line.startswith("port "), line
+        via_front = ask(int(line.split()[1]), "front")
+    finally:
+        if front is not None:
+            front.stdin.close()
+            front.wait(timeout=20)
+        worker.terminate()
+        worker.wait(timeout=10)
+    route = WSGIRoute(keysapp.app) if kind == "wsgi" else ASGIRoute(keysapp.asgi)
+    try:
+        s = serve(route)
+        with s:
+            in_process = ask(s.port, "in-process")
+    finally:
+        if kind == "asgi":
+            route.close()
+    if kind == "wsgi":
+        assert set(via_front["keys"]) - set(in_process["keys"]) == IN_PROCESS_MISSING
+        assert set(in_process["keys"]) - set(via_front["keys"]) == set()
+        # Host carries the port, which differs; the rest is the same request.
+        for d in (via_front, in_process):
+            d["vals"].pop("HTTP_HOST")
+    else:
+        assert via_front["keys"] == in_process["keys"]
+        for d in (via_front, in_process):
+            d["headers"] = [h for h in d["headers"] if h[0] != "host"]
+        assert via_front["headers"] == in_process["headers"]
+    assert via_front["vals"] == in_process["vals"]
+    assert in_process["vals"]["PATH_INFO" if kind == "wsgi" else "path"] == "/kA/x"
+
+
+def many_clients(port, n_threads=8, per_thread=40):
+    mismatches, errors = [], []
+
+    def client(t):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            for i in range(per_thread):
+                body = f"client {t} request {i} {os.urandom(8).hex()}".encode() * (1 + i % 3)
+                c.request("POST", f"/u/{t}/{i}", body=body)
+                r = c.getresponse()
+                got = r.read()
+                if r.status != 200 or got != b"echo:" + body or \
+                        r.getheader("X-Path") != f"/u/{t}/{i}":
+                    mismatches.append((t, i, r.status, got[:60]))
+                if i % 10 == 9:  # short connections too
+                    c.close()
+                    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    return mismatches, errors
+
+
+async def asgi_echo(scope, receive, send):
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    await asyncio.sleep(0)  # let other requests interleave on the loop
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"x-path", scope["path"].encode())]})
+    await send({"type": "http.response.body", "body": b"echo:" + body})
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_many_concurrent_clients_unique_bodies(backend, kind):
+    route = WSGIRoute(echo_app) if kind == "wsgi" else ASGIRoute(asgi_echo, lifespan=False)
+    try:
+        s = serve(route, backend=backend, workers=2)
+        with s:
+            mismatches, errors = many_clients(s.port)
+    finally:
+        if kind == "asgi":
+            route.close()
+    assert errors == []
+    assert mismatches == []
+
+
+def test_imports_and_serves_under_each_interpreter():
+    from test_import import interpreters
+
+    code = ("import shmipc, shmipc.serve, http.client\n"
+            "def app(e, sr):\n"
+            "    sr('200 OK', [])\n"
+            "    return [e['PATH_INFO'].encode()]\n"
+            "with shmipc.Server(port=0, workers=1) as s:\n"
+            "    s.route(None, '/*', shmipc.serve.wsgi_handler(app))\n"
+            "    s.start()\n"
+            "    c = http.client.HTTPConnection('127.0.0.1', s.port, timeout=10)\n"
+            "    c.request('GET', '/hi')\n"
+            "    print(c.getresponse().read().decode())\n")
+    pkg_parent = os.path.dirname(os.path.dirname(shmipc.__file__))
+    for exe in interpreters():
+        out = subprocess.run([exe, "-c", code], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, PYTHONPATH=pkg_parent))
+        assert out.returncode == 0, (exe, out.stderr)
+        assert out.stdout.strip() == "/hi", exe
