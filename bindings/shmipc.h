@@ -907,8 +907,8 @@ enum shmipc_server_limit {
                                                      at least WS_SEND_HIGH_WATER */
 };
 
-/** Longest address text (an IPv6 address with its zone fits). */
-#define SHMIPC_SERVER_MAX_ADDRESS 63
+/** Longest address text ("unix:" and a 107-byte path, or "unix:@" and a 107-byte name, fit). */
+#define SHMIPC_SERVER_MAX_ADDRESS 127
 /** Longest Server header value. */
 #define SHMIPC_SERVER_MAX_NAME 127
 
@@ -924,7 +924,16 @@ SHMIPC_API int shmipc_server_config_new(shmipc_server_config **out);
 /** Frees a server config. NULL is a no-op. */
 SHMIPC_API void shmipc_server_config_free(shmipc_server_config *cfg);
 
-/** Sets the address to listen on: a numeric IPv4 or IPv6 address ("0.0.0.0", "::1"). */
+/**
+ * Sets the address to listen on: a numeric IPv4 or IPv6 address ("0.0.0.0", "::1"), or a unix
+ * socket: "unix:/path/to/socket" (a file made with the process's umask and removed when the
+ * server stops) or "unix:@name" (an abstract name, no file). With a unix socket the port is
+ * not used (shmipc_server_port() gives 0) and every worker thread accepts from the one socket.
+ * At start, a socket file nothing accepts on (left by a server that died) is replaced; a live
+ * one is SHMIPC_EADDRINUSE; a path holding anything but a socket (a regular file, a symbolic
+ * link, a directory) is SHMIPC_EEXIST and is left untouched. A path over 107 bytes is
+ * SHMIPC_ENAMETOOLONG, here. At most SHMIPC_SERVER_MAX_ADDRESS bytes.
+ */
 SHMIPC_API int shmipc_server_config_set_address(shmipc_server_config *cfg, const char *address);
 
 /** Sets the TCP port, 0..65535; 0 picks an ephemeral port (see shmipc_server_port()). */

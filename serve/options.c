@@ -256,8 +256,8 @@ static int parse_bool(const char *v)
 static int check_listen(const char *v, char *why, size_t cap)
 {
     if (strncmp(v, "unix:", 5) == 0) {
-        if (v[5] == '\0') {
-            snprintf(why, cap, "unix: needs a path");
+        if (v[5] == '\0' || (v[5] == '@' && v[6] == '\0')) {
+            snprintf(why, cap, "unix: needs a path (or @ and a name)");
             return -1;
         }
         if (strlen(v + 5) >= 108) {

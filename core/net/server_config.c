@@ -41,9 +41,16 @@ int shmipc__server_config_set_address(struct shmipc_server_config *cfg, const ch
     if (len == 0 || len > SHMIPC_SERVER_MAX_ADDRESS)
         return shmipc__fail(SHMIPC_EINVAL, "address: %zu bytes, expected 1..%d", len,
                             SHMIPC_SERVER_MAX_ADDRESS);
-    if (!parse_address(address, buf))
-        return shmipc__fail(SHMIPC_EINVAL, "address: \"%s\" is not a numeric IPv4 or IPv6 address",
+    if (shmipc__is_unix_host(address)) {
+        int rc = shmipc__unix_host_check(address);
+        if (rc < 0)
+            return rc;
+    } else if (!parse_address(address, buf)) {
+        return shmipc__fail(SHMIPC_EINVAL,
+                            "address: \"%s\" is not a numeric IPv4 or IPv6 address, "
+                            "unix:PATH or unix:@NAME",
                             address);
+    }
     memcpy(cfg->address, address, len + 1);
     return 0;
 }

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 struct shmipc__loop;
@@ -341,6 +342,32 @@ extern void (*shmipc__sock_after_probe_hook)(const char *host, uint16_t port);
 /** The local port of a bound socket, or a negative code. */
 int shmipc__sock_port(int fd);
 
+/** Whether `host` names a unix socket: "unix:/path" (or any path) or "unix:@name" (abstract). */
+int shmipc__is_unix_host(const char *host);
+
+/** 0 when "unix:..." names a socket shmipc__unix_listen() can make, else its error. */
+int shmipc__unix_host_check(const char *host);
+
+/** The socket file a unix listener made, so that closing removes that file and no other. */
+struct shmipc__unix_file {
+    char path[108]; /* sun_path; "" for an abstract name (nothing to remove) */
+    dev_t dev;
+    ino_t ino;
+};
+
+/**
+ * A listening unix socket on "unix:PATH" or "unix:@NAME" (abstract, no file). A PATH that
+ * exists is replaced only when it is a socket nothing accepts on (a stale file left by a dead
+ * server); a live socket is SHMIPC_EADDRINUSE; anything else there (a regular file, a symbolic
+ * link, a directory, a FIFO) is SHMIPC_EEXIST and left as it is. The file is created with the
+ * process's umask. A name longer than sun_path holds is SHMIPC_ENAMETOOLONG; an empty one
+ * SHMIPC_EINVAL. `file` records what was made, for shmipc__unix_unlink().
+ */
+int shmipc__unix_listen(const char *host, int backlog, int *out_fd, struct shmipc__unix_file *file);
+
+/** Removes the socket file shmipc__unix_listen() made, if the path still holds that file. */
+void shmipc__unix_unlink(struct shmipc__unix_file *file);
+
 /** SHMIPC_WORKERS, or the number of online CPUs when unset. Refuses values outside 1..1024. */
 int shmipc__workers_default(unsigned *out);
 
@@ -349,9 +376,11 @@ struct shmipc__workers;
 struct shmipc__workers_opts {
     unsigned count;                       /**< 0: shmipc__workers_default() */
     const struct shmipc__loop_opts *loop; /**< for every worker's loop; NULL for defaults */
-    const char *host;                     /**< as for shmipc__tcp_listen() */
-    uint16_t port;                        /**< 0: one ephemeral port shared by all workers */
-    int backlog;                          /**< 0: SOMAXCONN */
+    /** as for shmipc__tcp_listen(), or "unix:PATH" / "unix:@NAME": one socket (port 0),
+     * accepted on by every worker, its file removed by shmipc__workers_free() */
+    const char *host;
+    uint16_t port; /**< 0: one ephemeral port shared by all workers */
+    int backlog;   /**< 0: SOMAXCONN */
     /**
      * 0: a fixed port must be free, else SHMIPC_EADDRINUSE (the workers still share it among
      * themselves); 1: join whatever SO_REUSEPORT group of the same user listens there, i.e.

@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/inet_diag.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
@@ -25,6 +26,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define MAX_WORKERS 1024u
@@ -330,6 +332,134 @@ int shmipc__sock_port(int fd)
     return shmipc__fail(SHMIPC_EINVAL, "getsockname(%d): not an IP socket", fd);
 }
 
+/* ---- unix-socket listeners ---- */
+
+int shmipc__is_unix_host(const char *host)
+{
+    return host != NULL && strncmp(host, "unix:", 5) == 0;
+}
+
+/* "unix:PATH" or "unix:@NAME" as a socket address. */
+static int unix_addr(const char *host, struct sockaddr_un *un, socklen_t *len)
+{
+    const char *p = host + 5;
+    size_t n = strlen(p);
+    int abstract = p[0] == '@';
+    memset(un, 0, sizeof *un);
+    un->sun_family = AF_UNIX;
+    if (abstract) {
+        p++;
+        n--;
+    }
+    if (n == 0)
+        return shmipc__fail(SHMIPC_EINVAL, "listen %s: no %s", host,
+                            abstract ? "name after '@'" : "path");
+    if (n > sizeof un->sun_path - 1)
+        return shmipc__fail(SHMIPC_ENAMETOOLONG,
+                            "listen %s: the unix socket %s is %zu bytes, at most %zu", host,
+                            abstract ? "name" : "path", n, sizeof un->sun_path - 1);
+    memcpy(un->sun_path + abstract, p, n);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + abstract + n + !abstract);
+    return 0;
+}
+
+int shmipc__unix_host_check(const char *host)
+{
+    struct sockaddr_un un;
+    socklen_t len;
+    return unix_addr(host, &un, &len);
+}
+
+/* True when something accepts connections on the socket (or it cannot be told: then the
+ * file is not removed). Non-blocking: a blocking connect to a live server whose backlog is
+ * full would wait for it; EAGAIN says it is alive. */
+static int unix_alive(const struct sockaddr_un *un, socklen_t len)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return 1;
+    int alive = connect(fd, (const struct sockaddr *)un, len) == 0 ||
+                (errno != ECONNREFUSED && errno != ENOENT);
+    close(fd);
+    return alive;
+}
+
+static const char *file_kind(mode_t m)
+{
+    return S_ISLNK(m)    ? "a symbolic link"
+           : S_ISREG(m)  ? "a regular file"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+                         : "not a socket";
+}
+
+int shmipc__unix_listen(const char *host, int backlog, int *out_fd, struct shmipc__unix_file *file)
+{
+    struct sockaddr_un un;
+    struct stat st;
+    socklen_t len;
+    int fd, rc;
+
+    *out_fd = -1;
+    memset(file, 0, sizeof *file);
+    if ((rc = unix_addr(host, &un, &len)) < 0)
+        return rc;
+    int is_path = un.sun_path[0] != '\0';
+    /* What nginx leaves to the operator, done carefully: a stale socket file (its server
+     * died) is replaced; lstat, not stat, so that a symbolic link is never followed to a file
+     * that would then be removed. */
+    if (is_path) {
+        if (lstat(un.sun_path, &st) == 0) {
+            if (!S_ISSOCK(st.st_mode))
+                return shmipc__fail(SHMIPC_EEXIST,
+                                    "listen %s: the path exists and is %s, not a socket; "
+                                    "it is left as it is",
+                                    host, file_kind(st.st_mode));
+            if (unix_alive(&un, len))
+                return shmipc__fail(SHMIPC_EADDRINUSE,
+                                    "listen %s: a server already accepts on this socket", host);
+            if (unlink(un.sun_path) < 0 && errno != ENOENT)
+                return shmipc__fail_errno(errno, "listen %s: removing the stale socket", host);
+        } else if (errno != ENOENT) {
+            return shmipc__fail_errno(errno, "listen %s: lstat", host);
+        }
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return shmipc__fail_errno(errno, "listen %s: socket", host);
+    /* bind never replaces: whatever appeared at the path since the check is EADDRINUSE. */
+    if (bind(fd, (struct sockaddr *)&un, len) < 0) {
+        rc = errno == EADDRINUSE
+                 ? shmipc__fail(SHMIPC_EADDRINUSE, "listen %s: address in use", host)
+                 : shmipc__fail_errno(errno, "listen %s: bind", host);
+        close(fd);
+        return rc;
+    }
+    if (is_path && lstat(un.sun_path, &st) == 0) {
+        memcpy(file->path, un.sun_path, sizeof file->path);
+        file->dev = st.st_dev;
+        file->ino = st.st_ino;
+    }
+    if (listen(fd, backlog > 0 ? backlog : SOMAXCONN) < 0) {
+        rc = shmipc__fail_errno(errno, "listen %s: listen", host);
+        close(fd);
+        shmipc__unix_unlink(file);
+        return rc;
+    }
+    *out_fd = fd;
+    return 0;
+}
+
+void shmipc__unix_unlink(struct shmipc__unix_file *file)
+{
+    struct stat st;
+    /* Only the file this listener made: a path another server took over since stays. */
+    if (file->path[0] != '\0' && lstat(file->path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+        st.st_dev == file->dev && st.st_ino == file->ino)
+        unlink(file->path);
+    file->path[0] = '\0';
+}
+
 int shmipc__workers_default(unsigned *out)
 {
     unsigned long n;
@@ -366,6 +496,7 @@ struct shmipc__workers {
     char detail[256];
     atomic_int stopping;
     struct worker *w;
+    struct shmipc__unix_file unix_file; /* a unix listener's socket file, removed at the end */
 };
 
 /* Reports a worker's setup result to shmipc__workers_start(). */
@@ -443,6 +574,7 @@ void shmipc__workers_free(struct shmipc__workers *g)
         if (g->w[i].listen_fd >= 0)
             close(g->w[i].listen_fd);
     }
+    shmipc__unix_unlink(&g->unix_file);
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
     free(g->w);
@@ -490,14 +622,25 @@ int shmipc__workers_start(const struct shmipc__workers_opts *opts, struct shmipc
      * purpose (port_free() says why a probe); an ephemeral one is free by construction: the
      * kernel never picks a port that a reuseport bind would have to share. */
     g->port = opts->port;
-    if (g->port != 0 && !opts->share_port) {
+    if (shmipc__is_unix_host(opts->host)) {
+        /* One socket for a path: every worker's acceptor takes connections from it (a
+         * descriptor each, so that each closes its own), the kernel handing each connection
+         * to one of them. */
+        g->port = 0;
+        rc = shmipc__unix_listen(opts->host, opts->backlog, &g->w[0].listen_fd, &g->unix_file);
+        for (unsigned i = 1; rc == 0 && i < g->count; i++)
+            if ((g->w[i].listen_fd = fcntl(g->w[0].listen_fd, F_DUPFD_CLOEXEC, 0)) < 0)
+                rc = shmipc__fail_errno(errno, "listen %s: dup", opts->host);
+        if (rc < 0)
+            goto err;
+    } else if (g->port != 0 && !opts->share_port) {
         rc = port_free(opts->host, g->port);
         if (rc < 0)
             goto err;
         if (shmipc__sock_after_probe_hook != NULL)
             shmipc__sock_after_probe_hook(opts->host, g->port);
     }
-    for (unsigned i = 0; i < g->count; i++) {
+    for (unsigned i = 0; i < g->count && !shmipc__is_unix_host(opts->host); i++) {
         rc = shmipc__tcp_listen(opts->host, g->port, opts->backlog, 1, &g->w[i].listen_fd);
         if (rc < 0)
             goto err;
@@ -508,7 +651,7 @@ int shmipc__workers_start(const struct shmipc__workers_opts *opts, struct shmipc
             g->port = (uint16_t)rc;
         }
     }
-    if (opts->port != 0 && !opts->share_port) {
+    if (opts->port != 0 && !opts->share_port && !shmipc__is_unix_host(opts->host)) {
         int *fds = malloc(g->count * sizeof *fds);
         if (fds == NULL) {
             rc = shmipc__fail(SHMIPC_ENOMEM, "workers: %u", g->count);

@@ -226,6 +226,7 @@ static void test_flag_errors(void **state)
     expect_error(ARGS("m:a", "--listen", "host:"), "port must be");
     expect_error(ARGS("m:a", "--listen", "ho st:80"), "space or control");
     expect_error(ARGS("m:a", "--listen", "unix:"), "unix: needs a path");
+    expect_error(ARGS("m:a", "--listen", "unix:@"), "unix: needs a path");
     expect_error(ARGS("m:a", "--listen", ""), "--listen: the value is empty");
     expect_error(ARGS("m:a", "--access-log-format", "xml"), "'xml' is not common or json");
     expect_error(ARGS("m:a", "--python", ""), "--python: the value is empty");

@@ -422,6 +422,36 @@ function tests.options(t)
     t.eq(fetch(named:port(), "GET", "/").headers["server"], "lua-test", "server_name")
 end
 
+-- address = "unix:PATH": a unix socket, the port unused (0), the file gone after close; a
+-- regular file at the path is refused and kept; a path over 107 bytes is refused at once.
+function tests.unix_socket_address(t)
+    local path = os.tmpname()
+    os.remove(path)
+    local srv = assert(shmipc.server({ address = "unix:" .. path, workers = 2 }))
+    assert(srv:static("/", "over unix"))
+    assert(srv:start())
+    t.eq(srv:port(), 0, "no port on a unix socket")
+    local unix = require "socket.unix"
+    local c = assert(unix())
+    assert(c:connect(path))
+    assert(c:send("GET / HTTP/1.1\r\nHost: u\r\nConnection: close\r\n\r\n"))
+    local raw = c:receive("*a")
+    c:close()
+    t.truthy(raw:find("^HTTP/1.1 200") and raw:find("over unix", 1, true), raw)
+    srv:close()
+    t.eq(io.open(path), nil, "the socket file is removed at close")
+    local f = assert(io.open(path, "w"))
+    f:write("keep")
+    f:close()
+    local again <close> = assert(shmipc.server({ address = "unix:" .. path, workers = 1 }))
+    t.refused(E.EEXIST, "not a socket", again:start())
+    f = assert(io.open(path))
+    t.eq(f:read("a"), "keep", "the file is left as it was")
+    f:close()
+    os.remove(path)
+    t.refused(E.ENAMETOOLONG, "107", shmipc.server({ address = "unix:/" .. string.rep("p", 107) }))
+end
+
 function tests.request_outside_its_handler(t)
     local srv <close>, errors = new_server()
     local kept

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -268,8 +269,7 @@ def test_check(tmp_path):
 def test_what_is_not_built_yet_is_refused(tmp_path):
     (tmp_path / "cliapp.py").write_text(APP)
     common = ["--chdir", str(tmp_path), "--python", "/usr/bin/python3"]
-    for flags, said in ((["--listen", f"unix:{tmp_path}/s.sock"], "TCP only"),
-                        (["--lua", "h.lua"], "not available yet")):
+    for flags, said in ((["--lua", "h.lua"], "not available yet"),):
         r = run_cli(*common, *flags, *([] if "--lua" in flags else ["cliapp:app"]), timeout=30)
         assert r.returncode == 2, (flags, r.stderr)
         assert said in r.stderr, r.stderr
@@ -354,6 +354,68 @@ def test_access_log_common_to_stdout(tmp_path):
     assert len(logged) == 1, out
     assert re.fullmatch(r'127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d \+0000\] '
                         r'"GET /x HTTP/1\.1" 200 \d+', logged[0]), out
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, address, timeout=20):
+        super().__init__("localhost", timeout=timeout)
+        self.address = address
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.address)
+
+
+def test_listen_on_a_unix_socket(tmp_path):
+    import json
+    (tmp_path / "cliapp.py").write_text(APP)
+    sock = tmp_path / "serve.sock"
+    log = tmp_path / "access.log"
+    stale = socket.socket(socket.AF_UNIX)  # a socket file left by a server that died
+    stale.bind(str(sock))
+    stale.close()
+    p = subprocess.Popen(
+        [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"unix:{sock}",
+         "--workers", "2", "--threads", "2", "--python", "/usr/bin/python3",
+         "--access-log", str(log), "--access-log-format", "json"],
+        env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        err = ""
+        while "listening on" not in err:
+            line = p.stderr.readline()
+            assert line, err
+            err += line
+        threading.Thread(target=p.stderr.read, daemon=True).start()
+        assert f"listening on unix:{sock}" in err
+        assert stat.S_ISSOCK(os.lstat(sock).st_mode)
+        for i in range(10):
+            c = UnixHTTPConnection(str(sock))
+            c.request("POST", f"/u/{i}", body=b"x%d" % i)
+            r = c.getresponse()
+            assert r.status == 200 and r.read().endswith(b"path=/u/%d body=x%d" % (i, i))
+            c.close()
+        lines = [json.loads(l) for l in wait_lines(log, 10)]
+        assert {l["remote"] for l in lines} == {"unix:"}
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+    assert not os.path.lexists(sock)  # removed at the stop
+
+
+def test_listen_on_a_path_that_is_not_a_socket_is_refused(tmp_path):
+    (tmp_path / "cliapp.py").write_text(APP)
+    common = ["cliapp:app", "--chdir", str(tmp_path), "--python", "/usr/bin/python3"]
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    link = tmp_path / "link.sock"
+    link.symlink_to(victim)
+    for path in (victim, link):
+        r = run_cli(*common, "--listen", f"unix:{path}", timeout=30)
+        assert r.returncode != 0 and "not a socket" in r.stderr, r.stderr
+    assert victim.read_text() == "keep me" and link.is_symlink()
+    r = run_cli(*common, "--listen", "unix:/" + "p" * 107, timeout=30)
+    assert r.returncode == 2 and "107" in r.stderr, r.stderr
 
 
 ASGI_APP = """

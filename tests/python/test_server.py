@@ -332,6 +332,31 @@ def test_close_and_misuse(shmipc):
     assert repr(s) == "<shmipc.Server closed>"
 
 
+def test_unix_socket_address(shmipc, backend, tmp_path):
+    """Server(address="unix:...") listens on a unix socket; the file goes at close; a regular
+    file at the path is refused and kept; a path over 107 bytes is refused when set."""
+    path = tmp_path / "py.sock"
+    s = started(shmipc, app, address=f"unix:{path}", backend=backend, workers=2)
+    with s:
+        assert s.port == 0
+        for _ in range(4):
+            c = http.client.HTTPConnection("localhost", timeout=10)
+            c.sock = socket.socket(socket.AF_UNIX)
+            c.sock.settimeout(10)
+            c.sock.connect(str(path))
+            assert get(c, "GET", "/hello?name=unix")[::2] == (200, b"hello unix")
+            c.close()
+    assert not os.path.lexists(path)
+    path.write_text("keep")
+    s = shmipc.Server(address=f"unix:{path}", port=0, backend=backend)
+    with pytest.raises(shmipc.Error, match="not a socket"):
+        s.start()
+    s.close()
+    assert path.read_text() == "keep"
+    with pytest.raises(shmipc.Error, match="107"):
+        shmipc.Server(address="unix:/" + "p" * 107)
+
+
 def test_config_arguments(shmipc):
     with pytest.raises(shmipc.InvalidArgumentError, match="port"):
         shmipc.Server(port=70000)
