@@ -1045,7 +1045,10 @@ SHMIPC_API int shmipc_server_run(shmipc_server *s);
  */
 SHMIPC_API int shmipc_server_stop(shmipc_server *s);
 
-/** The TCP port the server listens on (after start), or SHMIPC_EINVAL before it started. */
+/**
+ * The TCP port the server listens on (after start; 0 on a unix socket), or SHMIPC_EINVAL
+ * before it started.
+ */
 SHMIPC_API int shmipc_server_port(const shmipc_server *s);
 
 /** The backend the workers run, "io_uring" or "epoll" (after start; else NULL). Static. */
