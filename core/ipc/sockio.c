@@ -296,10 +296,12 @@ int shmipc__sock_connect(const struct shmipc__addr *addr, uint64_t deadline)
     return fd;
 }
 
-/* True when something accepts connections on the unix socket `addr`. */
+/* True when something accepts connections on the unix socket `addr`. The probe never blocks: a
+ * blocking connect() to a live listener whose backlog is full waits until it accepts; without
+ * blocking that is EAGAIN, which means alive. */
 static int unix_socket_alive(const struct shmipc__addr *addr)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return 1; /* cannot tell: do not remove it */
     int alive = connect(fd, (const struct sockaddr *)&addr->ss, addr->len) == 0 ||

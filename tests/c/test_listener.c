@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -17,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ipc_helpers.h"
@@ -310,6 +312,61 @@ static void socket_file_mode_and_stale_replacement(void **state)
     assert_int_equal(shmipc_listener_new("unix:", NULL, &again), SHMIPC_ENAMETOOLONG);
     assert_int_equal(shmipc_listener_new("nonsense", NULL, &again), SHMIPC_EINVAL);
     assert_int_equal(shmipc_listener_new("tcp:127.0.0.1:99999", NULL, &again), SHMIPC_EINVAL);
+}
+
+/* A live socket whose backlog is full still counts as live, and finding that out never blocks:
+ * the liveness probe used a blocking connect(), which on a unix socket with a full backlog waits
+ * until the listener accepts (forever here). Run in a child so the old code fails by timeout
+ * instead of hanging the suite. */
+static void busy_live_socket_refused_without_waiting(void **state)
+{
+    (void)state;
+    char path[64], addr[80];
+    snprintf(path, sizeof path, "/tmp/shmipc-test-busy-%d.sock", (int)getpid());
+    snprintf(addr, sizeof addr, "unix:%s", path);
+    unlink(path);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(lfd >= 0);
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    snprintf(un.sun_path, sizeof un.sun_path, "%s", path);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&un, sizeof un), 0);
+    assert_int_equal(listen(lfd, 0), 0);
+    /* Fill the backlog: nonblocking connects until the kernel says EAGAIN. */
+    int cfds[64], n = 0;
+    while (n < 64) {
+        int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        assert_true(c >= 0);
+        if (connect(c, (struct sockaddr *)&un, sizeof un) < 0) {
+            assert_int_equal(errno, EAGAIN);
+            close(c);
+            break;
+        }
+        cfds[n++] = c;
+    }
+    assert_true(n < 64);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(5);
+        shmipc_listener *l = NULL;
+        int rc = shmipc_listener_new(addr, NULL, &l);
+        _exit(rc == SHMIPC_EADDRINUSE ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status))
+        print_message(
+            "shmipc_listener_new blocked on a live socket with a full backlog (signal %d)\n",
+            WTERMSIG(status));
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The live socket is left in place. */
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISSOCK(st.st_mode));
+    for (int i = 0; i < n; i++)
+        close(cfds[i]);
+    close(lfd);
+    unlink(path);
 }
 
 static void accept_timeout(void **state)
@@ -737,6 +794,7 @@ int main(int argc, char **argv)
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(busy_live_socket_refused_without_waiting),
         cmocka_unit_test(serve_many_clients),
         cmocka_unit_test(a_busy_session_does_not_starve_new_clients),
         cmocka_unit_test(stop_from_another_thread),
