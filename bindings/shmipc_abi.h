@@ -94,7 +94,9 @@ enum shmipc_abi_type {
     XX(WS, 10, shmipc_ws)                                                                          \
     XX(WS_OPEN_CB, 105, shmipc_ws_open_cb)                                                         \
     XX(WS_MESSAGE_CB, 106, shmipc_ws_message_cb)                                                   \
-    XX(WS_CLOSE_CB, 107, shmipc_ws_close_cb)
+    XX(WS_CLOSE_CB, 107, shmipc_ws_close_cb)                                                       \
+    XX(SERVE_EXCHANGE, 11, shmipc_serve_exchange)                                                  \
+    XX(SERVE_HANDLER, 108, shmipc_serve_handler)
 
 /** SHMIPC_ABI_KIND_CONFIG, ...; SHMIPC_ABI_KIND_NONE for parameters of other types. */
 enum shmipc_abi_kind {

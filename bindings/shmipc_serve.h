@@ -246,6 +246,82 @@ SHMIPC_API int64_t shmipc_serve_encode_frame(void *out, size_t cap, uint32_t typ
 SHMIPC_API int64_t shmipc_serve_encode_ws_close(void *out, size_t cap, uint32_t code,
                                                 const void *reason, size_t reason_len);
 
+/* ---- Handlers: serving requests in a worker ------------------------------------------------ */
+
+/*
+ * A worker (docs/serve.md, "The C worker") serves each request stream the front opens with
+ * shmipc_serve_handle_stream(), which reads and checks the REQUEST_HEAD, calls the handler, and
+ * answers for it what the protocol asks: END after the response, a complete 500 when the
+ * handler fails before its response head, ABORT WORKER_ERROR after it, ABORT PROTOCOL for a bad
+ * frame from the front, and the drains of "ABORT". The handler gets the decoded head with
+ * shmipc_serve_exchange_request(), reads the body and writes the response with
+ * shmipc_serve_read(), shmipc_serve_respond() and shmipc_serve_write() on the exchange `x`,
+ * which is valid during the call only, on the calling thread.
+ */
+typedef struct shmipc_serve_exchange shmipc_serve_exchange;
+
+/**
+ * A request handler: 0 when the response is complete (its head sent with
+ * shmipc_serve_respond(), its body with shmipc_serve_write()), a negative value when it failed:
+ * before the head the client gets a 500, after it a truncated response (ABORT WORKER_ERROR).
+ * Returning 0 without a response, or with fewer body bytes than the head's content_length, is
+ * a failure too. `shmipc-serve --c LIB.so:SYMBOL` resolves SYMBOL (by default
+ * "shmipc_serve_handle") to a function of this type; `user_data` is then NULL.
+ */
+typedef int (*shmipc_serve_handler)(shmipc_serve_exchange *x, void *user_data);
+
+/* What shmipc_serve_handle_stream() returns: how the exchange ended. */
+#define SHMIPC_SERVE_OUTCOME_OK       0 /**< the handler answered */
+#define SHMIPC_SERVE_OUTCOME_LATE     1 /**< the stream held only a late ABORT: not a request */
+#define SHMIPC_SERVE_OUTCOME_ERROR    2 /**< the handler failed: 500 or ABORT WORKER_ERROR sent */
+#define SHMIPC_SERVE_OUTCOME_ABORTED  3 /**< the front aborted, or its stream or session ended */
+#define SHMIPC_SERVE_OUTCOME_PROTOCOL 4 /**< the front sent a bad frame: ABORT PROTOCOL sent */
+
+/**
+ * Serves the one request of stream `st` (a stream a front opened on a worker's session) with
+ * `handler`, then closes `st` (always). Blocks while the handler runs and while it waits for
+ * the front's frames (the stream's read timeout; 5 s after an ABORT of its own). Returns a
+ * SHMIPC_SERVE_OUTCOME_* value, or SHMIPC_EINVAL (st or handler NULL; st is then closed if
+ * not NULL) or SHMIPC_ENOMEM.
+ */
+SHMIPC_API int shmipc_serve_handle_stream(shmipc_stream *st, shmipc_serve_handler handler,
+                                          void *user_data);
+
+/**
+ * The request's decoded REQUEST_HEAD (method, target, fields, peer, flags, content_length;
+ * pointers into a buffer the exchange owns), valid until the handler returns; NULL for NULL.
+ */
+SHMIPC_API const shmipc_serve_request *shmipc_serve_exchange_request(shmipc_serve_exchange *x);
+
+/**
+ * Reads up to `cap` bytes of the request body into `buf`, waiting for the front's next BODY
+ * frame as needed. Returns the bytes read (> 0), 0 at the body's end (at once for a request
+ * without a body), SHMIPC_ECONNRESET when the front aborted the request or its stream ended
+ * (the handler should return; nothing more is sent), SHMIPC_EPROTO for a bad frame, or
+ * SHMIPC_EINVAL (NULL, cap 0).
+ */
+SHMIPC_API int64_t shmipc_serve_read(shmipc_serve_exchange *x, void *buf, size_t cap);
+
+/**
+ * Sends the response head: r->status (200..599: interim and upgrade responses are not
+ * available to handlers), r->flags (SHMIPC_SERVE_RESP_CONTENT_LENGTH with r->content_length,
+ * SHMIPC_SERVE_RESP_CLOSE) and the fields (the front owns the framing fields, docs/serve.md).
+ * Without CONTENT_LENGTH the front frames the body itself. Once per request. Returns 0,
+ * SHMIPC_EINVAL (a second head, a bad status or field, r->size too small), SHMIPC_EMSGSIZE,
+ * or SHMIPC_ECONNRESET / SHMIPC_EPROTO as shmipc_serve_read().
+ */
+SHMIPC_API int shmipc_serve_respond(shmipc_serve_exchange *x, const shmipc_serve_response *r,
+                                    const shmipc_serve_field *fields, size_t nfields);
+
+/**
+ * Sends `len` body bytes (any size: split into BODY frames of at most 1 MiB), after
+ * shmipc_serve_respond(). For HEAD, 204 and 304 the bytes are dropped (no body is sent).
+ * Looks, without waiting, for an ABORT from the front first. Returns 0, SHMIPC_EINVAL (no head
+ * yet, NULL data with len > 0, or more bytes than the head's content_length: the response is
+ * then aborted), or SHMIPC_ECONNRESET / SHMIPC_EPROTO as shmipc_serve_read().
+ */
+SHMIPC_API int shmipc_serve_write(shmipc_serve_exchange *x, const void *data, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -31,6 +31,7 @@
 
 #include "shmipc.h"
 #include "shmipc_abi.h"
+#include "shmipc_serve.h"
 #include "common/log.h"
 
 /* This file calls the deprecated functions on purpose: their old meaning is part of the ABI
@@ -161,6 +162,7 @@ static int cb_handler(shmipc_http_request *req, shmipc_http_response *res, void 
 static int cb_ws_open(shmipc_ws *ws, const shmipc_http_request *req, void *user_data);
 static void cb_ws_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data);
 static void cb_ws_close(shmipc_ws *ws, int code, const char *reason, size_t len, void *user_data);
+static int cb_serve_handler(shmipc_serve_exchange *x, void *user_data);
 
 static const struct {
     const char *name;
@@ -175,6 +177,7 @@ static const struct {
     {"ws_open", SHMIPC_ABI_KIND_WS_OPEN_CB, (void (*)(void))cb_ws_open},
     {"ws_message", SHMIPC_ABI_KIND_WS_MESSAGE_CB, (void (*)(void))cb_ws_message},
     {"ws_close", SHMIPC_ABI_KIND_WS_CLOSE_CB, (void (*)(void))cb_ws_close},
+    {"serve_handler", SHMIPC_ABI_KIND_SERVE_HANDLER, (void (*)(void))cb_serve_handler},
 };
 
 /* Constants a script can name: the error codes and these. */
@@ -1918,6 +1921,76 @@ static void serve_from_closures(void **state)
     ffi_closure_free(serve_destroy.closure);
 }
 
+/*
+ * The shmipc-serve handler calls: a script serves a request stream with a handler closure
+ * (shmipc_serve_handle_stream), and the handler writes its body through the table
+ * (shmipc_serve_write), with valid and invalid arguments each.
+ */
+static int serve_handler_calls_seen;
+
+static int cb_serve_handler(shmipc_serve_exchange *x, void *user_data)
+{
+    assert_ptr_equal(user_data, &ud);
+    const shmipc_serve_request *req = shmipc_serve_exchange_request(x);
+    assert_non_null(req);
+    assert_memory_equal(req->method, "GET", 3);
+    shmipc_serve_response r = {.size = sizeof r,
+                               .status = 200,
+                               .flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH,
+                               .content_length = 2};
+    assert_int_equal(shmipc_serve_respond(x, &r, NULL, 0), 0);
+    struct interp in;
+    interp_init(&in);
+    interp_handle(&in, "x", SHMIPC_ABI_KIND_SERVE_EXCHANGE, x);
+    RUN(&in, "shmipc_serve_write(x, \"hi\", 2) = 0;"
+             "shmipc_serve_write(NULL, \"hi\", 2) = SHMIPC_EINVAL;"
+             "shmipc_serve_write(x, NULL, 1) = SHMIPC_EINVAL");
+    interp_finish(&in);
+    serve_handler_calls_seen++;
+    return 0;
+}
+
+static void serve_handler_calls(void **state)
+{
+    (void)state;
+    uint8_t buf[256];
+    shmipc_stream *cst;
+    shmipc_serve_request rq = {.size = sizeof rq,
+                               .version_minor = 1,
+                               .method = (const uint8_t *)"GET",
+                               .method_len = 3,
+                               .target = (const uint8_t *)"/",
+                               .target_len = 1};
+    int64_t n = shmipc_serve_encode_request_head(buf, sizeof buf, &rq, NULL, 0);
+    assert_true(n > 0);
+    assert_int_equal(
+        shmipc_serve_encode_header(buf + n, sizeof buf - (size_t)n, SHMIPC_SERVE_END, 0, 0), 12);
+    assert_int_equal(shmipc_session_open_stream(env.client2, &cst), 0);
+    assert_int_equal(shmipc_stream_write(cst, buf, (size_t)n + 12), 0);
+    assert_int_equal(shmipc_stream_flush(cst), 0);
+    struct interp in;
+    interp_init(&in);
+    RUN(&in, "shmipc_session_accept_stream(server, 10000, &sst) = 0;"
+             "shmipc_serve_handle_stream(sst, serve_handler, ud) = 0;"
+             "shmipc_serve_handle_stream(NULL, serve_handler, ud) = SHMIPC_EINVAL");
+    interp_finish(&in);
+    assert_int_equal(serve_handler_calls_seen, 1);
+    /* The front's side got the head, the two bytes and END. */
+    const void *p;
+    assert_int_equal(shmipc_stream_read_exact_bytes(cst, 12, &p, 0), 0);
+    shmipc_serve_frame f = {.size = sizeof f};
+    assert_int_equal(shmipc_serve_decode_header(p, 12, &f), 12);
+    assert_int_equal(f.type, SHMIPC_SERVE_RESPONSE_HEAD);
+    uint32_t skip = f.length;
+    shmipc_stream_release(cst);
+    assert_int_equal(shmipc_stream_read_exact_bytes(cst, skip + 12 + 2 + 12, &p, 0), 0);
+    assert_memory_equal((const uint8_t *)p + skip + 12, "hi", 2);
+    assert_int_equal(shmipc_serve_decode_header((const uint8_t *)p + skip + 14, 12, &f), 12);
+    assert_int_equal(f.type, SHMIPC_SERVE_END);
+    shmipc_stream_release(cst);
+    shmipc_stream_close(cst);
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* The shared library                                                                   */
 /* ------------------------------------------------------------------------------------ */
@@ -2014,6 +2087,7 @@ int main(void)
         cmocka_unit_test(log_sink_from_a_closure),
         cmocka_unit_test(log_sink_swaps_under_load),
         cmocka_unit_test(serve_from_closures),
+        cmocka_unit_test(serve_handler_calls),
         cmocka_unit_test(shared_library_soname_and_table),
         cmocka_unit_test(every_generic_entry_was_called),
     };

@@ -1,0 +1,272 @@
+/*
+ * shmipc-serve-worker: one application worker process of shmipc-serve for a C handler in a
+ * shared object (--c LIB.so[:SYMBOL]) or a Lua handler module (--lua MODULE[:FUNCTION], Lua 5.4
+ * embedded: serve/worker_lua.c). docs/serve.md, "The C worker" and "The Lua worker".
+ *
+ * The process contract is the Python worker's (python/shmipc/serve/worker.py): listen on the
+ * shmipc address of --address, print "... ready on ADDRESS", serve each stream a front opens as
+ * one request (shmipc_serve_handle_stream(): the protocol's answers whatever the handler does),
+ * one request at a time per process; SIGTERM or SIGINT stop it after the request in progress
+ * (exit 0), and so does the Nth request with --max-requests N; --parent-pid asks for a SIGTERM
+ * when the supervisor dies. --check loads the application and exits 0, or 2 with the reason.
+ *
+ * May call: the public API (libshmipc) and serve/worker.h.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "shmipc_serve.h"
+#include "worker.h"
+
+/* Blocking accepts wake this often to see a stop. */
+#define POLL_MS 200
+
+static volatile sig_atomic_t stopping;
+
+static void on_stop(int sig)
+{
+    (void)sig;
+    stopping = 1;
+}
+
+struct worker {
+    shmipc_serve_handler fn;
+    void *data;
+    pthread_mutex_t mu; /* one request at a time per process */
+    unsigned long long served, max_requests;
+    unsigned long long counts[5]; /* by SHMIPC_SERVE_OUTCOME_* */
+};
+
+struct session_thread {
+    struct worker *w;
+    shmipc_session *s;
+    pthread_t t;
+    int done;
+    struct session_thread *next;
+};
+
+static void *serve_session(void *arg)
+{
+    struct session_thread *th = arg;
+    struct worker *w = th->w;
+    while (!stopping) {
+        shmipc_stream *st;
+        int rc = shmipc_session_accept_stream(th->s, POLL_MS, &st);
+        if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN)
+            continue;
+        if (rc < 0)
+            break; /* the front's session ended */
+        pthread_mutex_lock(&w->mu);
+        if (stopping) {
+            /* Past --max-requests, or stopping: not served. The front sees the stream end with
+             * nothing sent and the session close, as for any worker that exits. */
+            pthread_mutex_unlock(&w->mu);
+            shmipc_stream_close(st);
+            break;
+        }
+        int outcome = shmipc_serve_handle_stream(st, w->fn, w->data);
+        if (outcome >= 0 && outcome < 5)
+            w->counts[outcome]++;
+        if (outcome != SHMIPC_SERVE_OUTCOME_LATE) {
+            w->served++;
+            if (w->max_requests && w->served >= w->max_requests)
+                stopping = 1;
+        }
+        pthread_mutex_unlock(&w->mu);
+    }
+    shmipc_session_close(th->s);
+    __atomic_store_n(&th->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* LIB.so[:SYMBOL]: the last ':' starts the symbol when a C identifier follows it. */
+static int load_c(const char *spec, shmipc_serve_handler *fn, char *err, size_t errlen)
+{
+    char path[4096];
+    const char *sym = SHMIPC__WORKER_C_SYMBOL;
+    const char *c = strrchr(spec, ':');
+    size_t plen = strlen(spec);
+    if (c != NULL && c[1] != '\0' &&
+        strspn(c + 1, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVW"
+                      "XYZ_0123456789") == strlen(c + 1) &&
+        !(c[1] >= '0' && c[1] <= '9')) {
+        sym = c + 1;
+        plen = (size_t)(c - spec);
+    }
+    if (plen == 0 || plen >= sizeof path) {
+        snprintf(err, errlen, "'%s' is not LIB.so[:SYMBOL]", spec);
+        return -1;
+    }
+    memcpy(path, spec, plen);
+    path[plen] = '\0';
+    /* A bare name would be searched in the system's library path: "./" keeps it the file. */
+    char full[4096 + 2];
+    snprintf(full, sizeof full, "%s%s", strchr(path, '/') != NULL ? "" : "./", path);
+    void *h = dlopen(full, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        snprintf(err, errlen, "cannot load %s: %s", path, dlerror());
+        return -1;
+    }
+    dlerror();
+    void *f = dlsym(h, sym);
+    const char *e = dlerror();
+    if (e != NULL || f == NULL) {
+        snprintf(err, errlen, "%s has no function %s%s%s", path, sym, e ? ": " : "", e ? e : "");
+        dlclose(h);
+        return -1;
+    }
+    /* dlsym gives a data pointer; POSIX guarantees it converts to the function's. */
+    memcpy(fn, &f, sizeof *fn);
+    return 0; /* the library stays loaded for the process's life */
+}
+
+static void usage(FILE *to)
+{
+    fputs("usage: shmipc-serve-worker (--c LIB.so[:SYMBOL] | --lua MODULE[:FUNCTION])\n"
+          "                           --address ADDR [--max-requests N] [--parent-pid PID]\n"
+          "       shmipc-serve-worker (--c ... | --lua ...) --check\n"
+          "Serves a C handler (SYMBOL, by default " SHMIPC__WORKER_C_SYMBOL
+          ") or a Lua handler to a shmipc-serve front on the shmipc address ADDR "
+          "(docs/serve.md).\n",
+          to);
+}
+
+static int parse_count(const char *s, unsigned long long *out)
+{
+    char *end;
+    if (s == NULL || *s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v > 1000000000ull)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *c_app = NULL, *lua_app = NULL, *address = NULL;
+    unsigned long long max_requests = 0, parent = 0;
+    int check = 0;
+    char err[8192] = "";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--check") == 0) {
+            check = 1;
+            continue;
+        }
+        if (v == NULL) {
+            fprintf(stderr, "shmipc-serve-worker: %s needs a value\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--c") == 0)
+            c_app = v;
+        else if (strcmp(a, "--lua") == 0)
+            lua_app = v;
+        else if (strcmp(a, "--address") == 0)
+            address = v;
+        else if (strcmp(a, "--max-requests") == 0 && parse_count(v, &max_requests) == 0)
+            ;
+        else if (strcmp(a, "--parent-pid") == 0 && parse_count(v, &parent) == 0 && parent > 0)
+            ;
+        else {
+            fprintf(stderr, "shmipc-serve-worker: bad argument %s %s\n", a, v);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if ((c_app == NULL) == (lua_app == NULL) || (!check && address == NULL)) {
+        fprintf(stderr, "shmipc-serve-worker: give one of --c and --lua%s\n",
+                check ? "" : ", and --address");
+        usage(stderr);
+        return 2;
+    }
+    struct worker w = {.max_requests = max_requests};
+    pthread_mutex_init(&w.mu, NULL);
+    int rc = c_app != NULL ? load_c(c_app, &w.fn, err, sizeof err)
+                           : shmipc__worker_lua_load(lua_app, &w.fn, &w.data, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "shmipc-serve worker: %s\n", err);
+        return 2;
+    }
+    if (check)
+        return 0;
+
+    struct sigaction sa = {.sa_handler = on_stop};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (parent > 0) {
+        /* A supervisor killed with SIGKILL leaves no worker behind; checked after the prctl,
+         * so a parent that died before it is seen here rather than missed. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
+        if ((unsigned long long)getppid() != parent)
+            stopping = 1;
+    }
+    shmipc_listener *l;
+    if ((rc = shmipc_listener_new(address, NULL, &l)) < 0) {
+        fprintf(stderr, "shmipc-serve worker: cannot listen on %s: %s: %s\n", address,
+                shmipc_errname(rc), shmipc_error_detail());
+        return 1;
+    }
+    printf("shmipc-serve worker %ld ready on %s\n", (long)getpid(), address);
+    fflush(stdout);
+    struct session_thread *threads = NULL;
+    while (!stopping) {
+        shmipc_session *s;
+        rc = shmipc_listener_accept(l, POLL_MS, &s);
+        if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN)
+            continue;
+        if (rc < 0) {
+            if (!stopping)
+                fprintf(stderr, "shmipc-serve worker: accept: %s\n", shmipc_errname(rc));
+            continue;
+        }
+        /* Reap the threads whose front went away. */
+        for (struct session_thread **p = &threads; *p != NULL;) {
+            struct session_thread *t = *p;
+            if (__atomic_load_n(&t->done, __ATOMIC_ACQUIRE)) {
+                pthread_join(t->t, NULL);
+                *p = t->next;
+                free(t);
+            } else {
+                p = &t->next;
+            }
+        }
+        struct session_thread *t = calloc(1, sizeof *t);
+        if (t != NULL) {
+            t->w = &w;
+            t->s = s;
+        }
+        if (t == NULL || pthread_create(&t->t, NULL, serve_session, t) != 0) {
+            free(t);
+            shmipc_session_close(s);
+            continue;
+        }
+        t->next = threads;
+        threads = t;
+    }
+    while (threads != NULL) {
+        struct session_thread *t = threads;
+        pthread_join(t->t, NULL);
+        threads = t->next;
+        free(t);
+    }
+    shmipc_listener_close(l);
+    shmipc__worker_lua_free(w.data);
+    return 0;
+}

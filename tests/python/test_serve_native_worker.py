@@ -1,0 +1,368 @@
+"""shmipc-serve-worker (serve/worker.c, docs/serve.md "The C worker" and "The Lua worker"): the
+C handler of examples/c/serve_hello.c (--c) and the Lua handler of examples/lua/serve_hello.lua
+(--lua) in a real worker process, each case run for both. The front is played by a shmipc
+client session speaking the frames, as in test_serve_worker.py: headers, bodies up to several
+MiB, HEAD, 204, the handler failing before the head (500) and after it (ABORT WORKER_ERROR), bad
+frames (ABORT PROTOCOL), a front that aborts or goes away, --max-requests, SIGTERM during a
+request, a crash ending the front's stream, --check, bad applications."""
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+import shmipc
+from conftest import BUILD, ROOT, unique_address
+
+sf = pytest.importorskip("shmipc._serve")
+from test_serve_worker import Front, frame, head  # noqa: E402
+
+WORKER = os.path.join(BUILD, "serve", "shmipc-serve-worker")
+C_LIB = os.path.join(BUILD, "examples", "c", "libserve_hello.so")
+LUA_DIR = os.path.join(ROOT, "examples", "lua")
+
+pytestmark = pytest.mark.skipif(not os.path.exists(WORKER), reason="shmipc-serve-worker not built")
+
+
+def has_lua():
+    r = subprocess.run([WORKER, "--lua", "serve_hello", "--check"], cwd=LUA_DIR,
+                       capture_output=True, text=True)
+    return r.returncode == 0
+
+
+KINDS = ["c", pytest.param("lua", marks=pytest.mark.skipif(
+    os.path.exists(WORKER) and not has_lua(), reason="the worker was built without Lua"))]
+
+
+def app_args(kind):
+    return ["--c", C_LIB] if kind == "c" else ["--lua", "serve_hello"]
+
+
+class Proc:
+    def __init__(self, kind, *args):
+        self.address = unique_address("native")
+        self.p = subprocess.Popen([WORKER, *app_args(kind), "--address", self.address, *args],
+                                  cwd=LUA_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        line = self.p.stdout.readline()
+        assert f"ready on {self.address}" in line, (line, self.p.stderr.read()
+                                                    if self.p.poll() is not None else "")
+        self.err = []
+        self.t = threading.Thread(target=lambda: self.err.extend(self.p.stderr), daemon=True)
+        self.t.start()
+        self.front = Front(self.address)
+
+    def finish(self, timeout=10):
+        try:
+            return self.p.wait(timeout)
+        finally:
+            if self.p.poll() is None:
+                self.p.kill()
+                self.p.wait()
+            self.front.close()
+            self.p.stdout.close()
+
+
+@pytest.fixture(params=KINDS)
+def worker(request):
+    procs = []
+
+    def start(*args):
+        w = Proc(request.param, *args)
+        procs.append(w)
+        return w
+
+    start.kind = request.param
+    yield start
+    for w in procs:
+        if w.p.poll() is None:
+            w.p.terminate()
+        w.finish()
+
+
+def fields(headers):
+    return {k.lower(): v for k, v in headers}
+
+
+def test_hello_and_head(worker):
+    w = worker()
+    status, flags, clen, headers, body, last, _ = w.front.request(b"GET", b"/")
+    assert (status, body, last) == (200, b"Hello, world!\n", sf.END)
+    assert flags & sf.RESP_CONTENT_LENGTH and clen == 14
+    assert fields(headers)["content-type"] == "text/plain"
+    # HEAD: the head with the length, no BODY frame.
+    status, flags, clen, _, body, last, _ = w.front.request(b"HEAD", b"/")
+    assert (status, clen, body, last) == (200, 14, b"", sf.END)
+    status, _, _, _, body, last, _ = w.front.request(b"GET", b"/nope")
+    assert (status, body, last) == (404, b"not found\n", sf.END)
+
+
+def test_204_sends_no_body(worker):
+    w = worker()
+    status, flags, _, _, body, last, _ = w.front.request(b"GET", b"/204")
+    assert (status, body, last) == (204, b"", sf.END)
+    assert not flags & sf.RESP_CONTENT_LENGTH
+
+
+def test_request_headers_peer_and_query(worker):
+    w = worker()
+    status, _, _, headers, body, last, _ = w.front.request(
+        b"GET", b"/headers?a=1&b=%41", [("Host", "ex.org"), ("X-A", "1"), ("x-a", "2")],
+        peer=("10.1.2.3", 4567))
+    assert (status, last) == (200, sf.END)
+    if worker.kind == "c":
+        assert body == b"Host: ex.org\nX-A: 1\nx-a: 2\n"
+    else:
+        assert body == b"host: ex.org\nx-a: 1, 2\n"  # lower-cased names, repeats joined
+        h = fields(headers)
+        assert (h["x-peer"], h["x-method"], h["x-query"]) == ("10.1.2.3", "GET", "a=1&b=%41")
+
+
+@pytest.mark.parametrize("size", [1, 65536, 1 << 20, (3 << 20) + 7])
+def test_echo_bodies_up_to_several_mib(worker, size):
+    w = worker()
+    data = os.urandom(size)
+    # with its length, in frames of at most 1 MiB (a larger BODY frame is a protocol error)
+    st, _ = w.front.open(b"POST", b"/echo", body=data)
+    w.front.send_body(st, [data[i:i + (1 << 20)] for i in range(0, size, 1 << 20)])
+    status, flags, clen, _, body, last, _ = w.front.response(st)
+    st.close()
+    assert (status, last, clen) == (200, sf.END, size) and body == data
+    # the same body in frames of odd sizes, chunked (no length known)
+    pieces = [data[i:i + 300007] for i in range(0, size, 300007)]
+    status, flags, _, _, body, last, _ = w.front.request(b"POST", b"/echo", chunks=pieces)
+    assert (status, last) == (200, sf.END) and body == data
+
+
+def test_large_streamed_response(worker):
+    w = worker()
+    n = 5 * (1 << 20) + 3
+    status, flags, _, _, body, last, _ = w.front.request(b"GET", b"/big?%d" % n)
+    assert (status, last, len(body)) == (200, sf.END, n)
+    assert not flags & sf.RESP_CONTENT_LENGTH
+    piece = (b"abcdefghijklmnopqrstuvwxyz" * 3847)[:100000]
+    assert body == (piece * (n // 100000 + 1))[:n]
+
+
+def test_unique_bodies_many_requests(worker):
+    w = worker()
+    for i in range(200):
+        data = b"request %d " % i + os.urandom(i * 37)
+        status, _, _, _, body, last, _ = w.front.request(b"POST", b"/e", body=data)
+        assert (status, body, last) == (200, data, sf.END)
+
+
+@pytest.mark.parametrize("path", [b"/fail", b"/nothing"])
+def test_failure_before_the_head_is_500(worker, path):
+    w = worker()
+    status, flags, clen, _, body, last, _ = w.front.request(b"GET", path)
+    assert (status, body, last) == (500, b"Internal Server Error\n", sf.END)
+    assert w.front.request(b"GET", b"/")[0] == 200  # the worker serves on
+
+
+@pytest.mark.parametrize("path", [b"/fail-after", b"/short"])
+def test_failure_after_the_head_aborts(worker, path):
+    w = worker()
+    st, _ = w.front.open(b"GET", path)
+    w.front.send_body(st, None)
+    typ, arg, payload = w.front.read_frame(st)
+    assert typ == sf.RESPONSE_HEAD
+    while True:
+        typ, arg, payload = w.front.read_frame(st)
+        if typ != sf.BODY:
+            break
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_WORKER_ERROR)
+    st.close()
+    assert w.front.request(b"GET", b"/")[0] == 200
+
+
+@pytest.mark.parametrize("bad", [
+    b"garbage!garbage!",
+    frame(sf.BODY, b"x"),  # a body before the head
+    frame(sf.REQUEST_HEAD, b"\0" * 60),  # a head breaking its rules
+])
+def test_bad_frames_get_abort_protocol(worker, bad):
+    w = worker()
+    st = w.front.session.open_stream()
+    st.write(bad)
+    st.flush()
+    typ, arg, _ = w.front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+    assert w.front.request(b"GET", b"/")[0] == 200
+
+
+def test_bad_frame_in_the_body_gets_abort_protocol(worker):
+    w = worker()
+    st, _ = w.front.open(b"POST", b"/echo", chunks=[])
+    w.front.send_body(st, [b"abc"], end=False)
+    st.write(frame(sf.RESPONSE_HEAD, b"\0" * 16))  # the wrong direction
+    st.flush()
+    while True:
+        typ, arg, _ = w.front.read_frame(st)
+        if typ not in (sf.RESPONSE_HEAD, sf.BODY):
+            break
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+    assert w.front.request(b"GET", b"/")[0] == 200
+
+
+def test_late_abort_is_not_a_request_and_max_requests(worker):
+    w = worker("--max-requests", "2")
+    st = w.front.session.open_stream()  # a late ABORT alone: not counted
+    st.write(frame(sf.ABORT, b"late", sf.ABORT_CLIENT_GONE))
+    st.flush()
+    st.close()
+    assert w.front.request(b"GET", b"/")[0] == 200
+    assert w.front.request(b"GET", b"/")[0] == 200
+    assert w.finish() == 0
+
+
+def test_front_abort_mid_body_stops_the_handler(worker):
+    w = worker()
+    st, _ = w.front.open(b"POST", b"/echo", chunks=[])
+    w.front.send_body(st, [b"x" * 1000], end=False)
+    st.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
+    st.flush()
+    # The worker may have sent its head and the echoed piece; it sends no END and no ABORT.
+    st.read_timeout = 1.0
+    got = []
+    try:
+        while True:
+            typ, _, _ = w.front.read_frame(st)
+            got.append(typ)
+    except (shmipc.TimeoutError, shmipc.EndOfStreamError):
+        pass
+    assert sf.END not in got and sf.ABORT not in got
+    st.close()
+    assert w.front.request(b"GET", b"/")[0] == 200
+
+
+def test_front_session_gone_mid_request(worker):
+    w = worker()
+    st, _ = w.front.open(b"POST", b"/echo", chunks=[])
+    w.front.send_body(st, [b"abc"], end=False)
+    w.front.session.close()
+    w.front.session = shmipc.connect(w.address, shmipc.Config(read_timeout=10))
+    assert w.front.request(b"GET", b"/")[0] == 200
+
+
+def test_sigterm_during_a_request_finishes_it(worker):
+    w = worker()
+    st, chunks = w.front.open(b"GET", b"/slow?600")
+    w.front.send_body(st, chunks)
+    time.sleep(0.2)
+    w.p.send_signal(signal.SIGTERM)
+    status, _, _, _, body, last, _ = w.front.response(st)
+    assert (status, body, last) == (200, b"%d\n" % w.p.pid, sf.END)
+    st.close()
+    assert w.finish() == 0
+
+
+def test_crash_ends_the_front_stream(worker):
+    w = worker()
+    st, chunks = w.front.open(b"GET", b"/crash")
+    w.front.send_body(st, chunks)
+    with pytest.raises((shmipc.PeerGoneError, shmipc.EndOfStreamError, shmipc.ClosedError)):
+        w.front.response(st)
+    assert w.finish() == -signal.SIGKILL
+
+
+def test_parent_pid_that_is_not_the_parent_serves_nothing(worker):
+    # The supervisor died before the worker could watch it: the worker exits at once.
+    addr = unique_address("orphan")
+    p = subprocess.run([WORKER, *app_args(worker.kind), "--address", addr, "--parent-pid", "1"],
+                       cwd=LUA_DIR, capture_output=True, text=True, timeout=20)
+    assert p.returncode == 0
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--c", "/nonexistent/lib.so"], "cannot load"),
+    (["--c", C_LIB + ":no_such_symbol"], "no function no_such_symbol"),
+    (["--lua", "no_such_module"], "module 'no_such_module' not found"),
+    (["--lua", "serve_hello:handler"], "returns a function, not a table"),
+    (["--lua", "string"], "not a handler function"),  # a module of the standard library
+    (["--c", C_LIB, "--lua", "x"], "one of --c and --lua"),
+    (["--c", C_LIB, "--max-requests", "-1"], "bad argument"),
+    (["--c", C_LIB], "--address"),
+])
+def test_bad_applications_and_arguments_exit_2(args, why):
+    p = subprocess.run([WORKER, *args, "--address", "unix:@x"] if "--address" != why
+                       else [WORKER, *args], cwd=LUA_DIR, capture_output=True, text=True,
+                       timeout=20)
+    if args[0] == "--lua" and "built without Lua" in p.stderr:
+        pytest.skip("the worker was built without Lua")
+    assert p.returncode == 2 and why in p.stderr, p.stderr
+
+
+def test_check_loads_the_application(worker):
+    p = subprocess.run([WORKER, *app_args(worker.kind), "--check"], cwd=LUA_DIR,
+                       capture_output=True, text=True, timeout=20)
+    assert p.returncode == 0, p.stderr
+
+
+def test_lua_req_kept_past_its_request_is_refused(tmp_path):
+    if not has_lua():
+        pytest.skip("the worker was built without Lua")
+    (tmp_path / "keep.lua").write_text('''
+local kept
+return function(req)
+  if req.path == "/keep" then kept = req return 200, {}, "kept" end
+  local ok, err = pcall(function() return kept:read() end)
+  local ok2, err2 = pcall(function() return kept.body end)
+  return 200, {}, tostring(ok) .. " " .. tostring(ok2) .. " " .. tostring(err)
+end
+''')
+    addr = unique_address("keep")
+    p = subprocess.Popen([WORKER, "--lua", "keep", "--address", addr], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "ready on" in p.stdout.readline()
+        front = Front(addr)
+        assert front.request(b"GET", b"/keep")[4] == b"kept"
+        body = front.request(b"GET", b"/use")[4]
+        assert body.startswith(b"false false ") and b"this request is over" in body
+        front.close()
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+        p.stderr.close()
+
+
+@pytest.mark.parametrize("ret,what", [
+    ('"200"', 200),  # a number as a string is refused? no: Lua converts it
+    ("700, {}, 'x'", 500),
+    ("200, {['X-A'] = {}}, 'x'", 200),
+    ("200, {['Bad Name'] = 'x'}, 'x'", 500),
+    ("200, {['X'] = 'a\\nb'}, 'x'", 500),
+    ("200, 'headers', 'x'", 500),
+    ("200, {}, 42", 500),
+    ("200, {['Content-Length'] = '5'}, 'abc'", 500),
+    ("200, {['Content-Length'] = 'x'}, 'abc'", 500),
+    ("200, {}, function() return 42 end", "abort"),
+    ("200, {[1] = 'not a pair'}, 'x'", 500),
+])
+def test_lua_hostile_returns(tmp_path, ret, what):
+    if not has_lua():
+        pytest.skip("the worker was built without Lua")
+    (tmp_path / "bad.lua").write_text("return function(req) return %s end\n" % ret)
+    addr = unique_address("badlua")
+    p = subprocess.Popen([WORKER, "--lua", "bad", "--address", addr], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "ready on" in p.stdout.readline()
+        front = Front(addr)
+        status, _, _, _, body, last, arg = front.request(b"GET", b"/")
+        if what == "abort":
+            assert (last, arg) == (sf.ABORT, sf.ABORT_WORKER_ERROR)
+        else:
+            assert status == what
+        front.close()
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+        p.stderr.close()
