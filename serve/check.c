@@ -35,14 +35,30 @@ void shmipc__serve_argv_free(char **argv)
     free(argv);
 }
 
-static int no_worker_yet(const shmipc__serve_options *o, char *err, size_t errlen)
+/* Lua and C apps run in shmipc-serve-worker (serve/worker.c), installed beside this program. */
+static int native_kind(int kind)
 {
-    shmipc__serve_set_err(
-        err, errlen,
-        "--%s: %s workers are not available yet; only WSGI (--wsgi, the default) and ASGI "
-        "(--asgi) apps can be served today (docs/serve.md)",
-        shmipc__serve_kind_name(o->kind), o->kind == SHMIPC__SERVE_LUA ? "Lua" : "C");
-    return SHMIPC_ENOTSUP;
+    return kind == SHMIPC__SERVE_LUA || kind == SHMIPC__SERVE_C;
+}
+
+static int worker_program(char *buf, size_t len, char *err, size_t errlen)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        shmipc__serve_set_err(err, errlen, "cannot find this program's directory: %s",
+                              strerror(errno));
+        return SHMIPC_EINVAL;
+    }
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    if ((size_t)snprintf(buf, len, "%s/shmipc-serve-worker", self) >= len) {
+        shmipc__serve_set_err(err, errlen, "the directory of this program is too long");
+        return SHMIPC_EINVAL;
+    }
+    return 0;
 }
 
 int shmipc__serve_worker_argv(const shmipc__serve_options *o, char ***argvp, char *err,
@@ -54,15 +70,24 @@ int shmipc__serve_worker_argv(const shmipc__serve_options *o, char ***argvp, cha
         shmipc__serve_set_err(err, errlen, "no options or no application");
         return SHMIPC_EINVAL;
     }
-    if (o->kind != SHMIPC__SERVE_WSGI && o->kind != SHMIPC__SERVE_ASGI)
-        return no_worker_yet(o, err, errlen);
-    char maxreq[32], ppid[32];
+    char maxreq[32], ppid[32], prog[PATH_MAX];
     snprintf(maxreq, sizeof maxreq, "%llu", (unsigned long long)o->max_requests);
     /* The worker ends itself when this process dies, even by SIGKILL (worker.py). */
     snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
     const char *t[12] = {o->python,   "-m",        "shmipc.serve.worker", o->app,
                          "--address", "{address}", "--parent-pid",        ppid};
     size_t n = 8;
+    if (native_kind(o->kind)) {
+        int rc = worker_program(prog, sizeof prog, err, errlen);
+        if (rc < 0)
+            return rc;
+        const char *nt[] = {prog,        o->kind == SHMIPC__SERVE_C ? "--c" : "--lua",
+                            o->app,      "--address",
+                            "{address}", "--parent-pid",
+                            ppid};
+        n = sizeof nt / sizeof nt[0];
+        memcpy(t, nt, sizeof nt);
+    }
     if (o->kind == SHMIPC__SERVE_ASGI)
         t[n++] = "--asgi";
     if (o->max_requests) {
@@ -136,14 +161,29 @@ static int check_import(const shmipc__serve_options *o, char *const *envp, uint3
     if (o->chdir_to != NULL)
         posix_spawn_file_actions_addchdir_np(&fa, o->chdir_to);
     const char *argv[] = {o->python, "-c", import_check, o->app, NULL};
+    char prog[PATH_MAX];
+    if (native_kind(o->kind)) {
+        /* The worker loads the .so or the Lua module as it would to serve, and says why not. */
+        if (worker_program(prog, sizeof prog, err, errlen) < 0) {
+            posix_spawn_file_actions_destroy(&fa);
+            close(pfd[0]);
+            close(pfd[1]);
+            return SHMIPC_EINVAL;
+        }
+        argv[0] = prog;
+        argv[1] = o->kind == SHMIPC__SERVE_C ? "--c" : "--lua";
+        argv[2] = o->app;
+        argv[3] = "--check";
+    }
     pid_t pid;
-    int e = posix_spawnp(&pid, o->python, &fa, NULL, (char *const *)argv, envp);
+    int e = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, envp);
     posix_spawn_file_actions_destroy(&fa);
     close(pfd[1]);
     if (e != 0) {
         close(pfd[0]);
-        shmipc__serve_set_err(err, errlen, "--python %s: cannot run: %s",
-                              shmipc__serve_shown(o->python, sb, sizeof sb), strerror(e));
+        shmipc__serve_set_err(err, errlen, "%s%s: cannot run: %s",
+                              native_kind(o->kind) ? "" : "--python ",
+                              shmipc__serve_shown(argv[0], sb, sizeof sb), strerror(e));
         return SHMIPC_EINVAL;
     }
     char out[400];
@@ -212,7 +252,8 @@ static int check_import(const shmipc__serve_options *o, char *const *envp, uint3
             lb[n++] = (unsigned char)*p >= 0x20 ? *p : '?';
         lb[n] = '\0';
         shmipc__serve_set_err(err, errlen, "APP %s cannot be loaded by %s: %s",
-                              shmipc__serve_shown(o->app, sb, sizeof sb), o->python,
+                              shmipc__serve_shown(o->app, sb, sizeof sb),
+                              native_kind(o->kind) ? "shmipc-serve-worker" : o->python,
                               n ? lb : "the interpreter failed");
         return SHMIPC_EINVAL;
     }
@@ -238,17 +279,13 @@ int shmipc__serve_check(const shmipc__serve_options *o, char *const *envp, uint3
         shmipc__serve_set_err(err, errlen, "no application");
         return SHMIPC_EINVAL;
     }
-    if (o->kind != SHMIPC__SERVE_WSGI && o->kind != SHMIPC__SERVE_ASGI) {
-        no_worker_yet(o, err, errlen);
-        return SHMIPC_EINVAL;
-    }
     struct stat st;
     if (o->chdir_to != NULL && (stat(o->chdir_to, &st) != 0 || !S_ISDIR(st.st_mode))) {
         shmipc__serve_set_err(err, errlen, "--chdir %s: not a directory",
                               shmipc__serve_shown(o->chdir_to, sb, sizeof sb));
         return SHMIPC_EINVAL;
     }
-    if (find_program(o->python, envp) != 0) {
+    if (!native_kind(o->kind) && find_program(o->python, envp) != 0) {
         shmipc__serve_set_err(err, errlen, "--python %s: not found or not executable",
                               shmipc__serve_shown(o->python, sb, sizeof sb));
         return SHMIPC_EINVAL;

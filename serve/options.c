@@ -370,11 +370,13 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
                                   where);
             return SHMIPC_EINVAL;
         }
-        if (op->arg == SHMIPC__SERVE_C) {
+        if (op->arg == SHMIPC__SERVE_C || op->arg == SHMIPC__SERVE_LUA) {
+            /* LIB.so[:SYMBOL], MODULE[:FUNCTION]: the worker resolves the name. */
             const char *c = strrchr(v, ':');
-            if (c == NULL || c == v || c[1] == '\0') {
-                shmipc__serve_set_err(err, errlen, "%s: '%s' is not LIB.so:symbol", where,
-                                      shmipc__serve_shown(v, sb, sizeof sb));
+            if (v[0] == ':' || (c != NULL && c[1] == '\0')) {
+                shmipc__serve_set_err(
+                    err, errlen, "%s: '%s' is not %s", where, shmipc__serve_shown(v, sb, sizeof sb),
+                    op->arg == SHMIPC__SERVE_C ? "LIB.so[:SYMBOL]" : "MODULE[:FUNCTION]");
                 return SHMIPC_EINVAL;
             }
         }
@@ -769,8 +771,9 @@ const char *shmipc__serve_usage(void)
            "  APP                      the application: module:callable for --wsgi/--asgi\n"
            "  --wsgi                   APP is a WSGI app (the default)\n"
            "  --asgi                   APP is an ASGI 3 app (http and lifespan)\n"
-           "  --lua FILE               a Lua handler module (not available yet)\n"
-           "  --c LIB.so:symbol        a C handler in a shared object (not available yet)\n"
+           "  --lua MODULE[:FUNCTION]  a Lua handler module (or FILE.lua), in shmipc-serve-worker\n"
+           "  --c LIB.so[:SYMBOL]      a C handler in a shared object (SYMBOL: "
+           "shmipc_serve_handle)\n"
            "  --listen ADDR            HOST:PORT, [IPv6]:PORT or unix:PATH (127.0.0.1:8000)\n"
            "  --workers N              worker processes, 1 .. 1024 (1)\n"
            "  --threads N              the front's reactor threads, 1 .. 256 (1)\n"

@@ -450,9 +450,21 @@ int shmipc__worker_lua_load(const char *spec, shmipc_serve_handler *fn, void **d
         goto fail;
     }
     lua_pushcfunction(L, traceback);
-    lua_getglobal(L, "require");
-    lua_pushlstring(L, spec, ml);
-    if (lua_pcall(L, 1, 1, 1) != LUA_OK) {
+    /* FILE.lua (or a path) runs that file; any other name is require()d (package.path). */
+    int is_file = (ml > 4 && memcmp(spec + ml - 4, ".lua", 4) == 0) || memchr(spec, '/', ml);
+    int lrc;
+    if (is_file) {
+        char path[4096];
+        snprintf(path, sizeof path, "%.*s", (int)ml, spec);
+        lrc = luaL_loadfilex(L, path, "t");
+        if (lrc == LUA_OK)
+            lrc = lua_pcall(L, 0, 1, 1);
+    } else {
+        lua_getglobal(L, "require");
+        lua_pushlstring(L, spec, ml);
+        lrc = lua_pcall(L, 1, 1, 1);
+    }
+    if (lrc != LUA_OK) {
         snprintf(err, errlen, "cannot load the Lua module %.*s: %s", (int)ml, spec,
                  lua_tostring(L, -1));
         goto fail;

@@ -239,8 +239,9 @@ static void test_flag_errors(void **state)
     expect_error(ARGS("--wsgi", "--asgi", "m:a"), "already set by wsgi");
     expect_error(ARGS("m:a", "--lua", "x.lua"), "already given as APP");
     expect_error(ARGS("--lua", "x.lua", "m:a"), "already given by --lua");
-    expect_error(ARGS("--c", "lib.so"), "'lib.so' is not LIB.so:symbol");
-    expect_error(ARGS("--c", "lib.so:"), "not LIB.so:symbol");
+    expect_error(ARGS("--c", "lib.so:"), "'lib.so:' is not LIB.so[:SYMBOL]");
+    expect_error(ARGS("--c", ":f"), "not LIB.so[:SYMBOL]");
+    expect_error(ARGS("--lua", "m:"), "'m:' is not MODULE[:FUNCTION]");
     expect_error(ARGS("--workers", "2"), "no application");
     expect_error(ARGS("notanapp"), "'notanapp' is not module:callable");
     expect_error(ARGS("m:"), "not module:callable");
@@ -491,18 +492,34 @@ static void test_worker_argv(void **state)
     assert_null(argv[11]);
     shmipc__serve_argv_free(argv);
     shmipc__serve_options_free(&o);
-    const char *const *kinds[] = {ARGS("--lua", "h.lua"), ARGS("--c", "l.so:f")};
-    const char *names[] = {"--lua: Lua workers are not available yet",
-                           "--c: C workers are not available yet"};
+    /* Lua and C: shmipc-serve-worker beside this program, with the kind's flag. */
+    const char *const *kinds[] = {ARGS("--lua", "h.lua", "--max-requests", "7"),
+                                  ARGS("--c", "l.so")};
+    const char *flags[] = {"--lua", "--c"}, *apps[] = {"h.lua", "l.so"};
     for (size_t i = 0; i < 2; i++) {
         assert_int_equal(parse(&o, err, kinds[i]), 0);
-        argv = (char **)1;
-        assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), SHMIPC_ENOTSUP);
-        assert_null(argv);
-        assert_non_null(strstr(err, names[i]));
-        /* --check says the same, as an error (exit 2), not a crash. */
-        assert_int_equal(shmipc__serve_check(&o, NULL, 1000, err, sizeof err), SHMIPC_EINVAL);
-        assert_non_null(strstr(err, names[i]));
+        assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), 0);
+        const char *slash = strrchr(argv[0], '/');
+        assert_non_null(slash);
+        assert_string_equal(slash, "/shmipc-serve-worker");
+        assert_string_equal(argv[1], flags[i]);
+        assert_string_equal(argv[2], apps[i]);
+        assert_string_equal(argv[3], "--address");
+        assert_string_equal(argv[4], "{address}");
+        assert_string_equal(argv[5], "--parent-pid");
+        if (i == 0) {
+            assert_string_equal(argv[7], "--max-requests");
+            assert_string_equal(argv[8], "7");
+            assert_null(argv[9]);
+        } else {
+            assert_null(argv[7]);
+        }
+        shmipc__serve_argv_free(argv);
+        /* --check runs that worker with --check: none beside the test program, so an error
+         * (exit 2) that names the app, not a crash (tests/python/test_serve_cli.py checks it
+         * with the real worker). */
+        assert_int_equal(shmipc__serve_check(&o, NULL, 5000, err, sizeof err), SHMIPC_EINVAL);
+        assert_non_null(strstr(err, "shmipc-serve-worker"));
         shmipc__serve_options_free(&o);
     }
     assert_int_equal(shmipc__serve_worker_argv(NULL, &argv, err, sizeof err), SHMIPC_EINVAL);

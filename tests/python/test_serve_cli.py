@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, python_env
+from conftest import BUILD, ROOT, python_env
 
 SERVE = os.path.join(BUILD, "serve", "shmipc-serve")
 
@@ -48,11 +48,11 @@ def free_port():
 class Serve:
     """shmipc-serve running an app from tmp_path; stderr is collected on a thread."""
 
-    def __init__(self, tmp_path, *flags, workers=2):
+    def __init__(self, tmp_path, *flags, workers=2, app=("cliapp:app",), chdir=None):
         (tmp_path / "cliapp.py").write_text(APP)
         self.port = free_port()
         self.p = subprocess.Popen(
-            [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{self.port}",
+            [SERVE, *app, "--chdir", str(chdir or tmp_path), "--listen", f"127.0.0.1:{self.port}",
              "--workers", str(workers), "--python", "/usr/bin/python3", "--graceful-timeout", "10",
              *flags],
             env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -266,15 +266,6 @@ def test_check(tmp_path):
     assert r.returncode == 2 and "nomod" in r.stderr
 
 
-def test_what_is_not_built_yet_is_refused(tmp_path):
-    (tmp_path / "cliapp.py").write_text(APP)
-    common = ["--chdir", str(tmp_path), "--python", "/usr/bin/python3"]
-    for flags, said in ((["--lua", "h.lua"], "not available yet"),):
-        r = run_cli(*common, *flags, *([] if "--lua" in flags else ["cliapp:app"]), timeout=30)
-        assert r.returncode == 2, (flags, r.stderr)
-        assert said in r.stderr, r.stderr
-
-
 def wait_lines(path, n, timeout=10):
     """The file's lines once it has n (the front writes them within 100 ms)."""
     deadline = time.monotonic() + timeout
@@ -485,3 +476,78 @@ def test_worker_whose_parent_is_not_the_one_named_serves_nothing(tmp_path):
                         "unix:@shmipc-test-ppid-%d" % os.getpid(), "--parent-pid", "1"],
                        cwd=tmp_path, env=python_env(), capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+
+
+# ---- C and Lua handlers (shmipc-serve-worker, examples/c/serve_hello.c, examples/lua/serve_hello.lua)
+
+C_DIR = os.path.join(BUILD, "examples", "c")
+LUA_DIR = os.path.join(ROOT, "examples", "lua")
+NATIVE = {"c": (("--c", "libserve_hello.so"), C_DIR), "lua": (("--lua", "serve_hello"), LUA_DIR)}
+
+
+def native_built(kind):
+    worker = os.path.join(BUILD, "serve", "shmipc-serve-worker")
+    if not os.path.exists(worker):
+        return False
+    app, chdir = NATIVE[kind]
+    return subprocess.run([worker, *app, "--check"], cwd=chdir, capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["c", "lua"])
+def test_native_unique_bodies_and_a_killed_worker(tmp_path, kind):
+    if not native_built(kind):
+        pytest.skip(f"no {kind} worker in this build")
+    app, chdir = NATIVE[kind]
+    s = Serve(tmp_path, workers=2, app=app, chdir=chdir)
+    try:
+        assert s.request("GET", "/") == (200, b"Hello, world!\n")
+        errors = []
+
+        def client(k):
+            for i in range(25):
+                body = f"client {k} request {i} {os.urandom(8).hex()}".encode() * (1 + i % 5)
+                status, out = s.request("POST", f"/u/{k}/{i}", body)
+                if status != 200 or out != body:
+                    errors.append((status, out[:120]))
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []  # 200 unique bodies, zero mismatches
+        assert s.request("GET", "/fail") == (500, b"Internal Server Error\n")
+        # A handler that kills its worker: 502 for that request only, then a restart.
+        pids = s.worker_pids(2)
+        others = []
+        t = threading.Thread(target=lambda: others.extend(
+            s.request("GET", "/slow?300") for _ in range(5)))
+        t.start()
+        assert s.request("GET", "/crash")[0] == 502
+        t.join(60)
+        assert [st for st, _ in others] == [200] * 5, others
+        deadline = time.monotonic() + 20
+        now = []
+        while time.monotonic() < deadline:
+            now = s.worker_pids(2)
+            if len(now) == 2 and now != pids:
+                break
+            time.sleep(0.1)
+        assert len(now) == 2 and now != pids, (pids, now)
+        for i in range(10):
+            assert s.request("GET", "/")[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("kind", ["c", "lua"])
+def test_native_check(tmp_path, kind):
+    if not native_built(kind):
+        pytest.skip(f"no {kind} worker in this build")
+    app, chdir = NATIVE[kind]
+    r = run_cli("--check", "--chdir", chdir, *app)
+    assert r.returncode == 0, r.stderr
+    bad = ("--c", "libserve_hello.so:nosuch") if kind == "c" else ("--lua", "nosuchmodule")
+    r = run_cli("--check", "--chdir", chdir, *bad)
+    assert r.returncode == 2 and "cannot be loaded by shmipc-serve-worker" in r.stderr, r.stderr
+    assert ("no function nosuch" if kind == "c" else "nosuchmodule") in r.stderr
