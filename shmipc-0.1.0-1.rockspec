@@ -41,6 +41,7 @@ build = {
             "bindings/error.c",
             "bindings/session.c",
             "bindings/serve.c",
+            "bindings/serve_worker.c",
             "bindings/server.c",
             "bindings/ws.c",
             "core/common/env.c",
