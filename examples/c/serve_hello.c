@@ -31,18 +31,21 @@
         (const uint8_t *)(n), (const uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1                   \
     }
 
-static int path_is(const shmipc_serve_request *r, const char *p, const char **query)
+/* Whether the target's path is p; the query after '?' into q (NUL-terminated: the target is
+ * not, it points into the frame). */
+static int path_is(const shmipc_serve_request *r, const char *p, char (*q)[64])
 {
     size_t n = strlen(p);
+    (*q)[0] = '\0';
     if (r->target_len < n || memcmp(r->target, p, n) != 0)
         return 0;
-    if (r->target_len == n) {
-        *query = "";
+    if (r->target_len == n)
         return 1;
-    }
     if (r->target[n] != '?')
         return 0;
-    *query = (const char *)r->target + n + 1;
+    size_t ql = r->target_len - n - 1 < sizeof *q - 1 ? r->target_len - n - 1 : sizeof *q - 1;
+    memcpy(*q, r->target + n + 1, ql);
+    (*q)[ql] = '\0';
     return 1;
 }
 
@@ -74,7 +77,7 @@ int shmipc_serve_handle(shmipc_serve_exchange *x, void *user_data)
 {
     (void)user_data;
     const shmipc_serve_request *req = shmipc_serve_exchange_request(x);
-    const char *q;
+    char q[64];
     char line[512];
     if (req->flags & SHMIPC_SERVE_REQ_HAS_BODY)
         return echo(x, req);
