@@ -202,8 +202,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "shmipc-serve worker: %s\n", err);
         return 2;
     }
-    if (check)
+    if (check) {
+        shmipc__worker_lua_free(w.data);
         return 0;
+    }
 
     struct sigaction sa = {.sa_handler = on_stop};
     sigemptyset(&sa.sa_mask);
@@ -221,6 +223,7 @@ int main(int argc, char **argv)
     if ((rc = shmipc_listener_new(address, NULL, &l)) < 0) {
         fprintf(stderr, "shmipc-serve worker: cannot listen on %s: %s: %s\n", address,
                 shmipc_errname(rc), shmipc_error_detail());
+        shmipc__worker_lua_free(w.data);
         return 1;
     }
     printf("shmipc-serve worker %ld ready on %s\n", (long)getpid(), address);
