@@ -28,12 +28,24 @@
 /* Blocking accepts wake this often to see a stop. */
 #define POLL_MS 200
 
-static volatile sig_atomic_t stopping;
+/* Set by the signal handler and by the session that reached --max-requests; read by every
+ * thread: a lock-free atomic (async-signal safe), not a plain volatile, so threads agree. */
+static int stopping_flag;
+
+static int stopping(void)
+{
+    return __atomic_load_n(&stopping_flag, __ATOMIC_ACQUIRE);
+}
+
+static void stop_now(void)
+{
+    __atomic_store_n(&stopping_flag, 1, __ATOMIC_RELEASE);
+}
 
 static void on_stop(int sig)
 {
     (void)sig;
-    stopping = 1;
+    stop_now();
 }
 
 struct worker {
@@ -56,7 +68,7 @@ static void *serve_session(void *arg)
 {
     struct session_thread *th = arg;
     struct worker *w = th->w;
-    while (!stopping) {
+    while (!stopping()) {
         shmipc_stream *st;
         int rc = shmipc_session_accept_stream(th->s, POLL_MS, &st);
         if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN)
@@ -64,7 +76,7 @@ static void *serve_session(void *arg)
         if (rc < 0)
             break; /* the front's session ended */
         pthread_mutex_lock(&w->mu);
-        if (stopping) {
+        if (stopping()) {
             /* Past --max-requests, or stopping: not served. The front sees the stream end with
              * nothing sent and the session close, as for any worker that exits. */
             pthread_mutex_unlock(&w->mu);
@@ -77,7 +89,7 @@ static void *serve_session(void *arg)
         if (outcome != SHMIPC_SERVE_OUTCOME_LATE) {
             w->served++;
             if (w->max_requests && w->served >= w->max_requests)
-                stopping = 1;
+                stop_now();
         }
         pthread_mutex_unlock(&w->mu);
     }
@@ -217,7 +229,7 @@ int main(int argc, char **argv)
          * so a parent that died before it is seen here rather than missed. */
         prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
         if ((unsigned long long)getppid() != parent)
-            stopping = 1;
+            stop_now();
     }
     shmipc_listener *l;
     if ((rc = shmipc_listener_new(address, NULL, &l)) < 0) {
@@ -229,13 +241,13 @@ int main(int argc, char **argv)
     printf("shmipc-serve worker %ld ready on %s\n", (long)getpid(), address);
     fflush(stdout);
     struct session_thread *threads = NULL;
-    while (!stopping) {
+    while (!stopping()) {
         shmipc_session *s;
         rc = shmipc_listener_accept(l, POLL_MS, &s);
         if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN)
             continue;
         if (rc < 0) {
-            if (!stopping)
+            if (!stopping())
                 fprintf(stderr, "shmipc-serve worker: accept: %s\n", shmipc_errname(rc));
             continue;
         }
