@@ -20,6 +20,15 @@ sf = pytest.importorskip("shmipc._serve")
 from test_serve_worker import Front, frame, head  # noqa: E402
 
 WORKER = os.path.join(BUILD, "serve", "shmipc-serve-worker")
+
+
+def connect_front(address):
+    """A Front whose handshake may take 10 s: under TSan on a loaded machine the worker's
+    handshake thread once overran the default (the worker had printed its ready line)."""
+    f = Front.__new__(Front)
+    f.session_address = address
+    f.session = shmipc.connect(address, shmipc.Config(read_timeout=10, initialize_timeout=10))
+    return f
 C_LIB = os.path.join(BUILD, "examples", "c", "libserve_hello.so")
 LUA_DIR = os.path.join(ROOT, "examples", "lua")
 
@@ -52,7 +61,7 @@ class Proc:
         self.err = []
         self.t = threading.Thread(target=lambda: self.err.extend(self.p.stderr), daemon=True)
         self.t.start()
-        self.front = Front(self.address)
+        self.front = connect_front(self.address)
 
     def finish(self, timeout=10):
         try:
@@ -245,7 +254,7 @@ def test_front_session_gone_mid_request(worker):
     st, _ = w.front.open(b"POST", b"/echo", chunks=[])
     w.front.send_body(st, [b"abc"], end=False)
     w.front.session.close()
-    w.front.session = shmipc.connect(w.address, shmipc.Config(read_timeout=10))
+    w.front = connect_front(w.address)
     assert w.front.request(b"GET", b"/")[0] == 200
 
 
@@ -320,7 +329,7 @@ end
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "ready on" in p.stdout.readline()
-        front = Front(addr)
+        front = connect_front(addr)
         assert front.request(b"GET", b"/keep")[4] == b"kept"
         body = front.request(b"GET", b"/use")[4]
         assert body.startswith(b"false false ") and b"this request is over" in body
@@ -354,7 +363,7 @@ def test_lua_hostile_returns(tmp_path, ret, what):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "ready on" in p.stdout.readline()
-        front = Front(addr)
+        front = connect_front(addr)
         status, _, _, _, body, last, arg = front.request(b"GET", b"/")
         if what == "abort":
             assert (last, arg) == (sf.ABORT, sf.ABORT_WORKER_ERROR)
