@@ -4,7 +4,15 @@
  * workers and 2 reactor threads with unique bodies, keep-alive and pipelining order, and every
  * failure of docs/serve.md's table: 502 (session died, stream ended, bad frame, too large),
  * 503 with Retry-After, 504 with ABORT TIMEOUT, ABORT CLIENT_GONE, a worker that stops
- * reading, the front closed with requests in flight, and set_workers under load. */
+ * reading, the front closed with requests in flight, and set_workers under load.
+ *
+ * Every case keeps its workers, front and client threads in heap state (struct tc) that a
+ * cmocka teardown stops and joins, also when an assertion fails mid-case: no thread outlives
+ * the memory it runs on. Threads other than the case's own never assert (a cmocka failure off
+ * the test's thread longjmps across threads); they count what went wrong and the teardown
+ * fails the case. Waits are on events (a condition variable every counter bump signals, latches
+ * the test opens); the only timed limits are generous caps on those waits and the deadlines
+ * under test, never a race between a sleep and the work. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -52,17 +60,57 @@ static void sleep_ms(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
+/* The cap on any wait for an event: long, so that a loaded machine under a sanitizer never
+ * overruns it; a passing run never waits it out. */
+#define WAIT_MS 30000
+
+/* Every counter a case waits on is bumped with bump(), which wakes the waiters. */
+static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ev_cv = PTHREAD_COND_INITIALIZER;
+
+static void bump(atomic_int *v)
+{
+    atomic_fetch_add(v, 1);
+    pthread_mutex_lock(&ev_mu);
+    pthread_cond_broadcast(&ev_cv);
+    pthread_mutex_unlock(&ev_mu);
+}
+
+/* Waits on cv (a CLOCK_REALTIME condition variable) for at most `ms`. */
+static void cv_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, unsigned ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+static int wait_for(atomic_int *v, int want, unsigned ms)
+{
+    uint64_t end = mono_ms() + ms;
+    pthread_mutex_lock(&ev_mu);
+    while (atomic_load(v) < want && mono_ms() < end)
+        cv_wait_ms(&ev_cv, &ev_mu, 50);
+    pthread_mutex_unlock(&ev_mu);
+    return atomic_load(v) >= want;
+}
+
 /* ---- application workers: threads of this process ---- */
 
 enum mode {
     M_ECHO = 0, /* 200, body = target ":" body, X-Worker: name */
-    M_SLOW,     /* M_ECHO after slow_ms */
+    M_HOLD,     /* M_ECHO once the test opens the worker's hold latch */
     M_DIE,      /* reads the request, then every session of the worker ends */
     M_BAD,      /* answers a frame with a bad magic */
     M_HUGE,     /* a body of 1 MiB in 64 KiB frames, no Content-Length */
     M_MID_END,  /* RESPONSE_HEAD, then closes its stream */
     M_HANG,     /* never answers; waits for the front's ABORT */
-    M_STALL,    /* never reads the stream at all until told to go on */
+    M_STALL,    /* never reads the stream at all until the test opens release_stall */
 };
 
 struct appw {
@@ -70,16 +118,21 @@ struct appw {
     char addr[96];
     shmipc_listener *l;
     pthread_t acceptor;
+    int started;
     atomic_int stop;
     atomic_int mode;
-    atomic_int slow_ms;
+    /* latches, set under mu and signalled on cv */
+    atomic_int hold_open;
     atomic_int release_stall;
     atomic_int freeze;     /* session threads touch nothing (the queue to it stays full) */
+    int parked;            /* session threads waiting out a freeze (under mu) */
+    atomic_int bad;        /* what a worker thread found wrong (it cannot assert) */
     atomic_int requests;   /* request heads read */
     atomic_int aborts[8];  /* ABORT reasons the front sent */
     atomic_int concurrent; /* streams being served now */
     atomic_int max_concurrent;
     pthread_mutex_t mu;
+    pthread_cond_t cv;
     shmipc_session *sess[16];
     pthread_t sthreads[16];
     int nsess;
@@ -117,10 +170,10 @@ static int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serv
     return shmipc_serve_decode(*buf, *len, f) == (int64_t)*len ? 0 : SHMIPC_EPROTO;
 }
 
-/* Reads until the front's ABORT (counted) or the stream's end, up to 5 s. */
+/* Reads until the front's ABORT (counted) or the stream's end, up to WAIT_MS. */
 static void wait_abort(struct appw *w, shmipc_stream *st)
 {
-    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, 5000);
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, WAIT_MS);
     for (;;) {
         uint8_t *b;
         size_t n;
@@ -129,7 +182,7 @@ static void wait_abort(struct appw *w, shmipc_stream *st)
             return;
         free(b);
         if (f.type == SHMIPC_SERVE_ABORT) {
-            atomic_fetch_add(&w->aborts[f.arg & 7], 1);
+            bump(&w->aborts[f.arg & 7]);
             return;
         }
     }
@@ -149,7 +202,10 @@ static void send_frames(struct appw *w, shmipc_stream *st, int status, const cha
         r.content_length = len;
     }
     int64_t n = shmipc_serve_encode_response_head(head, sizeof head, &r, fields, 2);
-    assert_true(n > 0);
+    if (n <= 0) {
+        bump(&w->bad);
+        return;
+    }
     shmipc_stream_write(st, head, (size_t)n);
     if (len > 0 && !is_head) { /* HEAD: the length, no body */
         shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, len, 0);
@@ -171,6 +227,23 @@ static void kill_sessions(struct appw *w)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* Waits until *flag is set (under w->mu, signalled on w->cv) or the worker stops. */
+static void latch_wait(struct appw *w, atomic_int *flag)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!atomic_load(flag) && !atomic_load(&w->stop))
+        cv_wait_ms(&w->cv, &w->mu, 1000);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void latch_set(struct appw *w, atomic_int *flag, int v)
+{
+    pthread_mutex_lock(&w->mu);
+    atomic_store(flag, v);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
 static void serve_stream(struct appw *w, shmipc_stream *st)
 {
     uint8_t *buf = NULL, *out = NULL;
@@ -179,32 +252,33 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     shmipc_serve_frame f;
     uint8_t *body = malloc(1 << 20);
 
-    if (atomic_load(&w->mode) == M_STALL) {
-        while (!atomic_load(&w->release_stall) && !atomic_load(&w->stop))
-            sleep_ms(5);
-    }
-    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, 5000);
+    if (atomic_load(&w->mode) == M_STALL)
+        latch_wait(w, &w->release_stall);
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, WAIT_MS);
     if (read_frame(st, &buf, &n, &f) < 0)
         goto out;
     if (f.type == SHMIPC_SERVE_ABORT) /* a late ABORT for an exchange that ended here */
         goto out;
-    assert_int_equal(f.type, SHMIPC_SERVE_REQUEST_HEAD);
     shmipc_serve_request rq = {.size = sizeof rq};
-    assert_true(shmipc_serve_decode_request(buf, n, &rq) > 0);
+    if (f.type != SHMIPC_SERVE_REQUEST_HEAD || shmipc_serve_decode_request(buf, n, &rq) <= 0) {
+        bump(&w->bad);
+        goto out;
+    }
     int is_head = rq.method_len == 4 && memcmp(rq.method, "HEAD", 4) == 0;
     tlen = rq.target_len < sizeof target ? rq.target_len : sizeof target - 1;
     memcpy(target, rq.target, tlen);
     free(buf);
     buf = NULL;
-    atomic_fetch_add(&w->requests, 1);
+    bump(&w->requests);
     for (;;) { /* the body, then END */
         if (read_frame(st, &buf, &n, &f) < 0)
             goto out;
         if (f.type == SHMIPC_SERVE_END)
             break;
-        assert_int_equal(f.type, SHMIPC_SERVE_BODY);
-        if (blen + f.length > (1u << 20))
+        if (f.type != SHMIPC_SERVE_BODY || blen + f.length > (1u << 20)) {
+            bump(&w->bad);
             goto out;
+        }
         memcpy(body + blen, f.payload, f.length);
         blen += f.length;
         free(buf);
@@ -223,8 +297,8 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         goto out;
     }
     switch (tlen >= 5 && memcmp(target, "/hang", 5) == 0 ? M_HANG : atomic_load(&w->mode)) {
-    case M_SLOW:
-        sleep_ms((unsigned)atomic_load(&w->slow_ms));
+    case M_HOLD:
+        latch_wait(w, &w->hold_open);
         /* fall through */
     case M_ECHO:
         out = malloc(tlen + 1 + blen);
@@ -287,7 +361,13 @@ static void *session_main(void *arg)
     while (!atomic_load(&a->w->stop)) {
         shmipc_stream *st;
         if (atomic_load(&a->w->freeze)) {
-            sleep_ms(2);
+            pthread_mutex_lock(&a->w->mu);
+            a->w->parked++;
+            pthread_cond_broadcast(&a->w->cv);
+            while (atomic_load(&a->w->freeze) && !atomic_load(&a->w->stop))
+                cv_wait_ms(&a->w->cv, &a->w->mu, 1000);
+            a->w->parked--;
+            pthread_mutex_unlock(&a->w->mu);
             continue;
         }
         int rc = shmipc_session_accept_stream(a->s, 50, &st);
@@ -339,16 +419,21 @@ static void appw_start(struct appw *w, const char *name, const char *addr)
             snprintf(w->addr, sizeof w->addr, "unix:@shmipc-front-test-%d-%d", (int)getpid(),
                      appw_seq++);
         pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, NULL);
     }
     atomic_store(&w->stop, 0);
     CHECK(shmipc_listener_new(w->addr, NULL, &w->l));
-    pthread_create(&w->acceptor, NULL, acceptor_main, w);
+    assert_int_equal(pthread_create(&w->acceptor, NULL, acceptor_main, w), 0);
+    w->started = 1;
 }
 
 /* Stops it as a process exit would: every session ends, the listener goes. */
 static void appw_stop(struct appw *w)
 {
-    atomic_store(&w->stop, 1);
+    if (!w->started)
+        return;
+    w->started = 0;
+    latch_set(w, &w->stop, 1); /* wakes latches and frozen session threads */
     pthread_join(w->acceptor, NULL);
     kill_sessions(w);
     for (int i = 0; i < w->nsess; i++) {
@@ -405,32 +490,55 @@ static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned thread
 
 static void fx_stop(struct fx *x)
 {
-    shmipc_server_close(x->srv);
+    if (x->srv != NULL)
+        shmipc_server_close(x->srv);
+    x->srv = NULL;
     shmipc__front_free(x->f);
+    x->f = NULL;
 }
 
 /* ---- an HTTP client ---- */
 
+/* -1 on failure: client threads call it too, and they must not assert. */
+static int tcp_connect_try(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct timeval tv = {WAIT_MS / 1000, 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0)
+        return -1;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static int tcp_connect(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    struct timeval tv = {10, 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = tcp_connect_try(port);
     assert_true(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     return fd;
+}
+
+/* 0, or -1 when the connection failed (client threads, which must not assert). */
+static int send_all_try(int fd, const void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return -1;
+        p = (const char *)p + k;
+        n -= (size_t)k;
+    }
+    return 0;
 }
 
 static void send_all(int fd, const void *p, size_t n)
 {
-    while (n > 0) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        assert_true(k > 0);
-        p = (const char *)p + k;
-        n -= (size_t)k;
-    }
+    assert_int_equal(send_all_try(fd, p, n), 0);
 }
 
 /* A reader that keeps what it read past a response for the next one. */
@@ -465,7 +573,8 @@ static void read_resp_x(struct rd *r, struct resp *p, int head)
         r->len += (size_t)k;
     }
     size_t hl = (size_t)(end - r->buf) + 4;
-    assert_true(hl < sizeof p->head);
+    if (hl >= sizeof p->head)
+        return; /* status -1: no assertion, client threads read too */
     memcpy(p->head, r->buf, hl);
     p->head[hl] = '\0';
     p->status = atoi(r->buf + 9);
@@ -498,6 +607,14 @@ static void rd_open(struct rd *r, int port)
     r->len = 0;
 }
 
+/* For client threads: 0, or -1 when the connect failed. */
+static int rd_open_try(struct rd *r, int port)
+{
+    r->fd = tcp_connect_try(port);
+    r->len = 0;
+    return r->fd >= 0 ? 0 : -1;
+}
+
 /* One request on a new connection. */
 static int request(int port, const char *method, const char *target, const char *body,
                    struct resp *p)
@@ -521,19 +638,11 @@ static void resp_free(struct resp *p)
     p->body = NULL;
 }
 
-static int wait_for(atomic_int *v, int want, unsigned ms)
-{
-    uint64_t end = mono_ms() + ms;
-    while (atomic_load(v) < want && mono_ms() < end)
-        sleep_ms(2);
-    return atomic_load(v) >= want;
-}
-
-/* Waits until `n` sessions to the worker are up (state UP), up to 5 s. */
+/* Waits until `n` sessions to the worker are up (state UP), up to WAIT_MS. */
 static int wait_sessions(struct fx *x, const char *addr, unsigned n)
 {
     static struct shmipc__front_stats st;
-    uint64_t end = mono_ms() + 5000;
+    uint64_t end = mono_ms() + WAIT_MS;
     while (mono_ms() < end) {
         CHECK(shmipc__front_stats(x->f, &st));
         for (unsigned i = 0; i < st.nworkers; i++)
@@ -544,33 +653,144 @@ static int wait_sessions(struct fx *x, const char *addr, unsigned n)
     return 0;
 }
 
+struct xt {
+    int port;
+    int id;
+    int n;
+    atomic_int *mismatches;
+    atomic_int *ok;
+    atomic_int *stop; /* the teardown's */
+};
+
+struct bg {
+    int port;
+    const char *target;
+    struct resp p;
+    pthread_t th;
+    int running; /* started, not joined */
+};
+
+struct load {
+    int port;
+    atomic_int stop;
+    atomic_int bad, ok, after_c, after_old;
+    atomic_int switched;
+};
+
+/* One case's state, on the heap: the teardown stops and joins all of it, also after a failed
+ * assertion longjmped out of the case. */
+struct tc {
+    struct appw w[3];
+    struct fx x;
+    struct bg bg[3];
+    struct xt xt[8];
+    struct load load;
+    pthread_t th[8]; /* client threads (xtalk_client, load_main) */
+    int nth;
+    atomic_int stop_clients;
+    atomic_int mism, ok;
+};
+
+static int tc_setup(void **state)
+{
+    struct tc *t = calloc(1, sizeof *t);
+    *state = t;
+    return t != NULL ? 0 : -1;
+}
+
+static void bg_join(struct bg *b)
+{
+    if (!b->running)
+        return;
+    b->running = 0;
+    pthread_join(b->th, NULL);
+}
+
+static int tc_teardown(void **state)
+{
+    struct tc *t = *state;
+    int bad = 0;
+    atomic_store(&t->stop_clients, 1);
+    atomic_store(&t->load.stop, 1);
+    for (int i = 0; i < 3; i++) {
+        if (!t->w[i].started)
+            continue;
+        latch_set(&t->w[i], &t->w[i].hold_open, 1);
+        latch_set(&t->w[i], &t->w[i].release_stall, 1);
+        latch_set(&t->w[i], &t->w[i].freeze, 0);
+    }
+    fx_stop(&t->x); /* closes every client connection: client threads end */
+    for (int i = 0; i < 3; i++) {
+        bg_join(&t->bg[i]);
+        resp_free(&t->bg[i].p);
+    }
+    for (int i = 0; i < t->nth; i++)
+        pthread_join(t->th[i], NULL);
+    for (int i = 0; i < 3; i++) {
+        appw_stop(&t->w[i]);
+        bad += atomic_load(&t->w[i].bad);
+    }
+    free(t);
+    if (bad != 0) {
+        print_error("the application workers saw %d unexpected frames\n", bad);
+        return -1;
+    }
+    return 0;
+}
+
+/* Waits until `n` requests wait in the front's queue (the front has no event for it: polled),
+ * up to WAIT_MS. */
+static int wait_parked(struct appw *w)
+{
+    uint64_t end = mono_ms() + WAIT_MS;
+    pthread_mutex_lock(&w->mu);
+    while ((w->nsess == 0 || w->parked < w->nsess) && mono_ms() < end)
+        cv_wait_ms(&w->cv, &w->mu, 50);
+    int ok = w->nsess > 0 && w->parked == w->nsess;
+    pthread_mutex_unlock(&w->mu);
+    return ok;
+}
+
+static int wait_queued(struct fx *x, unsigned n)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.queued >= n)
+            return st.queued == n;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    return 0;
+}
+
 /* ---- tests ---- */
 
 /* A GET and a POST: the worker's status, fields and body reach the client. */
 static void basic(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     struct resp p;
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    fx_start(&x, ws, 1, 1, NULL);
-    print_message("backend: %s\n", shmipc_server_backend(x.srv));
-    assert_int_equal(request(x.port, "GET", "/hello?x=1", NULL, &p), 200);
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    print_message("backend: %s\n", shmipc_server_backend(x->srv));
+    assert_int_equal(request(x->port, "GET", "/hello?x=1", NULL, &p), 200);
     assert_string_equal(p.body, "/hello?x=1:");
     assert_non_null(strcasestr(p.head, "\r\nX-Worker: w0\r\n"));
     assert_non_null(strcasestr(p.head, "\r\nContent-Type: text/plain\r\n"));
     resp_free(&p);
-    assert_int_equal(request(x.port, "POST", "/p", "some body", &p), 200);
+    assert_int_equal(request(x->port, "POST", "/p", "some body", &p), 200);
     assert_string_equal(p.body, "/p:some body");
     resp_free(&p);
-    assert_int_equal(request(x.port, "GET", "/static", NULL, &p), 200);
+    assert_int_equal(request(x->port, "GET", "/static", NULL, &p), 200);
     assert_string_equal(p.body, "static");
     resp_free(&p);
     /* HEAD: the worker says Content-Length and sends no body; not a 502 */
     struct rd *r = malloc(sizeof *r);
-    rd_open(r, x.port);
+    rd_open(r, x->port);
     const char *two = "HEAD /h HTTP/1.1\r\nHost: t\r\n\r\nGET /g HTTP/1.1\r\nHost: t\r\n\r\n";
     send_all(r->fd, two, strlen(two));
     read_resp_x(r, &p, 1);
@@ -584,29 +804,29 @@ static void basic(void **state)
     close(r->fd);
     free(r);
     static struct shmipc__front_stats st;
-    CHECK(shmipc__front_stats(x.f, &st));
+    CHECK(shmipc__front_stats(x->f, &st));
     assert_int_equal(st.nworkers, 1);
     assert_int_equal(st.w[0].served, 4);
     assert_int_equal(st.w[0].state, SHMIPC__FRONT_WORKER_UP);
-    fx_stop(&x);
-    appw_stop(&w);
+    fx_stop(x);
+    appw_stop(w);
 }
 
 /* A request the server accepts but the protocol cannot carry: 414 for a target over 16384
  * bytes, 431 for a head over 65536 bytes; the worker never sees them. */
 static void too_large_for_protocol(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     struct resp p;
     struct rd *r = malloc(sizeof *r);
     size_t cap = 100000, n;
     char *req = malloc(cap);
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    fx_start(&x, ws, 1, 1, NULL);
-    rd_open(r, x.port);
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    rd_open(r, x->port);
     n = (size_t)snprintf(req, cap, "GET /");
     memset(req + n, 'a', 20000);
     n += 20000;
@@ -630,24 +850,24 @@ static void too_large_for_protocol(void **state)
     close(r->fd);
     free(r);
     free(req);
-    assert_int_equal(atomic_load(&w.requests), 0);
-    fx_stop(&x);
-    appw_stop(&w);
+    assert_int_equal(atomic_load(&w->requests), 0);
+    fx_stop(x);
+    appw_stop(w);
 }
 
 /* Keep-alive and pipelining: five requests in one write come back in order. */
 static void pipelining(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     char req[2048];
     size_t n = 0;
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    fx_start(&x, ws, 1, 1, NULL);
-    rd_open(r, x.port);
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    rd_open(r, x->port);
     for (int i = 0; i < 5; i++)
         n += (size_t)snprintf(req + n, sizeof req - n,
                               "POST /pipe/%d HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nb%d",
@@ -671,24 +891,20 @@ static void pipelining(void **state)
     resp_free(&p);
     close(r->fd);
     free(r);
-    fx_stop(&x);
-    appw_stop(&w);
+    fx_stop(x);
+    appw_stop(w);
 }
-
-struct xt {
-    int port;
-    int id;
-    int n;
-    atomic_int *mismatches;
-    atomic_int *ok;
-};
 
 static void *xtalk_client(void *arg)
 {
     struct xt *a = arg;
     struct rd *r = malloc(sizeof *r);
-    rd_open(r, a->port);
-    for (int i = 0; i < a->n; i++) {
+    if (rd_open_try(r, a->port) < 0) {
+        atomic_fetch_add(a->mismatches, a->n);
+        free(r);
+        return NULL;
+    }
+    for (int i = 0; i < a->n && !atomic_load(a->stop); i++) {
         char req[512], body[128], want[256];
         struct resp p;
         int bl = snprintf(body, sizeof body, "client %d request %d %08x", a->id, i,
@@ -696,8 +912,10 @@ static void *xtalk_client(void *arg)
         int n = snprintf(req, sizeof req,
                          "POST /x/%d/%d HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s", a->id,
                          i, bl, body);
-        send_all(r->fd, req, (size_t)n);
-        read_resp(r, &p);
+        if (send_all_try(r->fd, req, (size_t)n) < 0)
+            p = (struct resp){.status = -1};
+        else
+            read_resp(r, &p);
         snprintf(want, sizeof want, "/x/%d/%d:%s", a->id, i, body);
         if (p.status != 200 || p.body == NULL || strcmp(p.body, want) != 0)
             atomic_fetch_add(a->mismatches, 1);
@@ -706,7 +924,8 @@ static void *xtalk_client(void *arg)
         resp_free(&p);
         if (p.status < 0) { /* the connection ended: a new one */
             close(r->fd);
-            rd_open(r, a->port);
+            if (rd_open_try(r, a->port) < 0)
+                break;
         }
     }
     close(r->fd);
@@ -718,39 +937,31 @@ static void *xtalk_client(void *arg)
  * worker ever serving two requests at once, both workers used. */
 static void cross_talk(void **state)
 {
-    struct appw w0, w1;
-    struct appw *ws[] = {&w0, &w1};
-    struct fx x;
-    pthread_t th[8];
-    struct xt a[8];
-    atomic_int mism = 0, ok = 0;
-    (void)state;
-    appw_start(&w0, "w0", NULL);
-    appw_start(&w1, "w1", NULL);
-    fx_start(&x, ws, 2, 2, NULL);
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    fx_start(x, ws, 2, 2, NULL);
     for (int i = 0; i < 8; i++) {
-        a[i] = (struct xt){x.port, i, 70, &mism, &ok};
-        pthread_create(&th[i], NULL, xtalk_client, &a[i]);
+        t->xt[i] = (struct xt){x->port, i, 70, &t->mism, &t->ok, &t->stop_clients};
+        assert_int_equal(pthread_create(&t->th[i], NULL, xtalk_client, &t->xt[i]), 0);
+        t->nth++;
     }
-    for (int i = 0; i < 8; i++)
-        pthread_join(th[i], NULL);
-    assert_int_equal(atomic_load(&mism), 0);
-    assert_int_equal(atomic_load(&ok), 560);
-    assert_int_equal(atomic_load(&w0.max_concurrent), 1);
-    assert_int_equal(atomic_load(&w1.max_concurrent), 1);
-    assert_true(atomic_load(&w0.requests) > 0 && atomic_load(&w1.requests) > 0);
-    assert_int_equal(atomic_load(&w0.requests) + atomic_load(&w1.requests), 560);
-    fx_stop(&x);
-    appw_stop(&w0);
-    appw_stop(&w1);
+    for (; t->nth > 0; t->nth--)
+        pthread_join(t->th[t->nth - 1], NULL);
+    assert_int_equal(atomic_load(&t->mism), 0);
+    assert_int_equal(atomic_load(&t->ok), 560);
+    assert_int_equal(atomic_load(&w0->max_concurrent), 1);
+    assert_int_equal(atomic_load(&w1->max_concurrent), 1);
+    assert_true(atomic_load(&w0->requests) > 0 && atomic_load(&w1->requests) > 0);
+    assert_int_equal(atomic_load(&w0->requests) + atomic_load(&w1->requests), 560);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
 }
-
-struct bg {
-    int port;
-    const char *target;
-    struct resp p;
-    pthread_t th;
-};
 
 /*
  * A GET on a thread of its own: no cmocka assertion here (one off the test's thread ends the
@@ -760,12 +971,14 @@ static void *bg_main(void *arg)
 {
     struct bg *b = arg;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)b->port)};
-    struct timeval tv = {10, 0};
+    struct timeval tv = {WAIT_MS / 1000, 0};
     char req[256], buf[4096];
     size_t len = 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     b->p.status = -2;
     b->p.body = NULL;
+    if (fd < 0)
+        return NULL;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
@@ -803,152 +1016,153 @@ static void bg_start(struct bg *b, int port, const char *target)
 {
     b->port = port;
     b->target = target;
-    pthread_create(&b->th, NULL, bg_main, b);
+    assert_int_equal(pthread_create(&b->th, NULL, bg_main, b), 0);
+    b->running = 1;
 }
 
-/* No worker free and the queue (1) full: 503 with Retry-After: 1; the queued one is served. */
+/* No worker free (held by a latch the test opens) and the queue (1) full: 503 with
+ * Retry-After: 1; the one being served and the queued one are answered once it opens. */
 static void queue_full_503(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     struct shmipc__front_opts o = {.queue_max = 1};
-    struct bg b1, b2;
+    struct bg *b1 = &t->bg[0];
+    struct bg *b2 = &t->bg[1];
     struct resp p;
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    atomic_store(&w.mode, M_SLOW);
-    atomic_store(&w.slow_ms, 400);
-    fx_start(&x, ws, 1, 1, &o);
-    bg_start(&b1, x.port, "/first");
-    assert_true(wait_for(&w.requests, 1, 5000)); /* the worker has the first */
-    bg_start(&b2, x.port, "/second");
-    static struct shmipc__front_stats st;
-    uint64_t end = mono_ms() + 5000;
-    do { /* the second waits in the queue */
-        CHECK(shmipc__front_stats(x.f, &st));
-    } while (st.queued < 1 && mono_ms() < end);
-    assert_int_equal(st.queued, 1);
-    assert_int_equal(request(x.port, "GET", "/third", NULL, &p), 503);
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->mode, M_HOLD);
+    fx_start(x, ws, 1, 1, &o);
+    bg_start(b1, x->port, "/first");
+    assert_true(wait_for(&w->requests, 1, WAIT_MS)); /* the worker has the first */
+    bg_start(b2, x->port, "/second");
+    assert_true(wait_queued(x, 1)); /* the second waits in the queue */
+    assert_int_equal(request(x->port, "GET", "/third", NULL, &p), 503);
     assert_non_null(strcasestr(p.head, "\r\nRetry-After: 1\r\n"));
     resp_free(&p);
-    pthread_join(b1.th, NULL);
-    pthread_join(b2.th, NULL);
-    assert_int_equal(b1.p.status, 200);
-    assert_string_equal(b1.p.body, "/first:");
-    assert_int_equal(b2.p.status, 200);
-    assert_string_equal(b2.p.body, "/second:");
-    resp_free(&b1.p);
-    resp_free(&b2.p);
-    CHECK(shmipc__front_stats(x.f, &st));
+    assert_int_equal(atomic_load(&w->requests), 1); /* still held: the 503 came meanwhile */
+    latch_set(w, &w->hold_open, 1);
+    bg_join(b1);
+    bg_join(b2);
+    assert_int_equal(b1->p.status, 200);
+    assert_string_equal(b1->p.body, "/first:");
+    assert_int_equal(b2->p.status, 200);
+    assert_string_equal(b2->p.body, "/second:");
+    resp_free(&b1->p);
+    resp_free(&b2->p);
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x->f, &st));
     assert_int_equal(st.rejected, 1);
     assert_int_equal(st.queued, 0);
-    fx_stop(&x);
-    appw_stop(&w);
+    fx_stop(x);
+    appw_stop(w);
 }
 
 /* The deadline: 504, the worker gets ABORT TIMEOUT, and is free for the next request. */
 static void deadline_504(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     struct shmipc__front_opts o = {.deadline_ms = 200};
     struct resp p;
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    atomic_store(&w.mode, M_HANG);
-    fx_start(&x, ws, 1, 1, &o);
-    assert_int_equal(request(x.port, "GET", "/slow", NULL, &p), 504);
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->mode, M_HANG);
+    fx_start(x, ws, 1, 1, &o);
+    assert_int_equal(request(x->port, "GET", "/slow", NULL, &p), 504);
     resp_free(&p);
-    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, 5000));
-    atomic_store(&w.mode, M_ECHO);
-    assert_int_equal(request(x.port, "GET", "/next", NULL, &p), 200);
+    assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, WAIT_MS));
+    atomic_store(&w->mode, M_ECHO);
+    assert_int_equal(request(x->port, "GET", "/next", NULL, &p), 200);
     assert_string_equal(p.body, "/next:");
     resp_free(&p);
     static struct shmipc__front_stats st;
-    CHECK(shmipc__front_stats(x.f, &st));
+    CHECK(shmipc__front_stats(x->f, &st));
     assert_int_equal(st.timeouts, 1);
-    fx_stop(&x);
-    appw_stop(&w);
+    fx_stop(x);
+    appw_stop(w);
 }
 
 /* The client leaves while its request is with the worker: ABORT CLIENT_GONE; the worker is
  * free again once its stream ended. */
 static void client_gone_abort(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     struct resp p;
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    atomic_store(&w.mode, M_HANG);
-    fx_start(&x, ws, 1, 1, NULL);
-    int fd = tcp_connect(x.port);
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->mode, M_HANG);
+    fx_start(x, ws, 1, 1, NULL);
+    int fd = tcp_connect(x->port);
     send_all(fd, "GET /gone HTTP/1.1\r\nHost: t\r\n\r\n", 31);
-    assert_true(wait_for(&w.requests, 1, 5000));
+    assert_true(wait_for(&w->requests, 1, WAIT_MS));
     struct linger lg = {1, 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     close(fd); /* a reset */
-    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], 1, 5000));
-    atomic_store(&w.mode, M_ECHO);
-    assert_int_equal(request(x.port, "GET", "/after", NULL, &p), 200);
+    assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], 1, WAIT_MS));
+    atomic_store(&w->mode, M_ECHO);
+    assert_int_equal(request(x->port, "GET", "/after", NULL, &p), 200);
     assert_string_equal(p.body, "/after:");
     resp_free(&p);
     /* and a FIN rather than a reset */
-    atomic_store(&w.mode, M_HANG);
-    fd = tcp_connect(x.port);
+    atomic_store(&w->mode, M_HANG);
+    fd = tcp_connect(x->port);
     send_all(fd, "GET /gone2 HTTP/1.1\r\nHost: t\r\n\r\n", 32);
-    assert_true(wait_for(&w.requests, 3, 5000));
+    assert_true(wait_for(&w->requests, 3, WAIT_MS));
     shutdown(fd, SHUT_WR);
-    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], 2, 5000));
+    assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], 2, WAIT_MS));
     close(fd);
-    fx_stop(&x);
-    appw_stop(&w);
+    fx_stop(x);
+    appw_stop(w);
 }
 
 /* A worker dies mid-request: 502 for that request only, the other worker serves on, and the
  * dead one's sessions come back when it does. */
 static void worker_died_502(void **state)
 {
-    struct appw w0, w1;
-    struct appw *ws[] = {&w0, &w1};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
     struct resp p;
     int n200 = 0;
-    (void)state;
-    appw_start(&w0, "w0", NULL);
-    appw_start(&w1, "w1", NULL);
-    atomic_store(&w0.mode, M_DIE);
-    fx_start(&x, ws, 2, 1, NULL);
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    atomic_store(&w0->mode, M_DIE);
+    fx_start(x, ws, 2, 1, NULL);
     /* one reactor thread claims round robin from w0: the first request dies with it */
-    assert_int_equal(request(x.port, "GET", "/d", NULL, &p), 502);
+    assert_int_equal(request(x->port, "GET", "/d", NULL, &p), 502);
     resp_free(&p);
-    appw_stop(&w0); /* the process is gone: its listener too */
+    appw_stop(w0); /* the process is gone: its listener too */
     for (int i = 0; i < 6; i++) {
-        int s = request(x.port, "GET", "/d", NULL, &p);
+        int s = request(x->port, "GET", "/d", NULL, &p);
         n200 += s == 200 && strcmp(p.body, "/d:") == 0 && strcasestr(p.head, "X-Worker: w1");
         resp_free(&p);
     }
     assert_int_equal(n200, 6);
     /* w0 comes back (a new process on the same address) */
-    atomic_store(&w0.mode, M_ECHO);
-    appw_start(&w0, NULL, NULL);
-    assert_true(wait_sessions(&x, w0.addr, 1));
+    atomic_store(&w0->mode, M_ECHO);
+    appw_start(w0, NULL, NULL);
+    assert_true(wait_sessions(x, w0->addr, 1));
     int seen0 = 0;
     for (int i = 0; i < 6; i++) {
-        assert_int_equal(request(x.port, "GET", "/e", NULL, &p), 200);
+        assert_int_equal(request(x->port, "GET", "/e", NULL, &p), 200);
         seen0 += strcasestr(p.head, "X-Worker: w0") != NULL;
         resp_free(&p);
     }
     assert_true(seen0 > 0);
     static struct shmipc__front_stats st;
-    CHECK(shmipc__front_stats(x.f, &st));
+    CHECK(shmipc__front_stats(x->f, &st));
     assert_int_equal(st.w[0].failures, 1);
-    fx_stop(&x);
-    appw_stop(&w0);
-    appw_stop(&w1);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
 }
 
 /* A worker stops and restarts between requests, five times: every request is answered 200
@@ -957,63 +1171,64 @@ static void worker_died_502(void **state)
  * (then the request goes back to the queue's head, not 502), is not forced here. */
 static void worker_restarts_between_requests(void **state)
 {
-    struct appw w0, w1;
-    struct appw *ws[] = {&w0, &w1};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
     struct resp p;
-    (void)state;
-    appw_start(&w0, "w0", NULL);
-    appw_start(&w1, "w1", NULL);
-    fx_start(&x, ws, 2, 1, NULL);
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    fx_start(x, ws, 2, 1, NULL);
     for (int round = 0; round < 5; round++) {
         /* w0 dies between requests, and the next request comes at once */
-        appw_stop(&w0);
+        appw_stop(w0);
         for (int i = 0; i < 2; i++) {
-            assert_int_equal(request(x.port, "GET", "/r", NULL, &p), 200);
+            assert_int_equal(request(x->port, "GET", "/r", NULL, &p), 200);
             assert_string_equal(p.body, "/r:");
             resp_free(&p);
         }
-        appw_start(&w0, NULL, NULL);
-        assert_true(wait_sessions(&x, w0.addr, 1));
+        appw_start(w0, NULL, NULL);
+        assert_true(wait_sessions(x, w0->addr, 1));
     }
-    fx_stop(&x);
-    appw_stop(&w0);
-    appw_stop(&w1);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
 }
 
 /* A bad frame: 502 and ABORT PROTOCOL. A stream ended mid-response: 502. A response over
  * max_response: 502 and ABORT TOO_LARGE. The session stays up through all three. */
 static void bad_frames_502(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     struct shmipc__front_opts o = {.max_response = 256 * 1024};
     struct resp p;
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    fx_start(&x, ws, 1, 1, &o);
-    atomic_store(&w.mode, M_BAD);
-    assert_int_equal(request(x.port, "GET", "/bad", NULL, &p), 502);
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, &o);
+    atomic_store(&w->mode, M_BAD);
+    assert_int_equal(request(x->port, "GET", "/bad", NULL, &p), 502);
     resp_free(&p);
-    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_PROTOCOL], 1, 5000));
-    atomic_store(&w.mode, M_MID_END);
-    assert_int_equal(request(x.port, "GET", "/mid", NULL, &p), 502);
+    assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_PROTOCOL], 1, WAIT_MS));
+    atomic_store(&w->mode, M_MID_END);
+    assert_int_equal(request(x->port, "GET", "/mid", NULL, &p), 502);
     resp_free(&p);
-    atomic_store(&w.mode, M_HUGE);
-    assert_int_equal(request(x.port, "GET", "/huge", NULL, &p), 502);
+    atomic_store(&w->mode, M_HUGE);
+    assert_int_equal(request(x->port, "GET", "/huge", NULL, &p), 502);
     resp_free(&p);
-    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_TOO_LARGE], 1, 5000));
-    atomic_store(&w.mode, M_ECHO);
-    assert_int_equal(request(x.port, "GET", "/fine", NULL, &p), 200);
+    assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_TOO_LARGE], 1, WAIT_MS));
+    atomic_store(&w->mode, M_ECHO);
+    assert_int_equal(request(x->port, "GET", "/fine", NULL, &p), 200);
     assert_string_equal(p.body, "/fine:");
     resp_free(&p);
     static struct shmipc__front_stats st;
-    CHECK(shmipc__front_stats(x.f, &st));
+    CHECK(shmipc__front_stats(x->f, &st));
     assert_int_equal(st.w[0].failures, 3);
     assert_int_equal(st.w[0].sessions, 1);
-    fx_stop(&x);
-    appw_stop(&w);
+    fx_stop(x);
+    appw_stop(w);
 }
 
 /* A worker that sends a bad frame and closes its stream at once: 502, and the worker is free
@@ -1021,64 +1236,63 @@ static void bad_frames_502(void **state)
  * next request's deadline, 2 s, would answer it 504 then). */
 static void bad_frame_then_close_frees_worker(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     struct shmipc__front_opts o = {.deadline_ms = 2000};
     struct resp p;
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    fx_start(&x, ws, 1, 1, &o);
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, &o);
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(request(x.port, "GET", "/badclose", NULL, &p), 502);
+        assert_int_equal(request(x->port, "GET", "/badclose", NULL, &p), 502);
         resp_free(&p);
-        assert_int_equal(request(x.port, "GET", "/next", NULL, &p), 200);
+        assert_int_equal(request(x->port, "GET", "/next", NULL, &p), 200);
         assert_string_equal(p.body, "/next:");
         resp_free(&p);
     }
-    fx_stop(&x);
-    appw_stop(&w);
+    fx_stop(x);
+    appw_stop(w);
 }
 
-/* A worker that stops reading holds its request; the same reactor thread serves another
- * connection meanwhile (no stall), and the stalled request ends in 504. */
+/* A worker that stops reading (until the test lets it go on) holds its request; the same
+ * reactor thread serves other connections meanwhile (no stall: they are answered while the
+ * worker still reads nothing), and the stalled request ends in 504, also before the worker
+ * reads again. */
 static void stalled_worker_no_stall(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     struct shmipc__front_opts o = {.deadline_ms = 3000};
     struct resp p;
     static char big[600000];
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    atomic_store(&w.mode, M_STALL);
-    fx_start(&x, ws, 1, 1, &o);
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->mode, M_STALL);
+    fx_start(x, ws, 1, 1, &o);
     struct rd *r = malloc(sizeof *r);
     char head[128];
     memset(big, 'a', sizeof big);
-    rd_open(r, x.port);
+    rd_open(r, x->port);
     int hn = snprintf(head, sizeof head,
                       "POST /big HTTP/1.1\r\nHost: t\r\nContent-Length: %zu\r\n\r\n", sizeof big);
     send_all(r->fd, head, (size_t)hn);
     send_all(r->fd, big, sizeof big);
-    sleep_ms(100);
     for (int i = 0; i < 5; i++) {
-        assert_int_equal(request(x.port, "GET", "/static", NULL, &p), 200);
+        assert_int_equal(request(x->port, "GET", "/static", NULL, &p), 200);
         resp_free(&p);
     }
-    /* Served while the big one waits, not after it: its 504 has not come yet. */
-    struct pollfd pf = {.fd = r->fd, .events = POLLIN};
-    assert_int_equal(poll(&pf, 1, 0), 0);
     read_resp(r, &p);
     assert_int_equal(p.status, 504);
     resp_free(&p);
     close(r->fd);
     free(r);
-    atomic_store(&w.release_stall, 1);
-    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, 5000));
-    fx_stop(&x);
-    appw_stop(&w);
+    assert_int_equal(atomic_load(&w->requests), 0); /* all of it while the worker stalled */
+    latch_set(w, &w->release_stall, 1);
+    assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, WAIT_MS));
+    fx_stop(x);
+    appw_stop(w);
 }
 
 /*
@@ -1089,72 +1303,64 @@ static void stalled_worker_no_stall(void **state)
  */
 static void full_queue_backpressure(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
     shmipc_config *ipc;
     struct resp p;
-    struct bg b2;
-    (void)state;
+    struct bg *b2 = &t->bg[0];
     CHECK(shmipc_config_new(&ipc));
     CHECK(shmipc_config_set_queue_capacity(ipc, 1));
     struct shmipc__front_opts o = {.deadline_ms = 400, .ipc = ipc};
-    appw_start(&w, "w0", NULL);
-    fx_start(&x, ws, 1, 1, &o);
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, &o);
     shmipc_config_free(ipc); /* the front keeps a copy */
-    assert_true(wait_sessions(&x, w.addr, 1));
-    atomic_store(&w.freeze, 1);
-    sleep_ms(100); /* the session thread is out of accept_stream */
-    assert_int_equal(request(x.port, "GET", "/hang-frozen", NULL, &p), 504);
+    assert_true(wait_sessions(x, w->addr, 1));
+    latch_set(w, &w->freeze, 1);
+    assert_true(wait_parked(w)); /* the session thread is out of accept_stream */
+    assert_int_equal(request(x->port, "GET", "/hang-frozen", NULL, &p), 504);
     resp_free(&p);
-    bg_start(&b2, x.port, "/behind");
+    bg_start(b2, x->port, "/behind");
+    assert_true(wait_queued(x, 1));
     static struct shmipc__front_stats st;
-    uint64_t end = mono_ms() + 5000;
-    do {
-        CHECK(shmipc__front_stats(x.f, &st));
-    } while (st.queued < 1 && mono_ms() < end);
-    assert_int_equal(st.queued, 1);
+    CHECK(shmipc__front_stats(x->f, &st));
     assert_int_equal(st.w[0].in_flight, 1); /* draining: busy until the worker ends it */
     for (int i = 0; i < 3; i++) {           /* the loop is not blocked on the full queue */
-        assert_int_equal(request(x.port, "GET", "/static", NULL, &p), 200);
+        assert_int_equal(request(x->port, "GET", "/static", NULL, &p), 200);
         resp_free(&p);
     }
-    assert_int_equal(atomic_load(&w.aborts[SHMIPC_SERVE_ABORT_TIMEOUT]), 0);
-    atomic_store(&w.freeze, 0);
-    assert_true(wait_for(&w.aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, 5000));
-    pthread_join(b2.th, NULL);
-    assert_int_equal(b2.p.status, 200);
-    assert_string_equal(b2.p.body, "/behind:");
-    resp_free(&b2.p);
-    fx_stop(&x);
-    appw_stop(&w);
+    assert_int_equal(atomic_load(&w->aborts[SHMIPC_SERVE_ABORT_TIMEOUT]), 0);
+    latch_set(w, &w->freeze, 0);
+    assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, WAIT_MS));
+    bg_join(b2);
+    assert_int_equal(b2->p.status, 200);
+    assert_string_equal(b2->p.body, "/behind:");
+    resp_free(&b2->p);
+    fx_stop(x);
+    appw_stop(w);
 }
 
-/* The server (and then the front) is freed while requests are in flight and queued. */
+/* The server (and then the front) is freed while requests are in flight (the worker held
+ * until the teardown) and queued. */
 static void close_in_flight(void **state)
 {
-    struct appw w;
-    struct appw *ws[] = {&w};
-    struct fx x;
-    struct bg b[3];
-    (void)state;
-    appw_start(&w, "w0", NULL);
-    atomic_store(&w.mode, M_SLOW);
-    atomic_store(&w.slow_ms, 300);
-    fx_start(&x, ws, 1, 2, NULL);
-    bg_start(&b[0], x.port, "/c0");
-    bg_start(&b[1], x.port, "/c1");
-    bg_start(&b[2], x.port, "/c2");
-    assert_true(wait_for(&w.requests, 1, 5000));
-    static struct shmipc__front_stats st;
-    uint64_t end = mono_ms() + 5000;
-    do { /* one with the worker, two waiting */
-        CHECK(shmipc__front_stats(x.f, &st));
-    } while (st.queued < 2 && mono_ms() < end);
-    assert_int_equal(st.queued, 2);
-    fx_stop(&x);
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct bg *b = t->bg;
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->mode, M_HOLD);
+    fx_start(x, ws, 1, 2, NULL);
+    bg_start(&b[0], x->port, "/c0");
+    bg_start(&b[1], x->port, "/c1");
+    bg_start(&b[2], x->port, "/c2");
+    assert_true(wait_for(&w->requests, 1, WAIT_MS));
+    assert_true(wait_queued(x, 2)); /* one with the worker, two waiting */
+    fx_stop(x);
     for (int i = 0; i < 3; i++) {
-        pthread_join(b[i].th, NULL);
+        bg_join(&b[i]);
         /* answered before the stop's deadline, or the connection closed: never a wrong body */
         if (b[i].p.status == 200) {
             char want[16];
@@ -1165,33 +1371,32 @@ static void close_in_flight(void **state)
         }
         resp_free(&b[i].p);
     }
-    appw_stop(&w);
+    appw_stop(w);
 }
-
-struct load {
-    int port;
-    atomic_int stop;
-    atomic_int bad, ok, after_c, after_old;
-    atomic_int switched;
-};
 
 static void *load_main(void *arg)
 {
     struct load *l = arg;
     struct rd *r = malloc(sizeof *r);
-    rd_open(r, l->port);
+    if (rd_open_try(r, l->port) < 0) {
+        atomic_fetch_add(&l->bad, 1);
+        free(r);
+        return NULL;
+    }
     for (int i = 0; !atomic_load(&l->stop) && i < 2000; i++) {
         char req[256], want[64];
         struct resp p;
         int sw = atomic_load(&l->switched);
         int n = snprintf(req, sizeof req, "GET /l/%d HTTP/1.1\r\nHost: t\r\n\r\n", i);
-        send_all(r->fd, req, (size_t)n);
-        read_resp(r, &p);
+        if (send_all_try(r->fd, req, (size_t)n) < 0)
+            p = (struct resp){.status = -1};
+        else
+            read_resp(r, &p);
         snprintf(want, sizeof want, "/l/%d:", i);
         if (p.status != 200 || strcmp(p.body, want) != 0) {
             atomic_fetch_add(&l->bad, 1);
         } else {
-            atomic_fetch_add(&l->ok, 1);
+            bump(&l->ok);
             if (sw == 2) { /* sent after set_workers returned and the old ones closed */
                 if (strcasestr(p.head, "X-Worker: c"))
                     atomic_fetch_add(&l->after_c, 1);
@@ -1212,29 +1417,32 @@ static void *load_main(void *arg)
  * workers' sessions close once idle. */
 static void set_workers_under_load(void **state)
 {
-    struct appw a, b, c;
-    struct appw *ws[] = {&a, &b};
-    struct fx x;
-    struct load l = {0};
-    pthread_t th[3];
-    (void)state;
-    appw_start(&a, "a", NULL);
-    appw_start(&b, "b", NULL);
-    appw_start(&c, "c", NULL);
-    fx_start(&x, ws, 2, 2, NULL);
-    l.port = x.port;
-    for (int i = 0; i < 3; i++)
-        pthread_create(&th[i], NULL, load_main, &l);
-    assert_true(wait_for(&l.ok, 100, 10000));
-    const char *next[] = {c.addr};
-    CHECK(shmipc__front_set_workers(x.f, next, 1));
-    atomic_store(&l.switched, 1);
+    struct tc *t = *state;
+    struct appw *a = &t->w[0];
+    struct appw *b = &t->w[1];
+    struct appw *c = &t->w[2];
+    struct appw *ws[] = {a, b};
+    struct fx *x = &t->x;
+    struct load *l = &t->load;
+    appw_start(a, "a", NULL);
+    appw_start(b, "b", NULL);
+    appw_start(c, "c", NULL);
+    fx_start(x, ws, 2, 2, NULL);
+    l->port = x->port;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(pthread_create(&t->th[i], NULL, load_main, l), 0);
+        t->nth++;
+    }
+    assert_true(wait_for(&l->ok, 100, WAIT_MS));
+    const char *next[] = {c->addr};
+    CHECK(shmipc__front_set_workers(x->f, next, 1));
+    atomic_store(&l->switched, 1);
     /* the old sessions close once idle */
     static struct shmipc__front_stats st;
-    uint64_t end = mono_ms() + 5000;
+    uint64_t end = mono_ms() + WAIT_MS;
     int old_open;
     do {
-        CHECK(shmipc__front_stats(x.f, &st));
+        CHECK(shmipc__front_stats(x->f, &st));
         old_open = 0;
         for (unsigned i = 0; i < st.nworkers; i++)
             old_open += st.w[i].state == SHMIPC__FRONT_WORKER_RETIRED;
@@ -1242,22 +1450,22 @@ static void set_workers_under_load(void **state)
             sleep_ms(5);
     } while (old_open && mono_ms() < end);
     assert_int_equal(old_open, 0);
-    atomic_store(&l.switched, 2);
-    int ok0 = atomic_load(&l.ok);
-    assert_true(wait_for(&l.ok, ok0 + 100, 10000));
-    atomic_store(&l.stop, 1);
-    for (int i = 0; i < 3; i++)
-        pthread_join(th[i], NULL);
-    assert_int_equal(atomic_load(&l.bad), 0);
-    assert_true(atomic_load(&l.after_c) >= 100);
-    assert_int_equal(atomic_load(&l.after_old), 0);
-    CHECK(shmipc__front_stats(x.f, &st));
+    atomic_store(&l->switched, 2);
+    int ok0 = atomic_load(&l->ok);
+    assert_true(wait_for(&l->ok, ok0 + 100, WAIT_MS));
+    atomic_store(&l->stop, 1);
+    for (; t->nth > 0; t->nth--)
+        pthread_join(t->th[t->nth - 1], NULL);
+    assert_int_equal(atomic_load(&l->bad), 0);
+    assert_true(atomic_load(&l->after_c) >= 100);
+    assert_int_equal(atomic_load(&l->after_old), 0);
+    CHECK(shmipc__front_stats(x->f, &st));
     assert_int_equal(st.nworkers, 1);
-    assert_string_equal(st.w[0].address, c.addr);
-    fx_stop(&x);
-    appw_stop(&a);
-    appw_stop(&b);
-    appw_stop(&c);
+    assert_string_equal(st.w[0].address, c->addr);
+    fx_stop(x);
+    appw_stop(a);
+    appw_stop(b);
+    appw_stop(c);
 }
 
 /* Options and misuse. */
@@ -1300,15 +1508,13 @@ static void options(void **state)
     shmipc__front_free(NULL);
 }
 
+#define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define FRONT_TESTS                                                                                \
-    cmocka_unit_test(basic), cmocka_unit_test(too_large_for_protocol),                             \
-        cmocka_unit_test(pipelining), cmocka_unit_test(cross_talk),                                \
-        cmocka_unit_test(queue_full_503), cmocka_unit_test(deadline_504),                          \
-        cmocka_unit_test(client_gone_abort), cmocka_unit_test(worker_died_502),                    \
-        cmocka_unit_test(worker_restarts_between_requests), cmocka_unit_test(bad_frames_502),      \
-        cmocka_unit_test(stalled_worker_no_stall), cmocka_unit_test(full_queue_backpressure),      \
-        cmocka_unit_test(bad_frame_then_close_frees_worker), cmocka_unit_test(close_in_flight),    \
-        cmocka_unit_test(set_workers_under_load)
+    T(basic), T(too_large_for_protocol), T(pipelining), T(cross_talk), T(queue_full_503),          \
+        T(deadline_504), T(client_gone_abort), T(worker_died_502),                                 \
+        T(worker_restarts_between_requests), T(bad_frames_502), T(stalled_worker_no_stall),        \
+        T(full_queue_backpressure), T(bad_frame_then_close_frees_worker), T(close_in_flight),      \
+        T(set_workers_under_load)
 
 int main(int argc, char **argv)
 {
