@@ -7,7 +7,7 @@
  * to out_fd. Exits are seen through a pidfd per worker (poll wakes at once) and reaped with
  * waitpid() on that pid only, so the embedding program's own children are never taken.
  */
-#include "supervisor.h"
+#include "sup_int.h"
 
 #include "shmipc.h"
 
@@ -27,56 +27,6 @@
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
-
-#define NS_PER_MS      1000000ull
-#define LINE_MAX_BYTES 1024
-/* Without a pidfd (old kernels) exits are found by this periodic waitpid sweep. */
-#define SWEEP_MS 100
-
-struct slot {
-    pid_t pid;
-    int pidfd;
-    int out;
-    unsigned gen;
-    unsigned index;
-    int state;
-    unsigned restarts;
-    int last_status;
-    int killed; /* SIGKILL sent (start timeout or graceful deadline) */
-    uint32_t delay_ms;
-    uint32_t last_delay_ms;
-    uint64_t started_ns;
-    uint64_t ready_ns;
-    uint64_t deadline_ns; /* STARTING: the start timeout; STOPPING: SIGKILL; BACKOFF: respawn */
-    size_t line_len;
-    char line[LINE_MAX_BYTES];
-    char address[96];
-};
-
-struct shmipc__sup {
-    shmipc__sup_config cfg;
-    char **argv;
-    int argc;
-    char *chdir_to;
-    int ctl[2];
-    pthread_mutex_t mu;
-    struct slot *w;
-    size_t nw, capw;
-    unsigned cur_gen; /* the newest generation */
-    unsigned act_gen; /* the generation serving; != cur_gen while a reload is under way */
-    int ran;
-    int stopping;
-    uint64_t stop_deadline_ns;
-    uint64_t spawns;
-    uint64_t *spawn_times; /* a ring of the last max_spawns_per_sec spawns */
-    size_t spawn_pos;
-    uint64_t rate_logged_ns;
-    char **ready; /* the ready set last reported */
-    size_t nready;
-    atomic_int pending_stop, pending_reload, pending_status;
-};
-
 /* The generations of all supervisors of a process are distinct, so two supervisors (tests) in
  * one process never share an address. */
 static atomic_uint next_generation;
@@ -88,36 +38,6 @@ static uint64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return; /* a closed or full log is not a reason to stop supervising */
-        p += k;
-        n -= (size_t)k;
-    }
-}
-
-static void logf_(shmipc__sup *sup, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void logf_(shmipc__sup *sup, const char *fmt, ...)
-{
-    char buf[512];
-    int n = snprintf(buf, sizeof buf, "shmipc-serve[%d]: ", (int)getpid());
-    va_list ap;
-    va_start(ap, fmt);
-    int m = vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
-    va_end(ap);
-    if (m < 0)
-        return;
-    size_t len = (size_t)n +
-                 ((size_t)m < sizeof buf - (size_t)n - 1 ? (size_t)m : sizeof buf - (size_t)n - 2);
-    buf[len++] = '\n';
-    write_all(sup->cfg.log_fd, buf, len);
 }
 
 static void describe_status(int status, char *out, size_t cap)
@@ -319,51 +239,6 @@ static void remove_slot(shmipc__sup *sup, size_t i)
     sup->nw--;
 }
 
-/* "{address}" replaced in every argument; NULL when out of memory. */
-static char **make_argv(shmipc__sup *sup, const char *address)
-{
-    static const char token[] = SHMIPC__SUP_ADDRESS_TOKEN;
-    const size_t tl = sizeof token - 1, al = strlen(address);
-    char **v = calloc((size_t)sup->argc + 1, sizeof *v);
-    if (v == NULL)
-        return NULL;
-    for (int i = 0; i < sup->argc; i++) {
-        const char *a = sup->argv[i];
-        size_t n = 0;
-        for (const char *p = strstr(a, token); p != NULL; p = strstr(p + tl, token))
-            n++;
-        char *o = malloc(strlen(a) + n * al + 1);
-        if (o == NULL)
-            goto fail;
-        char *q = o;
-        const char *p;
-        while ((p = strstr(a, token)) != NULL) {
-            memcpy(q, a, (size_t)(p - a));
-            q += p - a;
-            memcpy(q, address, al);
-            q += al;
-            a = p + tl;
-        }
-        strcpy(q, a);
-        v[i] = o;
-    }
-    return v;
-fail:
-    for (int i = 0; i < sup->argc; i++)
-        free(v[i]);
-    free(v);
-    return NULL;
-}
-
-static void free_argv(char **v)
-{
-    if (v == NULL)
-        return;
-    for (size_t i = 0; v[i] != NULL; i++)
-        free(v[i]);
-    free(v);
-}
-
 /* The crash-loop cap: when the last max_spawns_per_sec spawns all fall within one second,
  * the next one waits until the oldest of them is a second old. Returns when it may spawn. */
 static uint64_t spawn_allowed_at(const shmipc__sup *sup)
@@ -374,172 +249,13 @@ static uint64_t spawn_allowed_at(const shmipc__sup *sup)
     return oldest + 1000 * NS_PER_MS;
 }
 
-static void spawn(shmipc__sup *sup, struct slot *s, uint64_t now)
-{
-    int pfd[2] = {-1, -1};
-    char **argv = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    int have_fa = 0, have_at = 0, err;
-    pid_t pid = 0;
-
-    sup->spawn_times[sup->spawn_pos] = now;
-    sup->spawn_pos = (sup->spawn_pos + 1) % sup->cfg.max_spawns_per_sec;
-    sup->spawns++;
-    s->started_ns = now;
-    s->ready_ns = 0;
-    s->killed = 0;
-    s->line_len = 0;
-    if ((argv = make_argv(sup, s->address)) == NULL) {
-        err = ENOMEM;
-        goto fail;
-    }
-    if (pipe2(pfd, O_CLOEXEC) != 0) {
-        err = errno;
-        goto fail;
-    }
-    if ((err = posix_spawn_file_actions_init(&fa)) != 0)
-        goto fail;
-    have_fa = 1;
-    if ((err = posix_spawnattr_init(&at)) != 0)
-        goto fail;
-    have_at = 1;
-    /* stdin from /dev/null, stdout into our pipe (dup2 clears its close-on-exec), stderr
-     * inherited; nothing else of this process (the front's listeners) passes to the worker. */
-    err = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    if (!err)
-        err = posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
-    if (!err)
-        err = posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-    if (!err && sup->chdir_to != NULL)
-        err = posix_spawn_file_actions_addchdir_np(&fa, sup->chdir_to);
-    if (err)
-        goto fail;
-    /* The worker starts with default dispositions and nothing blocked, whatever the
-     * supervisor's threads ignore or block (SIGPIPE, signalfd masks). */
-    sigset_t none, def;
-    sigemptyset(&none);
-    sigemptyset(&def);
-    int defs[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGPIPE, SIGCHLD};
-    for (size_t i = 0; i < sizeof defs / sizeof defs[0]; i++)
-        sigaddset(&def, defs[i]);
-    err = posix_spawnattr_setsigmask(&at, &none);
-    if (!err)
-        err = posix_spawnattr_setsigdefault(&at, &def);
-    if (!err)
-        err = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    if (err)
-        goto fail;
-    err = posix_spawnp(&pid, argv[0], &fa, &at, argv,
-                       sup->cfg.envp != NULL ? sup->cfg.envp : environ);
-    if (err)
-        goto fail;
-    close(pfd[1]);
-    pfd[1] = -1;
-    fcntl(pfd[0], F_SETFL, O_NONBLOCK);
-    s->pid = pid;
-    s->out = pfd[0];
-    s->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    s->state = SHMIPC__SUP_STARTING;
-    s->deadline_ns = now + sup->cfg.start_timeout_ms * NS_PER_MS;
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    free_argv(argv);
-    return;
-fail:
-    logf_(sup, "worker %u (generation %u): cannot start %s: %s", s->index, s->gen, sup->argv[0],
-          strerror(err));
-    if (have_fa)
-        posix_spawn_file_actions_destroy(&fa);
-    if (have_at)
-        posix_spawnattr_destroy(&at);
-    if (pfd[0] >= 0)
-        close(pfd[0]);
-    if (pfd[1] >= 0)
-        close(pfd[1]);
-    free_argv(argv);
-    /* As if it exited 127 at once (the shell's "not found"): the back-off applies. */
-    s->pid = 0;
-    s->last_status = 127 << 8;
-    s->state = SHMIPC__SUP_BACKOFF;
-    s->delay_ms = s->delay_ms == 0
-                      ? sup->cfg.backoff_min_ms
-                      : (s->delay_ms >= sup->cfg.backoff_max_ms / 2 ? sup->cfg.backoff_max_ms
-                                                                    : s->delay_ms * 2);
-    s->last_delay_ms = s->delay_ms;
-    s->restarts++;
-    s->deadline_ns = now + s->delay_ms * NS_PER_MS;
-}
-
-/* Checks a complete line of a starting worker's stdout for "ready on <its address>". */
-static void check_ready_line(shmipc__sup *sup, struct slot *s, uint64_t now)
-{
-    static const char key[] = "ready on ";
-    (void)sup;
-    s->line[s->line_len] = '\0';
-    size_t n = s->line_len;
-    while (n > 0 && (s->line[n - 1] == '\r' || s->line[n - 1] == ' '))
-        s->line[--n] = '\0';
-    const char *p = strstr(s->line, key);
-    if (p == NULL)
-        return;
-    if (strcmp(p + sizeof key - 1, s->address) != 0)
-        return;
-    s->state = SHMIPC__SUP_READY;
-    s->ready_ns = now;
-}
-
-/* Reads what the worker wrote, forwards it to out_fd, and looks for its ready line while it
- * starts. Returns 0 at the pipe's end (the worker and any child holding it are done). */
-static int read_output(shmipc__sup *sup, struct slot *s, uint64_t now)
-{
-    char buf[4096];
-    for (int rounds = 0; rounds < 16; rounds++) {
-        ssize_t k = read(s->out, buf, sizeof buf);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            return 1; /* EAGAIN: all read */
-        if (k == 0)
-            return 0;
-        write_all(sup->cfg.out_fd, buf, (size_t)k);
-        for (ssize_t i = 0; i < k && s->state == SHMIPC__SUP_STARTING; i++) {
-            if (buf[i] == '\n') {
-                check_ready_line(sup, s, now);
-                s->line_len = 0;
-            } else if (s->line_len < sizeof s->line - 1) {
-                s->line[s->line_len++] = buf[i];
-            }
-            /* A longer line is cut: it cannot be the ready line of an address we gave. */
-        }
-    }
-    return 1;
-}
-
-static void close_out(struct slot *s)
-{
-    if (s->out >= 0)
-        close(s->out);
-    s->out = -1;
-}
-
-static void send_signal(struct slot *s, int sig)
-{
-    if (s->pid <= 0)
-        return;
-    /* The pidfd names this process even if its pid was reused; kill() is the fallback. */
-    if (s->pidfd >= 0 && syscall(SYS_pidfd_send_signal, s->pidfd, sig, NULL, 0) == 0)
-        return;
-    kill(s->pid, sig);
-}
-
 static void begin_stop_slot(shmipc__sup *sup, struct slot *s, uint64_t now)
 {
     if (s->state == SHMIPC__SUP_STOPPING)
         return;
     s->state = SHMIPC__SUP_STOPPING;
     s->deadline_ns = now + sup->cfg.graceful_timeout_ms * NS_PER_MS;
-    send_signal(s, SIGTERM);
+    shmipc__sup_signal(s, SIGTERM);
 }
 
 /* A slot's process exited with `status`: restart it, or drop it (stopping, old generation). */
@@ -548,10 +264,10 @@ static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
     struct slot *s = &sup->w[i];
     char how[32];
     describe_status(status, how, sizeof how);
-    if (s->out >= 0 && read_output(sup, s, now) == 0)
-        close_out(s);
+    if (s->out >= 0 && shmipc__sup_read_output(sup, s, now) == 0)
+        shmipc__sup_close_out(s);
     /* A grandchild may still hold the pipe: its output is not ours to wait for. */
-    close_out(s);
+    shmipc__sup_close_out(s);
     if (s->pidfd >= 0)
         close(s->pidfd);
     s->pidfd = -1;
@@ -563,8 +279,8 @@ static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
     if (sup->stopping || was == SHMIPC__SUP_STOPPING ||
         (s->gen != sup->cur_gen && s->gen != sup->act_gen)) {
         if (was != SHMIPC__SUP_STOPPING || status != 0)
-            logf_(sup, "worker %u (generation %u, pid %d) stopped: %s", s->index, s->gen, (int)pid,
-                  how);
+            shmipc__sup_logf(sup, "worker %u (generation %u, pid %d) stopped: %s", s->index, s->gen,
+                             (int)pid, how);
         remove_slot(sup, i);
         return;
     }
@@ -585,12 +301,14 @@ static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
     s->state = SHMIPC__SUP_BACKOFF;
     s->deadline_ns = now + delay * NS_PER_MS;
     if (delay == 0)
-        logf_(sup, "worker %u (generation %u, pid %d) exited (%s) after %.1f s; restarting",
-              s->index, s->gen, (int)pid, how, ran);
+        shmipc__sup_logf(sup,
+                         "worker %u (generation %u, pid %d) exited (%s) after %.1f s; restarting",
+                         s->index, s->gen, (int)pid, how, ran);
     else
-        logf_(sup, "worker %u (generation %u, pid %d) %s (%s) after %.1f s; restart %u in %.1f s",
-              s->index, s->gen, (int)pid, was == SHMIPC__SUP_STARTING ? "failed to start" : "died",
-              how, ran, s->restarts, delay / 1000.0);
+        shmipc__sup_logf(
+            sup, "worker %u (generation %u, pid %d) %s (%s) after %.1f s; restart %u in %.1f s",
+            s->index, s->gen, (int)pid, was == SHMIPC__SUP_STARTING ? "failed to start" : "died",
+            how, ran, s->restarts, delay / 1000.0);
 }
 
 static void reap(shmipc__sup *sup, uint64_t now)
@@ -683,11 +401,11 @@ static void do_reload(shmipc__sup *sup, uint64_t now)
             i++;
         }
     if (add_generation(sup, gen, now) != 0) {
-        logf_(sup, "reload: out of memory; generation %u keeps serving", sup->act_gen);
+        shmipc__sup_logf(sup, "reload: out of memory; generation %u keeps serving", sup->act_gen);
         return;
     }
-    logf_(sup, "reload: starting generation %u (generation %u serves until it is ready)", gen,
-          sup->act_gen);
+    shmipc__sup_logf(sup, "reload: starting generation %u (generation %u serves until it is ready)",
+                     gen, sup->act_gen);
     sup->cur_gen = gen;
 }
 
@@ -708,24 +426,24 @@ static void promote(shmipc__sup *sup, uint64_t now)
         }
         i++;
     }
-    logf_(sup, "reload: generation %u ready; generation %u stopping", sup->act_gen, old);
+    shmipc__sup_logf(sup, "reload: generation %u ready; generation %u stopping", sup->act_gen, old);
 }
 
 static void begin_stop(shmipc__sup *sup, uint64_t now)
 {
     if (sup->stopping) {
         /* The second request: no more waiting. */
-        logf_(sup, "stop: killing the workers now");
+        shmipc__sup_logf(sup, "stop: killing the workers now");
         for (size_t i = 0; i < sup->nw; i++)
             if (sup->w[i].pid > 0 && !sup->w[i].killed) {
-                send_signal(&sup->w[i], SIGKILL);
+                shmipc__sup_signal(&sup->w[i], SIGKILL);
                 sup->w[i].killed = 1;
             }
         return;
     }
     sup->stopping = 1;
-    logf_(sup, "stop: stopping %zu workers (graceful timeout %.1f s)", sup->nw,
-          sup->cfg.graceful_timeout_ms / 1000.0);
+    shmipc__sup_logf(sup, "stop: stopping %zu workers (graceful timeout %.1f s)", sup->nw,
+                     sup->cfg.graceful_timeout_ms / 1000.0);
     for (size_t i = 0; i < sup->nw;) {
         struct slot *s = &sup->w[i];
         if (s->pid <= 0) {
@@ -750,9 +468,10 @@ static uint64_t run_timers(shmipc__sup *sup, uint64_t now)
             if (s->killed)
                 break;
             if (now >= s->deadline_ns) {
-                logf_(sup, "worker %u (generation %u, pid %d) not ready within %.1f s: killed",
-                      s->index, s->gen, (int)s->pid, sup->cfg.start_timeout_ms / 1000.0);
-                send_signal(s, SIGKILL);
+                shmipc__sup_logf(
+                    sup, "worker %u (generation %u, pid %d) not ready within %.1f s: killed",
+                    s->index, s->gen, (int)s->pid, sup->cfg.start_timeout_ms / 1000.0);
+                shmipc__sup_signal(s, SIGKILL);
                 s->killed = 1;
             } else {
                 NEXT(s->deadline_ns);
@@ -762,11 +481,12 @@ static uint64_t run_timers(shmipc__sup *sup, uint64_t now)
             if (s->killed)
                 break;
             if (now >= s->deadline_ns) {
-                logf_(sup,
-                      "worker %u (generation %u, pid %d) still running %.1f s after SIGTERM: "
-                      "killed",
-                      s->index, s->gen, (int)s->pid, sup->cfg.graceful_timeout_ms / 1000.0);
-                send_signal(s, SIGKILL);
+                shmipc__sup_logf(
+                    sup,
+                    "worker %u (generation %u, pid %d) still running %.1f s after SIGTERM: "
+                    "killed",
+                    s->index, s->gen, (int)s->pid, sup->cfg.graceful_timeout_ms / 1000.0);
+                shmipc__sup_signal(s, SIGKILL);
                 s->killed = 1;
             } else {
                 NEXT(s->deadline_ns);
@@ -779,13 +499,13 @@ static uint64_t run_timers(shmipc__sup *sup, uint64_t now)
                 /* Held back by the cap rather than by its own delay: said once a second. */
                 if (now - sup->rate_logged_ns >= 1000 * NS_PER_MS) {
                     sup->rate_logged_ns = now;
-                    logf_(sup, "%u spawns in the last second: restarts are held back",
-                          sup->cfg.max_spawns_per_sec);
+                    shmipc__sup_logf(sup, "%u spawns in the last second: restarts are held back",
+                                     sup->cfg.max_spawns_per_sec);
                 }
                 at = cap;
             }
             if (now >= at)
-                spawn(sup, s, now);
+                shmipc__sup_spawn(sup, s, now);
             NEXT(s->state == SHMIPC__SUP_BACKOFF ? at : s->deadline_ns);
             break;
         }
@@ -876,7 +596,7 @@ int shmipc__sup_run(shmipc__sup *sup)
     }
     if (sup->cfg.signals)
         install_signals(sup, &ss);
-    logf_(sup, "starting %u workers: %s ...", sup->cfg.workers, sup->argv[0]);
+    shmipc__sup_logf(sup, "starting %u workers: %s ...", sup->cfg.workers, sup->argv[0]);
     for (;;) {
         uint64_t now = now_ns();
         drain_ctl(sup, now);
@@ -932,11 +652,11 @@ int shmipc__sup_run(shmipc__sup *sup)
         pthread_mutex_lock(&sup->mu);
         if (r < 0 && errno != EINTR) {
             rc = -errno;
-            logf_(sup, "poll: %s; stopping the workers", strerror(errno));
+            shmipc__sup_logf(sup, "poll: %s; stopping the workers", strerror(errno));
             /* Cannot wait any more: kill and reap what is left so no worker outlives us. */
             for (size_t i = 0; i < sup->nw; i++)
                 if (sup->w[i].pid > 0) {
-                    send_signal(&sup->w[i], SIGKILL);
+                    shmipc__sup_signal(&sup->w[i], SIGKILL);
                     waitpid(sup->w[i].pid, NULL, 0);
                 }
             break;
@@ -945,18 +665,18 @@ int shmipc__sup_run(shmipc__sup *sup)
         for (size_t k = 0; r > 0 && k < n; k++)
             if (pidx[k] != (size_t)-1 && (pfds[k].revents & (POLLIN | POLLHUP | POLLERR))) {
                 struct slot *s = &sup->w[pidx[k]];
-                if (s->out >= 0 && read_output(sup, s, now) == 0)
-                    close_out(s);
+                if (s->out >= 0 && shmipc__sup_read_output(sup, s, now) == 0)
+                    shmipc__sup_close_out(s);
             }
     }
     for (size_t i = 0; i < sup->nw; i++) {
-        close_out(&sup->w[i]);
+        shmipc__sup_close_out(&sup->w[i]);
         if (sup->w[i].pidfd >= 0)
             close(sup->w[i].pidfd);
     }
     sup->nw = 0;
     if (rc == 0)
-        logf_(sup, "stopped");
+        shmipc__sup_logf(sup, "stopped");
     pthread_mutex_unlock(&sup->mu);
     restore_signals(&ss);
     free(pfds);
@@ -1020,7 +740,7 @@ int shmipc__sup_status(shmipc__sup *sup, int fd)
                        (int)getpid(), n, act, cur != act ? ", reloading to the next" : "",
                        stopping ? ", stopping" : "", (unsigned long long)spawns, "index", "gen",
                        "pid", "state", "restarts", "uptime", "last-exit", "address");
-    write_all(fd, line, (size_t)len);
+    shmipc__sup_write_all(fd, line, (size_t)len);
     uint64_t now = now_ns();
     for (size_t i = 0; i < n; i++) {
         char how[32], up[32];
@@ -1032,7 +752,7 @@ int shmipc__sup_status(shmipc__sup *sup, int fd)
         len = snprintf(line, sizeof line, "%-5u %-4u %-8d %-9s %-8u %-9s %-10s %s\n", w[i].index,
                        w[i].generation, (int)w[i].pid, shmipc__sup_state_name(w[i].state),
                        w[i].restarts, up, how, w[i].address);
-        write_all(fd, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
+        shmipc__sup_write_all(fd, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
     }
     free(w);
     return 0;

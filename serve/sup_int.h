@@ -1,0 +1,77 @@
+/*
+ * What the files of shmipc-serve's supervisor share (docs/design.md "Rooms: the supervisor"):
+ * the supervisor and worker-slot structs, and the functions one file calls in another.
+ * supervisor.c: the state machine, the poll loop and the API; sup_spawn.c: starting a worker
+ * (posix_spawn, the argv template) and signalling it; sup_output.c: the worker's output pipe
+ * (ready line, forwarding) and the supervisor's own log lines. Nothing here leaves serve/.
+ */
+#ifndef SHMIPC_SERVE_SUP_INT_H
+#define SHMIPC_SERVE_SUP_INT_H
+
+#include "supervisor.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define NS_PER_MS      1000000ull
+#define LINE_MAX_BYTES 1024
+/* Without a pidfd (old kernels) exits are found by this periodic waitpid sweep. */
+#define SWEEP_MS 100
+
+struct slot {
+    pid_t pid;
+    int pidfd;
+    int out;
+    unsigned gen;
+    unsigned index;
+    int state;
+    unsigned restarts;
+    int last_status;
+    int killed; /* SIGKILL sent (start timeout or graceful deadline) */
+    uint32_t delay_ms;
+    uint32_t last_delay_ms;
+    uint64_t started_ns;
+    uint64_t ready_ns;
+    uint64_t deadline_ns; /* STARTING: the start timeout; STOPPING: SIGKILL; BACKOFF: respawn */
+    size_t line_len;
+    char line[LINE_MAX_BYTES];
+    char address[96];
+};
+
+struct shmipc__sup {
+    shmipc__sup_config cfg;
+    char **argv;
+    int argc;
+    char *chdir_to;
+    int ctl[2];
+    pthread_mutex_t mu;
+    struct slot *w;
+    size_t nw, capw;
+    unsigned cur_gen; /* the newest generation */
+    unsigned act_gen; /* the generation serving; != cur_gen while a reload is under way */
+    int ran;
+    int stopping;
+    uint64_t stop_deadline_ns;
+    uint64_t spawns;
+    uint64_t *spawn_times; /* a ring of the last max_spawns_per_sec spawns */
+    size_t spawn_pos;
+    uint64_t rate_logged_ns;
+    char **ready; /* the ready set last reported */
+    size_t nready;
+    atomic_int pending_stop, pending_reload, pending_status;
+};
+
+/* sup_output.c */
+void shmipc__sup_write_all(int fd, const char *p, size_t n);
+void shmipc__sup_logf(shmipc__sup *sup, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int shmipc__sup_read_output(shmipc__sup *sup, struct slot *s, uint64_t now);
+void shmipc__sup_close_out(struct slot *s);
+
+/* sup_spawn.c */
+void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now);
+void shmipc__sup_signal(struct slot *s, int sig);
+
+#endif
