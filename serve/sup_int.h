@@ -16,15 +16,21 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define NS_PER_MS      1000000ull
-#define LINE_MAX_BYTES 1024
+#define NS_PER_MS 1000000ull
 /* Without a pidfd (old kernels) exits are found by this periodic waitpid sweep. */
 #define SWEEP_MS 100
+
+/* One of a worker's output pipes and the start of a line not yet forwarded (docs/serve.md
+ * "Starting": whole lines, each of one worker). */
+struct sup_pipe {
+    int fd;
+    size_t len;
+    char buf[SHMIPC__SUP_LINE_MAX];
+};
 
 struct slot {
     pid_t pid;
     int pidfd;
-    int out;
     unsigned gen;
     unsigned index;
     int state;
@@ -35,9 +41,8 @@ struct slot {
     uint32_t last_delay_ms;
     uint64_t started_ns;
     uint64_t ready_ns;
-    uint64_t deadline_ns; /* STARTING: the start timeout; STOPPING: SIGKILL; BACKOFF: respawn */
-    size_t line_len;
-    char line[LINE_MAX_BYTES];
+    uint64_t deadline_ns;   /* STARTING: the start timeout; STOPPING: SIGKILL; BACKOFF: respawn */
+    struct sup_pipe out[2]; /* stdout (to out_fd), stderr (to err_fd) */
     char address[96];
 };
 
@@ -67,8 +72,8 @@ struct shmipc__sup {
 /* sup_output.c */
 void shmipc__sup_write_all(int fd, const char *p, size_t n);
 void shmipc__sup_logf(shmipc__sup *sup, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int shmipc__sup_read_output(shmipc__sup *sup, struct slot *s, uint64_t now);
-void shmipc__sup_close_out(struct slot *s);
+void shmipc__sup_read_output(shmipc__sup *sup, struct slot *s, uint64_t now);
+void shmipc__sup_close_out(shmipc__sup *sup, struct slot *s);
 
 /* sup_spawn.c */
 void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now);

@@ -1,7 +1,8 @@
 /*
- * The output side of the supervisor (sup_int.h): each worker's stdout pipe, read without
- * blocking, searched for the "ready on ADDRESS" line while the worker starts and forwarded to
- * out_fd; and the supervisor's own log lines on log_fd.
+ * The output side of the supervisor (sup_int.h): each worker's stdout and stderr pipes, read
+ * without blocking, stdout searched for the "ready on ADDRESS" line while the worker starts,
+ * both forwarded in whole lines (to out_fd and err_fd) so that lines of several workers never
+ * mix; and the supervisor's own log lines on log_fd.
  */
 #include "sup_int.h"
 
@@ -40,54 +41,106 @@ void shmipc__sup_logf(shmipc__sup *sup, const char *fmt, ...)
     shmipc__sup_write_all(sup->cfg.log_fd, buf, len);
 }
 
-/* Checks a complete line of a starting worker's stdout for "ready on <its address>". */
-static void check_ready_line(shmipc__sup *sup, struct slot *s, uint64_t now)
+/* Checks a complete line (without its newline) of a starting worker's stdout for
+ * "ready on <its address>". */
+static void check_ready_line(struct slot *s, const char *line, size_t n, uint64_t now)
 {
     static const char key[] = "ready on ";
-    (void)sup;
-    s->line[s->line_len] = '\0';
-    size_t n = s->line_len;
-    while (n > 0 && (s->line[n - 1] == '\r' || s->line[n - 1] == ' '))
-        s->line[--n] = '\0';
-    const char *p = strstr(s->line, key);
-    if (p == NULL)
-        return;
-    if (strcmp(p + sizeof key - 1, s->address) != 0)
+    const size_t kl = sizeof key - 1, al = strlen(s->address);
+    while (n > 0 && (line[n - 1] == '\r' || line[n - 1] == ' '))
+        n--;
+    /* the line ends in the key and the address: "... ready on ADDRESS" */
+    if (n < kl + al || memcmp(line + n - al, s->address, al) != 0 ||
+        memcmp(line + n - al - kl, key, kl) != 0)
         return;
     s->state = SHMIPC__SUP_READY;
     s->ready_ns = now;
 }
 
-/* Reads what the worker wrote, forwards it to out_fd, and looks for its ready line while it
- * starts. Returns 0 at the pipe's end (the worker and any child holding it are done). */
-int shmipc__sup_read_output(shmipc__sup *sup, struct slot *s, uint64_t now)
+/*
+ * Takes n bytes read from a worker's pipe: complete lines go to `dest` at once (the bytes up
+ * to the last newline in one write when nothing is pending), the start of a line waits in
+ * p->buf for its end. A line that fills the buffer is cut: forwarded with the marker and a
+ * newline, its rest a new line. So lines of several workers never mix: the loop is the only
+ * writer, and writes whole lines.
+ */
+static void take(struct slot *s, struct sup_pipe *p, int dest, int starting, const char *d,
+                 size_t n, uint64_t now)
 {
-    char buf[4096];
-    for (int rounds = 0; rounds < 16; rounds++) {
-        ssize_t k = read(s->out, buf, sizeof buf);
-        if (k < 0 && errno == EINTR)
+    static const char mark[] = SHMIPC__SUP_CUT_MARK "\n";
+    while (n > 0) {
+        const char *nl = memchr(d, '\n', n);
+        if (p->len == 0 && nl != NULL && !starting) {
+            const char *last = memrchr(d, '\n', n);
+            size_t k = (size_t)(last - d) + 1;
+            shmipc__sup_write_all(dest, d, k);
+            d += k;
+            n -= k;
             continue;
-        if (k < 0)
-            return 1; /* EAGAIN: all read */
-        if (k == 0)
-            return 0;
-        shmipc__sup_write_all(sup->cfg.out_fd, buf, (size_t)k);
-        for (ssize_t i = 0; i < k && s->state == SHMIPC__SUP_STARTING; i++) {
-            if (buf[i] == '\n') {
-                check_ready_line(sup, s, now);
-                s->line_len = 0;
-            } else if (s->line_len < sizeof s->line - 1) {
-                s->line[s->line_len++] = buf[i];
-            }
-            /* A longer line is cut: it cannot be the ready line of an address we gave. */
+        }
+        size_t k = nl != NULL ? (size_t)(nl - d) + 1 : n, room = sizeof p->buf - p->len;
+        if (k > room) { /* the line does not fit: cut */
+            memcpy(p->buf + p->len, d, room);
+            shmipc__sup_write_all(dest, p->buf, sizeof p->buf);
+            shmipc__sup_write_all(dest, mark, sizeof mark - 1);
+            p->len = 0;
+            d += room;
+            n -= room;
+            continue;
+        }
+        memcpy(p->buf + p->len, d, k);
+        p->len += k;
+        d += k;
+        n -= k;
+        if (p->buf[p->len - 1] == '\n') {
+            if (starting && s->state == SHMIPC__SUP_STARTING)
+                check_ready_line(s, p->buf, p->len - 1, now);
+            shmipc__sup_write_all(dest, p->buf, p->len);
+            p->len = 0;
         }
     }
-    return 1;
 }
 
-void shmipc__sup_close_out(struct slot *s)
+/* Forwards what is pending of a line (a last one without a newline), ended by a newline, and
+ * closes the pipe. */
+static void close_pipe(struct sup_pipe *p, int dest)
 {
-    if (s->out >= 0)
-        close(s->out);
-    s->out = -1;
+    if (p->len > 0) {
+        shmipc__sup_write_all(dest, p->buf, p->len);
+        shmipc__sup_write_all(dest, "\n", 1);
+        p->len = 0;
+    }
+    if (p->fd >= 0)
+        close(p->fd);
+    p->fd = -1;
+}
+
+/* Reads what the worker wrote on stdout and stderr, forwards it in whole lines to out_fd and
+ * err_fd, and looks for its ready line on stdout while it starts. A pipe at its end (the
+ * worker and any child holding it are done) is closed, its last line forwarded. */
+void shmipc__sup_read_output(shmipc__sup *sup, struct slot *s, uint64_t now)
+{
+    char buf[4096];
+    for (int i = 0; i < 2; i++) {
+        struct sup_pipe *p = &s->out[i];
+        int dest = i == 0 ? sup->cfg.out_fd : sup->cfg.err_fd;
+        for (int rounds = 0; p->fd >= 0 && rounds < 16; rounds++) {
+            ssize_t k = read(p->fd, buf, sizeof buf);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0)
+                break; /* EAGAIN: all read */
+            if (k == 0) {
+                close_pipe(p, dest);
+                break;
+            }
+            take(s, p, dest, i == 0 && s->state == SHMIPC__SUP_STARTING, buf, (size_t)k, now);
+        }
+    }
+}
+
+void shmipc__sup_close_out(shmipc__sup *sup, struct slot *s)
+{
+    close_pipe(&s->out[0], sup->cfg.out_fd);
+    close_pipe(&s->out[1], sup->cfg.err_fd);
 }

@@ -1,6 +1,6 @@
 /*
  * Starting a worker and signalling it (sup_int.h): the argv template with "{address}"
- * replaced, posix_spawn with stdin from /dev/null, stdout into the pipe sup_output.c reads,
+ * replaced, posix_spawn with stdin from /dev/null, stdout and stderr into pipes sup_output.c reads,
  * default signal dispositions and nothing else of this process inherited; a spawn that fails
  * counts as an exit 127 with its back-off. Signals go through the pidfd.
  */
@@ -66,7 +66,7 @@ static void free_argv(char **v)
 
 void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now)
 {
-    int pfd[2] = {-1, -1};
+    int pfd[2] = {-1, -1}, efd[2] = {-1, -1};
     char **argv = NULL;
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
@@ -79,12 +79,12 @@ void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now)
     s->started_ns = now;
     s->ready_ns = 0;
     s->killed = 0;
-    s->line_len = 0;
+    s->out[0].len = s->out[1].len = 0;
     if ((argv = make_argv(sup, s->address)) == NULL) {
         err = ENOMEM;
         goto fail;
     }
-    if (pipe2(pfd, O_CLOEXEC) != 0) {
+    if (pipe2(pfd, O_CLOEXEC) != 0 || pipe2(efd, O_CLOEXEC) != 0) {
         err = errno;
         goto fail;
     }
@@ -94,11 +94,13 @@ void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now)
     if ((err = posix_spawnattr_init(&at)) != 0)
         goto fail;
     have_at = 1;
-    /* stdin from /dev/null, stdout into our pipe (dup2 clears its close-on-exec), stderr
-     * inherited; nothing else of this process (the front's listeners) passes to the worker. */
+    /* stdin from /dev/null, stdout and stderr into our pipes (dup2 clears their close-on-exec);
+     * nothing else of this process (the front's listeners) passes to the worker. */
     err = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     if (!err)
         err = posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
+    if (!err)
+        err = posix_spawn_file_actions_adddup2(&fa, efd[1], 2);
     if (!err)
         err = posix_spawn_file_actions_addclosefrom_np(&fa, 3);
     if (!err && sup->chdir_to != NULL)
@@ -125,10 +127,12 @@ void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now)
     if (err)
         goto fail;
     close(pfd[1]);
-    pfd[1] = -1;
+    close(efd[1]);
     fcntl(pfd[0], F_SETFL, O_NONBLOCK);
+    fcntl(efd[0], F_SETFL, O_NONBLOCK);
     s->pid = pid;
-    s->out = pfd[0];
+    s->out[0].fd = pfd[0];
+    s->out[1].fd = efd[0];
     s->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     s->state = SHMIPC__SUP_STARTING;
     s->deadline_ns = now + sup->cfg.start_timeout_ms * NS_PER_MS;
@@ -147,6 +151,10 @@ fail:
         close(pfd[0]);
     if (pfd[1] >= 0)
         close(pfd[1]);
+    if (efd[0] >= 0)
+        close(efd[0]);
+    if (efd[1] >= 0)
+        close(efd[1]);
     free_argv(argv);
     /* As if it exited 127 at once (the shell's "not found"): the back-off applies. */
     s->pid = 0;

@@ -148,6 +148,8 @@ int shmipc__sup_new(const shmipc__sup_config *cfg, shmipc__sup **out)
         c->max_spawns_per_sec = 2 * c->workers + 4;
     if (c->out_fd == 0)
         c->out_fd = 1;
+    if (c->err_fd == 0)
+        c->err_fd = 2;
     if (c->log_fd == 0)
         c->log_fd = 2;
     pthread_mutex_init(&sup->mu, NULL);
@@ -180,8 +182,7 @@ void shmipc__sup_free(shmipc__sup *sup)
         return;
     for (size_t i = 0; i < sup->nw; i++) {
         /* Only when run() never ran or failed before its loop: nothing is alive then. */
-        if (sup->w[i].out >= 0)
-            close(sup->w[i].out);
+        shmipc__sup_close_out(sup, &sup->w[i]);
         if (sup->w[i].pidfd >= 0)
             close(sup->w[i].pidfd);
     }
@@ -221,7 +222,7 @@ static int add_generation(shmipc__sup *sup, unsigned gen, uint64_t now)
     for (unsigned i = 0; i < sup->cfg.workers; i++) {
         struct slot *s = &sup->w[sup->nw++];
         memset(s, 0, sizeof *s);
-        s->pidfd = s->out = -1;
+        s->pidfd = s->out[0].fd = s->out[1].fd = -1;
         s->gen = gen;
         s->index = i;
         s->state = SHMIPC__SUP_BACKOFF;
@@ -264,10 +265,9 @@ static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
     struct slot *s = &sup->w[i];
     char how[32];
     describe_status(status, how, sizeof how);
-    if (s->out >= 0 && shmipc__sup_read_output(sup, s, now) == 0)
-        shmipc__sup_close_out(s);
-    /* A grandchild may still hold the pipe: its output is not ours to wait for. */
-    shmipc__sup_close_out(s);
+    shmipc__sup_read_output(sup, s, now);
+    /* A grandchild may still hold the pipes: its output is not ours to wait for. */
+    shmipc__sup_close_out(sup, s);
     if (s->pidfd >= 0)
         close(s->pidfd);
     s->pidfd = -1;
@@ -610,7 +610,7 @@ int shmipc__sup_run(shmipc__sup *sup)
         if (sup->stopping && sup->nw == 0)
             break;
         /* A pollfd per worker pipe and pidfd, and the control pipe. */
-        size_t cap = 1 + 2 * sup->nw;
+        size_t cap = 1 + 3 * sup->nw;
         struct pollfd *np = realloc(pfds, cap * sizeof *np);
         size_t *ni = realloc(pidx, cap * sizeof *ni);
         if (np != NULL)
@@ -629,10 +629,11 @@ int shmipc__sup_run(shmipc__sup *sup)
         pfds[n] = (struct pollfd){.fd = sup->ctl[0], .events = POLLIN};
         pidx[n++] = (size_t)-1;
         for (size_t i = 0; i < sup->nw; i++) {
-            if (sup->w[i].out >= 0) {
-                pfds[n] = (struct pollfd){.fd = sup->w[i].out, .events = POLLIN};
-                pidx[n++] = i;
-            }
+            for (int k = 0; k < 2; k++)
+                if (sup->w[i].out[k].fd >= 0) {
+                    pfds[n] = (struct pollfd){.fd = sup->w[i].out[k].fd, .events = POLLIN};
+                    pidx[n++] = i;
+                }
             if (sup->w[i].pid > 0 && sup->w[i].pidfd < 0)
                 sweep = 1;
             if (sup->w[i].pidfd >= 0) {
@@ -664,13 +665,11 @@ int shmipc__sup_run(shmipc__sup *sup)
         now = now_ns();
         for (size_t k = 0; r > 0 && k < n; k++)
             if (pidx[k] != (size_t)-1 && (pfds[k].revents & (POLLIN | POLLHUP | POLLERR))) {
-                struct slot *s = &sup->w[pidx[k]];
-                if (s->out >= 0 && shmipc__sup_read_output(sup, s, now) == 0)
-                    shmipc__sup_close_out(s);
+                shmipc__sup_read_output(sup, &sup->w[pidx[k]], now);
             }
     }
     for (size_t i = 0; i < sup->nw; i++) {
-        shmipc__sup_close_out(&sup->w[i]);
+        shmipc__sup_close_out(sup, &sup->w[i]);
         if (sup->w[i].pidfd >= 0)
             close(sup->w[i].pidfd);
     }

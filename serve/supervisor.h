@@ -4,7 +4,8 @@
  * restarts them with back-off, replaces them on reload and stops them within a deadline.
  *
  * One thread runs shmipc__sup_run(), a poll loop over a control pipe, each worker's pidfd and
- * the pipe of each worker's stdout (read for the "ready on ADDRESS" line, then forwarded).
+ * the pipes of each worker's stdout (read for the "ready on ADDRESS" line) and stderr, both
+ * forwarded in whole lines.
  * Any thread (and a signal handler) may call shmipc__sup_stop(), _reload() and
  * _request_status(); shmipc__sup_snapshot() and _status() may be called from any thread.
  */
@@ -19,6 +20,10 @@
 #define SHMIPC__SUP_MAX_WORKERS 1024u
 /* The text replaced by a worker's address in every argument of the template. */
 #define SHMIPC__SUP_ADDRESS_TOKEN "{address}"
+/* Workers' output is forwarded in whole lines, each of one worker: a line longer than this is
+ * cut, forwarded with SHMIPC__SUP_CUT_MARK and a newline, and its rest follows as a new line. */
+#define SHMIPC__SUP_LINE_MAX 16384
+#define SHMIPC__SUP_CUT_MARK " [line cut by shmipc-serve]"
 
 typedef struct shmipc__sup shmipc__sup;
 
@@ -42,7 +47,8 @@ typedef struct shmipc__sup_config {
     uint32_t backoff_max_ms;      /* the delay doubles up to this; default 10 s */
     uint32_t healthy_ms;          /* ready this long resets the delay; default 10 s */
     uint32_t max_spawns_per_sec;  /* all workers together; default 2 * workers + 4 */
-    int out_fd;                   /* workers' stdout goes here; 0: 1 */
+    int out_fd;                   /* workers' stdout goes here, in whole lines; 0: 1 */
+    int err_fd;                   /* workers' stderr goes here, in whole lines; 0: 2 */
     int log_fd;                   /* the supervisor's log and status; 0: 2 */
     int signals; /* run() handles SIGTERM/SIGINT (stop), SIGHUP (reload), SIGUSR1 (status) */
     shmipc__sup_ready_fn on_ready_set;

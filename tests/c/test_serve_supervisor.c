@@ -633,6 +633,132 @@ static void test_long_output_line_then_ready(void **state)
     harness_finish(&h);
 }
 
+/* Waits until the output file holds `n` newlines (a worker's lines all forwarded). */
+static void wait_out_lines(struct harness *h, unsigned n, unsigned timeout_ms)
+{
+    uint64_t end = ms_now() + timeout_ms;
+    for (;;) {
+        char *out = slurp(h->out_path);
+        unsigned k = 0;
+        for (const char *p = out; (p = strchr(p, '\n')) != NULL; p++)
+            k++;
+        free(out);
+        if (k >= n)
+            return;
+        if (ms_now() > end)
+            fail_msg("%u of %u output lines in time", k, n);
+        sleep_ms(10);
+    }
+}
+
+/* One line of two_writers: "ADDRESS:0 ADDRESS:1 ... ADDRESS:9 end", in ten pieces 10 ms apart. */
+#define PIECES_LINE                                                                                \
+    "for p in 0 1 2 3 4 5 6 7 8 9; do printf '%s:%s ' {address} $p; sleep 0.01; done; echo end; "
+
+/*
+ * Two workers write 8 lines each (4 on stdout, 4 on stderr, both forwarded to one file) in
+ * small pieces with pauses, at the same time: the output holds only whole lines, each of one
+ * worker (the supervisor forwards whole lines, not the
+ * pieces as they come, which interleaved the two workers' pieces within lines).
+ */
+static void test_output_whole_lines_of_two_workers(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c =
+        base_config(&h,
+                    SH("echo \"w ready on {address}\"; for l in 1 2 3 4; do " PIECES_LINE
+                       "done; for l in 5 6 7 8; do " PIECES_LINE "done >&2; exec sleep 30"),
+                    2);
+    c.err_fd = h.out_fd; /* stderr's lines too, into the same file */
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    wait_out_lines(&h, 2 + 16, 30000);
+    char *out = slurp(h.out_path);
+    unsigned lines = 0, ready = 0;
+    for (char *line = out, *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
+        *nl = '\0';
+        lines++;
+        if (strstr(line, " ready on ") != NULL) {
+            ready++;
+            continue;
+        }
+        char want[1024], addr[128];
+        const char *colon = strchr(line, ':');
+        colon = colon != NULL ? strchr(colon + 1, ':') : NULL; /* "unix:@...:0" */
+        assert_non_null(colon);
+        snprintf(addr, sizeof addr, "%.*s", (int)(colon - line), line);
+        size_t n = 0;
+        for (int p = 0; p < 10; p++)
+            n += (size_t)snprintf(want + n, sizeof want - n, "%s:%d ", addr, p);
+        snprintf(want + n, sizeof want - n, "end");
+        if (strcmp(line, want) != 0)
+            fail_msg("a mixed or broken line: '%s'", line);
+    }
+    assert_int_equal(ready, 2);
+    assert_int_equal(lines, 18);
+    free(out);
+    harness_finish(&h);
+}
+
+/*
+ * A line longer than the bound (20000 bytes in pieces): its first SHMIPC__SUP_LINE_MAX bytes
+ * are forwarded with the cut marker, the rest as a line of its own; then the next line whole.
+ */
+static void test_output_line_over_the_bound_is_cut(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(
+        &h,
+        SH("echo \"w ready on {address}\"; for i in 1 2 3 4 5; do head -c 4000 /dev/zero | "
+           "tr '\\0' x; sleep 0.01; done; echo; echo next; exec sleep 30"),
+        1);
+    harness_start(&h, &c);
+    wait_ready(&h, 1, 10000);
+    wait_out_lines(&h, 3, 30000); /* with the old code: the ready line, the x's, "next" */
+    uint64_t end = ms_now() + 30000;
+    while (!file_contains(h.out_path, "next\n") && ms_now() < end)
+        sleep_ms(10);
+    char *out = slurp(h.out_path);
+    char *x = strchr(out, '\n');
+    assert_non_null(x);
+    x++;
+    size_t first = strspn(x, "x");
+    assert_int_equal(first, SHMIPC__SUP_LINE_MAX);
+    assert_memory_equal(x + first, SHMIPC__SUP_CUT_MARK "\n", strlen(SHMIPC__SUP_CUT_MARK) + 1);
+    x += first + strlen(SHMIPC__SUP_CUT_MARK) + 1;
+    size_t rest = strspn(x, "x");
+    assert_int_equal(rest, 20000 - SHMIPC__SUP_LINE_MAX);
+    assert_string_equal(x + rest, "\nnext\n");
+    free(out);
+    harness_finish(&h);
+}
+
+/* A worker's last line without a newline is forwarded when it exits, ended by a newline: the
+ * next instance's ready line does not join it. */
+static void test_output_last_line_without_newline(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    char script[512];
+    snprintf(script, sizeof script,
+             "echo \"w ready on {address}\"; if [ -e %s/once ]; then exec sleep 30; fi; "
+             "touch %s/once; printf 'last words'; sleep 0.05; printf ' here'; exit 3",
+             h.dir, h.dir);
+    shmipc__sup_config c = base_config(&h, SH(script), 1);
+    harness_start(&h, &c);
+    wait_log(&h, "died", 10000);
+    wait_out_lines(&h, 3, 30000); /* ready, the last words, the second instance's ready */
+    char *out = slurp(h.out_path);
+    assert_non_null(strstr(out, "\nlast words here\nw ready on "));
+    free(out);
+    harness_finish(&h);
+}
+
 static void test_address_substitution(void **state)
 {
     (void)state;
@@ -1388,7 +1514,7 @@ static void test_python_import_failure_backs_off(void **state)
     harness_finish(&h);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_misuse),
@@ -1401,6 +1527,9 @@ int main(void)
         cmocka_unit_test(test_spawn_failure_backs_off),
         cmocka_unit_test(test_start_timeout_kills_a_silent_worker),
         cmocka_unit_test(test_long_output_line_then_ready),
+        cmocka_unit_test(test_output_whole_lines_of_two_workers),
+        cmocka_unit_test(test_output_line_over_the_bound_is_cut),
+        cmocka_unit_test(test_output_last_line_without_newline),
         cmocka_unit_test(test_address_substitution),
         cmocka_unit_test(test_clean_exit_restarts_at_once),
         cmocka_unit_test(test_instant_clean_exits_are_capped_too),
@@ -1418,5 +1547,7 @@ int main(void)
         cmocka_unit_test(test_python_max_requests_recycles),
         cmocka_unit_test(test_python_import_failure_backs_off),
     };
+    if (argc > 1) /* one case (or a pattern) by name */
+        cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
