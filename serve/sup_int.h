@@ -24,6 +24,7 @@
  * "Starting": whole lines, each of one worker). */
 struct sup_pipe {
     int fd;
+    int cut; /* the last bytes forwarded ended a cut: a newline next is the cut line's own */
     size_t len;
     char buf[SHMIPC__SUP_LINE_MAX];
 };

@@ -69,6 +69,14 @@ static void take(struct slot *s, struct sup_pipe *p, int dest, int starting, con
 {
     static const char mark[] = SHMIPC__SUP_CUT_MARK "\n";
     while (n > 0) {
+        if (p->cut) { /* the line ended right at the cut: its newline is the marker's */
+            p->cut = 0;
+            if (*d == '\n') {
+                d++;
+                n--;
+                continue;
+            }
+        }
         const char *nl = memchr(d, '\n', n);
         if (p->len == 0 && nl != NULL && !starting) {
             const char *last = memrchr(d, '\n', n);
@@ -86,6 +94,7 @@ static void take(struct slot *s, struct sup_pipe *p, int dest, int starting, con
             p->len = 0;
             d += room;
             n -= room;
+            p->cut = 1;
             continue;
         }
         memcpy(p->buf + p->len, d, k);
@@ -110,6 +119,7 @@ static void close_pipe(struct sup_pipe *p, int dest)
         shmipc__sup_write_all(dest, "\n", 1);
         p->len = 0;
     }
+    p->cut = 0;
     if (p->fd >= 0)
         close(p->fd);
     p->fd = -1;

@@ -80,6 +80,7 @@ void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now)
     s->ready_ns = 0;
     s->killed = 0;
     s->out[0].len = s->out[1].len = 0;
+    s->out[0].cut = s->out[1].cut = 0;
     if ((argv = make_argv(sup, s->address)) == NULL) {
         err = ENOMEM;
         goto fail;

@@ -714,7 +714,8 @@ static void test_output_line_over_the_bound_is_cut(void **state)
     shmipc__sup_config c = base_config(
         &h,
         SH("echo \"w ready on {address}\"; for i in 1 2 3 4 5; do head -c 4000 /dev/zero | "
-           "tr '\\0' x; sleep 0.01; done; echo; echo next; exec sleep 30"),
+           "tr '\\0' x; sleep 0.01; done; echo; echo next; head -c 16384 /dev/zero | tr '\\0' y; "
+           "sleep 0.01; echo; echo after; exec sleep 30"),
         1);
     harness_start(&h, &c);
     wait_ready(&h, 1, 10000);
@@ -732,7 +733,17 @@ static void test_output_line_over_the_bound_is_cut(void **state)
     x += first + strlen(SHMIPC__SUP_CUT_MARK) + 1;
     size_t rest = strspn(x, "x");
     assert_int_equal(rest, 20000 - SHMIPC__SUP_LINE_MAX);
-    assert_string_equal(x + rest, "\nnext\n");
+    assert_memory_equal(x + rest, "\nnext\n", 6);
+    /* a line of exactly the bound, its newline in a later read: cut, and no empty line */
+    while (!file_contains(h.out_path, "after\n") && ms_now() < end)
+        sleep_ms(10);
+    free(out);
+    out = slurp(h.out_path);
+    x = strstr(out, "\nyy"); /* not the "y" of "ready" */
+    assert_non_null(x);
+    x++;
+    assert_int_equal(strspn(x, "y"), SHMIPC__SUP_LINE_MAX);
+    assert_string_equal(x + SHMIPC__SUP_LINE_MAX, SHMIPC__SUP_CUT_MARK "\nafter\n");
     free(out);
     harness_finish(&h);
 }
