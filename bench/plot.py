@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots the JSON that `shmipc-bench ipc` and `shmipc-bench-ws` write.
+"""Plots the JSON that `shmipc-bench ipc`, `shmipc-bench-ws` and bench/serve_bench.py write.
 
 Writes four figures into OUT_DIR (default docs/img):
   ipc-latency    one stream: p50 and p99 round-trip latency against payload size
@@ -10,11 +10,14 @@ Writes four figures into OUT_DIR (default docs/img):
 and, from `shmipc-bench-ws` JSON, two:
   ws-latency     p50 and p99 round-trip latency against connections, one panel per payload
   ws-ratio       p50 / the bare TCP echo's and p50 / Node.js ws's, with the bars of issue 6
+and, from bench/serve_bench.py JSON, two:
+  serve-rps      req/s against connections, one panel per body size and worker count
+  serve-cpu      the server's CPU per request against connections, the same panels
 
 With matplotlib (Debian: python3-matplotlib, for /usr/bin/python3) the figures are PNG;
 without it, or with --svg, they are SVG written by hand, with no dependency at all.
 
-Usage: bench/plot.py [--svg] [--out OUT_DIR] [bench-ipc.json | bench-ws.json]
+Usage: bench/plot.py [--svg] [--out OUT_DIR] [bench-ipc.json | bench-ws.json | serve.json]
 """
 import argparse
 import json
@@ -39,8 +42,9 @@ def size_label(v):
 def load(path):
     with open(path) as f:
         data = json.load(f)
-    if data.get("bench") not in ("ipc", "ws"):
-        sys.exit(f"plot.py: {path} is not shmipc-bench ipc or shmipc-bench-ws output")
+    if data.get("bench") not in ("ipc", "ws", "serve"):
+        sys.exit(f"plot.py: {path} is not shmipc-bench ipc, shmipc-bench-ws or serve_bench.py "
+                 "output")
     return data
 
 
@@ -232,6 +236,34 @@ def ws_subtitle(data):
             f"{env['loadavg'][1]:.1f}; median of {rounds} round{'s' if rounds != 1 else ''}")
 
 
+def serve_panels(data):
+    """bench/serve_bench.py: x is the number of connections; a panel per body and workers."""
+    res = data["results"]
+    conns = sorted({r["conns"] for r in res})
+    targets = list(dict.fromkeys(r["target"] for r in res))
+    groups = sorted({(r["body"], r["workers"]) for r in res})
+
+    def series(key, body, workers):
+        out = {}
+        for t in targets:
+            pts = [(r["conns"], r[key]) for r in res
+                   if r["target"] == t and r["body"] == body and r["workers"] == workers
+                   and r[key] > 0]
+            if pts:
+                out[t] = sorted(pts)
+        return out
+
+    rps = [{"title": f"{size_label(b)} body, {w} worker{'s' if w > 1 else ''}: req/s",
+            "series": series("rps", b, w), "ylabel": "req/s", "logy": True} for b, w in groups]
+    cpu = [{"title": f"{size_label(b)} body, {w} worker{'s' if w > 1 else ''}: CPU/request",
+            "series": series("cpu_us_per_req", b, w), "ylabel": "µs (server processes)",
+            "logy": True} for b, w in groups]
+    return conns, [("serve-rps", "Application servers, one app, wrk -t1: requests per second",
+                    rps),
+                   ("serve-cpu", "Application servers: the server's CPU per request "
+                    "(user + system, /proc)", cpu)]
+
+
 def conns_label(v):
     return str(v)
 
@@ -367,7 +399,7 @@ def plot_svg(sizes, figs, out, sub, xfmt=size_label):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Plots shmipc-bench ipc or shmipc-bench-ws JSON.")
+    ap = argparse.ArgumentParser(description="Plots shmipc-bench ipc, shmipc-bench-ws or serve_bench.py JSON.")
     ap.add_argument("json", nargs="?", default="bench-ipc.json")
     ap.add_argument("--out", default=os.path.join("docs", "img"), help="output directory")
     ap.add_argument("--svg", action="store_true", help="write SVG even if matplotlib is there")
@@ -375,6 +407,8 @@ def main():
     data = load(args.json)
     if data["bench"] == "ws":
         (sizes, figs), sub, xfmt = ws_panels(data), ws_subtitle(data), conns_label
+    elif data["bench"] == "serve":
+        (sizes, figs), sub, xfmt = serve_panels(data), ws_subtitle(data), conns_label
     else:
         (sizes, figs), sub, xfmt = panels(data), subtitle(data), size_label
     os.makedirs(args.out, exist_ok=True)

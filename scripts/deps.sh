@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages shmipc needs that are missing; quick when all are present.
 # Usage: scripts/deps.sh            (as root, or with sudo available)
+#        scripts/deps.sh bench      also the "bench" group: the load generator and the peer
+#                                   servers of bench/serve_bench.py (CI does not install it)
 set -euo pipefail
 
 packages=(
@@ -20,6 +22,14 @@ packages+=(python3-venv python3-mesonpy python3-build luarocks dpkg-dev debhelpe
 # tests/ws_interop (issue 6): node and Debian's `ws` for the interop test, offline (20 packages,
 # 12 MB on a fresh Debian 12). Not npm: it pulls in 355 packages; the test uses it when present.
 packages+=(nodejs node-ws)
+# The "bench" group, only on request: wrk and the application servers bench/serve_bench.py
+# measures ours against (a missing one is skipped there, never a failure).
+if [[ ${1:-} == bench ]]; then
+  packages+=(wrk gunicorn uwsgi uwsgi-plugin-python3 python3-uvicorn python3-uvloop python3-aiohttp)
+elif [[ $# -gt 0 ]]; then
+  echo "usage: scripts/deps.sh [bench]" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${packages[@]}"; do
