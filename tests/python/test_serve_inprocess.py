@@ -303,6 +303,29 @@ def test_asgi_lifespan_failed_and_unsupported():
         assert request(s.port, "GET", "/")[0] == 500
 
 
+def test_asgi_close_while_a_request_waits_in_the_app_is_500_not_a_hang():
+    entered = threading.Event()
+
+    async def app(scope, receive, send):
+        if scope["path"] == "/hang":
+            entered.set()
+            await asyncio.Event().wait()  # never set: only a cancel ends it
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    route = ASGIRoute(app, lifespan=False)
+    s = serve(route, workers=2)
+    with s:
+        got = []
+        t = threading.Thread(target=lambda: got.append(request(s.port, "GET", "/hang")))
+        t.start()
+        assert entered.wait(10)
+        route.close()
+        t.join(10)
+        assert not t.is_alive() and got[0][0] == 500
+        assert request(s.port, "GET", "/")[0] == 500  # after close(): a 500, not a hang
+
+
 def test_asgi_protocol_errors_are_500():
     async def app(scope, receive, send):
         p = scope["path"]

@@ -233,6 +233,10 @@ class ASGIRoute:
         self._life.lifespan_supported = None
         self.state = None
         self._closed = False
+        # Requests waiting on the loop: close() fails those still waiting, so that a request
+        # that raced it is a 500, never a worker thread blocked on a stopped loop.
+        self._lock = threading.Lock()
+        self._inflight = set()
         self._thread = threading.Thread(target=self._run_loop, name="shmipc-asgi-loop",
                                         daemon=True)
         self._thread.start()
@@ -252,12 +256,21 @@ class ASGIRoute:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def __call__(self, frame, body):
-        if self._closed:
-            raise RuntimeError("the ASGI route is closed")
         scope = sf.decode_request_scope(frame)
         if self.state is not None:
             scope["state"] = dict(self.state)  # the spec: a shallow copy per request
-        return self._submit(self._serve(scope, body)).result()
+        coro = self._serve(scope, body)
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise RuntimeError("the ASGI route is closed")
+            fut = self._submit(coro)
+            self._inflight.add(fut)
+        try:
+            return fut.result()
+        finally:
+            with self._lock:
+                self._inflight.discard(fut)
 
     async def _serve(self, scope, body):
         h = _Http(scope, body)
@@ -279,10 +292,23 @@ class ASGIRoute:
             h.done.set()
 
     def _stop_loop(self):
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            waiting, self._inflight = self._inflight, set()
         if self._thread.is_alive():
+            try:
+                # The requests still in the app are cancelled (each answered 500).
+                self._submit(_cancel_all()).result(self._life.lifespan_timeout)
+            except Exception:  # noqa: BLE001 (an app that does not end on cancel)
+                pass
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
+        for fut in waiting:
+            if not fut.done():
+                try:
+                    fut.set_exception(RuntimeError("the ASGI route was closed"))
+                except Exception:  # noqa: BLE001 (it completed meanwhile)
+                    pass
         self.loop.close()
 
     def close(self):
@@ -307,6 +333,14 @@ class ASGIRoute:
 
     def __exit__(self, *exc):
         self.close()
+
+
+async def _cancel_all():
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _cancel(task):
