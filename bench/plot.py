@@ -28,7 +28,13 @@ import sys
 COLORS = {"shmipc-v3": "#1f77b4", "shmipc-v2": "#2ca02c", "shmipc-v4": "#ff7f0e",
           "shmipc-v4-eventfd": "#9467bd", "shmipc-v4-polling": "#8c564b", "uds": "#d62728",
           "tcp": "#7f7f7f", "ours": "#1f77b4", "ours-io_uring": "#1f77b4", "ours-epoll": "#ff7f0e",
-          "node": "#2ca02c"}
+          "node": "#2ca02c",
+          # bench/serve_bench.py: ours in blues and oranges, the peers in the other hues
+          "shmipc-serve-wsgi": "#1f77b4", "shmipc-serve-asgi": "#17becf",
+          "shmipc-serve-wsgi-spin0": "#aec7e8", "inproc-native": "#000000",
+          "inproc-wsgi": "#ff7f0e", "inproc-asgi": "#ffbb78", "inproc-asgi-uvloop": "#bcbd22",
+          "gunicorn-sync": "#d62728", "gunicorn-gthread": "#ff9896", "uwsgi": "#9467bd",
+          "uvicorn-asyncio": "#8c564b", "uvicorn-uvloop": "#e377c2", "aiohttp": "#2ca02c"}
 
 
 def size_label(v):

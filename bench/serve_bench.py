@@ -380,6 +380,8 @@ def run(args):
                     "p99_ms": statistics.median(r["p99_ms"] for r in rs),
                     "cpu_us_per_req": statistics.median(r["cpu_us_per_req"] for r in rs),
                     "errors": sum(r["errors"] for r in rs), "rounds": rs})
+    # The machine may be shared: its load at the end beside the start's.
+    info["loadavg_end"] = list(os.getloadavg())
     return {"bench": "serve", "env": info,
             "config": {"rounds": args.rounds, "duration_s": args.duration,
                        "warmup_s": args.warmup, "bodies": args.bodies, "workers": args.workers,
@@ -404,7 +406,9 @@ def index(data):
 def markdown(data):
     env, cfg = data["env"], data["config"]
     lines = [f"Run: {env['kernel']}, {env['cpus']} CPUs ({env['cpu_model']}), load average "
-             f"{env['loadavg'][0]:.2f} at the start; {env['python']}; {env['wrk']}; "
+             f"{env['loadavg'][0]:.2f} at the start"
+             + (f", {env['loadavg_end'][0]:.2f} at the end" if "loadavg_end" in env else "")
+             + f"; {env['python']}; {env['wrk']}; "
              f"median of {cfg['rounds']} interleaved rounds of {cfg['duration_s']} s "
              f"(wrk -t1{', pinned to CPU 1, one-worker servers to CPU 0' if cfg['pinned'] else ''})."
              f" CPU/req: the server's process tree, from /proc.", ""]
