@@ -28,7 +28,7 @@ listing=$("$py" -m zipfile -l "$wheel")
 for f in shmipc/__init__.py shmipc/__init__.pyi shmipc/aio.py shmipc/aio.pyi shmipc/abi.pyi \
   shmipc/py.typed shmipc/__main__.py 'shmipc/_shmipc\..*\.so' 'shmipc/_serve\..*\.so' \
   shmipc/_serve.pyi \
-  shmipc/serve/__init__.py shmipc/serve/asgi.py shmipc/serve/inprocess.py shmipc/serve/worker.py \
+  shmipc/serve/__init__.py shmipc/serve/__main__.py shmipc/serve/asgi.py shmipc/serve/inprocess.py shmipc/serve/worker.py \
   shmipc/serve/wsgi.py; do
   grep -Eq "^(shmipc-[^/]*\.data/purelib/)?$f " <<<"$listing" || { echo "wheel lacks $f"; exit 1; }
 done

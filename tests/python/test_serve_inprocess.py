@@ -518,3 +518,91 @@ def test_imports_and_serves_under_each_interpreter():
                              env=dict(os.environ, PYTHONPATH=pkg_parent))
         assert out.returncode == 0, (exe, out.stderr)
         assert out.stdout.strip() == "/hi", exe
+
+
+def test_heads_over_the_protocols_limits_get_the_fronts_answers():
+    # The C server may allow more than a REQUEST_HEAD carries: the frame route answers as the
+    # front does, 431 for too many fields, 414 for a target over 16 KiB; nothing reaches the app.
+    calls = []
+
+    def app(environ, start_response):
+        calls.append(environ["PATH_INFO"])
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    s = shmipc.Server(port=0, workers=1, max_headers=200, max_request_line=32 << 10,
+                      max_head_bytes=64 << 10)
+    s.route(None, "/*", WSGIRoute(app))
+    s.start()
+    with s:
+        many = {f"X-H{i}": "v" for i in range(140)}
+        assert request(s.port, "GET", "/many", headers=many)[0] == 431
+        assert request(s.port, "GET", "/" + "a" * (17 << 10))[0] == 414
+        assert request(s.port, "GET", "/fine", headers={"X-H": "v" * 3000})[::2] == (200, b"ok")
+        big = {f"X-H{i}": "v" * 600 for i in range(100)}  # 60 KB of fields: the larger buffer
+        assert request(s.port, "GET", "/big", headers=big)[::2] == (200, b"ok")
+    assert calls == ["/fine", "/big"]
+
+
+CLI_APP = '''
+import os
+
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"wsgi " + environ["PATH_INFO"].encode()]
+
+async def asgi(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            with open(os.environ["LIFESPAN_LOG"], "a") as f:
+                f.write(msg["type"] + "\\n")
+            await send({"type": msg["type"] + ".complete"})
+            if msg["type"] == "lifespan.shutdown":
+                return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"asgi " + scope["path"].encode()})
+'''
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_cli_in_process(tmp_path, kind):
+    import re
+    import signal
+
+    (tmp_path / "cliapp2.py").write_text(CLI_APP)
+    log = tmp_path / "lifespan.log"
+    env = dict(python_env(), LIFESPAN_LOG=str(log))
+    argv = [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
+            "--workers", "2", "cliapp2:" + ("app" if kind == "wsgi" else "asgi")]
+    if kind == "asgi":
+        argv.insert(4, "--asgi")
+    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        line = p.stdout.readline()
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        assert m, line
+        assert request(int(m.group(1)), "GET", "/x")[::2] == (200, f"{kind} /x".encode())
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if kind == "asgi":
+        assert log.read_text() == "lifespan.startup\nlifespan.shutdown\n"
+
+
+def test_cli_in_process_refusals(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "shmipc.serve", *args], cwd=tmp_path,
+                              env=python_env(), capture_output=True, text=True, timeout=60)
+    r = run("mod:app")
+    assert r.returncode == 2 and "--in-process" in r.stderr
+    r = run("--in-process", "nosuchmodule:app")
+    assert r.returncode == 2 and "cannot load" in r.stderr
+    r = run("--in-process", "--listen", "nowhere", "os:getcwd")
+    assert r.returncode == 2 and "HOST:PORT" in r.stderr
+    r = run("--in-process", "--workers", "0", "os:getcwd")
+    assert r.returncode == 2

@@ -1,0 +1,84 @@
+"""``python -m shmipc.serve --in-process myapp:app``: one process serving a WSGI (or, with
+--asgi, ASGI 3) app on shmipc.Server through the in-process adapters (docs/serve.md, "One
+process"). The supervised pool of worker processes is the ``shmipc-serve`` command.
+SIGTERM and SIGINT stop it gracefully (ASGI lifespan shutdown after the server)."""
+import argparse
+import logging
+import signal
+import sys
+
+from .worker import load_app
+
+
+def _listen(text):
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="python -m shmipc.serve",
+        description="Serve a WSGI or ASGI app in this process on shmipc.Server "
+        "(docs/serve.md, \"One process\"); the supervised pool is the shmipc-serve command.")
+    ap.add_argument("app", help="the application, as module:callable")
+    ap.add_argument("--in-process", action="store_true", required=True,
+                    help="serve in this process (required: the only mode of this command)")
+    ap.add_argument("--asgi", action="store_true", help="APP is an ASGI 3 app (http, lifespan)")
+    ap.add_argument("--listen", type=_listen, default=("127.0.0.1", 8000), metavar="HOST:PORT",
+                    help="where to listen (127.0.0.1:8000; port 0: any free port)")
+    ap.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="the server's worker threads (default: SHMIPC_WORKERS, else one per CPU)")
+    args = ap.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        ap.error("--workers must be >= 1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(message)s")
+    try:
+        app = load_app(args.app)
+    except Exception as e:
+        print(f"python -m shmipc.serve: cannot load {args.app}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 2
+
+    import shmipc
+
+    from .asgi import LifespanFailed
+    from .inprocess import ASGIRoute, WSGIRoute
+
+    try:
+        route = ASGIRoute(app) if args.asgi else WSGIRoute(app)
+    except LifespanFailed as e:
+        print(f"python -m shmipc.serve: lifespan startup failed: {e}", file=sys.stderr)
+        return 3
+    kw = {"address": args.listen[0], "port": args.listen[1]}
+    if args.workers is not None:
+        kw["workers"] = args.workers
+    try:
+        with shmipc.Server(**kw) as server:
+            server.route(None, "/*", route)
+            try:
+                server.start()
+            except shmipc.Error as e:
+                print(f"python -m shmipc.serve: cannot listen on {args.listen[0]}:"
+                      f"{args.listen[1]}: {e}", file=sys.stderr)
+                return 1
+            signal.signal(signal.SIGTERM, lambda *a: server.stop())
+            print(f"python -m shmipc.serve: {args.app} listening on "
+                  f"{args.listen[0]}:{server.port}", flush=True)
+            try:
+                server.run()
+            except KeyboardInterrupt:
+                pass
+    finally:
+        if args.asgi:
+            try:
+                route.close()
+            except LifespanFailed as e:
+                print(f"python -m shmipc.serve: lifespan shutdown failed: {e}", file=sys.stderr)
+                return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
