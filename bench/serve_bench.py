@@ -134,9 +134,17 @@ def run_inprocess(kind, port, workers):
             factory = uvloop.new_event_loop
         route = shmipc.serve.asgi_handler(serve_app.asgi, loop_factory=factory)
         s.route(None, "/*", route)
-    signal.signal(signal.SIGTERM, lambda *a: s.stop())
+    # The handler only sets the event: a stop() from a SIGTERM that came before run() would
+    # stop the started server and run() would start it again.
+    import threading
+
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stopping.set())
     with s:
-        s.run()
+        s.start()
+        while not stopping.wait(0.5):
+            pass
+        s.stop()
     if route is not None:
         route.close()
 

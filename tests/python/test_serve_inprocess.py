@@ -606,3 +606,23 @@ def test_cli_in_process_refusals(tmp_path):
     assert r.returncode == 2 and "HOST:PORT" in r.stderr
     r = run("--in-process", "--workers", "0", "os:getcwd")
     assert r.returncode == 2
+
+
+def test_cli_sigterm_right_after_listening_stops_it():
+    # A SIGTERM between start() and run() once stopped the server and run() started it again:
+    # the process never ended. Sent here as soon as the "listening" line is read.
+    import signal
+
+    for _ in range(5):
+        p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process", "--listen",
+                              "127.0.0.1:0", "--workers", "1", "os:getcwd"],
+                             env=python_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        try:
+            assert "listening on" in p.stdout.readline()
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=20) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

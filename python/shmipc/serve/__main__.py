@@ -51,6 +51,15 @@ def main(argv=None):
     except LifespanFailed as e:
         print(f"python -m shmipc.serve: lifespan startup failed: {e}", file=sys.stderr)
         return 3
+    import threading
+
+    stopping = threading.Event()
+
+    def on_signal(signum, frame):
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     kw = {"address": args.listen[0], "port": args.listen[1]}
     if args.workers is not None:
         kw["workers"] = args.workers
@@ -63,13 +72,13 @@ def main(argv=None):
                 print(f"python -m shmipc.serve: cannot listen on {args.listen[0]}:"
                       f"{args.listen[1]}: {e}", file=sys.stderr)
                 return 1
-            signal.signal(signal.SIGTERM, lambda *a: server.stop())
             print(f"python -m shmipc.serve: {args.app} listening on "
                   f"{args.listen[0]}:{server.port}", flush=True)
-            try:
-                server.run()
-            except KeyboardInterrupt:
+            # The handlers only set the event: a stop() from a signal that came before run()
+            # would stop the started server, and run() would then start it again and block.
+            while not stopping.wait(0.5):
                 pass
+            server.stop()
     finally:
         if args.asgi:
             try:
