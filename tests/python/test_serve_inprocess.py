@@ -626,3 +626,94 @@ def test_cli_sigterm_right_after_listening_stops_it():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+# ---- regressions (review of 400801d) --------------------------------------------------------
+
+def _run_child(code, timeout=60):
+    """Runs `code` in a child Python: a hang there is a failed test, not a wedged pytest."""
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=timeout, env=python_env())
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the child hung: {e.stdout!r} {e.stderr!r}")
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+_CHILD_HEAD = """
+import asyncio, http.client, threading, time, shmipc
+from shmipc.serve import ASGIRoute
+
+def get(port, path, out):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=8)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        out.append((r.status, r.read()))
+    except Exception as e:
+        out.append(repr(e))
+    finally:
+        c.close()
+"""
+
+
+def test_asgi_close_with_a_request_in_flight_does_not_hang_the_worker():
+    # close() stopped the loop under a running request: its worker thread waited on the
+    # future forever, so the client never got an answer and server.close() never returned.
+    out = _run_child(_CHILD_HEAD + """
+started = threading.Event()
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        raise ValueError("no lifespan")
+    started.set()
+    await asyncio.sleep(30)
+
+route = ASGIRoute(app, lifespan=False)
+s = shmipc.Server(port=0, workers=1)
+s.route(None, "/*", route)
+s.start()
+res = []
+t = threading.Thread(target=get, args=(s.port, "/slow", res))
+t.start()
+assert started.wait(5)
+route.close()
+t.join(10)
+assert not t.is_alive(), "the client got no answer"
+closer = threading.Thread(target=s.close, daemon=True)
+closer.start()
+closer.join(10)
+assert not closer.is_alive(), "server.close() hung"
+print(res)
+""")
+    assert "(500, b'Internal Server Error\\n')" in out
+
+
+def test_asgi_app_raising_systemexit_does_not_kill_the_loop():
+    # A SystemExit (or KeyboardInterrupt) from the app left asyncio's run_forever(): the loop
+    # thread died and every later request waited forever on a loop that no longer ran.
+    out = _run_child(_CHILD_HEAD + """
+import sys
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        raise ValueError("no lifespan")
+    if scope["path"] == "/exit":
+        sys.exit(3)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+route = ASGIRoute(app, lifespan=False)
+s = shmipc.Server(port=0, workers=1)
+s.route(None, "/*", route)
+s.start()
+res = []
+for p in ("/exit", "/after"):
+    t = threading.Thread(target=get, args=(s.port, p, res), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), f"{p}: no answer"
+print(res)
+s.close()
+route.close()
+""")
+    assert "[(500, b'Internal Server Error\\n'), (200, b'ok')]" in out

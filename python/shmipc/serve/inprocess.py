@@ -23,6 +23,7 @@ own worker threads with complete bodies:
 """
 
 import asyncio
+import concurrent.futures
 import io
 import logging
 import sys
@@ -36,6 +37,8 @@ __all__ = ["ASGIRoute", "WSGIRoute", "asgi_handler", "wsgi_handler"]
 
 log = logging.getLogger("shmipc.serve")
 
+# How often a request waiting on the ASGI loop checks that the loop still runs.
+_POLL_S = 0.5
 _ERROR = (500, [("Content-Type", "text/plain; charset=utf-8")], b"Internal Server Error\n")
 # Fields the C server sets itself (the front drops them from a worker's head the same way).
 _SERVERS = frozenset(("date", "server"))
@@ -264,10 +267,24 @@ class ASGIRoute:
             if self._closed:
                 coro.close()
                 raise RuntimeError("the ASGI route is closed")
-            fut = self._submit(coro)
+            try:
+                fut = self._submit(coro)
+            except RuntimeError:  # the loop closed since the check above
+                coro.close()
+                raise
             self._inflight.add(fut)
         try:
-            return fut.result()
+            # Not one blocking result(): a loop that stopped under this request (close() racing
+            # it) never completes the future, and the server's worker thread would wait forever.
+            while True:
+                try:
+                    return fut.result(_POLL_S)
+                except concurrent.futures.TimeoutError:
+                    if fut.done():
+                        raise
+                    if not self._thread.is_alive():
+                        fut.cancel()
+                        raise RuntimeError("the ASGI route's loop ended under the request") from None
         finally:
             with self._lock:
                 self._inflight.discard(fut)
@@ -279,7 +296,11 @@ class ASGIRoute:
             if not h.complete:
                 raise RuntimeError("the app returned before completing its response")
             return h.result()
-        except Exception as e:
+        except asyncio.CancelledError:
+            raise  # close(): the request's future is cancelled, its worker answers 500
+        except BaseException as e:  # noqa: BLE001
+            # SystemExit or KeyboardInterrupt too: out of a task they would leave the loop's
+            # run_forever(), its thread would end, and every later request would wait on it.
             if h.complete:
                 # The response is whole: it stands (a front would have sent it already).
                 log.error("shmipc-serve: the app failed after its response on %s %s",
@@ -296,10 +317,12 @@ class ASGIRoute:
             self._closed = True
             waiting, self._inflight = self._inflight, set()
         if self._thread.is_alive():
+            # Requests still running are cancelled first (their workers answer 500) rather
+            # than left pending on a stopped loop.
             try:
-                # The requests still in the app are cancelled (each answered 500).
-                self._submit(_cancel_all()).result(self._life.lifespan_timeout)
-            except Exception:  # noqa: BLE001 (an app that does not end on cancel)
+                self._submit(_cancel_all(self._life.lifespan_timeout)).result(
+                    self._life.lifespan_timeout + 1)
+            except Exception:  # noqa: BLE001 (an app that ignores the cancel: stopped anyway)
                 pass
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
@@ -335,12 +358,13 @@ class ASGIRoute:
         self.close()
 
 
-async def _cancel_all():
+async def _cancel_all(timeout):
     me = asyncio.current_task()
     tasks = [t for t in asyncio.all_tasks() if t is not me]
     for t in tasks:
         t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
 
 
 async def _cancel(task):
