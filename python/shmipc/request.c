@@ -104,6 +104,30 @@ static int set_body(shmipc_http_response *res, PyObject *body)
                                             release_bytes);
 }
 
+/* A header name or value: str (as UTF-8) or bytes (as they are, for the in-process WSGI/ASGI
+ * adapters, whose fields are latin-1 bytes as a front sends them); no NUL. */
+static const char *header_str(PyObject *o)
+{
+    Py_ssize_t n = 0;
+    const char *s = NULL;
+    if (PyBytes_Check(o)) {
+        s = PyBytes_AS_STRING(o);
+        n = PyBytes_GET_SIZE(o);
+    } else if (PyUnicode_Check(o)) {
+        if ((s = PyUnicode_AsUTF8AndSize(o, &n)) == NULL)
+            return NULL;
+    } else {
+        PyErr_Format(PyExc_TypeError, "a header name or value must be str or bytes, not %s",
+                     Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    if (strlen(s) != (size_t)n) {
+        PyErr_SetString(PyExc_ValueError, "a header name or value has a NUL byte");
+        return NULL;
+    }
+    return s;
+}
+
 /* Applies (status, [(name, value)], body) from _normalize(); < 0 with an exception set. */
 static int apply_normalized(ServerObject *srv, shmipc_http_response *res, PyObject *t)
 {
@@ -119,8 +143,10 @@ static int apply_normalized(ServerObject *srv, shmipc_http_response *res, PyObje
     }
     rc = shmipc_http_response_set_status(res, status);
     for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(headers); i++) {
+        PyObject *no, *vo;
         const char *name, *value;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(headers, i), "ss", &name, &value))
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(headers, i), "OO", &no, &vo) ||
+            (name = header_str(no)) == NULL || (value = header_str(vo)) == NULL)
             return -1;
         rc = shmipc_http_response_add_header(res, name, value);
     }

@@ -8,6 +8,7 @@ import http.client
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -717,3 +718,42 @@ s.close()
 route.close()
 """)
     assert "[(500, b'Internal Server Error\\n'), (200, b'ok')]" in out
+
+
+def _raw_get(port):
+    c = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while True:
+            d = c.recv(65536)
+            if not d:
+                return data
+            data += d
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_non_ascii_header_bytes_go_out_as_latin1_not_utf8(kind):
+    # The fields went to the C server as str, which sends UTF-8: WSGI's latin-1 "caf\xe9"
+    # (and ASGI's raw bytes b"caf\xe9") left as b"caf\xc3\xa9", where a front sends b"\xe9".
+    def wapp(environ, start_response):
+        start_response("200 OK", [("X-V", "caf\xe9")])
+        return [b"ok"]
+
+    async def aapp(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"x-v", b"caf\xe9")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    route = wsgi_handler(wapp) if kind == "wsgi" else asgi_handler(aapp, lifespan=False)
+    try:
+        s = serve(route)
+        with s:
+            head = _raw_get(s.port).split(b"\r\n\r\n")[0].split(b"\r\n")
+        assert [h for h in head if h.lower().startswith(b"x-v:")] in (
+            [b"x-v: caf\xe9"], [b"X-V: caf\xe9"])
+    finally:
+        if kind == "asgi":
+            route.close()

@@ -39,26 +39,28 @@ log = logging.getLogger("shmipc.serve")
 
 # How often a request waiting on the ASGI loop checks that the loop still runs.
 _POLL_S = 0.5
-_ERROR = (500, [("Content-Type", "text/plain; charset=utf-8")], b"Internal Server Error\n")
+_ERROR = (500, [(b"Content-Type", b"text/plain; charset=utf-8")], b"Internal Server Error\n")
 # Fields the C server sets itself (the front drops them from a worker's head the same way).
-_SERVERS = frozenset(("date", "server"))
+_SERVERS = frozenset((b"date", b"server"))
 
 
 def _fields(pairs, close):
-    """(name, value) str pairs for the C server: Date and Server are its own, a second
-    Content-Type is dropped (as the front does), Connection: close becomes its own field."""
+    """(name, value) bytes pairs for the C server, which sends bytes as they are (str would go
+    out as UTF-8, not the latin-1 of WSGI's str and of a front): Date and Server are its own,
+    a second Content-Type is dropped (as the front does), Connection: close becomes its own
+    field."""
     out, ctype = [], False
     for name, value in pairs:
         lname = name.lower()
         if lname in _SERVERS:
             continue
-        if lname == "content-type":
+        if lname == b"content-type":
             if ctype:
                 continue
             ctype = True
         out.append((name, value))
     if close:
-        out.append(("Connection", "close"))
+        out.append((b"Connection", b"close"))
     return out
 
 
@@ -99,7 +101,8 @@ class _Collect(_wsgi._Response):
             raise _LengthError(
                 f"the app sent {self.sent} bytes of its Content-Length of {self.length}")
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        return (self.code, _fields(self.headers, self.flags & sf.RESP_CLOSE), body)
+        headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
+        return (self.code, _fields(headers, self.flags & sf.RESP_CLOSE), body)
 
 
 class WSGIRoute:
@@ -203,9 +206,8 @@ class _Http(_asgi._Http):
             self.done.set()
 
     def result(self):
-        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in self.headers]
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        return (self.status, _fields(headers, self.flags & sf.RESP_CLOSE), body)
+        return (self.status, _fields(self.headers, self.flags & sf.RESP_CLOSE), body)
 
 
 class ASGIRoute:
