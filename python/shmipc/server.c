@@ -222,8 +222,13 @@ static PyObject *add_route(ServerObject *self, PyObject *method, PyObject *path,
     ctx->server = self;
     ctx->handler = handler;
     /* The in-process WSGI/ASGI adapters (shmipc.serve.inprocess) take the request as a
-     * REQUEST_HEAD frame, so the environ/scope comes from shmipc._serve's one C decoder. */
-    ctx->frame = PyObject_HasAttrString(handler, "_shmipc_frame_route");
+     * REQUEST_HEAD frame, so the environ/scope comes from shmipc._serve's one C decoder. Asked
+     * of the handler's class and only True counts: an object that answers every attribute
+     * (a Mock, a proxy with __getattr__) is an ordinary handler. */
+    PyObject *fr = PyObject_GetAttrString((PyObject *)Py_TYPE(handler), "_shmipc_frame_route");
+    ctx->frame = fr == Py_True;
+    Py_XDECREF(fr);
+    PyErr_Clear();
     if (PyList_Append(self->handlers, handler) < 0) {
         PyMem_RawFree(ctx);
         return NULL;

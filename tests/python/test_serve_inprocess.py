@@ -757,3 +757,21 @@ def test_non_ascii_header_bytes_go_out_as_latin1_not_utf8(kind):
     finally:
         if kind == "asgi":
             route.close()
+
+
+def test_a_handler_answering_every_attribute_is_not_a_frame_route():
+    # server.c asked hasattr(handler, "_shmipc_frame_route"): a Mock or a proxy with
+    # __getattr__ says yes, was called with (frame, body), and every request was a 500.
+    from unittest import mock
+
+    class Proxy:
+        def __getattr__(self, name):
+            return True
+
+        def __call__(self, req):
+            return b"proxied"
+
+    for handler, want in ((mock.Mock(return_value=b"mocked"), b"mocked"), (Proxy(), b"proxied")):
+        s = serve(handler)
+        with s:
+            assert request(s.port, "GET", "/")[::2] == (200, want)
