@@ -12,6 +12,7 @@
 #include "shmipc_serve.h"
 
 #include <string.h>
+#include <strings.h>
 
 /* Bodies from this size up are lent to the C server instead of copied. */
 #define BORROW_MIN (64 * 1024)
@@ -190,6 +191,7 @@ static PyObject *request_frame(const shmipc_http_request *req, int *status)
     uint8_t tstack[1024], *target = tstack;
     uint8_t ostack[4096], *out = ostack;
     PyObject *frame = NULL;
+    int cl_zero = 0;
     size_t tlen = plen + (query != NULL ? 1 + qlen : 0);
 
     *status = 0;
@@ -217,6 +219,9 @@ static PyObject *request_frame(const shmipc_http_request *req, int *status)
                                          .value = (const uint8_t *)value,
                                          .name_len = (uint32_t)nl,
                                          .value_len = (uint32_t)vl};
+        /* "Content-Length: 0": CONTENT_LENGTH "0", as a front sends it (serve_frame.c). */
+        if (blen == 0 && nl == 14 && strncasecmp(name, "content-length", 14) == 0)
+            cl_zero = 1;
     }
     shmipc_serve_request r = {.size = sizeof r,
                               .version_minor = shmipc_http_request_version(req) == 10 ? 0 : 1,
@@ -227,6 +232,8 @@ static PyObject *request_frame(const shmipc_http_request *req, int *status)
     if (blen > 0) {
         r.flags |= SHMIPC_SERVE_REQ_HAS_BODY | SHMIPC_SERVE_REQ_CONTENT_LENGTH;
         r.content_length = blen;
+    } else if (cl_zero) {
+        r.flags |= SHMIPC_SERVE_REQ_CONTENT_LENGTH;
     }
     int64_t len = shmipc_serve_encode_request_head(ostack, sizeof ostack, &r, fields, n);
     if (len == SHMIPC_EMSGSIZE) { /* a big head: the protocol's bound always suffices */

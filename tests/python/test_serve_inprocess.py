@@ -775,3 +775,17 @@ def test_a_handler_answering_every_attribute_is_not_a_frame_route():
         s = serve(handler)
         with s:
             assert request(s.port, "GET", "/")[::2] == (200, want)
+
+
+def test_content_length_zero_is_in_the_environ_as_behind_a_front():
+    # A front sends "Content-Length: 0" on (CONTENT_LENGTH "0", serve_frame.c); the in-process
+    # frame left it out, so environ["CONTENT_LENGTH"] was a KeyError in one mode only.
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [repr(environ.get("CONTENT_LENGTH")).encode()]
+
+    s = serve(wsgi_handler(app))
+    with s:
+        assert request(s.port, "POST", "/", body=b"")[::2] == (200, b"'0'")
+        assert request(s.port, "GET", "/")[::2] == (200, b"None")
+        assert request(s.port, "POST", "/", body=b"abc")[::2] == (200, b"'3'")
