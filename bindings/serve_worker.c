@@ -158,11 +158,19 @@ static int check_abort(shmipc_serve_exchange *x)
     }
 }
 
+/* Appends to the stream's send buffer; nothing goes out before send_now() or a flush. */
+static int queue(shmipc_serve_exchange *x, const void *a, size_t alen, const void *b, size_t blen)
+{
+    if ((alen > 0 && shmipc_stream_write(x->st, a, alen) < 0) ||
+        (blen > 0 && shmipc_stream_write(x->st, b, blen) < 0))
+        return lost(x);
+    return 0;
+}
+
 static int send_now(shmipc_serve_exchange *x, const void *a, size_t alen, const void *b,
                     size_t blen)
 {
-    if ((alen > 0 && shmipc_stream_write(x->st, a, alen) < 0) ||
-        (blen > 0 && shmipc_stream_write(x->st, b, blen) < 0) || shmipc_stream_flush(x->st) < 0)
+    if (queue(x, a, alen, b, blen) < 0 || shmipc_stream_flush(x->st) < 0)
         return lost(x);
     return 0;
 }
@@ -232,17 +240,22 @@ SHMIPC_API int shmipc_serve_respond(shmipc_serve_exchange *x, const shmipc_serve
     int rc = check_abort(x);
     if (rc < 0)
         return rc;
-    uint8_t *buf = malloc(SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD);
-    if (buf == NULL)
-        return SHMIPC_ENOMEM;
-    int64_t n = shmipc_serve_encode_response_head(
-        buf, SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD, r, fields, nfields);
-    if (n < 0) {
-        free(buf);
-        return (int)n;
+    /* Most heads fit the stack; the largest (64 KiB) take the heap. */
+    uint8_t small[2048], *buf = small;
+    int64_t n = shmipc_serve_encode_response_head(small, sizeof small, r, fields, nfields);
+    if (n == SHMIPC_EMSGSIZE) {
+        if ((buf = malloc(SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD)) == NULL)
+            return SHMIPC_ENOMEM;
+        n = shmipc_serve_encode_response_head(buf, SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD, r,
+                                              fields, nfields);
     }
-    rc = send_now(x, buf, (size_t)n, NULL, 0);
-    free(buf);
+    /*
+     * Queued, not flushed: it goes out with the first body piece (or the END), one message and
+     * one wakeup of the front rather than two or three, as the WSGI worker sends its head.
+     */
+    rc = n < 0 ? (int)n : queue(x, buf, (size_t)n, NULL, 0);
+    if (buf != small)
+        free(buf);
     if (rc < 0)
         return rc;
     x->head_sent = 1;
@@ -270,11 +283,15 @@ SHMIPC_API int shmipc_serve_write(shmipc_serve_exchange *x, const void *data, si
                             (unsigned long long)x->length);
     }
     const uint8_t *p = data;
+    /* The piece that completes a declared length waits for the END: one message for both. */
+    int last = x->has_length && x->sent + len == x->length;
     for (size_t off = 0; off < len;) {
         size_t piece = len - off < SHMIPC_SERVE_MAX_CHUNK ? len - off : SHMIPC_SERVE_MAX_CHUNK;
         uint8_t hdr[SHMIPC_SERVE_HDR_SIZE];
         shmipc_serve_encode_header(hdr, sizeof hdr, SHMIPC_SERVE_BODY, piece, 0);
-        if ((rc = send_now(x, hdr, sizeof hdr, p + off, piece)) < 0)
+        rc = last && off + piece == len ? queue(x, hdr, sizeof hdr, p + off, piece)
+                                        : send_now(x, hdr, sizeof hdr, p + off, piece);
+        if (rc < 0)
             return rc;
         off += piece;
     }
