@@ -11,6 +11,7 @@
  *   /fail-after    sends a head and part of the body, then fails: the client sees a truncated
  *                  response (ABORT WORKER_ERROR)
  *   /short         declares Content-Length 10 and writes 3 bytes: also ABORT WORKER_ERROR
+ *   /long          declares Content-Length 2 and writes 3 bytes: the write fails, ABORT too
  *   /nothing       returns 0 without a response: a 500
  *   /204           204 No Content (its body bytes are dropped)
  *   /slow?MS       sleeps MS milliseconds first, then answers with the pid
@@ -108,6 +109,10 @@ int shmipc_serve_handle(shmipc_serve_exchange *x, void *user_data)
     }
     if (path_is(req, "/short", &q)) {
         int rc = respond(x, 200, 10);
+        return rc < 0 ? rc : shmipc_serve_write(x, "abc", 3);
+    }
+    if (path_is(req, "/long", &q)) { /* more than its length: refused, and the response aborted */
+        int rc = respond(x, 200, 2);
         return rc < 0 ? rc : shmipc_serve_write(x, "abc", 3);
     }
     if (path_is(req, "/nothing", &q))

@@ -33,6 +33,9 @@ local function handler(req)
   elseif path == "/short" then
     local once = "abc"
     return 200, {["Content-Length"] = "10"}, function() local s = once; once = nil; return s end
+  elseif path == "/long" then
+    local once = "abc"
+    return 200, {["Content-Length"] = "2"}, function() local s = once; once = nil; return s end
   elseif path == "/nothing" then
     return nil
   elseif path == "/204" then

@@ -1934,11 +1934,28 @@ static int cb_serve_handler(shmipc_serve_exchange *x, void *user_data)
     const shmipc_serve_request *req = shmipc_serve_exchange_request(x);
     assert_non_null(req);
     assert_memory_equal(req->method, "GET", 3);
-    shmipc_serve_response r = {.size = sizeof r,
-                               .status = 200,
-                               .flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH,
-                               .content_length = 2};
+    assert_null(shmipc_serve_exchange_request(NULL));
+    /* Misuse: each refused without sending anything, and the exchange goes on. */
+    char b[4];
+    assert_int_equal(shmipc_serve_read(NULL, b, sizeof b), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_read(x, NULL, sizeof b), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_read(x, b, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_read(x, b, sizeof b), 0);         /* no body: its end at once */
+    assert_int_equal(shmipc_serve_write(x, "a", 1), SHMIPC_EINVAL); /* no head yet */
+    shmipc_serve_response r = {.size = sizeof r, .status = 101};
+    assert_int_equal(shmipc_serve_respond(x, NULL, NULL, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_respond(NULL, &r, NULL, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_respond(x, &r, NULL, 0), SHMIPC_EINVAL); /* no 1xx */
+    r.status = 600;
+    assert_int_equal(shmipc_serve_respond(x, &r, NULL, 0), SHMIPC_EINVAL);
+    r.status = 200;
+    r.size = sizeof r.size;
+    assert_int_equal(shmipc_serve_respond(x, &r, NULL, 0), SHMIPC_EINVAL);
+    r.size = sizeof r;
+    r.flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH;
+    r.content_length = 2;
     assert_int_equal(shmipc_serve_respond(x, &r, NULL, 0), 0);
+    assert_int_equal(shmipc_serve_respond(x, &r, NULL, 0), SHMIPC_EINVAL); /* once */
     struct interp in;
     interp_init(&in);
     interp_handle(&in, "x", SHMIPC_ABI_KIND_SERVE_EXCHANGE, x);

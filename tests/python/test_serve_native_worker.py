@@ -171,7 +171,7 @@ def test_failure_before_the_head_is_500(worker, path):
     assert w.front.request(b"GET", b"/")[0] == 200  # the worker serves on
 
 
-@pytest.mark.parametrize("path", [b"/fail-after", b"/short"])
+@pytest.mark.parametrize("path", [b"/fail-after", b"/short", b"/long"])
 def test_failure_after_the_head_aborts(worker, path):
     w = worker()
     st, _ = w.front.open(b"GET", path)
