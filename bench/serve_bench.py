@@ -60,9 +60,13 @@ def _serve_exe():
     return exe if os.path.exists(exe) else None
 
 
+def _serve_worker_exe():
+    exe = os.path.join(BUILD, "serve", "shmipc-serve-worker")
+    return exe if _serve_exe() and os.path.exists(exe) else None
+
+
 # The targets: name -> (group, argv(port, workers), why-not-available() or None[, extra env]).
-# One line to add a server: a Lua app through shmipc-serve, once `--lua` exists, is
-#   "shmipc-serve-lua": ("ours", lambda p, w: [_serve_exe(), "--lua", LUA_APP, ...], ...),
+# One line to add a server.
 TARGETS = {
     "shmipc-serve-wsgi": ("ours", lambda p, w: [
         _serve_exe(), "serve_app:app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
@@ -78,6 +82,10 @@ TARGETS = {
         _serve_exe(), "serve_app:app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
         "--workers", str(w), "--python", PY], lambda: None if _serve_exe() else
         "shmipc-serve is not built", {"SHMIPC_SPIN_US": "0"}),
+    "shmipc-serve-lua": ("ours", lambda p, w: [
+        _serve_exe(), "--lua", "serve_app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
+        "--workers", str(w)], lambda: None if _serve_worker_exe() else
+        "shmipc-serve-worker (with Lua) is not built"),
     "inproc-native": ("ours", _inprocess_cmd("native"), lambda: None),
     "inproc-wsgi": ("ours", _inprocess_cmd("wsgi"), lambda: None),
     "inproc-asgi": ("ours", _inprocess_cmd("asgi"), lambda: None),
