@@ -169,6 +169,50 @@ def test_body_in_several_frames_gives_more_body(serve):
     assert all(e["more_body"] for e in events[:-1]) and len(events) >= 3
 
 
+def test_receive_waiting_for_the_body_does_not_block_the_loop(serve):
+    # receive() read the next BODY frame with a blocking read on the loop thread: while the
+    # front had not sent it, no other task of the app ran (a ticker counted 0 ticks).
+    ticks = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                await send({"type": msg["type"] + ".complete"})
+                if msg["type"] == "lifespan.shutdown":
+                    return
+        n = [0]
+
+        async def ticker():
+            while True:
+                await asyncio.sleep(0.01)
+                n[0] += 1
+
+        t = asyncio.ensure_future(ticker())
+        body = b""
+        more = True
+        while more:
+            msg = await receive()
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        t.cancel()
+        ticks.append(n[0])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    front = serve(app)
+    st, _ = front.open(b"POST", b"/", flags=sf.REQ_HAS_BODY | sf.REQ_CHUNKED)
+    front.send_body(st, [b"first"], end=False)
+    time.sleep(0.4)  # the app waits in receive() for the rest
+    front.send_body(st, [b"-second"])
+    try:
+        status, _, _, _, body, last, _ = front.response(st)
+    finally:
+        st.close()
+    assert (status, body, last) == (200, b"first-second", sf.END)
+    assert ticks and ticks[0] >= 10, f"the loop ran {ticks} ticks while receive() waited"
+
+
 def test_unique_bodies_many_sequential_requests(serve):
     front = serve(echo())
     for i in range(300):

@@ -15,6 +15,7 @@ WSGI worker (wsgi.py's _Exchange). Failures:
 
 import asyncio
 import logging
+import time
 
 import shmipc
 
@@ -28,6 +29,9 @@ log = logging.getLogger("shmipc.serve")
 _ERROR_BODY = b"Internal Server Error\n"
 # While the app waits in receive() after the body, the front's ABORT is looked for this often.
 _DISCONNECT_POLL = 0.02
+# receive()'s wait for the next BODY frame (see _Http._next_body).
+_BODY_POLL_MIN = 0.00005
+_BODY_POLL_MAX = 0.005
 # Bounds on the lifespan exchanges: a startup or shutdown that never answers is a failure.
 LIFESPAN_TIMEOUT = 30.0
 
@@ -66,10 +70,27 @@ class _Http:
     def bodyless(self):
         return self.method == "HEAD" or self.status < 200 or self.status in (204, 304)
 
+    async def _next_body(self):
+        """The next BODY payload without blocking the loop: a non-blocking look, then sleeps
+        growing from 50 µs to 5 ms until the front's next frame is there, so the app's other
+        tasks run while the client's body is on its way (a blocking read stopped them all).
+        The stream's read timeout, when it has one, bounds the wait as it bounded the read."""
+        delay = _BODY_POLL_MIN
+        limit = self.ex.st.read_timeout
+        end = None if limit is None or limit < 0 else time.monotonic() + limit
+        while True:
+            data = self.ex.next_body(nonblock=True)
+            if data is not None:
+                return data
+            if end is not None and time.monotonic() >= end:
+                raise shmipc.TimeoutError(f"no request body from the front in {limit} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _BODY_POLL_MAX)
+
     async def receive(self):
         if not self.body_done and not self.disconnected:
             try:
-                data = self.ex.next_body()
+                data = await self._next_body()
             except RequestAborted:
                 self.disconnected = True
                 return {"type": "http.disconnect"}
