@@ -22,6 +22,7 @@ struct shmipc_serve_exchange {
     shmipc_stream *st;
     const shmipc_serve_request *req;
     uint64_t frame_left; /* unread payload bytes of the current BODY frame */
+    uint64_t received;   /* request body bytes in the BODY frames so far */
     uint64_t length;     /* the response's content_length, with has_length */
     uint64_t sent;       /* body bytes the handler wrote */
     uint32_t abort_reason;
@@ -108,16 +109,25 @@ static int advance(shmipc_serve_exchange *x, int flags)
         int rc = read_header(x, flags, &f);
         if (rc < 0)
             return rc;
+        /* With CONTENT_LENGTH the head states the body's exact length: a body that runs past
+         * it or ends short of it is a bad frame, not a body to hand the handler. */
+        int exact = (x->req->flags & SHMIPC_SERVE_REQ_CONTENT_LENGTH) != 0;
         if (f.type == SHMIPC_SERVE_END) {
+            if (exact && x->received != x->req->content_length) {
+                x->protocol = 1;
+                return SHMIPC_EPROTO;
+            }
             x->done = 1;
             return 0;
         }
         if (f.type == SHMIPC_SERVE_ABORT)
             return aborted(x, &f);
-        if (f.type != SHMIPC_SERVE_BODY || !(x->req->flags & SHMIPC_SERVE_REQ_HAS_BODY)) {
+        if (f.type != SHMIPC_SERVE_BODY || !(x->req->flags & SHMIPC_SERVE_REQ_HAS_BODY) ||
+            (exact && f.length > x->req->content_length - x->received)) {
             x->protocol = 1;
             return SHMIPC_EPROTO;
         }
+        x->received += f.length;
         x->frame_left = f.length;
     }
     return 1;

@@ -218,6 +218,25 @@ def test_bad_frame_in_the_body_gets_abort_protocol(worker):
     assert w.front.request(b"GET", b"/")[0] == 200
 
 
+@pytest.mark.parametrize("chunks", [[b"abcde"], [b"ab", b"cd"], [b"ab"], []])
+def test_body_that_contradicts_its_content_length_is_a_bad_frame(worker, chunks):
+    # content_length is the body's exact length (docs/serve.md, "REQUEST_HEAD"): a front whose
+    # BODY frames go past it, or whose END comes before it, broke a rule of the protocol. The
+    # handler must not be handed a body its head lies about (the C echo declared 3 and failed
+    # as if the handler were wrong; the Lua echo answered the 5 or 2 bytes with a 200).
+    w = worker()
+    st, _ = w.front.open(b"POST", b"/echo", flags=sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH,
+                         content_length=3)
+    w.front.send_body(st, chunks)
+    while True:
+        typ, arg, _ = w.front.read_frame(st)
+        if typ not in (sf.RESPONSE_HEAD, sf.BODY):
+            break
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+    assert w.front.request(b"POST", b"/echo", body=b"abc")[4] == b"abc"
+
+
 def test_late_abort_is_not_a_request_and_max_requests(worker):
     w = worker("--max-requests", "2")
     st = w.front.session.open_stream()  # a late ABORT alone: not counted
