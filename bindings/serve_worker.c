@@ -48,14 +48,46 @@ static int lost(shmipc_serve_exchange *x)
     return SHMIPC_ECONNRESET;
 }
 
+/*
+ * The stream calls, waited again when a signal interrupted the wait (SHMIPC_EINTR): a signal
+ * that lands on the handler's thread (a process's SIGTERM may land on any thread) has been
+ * handled when the call returns, and the request goes on; a stop is after it. Nothing was
+ * consumed or sent when a wait returns SHMIPC_EINTR.
+ */
+static int read_chunk(shmipc_serve_exchange *x, size_t max, const void **p, size_t *len, int flags)
+{
+    int rc;
+    do
+        rc = shmipc_stream_read_chunk(x->st, max, p, len, flags);
+    while (rc == SHMIPC_EINTR);
+    return rc;
+}
+
+static int read_exact(shmipc_serve_exchange *x, size_t n, const void **p, int flags)
+{
+    int rc;
+    do
+        rc = shmipc_stream_read_exact_bytes(x->st, n, p, flags);
+    while (rc == SHMIPC_EINTR);
+    return rc;
+}
+
+static int flush(shmipc_serve_exchange *x)
+{
+    int rc;
+    do
+        rc = shmipc_stream_flush(x->st);
+    while (rc == SHMIPC_EINTR);
+    return rc;
+}
+
 /* Reads and drops n bytes (an ABORT text, an unread BODY payload). */
 static int skip(shmipc_serve_exchange *x, uint64_t n)
 {
     while (n > 0) {
         const void *p;
         size_t len;
-        int rc =
-            shmipc_stream_read_chunk(x->st, n > (1u << 20) ? (1u << 20) : (size_t)n, &p, &len, 0);
+        int rc = read_chunk(x, n > (1u << 20) ? (1u << 20) : (size_t)n, &p, &len, 0);
         if (rc < 0)
             return lost(x);
         n -= len;
@@ -68,7 +100,7 @@ static int skip(shmipc_serve_exchange *x, uint64_t n)
 static int read_header(shmipc_serve_exchange *x, int flags, shmipc_serve_frame *f)
 {
     const void *p;
-    int rc = shmipc_stream_read_exact_bytes(x->st, SHMIPC_SERVE_HDR_SIZE, &p, flags);
+    int rc = read_exact(x, SHMIPC_SERVE_HDR_SIZE, &p, flags);
     if (rc == SHMIPC_EAGAIN && flags != 0)
         return SHMIPC_EAGAIN;
     if (rc < 0)
@@ -180,7 +212,7 @@ static int queue(shmipc_serve_exchange *x, const void *a, size_t alen, const voi
 static int send_now(shmipc_serve_exchange *x, const void *a, size_t alen, const void *b,
                     size_t blen)
 {
-    if (queue(x, a, alen, b, blen) < 0 || shmipc_stream_flush(x->st) < 0)
+    if (queue(x, a, alen, b, blen) < 0 || flush(x) < 0)
         return lost(x);
     return 0;
 }
@@ -229,7 +261,7 @@ SHMIPC_API int64_t shmipc_serve_read(shmipc_serve_exchange *x, void *buf, size_t
     const void *p;
     size_t len;
     size_t want = cap < x->frame_left ? cap : (size_t)x->frame_left;
-    if (shmipc_stream_read_chunk(x->st, want, &p, &len, 0) < 0)
+    if (read_chunk(x, want, &p, &len, 0) < 0)
         return lost(x);
     memcpy(buf, p, len);
     shmipc_stream_release(x->st);
@@ -359,7 +391,7 @@ static int read_head(shmipc_serve_exchange *x, uint8_t **head, shmipc_serve_requ
     buf[3] = (uint8_t)f.type;
     for (int i = 0; i < 8; i++)
         buf[4 + i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
-    if (shmipc_stream_read_exact_bytes(x->st, f.length, &p, 0) < 0) {
+    if (read_exact(x, f.length, &p, 0) < 0) {
         lost(x);
         return SHMIPC_SERVE_OUTCOME_ABORTED;
     }

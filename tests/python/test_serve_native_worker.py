@@ -289,6 +289,28 @@ def test_sigterm_during_a_request_finishes_it(worker):
     assert w.finish() == 0
 
 
+def test_sigterm_on_the_thread_blocked_in_a_read_finishes_the_request(worker):
+    # A process's SIGTERM lands on any thread that does not block it: on the session thread
+    # blocked in shmipc_serve_read() the wait returns SHMIPC_EINTR. The request in progress must
+    # still be served (the stop is after it), not dropped with its session (it was: the front
+    # saw its session gone, the Lua handler "the request was aborted").
+    import ctypes
+    tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    w = worker()
+    st, _ = w.front.open(b"POST", b"/echo", chunks=[])
+    w.front.send_body(st, [b"abc"], end=False)
+    time.sleep(0.5)  # the handler waits for the rest of the body
+    for tid in os.listdir(f"/proc/{w.p.pid}/task"):
+        if int(tid) != w.p.pid:
+            tgkill(w.p.pid, int(tid), signal.SIGTERM)
+    time.sleep(0.2)
+    w.front.send_body(st, [b"def"])
+    status, _, _, _, body, last, _ = w.front.response(st)
+    assert (status, body, last) == (200, b"abcdef", sf.END)
+    st.close()
+    assert w.finish() == 0
+
+
 def test_crash_ends_the_front_stream(worker):
     w = worker()
     st, chunks = w.front.open(b"GET", b"/crash")
