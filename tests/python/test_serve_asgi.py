@@ -17,7 +17,7 @@ from conftest import unique_address
 sf = pytest.importorskip("shmipc._serve")
 from shmipc.serve.asgi import ASGIHandler, LifespanFailed  # noqa: E402
 from shmipc.serve.worker import Worker  # noqa: E402
-from test_serve_worker import Front, frame, head  # noqa: E402
+from test_serve_worker import BODY_LIES, Front, frame, head  # noqa: E402
 
 # ---- the scope --------------------------------------------------------------------------
 
@@ -211,6 +211,37 @@ def test_receive_waiting_for_the_body_does_not_block_the_loop(serve):
         st.close()
     assert (status, body, last) == (200, b"first-second", sf.END)
     assert ticks and ticks[0] >= 10, f"the loop ran {ticks} ticks while receive() waited"
+
+
+@pytest.mark.parametrize("flags,clen,chunks", BODY_LIES)
+def test_body_that_contradicts_its_head_is_a_bad_frame(serve, flags, clen, chunks):
+    seen = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                await send({"type": msg["type"] + ".complete"})
+                if msg["type"] == "lifespan.shutdown":
+                    return
+        body, more = b"", True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                break
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        seen.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    front = serve(app)
+    st, _ = front.open(b"POST", flags=flags, content_length=clen)
+    front.send_body(st, chunks)
+    typ, arg, _ = front.read_frame(st)
+    st.close()
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL), (typ, arg, seen)
+    assert all(len(b) <= clen for b in seen), seen
 
 
 def test_unique_bodies_many_sequential_requests(serve):

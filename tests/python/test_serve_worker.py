@@ -642,6 +642,38 @@ def test_bad_frame_in_the_body_gets_abort_protocol(serve):
     assert serve_ok(front)
 
 
+BODY_LIES = [
+    # (flags, content_length, BODY payloads): what the head says against what follows
+    (sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, 3, [b"abcde"]),
+    (sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, 3, [b"ab", b"cde"]),
+    (sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, 3, [b"a"]),
+    (sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, 3, []),
+    (0, 0, [b"xyz"]),
+]
+
+
+@pytest.mark.parametrize("flags,clen,chunks", BODY_LIES)
+def test_body_that_contradicts_its_head_is_a_bad_frame(serve, flags, clen, chunks):
+    # content_length is the body's exact length, and without HAS_BODY END follows the head at
+    # once (docs/serve.md): a body that says otherwise is a protocol error, never a body the
+    # app reads (the app saw 5 bytes of a declared 3, or 1 and a clean end).
+    seen = []
+
+    def app(environ, start_response):
+        seen.append(environ["wsgi.input"].read())
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    front = serve(app)
+    st, _ = front.open(b"POST", flags=flags, content_length=clen)
+    front.send_body(st, chunks)
+    typ, arg, _ = front.read_frame(st)
+    st.close()
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL), (typ, arg, seen)
+    assert all(len(b) <= clen for b in seen), seen
+    assert serve_ok(front)
+
+
 def test_cross_talk_concurrent_streams_over_two_workers(serve):
     fronts = [serve(echo_app), serve(echo_app)]
     errors, mismatches = [], []

@@ -294,7 +294,7 @@ class ASGIHandler:
 
     async def _handle(self, ex):
         try:
-            raw, (typ, length, _) = ex.read_frame_header()
+            raw, (typ, length, arg) = ex.read_frame_header()
             if typ == sf.ABORT:
                 return "late"  # as in WSGIHandler._handle
             if typ != sf.REQUEST_HEAD:
@@ -304,6 +304,7 @@ class ASGIHandler:
                 scope = sf.decode_request_scope(raw + payload)
             except sf.FrameError as e:
                 raise ProtocolViolation(str(e)) from None
+            ex.head(arg, payload)
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
             ex.abort(sf.ABORT_PROTOCOL, str(e))

@@ -58,7 +58,7 @@ _END = sf.encode_frame(sf.END)
 class _Exchange:
     """The worker's end of one stream: reads the request's frames, writes the response's."""
 
-    __slots__ = ("st", "done", "aborted", "abort_reason", "pending")
+    __slots__ = ("st", "done", "aborted", "abort_reason", "pending", "has_body", "expect", "got")
 
     def __init__(self, st):
         self.st = st
@@ -66,6 +66,17 @@ class _Exchange:
         self.aborted = False
         self.abort_reason = 0
         self.pending = None  # a BODY payload check_abort read ahead, for wsgi.input
+        self.has_body = True  # until head() says otherwise
+        self.expect = None  # the head's content_length (CONTENT_LENGTH), else None
+        self.got = 0  # body bytes read
+
+    def head(self, flags, payload):
+        """What the REQUEST_HEAD (`flags`, its payload) says of the body, for _next_body to
+        hold the frames that follow to it: BODY frames only with HAS_BODY, and with
+        CONTENT_LENGTH exactly content_length bytes of them (docs/serve.md, REQUEST_HEAD)."""
+        self.has_body = bool(flags & sf.REQ_HAS_BODY)
+        if flags & sf.REQ_CONTENT_LENGTH:
+            self.expect = int.from_bytes(payload[12:20], "little")
 
     def read_frame_header(self, nonblock=False):
         raw = self.st.readexactly(sf.HDR_SIZE, nonblock=nonblock)
@@ -96,8 +107,17 @@ class _Exchange:
                 return None
             _, (typ, length, arg) = got
             if typ == sf.BODY:
+                if not self.has_body:
+                    raise ProtocolViolation("a BODY frame for a request without HAS_BODY")
+                if self.expect is not None and self.got + length > self.expect:
+                    raise ProtocolViolation(
+                        f"the body goes past its content_length {self.expect}")
+                self.got += length
                 return self.st.readexactly(length)
             if typ == sf.END:
+                if self.expect is not None and self.got != self.expect:
+                    raise ProtocolViolation(
+                        f"END after {self.got} of the body's {self.expect} bytes")
                 self.done = True
                 return b""
             if typ == sf.ABORT:
@@ -407,6 +427,7 @@ class WSGIHandler:
                 environ = sf.decode_request(raw + payload, self.base)
             except sf.FrameError as e:
                 raise ProtocolViolation(str(e)) from None
+            ex.head(flags, payload)
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
             ex.abort(sf.ABORT_PROTOCOL, str(e))
