@@ -71,7 +71,9 @@ static void *serve_session(void *arg)
     while (!stopping()) {
         shmipc_stream *st;
         int rc = shmipc_session_accept_stream(th->s, POLL_MS, &st);
-        if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN)
+        /* EINTR: a signal (the app's own handler, or SIGTERM, which stopping() then sees)
+         * interrupted the wait; the session is fine. */
+        if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN || rc == SHMIPC_EINTR)
             continue;
         if (rc < 0)
             break; /* the front's session ended */
@@ -244,7 +246,7 @@ int main(int argc, char **argv)
     while (!stopping()) {
         shmipc_session *s;
         rc = shmipc_listener_accept(l, POLL_MS, &s);
-        if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN)
+        if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN || rc == SHMIPC_EINTR)
             continue;
         if (rc < 0) {
             if (!stopping())

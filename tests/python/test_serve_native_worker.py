@@ -311,6 +311,41 @@ def test_sigterm_on_the_thread_blocked_in_a_read_finishes_the_request(worker):
     assert w.finish() == 0
 
 
+SIG_LIB = os.path.join(BUILD, "tests", "c", "libserve_sigapp.so")
+
+
+@pytest.mark.skipif(not os.path.exists(SIG_LIB), reason="libserve_sigapp.so not built")
+def test_signals_of_the_app_do_not_end_the_front_session():
+    # An app with a signal handler of its own (SIGUSR2, no SA_RESTART): a signal on the thread
+    # waiting for the front's next stream made accept_stream return SHMIPC_EINTR, and the
+    # worker took that for the front's session ending and closed it.
+    import ctypes
+    tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    address = unique_address("sigapp")
+    p = subprocess.Popen([WORKER, "--c", SIG_LIB, "--address", address],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert f"ready on {address}" in line, line
+        front = connect_front(address)
+        try:
+            assert front.request(b"GET", b"/")[::4] == (200, b"ok")
+            time.sleep(0.2)  # the session thread waits in accept_stream
+            for _ in range(3):
+                for tid in os.listdir(f"/proc/{p.pid}/task"):
+                    tgkill(p.pid, int(tid), signal.SIGUSR2)
+                time.sleep(0.05)
+            for i in range(3):
+                assert front.request(b"GET", b"/%d" % i)[::4] == (200, b"ok"), i
+        finally:
+            front.close()
+    finally:
+        p.terminate()
+        assert p.wait(10) == 0
+        p.stdout.close()
+        p.stderr.close()
+
+
 def test_crash_ends_the_front_stream(worker):
     w = worker()
     st, chunks = w.front.open(b"GET", b"/crash")
