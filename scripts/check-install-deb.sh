@@ -56,7 +56,8 @@ env -u PYTHONPATH -u LUA_PATH -u LUA_CPATH -u SHMIPC_BUILD_DIR -u LD_LIBRARY_PAT
   for _ in $(seq 50); do grep -q echoing echo.log && break; sleep 0.1; done
   /usr/bin/python3 -m shmipc ping unix:@shmipc-deb-echo-$$
   kill $echo_pid
-  command -v shmipc-bench shmipc-bench-http shmipc-bench-ws
+  command -v shmipc-bench shmipc-bench-http shmipc-bench-ws shmipc-serve shmipc-serve-worker
+  shmipc-serve --version
 '
 dpkg-query -W "${packages[@]}"
 echo "debian route: ${packages[*]} built, installed, smoke-tested"
