@@ -52,39 +52,40 @@ static int header_named(const struct shmipc__http_header_out *h, const char *nam
     return h->name_len == n && strncasecmp(h->name, name, n) == 0;
 }
 
-int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
-                            const struct shmipc__http_header_out *headers, uint32_t nheaders,
-                            const void *body, size_t body_len, shmipc_destroy_cb release,
-                            void *user_data)
+/* The ticket names a live deferral of this thread's (0), or the error to return. */
+static int ticket_check(struct shmipc__server_ticket t, const char *what)
 {
     struct server_conn *sc = t.sc;
-    int rc;
-    if (sc == NULL || !pthread_equal(pthread_self(), sc->w->thread) || status < 200 ||
-        status > 999 || nheaders > SHMIPC__SERVER_MAX_RESP_HEADERS) {
-        rc = shmipc__fail(SHMIPC_EINVAL, "complete: off the worker thread, or a bad answer");
-        goto refuse;
-    }
-    if (!sc->defer_on || sc->answered || sc->defer_gen != t.gen) {
-        rc = shmipc__fail(SHMIPC_ECLOSED, "complete: the deferred request was cancelled");
-        goto refuse;
-    }
-    if (sc->state != SHMIPC__CS_DEFERRED) { /* from inside the handler that deferred */
-        rc = shmipc__fail(SHMIPC_EINVAL, "complete: the handler has not returned yet");
-        goto refuse;
-    }
-    /* The owner's head is checked as the handler API checks it (shmipc_http_response_add_header):
-     * the framing headers are the server's alone (a second Content-Length beside ours makes
-     * the client or a proxy in front split the stream elsewhere), and a control byte is
-     * refused now, while the owner can still answer otherwise. */
+    if (sc == NULL || !pthread_equal(pthread_self(), sc->w->thread))
+        return shmipc__fail(SHMIPC_EINVAL, "%s: off the worker thread", what);
+    if (!sc->defer_on || sc->answered || sc->defer_gen != t.gen)
+        return shmipc__fail(SHMIPC_ECLOSED, "%s: the deferred request was cancelled", what);
+    if (sc->state != SHMIPC__CS_DEFERRED) /* from inside the handler that deferred */
+        return shmipc__fail(SHMIPC_EINVAL, "%s: the handler has not returned yet", what);
+    return 0;
+}
+
+/*
+ * Checks the owner's head and copies it into sc->http.deferred, its memory on answer_rel,
+ * with `extra` more bytes behind it (*extra_out) for the caller. The head is checked as the
+ * handler API checks it (shmipc_http_response_add_header): the framing headers are the
+ * server's alone (a second Content-Length beside ours makes the client or a proxy in front
+ * split the stream elsewhere), and a control byte is refused now, while the owner can still
+ * answer otherwise.
+ */
+static int answer_prepare(struct server_conn *sc, int status, const char *content_type,
+                          const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                          size_t extra, char **extra_out)
+{
+    if (status < 200 || status > 999 || nheaders > SHMIPC__SERVER_MAX_RESP_HEADERS)
+        return shmipc__fail(SHMIPC_EINVAL, "complete: a bad status or too many headers");
     uint16_t close_flag = 0;
     uint32_t ntype = content_type != NULL;
     if (content_type != NULL) {
         struct shmipc__http_header_out ct = {"Content-Type", content_type, 12,
                                              (uint32_t)strlen(content_type)};
-        if (!shmipc__http_header_valid(&ct)) {
-            rc = shmipc__fail(SHMIPC_EINVAL, "complete: Content-Type has a control byte");
-            goto refuse;
-        }
+        if (!shmipc__http_header_valid(&ct))
+            return shmipc__fail(SHMIPC_EINVAL, "complete: Content-Type has a control byte");
     }
     for (uint32_t i = 0; i < nheaders; i++) {
         const struct shmipc__http_header_out *hd = &headers[i];
@@ -93,32 +94,20 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
             header_named(hd, "Server") ||
             (header_named(hd, "Connection") &&
              (hd->value_len != 5 || strncasecmp(hd->value, "close", 5) != 0)) ||
-            (header_named(hd, "Content-Type") && ++ntype > 1)) {
-            rc = shmipc__fail(SHMIPC_EINVAL, "complete: response header %u is refused", i);
-            goto refuse;
-        }
+            (header_named(hd, "Content-Type") && ++ntype > 1))
+            return shmipc__fail(SHMIPC_EINVAL, "complete: response header %u is refused", i);
         if (header_named(hd, "Connection"))
             close_flag = SHMIPC__HTTP_RESP_CLOSE;
     }
     /* The header array and the content type are copied now: the answer may be batched later
      * (after the batch in flight), when the caller's memory is gone. */
-    size_t need = sizeof(struct release) + nheaders * sizeof *headers +
-                  (content_type != NULL ? strlen(content_type) + 1 : 0);
-    /* Without a release callback the caller cannot know when the body is no longer used:
-     * it is copied too. */
-    if (release == NULL)
-        need += body_len;
+    size_t ctlen = content_type != NULL ? strlen(content_type) + 1 : 0;
+    size_t need = sizeof(struct release) + nheaders * sizeof *headers + ctlen + extra;
     for (uint32_t i = 0; i < nheaders; i++)
         need += headers[i].name_len + headers[i].value_len;
-    struct release *meta = malloc(need), *bnode = NULL;
-    if (meta != NULL && release != NULL && (bnode = malloc(sizeof *bnode)) == NULL) {
-        free(meta);
-        meta = NULL;
-    }
-    if (meta == NULL) {
-        rc = shmipc__fail(SHMIPC_ENOMEM, "complete: out of memory for the answer");
-        goto refuse;
-    }
+    struct release *meta = malloc(need);
+    if (meta == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "complete: out of memory for the answer");
     struct shmipc__http_header_out *h = (struct shmipc__http_header_out *)(meta + 1);
     char *p = (char *)(h + nheaders);
     uint32_t nh = 0;
@@ -141,20 +130,50 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
     r->nheaders = nh;
     r->content_type = NULL;
     if (content_type != NULL) {
-        memcpy(p, content_type, strlen(content_type) + 1);
+        memcpy(p, content_type, ctlen);
         r->content_type = p;
+        p += ctlen;
     }
-    if (release == NULL && body_len > 0) {
-        p += content_type != NULL ? strlen(content_type) + 1 : 0;
-        memcpy(p, body, body_len);
-        body = p;
-    }
-    r->body = body;
-    r->body_len = body_len;
+    r->body = NULL;
+    r->body_len = 0;
     meta->fn = NULL;
     meta->user_data = NULL;
     meta->next = sc->answer_rel;
     sc->answer_rel = meta;
+    *extra_out = p;
+    return 0;
+}
+
+int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
+                            const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                            const void *body, size_t body_len, shmipc_destroy_cb release,
+                            void *user_data)
+{
+    struct server_conn *sc = t.sc;
+    struct release *bnode = NULL;
+    char *copy = NULL;
+    int rc = ticket_check(t, "complete");
+    if (rc < 0)
+        goto refuse;
+    if (release != NULL && (bnode = malloc(sizeof *bnode)) == NULL) {
+        rc = shmipc__fail(SHMIPC_ENOMEM, "complete: out of memory for the answer");
+        goto refuse;
+    }
+    /* Without a release callback the caller cannot know when the body is no longer used:
+     * it is copied too. */
+    rc = answer_prepare(sc, status, content_type, headers, nheaders, release == NULL ? body_len : 0,
+                        &copy);
+    if (rc < 0) {
+        free(bnode);
+        goto refuse;
+    }
+    struct shmipc__http_response *r = &sc->http.deferred;
+    if (release == NULL && body_len > 0) {
+        memcpy(copy, body, body_len);
+        body = copy;
+    }
+    r->body = body;
+    r->body_len = body_len;
     if (bnode != NULL) {
         bnode->fn = release;
         bnode->user_data = user_data;
