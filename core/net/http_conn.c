@@ -105,6 +105,31 @@ int shmipc__http_conn_complete(struct shmipc__http_conn *c, struct shmipc__http_
     return closes;
 }
 
+int shmipc__http_conn_stream_head(struct shmipc__http_conn *c, struct shmipc__http_batch *out,
+                                  struct shmipc__http_response *body_resp)
+{
+    if (c->phase != C_DEFERRED || c->deferred.status == 0)
+        return shmipc__fail(SHMIPC_EINVAL, "http: a stream head without a deferred request");
+    c->deferred.flags |= c->deferred_flags;
+    struct shmipc__http_response head = c->deferred;
+    /* A sized body: the head says its length, the pieces follow raw (as HTTP/1.0's). */
+    if (!(head.flags & SHMIPC__HTTP_RESP_STREAM))
+        head.flags |= SHMIPC__HTTP_RESP_HEAD;
+    int rc = shmipc__http_batch_add(out, &head);
+    if (rc < 0)
+        return rc;
+    *body_resp = c->deferred;
+    if (!(c->deferred.flags & SHMIPC__HTTP_RESP_STREAM))
+        body_resp->flags |= SHMIPC__HTTP_RESP_STREAM | SHMIPC__HTTP_RESP_HTTP10;
+    return shmipc__http_response_closes(&c->deferred);
+}
+
+void shmipc__http_conn_stream_done(struct shmipc__http_conn *c, int closes)
+{
+    if (c->phase == C_DEFERRED)
+        c->phase = closes ? C_CLOSED : C_HEAD;
+}
+
 int shmipc__http_conn_process(struct shmipc__http_conn *c, char *rx, size_t *len, size_t *consumed,
                               struct shmipc__http_batch *out, unsigned budget)
 {

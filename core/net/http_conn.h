@@ -99,4 +99,17 @@ int shmipc__http_conn_deferred(const struct shmipc__http_conn *c);
  */
 int shmipc__http_conn_complete(struct shmipc__http_conn *c, struct shmipc__http_batch *out);
 
+/*
+ * A streamed answer to the deferred request (the owner filled c->deferred in, with
+ * SHMIPC__HTTP_RESP_STREAM when its length is unknown, else body_len as the length): queues
+ * its head into `out` and sets *body_resp to the response the body's pieces are added with
+ * (shmipc__http_batch_add_chunk, add_last_chunk: chunks, or raw bytes for a sized body or
+ * HTTP/1.0, nothing for HEAD, 204, 304). Returns 1 when the connection closes after the body,
+ * 0 when it stays open, or a batch error. The deferral lasts until stream_done().
+ */
+int shmipc__http_conn_stream_head(struct shmipc__http_conn *c, struct shmipc__http_batch *out,
+                                  struct shmipc__http_response *body_resp);
+/* The streamed body was sent whole: process() goes on (or closes when `closes`). */
+void shmipc__http_conn_stream_done(struct shmipc__http_conn *c, int closes);
+
 #endif

@@ -248,6 +248,37 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
                             const void *body, size_t body_len, shmipc_destroy_cb release,
                             void *user_data);
 
+/*
+ * A streamed answer to a deferred request (docs/serve.md, "Streamed responses"), on the
+ * connection's worker thread, instead of shmipc__server_complete(): stream_head() gives the
+ * head (checked and copied as complete() does; `length` is the body's Content-Length, or
+ * SHMIPC__SERVER_STREAM_UNSIZED: chunked for HTTP/1.1, close-delimited for HTTP/1.0), then
+ * stream_body() queues pieces (referenced until sent, then release(user_data); copied without
+ * `release`), then stream_end() (the last chunk; keep-alive goes on) or stream_abort() (the
+ * connection closes: the client sees a truncated response, never a wrong one). HEAD, 204 and
+ * 304 send no body, whatever is queued. The deferral's cancel stays armed until the end:
+ * the client leaving, a send timeout (the client stops reading) or the deadline (the
+ * deferral's timeout, between two pieces while fewer than `mark` bytes are queued) close the
+ * connection and cancel it. `drain` runs (on the worker thread, after a send completed; it
+ * must not call back into the server) each time queued bytes were sent and fewer than
+ * `mark` are left: the caller reads its source again then. A sized body that gets more
+ * bytes than `length`, or ends short of it, is aborted.
+ * Returns 0, SHMIPC_ECLOSED for a stale ticket, SHMIPC_EINVAL as complete() (or a call out
+ * of order), SHMIPC_ENOMEM; stream_body() releases the piece on failure.
+ */
+#define SHMIPC__SERVER_STREAM_UNSIZED UINT64_MAX
+typedef void (*shmipc__server_drain_fn)(void *data);
+int shmipc__server_stream_head(struct shmipc__server_ticket t, int status, const char *content_type,
+                               const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                               uint64_t length, size_t mark, shmipc__server_drain_fn drain,
+                               void *drain_data);
+int shmipc__server_stream_body(struct shmipc__server_ticket t, const void *data, size_t len,
+                               shmipc_destroy_cb release, void *user_data);
+int shmipc__server_stream_end(struct shmipc__server_ticket t);
+int shmipc__server_stream_abort(struct shmipc__server_ticket t);
+/* Bytes of the stream queued on the connection and not yet written (0 for a stale ticket). */
+size_t shmipc__server_stream_queued(struct shmipc__server_ticket t);
+
 /* Where a route handler runs: its worker thread (index of nworkers) and loop, and the client
  * connection's socket (for its addresses). */
 struct shmipc__server_where {

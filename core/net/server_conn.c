@@ -40,6 +40,9 @@
 static void conn_serve(struct server_conn *sc);
 static void defer_start(struct server_conn *sc);
 static void ws_start(struct server_conn *sc, size_t consumed);
+static void stream_kick(struct server_conn *sc);
+static void stream_sent(struct server_conn *sc);
+static void stream_timer(struct server_conn *sc);
 
 /* ---- the connection ---- */
 
@@ -183,6 +186,7 @@ static void conn_free(struct server_conn *sc)
     }
     release_all(sc);
     release_list(&sc->answer_rel);
+    shmipc__server_stream_free(sc);
     shmipc__server_tx_put(w, sc->tx);
     shmipc__server_rx_put(w, sc->rx, sc->rx_cap);
     free(sc->rx_retired);
@@ -475,7 +479,9 @@ static void defer_answer(struct server_conn *sc)
 static void act_hold(struct server_conn *sc)
 {
     rx_drop_done(sc);
-    if (sc->answered)
+    if (sc->streaming)
+        stream_sent(sc);
+    else if (sc->answered)
         defer_answer(sc);
     else
         defer_deadline(sc);
@@ -486,6 +492,10 @@ static void act_hold(struct server_conn *sc)
 static void act_defer_timer(struct server_conn *sc)
 {
     uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    if (sc->streaming) {
+        stream_timer(sc);
+        return;
+    }
     if (sc->answered && !sc->inflight) { /* completed from inside a handler: act_answer */
         defer_answer(sc);
         return;
@@ -517,7 +527,9 @@ static void act_defer_timer(struct server_conn *sc)
  * a handler) on the timer right after it. */
 static void act_answer(struct server_conn *sc)
 {
-    if (sc->inflight)
+    if (sc->streaming)
+        stream_kick(sc);
+    else if (sc->inflight)
         defer_deadline(sc);
     else if (sc->w->in_handler)
         /* complete() from a route handler (another client's request, as in long polling):
@@ -526,6 +538,180 @@ static void act_answer(struct server_conn *sc)
         shmipc__server_conn_set_deadline(sc, shmipc__loop_now_ms(sc->w->loop));
     else
         defer_answer(sc);
+}
+
+/* ---- a streamed answer (DEFERRED; server_defer.c's stream_* calls) ----
+ *
+ * The head, the pieces queued meanwhile and, once the owner ended the stream, the last chunk
+ * go out in batches, one in flight at a time: what is queued while one is sent leaves
+ * together in the next. The connection stays DEFERRED until the last batch has left; then it
+ * goes on as after any answer (pipelined requests, keep-alive, or the close). */
+
+/* The deadline while streaming: the send timeout while a batch is in flight, and the owner's
+ * (between two pieces) while it is not held back by the queued bytes. */
+static void stream_deadline(struct server_conn *sc)
+{
+    uint64_t d = sc->sq_bytes < sc->stream_mark ? sc->stream_at : 0;
+    if (sc->inflight) {
+        uint64_t send = shmipc__server_conn_after(sc, sc->w->srv->stall_ms);
+        d = d == 0 || send < d ? send : d;
+    }
+    shmipc__server_conn_set_deadline(sc, d);
+}
+
+/* The stream's end went out whole: the connection goes on as after any answer. */
+static void stream_done(struct server_conn *sc)
+{
+    int closes = sc->stream_closes;
+    shmipc__server_stream_free(sc);
+    shmipc__http_conn_stream_done(&sc->http, closes);
+    if (closes) {
+        shmipc__server_conn_linger(sc);
+        return;
+    }
+    sc->deadline = 0;
+    act_next(sc); /* pipelined requests behind it, the peer's FIN, or keep-alive */
+}
+
+/* Nothing in flight: the next batch of the stream, if there is anything to send. */
+static void stream_send(struct server_conn *sc)
+{
+    struct shmipc__server_worker *w = sc->w;
+    if (sc->stream_end == STREAM_ABORTED) {
+        shmipc__server_conn_close(sc); /* the client sees the body cut short */
+        return;
+    }
+    if (sc->head_sent && sc->sq_head == NULL && sc->stream_end != STREAM_ENDED) {
+        stream_deadline(sc); /* waiting for the owner */
+        return;
+    }
+    if (sc->tx == NULL && (sc->tx = shmipc__server_tx_get(w)) == NULL) {
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "server: out of memory for a response batch");
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    shmipc__http_batch_init(&sc->batch, sc->tx->iov, TX_IOV, sc->tx->arena, TX_ARENA, &w->date);
+    sc->batch.server = w->srv->server_name;
+    if (!sc->head_sent) {
+        if (w->draining || w->srv->idle_ms == 0)
+            sc->http.deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
+        int rc = shmipc__http_conn_stream_head(&sc->http, &sc->batch, &sc->stream_resp);
+        if (rc < 0) {
+            SHMIPC__LOG(SHMIPC__LOG_WARN, "server: a streamed head: %s; closing", shmipc__detail());
+            shmipc__server_conn_close(sc);
+            return;
+        }
+        sc->stream_closes = (uint8_t)rc;
+        sc->head_sent = 1;
+        /* The head's memory (headers, content type) is released with this batch. */
+        struct release **tail = &sc->releases;
+        while (*tail != NULL)
+            tail = &(*tail)->next;
+        *tail = sc->answer_rel;
+        sc->answer_rel = NULL;
+    }
+    /* Pieces while a chunk (3 iovecs) and the last chunk still fit. */
+    struct spiece **sent_tail = &sc->sq_sent;
+    while (sc->sq_head != NULL && sc->batch.iov_cap - sc->batch.niov >= 4 &&
+           sc->batch.cap - sc->batch.used >= 2 * SHMIPC__HTTP_CHUNK_HEAD_MAX + 8) {
+        struct spiece *pc = sc->sq_head;
+        if (shmipc__http_batch_add_chunk(&sc->batch, &sc->stream_resp, pc->data, pc->len) < 0)
+            break;
+        sc->sq_head = pc->next;
+        if (sc->sq_head == NULL)
+            sc->sq_tail = &sc->sq_head;
+        pc->next = NULL;
+        *sent_tail = pc;
+        sent_tail = &pc->next;
+    }
+    if (sc->stream_end == STREAM_ENDED && sc->sq_head == NULL &&
+        shmipc__http_batch_add_last_chunk(&sc->batch, &sc->stream_resp) == 0)
+        sc->last_sent = 1;
+    if (sc->batch.niov == 0) {
+        /* Nothing goes on the wire (HEAD, 204, 304): the pieces are done with. */
+        shmipc__server_tx_put(w, sc->tx);
+        sc->tx = NULL;
+        release_all(sc);
+        stream_sent(sc);
+        return;
+    }
+    if (shmipc__conn_sendv(sc->conn, sc->batch.iov, (int)sc->batch.niov, on_sent, sc) < 0) {
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    sc->inflight = 1;
+    sc->tx_mark = shmipc__conn_pending(sc->conn);
+    stream_deadline(sc);
+}
+
+/* A batch of the stream left (or nothing was to be sent): its pieces are released, the owner
+ * hears it may go on, and the next batch goes. */
+static void stream_sent(struct server_conn *sc)
+{
+    struct spiece *pc = sc->sq_sent;
+    size_t freed = 0;
+    sc->sq_sent = NULL;
+    while (pc != NULL) {
+        struct spiece *next = pc->next;
+        freed += pc->len;
+        if (pc->fn != NULL)
+            pc->fn(pc->user_data);
+        free(pc);
+        pc = next;
+    }
+    sc->sq_bytes -= freed;
+    if (sc->last_sent) {
+        stream_done(sc);
+        return;
+    }
+    if (freed > 0 && sc->sq_bytes < sc->stream_mark && sc->on_drain != NULL) {
+        /* The owner was held back: its next piece is due from now. */
+        if (sc->stream_ms)
+            sc->stream_at = shmipc__server_conn_after(sc, sc->stream_ms);
+        sc->on_drain(sc->drain_data);
+    }
+    stream_send(sc);
+}
+
+/* COMPLETE while streaming: the head, a piece, the end or the abort was given. */
+static void stream_kick(struct server_conn *sc)
+{
+    if (sc->stream_end == STREAM_ABORTED) {
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    if (sc->inflight)
+        return; /* the next batch goes when this one has left (stream_sent) */
+    if (sc->w->in_handler) {
+        /* As act_answer: not from inside another connection's handler. */
+        shmipc__server_conn_set_deadline(sc, shmipc__loop_now_ms(sc->w->loop));
+        return;
+    }
+    stream_send(sc);
+}
+
+/* TIMEOUT while streaming: the send timeout (the client takes nothing: closed), the owner's
+ * (no piece for the deferral's timeout: cancelled and closed, the body cut short), or the
+ * deferred kick of stream_kick. */
+static void stream_timer(struct server_conn *sc)
+{
+    uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    if (sc->inflight && !send_progress(sc)) {
+        sc->w->stats.timeouts++;
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    if (sc->defer_on && sc->stream_at != 0 && now >= sc->stream_at &&
+        sc->sq_bytes < sc->stream_mark) {
+        sc->w->stats.timeouts++;
+        shmipc__server_defer_cancel(sc, SHMIPC__SERVER_CANCEL_TIMEOUT);
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    if (!sc->inflight)
+        stream_send(sc);
+    else
+        stream_deadline(sc);
 }
 
 /* READING, DATA: append the bytes and answer what is complete. */

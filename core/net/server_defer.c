@@ -28,6 +28,7 @@ int shmipc__server_defer(struct shmipc_http_response *res, uint32_t timeout_ms,
     sc->on_cancel = cancel;
     sc->cancel_data = data;
     sc->defer_deadline = timeout_ms ? shmipc__server_conn_after(sc, timeout_ms) : 0;
+    sc->defer_ms = timeout_ms;
     out->sc = sc;
     out->gen = sc->defer_gen;
     return 0;
@@ -42,6 +43,7 @@ void shmipc__server_defer_cancel(struct server_conn *sc, int reason)
     sc->defer_gen++;
     sc->defer_deadline = 0;
     sc->on_cancel = NULL;
+    sc->on_drain = NULL;
     if (fn != NULL)
         fn(sc->cancel_data, reason);
 }
@@ -155,6 +157,10 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
     int rc = ticket_check(t, "complete");
     if (rc < 0)
         goto refuse;
+    if (sc->streaming) {
+        rc = shmipc__fail(SHMIPC_EINVAL, "complete: the answer is streamed");
+        goto refuse;
+    }
     if (release != NULL && (bnode = malloc(sizeof *bnode)) == NULL) {
         rc = shmipc__fail(SHMIPC_ENOMEM, "complete: out of memory for the answer");
         goto refuse;
@@ -190,6 +196,163 @@ refuse:
     if (release != NULL)
         release(user_data);
     return rc;
+}
+
+/* ---- streamed answers (docs/serve.md, "Streamed responses") ---- */
+
+int shmipc__server_stream_head(struct shmipc__server_ticket t, int status, const char *content_type,
+                               const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                               uint64_t length, size_t mark, shmipc__server_drain_fn drain,
+                               void *drain_data)
+{
+    struct server_conn *sc = t.sc;
+    char *unused;
+    int rc = ticket_check(t, "stream_head");
+    if (rc < 0)
+        return rc;
+    if (sc->streaming || mark == 0)
+        return shmipc__fail(SHMIPC_EINVAL, "stream_head: a second head, or a mark of 0");
+    rc = answer_prepare(sc, status, content_type, headers, nheaders, 0, &unused);
+    if (rc < 0)
+        return rc;
+    struct shmipc__http_response *r = &sc->http.deferred;
+    if (length == SHMIPC__SERVER_STREAM_UNSIZED)
+        r->flags |= SHMIPC__HTTP_RESP_STREAM;
+    else
+        r->body_len = (size_t)length; /* the head's Content-Length; the pieces follow */
+    sc->streaming = 1;
+    /* HEAD, 204 and 304 send none of the body: its length is not checked against it. */
+    int sends = !(r->flags & SHMIPC__HTTP_RESP_HEAD) && status != 204 && status != 304;
+    sc->stream_len = sends ? length : SHMIPC__SERVER_STREAM_UNSIZED;
+    sc->stream_given = 0;
+    sc->stream_mark = mark;
+    sc->on_drain = drain;
+    sc->drain_data = drain_data;
+    sc->sq_head = NULL;
+    sc->sq_tail = &sc->sq_head;
+    sc->sq_bytes = 0;
+    /* The deferral's timeout runs again between the owner's pieces. */
+    sc->stream_ms = sc->defer_deadline != 0 ? sc->defer_ms : 0;
+    sc->stream_at = sc->stream_ms ? shmipc__server_conn_after(sc, sc->stream_ms) : 0;
+    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    return 0;
+}
+
+/* A call on the stream between its head and its end. */
+static int stream_check(struct shmipc__server_ticket t, const char *what)
+{
+    int rc = ticket_check(t, what);
+    if (rc == 0 && (!t.sc->streaming || t.sc->stream_end))
+        rc = shmipc__fail(SHMIPC_EINVAL, "%s: no stream head, or the stream ended", what);
+    return rc;
+}
+
+int shmipc__server_stream_body(struct shmipc__server_ticket t, const void *data, size_t len,
+                               shmipc_destroy_cb release, void *user_data)
+{
+    struct server_conn *sc = t.sc;
+    struct spiece *pc;
+    int rc = stream_check(t, "stream_body");
+    if (rc < 0)
+        goto refuse;
+    if (len == 0) {
+        rc = 0;
+        goto refuse;
+    }
+    if (sc->stream_len != SHMIPC__SERVER_STREAM_UNSIZED &&
+        len > sc->stream_len - sc->stream_given) {
+        rc = shmipc__fail(SHMIPC_EINVAL, "stream_body: more than the Content-Length");
+        goto refuse;
+    }
+    pc = malloc(sizeof *pc + (release == NULL ? len : 0));
+    if (pc == NULL) {
+        rc = shmipc__fail(SHMIPC_ENOMEM, "stream_body: a %zu-byte piece", len);
+        goto refuse;
+    }
+    pc->next = NULL;
+    pc->len = len;
+    pc->fn = release;
+    pc->user_data = user_data;
+    if (release == NULL) {
+        memcpy(pc + 1, data, len);
+        data = pc + 1;
+    }
+    pc->data = data;
+    *sc->sq_tail = pc;
+    sc->sq_tail = &pc->next;
+    sc->sq_bytes += len;
+    sc->stream_given += len;
+    sc->stream_at = sc->stream_ms ? shmipc__server_conn_after(sc, sc->stream_ms) : 0;
+    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    return 0;
+refuse:
+    if (release != NULL)
+        release(user_data);
+    return rc;
+}
+
+/* The stream's last call: the ticket goes stale, nothing is cancelled any more. */
+static int stream_finish(struct shmipc__server_ticket t, int how, const char *what)
+{
+    struct server_conn *sc = t.sc;
+    int rc = stream_check(t, what);
+    if (rc < 0)
+        return rc;
+    int short_ = how == STREAM_ENDED && sc->stream_len != SHMIPC__SERVER_STREAM_UNSIZED &&
+                 sc->stream_given != sc->stream_len;
+    if (short_)
+        how = STREAM_ABORTED; /* short of its Content-Length: the client must not wait */
+    sc->stream_end = (uint8_t)how;
+    sc->defer_on = 0;
+    sc->defer_gen++;
+    sc->on_cancel = NULL;
+    sc->on_drain = NULL;
+    sc->stream_at = 0;
+    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    return short_ ? shmipc__fail(SHMIPC_EINVAL, "%s: short of the Content-Length; aborted", what)
+                  : 0;
+}
+
+int shmipc__server_stream_end(struct shmipc__server_ticket t)
+{
+    return stream_finish(t, STREAM_ENDED, "stream_end");
+}
+
+int shmipc__server_stream_abort(struct shmipc__server_ticket t)
+{
+    return stream_finish(t, STREAM_ABORTED, "stream_abort");
+}
+
+size_t shmipc__server_stream_queued(struct shmipc__server_ticket t)
+{
+    struct server_conn *sc = t.sc;
+    if (sc == NULL || !sc->streaming || sc->defer_gen != t.gen)
+        return 0;
+    return sc->sq_bytes;
+}
+
+static void piece_list_free(struct spiece *pc)
+{
+    while (pc != NULL) {
+        struct spiece *next = pc->next;
+        if (pc->fn != NULL)
+            pc->fn(pc->user_data);
+        free(pc);
+        pc = next;
+    }
+}
+
+/* The stream's pieces and state go (the connection closes, or the stream was sent whole). */
+void shmipc__server_stream_free(struct server_conn *sc)
+{
+    piece_list_free(sc->sq_head);
+    piece_list_free(sc->sq_sent);
+    sc->sq_head = sc->sq_sent = NULL;
+    sc->sq_tail = &sc->sq_head;
+    sc->sq_bytes = 0;
+    sc->streaming = sc->stream_end = sc->head_sent = sc->last_sent = 0;
+    sc->on_drain = NULL;
+    sc->stream_at = 0;
 }
 
 int shmipc__server_where(const struct shmipc_http_response *res, struct shmipc__server_where *out)

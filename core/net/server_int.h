@@ -36,6 +36,16 @@ struct txbuf {
     char arena[TX_ARENA];
 };
 
+/* A piece of a streamed answer's body (shmipc__server_stream_body): queued, then in the batch
+ * in flight, then released. */
+struct spiece {
+    struct spiece *next;
+    const char *data;
+    size_t len;
+    shmipc_destroy_cb fn; /* NULL: the data was copied right behind this node */
+    void *user_data;
+};
+
 /* Something to free or call once the batch in flight has been written. */
 struct release {
     struct release *next;
@@ -71,9 +81,27 @@ struct server_conn {
     uint8_t defer_on;        /* a deferral is live (set in the handler, before DEFERRED) */
     uint8_t answered;        /* complete() or the deadline filled http.deferred in */
     uint64_t defer_deadline; /* loop ms of the request's deadline (504); 0: none */
+    uint32_t defer_ms;       /* its timeout */
     shmipc__server_cancel_fn on_cancel;
     void *cancel_data;
-    struct release *answer_rel;         /* the answer's memory, moved to `releases` when batched */
+    struct release *answer_rel; /* the answer's memory, moved to `releases` when batched */
+    /* A streamed answer (server_defer.c, shmipc__server_stream_head): DEFERRED until it ends. */
+    uint8_t streaming;     /* the head was given */
+    uint8_t stream_end;    /* STREAM_ENDED or STREAM_ABORTED once the owner said so */
+    uint8_t head_sent;     /* the head is in a batch */
+    uint8_t last_sent;     /* the end (last chunk) is in the batch in flight */
+    uint8_t stream_closes; /* the connection closes after the body */
+    struct shmipc__http_response stream_resp; /* what the pieces are framed with */
+    uint64_t stream_len;                      /* Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
+    uint64_t stream_given;                    /* body bytes the owner gave */
+    uint32_t stream_ms;                /* the deferral's timeout: between two pieces (0: none) */
+    uint64_t stream_at;                /* loop ms when the owner's next piece is late; 0: none */
+    size_t stream_mark;                /* queued bytes at which the owner is held back */
+    size_t sq_bytes;                   /* queued or in flight, not yet written */
+    struct spiece *sq_head, **sq_tail; /* not yet in a batch */
+    struct spiece *sq_sent;            /* in the batch in flight */
+    shmipc__server_drain_fn on_drain;
+    void *drain_data;
     struct shmipc__http_field fields[]; /* limits.max_headers */
 };
 
@@ -128,7 +156,9 @@ struct txbuf *shmipc__server_tx_get(struct shmipc__server_worker *w);
 void shmipc__server_tx_put(struct shmipc__server_worker *w, struct txbuf *t);
 
 /* server_defer.c: deferred requests (the calls themselves are in server.h) */
+enum { STREAM_ENDED = 1, STREAM_ABORTED = 2 };
 void shmipc__server_defer_cancel(struct server_conn *sc, int reason);
+void shmipc__server_stream_free(struct server_conn *sc);
 
 /* server_route.c: request dispatch and routes */
 int shmipc__server_handle(void *user_data, const struct shmipc__http_request *req, const char *body,

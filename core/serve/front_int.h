@@ -35,6 +35,9 @@
 #define MAX_THREADS 1024u /* shmipc__workers_default()'s limit */
 #define RETRY_MS    1u    /* a full session queue is retried this often */
 #define SCRATCH     (SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD)
+/* Response bytes queued on a client connection at which the front stops reading the worker's
+ * stream (docs/serve.md, "Streamed responses"); max_response lowers it. */
+#define STREAM_MARK (256u << 10)
 
 struct fworker {
     struct fworker *next; /* every worker the front ever had: freed with the front */
@@ -89,6 +92,10 @@ struct freq {
     uint8_t state;
     uint8_t have_hdr, got_head;
     uint8_t is_head;       /* a HEAD request: the worker sends no body, whatever its length says */
+    uint8_t streaming;     /* the response's head went to the server: BODY frames follow it */
+    uint8_t wait_drain;    /* streaming, held back: the connection has the mark queued */
+    uint64_t rtotal;       /* body bytes streamed */
+    uint64_t rwant;        /* the worker's Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
     uint32_t abort_reason; /* an ABORT still to send, 0: none */
     uint64_t drain_until;  /* loop ms */
     uint8_t hdr[SHMIPC__SF_HDR_SIZE];
@@ -123,7 +130,8 @@ struct shmipc__front {
     atomic_uint gen;
     atomic_uint queued;
     atomic_ullong rejected, timeouts, client_gone;
-    struct shmipc__access_log *alog; /* borrowed; NULL: no access log */
+    atomic_ullong buffered, buffered_peak; /* response bytes the front holds (stats) */
+    struct shmipc__access_log *alog;       /* borrowed; NULL: no access log */
     struct fthread *threads[MAX_THREADS];
 };
 

@@ -39,6 +39,8 @@ void shmipc__front_req_free(struct freq *r)
     free(r->head);
     free(r->out);
     free(r->body_copy);
+    if (r->rbody != NULL)
+        atomic_fetch_sub(&r->t->f->buffered, r->rlen);
     free(r->rbody);
     free(r->le_blob);
     free(r);
@@ -99,6 +101,15 @@ static void req_log(struct freq *r, unsigned status, size_t body_len)
     log_line(r->t, &r->le, r->le_t0_us, status, body_sent(r->is_head, status, body_len), r->fs);
 }
 
+/* Response bytes the front now holds more of (the stats' buffered and its peak). */
+static void held_add(struct shmipc__front *f, size_t n)
+{
+    unsigned long long now = atomic_fetch_add(&f->buffered, n) + n;
+    unsigned long long peak = atomic_load(&f->buffered_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&f->buffered_peak, &peak, now)) {
+    }
+}
+
 /*
  * The worker is free again: the request is done with it. Other threads' waiting requests are
  * told through their eventfds when this thread has fewer waiting than all threads together.
@@ -155,6 +166,11 @@ void shmipc__front_answer_status(struct freq *r, int status)
     req_log(r, (unsigned)status, strlen(b));
     if (status == 502 && r->fs != NULL)
         atomic_fetch_add(&r->fs->w->failures, 1);
+    if (r->streaming) {
+        /* The head is out: the client can only see the body cut short, never a wrong one. */
+        (void)shmipc__server_stream_abort(r->ticket);
+        return;
+    }
     (void)shmipc__server_complete(r->ticket, status, "text/plain", NULL, 0, b, strlen(b), NULL,
                                   NULL);
 }
@@ -264,51 +280,86 @@ static int hdr_is(const struct shmipc__sf_field *fd, const char *name)
     return fd->name_len == n && strncasecmp((const char *)fd->name, name, n) == 0;
 }
 
-/* The worker's END: the response goes to the client. */
-static void req_answer(struct freq *r)
+/*
+ * The worker's RESPONSE_HEAD as the server takes it: the fields but the framing ones (the
+ * front's, docs/serve.md "RESPONSE_HEAD"), the first Content-Type apart (*ctype, malloc'd),
+ * Connection: close for the CLOSE flag. 0, or -1 for a head the front cannot relay.
+ */
+static int head_fields(const struct freq *r, struct shmipc__sf_frame *fr,
+                       struct shmipc__http_header_out *h, uint32_t *nout, char **ctype)
 {
-    struct shmipc__sf_frame fr;
-    struct shmipc__http_header_out h[SHMIPC__SERVER_MAX_RESP_HEADERS + 1];
     struct shmipc__sf_field fd;
-    char *ctype = NULL;
     uint32_t n = 0;
-    int rc = SHMIPC_EPROTO;
-
-    if (shmipc__sf_decode(r->head, r->head_len, &fr) <= 0)
-        goto bad;
-    /* The body must add up to the worker's own length, but for HEAD, 204 and 304, which
-     * carry none. */
-    if ((fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) && !r->is_head &&
-        fr.u.resp.status != 204 && fr.u.resp.status != 304 && fr.u.resp.content_length != r->rlen)
-        goto bad;
-    struct shmipc__sf_fields it = fr.u.resp.fields;
+    *ctype = NULL;
+    if (shmipc__sf_decode(r->head, r->head_len, fr) <= 0)
+        return -1;
+    struct shmipc__sf_fields it = fr->u.resp.fields;
     while (shmipc__sf_fields_next(&it, &fd)) {
-        /* The framing fields are the front's (docs/serve.md, "RESPONSE_HEAD"). */
         if (hdr_is(&fd, "Content-Length") || hdr_is(&fd, "Transfer-Encoding") ||
             hdr_is(&fd, "Connection") || hdr_is(&fd, "Date") || hdr_is(&fd, "Server") ||
             hdr_is(&fd, "Keep-Alive"))
             continue;
         if (hdr_is(&fd, "Content-Type")) {
-            if (ctype != NULL)
+            if (*ctype != NULL)
                 continue;
-            if ((ctype = malloc(fd.value_len + 1u)) == NULL)
-                goto bad;
-            memcpy(ctype, fd.value, fd.value_len);
-            ctype[fd.value_len] = '\0';
+            if ((*ctype = malloc(fd.value_len + 1u)) == NULL)
+                return -1;
+            memcpy(*ctype, fd.value, fd.value_len);
+            (*ctype)[fd.value_len] = '\0';
             continue;
         }
         if (n == SHMIPC__SERVER_MAX_RESP_HEADERS)
-            goto bad; /* more than the server takes from a handler */
+            return -1; /* more than the server takes from a handler */
         h[n++] = (struct shmipc__http_header_out){(const char *)fd.name, (const char *)fd.value,
                                                   fd.name_len, fd.value_len};
     }
-    if (fr.u.resp.flags & SHMIPC__SF_RESP_CLOSE) {
+    if (fr->u.resp.flags & SHMIPC__SF_RESP_CLOSE) {
         if (n == SHMIPC__SERVER_MAX_RESP_HEADERS)
-            goto bad;
+            return -1;
         h[n++] = (struct shmipc__http_header_out){"Connection", "close", 10, 5};
     }
+    *nout = n;
+    return 0;
+}
+
+/* Whether the response carries a body: not for HEAD, 204 and 304, whatever its length says. */
+static int has_body(const struct freq *r, const struct shmipc__sf_frame *fr)
+{
+    return !r->is_head && fr->u.resp.status != 204 && fr->u.resp.status != 304;
+}
+
+static int stream_start(struct freq *r);
+static void stream_end(struct freq *r);
+
+/* The worker's END: the response goes to the client. */
+static void req_answer(struct freq *r)
+{
+    struct shmipc__sf_frame fr;
+    struct shmipc__http_header_out h[SHMIPC__SERVER_MAX_RESP_HEADERS + 1];
+    char *ctype = NULL;
+    uint32_t n = 0;
+    int rc;
+
+    if (head_fields(r, &fr, h, &n, &ctype) < 0)
+        goto bad;
+    if (r->is_head && (fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) &&
+        fr.u.resp.content_length > 0 && fr.u.resp.status != 204 && fr.u.resp.status != 304) {
+        /* HEAD: the client gets the worker's Content-Length, and no body; a whole answer
+         * would say the length of the body it has, none. */
+        free(ctype);
+        if (stream_start(r) == 0)
+            stream_end(r);
+        return;
+    }
+    /* The body must add up to the worker's own length, but for HEAD, 204 and 304, which
+     * carry none. */
+    if ((fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) && has_body(r, &fr) &&
+        fr.u.resp.content_length != r->rlen)
+        goto bad;
     uint8_t *body = r->rbody;
     size_t len = r->rlen;
+    if (body != NULL) /* the server holds it from here on */
+        atomic_fetch_sub(&r->t->f->buffered, len);
     r->rbody = NULL;
     r->live = 0;
     /* Counted first: the client may see the answer before complete() returns. */
@@ -328,7 +379,6 @@ static void req_answer(struct freq *r)
     return;
 bad:
     free(ctype);
-    (void)rc;
     shmipc__front_answer_status(r, 502);
 }
 
@@ -351,6 +401,173 @@ static int body_append(struct freq *r, const void *p, size_t n)
     }
     memcpy(r->rbody + r->rlen, p, n);
     r->rlen += n;
+    held_add(r->t->f, n);
+    return 0;
+}
+
+/* ---- streamed responses (docs/serve.md, "Streamed responses") ----
+ *
+ * A response whose END is not here by the time its stream has nothing more to read (or whose
+ * body reaches the mark) is streamed: its head goes to the server (stream_head), every BODY
+ * frame after it is a piece queued on the client connection (stream_body), END ends it.
+ * The next BODY frame is read only while the connection holds less than the mark and the
+ * frame fits max_response beside what it holds: a slow client stops the worker through its
+ * stream, and the front holds at most max(mark, one frame) bytes per connection. */
+
+static size_t stream_mark(const struct shmipc__front *f)
+{
+    return f->max_response < STREAM_MARK ? (size_t)f->max_response : STREAM_MARK;
+}
+
+/* A piece's memory: counted in the stats' buffered while the server holds it. */
+struct fpiece {
+    struct shmipc__front *f;
+    size_t n;
+    uint8_t data[];
+};
+
+static void piece_release(void *p)
+{
+    struct fpiece *pc = p;
+    atomic_fetch_sub(&pc->f->buffered, pc->n);
+    free(pc);
+}
+
+/* A copy of `n` body bytes (NULL: out of memory), made before the stream's bytes are
+ * released. */
+static struct fpiece *piece_new(struct freq *r, const void *p, size_t n)
+{
+    struct fpiece *pc = malloc(sizeof *pc + n);
+    if (pc != NULL) {
+        pc->f = r->t->f;
+        pc->n = n;
+        memcpy(pc->data, p, n);
+        held_add(pc->f, n);
+    }
+    return pc;
+}
+
+/* Queues a piece on the client connection: 0, or -1 when the stream was given up. */
+static int stream_give(struct freq *r, struct fpiece *pc)
+{
+    if (pc == NULL) {
+        req_abort(r, 502, SHMIPC__SF_ABORT_WORKER_ERROR);
+        return -1;
+    }
+    size_t n = pc->n;
+    if (n == 0) {
+        piece_release(pc);
+        return 0;
+    }
+    if (r->rwant != SHMIPC__SERVER_STREAM_UNSIZED && n > r->rwant - r->rtotal) {
+        piece_release(pc);
+        req_abort(r, 502, SHMIPC__SF_ABORT_PROTOCOL); /* more than its own Content-Length */
+        return -1;
+    }
+    r->rtotal += n;
+    if (shmipc__server_stream_body(r->ticket, pc->data, n, piece_release, pc) < 0) {
+        req_abort(r, 502, SHMIPC__SF_ABORT_PROTOCOL);
+        return -1;
+    }
+    return 0;
+}
+
+/* The server sent some of the connection's queue: a held-back stream reads again, from the
+ * loop (the server must not be called back from here). */
+static void stream_drained(void *data)
+{
+    struct freq *r = data;
+    if (r->wait_drain && r->state == RQ_ACTIVE) {
+        r->wait_drain = 0;
+        shmipc__timer_start(&r->timer, 0);
+    }
+}
+
+/* The head goes to the client now, with the body read so far. 0, or -1: given up. */
+static int stream_start(struct freq *r)
+{
+    struct shmipc__sf_frame fr;
+    struct shmipc__http_header_out h[SHMIPC__SERVER_MAX_RESP_HEADERS + 1];
+    char *ctype = NULL;
+    uint32_t n = 0;
+    if (head_fields(r, &fr, h, &n, &ctype) < 0) {
+        free(ctype);
+        req_abort(r, 502, SHMIPC__SF_ABORT_PROTOCOL);
+        return -1;
+    }
+    r->rwant = SHMIPC__SERVER_STREAM_UNSIZED;
+    if (fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) {
+        r->rwant = fr.u.resp.content_length;
+        if (has_body(r, &fr) && r->rlen > r->rwant) {
+            free(ctype);
+            req_abort(r, 502, SHMIPC__SF_ABORT_PROTOCOL);
+            return -1;
+        }
+    }
+    int rc = shmipc__server_stream_head(r->ticket, fr.u.resp.status, ctype, h, n, r->rwant,
+                                        stream_mark(r->t->f), stream_drained, r);
+    free(ctype);
+    if (rc < 0) { /* a field the server refuses: nothing was sent yet */
+        req_abort(r, 502, SHMIPC__SF_ABORT_PROTOCOL);
+        return -1;
+    }
+    r->streaming = 1;
+    if (!has_body(r, &fr))
+        r->rwant = SHMIPC__SERVER_STREAM_UNSIZED; /* nothing is sent: nothing to count */
+    uint8_t *body = r->rbody;
+    size_t len = r->rlen;
+    r->rbody = NULL;
+    r->rlen = r->rcap = 0;
+    if (body == NULL)
+        return 0;
+    struct fpiece *pc = piece_new(r, body, len);
+    atomic_fetch_sub(&r->t->f->buffered, len);
+    free(body);
+    return stream_give(r, pc);
+}
+
+/* The worker's END of a streamed response. */
+static void stream_end(struct freq *r)
+{
+    r->live = 0;
+    if (r->rwant != SHMIPC__SERVER_STREAM_UNSIZED && r->rtotal != r->rwant) {
+        (void)shmipc__server_stream_abort(r->ticket); /* short: the client sees it cut */
+        atomic_fetch_add(&r->fs->w->failures, 1);
+        return;
+    }
+    atomic_fetch_add(&r->fs->w->served, 1);
+    if (shmipc__server_stream_end(r->ticket) < 0)
+        atomic_fetch_sub(&r->fs->w->served, 1);
+}
+
+/*
+ * Whether the next BODY frame, of `len` bytes, waits (1) because the connection holds the
+ * mark, or would go over max_response beside what it holds; -1: a frame max_response cannot
+ * take at all (given up); 0: read it.
+ */
+static int stream_hold(struct freq *r, size_t len)
+{
+    struct shmipc__front *f = r->t->f;
+    /* The frame's header is copied (r->hdr): its bytes go before anything may give up. */
+    shmipc__stream_release(r->st);
+    size_t held = r->streaming ? shmipc__server_stream_queued(r->ticket) : r->rlen;
+    if (held == 0 && len > f->max_response) {
+        /* A response already streaming is cut (answer_status); one that is not is 502. */
+        req_abort(r, 502, SHMIPC__SF_ABORT_TOO_LARGE);
+        return -1;
+    }
+    if (!r->streaming) {
+        /* Gathered whole while it fits the mark; past it the response is streamed. */
+        if (held + len <= stream_mark(f) && held + len <= f->max_response)
+            return 0;
+        if (stream_start(r) < 0)
+            return -1;
+        held = shmipc__server_stream_queued(r->ticket);
+    }
+    if (held > 0 && (held >= stream_mark(f) || held + len > f->max_response)) {
+        r->wait_drain = 1;
+        return 1;
+    }
     return 0;
 }
 
@@ -380,7 +597,7 @@ void shmipc__front_req_read(struct freq *r)
         if (!r->have_hdr) {
             rc = shmipc__stream_read_exact(r->st, SHMIPC__SF_HDR_SIZE, &p, SHMIPC_NONBLOCK);
             if (rc == SHMIPC_EAGAIN)
-                return;
+                goto idle;
             if (rc < 0)
                 goto ended;
             memcpy(r->hdr, p, sizeof r->hdr);
@@ -392,10 +609,12 @@ void shmipc__front_req_read(struct freq *r)
         }
         uint32_t len = r->fh.length;
         p = NULL;
+        if (r->fh.type == SHMIPC__SF_BODY && r->got_head && (rc = stream_hold(r, len)) != 0)
+            return; /* held back until the client took some (1), or given up (-1) */
         if (len > 0) {
             rc = shmipc__stream_read_exact(r->st, len, &p, SHMIPC_NONBLOCK);
             if (rc == SHMIPC_EAGAIN)
-                return;
+                goto idle;
             if (rc < 0)
                 goto ended;
         }
@@ -429,6 +648,13 @@ void shmipc__front_req_read(struct freq *r)
                 shmipc__stream_release(r->st);
                 goto protocol;
             }
+            if (r->streaming) {
+                struct fpiece *pc = piece_new(r, p, len);
+                shmipc__stream_release(r->st);
+                if (stream_give(r, pc) < 0)
+                    return;
+                break;
+            }
             rc = body_append(r, p, len);
             shmipc__stream_release(r->st);
             if (rc) {
@@ -440,7 +666,10 @@ void shmipc__front_req_read(struct freq *r)
             shmipc__stream_release(r->st);
             if (!r->got_head)
                 goto protocol;
-            req_answer(r);
+            if (r->streaming)
+                stream_end(r);
+            else
+                req_answer(r);
             req_finish(r);
             return;
         case SHMIPC__SF_ABORT: {
@@ -459,6 +688,12 @@ void shmipc__front_req_read(struct freq *r)
             goto protocol;
         }
     }
+idle:
+    /* Nothing more to read now: a response with some body but no END yet is streamed (the
+     * client sees it come); a head alone waits for its body or its end. */
+    if (r->got_head && !r->streaming && r->rlen > 0)
+        (void)stream_start(r);
+    return;
 ended:
     /* The stream or the session ended mid-request. */
     if (shmipc__session_status(r->fs->s) < 0) {
@@ -475,6 +710,10 @@ protocol:
 static void req_timer(struct shmipc__timer *timer)
 {
     struct freq *r = timer->data;
+    if (r->state == RQ_ACTIVE) { /* a held-back stream may read again (stream_drained) */
+        shmipc__front_req_read(r);
+        return;
+    }
     if (r->state == RQ_SENDING) {
         int rc = shmipc__front_req_send(r);
         if (rc < 0)

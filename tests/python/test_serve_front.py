@@ -16,9 +16,27 @@ from conftest import BUILD, python_env, unique_address
 FRONT = os.path.join(BUILD, "tests", "c", "front_run")
 
 APP = '''
+import hashlib
 import time
 
+def big_body():
+    for i in range(512):
+        yield (b"%08d" % i) * 8192
+
 def app(environ, start_response):
+    if environ["PATH_INFO"] == "/big":
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        return big_body()
+    if environ["PATH_INFO"] == "/upload":
+        h, n = hashlib.sha256(), 0
+        while True:
+            piece = environ["wsgi.input"].read(65536)
+            if not piece:
+                break
+            h.update(piece)
+            n += len(piece)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"%d %s" % (n, h.hexdigest().encode())]
     body = environ["wsgi.input"].read()
     if environ["PATH_INFO"] == "/slow":
         time.sleep(30)
@@ -26,6 +44,8 @@ def app(environ, start_response):
                               ("X-Path", environ["PATH_INFO"])])
     return [b"echo:" + body]
 '''
+
+import hashlib  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.exists(FRONT), reason="front_run is not built")
 
@@ -102,5 +122,59 @@ def test_worker_killed_mid_request_is_502(tmp_path):
                 break
             time.sleep(0.05)
         assert r.status == 200 and data == b"echo:x"
+    finally:
+        stop(front, worker)
+
+
+def test_streamed_response_from_wsgi_generator(tmp_path):
+    """A WSGI app yielding 32 MiB in 64 KiB pieces, no Content-Length: the client gets it
+    chunked, exact, and the connection serves on afterwards."""
+    address = unique_address("front")
+    worker = start_worker(tmp_path, address)
+    front, port = start_front(address)
+    try:
+        want = hashlib.sha256()
+        for i in range(512):
+            want.update((b"%08d" % i) * 8192)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(2):
+            conn.request("GET", "/big")
+            r = conn.getresponse()
+            assert r.status == 200
+            assert r.getheader("Transfer-Encoding") == "chunked"
+            assert r.getheader("Content-Length") is None
+            got, n = hashlib.sha256(), 0
+            while True:
+                piece = r.read(1 << 20)
+                if not piece:
+                    break
+                got.update(piece)
+                n += len(piece)
+            assert n == 512 * 65536
+            assert got.hexdigest() == want.hexdigest()
+        conn.request("POST", "/after", body=b"y")
+        r = conn.getresponse()
+        assert r.status == 200 and r.read() == b"echo:y"
+        conn.close()
+    finally:
+        stop(front, worker)
+
+
+def test_chunked_upload_read_through_wsgi_input(tmp_path):
+    """A chunked upload (Transfer-Encoding: chunked, pieces of odd sizes) reaches the app
+    whole through wsgi.input, read 64 KiB at a time."""
+    address = unique_address("front")
+    worker = start_worker(tmp_path, address)
+    front, port = start_front(address)
+    try:
+        pieces = [bytes([i % 251]) * (100 + i * 211) for i in range(64)]  # 432 KiB
+        want = hashlib.sha256(b"".join(pieces)).hexdigest()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/upload", body=iter(pieces), encode_chunked=True,
+                     headers={"Transfer-Encoding": "chunked"})
+        r = conn.getresponse()
+        assert r.status == 200
+        assert r.read() == b"%d %s" % (sum(map(len, pieces)), want.encode())
+        conn.close()
     finally:
         stop(front, worker)
