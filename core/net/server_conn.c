@@ -552,10 +552,8 @@ static void act_answer(struct server_conn *sc)
 static void stream_deadline(struct server_conn *sc)
 {
     uint64_t d = sc->sq_bytes < sc->stream_mark ? sc->stream_at : 0;
-    if (sc->inflight) {
-        uint64_t send = shmipc__server_conn_after(sc, sc->w->srv->stall_ms);
-        d = d == 0 || send < d ? send : d;
-    }
+    if (sc->inflight)
+        d = d == 0 || sc->send_at < d ? sc->send_at : d;
     shmipc__server_conn_set_deadline(sc, d);
 }
 
@@ -641,6 +639,7 @@ static void stream_send(struct server_conn *sc)
     }
     sc->inflight = 1;
     sc->tx_mark = shmipc__conn_pending(sc->conn);
+    sc->send_at = shmipc__server_conn_after(sc, w->srv->stall_ms);
     stream_deadline(sc);
 }
 
@@ -696,10 +695,13 @@ static void stream_kick(struct server_conn *sc)
 static void stream_timer(struct server_conn *sc)
 {
     uint64_t now = shmipc__loop_now_ms(sc->w->loop);
-    if (sc->inflight && !send_progress(sc)) {
-        sc->w->stats.timeouts++;
-        shmipc__server_conn_close(sc);
-        return;
+    if (sc->inflight && now >= sc->send_at) {
+        if (!send_progress(sc)) {
+            sc->w->stats.timeouts++;
+            shmipc__server_conn_close(sc);
+            return;
+        }
+        sc->send_at = shmipc__server_conn_after(sc, sc->w->srv->stall_ms);
     }
     if (sc->defer_on && sc->stream_at != 0 && now >= sc->stream_at &&
         sc->sq_bytes < sc->stream_mark) {

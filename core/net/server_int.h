@@ -96,6 +96,7 @@ struct server_conn {
     uint64_t stream_given;                    /* body bytes the owner gave */
     uint32_t stream_ms;                /* the deferral's timeout: between two pieces (0: none) */
     uint64_t stream_at;                /* loop ms when the owner's next piece is late; 0: none */
+    uint64_t send_at;                  /* loop ms when the batch in flight must have moved */
     size_t stream_mark;                /* queued bytes at which the owner is held back */
     size_t sq_bytes;                   /* queued or in flight, not yet written */
     struct spiece *sq_head, **sq_tail; /* not yet in a batch */
