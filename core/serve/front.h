@@ -16,7 +16,9 @@
  * mid-request: 502, the session reconnects with a back-off; the wait queue is full: 503 with
  * `Retry-After: 1`; the request's deadline: 504 (the server's) and ABORT TIMEOUT to the
  * worker; the client leaves: ABORT CLIENT_GONE; a bad frame: 502 and ABORT PROTOCOL; a
- * response over max_response: 502 and ABORT TOO_LARGE. After an ABORT of the front's the
+ * BODY frame over max_response: 502 and ABORT TOO_LARGE. A response whose END does not come
+ * with it is streamed (docs/serve.md, "Streamed responses"): a failure after its head went
+ * out closes the client connection, the body cut short. After an ABORT of the front's the
  * worker stays busy until its stream ends (its close), at most SHMIPC__FRONT_DRAIN_MS.
  *
  * Threading: new, attach and free on one thread, attach before the server starts, free after
@@ -52,7 +54,7 @@ struct shmipc__front_opts {
     uint32_t queue_max;         /* 0: the default; waiting requests over all threads */
     uint32_t deadline_ms;       /* 0: the default; up to 3600000, or SHMIPC__FRONT_NO_DEADLINE */
     uint32_t connect_ms;        /* 0: the default; up to 3600000 */
-    uint64_t max_response;      /* 0: the default; response body bytes, up to the limit */
+    uint64_t max_response;      /* 0: the default; response bytes held at once, up to the limit */
     const shmipc_config *ipc;   /* the sessions' config (copied); NULL: defaults */
     /* One line per finished request (serve/access_log.h), written from each reactor thread's
      * buffer; NULL: none. Borrowed: it outlives the front. */
