@@ -764,6 +764,21 @@ static int wait_queued(struct fx *x, unsigned n)
     return 0;
 }
 
+/* Whether the peer closed the connection (what it still sent is drained), within 5 s. */
+static int peer_closed(int fd)
+{
+    char tmp[65536];
+    struct timeval tv = {0, 200000};
+    uint64_t end = mono_ms() + 5000;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    while (mono_ms() < end) {
+        ssize_t k = recv(fd, tmp, sizeof tmp, 0);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return 1;
+    }
+    return 0;
+}
+
 /* ---- tests ---- */
 
 /* A GET and a POST: the worker's status, fields and body reach the client. */
@@ -1509,13 +1524,40 @@ static void options(void **state)
     shmipc__front_free(NULL);
 }
 
+/* A 1 GiB body declared to the server's 1 MiB limit: 413 at the head, without the body
+ * being read or the worker seeing the request. */
+static void upload_declared_over_limit_413(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct rd *r = malloc(sizeof *r);
+    struct resp p;
+    static char some[65536];
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    rd_open(r, x->port);
+    const char *head = "POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: 1073741824\r\n\r\n";
+    send_all(r->fd, head, strlen(head));
+    send_all(r->fd, some, sizeof some); /* of 1 GiB: the answer comes without the rest */
+    read_resp(r, &p);
+    assert_int_equal(p.status, 413);
+    assert_non_null(strcasestr(p.head, "\r\nConnection: close\r\n"));
+    resp_free(&p);
+    assert_true(peer_closed(r->fd));
+    assert_int_equal(atomic_load(&w->requests), 0);
+    close(r->fd);
+    free(r);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define FRONT_TESTS                                                                                \
     T(basic), T(too_large_for_protocol), T(pipelining), T(cross_talk), T(queue_full_503),          \
         T(deadline_504), T(client_gone_abort), T(worker_died_502),                                 \
         T(worker_restarts_between_requests), T(bad_frames_502), T(stalled_worker_no_stall),        \
         T(full_queue_backpressure), T(bad_frame_then_close_frees_worker), T(close_in_flight),      \
-        T(set_workers_under_load)
+        T(set_workers_under_load), T(upload_declared_over_limit_413)
 
 int main(int argc, char **argv)
 {
