@@ -278,6 +278,10 @@ int shmipc__server_stream_end(struct shmipc__server_ticket t);
 int shmipc__server_stream_abort(struct shmipc__server_ticket t);
 /* Bytes of the stream queued on the connection and not yet written (0 for a stale ticket). */
 size_t shmipc__server_stream_queued(struct shmipc__server_ticket t);
+/* Body bytes of the stream the client was sent (given, less what is queued or in flight):
+ * for the access log of a stream that ends now. Also inside the deferral's cancel callback,
+ * where the ticket is already stale; 0 otherwise for a stale ticket. */
+uint64_t shmipc__server_stream_sent(struct shmipc__server_ticket t);
 
 /* Where a route handler runs: its worker thread (index of nworkers) and loop, and the client
  * connection's socket (for its addresses). */

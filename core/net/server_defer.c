@@ -44,8 +44,11 @@ void shmipc__server_defer_cancel(struct server_conn *sc, int reason)
     sc->defer_deadline = 0;
     sc->on_cancel = NULL;
     sc->on_drain = NULL;
-    if (fn != NULL)
+    if (fn != NULL) {
+        sc->in_cancel = 1; /* shmipc__server_stream_sent() answers the stale ticket meanwhile */
         fn(sc->cancel_data, reason);
+        sc->in_cancel = 0;
+    }
 }
 
 static int header_named(const struct shmipc__http_header_out *h, const char *name)
@@ -329,6 +332,16 @@ size_t shmipc__server_stream_queued(struct shmipc__server_ticket t)
     if (sc == NULL || !sc->streaming || sc->defer_gen != t.gen)
         return 0;
     return sc->sq_bytes;
+}
+
+uint64_t shmipc__server_stream_sent(struct shmipc__server_ticket t)
+{
+    struct server_conn *sc = t.sc;
+    if (sc == NULL || !sc->streaming ||
+        !(sc->defer_gen == t.gen || (sc->in_cancel && sc->defer_gen == t.gen + 1)))
+        return 0;
+    /* Given, less what is queued or in the batch in flight (not known to be written). */
+    return sc->stream_given - sc->sq_bytes;
 }
 
 static void piece_list_free(struct spiece *pc)

@@ -91,6 +91,7 @@ struct server_conn {
     uint8_t head_sent;     /* the head is in a batch */
     uint8_t last_sent;     /* the end (last chunk) is in the batch in flight */
     uint8_t stream_closes; /* the connection closes after the body */
+    uint8_t in_cancel;     /* the deferral's cancel callback runs */
     struct shmipc__http_response stream_resp; /* what the pieces are framed with */
     uint64_t stream_len;                      /* Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
     uint64_t stream_given;                    /* body bytes the owner gave */

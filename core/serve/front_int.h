@@ -95,6 +95,7 @@ struct freq {
     uint8_t streaming;     /* the response's head went to the server: BODY frames follow it */
     uint8_t wait_drain;    /* streaming, held back: the connection has the mark queued */
     uint64_t rtotal;       /* body bytes streamed */
+    unsigned rstatus;      /* streaming: the status its head sent (the access log's) */
     uint64_t rwant;        /* the worker's Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
     uint32_t abort_reason; /* an ABORT still to send, 0: none */
     uint64_t drain_until;  /* loop ms */

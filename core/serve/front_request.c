@@ -101,6 +101,14 @@ static void req_log(struct freq *r, unsigned status, size_t body_len)
     log_line(r->t, &r->le, r->le_t0_us, status, body_sent(r->is_head, status, body_len), r->fs);
 }
 
+/* A streamed response's line, once, when it ends (END, or cut): the status its head sent,
+ * also when the body was cut after it (nginx logs the status it sent), and the body bytes the
+ * client was sent. */
+static void stream_log(struct freq *r, uint64_t sent)
+{
+    req_log(r, r->rstatus, (size_t)sent);
+}
+
 /* Response bytes the front now holds more of (the stats' buffered and its peak). */
 static void held_add(struct shmipc__front *f, size_t n)
 {
@@ -163,14 +171,16 @@ void shmipc__front_answer_status(struct freq *r, int status)
     if (!r->live)
         return;
     r->live = 0;
-    req_log(r, (unsigned)status, strlen(b));
     if (status == 502 && r->fs != NULL)
         atomic_fetch_add(&r->fs->w->failures, 1);
     if (r->streaming) {
-        /* The head is out: the client can only see the body cut short, never a wrong one. */
+        /* The head is out: the client can only see the body cut short, never a wrong one;
+         * its line says the head's status (no 502 went out) and what was sent before the cut. */
+        stream_log(r, shmipc__server_stream_sent(r->ticket));
         (void)shmipc__server_stream_abort(r->ticket);
         return;
     }
+    req_log(r, (unsigned)status, strlen(b));
     (void)shmipc__server_complete(r->ticket, status, "text/plain", NULL, 0, b, strlen(b), NULL,
                                   NULL);
 }
@@ -512,6 +522,7 @@ static int stream_start(struct freq *r)
         return -1;
     }
     r->streaming = 1;
+    r->rstatus = fr.u.resp.status;
     if (!has_body(r, &fr))
         r->rwant = SHMIPC__SERVER_STREAM_UNSIZED; /* nothing is sent: nothing to count */
     uint8_t *body = r->rbody;
@@ -531,10 +542,14 @@ static void stream_end(struct freq *r)
 {
     r->live = 0;
     if (r->rwant != SHMIPC__SERVER_STREAM_UNSIZED && r->rtotal != r->rwant) {
+        stream_log(r, shmipc__server_stream_sent(r->ticket));
         (void)shmipc__server_stream_abort(r->ticket); /* short: the client sees it cut */
         atomic_fetch_add(&r->fs->w->failures, 1);
         return;
     }
+    /* All of it is given: the server sends it unless the client leaves first (the line is
+     * written now, with the whole body, not when the last byte has left). */
+    stream_log(r, r->rtotal);
     atomic_fetch_add(&r->fs->w->served, 1);
     if (shmipc__server_stream_end(r->ticket) < 0)
         atomic_fetch_sub(&r->fs->w->served, 1);
@@ -746,7 +761,11 @@ static void on_cancel(void *data, int reason)
     struct fthread *t = r->t;
     struct shmipc__front *f = t->f;
     r->live = 0;
-    /* What the server answers now: 504 or 500, or nothing when the client left (nginx's 499). */
+    /* Streaming: the head went out, the body is cut (the line says the head's status and what
+     * was sent). Else what the server answers now: 504 or 500, or nothing when the client left
+     * (nginx's 499). */
+    if (r->streaming)
+        stream_log(r, shmipc__server_stream_sent(r->ticket));
     req_log(r,
             reason == SHMIPC__SERVER_CANCEL_TIMEOUT       ? 504
             : reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE ? 499

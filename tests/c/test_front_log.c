@@ -65,6 +65,7 @@ struct appw {
     pthread_t acceptor;
     atomic_int stop;
     atomic_int requests;
+    atomic_int go_die; /* "/bigdie": the client has some of the body, the worker may die */
     pthread_mutex_t mu;
     shmipc_session *sess[MAX_SESS];
     pthread_t sthreads[MAX_SESS];
@@ -103,6 +104,47 @@ static int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serv
     return shmipc_serve_decode(*buf, *len, f) == (int64_t)*len ? 0 : SHMIPC_EPROTO;
 }
 
+/* "/big/<n>": a 200 of n bytes ('x', Content-Length) in 64 KiB BODY frames, each flushed (the
+ * front streams it); "/bigdie/<n>": no length, and the worker's session ends at half the body,
+ * once the client got some of it (go_die; up to 10 s). */
+static void stream_big(struct appw *w, shmipc_stream *st, shmipc_session *s, uint64_t total,
+                       int dies)
+{
+    const size_t frame = 65536;
+    uint8_t head[256], h[12];
+    uint8_t *buf = malloc(frame);
+    shmipc_serve_response r = {.size = sizeof r, .status = 200};
+    memset(buf, 'x', frame);
+    if (!dies) {
+        r.flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH;
+        r.content_length = total;
+    }
+    int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_WRITE, 30000);
+    if (hn <= 0 || shmipc_stream_write(st, head, (size_t)hn) < 0 || shmipc_stream_flush(st) < 0)
+        goto out;
+    for (uint64_t off = 0; off < total;) {
+        if (dies && off >= total / 2) {
+            uint64_t end = mono_ms() + 10000;
+            while (!atomic_load(&w->go_die) && mono_ms() < end)
+                sleep_ms(1);
+            shmipc_session_shutdown(s);
+            goto out;
+        }
+        size_t n = total - off < frame ? (size_t)(total - off) : frame;
+        shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, n, 0);
+        if (shmipc_stream_write(st, h, 12) < 0 || shmipc_stream_write(st, buf, n) < 0 ||
+            shmipc_stream_flush(st) < 0)
+            goto out;
+        off += n;
+    }
+    shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_END, 0, 0);
+    shmipc_stream_write(st, h, 12);
+    shmipc_stream_flush(st);
+out:
+    free(buf);
+}
+
 static void serve_stream(struct appw *w, shmipc_stream *st, shmipc_session *s)
 {
     uint8_t *buf = NULL, head[256], h[12];
@@ -119,6 +161,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st, shmipc_session *s)
     tlen = rq.target_len;
     target = malloc(tlen + 1);
     memcpy(target, rq.target, tlen);
+    target[tlen] = '\0';
     free(buf);
     buf = NULL;
     for (;;) { /* the body (dropped), then END */
@@ -130,6 +173,11 @@ static void serve_stream(struct appw *w, shmipc_stream *st, shmipc_session *s)
             break;
     }
     atomic_fetch_add(&w->requests, 1);
+    unsigned long long big = 0;
+    if (sscanf(target, "/big/%llu", &big) == 1 || sscanf(target, "/bigdie/%llu", &big) == 1) {
+        stream_big(w, st, s, big, target[4] == 'd');
+        goto out;
+    }
     if (tlen >= 4 && memcmp(target, "/die", 4) == 0) {
         shmipc_session_shutdown(s);
         goto out;
@@ -376,6 +424,40 @@ static int exchange(int port, const char *raw, size_t rawlen, long *body_len)
     return atoi(buf + 9);
 }
 
+/* Sends `raw` on a new connection and reads until the server closes it: the status, and in
+ * *body the bytes after the head. `latch` (or NULL) is set once some body came. */
+static int exchange_all(int port, const char *raw, size_t rawlen, uint64_t *body, atomic_int *latch)
+{
+    static char buf[1 << 16];
+    char head[4096];
+    size_t hl = 0, hend = 0;
+    int fd = tcp_connect(port);
+    send_all(fd, raw, rawlen);
+    *body = 0;
+    for (;;) {
+        ssize_t k = recv(fd, buf, sizeof buf, 0);
+        if (k <= 0)
+            break;
+        if (hend == 0) { /* still in the head */
+            size_t take = (size_t)k < sizeof head - 1 - hl ? (size_t)k : sizeof head - 1 - hl;
+            memcpy(head + hl, buf, take);
+            head[hl + take] = '\0';
+            char *e = strstr(head, "\r\n\r\n");
+            if (e != NULL) {
+                hend = (size_t)(e - head) + 4;
+                *body += (size_t)k - (hend - hl);
+            }
+            hl += take;
+        } else {
+            *body += (size_t)k;
+        }
+        if (latch != NULL && *body > 0)
+            atomic_store(latch, 1);
+    }
+    close(fd);
+    return hend != 0 ? atoi(head + 9) : -1;
+}
+
 static int get(int port, const char *method, const char *target, long *body_len)
 {
     size_t n = strlen(method) + strlen(target) + 64;
@@ -515,6 +597,65 @@ static void every_outcome_common(void **state)
     shmipc__access_log_counts(x.log, &lines, &errors);
     assert_int_equal(lines, 8);
     assert_int_equal(errors, 0);
+    fx_stop(&x);
+    appw_stop(&w);
+    unlink(x.path);
+}
+
+/* The status and bytes at the end of a common line. */
+static void clf_tail(const char *line, int *status, unsigned long long *bytes)
+{
+    const char *q = strrchr(line, '"');
+    assert_non_null(q);
+    assert_int_equal(sscanf(q + 1, " %d %llu", status, bytes), 2);
+}
+
+/* A streamed response (docs/serve.md, "Streamed responses") has one line, when it ends: a 200
+ * of several MiB with the exact bytes of its body; one cut by the worker's death with the 200
+ * its head sent and no more than the client got before the cut, and no second (502) line. */
+static void stream_one_line(void **state)
+{
+    static struct appw w;
+    struct appw *ws[] = {&w};
+    static struct fx x;
+    const unsigned long long total = (5ull << 20) + 123;
+    char req[160], want[256], *l;
+    uint64_t got = 0;
+    size_t len;
+    int status;
+    unsigned long long bytes;
+    long bl = 0;
+    (void)state;
+    appw_start(&w);
+    fx_start(&x, ws, 1, 1, SHMIPC__ACCESS_COMMON, NULL, NULL);
+
+    int k = snprintf(req, sizeof req,
+                     "GET /big/%llu HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", total);
+    assert_int_equal(exchange_all(x.port, req, (size_t)k, &got, NULL), 200);
+    assert_int_equal(got, total);
+    char *b = wait_lines(x.path, 1, &len);
+    snprintf(want, sizeof want, "\"GET /big/%llu HTTP/1.1\" 200 %llu\n", total, total);
+    assert_clf(b, want);
+    free(b);
+
+    /* HTTP/1.0 and no length: close-delimited, the close comes early. */
+    k = snprintf(req, sizeof req, "GET /bigdie/%llu HTTP/1.0\r\n\r\n", total);
+    assert_int_equal(exchange_all(x.port, req, (size_t)k, &got, &w.go_die), 200);
+    assert_true(got > 0 && got < total);
+    /* A request after it: its line comes after any the cut response could still add. */
+    status = get(x.port, "GET", "/after", &bl);
+    b = wait_lines(x.path, 3, &len);
+    l = line_at(b, 1);
+    snprintf(want, sizeof want, "\"GET /bigdie/%llu HTTP/1.0\" ", total);
+    assert_non_null(strstr(l, want));
+    clf_tail(l, &status, &bytes);
+    assert_int_equal(status, 200);
+    assert_true(bytes <= got);
+    free(l);
+    l = line_at(b, 2);
+    assert_non_null(strstr(l, "\"GET /after HTTP/1.1\" "));
+    free(l);
+    free(b);
     fx_stop(&x);
     appw_stop(&w);
     unlink(x.path);
@@ -725,7 +866,7 @@ static void log_api(void **state)
 #define LOG_TESTS                                                                                  \
     cmocka_unit_test(every_outcome_common), cmocka_unit_test(json_hostile),                        \
         cmocka_unit_test(concurrent_lines_whole), cmocka_unit_test(reopen_after_rename),           \
-        cmocka_unit_test(write_error_counted)
+        cmocka_unit_test(write_error_counted), cmocka_unit_test(stream_one_line)
 
 int main(int argc, char **argv)
 {
