@@ -656,6 +656,39 @@ static void stream_one_line(void **state)
     assert_non_null(strstr(l, "\"GET /after HTTP/1.1\" "));
     free(l);
     free(b);
+
+    /* The client leaves after 4 MiB of 64: one line (not a 499), the 200 its head sent and
+     * the body bytes written before the close (the server's count, read in its cancel
+     * callback; 0 without it). */
+    int fd = tcp_connect(x.port);
+    static const char big[] = "GET /big/67108864 HTTP/1.1\r\nHost: t\r\n\r\n";
+    send_all(fd, big, sizeof big - 1);
+    static char sink[1 << 16];
+    got = 0;
+    while (got < (4u << 20)) {
+        ssize_t n = recv(fd, sink, sizeof sink, 0);
+        assert_true(n > 0);
+        got += (uint64_t)n;
+    }
+    struct linger lg = {1, 0}; /* a reset: the server sees the client gone at once */
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd);
+    get(x.port, "GET", "/after2", &bl);
+    b = wait_lines(x.path, 5, &len);
+    l = line_at(b, 3);
+    assert_non_null(strstr(l, "\"GET /big/67108864 HTTP/1.1\" "));
+    clf_tail(l, &status, &bytes);
+    assert_int_equal(status, 200);
+    /* Written to the socket, as nginx counts: what the client read (less the head, under 512
+     * bytes), more when the kernel's buffers held some, less a batch in flight whose write was
+     * not yet confirmed (at most the mark and a frame, under 1 MiB); less than the whole. */
+    if (bytes + 512 + (1u << 20) < got || bytes >= (64ull << 20))
+        fail_msg("logged %llu bytes, the client got %llu", bytes, (unsigned long long)got);
+    free(l);
+    l = line_at(b, 4);
+    assert_non_null(strstr(l, "\"GET /after2 HTTP/1.1\" "));
+    free(l);
+    free(b);
     fx_stop(&x);
     appw_stop(&w);
     unlink(x.path);
