@@ -55,7 +55,9 @@ static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
                 s->processing = 1;
                 rc = shmipc__session_process_locked(s);
                 s->processing = 0;
-                if (rc > 0)
+                /* Progress, or the end: the top looks again, so a stream close taken in
+                 * the turn that ended the session is EOF, not the session's end. */
+                if (rc != 0)
                     continue;
             }
             if (st->unread >= need)

@@ -1335,6 +1335,47 @@ static void data_before_the_peer_left_is_read_first(void **state)
     }
 }
 
+/*
+ * Regression: the peer closes a stream and then its session, and both reach us before anyone
+ * processes our session; a non-blocking read then takes the close and the socket's end in one
+ * turn. It returned the session's end (SHMIPC_ECONNRESET): the stream had been closed properly
+ * first, so the read must say end of stream (SHMIPC_EEOF), as a blocking read does. Seen as a
+ * 1-in-100 failure of a Python Listener.serve() test whose on_data read the close.
+ */
+static void nonblock_read_of_a_close_in_the_turn_that_ended_the_session_is_eof(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 20; round++) {
+        char address[64];
+        ipc_pick_address(address, sizeof address, "lastc");
+        struct ipc_pair p;
+        ipc_pair_open(&p, address, NULL, NULL);
+        shmipc_stream *cs, *ss;
+        assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+        ipc_send_text(cs, "hi");
+        assert_int_equal(shmipc_session_accept_stream(p.server, IPC_WAIT_MS, &ss), 0);
+        ipc_expect_text(ss, "hi");
+        shmipc_stream_close(ss);
+        shmipc_session_close(p.server);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL); /* both the close and the end are there before we look */
+        const void *q;
+        int rc;
+        for (int i = 0; i < 1000; i++) {
+            size_t len;
+            rc = shmipc_stream_read_chunk(cs, 1, &q, &len, SHMIPC_NONBLOCK);
+            if (rc != SHMIPC_EAGAIN)
+                break;
+            nanosleep(&ts, NULL);
+        }
+        if (rc != SHMIPC_EEOF)
+            fail_msg("round %d: the read gave %s, not SHMIPC_EEOF", round, shmipc_errname(rc));
+        shmipc_stream_close(cs);
+        shmipc_session_close(p.client);
+        shmipc_listener_close(p.l);
+    }
+}
+
 static void fallback_bytes_held_are_capped(void **state)
 {
     (void)state;
@@ -1776,6 +1817,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(pending_streams_are_capped),
         cmocka_unit_test(fallback_bytes_held_are_capped),
         cmocka_unit_test(data_before_the_peer_left_is_read_first),
+        cmocka_unit_test(nonblock_read_of_a_close_in_the_turn_that_ended_the_session_is_eof),
         cmocka_unit_test(socket_message_reaches_a_reader_the_queue_keeps_busy),
         cmocka_unit_test(nonblocking_looks_see_socket_messages),
         cmocka_unit_test(spin_reads_fallback_data_before_the_close_behind_it_v3),
