@@ -198,7 +198,7 @@ def test_reload_replaces_every_worker_without_failures(tmp_path):
         done.set()
         t.join(60)
         assert len(new) == 2 and not set(new) & set(old), (old, new)
-        assert failures == []
+        assert failures == [], "".join(s.err)[-4000:]
         for pid in old:  # the old generation was stopped and reaped
             deadline = time.monotonic() + 15
             while alive(pid) and time.monotonic() < deadline:
