@@ -221,10 +221,12 @@ static void req_abort(struct freq *r, int status, uint32_t reason)
         return;
     }
     r->abort_reason = rc == 1 ? reason : 0;
-    shmipc__timer_start(&r->timer, r->abort_reason ? RETRY_MS : SHMIPC__FRONT_DRAIN_MS);
-    /* What is here already, the worker's close included, brings no new readiness: read it
-     * now, or a worker that closed at once would stay busy for the whole drain. */
-    shmipc__front_req_drain(r);
+    /* What is here already, the worker's close included, brings no new readiness: it is read
+     * on the next turn of the loop (req_timer), or a worker that closed at once would stay
+     * busy for the whole drain. Not now: the request may end there, and the callers (the
+     * cancel callback inside a stream_head()/stream_body() call, req_read's END) go on
+     * using it. */
+    shmipc__timer_start(&r->timer, 0);
 }
 
 /* ---- sending a request ---- */
@@ -479,7 +481,7 @@ static int stream_give(struct freq *r, struct fpiece *pc)
         req_abort(r, 502, SHMIPC__SF_ABORT_PROTOCOL);
         return -1;
     }
-    return 0;
+    return r->state == RQ_ACTIVE ? 0 : -1; /* the piece's send closed it: cancelled */
 }
 
 /* The server sent some of the connection's queue: a held-back stream reads again, from the
@@ -521,6 +523,8 @@ static int stream_start(struct freq *r)
         req_abort(r, 502, SHMIPC__SF_ABORT_PROTOCOL);
         return -1;
     }
+    if (r->state != RQ_ACTIVE) /* the head closed the connection: cancelled (on_cancel) */
+        return -1;
     r->streaming = 1;
     r->rstatus = fr.u.resp.status;
     if (!has_body(r, &fr))

@@ -375,6 +375,39 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         atomic_fetch_sub(&w->concurrent, 1);
         goto out;
     }
+    if (tlen >= 8 && (memcmp(target, "/bighead", 8) == 0 || memcmp(target, "/ctlhead", 8) == 0)) {
+        /* A head the server's batch cannot hold (20 KB of headers), a Content-Length of 10, the
+         * body (not for HEAD), END, and the close: all of it there before the front reads. */
+        static uint8_t head[24576], big[10000];
+        uint8_t h[12];
+        memset(big, 'b', sizeof big);
+        /* two of 10 KB: a value may have 16 KB (SHMIPC__SF_MAX_VALUE), a batch's heads 16 KB */
+        shmipc_serve_field fd[2] = {{(const uint8_t *)"X-Big1", big, 6, sizeof big},
+                                    {(const uint8_t *)"X-Big2", big, 6, sizeof big}};
+        uint32_t nfd = 2;
+        if (target[1] == 'c') { /* "/ctlhead": a small header the server refuses (a control byte) */
+            fd[0] = (shmipc_serve_field){(const uint8_t *)"X-Ctl", (const uint8_t *)"a\001b", 5, 3};
+            nfd = 1;
+        }
+        shmipc_serve_response rs = {.size = sizeof rs,
+                                    .status = 200,
+                                    .flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH,
+                                    .content_length = 10};
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &rs, fd, nfd);
+        if (hn > 0) {
+            shmipc_stream_write(st, head, (size_t)hn);
+            if (!is_head) {
+                shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, 10, 0);
+                shmipc_stream_write(st, h, 12);
+                shmipc_stream_write(st, "0123456789", 10);
+            }
+            shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_END, 0, 0);
+            shmipc_stream_write(st, h, 12);
+        }
+        atomic_fetch_sub(&w->concurrent, 1);
+        shmipc_stream_flush(st);
+        goto out;
+    }
     if (tlen >= 8 && memcmp(target, "/stream/", 8) == 0) {
         target[tlen] = '\0';
         stream_mode(w, st, target, is_head); /* counted out there */
@@ -1275,11 +1308,52 @@ static void stream_cross_talk(void **state)
     assert_true(st.buffered_peak <= 2 * HELD_MAX); /* two reactor threads */
 }
 
+/*
+ * A streamed head the server cannot write (bigger than its batch) closes the client's
+ * connection from inside shmipc__server_stream_head(): the front's cancel callback runs
+ * there, gives the exchange up and, the worker's stream having ended already, frees the
+ * request, which stream_start() then went on using (HEAD with a Content-Length is always
+ * streamed). A head the server refuses (a control byte) gave up and freed the request inside
+ * req_answer(), which req_read() then freed again. Nothing may crash; the front keeps serving.
+ */
+static void stream_head_unwritable_frees_request_in_use(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct resp p;
+    static struct shmipc__front_stats st;
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    for (int round = 0; round < 12; round++) {
+        struct rd *r = calloc(1, sizeof *r);
+        static const char *const reqs[] = {"GET /bighead HTTP/1.1\r\nHost: t\r\n\r\n",
+                                           "HEAD /bighead HTTP/1.1\r\nHost: t\r\n\r\n",
+                                           "HEAD /ctlhead HTTP/1.1\r\nHost: t\r\n\r\n"};
+        const char *req = reqs[round % 3];
+        rd_open(r, x->port);
+        send_all(r->fd, req, strlen(req));
+        /* no head fits: whatever comes (a 502, or the close), nothing of the 20 KB header */
+        struct timeval tv = {2, 0};
+        setsockopt(r->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        (void)rd_more(r, 0, 0);
+        assert_null(strstr(r->buf, "bbbbbbbb"));
+        close(r->fd);
+        free(r);
+        assert_int_equal(request(x->port, "GET", "/after", NULL, &p), 200);
+        assert_string_equal(p.body, "/after:");
+        resp_free(&p);
+    }
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.buffered, 0);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define STREAM_TESTS                                                                               \
     T(stream_64m_slow_client), T(stream_sized_then_pipelined), T(stream_http10_close_delimited),   \
         T(stream_worker_dies), T(stream_client_gone), T(stream_deadline_mid_body),                 \
-        T(stream_cross_talk)
+        T(stream_cross_talk), T(stream_head_unwritable_frees_request_in_use)
 
 int main(int argc, char **argv)
 {
