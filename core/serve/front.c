@@ -245,6 +245,7 @@ int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out
     out->rejected = atomic_load(&f->rejected);
     out->timeouts = atomic_load(&f->timeouts);
     out->client_gone = atomic_load(&f->client_gone);
+    out->retried = atomic_load(&f->retried);
     out->buffered = atomic_load(&f->buffered);
     out->buffered_peak = atomic_load(&f->buffered_peak);
     pthread_mutex_lock(&f->mu);

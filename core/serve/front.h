@@ -47,6 +47,11 @@ struct shmipc__front;
 #define SHMIPC__FRONT_DRAIN_MS         5000u        /* after the front's ABORT, at most */
 #define SHMIPC__FRONT_BACKOFF_MIN_MS   20u          /* first reconnect after a session ended */
 #define SHMIPC__FRONT_BACKOFF_MAX_MS   2000u        /* the back-off doubles up to this */
+/* A request a stopping worker refused (ABORT SHUTDOWN: not processed) goes to another worker
+ * at most this many times, and only when the front still holds its body: a body of at most
+ * SHMIPC__FRONT_RETRY_BODY bytes is kept until the worker's first answer for that. */
+#define SHMIPC__FRONT_RETRIES    4u
+#define SHMIPC__FRONT_RETRY_BODY (64u << 10)
 
 struct shmipc__front_opts {
     const char *const *workers; /* shmipc addresses of the application workers */
@@ -82,6 +87,7 @@ struct shmipc__front_stats {
     uint64_t rejected;      /* 503s (queue full) */
     uint64_t timeouts;      /* requests cancelled by their deadline (504) */
     uint64_t client_gone;   /* requests cancelled because the client left */
+    uint64_t retried;       /* requests a stopping worker refused, given to another worker */
     uint64_t buffered;      /* response bytes the front holds now (read, not yet sent) */
     uint64_t buffered_peak; /* the most it held at once */
     struct shmipc__front_worker_stats w[2 * SHMIPC__FRONT_MAX_WORKERS];

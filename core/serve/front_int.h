@@ -94,6 +94,8 @@ struct freq {
     uint8_t is_head;       /* a HEAD request: the worker sends no body, whatever its length says */
     uint8_t streaming;     /* the response's head went to the server: BODY frames follow it */
     uint8_t wait_drain;    /* streaming, held back: the connection has the mark queued */
+    uint8_t retries;       /* times a stopping worker refused it (ABORT SHUTDOWN) */
+    uint8_t no_retry;      /* its body is gone (over SHMIPC__FRONT_RETRY_BODY): never resent */
     uint64_t rtotal;       /* body bytes streamed */
     unsigned rstatus;      /* streaming: the status its head sent (the access log's) */
     uint64_t rwant;        /* the worker's Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
@@ -103,11 +105,11 @@ struct freq {
     struct shmipc__sf_frame fh;
     uint8_t *head; /* the RESPONSE_HEAD frame */
     size_t head_len;
-    uint8_t *out; /* the REQUEST_HEAD frame */
+    uint8_t *out; /* the REQUEST_HEAD frame, kept until the worker's first frame (a resend) */
     size_t out_len;
     const char *body;
     size_t body_len;
-    char *body_copy; /* a queued request's body (the server's buffer is gone by then) */
+    char *body_copy; /* a queued or sent request's body (the server's buffer is gone by then) */
     uint8_t *rbody;
     size_t rlen, rcap;
     struct shmipc__timer timer;
@@ -130,7 +132,7 @@ struct shmipc__front {
     unsigned nset;
     atomic_uint gen;
     atomic_uint queued;
-    atomic_ullong rejected, timeouts, client_gone;
+    atomic_ullong rejected, timeouts, client_gone, retried;
     atomic_ullong buffered, buffered_peak; /* response bytes the front holds (stats) */
     struct shmipc__access_log *alog;       /* borrowed; NULL: no access log */
     struct fthread *threads[MAX_THREADS];
@@ -142,6 +144,7 @@ void shmipc__front_req_free(struct freq *r);
 void shmipc__front_req_done(struct freq *r);
 void shmipc__front_answer_status(struct freq *r, int status);
 int shmipc__front_req_send(struct freq *r);
+int shmipc__front_req_refused(struct freq *r);
 void shmipc__front_req_drain(struct freq *r);
 void shmipc__front_req_read(struct freq *r);
 int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, void *ud);
@@ -152,6 +155,7 @@ void shmipc__front_fs_down(struct fsess *fs, int rc);
 void shmipc__front_refresh(struct fthread *t, int connect_now);
 struct fsess *shmipc__front_claim(struct fthread *t);
 int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc);
+int shmipc__front_requeue(struct fthread *t, struct freq *r);
 void shmipc__front_pump(struct fthread *t);
 void shmipc__front_on_kick(struct shmipc__timer *timer);
 void shmipc__front_on_nudge(struct shmipc__watch *watch, int fd, unsigned events, void *data);

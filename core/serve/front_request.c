@@ -238,6 +238,8 @@ static int write_frame_hdr(shmipc_stream *st, unsigned type, size_t len)
     return rc < 0 ? rc : shmipc__stream_write(st, h, sizeof h);
 }
 
+static void keep_for_resend(struct freq *r);
+
 /*
  * Sends the whole request as one message: REQUEST_HEAD, the body in BODY frames of at most
  * 1 MiB, END. With the session's queue full it waits on the request's timer (SENDING).
@@ -275,13 +277,75 @@ int shmipc__front_req_send(struct freq *r)
     if (rc < 0)
         return rc;
     r->state = RQ_ACTIVE;
+    keep_for_resend(r);
+    return 0;
+}
+
+/*
+ * Sent: the head (r->out) and a body of at most SHMIPC__FRONT_RETRY_BODY bytes stay until the
+ * worker's first frame, so a stopping worker's refusal can send them to another; a larger
+ * body is let go (the server's copy is gone once the handler returned) and never resent.
+ */
+static void keep_for_resend(struct freq *r)
+{
+    if (r->body_len == 0 || r->body_copy != NULL)
+        return;
+    if (r->body_len <= SHMIPC__FRONT_RETRY_BODY && (r->body_copy = malloc(r->body_len)) != NULL) {
+        memcpy(r->body_copy, r->body, r->body_len);
+        r->body = r->body_copy;
+        return;
+    }
+    r->no_retry = 1;
+    r->body = NULL;
+    r->body_len = 0;
+}
+
+/* The worker answered: what a resend needed goes. */
+static void forget_request(struct freq *r)
+{
     free(r->out);
     r->out = NULL;
     free(r->body_copy);
     r->body_copy = NULL;
     r->body = NULL;
     r->body_len = 0;
-    return 0;
+    r->no_retry = 1;
+}
+
+/*
+ * Whether a refused request (ABORT SHUTDOWN: the worker did not process it) goes to another
+ * worker: nothing of an answer came, the client still waits, the front holds the whole
+ * request, and fewer than SHMIPC__FRONT_RETRIES workers refused it. Counted when it does.
+ */
+static int may_resend(struct freq *r)
+{
+    if (!r->live || r->got_head || r->streaming || r->no_retry || r->out == NULL ||
+        r->retries >= SHMIPC__FRONT_RETRIES)
+        return 0;
+    r->retries++;
+    atomic_fetch_add(&r->t->f->retried, 1);
+    SHMIPC__LOG(SHMIPC__LOG_DEBUG, "front: worker %s is stopping: its request goes to another",
+                r->fs != NULL ? r->fs->w->addr : "?");
+    return 1;
+}
+
+/*
+ * The session ended under an ACTIVE request (shmipc__front_fs_down): whether the worker's
+ * last word, not read yet, was ABORT SHUTDOWN before any answer, and the request may go to
+ * another worker. Reads one frame header at most; the request is given up either way.
+ */
+int shmipc__front_req_refused(struct freq *r)
+{
+    const void *p;
+    struct shmipc__sf_frame fh;
+    if (r->state != RQ_ACTIVE || r->st == NULL || r->have_hdr || r->got_head)
+        return 0;
+    if (shmipc__stream_read_exact(r->st, SHMIPC__SF_HDR_SIZE, &p, SHMIPC_NONBLOCK) < 0)
+        return 0;
+    int rc = shmipc__sf_decode_header(p, SHMIPC__SF_HDR_SIZE, &fh);
+    shmipc__stream_release(r->st);
+    return rc >= 0 && fh.type == SHMIPC__SF_ABORT && fh.arg == SHMIPC__SF_ABORT_SHUTDOWN &&
+           may_resend(r);
 }
 
 /* ---- reading the response ---- */
@@ -660,6 +724,7 @@ void shmipc__front_req_read(struct freq *r)
             r->head = copy;
             r->head_len = SHMIPC__SF_HDR_SIZE + (size_t)len;
             r->got_head = 1;
+            forget_request(r);
             break;
         }
         case SHMIPC__SF_BODY:
@@ -694,6 +759,12 @@ void shmipc__front_req_read(struct freq *r)
         case SHMIPC__SF_ABORT: {
             uint32_t why = r->fh.arg;
             shmipc__stream_release(r->st);
+            if (why == SHMIPC__SF_ABORT_SHUTDOWN && may_resend(r)) {
+                /* A stopping worker refused it unprocessed: another worker gets it, and this
+                 * session, which will carry nothing more, closes (or reconnects later). */
+                (void)shmipc__front_requeue_head(r->t, r, 0);
+                return;
+            }
             /* The worker ended the exchange: nothing more comes, its close follows. */
             shmipc__front_answer_status(r, why == SHMIPC__SF_ABORT_WORKER_ERROR ? 500
                                            : why == SHMIPC__SF_ABORT_TOO_LARGE  ? 413

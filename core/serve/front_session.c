@@ -89,7 +89,9 @@ static void fs_timer(struct shmipc__timer *timer)
 void shmipc__front_fs_down(struct fsess *fs, int rc)
 {
     struct freq *r = fs->active;
-    if (r != NULL) {
+    /* A stopping worker may refuse the request (ABORT SHUTDOWN) and close its session in the
+     * same breath: the refusal, still unread in the stream, sends it to another worker. */
+    if (r != NULL && !(shmipc__front_req_refused(r) && shmipc__front_requeue(fs->t, r) == 0)) {
         shmipc__front_answer_status(r, 502);
         shmipc__front_req_done(r);
     }
@@ -187,23 +189,24 @@ struct fsess *shmipc__front_claim(struct fthread *t)
 }
 
 /*
- * The session failed under a request before its worker answered anything, as a worker that
- * died before the front noticed: nothing of it reached a live worker (a dead session's
- * messages are never read), so it goes back to the head of this thread's queue rather than
- * being answered 502, as nginx retries the next upstream when nothing was sent. The session
- * goes down. 0, or SHMIPC_ENOMEM (the body could not be kept).
+ * Back to the head of this thread's queue, away from its worker (freed) and its stream
+ * (closed): a request no live worker has seen, or one a stopping worker refused. 0, or
+ * SHMIPC_ENOMEM (the body could not be kept; the request is then on no queue).
  */
-int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc)
+int shmipc__front_requeue(struct fthread *t, struct freq *r)
 {
     struct fsess *fs = r->fs;
-    fs->active = NULL;
-    atomic_store(&fs->w->busy, 0);
+    if (fs != NULL && fs->active == r) {
+        fs->active = NULL;
+        atomic_store(&fs->w->busy, 0);
+    }
+    r->fs = NULL;
     if (r->st != NULL) {
         shmipc__stream_close_handle(r->st);
         r->st = NULL;
     }
-    r->fs = NULL;
-    shmipc__front_fs_down(fs, rc);
+    shmipc__timer_stop(&r->timer);
+    r->have_hdr = 0;
     if (r->body_len > 0 && r->body_copy == NULL) {
         if ((r->body_copy = malloc(r->body_len)) == NULL)
             return shmipc__fail(SHMIPC_ENOMEM, "front: a body copy");
@@ -219,6 +222,23 @@ int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc)
     atomic_fetch_add(&t->f->queued, 1);
     shmipc__front_kick(t);
     return 0;
+}
+
+/*
+ * The session failed under a request before its worker answered anything, as a worker that
+ * died before the front noticed: nothing of it reached a live worker (a dead session's
+ * messages are never read), so it goes back to the head of this thread's queue rather than
+ * being answered 502, as nginx retries the next upstream when nothing was sent. The session
+ * goes down (rc < 0), or closes (rc 0: its worker is stopping). 0, or SHMIPC_ENOMEM.
+ */
+int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc)
+{
+    struct fsess *fs = r->fs;
+    int ret = shmipc__front_requeue(t, r);
+    /* Queued first, run later (the kick is a timer): the pump never claims this session,
+     * which is down by then. */
+    shmipc__front_fs_down(fs, rc);
+    return ret;
 }
 
 /* Starts waiting requests while workers are free. From the loop only (it may answer 502). */

@@ -103,14 +103,17 @@ static int wait_for(atomic_int *v, int want, unsigned ms)
 /* ---- application workers: threads of this process ---- */
 
 enum mode {
-    M_ECHO = 0, /* 200, body = target ":" body, X-Worker: name */
-    M_HOLD,     /* M_ECHO once the test opens the worker's hold latch */
-    M_DIE,      /* reads the request, then every session of the worker ends */
-    M_BAD,      /* answers a frame with a bad magic */
-    M_HUGE,     /* a body of 1 MiB in 64 KiB frames, no Content-Length */
-    M_MID_END,  /* RESPONSE_HEAD, then closes its stream */
-    M_HANG,     /* never answers; waits for the front's ABORT */
-    M_STALL,    /* never reads the stream at all until the test opens release_stall */
+    M_ECHO = 0,     /* 200, body = target ":" body, X-Worker: name */
+    M_HOLD,         /* M_ECHO once the test opens the worker's hold latch */
+    M_DIE,          /* reads the request, then every session of the worker ends */
+    M_BAD,          /* answers a frame with a bad magic */
+    M_HUGE,         /* a body of 1 MiB in 64 KiB frames, no Content-Length */
+    M_MID_END,      /* RESPONSE_HEAD, then closes its stream */
+    M_HANG,         /* never answers; waits for the front's ABORT */
+    M_STALL,        /* never reads the stream at all until the test opens release_stall */
+    M_REFUSE,       /* reads the request, answers ABORT SHUTDOWN (a stopping worker), waits */
+    M_REFUSE_CLOSE, /* as M_REFUSE, then every session of the worker ends at once */
+    M_HEAD_REFUSE,  /* RESPONSE_HEAD, then ABORT SHUTDOWN: too late to go elsewhere */
 };
 
 struct appw {
@@ -128,6 +131,7 @@ struct appw {
     int parked;            /* session threads waiting out a freeze (under mu) */
     atomic_int bad;        /* what a worker thread found wrong (it cannot assert) */
     atomic_int requests;   /* request heads read */
+    atomic_int refused;    /* requests answered ABORT SHUTDOWN */
     atomic_int aborts[8];  /* ABORT reasons the front sent */
     atomic_int concurrent; /* streams being served now */
     atomic_int max_concurrent;
@@ -341,6 +345,26 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         shmipc_stream_write(st, head, (size_t)hn);
         shmipc_stream_flush(st);
         break; /* the close ends the stream mid-response */
+    }
+    case M_HEAD_REFUSE:
+    case M_REFUSE:
+    case M_REFUSE_CLOSE: {
+        uint8_t h[12], head[256];
+        int mode = atomic_load(&w->mode);
+        if (mode == M_HEAD_REFUSE) {
+            shmipc_serve_response r = {.size = sizeof r, .status = 200};
+            int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+            shmipc_stream_write(st, head, (size_t)hn);
+        }
+        shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_ABORT, 0, SHMIPC_SERVE_ABORT_SHUTDOWN);
+        shmipc_stream_write(st, h, 12);
+        shmipc_stream_flush(st);
+        bump(&w->refused);
+        if (mode == M_REFUSE_CLOSE)
+            kill_sessions(w);
+        else
+            wait_abort(w, st); /* until the front closes its side */
+        break;
     }
     case M_HANG:
     case M_STALL: /* the front gave up meanwhile: its ABORT follows the request */
@@ -1551,13 +1575,125 @@ static void upload_declared_over_limit_413(void **state)
     free(r);
 }
 
+/* POST `target` with `len` bytes of `body` on a new connection. */
+static int post(int port, const char *target, const char *body, size_t len, struct resp *p)
+{
+    struct rd *r = malloc(sizeof *r);
+    char req[256];
+    int n = snprintf(req, sizeof req, "POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %zu\r\n\r\n",
+                     target, len);
+    rd_open(r, port);
+    send_all(r->fd, req, (size_t)n);
+    send_all(r->fd, body, len);
+    read_resp(r, p);
+    close(r->fd);
+    free(r);
+    return p->status;
+}
+
+/* A stopping worker answers ABORT SHUTDOWN ("not processed") to a request it will not serve,
+ * and keeps (M_REFUSE) or closes (M_REFUSE_CLOSE, the refusal then still unread when the
+ * session ends) its session: the request goes to the other worker whole, any method, and the
+ * client sees only that worker's 200 (before: 503, or 502 when the session ended with it). */
+static void refused_by_stopping_worker(void **state, int mode)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    struct resp p;
+    char body[64], want[80];
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    atomic_store(&w0->mode, mode);
+    fx_start(x, ws, 2, 1, NULL);
+    assert_true(wait_sessions(x, w0->addr, 1));
+    assert_true(wait_sessions(x, w1->addr, 1));
+    for (int i = 0; i < 8; i++) {
+        int n = snprintf(body, sizeof body, "unique-%d-%d", mode, i);
+        snprintf(want, sizeof want, "/r:%s", body);
+        assert_int_equal(post(x->port, "/r", body, (size_t)n, &p), 200);
+        assert_string_equal(p.body, want);
+        assert_non_null(strcasestr(p.head, "X-Worker: w1"));
+        resp_free(&p);
+    }
+    assert_true(atomic_load(&w0->refused) >= 1);
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.retried, (uint64_t)atomic_load(&w0->refused));
+    assert_int_equal(st.w[0].failures + st.w[1].failures, 0);
+    assert_int_equal(atomic_load(&w1->bad) + atomic_load(&w0->bad), 0);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
+}
+
+static void refused_by_stopping_worker_goes_to_another(void **state)
+{
+    refused_by_stopping_worker(state, M_REFUSE);
+}
+
+static void refused_then_session_closed_goes_to_another(void **state)
+{
+    refused_by_stopping_worker(state, M_REFUSE_CLOSE);
+}
+
+/* Every worker refuses: the request is refused SHMIPC__FRONT_RETRIES + 1 times in all, then
+ * answered 503, never looping. A refusal after the worker's head, or of a body the front did
+ * not keep (over SHMIPC__FRONT_RETRY_BODY), is a 503 at once. */
+static void refused_everywhere_503(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    struct resp p;
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    atomic_store(&w0->mode, M_REFUSE);
+    atomic_store(&w1->mode, M_REFUSE);
+    fx_start(x, ws, 2, 1, NULL);
+    assert_true(wait_sessions(x, w0->addr, 1));
+    assert_true(wait_sessions(x, w1->addr, 1));
+    assert_int_equal(post(x->port, "/r", "x", 1, &p), 503);
+    resp_free(&p);
+    assert_int_equal(atomic_load(&w0->refused) + atomic_load(&w1->refused),
+                     SHMIPC__FRONT_RETRIES + 1);
+    /* too big to keep: not resent */
+    size_t big = SHMIPC__FRONT_RETRY_BODY + 1;
+    char *b = malloc(big);
+    memset(b, 'b', big);
+    int before = atomic_load(&w0->refused) + atomic_load(&w1->refused);
+    assert_true(wait_sessions(x, w0->addr, 1));
+    assert_true(wait_sessions(x, w1->addr, 1));
+    assert_int_equal(post(x->port, "/big", b, big, &p), 503);
+    resp_free(&p);
+    free(b);
+    assert_int_equal(atomic_load(&w0->refused) + atomic_load(&w1->refused), before + 1);
+    /* after the head: not resent */
+    atomic_store(&w0->mode, M_HEAD_REFUSE);
+    atomic_store(&w1->mode, M_HEAD_REFUSE);
+    assert_true(wait_sessions(x, w0->addr, 1));
+    assert_true(wait_sessions(x, w1->addr, 1));
+    assert_int_equal(post(x->port, "/h", "x", 1, &p), 503);
+    resp_free(&p);
+    assert_int_equal(atomic_load(&w0->refused) + atomic_load(&w1->refused), before + 2);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define FRONT_TESTS                                                                                \
     T(basic), T(too_large_for_protocol), T(pipelining), T(cross_talk), T(queue_full_503),          \
         T(deadline_504), T(client_gone_abort), T(worker_died_502),                                 \
         T(worker_restarts_between_requests), T(bad_frames_502), T(stalled_worker_no_stall),        \
         T(full_queue_backpressure), T(bad_frame_then_close_frees_worker), T(close_in_flight),      \
-        T(set_workers_under_load), T(upload_declared_over_limit_413)
+        T(set_workers_under_load), T(upload_declared_over_limit_413),                              \
+        T(refused_by_stopping_worker_goes_to_another),                                             \
+        T(refused_then_session_closed_goes_to_another), T(refused_everywhere_503)
 
 int main(int argc, char **argv)
 {
