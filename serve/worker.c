@@ -27,6 +27,10 @@
 
 /* Blocking accepts wake this often to see a stop. */
 #define POLL_MS 200
+/* A refused request: how long its frames are waited for (as the Python worker's drain). */
+#define REFUSE_MS 5000
+/* Streams refused when a session ends: at most this many (see refuse_stream). */
+#define REFUSE_MAX 64
 
 /* Set by the signal handler and by the session that reached --max-requests; read by every
  * thread: a lock-free atomic (async-signal safe), not a plain volatile, so threads agree. */
@@ -64,6 +68,47 @@ struct session_thread {
     struct session_thread *next;
 };
 
+/*
+ * ABORT SHUTDOWN, the protocol's "not processed", to a request this worker will not serve (it
+ * is stopping): the front gives it to another worker, whatever its method. A stream whose
+ * first frame is not a REQUEST_HEAD (a late ABORT) is just closed. After the ABORT the rest
+ * of the request is read, bounded, so that nothing of it arrives after the close.
+ */
+static void refuse_stream(shmipc_stream *st)
+{
+    uint8_t h[SHMIPC_SERVE_HDR_SIZE];
+    const void *p;
+    int first = 1;
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, REFUSE_MS);
+    for (;;) {
+        shmipc_serve_frame f = {.size = sizeof f};
+        if (shmipc_stream_read_exact_bytes(st, sizeof h, &p, 0) < 0)
+            break;
+        memcpy(h, p, sizeof h);
+        shmipc_stream_release(st);
+        if (shmipc_serve_decode_header(h, sizeof h, &f) != (int)sizeof h)
+            break;
+        if (f.length > 0) {
+            if (shmipc_stream_read_exact_bytes(st, f.length, &p, 0) < 0)
+                break;
+            shmipc_stream_release(st);
+        }
+        if (first) {
+            if (f.type != SHMIPC_SERVE_REQUEST_HEAD)
+                break;
+            first = 0;
+            if (shmipc_serve_encode_header(h, sizeof h, SHMIPC_SERVE_ABORT, 0,
+                                           SHMIPC_SERVE_ABORT_SHUTDOWN) < 0 ||
+                shmipc_stream_write(st, h, sizeof h) < 0 || shmipc_stream_flush(st) < 0)
+                break;
+            continue;
+        }
+        if (f.type == SHMIPC_SERVE_END || f.type == SHMIPC_SERVE_ABORT)
+            break;
+    }
+    shmipc_stream_close(st);
+}
+
 static void *serve_session(void *arg)
 {
     struct session_thread *th = arg;
@@ -79,10 +124,9 @@ static void *serve_session(void *arg)
             break; /* the front's session ended */
         pthread_mutex_lock(&w->mu);
         if (stopping()) {
-            /* Past --max-requests, or stopping: not served. The front sees the stream end with
-             * nothing sent and the session close, as for any worker that exits. */
+            /* Past --max-requests, or stopping: not served, and said so. */
             pthread_mutex_unlock(&w->mu);
-            shmipc_stream_close(st);
+            refuse_stream(st);
             break;
         }
         int outcome = shmipc_serve_handle_stream(st, w->fn, w->data);
@@ -94,6 +138,14 @@ static void *serve_session(void *arg)
                 stop_now();
         }
         pthread_mutex_unlock(&w->mu);
+    }
+    /* Streams the front opened that this worker will not serve: each refused, so the front
+     * gives its request to another worker instead of a 502. */
+    for (int i = 0; i < REFUSE_MAX; i++) {
+        shmipc_stream *st;
+        if (shmipc_session_accept_stream(th->s, 0, &st) < 0)
+            break;
+        refuse_stream(st);
     }
     shmipc_session_close(th->s);
     __atomic_store_n(&th->done, 1, __ATOMIC_RELEASE);
@@ -277,13 +329,15 @@ int main(int argc, char **argv)
         t->next = threads;
         threads = t;
     }
+    /* Closed first: a front that reconnects meanwhile is refused at once, rather than
+     * waiting out its handshake timeout on a listener nobody accepts on. */
+    shmipc_listener_close(l);
     while (threads != NULL) {
         struct session_thread *t = threads;
         pthread_join(t->t, NULL);
         threads = t->next;
         free(t);
     }
-    shmipc_listener_close(l);
     shmipc__worker_lua_free(w.data);
     return 0;
 }

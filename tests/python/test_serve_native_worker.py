@@ -248,6 +248,24 @@ def test_late_abort_is_not_a_request_and_max_requests(worker):
     assert w.finish() == 0
 
 
+def test_requests_past_max_requests_are_refused_with_abort_shutdown(worker):
+    # Two requests sent at once with --max-requests 1: the first is served, the second is
+    # refused with ABORT SHUTDOWN (the front gives it to another worker), not dropped with
+    # the session (which the front had to answer 502).
+    w = worker("--max-requests", "1")
+    st1, c1 = w.front.open(b"POST", b"/echo", body=b"one")
+    st2, c2 = w.front.open(b"POST", b"/echo", body=b"two")
+    w.front.send_body(st1, c1)
+    w.front.send_body(st2, c2)
+    status, _, _, _, body, last, _ = w.front.response(st1)
+    assert (status, body, last) == (200, b"one", sf.END)
+    status, _, _, _, _, last, arg = w.front.response(st2)
+    assert (status, last, arg) == (None, sf.ABORT, sf.ABORT_SHUTDOWN)
+    st1.close()
+    st2.close()
+    assert w.finish() == 0
+
+
 def test_front_abort_mid_body_stops_the_handler(worker):
     w = worker()
     st, _ = w.front.open(b"POST", b"/echo", chunks=[])

@@ -862,3 +862,79 @@ def test_worker_process_refuses_bad_max_requests(tmp_path, arg):
         assert "max-requests" in w.proc.stderr.read()
     finally:
         w.finish()
+
+
+def test_requests_past_max_requests_are_refused_with_abort_shutdown():
+    # Two requests sent at once to a worker with --max-requests 1: the first is served, the
+    # second is answered ABORT SHUTDOWN ("not processed": the front gives it to another
+    # worker), not dropped with the session (which the front had to answer 502).
+    worker = Worker(lambda e, sr: (sr("200 OK", []), [e["wsgi.input"].read()])[1],
+                    unique_address("maxshut"), max_requests=1)
+    t = threading.Thread(target=worker.serve_forever)
+    t.start()
+    try:
+        front = Front(worker.address)
+        st1, c1 = front.open(b"POST", b"/", body=b"one")
+        st2, c2 = front.open(b"POST", b"/", body=b"two")
+        front.send_body(st1, c1)
+        front.send_body(st2, c2)
+        status, _, _, _, body, last, _ = front.response(st1)
+        assert (status, body, last) == (200, b"one", sf.END)
+        status, _, _, _, _, last, arg = front.response(st2)
+        assert (status, last, arg) == (None, sf.ABORT, sf.ABORT_SHUTDOWN)
+        st1.close()
+        st2.close()
+        t.join(10)
+        assert not t.is_alive()
+        assert worker.served == 1
+        front.close()
+    finally:
+        worker.stop()
+        t.join(10)
+
+
+def test_stop_refuses_a_request_waiting_behind_the_one_in_progress():
+    # SIGTERM (stop()) while a request is served and another waits on the same session: the
+    # first finishes, the waiting one is refused with ABORT SHUTDOWN; and the listener is
+    # closed before the in-progress request ends, so a front reconnecting meanwhile is
+    # refused at once instead of waiting out its handshake timeout.
+    entered, release = threading.Event(), threading.Event()
+
+    def app(environ, start_response):
+        entered.set()
+        release.wait(10)
+        start_response("200 OK", [])
+        return [b"done"]
+
+    worker = Worker(app, unique_address("stopshut"))
+    t = threading.Thread(target=worker.serve_forever)
+    t.start()
+    try:
+        front = Front(worker.address)
+        st1, c1 = front.open(b"GET", b"/")
+        front.send_body(st1, c1)
+        assert entered.wait(10)
+        st2, c2 = front.open(b"GET", b"/second")
+        front.send_body(st2, c2)
+        worker.stop()
+        t0 = time.monotonic()
+        deadline = t0 + 10
+        while time.monotonic() < deadline:
+            try:
+                shmipc.connect(worker.address, shmipc.Config(initialize_timeout=5)).close()
+            except shmipc.Error:
+                break
+            time.sleep(0.05)
+        assert time.monotonic() - t0 < 3, "a connect waited on a listener nobody accepts on"
+        release.set()
+        status, _, _, _, body, last, _ = front.response(st1)
+        assert (status, body, last) == (200, b"done", sf.END)
+        status, _, _, _, _, last, arg = front.response(st2)
+        assert (last, arg) == (sf.ABORT, sf.ABORT_SHUTDOWN)
+        t.join(10)
+        assert not t.is_alive()
+        front.close()
+    finally:
+        release.set()
+        worker.stop()
+        t.join(10)

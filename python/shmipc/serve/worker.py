@@ -16,7 +16,8 @@ import threading
 
 import shmipc
 
-from .wsgi import WSGIHandler
+from .. import _serve as sf
+from .wsgi import ProtocolViolation, WSGIHandler, _Exchange
 
 __all__ = ["Worker"]
 
@@ -24,6 +25,9 @@ log = logging.getLogger("shmipc.serve")
 
 # Blocking accepts wake this often to see stop() (the binding also wakes for signals).
 _POLL = 0.2
+# Streams refused when a session ends (a front that closes its session at the first refusal,
+# as ours does, sends at most the ones in flight; another could keep opening them).
+_REFUSE_MAX = 64
 
 
 class Worker:
@@ -79,9 +83,11 @@ class Worker:
                 t.start()
         finally:
             self._stopping.set()
+            # Closed first: a front that reconnects meanwhile is refused at once, rather than
+            # waiting out its handshake timeout on a listener nobody accepts on.
+            self.listener.close()
             for t in self._threads:
                 t.join()
-            self.listener.close()
 
     def _serve_session(self, s):
         try:
@@ -97,10 +103,8 @@ class Worker:
                     continue
                 with self._lock:
                     if self._stopping.is_set():
-                        # Past --max-requests (or stopping): not served. The front sees the
-                        # stream end with nothing sent and the session close, as for any
-                        # worker that exits, and retries or answers 502.
-                        st.close()
+                        # Past --max-requests (or stopping): not served, and said so.
+                        refuse(st)
                         return
                     outcome = self.handler.handle(st)
                     self.counts[outcome] += 1
@@ -109,8 +113,41 @@ class Worker:
                         if self.max_requests and self.served >= self.max_requests:
                             self.stop()
         finally:
+            # Streams the front opened that this worker will not serve: each refused (ABORT
+            # SHUTDOWN), so the front gives its request to another worker instead of a 502.
+            for _ in range(_REFUSE_MAX):
+                try:
+                    st = s.accept_stream(nonblock=True)
+                except shmipc.Error:
+                    break
+                if st is None:
+                    break
+                refuse(st)
             self._sessions.discard(s)
             s.close()
+
+
+def refuse(st):
+    """Answers ABORT SHUTDOWN, the protocol's "not processed", to a request this worker will
+    not serve (it is stopping): the front gives it to another worker, whatever its method. The
+    request's head is read first (a stream whose first frame is a late ABORT is not a
+    request); then, as for any ABORT, the worker waits (bounded) for the front to end its side
+    before the stream closes."""
+    ex = _Exchange(st)
+    try:
+        try:
+            raw, (typ, length, flags) = ex.read_frame_header()
+            payload = st.readexactly(length) if length else b""
+            if typ == sf.REQUEST_HEAD:
+                ex.head(flags, payload)
+                ex.abort(sf.ABORT_SHUTDOWN, "the worker is stopping")
+        except (shmipc.Error, OSError, ProtocolViolation):
+            pass
+    finally:
+        try:
+            st.close()
+        except shmipc.Error:
+            pass
 
 
 def load_app(spec):
