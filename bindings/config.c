@@ -270,6 +270,17 @@ SHMIPC_API uint32_t shmipc_config_get_spin_us(const shmipc_config *cfg)
     return cfg ? shmipc__config_get_spin_us(cfg) : 0;
 }
 
+SHMIPC_API int shmipc_config_set_memory_wait(shmipc_config *cfg, int wait)
+{
+    REQUIRE_CONFIG(cfg, "memory_wait");
+    return shmipc__config_set_memory_wait(cfg, wait);
+}
+
+SHMIPC_API int shmipc_config_get_memory_wait(const shmipc_config *cfg)
+{
+    return cfg ? cfg->memory_wait : 0;
+}
+
 SHMIPC_API int shmipc_config_set_max_fallback_unread(shmipc_config *cfg, uint64_t bytes)
 {
     REQUIRE_CONFIG(cfg, "max_fallback_unread");

@@ -478,6 +478,20 @@ SHMIPC_API int shmipc_config_set_spin_us(shmipc_config *cfg, uint32_t us);
 /** The spin cap of shmipc_config_set_spin_us(); 0 for a NULL config. */
 SHMIPC_API uint32_t shmipc_config_get_spin_us(const shmipc_config *cfg);
 
+/**
+ * What a write does when the session's shared memory is exhausted (the peer holds it unread):
+ * 0 (the default, as shmipc-go) sends the data over the socket (fallback; the stream stays on
+ * the socket from then on, and the peer holds it on its heap, up to max_fallback_unread); 1
+ * makes shmipc_stream_write() and shmipc_stream_reserve() wait until the peer frees some, up
+ * to the stream's write timeout (then SHMIPC_ETIMEDOUT, and that write added nothing), like a
+ * pipe: a reader that stops reading stops the writer, and nobody buffers on the heap.
+ * Forwarding (shmipc_stream_forward) never waits. Local: nothing changes on the wire.
+ * SHMIPC_EINVAL for other values.
+ */
+SHMIPC_API int shmipc_config_set_memory_wait(shmipc_config *cfg, int wait);
+/** The memory_wait setting (0 or 1); 0 for a NULL config. */
+SHMIPC_API int shmipc_config_get_memory_wait(const shmipc_config *cfg);
+
 /* ------------------------------------------------------------------------------------ */
 /* Sessions and streams                                                                 */
 /* ------------------------------------------------------------------------------------ */

@@ -540,6 +540,18 @@ int shmipc__lua_config_spin_us(lua_State *L)
     return u32_field(L, "spin_us", shmipc_config_set_spin_us, shmipc_config_get_spin_us);
 }
 
+/* memory_wait(bool) or memory_wait() -> bool: writes wait for shared memory (no fallback). */
+int shmipc__lua_config_memory_wait(lua_State *L)
+{
+    shmipc_config *cfg = shmipc__lua_check_config(L, 1);
+    if (is_getter(L)) {
+        lua_pushboolean(L, shmipc_config_get_memory_wait(cfg));
+        return 1;
+    }
+    luaL_checktype(L, 2, LUA_TBOOLEAN);
+    return setter_result(L, shmipc_config_set_memory_wait(cfg, lua_toboolean(L, 2)));
+}
+
 int shmipc__lua_config_max_fallback_unread(lua_State *L)
 {
     return u64_field(L, "max_fallback_unread", shmipc_config_set_max_fallback_unread,
@@ -590,6 +602,7 @@ const luaL_Reg shmipc__lua_config_methods[] = {
     {"socket_mode", shmipc__lua_config_socket_mode},
     {"max_pending_streams", shmipc__lua_config_max_pending_streams},
     {"max_fallback_unread", shmipc__lua_config_max_fallback_unread},
+    {"memory_wait", shmipc__lua_config_memory_wait},
     {"spin_us", shmipc__lua_config_spin_us},
     {"validate", config_validate},
     {"clone", config_clone},

@@ -61,6 +61,7 @@ static const struct option {
     {"max_pending_streams", shmipc__lua_config_max_pending_streams, T(LUA_TNUMBER), OPT_VALUE},
     {"max_fallback_unread", shmipc__lua_config_max_fallback_unread, T(LUA_TNUMBER), OPT_VALUE},
     {"spin_us", shmipc__lua_config_spin_us, T(LUA_TNUMBER), OPT_VALUE},
+    {"memory_wait", shmipc__lua_config_memory_wait, T(LUA_TBOOLEAN), OPT_VALUE},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 

@@ -209,6 +209,7 @@ int shmipc__lua_config_socket_mode(lua_State *L);
 int shmipc__lua_config_max_pending_streams(lua_State *L);
 int shmipc__lua_config_spin_us(lua_State *L);
 int shmipc__lua_config_max_fallback_unread(lua_State *L);
+int shmipc__lua_config_memory_wait(lua_State *L);
 extern const luaL_Reg shmipc__lua_config_methods[];
 extern const luaL_Reg shmipc__lua_config_metamethods[];
 

@@ -605,3 +605,12 @@ uint64_t shmipc__config_get_max_fallback_unread(const shmipc_config *cfg)
 {
     return cfg->max_fallback_unread != 0 ? cfg->max_fallback_unread : DEFAULT_MAX_FALLBACK_UNREAD;
 }
+
+int shmipc__config_set_memory_wait(shmipc_config *cfg, int wait)
+{
+    if (wait != 0 && wait != 1)
+        return shmipc__fail(SHMIPC_EINVAL, "memory_wait: %d is neither 0 (fall back) nor 1 (wait)",
+                            wait);
+    cfg->memory_wait = wait;
+    return 0;
+}

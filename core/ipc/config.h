@@ -50,6 +50,9 @@ struct shmipc_config {
     uint64_t max_fallback_unread;
     /* Longest spin of a waiter before it sleeps, in µs (0: never spin); see session_wait.c. */
     uint32_t spin_us;
+    /* Shared memory exhausted: 0 sends over the socket (fallback, as shmipc-go); 1 makes a
+     * write wait for the peer to free some, up to its write timeout (session_write.c). */
+    int memory_wait;
 };
 
 /* Most a waiter may spin: 100 ms, far past any gap worth spinning for. */
@@ -105,5 +108,6 @@ uint32_t shmipc__config_get_spin_us(const shmipc_config *cfg);
 unsigned shmipc__config_get_socket_mode(const shmipc_config *cfg);
 uint32_t shmipc__config_get_max_pending_streams(const shmipc_config *cfg);
 uint64_t shmipc__config_get_max_fallback_unread(const shmipc_config *cfg);
+int shmipc__config_set_memory_wait(shmipc_config *cfg, int wait);
 
 #endif

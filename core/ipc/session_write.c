@@ -44,8 +44,48 @@ struct shmipc__segment *shmipc__stream_add_segment(shmipc_stream *st)
     return &st->segs[st->nsegs++];
 }
 
-/* Appends a segment of at least `want` bytes: a slice, or heap memory when none is free. */
-static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous)
+/* memory_wait: the longest sleep between two looks at the free lists. */
+#define MEMORY_WAIT_MAX_NS (1000ull * 1000ull)
+
+/*
+ * memory_wait: shared memory is exhausted, and the peer frees slices as it reads (it sends no
+ * wakeup for that): sleeps a little, 20 µs doubling to 1 ms, unless the wait must end (the
+ * session ended, the stream was shut or closed by the peer, the write timeout passed).
+ */
+static int wait_for_memory(shmipc_stream *st, uint64_t deadline, uint64_t *nap_ns)
+{
+    shmipc_session *s = st->s;
+    if (shmipc__session_err(s))
+        return shmipc__session_ended(s);
+    if (shmipc__stream_is_shut(st))
+        return shmipc__stream_shut_error(st);
+    if (__atomic_load_n(&st->state, __ATOMIC_RELAXED) == SHMIPC__STREAM_PEER_CLOSED)
+        return shmipc__fail(SHMIPC_EEOF, "stream %u: the peer closed the stream", st->id);
+    if (deadline != 0 && shmipc__now_ns() >= deadline)
+        return shmipc__fail(SHMIPC_ETIMEDOUT,
+                            "stream %u: write timed out waiting for shared memory (memory_wait)",
+                            st->id);
+    struct timespec ts = {0, (long)*nap_ns};
+    nanosleep(&ts, NULL);
+    *nap_ns = *nap_ns * 2 > MEMORY_WAIT_MAX_NS ? MEMORY_WAIT_MAX_NS : *nap_ns * 2;
+    /* What the peer sent meanwhile (its close of this stream, the session's end) is seen here
+     * when no other thread reads the session: without waiting, as a fallback writer does. */
+    shmipc__session_lock(s);
+    if (!s->processing) {
+        s->processing = 1;
+        (void)shmipc__session_process_locked(s);
+        s->processing = 0;
+        pthread_cond_broadcast(&s->cond);
+    }
+    shmipc__session_unlock(s);
+    return 0;
+}
+
+/*
+ * Appends a segment of at least `want` bytes: a slice, or heap memory when none is free (the
+ * fallback), or, with memory_wait and `may_wait`, a slice once the peer freed one.
+ */
+static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous, int may_wait)
 {
     shmipc_session *s = st->s;
     uint32_t max = shmipc__buffer_max_slice(&s->bm);
@@ -55,12 +95,24 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous)
     if (!__atomic_load_n(&st->fallback, __ATOMIC_RELAXED) && !(contiguous && want > max)) {
         struct shmipc__slice sl;
         uint32_t ask = (uint32_t)(want > max ? max : want);
-        int rc = shmipc__session_cache_get(s, ask, &sl);
-        if (rc != 0)
-            rc = shmipc__buffer_alloc(&s->bm, ask, &sl);
-        /* A copying write can use any slice: take the largest one still free. */
-        if (rc == SHMIPC_ENOSHM && !contiguous)
-            rc = shmipc__buffer_alloc_many(&s->bm, want, &sl, 1) == 1 ? 0 : SHMIPC_ENOSHM;
+        uint64_t deadline = 0, nap_ns = 20000;
+        int rc;
+        for (int round = 0;; round++) {
+            rc = shmipc__session_cache_get(s, ask, &sl);
+            if (rc != 0)
+                rc = shmipc__buffer_alloc(&s->bm, ask, &sl);
+            /* A copying write can use any slice: take the largest one still free. */
+            if (rc == SHMIPC_ENOSHM && !contiguous)
+                rc = shmipc__buffer_alloc_many(&s->bm, want, &sl, 1) == 1 ? 0 : SHMIPC_ENOSHM;
+            if (rc != SHMIPC_ENOSHM || !may_wait || !s->cfg.memory_wait)
+                break;
+            if (round == 0)
+                deadline = shmipc__wait_deadline(st->write_timeout_ms);
+            if ((rc = wait_for_memory(st, deadline, &nap_ns)) < 0) {
+                st->nsegs--;
+                return rc;
+            }
+        }
         if (rc == 0) {
             *seg = (struct shmipc__segment){sl.data, sl.cap, 0, sl.offset};
             return 0;
@@ -98,8 +150,16 @@ int shmipc__session_end_on_bad_list(shmipc_session *s, int rc)
     return rc;
 }
 
-/* shmipc__stream_write() for a caller that may hold mu (forward): see end_on_bad_list. */
+static int write_bytes(shmipc_stream *st, const void *buf, size_t len, int may_wait);
+
+/* shmipc__stream_write() for a caller that may hold mu (forward): see end_on_bad_list. Never
+ * waits for shared memory. */
 int shmipc__stream_write_bytes(shmipc_stream *st, const void *buf, size_t len)
+{
+    return write_bytes(st, buf, len, 0);
+}
+
+static int write_bytes(shmipc_stream *st, const void *buf, size_t len, int may_wait)
 {
     const uint8_t *p = buf;
     if (shmipc__session_err(st->s))
@@ -108,7 +168,7 @@ int shmipc__stream_write_bytes(shmipc_stream *st, const void *buf, size_t len)
     while (len > 0) {
         struct shmipc__segment *seg = st->nsegs ? &st->segs[st->nsegs - 1] : NULL;
         if (seg == NULL || seg->used == seg->cap) {
-            int rc = grow_send_buffer(st, len, 0);
+            int rc = grow_send_buffer(st, len, 0, may_wait);
             if (rc < 0)
                 return rc;
             continue;
@@ -125,9 +185,32 @@ int shmipc__stream_write_bytes(shmipc_stream *st, const void *buf, size_t len)
     return 0;
 }
 
+/* Takes back what a failed write copied: the segments it added, the bytes it appended. */
+static void unwrite(shmipc_stream *st, uint32_t nsegs, uint32_t used, uint64_t send_len)
+{
+    shmipc_session *s = st->s;
+    while (st->nsegs > nsegs) {
+        struct shmipc__segment *seg = &st->segs[--st->nsegs];
+        if (seg->slice == SHMIPC__HEAP_CHUNK)
+            free(seg->data);
+        else
+            shmipc__buffer_free(&s->bm, seg->slice);
+    }
+    if (nsegs > 0)
+        st->segs[nsegs - 1].used = used;
+    st->send_len = send_len;
+}
+
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len)
 {
-    return shmipc__session_end_on_bad_list(st->s, shmipc__stream_write_bytes(st, buf, len));
+    uint32_t nsegs = st->nsegs, used = nsegs ? st->segs[nsegs - 1].used : 0;
+    uint64_t send_len = st->send_len;
+    int rc = write_bytes(st, buf, len, 1);
+    /* A write that fails adds nothing (with memory_wait it may have copied part of its data
+     * before the wait for the rest ran out); a session that ended frees everything anyway. */
+    if (rc < 0 && !shmipc__session_err(st->s))
+        unwrite(st, nsegs, used, send_len);
+    return shmipc__session_end_on_bad_list(st->s, rc);
 }
 
 int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
@@ -156,7 +239,7 @@ int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
                             SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE);
     struct shmipc__segment *seg = st->nsegs ? &st->segs[st->nsegs - 1] : NULL;
     if (seg == NULL || seg->cap - seg->used < n) {
-        int rc = grow_send_buffer(st, n, 1);
+        int rc = grow_send_buffer(st, n, 1, 1);
         if (rc < 0)
             return shmipc__session_end_on_bad_list(st->s, rc);
         seg = &st->segs[st->nsegs - 1];

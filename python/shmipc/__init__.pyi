@@ -62,6 +62,7 @@ class Config:
     max_pending_streams: int
     max_fallback_unread: int
     spin_us: int
+    memory_wait: bool
     @property
     def protocol(self) -> Literal["legacy", "v4"]: ...
     @property
@@ -92,6 +93,7 @@ class Config:
         max_pending_streams: int = ...,
         max_fallback_unread: int = ...,
         spin_us: int = ...,
+        memory_wait: bool = ...,
     ) -> None: ...
     def set_protocol(self, protocol: Literal["legacy", "v4"], fallback: bool = ...) -> "Config": ...
     def set_wakeup(

@@ -466,6 +466,27 @@ static int set_max_pending_streams(ConfigObject *self, PyObject *value, void *cl
         self, shmipc_config_set_max_pending_streams(self->cfg, (uint32_t)v));
 }
 
+/* memory_wait: a bool (1 / 0 in C). */
+static PyObject *get_memory_wait(ConfigObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(shmipc_config_get_memory_wait(self->cfg));
+}
+
+static int set_memory_wait(ConfigObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    if (shmipcpy_config_require_value(value, "memory_wait") < 0)
+        return -1;
+    if (!PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "Config.memory_wait must be a bool, not %.100s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    return shmipcpy_config_setter_result(
+        self, shmipc_config_set_memory_wait(self->cfg, value == Py_True));
+}
+
 static PyObject *get_spin_us(ConfigObject *self, void *closure)
 {
     (void)closure;
@@ -566,6 +587,11 @@ PyGetSetDef shmipcpy_config_getset[] = {
      "Most microseconds a waiting reader polls shared memory before it sleeps, 0..100000\n"
      "(0: never spin; default SHMIPC_SPIN_US, else 50). Adapts below this cap to the gaps\n"
      "recently seen between messages.",
+     NULL},
+    {"memory_wait", (getter)get_memory_wait, (setter)set_memory_wait,
+     "When shared memory is exhausted: False (default, as shmipc-go) sends over the socket\n"
+     "(fallback); True makes write() and reserve() wait for the peer to free some, up to\n"
+     "the write timeout (then TimeoutError, and that write added nothing).",
      NULL},
     {"max_pending_streams", (getter)get_max_pending_streams, (setter)set_max_pending_streams,
      "Server side: streams the peer may open that nobody accepted yet, 1..65536 (default\n"

@@ -1240,7 +1240,15 @@ static void config_calls(void **state)
         "shmipc_config_set_spin_us(c, 100001) = SHMIPC_EINVAL;"
         "shmipc_config_get_spin_us(c) = 100000;"
         "shmipc_config_set_spin_us(NULL, 5) = SHMIPC_EINVAL;"
-        "shmipc_config_get_spin_us(NULL) = 0");
+        "shmipc_config_get_spin_us(NULL) = 0;"
+
+        /* memory_wait: 0 (fall back, the default) or 1 (wait for shared memory). */
+        "shmipc_config_get_memory_wait(c) = 0;"
+        "shmipc_config_set_memory_wait(c, 1) = 0; shmipc_config_get_memory_wait(c) = 1;"
+        "shmipc_config_set_memory_wait(c, 2) = SHMIPC_EINVAL;"
+        "shmipc_config_get_memory_wait(c) = 1;"
+        "shmipc_config_set_memory_wait(NULL, 1) = SHMIPC_EINVAL;"
+        "shmipc_config_get_memory_wait(NULL) = 0");
     interp_finish(&in);
 }
 

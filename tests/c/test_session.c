@@ -1778,6 +1778,193 @@ static void reserve_above_largest_slice_is_emsgsize(void **state)
     shmipc_stream_close(ss);
 }
 
+/* ---- memory_wait: a writer waits for shared memory instead of falling back ---- */
+
+#define MW_CHUNK (64u << 10)
+
+static uint8_t mw_byte(size_t at)
+{
+    return (uint8_t)((at * 7u + 3u) % 251u);
+}
+
+struct mw_writer {
+    shmipc_stream *st;
+    pthread_t thread;
+    size_t total;
+    size_t written; /* flushed so far (atomic) */
+    int rc;
+};
+
+static void *mw_writer_main(void *arg)
+{
+    struct mw_writer *w = arg;
+    uint8_t *buf = malloc(MW_CHUNK);
+    for (size_t off = 0; off < w->total; off += MW_CHUNK) {
+        for (size_t i = 0; i < MW_CHUNK; i++)
+            buf[i] = mw_byte(off + i);
+        w->rc = shmipc_stream_write(w->st, buf, MW_CHUNK);
+        if (w->rc == 0)
+            w->rc = shmipc_stream_flush(w->st);
+        if (w->rc < 0)
+            break;
+        __atomic_store_n(&w->written, off + MW_CHUNK, __ATOMIC_RELEASE);
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Reads `n` bytes of the writer's pattern from `st`, checking each. */
+static void mw_read(shmipc_stream *st, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        const void *p;
+        size_t len;
+        assert_int_equal(shmipc_stream_read_chunk(st, n - got, &p, &len, 0), 0);
+        for (size_t i = 0; i < len; i++)
+            if (((const uint8_t *)p)[i] != mw_byte(got + i))
+                fail_msg("byte %zu is wrong", got + i);
+        got += len;
+        shmipc_stream_release(st);
+    }
+}
+
+static shmipc_config *mw_config(int wait)
+{
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, SHMIPC_MIN_BUFFER_CAPACITY), 0);
+    assert_int_equal(shmipc_config_set_memory_wait(cfg, wait), 0);
+    return cfg;
+}
+
+/*
+ * 8 MiB through a 1 MiB shared buffer to a reader that starts late: with memory_wait the
+ * writer stops once shared memory is full and goes on as the reader frees it, nothing goes
+ * over the socket and nothing is held on the heap; without it (the default, as shmipc-go) the
+ * stream falls back to the socket. Every byte arrives, in order, either way.
+ */
+static void memory_wait_stops_the_writer_not_the_heap(void **state)
+{
+    (void)state;
+    for (int wait = 0; wait < 2; wait++) {
+        shmipc_config *cfg = mw_config(wait);
+        struct ipc_pair p;
+        shmipc_stream *cs, *ss;
+        struct mw_writer w = {.total = 8u << 20};
+        assert_int_equal(shmipc_config_get_memory_wait(cfg), wait);
+        pair_open(&p, cfg);
+        first_message(&p, &cs, &ss, "hi");
+        w.st = cs;
+        assert_int_equal(pthread_create(&w.thread, NULL, mw_writer_main, &w), 0);
+        usleep(300000);
+        size_t early = __atomic_load_n(&w.written, __ATOMIC_ACQUIRE);
+        if (wait) {
+            if (early > SHMIPC_MIN_BUFFER_CAPACITY)
+                fail_msg("the writer got %zu bytes past a 1 MiB buffer nobody read", early);
+            assert_false(__atomic_load_n(&cs->fallback, __ATOMIC_RELAXED));
+        }
+        mw_read(ss, w.total);
+        pthread_join(w.thread, NULL);
+        assert_int_equal(w.rc, 0);
+        assert_int_equal(cs->fallback, !wait);
+        shmipc_stream_close(cs);
+        shmipc_stream_close(ss);
+        ipc_pair_close(&p);
+        shmipc_config_free(cfg);
+    }
+}
+
+/* The write timeout ends the wait: SHMIPC_ETIMEDOUT, and the failed write added nothing (the
+ * reader gets exactly what the writes that succeeded sent); once memory is free, writing works
+ * again. */
+static void memory_wait_times_out_and_the_write_adds_nothing(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = mw_config(1);
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss;
+    uint8_t *buf = malloc(MW_CHUNK);
+    size_t ok = 0;
+    int rc = 0;
+    pair_open(&p, cfg);
+    first_message(&p, &cs, &ss, "hi");
+    assert_int_equal(shmipc_stream_set_timeout(cs, SHMIPC_TIMEOUT_WRITE, 200), 0);
+    uint64_t t0 = shmipc__now_ns();
+    while (rc == 0 && ok < (4u << 20)) {
+        for (size_t i = 0; i < MW_CHUNK; i++)
+            buf[i] = mw_byte(ok + i);
+        rc = shmipc_stream_write(cs, buf, MW_CHUNK);
+        if (rc == 0 && (rc = shmipc_stream_flush(cs)) == 0)
+            ok += MW_CHUNK;
+    }
+    assert_int_equal(rc, SHMIPC_ETIMEDOUT);
+    assert_true(shmipc__now_ns() - t0 >= 150000000ull);
+    if (strstr(shmipc_error_detail(), "memory_wait") == NULL)
+        fail_msg("detail \"%s\" does not name memory_wait", shmipc_error_detail());
+    assert_int_equal(cs->send_len, 0);
+    assert_false(cs->fallback);
+    mw_read(ss, ok);
+    const void *ptr;
+    size_t len;
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &len, SHMIPC_NONBLOCK), SHMIPC_EAGAIN);
+    /* Memory is free again: the next write goes through. */
+    ipc_send_text(cs, "again");
+    ipc_expect_text(ss, "again");
+    free(buf);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/* A writer waiting for memory wakes with SHMIPC_ECLOSED when its stream is shut down from
+ * another thread, and with SHMIPC_EEOF when the peer closes the stream. */
+static void memory_wait_ends_on_shutdown_and_peer_close(void **state)
+{
+    (void)state;
+    for (int how = 0; how < 2; how++) {
+        shmipc_config *cfg = mw_config(1);
+        struct ipc_pair p;
+        shmipc_stream *cs, *ss;
+        struct mw_writer w = {.total = 64u << 20};
+        pair_open(&p, cfg);
+        first_message(&p, &cs, &ss, "hi");
+        w.st = cs;
+        assert_int_equal(pthread_create(&w.thread, NULL, mw_writer_main, &w), 0);
+        usleep(200000);
+        if (how == 0)
+            assert_int_equal(shmipc_stream_shutdown(cs), 0);
+        else
+            shmipc_stream_close(ss);
+        uint64_t t0 = shmipc__now_ns();
+        pthread_join(w.thread, NULL);
+        assert_true(shmipc__now_ns() - t0 < 5000000000ull);
+        assert_int_equal(w.rc, how == 0 ? SHMIPC_ECLOSED : SHMIPC_EEOF);
+        assert_true(__atomic_load_n(&w.written, __ATOMIC_ACQUIRE) < w.total);
+        shmipc_stream_close(cs);
+        if (how == 0)
+            shmipc_stream_close(ss);
+        ipc_pair_close(&p);
+        shmipc_config_free(cfg);
+    }
+}
+
+static void memory_wait_refuses_other_values(void **state)
+{
+    (void)state;
+    shmipc_config *cfg;
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_get_memory_wait(cfg), 0);
+    assert_int_equal(shmipc_config_set_memory_wait(cfg, 2), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_set_memory_wait(cfg, -1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_get_memory_wait(cfg), 0);
+    assert_int_equal(shmipc_config_set_memory_wait(cfg, 1), 0);
+    assert_int_equal(shmipc_config_get_memory_wait(cfg), 1);
+    assert_int_equal(shmipc_config_set_memory_wait(NULL, 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_config_get_memory_wait(NULL), 0);
+    shmipc_config_free(cfg);
+}
+
 int main(int argc, char **argv)
 {
     /* One test by name: test_x NAME (shell pattern), for repeated runs under a sanitizer. */
@@ -1836,6 +2023,10 @@ int main(int argc, char **argv)
                                         memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(reserve_above_largest_slice_is_emsgsize, memfd_pair_open,
                                         memfd_pair_close),
+        cmocka_unit_test(memory_wait_stops_the_writer_not_the_heap),
+        cmocka_unit_test(memory_wait_times_out_and_the_write_adds_nothing),
+        cmocka_unit_test(memory_wait_ends_on_shutdown_and_peer_close),
+        cmocka_unit_test(memory_wait_refuses_other_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -135,6 +135,19 @@ function tests.spin_us(t)
     t.raises("option 'spin_us' got a string", shmipc.config, { spin_us = "3" })
 end
 
+function tests.memory_wait(t)
+    local cfg = shmipc.config()
+    t.eq(cfg:memory_wait(), false, "off by default (fallback, as shmipc-go)")
+    set(t, cfg, cfg:memory_wait(true))
+    t.eq(cfg:memory_wait(), true, "on")
+    t.raises("boolean expected, got number", cfg.memory_wait, cfg, 1)
+    t.raises("boolean expected, got string", cfg.memory_wait, cfg, "yes")
+    t.eq(cfg:memory_wait(), true, "unchanged after refusals")
+    t.eq(t.ok(shmipc.config { memory_wait = true }):memory_wait(), true, "an option")
+    t.eq(t.ok(shmipc.config { memory_wait = true }):clone():memory_wait(), true, "cloned")
+    t.raises("option 'memory_wait' got a number", shmipc.config, { memory_wait = 1 })
+end
+
 function tests.options_and_clone(t)
     local cfg = t.ok(shmipc.config {
         peer_uids = { 7, 8 },

@@ -354,6 +354,45 @@ def test_default_fallback_cap_takes_the_same_transfer(make_pair):
     assert err is None and ok
 
 
+def test_memory_wait_values():
+    c = shmipc.Config()
+    assert c.memory_wait is False
+    c.memory_wait = True
+    assert c.memory_wait is True
+    for bad in (1, 0, "yes", None, 1.0):
+        with pytest.raises(TypeError):
+            c.memory_wait = bad
+    assert c.memory_wait is True
+    assert shmipc.Config(memory_wait=True).memory_wait is True
+
+
+def test_memory_wait_stops_the_writer_instead_of_falling_back(make_pair):
+    # A 1 MiB buffer nobody reads: with memory_wait the writes stop (TimeoutError after the
+    # write timeout, that write adding nothing), nothing goes over the socket; the reader then
+    # gets exactly the bytes of the writes that succeeded, and writing works again.
+    p = make_pair(client_config=default_config(buffer_capacity=1 << 20, memory_wait=True,
+                                               write_timeout=0.2, initialize_timeout=10.0))
+    st = p.client.open_stream()
+    st.write(b"hi")
+    st.flush()
+    peer = p.server.accept_stream(timeout=10)
+    assert peer.readexactly(2) == b"hi"
+    sent = []
+    with pytest.raises(shmipc.TimeoutError, match="memory_wait"):
+        for i in range(64):
+            chunk = bytes([i]) * (64 << 10)
+            st.write(chunk)
+            st.flush()
+            sent.append(chunk)
+    assert 0 < len(sent) < 64
+    want = b"".join(sent)
+    assert peer.readexactly(len(want)) == want
+    assert peer.read(nonblock=True) is None
+    st.write(b"again")
+    st.flush()
+    assert peer.readexactly(5) == b"again"
+
+
 # ---- server WebSocket settings ---------------------------------------------------------
 
 
