@@ -286,7 +286,14 @@ int main(int argc, char **argv)
             stop_now();
     }
     shmipc_listener *l;
-    if ((rc = shmipc_listener_new(address, NULL, &l)) < 0) {
+    shmipc_config *cfg = NULL;
+    /* A response the front holds back (its client reads slowly) stops this worker's writes
+     * once the session's shared memory is full, instead of going over the socket to the
+     * front's heap (docs/serve.md, "Backpressure"). */
+    if ((rc = shmipc_config_new(&cfg)) == 0 && (rc = shmipc_config_set_memory_wait(cfg, 1)) == 0)
+        rc = shmipc_listener_new(address, cfg, &l);
+    shmipc_config_free(cfg);
+    if (rc < 0) {
         fprintf(stderr, "shmipc-serve worker: cannot listen on %s: %s: %s\n", address,
                 shmipc_errname(rc), shmipc_error_detail());
         shmipc__worker_lua_free(w.data);

@@ -50,6 +50,11 @@ class Worker:
         self.max_requests = max_requests
         self.served = 0
         self.handler = handler if handler is not None else WSGIHandler(app)
+        if config is None:
+            # A response the front holds back (its client reads slowly) stops this worker's
+            # writes once the session's shared memory is full, instead of going over the
+            # socket to the front's heap (docs/serve.md, "Backpressure").
+            config = shmipc.Config(memory_wait=True)
         self.listener = shmipc.Listener(address, config)
         self.address = self.listener.address
         self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0}

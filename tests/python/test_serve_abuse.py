@@ -1,0 +1,252 @@
+"""shmipc-serve against slow and abusive clients (issue 22, item 7), end to end with real Python
+workers: 10,000 idle connections held beside 2 workers, slowloris heads, huge heads, a 1 GiB
+body declared to the server's limit, a client that never reads a large response. In each case
+the abusive connections are closed or refused as documented (docs/serve.md, "Failures"), and
+requests from well-behaved clients running at the same time are all answered, each with its
+own unique body (no cross-talk). Nothing here asserts on speed: only on outcomes, bounded by
+generous timeouts."""
+import os
+import resource
+import socket
+import threading
+import time
+
+import pytest
+
+from test_serve_cli import SERVE, Serve
+
+pytestmark = pytest.mark.skipif(not os.path.exists(SERVE), reason="shmipc-serve is not built")
+
+IDLE = 10000
+
+
+def raise_nofile(want):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {want}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return soft, hard
+
+
+def unique_requests(s, tag, n, clients=4):
+    """n POSTs over `clients` threads, each with its own body; the mismatches and failures."""
+    bad = []
+
+    def run(c):
+        for i in range(c, n, clients):
+            body = f"{tag}-{i}-{os.urandom(6).hex()}".encode()
+            try:
+                status, out = s.request("POST", f"/u/{tag}/{i}", body=body, timeout=60)
+            except OSError as e:
+                bad.append((i, repr(e)))
+                continue
+            if status != 200 or not out.endswith(b" body=" + body) or \
+                    f"path=/u/{tag}/{i} ".encode() not in out:
+                bad.append((i, status, out[:120]))
+
+    ts = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    return bad
+
+
+def rss_kb(pid):
+    """The process's private memory (RssAnon): the shared-memory buffers of its sessions,
+    which the workers fill, are not the front's own."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return 0
+
+
+def connect(port):
+    c = socket.create_connection(("127.0.0.1", port), timeout=30)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    return c
+
+
+def closed_by_peer(c, timeout):
+    """True when the server closes `c` within `timeout` s (after any answer it sends)."""
+    c.settimeout(timeout)
+    try:
+        while c.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_10k_idle_connections_beside_two_workers(tmp_path):
+    old = raise_nofile(IDLE + 1000)
+    s = Serve(tmp_path, workers=2)
+    idle = []
+    try:
+        base = rss_kb(s.p.pid)
+        deadline = time.monotonic() + 120
+        while len(idle) < IDLE and time.monotonic() < deadline:
+            idle.append(connect(s.port))
+        assert len(idle) == IDLE
+        # Half of them sent part of a head: the server holds them as well.
+        for c in idle[: IDLE // 2]:
+            c.sendall(b"GET / HTTP/1.1\r\nHo")
+        assert unique_requests(s, "idle", 400) == []
+        grown = rss_kb(s.p.pid) - base
+        # Bounded memory per idle connection (the front's process; no buffer for an idle one).
+        assert grown < IDLE * 16, f"{grown} KiB for {IDLE} idle connections"
+        # Every idle connection is still open and still served when it speaks.
+        for c in idle[-3:]:
+            c.sendall(b"GET /late HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            c.settimeout(30)
+            got = b""
+            while True:
+                part = c.recv(65536)
+                if not part:
+                    break
+                got += part
+            assert got.startswith(b"HTTP/1.1 200 ") and b"path=/late" in got
+    finally:
+        for c in idle:
+            c.close()
+        assert s.stop() == 0
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+
+
+def test_slowloris_heads_are_closed_and_others_served(tmp_path, monkeypatch):
+    # The header deadline (1 s here; 10 s by default) closes a head that trickles in a byte at
+    # a time, however steadily, while the others' requests go through.
+    monkeypatch.setenv("SHMIPC_HTTP_HEADER_TIMEOUT_MS", "1000")
+    s = Serve(tmp_path, workers=2)
+    slow = [connect(s.port) for _ in range(64)]
+    stop = threading.Event()
+    cut = []
+
+    def trickle():
+        head = b"GET / HTTP/1.1\r\nHost: t\r\nX-Slow: " + b"a" * 4000
+        for i in range(len(head)):
+            if stop.is_set():
+                return
+            for c in list(slow):
+                try:
+                    c.send(head[i:i + 1])
+                except OSError:
+                    slow.remove(c)
+                    cut.append(c)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    try:
+        assert unique_requests(s, "loris", 200) == []
+        deadline = time.monotonic() + 30
+        while slow and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not slow, f"{len(slow)} slowloris connections still open after 30 s"
+        for c in cut:
+            assert closed_by_peer(c, 5)
+    finally:
+        stop.set()
+        t.join(10)
+        for c in slow + cut:
+            c.close()
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("size,status", [(20000, 431), (70000, 431)])
+def test_huge_heads_are_refused_and_others_served(tmp_path, size, status):
+    s = Serve(tmp_path, workers=2)
+    try:
+        for _ in range(8):
+            c = connect(s.port)
+            try:
+                c.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + b"b" * size + b"\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused before it was all sent
+            c.settimeout(10)
+            try:
+                got = c.recv(65536)
+            except ConnectionResetError:
+                got = b""
+            assert got == b"" or got.startswith(b"HTTP/1.1 %d " % status), got[:80]
+            assert closed_by_peer(c, 10)
+            c.close()
+        assert unique_requests(s, "huge", 100) == []
+    finally:
+        assert s.stop() == 0
+
+
+def test_1gib_declared_body_is_413_without_being_read(tmp_path):
+    s = Serve(tmp_path, workers=2)
+    try:
+        for _ in range(4):
+            c = connect(s.port)
+            c.sendall(b"POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: 1073741824\r\n\r\n")
+            c.sendall(b"z" * 65536)
+            c.settimeout(10)
+            got = c.recv(65536)
+            assert got.startswith(b"HTTP/1.1 413 "), got[:80]
+            assert b"\r\nConnection: close\r\n" in got
+            assert closed_by_peer(c, 10)
+            c.close()
+        assert unique_requests(s, "big", 100) == []
+    finally:
+        assert s.stop() == 0
+
+
+BIG_APP = '''
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "application/octet-stream")])
+    for _ in range(64):
+        yield b"x" * (1 << 20)
+'''
+
+
+def test_client_that_never_reads_a_large_response(tmp_path):
+    # 64 MiB streamed to 2 clients that never read: the front holds at most its mark (and a
+    # frame) per connection, the workers wait on their streams, so the front's memory stays
+    # bounded, and the third worker serves a whole 64 MiB to a reading client meanwhile.
+    (tmp_path / "bigapp.py").write_text(BIG_APP)
+    s2 = Serve(tmp_path, workers=3, app=("bigapp:app",))
+    try:
+        base = rss_kb(s2.p.pid)
+        stuck = []
+        for _ in range(2):
+            c = connect(s2.port)
+            c.sendall(b"GET /big HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            stuck.append(c)
+        time.sleep(2)
+        grown = rss_kb(s2.p.pid) - base
+        print(f"front RssAnon grew {grown} KiB for 2 stalled 64 MiB readers")
+        assert grown < 2 * 4 * 1024, f"the front grew {grown} KiB for 2 stalled readers"
+        # The third worker is free: a request still goes through.
+        c = connect(s2.port)
+        c.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        c.settimeout(60)
+        n = 0
+        while True:
+            part = c.recv(1 << 20)
+            if not part:
+                break
+            n += len(part)
+        c.close()
+        assert n > 64 << 20
+        # A stalled reader that reads again gets its whole response: held back, never cut.
+        c = stuck.pop()
+        c.settimeout(60)
+        n = 0
+        while True:
+            part = c.recv(1 << 20)
+            if not part:
+                break
+            n += len(part)
+        c.close()
+        assert n > 64 << 20
+        for c in stuck:
+            c.close()
+    finally:
+        assert s2.stop() == 0
