@@ -288,13 +288,18 @@ int shmipc__front_req_send(struct freq *r)
  */
 static void keep_for_resend(struct freq *r)
 {
-    if (r->body_len == 0 || r->body_copy != NULL)
+    if (r->body_len == 0)
         return;
-    if (r->body_len <= SHMIPC__FRONT_RETRY_BODY && (r->body_copy = malloc(r->body_len)) != NULL) {
-        memcpy(r->body_copy, r->body, r->body_len);
+    if (r->body_len <= SHMIPC__FRONT_RETRY_BODY &&
+        (r->body_copy != NULL || (r->body_copy = malloc(r->body_len)) != NULL)) {
+        if (r->body != r->body_copy)
+            memcpy(r->body_copy, r->body, r->body_len);
         r->body = r->body_copy;
         return;
     }
+    /* Also the copy a queued request had: not kept while the worker runs it. */
+    free(r->body_copy);
+    r->body_copy = NULL;
     r->no_retry = 1;
     r->body = NULL;
     r->body_len = 0;
@@ -719,6 +724,9 @@ void shmipc__front_req_read(struct freq *r)
             }
             if (fr.u.resp.status < 200) { /* interim: the final head follows */
                 free(copy);
+                /* The worker is processing it: a refusal after this is no longer "not
+                 * processed", and the request is never resent. */
+                forget_request(r);
                 break;
             }
             r->head = copy;

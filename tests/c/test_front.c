@@ -114,6 +114,7 @@ enum mode {
     M_REFUSE,       /* reads the request, answers ABORT SHUTDOWN (a stopping worker), waits */
     M_REFUSE_CLOSE, /* as M_REFUSE, then every session of the worker ends at once */
     M_HEAD_REFUSE,  /* RESPONSE_HEAD, then ABORT SHUTDOWN: too late to go elsewhere */
+    M_103_REFUSE,   /* an interim 103 head, then ABORT SHUTDOWN: processed, not resent */
 };
 
 struct appw {
@@ -300,7 +301,10 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         atomic_fetch_sub(&w->concurrent, 1);
         goto out;
     }
-    switch (tlen >= 5 && memcmp(target, "/hang", 5) == 0 ? M_HANG : atomic_load(&w->mode)) {
+    /* "/refuse..." is refused (ABORT SHUTDOWN) in any mode */
+    switch (tlen >= 5 && memcmp(target, "/hang", 5) == 0     ? M_HANG
+            : tlen >= 7 && memcmp(target, "/refuse", 7) == 0 ? M_REFUSE
+                                                             : atomic_load(&w->mode)) {
     case M_HOLD:
         latch_wait(w, &w->hold_open);
         /* fall through */
@@ -347,19 +351,21 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         break; /* the close ends the stream mid-response */
     }
     case M_HEAD_REFUSE:
+    case M_103_REFUSE:
     case M_REFUSE:
     case M_REFUSE_CLOSE: {
         uint8_t h[12], head[256];
         int mode = atomic_load(&w->mode);
-        if (mode == M_HEAD_REFUSE) {
-            shmipc_serve_response r = {.size = sizeof r, .status = 200};
+        if (mode == M_HEAD_REFUSE || mode == M_103_REFUSE) {
+            shmipc_serve_response r = {.size = sizeof r,
+                                       .status = mode == M_103_REFUSE ? 103 : 200};
             int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
             shmipc_stream_write(st, head, (size_t)hn);
         }
         shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_ABORT, 0, SHMIPC_SERVE_ABORT_SHUTDOWN);
         shmipc_stream_write(st, h, 12);
+        bump(&w->refused); /* before the front can see it: the test's count is exact then */
         shmipc_stream_flush(st);
-        bump(&w->refused);
         if (mode == M_REFUSE_CLOSE)
             kill_sessions(w);
         else
@@ -1685,6 +1691,81 @@ static void refused_everywhere_503(void **state)
     appw_stop(w1);
 }
 
+/* A worker that sent an interim head (103) has begun processing the request: its ABORT
+ * SHUTDOWN after it is a 503, never a resend to another worker, which would run it twice
+ * (before: resent, refused SHMIPC__FRONT_RETRIES + 1 times). */
+static void refused_after_interim_head_not_resent(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    struct resp p;
+    static struct shmipc__front_stats st;
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    atomic_store(&w0->mode, M_103_REFUSE);
+    atomic_store(&w1->mode, M_103_REFUSE);
+    fx_start(x, ws, 2, 1, NULL);
+    assert_true(wait_sessions(x, w0->addr, 1));
+    assert_true(wait_sessions(x, w1->addr, 1));
+    assert_int_equal(post(x->port, "/i", "once", 4, &p), 503);
+    resp_free(&p);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.retried, 0);
+    assert_int_equal(atomic_load(&w0->refused) + atomic_load(&w1->refused), 1);
+    assert_int_equal(atomic_load(&w0->requests) + atomic_load(&w1->requests), 1);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
+}
+
+/* A request that waited in the queue has its body copied already; once sent, a body over
+ * SHMIPC__FRONT_RETRY_BODY is let go like any other (docs/serve.md: at most 64 KiB is kept
+ * until the worker's first frame), so a refusal of it is a 503, not a resend (before: the
+ * copy was kept while the worker ran, and the request resent, refused 5 times). */
+static void refused_queued_big_body_not_kept(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct rd *r = malloc(sizeof *r);
+    struct resp p;
+    char req[256];
+    size_t big = SHMIPC__FRONT_RETRY_BODY + 4096;
+    char *b = malloc(big);
+    static struct shmipc__front_stats st;
+    memset(b, 'q', big);
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->mode, M_HOLD);
+    fx_start(x, ws, 1, 1, NULL);
+    assert_true(wait_sessions(x, w->addr, 1));
+    bg_start(&t->bg[0], x->port, "/held"); /* the one worker is busy with it */
+    assert_true(wait_for(&w->requests, 1, WAIT_MS));
+    int n = snprintf(req, sizeof req,
+                     "POST /refuse-big HTTP/1.1\r\nHost: t\r\nContent-Length: %zu\r\n\r\n", big);
+    rd_open(r, x->port);
+    send_all(r->fd, req, (size_t)n);
+    send_all(r->fd, b, big);
+    assert_true(wait_queued(x, 1));
+    latch_set(w, &w->hold_open, 1);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 503);
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    free(b);
+    bg_join(&t->bg[0]);
+    assert_int_equal(t->bg[0].p.status, 200);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.retried, 0);
+    assert_int_equal(atomic_load(&w->refused), 1);
+    fx_stop(x);
+    appw_stop(w);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define FRONT_TESTS                                                                                \
     T(basic), T(too_large_for_protocol), T(pipelining), T(cross_talk), T(queue_full_503),          \
@@ -1693,7 +1774,8 @@ static void refused_everywhere_503(void **state)
         T(full_queue_backpressure), T(bad_frame_then_close_frees_worker), T(close_in_flight),      \
         T(set_workers_under_load), T(upload_declared_over_limit_413),                              \
         T(refused_by_stopping_worker_goes_to_another),                                             \
-        T(refused_then_session_closed_goes_to_another), T(refused_everywhere_503)
+        T(refused_then_session_closed_goes_to_another), T(refused_everywhere_503),                 \
+        T(refused_after_interim_head_not_resent), T(refused_queued_big_body_not_kept)
 
 int main(int argc, char **argv)
 {
