@@ -938,3 +938,58 @@ def test_stop_refuses_a_request_waiting_behind_the_one_in_progress():
         release.set()
         worker.stop()
         t.join(10)
+
+
+def test_stopping_worker_exits_though_a_front_stalls_a_refused_stream():
+    # A front (hostile or stuck) that opens a stream and sends only part of a frame header, or
+    # a request whose body trickles forever, while the worker stops: the refusal waits for it
+    # at most its bound, and the worker exits. Before, refuse() read that header with the
+    # stream's read timeout (forever by default) and the stopping worker never exited.
+    entered, go = threading.Event(), threading.Event()
+
+    def app(environ, start_response):
+        entered.set()
+        go.wait(10)
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    worker = Worker(app, unique_address("stallrefuse"), max_requests=1)
+    t = threading.Thread(target=worker.serve_forever)
+    t.start()
+    stop_trickle = threading.Event()
+    try:
+        front = Front(worker.address)
+        st1, c1 = front.open(b"GET", b"/")
+        front.send_body(st1, c1)
+        assert entered.wait(10)
+        stalled = front.session.open_stream()
+        stalled.write(frame(sf.END)[:5])  # 5 of a header's 12 bytes, never the rest
+        stalled.flush()
+        trickled, _ = front.open(b"POST", b"/", chunks=[])
+        trickled.flush()
+
+        def trickle():  # a BODY frame every 0.5 s, never END
+            while not stop_trickle.wait(0.5):
+                try:
+                    trickled.write(frame(sf.BODY, b"x"))
+                    trickled.flush()
+                except shmipc.Error:
+                    return
+
+        tt = threading.Thread(target=trickle, daemon=True)
+        tt.start()
+        go.set()
+        status, _, _, _, body, last, _ = front.response(st1)
+        assert (status, body, last) == (200, b"ok", sf.END)
+        t0 = time.monotonic()
+        t.join(20)
+        assert not t.is_alive(), "the stopping worker hangs on a stalled refused stream"
+        assert time.monotonic() - t0 < 15
+        stop_trickle.set()
+        tt.join(5)
+        front.close()
+    finally:
+        go.set()
+        stop_trickle.set()
+        worker.stop()
+        t.join(20)

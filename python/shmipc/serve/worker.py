@@ -13,6 +13,7 @@ accepts its streams; they take turns through one lock.
 
 import logging
 import threading
+import time
 
 import shmipc
 
@@ -28,6 +29,9 @@ _POLL = 0.2
 # Streams refused when a session ends (a front that closes its session at the first refusal,
 # as ours does, sends at most the ones in flight; another could keep opening them).
 _REFUSE_MAX = 64
+# Refused streams are given at most this long, all their reads together: the one that
+# arrived after the stop, then those left in the session's accept queue (the C worker's too).
+_REFUSE_TIMEOUT = 5.0
 
 
 class Worker:
@@ -120,6 +124,8 @@ class Worker:
         finally:
             # Streams the front opened that this worker will not serve: each refused (ABORT
             # SHUTDOWN), so the front gives its request to another worker instead of a 502.
+            # One deadline for all of them: stalled streams cannot add up.
+            deadline = time.monotonic() + _REFUSE_TIMEOUT
             for _ in range(_REFUSE_MAX):
                 try:
                     st = s.accept_stream(nonblock=True)
@@ -127,27 +133,39 @@ class Worker:
                     break
                 if st is None:
                     break
-                refuse(st)
+                refuse(st, deadline)
             self._sessions.discard(s)
             s.close()
 
 
-def refuse(st):
+def refuse(st, deadline=None):
     """Answers ABORT SHUTDOWN, the protocol's "not processed", to a request this worker will
     not serve (it is stopping): the front gives it to another worker, whatever its method. The
     request's head is read first (a stream whose first frame is a late ABORT is not a
-    request); then, as for any ABORT, the worker waits (bounded) for the front to end its side
-    before the stream closes."""
+    request); then, as for any ABORT, the worker waits for the front to end its side before
+    the stream closes. All of it by `deadline` (time.monotonic(); default _REFUSE_TIMEOUT
+    from now): a front that stalls (part of a header) or trickles a body cannot keep a
+    stopping worker from exiting."""
+    if deadline is None:
+        deadline = time.monotonic() + _REFUSE_TIMEOUT
+
+    def wait_left():  # 0 takes what arrived, then TimeoutError: the deadline holds
+        st.read_timeout = max(0.0, deadline - time.monotonic())
+
     ex = _Exchange(st)
     try:
         try:
+            wait_left()
             raw, (typ, length, flags) = ex.read_frame_header()
             payload = st.readexactly(length) if length else b""
             if typ == sf.REQUEST_HEAD:
                 ex.head(flags, payload)
-                ex.abort(sf.ABORT_SHUTDOWN, "the worker is stopping")
+                ex.send(sf.encode_frame(sf.ABORT, b"the worker is stopping", sf.ABORT_SHUTDOWN))
+                while not ex.done:
+                    wait_left()
+                    ex.next_body()
         except (shmipc.Error, OSError, ProtocolViolation):
-            pass
+            pass  # RequestAborted and TimeoutError are OSErrors
     finally:
         try:
             st.close()
