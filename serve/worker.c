@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shmipc_serve.h"
@@ -27,7 +28,8 @@
 
 /* Blocking accepts wake this often to see a stop. */
 #define POLL_MS 200
-/* A refused request: how long its frames are waited for (as the Python worker's drain). */
+/* Refused requests: how long their frames are waited for, all reads together (the one that
+ * came after the stop, then those left in the session's queue; as the Python worker's). */
 #define REFUSE_MS 5000
 /* Streams refused when a session ends: at most this many (see refuse_stream). */
 #define REFUSE_MAX 64
@@ -74,14 +76,29 @@ struct session_thread {
  * first frame is not a REQUEST_HEAD (a late ABORT) is just closed. After the ABORT the rest
  * of the request is read, bounded, so that nothing of it arrives after the close.
  */
-static void refuse_stream(shmipc_stream *st)
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The read timeout to `deadline` (now_ms()): 0 once it passed, a read then takes only what
+ * arrived. A front that stalls a stream or trickles its body cannot hold a stopping worker. */
+static void refuse_wait_left(shmipc_stream *st, int64_t deadline)
+{
+    int64_t left = deadline - now_ms();
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, left > 0 ? (int)left : 0);
+}
+
+static void refuse_stream(shmipc_stream *st, int64_t deadline)
 {
     uint8_t h[SHMIPC_SERVE_HDR_SIZE];
     const void *p;
     int first = 1;
-    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, REFUSE_MS);
     for (;;) {
         shmipc_serve_frame f = {.size = sizeof f};
+        refuse_wait_left(st, deadline);
         if (shmipc_stream_read_exact_bytes(st, sizeof h, &p, 0) < 0)
             break;
         memcpy(h, p, sizeof h);
@@ -89,6 +106,7 @@ static void refuse_stream(shmipc_stream *st)
         if (shmipc_serve_decode_header(h, sizeof h, &f) != (int)sizeof h)
             break;
         if (f.length > 0) {
+            refuse_wait_left(st, deadline);
             if (shmipc_stream_read_exact_bytes(st, f.length, &p, 0) < 0)
                 break;
             shmipc_stream_release(st);
@@ -126,7 +144,7 @@ static void *serve_session(void *arg)
         if (stopping()) {
             /* Past --max-requests, or stopping: not served, and said so. */
             pthread_mutex_unlock(&w->mu);
-            refuse_stream(st);
+            refuse_stream(st, now_ms() + REFUSE_MS);
             break;
         }
         int outcome = shmipc_serve_handle_stream(st, w->fn, w->data);
@@ -140,12 +158,14 @@ static void *serve_session(void *arg)
         pthread_mutex_unlock(&w->mu);
     }
     /* Streams the front opened that this worker will not serve: each refused, so the front
-     * gives its request to another worker instead of a 502. */
+     * gives its request to another worker instead of a 502. One deadline for all of them:
+     * stalled streams cannot add up. */
+    int64_t deadline = now_ms() + REFUSE_MS;
     for (int i = 0; i < REFUSE_MAX; i++) {
         shmipc_stream *st;
         if (shmipc_session_accept_stream(th->s, 0, &st) < 0)
             break;
-        refuse_stream(st);
+        refuse_stream(st, deadline);
     }
     shmipc_session_close(th->s);
     __atomic_store_n(&th->done, 1, __ATOMIC_RELEASE);

@@ -469,3 +469,36 @@ def test_lua_hostile_returns(tmp_path, ret, what):
         p.wait()
         p.stdout.close()
         p.stderr.close()
+
+
+def test_stopping_worker_exits_though_a_front_trickles_a_refused_stream(worker):
+    # SIGTERM while a request is served and another waits whose body trickles (a BODY frame
+    # every 0.3 s, never END: a hostile or stuck front): the waiting one is refused, and the
+    # worker exits within the refusal's bound. Before, each read had 5 s but the drain had no
+    # end, and the stopping worker never exited.
+    w = worker()
+    st, chunks = w.front.open(b"GET", b"/slow?600")
+    w.front.send_body(st, chunks)
+    trickled, _ = w.front.open(b"POST", b"/echo", chunks=[])
+    trickled.flush()
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(0.3):
+            try:
+                trickled.write(frame(sf.BODY, b"x"))
+                trickled.flush()
+            except shmipc.Error:
+                return
+
+    tt = threading.Thread(target=trickle, daemon=True)
+    tt.start()
+    try:
+        time.sleep(0.2)
+        w.p.send_signal(signal.SIGTERM)
+        status, _, _, _, _, last, _ = w.front.response(st)
+        assert (status, last) == (200, sf.END)
+        assert w.finish(timeout=15) == 0
+    finally:
+        stop.set()
+        tt.join(5)
