@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "shmipc.h"
 #include "net/http_conn.h"
@@ -283,12 +284,14 @@ size_t shmipc__server_stream_queued(struct shmipc__server_ticket t);
  * where the ticket is already stale; 0 otherwise for a stale ticket. */
 uint64_t shmipc__server_stream_sent(struct shmipc__server_ticket t);
 
-/* Where a route handler runs: its worker thread (index of nworkers) and loop, and the client
- * connection's socket (for its addresses). */
+/* Where a route handler runs: its worker thread (index of nworkers) and loop, the client
+ * connection's socket, and its peer and local addresses (ss_family AF_UNSPEC when the kernel
+ * could not say, e.g. the peer already reset; asked once per connection, not per request). */
 struct shmipc__server_where {
     unsigned index, nworkers;
     struct shmipc__loop *loop;
     int fd;
+    const struct sockaddr_storage *peer, *local;
 };
 int shmipc__server_where(const struct shmipc_http_response *res, struct shmipc__server_where *out);
 

@@ -370,12 +370,33 @@ void shmipc__server_stream_free(struct server_conn *sc)
 
 int shmipc__server_where(const struct shmipc_http_response *res, struct shmipc__server_where *out)
 {
-    const struct server_conn *sc = res->conn;
+    struct server_conn *sc = res->conn;
+    socklen_t len;
     if (sc == NULL || res->w == NULL)
         return shmipc__fail(SHMIPC_EINVAL, "server_where: not a route handler's response");
     out->index = res->w->index;
     out->nworkers = res->w->srv->nworkers;
     out->loop = res->w->loop;
     out->fd = shmipc__conn_fd(sc->conn);
+    /* Two system calls per connection instead of per request (a keep-alive connection asks
+     * once). An accept with the address is no help: io_uring's multishot accept has one
+     * address buffer for all its completions, and the local address of a wildcard listener
+     * is the connection's own. A failure is not kept: a later request asks again. */
+    if (!sc->addrs_known) {
+        memset(&sc->peer_addr, 0, sizeof sc->peer_addr);
+        memset(&sc->local_addr, 0, sizeof sc->local_addr);
+        len = sizeof sc->peer_addr;
+        int ok = getpeername(out->fd, (struct sockaddr *)&sc->peer_addr, &len) == 0;
+        if (!ok)
+            sc->peer_addr.ss_family = AF_UNSPEC;
+        len = sizeof sc->local_addr;
+        if (getsockname(out->fd, (struct sockaddr *)&sc->local_addr, &len) < 0) {
+            sc->local_addr.ss_family = AF_UNSPEC;
+            ok = 0;
+        }
+        sc->addrs_known = (uint8_t)ok;
+    }
+    out->peer = &sc->peer_addr;
+    out->local = &sc->local_addr;
     return 0;
 }

@@ -17,6 +17,7 @@
 #include "net/ws_handshake.h"
 
 #include <pthread.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #define RX_STD       8192u      /* pooled receive buffers; larger requests get their own */
@@ -104,6 +105,12 @@ struct server_conn {
     struct spiece *sq_sent;            /* in the batch in flight */
     shmipc__server_drain_fn on_drain;
     void *drain_data;
+    /* The client's and the local address, asked of the kernel once per connection, on the
+     * first shmipc__server_where() that wants them (the front names both in every request
+     * head). The memset at accept forgets them: a pooled connection never hands its last
+     * client's address to the next. */
+    uint8_t addrs_known;
+    struct sockaddr_storage peer_addr, local_addr;
     struct shmipc__http_field fields[]; /* limits.max_headers */
 };
 

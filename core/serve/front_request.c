@@ -1011,9 +1011,7 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
 {
     struct shmipc__front *f = ud;
     struct shmipc__server_where where;
-    struct sockaddr_storage peer_ss, local_ss;
     struct shmipc__sf_addr peer, local;
-    socklen_t sl;
     struct freq *r;
     struct fthread *t;
     struct lcap lc;
@@ -1024,19 +1022,11 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
         (t = f->threads[where.index]) == NULL)
         return direct(NULL, NULL, req, res, 500, NULL);
     shmipc__front_refresh(t, 0);
-    memset(&peer_ss, 0, sizeof peer_ss);
-    memset(&local_ss, 0, sizeof local_ss);
-    sl = sizeof peer_ss;
-    if (getpeername(where.fd, (struct sockaddr *)&peer_ss, &sl) < 0)
-        peer_ss.ss_family = AF_UNSPEC;
-    sl = sizeof local_ss;
-    if (getsockname(where.fd, (struct sockaddr *)&local_ss, &sl) < 0)
-        local_ss.ss_family = AF_UNSPEC;
-    sf_addr(&peer_ss, &peer);
-    sf_addr(&local_ss, &local);
+    sf_addr(where.peer, &peer); /* the connection's, asked once per connection */
+    sf_addr(where.local, &local);
     lc.on = 0;
     if (f->alog != NULL)
-        log_capture(&lc, req, &peer_ss);
+        log_capture(&lc, req, where.peer);
     n = shmipc__sf_encode_http_request(t->scratch, SCRATCH, req->r, &peer, &local, 0);
     /* Over the protocol's limits (docs/serve.md, "Limits"): the target's is 414's, the rest
      * of the head's 431's. */

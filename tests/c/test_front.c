@@ -30,6 +30,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -272,6 +273,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     int is_head = rq.method_len == 4 && memcmp(rq.method, "HEAD", 4) == 0;
     tlen = rq.target_len < sizeof target ? rq.target_len : sizeof target - 1;
     memcpy(target, rq.target, tlen);
+    shmipc_serve_addr peer = rq.peer, local = rq.local;
     free(buf);
     buf = NULL;
     bump(&w->requests);
@@ -309,6 +311,14 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         latch_wait(w, &w->hold_open);
         /* fall through */
     case M_ECHO:
+        if (tlen >= 5 && memcmp(target, "/peer", 5) == 0) { /* the addresses it was handed */
+            char a[128];
+            int k =
+                snprintf(a, sizeof a, "%.*s:p=%u.%u.%u l=%u.%u.%u", (int)tlen, target, peer.family,
+                         peer.port, peer.addr[0], local.family, local.port, local.addr[0]);
+            send_frames(w, st, 200, w->name, a, (size_t)k, 1, is_head);
+            goto out;
+        }
         out = malloc(tlen + 1 + blen);
         memcpy(out, target, tlen);
         out[tlen] = ':';
@@ -481,6 +491,7 @@ struct fx {
     shmipc_server *srv;
     struct shmipc__front *f;
     int port;
+    const char *listen; /* the server's address; NULL: 127.0.0.1 */
 };
 
 static int h_static(shmipc_http_request *req, shmipc_http_response *res, void *ud)
@@ -502,7 +513,7 @@ static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned thread
     opts.nworkers = n;
     CHECK(shmipc__front_new(&opts, &x->f));
     CHECK(shmipc_server_config_new(&cfg));
-    CHECK(shmipc_server_config_set_address(cfg, "127.0.0.1"));
+    CHECK(shmipc_server_config_set_address(cfg, x->listen != NULL ? x->listen : "127.0.0.1"));
     CHECK(shmipc_server_config_set_port(cfg, 0));
     CHECK(shmipc_server_config_set_workers(cfg, threads));
     CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
@@ -515,7 +526,7 @@ static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned thread
     CHECK(shmipc_server_route(x->srv, "GET", "/static", h_static, NULL, NULL));
     CHECK(shmipc__front_attach(x->f, x->srv, "/*"));
     CHECK(shmipc_server_start(x->srv));
-    x->port = shmipc_server_port(x->srv);
+    x->port = x->listen != NULL ? 0 : shmipc_server_port(x->srv);
 }
 
 static void fx_stop(struct fx *x)
@@ -1766,6 +1777,104 @@ static void refused_queued_big_body_not_kept(void **state)
     appw_stop(w);
 }
 
+/* The peer and local addresses of a REQUEST_HEAD are the connection's own: one reactor
+ * thread, so that every connection takes the slot (the pooled connection) the previous one
+ * left; short connections from distinct source ports, keep-alive ones of 1..3 requests, and
+ * connections that end before their first request (closed, reset, a partial head) in between.
+ * Every response names its own client's port. */
+static int addr_client_port(int fd)
+{
+    struct sockaddr_in a;
+    socklen_t l = sizeof a;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &l), 0);
+    return ntohs(a.sin_port);
+}
+
+static void peer_address_is_the_connections_own(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct rd *r = malloc(sizeof *r);
+    struct resp p;
+    char req[256], want[128];
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    for (int i = 0; i < 60; i++) {
+        if (i % 4 == 1) { /* a connection that fails before its first request */
+            int fd = tcp_connect(x->port);
+            if (i % 3 == 0) { /* a partial head, then a reset */
+                struct linger lg = {1, 0};
+                send_all(fd, "GET /peer HTTP/1.1\r\nHo", 22);
+                setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+            } else if (i % 3 == 1) { /* a reset with nothing sent */
+                struct linger lg = {1, 0};
+                setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+            }
+            close(fd);
+        }
+        rd_open(r, x->port);
+        int port = addr_client_port(r->fd);
+        int n = 1 + i % 3; /* keep-alive: later requests on the same connection */
+        for (int k = 0; k < n; k++) {
+            int len = snprintf(req, sizeof req, "GET /peer/%d/%d HTTP/1.1\r\nHost: t\r\n%s\r\n", i,
+                               k, k == n - 1 && i % 2 == 0 ? "Connection: close\r\n" : "");
+            send_all(r->fd, req, (size_t)len);
+            read_resp(r, &p);
+            assert_int_equal(p.status, 200);
+            snprintf(want, sizeof want, "/peer/%d/%d:p=1.%d.127 l=1.%d.127", i, k, port, x->port);
+            assert_string_equal(p.body, want);
+            resp_free(&p);
+        }
+        if (i % 2 == 0) /* the server closes: its slot is free before the next connect */
+            assert_true(peer_closed(r->fd));
+        close(r->fd);
+    }
+    free(r);
+}
+
+/* The same on a unix-socket listener: both addresses are of family unix, port 0, for every
+ * connection (a TCP-looking address would be another connection's). */
+static void peer_address_on_a_unix_listener(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct rd *r = malloc(sizeof *r);
+    struct resp p;
+    char addr[96], want[128];
+    snprintf(addr, sizeof addr, "unix:@shmipc-front-peer-%d", (int)getpid());
+    x->listen = addr;
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    for (int i = 0; i < 20; i++) {
+        struct sockaddr_un un = {.sun_family = AF_UNIX};
+        size_t nl = strlen(addr + 6);
+        memcpy(un.sun_path + 1, addr + 6, nl); /* abstract: a leading NUL */
+        r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        r->len = 0;
+        assert_true(r->fd >= 0);
+        assert_int_equal(connect(r->fd, (struct sockaddr *)&un,
+                                 (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)),
+                         0);
+        for (int k = 0; k < 2; k++) {
+            char req[128];
+            int len =
+                snprintf(req, sizeof req, "GET /peer/%d/%d HTTP/1.1\r\nHost: t\r\n\r\n", i, k);
+            send_all(r->fd, req, (size_t)len);
+            read_resp(r, &p);
+            assert_int_equal(p.status, 200);
+            snprintf(want, sizeof want, "/peer/%d/%d:p=3.0.0 l=3.0.0", i, k);
+            assert_string_equal(p.body, want);
+            resp_free(&p);
+        }
+        close(r->fd);
+    }
+    free(r);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define FRONT_TESTS                                                                                \
     T(basic), T(too_large_for_protocol), T(pipelining), T(cross_talk), T(queue_full_503),          \
@@ -1775,7 +1884,8 @@ static void refused_queued_big_body_not_kept(void **state)
         T(set_workers_under_load), T(upload_declared_over_limit_413),                              \
         T(refused_by_stopping_worker_goes_to_another),                                             \
         T(refused_then_session_closed_goes_to_another), T(refused_everywhere_503),                 \
-        T(refused_after_interim_head_not_resent), T(refused_queued_big_body_not_kept)
+        T(refused_after_interim_head_not_resent), T(refused_queued_big_body_not_kept),             \
+        T(peer_address_is_the_connections_own), T(peer_address_on_a_unix_listener)
 
 int main(int argc, char **argv)
 {
