@@ -22,8 +22,10 @@ static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void 
     (void)watch;
     (void)fd;
     (void)events;
-    while ((rc = shmipc__session_process(fs->s)) > 0) {
-    }
+    /* One turn drains the socket (it reads again while a read fills its buffer, and a short
+     * read is the end of what is there); a second turn would only be a recv answering EAGAIN,
+     * one system call per response. What arrives after the turn fires the watch again. */
+    rc = shmipc__session_process(fs->s);
     if (rc < 0) {
         shmipc__front_fs_down(fs, rc);
         return;
