@@ -789,3 +789,55 @@ def test_content_length_zero_is_in_the_environ_as_behind_a_front():
         assert request(s.port, "POST", "/", body=b"")[::2] == (200, b"'0'")
         assert request(s.port, "GET", "/")[::2] == (200, b"None")
         assert request(s.port, "POST", "/", body=b"abc")[::2] == (200, b"'3'")
+
+
+def test_asgi_disconnect_waited_for_before_the_response_ends():
+    # A task of the app waits on receive() after the body while the response is still being
+    # sent (the route's waiting event is made by that receive(), not per request): it gets
+    # http.disconnect once the response is complete, and every request gets its own answer.
+    seen = []
+
+    async def app(scope, receive, send):
+        await receive()
+
+        async def watch():
+            seen.append((scope["path"], (await receive())["type"]))
+
+        w = asyncio.get_running_loop().create_task(watch())
+        await asyncio.sleep(0)  # the watcher is waiting now
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": scope["path"].encode()})
+        await w
+
+    with ASGIRoute(app, lifespan=False) as route:
+        s = serve(route, workers=2)
+        with s:
+            for i in range(20):
+                assert request(s.port, "GET", f"/d{i}")[::2] == (200, f"/d{i}".encode())
+    assert seen == [(f"/d{i}", "http.disconnect") for i in range(20)]
+
+
+def test_asgi_loop_stopped_under_a_request_is_500_not_a_hang():
+    # The loop's thread ends without close() (an app stopped the loop): the waiting worker
+    # sees it and answers 500; close() afterwards still returns.
+    out = _run_child(_CHILD_HEAD + """
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        raise ValueError("no lifespan")
+    asyncio.get_running_loop().stop()
+    await asyncio.sleep(30)
+
+route = ASGIRoute(app, lifespan=False)
+s = shmipc.Server(port=0, workers=1)
+s.route(None, "/*", route)
+s.start()
+res = []
+t = threading.Thread(target=get, args=(s.port, "/stop", res), daemon=True)
+t.start()
+t.join(10)
+assert not t.is_alive(), "no answer"
+print(res)
+s.close()
+route.close()
+""")
+    assert "[(500, b'Internal Server Error\\n')]" in out

@@ -158,7 +158,15 @@ class _Http(_asgi._Http):
         super().__init__(None, scope)
         self.body = body
         self.chunks = []
-        self.done = asyncio.Event()
+        # Made by the first receive() that waits: most apps never ask after the body, and an
+        # asyncio.Event per request is measurable at these rates.
+        self.done = None
+        self.finished = False
+
+    def finish(self):
+        self.finished = True
+        if self.done is not None:
+            self.done.set()
 
     async def receive(self):
         if not self.body_done:
@@ -166,7 +174,10 @@ class _Http(_asgi._Http):
             return {"type": "http.request", "body": self.body, "more_body": False}
         # After the body: http.disconnect once the response is complete (the in-process
         # server does not see a client leave while the app runs).
-        await self.done.wait()
+        if not self.finished:
+            if self.done is None:
+                self.done = asyncio.Event()
+            await self.done.wait()
         self.disconnected = True
         return {"type": "http.disconnect"}
 
@@ -203,7 +214,7 @@ class _Http(_asgi._Http):
                 raise _LengthError(
                     f"the app sent {self.sent} bytes of its Content-Length of {self.length}")
             self.complete = True
-            self.done.set()
+            self.finish()
 
     def result(self):
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
@@ -265,31 +276,51 @@ class ASGIRoute:
         if self.state is not None:
             scope["state"] = dict(self.state)  # the spec: a shallow copy per request
         coro = self._serve(scope, body)
+        # Not run_coroutine_threadsafe(): its concurrent.futures.Future, chained to the task
+        # by callbacks, cost a fifth of the request's CPU. A lock the loop releases when the
+        # task is done carries the answer; whoever takes the waiter out of _inflight (the
+        # task's end, or close()) answers it, exactly once.
+        w = _Waiter()
         with self._lock:
             if self._closed:
                 coro.close()
                 raise RuntimeError("the ASGI route is closed")
             try:
-                fut = self._submit(coro)
+                self.loop.call_soon_threadsafe(self._start, coro, w)
             except RuntimeError:  # the loop closed since the check above
                 coro.close()
                 raise
-            self._inflight.add(fut)
-        try:
-            # Not one blocking result(): a loop that stopped under this request (close() racing
-            # it) never completes the future, and the server's worker thread would wait forever.
-            while True:
-                try:
-                    return fut.result(_POLL_S)
-                except concurrent.futures.TimeoutError:
-                    if fut.done():
-                        raise
-                    if not self._thread.is_alive():
-                        fut.cancel()
-                        raise RuntimeError("the ASGI route's loop ended under the request") from None
-        finally:
-            with self._lock:
-                self._inflight.discard(fut)
+            self._inflight.add(w)
+        # Not one blocking wait: a loop that stopped under this request (close() racing it)
+        # never answers, and the server's worker thread would wait forever.
+        while not w.lock.acquire(timeout=_POLL_S):
+            if not self._thread.is_alive():
+                with self._lock:
+                    mine = w in self._inflight
+                    self._inflight.discard(w)
+                if mine:
+                    raise RuntimeError("the ASGI route's loop ended under the request")
+        if w.error is not None:
+            raise w.error
+        return w.result
+
+    def _start(self, coro, w):
+        """On the loop: the request's task; its end answers the waiting worker."""
+        task = self.loop.create_task(coro)
+        task.add_done_callback(lambda t: self._done(w, t))
+
+    def _done(self, w, task):
+        with self._lock:
+            if w not in self._inflight:
+                return  # close() took it and answers it
+            self._inflight.discard(w)
+        if task.cancelled():
+            w.error = concurrent.futures.CancelledError()
+        elif task.exception() is not None:
+            w.error = task.exception()
+        else:
+            w.result = task.result()
+        w.lock.release()
 
     async def _serve(self, scope, body):
         h = _Http(scope, body)
@@ -312,7 +343,7 @@ class ASGIRoute:
                       scope["raw_path"], exc_info=e)
             return _ERROR
         finally:
-            h.done.set()
+            h.finish()
 
     def _stop_loop(self):
         with self._lock:
@@ -328,12 +359,9 @@ class ASGIRoute:
                 pass
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
-        for fut in waiting:
-            if not fut.done():
-                try:
-                    fut.set_exception(RuntimeError("the ASGI route was closed"))
-                except Exception:  # noqa: BLE001 (it completed meanwhile)
-                    pass
+        for w in waiting:  # taken out of _inflight above: nobody else answers them
+            w.error = RuntimeError("the ASGI route was closed")
+            w.lock.release()
         self.loop.close()
 
     def close(self):
@@ -358,6 +386,18 @@ class ASGIRoute:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Waiter:
+    """A request waiting on the loop: `lock` is released once `result` or `error` is set."""
+
+    __slots__ = ("lock", "result", "error")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.result = None
+        self.error = None
 
 
 async def _cancel_all(timeout):
