@@ -186,3 +186,8 @@ size_t shmipc__http_body_take(struct shmipc__http_parser *p)
     }
     return n;
 }
+
+int shmipc__http_body_pending(const struct shmipc__http_parser *p)
+{
+    return p->state == P_BODY || p->state == P_FAILED;
+}

@@ -69,9 +69,9 @@ static int queue_response(const struct shmipc__http_request *req, struct shmipc_
 /* respond()'s answer for a deferred request (1 means "close", 0 "go on"). */
 #define RESPOND_DEFERRED 2
 
-/* Calls the handler for the complete request and queues its response. Returns 1 to close,
- * RESPOND_DEFERRED when the handler deferred it. */
-static int respond(struct shmipc__http_conn *c, const char *body, size_t body_len,
+/* Calls the handler for the complete request (or, `at_head`, for its head alone) and queues
+ * its response. Returns 1 to close, RESPOND_DEFERRED when the handler deferred it. */
+static int respond(struct shmipc__http_conn *c, const char *body, size_t body_len, int at_head,
                    struct shmipc__http_batch *out)
 {
     const struct shmipc__http_request *req = &c->parser.req;
@@ -84,7 +84,37 @@ static int respond(struct shmipc__http_conn *c, const char *body, size_t body_le
         c->deferred_flags = c->deferred.flags;
         return RESPOND_DEFERRED;
     }
+    /* Answered at the head: the unread body must never be parsed as a next request. */
+    if (at_head)
+        resp.flags |= SHMIPC__HTTP_RESP_CLOSE;
     return queue_response(req, &resp, rc, out);
+}
+
+int shmipc__http_conn_body_pending(const struct shmipc__http_conn *c)
+{
+    return shmipc__http_body_pending(&c->parser);
+}
+
+int shmipc__http_conn_upload(struct shmipc__http_conn *c, char *buf, size_t *len, size_t *piece,
+                             size_t *drop, int *status)
+{
+    struct shmipc__http_parser *p = &c->parser;
+    *piece = *drop = 0;
+    *status = 0;
+    if (c->phase != C_DEFERRED || !shmipc__http_body_pending(p))
+        return shmipc__fail(SHMIPC_EINVAL, "http: no streamed body is being read");
+    int rc = shmipc__http_body_decode(p, buf, len);
+    if (rc < 0) {
+        *status = p->status ? p->status : 400;
+        return rc;
+    }
+    /* The decoded bytes leave the decoder's buffer (its offsets move down by them); at the
+     * end, the framing behind them (the last chunk, trailers) goes too. */
+    *piece = shmipc__http_body_take(p);
+    *drop = *piece;
+    if (rc == 1)
+        *drop += shmipc__http_body_wire(p);
+    return rc;
 }
 
 int shmipc__http_conn_deferred(const struct shmipc__http_conn *c)
@@ -100,6 +130,8 @@ int shmipc__http_conn_complete(struct shmipc__http_conn *c, struct shmipc__http_
     c->deferred.flags |= c->deferred_flags; /* the owner may have replaced them */
     /* The request is gone (its bytes were dropped): the deferred response carries its flags,
      * and a CLOSE the client asked for is already among them. */
+    if (shmipc__http_conn_body_pending(c)) /* a streamed body answered before its end */
+        c->deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
     int closes = queue_response(NULL, &c->deferred, rc, out);
     c->phase = closes ? C_CLOSED : C_HEAD;
     return closes;
@@ -128,6 +160,30 @@ void shmipc__http_conn_stream_done(struct shmipc__http_conn *c, int closes)
 {
     if (c->phase == C_DEFERRED)
         c->phase = closes ? C_CLOSED : C_HEAD;
+}
+
+/*
+ * The handler of a route that takes its body in pieces runs at the head. Deferred with the
+ * body taken (c->upload), the head is consumed and the body is the owner's to read
+ * (shmipc__http_conn_upload); "Expect: 100-continue" is answered now that the body is
+ * wanted, unless a body byte came already. Any other answer closes after it.
+ */
+static int respond_at_head(struct shmipc__http_conn *c, char *rx, size_t len, size_t *pos,
+                           struct shmipc__http_batch *out)
+{
+    struct shmipc__http_parser *p = &c->parser;
+    p->req.base = rx + *pos;
+    c->upload = 0;
+    int closes = respond(c, NULL, 0, 1, out);
+    *pos += c->head_len;
+    if (closes == RESPOND_DEFERRED) {
+        c->phase = C_DEFERRED;
+        if (c->upload && (p->req.flags & SHMIPC__HTTP_EXPECT_CONTINUE) && len == *pos)
+            (void)shmipc__http_batch_add_continue(out);
+        return SHMIPC__HTTP_CONN_DEFER;
+    }
+    c->phase = C_CLOSED;
+    return SHMIPC__HTTP_CONN_CLOSE;
 }
 
 int shmipc__http_conn_process(struct shmipc__http_conn *c, char *rx, size_t *len, size_t *consumed,
@@ -167,6 +223,11 @@ int shmipc__http_conn_process(struct shmipc__http_conn *c, char *rx, size_t *len
             }
             c->head_len = (uint32_t)rc;
             c->phase = C_BODY;
+            if (p->req.body_kind != SHMIPC__HTTP_BODY_NONE && c->at_head != NULL &&
+                c->at_head(c->user_data, &p->req)) {
+                verdict = respond_at_head(c, rx, *len, &pos, out);
+                break;
+            }
             /*
              * RFC 9110 §10.1.1: the client may wait for 100 Continue before sending the body.
              * Send it only when no body byte is here yet; a server may omit it otherwise.
@@ -189,7 +250,7 @@ int shmipc__http_conn_process(struct shmipc__http_conn *c, char *rx, size_t *len
         }
         /* The head may have completed in an earlier call, in a buffer that has moved since. */
         p->req.base = rx + pos;
-        int closes = respond(c, body, shmipc__http_body_len(p), out);
+        int closes = respond(c, body, shmipc__http_body_len(p), 0, out);
         served++;
         pos += c->head_len + shmipc__http_body_wire(p);
         c->phase = C_HEAD;

@@ -67,6 +67,15 @@ struct shmipc__http_conn {
      * phase is deferred; the owner fills it in before shmipc__http_conn_complete(). */
     struct shmipc__http_response deferred;
     uint16_t deferred_flags; /* what the request implied, kept whatever the owner sets */
+    /*
+     * Streamed request bodies: when set, at_head() is asked about each request head with a
+     * body; a true answer runs the handler at the head (body NULL, body_len 0) instead of after
+     * the whole body. A handler that then defers and sets `upload` takes the body in pieces
+     * from the owner (shmipc__http_conn_upload()); any other answer closes the connection
+     * after it (the body is never read as a next request).
+     */
+    int (*at_head)(void *user_data, const struct shmipc__http_request *req);
+    uint8_t upload; /* set by the handler that took the body (cleared at every head) */
 };
 
 /*
@@ -109,6 +118,20 @@ int shmipc__http_conn_complete(struct shmipc__http_conn *c, struct shmipc__http_
  */
 int shmipc__http_conn_stream_head(struct shmipc__http_conn *c, struct shmipc__http_batch *out,
                                   struct shmipc__http_response *body_resp);
+/*
+ * A deferred request whose body is taken in pieces (at_head, upload): decodes the body bytes
+ * at buf[0..*len) in place. The decoded bytes are buf[0..*piece); the caller uses them, then
+ * drops *drop bytes from the front of buf (the piece and, at the end, the body's last framing;
+ * *len already excludes the framing squeezed out). Returns 1 when the body ended (what is left
+ * after the drop is the next request), 0 when more bytes are needed, SHMIPC_EPROTO with
+ * *status (400, 413, 431) when the body is invalid or above max_body.
+ */
+int shmipc__http_conn_upload(struct shmipc__http_conn *c, char *buf, size_t *len, size_t *piece,
+                             size_t *drop, int *status);
+/* Whether the request's body has not been read to its end (a streamed body answered early):
+ * the connection must close after the answer. */
+int shmipc__http_conn_body_pending(const struct shmipc__http_conn *c);
+
 /* The streamed body was sent whole: process() goes on (or closes when `closes`). */
 void shmipc__http_conn_stream_done(struct shmipc__http_conn *c, int closes);
 

@@ -215,6 +215,10 @@ int shmipc__http_parse_head(struct shmipc__http_parser *p, const char *buf, size
  */
 int shmipc__http_body_decode(struct shmipc__http_parser *p, char *buf, size_t *len);
 
+/* Whether a request's body is still being decoded (or failed): the head was parsed, the body
+ * has not ended. */
+int shmipc__http_body_pending(const struct shmipc__http_parser *p);
+
 /* The decoded bytes at the front of the body buffer. */
 static inline size_t shmipc__http_body_len(const struct shmipc__http_parser *p)
 {

@@ -170,6 +170,10 @@ static void server_shutdown(struct shmipc_server *s)
         s->stats.ws_pings += w->stats.ws_pings;
         s->stats.ws_idle_closes += w->stats.ws_idle_closes;
         s->stats.ws_stall_closes += w->stats.ws_stall_closes;
+        s->stats.uploads += w->stats.uploads;
+        s->stats.upload_bytes += w->stats.upload_bytes;
+        if (w->stats.upload_rx_max > s->stats.upload_rx_max)
+            s->stats.upload_rx_max = w->stats.upload_rx_max;
         if (w->stats.ws_tx_max > s->stats.ws_tx_max)
             s->stats.ws_tx_max = w->stats.ws_tx_max;
         shmipc__server_worker_free_pools(&s->w[i]);

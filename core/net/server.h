@@ -66,6 +66,7 @@ struct shmipc__route {
     shmipc_http_handler fn; /* NULL for a static response */
     void *user_data;
     shmipc_destroy_cb destroy;
+    int at_head; /* shmipc__server_route_at_head(): runs at the head of a request with a body */
     uint16_t status;
     char *content_type;
     char *body;
@@ -122,6 +123,9 @@ struct shmipc__server_stats {
     uint64_t ws_pings;              /* automatic pings sent (SHMIPC_SERVER_TIMEOUT_WS_PING) */
     uint64_t ws_idle_closes;        /* WebSockets failed by the idle timeout */
     uint64_t ws_stall_closes;       /* WebSockets whose output made no progress (keep-alive) */
+    uint64_t uploads;               /* request bodies taken in pieces (shmipc__server_upload) */
+    uint64_t upload_bytes;          /* their decoded bytes handed to the owners */
+    uint64_t upload_rx_max;         /* most bytes one connection held while streaming a body */
 };
 
 struct shmipc__server_worker;
@@ -146,6 +150,7 @@ struct shmipc_server {
 
     struct shmipc__route *routes;
     size_t nroutes, routes_cap;
+    unsigned at_head_routes; /* routes marked by shmipc__server_route_at_head() */
     struct shmipc__ws_route *ws_routes;
     size_t nws_routes, ws_routes_cap;
     struct shmipc__ws_limits ws_limits; /* resolved */
@@ -220,6 +225,8 @@ enum {
     SHMIPC__SERVER_CANCEL_CLIENT_GONE = 1, /* the client closed, reset, or stopped reading */
     SHMIPC__SERVER_CANCEL_TIMEOUT = 2,     /* the request's deadline passed: the client got 504 */
     SHMIPC__SERVER_CANCEL_ERROR = 3,       /* the handler failed after deferring: 500 */
+    SHMIPC__SERVER_CANCEL_TOO_LARGE = 4,   /* a streamed body went over max_body: 413 */
+    SHMIPC__SERVER_CANCEL_BAD_BODY = 5,    /* a streamed body's framing was invalid: 400 */
 };
 typedef void (*shmipc__server_cancel_fn)(void *data, int reason);
 
@@ -283,6 +290,34 @@ size_t shmipc__server_stream_queued(struct shmipc__server_ticket t);
  * for the access log of a stream that ends now. Also inside the deferral's cancel callback,
  * where the ticket is already stale; 0 otherwise for a stale ticket. */
 uint64_t shmipc__server_stream_sent(struct shmipc__server_ticket t);
+
+/*
+ * Streamed request bodies (docs/http.md, "Streamed request bodies"), for a layer that forwards
+ * a body as it arrives (core/serve/). shmipc__server_route_at_head() marks a registered handler
+ * route (same method and path) to run at the head of a request with a body (body NULL,
+ * body_len 0), before any body byte is read. There the handler defers
+ * (shmipc__server_defer()) and calls shmipc__server_upload(): from then on, on the worker
+ * thread, on_body() gets the decoded body (chunked framing, extensions and trailers removed) in
+ * pieces as the client's bytes arrive (the memory is lent for the call), and on_end() once the
+ * body ended whole. on_body() returning nonzero holds the body: no more pieces, and the socket
+ * is no longer read past a bounded buffer (RX_PAUSE), until shmipc__server_upload_resume().
+ * Both may call complete() or the stream_*() calls. A body above max_body (413) or with invalid
+ * framing (400) cancels the deferral (SHMIPC__SERVER_CANCEL_TOO_LARGE / _BAD_BODY) and answers
+ * that status with a close, or closes when the answer has started. The deadline of the
+ * deferral covers the body (a client that stops sending gets 504, CANCEL_TIMEOUT); a client
+ * that leaves mid-body cancels it (CLIENT_GONE). An answer given before the body's end is sent
+ * with "Connection: close" and the connection closes after it (lingering, the rest of the
+ * body is drained, never parsed as a request); a body read to its end keeps keep-alive.
+ * A handler that answers at the head without deferring closes the connection the same way.
+ * Returns 0, SHMIPC_EINVAL (not in a deferring at-head handler), SHMIPC_ENOENT (no such route),
+ * SHMIPC_EBUSY (the server runs), SHMIPC_ECLOSED (resume of a stale ticket).
+ */
+typedef int (*shmipc__server_body_fn)(void *data, const void *piece, size_t len);
+typedef void (*shmipc__server_body_end_fn)(void *data);
+int shmipc__server_route_at_head(struct shmipc_server *s, const char *method, const char *path);
+int shmipc__server_upload(struct shmipc_http_response *res, shmipc__server_body_fn on_body,
+                          shmipc__server_body_end_fn on_end, void *data);
+int shmipc__server_upload_resume(struct shmipc__server_ticket t);
 
 /* Where a route handler runs: its worker thread (index of nworkers) and loop, the client
  * connection's socket, and its peer and local addresses (ss_family AF_UNSPEC when the kernel

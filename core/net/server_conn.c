@@ -463,6 +463,9 @@ static void defer_start(struct server_conn *sc)
         rx_drop_done(sc);
     }
     defer_deadline(sc);
+    /* Body bytes that came with the head go to a streamed body's owner now. */
+    if (sc->up_on)
+        shmipc__server_upload_pump(sc);
 }
 
 /* DEFERRED with nothing in flight and the answer here: out it goes, with what is behind it. */
@@ -479,6 +482,11 @@ static void defer_answer(struct server_conn *sc)
 static void act_hold(struct server_conn *sc)
 {
     rx_drop_done(sc);
+    if (sc->up_on) {
+        shmipc__server_upload_pump(sc);
+        if (sc->state != SHMIPC__CS_DEFERRED)
+            return;
+    }
     if (sc->streaming)
         stream_sent(sc);
     else if (sc->answered)
@@ -531,8 +539,9 @@ static void act_answer(struct server_conn *sc)
         stream_kick(sc);
     else if (sc->inflight)
         defer_deadline(sc);
-    else if (sc->w->in_handler)
-        /* complete() from a route handler (another client's request, as in long polling):
+    else if (sc->w->in_handler || sc->in_pump)
+        /* complete() from a route handler (or from a streamed body's callback, whose bytes
+         * the pump is moving) (another client's request, as in long polling):
          * serving here would run this connection's pipelined handlers inside that one, over
          * the worker's response scratch it is using. The timer answers once it returned. */
         shmipc__server_conn_set_deadline(sc, shmipc__loop_now_ms(sc->w->loop));
@@ -560,7 +569,8 @@ static void stream_deadline(struct server_conn *sc)
 /* The stream's end went out whole: the connection goes on as after any answer. */
 static void stream_done(struct server_conn *sc)
 {
-    int closes = sc->stream_closes;
+    /* A streamed request body not read to its end: its rest is never parsed as a request. */
+    int closes = sc->stream_closes || shmipc__http_conn_body_pending(&sc->http);
     shmipc__server_stream_free(sc);
     shmipc__http_conn_stream_done(&sc->http, closes);
     if (closes) {
@@ -675,13 +685,13 @@ static void stream_sent(struct server_conn *sc)
 /* COMPLETE while streaming: the head, a piece, the end or the abort was given. */
 static void stream_kick(struct server_conn *sc)
 {
-    if (sc->stream_end == STREAM_ABORTED) {
+    if (sc->stream_end == STREAM_ABORTED && !sc->in_pump) {
         shmipc__server_conn_close(sc);
         return;
     }
     if (sc->inflight)
         return; /* the next batch goes when this one has left (stream_sent) */
-    if (sc->w->in_handler) {
+    if (sc->w->in_handler || sc->in_pump) {
         /* As act_answer: not from inside another connection's handler. */
         shmipc__server_conn_set_deadline(sc, shmipc__loop_now_ms(sc->w->loop));
         return;
@@ -716,6 +726,100 @@ static void stream_timer(struct server_conn *sc)
         stream_deadline(sc);
 }
 
+/* ---- a streamed request body (DEFERRED; shmipc__server_upload) ---- */
+
+/*
+ * The body went over max_body (413) or its framing is invalid (400): the owner's deferral is
+ * cancelled with the reason, and the client gets the status (with a close) if no answer
+ * started, else the connection closes. Runs inside the pump: the answer goes from the timer.
+ */
+static void upload_fail(struct server_conn *sc, int status)
+{
+    sc->up_on = 0;
+    shmipc__server_defer_cancel(sc, status == 413 ? SHMIPC__SERVER_CANCEL_TOO_LARGE
+                                                  : SHMIPC__SERVER_CANCEL_BAD_BODY);
+    if (sc->streaming) {
+        if (!sc->head_sent && sc->stream_end == 0) {
+            /* Nothing of the answer left yet: the status replaces it. */
+            shmipc__server_stream_free(sc);
+            sc->streaming = 0;
+        } else {
+            sc->stream_end = STREAM_ABORTED;
+            shmipc__server_conn_set_deadline(sc, shmipc__loop_now_ms(sc->w->loop));
+            return;
+        }
+    }
+    if (sc->answered)
+        return; /* an answer is waiting to go; it closes (the body is pending) */
+    struct shmipc__http_response *r = &sc->http.deferred;
+    uint16_t keep = r->flags;
+    memset(r, 0, sizeof *r);
+    r->flags = keep;
+    shmipc__http_response_error(r, status);
+    r->flags |= SHMIPC__HTTP_RESP_CLOSE;
+    sc->answered = 1;
+    if (sc->inflight)
+        defer_deadline(sc); /* the answer goes when the batch has left (act_hold) */
+    else
+        shmipc__server_conn_set_deadline(sc, shmipc__loop_now_ms(sc->w->loop));
+}
+
+/*
+ * Hands the body bytes received so far to the upload's owner: decoded in place in the receive
+ * buffer behind what the batch in flight may point into (rx_done), given as one piece, then
+ * dropped, so the buffer holds at most what came since the last pump (bounded by RX_PAUSE
+ * while the owner holds the body: act_buffer stops reading there). At the body's end the
+ * owner hears it, and what follows is the next request, served after the answer.
+ */
+void shmipc__server_upload_pump(struct server_conn *sc)
+{
+    static char none[1]; /* the buffer of a pump with no bytes (a Content-Length: 0 end) */
+    struct shmipc__server_worker *w = sc->w;
+    if (!sc->up_on || sc->up_held || sc->in_pump || sc->state != SHMIPC__CS_DEFERRED)
+        return;
+    size_t held = sc->rx_len - sc->rx_done;
+    if (held > w->stats.upload_rx_max)
+        w->stats.upload_rx_max = held;
+    char *buf = sc->rx != NULL ? sc->rx + sc->rx_done : none;
+    size_t len = held, piece, drop;
+    int status;
+    sc->in_pump = 1;
+    int rc = shmipc__http_conn_upload(&sc->http, buf, &len, &piece, &drop, &status);
+    sc->rx_len = sc->rx_done + len;
+    if (rc < 0) {
+        upload_fail(sc, status);
+    } else {
+        if (piece > 0) {
+            w->stats.upload_bytes += piece;
+            if (sc->on_body(sc->up_data, buf, piece) != 0)
+                sc->up_held = 1;
+        }
+        if (drop > 0) {
+            memmove(buf, buf + drop, len - drop);
+            sc->rx_len -= drop;
+        }
+        if (rc == 1) {
+            shmipc__server_body_end_fn end = sc->on_body_end;
+            sc->up_on = 0;
+            if (end != NULL && sc->defer_on)
+                end(sc->up_data);
+        }
+    }
+    sc->in_pump = 0;
+    if (sc->state != SHMIPC__CS_DEFERRED)
+        return;
+    /* Nothing left that the batch in flight points into: the buffer goes back to the pool. */
+    if (sc->rx_len == 0 && sc->rx_done == 0 && sc->rx_retired == NULL && sc->rx != NULL) {
+        shmipc__server_rx_put(w, sc->rx, sc->rx_cap);
+        sc->rx = NULL;
+        sc->rx_cap = 0;
+    }
+    /* Reading stopped behind a held body (act_buffer) goes on once it is taken again. */
+    if (sc->up_on && !sc->up_held && shmipc__conn_read_paused(sc->conn) &&
+        shmipc__conn_resume_read(sc->conn) < 0)
+        shmipc__server_conn_close(sc);
+}
+
 /* READING, DATA: append the bytes and answer what is complete. */
 static void act_serve(struct server_conn *sc, const void *data, size_t len)
 {
@@ -744,7 +848,13 @@ static void act_buffer(struct server_conn *sc, const void *data, size_t len)
         shmipc__server_conn_close(sc);
         return;
     }
-    if (sc->rx_len - sc->rx_done > RX_PAUSE && shmipc__conn_pause_read(sc->conn) < 0)
+    if (sc->up_on) {
+        shmipc__server_upload_pump(sc);
+        if (sc->state == SHMIPC__CS_CLOSED)
+            return;
+    }
+    if (sc->rx_len - sc->rx_done > RX_PAUSE && !shmipc__conn_read_paused(sc->conn) &&
+        shmipc__conn_pause_read(sc->conn) < 0)
         shmipc__server_conn_close(sc);
 }
 
@@ -925,6 +1035,8 @@ void shmipc__server_conn_accept(struct shmipc__acceptor *a, struct shmipc__conn 
     sc->fresh = 1;
     shmipc__http_conn_init(&sc->http, &s->limits, sc->fields, shmipc__server_handle, sc);
     sc->http.head_reserve = HEAD_RESERVE;
+    if (s->at_head_routes > 0)
+        sc->http.at_head = shmipc__server_at_head;
     shmipc__timer_init(w->loop, &sc->timer, conn_timeout, sc);
     shmipc__conn_set_data(c, sc);
     /* Responses leave in one write per batch; Nagle would hold the next batch back until the

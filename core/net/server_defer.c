@@ -40,6 +40,7 @@ void shmipc__server_defer_cancel(struct server_conn *sc, int reason)
         return;
     shmipc__server_cancel_fn fn = sc->on_cancel;
     sc->defer_on = 0;
+    sc->up_on = 0; /* the rest of a streamed body is nobody's: the connection closes */
     sc->defer_gen++;
     sc->defer_deadline = 0;
     sc->on_cancel = NULL;
@@ -190,6 +191,7 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
         sc->answer_rel = bnode;
     }
     sc->defer_on = 0;
+    sc->up_on = 0; /* the rest of a streamed body is nobody's: the connection closes */
     sc->defer_gen++;
     sc->on_cancel = NULL;
     sc->answered = 1;
@@ -307,6 +309,7 @@ static int stream_finish(struct shmipc__server_ticket t, int how, const char *wh
         how = STREAM_ABORTED; /* short of its Content-Length: the client must not wait */
     sc->stream_end = (uint8_t)how;
     sc->defer_on = 0;
+    sc->up_on = 0; /* the rest of a streamed body is nobody's: the connection closes */
     sc->defer_gen++;
     sc->on_cancel = NULL;
     sc->on_drain = NULL;
@@ -398,5 +401,39 @@ int shmipc__server_where(const struct shmipc_http_response *res, struct shmipc__
     }
     out->peer = &sc->peer_addr;
     out->local = &sc->local_addr;
+    return 0;
+}
+
+/* ---- streamed request bodies (server_conn.c's shmipc__server_upload_pump delivers) ---- */
+
+int shmipc__server_upload(struct shmipc_http_response *res, shmipc__server_body_fn on_body,
+                          shmipc__server_body_end_fn on_end, void *data)
+{
+    struct server_conn *sc = res != NULL ? res->conn : NULL;
+    if (sc == NULL || on_body == NULL || !res->deferred || !sc->defer_on ||
+        sc->state != SHMIPC__CS_HANDLING || sc->up_on ||
+        !shmipc__http_conn_body_pending(&sc->http) || sc->http.upload)
+        return shmipc__fail(SHMIPC_EINVAL,
+                            "upload: not in a deferring handler that runs at a request's head");
+    sc->up_on = 1;
+    sc->up_held = 0;
+    sc->on_body = on_body;
+    sc->on_body_end = on_end;
+    sc->up_data = data;
+    sc->http.upload = 1;
+    sc->w->stats.uploads++;
+    return 0;
+}
+
+int shmipc__server_upload_resume(struct shmipc__server_ticket t)
+{
+    struct server_conn *sc = t.sc;
+    int rc = ticket_check(t, "upload_resume");
+    if (rc < 0)
+        return rc;
+    if (!sc->up_on)
+        return shmipc__fail(SHMIPC_ECLOSED, "upload_resume: the body was read to its end");
+    sc->up_held = 0;
+    shmipc__server_upload_pump(sc);
     return 0;
 }

@@ -111,6 +111,13 @@ struct server_conn {
      * client's address to the next. */
     uint8_t addrs_known;
     struct sockaddr_storage peer_addr, local_addr;
+    /* A streamed request body (shmipc__server_upload): pieces go to the owner while DEFERRED. */
+    uint8_t up_on;   /* the owner takes the body; cleared at its end or the deferral's */
+    uint8_t up_held; /* the owner asked for no more pieces until upload_resume() */
+    uint8_t in_pump; /* upload_pump() runs: answers wait for the timer */
+    shmipc__server_body_fn on_body;
+    shmipc__server_body_end_fn on_body_end;
+    void *up_data;
     struct shmipc__http_field fields[]; /* limits.max_headers */
 };
 
@@ -168,8 +175,10 @@ void shmipc__server_tx_put(struct shmipc__server_worker *w, struct txbuf *t);
 enum { STREAM_ENDED = 1, STREAM_ABORTED = 2 };
 void shmipc__server_defer_cancel(struct server_conn *sc, int reason);
 void shmipc__server_stream_free(struct server_conn *sc);
+void shmipc__server_upload_pump(struct server_conn *sc);
 
 /* server_route.c: request dispatch and routes */
+int shmipc__server_at_head(void *user_data, const struct shmipc__http_request *req);
 int shmipc__server_handle(void *user_data, const struct shmipc__http_request *req, const char *body,
                           size_t body_len, struct shmipc__http_response *resp);
 void shmipc__server_canned(struct shmipc__http_response *resp, int status);

@@ -123,6 +123,16 @@ static const struct shmipc__ws_route *find_ws_route(const struct shmipc_server *
     return best;
 }
 
+/* http_conn's at_head question: a request with a body whose route takes it in pieces. */
+int shmipc__server_at_head(void *user_data, const struct shmipc__http_request *req)
+{
+    struct server_conn *sc = user_data;
+    int path_known;
+    const struct shmipc__route *rt = find_route(sc->w->srv, req, &path_known);
+    /* A WebSocket path keeps its handshake (which refuses a body) as shmipc__server_handle. */
+    return rt != NULL && rt->at_head && find_ws_route(sc->w->srv, req) == NULL;
+}
+
 int shmipc__server_handle(void *user_data, const struct shmipc__http_request *req, const char *body,
                           size_t body_len, struct shmipc__http_response *resp)
 {
@@ -395,6 +405,37 @@ err:
     if (destroy != NULL)
         destroy(user_data);
     return rc;
+}
+
+int shmipc__server_route_at_head(struct shmipc_server *s, const char *method, const char *path)
+{
+    size_t plen;
+    int prefix;
+    if (s == NULL || path == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "route_at_head: NULL argument");
+    if (s->workers != NULL)
+        return shmipc__fail(SHMIPC_EBUSY, "route_at_head %s: the server is running", path);
+    plen = strlen(path);
+    if (valid_route_path(path, plen, &prefix) < 0)
+        return SHMIPC_EINVAL;
+    if (prefix)
+        plen--;
+    for (size_t i = 0; i < s->nroutes; i++) {
+        struct shmipc__route *o = &s->routes[i];
+        int same_method = (o->method == NULL && method == NULL) ||
+                          (o->method != NULL && method != NULL && strcmp(o->method, method) == 0);
+        if (!same_method || o->prefix != prefix || o->path_len != plen ||
+            memcmp(o->path, path, plen) != 0)
+            continue;
+        if (o->fn == NULL)
+            return shmipc__fail(SHMIPC_EINVAL, "route_at_head %s: a static response", path);
+        if (!o->at_head)
+            s->at_head_routes++;
+        o->at_head = 1;
+        return 0;
+    }
+    return shmipc__fail(SHMIPC_ENOENT, "route_at_head %s %s: no such route", method ? method : "*",
+                        path);
 }
 
 void shmipc__server_ws_route_free(struct shmipc__ws_route *rt)
