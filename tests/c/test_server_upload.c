@@ -44,13 +44,14 @@ static uint32_t defer_ms = 30000;
 
 /* ---- the owner of the uploads (runs on the worker threads) ---- */
 
-enum { M_WHOLE = 0, M_EARLY = 1, M_HOLD = 2 };
+enum { M_WHOLE = 0, M_EARLY = 1, M_HOLD = 2, M_ECHO = 3, M_ECHO_EARLY = 4 };
+#define ECHO_MARK (256u * 1024u)
 
 struct up {
     struct shmipc__server_ticket t;
     uint64_t n, h;
     int mode;
-    int ticket_ok;
+    int streamed;    /* M_ECHO: the answer's head was given */
     struct up *next; /* held ones, per worker: resumed by the eventfd */
 };
 
@@ -85,11 +86,46 @@ static void up_answer(struct up *u)
         WRONG("complete");
 }
 
+static void echo_drained(void *data)
+{
+    /* Not back into the server from here: the worker's eventfd resumes the held bodies. */
+    uint64_t one = 1;
+    if (write(resume_efd[(uintptr_t)data], &one, sizeof one) < 0)
+        atomic_fetch_add(&wrong, 1);
+}
+
+static unsigned worker_index(void);
+
+/* M_ECHO: each piece goes back as a piece of a streamed answer while the body still comes; the
+ * body is held while the answer's queue is at its mark (resumed after a drain). M_ECHO_EARLY:
+ * a streamed answer given and ended at the first piece, before the body's end. */
+static int echo_body(struct up *u, const void *piece, size_t len)
+{
+    if (!u->streamed) {
+        u->streamed = 1;
+        if (shmipc__server_stream_head(u->t, 200, "application/octet-stream", NULL, 0,
+                                       SHMIPC__SERVER_STREAM_UNSIZED, ECHO_MARK, echo_drained,
+                                       (void *)(uintptr_t)worker_index()) < 0)
+            WRONG("stream_head");
+    }
+    if (shmipc__server_stream_body(u->t, piece, len, NULL, NULL) < 0)
+        WRONG("stream_body");
+    if (u->mode == M_ECHO_EARLY) {
+        if (shmipc__server_stream_end(u->t) < 0)
+            WRONG("stream_end");
+        u->mode = -1; /* the held list owns it */
+        return 0;
+    }
+    return shmipc__server_stream_queued(u->t) >= ECHO_MARK;
+}
+
 static int on_body(void *data, const void *piece, size_t len)
 {
     struct up *u = data;
     u->n += len;
     u->h = fnv(u->h, piece, len);
+    if (u->mode == M_ECHO || u->mode == M_ECHO_EARLY)
+        return echo_body(u, piece, len);
     if (u->mode == M_EARLY) {
         /* Answered before the body's end, from inside the pump. */
         up_answer(u);
@@ -103,6 +139,15 @@ static void on_end(void *data)
 {
     struct up *u = data;
     atomic_fetch_add(&ends, 1);
+    if (u->mode == M_ECHO) {
+        if (!u->streamed && shmipc__server_stream_head(u->t, 200, "application/octet-stream", NULL,
+                                                       0, 0, ECHO_MARK, NULL, NULL) < 0)
+            WRONG("stream_head at the end");
+        if (shmipc__server_stream_end(u->t) < 0)
+            WRONG("stream_end");
+        u->mode = -1;
+        return;
+    }
     up_answer(u);
     if (u->mode == M_HOLD)
         u->mode = -1; /* the held list owns it */
@@ -117,10 +162,17 @@ static void on_cancel(void *data, int reason)
         WRONG("reason");
     else
         atomic_fetch_add(&cancels[reason], 1);
-    if (u->mode == M_HOLD)
+    if (u->mode == M_HOLD || u->mode == M_ECHO || u->mode == M_ECHO_EARLY)
         u->mode = -1; /* the held list owns it */
     else
         free(u);
+}
+
+static _Thread_local unsigned my_worker;
+
+static unsigned worker_index(void)
+{
+    return my_worker;
 }
 
 static unsigned worker_of(shmipc_http_response *res)
@@ -142,7 +194,7 @@ static void resume_ready(struct shmipc__watch *watch, int fd, unsigned events, v
     if (read(fd, &v, sizeof v) != (ssize_t)sizeof v)
         return;
     for (struct up *u = held_list[i]; u != NULL; u = u->next) {
-        if (u->mode != M_HOLD)
+        if (u->mode != M_HOLD && u->mode != M_ECHO)
             continue;
         int rc = shmipc__server_upload_resume(u->t);
         if (rc < 0 && rc != SHMIPC_ECLOSED)
@@ -171,8 +223,11 @@ static int h_up(shmipc_http_request *req, shmipc_http_response *res, void *ud)
     /* A second call is refused. */
     if (shmipc__server_upload(res, on_body, on_end, u) != SHMIPC_EINVAL)
         WRONG("second upload");
-    if (mode == M_HOLD) {
-        unsigned i = worker_of(res);
+    if (shmipc__server_upload_resume(u->t) != SHMIPC_EINVAL) /* the handler has not returned */
+        WRONG("resume in the handler");
+    my_worker = worker_of(res);
+    if (mode == M_HOLD || mode == M_ECHO || mode == M_ECHO_EARLY) {
+        unsigned i = my_worker;
         if (resume_watch[i] == NULL &&
             shmipc__watch_new(res->w->loop, resume_efd[i], SHMIPC__WATCH_READ, resume_ready,
                               (void *)(uintptr_t)i, &resume_watch[i]) < 0)
@@ -189,6 +244,20 @@ static int h_plain(shmipc_http_request *req, shmipc_http_response *res, void *ud
     char body[64];
     (void)ud;
     int len = snprintf(body, sizeof body, "plain %zu", req->body_len);
+    return shmipc_http_response_body(res, body, (size_t)len);
+}
+
+/* Misuse on a route that does not run at the head: upload() is refused (not deferred, and
+ * the body is here whole). */
+static int h_misuse(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)ud;
+    if (shmipc__server_upload(res, on_body, on_end, NULL) != SHMIPC_EINVAL)
+        WRONG("upload before defer");
+    if (shmipc__server_upload(NULL, on_body, on_end, NULL) != SHMIPC_EINVAL)
+        WRONG("upload(NULL)");
+    char body[64];
+    int len = snprintf(body, sizeof body, "misuse %zu", req->body_len);
     return shmipc_http_response_body(res, body, (size_t)len);
 }
 
@@ -231,12 +300,18 @@ static void tsrv_start(struct tsrv *t, unsigned workers, uint64_t max_body)
     CHECK(shmipc_server_route(t->s, "POST", "/up", h_up, (void *)(uintptr_t)M_WHOLE, NULL));
     CHECK(shmipc_server_route(t->s, "POST", "/early", h_up, (void *)(uintptr_t)M_EARLY, NULL));
     CHECK(shmipc_server_route(t->s, "POST", "/hold", h_up, (void *)(uintptr_t)M_HOLD, NULL));
+    CHECK(shmipc_server_route(t->s, "POST", "/echo", h_up, (void *)(uintptr_t)M_ECHO, NULL));
+    CHECK(shmipc_server_route(t->s, "POST", "/echoearly", h_up, (void *)(uintptr_t)M_ECHO_EARLY,
+                              NULL));
     CHECK(shmipc_server_route(t->s, "POST", "/plain", h_plain, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "POST", "/notathead", h_misuse, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "POST", "/refuse", h_refuse, NULL, NULL));
     CHECK(shmipc__server_route_at_head(t->s, "POST", "/up"));
     CHECK(shmipc__server_route_at_head(t->s, "POST", "/early"));
     CHECK(shmipc__server_route_at_head(t->s, "POST", "/hold"));
     CHECK(shmipc__server_route_at_head(t->s, "POST", "/refuse"));
+    CHECK(shmipc__server_route_at_head(t->s, "POST", "/echo"));
+    CHECK(shmipc__server_route_at_head(t->s, "POST", "/echoearly"));
     /* Misuse: no such route, a static one. */
     assert_int_equal(shmipc__server_route_at_head(t->s, "GET", "/up"), SHMIPC_ENOENT);
     CHECK(shmipc_server_static(t->s, "GET", "/s", 200, "text/plain", "s", 1));
@@ -719,6 +794,142 @@ static void crosstalk_many_clients_two_workers(void)
     assert_int_equal(st.uploads, N * 5);
 }
 
+/* Invalid chunk framing mid-body: 400, the deferral cancelled BAD_BODY. Misuse of the calls on
+ * a plain route is refused without harm. */
+static void bad_framing_400_and_misuse(void)
+{
+    struct tsrv t;
+    char buf[4096];
+    unsigned c0 = atomic_load(&cancels[SHMIPC__SERVER_CANCEL_BAD_BODY]);
+    tsrv_start(&t, 1, MiB);
+    int fd = dial(t.port);
+    put(fd, "POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n");
+    msleep(20);
+    put(fd, "zz\r\n");
+    read_until(fd, "\r\n\r\n", 1, buf, sizeof buf);
+    assert_non_null(strstr(buf, "HTTP/1.1 400"));
+    assert_true(closed_by_peer(fd));
+    close(fd);
+    fd = dial(t.port);
+    put(fd, "POST /notathead HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nabcd");
+    read_until(fd, "misuse 4", 1, buf, sizeof buf);
+    assert_non_null(strstr(buf, "misuse 4"));
+    close(fd);
+    tsrv_stop(&t);
+    assert_int_equal(atomic_load(&cancels[SHMIPC__SERVER_CANCEL_BAD_BODY]), c0 + 1);
+    struct shmipc__server_ticket stale = {NULL, 0};
+    assert_int_equal(shmipc__server_upload_resume(stale), SHMIPC_EINVAL);
+}
+
+/* A full-duplex echo: the answer streams while the body still arrives, the body held while
+ * the answer's queue is full. The client sends from one thread and reads from another; the
+ * echo is the body, byte for byte, and keep-alive goes on after it. */
+struct sender {
+    int fd;
+    const unsigned char *b;
+    size_t n;
+};
+
+static void *send_body(void *arg)
+{
+    struct sender *s = arg;
+    char line[32];
+    for (size_t off = 0; off < s->n;) {
+        size_t k = s->n - off < 40000 ? s->n - off : 40000 - (off % 7);
+        snprintf(line, sizeof line, "%zx\r\n", k);
+        put(s->fd, line);
+        put_n(s->fd, s->b + off, k);
+        put(s->fd, "\r\n");
+        off += k;
+    }
+    put(s->fd, "0\r\n\r\n");
+    return NULL;
+}
+
+static void echo_full_duplex_then_keepalive(void)
+{
+    struct tsrv t;
+    const size_t total = 8u * MiB;
+    unsigned char *b = malloc(total);
+    unsigned char *got = malloc(total + 65536);
+    char buf[4096];
+    assert_non_null(b);
+    assert_non_null(got);
+    fill(b, total, 0, 9);
+    tsrv_start(&t, 1, 1ull << 30);
+    int fd = dial(t.port);
+    put(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    struct sender sd = {fd, b, total};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, send_body, &sd), 0);
+    /* The answer: a head, then chunks until the last one; decoded here. */
+    size_t hl = read_until(fd, "\r\n\r\n", 1, buf, sizeof buf);
+    char *e = strstr(buf, "\r\n\r\n");
+    assert_non_null(e);
+    assert_non_null(strstr(buf, "HTTP/1.1 200"));
+    assert_non_null(strstr(buf, "Transfer-Encoding: chunked"));
+    size_t have = hl - (size_t)(e + 4 - buf);
+    static char wire[1 << 16];
+    memcpy(wire, e + 4, have);
+    size_t n = 0;
+    for (;;) {
+        /* a size line */
+        char *lf;
+        while ((lf = memchr(wire, '\n', have)) == NULL) {
+            ssize_t k = read(fd, wire + have, sizeof wire - have);
+            assert_true(k > 0);
+            have += (size_t)k;
+        }
+        size_t sz = strtoul(wire, NULL, 16);
+        size_t skip = (size_t)(lf + 1 - wire);
+        memmove(wire, wire + skip, have - skip);
+        have -= skip;
+        size_t need = sz + 2;
+        while (need > 0) {
+            if (have == 0) {
+                ssize_t k = read(fd, wire, sizeof wire);
+                assert_true(k > 0);
+                have = (size_t)k;
+            }
+            size_t take = have < need ? have : need;
+            size_t data = need > 2 ? (take < need - 2 ? take : need - 2) : 0;
+            assert_true(n + data <= total + 65536);
+            memcpy(got + n, wire, data);
+            n += data;
+            memmove(wire, wire + take, have - take);
+            have -= take;
+            need -= take;
+        }
+        if (sz == 0)
+            break;
+    }
+    pthread_join(th, NULL);
+    assert_int_equal(n, total);
+    assert_memory_equal(got, b, total);
+    /* Keep-alive after a body read to its end. */
+    put(fd, "POST /plain HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nz");
+    read_until(fd, "plain 1", 1, buf, sizeof buf);
+    assert_non_null(strstr(buf, "plain 1"));
+    close(fd);
+    /* A streamed answer that ends before the body: it goes whole, then the close. */
+    fd = dial(t.port);
+    put(fd, "POST /echoearly HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+            "GET /s HTTP/1.1\r\nHost: x\r\n\r\n");
+    size_t k = read_until(fd, "", 0, buf, sizeof buf);
+    assert_true(k > 0);
+    assert_non_null(strstr(buf, "HTTP/1.1 200"));
+    assert_non_null(strstr(buf, "0\r\n\r\n"));
+    /* The echo holds the request line; no answer of it went out. */
+    assert_null(strstr(strstr(buf, "HTTP/1.1 200") + 1, "HTTP/1.1 200"));
+    close(fd);
+    struct shmipc__server_stats st = tsrv_stop(&t);
+    if (st.upload_rx_max > 512u * 1024u)
+        fail_msg("an echoed body took %llu bytes of the connection",
+                 (unsigned long long)st.upload_rx_max);
+    free(b);
+    free(got);
+}
+
 /* ---- both backends ---- */
 
 static int uring_ok(void)
@@ -757,6 +968,8 @@ BOTH(early_answer_closes_never_parses_body)
 BOTH(expect_continue_when_taken)
 BOTH(held_body_pushes_back_bounded)
 BOTH(crosstalk_many_clients_two_workers)
+BOTH(bad_framing_400_and_misuse)
+BOTH(echo_full_duplex_then_keepalive)
 
 #define T2(name) cmocka_unit_test(name##_epoll), cmocka_unit_test(name##_io_uring)
 
@@ -773,6 +986,8 @@ int main(int argc, char **argv)
         T2(expect_continue_when_taken),
         T2(held_body_pushes_back_bounded),
         T2(crosstalk_many_clients_two_workers),
+        T2(bad_framing_400_and_misuse),
+        T2(echo_full_duplex_then_keepalive),
     };
     int rc;
     if (argc > 1)
