@@ -304,8 +304,9 @@ uint64_t shmipc__server_stream_sent(struct shmipc__server_ticket t);
  * Both may call complete() or the stream_*() calls. A body above max_body (413) or with invalid
  * framing (400) cancels the deferral (SHMIPC__SERVER_CANCEL_TOO_LARGE / _BAD_BODY) and answers
  * that status with a close, or closes when the answer has started. The deadline of the
- * deferral covers the body (a client that stops sending gets 504, CANCEL_TIMEOUT); a client
- * that leaves mid-body cancels it (CLIENT_GONE). An answer given before the body's end is sent
+ * deferral covers the body (a client that stops sending gets 504, CANCEL_TIMEOUT), and so
+ * does the stall (keep-alive) timeout between two reads of a body not held (CANCEL_TIMEOUT,
+ * closed without an answer); a client that leaves mid-body cancels it (CLIENT_GONE). An answer given before the body's end is sent
  * with "Connection: close" and the connection closes after it (lingering, the rest of the
  * body is drained, never parsed as a request); a body read to its end keeps keep-alive.
  * A handler that answers at the head without deferring closes the connection the same way.

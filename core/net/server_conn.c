@@ -431,11 +431,33 @@ static void conn_serve(struct server_conn *sc)
     update_deadline(sc);
 }
 
+/* A streamed body being read (not held by its owner) is given up when it stops arriving for
+ * the stall timeout: the earlier of that and `d` (0: none). */
+static uint64_t upload_deadline(const struct server_conn *sc, uint64_t d)
+{
+    if (!sc->up_on || sc->up_held || sc->up_at == 0)
+        return d;
+    return d == 0 || sc->up_at < d ? sc->up_at : d;
+}
+
+/* Whether a streamed body stopped arriving for the stall timeout: then the request is
+ * cancelled (TIMEOUT) and the connection closed, as a plain body that stops arriving is. */
+static int upload_stalled(struct server_conn *sc, uint64_t now)
+{
+    if (!sc->up_on || sc->up_held || sc->up_at == 0 || now < sc->up_at)
+        return 0;
+    sc->w->stats.timeouts++;
+    shmipc__server_defer_cancel(sc, SHMIPC__SERVER_CANCEL_TIMEOUT);
+    shmipc__server_conn_close(sc);
+    return 1;
+}
+
 /* DEFERRED's deadline: the request's (504), and the send timeout while the answers before it
  * are in flight, whichever comes first; none when neither applies. */
 static void defer_deadline(struct server_conn *sc)
 {
     uint64_t d = sc->answered ? 0 : sc->defer_deadline;
+    d = upload_deadline(sc, d);
     if (sc->inflight) {
         uint64_t send = shmipc__server_conn_after(sc, sc->w->srv->stall_ms);
         d = d == 0 || send < d ? send : d;
@@ -500,6 +522,8 @@ static void act_hold(struct server_conn *sc)
 static void act_defer_timer(struct server_conn *sc)
 {
     uint64_t now = shmipc__loop_now_ms(sc->w->loop);
+    if (upload_stalled(sc, now))
+        return;
     if (sc->streaming) {
         stream_timer(sc);
         return;
@@ -560,7 +584,7 @@ static void act_answer(struct server_conn *sc)
  * (between two pieces) while it is not held back by the queued bytes. */
 static void stream_deadline(struct server_conn *sc)
 {
-    uint64_t d = sc->sq_bytes < sc->stream_mark ? sc->stream_at : 0;
+    uint64_t d = upload_deadline(sc, sc->sq_bytes < sc->stream_mark ? sc->stream_at : 0);
     if (sc->inflight)
         d = d == 0 || sc->send_at < d ? sc->send_at : d;
     shmipc__server_conn_set_deadline(sc, d);
@@ -814,6 +838,9 @@ void shmipc__server_upload_pump(struct server_conn *sc)
         sc->rx = NULL;
         sc->rx_cap = 0;
     }
+    /* The stall timeout of a body being read is armed (a resumed one had none). */
+    if (sc->up_on && !sc->up_held && (sc->deadline == 0 || sc->up_at < sc->deadline))
+        shmipc__server_conn_set_deadline(sc, sc->up_at);
     /* Reading stopped behind a held body (act_buffer) goes on once it is taken again. */
     if (sc->up_on && !sc->up_held && shmipc__conn_read_paused(sc->conn) &&
         shmipc__conn_resume_read(sc->conn) < 0)
@@ -849,6 +876,9 @@ static void act_buffer(struct server_conn *sc, const void *data, size_t len)
         return;
     }
     if (sc->up_on) {
+        /* A streamed body's bytes: the stall timeout runs again from here (nginx's
+         * client_body_timeout, between two reads). */
+        sc->up_at = shmipc__server_conn_after(sc, sc->w->srv->stall_ms);
         shmipc__server_upload_pump(sc);
         if (sc->state == SHMIPC__CS_CLOSED)
             return;

@@ -421,6 +421,7 @@ int shmipc__server_upload(struct shmipc_http_response *res, shmipc__server_body_
     sc->on_body_end = on_end;
     sc->up_data = data;
     sc->http.upload = 1;
+    sc->up_at = shmipc__server_conn_after(sc, sc->w->srv->stall_ms);
     sc->w->stats.uploads++;
     return 0;
 }
@@ -434,6 +435,7 @@ int shmipc__server_upload_resume(struct shmipc__server_ticket t)
     if (!sc->up_on)
         return shmipc__fail(SHMIPC_ECLOSED, "upload_resume: the body was read to its end");
     sc->up_held = 0;
+    sc->up_at = shmipc__server_conn_after(sc, sc->w->srv->stall_ms);
     shmipc__server_upload_pump(sc);
     return 0;
 }

@@ -115,6 +115,7 @@ struct server_conn {
     uint8_t up_on;   /* the owner takes the body; cleared at its end or the deferral's */
     uint8_t up_held; /* the owner asked for no more pieces until upload_resume() */
     uint8_t in_pump; /* upload_pump() runs: answers wait for the timer */
+    uint64_t up_at;  /* loop ms when a body that stopped arriving is given up (the stall timeout) */
     shmipc__server_body_fn on_body;
     shmipc__server_body_end_fn on_body_end;
     void *up_data;

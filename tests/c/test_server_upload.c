@@ -41,6 +41,7 @@
 static int backend = SHMIPC_BACKEND_EPOLL;
 /* The deferral's timeout of the uploads: it bounds the whole request, body included. */
 static uint32_t defer_ms = 30000;
+static int keepalive_ms; /* 0: the default; it is also the stall timeout of a body */
 
 /* ---- the owner of the uploads (runs on the worker threads) ---- */
 
@@ -295,6 +296,8 @@ static void tsrv_start(struct tsrv *t, unsigned workers, uint64_t max_body)
     CHECK(shmipc_server_config_set_backend(cfg, backend));
     CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 1000));
     CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_BODY, max_body));
+    if (keepalive_ms)
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, keepalive_ms));
     CHECK(shmipc_server_new(cfg, &t->s));
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_route(t->s, "POST", "/up", h_up, (void *)(uintptr_t)M_WHOLE, NULL));
@@ -601,6 +604,47 @@ static void stall_mid_body_504(void)
     close(fd);
     tsrv_stop(&t);
     defer_ms = 30000;
+    assert_int_equal(atomic_load(&cancels[SHMIPC__SERVER_CANCEL_TIMEOUT]), c0 + 1);
+}
+
+/* A body that stops arriving for the stall (keep-alive) timeout, with the request's deadline
+ * far: cancelled TIMEOUT and closed, as a plain body that stops arriving is; a held body is
+ * not (the owner holds it), and one that keeps coming is never cut. */
+static void body_stall_timeout_closes(void)
+{
+    struct tsrv t;
+    char buf[4096];
+    unsigned c0 = atomic_load(&cancels[SHMIPC__SERVER_CANCEL_TIMEOUT]);
+    keepalive_ms = 300;
+    tsrv_start(&t, 1, MiB);
+    int fd = dial(t.port);
+    put(fd, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc");
+    assert_true(closed_by_peer(fd));
+    close(fd);
+    /* Trickled: a byte every 100 ms for 1 s, never cut. */
+    fd = dial(t.port);
+    put(fd, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n");
+    for (int i = 0; i < 10; i++) {
+        msleep(100);
+        put(fd, "x");
+    }
+    read_hash(fd, buf, sizeof buf);
+    expect_hash(buf, 10, fnv(FNV0, (const unsigned char *)"xxxxxxxxxx", 10));
+    close(fd);
+    /* Held past the stall timeout: not cut; resumed, it completes. */
+    atomic_store(&holding, 1);
+    fd = dial(t.port);
+    put(fd, "POST /hold HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nabc");
+    msleep(700);
+    atomic_store(&holding, 0);
+    uint64_t one = 1;
+    assert_int_equal(write(resume_efd[0], &one, sizeof one), (ssize_t)sizeof one);
+    put(fd, "def");
+    read_hash(fd, buf, sizeof buf);
+    expect_hash(buf, 6, fnv(FNV0, (const unsigned char *)"abcdef", 6));
+    close(fd);
+    tsrv_stop(&t);
+    keepalive_ms = 0;
     assert_int_equal(atomic_load(&cancels[SHMIPC__SERVER_CANCEL_TIMEOUT]), c0 + 1);
 }
 
@@ -969,6 +1013,7 @@ BOTH(expect_continue_when_taken)
 BOTH(held_body_pushes_back_bounded)
 BOTH(crosstalk_many_clients_two_workers)
 BOTH(bad_framing_400_and_misuse)
+BOTH(body_stall_timeout_closes)
 BOTH(echo_full_duplex_then_keepalive)
 
 #define T2(name) cmocka_unit_test(name##_epoll), cmocka_unit_test(name##_io_uring)
@@ -987,6 +1032,7 @@ int main(int argc, char **argv)
         T2(held_body_pushes_back_bounded),
         T2(crosstalk_many_clients_two_workers),
         T2(bad_framing_400_and_misuse),
+        T2(body_stall_timeout_closes),
         T2(echo_full_duplex_then_keepalive),
     };
     int rc;
