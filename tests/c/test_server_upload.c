@@ -572,6 +572,45 @@ static void chunked_over_limit_413(void)
     assert_int_equal(atomic_load(&cancels[SHMIPC__SERVER_CANCEL_TOO_LARGE]), c0 + 1);
 }
 
+/* A chunked body goes over the limit after the streamed answer's head went out: the client
+ * sees that answer cut short (no last chunk) and the close, never a 413 behind it. */
+static void over_limit_after_answer_started_closes(void)
+{
+    struct tsrv t;
+    static char buf[1 << 20];
+    static unsigned char piece[16 * 1024];
+    unsigned c0 = atomic_load(&cancels[SHMIPC__SERVER_CANCEL_TOO_LARGE]);
+    memset(piece, 'a', sizeof piece); /* no NUL: the text checks below see it all */
+    tsrv_start(&t, 1, 64 * 1024);
+    int fd = dial(t.port);
+    put(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4000\r\n");
+    put_n(fd, piece, sizeof piece);
+    put(fd, "\r\n");
+    read_until(fd, "\r\n\r\n", 1, buf, sizeof buf); /* the answer's head is out */
+    for (int i = 0; i < 8; i++) {
+        if (send(fd, "4000\r\n", 6, MSG_NOSIGNAL) < 0 ||
+            send(fd, piece, sizeof piece, MSG_NOSIGNAL) < 0 ||
+            send(fd, "\r\n", 2, MSG_NOSIGNAL) < 0)
+            break;
+    }
+    /* The close comes at once (not a stream left open that only the client's timeout ends). */
+    struct timeval tv = {.tv_sec = 5};
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    size_t n = strlen(buf);
+    ssize_t k;
+    while (n + 1 < sizeof buf && (k = read(fd, buf + n, sizeof buf - 1 - n)) > 0)
+        n += (size_t)k;
+    if (n + 1 < sizeof buf && k < 0 && errno != ECONNRESET)
+        fail_msg("no close after the limit: %s", strerror(errno));
+    buf[n] = '\0';
+    assert_non_null(strstr(buf, "HTTP/1.1 200"));
+    assert_null(strstr(buf, "413"));
+    assert_true(n < 6 || memcmp(buf + n - 5, "0\r\n\r\n", 5) != 0); /* cut short */
+    close(fd);
+    tsrv_stop(&t);
+    assert_int_equal(atomic_load(&cancels[SHMIPC__SERVER_CANCEL_TOO_LARGE]), c0 + 1);
+}
+
 /* A declared length over the limit: 413 at the head, the route never runs. */
 static void declared_over_limit_413_at_head(void)
 {
@@ -1018,6 +1057,7 @@ BOTH(held_body_pushes_back_bounded)
 BOTH(crosstalk_many_clients_two_workers)
 BOTH(bad_framing_400_and_misuse)
 BOTH(body_stall_timeout_closes)
+BOTH(over_limit_after_answer_started_closes)
 BOTH(echo_full_duplex_then_keepalive)
 
 #define T2(name) cmocka_unit_test(name##_epoll), cmocka_unit_test(name##_io_uring)
@@ -1037,6 +1077,7 @@ int main(int argc, char **argv)
         T2(crosstalk_many_clients_two_workers),
         T2(bad_framing_400_and_misuse),
         T2(body_stall_timeout_closes),
+        T2(over_limit_after_answer_started_closes),
         T2(echo_full_duplex_then_keepalive),
     };
     int rc;
