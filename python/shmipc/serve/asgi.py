@@ -311,6 +311,8 @@ class ASGIHandler:
             return "protocol"
         if getattr(self, "state", None) is not None:
             scope["state"] = dict(self.state)  # the spec: a shallow copy per request
+        if arg & sf.REQ_UPGRADE:
+            return await self._websocket(ex, _ws_scope(scope))
         h = _Http(ex, scope)
         try:
             await self.app(scope, h.receive, h.send)
@@ -341,6 +343,41 @@ class ASGIHandler:
         ex.drain()
         return "ok"
 
+    async def _websocket(self, ex, scope):
+        ws = _WebSocket(ex, scope)
+        try:
+            await self.app(scope, ws.receive, ws.send)
+            await ws.finish()
+        except RequestAborted as e:
+            log.info("shmipc-serve: websocket %s: %s", scope["raw_path"], e)
+            return "aborted"
+        except ProtocolViolation as e:
+            log.error("shmipc-serve: bad frame from the front: %s", e)
+            ex.abort(sf.ABORT_PROTOCOL, str(e))
+            return "protocol"
+        except shmipc.Error:
+            raise
+        except Exception as e:
+            if ws.got_close is not None and ws.got_close[0] == _WS_GONE:
+                log.info("shmipc-serve: the app raised after the client went away: %r", e)
+                return "aborted"
+            log.error("shmipc-serve: the app failed on websocket %s", scope["raw_path"],
+                      exc_info=e)
+            if ws.accepted:
+                await ws.fail()
+            elif isinstance(ws.refused, _Http):
+                if ws.refused.complete:
+                    return "error"
+                ex.abort(sf.ABORT_WORKER_ERROR, f"{type(e).__name__}: {e}")
+            elif not ws.refused:
+                self._failed(ex, _Http(ex, {"method": "GET"}), dict(scope, method="GET"), e)
+            return "error"
+        if ws.got_close is not None and ws.got_close[0] == _WS_GONE:
+            return "aborted"
+        if not ws.accepted:
+            ex.drain()
+        return "ok"
+
     def _failed(self, ex, h, scope, exc):
         log.error("shmipc-serve: the app failed on %s %s", scope["method"], scope["raw_path"],
                   exc_info=exc)
@@ -356,3 +393,279 @@ class ASGIHandler:
         else:
             ex.abort(sf.ABORT_WORKER_ERROR, f"{type(exc).__name__}: {exc}")
         return "error"
+
+
+# ---- websocket ----------------------------------------------------------------------------
+
+_WS_TEXT, _WS_BINARY, _WS_FIN = 1, 2, 0x100
+# After the app's close (or its return): how long the front has to answer with its WS_CLOSE.
+_WS_CLOSE_WAIT = 5.0
+_WS_NO_CODE = 1005  # an empty WS_CLOSE: RFC 6455 §7.1.5's "no status code was present"
+_WS_GONE = 1006  # the client went away without a close (never sent on the wire)
+
+
+def _ws_scope(scope):
+    """The websocket scope (ASGI 2.3) from the http scope of the REQUEST_HEAD with UPGRADE:
+    no method, scheme ws/wss, the offered subprotocols, the denial-response extension."""
+    del scope["method"]
+    scope["type"] = "websocket"
+    scope["scheme"] = "wss" if scope["scheme"] == "https" else "ws"
+    subs = []
+    for name, value in scope["headers"]:
+        if name == b"sec-websocket-protocol":
+            subs += [p.strip() for p in value.decode("latin-1").split(",") if p.strip()]
+    scope["subprotocols"] = subs
+    scope["extensions"] = {"websocket.http.response": {}}
+    return scope
+
+
+class _WsGone(Exception):
+    """The front ended the WebSocket (its WS_CLOSE, ABORT, or the stream's end)."""
+
+
+def _ws_close_frame(code, reason=b""):
+    return sf.encode_frame(sf.WS_CLOSE, code.to_bytes(2, "little") + reason if code else b"")
+
+
+class _WebSocket:
+    """receive() and send() of one websocket scope (docs/serve.md, "The ASGI worker").
+
+    States: CONNECTING (the REQUEST_HEAD with UPGRADE is read; the app answers with
+    websocket.accept, websocket.close (a 403) or websocket.http.response.*), OPEN, then
+    closed once both sides sent their WS_CLOSE."""
+
+    def __init__(self, ex, scope):
+        self.ex = ex
+        self.scope = scope
+        self.connect_given = False
+        self.accepted = False
+        self.refused = None  # an _Http for websocket.http.response.*, or True after a 403
+        self.sent_close = False  # our WS_CLOSE is sent
+        self.got_close = None  # the front's (code, reason), or (1006, "") when it went away
+        self.parts = []  # the message being reassembled
+        self.kind = 0
+
+    # -- reading the front's frames --
+
+    async def _frame(self, timeout=None):
+        """The next frame (typ, arg, payload), polled without blocking the loop."""
+        delay = _BODY_POLL_MIN
+        limit = self.ex.st.read_timeout if timeout is None else timeout
+        end = None if limit is None or limit < 0 else time.monotonic() + limit
+        while True:
+            try:
+                got = self.ex.read_frame_header(nonblock=True)
+                if got is not None:
+                    _, (typ, length, arg) = got
+                    if typ == sf.END and not self.ex.done and not length:
+                        self.ex.done = True  # the END after the upgrade's REQUEST_HEAD
+                        continue
+                    return typ, arg, self.ex.st.readexactly(length) if length else b""
+            except (shmipc.EndOfStreamError, shmipc.PeerGoneError, shmipc.ClosedError) as e:
+                raise _WsGone(str(e)) from e
+            if end is not None and time.monotonic() >= end:
+                raise shmipc.TimeoutError(f"no WebSocket frame from the front in {limit} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _BODY_POLL_MAX)
+
+    def _closed_by_front(self, typ, arg, payload):
+        """The front's WS_CLOSE or ABORT: note it (and answer a WS_CLOSE, completing the
+        close handshake) and return the disconnect event."""
+        if typ == sf.ABORT:
+            self.ex.aborted = True
+            self.ex.abort_reason = arg
+            self.got_close = (_WS_GONE, "")
+        elif len(payload) >= 2:
+            self.got_close = (int.from_bytes(payload[:2], "little"),
+                              payload[2:].decode("utf-8"))
+        elif self.ex.aborted:
+            self.got_close = (_WS_GONE, "")
+        else:
+            self.got_close = (_WS_NO_CODE, "")
+        if typ == sf.WS_CLOSE and not self.sent_close:
+            # Echo its code, as RFC 6455 §5.5.1 asks of the endpoint that did not close first.
+            code = self.got_close[0] if self.got_close[0] != _WS_NO_CODE else 0
+            self._send_close(code, b"")
+        return self._disconnect()
+
+    def _disconnect(self):
+        code, reason = self.got_close
+        return {"type": "websocket.disconnect", "code": code, "reason": reason}
+
+    async def receive(self):
+        if not self.connect_given:
+            self.connect_given = True
+            return {"type": "websocket.connect"}
+        if self.got_close is not None:
+            return self._disconnect()
+        if not self.accepted:
+            # Nothing comes before our answer but the front's ABORT (the client went away).
+            while True:
+                try:
+                    self.ex.check_abort()
+                except RequestAborted:
+                    self.got_close = (_WS_GONE, "")
+                    return self._disconnect()
+                except (shmipc.EndOfStreamError, shmipc.PeerGoneError, shmipc.ClosedError):
+                    self.got_close = (_WS_GONE, "")
+                    return self._disconnect()
+                if self.accepted or self.refused:
+                    break
+                await asyncio.sleep(_DISCONNECT_POLL)
+            if self.refused:
+                self.got_close = (_WS_GONE, "")
+                return self._disconnect()
+        while True:
+            try:
+                typ, arg, payload = await self._frame(timeout=-1)
+            except _WsGone:
+                self.got_close = (_WS_GONE, "")
+                return self._disconnect()
+            if typ in (sf.WS_CLOSE, sf.ABORT):
+                return self._closed_by_front(typ, arg, payload)
+            if typ in (sf.WS_PING, sf.WS_PONG):
+                continue  # the front answers the client's pings itself
+            if typ != sf.WS_DATA:
+                raise ProtocolViolation(f"a frame of type {typ} on an open WebSocket")
+            op = arg & 0xFF
+            if op not in (0, _WS_TEXT, _WS_BINARY) or (op == 0) == (not self.parts and self.kind == 0):
+                raise ProtocolViolation(f"WS_DATA opcode {op} out of sequence")
+            if op:
+                self.kind = op
+            self.parts.append(payload)
+            if arg & _WS_FIN:
+                data, kind = b"".join(self.parts), self.kind
+                self.parts, self.kind = [], 0
+                if kind == _WS_TEXT:
+                    try:
+                        return {"type": "websocket.receive", "text": data.decode("utf-8")}
+                    except UnicodeDecodeError:
+                        raise ProtocolViolation("a text message that is not UTF-8") from None
+                return {"type": "websocket.receive", "bytes": data}
+
+    # -- writing --
+
+    def _send_close(self, code, reason):
+        self.sent_close = True
+        self.ex.send(_ws_close_frame(code, reason))
+
+    async def send(self, message):
+        if not isinstance(message, dict):
+            raise TypeError(f"an ASGI message must be a dict, not {type(message).__name__}")
+        typ = message.get("type")
+        if isinstance(self.refused, _Http):
+            if typ not in ("websocket.http.response.body",):
+                raise RuntimeError(f"{typ!r} after websocket.http.response.start")
+            await self.refused.send(dict(message, type="http.response.body"))
+            return
+        if self.sent_close or self.refused:
+            raise RuntimeError(f"{typ!r} sent after the WebSocket was closed")
+        if self.got_close is not None or self.ex.aborted:
+            raise RequestAborted("the client went away (the WebSocket is closed)")
+        if typ == "websocket.accept":
+            if self.accepted:
+                raise RuntimeError("websocket.accept sent twice")
+            self._accept(message)
+        elif typ == "websocket.send":
+            if not self.accepted:
+                raise RuntimeError("websocket.send before websocket.accept")
+            self._data(message)
+        elif typ == "websocket.close":
+            code = message.get("code", 1000)
+            reason = message.get("reason") or ""
+            if not isinstance(reason, str):
+                raise TypeError(f"the close reason must be str, not {type(reason).__name__}")
+            reason = reason.encode("utf-8")
+            if type(code) is not int or len(reason) > 123:
+                raise ValueError(f"bad close code {code!r} or a reason over 123 bytes")
+            if not self.accepted:
+                self._refuse403()
+                return
+            try:
+                self._send_close(code, reason)
+            except sf.FrameError as e:
+                self.sent_close = False
+                raise ValueError(f"bad close code {code!r}: {e}") from None
+        elif typ == "websocket.http.response.start":
+            if self.accepted:
+                raise RuntimeError("websocket.http.response.start after websocket.accept")
+            h = _Http(self.ex, {"method": "GET"})
+            await h.send(dict(message, type="http.response.start"))
+            self.refused = h
+        else:
+            raise ValueError(f"unexpected ASGI message type {typ!r} for a websocket scope")
+
+    def _accept(self, message):
+        fields = []
+        sub = message.get("subprotocol")
+        if sub is not None:
+            if sub not in self.scope["subprotocols"]:
+                raise ValueError(f"subprotocol {sub!r} was not offered by the client")
+            fields.append((b"Sec-WebSocket-Protocol", sub.encode("latin-1")))
+        for h in message.get("headers", ()):
+            name, value = h
+            name, value = _as_bytes(name, "a header name"), _as_bytes(value, "a header value")
+            lname = name.lower().decode("latin-1")
+            if lname in _HOP or lname.startswith("sec-websocket-"):
+                continue  # the front's: the handshake's own fields
+            fields.append((name, value))
+        head = sf.encode_response_head(101, fields, 0, 0)
+        self.accepted = True
+        self.ex.send(head, _END)
+
+    def _data(self, message):
+        b, t = message.get("bytes"), message.get("text")
+        if (b is None) == (t is None):
+            raise ValueError("websocket.send needs exactly one of bytes and text")
+        if t is not None:
+            if not isinstance(t, str):
+                raise TypeError(f"text must be str, not {type(t).__name__}")
+            data, op = t.encode("utf-8"), _WS_TEXT
+        else:
+            data, op = _as_bytes(b, "bytes"), _WS_BINARY
+        parts, n, off = [], len(data), 0
+        while True:
+            piece = data[off:off + sf.MAX_CHUNK]
+            off += len(piece)
+            parts.append(sf.encode_frame(sf.WS_DATA, piece, op | (_WS_FIN if off >= n else 0)))
+            op = 0
+            if off >= n:
+                break
+        self.ex.send(*parts)
+
+    def _refuse403(self):
+        self.refused = True
+        self.ex.send(sf.encode_response_head(403, [], sf.RESP_CONTENT_LENGTH, 0), _END)
+
+    async def finish(self):
+        """After the app: complete what it left (a 403 when it never answered, a 1000 close
+        when it returned on an open socket) and wait, bounded, for the front's WS_CLOSE so
+        that both sides ended the stream before it closes."""
+        if isinstance(self.refused, _Http):
+            if not self.refused.complete:
+                raise RuntimeError("the app returned before completing its denial response")
+            return
+        if self.refused:
+            return
+        if not self.accepted:
+            if self.got_close is None:
+                self._refuse403()
+            return
+        if not self.sent_close and self.got_close is None:
+            self._send_close(1000, b"")
+        await self._await_close()
+
+    async def fail(self):
+        """The app raised on an open socket: close 1011 (RFC 6455 §7.4.1)."""
+        if not self.sent_close and self.got_close is None:
+            self._send_close(1011, b"")
+        await self._await_close()
+
+    async def _await_close(self):
+        while self.got_close is None:
+            try:
+                typ, arg, payload = await self._frame(timeout=_WS_CLOSE_WAIT)
+            except (_WsGone, shmipc.TimeoutError):
+                return
+            if typ in (sf.WS_CLOSE, sf.ABORT):
+                self._closed_by_front(typ, arg, payload)

@@ -1,0 +1,315 @@
+"""shmipc-serve's ASGI websocket scope (python/shmipc/serve/asgi.py, docs/serve.md "The ASGI
+worker"): this test plays the front over a shmipc client session, speaking the WS_* frames
+of docs/serve.md to the worker (the front's own WebSocket side is not written yet)."""
+import asyncio
+import threading
+
+import pytest
+
+sf = pytest.importorskip("shmipc._serve")
+from test_serve_asgi import Running  # noqa: E402
+from test_serve_worker import frame, head  # noqa: E402
+
+FIN = 0x100
+
+
+@pytest.fixture
+def serve():
+    running = []
+
+    def start(app):
+        r = Running(app)
+        running.append(r)
+        return r.front
+
+    yield start
+    for r in running:
+        r.stop()
+
+
+def upgrade(front, target=b"/ws", protocols=None):
+    headers = [("Host", "h"), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
+               ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+               ("Sec-WebSocket-Version", "13")]
+    if protocols:
+        headers.append(("Sec-WebSocket-Protocol", protocols))
+    st = front.session.open_stream()
+    st.write(head(b"GET", target, headers, flags=sf.REQ_UPGRADE | sf.REQ_KEEP_ALIVE))
+    st.write(frame(sf.END))
+    st.flush()
+    return st
+
+
+def accepted(front, st):
+    """Read the 101 and its END; the fields it adds."""
+    typ, arg, payload = front.read_frame(st)
+    assert typ == sf.RESPONSE_HEAD
+    status, _, _, fields = sf.decode_response(frame(typ, payload, arg))
+    assert status == 101
+    assert front.read_frame(st)[0] == sf.END
+    return fields
+
+
+def close_frame(code=0, reason=b""):
+    return frame(sf.WS_CLOSE, code.to_bytes(2, "little") + reason if code else b"")
+
+
+def send(st, *frames):
+    for f in frames:
+        st.write(f)
+    st.flush()
+
+
+def message(front, st):
+    """One whole message the worker sent: (opcode, data, frames it took)."""
+    parts, op, n = [], None, 0
+    while True:
+        typ, arg, payload = front.read_frame(st)
+        assert typ == sf.WS_DATA, (typ, payload)
+        n += 1
+        if op is None:
+            op = arg & 0xFF
+            assert op in (1, 2)
+        else:
+            assert arg & 0xFF == 0
+        parts.append(payload)
+        if arg & FIN:
+            return op, b"".join(parts), n
+
+
+def closed(front, st):
+    typ, arg, payload = front.read_frame(st)
+    assert typ == sf.WS_CLOSE, (typ, payload)
+    if not payload:
+        return None, ""
+    return int.from_bytes(payload[:2], "little"), payload[2:].decode()
+
+
+async def echo(scope, receive, send):
+    assert scope["type"] == "websocket"
+    assert (await receive())["type"] == "websocket.connect"
+    await send({"type": "websocket.accept"})
+    while True:
+        ev = await receive()
+        if ev["type"] == "websocket.disconnect":
+            echo.last = ev
+            return
+        await send({"type": "websocket.send", "text": ev.get("text"), "bytes": ev.get("bytes")})
+
+
+def test_ws_scope_fields(serve):
+    seen = {}
+
+    async def app(scope, receive, send):
+        seen.update(scope)
+        await receive()
+        await send({"type": "websocket.close"})
+
+    front = serve(app)
+    st = upgrade(front, b"/a%20b?x=1", protocols="chat, superchat")
+    typ, arg, payload = front.read_frame(st)
+    assert sf.decode_response(frame(typ, payload, arg))[0] == 403
+    st.close()
+    assert seen["type"] == "websocket"
+    assert "method" not in seen
+    assert seen["scheme"] == "ws"
+    assert seen["path"] == "/a b" and seen["raw_path"] == b"/a%20b"
+    assert seen["query_string"] == b"x=1"
+    assert seen["subprotocols"] == ["chat", "superchat"]
+    assert seen["client"] == ["127.0.0.1", 40000] and seen["server"] == ["127.0.0.1", 8080]
+    assert [b"upgrade", b"websocket"] in seen["headers"]
+    assert seen["asgi"]["version"] == "3.0"
+    assert "websocket.http.response" in seen["extensions"]
+
+
+def test_ws_echo_text_binary_fragmented_and_large(serve):
+    front = serve(echo)
+    st = upgrade(front)
+    assert accepted(front, st) == []
+    send(st, frame(sf.WS_DATA, "h\u00e9".encode(), 1 | FIN))
+    assert message(front, st)[:2] == (1, "h\u00e9".encode())
+    send(st, frame(sf.WS_DATA, b"\0\1", 2 | FIN))
+    assert message(front, st)[:2] == (2, b"\0\1")
+    # a message in three frames, with a ping between them (the front's business: ignored)
+    send(st, frame(sf.WS_DATA, b"ab", 1), frame(sf.WS_PING, b"p"), frame(sf.WS_DATA, b"c", 0),
+         frame(sf.WS_DATA, b"d", FIN))
+    assert message(front, st)[:2] == (1, b"abcd")
+    big = bytes(range(256)) * (4096 * 3 + 1)  # 3 MiB + 256: four frames of at most 1 MiB
+    chunk = sf.MAX_CHUNK
+    pieces = [big[i:i + chunk] for i in range(0, len(big), chunk)]
+    for i, p in enumerate(pieces):
+        st.write(frame(sf.WS_DATA, p, (2 if i == 0 else 0) | (FIN if i == len(pieces) - 1 else 0)))
+    st.flush()
+    op, data, n = message(front, st)
+    assert (op, data == big, n) == (2, True, 4)
+    send(st, close_frame(1000, b"bye"))
+    assert closed(front, st) == (1000, "")
+    st.close()
+
+
+def test_ws_subprotocol_and_headers(serve):
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept", "subprotocol": "superchat",
+                    "headers": [(b"x-a", b"1"), (b"sec-websocket-accept", b"forged")]})
+        await send({"type": "websocket.close", "code": 1000})
+        ev = await receive()
+        assert ev["type"] == "websocket.disconnect"
+
+    front = serve(app)
+    st = upgrade(front, protocols="chat, superchat")
+    fields = accepted(front, st)
+    assert ("Sec-WebSocket-Protocol", "superchat") in fields and ("x-a", "1") in fields
+    assert not any(n.lower() == "sec-websocket-accept" for n, _ in fields)
+    assert closed(front, st) == (1000, "")
+    send(st, close_frame(1000))
+    st.close()
+
+
+def test_ws_subprotocol_not_offered_is_an_error_500(serve):
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept", "subprotocol": "nope"})
+
+    front = serve(app)
+    st = upgrade(front, protocols="chat")
+    typ, arg, payload = front.read_frame(st)
+    assert sf.decode_response(frame(typ, payload, arg))[0] == 500
+    st.close()
+
+
+def test_ws_worker_closes_with_4001_and_reason(serve):
+    got = {}
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 4001, "reason": "go \u00e9"})
+        got.update(await receive())
+        try:
+            await send({"type": "websocket.send", "text": "late"})
+        except RuntimeError as e:
+            got["late"] = str(e)
+
+    front = serve(app)
+    st = upgrade(front)
+    accepted(front, st)
+    assert closed(front, st) == (4001, "go \u00e9")
+    send(st, close_frame(4001))
+    assert front.request(b"GET", b"/after")[5] in (sf.END, sf.ABORT)  # the worker is free
+    st.close()
+    assert got["type"] == "websocket.disconnect" and got["code"] == 4001
+    assert "closed" in got["late"]
+
+
+@pytest.mark.parametrize("payload,code", [(close_frame(1000), 1000),
+                                          (close_frame(4999, b"x"), 4999),
+                                          (close_frame(), 1005)])
+def test_ws_client_close_code_reaches_app_and_is_echoed(serve, payload, code):
+    front = serve(echo)
+    echo.last = None
+    st = upgrade(front)
+    accepted(front, st)
+    send(st, payload)
+    assert closed(front, st)[0] == (None if code == 1005 else code)
+    st.close()
+    front.request(b"GET", b"/sync")  # served after the websocket ended
+    assert echo.last["code"] == code
+
+
+def test_ws_app_raises_after_accept_is_1011(serve):
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        await receive()
+        raise ZeroDivisionError("boom")
+
+    front = serve(app)
+    st = upgrade(front)
+    accepted(front, st)
+    send(st, frame(sf.WS_DATA, b"x", 1 | FIN))
+    assert closed(front, st) == (1011, "")
+    send(st, close_frame(1011))
+    st.close()
+
+
+def test_ws_app_raises_before_accept_is_500_returns_is_403(serve):
+    async def bad(scope, receive, send):
+        raise ValueError("no")
+
+    async def quiet(scope, receive, send):
+        await receive()
+
+    for app, status in ((bad, 500), (quiet, 403)):
+        front = serve(app)
+        st = upgrade(front)
+        typ, arg, payload = front.read_frame(st)
+        assert sf.decode_response(frame(typ, payload, arg))[0] == status
+        st.close()
+
+
+def test_ws_denial_response_extension(serve):
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "websocket.http.response.body", "body": b"who", "more_body": True})
+        await send({"type": "websocket.http.response.body", "body": b"?"})
+
+    front = serve(app)
+    st = upgrade(front)
+    status, _, _, headers, body, last, _ = front.response(st)
+    st.close()
+    assert (status, body, last) == (401, b"who?", sf.END)
+
+
+def test_ws_client_gone_is_disconnect_1006(serve):
+    got = {}
+    done = threading.Event()
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        got.update(await receive())
+        try:
+            await send({"type": "websocket.send", "text": "late"})
+        except OSError as e:
+            got["late"] = type(e).__name__
+        done.set()
+
+    front = serve(app)
+    st = upgrade(front)
+    accepted(front, st)
+    send(st, frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
+    assert done.wait(10)
+    st.close()
+    assert got["type"] == "websocket.disconnect" and got["code"] == 1006
+    assert got["late"] == "RequestAborted"
+
+
+def test_ws_many_connections_unique_messages(serve):
+    """One worker serves one stream at a time: 40 connections one after the other, each
+    with unique messages, none seen on another."""
+    front = serve(echo)
+    for i in range(40):
+        st = upgrade(front)
+        accepted(front, st)
+        for j in range(5):
+            m = f"c{i}-m{j}".encode() * (j + 1)
+            send(st, frame(sf.WS_DATA, m, (1 if j % 2 else 2) | FIN))
+            assert message(front, st)[:2] == ((1 if j % 2 else 2), m)
+        send(st, close_frame(1000))
+        assert closed(front, st) == (1000, "")
+        st.close()
+
+
+def test_ws_bad_frames_are_protocol_errors(serve):
+    for bad in (frame(sf.WS_DATA, b"x", 0 | FIN),  # a continuation with no message
+                frame(sf.BODY, b"x")):
+        front = serve(echo)
+        st = upgrade(front)
+        accepted(front, st)
+        send(st, bad)
+        typ, arg, _ = front.read_frame(st)
+        assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+        st.close()
