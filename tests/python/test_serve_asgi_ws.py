@@ -313,3 +313,28 @@ def test_ws_bad_frames_are_protocol_errors(serve):
         typ, arg, _ = front.read_frame(st)
         assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
         st.close()
+
+
+def test_ws_worker_stop_closes_open_socket_1001():
+    """A stopping worker (SIGTERM, --max-requests) does not wait for the client forever: its
+    open WebSocket closes 1001 (going away) and the app gets the disconnect."""
+    got = {}
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        got.update(await receive())
+
+    r = Running(app)
+    try:
+        st = upgrade(r.front)
+        accepted(r.front, st)
+        r.worker.stop()
+        assert closed(r.front, st) == (1001, "")
+        send(st, close_frame(1001))
+        r.thread.join(10)
+        assert not r.thread.is_alive()
+        st.close()
+    finally:
+        r.stop()
+    assert got["type"] == "websocket.disconnect" and got["code"] == 1001

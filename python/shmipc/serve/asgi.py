@@ -206,6 +206,8 @@ class ASGIHandler:
         self._ls_out = None
         self._ls_task = None
         self.lifespan_supported = None
+        # Set by the Worker (its stop event): an open WebSocket is closed 1001 when it is set.
+        self.stopping = None
 
     # ---- lifespan ---------------------------------------------------------------------
 
@@ -344,7 +346,7 @@ class ASGIHandler:
         return "ok"
 
     async def _websocket(self, ex, scope):
-        ws = _WebSocket(ex, scope)
+        ws = _WebSocket(ex, scope, self.stopping)
         try:
             await self.app(scope, ws.receive, ws.send)
             await ws.finish()
@@ -434,9 +436,10 @@ class _WebSocket:
     websocket.accept, websocket.close (a 403) or websocket.http.response.*), OPEN, then
     closed once both sides sent their WS_CLOSE."""
 
-    def __init__(self, ex, scope):
+    def __init__(self, ex, scope, stopping=None):
         self.ex = ex
         self.scope = scope
+        self.stopping = stopping  # a threading.Event: the worker is stopping
         self.connect_given = False
         self.accepted = False
         self.refused = None  # an _Http for websocket.http.response.*, or True after a 403
@@ -453,6 +456,12 @@ class _WebSocket:
         limit = self.ex.st.read_timeout if timeout is None else timeout
         end = None if limit is None or limit < 0 else time.monotonic() + limit
         while True:
+            if self.stopping is not None and self.stopping.is_set() and not self.sent_close:
+                # The worker is stopping: close 1001 (going away), and wait for the front's
+                # answer as after any close of ours, bounded.
+                self._send_close(1001, b"")
+                wait = time.monotonic() + _WS_CLOSE_WAIT
+                end = wait if end is None else min(end, wait)
             try:
                 got = self.ex.read_frame_header(nonblock=True)
                 if got is not None:
@@ -464,6 +473,8 @@ class _WebSocket:
             except (shmipc.EndOfStreamError, shmipc.PeerGoneError, shmipc.ClosedError) as e:
                 raise _WsGone(str(e)) from e
             if end is not None and time.monotonic() >= end:
+                if self.sent_close and timeout is not None and timeout < 0:
+                    raise _WsGone("no WS_CLOSE from the front after the worker's close")
                 raise shmipc.TimeoutError(f"no WebSocket frame from the front in {limit} s")
             await asyncio.sleep(delay)
             delay = min(delay * 2, _BODY_POLL_MAX)

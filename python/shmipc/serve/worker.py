@@ -66,6 +66,8 @@ class Worker:
         self._stopping = threading.Event()
         self._sessions = set()
         self._threads = []
+        if hasattr(self.handler, "stopping"):
+            self.handler.stopping = self._stopping  # an open WebSocket closes 1001 on stop
 
     def stop(self):
         self._stopping.set()
