@@ -338,3 +338,76 @@ def test_ws_worker_stop_closes_open_socket_1001():
     finally:
         r.stop()
     assert got["type"] == "websocket.disconnect" and got["code"] == 1001
+
+
+@pytest.mark.parametrize("bad", [
+    {"type": "websocket.send", "text": "a", "bytes": b"b"},
+    {"type": "websocket.send"},
+    {"type": "websocket.send", "text": b"not str"},
+    {"type": "websocket.send", "bytes": "not bytes"},
+    {"type": "websocket.close", "code": 1005},
+    {"type": "websocket.close", "code": 999},
+    {"type": "websocket.close", "code": "1000"},
+    {"type": "websocket.close", "reason": "x" * 124},
+    {"type": "websocket.close", "reason": b"bytes"},
+    {"type": "websocket.accept"},
+    {"type": "websocket.http.response.start", "status": 403},
+    {"type": "http.response.start", "status": 200},
+    "not a dict",
+])
+def test_ws_misuse_after_accept_is_1011(serve, bad):
+    raised = []
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        try:
+            await send(bad)
+        except Exception as e:
+            raised.append(e)
+            raise
+
+    front = serve(app)
+    st = upgrade(front)
+    accepted(front, st)
+    assert closed(front, st) == (1011, "")
+    send(st, close_frame(1011))
+    st.close()
+    front.request(b"GET", b"/sync")
+    assert len(raised) == 1 and isinstance(raised[0], (TypeError, ValueError, RuntimeError))
+
+
+def test_ws_concurrent_workers_unique_messages():
+    """4 workers, a thread per worker driving 10 connections each with unique messages: no
+    message seen on another connection."""
+    runs = [Running(echo) for _ in range(4)]
+    errors = []
+
+    def drive(k, r):
+        try:
+            for i in range(10):
+                st = upgrade(r.front)
+                accepted(r.front, st)
+                for j in range(4):
+                    m = f"w{k}-c{i}-m{j}-".encode() * (50 * j + 1)
+                    send(st, frame(sf.WS_DATA, m, 2 | FIN))
+                    got = message(r.front, st)[1]
+                    if got != m:
+                        errors.append((k, i, j))
+                send(st, close_frame(1000))
+                closed(r.front, st)
+                st.close()
+        except Exception as e:  # noqa: BLE001 (reported below, the thread never asserts)
+            errors.append(repr(e))
+
+    try:
+        ts = [threading.Thread(target=drive, args=(k, r)) for k, r in enumerate(runs)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert not any(t.is_alive() for t in ts)
+        assert errors == []
+    finally:
+        for r in runs:
+            r.stop()

@@ -557,8 +557,9 @@ class _WebSocket:
     # -- writing --
 
     def _send_close(self, code, reason):
+        f = _ws_close_frame(code, reason)  # a bad code raises here, with nothing sent
         self.sent_close = True
-        self.ex.send(_ws_close_frame(code, reason))
+        self.ex.send(f)
 
     async def send(self, message):
         if not isinstance(message, dict):
@@ -594,8 +595,7 @@ class _WebSocket:
                 return
             try:
                 self._send_close(code, reason)
-            except sf.FrameError as e:
-                self.sent_close = False
+            except ValueError as e:
                 raise ValueError(f"bad close code {code!r}: {e}") from None
         elif typ == "websocket.http.response.start":
             if self.accepted:
