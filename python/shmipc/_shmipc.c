@@ -176,8 +176,10 @@ int shmipcpy_config_arg(module_state *st, PyObject *obj, shmipc_config **out)
     return 0;
 }
 
-void shmipcpy_config_timeouts(const shmipc_config *cfg, int32_t *read_ms, int32_t *write_ms)
+void shmipcpy_config_timeouts(const shmipc_config *cfg, int32_t *read_ms, int32_t *write_ms,
+                              int *memory_wait)
 {
+    *memory_wait = cfg != NULL && shmipc_config_get_memory_wait(cfg);
     /* A NULL config means the defaults, whose stream timeouts are "forever". */
     int r = SHMIPC_WAIT_FOREVER, w = SHMIPC_WAIT_FOREVER;
     if (cfg != NULL) {

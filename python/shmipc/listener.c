@@ -56,7 +56,7 @@ static PyObject *listener_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         shmipc_config_free(cfg);
         return NULL;
     }
-    shmipcpy_config_timeouts(cfg, &self->read_ms, &self->write_ms);
+    shmipcpy_config_timeouts(cfg, &self->read_ms, &self->write_ms, &self->memory_wait);
     int rc = shmipc_listener_new(addr, cfg, &l);
     shmipc_config_free(cfg);
     if (rc < 0) {
@@ -98,7 +98,7 @@ static PyObject *listener_accept(ListenerObject *self, PyObject *const *args, Py
         Py_RETURN_NONE;
     if (rc < 0)
         return shmipcpy_raise_last(ms, rc);
-    return shmipcpy_session_wrap(ms, s, 1, self->read_ms, self->write_ms);
+    return shmipcpy_session_wrap(ms, s, 1, self->read_ms, self->write_ms, self->memory_wait);
 }
 
 static PyObject *listener_fileno(ListenerObject *self, PyObject *unused)
@@ -211,8 +211,8 @@ static void serve_on_stream(shmipc_stream *h, void *user_data)
         return;
     }
     PyEval_RestoreThread(c->ts);
-    PyObject *stream =
-        shmipcpy_stream_wrap(c->ms, h, (PyObject *)c->self, c->self->read_ms, c->self->write_ms);
+    PyObject *stream = shmipcpy_stream_wrap(c->ms, h, (PyObject *)c->self, c->self->read_ms,
+                                            c->self->write_ms, c->self->memory_wait);
     PyObject *key = stream ? PyLong_FromVoidPtr(h) : NULL;
     PyObject *r = NULL;
     if (key != NULL && PyDict_SetItem(c->streams, key, stream) == 0)

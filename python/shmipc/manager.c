@@ -56,7 +56,7 @@ static PyObject *manager_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         shmipc_config_free(cfg);
         return NULL;
     }
-    shmipcpy_config_timeouts(cfg, &self->read_ms, &self->write_ms);
+    shmipcpy_config_timeouts(cfg, &self->read_ms, &self->write_ms, &self->memory_wait);
     Py_BEGIN_ALLOW_THREADS rc = shmipc_session_manager_new(address, cfg, &m);
     Py_END_ALLOW_THREADS shmipc_config_free(cfg);
     if (rc < 0) {
@@ -88,7 +88,8 @@ static PyObject *manager_get_stream(ManagerObject *self, PyObject *unused)
     }
     if (rc < 0)
         return shmipcpy_raise_last(ms, rc);
-    return shmipcpy_stream_wrap(ms, h, (PyObject *)self, self->read_ms, self->write_ms);
+    return shmipcpy_stream_wrap(ms, h, (PyObject *)self, self->read_ms, self->write_ms,
+                                self->memory_wait);
 }
 
 static PyObject *manager_put_back(ManagerObject *self, PyObject *arg)

@@ -65,6 +65,7 @@ typedef struct {
     int32_t
         read_ms; /* the config's stream read timeout (-1: forever, 0: no wait), for new Streams */
     int32_t write_ms; /* the config's stream write timeout (-1: forever, 0: no wait) */
+    int memory_wait;  /* the config's memory_wait: a write may wait, so it lets the GIL go */
     PyObject *weakreflist;
 } SessionObject;
 
@@ -106,6 +107,7 @@ typedef struct {
     int32_t read_ms;   /* the user's read timeout: -1 forever, 0 do not wait */
     int32_t c_read_ms; /* the read timeout currently set on `st` */
     int32_t write_ms;  /* the write timeout set on `st`: -1 forever, 0 do not wait */
+    int memory_wait;   /* the session's memory_wait: every write may wait, without the GIL */
 } StreamObject;
 
 typedef struct ChunkObject {
@@ -123,6 +125,7 @@ typedef struct {
     int busy;
     int close_pending;
     int32_t read_ms, write_ms;
+    int memory_wait;
 } ManagerObject;
 
 typedef struct {
@@ -130,6 +133,7 @@ typedef struct {
     int busy;
     int close_pending;
     int32_t read_ms, write_ms;
+    int memory_wait;
     PyObject *address;
 } ListenerObject;
 
@@ -160,7 +164,8 @@ int shmipcpy_config_arg(module_state *st, PyObject *obj, shmipc_config **out);
  * The read and write timeouts (ms; -1 forever, 0 do not wait) that streams under `cfg` (may be
  * NULL) get.
  */
-void shmipcpy_config_timeouts(const shmipc_config *cfg, int32_t *read_ms, int32_t *write_ms);
+void shmipcpy_config_timeouts(const shmipc_config *cfg, int32_t *read_ms, int32_t *write_ms,
+                              int *memory_wait);
 /* Parses (value=default, *, nonblock=False) for the vectorcall methods of Stream and Session. */
 int shmipcpy_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
                         PyObject *kwnames, const char *argname, PyObject **value, int *nonblock);
@@ -191,7 +196,7 @@ typedef struct {
 extern PyType_Spec shmipcpy_stream_spec;
 /* Wraps a handle the caller owns; on failure the handle is closed. */
 PyObject *shmipcpy_stream_wrap(module_state *st, shmipc_stream *h, PyObject *owner, int32_t read_ms,
-                               int32_t write_ms);
+                               int32_t write_ms, int memory_wait);
 /* Gives the handle up (for put_back) after checking the rules close() checks; NULL on error. */
 shmipc_stream *shmipcpy_stream_detach(StreamObject *self);
 module_state *shmipcpy_stream_state(StreamObject *self);
@@ -241,7 +246,7 @@ typedef int (*accept_fn)(void *handle, int timeout_ms, void **out);
 extern PyType_Spec shmipcpy_session_spec;
 PyObject *shmipcpy_connect(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server, int32_t read_ms,
-                                int32_t write_ms);
+                                int32_t write_ms, int memory_wait);
 int shmipcpy_sliced_accept(module_state *ms, accept_fn call, void *handle, int *busy,
                            int *close_pending, PyObject *timeout, int nonblock, const char *what,
                            void **out);

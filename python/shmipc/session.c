@@ -47,7 +47,7 @@ static void session_settle(SessionObject *self)
 }
 
 PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server, int32_t read_ms,
-                                int32_t write_ms)
+                                int32_t write_ms, int memory_wait)
 {
     SessionObject *self = PyObject_New(SessionObject, ms->session_type);
     if (self == NULL) {
@@ -60,6 +60,7 @@ PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server,
     self->server = server;
     self->read_ms = read_ms;
     self->write_ms = write_ms;
+    self->memory_wait = memory_wait;
     self->weakreflist = NULL;
     return (PyObject *)self;
 }
@@ -72,16 +73,17 @@ static PyObject *connect_impl(module_state *ms, PyObject *args, PyObject *kwargs
     shmipc_config *cfg;
     shmipc_session *s;
     int32_t read_ms, write_ms;
+    int memory_wait;
     int rc;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|O:connect", kwlist, &address, &cfg_obj) ||
         shmipcpy_config_arg(ms, cfg_obj, &cfg) < 0)
         return NULL;
-    shmipcpy_config_timeouts(cfg, &read_ms, &write_ms);
+    shmipcpy_config_timeouts(cfg, &read_ms, &write_ms, &memory_wait);
     Py_BEGIN_ALLOW_THREADS rc = shmipc_session_connect(address, cfg, &s);
     Py_END_ALLOW_THREADS shmipc_config_free(cfg);
     if (rc < 0)
         return shmipcpy_raise_last(ms, rc);
-    return shmipcpy_session_wrap(ms, s, 0, read_ms, write_ms);
+    return shmipcpy_session_wrap(ms, s, 0, read_ms, write_ms, memory_wait);
 }
 
 PyObject *shmipcpy_connect(PyObject *module, PyObject *args, PyObject *kwargs)
@@ -108,7 +110,7 @@ static PyObject *session_open_stream(SessionObject *self, PyObject *unused)
     if (rc < 0)
         return shmipcpy_raise_last(session_state(self), rc);
     return shmipcpy_stream_wrap(session_state(self), h, (PyObject *)self, self->read_ms,
-                                self->write_ms);
+                                self->write_ms, self->memory_wait);
 }
 
 int shmipcpy_sliced_accept(module_state *ms, accept_fn call, void *handle, int *busy,
@@ -183,7 +185,8 @@ static PyObject *session_accept_stream(SessionObject *self, PyObject *const *arg
         Py_RETURN_NONE;
     if (rc < 0)
         return shmipcpy_raise_last(ms, rc);
-    return shmipcpy_stream_wrap(ms, h, (PyObject *)self, self->read_ms, self->write_ms);
+    return shmipcpy_stream_wrap(ms, h, (PyObject *)self, self->read_ms, self->write_ms,
+                                self->memory_wait);
 }
 
 static PyObject *session_fileno(SessionObject *self, PyObject *unused)

@@ -123,7 +123,7 @@ int shmipcpy_stream_refuse_window(StreamObject *self, const char *what)
 /* ---------------------------------------------------------------------------------------- */
 
 PyObject *shmipcpy_stream_wrap(module_state *ms, shmipc_stream *h, PyObject *owner, int32_t read_ms,
-                               int32_t write_ms)
+                               int32_t write_ms, int memory_wait)
 {
     StreamObject *self = PyObject_New(StreamObject, ms->stream_type);
     if (self == NULL) {
@@ -146,6 +146,7 @@ PyObject *shmipcpy_stream_wrap(module_state *ms, shmipc_stream *h, PyObject *own
     self->read_ms = read_ms;
     self->c_read_ms = read_ms;
     self->write_ms = write_ms;
+    self->memory_wait = memory_wait;
     return (PyObject *)self;
 }
 

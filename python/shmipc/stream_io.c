@@ -320,7 +320,9 @@ PyObject *shmipcpy_stream_write(StreamObject *self, PyObject *data)
         return NULL;
     /* A write ends any reservation: the window's bytes may be where this data goes. */
     self->wgen++;
-    if (b.len >= WRITE_NOGIL_BYTES) {
+    /* With memory_wait any write may wait for the peer to free shared memory: without the
+     * GIL, or every other thread (a signal handler too) would wait with it. */
+    if (b.len >= WRITE_NOGIL_BYTES || self->memory_wait) {
         self->busy = 1;
         Py_BEGIN_ALLOW_THREADS rc = shmipc_stream_write(h, b.buf, (size_t)b.len);
         Py_END_ALLOW_THREADS if (shmipcpy_stream_leave(self) < 0)
@@ -351,7 +353,14 @@ PyObject *shmipcpy_stream_reserve(StreamObject *self, PyObject *arg)
     if (n <= 0)
         return shmipcpy_raise_invalid(ms, "reserve", "need at least 1 byte");
     self->wgen++;
-    int rc = shmipc_stream_reserve(h, (size_t)n, &p);
+    int rc;
+    if (self->memory_wait) { /* it may wait for shared memory: as write() */
+        self->busy = 1;
+        Py_BEGIN_ALLOW_THREADS rc = shmipc_stream_reserve(h, (size_t)n, &p);
+        Py_END_ALLOW_THREADS if (shmipcpy_stream_leave(self) < 0) return NULL;
+    } else {
+        rc = shmipc_stream_reserve(h, (size_t)n, &p);
+    }
     if (rc < 0)
         return shmipcpy_raise_last(ms, rc);
     WindowObject *w = PyObject_New(WindowObject, ms->window_type);

@@ -393,6 +393,51 @@ def test_memory_wait_stops_the_writer_instead_of_falling_back(make_pair):
     assert peer.readexactly(5) == b"again"
 
 
+def test_memory_wait_write_lets_other_threads_run(make_pair):
+    # A small write that waits for shared memory holds no GIL: another thread (a signal
+    # handler, an event loop) runs meanwhile. Before, writes under 256 KiB kept the GIL, so
+    # this thread froze until the write timed out.
+    p = make_pair(client_config=default_config(buffer_capacity=1 << 20, memory_wait=True,
+                                               write_timeout=3.0, initialize_timeout=10.0))
+    st = p.client.open_stream()
+    st.write(b"hi")
+    st.flush()
+    peer = p.server.accept_stream(timeout=10)
+    assert peer.readexactly(2) == b"hi"
+    state = {"done": False, "err": None}
+
+    def writer():
+        try:
+            for _ in range(2048):  # 8 MiB in 4 KiB writes: blocks past 1 MiB
+                st.write(b"w" * 4096)
+                st.flush()
+        except shmipc.Error as e:
+            state["err"] = e
+        state["done"] = True
+
+    t = threading.Thread(target=writer)
+    t.start()
+    time.sleep(0.5)
+    ticks = 0
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        ticks += 1
+        time.sleep(0.001)
+    blocked = not state["done"]
+    got = 0
+    while not state["done"] or got < 1:
+        part = peer.read(nonblock=True)
+        if part is None:
+            if state["done"]:
+                break
+            time.sleep(0.001)
+            continue
+        got += len(part)
+    t.join(15)
+    assert blocked and ticks > 50, (blocked, ticks)
+    assert state["err"] is None and got > 0
+
+
 # ---- server WebSocket settings ---------------------------------------------------------
 
 
