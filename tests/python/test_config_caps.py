@@ -366,17 +366,24 @@ def test_memory_wait_values():
     assert shmipc.Config(memory_wait=True).memory_wait is True
 
 
-def test_memory_wait_stops_the_writer_instead_of_falling_back(make_pair):
-    # A 1 MiB buffer nobody reads: with memory_wait the writes stop (TimeoutError after the
-    # write timeout, that write adding nothing), nothing goes over the socket; the reader then
-    # gets exactly the bytes of the writes that succeeded, and writing works again.
+def memory_wait_stream(make_pair, write_timeout):
+    """A stream over a 1 MiB buffer whose writer waits for memory, and its accepted peer."""
     p = make_pair(client_config=default_config(buffer_capacity=1 << 20, memory_wait=True,
-                                               write_timeout=0.2, initialize_timeout=10.0))
+                                               write_timeout=write_timeout,
+                                               initialize_timeout=10.0))
     st = p.client.open_stream()
     st.write(b"hi")
     st.flush()
     peer = p.server.accept_stream(timeout=10)
     assert peer.readexactly(2) == b"hi"
+    return st, peer
+
+
+def test_memory_wait_stops_the_writer_instead_of_falling_back(make_pair):
+    # A 1 MiB buffer nobody reads: with memory_wait the writes stop (TimeoutError after the
+    # write timeout, that write adding nothing), nothing goes over the socket; the reader then
+    # gets exactly the bytes of the writes that succeeded, and writing works again.
+    st, peer = memory_wait_stream(make_pair, write_timeout=0.2)
     sent = []
     with pytest.raises(shmipc.TimeoutError, match="memory_wait"):
         for i in range(64):
@@ -397,13 +404,7 @@ def test_memory_wait_write_lets_other_threads_run(make_pair):
     # A small write that waits for shared memory holds no GIL: another thread (a signal
     # handler, an event loop) runs meanwhile. Before, writes under 256 KiB kept the GIL, so
     # this thread froze until the write timed out.
-    p = make_pair(client_config=default_config(buffer_capacity=1 << 20, memory_wait=True,
-                                               write_timeout=3.0, initialize_timeout=10.0))
-    st = p.client.open_stream()
-    st.write(b"hi")
-    st.flush()
-    peer = p.server.accept_stream(timeout=10)
-    assert peer.readexactly(2) == b"hi"
+    st, peer = memory_wait_stream(make_pair, write_timeout=3.0)
     state = {"done": False, "err": None}
 
     def writer():

@@ -69,6 +69,19 @@ def connect(port):
     return c
 
 
+def read_to_eof(c, timeout=60):
+    """Bytes read from `c` until the server closes it; `c` is closed after."""
+    c.settimeout(timeout)
+    n = 0
+    while True:
+        part = c.recv(1 << 20)
+        if not part:
+            break
+        n += len(part)
+    c.close()
+    return n
+
+
 def closed_by_peer(c, timeout):
     """True when the server closes `c` within `timeout` s (after any answer it sends)."""
     c.settimeout(timeout)
@@ -226,26 +239,10 @@ def test_client_that_never_reads_a_large_response(tmp_path):
         # The third worker is free: a request still goes through.
         c = connect(s2.port)
         c.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        c.settimeout(60)
-        n = 0
-        while True:
-            part = c.recv(1 << 20)
-            if not part:
-                break
-            n += len(part)
-        c.close()
-        assert n > 64 << 20
+        assert read_to_eof(c) > 64 << 20
         # A stalled reader that reads again gets its whole response: held back, never cut.
         c = stuck.pop()
-        c.settimeout(60)
-        n = 0
-        while True:
-            part = c.recv(1 << 20)
-            if not part:
-                break
-            n += len(part)
-        c.close()
-        assert n > 64 << 20
+        assert read_to_eof(c) > 64 << 20
         for c in stuck:
             c.close()
     finally:
