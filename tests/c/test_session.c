@@ -1917,6 +1917,91 @@ static void memory_wait_times_out_and_the_write_adds_nothing(void **state)
     shmipc_config_free(cfg);
 }
 
+/*
+ * A write that times out after copying part of its data into a segment the stream had already
+ * begun (unflushed bytes of an earlier write) and into new slices gives back exactly what it
+ * added: the earlier bytes stay, the flush sends them alone, every slice it took is free again.
+ * The same after a reserve window was open (the write ends the window; commit then refuses).
+ * Write timeout 0 does not wait at all.
+ */
+static void memory_wait_unwrite_keeps_earlier_unflushed_bytes(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 3; round++) {
+        shmipc_config *cfg = mw_config(1);
+        struct ipc_pair p;
+        shmipc_stream *cs, *ss;
+        size_t big = 4u << 20;
+        uint8_t *buf = malloc(big);
+        memset(buf, 'x', big);
+        pair_open(&p, cfg);
+        first_message(&p, &cs, &ss, "hi");
+        assert_int_equal(shmipc_stream_set_timeout(cs, SHMIPC_TIMEOUT_WRITE, round == 2 ? 0 : 100),
+                         0);
+        assert_int_equal(shmipc_stream_write(cs, "head", 4), 0);
+        if (round == 1) {
+            void *w;
+            assert_int_equal(shmipc_stream_reserve(cs, 64, &w), 0);
+        }
+        uint64_t t0 = shmipc__now_ns();
+        assert_int_equal(shmipc_stream_write(cs, buf, big), SHMIPC_ETIMEDOUT);
+        if (round == 2 && shmipc__now_ns() - t0 > 1000000000ull)
+            fail_msg("write timeout 0 waited");
+        assert_int_equal(cs->send_len, 4);
+        assert_false(cs->fallback);
+        if (round == 1)
+            assert_int_equal(shmipc_stream_commit(cs, 0), SHMIPC_EINVAL);
+        assert_int_equal(shmipc_stream_flush(cs), 0);
+        ipc_expect_text(ss, "head");
+        const void *ptr;
+        size_t len;
+        assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &len, SHMIPC_NONBLOCK),
+                         SHMIPC_EAGAIN);
+        /* Every slice the failed write took is free: nearly the whole buffer goes in one write. */
+        assert_int_equal(shmipc_stream_write(cs, buf, SHMIPC_MIN_BUFFER_CAPACITY / 2), 0);
+        assert_int_equal(shmipc_stream_flush(cs), 0);
+        assert_false(cs->fallback);
+        free(buf);
+        shmipc_stream_close(cs);
+        shmipc_stream_close(ss);
+        ipc_pair_close(&p);
+        shmipc_config_free(cfg);
+    }
+}
+
+/*
+ * Both ends write with memory_wait and neither reads: each waits for the other to free shared
+ * memory, which only a read does, so both wait until their write timeout (forever with the
+ * default -1, as two processes writing to each other's full pipes), and both then fail with
+ * SHMIPC_ETIMEDOUT, nothing crashed or hung. The hazard docs/ipc.md warns about.
+ */
+static void memory_wait_two_writers_nobody_reading_wait_for_the_timeout(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = mw_config(1);
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss;
+    struct mw_writer a = {.total = 4u << 20}, b = {.total = 4u << 20};
+    pair_open(&p, cfg);
+    first_message(&p, &cs, &ss, "hi");
+    assert_int_equal(shmipc_stream_set_timeout(cs, SHMIPC_TIMEOUT_WRITE, 300), 0);
+    assert_int_equal(shmipc_stream_set_timeout(ss, SHMIPC_TIMEOUT_WRITE, 300), 0);
+    a.st = cs;
+    b.st = ss;
+    assert_int_equal(pthread_create(&a.thread, NULL, mw_writer_main, &a), 0);
+    assert_int_equal(pthread_create(&b.thread, NULL, mw_writer_main, &b), 0);
+    pthread_join(a.thread, NULL);
+    pthread_join(b.thread, NULL);
+    assert_int_equal(a.rc, SHMIPC_ETIMEDOUT);
+    assert_int_equal(b.rc, SHMIPC_ETIMEDOUT);
+    assert_false(cs->fallback);
+    assert_false(ss->fallback);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
 /* A writer waiting for memory wakes with SHMIPC_ECLOSED when its stream is shut down from
  * another thread, and with SHMIPC_EEOF when the peer closes the stream. */
 static void memory_wait_ends_on_shutdown_and_peer_close(void **state)
@@ -2025,6 +2110,8 @@ int main(int argc, char **argv)
                                         memfd_pair_close),
         cmocka_unit_test(memory_wait_stops_the_writer_not_the_heap),
         cmocka_unit_test(memory_wait_times_out_and_the_write_adds_nothing),
+        cmocka_unit_test(memory_wait_unwrite_keeps_earlier_unflushed_bytes),
+        cmocka_unit_test(memory_wait_two_writers_nobody_reading_wait_for_the_timeout),
         cmocka_unit_test(memory_wait_ends_on_shutdown_and_peer_close),
         cmocka_unit_test(memory_wait_refuses_other_values),
     };
