@@ -185,6 +185,8 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
     if (rc == 0) {
         /* The connect runs on a reactor thread: its handshake is bounded by connect_ms. */
         f->ipc->timeout_ms[SHMIPC_TIMEOUT_INITIALIZE] = f->connect_ms;
+        /* Its writes run on reactor threads: never wait for shared memory (fall back). */
+        f->ipc->memory_wait = 0;
         pthread_mutex_lock(&f->mu);
         rc = set_locked(f, opts->workers, opts->nworkers);
         pthread_mutex_unlock(&f->mu);

@@ -1316,7 +1316,7 @@ static void bad_frame_then_close_frees_worker(void **state)
  * reactor thread serves other connections meanwhile (no stall: they are answered while the
  * worker still reads nothing), and the stalled request ends in 504, also before the worker
  * reads again. */
-static void stalled_worker_no_stall(void **state)
+static void stalled_worker_no_stall_x(void **state, int memory_wait)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
@@ -1324,7 +1324,15 @@ static void stalled_worker_no_stall(void **state)
     struct fx *x = &t->x;
     struct shmipc__front_opts o = {.deadline_ms = 3000};
     struct resp p;
-    static char big[600000];
+    /* With a 1 MiB shared buffer this body cannot fit while the worker reads nothing. */
+    static char big[1040000];
+    shmipc_config *cfg = NULL;
+    if (memory_wait) {
+        CHECK(shmipc_config_new(&cfg));
+        CHECK(shmipc_config_set_buffer_capacity(cfg, SHMIPC_MIN_BUFFER_CAPACITY));
+        CHECK(shmipc_config_set_memory_wait(cfg, 1));
+        o.ipc = cfg;
+    }
     appw_start(w, "w0", NULL);
     atomic_store(&w->mode, M_STALL);
     fx_start(x, ws, 1, 1, &o);
@@ -1350,6 +1358,20 @@ static void stalled_worker_no_stall(void **state)
     assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, WAIT_MS));
     fx_stop(x);
     appw_stop(w);
+    shmipc_config_free(cfg);
+}
+
+static void stalled_worker_no_stall(void **state)
+{
+    stalled_worker_no_stall_x(state, 0);
+}
+
+/* The front never waits on shared memory, whatever config it was given: a config with
+ * memory_wait would put its reactor thread to sleep on a worker that reads nothing (before:
+ * the other connections' GETs were not answered). */
+static void memory_wait_config_never_stalls_the_front(void **state)
+{
+    stalled_worker_no_stall_x(state, 1);
 }
 
 /*
@@ -1885,7 +1907,8 @@ static void peer_address_on_a_unix_listener(void **state)
         T(refused_by_stopping_worker_goes_to_another),                                             \
         T(refused_then_session_closed_goes_to_another), T(refused_everywhere_503),                 \
         T(refused_after_interim_head_not_resent), T(refused_queued_big_body_not_kept),             \
-        T(peer_address_is_the_connections_own), T(peer_address_on_a_unix_listener)
+        T(memory_wait_config_never_stalls_the_front), T(peer_address_is_the_connections_own),      \
+        T(peer_address_on_a_unix_listener)
 
 int main(int argc, char **argv)
 {
