@@ -597,17 +597,28 @@ static void over_limit_after_answer_started_closes(void)
     struct timeval tv = {.tv_sec = 5};
     assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
     size_t n = strlen(buf);
-    ssize_t k;
-    while (n + 1 < sizeof buf && (k = read(fd, buf + n, sizeof buf - 1 - n)) > 0)
+    ssize_t k = 0;
+    int err = 0;
+    while (n + 1 < sizeof buf) {
+        k = read(fd, buf + n, sizeof buf - 1 - n);
+        if (k < 0 && errno == EINTR) /* a signal (TSan's own, under TSan): not the close */
+            continue;
+        if (k <= 0)
+            break;
         n += (size_t)k;
+    }
     if (n + 1 < sizeof buf && k < 0 && errno != ECONNRESET)
-        fail_msg("no close after the limit: %s", strerror(errno));
+        err = errno;
     buf[n] = '\0';
+    /* The server stops before any assertion: a failed case must not leave its threads
+     * running into the next one's globals. */
+    close(fd);
+    tsrv_stop(&t);
+    if (err != 0)
+        fail_msg("no close after the limit: %s", strerror(err));
     assert_non_null(strstr(buf, "HTTP/1.1 200"));
     assert_null(strstr(buf, "413"));
     assert_true(n < 6 || memcmp(buf + n - 5, "0\r\n\r\n", 5) != 0); /* cut short */
-    close(fd);
-    tsrv_stop(&t);
     assert_int_equal(atomic_load(&cancels[SHMIPC__SERVER_CANCEL_TOO_LARGE]), c0 + 1);
 }
 
