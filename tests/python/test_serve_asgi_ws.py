@@ -7,24 +7,10 @@ import threading
 import pytest
 
 sf = pytest.importorskip("shmipc._serve")
-from test_serve_asgi import Running  # noqa: E402
+from test_serve_asgi import Running, serve  # noqa: E402,F401  (serve: the fixture)
 from test_serve_worker import frame, head  # noqa: E402
 
 FIN = 0x100
-
-
-@pytest.fixture
-def serve():
-    running = []
-
-    def start(app):
-        r = Running(app)
-        running.append(r)
-        return r.front
-
-    yield start
-    for r in running:
-        r.stop()
 
 
 def upgrade(front, target=b"/ws", protocols=None):
