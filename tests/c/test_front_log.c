@@ -32,34 +32,14 @@
 #include "serve/access_log.h"
 #include "serve/front.h"
 
-static int suite_backend = SHMIPC_BACKEND_EPOLL;
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        int check_rc_ = (call);                                                                    \
-        if (check_rc_ < 0)                                                                         \
-            fail_msg("%s: %s: %s", #call, shmipc_errname(check_rc_), shmipc_error_detail());       \
-    } while (0)
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
+#include "front_harness.h"
 
 /* ---- an application worker: "/die..." ends its session, "/hang..." waits for the ABORT,
  * anything else is a 200 whose body is the target ---- */
 
 #define MAX_SESS 16
 
-struct appw {
+struct logw {
     char addr[96];
     shmipc_listener *l;
     pthread_t acceptor;
@@ -72,42 +52,15 @@ struct appw {
     int nsess;
 };
 
-struct sarg {
-    struct appw *w;
+struct logsarg {
+    struct logw *w;
     shmipc_session *s;
 };
-
-static int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serve_frame *f)
-{
-    const void *p;
-    uint8_t h[12];
-    int rc = shmipc_stream_read_exact_bytes(st, 12, &p, 0);
-    if (rc < 0)
-        return rc;
-    memcpy(h, p, 12);
-    f->size = sizeof *f;
-    if (shmipc_serve_decode_header(h, 12, f) != 12)
-        return SHMIPC_EPROTO;
-    *len = 12 + f->length;
-    *buf = malloc(*len);
-    memcpy(*buf, h, 12);
-    if (f->length > 0) {
-        rc = shmipc_stream_read_exact_bytes(st, f->length, &p, 0);
-        if (rc < 0) {
-            free(*buf);
-            return rc;
-        }
-        memcpy(*buf + 12, p, f->length);
-    }
-    shmipc_stream_release(st);
-    f->size = sizeof *f;
-    return shmipc_serve_decode(*buf, *len, f) == (int64_t)*len ? 0 : SHMIPC_EPROTO;
-}
 
 /* "/big/<n>": a 200 of n bytes ('x', Content-Length) in 64 KiB BODY frames, each flushed (the
  * front streams it); "/bigdie/<n>": no length, and the worker's session ends at half the body,
  * once the client got some of it (go_die; up to 10 s). */
-static void stream_big(struct appw *w, shmipc_stream *st, shmipc_session *s, uint64_t total,
+static void stream_big(struct logw *w, shmipc_stream *st, shmipc_session *s, uint64_t total,
                        int dies)
 {
     const size_t frame = 65536;
@@ -145,7 +98,7 @@ out:
     free(buf);
 }
 
-static void serve_stream(struct appw *w, shmipc_stream *st, shmipc_session *s)
+static void serve_stream(struct logw *w, shmipc_stream *st, shmipc_session *s)
 {
     uint8_t *buf = NULL, head[256], h[12];
     size_t n;
@@ -213,7 +166,7 @@ out:
 
 static void *session_main(void *arg)
 {
-    struct sarg *a = arg;
+    struct logsarg *a = arg;
     while (!atomic_load(&a->w->stop)) {
         shmipc_stream *st;
         int rc = shmipc_session_accept_stream(a->s, 50, &st);
@@ -229,7 +182,7 @@ static void *session_main(void *arg)
 
 static void *acceptor_main(void *arg)
 {
-    struct appw *w = arg;
+    struct logw *w = arg;
     while (!atomic_load(&w->stop)) {
         shmipc_session *s;
         if (shmipc_listener_accept(w->l, 50, &s) < 0)
@@ -240,7 +193,7 @@ static void *acceptor_main(void *arg)
             shmipc_session_close(s);
             continue;
         }
-        struct sarg *a = malloc(sizeof *a);
+        struct logsarg *a = malloc(sizeof *a);
         a->w = w;
         a->s = s;
         w->sess[w->nsess] = s;
@@ -251,18 +204,18 @@ static void *acceptor_main(void *arg)
     return NULL;
 }
 
-static int appw_seq;
+static int logw_seq;
 
-static void appw_start(struct appw *w)
+static void logw_start(struct logw *w)
 {
     memset(w, 0, sizeof *w);
-    snprintf(w->addr, sizeof w->addr, "unix:@shmipc-front-log-%d-%d", (int)getpid(), appw_seq++);
+    snprintf(w->addr, sizeof w->addr, "unix:@shmipc-front-log-%d-%d", (int)getpid(), logw_seq++);
     pthread_mutex_init(&w->mu, NULL);
     CHECK(shmipc_listener_new(w->addr, NULL, &w->l));
     pthread_create(&w->acceptor, NULL, acceptor_main, w);
 }
 
-static void appw_stop(struct appw *w)
+static void logw_stop(struct logw *w)
 {
     atomic_store(&w->stop, 1);
     pthread_join(w->acceptor, NULL);
@@ -280,7 +233,7 @@ static void appw_stop(struct appw *w)
 
 /* ---- the front with its log ---- */
 
-struct fx {
+struct lfx {
     shmipc_server *srv;
     struct shmipc__front *f;
     struct shmipc__access_log *log;
@@ -288,8 +241,8 @@ struct fx {
     int port;
 };
 
-static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads, int format,
-                     const char *path, const struct shmipc__front_opts *o)
+static void lfx_start(struct lfx *x, struct logw **ws, unsigned n, unsigned threads, int format,
+                      const char *path, const struct shmipc__front_opts *o)
 {
     shmipc_server_config *cfg;
     const char *addrs[8];
@@ -300,7 +253,7 @@ static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned thread
         snprintf(x->path, sizeof x->path, "%s", path);
     } else {
         snprintf(x->path, sizeof x->path, "/tmp/shmipc-front-log-%d-%d.log", (int)getpid(),
-                 appw_seq++);
+                 logw_seq++);
         unlink(x->path);
     }
     CHECK(shmipc__access_log_open(x->path, format, &x->log));
@@ -324,7 +277,7 @@ static void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned thread
     x->port = shmipc_server_port(x->srv);
 }
 
-static void fx_stop(struct fx *x)
+static void lfx_stop(struct lfx *x)
 {
     shmipc_server_close(x->srv);
     shmipc__front_free(x->f);
@@ -376,28 +329,6 @@ static char *wait_lines(const char *path, size_t want, size_t *len)
 }
 
 /* ---- an HTTP client ---- */
-
-static int tcp_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    struct timeval tv = {10, 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_true(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    return fd;
-}
-
-static void send_all(int fd, const void *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        assert_true(k > 0);
-        p = (const char *)p + k;
-        n -= (size_t)k;
-    }
-}
 
 /* Sends `raw` on a new connection and reads the answer: its status and the body length its
  * Content-Length says (-1 when the connection ended first). */
@@ -501,16 +432,16 @@ static char *line_at(const char *b, size_t i)
  * limit, the front's own answer). */
 static void every_outcome_common(void **state)
 {
-    static struct appw w;
-    struct appw *ws[] = {&w};
-    static struct fx x;
+    static struct logw w;
+    struct logw *ws[] = {&w};
+    static struct lfx x;
     struct shmipc__front_opts o = {.deadline_ms = 1000, .queue_max = 1};
     long bl = 0;
     char want[256], *l;
     size_t len;
     (void)state;
-    appw_start(&w);
-    fx_start(&x, ws, 1, 1, SHMIPC__ACCESS_COMMON, NULL, &o);
+    logw_start(&w);
+    lfx_start(&x, ws, 1, 1, SHMIPC__ACCESS_COMMON, NULL, &o);
 
     assert_int_equal(get(x.port, "GET", "/ok?a=1", &bl), 200);
     assert_int_equal(bl, 7);
@@ -597,8 +528,8 @@ static void every_outcome_common(void **state)
     shmipc__access_log_counts(x.log, &lines, &errors);
     assert_int_equal(lines, 8);
     assert_int_equal(errors, 0);
-    fx_stop(&x);
-    appw_stop(&w);
+    lfx_stop(&x);
+    logw_stop(&w);
     unlink(x.path);
 }
 
@@ -615,9 +546,9 @@ static void clf_tail(const char *line, int *status, unsigned long long *bytes)
  * its head sent and no more than the client got before the cut, and no second (502) line. */
 static void stream_one_line(void **state)
 {
-    static struct appw w;
-    struct appw *ws[] = {&w};
-    static struct fx x;
+    static struct logw w;
+    struct logw *ws[] = {&w};
+    static struct lfx x;
     const unsigned long long total = (5ull << 20) + 123;
     char req[160], want[256], *l;
     uint64_t got = 0;
@@ -626,8 +557,8 @@ static void stream_one_line(void **state)
     unsigned long long bytes;
     long bl = 0;
     (void)state;
-    appw_start(&w);
-    fx_start(&x, ws, 1, 1, SHMIPC__ACCESS_COMMON, NULL, NULL);
+    logw_start(&w);
+    lfx_start(&x, ws, 1, 1, SHMIPC__ACCESS_COMMON, NULL, NULL);
 
     int k = snprintf(req, sizeof req,
                      "GET /big/%llu HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", total);
@@ -689,8 +620,8 @@ static void stream_one_line(void **state)
     assert_non_null(strstr(l, "\"GET /after2 HTTP/1.1\" "));
     free(l);
     free(b);
-    fx_stop(&x);
-    appw_stop(&w);
+    lfx_stop(&x);
+    logw_stop(&w);
     unlink(x.path);
 }
 
@@ -698,14 +629,14 @@ static void stream_one_line(void **state)
  * UTF-8) stay inside their strings; every line is one object with the worker's address. */
 static void json_hostile(void **state)
 {
-    static struct appw w;
-    struct appw *ws[] = {&w};
-    static struct fx x;
+    static struct logw w;
+    struct logw *ws[] = {&w};
+    static struct lfx x;
     long bl = 0;
     size_t len;
     (void)state;
-    appw_start(&w);
-    fx_start(&x, ws, 1, 1, SHMIPC__ACCESS_JSON, NULL, NULL);
+    logw_start(&w);
+    lfx_start(&x, ws, 1, 1, SHMIPC__ACCESS_JSON, NULL, NULL);
     static const char req[] = "GET /q\"x\\y%00 HTTP/1.1\r\nHost: t\r\n"
                               "User-Agent: a\"b\\c\td\xff\xc3\xa9\xc0\xaf\r\n"
                               "Referer: http://r/\"}\r\n\r\n";
@@ -733,8 +664,8 @@ static void json_hostile(void **state)
     b = wait_lines(x.path, 2, &len);
     assert_non_null(strstr(b, "\"status\":502,"));
     free(b);
-    fx_stop(&x);
-    appw_stop(&w);
+    lfx_stop(&x);
+    logw_stop(&w);
     unlink(x.path);
 }
 
@@ -768,17 +699,17 @@ static void *client_main(void *arg)
 
 static void concurrent_lines_whole(void **state)
 {
-    static struct appw w0, w1;
-    struct appw *ws[] = {&w0, &w1};
-    static struct fx x;
+    static struct logw w0, w1;
+    struct logw *ws[] = {&w0, &w1};
+    static struct lfx x;
     pthread_t th[NCLIENTS];
     struct cl c[NCLIENTS];
     atomic_int ok = 0;
     size_t len;
     (void)state;
-    appw_start(&w0);
-    appw_start(&w1);
-    fx_start(&x, ws, 2, 2, SHMIPC__ACCESS_COMMON, NULL, NULL);
+    logw_start(&w0);
+    logw_start(&w1);
+    lfx_start(&x, ws, 2, 2, SHMIPC__ACCESS_COMMON, NULL, NULL);
     for (int i = 0; i < NCLIENTS; i++) {
         c[i] = (struct cl){x.port, i, &ok};
         pthread_create(&th[i], NULL, client_main, &c[i]);
@@ -812,9 +743,9 @@ static void concurrent_lines_whole(void **state)
     }
     assert_int_equal(*p, '\0');
     free(b);
-    fx_stop(&x);
-    appw_stop(&w0);
-    appw_stop(&w1);
+    lfx_stop(&x);
+    logw_stop(&w0);
+    logw_stop(&w1);
     unlink(x.path);
 }
 
@@ -822,15 +753,15 @@ static void concurrent_lines_whole(void **state)
  * the old file, the line after to the new one. */
 static void reopen_after_rename(void **state)
 {
-    static struct appw w;
-    struct appw *ws[] = {&w};
-    static struct fx x;
+    static struct logw w;
+    struct logw *ws[] = {&w};
+    static struct lfx x;
     long bl;
     size_t len;
     char old[160];
     (void)state;
-    appw_start(&w);
-    fx_start(&x, ws, 1, 1, SHMIPC__ACCESS_COMMON, NULL, NULL);
+    logw_start(&w);
+    lfx_start(&x, ws, 1, 1, SHMIPC__ACCESS_COMMON, NULL, NULL);
     assert_int_equal(get(x.port, "GET", "/before", &bl), 200);
     free(wait_lines(x.path, 1, &len));
     snprintf(old, sizeof old, "%s.1", x.path);
@@ -848,8 +779,8 @@ static void reopen_after_rename(void **state)
     assert_int_equal(mkdir(x.path, 0700), 0);
     assert_true(shmipc__access_log_reopen(x.log) < 0);
     assert_int_equal(get(x.port, "GET", "/still", &bl), 200);
-    fx_stop(&x);
-    appw_stop(&w);
+    lfx_stop(&x);
+    logw_stop(&w);
     rmdir(x.path);
     unlink(old);
 }
@@ -858,13 +789,13 @@ static void reopen_after_rename(void **state)
  * still answered. */
 static void write_error_counted(void **state)
 {
-    static struct appw w;
-    struct appw *ws[] = {&w};
-    static struct fx x;
+    static struct logw w;
+    struct logw *ws[] = {&w};
+    static struct lfx x;
     long bl;
     (void)state;
-    appw_start(&w);
-    fx_start(&x, ws, 1, 1, SHMIPC__ACCESS_JSON, "/dev/full", NULL);
+    logw_start(&w);
+    lfx_start(&x, ws, 1, 1, SHMIPC__ACCESS_JSON, "/dev/full", NULL);
     for (int i = 0; i < 5; i++)
         assert_int_equal(get(x.port, "GET", "/ok", &bl), 200);
     uint64_t lines = 0, errors = 0, end = mono_ms() + 5000;
@@ -874,8 +805,8 @@ static void write_error_counted(void **state)
     }
     assert_true(errors > 0);
     assert_int_equal(lines, 0);
-    fx_stop(&x);
-    appw_stop(&w);
+    lfx_stop(&x);
+    logw_stop(&w);
 }
 
 /* The log's own contract: bad arguments, an unopenable path, a long line alone. */

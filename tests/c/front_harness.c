@@ -1,0 +1,946 @@
+/* Description: the front's C test harness (front_harness.h says what it holds). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "front_harness.h"
+
+int suite_backend = SHMIPC_BACKEND_EPOLL;
+
+/* What a worker's session thread serves. */
+struct sarg {
+    struct appw *w;
+    shmipc_session *s;
+};
+
+uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Every counter a case waits on is bumped with bump(), which wakes the waiters. */
+static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ev_cv = PTHREAD_COND_INITIALIZER;
+
+void bump(atomic_int *v)
+{
+    atomic_fetch_add(v, 1);
+    pthread_mutex_lock(&ev_mu);
+    pthread_cond_broadcast(&ev_cv);
+    pthread_mutex_unlock(&ev_mu);
+}
+
+/* Waits on cv (a CLOCK_REALTIME condition variable) for at most `ms`. */
+void cv_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, unsigned ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+int wait_for(atomic_int *v, int want, unsigned ms)
+{
+    uint64_t end = mono_ms() + ms;
+    pthread_mutex_lock(&ev_mu);
+    while (atomic_load(v) < want && mono_ms() < end)
+        cv_wait_ms(&ev_cv, &ev_mu, 50);
+    pthread_mutex_unlock(&ev_mu);
+    return atomic_load(v) >= want;
+}
+
+int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serve_frame *f)
+{
+    const void *p;
+    uint8_t h[12];
+    int rc = shmipc_stream_read_exact_bytes(st, 12, &p, 0);
+    if (rc < 0)
+        return rc;
+    memcpy(h, p, 12);
+    f->size = sizeof *f;
+    if (shmipc_serve_decode_header(h, 12, f) != 12)
+        return SHMIPC_EPROTO;
+    *len = 12 + f->length;
+    *buf = malloc(*len);
+    memcpy(*buf, h, 12);
+    if (f->length > 0) {
+        rc = shmipc_stream_read_exact_bytes(st, f->length, &p, 0);
+        if (rc < 0) {
+            free(*buf);
+            return rc;
+        }
+        memcpy(*buf + 12, p, f->length);
+    }
+    shmipc_stream_release(st);
+    f->size = sizeof *f;
+    return shmipc_serve_decode(*buf, *len, f) == (int64_t)*len ? 0 : SHMIPC_EPROTO;
+}
+
+/* Reads until the front's ABORT (counted) or the stream's end, up to WAIT_MS. */
+void wait_abort(struct appw *w, shmipc_stream *st)
+{
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, WAIT_MS);
+    for (;;) {
+        uint8_t *b;
+        size_t n;
+        shmipc_serve_frame f;
+        if (read_frame(st, &b, &n, &f) < 0)
+            return;
+        free(b);
+        if (f.type == SHMIPC_SERVE_ABORT) {
+            bump(&w->aborts[f.arg & 7]);
+            return;
+        }
+    }
+}
+
+void send_frames(struct appw *w, shmipc_stream *st, int status, const char *name, const void *body,
+                 size_t len, int with_length, int is_head)
+{
+    uint8_t head[512], h[12];
+    shmipc_serve_field fields[2] = {
+        {(const uint8_t *)"Content-Type", (const uint8_t *)"text/plain", 12, 10},
+        {(const uint8_t *)"X-Worker", (const uint8_t *)name, 8, (uint32_t)strlen(name)},
+    };
+    shmipc_serve_response r = {.size = sizeof r, .status = (uint16_t)status};
+    if (with_length) {
+        r.flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH;
+        r.content_length = len;
+    }
+    int64_t n = shmipc_serve_encode_response_head(head, sizeof head, &r, fields, 2);
+    if (n <= 0) {
+        bump(&w->bad);
+        return;
+    }
+    shmipc_stream_write(st, head, (size_t)n);
+    if (len > 0 && !is_head) { /* HEAD: the length, no body */
+        shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, len, 0);
+        shmipc_stream_write(st, h, 12);
+        shmipc_stream_write(st, body, len);
+    }
+    shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_END, 0, 0);
+    shmipc_stream_write(st, h, 12);
+    /* The front may hand this worker its next request once END is out: this one is over. */
+    atomic_fetch_sub(&w->concurrent, 1);
+    shmipc_stream_flush(st);
+}
+
+void kill_sessions(struct appw *w)
+{
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->nsess; i++)
+        shmipc_session_shutdown(w->sess[i]);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Waits until *flag is set (under w->mu, signalled on w->cv) or the worker stops. */
+void latch_wait(struct appw *w, atomic_int *flag)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!atomic_load(flag) && !atomic_load(&w->stop))
+        cv_wait_ms(&w->cv, &w->mu, 1000);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void latch_set(struct appw *w, atomic_int *flag, int v)
+{
+    pthread_mutex_lock(&w->mu);
+    atomic_store(flag, v);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Byte i of the streamed body number `seed`: unique enough per body and offset that a
+ * piece sent to the wrong client, twice, or out of order is seen. */
+uint8_t gen_byte(unsigned seed, uint64_t i)
+{
+    return (uint8_t)(seed * 131u + i * 7u + (i >> 12) + (i >> 20) * 3u);
+}
+
+/*
+ * "/stream/<total>/<frame>/<cl>/<seed>/<how>": a 200 whose body (gen_byte) comes in BODY
+ * frames of <frame> bytes, flushed one by one (the session's queue pushes back); with a
+ * Content-Length when <cl> is 1. <how>: 'e' END at the end; 'd' the worker dies at half;
+ * 's' stalls at half until the front's ABORT; any: an ABORT from the front stops it.
+ */
+static void stream_mode(struct appw *w, shmipc_stream *st, const char *target, int is_head)
+{
+    unsigned long long total = 0, frame = 0, off = 0;
+    int cl = 0;
+    unsigned seed = 0;
+    char how = 'e';
+    uint8_t head[256], h[12];
+    if (sscanf(target, "/stream/%llu/%llu/%d/%u/%c", &total, &frame, &cl, &seed, &how) != 5 ||
+        frame == 0 || frame > (1u << 20)) {
+        atomic_fetch_sub(&w->concurrent, 1);
+        return;
+    }
+    shmipc_serve_field ct = {(const uint8_t *)"Content-Type", (const uint8_t *)"application/x-t",
+                             12, 15};
+    shmipc_serve_response r = {.size = sizeof r, .status = 200};
+    if (cl) {
+        r.flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH;
+        r.content_length = total;
+    }
+    int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, &ct, 1);
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_WRITE, 60000);
+    if (hn <= 0 || shmipc_stream_write(st, head, (size_t)hn) < 0 || shmipc_stream_flush(st) < 0) {
+        atomic_fetch_sub(&w->concurrent, 1);
+        return;
+    }
+    uint8_t *buf = malloc((size_t)frame);
+    while (off < total && !is_head) {
+        const void *p;
+        if (how == 'd' && off >= total / 2) {
+            kill_sessions(w);
+            goto done;
+        }
+        if (how == 's' && off >= total / 2) {
+            wait_abort(w, st);
+            goto done;
+        }
+        int rc = shmipc_stream_read_exact_bytes(st, 12, &p, SHMIPC_NONBLOCK);
+        if (rc != SHMIPC_EAGAIN) { /* the front's ABORT (it gave up), or the stream ended */
+            if (rc == 0) {
+                shmipc_serve_frame f = {.size = sizeof f};
+                memcpy(h, p, 12);
+                shmipc_stream_release(st);
+                if (shmipc_serve_decode_header(h, 12, &f) == 12 && f.type == SHMIPC_SERVE_ABORT)
+                    bump(&w->aborts[f.arg & 7]);
+            }
+            goto done;
+        }
+        size_t n = total - off < frame ? (size_t)(total - off) : (size_t)frame;
+        for (size_t k = 0; k < n; k++)
+            buf[k] = gen_byte(seed, off + k);
+        shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, n, 0);
+        if (shmipc_stream_write(st, h, 12) < 0 || shmipc_stream_write(st, buf, n) < 0 ||
+            shmipc_stream_flush(st) < 0)
+            goto done;
+        off += n;
+    }
+    shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_END, 0, 0);
+    shmipc_stream_write(st, h, 12);
+    bump(&w->streamed);
+    /* As send_frames: the front may hand this worker its next request once END is out. */
+    atomic_fetch_sub(&w->concurrent, 1);
+    shmipc_stream_flush(st);
+    free(buf);
+    return;
+done:
+    atomic_fetch_sub(&w->concurrent, 1);
+    free(buf);
+}
+
+static void serve_stream(struct appw *w, shmipc_stream *st)
+{
+    uint8_t *buf = NULL, *out = NULL;
+    size_t n, blen = 0, tlen = 0;
+    char target[256];
+    shmipc_serve_frame f;
+    uint8_t *body = malloc(1 << 20);
+
+    if (atomic_load(&w->mode) == M_STALL)
+        latch_wait(w, &w->release_stall);
+    shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, WAIT_MS);
+    if (read_frame(st, &buf, &n, &f) < 0)
+        goto out;
+    if (f.type == SHMIPC_SERVE_ABORT) /* a late ABORT for an exchange that ended here */
+        goto out;
+    shmipc_serve_request rq = {.size = sizeof rq};
+    if (f.type != SHMIPC_SERVE_REQUEST_HEAD || shmipc_serve_decode_request(buf, n, &rq) <= 0) {
+        bump(&w->bad);
+        goto out;
+    }
+    int is_head = rq.method_len == 4 && memcmp(rq.method, "HEAD", 4) == 0;
+    tlen = rq.target_len < sizeof target ? rq.target_len : sizeof target - 1;
+    memcpy(target, rq.target, tlen);
+    shmipc_serve_addr peer = rq.peer, local = rq.local;
+    free(buf);
+    buf = NULL;
+    bump(&w->requests);
+    for (;;) { /* the body, then END */
+        if (read_frame(st, &buf, &n, &f) < 0)
+            goto out;
+        if (f.type == SHMIPC_SERVE_END)
+            break;
+        if (f.type != SHMIPC_SERVE_BODY || blen + f.length > (1u << 20)) {
+            bump(&w->bad);
+            goto out;
+        }
+        memcpy(body + blen, f.payload, f.length);
+        blen += f.length;
+        free(buf);
+        buf = NULL;
+    }
+    int c = atomic_fetch_add(&w->concurrent, 1) + 1;
+    int m = atomic_load(&w->max_concurrent);
+    while (c > m && !atomic_compare_exchange_weak(&w->max_concurrent, &m, c)) {
+    }
+    /* "/hang..." hangs in any mode, waiting for the front's ABORT */
+    if (tlen >= 9 && memcmp(target, "/badclose", 9) == 0) { /* a bad frame, then its close */
+        uint8_t bad[12] = {'X', 'X', 1, 4, 0, 0, 0, 0, 0, 0, 0, 0};
+        shmipc_stream_write(st, bad, sizeof bad);
+        shmipc_stream_flush(st);
+        atomic_fetch_sub(&w->concurrent, 1);
+        goto out;
+    }
+    if (tlen >= 8 && (memcmp(target, "/bighead", 8) == 0 || memcmp(target, "/ctlhead", 8) == 0)) {
+        /* A head the server's batch cannot hold (20 KB of headers), a Content-Length of 10, the
+         * body (not for HEAD), END, and the close: all of it there before the front reads. */
+        static uint8_t head[24576], big[10000];
+        uint8_t h[12];
+        memset(big, 'b', sizeof big);
+        /* two of 10 KB: a value may have 16 KB (SHMIPC__SF_MAX_VALUE), a batch's heads 16 KB */
+        shmipc_serve_field fd[2] = {{(const uint8_t *)"X-Big1", big, 6, sizeof big},
+                                    {(const uint8_t *)"X-Big2", big, 6, sizeof big}};
+        uint32_t nfd = 2;
+        if (target[1] == 'c') { /* "/ctlhead": a small header the server refuses (a control byte) */
+            fd[0] = (shmipc_serve_field){(const uint8_t *)"X-Ctl", (const uint8_t *)"a\001b", 5, 3};
+            nfd = 1;
+        }
+        shmipc_serve_response rs = {.size = sizeof rs,
+                                    .status = 200,
+                                    .flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH,
+                                    .content_length = 10};
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &rs, fd, nfd);
+        if (hn > 0) {
+            shmipc_stream_write(st, head, (size_t)hn);
+            if (!is_head) {
+                shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, 10, 0);
+                shmipc_stream_write(st, h, 12);
+                shmipc_stream_write(st, "0123456789", 10);
+            }
+            shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_END, 0, 0);
+            shmipc_stream_write(st, h, 12);
+        }
+        atomic_fetch_sub(&w->concurrent, 1);
+        shmipc_stream_flush(st);
+        goto out;
+    }
+    if (tlen >= 8 && memcmp(target, "/stream/", 8) == 0) {
+        target[tlen] = '\0';
+        stream_mode(w, st, target, is_head); /* counted out there */
+        goto out;
+    }
+    /* "/refuse..." is refused (ABORT SHUTDOWN) in any mode */
+    switch (tlen >= 5 && memcmp(target, "/hang", 5) == 0     ? M_HANG
+            : tlen >= 7 && memcmp(target, "/refuse", 7) == 0 ? M_REFUSE
+                                                             : atomic_load(&w->mode)) {
+    case M_HOLD:
+        latch_wait(w, &w->hold_open);
+        /* fall through */
+    case M_ECHO:
+        if (tlen >= 5 && memcmp(target, "/peer", 5) == 0) { /* the addresses it was handed */
+            char a[128];
+            int k =
+                snprintf(a, sizeof a, "%.*s:p=%u.%u.%u l=%u.%u.%u", (int)tlen, target, peer.family,
+                         peer.port, peer.addr[0], local.family, local.port, local.addr[0]);
+            send_frames(w, st, 200, w->name, a, (size_t)k, 1, is_head);
+            goto out;
+        }
+        out = malloc(tlen + 1 + blen);
+        memcpy(out, target, tlen);
+        out[tlen] = ':';
+        memcpy(out + tlen + 1, body, blen);
+        send_frames(w, st, 200, w->name, out, tlen + 1 + blen, 1, is_head);
+        goto out; /* counted out by send_frames */
+    case M_DIE:
+        kill_sessions(w);
+        break;
+    case M_BAD: {
+        uint8_t bad[12] = {'X', 'X', 1, 4, 0, 0, 0, 0, 0, 0, 0, 0};
+        shmipc_stream_write(st, bad, sizeof bad);
+        shmipc_stream_flush(st);
+        wait_abort(w, st);
+        break;
+    }
+    case M_HUGE: {
+        uint8_t head[256], h[12];
+        static uint8_t chunk[1 << 16];
+        shmipc_serve_response r = {.size = sizeof r, .status = 200};
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+        shmipc_stream_write(st, head, (size_t)hn);
+        shmipc_stream_flush(st);
+        for (int i = 0; i < 16; i++) {
+            shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, sizeof chunk, 0);
+            shmipc_stream_write(st, h, 12);
+            shmipc_stream_write(st, chunk, sizeof chunk);
+            if (shmipc_stream_flush(st) < 0)
+                break;
+        }
+        wait_abort(w, st);
+        break;
+    }
+    case M_MID_END: {
+        uint8_t head[256];
+        shmipc_serve_response r = {.size = sizeof r, .status = 200};
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+        shmipc_stream_write(st, head, (size_t)hn);
+        shmipc_stream_flush(st);
+        break; /* the close ends the stream mid-response */
+    }
+    case M_HEAD_REFUSE:
+    case M_103_REFUSE:
+    case M_REFUSE:
+    case M_REFUSE_CLOSE: {
+        uint8_t h[12], head[256];
+        int mode = atomic_load(&w->mode);
+        if (mode == M_HEAD_REFUSE || mode == M_103_REFUSE) {
+            shmipc_serve_response r = {.size = sizeof r,
+                                       .status = mode == M_103_REFUSE ? 103 : 200};
+            int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+            shmipc_stream_write(st, head, (size_t)hn);
+        }
+        shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_ABORT, 0, SHMIPC_SERVE_ABORT_SHUTDOWN);
+        shmipc_stream_write(st, h, 12);
+        bump(&w->refused); /* before the front can see it: the test's count is exact then */
+        shmipc_stream_flush(st);
+        if (mode == M_REFUSE_CLOSE)
+            kill_sessions(w);
+        else
+            wait_abort(w, st); /* until the front closes its side */
+        break;
+    }
+    case M_HANG:
+    case M_STALL: /* the front gave up meanwhile: its ABORT follows the request */
+        wait_abort(w, st);
+        break;
+    }
+    atomic_fetch_sub(&w->concurrent, 1);
+out:
+    free(body);
+    free(buf);
+    free(out);
+    shmipc_stream_close(st);
+}
+
+static void *session_main(void *arg)
+{
+    struct sarg *a = arg;
+    while (!atomic_load(&a->w->stop)) {
+        shmipc_stream *st;
+        if (atomic_load(&a->w->freeze)) {
+            pthread_mutex_lock(&a->w->mu);
+            a->w->parked++;
+            pthread_cond_broadcast(&a->w->cv);
+            while (atomic_load(&a->w->freeze) && !atomic_load(&a->w->stop))
+                cv_wait_ms(&a->w->cv, &a->w->mu, 1000);
+            a->w->parked--;
+            pthread_mutex_unlock(&a->w->mu);
+            continue;
+        }
+        int rc = shmipc_session_accept_stream(a->s, 50, &st);
+        if (rc == SHMIPC_ETIMEDOUT || rc == SHMIPC_EAGAIN)
+            continue;
+        if (rc < 0)
+            break;
+        serve_stream(a->w, st);
+    }
+    free(a);
+    return NULL;
+}
+
+static void *acceptor_main(void *arg)
+{
+    struct appw *w = arg;
+    while (!atomic_load(&w->stop)) {
+        shmipc_session *s;
+        int rc = shmipc_listener_accept(w->l, 50, &s);
+        if (rc < 0)
+            continue;
+        pthread_mutex_lock(&w->mu);
+        if (w->nsess == 16) {
+            pthread_mutex_unlock(&w->mu);
+            shmipc_session_close(s);
+            continue;
+        }
+        struct sarg *a = malloc(sizeof *a);
+        a->w = w;
+        a->s = s;
+        w->sess[w->nsess] = s;
+        pthread_create(&w->sthreads[w->nsess], NULL, session_main, a);
+        w->nsess++;
+        pthread_mutex_unlock(&w->mu);
+    }
+    return NULL;
+}
+
+/* Numbers every worker's address in the process: a worker never reuses another's. */
+static int appw_seq;
+
+void appw_start(struct appw *w, const char *name, const char *addr)
+{
+    if (name != NULL) {
+        memset(w, 0, sizeof *w);
+        snprintf(w->name, sizeof w->name, "%s", name);
+        if (addr != NULL)
+            snprintf(w->addr, sizeof w->addr, "%s", addr);
+        else
+            snprintf(w->addr, sizeof w->addr, "unix:@shmipc-front-test-%d-%d", (int)getpid(),
+                     appw_seq++);
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, NULL);
+    }
+    atomic_store(&w->stop, 0);
+    CHECK(shmipc_listener_new(w->addr, NULL, &w->l));
+    assert_int_equal(pthread_create(&w->acceptor, NULL, acceptor_main, w), 0);
+    w->started = 1;
+}
+
+/* Stops it as a process exit would: every session ends, the listener goes. */
+void appw_stop(struct appw *w)
+{
+    if (!w->started)
+        return;
+    w->started = 0;
+    latch_set(w, &w->stop, 1); /* wakes latches and frozen session threads */
+    pthread_join(w->acceptor, NULL);
+    kill_sessions(w);
+    for (int i = 0; i < w->nsess; i++) {
+        pthread_join(w->sthreads[i], NULL);
+        shmipc_session_close(w->sess[i]);
+    }
+    w->nsess = 0;
+    shmipc_listener_close(w->l);
+    w->l = NULL;
+}
+
+static int h_static(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    return shmipc_http_response_body(res, "static", 6);
+}
+
+void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
+              const struct shmipc__front_opts *o)
+{
+    shmipc_server_config *cfg;
+    const char *addrs[8];
+    struct shmipc__front_opts opts = o ? *o : (struct shmipc__front_opts){0};
+    for (unsigned i = 0; i < n; i++)
+        addrs[i] = ws[i]->addr;
+    opts.workers = addrs;
+    opts.nworkers = n;
+    CHECK(shmipc__front_new(&opts, &x->f));
+    CHECK(shmipc_server_config_new(&cfg));
+    CHECK(shmipc_server_config_set_address(cfg, x->listen != NULL ? x->listen : "127.0.0.1"));
+    CHECK(shmipc_server_config_set_port(cfg, 0));
+    CHECK(shmipc_server_config_set_workers(cfg, threads));
+    CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 3000));
+    /* Above the protocol's target limit (16384), so that the front's own 414 can be seen. */
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_REQUEST_LINE, 32768));
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_HEAD_BYTES, 1 << 20));
+    CHECK(shmipc_server_new(cfg, &x->srv));
+    shmipc_server_config_free(cfg);
+    CHECK(shmipc_server_route(x->srv, "GET", "/static", h_static, NULL, NULL));
+    CHECK(shmipc__front_attach(x->f, x->srv, "/*"));
+    CHECK(shmipc_server_start(x->srv));
+    x->port = x->listen != NULL ? 0 : shmipc_server_port(x->srv);
+}
+
+void fx_stop(struct fx *x)
+{
+    if (x->srv != NULL)
+        shmipc_server_close(x->srv);
+    x->srv = NULL;
+    shmipc__front_free(x->f);
+    x->f = NULL;
+}
+
+/* -1 on failure: client threads call it too, and they must not assert. */
+int tcp_connect_try(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct timeval tv = {WAIT_MS / 1000, 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0)
+        return -1;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int tcp_connect(int port)
+{
+    int fd = tcp_connect_try(port);
+    assert_true(fd >= 0);
+    return fd;
+}
+
+/* 0, or -1 when the connection failed (client threads, which must not assert). */
+int send_all_try(int fd, const void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return -1;
+        p = (const char *)p + k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+void send_all(int fd, const void *p, size_t n)
+{
+    assert_int_equal(send_all_try(fd, p, n), 0);
+}
+
+/* Reads one response (Content-Length framing; none after a HEAD); status -1 when the
+ * connection ended first. */
+void read_resp_x(struct rd *r, struct resp *p, int head)
+{
+    char *end;
+    p->status = -1;
+    p->body = NULL;
+    p->body_len = 0;
+    for (;;) {
+        r->buf[r->len] = '\0';
+        if ((end = strstr(r->buf, "\r\n\r\n")) != NULL)
+            break;
+        ssize_t k = recv(r->fd, r->buf + r->len, sizeof r->buf - 1 - r->len, 0);
+        if (k <= 0)
+            return;
+        r->len += (size_t)k;
+    }
+    size_t hl = (size_t)(end - r->buf) + 4;
+    if (hl >= sizeof p->head)
+        return; /* status -1: no assertion, client threads read too */
+    memcpy(p->head, r->buf, hl);
+    p->head[hl] = '\0';
+    p->status = atoi(r->buf + 9);
+    const char *cl = strcasestr(p->head, "\r\nContent-Length: ");
+    size_t blen = cl && !head ? strtoul(cl + 18, NULL, 10) : 0;
+    while (r->len < hl + blen) {
+        ssize_t k = recv(r->fd, r->buf + r->len, sizeof r->buf - 1 - r->len, 0);
+        if (k <= 0) {
+            p->status = -1;
+            return;
+        }
+        r->len += (size_t)k;
+    }
+    p->body = malloc(blen + 1);
+    memcpy(p->body, r->buf + hl, blen);
+    p->body[blen] = '\0';
+    p->body_len = blen;
+    memmove(r->buf, r->buf + hl + blen, r->len - hl - blen);
+    r->len -= hl + blen;
+}
+
+void read_resp(struct rd *r, struct resp *p)
+{
+    read_resp_x(r, p, 0);
+}
+
+void rd_open(struct rd *r, int port)
+{
+    r->fd = tcp_connect(port);
+    r->len = 0;
+}
+
+/* For client threads: 0, or -1 when the connect failed. */
+int rd_open_try(struct rd *r, int port)
+{
+    r->fd = tcp_connect_try(port);
+    r->len = 0;
+    return r->fd >= 0 ? 0 : -1;
+}
+
+/* One request on a new connection. */
+int request(int port, const char *method, const char *target, const char *body, struct resp *p)
+{
+    struct rd *r = malloc(sizeof *r);
+    char req[1024];
+    size_t bl = body ? strlen(body) : 0;
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: t\r\nContent-Length: %zu\r\n\r\n%s",
+                     method, target, bl, body ? body : "");
+    rd_open(r, port);
+    send_all(r->fd, req, (size_t)n);
+    read_resp(r, p);
+    close(r->fd);
+    free(r);
+    return p->status;
+}
+
+void resp_free(struct resp *p)
+{
+    free(p->body);
+    p->body = NULL;
+}
+
+/* Waits until `n` sessions to the worker are up (state UP), up to WAIT_MS. */
+int wait_sessions(struct fx *x, const char *addr, unsigned n)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    while (mono_ms() < end) {
+        CHECK(shmipc__front_stats(x->f, &st));
+        for (unsigned i = 0; i < st.nworkers; i++)
+            if (strcmp(st.w[i].address, addr) == 0 && st.w[i].sessions >= n)
+                return 1;
+        sleep_ms(5);
+    }
+    return 0;
+}
+
+/* More bytes into r->buf, at most `max` (0: as many as fit), after `slow_us`; 0 at the end. */
+ssize_t rd_more(struct rd *r, size_t max, unsigned slow_us)
+{
+    size_t room = sizeof r->buf - 1 - r->len;
+    if (slow_us)
+        usleep(slow_us);
+    if (max != 0 && max < room)
+        room = max;
+    ssize_t k = recv(r->fd, r->buf + r->len, room, 0);
+    if (k > 0)
+        r->len += (size_t)k;
+    return k > 0 ? k : 0;
+}
+
+void rd_drop(struct rd *r, size_t n)
+{
+    memmove(r->buf, r->buf + n, r->len - n);
+    r->len -= n;
+}
+
+/* Checks and drops up to `n` body bytes from the front of r->buf; returns how many. */
+size_t take_body(struct rd *r, struct sbody *b, unsigned seed, size_t n)
+{
+    if (n > r->len)
+        n = r->len;
+    for (size_t i = 0; i < n; i++)
+        if ((uint8_t)r->buf[i] != gen_byte(seed, b->got + i))
+            b->bad = 1;
+    b->got += n;
+    rd_drop(r, n);
+    return n;
+}
+
+/*
+ * Reads the body of a response whose head read_resp_x(..., 1) read: chunked (every chunk
+ * head and CRLF checked, to the last chunk) or Content-Length. Reads `max` bytes at a time
+ * after `slow_us` (a slow client). What follows the body stays in r->buf.
+ */
+void read_stream_body(struct rd *r, const struct resp *p, unsigned seed, size_t max,
+                      unsigned slow_us, struct sbody *b)
+{
+    const char *cl = strcasestr(p->head, "\r\nContent-Length: ");
+    memset(b, 0, sizeof *b);
+    b->chunked = strcasestr(p->head, "\r\nTransfer-Encoding: chunked\r\n") != NULL;
+    if (!b->chunked) {
+        uint64_t want = cl ? strtoull(cl + 18, NULL, 10) : UINT64_MAX;
+        while (b->got < want) {
+            if (r->len == 0 && rd_more(r, max, slow_us) == 0)
+                return;
+            take_body(r, b, seed, want - b->got < r->len ? (size_t)(want - b->got) : r->len);
+        }
+        b->complete = 1;
+        return;
+    }
+    if (cl != NULL) /* both framings */
+        b->bad = 1;
+    for (;;) {
+        char *eol;
+        r->buf[r->len] = '\0';
+        while ((eol = strstr(r->buf, "\r\n")) == NULL) {
+            if (r->len > 32 || rd_more(r, max, slow_us) == 0) {
+                b->bad |= r->len > 32;
+                return;
+            }
+            r->buf[r->len] = '\0';
+        }
+        char *end;
+        unsigned long long size = strtoull(r->buf, &end, 16);
+        if (end == r->buf || end != eol) {
+            b->bad = 1;
+            return;
+        }
+        rd_drop(r, (size_t)(eol - r->buf) + 2);
+        uint64_t left = size;
+        while (left > 0) {
+            if (r->len == 0 && rd_more(r, max, slow_us) == 0)
+                return;
+            left -= take_body(r, b, seed, left < r->len ? (size_t)left : r->len);
+        }
+        while (r->len < 2)
+            if (rd_more(r, max, slow_us) == 0)
+                return;
+        if (r->buf[0] != '\r' || r->buf[1] != '\n') {
+            b->bad = 1;
+            return;
+        }
+        rd_drop(r, 2);
+        if (size == 0) { /* the last chunk, no trailers */
+            b->complete = 1;
+            return;
+        }
+    }
+}
+
+/* Sends a GET for a streamed body on r and reads it. Returns the status (-1: none). */
+int get_stream(struct rd *r, const char *target, unsigned seed, size_t max, unsigned slow_us,
+               struct sbody *b)
+{
+    char req[512];
+    struct resp p;
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\n\r\n", target);
+    memset(b, 0, sizeof *b);
+    if (send_all_try(r->fd, req, (size_t)n) < 0)
+        return -1;
+    read_resp_x(r, &p, 1);
+    if (p.status > 0)
+        read_stream_body(r, &p, seed, max, slow_us, b);
+    resp_free(&p);
+    return p.status;
+}
+
+/* Whether the peer closed the connection (what it still sent is drained), within 5 s. */
+int peer_closed(int fd)
+{
+    char tmp[65536];
+    struct timeval tv = {0, 200000};
+    uint64_t end = mono_ms() + 5000;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    while (mono_ms() < end) {
+        ssize_t k = recv(fd, tmp, sizeof tmp, 0);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return 1;
+    }
+    return 0;
+}
+
+static void *sbg_main(void *arg)
+{
+    struct sbg *a = arg;
+    struct rd *r = malloc(sizeof *r);
+    a->status = -1;
+    if (r != NULL && rd_open_try(r, a->port) == 0) {
+        a->status = get_stream(r, a->target, a->seed, 65536, a->slow_us, &a->b);
+        close(r->fd);
+    }
+    free(r);
+    return NULL;
+}
+
+void sbg_start(struct sbg *a)
+{
+    assert_int_equal(pthread_create(&a->th, NULL, sbg_main, a), 0);
+    a->running = 1;
+}
+
+void sbg_join(struct sbg *a)
+{
+    if (!a->running)
+        return;
+    a->running = 0;
+    pthread_join(a->th, NULL);
+}
+
+int tc_setup(void **state)
+{
+    struct tc *t = calloc(1, sizeof *t);
+    *state = t;
+    return t != NULL ? 0 : -1;
+}
+
+void bg_join(struct bg *b)
+{
+    if (!b->running)
+        return;
+    b->running = 0;
+    pthread_join(b->th, NULL);
+}
+
+int tc_teardown(void **state)
+{
+    struct tc *t = *state;
+    int bad = 0;
+    atomic_store(&t->stop_clients, 1);
+    atomic_store(&t->load.stop, 1);
+    for (int i = 0; i < 3; i++) {
+        if (!t->w[i].started)
+            continue;
+        latch_set(&t->w[i], &t->w[i].hold_open, 1);
+        latch_set(&t->w[i], &t->w[i].release_stall, 1);
+        latch_set(&t->w[i], &t->w[i].freeze, 0);
+    }
+    fx_stop(&t->x); /* closes every client connection: client threads end */
+    for (int i = 0; i < 3; i++) {
+        bg_join(&t->bg[i]);
+        resp_free(&t->bg[i].p);
+    }
+    for (int i = 0; i < t->nth; i++)
+        pthread_join(t->th[i], NULL);
+    for (int i = 0; i < 3; i++) {
+        appw_stop(&t->w[i]);
+        bad += atomic_load(&t->w[i].bad);
+    }
+    free(t);
+    if (bad != 0) {
+        print_error("the application workers saw %d unexpected frames\n", bad);
+        return -1;
+    }
+    return 0;
+}
+
+/* Waits until every session thread of `w` is parked by its freeze latch, up to WAIT_MS. */
+int wait_parked(struct appw *w)
+{
+    uint64_t end = mono_ms() + WAIT_MS;
+    pthread_mutex_lock(&w->mu);
+    while ((w->nsess == 0 || w->parked < w->nsess) && mono_ms() < end)
+        cv_wait_ms(&w->cv, &w->mu, 50);
+    int ok = w->nsess > 0 && w->parked == w->nsess;
+    pthread_mutex_unlock(&w->mu);
+    return ok;
+}
+
+/* Waits until `n` requests wait in the front's queue (the front has no event for it: polled),
+ * up to WAIT_MS; whether exactly `n` do. */
+int wait_queued(struct fx *x, unsigned n)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.queued >= n)
+            return st.queued == n;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    return 0;
+}

@@ -1,0 +1,218 @@
+/* Description: the test harness of the front's C tests (test_front.c, test_front_stream.c,
+ * test_front_upload.c, test_front_ws.c, ...): application workers that are C threads of the test
+ * process (a shmipc listener and the public frame codec, shmipc_serve.h) with a mode per worker
+ * and per target, the front under test on 127.0.0.1 (or a unix address), an HTTP client, readers
+ * of streamed bodies, and a case's heap state (struct tc) that a cmocka teardown stops and
+ * joins, also when an assertion fails mid-case.
+ *
+ * Threads other than the case's own never assert (a cmocka failure off the test's thread
+ * longjmps across threads); they count what went wrong (appw.bad, a -1 status) and the case or
+ * the teardown fails. Waits are on events (a condition variable every counter bump signals,
+ * latches the test opens); the only timed limits are generous caps on those waits and the
+ * deadlines under test. */
+#ifndef SHMIPC_TESTS_FRONT_HARNESS_H
+#define SHMIPC_TESTS_FRONT_HARNESS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "shmipc.h"
+#include "shmipc_serve.h"
+#include "net/server.h"
+#include "serve/front.h"
+
+/* The reactor backend of the front under test: each test's main sets it per cmocka group. */
+extern int suite_backend;
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        int check_rc_ = (call);                                                                    \
+        if (check_rc_ < 0)                                                                         \
+            fail_msg("%s: %s: %s", #call, shmipc_errname(check_rc_), shmipc_error_detail());       \
+    } while (0)
+
+/* The cap on any wait for an event: long, so that a loaded machine under a sanitizer never
+ * overruns it; a passing run never waits it out. */
+#define WAIT_MS 30000
+
+enum mode {
+    M_ECHO = 0,     /* 200, body = target ":" body, X-Worker: name */
+    M_HOLD,         /* M_ECHO once the test opens the worker's hold latch */
+    M_DIE,          /* reads the request, then every session of the worker ends */
+    M_BAD,          /* answers a frame with a bad magic */
+    M_HUGE,         /* a body of 1 MiB in 64 KiB frames, no Content-Length */
+    M_MID_END,      /* RESPONSE_HEAD, then closes its stream */
+    M_HANG,         /* never answers; waits for the front's ABORT */
+    M_STALL,        /* never reads the stream at all until the test opens release_stall */
+    M_REFUSE,       /* reads the request, answers ABORT SHUTDOWN (a stopping worker), waits */
+    M_REFUSE_CLOSE, /* as M_REFUSE, then every session of the worker ends at once */
+    M_HEAD_REFUSE,  /* RESPONSE_HEAD, then ABORT SHUTDOWN: too late to go elsewhere */
+    M_103_REFUSE,   /* an interim 103 head, then ABORT SHUTDOWN: processed, not resent */
+};
+
+struct appw {
+    char name[16];
+    char addr[96];
+    shmipc_listener *l;
+    pthread_t acceptor;
+    int started;
+    atomic_int stop;
+    atomic_int mode;
+    /* latches, set under mu and signalled on cv */
+    atomic_int hold_open;
+    atomic_int release_stall;
+    atomic_int freeze;     /* session threads touch nothing (the queue to it stays full) */
+    int parked;            /* session threads waiting out a freeze (under mu) */
+    atomic_int bad;        /* what a worker thread found wrong (it cannot assert) */
+    atomic_int requests;   /* request heads read */
+    atomic_int refused;    /* requests answered ABORT SHUTDOWN */
+    atomic_int aborts[8];  /* ABORT reasons the front sent */
+    atomic_int concurrent; /* streams being served now */
+    atomic_int max_concurrent;
+    atomic_int streamed; /* stream_mode bodies sent whole */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    shmipc_session *sess[16];
+    pthread_t sthreads[16];
+    int nsess;
+};
+
+struct fx {
+    shmipc_server *srv;
+    struct shmipc__front *f;
+    int port;
+    const char *listen; /* the server's address; NULL: 127.0.0.1 */
+};
+
+/* A reader that keeps what it read past a response for the next one. */
+struct rd {
+    int fd;
+    char buf[1 << 17];
+    size_t len;
+};
+
+struct resp {
+    int status;
+    char head[4096];
+    char *body;
+    size_t body_len;
+};
+
+struct sbody {
+    uint64_t got; /* body bytes read */
+    int complete; /* the framing ended where it should */
+    int bad;      /* a byte that is not gen_byte's, or broken framing */
+    int chunked;
+};
+
+/* A client thread reading one streamed body (it never asserts: the case checks its result). */
+struct sbg {
+    int port;
+    char target[128];
+    unsigned seed;
+    unsigned slow_us;
+    int status;
+    struct sbody b;
+    pthread_t th;
+    int running; /* started, not joined */
+};
+
+struct xt {
+    int port;
+    int id;
+    int n;
+    atomic_int *mismatches;
+    atomic_int *ok;
+    atomic_int *stop; /* the teardown's */
+};
+
+struct bg {
+    int port;
+    const char *target;
+    struct resp p;
+    pthread_t th;
+    int running; /* started, not joined */
+};
+
+struct load {
+    int port;
+    atomic_int stop;
+    atomic_int bad, ok, after_c, after_old;
+    atomic_int switched;
+};
+
+/* One case's state, on the heap: the teardown stops and joins all of it, also after a failed
+ * assertion longjmped out of the case. */
+struct tc {
+    struct appw w[3];
+    struct fx x;
+    struct bg bg[3];
+    struct xt xt[8];
+    struct load load;
+    struct sbg sbg[6];
+    pthread_t th[8]; /* client threads (xtalk_client, load_main) */
+    int nth;
+    atomic_int stop_clients;
+    atomic_int mism, ok;
+};
+
+uint64_t mono_ms(void);
+void sleep_ms(unsigned ms);
+/* Every counter a case waits on is bumped with bump(), which wakes the waiters of wait_for(). */
+void bump(atomic_int *v);
+void cv_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, unsigned ms);
+int wait_for(atomic_int *v, int want, unsigned ms);
+
+/* ---- application workers ---- */
+int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serve_frame *f);
+void wait_abort(struct appw *w, shmipc_stream *st);
+void send_frames(struct appw *w, shmipc_stream *st, int status, const char *name, const void *body,
+                 size_t len, int with_length, int is_head);
+void kill_sessions(struct appw *w);
+void latch_wait(struct appw *w, atomic_int *flag);
+void latch_set(struct appw *w, atomic_int *flag, int v);
+uint8_t gen_byte(unsigned seed, uint64_t i);
+void appw_start(struct appw *w, const char *name, const char *addr);
+void appw_stop(struct appw *w);
+
+/* ---- the front under test ---- */
+void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
+              const struct shmipc__front_opts *o);
+void fx_stop(struct fx *x);
+int wait_sessions(struct fx *x, const char *addr, unsigned n);
+int wait_parked(struct appw *w);
+int wait_queued(struct fx *x, unsigned n);
+
+/* ---- an HTTP client ---- */
+int tcp_connect_try(int port);
+int tcp_connect(int port);
+int send_all_try(int fd, const void *p, size_t n);
+void send_all(int fd, const void *p, size_t n);
+void read_resp_x(struct rd *r, struct resp *p, int head);
+void read_resp(struct rd *r, struct resp *p);
+void rd_open(struct rd *r, int port);
+int rd_open_try(struct rd *r, int port);
+int request(int port, const char *method, const char *target, const char *body, struct resp *p);
+void resp_free(struct resp *p);
+int peer_closed(int fd);
+
+/* ---- reading streamed bodies ---- */
+ssize_t rd_more(struct rd *r, size_t max, unsigned slow_us);
+void rd_drop(struct rd *r, size_t n);
+size_t take_body(struct rd *r, struct sbody *b, unsigned seed, size_t n);
+void read_stream_body(struct rd *r, const struct resp *p, unsigned seed, size_t max,
+                      unsigned slow_us, struct sbody *b);
+int get_stream(struct rd *r, const char *target, unsigned seed, size_t max, unsigned slow_us,
+               struct sbody *b);
+void sbg_start(struct sbg *a);
+void sbg_join(struct sbg *a);
+
+/* ---- a case's state ---- */
+int tc_setup(void **state);
+void bg_join(struct bg *b);
+int tc_teardown(void **state);
+
+#endif
