@@ -44,6 +44,7 @@ static int thread_start(struct shmipc__loop *loop, unsigned index, unsigned nwor
         free(t);
         return rc;
     }
+    shmipc__front_connector_init(t);
     t->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (t->efd < 0) {
         rc = shmipc__fail_errno(errno, "front: eventfd");
@@ -59,6 +60,7 @@ static int thread_start(struct shmipc__loop *loop, unsigned index, unsigned nwor
     shmipc__front_refresh(t, 1);
     return 0;
 fail:
+    shmipc__front_connector_stop(t);
     if (t->efd >= 0)
         close(t->efd);
     shmipc__access_buf_free(&t->alog);
@@ -78,6 +80,8 @@ static int thread_end(struct shmipc__loop *loop, unsigned index, unsigned nworke
     pthread_mutex_lock(&f->mu);
     f->threads[index] = NULL; /* no nudge writes its eventfd from now on */
     pthread_mutex_unlock(&f->mu);
+    /* Nor its connector; the results it had are closed (their fsess are freed below). */
+    shmipc__front_connector_stop(t);
     /* The server closed its connections: every deferral was cancelled, so nothing is queued
      * and what is left is draining. */
     while (t->qhead != NULL) {
@@ -183,7 +187,8 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
     pthread_mutex_init(&f->mu, NULL);
     rc = opts->ipc != NULL ? shmipc__config_clone(opts->ipc, &f->ipc) : shmipc__config_new(&f->ipc);
     if (rc == 0) {
-        /* The connect runs on a reactor thread: its handshake is bounded by connect_ms. */
+        /* A connect's handshake is bounded by connect_ms (it runs on a reactor thread's
+         * connector; the first ones on the thread before its loop serves). */
         f->ipc->timeout_ms[SHMIPC_TIMEOUT_INITIALIZE] = f->connect_ms;
         /* Its writes run on reactor threads: never wait for shared memory (fall back). */
         f->ipc->memory_wait = 0;

@@ -61,6 +61,26 @@ struct fsess {
     int retired;         /* w left the set: closed once idle */
     uint32_t backoff_ms;
     struct shmipc__timer timer; /* reconnect */
+    /* A connect the thread's connector runs: the fsess stays linked (never freed) until the
+     * loop takes its result; got/got_rc/cnext are the connector's, under its mutex. */
+    uint8_t connecting;
+    shmipc_session *got;
+    int got_rc;
+    struct fsess *cnext;
+};
+
+/*
+ * A reactor thread's connector: a thread that runs the blocking connect and handshake to a
+ * worker (bounded by connect_ms), so that a worker alive but not answering (stopped, swapped
+ * out) never stops the loop. Results go on `done` and the loop is nudged through its eventfd.
+ * Started at the first connect after the loop runs; joined when the thread ends.
+ */
+struct fconnector {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t th;
+    int started, stop;
+    struct fsess *todo, *todo_tail, *done;
 };
 
 struct fthread {
@@ -78,6 +98,7 @@ struct fthread {
     uint8_t *scratch;
     struct shmipc__access_buf alog;  /* when the front logs: this thread's lines */
     struct shmipc__timer alog_timer; /* writes them out at most SHMIPC__ACCESS_FLUSH_MS late */
+    struct fconnector conn;
 };
 
 enum { RQ_QUEUED = 1, RQ_SENDING, RQ_ACTIVE, RQ_DRAINING };
@@ -153,6 +174,8 @@ void shmipc__front_on_log_timer(struct shmipc__timer *timer);
 /* front_session.c: a thread's sessions and its queue */
 void shmipc__front_fs_down(struct fsess *fs, int rc);
 void shmipc__front_refresh(struct fthread *t, int connect_now);
+void shmipc__front_connector_init(struct fthread *t);
+void shmipc__front_connector_stop(struct fthread *t);
 struct fsess *shmipc__front_claim(struct fthread *t);
 int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc);
 int shmipc__front_requeue(struct fthread *t, struct freq *r);

@@ -1,6 +1,6 @@
 /*
- * The front: a reactor thread's sessions to the workers (connect, back-off, readiness watch,
- * down, taking up a new set) and its queue of waiting requests (claim a free worker, requeue,
+ * The front: a reactor thread's sessions to the workers (connect on the thread's connector,
+ * back-off, readiness watch, down, taking up a new set) and its queue of waiting requests (claim a free worker, requeue,
  * pump, the kick timer and the nudge eventfd).
  * May call: front_request.c (send, read, drain, answer, done), the IPC session and the loop.
  */
@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/log.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -52,11 +53,10 @@ static void fs_unlink(struct fsess *fs)
     free(fs);
 }
 
-static void fs_connect(struct fsess *fs)
+/* What a connect gave: the session watched and the worker up, or a retry after the back-off. */
+static void fs_connected(struct fsess *fs, shmipc_session *s, int rc)
 {
     struct fthread *t = fs->t;
-    shmipc_session *s = NULL;
-    int rc = shmipc__session_connect(fs->w->addr, t->f->ipc, &s);
     if (rc == 0)
         rc = shmipc__watch_new(t->loop, shmipc__session_fileno(s), SHMIPC__WATCH_READ, fs_ready, fs,
                                &fs->watch);
@@ -77,11 +77,139 @@ static void fs_connect(struct fsess *fs)
     shmipc__front_kick(t);
 }
 
+/* ---- the connector (struct fconnector) ---- */
+
+static void *connector_main(void *arg)
+{
+    struct fthread *t = arg;
+    struct fconnector *c = &t->conn;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (c->todo == NULL && !c->stop)
+            pthread_cond_wait(&c->cv, &c->mu);
+        if (c->stop)
+            break;
+        struct fsess *fs = c->todo;
+        if ((c->todo = fs->cnext) == NULL)
+            c->todo_tail = NULL;
+        pthread_mutex_unlock(&c->mu);
+        shmipc_session *s = NULL;
+        int rc = shmipc__session_connect(fs->w->addr, t->f->ipc, &s);
+        pthread_mutex_lock(&c->mu);
+        fs->got = rc == 0 ? s : NULL;
+        fs->got_rc = rc;
+        fs->cnext = c->done;
+        c->done = fs;
+        uint64_t one = 1;
+        /* EAGAIN: the counter is full, a nudge is pending anyway */
+        if (write(t->efd, &one, sizeof one) < 0 && errno != EAGAIN)
+            SHMIPC__LOG(SHMIPC__LOG_WARN, "front: connector: eventfd: %s", strerror(errno));
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+void shmipc__front_connector_init(struct fthread *t)
+{
+    pthread_mutex_init(&t->conn.mu, NULL);
+    pthread_cond_init(&t->conn.cv, NULL);
+}
+
+/* Stops and joins the connector (a connect in flight ends within connect_ms) and closes the
+ * sessions whose results the loop never took. The fsess stay for the caller to free. */
+void shmipc__front_connector_stop(struct fthread *t)
+{
+    struct fconnector *c = &t->conn;
+    pthread_mutex_lock(&c->mu);
+    c->stop = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (c->started)
+        pthread_join(c->th, NULL);
+    c->started = 0;
+    for (struct fsess *fs = c->done; fs != NULL; fs = fs->cnext)
+        if (fs->got != NULL)
+            shmipc__session_close(fs->got);
+    c->done = c->todo = c->todo_tail = NULL;
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+}
+
+/* Hands the connect to the connector; 0, or an error (its thread could not start). */
+static int connector_post(struct fthread *t, struct fsess *fs)
+{
+    struct fconnector *c = &t->conn;
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    if (!c->started) {
+        int e = pthread_create(&c->th, NULL, connector_main, t);
+        if (e != 0)
+            rc = shmipc__fail_errno(e, "front: the connector thread");
+        else
+            c->started = 1;
+    }
+    if (rc == 0) {
+        fs->cnext = NULL;
+        if (c->todo_tail != NULL)
+            c->todo_tail->cnext = fs;
+        else
+            c->todo = fs;
+        c->todo_tail = fs;
+        fs->connecting = 1;
+        pthread_cond_signal(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* The connector's results, taken on the loop: a worker that left the set meanwhile gets its
+ * session closed and its fsess freed. */
+static void connector_collect(struct fthread *t)
+{
+    struct fconnector *c = &t->conn;
+    pthread_mutex_lock(&c->mu);
+    struct fsess *d = c->done;
+    c->done = NULL;
+    pthread_mutex_unlock(&c->mu);
+    while (d != NULL) {
+        struct fsess *fs = d;
+        d = fs->cnext;
+        fs->connecting = 0;
+        if (fs->retired) {
+            if (fs->got != NULL)
+                shmipc__session_close(fs->got);
+            fs->got = NULL;
+            fs_unlink(fs);
+            continue;
+        }
+        shmipc_session *s = fs->got;
+        fs->got = NULL;
+        fs_connected(fs, s, fs->got_rc);
+    }
+}
+
+/* Connects `fs`: on the connector once the loop runs (now == 0), else here (the thread's
+ * start, before the loop serves anything). */
+static void fs_connect(struct fsess *fs, int now)
+{
+    shmipc_session *s = NULL;
+    int rc;
+    if (fs->connecting)
+        return;
+    if (!now) {
+        if ((rc = connector_post(fs->t, fs)) == 0)
+            return;
+    } else {
+        rc = shmipc__session_connect(fs->w->addr, fs->t->f->ipc, &s);
+    }
+    fs_connected(fs, s, rc);
+}
+
 static void fs_timer(struct shmipc__timer *timer)
 {
     struct fsess *fs = timer->data;
     if (fs->s == NULL && !fs->retired)
-        fs_connect(fs);
+        fs_connect(fs, 0);
 }
 
 /*
@@ -156,14 +284,14 @@ void shmipc__front_refresh(struct fthread *t, int connect_now)
         shmipc__timer_init(t->loop, &fs->timer, fs_timer, fs);
         t->sess[t->nsess++] = fs;
         if (connect_now)
-            fs_connect(fs);
+            fs_connect(fs, 1);
         else
             shmipc__timer_start(&fs->timer, 0);
     }
     /* Retired sessions close now when idle, else when their request ends. */
     for (unsigned i = 0; i < t->nsess;) {
         struct fsess *fs = t->sess[i];
-        if (fs->retired && fs->active == NULL) {
+        if (fs->retired && fs->active == NULL && !fs->connecting) {
             if (fs->s != NULL)
                 shmipc__front_fs_down(fs, 0);
             else
@@ -280,5 +408,6 @@ void shmipc__front_on_nudge(struct shmipc__watch *watch, int fd, unsigned events
     (void)events;
     while (read(fd, &v, sizeof v) > 0) {
     }
+    connector_collect(data);
     shmipc__front_pump(data);
 }

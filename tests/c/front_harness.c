@@ -466,6 +466,8 @@ static void *session_main(void *arg)
             break;
         serve_stream(a->w, st);
     }
+    if (!atomic_load(&a->w->stop))
+        bump(&a->w->sessions_ended);
     free(a);
     return NULL;
 }
@@ -475,6 +477,10 @@ static void *acceptor_main(void *arg)
     struct appw *w = arg;
     while (!atomic_load(&w->stop)) {
         shmipc_session *s;
+        if (atomic_load(&w->hold_accept)) { /* connects wait in the listen backlog */
+            sleep_ms(5);
+            continue;
+        }
         int rc = shmipc_listener_accept(w->l, 50, &s);
         if (rc < 0)
             continue;
@@ -898,6 +904,7 @@ int tc_teardown(void **state)
         latch_set(&t->w[i], &t->w[i].hold_open, 1);
         latch_set(&t->w[i], &t->w[i].release_stall, 1);
         latch_set(&t->w[i], &t->w[i].freeze, 0);
+        atomic_store(&t->w[i].hold_accept, 0);
     }
     fx_stop(&t->x); /* closes every client connection: client threads end */
     for (int i = 0; i < 3; i++) {

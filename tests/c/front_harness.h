@@ -64,13 +64,15 @@ struct appw {
     /* latches, set under mu and signalled on cv */
     atomic_int hold_open;
     atomic_int release_stall;
-    atomic_int freeze;     /* session threads touch nothing (the queue to it stays full) */
-    int parked;            /* session threads waiting out a freeze (under mu) */
-    atomic_int bad;        /* what a worker thread found wrong (it cannot assert) */
-    atomic_int requests;   /* request heads read */
-    atomic_int refused;    /* requests answered ABORT SHUTDOWN */
-    atomic_int aborts[8];  /* ABORT reasons the front sent */
-    atomic_int concurrent; /* streams being served now */
+    atomic_int sessions_ended; /* session threads that saw their session end */
+    atomic_int hold_accept;    /* the acceptor takes no connection: a worker that is frozen */
+    atomic_int freeze;         /* session threads touch nothing (the queue to it stays full) */
+    int parked;                /* session threads waiting out a freeze (under mu) */
+    atomic_int bad;            /* what a worker thread found wrong (it cannot assert) */
+    atomic_int requests;       /* request heads read */
+    atomic_int refused;        /* requests answered ABORT SHUTDOWN */
+    atomic_int aborts[8];      /* ABORT reasons the front sent */
+    atomic_int concurrent;     /* streams being served now */
     atomic_int max_concurrent;
     atomic_int streamed; /* stream_mode bodies sent whole */
     pthread_mutex_t mu;

@@ -1118,6 +1118,57 @@ static void peer_address_on_a_unix_listener(void **state)
     free(r);
 }
 
+/* A worker that is alive but frozen (it accepts nothing: its connects wait in the listen
+ * backlog, their handshakes unanswered) joins the set. The front's connect to it must not
+ * stop the reactor thread: the other worker's requests on the same thread are served while
+ * the handshake waits out connect_ms. Then the frozen worker leaves the set while the connect
+ * is in flight, it thaws (the late handshake succeeds) and the front closes what it got; and
+ * the front closes with a connect in flight. Before: every GET waited out the handshake
+ * (3 s), and the first case below failed its 1.5 s bound. */
+static void frozen_worker_connect_does_not_stall_the_thread(void **state)
+{
+    struct tc *t = *state;
+    struct appw *a = &t->w[0];
+    struct appw *z = &t->w[1];
+    struct appw *ws[] = {a};
+    struct fx *x = &t->x;
+    struct shmipc__front_opts o = {.connect_ms = 3000};
+    struct resp p;
+    appw_start(a, "a", NULL);
+    appw_start(z, "z", NULL);
+    atomic_store(&z->hold_accept, 1);
+    fx_start(x, ws, 1, 1, &o);
+    const char *both[] = {a->addr, z->addr};
+    CHECK(shmipc__front_set_workers(x->f, both, 2));
+    for (int i = 0; i < 10; i++) { /* while the connect to z waits for its handshake */
+        char target[32];
+        uint64_t t0 = mono_ms();
+        snprintf(target, sizeof target, "/during/%d", i);
+        assert_int_equal(request(x->port, "GET", target, NULL, &p), 200);
+        assert_true(strcasestr(p.head, "\r\nX-Worker: a\r\n") != NULL);
+        resp_free(&p);
+        uint64_t took = mono_ms() - t0;
+        if (took >= 1500)
+            fail_msg("GET %d took %llu ms behind a frozen worker's connect", i,
+                     (unsigned long long)took);
+        sleep_ms(50);
+    }
+    /* z leaves the set with its connect in flight; it thaws: the handshake the front no longer
+     * wants succeeds and its session is closed (ASan: nothing leaks, nothing is used after
+     * being freed). */
+    const char *only_a[] = {a->addr};
+    CHECK(shmipc__front_set_workers(x->f, only_a, 1));
+    latch_set(z, &z->hold_accept, 0);
+    assert_true(wait_for(&z->sessions_ended, 1, WAIT_MS));
+    assert_int_equal(request(x->port, "GET", "/after", NULL, &p), 200);
+    resp_free(&p);
+    /* Frozen again, in the set again, and the front closes with that connect in flight. */
+    atomic_store(&z->hold_accept, 1);
+    CHECK(shmipc__front_set_workers(x->f, both, 2));
+    sleep_ms(100);
+    fx_stop(x);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define FRONT_TESTS                                                                                \
     T(basic), T(too_large_for_protocol), T(pipelining), T(cross_talk), T(queue_full_503),          \
@@ -1129,7 +1180,7 @@ static void peer_address_on_a_unix_listener(void **state)
         T(refused_then_session_closed_goes_to_another), T(refused_everywhere_503),                 \
         T(refused_after_interim_head_not_resent), T(refused_queued_big_body_not_kept),             \
         T(memory_wait_config_never_stalls_the_front), T(peer_address_is_the_connections_own),      \
-        T(peer_address_on_a_unix_listener)
+        T(peer_address_on_a_unix_listener), T(frozen_worker_connect_does_not_stall_the_thread)
 
 int main(int argc, char **argv)
 {
