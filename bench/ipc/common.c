@@ -141,6 +141,8 @@ int pattern_init(const struct opts *o, size_t max)
     for (int i = 0; i < o->nsizes; i++)
         if (o->sizes[i] > max)
             max = o->sizes[i];
+    if (max < SPIN_FLOOR_SIZE) /* the spin floor's messages come from it too */
+        max = SPIN_FLOOR_SIZE;
     if ((pattern = malloc(max + PATTERN_SLACK)) == NULL)
         return sys_fail("pattern: malloc");
     uint64_t x = 0x9e3779b97f4a7c15ull;

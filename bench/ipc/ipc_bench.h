@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -262,6 +263,11 @@ extern double memcpy_gibps;
 void measure_memcpy(void);
 extern double wake_floor_us;
 void measure_wake_floor(const struct env *e);
+/* The spin floor: the payload of its ping-pong, and its percentiles (µs; -1: not measured). */
+#define SPIN_FLOOR_SIZE 64u
+extern double spin_floor_us[NPCT];
+extern int spin_floor_samples;
+void measure_spin_floor(const struct opts *o, const struct env *e);
 int measure_idle(const struct opts *o, struct local *lc);
 
 /* transport_shmipc.c */
@@ -318,6 +324,7 @@ int write_bar4(FILE *f, struct results *r, int markdown);
 void write_idle(FILE *f, const struct opts *o, int markdown);
 void write_memcpy_floor(FILE *f, struct results *r);
 void write_wake_floor(FILE *f, struct results *r);
+void write_spin_floor(FILE *f, struct results *r);
 int write_md(const char *path, struct results *r, const struct opts *o, const struct env *e);
 
 /* report_json.c */

@@ -547,11 +547,13 @@ static int ipc_main(const struct opts *o)
     }
     measure_memcpy();
     measure_wake_floor(&e);
+    measure_spin_floor(o, &e);
     read_loadavg(e.load_end, sizeof e.load_end);
     write_tables(stdout, &r);
     write_idle(stdout, o, 0);
     write_memcpy_floor(stdout, &r);
     write_wake_floor(stdout, &r);
+    write_spin_floor(stdout, &r);
     write_bar(stdout, &r, 0);
     write_bar4(stdout, &r, 0);
     printf("\nrun time: %.1f s; load average %s at the start, %s at the end\n",

@@ -201,8 +201,18 @@ int write_json(const char *path, struct results *r, const struct env *e)
                 transport_name[t], idle_share[t][0], idle_share[t][1]);
         none = 0;
     }
-    fprintf(f, "%s},\n  \"memcpy_gibps\": %.3f,\n  \"wake_floor_us\": %.3f\n}\n",
-            none ? "" : "\n  ", memcpy_gibps, wake_floor_us);
+    fprintf(f, "%s},\n  \"memcpy_gibps\": %.3f,\n  \"wake_floor_us\": %.3f,\n", none ? "" : "\n  ",
+            memcpy_gibps, wake_floor_us);
+    /* The spin floor (measure_spin_floor): null when it could not be measured. */
+    fprintf(f, "  \"spin_floor\": ");
+    if (spin_floor_us[P50] > 0) {
+        fprintf(f, "{\"size\": %u, \"samples\": %d", SPIN_FLOOR_SIZE, spin_floor_samples);
+        for (int p = 0; p < NPCT; p++)
+            fprintf(f, ", \"%s_us\": %.3f", pct_key[p], spin_floor_us[p]);
+        fprintf(f, "}\n}\n");
+    } else {
+        fprintf(f, "null\n}\n");
+    }
     if (fclose(f) != 0)
         return sys_fail(path);
     return 0;

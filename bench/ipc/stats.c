@@ -245,6 +245,122 @@ out:
     free(t);
 }
 
+/*
+ * The spin floor of a small round trip: two processes, pinned as the client and the echo
+ * server are, ping-pong a 64 B message through one shared mapping, each spinning (with the
+ * CPU's pause hint) on the other's sequence word: the client writes the payload and stores
+ * the sequence with release, the echo waits for it with acquire loads, copies the payload to
+ * its own line and publishes it the same way. No library, no system call, no lock: what two
+ * cache-line transfers between the two CPUs cost, plus the copies. Over as many round trips
+ * as the 64 B one-stream cell (a tenth of that, at least 20, before as warm-up). On a VM the
+ * tail is mostly the hypervisor taking a vCPU away.
+ */
+double spin_floor_us[NPCT] = {-1, -1, -1, -1, -1};
+int spin_floor_samples;
+
+/* One direction of the ping-pong, alone on its cache lines. */
+struct spin_line {
+    _Alignas(64) uint64_t seq;
+    uint8_t payload[SPIN_FLOOR_SIZE];
+};
+
+static inline void spin_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("isb" ::: "memory");
+#endif
+}
+
+/*
+ * Waits until *seq is `want` (acquire). Gives up after SPIN_FLOOR_GIVE_UP_NS, looking at the
+ * clock every 1024 turns only, so that the loop is a load and a pause. Returns 0 or -1.
+ */
+#define SPIN_FLOOR_GIVE_UP_NS (5ull * 1000000000u)
+static int spin_until(const uint64_t *seq, uint64_t want)
+{
+    uint64_t t0 = 0;
+    for (unsigned i = 1;; i++) {
+        if (__atomic_load_n(seq, __ATOMIC_ACQUIRE) == want)
+            return 0;
+        if ((i & 1023) == 0) {
+            uint64_t now = now_ns();
+            if (t0 == 0)
+                t0 = now;
+            else if (now - t0 > SPIN_FLOOR_GIVE_UP_NS || interrupted)
+                return -1;
+        }
+        spin_pause();
+    }
+}
+
+void measure_spin_floor(const struct opts *o, const struct env *e)
+{
+    int samples = samples_for(o, SPIN_FLOOR_SIZE);
+    int warm = samples / 10 > 20 ? samples / 10 : 20;
+    struct spin_line *ln =
+        mmap(NULL, 2 * sizeof *ln, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    uint64_t *t = malloc((size_t)samples * sizeof *t);
+    pid_t pid = -1;
+    int done = 0;
+    if (ln == MAP_FAILED || t == NULL)
+        goto out;
+    struct spin_line *ping = &ln[0], *pong = &ln[1];
+    if ((pid = fork()) == 0) {
+        if (e->pinned && pin_to(e->server_cpu) < 0)
+            _exit(1);
+        for (uint64_t i = 1; i <= (uint64_t)(warm + samples); i++) {
+            if (spin_until(&ping->seq, i) < 0)
+                _exit(1);
+            memcpy(pong->payload, ping->payload, SPIN_FLOOR_SIZE);
+            __atomic_store_n(&pong->seq, i, __ATOMIC_RELEASE);
+        }
+        _exit(0);
+    }
+    if (pid < 0)
+        goto out;
+    for (uint64_t i = 1; i <= (uint64_t)(warm + samples); i++) {
+        /* Consecutive messages differ, as the benchmark's do. */
+        const uint8_t *msg = pattern + i % PATTERN_SLACK;
+        uint64_t t0 = now_ns();
+        memcpy(ping->payload, msg, SPIN_FLOOR_SIZE);
+        __atomic_store_n(&ping->seq, i, __ATOMIC_RELEASE);
+        if (spin_until(&pong->seq, i) < 0)
+            goto out;
+        int same = memcmp(pong->payload, msg, SPIN_FLOOR_SIZE) == 0;
+        uint64_t t1 = now_ns();
+        if (!same) {
+            fprintf(stderr, "shmipc-bench: spin floor: the echo differs from the message\n");
+            goto out;
+        }
+        if (i > (uint64_t)warm)
+            t[i - 1 - (uint64_t)warm] = t1 - t0;
+    }
+    done = 1;
+    qsort(t, (size_t)samples, sizeof *t, cmp_u64);
+    for (int p = 0; p < NPCT; p++) {
+        size_t k = ((size_t)samples * pct_permille[p] + 999) / 1000;
+        spin_floor_us[p] = (double)t[(k ? k : 1) - 1] / 1000.0;
+    }
+    spin_floor_samples = samples;
+out:
+    if (pid > 0) {
+        if (!done)
+            kill(pid, SIGKILL);
+        int st = 0;
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+            ;
+        if (done && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+            spin_floor_us[P50] = -1;
+            spin_floor_samples = 0;
+        }
+    }
+    if (ln != MAP_FAILED)
+        munmap(ln, 2 * sizeof *ln);
+    free(t);
+}
+
 /* The echo server's CPU time over `ms` of quiet, as a fraction of one CPU; -1 if unknown. */
 static double idle_server_share(int ms)
 {
