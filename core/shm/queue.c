@@ -250,6 +250,15 @@ int shmipc__queue_mark_working(struct shmipc__queue *q)
      * our new tail when it re-checks, or we see its cleared flag here. Never neither.
      */
     FULL_FENCE();
+    /*
+     * A plain look first. While the consumer works (or spins) the flag stays 1, and a CAS
+     * would fail all the same, but only after taking the flag's cache line from the spinning
+     * consumer (a locked RMW needs the line exclusive even when it fails); in the legacy
+     * layout that line also holds head and tail, which the consumer is spinning on. The load
+     * reads the same value the failed CAS would, after the same fence (docs/protocol.md 6.6).
+     */
+    if (__atomic_load_n(u32_at(q, q->flag_at), __ATOMIC_SEQ_CST) != 0)
+        return 0;
     return __atomic_compare_exchange_n(u32_at(q, q->flag_at), &idle, 1, 0, __ATOMIC_SEQ_CST,
                                        __ATOMIC_RELAXED);
 }
