@@ -35,8 +35,9 @@
 static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
 {
     shmipc_session *s = st->s;
-    uint64_t deadline = shmipc__wait_deadline(st->read_timeout_ms);
-    int rc;
+    /* Set at the first wait: data already there (and a non-blocking look) reads no clock. */
+    uint64_t deadline = 0;
+    int waited = 0, rc;
     for (;;) {
         /* Set before shmipc__stream_shutdown() takes mu to wake us: no wakeup is lost. */
         if (shmipc__stream_is_shut(st))
@@ -65,6 +66,10 @@ static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
             return shmipc__session_err(s)
                        ? shmipc__session_ended(s)
                        : shmipc__fail(SHMIPC_EAGAIN, "stream %u: no data yet", st->id);
+        }
+        if (!waited) {
+            deadline = shmipc__wait_deadline(st->read_timeout_ms);
+            waited = 1;
         }
         if ((rc = shmipc__session_wait_locked(s, deadline)) < 0) {
             if (rc == SHMIPC_ETIMEDOUT)

@@ -314,7 +314,7 @@ static int spin_for_work(shmipc_session *s, uint64_t start, uint64_t budget, uin
  * spinning). Returns 1 when elements arrived and were processed, 0 when nothing came (with
  * *gave_up set to when the spin ended, if it ran), or the code that ended the session.
  */
-static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *began,
+static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t now, uint64_t *began,
                             uint64_t *gave_up)
 {
     if (s->processing || s->wakeup == SHMIPC_WAKEUP_POLLING || shmipc__session_err(s) ||
@@ -322,14 +322,16 @@ static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *bega
         return 0;
     s->processing = 1;
     uint64_t budget = spin_budget(s);
-    *began = shmipc__now_ns();
+    *began = now != 0 ? now : shmipc__now_ns();
     shmipc__session_unlock(s);
     int woken = 0;
     int found = spin_for_work(s, *began, budget, deadline, &woken);
     shmipc__session_lock(s);
     int rc = 0, events = 0;
     if (found) {
-        spin_observe(s, shmipc__now_ns() - *began);
+        /* One clock read for both: the wait's length, and when the drain below began. */
+        uint64_t at = shmipc__now_ns();
+        spin_observe(s, at - *began);
         spin_done(s, 1);
         /*
          * Drain. Then read the socket (and, V4, the eventfd) only when the peer sent us a
@@ -344,8 +346,9 @@ static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t *bega
             unsigned closes = s->queue_closes;
             rc = shmipc__session_finish_turn_locked(
                 s, shmipc__session_drain_queue_locked(s, &events), events);
+            /* The drain's start: a fresh look (FRESH_NS) trusts it a little less long. */
             if (rc >= 0)
-                s->drained_ns = shmipc__now_ns();
+                s->drained_ns = at;
             /*
              * A close element is read with the socket too, in this turn (mu held): a stream
              * on the socket sends its last FallbackData there and then its close as an
@@ -396,11 +399,15 @@ int shmipc__session_wait_locked(shmipc_session *s, uint64_t deadline)
         return shmipc__session_err(s);
     if (deadline == SHMIPC__DEADLINE_NOW)
         return wait_now_locked(s);
-    /* Events for other streams end a wait too; the caller's deadline holds across them. */
-    if (deadline != 0 && shmipc__now_ns() >= deadline)
+    /*
+     * Events for other streams end a wait too; the caller's deadline holds across them. The
+     * clock read here is also the spin's start (one read less per wait).
+     */
+    uint64_t now = deadline != 0 ? shmipc__now_ns() : 0;
+    if (deadline != 0 && now >= deadline)
         return shmipc__fail(SHMIPC_ETIMEDOUT, "timed out");
     uint64_t began = 0, gave_up = 0; /* when a spin started, and when it found nothing */
-    int rc = spin_turn_locked(s, deadline, &began, &gave_up);
+    int rc = spin_turn_locked(s, deadline, now, &began, &gave_up);
     if (rc != 0)
         return rc < 0 ? rc : 0;
     if (shmipc__session_err(s))
@@ -460,8 +467,8 @@ int shmipc__session_spin(shmipc_session *s)
     uint64_t began = 0, gave_up = 0;
     shmipc__session_lock(s);
     s->refs++; /* as process: a close meanwhile frees the session when we leave */
-    int rc =
-        shmipc__session_err(s) ? shmipc__session_err(s) : spin_turn_locked(s, 0, &began, &gave_up);
+    int rc = shmipc__session_err(s) ? shmipc__session_err(s)
+                                    : spin_turn_locked(s, 0, 0, &began, &gave_up);
     if (rc == 0 && gave_up != 0) {
         /*
          * The caller sleeps on fileno() now; what it sleeps through is not seen here, so the

@@ -330,8 +330,11 @@ static int wake_peer(shmipc_session *s)
 static int put_element(shmipc_stream *st, const struct shmipc__queue_elem *e)
 {
     shmipc_session *s = st->s;
-    uint64_t deadline = shmipc__wait_deadline(st->write_timeout_ms);
     int rc = shmipc__queue_put(&s->qp.send, e);
+    if (rc != SHMIPC_EQUEUEFULL)
+        return rc;
+    /* Only a full queue needs the clock: a put that succeeds (nearly all) reads none. */
+    uint64_t deadline = shmipc__wait_deadline(st->write_timeout_ms);
     for (int i = 0; rc == SHMIPC_EQUEUEFULL && i < QUEUE_FULL_RETRIES; i++) {
         uint64_t now = shmipc__now_ns();
         if (deadline != 0 && now >= deadline)
