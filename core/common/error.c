@@ -21,6 +21,19 @@ static void set_detail(const char *fmt, va_list ap, const char *suffix)
 
 int shmipc__fail(int code, const char *fmt, ...)
 {
+    /*
+     * A message without conversions is copied, not formatted: some are on hot paths (an
+     * event loop's accept_stream(0) finds no new stream once per message it serves), and
+     * vsnprintf costs several times a copy.
+     */
+    if (strchr(fmt, '%') == NULL) {
+        size_t n = strlen(fmt);
+        if (n >= sizeof detail)
+            n = sizeof detail - 1;
+        memcpy(detail, fmt, n);
+        detail[n] = '\0';
+        return code;
+    }
     va_list ap;
     va_start(ap, fmt);
     set_detail(fmt, ap, NULL);

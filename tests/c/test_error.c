@@ -111,6 +111,27 @@ static void long_detail_is_truncated_not_overflowed(void **state)
     assert_true(strlen(shmipc_error_detail()) > 100);
 }
 
+/* The copy that replaces vsnprintf for a message without conversions: whole, and bounded. */
+#define Y10  "yyyyyyyyyy"
+#define Y100 Y10 Y10 Y10 Y10 Y10 Y10 Y10 Y10 Y10 Y10
+static void constant_detail_is_copied_whole_and_bounded(void **state)
+{
+    (void)state;
+    assert_int_equal(shmipc__fail(SHMIPC_ETIMEDOUT, "accept_stream: no new stream"),
+                     SHMIPC_ETIMEDOUT);
+    assert_string_equal(shmipc_error_detail(), "accept_stream: no new stream");
+    /* "%%" is a conversion: still formatted. */
+    shmipc__fail(SHMIPC_EINVAL, "100%% full");
+    assert_string_equal(shmipc_error_detail(), "100% full");
+    shmipc__fail(SHMIPC_EINVAL, "x");
+    assert_string_equal(shmipc_error_detail(), "x");
+    /* 600 bytes: longer than the detail buffer, cut to it as vsnprintf would. */
+    shmipc__fail(SHMIPC_EINVAL, Y100 Y100 Y100 Y100 Y100 Y100);
+    size_t n = strlen(shmipc_error_detail());
+    assert_true(n > 100 && n < 600);
+    assert_true(strspn(shmipc_error_detail(), "y") == n);
+}
+
 static void version(void **state)
 {
     (void)state;
@@ -132,6 +153,7 @@ int main(void)
         cmocka_unit_test(fail_records_detail),
         cmocka_unit_test(detail_is_per_thread),
         cmocka_unit_test(long_detail_is_truncated_not_overflowed),
+        cmocka_unit_test(constant_detail_is_copied_whole_and_bounded),
         cmocka_unit_test(version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
