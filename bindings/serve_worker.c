@@ -9,12 +9,22 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "net/ws_codec.h"
 
-/* After its own ABORT the worker waits this long for the front to end its side. */
-#define ABORT_DRAIN_MS 5000
+/* After its own ABORT the worker waits this long for the front to end its side; after its own
+ * WebSocket close, this long for the front's answering close. */
+#define ABORT_DRAIN_MS   5000
+#define WS_CLOSE_WAIT_MS 5000
+/* A WebSocket wait wakes this often to see shmipc_serve_shutdown(). */
+#define WS_POLL_MS 100
+
+/* Set by shmipc_serve_shutdown() (a signal handler may call it): every WebSocket closes 1001. */
+static int ws_shutdown_flag;
 
 static const char error_body[] = "Internal Server Error\n";
 
@@ -33,6 +43,17 @@ struct shmipc_serve_exchange {
     unsigned head_sent : 1;  /* RESPONSE_HEAD went out */
     unsigned bodyless : 1;   /* HEAD, 204, 304: no BODY frames */
     unsigned has_length : 1; /* the head had CONTENT_LENGTH */
+    /* WebSocket (after shmipc_serve_ws_accept) */
+    unsigned ws : 1; /* the 101 went out */
+    unsigned ws_sent_close : 1;
+    unsigned ws_app_closed : 1; /* the handler called shmipc_serve_ws_close() */
+    unsigned ws_got_close : 1;  /* the front's WS_CLOSE was read */
+    unsigned ws_fin : 1;        /* the WS_DATA frame being read ends its message */
+    uint32_t ws_msg_op;         /* opcode of the client's message in progress, 0 between */
+    uint32_t ws_code;           /* shmipc_serve_ws_closed()'s code */
+    uint32_t ws_reason_len;
+    uint8_t ws_reason[SHMIPC_SERVE_MAX_CLOSE_REASON];
+    int64_t ws_close_by; /* going away: when the front's answer to our 1001 is given up, or 0 */
 };
 
 static int is_method(const shmipc_serve_request *r, const char *m)
@@ -313,6 +334,8 @@ SHMIPC_API int shmipc_serve_write(shmipc_serve_exchange *x, const void *data, si
         return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_write: NULL");
     if (!x->head_sent)
         return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_write: no response head yet");
+    if (x->ws)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_write: a WebSocket: shmipc_serve_ws_send");
     if (x->failed)
         return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_write: the response failed already");
     int rc = check_abort(x);
@@ -339,6 +362,395 @@ SHMIPC_API int shmipc_serve_write(shmipc_serve_exchange *x, const void *data, si
     }
     x->sent += len;
     return 0;
+}
+
+/* ---- WebSocket (docs/serve.md, "WebSocket in the C and Lua workers") ----------------------- */
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int name_is(const uint8_t *name, size_t n, const char *lit)
+{
+    return strlen(lit) == n && strncasecmp((const char *)name, lit, n) == 0;
+}
+
+/* Is `p` (n bytes) one of the subprotocols the client offered (Sec-WebSocket-Protocol fields,
+ * split at commas)? Compared exactly: RFC 6455 subprotocol names are case-sensitive. */
+static int offered(const shmipc_serve_request *r, const char *p, size_t n)
+{
+    shmipc_serve_fields it = r->fields;
+    shmipc_serve_field f;
+    while (shmipc_serve_fields_next(&it, &f) == 1) {
+        if (!name_is(f.name, f.name_len, "sec-websocket-protocol"))
+            continue;
+        const uint8_t *v = f.value, *end = f.value + f.value_len;
+        while (v < end) {
+            const uint8_t *c = memchr(v, ',', (size_t)(end - v));
+            const uint8_t *e = c != NULL ? c : end;
+            const uint8_t *a = v, *b = e;
+            while (a < b && (*a == ' ' || *a == '\t'))
+                a++;
+            while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
+                b--;
+            if ((size_t)(b - a) == n && n > 0 && memcmp(a, p, n) == 0)
+                return 1;
+            v = c != NULL ? c + 1 : end;
+        }
+    }
+    return 0;
+}
+
+/* The handler's 101 fields the front owns (the handshake's and the framing's). */
+static int ws_dropped(const shmipc_serve_field *f)
+{
+    static const char *const hop[] = {
+        "connection", "keep-alive", "transfer-encoding", "te",
+        "trailer",    "upgrade",    "content-length",    "proxy-connection"};
+    for (size_t i = 0; i < sizeof hop / sizeof hop[0]; i++)
+        if (name_is(f->name, f->name_len, hop[i]))
+            return 1;
+    return f->name_len >= 14 && strncasecmp((const char *)f->name, "sec-websocket-", 14) == 0;
+}
+
+SHMIPC_API int shmipc_serve_ws_accept(shmipc_serve_exchange *x, const char *subprotocol,
+                                      const shmipc_serve_field *fields, size_t nfields)
+{
+    if (x == NULL || (fields == NULL && nfields > 0))
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_accept: NULL");
+    if (!(x->req->flags & SHMIPC_SERVE_REQ_UPGRADE))
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_accept: not an upgrade request");
+    if (x->head_sent || x->failed)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_accept: the head was sent already");
+    if (nfields > SHMIPC_SERVE_MAX_HEADERS)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_accept: over %u fields",
+                            SHMIPC_SERVE_MAX_HEADERS);
+    size_t sl = subprotocol != NULL ? strlen(subprotocol) : 0;
+    if (subprotocol != NULL && !offered(x->req, subprotocol, sl))
+        return shmipc__fail(SHMIPC_EINVAL,
+                            "shmipc_serve_ws_accept: subprotocol '%.64s' was not offered",
+                            subprotocol);
+    static const uint8_t proto_name[] = "Sec-WebSocket-Protocol";
+    shmipc_serve_field *out = malloc((nfields + 1) * sizeof *out);
+    uint8_t *buf = malloc(SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD + SHMIPC_SERVE_HDR_SIZE);
+    int64_t n = SHMIPC_ENOMEM;
+    int rc;
+    if (out == NULL || buf == NULL)
+        goto done;
+    size_t k = 0;
+    for (size_t i = 0; i < nfields; i++)
+        if (!ws_dropped(&fields[i]))
+            out[k++] = fields[i];
+    if (subprotocol != NULL)
+        out[k++] = (shmipc_serve_field){proto_name, (const uint8_t *)subprotocol,
+                                        sizeof proto_name - 1, (uint32_t)sl};
+    shmipc_serve_response r = {.size = sizeof r, .status = 101};
+    n = shmipc_serve_encode_response_head(buf, SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD, &r,
+                                          out, k);
+    if (n < 0)
+        goto done;
+    /* The upgrade request's END (and any body) first: after the 101 the stream carries only
+     * WebSocket frames. */
+    drain(x);
+    if (x->gone || x->protocol) {
+        n = x->gone ? SHMIPC_ECONNRESET : SHMIPC_EPROTO;
+        goto done;
+    }
+    shmipc_serve_encode_header(buf + n, SHMIPC_SERVE_HDR_SIZE, SHMIPC_SERVE_END, 0, 0);
+    rc = send_now(x, buf, (size_t)n + SHMIPC_SERVE_HDR_SIZE, NULL, 0);
+    n = rc < 0 ? rc : 0;
+    if (rc == 0)
+        x->head_sent = x->bodyless = x->ws = 1;
+done:
+    free(out);
+    free(buf);
+    return (int)n;
+}
+
+/* WS_CLOSE from us; code 0 sends none. SHMIPC_EINVAL for a code or reason the codec refuses. */
+static int ws_send_close(shmipc_serve_exchange *x, uint32_t code, const void *reason, size_t len)
+{
+    uint8_t buf[SHMIPC_SERVE_HDR_SIZE + 2 + SHMIPC_SERVE_MAX_CLOSE_REASON];
+    int64_t n = shmipc_serve_encode_ws_close(buf, sizeof buf, code, reason, len);
+    if (n < 0)
+        return shmipc__fail(SHMIPC_EINVAL, "a WebSocket close: bad code %u or reason",
+                            (unsigned)code);
+    x->ws_sent_close = 1;
+    return send_now(x, buf, (size_t)n, NULL, 0);
+}
+
+/* The front's WS_CLOSE, its header read: kept for ws_closed(), answered unless we closed. */
+static int ws_close_came(shmipc_serve_exchange *x, const shmipc_serve_frame *h)
+{
+    uint8_t buf[SHMIPC_SERVE_HDR_SIZE + 2 + SHMIPC_SERVE_MAX_CLOSE_REASON];
+    const void *p;
+    if (h->length > sizeof buf - SHMIPC_SERVE_HDR_SIZE) {
+        x->protocol = 1;
+        return SHMIPC_EPROTO;
+    }
+    shmipc_serve_encode_header(buf, SHMIPC_SERVE_HDR_SIZE, SHMIPC_SERVE_WS_CLOSE, h->length,
+                               h->arg);
+    if (h->length > 0) {
+        if (read_exact(x, h->length, &p, 0) < 0)
+            return lost(x);
+        memcpy(buf + SHMIPC_SERVE_HDR_SIZE, p, h->length);
+        shmipc_stream_release(x->st);
+    }
+    shmipc_serve_frame f = {.size = sizeof f};
+    if (shmipc_serve_decode(buf, SHMIPC_SERVE_HDR_SIZE + h->length, &f) <= 0) {
+        x->protocol = 1; /* a reserved code, a reason that is not UTF-8 */
+        return SHMIPC_EPROTO;
+    }
+    x->ws_got_close = 1;
+    x->ws_code = f.close_code != 0 ? f.close_code : 1005;
+    x->ws_reason_len = f.close_reason_len;
+    if (f.close_reason_len > 0)
+        memcpy(x->ws_reason, f.close_reason, f.close_reason_len);
+    /* RFC 6455 §5.5.1: the side that did not close first answers, echoing the code. */
+    if (!x->ws_sent_close && ws_send_close(x, f.close_code, NULL, 0) < 0)
+        return lost(x);
+    return SHMIPC_ECLOSED;
+}
+
+/* A frame header within timeout_ms: 0, SHMIPC_ETIMEDOUT (nothing consumed), or as read_header. */
+static int ws_read_header(shmipc_serve_exchange *x, int timeout_ms, shmipc_serve_frame *f)
+{
+    const void *p;
+    shmipc_stream_set_timeout(x->st, SHMIPC_TIMEOUT_READ, timeout_ms);
+    int rc = read_exact(x, SHMIPC_SERVE_HDR_SIZE, &p, 0);
+    if (rc == SHMIPC_ETIMEDOUT)
+        return rc;
+    if (rc < 0)
+        return lost(x);
+    f->size = sizeof *f;
+    rc = shmipc_serve_decode_header(p, SHMIPC_SERVE_HDR_SIZE, f);
+    shmipc_stream_release(x->st);
+    if (rc < 0) {
+        x->protocol = 1;
+        return SHMIPC_EPROTO;
+    }
+    return 0;
+}
+
+SHMIPC_API int64_t shmipc_serve_ws_recv(shmipc_serve_exchange *x, void *buf, size_t cap,
+                                        uint32_t *flags, int timeout_ms)
+{
+    if (x == NULL || buf == NULL || cap == 0 || flags == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_recv: NULL or cap 0");
+    if (!x->ws)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_recv: no WebSocket accepted");
+    int64_t until = timeout_ms < 0 ? -1 : mono_ms() + timeout_ms;
+    for (;;) {
+        if (x->gone)
+            return SHMIPC_ECONNRESET;
+        if (x->protocol)
+            return SHMIPC_EPROTO;
+        if (x->ws_got_close)
+            return SHMIPC_ECLOSED;
+        int stopping = __atomic_load_n(&ws_shutdown_flag, __ATOMIC_ACQUIRE);
+        if (stopping && !x->ws_sent_close) {
+            if (ws_send_close(x, 1001, NULL, 0) < 0)
+                return SHMIPC_ECONNRESET;
+            x->ws_close_by = mono_ms() + WS_CLOSE_WAIT_MS;
+        }
+        if (x->frame_left > 0) {
+            if (stopping) { /* going away: what the client still sends is dropped */
+                uint64_t left = x->frame_left;
+                x->frame_left = 0;
+                if (x->ws_fin)
+                    x->ws_msg_op = 0;
+                if (skip(x, left) < 0)
+                    return SHMIPC_ECONNRESET;
+                continue;
+            }
+            const void *p;
+            size_t len;
+            size_t want = cap < x->frame_left ? cap : (size_t)x->frame_left;
+            if (read_chunk(x, want, &p, &len, 0) < 0)
+                return lost(x);
+            memcpy(buf, p, len);
+            shmipc_stream_release(x->st);
+            x->frame_left -= len;
+            *flags = x->ws_msg_op;
+            if (x->frame_left == 0 && x->ws_fin) {
+                *flags |= SHMIPC_SERVE_WS_FIN;
+                x->ws_msg_op = 0;
+            }
+            return (int64_t)len;
+        }
+        /* Wait in slices, to see a shutdown; up to the caller's time and, going away, the
+         * time the front has to answer our 1001. */
+        int64_t now = mono_ms(), wait = WS_POLL_MS;
+        if (until >= 0 && until - now < wait)
+            wait = until - now > 0 ? until - now : 0;
+        if (x->ws_close_by > 0 && x->ws_close_by - now < wait)
+            wait = x->ws_close_by - now > 0 ? x->ws_close_by - now : 0;
+        shmipc_serve_frame f;
+        int rc = ws_read_header(x, (int)wait, &f);
+        if (rc == SHMIPC_ETIMEDOUT) {
+            now = mono_ms();
+            if (x->ws_close_by > 0 && now >= x->ws_close_by)
+                return lost(x); /* no answer to our close: 1006 */
+            if (until >= 0 && now >= until)
+                return SHMIPC_ETIMEDOUT;
+            continue;
+        }
+        if (rc < 0)
+            return rc;
+        switch (f.type) {
+        case SHMIPC_SERVE_WS_DATA: {
+            uint32_t op = f.arg & 0xFFu;
+            if ((op == SHMIPC_SERVE_WS_CONT) != (x->ws_msg_op != 0)) {
+                x->protocol = 1; /* a continuation with no message, a message inside one */
+                return SHMIPC_EPROTO;
+            }
+            if (op != SHMIPC_SERVE_WS_CONT)
+                x->ws_msg_op = op;
+            x->ws_fin = (f.arg & SHMIPC_SERVE_WS_FIN) != 0;
+            x->frame_left = f.length;
+            if (f.length == 0 && !stopping) {
+                *flags = x->ws_msg_op | (x->ws_fin ? SHMIPC_SERVE_WS_FIN : 0);
+                if (x->ws_fin)
+                    x->ws_msg_op = 0;
+                return 0;
+            }
+            if (f.length == 0 && x->ws_fin)
+                x->ws_msg_op = 0;
+            continue;
+        }
+        case SHMIPC_SERVE_WS_PING:
+        case SHMIPC_SERVE_WS_PONG: /* the front's business: ignored (docs/serve.md) */
+            if (skip(x, f.length) < 0)
+                return SHMIPC_ECONNRESET;
+            continue;
+        case SHMIPC_SERVE_WS_CLOSE:
+            return ws_close_came(x, &f);
+        case SHMIPC_SERVE_ABORT:
+            return aborted(x, &f);
+        default:
+            x->protocol = 1;
+            return SHMIPC_EPROTO;
+        }
+    }
+}
+
+SHMIPC_API int shmipc_serve_ws_send(shmipc_serve_exchange *x, uint32_t opcode, const void *data,
+                                    size_t len)
+{
+    if (x == NULL || (data == NULL && len > 0))
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: NULL");
+    if (!x->ws)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: no WebSocket accepted");
+    /* The handler's own close first: sending after it is a misuse whatever the client did. */
+    if (x->ws_app_closed)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: after the WebSocket's close");
+    if (x->gone)
+        return SHMIPC_ECONNRESET;
+    if (x->protocol)
+        return SHMIPC_EPROTO;
+    if (x->ws_got_close || x->ws_sent_close)
+        return SHMIPC_ECLOSED; /* the front closed (answered), or the worker is going away */
+    uint8_t hdr[SHMIPC_SERVE_HDR_SIZE];
+    const uint8_t *p = data;
+    if (opcode == SHMIPC_SERVE_WS_PING_OP || opcode == SHMIPC_SERVE_WS_PONG_OP) {
+        if (len > SHMIPC_SERVE_MAX_CONTROL)
+            return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: a ping or pong over %u bytes",
+                                SHMIPC_SERVE_MAX_CONTROL);
+        shmipc_serve_encode_header(hdr, sizeof hdr,
+                                   opcode == SHMIPC_SERVE_WS_PING_OP ? SHMIPC_SERVE_WS_PING
+                                                                     : SHMIPC_SERVE_WS_PONG,
+                                   len, 0);
+        return send_now(x, hdr, sizeof hdr, p, len);
+    }
+    if (opcode != SHMIPC_SERVE_WS_TEXT && opcode != SHMIPC_SERVE_WS_BINARY)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: opcode %u", (unsigned)opcode);
+    if (opcode == SHMIPC_SERVE_WS_TEXT && !shmipc__utf8_valid(data, len))
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: text that is not UTF-8");
+    size_t off = 0;
+    do {
+        size_t piece = len - off < SHMIPC_SERVE_MAX_CHUNK ? len - off : SHMIPC_SERVE_MAX_CHUNK;
+        uint32_t arg = (off == 0 ? opcode : SHMIPC_SERVE_WS_CONT) |
+                       (off + piece == len ? SHMIPC_SERVE_WS_FIN : 0);
+        shmipc_serve_encode_header(hdr, sizeof hdr, SHMIPC_SERVE_WS_DATA, piece, arg);
+        int rc = send_now(x, hdr, sizeof hdr, piece > 0 ? p + off : NULL, piece);
+        if (rc < 0)
+            return rc;
+        off += piece;
+    } while (off < len);
+    return 0;
+}
+
+SHMIPC_API int shmipc_serve_ws_close(shmipc_serve_exchange *x, uint32_t code, const void *reason,
+                                     size_t reason_len)
+{
+    if (x == NULL || (reason == NULL && reason_len > 0))
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_close: NULL");
+    if (!x->ws)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_close: no WebSocket accepted");
+    if (x->ws_app_closed)
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_close: closed already");
+    if (x->gone)
+        return SHMIPC_ECONNRESET;
+    if (x->protocol)
+        return SHMIPC_EPROTO;
+    if (x->ws_got_close || x->ws_sent_close)
+        return SHMIPC_ECLOSED; /* the front closed first (answered), or going away (1001) */
+    int rc = ws_send_close(x, code, reason, reason_len);
+    if (rc != SHMIPC_EINVAL)
+        x->ws_app_closed = 1;
+    return rc;
+}
+
+SHMIPC_API int32_t shmipc_serve_ws_closed(shmipc_serve_exchange *x, void *reason, size_t cap,
+                                          size_t *reason_len)
+{
+    if (x == NULL)
+        return -1;
+    size_t rl = x->ws_got_close ? x->ws_reason_len : 0;
+    if (reason_len != NULL)
+        *reason_len = rl;
+    if (reason != NULL && cap > 0 && rl > 0)
+        memcpy(reason, x->ws_reason, cap < rl ? cap : rl);
+    return x->ws_got_close ? (int32_t)x->ws_code : x->gone || x->protocol ? 1006 : 0;
+}
+
+SHMIPC_API void shmipc_serve_shutdown(void)
+{
+    __atomic_store_n(&ws_shutdown_flag, 1, __ATOMIC_RELEASE);
+}
+
+/*
+ * After the handler of an accepted WebSocket: its socket closed (1000, or 1011 when it
+ * failed) unless it was, then the front's answering close waited for (messages meanwhile
+ * dropped), at most 5 s, so no frame of the front's arrives after our stream's close.
+ */
+static int ws_finish(shmipc_serve_exchange *x, int rc)
+{
+    if (rc < 0)
+        shmipc__log(SHMIPC_LOG_ERROR, "shmipc-serve: a WebSocket handler failed (%d): close 1011",
+                    rc);
+    if (!x->gone && !x->protocol && !x->ws_sent_close && !x->ws_got_close)
+        ws_send_close(x, rc < 0 ? 1011 : 1000, NULL, 0);
+    int64_t until = mono_ms() + WS_CLOSE_WAIT_MS;
+    while (!x->gone && !x->protocol && !x->ws_got_close) {
+        int64_t left = until - mono_ms();
+        uint8_t sink[4096];
+        uint32_t fl;
+        if (left <= 0 ||
+            shmipc_serve_ws_recv(x, sink, sizeof sink, &fl, (int)left) == SHMIPC_ETIMEDOUT)
+            break;
+    }
+    if (x->protocol) {
+        shmipc__log(SHMIPC_LOG_ERROR, "shmipc-serve: a bad frame from the front in a WebSocket");
+        send_abort(x, SHMIPC_SERVE_ABORT_PROTOCOL, "bad frame in the WebSocket");
+        return SHMIPC_SERVE_OUTCOME_PROTOCOL;
+    }
+    if (rc < 0)
+        return SHMIPC_SERVE_OUTCOME_ERROR;
+    return x->gone && !x->ws_got_close ? SHMIPC_SERVE_OUTCOME_ABORTED : SHMIPC_SERVE_OUTCOME_OK;
 }
 
 /* A complete 500: the handler failed before its head. */
@@ -424,7 +836,9 @@ SHMIPC_API int shmipc_serve_handle_stream(shmipc_stream *st, shmipc_serve_handle
         goto out;
     x.req = &req;
     int rc = handler(&x, user_data);
-    if (x.gone) {
+    if (x.ws) {
+        outcome = ws_finish(&x, rc);
+    } else if (x.gone) {
         outcome = SHMIPC_SERVE_OUTCOME_ABORTED;
     } else if (x.protocol) {
         shmipc__log(SHMIPC_LOG_ERROR, "shmipc-serve: a bad frame from the front in a request body");

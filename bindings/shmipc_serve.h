@@ -323,6 +323,77 @@ SHMIPC_API int shmipc_serve_respond(shmipc_serve_exchange *x, const shmipc_serve
  */
 SHMIPC_API int shmipc_serve_write(shmipc_serve_exchange *x, const void *data, size_t len);
 
+/* ---- WebSocket in a handler (docs/serve.md, "WebSocket in the C and Lua workers") ---------- */
+
+/* shmipc_serve_ws_send() opcodes besides SHMIPC_SERVE_WS_TEXT and _BINARY: RFC 6455's. */
+#define SHMIPC_SERVE_WS_PING_OP 9u  /**< a ping the front sends the client (payload <= 125) */
+#define SHMIPC_SERVE_WS_PONG_OP 10u /**< an unsolicited pong to the client (payload <= 125) */
+
+/**
+ * Accepts the request's WebSocket upgrade (its flags have SHMIPC_SERVE_REQ_UPGRADE), in place
+ * of shmipc_serve_respond(): RESPONSE_HEAD 101 with `fields` and END. `subprotocol` (NULL for
+ * none) must be one the client offered in Sec-WebSocket-Protocol, and is sent as that field;
+ * the handler's hop-by-hop and Sec-WebSocket-* fields are dropped (the handshake's fields are
+ * the front's). Refusing is any shmipc_serve_respond() instead (e.g. 403). Returns 0,
+ * SHMIPC_EINVAL (not an upgrade, a head sent already, a subprotocol not offered, a bad field),
+ * SHMIPC_EMSGSIZE, SHMIPC_ECONNRESET or SHMIPC_EPROTO as shmipc_serve_read().
+ */
+SHMIPC_API int shmipc_serve_ws_accept(shmipc_serve_exchange *x, const char *subprotocol,
+                                      const shmipc_serve_field *fields, size_t nfields);
+
+/**
+ * Receives up to `cap` bytes of the client's current message into `buf` (a message comes in
+ * any number of pieces; pings and pongs are the front's and skipped). *flags gets the
+ * message's opcode (SHMIPC_SERVE_WS_TEXT, its UTF-8 checked by the front, or _BINARY), with
+ * SHMIPC_SERVE_WS_FIN on the piece that ends it. Waits at most `timeout_ms` (-1: no limit;
+ * 0: only what arrived). Returns the bytes (0 for an empty piece), SHMIPC_ETIMEDOUT,
+ * SHMIPC_ECLOSED once the front's close came (answered already, echoing its code, unless the
+ * handler had closed), SHMIPC_ECONNRESET when the client went away (1006), SHMIPC_EPROTO for
+ * a bad frame, SHMIPC_EINVAL (NULL, cap 0, not accepted). shmipc_serve_ws_closed() tells the
+ * code. After shmipc_serve_shutdown() it sends the close 1001 and waits (at most 5 s) for the
+ * front's answer, dropping messages meanwhile.
+ */
+SHMIPC_API int64_t shmipc_serve_ws_recv(shmipc_serve_exchange *x, void *buf, size_t cap,
+                                        uint32_t *flags, int timeout_ms);
+
+/**
+ * Sends one whole message: SHMIPC_SERVE_WS_TEXT (UTF-8, checked) or _BINARY, split into
+ * WS_DATA frames of at most SHMIPC_SERVE_MAX_CHUNK bytes; or SHMIPC_SERVE_WS_PING_OP /
+ * _PONG_OP (at most 125 bytes). Returns 0, SHMIPC_EINVAL (not accepted, after the handler's
+ * own close, a bad opcode, text that is not UTF-8, a ping over 125 bytes, NULL data with len
+ * > 0), SHMIPC_ECLOSED (the front's close came, or the worker is going away: 1001 sent) or
+ * SHMIPC_ECONNRESET (the client went away).
+ */
+SHMIPC_API int shmipc_serve_ws_send(shmipc_serve_exchange *x, uint32_t opcode, const void *data,
+                                    size_t len);
+
+/**
+ * Closes the WebSocket: WS_CLOSE with `code` (0: none; else 1000-1003, 1007-1014 or
+ * 3000-4999) and a UTF-8 reason of at most 123 bytes. Once. Messages the client sent before
+ * its answer still come from shmipc_serve_ws_recv(), then SHMIPC_ECLOSED. A handler that
+ * returns with the socket open closes it 1000 (1011 when it returns a negative value), and the
+ * worker waits at most 5 s for the front's answer. Returns 0, SHMIPC_EINVAL (not accepted,
+ * closed already, a bad code or reason), SHMIPC_ECLOSED or SHMIPC_ECONNRESET.
+ */
+SHMIPC_API int shmipc_serve_ws_close(shmipc_serve_exchange *x, uint32_t code, const void *reason,
+                                     size_t reason_len);
+
+/**
+ * How the client closed: the front's close code (1005 when its close had none), 1006 when the
+ * client went away without one (ABORT, the stream's end), or 0 while neither happened;
+ * *reason_len (when not NULL) gets the length of the close reason, of which at most `cap`
+ * bytes are copied into `reason` (NULL with cap 0: none). -1 for NULL x.
+ */
+SHMIPC_API int32_t shmipc_serve_ws_closed(shmipc_serve_exchange *x, void *reason, size_t cap,
+                                          size_t *reason_len);
+
+/**
+ * Tells every WebSocket of the process that the worker is stopping: a shmipc_serve_ws_recv()
+ * waiting now or later closes its socket 1001 (going away) and returns once the front answered.
+ * Async-signal safe (one atomic store), for a SIGTERM handler; there is no undoing it.
+ */
+SHMIPC_API void shmipc_serve_shutdown(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -46,6 +46,8 @@ static int stopping(void)
 static void stop_now(void)
 {
     __atomic_store_n(&stopping_flag, 1, __ATOMIC_RELEASE);
+    /* An open WebSocket would hold the worker until its client leaves: it closes 1001. */
+    shmipc_serve_shutdown();
 }
 
 static void on_stop(int sig)

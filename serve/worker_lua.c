@@ -31,6 +31,7 @@ struct lua_app {
     int fn_ref;               /* the handler, in the registry */
     shmipc_serve_exchange *x; /* the request being served, NULL between requests */
     unsigned long long gen;   /* counts requests */
+    int ws;                   /* the request's handler accepted a WebSocket */
 };
 
 /* The userdata a request's closures hold: which request they belong to. */
@@ -198,6 +199,35 @@ static void push_headers(lua_State *L, const shmipc_serve_request *r)
     }
 }
 
+static int l_accept_websocket(lua_State *L);
+
+/* req.subprotocols: the Sec-WebSocket-Protocol fields split at commas, in order. */
+static void push_subprotocols(lua_State *L, const shmipc_serve_request *r)
+{
+    shmipc_serve_fields it = r->fields;
+    shmipc_serve_field f;
+    lua_Integer n = 0;
+    lua_newtable(L);
+    while (shmipc_serve_fields_next(&it, &f) == 1) {
+        if (f.name_len != 22 || strncasecmp((const char *)f.name, "sec-websocket-protocol", 22))
+            continue;
+        const uint8_t *v = f.value, *end = f.value + f.value_len;
+        while (v < end) {
+            const uint8_t *c = memchr(v, ',', (size_t)(end - v));
+            const uint8_t *a = v, *e = c != NULL ? c : end;
+            while (a < e && (*a == ' ' || *a == '\t'))
+                a++;
+            while (e > a && (e[-1] == ' ' || e[-1] == '\t'))
+                e--;
+            if (e > a) {
+                lua_pushlstring(L, (const char *)a, (size_t)(e - a));
+                lua_rawseti(L, -2, ++n);
+            }
+            v = c != NULL ? c + 1 : end;
+        }
+    }
+}
+
 static void push_request(lua_State *L, struct lua_app *app, const shmipc_serve_request *r)
 {
     lua_createtable(L, 0, 12);
@@ -219,12 +249,21 @@ static void push_request(lua_State *L, struct lua_app *app, const shmipc_serve_r
     push_peer(L, &r->peer);
     push_headers(L, r);
     lua_setfield(L, -2, "headers");
+    lua_pushboolean(L, (r->flags & SHMIPC_SERVE_REQ_UPGRADE) != 0);
+    lua_setfield(L, -2, "websocket");
+    if (r->flags & SHMIPC_SERVE_REQ_UPGRADE) {
+        push_subprotocols(L, r);
+        lua_setfield(L, -2, "subprotocols");
+    }
     struct req_box *box = lua_newuserdatauv(L, sizeof *box, 0);
     box->app = app;
     box->gen = app->gen;
     lua_pushvalue(L, -1);
     lua_pushcclosure(L, l_read, 1);
     lua_setfield(L, -3, "read");
+    lua_pushvalue(L, -1);
+    lua_pushcclosure(L, l_accept_websocket, 1);
+    lua_setfield(L, -3, "accept_websocket");
     lua_createtable(L, 0, 1);
     lua_insert(L, -2);
     lua_pushcclosure(L, l_index, 1);
@@ -353,6 +392,8 @@ static int run(lua_State *L)
     lua_rawgeti(L, LUA_REGISTRYINDEX, app->fn_ref);
     push_request(L, app, req);
     lua_call(L, 1, 3); /* status, headers, body at 1, 2, 3 */
+    if (app->ws)
+        return 0; /* a WebSocket: its end is the handler's return (closed 1000 if open) */
     int isnum;
     lua_Integer status = lua_tointegerx(L, 1, &isnum);
     if (!isnum || status < 200 || status > 599)
@@ -402,6 +443,218 @@ static int run(lua_State *L)
     return 0;
 }
 
+/* ---- WebSocket (docs/serve.md, "WebSocket in the C and Lua workers") -----------------------
+ * req:accept_websocket{protocol =, headers =, timeout =, max_payload_len =} sends the 101 and
+ * returns a ws object named after lua-resty-websocket's: ws:recv_frame() (whole messages),
+ * ws:send_text / send_binary / send_ping / send_pong / send_close, ws:set_timeout. Misuse (a
+ * wrong type, a bad close code, a send after the handler's own close) raises; what the client
+ * does (its close, its disappearance, a timeout) is returned as resty returns it. */
+
+#define WS_MT "shmipc.serve.ws"
+
+struct ws_box {
+    struct lua_app *app;
+    unsigned long long gen;
+    int timeout_ms;      /* recv_frame's wait, -1 none */
+    lua_Integer max_len; /* a larger message closes 1009; 0 none */
+    int closed;          /* recv_frame returned the close once */
+};
+
+static shmipc_serve_exchange *ws_exchange(lua_State *L, struct ws_box **out)
+{
+    struct ws_box *w = luaL_checkudata(L, 1, WS_MT);
+    if (w->app->x == NULL || w->gen != w->app->gen)
+        luaL_error(L, "this WebSocket is over: ws is valid during its handler only");
+    if (out != NULL)
+        *out = w;
+    return w->app->x;
+}
+
+/* nil, err for what the client did; an error for misuse. */
+static int ws_result(lua_State *L, int rc, const char *what)
+{
+    if (rc == 0) {
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    if (rc == SHMIPC_EINVAL)
+        return luaL_error(L, "%s: %s", what, shmipc_error_detail());
+    lua_pushnil(L);
+    lua_pushstring(L, rc == SHMIPC_EPROTO ? "protocol error" : "closed");
+    return 2;
+}
+
+static int ws_send(lua_State *L, uint32_t op, const char *what)
+{
+    shmipc_serve_exchange *x = ws_exchange(L, NULL);
+    size_t n = 0;
+    const char *s = op == SHMIPC_SERVE_WS_PING_OP || op == SHMIPC_SERVE_WS_PONG_OP
+                        ? luaL_optlstring(L, 2, "", &n)
+                        : luaL_checklstring(L, 2, &n);
+    return ws_result(L, shmipc_serve_ws_send(x, op, s, n), what);
+}
+
+static int l_ws_send_text(lua_State *L)
+{
+    return ws_send(L, SHMIPC_SERVE_WS_TEXT, "send_text");
+}
+
+static int l_ws_send_binary(lua_State *L)
+{
+    return ws_send(L, SHMIPC_SERVE_WS_BINARY, "send_binary");
+}
+
+static int l_ws_send_ping(lua_State *L)
+{
+    return ws_send(L, SHMIPC_SERVE_WS_PING_OP, "send_ping");
+}
+
+static int l_ws_send_pong(lua_State *L)
+{
+    return ws_send(L, SHMIPC_SERVE_WS_PONG_OP, "send_pong");
+}
+
+/* ws:send_close([code[, reason]]): code nil sends none. */
+static int l_ws_send_close(lua_State *L)
+{
+    shmipc_serve_exchange *x = ws_exchange(L, NULL);
+    lua_Integer code = luaL_optinteger(L, 2, 0);
+    size_t rl = 0;
+    const char *reason = luaL_optlstring(L, 3, "", &rl);
+    luaL_argcheck(L,
+                  (code == 0 && rl == 0) || (code >= 1000 && code <= 1003) ||
+                      (code >= 1007 && code <= 1014) || (code >= 3000 && code <= 4999),
+                  2, "a close code is 1000-1003, 1007-1014 or 3000-4999 (a reason needs one)");
+    luaL_argcheck(L, rl <= SHMIPC_SERVE_MAX_CLOSE_REASON, 3, "a close reason is at most 123 bytes");
+    return ws_result(L, shmipc_serve_ws_close(x, (uint32_t)code, reason, rl), "send_close");
+}
+
+/* ws:set_timeout(ms): recv_frame's wait; nil or negative: none. */
+static int l_ws_set_timeout(lua_State *L)
+{
+    struct ws_box *w;
+    ws_exchange(L, &w);
+    lua_Integer ms = luaL_optinteger(L, 2, -1);
+    luaL_argcheck(L, ms <= 86400000, 2, "at most 86400000 ms");
+    w->timeout_ms = ms < 0 ? -1 : (int)ms;
+    return 0;
+}
+
+/*
+ * ws:recv_frame(): the client's next whole message, `data, "text"|"binary"`; its close as
+ * `reason, "close", code` (1005: its close had no code; 1006: it went away without one), once;
+ * `nil, nil, err` for "timeout" (nothing of a message came in time), "closed" (after the
+ * close), "message too big" (over max_payload_len: closed 1009), "protocol error".
+ */
+static int l_ws_recv_frame(lua_State *L)
+{
+    struct ws_box *w;
+    shmipc_serve_exchange *x = ws_exchange(L, &w);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    size_t total = 0;
+    uint32_t op = 0;
+    for (;;) {
+        uint32_t flags = 0;
+        char *p = luaL_prepbuffsize(&b, READ_DEFAULT);
+        /* Once a message began, the rest is waited for: its bytes are not dropped by a timeout
+         * (the front's WebSocket timers bound a client that stalls mid-message). */
+        int64_t n = shmipc_serve_ws_recv(x, p, READ_DEFAULT, &flags, op == 0 ? w->timeout_ms : -1);
+        if (n >= 0) {
+            luaL_addsize(&b, (size_t)n);
+            total += (size_t)n;
+            op = flags & 0xFFu;
+            if (w->max_len > 0 && total > (size_t)w->max_len) {
+                shmipc_serve_ws_close(x, 1009, NULL, 0);
+                lua_pushnil(L);
+                lua_pushnil(L);
+                lua_pushliteral(L, "message too big");
+                return 3;
+            }
+            if (flags & SHMIPC_SERVE_WS_FIN) {
+                luaL_pushresult(&b);
+                lua_pushstring(L, op == SHMIPC_SERVE_WS_TEXT ? "text" : "binary");
+                return 2;
+            }
+            continue;
+        }
+        lua_pushnil(L);
+        if (n == SHMIPC_ETIMEDOUT || n == SHMIPC_EPROTO || n == SHMIPC_EINVAL || w->closed) {
+            lua_pushnil(L);
+            lua_pushstring(L, n == SHMIPC_ETIMEDOUT ? "timeout"
+                              : n == SHMIPC_EPROTO  ? "protocol error"
+                                                    : "closed");
+            return 3;
+        }
+        /* The client's close (SHMIPC_ECLOSED) or its disappearance (SHMIPC_ECONNRESET). */
+        char reason[SHMIPC_SERVE_MAX_CLOSE_REASON];
+        size_t rl = 0;
+        int32_t code = shmipc_serve_ws_closed(x, reason, sizeof reason, &rl);
+        w->closed = 1;
+        lua_pushlstring(L, reason, rl);
+        lua_pushliteral(L, "close");
+        lua_pushinteger(L, code);
+        return 3;
+    }
+}
+
+/* req:accept_websocket([opts]): the 101, and the ws object. */
+static int l_accept_websocket(lua_State *L)
+{
+    struct lua_app *app;
+    shmipc_serve_exchange *x = box_exchange(L, lua_upvalueindex(1));
+    app = ((struct req_box *)lua_touserdata(L, lua_upvalueindex(1)))->app;
+    const char *proto = NULL;
+    int timeout = -1;
+    lua_Integer max_len = 0;
+    lua_settop(L, 2); /* req, opts; the fields' block at 3 */
+    struct resp_fields *rf = lua_newuserdatauv(L, sizeof *rf, 0);
+    rf->n = rf->used = 0;
+    shmipc_serve_response r = {.size = sizeof r};
+    if (!lua_isnoneornil(L, 2)) {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        int top = lua_gettop(L);
+        if (lua_getfield(L, 2, "protocol") != LUA_TNIL) {
+            luaL_argexpected(L, lua_type(L, -1) == LUA_TSTRING, 2, "protocol: a string");
+            proto = lua_tostring(L, -1); /* kept alive by opts */
+        }
+        if (lua_getfield(L, 2, "timeout") != LUA_TNIL) {
+            lua_Integer t = luaL_checkinteger(L, -1);
+            timeout = t < 0 ? -1 : t > 86400000 ? 86400000 : (int)t;
+        }
+        if (lua_getfield(L, 2, "max_payload_len") != LUA_TNIL)
+            max_len = luaL_checkinteger(L, -1);
+        lua_getfield(L, 2, "headers");
+        gather_headers(L, lua_gettop(L), rf, &r);
+        lua_settop(L, top);
+    }
+    if (!(shmipc_serve_exchange_request(x)->flags & SHMIPC_SERVE_REQ_UPGRADE))
+        return luaL_error(L, "accept_websocket: not a WebSocket upgrade request");
+    int rc = shmipc_serve_ws_accept(x, proto, rf->f, rf->n);
+    if (rc < 0)
+        return luaL_error(L, "accept_websocket: %s: %s", shmipc_errname(rc),
+                          rc == SHMIPC_EINVAL || rc == SHMIPC_EMSGSIZE ? shmipc_error_detail()
+                                                                       : read_error(rc));
+    app->ws = 1;
+    struct ws_box *w = lua_newuserdatauv(L, sizeof *w, 0);
+    *w = (struct ws_box){app, app->gen, timeout, max_len > 0 ? max_len : 0, 0};
+    luaL_setmetatable(L, WS_MT);
+    return 1;
+}
+
+static void ws_register(lua_State *L)
+{
+    static const luaL_Reg methods[] = {
+        {"recv_frame", l_ws_recv_frame},   {"send_text", l_ws_send_text},
+        {"send_binary", l_ws_send_binary}, {"send_ping", l_ws_send_ping},
+        {"send_pong", l_ws_send_pong},     {"send_close", l_ws_send_close},
+        {"set_timeout", l_ws_set_timeout}, {NULL, NULL}};
+    luaL_newmetatable(L, WS_MT);
+    luaL_newlib(L, methods);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+}
+
 static int traceback(lua_State *L)
 {
     const char *msg = lua_tostring(L, 1);
@@ -415,6 +668,7 @@ static int lua_handler(shmipc_serve_exchange *x, void *data)
     lua_State *L = app->L;
     app->gen++;
     app->x = x;
+    app->ws = 0;
     lua_settop(L, 0);
     lua_pushcfunction(L, traceback);
     lua_pushcfunction(L, run);
@@ -443,6 +697,7 @@ int shmipc__worker_lua_load(const char *spec, shmipc_serve_handler *fn, void **d
     }
     app->L = L;
     luaL_openlibs(L);
+    ws_register(L);
     const char *colon = strrchr(spec, ':');
     size_t ml = colon != NULL ? (size_t)(colon - spec) : strlen(spec);
     if (ml == 0 || (colon != NULL && colon[1] == '\0')) {

@@ -163,6 +163,7 @@ static int cb_ws_open(shmipc_ws *ws, const shmipc_http_request *req, void *user_
 static void cb_ws_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data);
 static void cb_ws_close(shmipc_ws *ws, int code, const char *reason, size_t len, void *user_data);
 static int cb_serve_handler(shmipc_serve_exchange *x, void *user_data);
+static int cb_serve_ws_handler(shmipc_serve_exchange *x, void *user_data);
 
 static const struct {
     const char *name;
@@ -178,6 +179,7 @@ static const struct {
     {"ws_message", SHMIPC_ABI_KIND_WS_MESSAGE_CB, (void (*)(void))cb_ws_message},
     {"ws_close", SHMIPC_ABI_KIND_WS_CLOSE_CB, (void (*)(void))cb_ws_close},
     {"serve_handler", SHMIPC_ABI_KIND_SERVE_HANDLER, (void (*)(void))cb_serve_handler},
+    {"serve_ws_handler", SHMIPC_ABI_KIND_SERVE_HANDLER, (void (*)(void))cb_serve_ws_handler},
 };
 
 /* Constants a script can name: the error codes and these. */
@@ -2016,6 +2018,106 @@ static void serve_handler_calls(void **state)
     shmipc_stream_close(cst);
 }
 
+/*
+ * The WebSocket handler calls: a handler accepts an upgrade, then sends a message and closes
+ * through the table (shmipc_serve_ws_send, _ws_close, shmipc_serve_shutdown), with valid and
+ * invalid arguments each; the front's close was written beforehand (one thread plays both).
+ */
+static int serve_ws_handler_seen;
+
+static int cb_serve_ws_handler(shmipc_serve_exchange *x, void *user_data)
+{
+    (void)user_data;
+    assert_int_equal(shmipc_serve_ws_send(x, SHMIPC_SERVE_WS_TEXT, "a", 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_ws_accept(x, "nope", NULL, 0), SHMIPC_EINVAL); /* not offered */
+    assert_int_equal(shmipc_serve_ws_accept(x, NULL, NULL, 0), 0);
+    assert_int_equal(shmipc_serve_ws_accept(x, NULL, NULL, 0), SHMIPC_EINVAL); /* once */
+    assert_int_equal(shmipc_serve_write(x, "a", 1), SHMIPC_EINVAL);            /* not HTTP now */
+    assert_int_equal(shmipc_serve_ws_closed(x, NULL, 0, NULL), 0);
+    struct interp in;
+    interp_init(&in);
+    interp_handle(&in, "x", SHMIPC_ABI_KIND_SERVE_EXCHANGE, x);
+    RUN(&in, "shmipc_serve_ws_send(x, 1, \"hi\", 2) = 0;"
+             "shmipc_serve_ws_send(x, 3, \"hi\", 2) = SHMIPC_EINVAL;"
+             "shmipc_serve_ws_send(NULL, 1, \"hi\", 2) = SHMIPC_EINVAL;"
+             "shmipc_serve_ws_close(x, 999, \"\", 0) = SHMIPC_EINVAL;"
+             "shmipc_serve_ws_close(x, 1000, \"bye\", 3) = 0;"
+             "shmipc_serve_ws_close(NULL, 1000, \"\", 0) = SHMIPC_EINVAL;"
+             "shmipc_serve_shutdown()");
+    interp_finish(&in);
+    assert_int_equal(shmipc_serve_ws_send(x, SHMIPC_SERVE_WS_TEXT, "a", 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_ws_close(x, 1000, NULL, 0), SHMIPC_EINVAL); /* closed already */
+    char b[8];
+    uint32_t fl;
+    assert_int_equal(shmipc_serve_ws_recv(x, b, sizeof b, &fl, 10000), SHMIPC_ECLOSED);
+    size_t rl = 0;
+    assert_int_equal(shmipc_serve_ws_closed(x, b, sizeof b, &rl), 1000);
+    assert_int_equal(rl, 2);
+    assert_memory_equal(b, "ok", 2);
+    serve_ws_handler_seen++;
+    return 0;
+}
+
+static void serve_ws_handler_calls(void **state)
+{
+    (void)state;
+    uint8_t buf[512];
+    shmipc_stream *cst;
+    static const uint8_t proto[] = "Sec-WebSocket-Protocol", chat[] = "chat";
+    shmipc_serve_field fp = {proto, chat, sizeof proto - 1, sizeof chat - 1};
+    shmipc_serve_request rq = {.size = sizeof rq,
+                               .version_minor = 1,
+                               .flags = SHMIPC_SERVE_REQ_UPGRADE,
+                               .method = (const uint8_t *)"GET",
+                               .method_len = 3,
+                               .target = (const uint8_t *)"/ws",
+                               .target_len = 3};
+    int64_t n = shmipc_serve_encode_request_head(buf, sizeof buf, &rq, &fp, 1);
+    assert_true(n > 0);
+    assert_int_equal(
+        shmipc_serve_encode_header(buf + n, sizeof buf - (size_t)n, SHMIPC_SERVE_END, 0, 0), 12);
+    n += 12;
+    int64_t c = shmipc_serve_encode_ws_close(buf + n, sizeof buf - (size_t)n, 1000, "ok", 2);
+    assert_true(c > 0);
+    n += c;
+    assert_int_equal(shmipc_session_open_stream(env.client2, &cst), 0);
+    assert_int_equal(shmipc_stream_write(cst, buf, (size_t)n), 0);
+    assert_int_equal(shmipc_stream_flush(cst), 0);
+    struct interp in;
+    interp_init(&in);
+    RUN(&in, "shmipc_session_accept_stream(server, 10000, &sst) = 0;"
+             "shmipc_serve_handle_stream(sst, serve_ws_handler, ud) = 0");
+    interp_finish(&in);
+    assert_int_equal(serve_ws_handler_seen, 1);
+    /* The front's side: 101, END, the text "hi", the close 1000 "bye". */
+    uint32_t want[] = {SHMIPC_SERVE_RESPONSE_HEAD, SHMIPC_SERVE_END, SHMIPC_SERVE_WS_DATA,
+                       SHMIPC_SERVE_WS_CLOSE};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const void *p;
+        assert_int_equal(shmipc_stream_read_exact_bytes(cst, 12, &p, 0), 0);
+        shmipc_serve_frame f = {.size = sizeof f};
+        assert_int_equal(shmipc_serve_decode_header(p, 12, &f), 12);
+        shmipc_stream_release(cst);
+        assert_int_equal(f.type, want[i]);
+        if (f.length > 0)
+            assert_int_equal(shmipc_stream_read_exact_bytes(cst, f.length, &p, 0), 0);
+        if (f.type == SHMIPC_SERVE_WS_DATA) {
+            assert_int_equal(f.arg, SHMIPC_SERVE_WS_TEXT | SHMIPC_SERVE_WS_FIN);
+            assert_memory_equal(p, "hi", 2);
+        } else if (f.type == SHMIPC_SERVE_WS_CLOSE) {
+            assert_int_equal(f.length, 5);
+            assert_memory_equal(p,
+                                "\xe8\x03"
+                                "bye",
+                                5); /* 1000, little-endian */
+        } else if (f.type == SHMIPC_SERVE_RESPONSE_HEAD) {
+            assert_int_equal(((const uint8_t *)p)[0] | ((const uint8_t *)p)[1] << 8, 101);
+        }
+        shmipc_stream_release(cst);
+    }
+    shmipc_stream_close(cst);
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* The shared library                                                                   */
 /* ------------------------------------------------------------------------------------ */
@@ -2113,6 +2215,7 @@ int main(void)
         cmocka_unit_test(log_sink_swaps_under_load),
         cmocka_unit_test(serve_from_closures),
         cmocka_unit_test(serve_handler_calls),
+        cmocka_unit_test(serve_ws_handler_calls),
         cmocka_unit_test(shared_library_soname_and_table),
         cmocka_unit_test(every_generic_entry_was_called),
     };

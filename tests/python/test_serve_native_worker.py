@@ -50,11 +50,14 @@ def app_args(kind):
 
 
 class Proc:
-    def __init__(self, kind, *args):
+    """A worker process and a front connected to it: the example application of `kind`, or
+    `app` (the worker's application arguments) run in `cwd`."""
+
+    def __init__(self, kind, *args, app=None, cwd=LUA_DIR):
         self.address = unique_address("native")
-        self.p = subprocess.Popen([WORKER, *app_args(kind), "--address", self.address, *args],
-                                  cwd=LUA_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)
+        self.p = subprocess.Popen([WORKER, *(app or app_args(kind)), "--address", self.address,
+                                   *args], cwd=cwd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
         line = self.p.stdout.readline()
         assert f"ready on {self.address}" in line, (line, self.p.stderr.read()
                                                     if self.p.poll() is not None else "")
