@@ -551,8 +551,10 @@ SHMIPC_API int64_t shmipc_serve_ws_recv(shmipc_serve_exchange *x, void *buf, siz
         if (x->ws_got_close)
             return SHMIPC_ECLOSED;
         int stopping = __atomic_load_n(&ws_shutdown_flag, __ATOMIC_ACQUIRE);
-        if (stopping && !x->ws_sent_close) {
-            if (ws_send_close(x, 1001, NULL, 0) < 0)
+        if (stopping && x->ws_close_by == 0) {
+            /* Going away: 1001 unless the handler closed already; either way the front's
+             * answer is waited for 5 s at most, whatever timeout the caller gave. */
+            if (!x->ws_sent_close && ws_send_close(x, 1001, NULL, 0) < 0)
                 return SHMIPC_ECONNRESET;
             x->ws_close_by = mono_ms() + WS_CLOSE_WAIT_MS;
         }

@@ -17,6 +17,8 @@
  *   /slow?MS       sleeps MS milliseconds first, then answers with the pid
  *   /crash         kills the worker process (the front answers 502, the supervisor restarts)
  *   /headers       answers the request's header fields, one "name: value" line each
+ *   /ws            a WebSocket upgrade: accepted, every message echoed until the client
+ *                  closes (its close is answered by the library); any other upgrade: 403
  */
 #include <shmipc_serve.h>
 
@@ -74,12 +76,57 @@ static int echo(shmipc_serve_exchange *x, const shmipc_serve_request *req)
     return rc < 0 ? rc : (int)(n < 0 ? n : 0);
 }
 
+/* A WebSocket echo (docs/serve.md, "WebSocket in the C and Lua workers"): each message is
+ * gathered whole from its pieces, then sent back as one message of its kind. */
+static int ws_echo(shmipc_serve_exchange *x)
+{
+    int rc = shmipc_serve_ws_accept(x, NULL, NULL, 0);
+    size_t len = 0, cap = 0;
+    char *msg = NULL;
+    while (rc == 0) {
+        if (cap - len < 65536) {
+            char *m = cap < (64u << 20) ? realloc(msg, cap + (1u << 20)) : NULL;
+            if (m == NULL) { /* a message over 64 MiB (or no memory): too big */
+                rc = shmipc_serve_ws_close(x, 1009, NULL, 0);
+                break;
+            }
+            msg = m;
+            cap += 1u << 20;
+        }
+        uint32_t flags;
+        int64_t n = shmipc_serve_ws_recv(x, msg + len, cap - len, &flags, -1);
+        if (n == SHMIPC_ECLOSED || n == SHMIPC_ECONNRESET) {
+            rc = 0; /* the client closed (answered already) or went away */
+            break;
+        }
+        if (n < 0) {
+            rc = (int)n;
+            break;
+        }
+        len += (size_t)n;
+        if (flags & SHMIPC_SERVE_WS_FIN) {
+            rc = shmipc_serve_ws_send(x, flags & 0xFFu, msg, len);
+            len = 0;
+            if (rc == SHMIPC_ECLOSED || rc == SHMIPC_ECONNRESET)
+                rc = 0;
+        }
+    }
+    free(msg);
+    return rc;
+}
+
 int shmipc_serve_handle(shmipc_serve_exchange *x, void *user_data)
 {
     (void)user_data;
     const shmipc_serve_request *req = shmipc_serve_exchange_request(x);
     char q[64];
     char line[512];
+    if (req->flags & SHMIPC_SERVE_REQ_UPGRADE) {
+        if (path_is(req, "/ws", &q))
+            return ws_echo(x);
+        int rc = respond(x, 403, 0);
+        return rc < 0 ? rc : shmipc_serve_write(x, "", 0);
+    }
     if (req->flags & SHMIPC_SERVE_REQ_HAS_BODY)
         return echo(x, req);
     if (path_is(req, "/", &q)) {

@@ -5,7 +5,19 @@
 -- The module returns the handler: function(req) returning status, headers, body. GET / says
 -- hello; a request with a body gets it back. The other paths show the failure mapping, and the
 -- tests (tests/python/test_serve_native_worker.py) use them, as they do the C example's.
+-- A WebSocket upgrade to /ws is accepted and every message echoed; any other upgrade is a 403.
 local function handler(req)
+  if req.websocket then
+    if req.path ~= "/ws" then return 403, {}, "" end
+    local ws = req:accept_websocket()
+    while true do
+      local data, typ = ws:recv_frame()
+      if typ == "close" or not data then return end  -- the client closed, or went away
+      local ok
+      if typ == "text" then ok = ws:send_text(data) else ok = ws:send_binary(data) end
+      if not ok then return end
+    end
+  end
   if req.has_body then
     return 200, {["Content-Type"] = "application/octet-stream"}, req.body
   end

@@ -268,11 +268,18 @@ def test_lua_ws_misuse_raises_clear_errors(lua):
 
 def test_lua_ws_bad_frames_are_abort_protocol(lua):
     w = lua()
-    for bad in (frame(sf.WS_DATA, b"x", 0 | FIN),  # a continuation with no message
-                frame(sf.BODY, b"x")):
+    for bad in ([frame(sf.WS_DATA, b"x", 0 | FIN)],  # a continuation with no message
+                [frame(sf.WS_DATA, b"a", 1), frame(sf.WS_DATA, b"b", 2 | FIN)],  # one inside one
+                [frame(sf.BODY, b"x")],
+                [frame(sf.END)],
+                [frame(sf.WS_CLOSE, (1005).to_bytes(2, "little"))],  # a code never sent
+                [frame(sf.WS_CLOSE, (1000).to_bytes(2, "little") + b"\xff")],  # not UTF-8
+                [frame(sf.WS_CLOSE, b"\x01")],  # half a code
+                [frame(sf.WS_DATA, b"x", 3 | FIN)],  # an unknown opcode
+                [b"junk" * 3]):
         st = upgrade(w.front, b"/echo")
         accepted(w.front, st)
-        send(st, bad)
+        send(st, *bad)
         typ, arg, _ = w.front.read_frame(st)
         assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
         st.close()

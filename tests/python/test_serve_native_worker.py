@@ -505,3 +505,36 @@ def test_stopping_worker_exits_though_a_front_trickles_a_refused_stream(worker):
     finally:
         stop.set()
         tt.join(5)
+
+
+def test_websocket_echo_refusal_and_stop(worker):
+    """The examples' WebSocket echo (docs/serve.md, "WebSocket in the C and Lua workers"),
+    for the C handler API and the Lua one alike: a refusal, echo of text, binary and a 3 MiB
+    fragmented message, the client's close echoed, then SIGTERM closing an open socket 1001."""
+    from serve_ws_front import FIN, accepted, close_frame, closed, message, send, upgrade
+    w = worker()
+    st = upgrade(w.front, b"/other")
+    assert w.front.response(st)[0] == 403
+    st.close()
+    st = upgrade(w.front, b"/ws")
+    assert accepted(w.front, st) == []
+    send(st, frame(sf.WS_DATA, "h\u00e9".encode(), 1 | FIN))
+    assert message(w.front, st)[:2] == (1, "h\u00e9".encode())
+    big = os.urandom(3 * sf.MAX_CHUNK + 5)
+    pieces = [big[i:i + sf.MAX_CHUNK] for i in range(0, len(big), sf.MAX_CHUNK)]
+    for i, p in enumerate(pieces):
+        st.write(frame(sf.WS_DATA, p, (2 if i == 0 else 0) | (FIN if i == len(pieces) - 1 else 0)))
+    st.flush()
+    op, data, n = message(w.front, st)
+    assert (op, data == big, n) == (2, True, 4)
+    send(st, close_frame(4000, b"bye"))
+    assert closed(w.front, st) == (4000, "")
+    st.close()
+    assert w.front.request(b"GET", b"/")[4] == b"Hello, world!\n"
+    st = upgrade(w.front, b"/ws")
+    accepted(w.front, st)
+    w.p.send_signal(signal.SIGTERM)
+    assert closed(w.front, st) == (1001, "")
+    send(st, close_frame(1001))
+    st.close()
+    assert w.finish() == 0
