@@ -96,6 +96,11 @@ return function(req)
     ws:send_text(tostring(data) .. " " .. tostring(typ) .. " " .. tostring(err))
     ws:set_timeout(nil)
     echo(ws)
+  elseif p == "/close-wait" then
+    local ws = req:accept_websocket()
+    ws:send_close(1000)
+    local data, typ, code = ws:recv_frame()  -- no timeout: the front's answer
+    io.stderr:write("close-wait " .. tostring(typ) .. " " .. tostring(code) .. "\n")
   elseif p == "/return" then
     req:accept_websocket()
     return 200, {}, "ignored after the accept"
@@ -333,3 +338,17 @@ def test_lua_ws_two_workers_many_connections_unique_messages(lua):
     assert not any(t.is_alive() for t in ts)
     assert errors == []
     assert WORKER  # (the worker program the fixture runs)
+
+
+def test_lua_ws_stop_while_waiting_for_the_answer_to_its_own_close(lua):
+    """The handler closed and waits, without a timeout, for the front's answer, which never
+    comes: a SIGTERM still ends the wait (5 s at most, then 1006) and the worker exits."""
+    w = lua()
+    st = upgrade(w.front, b"/close-wait")
+    accepted(w.front, st)
+    assert closed(w.front, st) == (1000, "")
+    w.p.send_signal(signal.SIGTERM)
+    assert w.p.wait(20) == 0
+    w.t.join(10)
+    assert any("close-wait close 1006" in line for line in w.err), w.err
+    st.close()
