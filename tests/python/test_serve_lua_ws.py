@@ -101,6 +101,16 @@ return function(req)
     ws:send_close(1000)
     local data, typ, code = ws:recv_frame()  -- no timeout: the front's answer
     io.stderr:write("close-wait " .. tostring(typ) .. " " .. tostring(code) .. "\n")
+  elseif p == "/ping" then
+    local ws = req:accept_websocket()
+    assert(ws:send_ping("p"))
+    assert(ws:send_pong())
+    echo(ws)
+  elseif p == "/small" then
+    local ws = req:accept_websocket{max_payload_len = 4}
+    local data, typ, err = ws:recv_frame()
+    LAST = tostring(data) .. " " .. tostring(typ) .. " " .. tostring(err)
+    ws:recv_frame()
   elseif p == "/return" then
     req:accept_websocket()
     return 200, {}, "ignored after the accept"
@@ -352,3 +362,23 @@ def test_lua_ws_stop_while_waiting_for_the_answer_to_its_own_close(lua):
     w.t.join(10)
     assert any("close-wait close 1006" in line for line in w.err), w.err
     st.close()
+
+
+def test_lua_ws_ping_pong_and_max_payload_len(lua):
+    w = lua()
+    st = upgrade(w.front, b"/ping")
+    accepted(w.front, st)
+    assert w.front.read_frame(st) == (sf.WS_PING, 0, b"p")
+    assert w.front.read_frame(st) == (sf.WS_PONG, 0, b"")
+    send(st, frame(sf.WS_DATA, b"x", 1 | FIN))
+    assert message(w.front, st)[:2] == (1, b"x")
+    send(st, close_frame(1000))
+    assert closed(w.front, st) == (1000, "")
+    st.close()
+    st = upgrade(w.front, b"/small")
+    accepted(w.front, st)
+    send(st, frame(sf.WS_DATA, b"abcd", 2), frame(sf.WS_DATA, b"e", FIN))  # 5 bytes over 2 frames
+    assert closed(w.front, st) == (1009, "")
+    send(st, close_frame(1009))
+    st.close()
+    assert last(w.front) == "nil nil message too big"
