@@ -20,6 +20,8 @@
  * WebSocket close, this long for the front's answering close. */
 #define ABORT_DRAIN_MS   5000
 #define WS_CLOSE_WAIT_MS 5000
+/* The bytes of a WebSocket frame whose header came: each read of them waits this long. */
+#define WS_PAYLOAD_MS 5000
 /* A WebSocket wait wakes this often to see shmipc_serve_shutdown(). */
 #define WS_POLL_MS 100
 
@@ -532,6 +534,9 @@ static int ws_read_header(shmipc_serve_exchange *x, int timeout_ms, shmipc_serve
         x->protocol = 1;
         return SHMIPC_EPROTO;
     }
+    /* The frame's payload is on its way: its reads get their own bound, not what was left of
+     * the caller's time (0 would take a payload still arriving for a client gone). */
+    shmipc_stream_set_timeout(x->st, SHMIPC_TIMEOUT_READ, WS_PAYLOAD_MS);
     return 0;
 }
 

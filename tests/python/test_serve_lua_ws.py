@@ -8,6 +8,7 @@ codes both ways, 1011 for a Lua error after the accept and 500 before it, the cl
 of the Lua API raising clear errors."""
 import signal
 import threading
+import time
 
 import pytest
 
@@ -111,6 +112,18 @@ return function(req)
     local data, typ, err = ws:recv_frame()
     LAST = tostring(data) .. " " .. tostring(typ) .. " " .. tostring(err)
     ws:recv_frame()
+  elseif p == "/poll" then
+    local ws = req:accept_websocket{timeout = 0}  -- polls: only what arrived
+    while true do
+      local data, typ, err = ws:recv_frame()
+      if typ == "close" then LAST = "poll close " .. tostring(err) return end
+      if data then
+        ws:send_binary(data)
+      elseif err ~= "timeout" then
+        LAST = "poll " .. tostring(err)
+        return
+      end
+    end
   elseif p == "/return" then
     req:accept_websocket()
     return 200, {}, "ignored after the accept"
@@ -382,3 +395,21 @@ def test_lua_ws_ping_pong_and_max_payload_len(lua):
     send(st, close_frame(1009))
     st.close()
     assert last(w.front) == "nil nil message too big"
+
+
+def test_lua_ws_polling_recv_waits_for_a_payload_still_arriving(lua):
+    """recv_frame with timeout 0 finds a frame's header whose payload is not there yet: the
+    payload is waited for (it was read with what was left of the caller's 0 ms, and the client
+    taken for gone: 1006)."""
+    w = lua()
+    st = upgrade(w.front, b"/poll")
+    accepted(w.front, st)
+    whole = frame(sf.WS_DATA, b"0123456789", 2 | FIN)
+    send(st, whole[:12])
+    time.sleep(0.3)
+    send(st, whole[12:])
+    assert message(w.front, st)[:2] == (2, b"0123456789")
+    send(st, close_frame(1000))
+    assert closed(w.front, st) == (1000, "")
+    st.close()
+    assert last(w.front) == "poll close 1000"
