@@ -346,7 +346,8 @@ SHMIPC_API int shmipc_serve_ws_accept(shmipc_serve_exchange *x, const char *subp
  * any number of pieces; pings and pongs are the front's and skipped). *flags gets the
  * message's opcode (SHMIPC_SERVE_WS_TEXT, its UTF-8 checked by the front, or _BINARY), with
  * SHMIPC_SERVE_WS_FIN on the piece that ends it. Waits at most `timeout_ms` (-1: no limit;
- * 0: only what arrived). Returns the bytes (0 for an empty piece), SHMIPC_ETIMEDOUT,
+ * 0: only what arrived) for a frame; a frame whose header came is then read (each read of its
+ * payload waits up to 5 s). Returns the bytes (0 for an empty piece), SHMIPC_ETIMEDOUT,
  * SHMIPC_ECLOSED once the front's close came (answered already, echoing its code, unless the
  * handler had closed), SHMIPC_ECONNRESET when the client went away (1006), SHMIPC_EPROTO for
  * a bad frame, SHMIPC_EINVAL (NULL, cap 0, not accepted). shmipc_serve_ws_closed() tells the
