@@ -660,6 +660,14 @@ SHMIPC_API int shmipc_serve_ws_send(shmipc_serve_exchange *x, uint32_t opcode, c
         return SHMIPC_EPROTO;
     if (x->ws_got_close || x->ws_sent_close)
         return SHMIPC_ECLOSED; /* the front closed (answered), or the worker is going away */
+    if (__atomic_load_n(&ws_shutdown_flag, __ATOMIC_ACQUIRE)) {
+        /* Going away, also for a handler that only sends and never waits in ws_recv: 1001,
+         * and the front's answer is waited for when the handler returns (ws_finish). */
+        if (ws_send_close(x, 1001, NULL, 0) < 0)
+            return SHMIPC_ECONNRESET;
+        x->ws_close_by = mono_ms() + WS_CLOSE_WAIT_MS;
+        return SHMIPC_ECLOSED;
+    }
     uint8_t hdr[SHMIPC_SERVE_HDR_SIZE];
     const uint8_t *p = data;
     if (opcode == SHMIPC_SERVE_WS_PING_OP || opcode == SHMIPC_SERVE_WS_PONG_OP) {

@@ -390,7 +390,8 @@ SHMIPC_API int32_t shmipc_serve_ws_closed(shmipc_serve_exchange *x, void *reason
 
 /**
  * Tells every WebSocket of the process that the worker is stopping: a shmipc_serve_ws_recv()
- * waiting now or later closes its socket 1001 (going away) and returns once the front answered.
+ * waiting now or later closes its socket 1001 (going away) and returns once the front answered;
+ * a shmipc_serve_ws_send() sends the 1001 instead of its message and returns SHMIPC_ECLOSED.
  * Async-signal safe (one atomic store), for a SIGTERM handler; there is no undoing it.
  */
 SHMIPC_API void shmipc_serve_shutdown(void);

@@ -124,6 +124,16 @@ return function(req)
         return
       end
     end
+  elseif p == "/push" then
+    local ws = req:accept_websocket()
+    local n = 0
+    while true do  -- sends only, never receives
+      n = n + 1
+      local ok, err = ws:send_text("tick " .. n)
+      if not ok then io.stderr:write("push " .. tostring(err) .. "\n") return end
+      local t = os.clock() + 0.005
+      while os.clock() < t do end
+    end
   elseif p == "/return" then
     req:accept_websocket()
     return 200, {}, "ignored after the accept"
@@ -413,3 +423,24 @@ def test_lua_ws_polling_recv_waits_for_a_payload_still_arriving(lua):
     assert closed(w.front, st) == (1000, "")
     st.close()
     assert last(w.front) == "poll close 1000"
+
+
+def test_lua_ws_stop_while_the_handler_only_sends_closes_1001(lua):
+    """A handler that pushes messages and never calls recv_frame: SIGTERM still closes its
+    socket 1001 (its next send returns nil, "closed"), and the worker exits."""
+    w = lua()
+    st = upgrade(w.front, b"/push")
+    accepted(w.front, st)
+    assert message(w.front, st)[1] == b"tick 1"
+    w.p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10  # a tick every 5 ms: bounded, whatever the worker does
+    while time.monotonic() < deadline:
+        typ, arg, payload = w.front.read_frame(st)
+        if typ != sf.WS_DATA:
+            break
+    assert typ == sf.WS_CLOSE and payload == (1001).to_bytes(2, "little"), (typ, payload)
+    send(st, close_frame(1001))
+    st.close()
+    assert w.p.wait(20) == 0
+    w.t.join(10)
+    assert any("push closed" in line for line in w.err), w.err
