@@ -304,8 +304,8 @@ SHMIPC_API const shmipc_serve_request *shmipc_serve_exchange_request(shmipc_serv
 SHMIPC_API int64_t shmipc_serve_read(shmipc_serve_exchange *x, void *buf, size_t cap);
 
 /**
- * Sends the response head: r->status (200..599: interim and upgrade responses are not
- * available to handlers), r->flags (SHMIPC_SERVE_RESP_CONTENT_LENGTH with r->content_length,
+ * Sends the response head: r->status (200..599: interim responses are not available to
+ * handlers, and a WebSocket's 101 is shmipc_serve_ws_accept()), r->flags (SHMIPC_SERVE_RESP_CONTENT_LENGTH with r->content_length,
  * SHMIPC_SERVE_RESP_CLOSE) and the fields (the front owns the framing fields, docs/serve.md).
  * Without CONTENT_LENGTH the front frames the body itself. Once per request. Returns 0,
  * SHMIPC_EINVAL (a second head, a bad status or field, r->size too small), SHMIPC_EMSGSIZE,
