@@ -81,12 +81,19 @@ static int wait_for_memory(shmipc_stream *st, uint64_t deadline, uint64_t *nap_n
     return 0;
 }
 
+/* write_bytes()'s modes: a memory_wait write may wait for a slice; a shared-memory-only
+ * write (shmipc__stream_write_shm) fails rather than taking the heap. */
+#define GROW_MAY_WAIT 1
+#define GROW_SHM_ONLY 2
+
 /*
  * Appends a segment of at least `want` bytes: a slice, or heap memory when none is free (the
- * fallback), or, with memory_wait and `may_wait`, a slice once the peer freed one.
+ * fallback), or, with memory_wait and GROW_MAY_WAIT, a slice once the peer freed one; with
+ * GROW_SHM_ONLY, SHMIPC_ENOSHM instead of the heap.
  */
-static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous, int may_wait)
+static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous, int mode)
 {
+    int may_wait = mode & GROW_MAY_WAIT;
     shmipc_session *s = st->s;
     uint32_t max = shmipc__buffer_max_slice(&s->bm);
     struct shmipc__segment *seg = shmipc__stream_add_segment(st);
@@ -122,6 +129,10 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous, int 
             return rc;
         }
     }
+    if (mode & GROW_SHM_ONLY) {
+        st->nsegs--;
+        return SHMIPC_ENOSHM; /* no detail: an expected answer, asked again later */
+    }
     /* Shared memory is exhausted (or the window is larger than any slice): use the heap. */
     size_t cap = want < FALLBACK_MIN_HEAP ? FALLBACK_MIN_HEAP : want;
     if (cap > SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE)
@@ -150,7 +161,7 @@ int shmipc__session_end_on_bad_list(shmipc_session *s, int rc)
     return rc;
 }
 
-static int write_bytes(shmipc_stream *st, const void *buf, size_t len, int may_wait);
+static int write_bytes(shmipc_stream *st, const void *buf, size_t len, int mode);
 
 /* shmipc__stream_write() for a caller that may hold mu (forward): see end_on_bad_list. Never
  * waits for shared memory. */
@@ -159,7 +170,7 @@ int shmipc__stream_write_bytes(shmipc_stream *st, const void *buf, size_t len)
     return write_bytes(st, buf, len, 0);
 }
 
-static int write_bytes(shmipc_stream *st, const void *buf, size_t len, int may_wait)
+static int write_bytes(shmipc_stream *st, const void *buf, size_t len, int mode)
 {
     const uint8_t *p = buf;
     if (shmipc__session_err(st->s))
@@ -168,7 +179,7 @@ static int write_bytes(shmipc_stream *st, const void *buf, size_t len, int may_w
     while (len > 0) {
         struct shmipc__segment *seg = st->nsegs ? &st->segs[st->nsegs - 1] : NULL;
         if (seg == NULL || seg->used == seg->cap) {
-            int rc = grow_send_buffer(st, len, 0, may_wait);
+            int rc = grow_send_buffer(st, len, 0, mode);
             if (rc < 0)
                 return rc;
             continue;
@@ -205,9 +216,22 @@ int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len)
 {
     uint32_t nsegs = st->nsegs, used = nsegs ? st->segs[nsegs - 1].used : 0;
     uint64_t send_len = st->send_len;
-    int rc = write_bytes(st, buf, len, 1);
+    int rc = write_bytes(st, buf, len, GROW_MAY_WAIT);
     /* A write that fails adds nothing (with memory_wait it may have copied part of its data
      * before the wait for the rest ran out); a session that ended frees everything anyway. */
+    if (rc < 0 && !shmipc__session_err(st->s))
+        unwrite(st, nsegs, used, send_len);
+    return shmipc__session_end_on_bad_list(st->s, rc);
+}
+
+int shmipc__stream_write_shm(shmipc_stream *st, const void *buf, size_t len)
+{
+    uint32_t nsegs = st->nsegs, used = nsegs ? st->segs[nsegs - 1].used : 0;
+    uint64_t send_len = st->send_len;
+    /* A stream on the socket sends every later message there too: nothing fits "now". */
+    if (__atomic_load_n(&st->fallback, __ATOMIC_RELAXED))
+        return SHMIPC_ENOSHM;
+    int rc = write_bytes(st, buf, len, GROW_SHM_ONLY);
     if (rc < 0 && !shmipc__session_err(st->s))
         unwrite(st, nsegs, used, send_len);
     return shmipc__session_end_on_bad_list(st->s, rc);
@@ -239,7 +263,7 @@ int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr)
                             SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE);
     struct shmipc__segment *seg = st->nsegs ? &st->segs[st->nsegs - 1] : NULL;
     if (seg == NULL || seg->cap - seg->used < n) {
-        int rc = grow_send_buffer(st, n, 1, 1);
+        int rc = grow_send_buffer(st, n, 1, GROW_MAY_WAIT);
         if (rc < 0)
             return shmipc__session_end_on_bad_list(st->s, rc);
         seg = &st->segs[st->nsegs - 1];

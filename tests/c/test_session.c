@@ -1838,6 +1838,66 @@ static shmipc_config *mw_config(int wait)
 }
 
 /*
+ * shmipc__stream_write_shm (the front's upload writes): bytes go into slices or not at all.
+ * With nobody reading, a 1 MiB buffer takes writes until its free slices are gone; then
+ * SHMIPC_ENOSHM, nothing added and nothing on the socket (no fallback); once the reader freed
+ * slices the same write goes through, and every byte arrives in order. A stream already on the
+ * socket refuses too.
+ */
+static void write_shm_refuses_rather_than_fall_back(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = mw_config(0);
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss;
+    uint8_t *buf = malloc(MW_CHUNK);
+    size_t ok = 0;
+    int rc = 0;
+    assert_non_null(buf);
+    pair_open(&p, cfg);
+    first_message(&p, &cs, &ss, "hi");
+    while (ok < (4u << 20)) {
+        for (size_t i = 0; i < MW_CHUNK; i++)
+            buf[i] = mw_byte(ok + i);
+        uint64_t before = cs->send_len;
+        rc = shmipc__stream_write_shm(cs, buf, MW_CHUNK);
+        if (rc == SHMIPC_ENOSHM) {
+            assert_int_equal(cs->send_len, before); /* nothing added */
+            break;
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(shmipc_stream_flush(cs), 0);
+        ok += MW_CHUNK;
+    }
+    assert_int_equal(rc, SHMIPC_ENOSHM);
+    assert_true(ok > 0 && ok <= SHMIPC_MIN_BUFFER_CAPACITY);
+    assert_false(__atomic_load_n(&cs->fallback, __ATOMIC_RELAXED));
+    mw_read(ss, ok);
+    /* The reader freed its slices: the refused write fits now. */
+    assert_int_equal(shmipc__stream_write_shm(cs, buf, MW_CHUNK), 0);
+    assert_int_equal(shmipc_stream_flush(cs), 0);
+    ok += MW_CHUNK;
+    const void *q;
+    size_t got = 0, len;
+    while (got < MW_CHUNK) {
+        assert_int_equal(shmipc_stream_read_chunk(ss, MW_CHUNK - got, &q, &len, 0), 0);
+        assert_memory_equal(q, buf + got, len);
+        got += len;
+        shmipc_stream_release(ss);
+    }
+    assert_false(__atomic_load_n(&cs->fallback, __ATOMIC_RELAXED));
+    /* A stream on the socket for good: refused, whatever is free. */
+    __atomic_store_n(&cs->fallback, 1, __ATOMIC_RELAXED);
+    assert_int_equal(shmipc__stream_write_shm(cs, "x", 1), SHMIPC_ENOSHM);
+    assert_int_equal(cs->send_len, 0);
+    free(buf);
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/*
  * 8 MiB through a 1 MiB shared buffer to a reader that starts late: with memory_wait the
  * writer stops once shared memory is full and goes on as the reader frees it, nothing goes
  * over the socket and nothing is held on the heap; without it (the default, as shmipc-go) the
@@ -2114,6 +2174,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(memory_wait_two_writers_nobody_reading_wait_for_the_timeout),
         cmocka_unit_test(memory_wait_ends_on_shutdown_and_peer_close),
         cmocka_unit_test(memory_wait_refuses_other_values),
+        cmocka_unit_test(write_shm_refuses_rather_than_fall_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
