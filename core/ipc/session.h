@@ -25,6 +25,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 enum shmipc__role { SHMIPC__CLIENT = 0, SHMIPC__SERVER = 1 };
 
@@ -274,14 +275,14 @@ static inline int shmipc__session_can_send(const shmipc_session *s)
 
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len);
 /*
- * shmipc__stream_write() into shared memory only, for an event loop that must neither block
- * nor put bulk data on the socket (the front's uploads): 0 when all `len` bytes were copied
- * into slices (the flush then hands them over without the fallback), SHMIPC_ENOSHM when the
- * free slices cannot hold them now or the stream is already on the socket (nothing is added;
- * try again once the peer freed slices), or what write() fails with. Never waits, whatever
- * memory_wait says.
+ * shmipc__stream_write() of `n` buffers into shared memory only, all or nothing, for an event
+ * loop that must neither block nor put bulk data on the socket (the front's uploads): 0 when
+ * every byte was copied into slices (the flush then hands them over without the fallback),
+ * SHMIPC_ENOSHM when the free slices cannot hold them now or the stream is already on the
+ * socket (nothing is added; try again once the peer freed slices), or what write() fails
+ * with. Never waits, whatever memory_wait says.
  */
-int shmipc__stream_write_shm(shmipc_stream *st, const void *buf, size_t len);
+int shmipc__stream_write_shm(shmipc_stream *st, const struct iovec *iov, size_t n);
 int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr);
 int shmipc__stream_commit(shmipc_stream *st, size_t n);
 int shmipc__stream_flush(shmipc_stream *st);

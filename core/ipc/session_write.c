@@ -224,14 +224,17 @@ int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len)
     return shmipc__session_end_on_bad_list(st->s, rc);
 }
 
-int shmipc__stream_write_shm(shmipc_stream *st, const void *buf, size_t len)
+int shmipc__stream_write_shm(shmipc_stream *st, const struct iovec *iov, size_t n)
 {
     uint32_t nsegs = st->nsegs, used = nsegs ? st->segs[nsegs - 1].used : 0;
     uint64_t send_len = st->send_len;
+    int rc = 0;
     /* A stream on the socket sends every later message there too: nothing fits "now". */
     if (__atomic_load_n(&st->fallback, __ATOMIC_RELAXED))
         return SHMIPC_ENOSHM;
-    int rc = write_bytes(st, buf, len, GROW_SHM_ONLY);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = write_bytes(st, iov[i].iov_base, iov[i].iov_len, GROW_SHM_ONLY);
+    /* All or nothing: a frame's header never goes without its payload. */
     if (rc < 0 && !shmipc__session_err(st->s))
         unwrite(st, nsegs, used, send_len);
     return shmipc__session_end_on_bad_list(st->s, rc);

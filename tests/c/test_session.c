@@ -1860,7 +1860,9 @@ static void write_shm_refuses_rather_than_fall_back(void **state)
         for (size_t i = 0; i < MW_CHUNK; i++)
             buf[i] = mw_byte(ok + i);
         uint64_t before = cs->send_len;
-        rc = shmipc__stream_write_shm(cs, buf, MW_CHUNK);
+        /* Two buffers, as a frame's header and payload: all or nothing. */
+        struct iovec iov[2] = {{buf, 16}, {buf + 16, MW_CHUNK - 16}};
+        rc = shmipc__stream_write_shm(cs, iov, 2);
         if (rc == SHMIPC_ENOSHM) {
             assert_int_equal(cs->send_len, before); /* nothing added */
             break;
@@ -1874,7 +1876,8 @@ static void write_shm_refuses_rather_than_fall_back(void **state)
     assert_false(__atomic_load_n(&cs->fallback, __ATOMIC_RELAXED));
     mw_read(ss, ok);
     /* The reader freed its slices: the refused write fits now. */
-    assert_int_equal(shmipc__stream_write_shm(cs, buf, MW_CHUNK), 0);
+    struct iovec one = {buf, MW_CHUNK};
+    assert_int_equal(shmipc__stream_write_shm(cs, &one, 1), 0);
     assert_int_equal(shmipc_stream_flush(cs), 0);
     ok += MW_CHUNK;
     const void *q;
@@ -1888,7 +1891,7 @@ static void write_shm_refuses_rather_than_fall_back(void **state)
     assert_false(__atomic_load_n(&cs->fallback, __ATOMIC_RELAXED));
     /* A stream on the socket for good: refused, whatever is free. */
     __atomic_store_n(&cs->fallback, 1, __ATOMIC_RELAXED);
-    assert_int_equal(shmipc__stream_write_shm(cs, "x", 1), SHMIPC_ENOSHM);
+    assert_int_equal(shmipc__stream_write_shm(cs, &one, 1), SHMIPC_ENOSHM);
     assert_int_equal(cs->send_len, 0);
     free(buf);
     shmipc_stream_close(cs);
