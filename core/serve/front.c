@@ -214,6 +214,10 @@ int shmipc__front_attach(struct shmipc__front *f, struct shmipc_server *srv, con
     if ((rc = shmipc__server_thread_hooks(srv, thread_start, thread_end, f)) < 0)
         return rc;
     rc = shmipc__server_route(srv, NULL, pattern, shmipc__front_handler, f, NULL, 0, NULL, NULL, 0);
+    /* A request with a body reaches the handler at its head: the body streams to the worker
+     * as it arrives (docs/serve.md, "Streamed uploads"). */
+    if (rc == 0)
+        rc = shmipc__server_route_at_head(srv, NULL, pattern);
     if (rc < 0) {
         srv->thread_start = srv->thread_end = NULL;
         srv->thread_data = NULL;
@@ -255,6 +259,9 @@ int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out
     out->retried = atomic_load(&f->retried);
     out->buffered = atomic_load(&f->buffered);
     out->buffered_peak = atomic_load(&f->buffered_peak);
+    out->uploads = atomic_load(&f->uploads);
+    out->upload_kept = atomic_load(&f->up_kept);
+    out->upload_kept_peak = atomic_load(&f->up_kept_peak);
     pthread_mutex_lock(&f->mu);
     for (int pass = 0; pass < 2; pass++) {
         for (unsigned i = 0; i < (pass == 0 ? f->nset : 0xffffffffu); i++) {

@@ -82,14 +82,17 @@ struct shmipc__front_worker_stats {
 };
 
 struct shmipc__front_stats {
-    unsigned queued;        /* requests waiting for a worker now */
-    unsigned nworkers;      /* entries below: the current set, then retired ones still open */
-    uint64_t rejected;      /* 503s (queue full) */
-    uint64_t timeouts;      /* requests cancelled by their deadline (504) */
-    uint64_t client_gone;   /* requests cancelled because the client left */
-    uint64_t retried;       /* requests a stopping worker refused, given to another worker */
-    uint64_t buffered;      /* response bytes the front holds now (read, not yet sent) */
-    uint64_t buffered_peak; /* the most it held at once */
+    unsigned queued;           /* requests waiting for a worker now */
+    unsigned nworkers;         /* entries below: the current set, then retired ones still open */
+    uint64_t rejected;         /* 503s (queue full) */
+    uint64_t timeouts;         /* requests cancelled by their deadline (504) */
+    uint64_t client_gone;      /* requests cancelled because the client left */
+    uint64_t retried;          /* requests a stopping worker refused, given to another worker */
+    uint64_t buffered;         /* response bytes the front holds now (read, not yet sent) */
+    uint64_t buffered_peak;    /* the most it held at once */
+    uint64_t uploads;          /* request bodies streamed to a worker as they arrived */
+    uint64_t upload_kept;      /* request body bytes the front holds now (a piece per request) */
+    uint64_t upload_kept_peak; /* the most it held at once */
     struct shmipc__front_worker_stats w[2 * SHMIPC__FRONT_MAX_WORKERS];
 };
 

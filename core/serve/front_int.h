@@ -14,6 +14,13 @@
  * response is read as the session becomes readable) or DRAINING (the front sent ABORT, or the
  * client's deferral ended: what the worker still sends is discarded until its stream ends).
  * The worker's busy flag is held from the claim until the request is freed.
+ *
+ * A request with a body runs the handler at its head (shmipc__server_route_at_head): the body
+ * streams (`uploading`): the server hands it over in pieces (on_body, on_end), each goes into
+ * the stream as BODY frames in shared memory only (shmipc__stream_write_shm) and is flushed
+ * when the session's queue has a slot. What the session cannot take now, and what comes while
+ * the request waits for a worker (QUEUED), is kept (one piece at most: the server is told to
+ * hold the body) and retried on the request's timer; then the server resumes the body.
  */
 #ifndef SHMIPC_CORE_SERVE_FRONT_INT_H
 #define SHMIPC_CORE_SERVE_FRONT_INT_H
@@ -32,9 +39,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MAX_THREADS 1024u /* shmipc__workers_default()'s limit */
-#define RETRY_MS    1u    /* a full session queue is retried this often */
-#define SCRATCH     (SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD)
+#define MAX_THREADS  1024u       /* shmipc__workers_default()'s limit */
+#define RETRY_MS     1u          /* a full session queue is retried this often */
+#define UPLOAD_FRAME (64u << 10) /* most body bytes in one BODY frame of an upload */
+#define SCRATCH      (SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD)
 /* Response bytes queued on a client connection at which the front stops reading the worker's
  * stream (docs/serve.md, "Streamed responses"); max_response lowers it. */
 #define STREAM_MARK (256u << 10)
@@ -101,7 +109,9 @@ struct fthread {
     struct fconnector conn;
 };
 
-enum { RQ_QUEUED = 1, RQ_SENDING, RQ_ACTIVE, RQ_DRAINING };
+/* RQ_BODY: a small body (Content-Length up to SHMIPC__FRONT_RETRY_BODY) is gathered whole
+ * before the request claims a worker, as a body that came with its head always was. */
+enum { RQ_QUEUED = 1, RQ_SENDING, RQ_ACTIVE, RQ_DRAINING, RQ_BODY };
 
 struct freq {
     struct freq *next;
@@ -117,6 +127,17 @@ struct freq {
     uint8_t wait_drain;    /* streaming, held back: the connection has the mark queued */
     uint8_t retries;       /* times a stopping worker refused it (ABORT SHUTDOWN) */
     uint8_t no_retry;      /* its body is gone (over SHMIPC__FRONT_RETRY_BODY): never resent */
+    uint8_t uploading;     /* its body streams from the server (on_body / on_end) */
+    uint8_t up_head;       /* uploading: the REQUEST_HEAD is in the stream */
+    uint8_t up_ended;      /* uploading: the body ended (on_end): END follows what is kept */
+    uint8_t up_end_out;    /* uploading: END is in the stream */
+    uint8_t up_dirty;      /* uploading: bytes written to the stream, not yet flushed */
+    uint8_t up_held;       /* on_body returned 1: the server waits for upload_resume */
+    uint8_t up_flushed;    /* uploading: the first message (the head's) went */
+    const uint8_t *up_src; /* body bytes not yet in the stream: the server's piece, or up_buf */
+    size_t up_left;
+    uint8_t *up_buf; /* the copy of what the stream could not take (one piece at most) */
+    size_t up_buf_len;
     uint64_t rtotal;       /* body bytes streamed */
     unsigned rstatus;      /* streaming: the status its head sent (the access log's) */
     uint64_t rwant;        /* the worker's Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
@@ -130,6 +151,7 @@ struct freq {
     size_t out_len;
     const char *body;
     size_t body_len;
+    size_t body_cap; /* RQ_BODY: the body's Content-Length */
     char *body_copy; /* a queued or sent request's body (the server's buffer is gone by then) */
     uint8_t *rbody;
     size_t rlen, rcap;
@@ -155,6 +177,8 @@ struct shmipc__front {
     atomic_uint queued;
     atomic_ullong rejected, timeouts, client_gone, retried;
     atomic_ullong buffered, buffered_peak; /* response bytes the front holds (stats) */
+    atomic_ullong uploads;                 /* request bodies streamed to a worker (stats) */
+    atomic_ullong up_kept, up_kept_peak;   /* request body bytes the front holds (stats) */
     struct shmipc__access_log *alog;       /* borrowed; NULL: no access log */
     struct fthread *threads[MAX_THREADS];
 };

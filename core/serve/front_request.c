@@ -39,6 +39,9 @@ void shmipc__front_req_free(struct freq *r)
     free(r->head);
     free(r->out);
     free(r->body_copy);
+    if (r->up_buf != NULL)
+        atomic_fetch_sub(&r->t->f->up_kept, r->up_buf_len);
+    free(r->up_buf);
     if (r->rbody != NULL)
         atomic_fetch_sub(&r->t->f->buffered, r->rlen);
     free(r->rbody);
@@ -196,7 +199,13 @@ static int send_abort(struct freq *r, uint32_t reason)
         return 1;
     if (shmipc__sf_encode_header(h, SHMIPC__SF_ABORT, 0, reason) < 0)
         return SHMIPC_EINVAL;
-    int rc = shmipc__stream_write(r->st, h, sizeof h);
+    /* Behind an upload's BODY frames in shared memory: there too, or later (1) when it is
+     * full (the worker frees slices as it reads); a stream already on the socket stays there. */
+    struct iovec iov = {h, sizeof h};
+    int rc = r->st->fallback ? shmipc__stream_write(r->st, h, sizeof h)
+                             : shmipc__stream_write_shm(r->st, &iov, 1);
+    if (rc == SHMIPC_ENOSHM)
+        return 1;
     if (rc == 0)
         rc = shmipc__stream_flush(r->st);
     /* The worker closed its stream already (it ended the exchange): nothing to abort. */
@@ -213,6 +222,7 @@ static void req_abort(struct freq *r, int status, uint32_t reason)
     if (status != 0)
         shmipc__front_answer_status(r, status);
     r->live = 0;
+    r->uploading = 0; /* nothing more of the body goes (the server hands none after this) */
     r->state = RQ_DRAINING;
     r->drain_until = shmipc__loop_now_ms(r->t->loop) + SHMIPC__FRONT_DRAIN_MS;
     int rc = send_abort(r, reason);
@@ -240,6 +250,192 @@ static int write_frame_hdr(shmipc_stream *st, unsigned type, size_t len)
 
 static void keep_for_resend(struct freq *r);
 
+/* ---- streamed uploads (docs/serve.md, "Streamed uploads") ---- */
+
+/* The REQUEST_HEAD frame (encoded whole in r->out) into shared memory. */
+static int upload_frame_raw(struct freq *r)
+{
+    struct iovec iov = {r->out, r->out_len};
+    return shmipc__stream_write_shm(r->st, &iov, 1);
+}
+
+/* One frame of an upload into the stream's shared memory: 0, SHMIPC_ENOSHM (nothing added:
+ * not now), or the stream's failure. */
+static int upload_frame(struct freq *r, unsigned type, const void *p, size_t n)
+{
+    uint8_t h[SHMIPC__SF_HDR_SIZE];
+    int rc = shmipc__sf_encode_header(h, type, n, 0);
+    if (rc < 0)
+        return rc;
+    struct iovec iov[2] = {{h, sizeof h}, {(void *)(uintptr_t)p, n}};
+    return shmipc__stream_write_shm(r->st, iov, n > 0 ? 2 : 1);
+}
+
+/* The copy of what the stream could not take (the server's piece is lent for the call only). */
+static int upload_keep(struct freq *r)
+{
+    struct shmipc__front *f = r->t->f;
+    if (r->up_left == 0 || r->up_src == r->up_buf)
+        return 0;
+    uint8_t *b = malloc(r->up_left);
+    if (b == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "front: a piece of a request body");
+    memcpy(b, r->up_src, r->up_left);
+    if (r->up_buf != NULL)
+        atomic_fetch_sub(&f->up_kept, r->up_buf_len);
+    free(r->up_buf);
+    r->up_buf = b;
+    r->up_buf_len = r->up_left;
+    r->up_src = b;
+    unsigned long long now = atomic_fetch_add(&f->up_kept, r->up_left) + r->up_left;
+    unsigned long long peak = atomic_load(&f->up_kept_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&f->up_kept_peak, &peak, now)) {
+    }
+    return 0;
+}
+
+/*
+ * Body bytes that go in the head's message (a body that came whole with its head) are kept,
+ * up to SHMIPC__FRONT_RETRY_BODY, as a whole body is (keep_for_resend): a stopping worker's
+ * refusal sends the request to another. Any later byte: the body is the worker's alone, the
+ * request is never resent.
+ */
+static void upload_copy(struct freq *r, const uint8_t *p, size_t n)
+{
+    if (p != NULL && !r->up_flushed && !r->no_retry && n <= SHMIPC__FRONT_RETRY_BODY &&
+        r->body_len <= SHMIPC__FRONT_RETRY_BODY - n) {
+        char *b = realloc(r->body_copy, r->body_len + n);
+        if (b != NULL) {
+            memcpy(b + r->body_len, p, n);
+            r->body_copy = b;
+            r->body = b;
+            r->body_len += n;
+            return;
+        }
+    }
+    free(r->body_copy);
+    r->body_copy = NULL;
+    r->body = NULL;
+    r->body_len = 0;
+    r->no_retry = 1;
+}
+
+/*
+ * Moves what the front holds of an uploading request into its stream: the head, the kept body
+ * bytes in BODY frames, END once the body ended; flushes now (`flush_now`, END, or when shared
+ * memory ran out: the worker frees slices as it reads what was flushed), else from a 0 ms
+ * timer, so that what one turn of the loop brings goes as one message (a small body that came
+ * with its head: head, body and END together). What the session cannot take now waits on the
+ * request's timer (RETRY_MS; never a wait in the loop, never the socket). Once nothing is
+ * kept, a body the server holds for us is resumed. Returns 0; 1 when the request may be gone
+ * (the resume ran the server's callbacks); or a failure of the stream, the request untouched.
+ */
+static int upload_push(struct freq *r, int flush_now)
+{
+    int rc = 0, wait = 0;
+    if (!r->up_head && (rc = upload_frame_raw(r)) == 0) {
+        r->up_head = 1;
+        r->up_dirty = 1;
+    }
+    while (rc == 0 && r->up_left > 0) {
+        size_t n = r->up_left > UPLOAD_FRAME ? UPLOAD_FRAME : r->up_left;
+        if ((rc = upload_frame(r, SHMIPC__SF_BODY, r->up_src, n)) == 0) {
+            upload_copy(r, r->up_src, n);
+            r->up_src += n;
+            r->up_left -= n;
+            r->up_dirty = 1;
+        }
+    }
+    if (rc == 0 && r->up_ended && !r->up_end_out &&
+        (rc = upload_frame(r, SHMIPC__SF_END, NULL, 0)) == 0) {
+        r->up_end_out = 1;
+        r->up_dirty = 1;
+    }
+    if (rc == SHMIPC_ENOSHM) {
+        wait = 1;
+        rc = 0;
+    }
+    if (rc < 0)
+        return rc;
+    if (r->up_dirty && (flush_now || wait || r->up_end_out)) {
+        if (shmipc__session_can_send(r->fs->s)) {
+            if ((rc = shmipc__stream_flush(r->st)) < 0)
+                return rc;
+            r->up_dirty = 0;
+            if (!r->up_flushed && !r->up_end_out && r->body_len > 0)
+                upload_copy(r, NULL, 0); /* the body goes on past its first message */
+            r->up_flushed = 1;
+        } else {
+            wait = 1;
+        }
+    }
+    if (r->up_left == 0 && r->up_buf != NULL) {
+        atomic_fetch_sub(&r->t->f->up_kept, r->up_buf_len);
+        free(r->up_buf);
+        r->up_buf = NULL;
+        r->up_buf_len = 0;
+        r->up_src = NULL;
+    }
+    if (wait)
+        return shmipc__timer_start(&r->timer, RETRY_MS);
+    if (r->up_dirty) {
+        if (!shmipc__timer_active(&r->timer))
+            return shmipc__timer_start(&r->timer, 0);
+        return 0;
+    }
+    if (r->up_end_out) {
+        r->uploading = 0; /* all of it went: an ACTIVE request like any other */
+        return 0;
+    }
+    if (r->up_held && r->up_left == 0) {
+        r->up_held = 0;
+        /* The server hands what it buffered over now (on_body, on_end), or cancels. */
+        (void)shmipc__server_upload_resume(r->ticket);
+        return 1;
+    }
+    return 0;
+}
+
+/* The server's next piece of the body (lent for the call): into the stream, or kept (1: the
+ * server holds the rest of the body until upload_push resumes it). */
+static int on_body(void *data, const void *piece, size_t len)
+{
+    struct freq *r = data;
+    int rc;
+    if (!r->uploading || (r->state != RQ_QUEUED && r->state != RQ_ACTIVE))
+        return 1; /* given up (cannot happen: the server hands nothing after the answer) */
+    r->up_src = piece;
+    r->up_left = len;
+    if (r->state == RQ_ACTIVE) {
+        rc = upload_push(r, 0);
+        if (rc < 0) {
+            shmipc__front_fs_down(r->fs, rc); /* answers 502: the body stops here */
+            return 1;
+        }
+    }
+    if (r->up_left == 0)
+        return 0;
+    if (upload_keep(r) < 0) {
+        req_abort(r, 503, SHMIPC__SF_ABORT_CLIENT_GONE);
+        return 1;
+    }
+    r->up_held = 1;
+    return 1;
+}
+
+/* The body ended whole: END follows what is kept. */
+static void on_body_end(void *data)
+{
+    struct freq *r = data;
+    r->up_ended = 1;
+    r->up_held = 0; /* the server has nothing more to resume */
+    if (r->uploading && r->state == RQ_ACTIVE) {
+        int rc = upload_push(r, 1);
+        if (rc < 0)
+            shmipc__front_fs_down(r->fs, rc);
+    }
+}
+
 /*
  * Sends the whole request as one message: REQUEST_HEAD, the body in BODY frames of at most
  * 1 MiB, END. With the session's queue full it waits on the request's timer (SENDING).
@@ -250,6 +446,11 @@ int shmipc__front_req_send(struct freq *r)
     int rc = 0;
     if (r->st == NULL && (rc = shmipc__session_open_stream(fs->s, &r->st)) < 0)
         return rc;
+    if (r->uploading) {
+        r->state = RQ_ACTIVE;
+        rc = upload_push(r, 0);
+        return rc > 0 ? 0 : rc;
+    }
     if (!shmipc__session_can_send(fs->s)) {
         /* The server's copy of the body is gone once the handler returned. */
         if (r->body_len > 0 && r->body_copy == NULL) {
@@ -324,8 +525,10 @@ static void forget_request(struct freq *r)
  */
 static int may_resend(struct freq *r)
 {
+    /* An upload is resent only when its whole body went with the head (kept, not uploading
+     * any more), or none of it went. */
     if (!r->live || r->got_head || r->streaming || r->no_retry || r->out == NULL ||
-        r->retries >= SHMIPC__FRONT_RETRIES)
+        r->retries >= SHMIPC__FRONT_RETRIES || (r->uploading && r->body_len > 0))
         return 0;
     r->retries++;
     atomic_fetch_add(&r->t->f->retried, 1);
@@ -808,7 +1011,15 @@ protocol:
 static void req_timer(struct shmipc__timer *timer)
 {
     struct freq *r = timer->data;
-    if (r->state == RQ_ACTIVE) { /* a held-back stream may read again (stream_drained) */
+    if (r->state == RQ_ACTIVE) {
+        if (r->uploading) { /* a flush, or what the session could not take before */
+            int rc = upload_push(r, 1);
+            if (rc < 0)
+                shmipc__front_fs_down(r->fs, rc);
+            if (rc != 0)
+                return;
+        }
+        /* A held-back stream may read again (stream_drained). */
         shmipc__front_req_read(r);
         return;
     }
@@ -849,13 +1060,12 @@ static void on_cancel(void *data, int reason)
      * (nginx's 499). */
     if (r->streaming)
         stream_log(r, shmipc__server_stream_sent(r->ticket));
-    req_log(r,
-            reason == SHMIPC__SERVER_CANCEL_TIMEOUT       ? 504
-            : reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE ? 499
-                                                          : 500,
-            reason == SHMIPC__SERVER_CANCEL_TIMEOUT       ? server_body_len(504)
-            : reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE ? 0
-                                                          : server_body_len(500));
+    int status = reason == SHMIPC__SERVER_CANCEL_TIMEOUT       ? 504
+                 : reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE ? 499
+                 : reason == SHMIPC__SERVER_CANCEL_TOO_LARGE   ? 413
+                 : reason == SHMIPC__SERVER_CANCEL_BAD_BODY    ? 400
+                                                               : 500;
+    req_log(r, (unsigned)status, status == 499 ? 0 : server_body_len(status));
     if (reason == SHMIPC__SERVER_CANCEL_TIMEOUT)
         atomic_fetch_add(&f->timeouts, 1);
     else if (reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE)
@@ -874,17 +1084,96 @@ static void on_cancel(void *data, int reason)
         shmipc__front_req_free(r);
         return;
     }
+    if (r->state == RQ_BODY) { /* a small body still coming: nothing went anywhere */
+        shmipc__front_req_free(r);
+        return;
+    }
     if (r->state == RQ_SENDING) { /* nothing reached the worker */
         req_finish(r);
         return;
     }
+    /* A body over the limit is TOO_LARGE; one whose framing broke (400) ends the request as a
+     * client gone would: the worker sees no more of it. */
     if (r->state == RQ_ACTIVE)
         req_abort(r, 0,
-                  reason == SHMIPC__SERVER_CANCEL_TIMEOUT ? SHMIPC__SF_ABORT_TIMEOUT
-                                                          : SHMIPC__SF_ABORT_CLIENT_GONE);
+                  reason == SHMIPC__SERVER_CANCEL_TIMEOUT     ? SHMIPC__SF_ABORT_TIMEOUT
+                  : reason == SHMIPC__SERVER_CANCEL_TOO_LARGE ? SHMIPC__SF_ABORT_TOO_LARGE
+                                                              : SHMIPC__SF_ABORT_CLIENT_GONE);
 }
 
 /* ---- the route handler ---- */
+
+/*
+ * Claims a free worker and sends the request to it, or queues it (its body copied) behind
+ * this thread's waiting requests. 0, or 503 when the wait queue is full or memory is short
+ * (the request is then on no queue and no worker).
+ */
+static int dispatch(struct freq *r)
+{
+    struct fthread *t = r->t;
+    struct shmipc__front *f = t->f;
+    struct fsess *fs = t->qhead == NULL ? shmipc__front_claim(t) : NULL;
+    if (fs != NULL) {
+        r->fs = fs;
+        fs->active = r;
+        r->state = RQ_ACTIVE;
+        int rc = shmipc__front_req_send(r);
+        if (rc < 0 && shmipc__front_requeue_head(t, r, rc) < 0)
+            return 503;
+        return 0;
+    }
+    if (atomic_fetch_add(&f->queued, 1) >= f->queue_max) {
+        atomic_fetch_sub(&f->queued, 1);
+        atomic_fetch_add(&f->rejected, 1);
+        return 503;
+    }
+    if (r->body_len > 0 && r->body_copy == NULL) {
+        if ((r->body_copy = malloc(r->body_len)) == NULL) {
+            atomic_fetch_sub(&f->queued, 1);
+            return 503;
+        }
+        memcpy(r->body_copy, r->body, r->body_len);
+        r->body = r->body_copy;
+    }
+    r->state = RQ_QUEUED;
+    if (t->qtail != NULL)
+        t->qtail->next = r;
+    else
+        t->qhead = r;
+    t->qtail = r;
+    atomic_fetch_add(&t->nwait, 1);
+    /* A worker freed by another thread before nwait went up is found by this shmipc__front_pump. */
+    shmipc__front_kick(t);
+    return 0;
+}
+
+/* RQ_BODY: the next piece of a small body, copied (it fits: the server holds it to its
+ * Content-Length). */
+static int on_small_body(void *data, const void *piece, size_t len)
+{
+    struct freq *r = data;
+    if (r->state != RQ_BODY || len > r->body_cap - r->body_len)
+        return 1; /* cannot happen */
+    memcpy(r->body_copy + r->body_len, piece, len);
+    r->body_len += len;
+    return 0;
+}
+
+/* RQ_BODY: the small body is whole: the request goes to a worker (or waits for one). */
+static void on_small_end(void *data)
+{
+    static const char busy[] = "Service Unavailable\n";
+    static const struct shmipc__http_header_out retry = {"Retry-After", "1", 11, 1};
+    struct freq *r = data;
+    if (r->state != RQ_BODY || dispatch(r) == 0)
+        return;
+    /* The wait queue is full: 503, as for a request without a body. */
+    r->live = 0;
+    req_log(r, 503, sizeof busy - 1);
+    (void)shmipc__server_complete(r->ticket, 503, "text/plain", &retry, 1, busy, sizeof busy - 1,
+                                  NULL, NULL);
+    shmipc__front_req_free(r);
+}
 
 static void sf_addr(const struct sockaddr_storage *ss, struct shmipc__sf_addr *out)
 {
@@ -1050,44 +1339,35 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
     r->body = req->body;
     r->body_len = req->body_len;
     shmipc__timer_init(t->loop, &r->timer, req_timer, r);
+    /* At the head of a request with a body (the route runs at head): the body streams. */
+    r->uploading = req->body == NULL && req->body_len == 0 &&
+                   (req->r->body_kind == SHMIPC__HTTP_BODY_CHUNKED ||
+                    (req->r->body_kind == SHMIPC__HTTP_BODY_LENGTH && req->r->content_length > 0));
+    /* A small sized body is gathered first (RQ_BODY), then sent whole, as one message, and
+     * kept for a resend; a larger or chunked one streams to a worker claimed now. */
+    int gather = r->uploading && req->r->body_kind == SHMIPC__HTTP_BODY_LENGTH &&
+                 req->r->content_length <= SHMIPC__FRONT_RETRY_BODY;
+    if (gather) {
+        r->uploading = 0;
+        r->state = RQ_BODY;
+        r->body_cap = (size_t)req->r->content_length;
+        if ((r->body_copy = malloc(r->body_cap)) == NULL) {
+            shmipc__front_req_free(r);
+            return direct(t, &lc, req, res, 503, "1");
+        }
+        r->body = r->body_copy;
+    }
 
-    struct fsess *fs = t->qhead == NULL ? shmipc__front_claim(t) : NULL;
-    if (fs != NULL) {
-        r->fs = fs;
-        fs->active = r;
-        r->state = RQ_ACTIVE;
-        rc = shmipc__front_req_send(r);
-        if (rc < 0 && shmipc__front_requeue_head(t, r, rc) < 0) {
-            shmipc__front_req_free(r);
-            return direct(t, &lc, req, res, 503, "1");
-        }
-    } else {
-        if (atomic_fetch_add(&f->queued, 1) >= f->queue_max) {
-            atomic_fetch_sub(&f->queued, 1);
-            atomic_fetch_add(&f->rejected, 1);
-            shmipc__front_req_free(r);
-            return direct(t, &lc, req, res, 503, "1");
-        }
-        if (r->body_len > 0) {
-            if ((r->body_copy = malloc(r->body_len)) == NULL) {
-                atomic_fetch_sub(&f->queued, 1);
-                shmipc__front_req_free(r);
-                return direct(t, &lc, req, res, 503, "1");
-            }
-            memcpy(r->body_copy, r->body, r->body_len);
-            r->body = r->body_copy;
-        }
-        r->state = RQ_QUEUED;
-        if (t->qtail != NULL)
-            t->qtail->next = r;
-        else
-            t->qhead = r;
-        t->qtail = r;
-        atomic_fetch_add(&t->nwait, 1);
-        /* A worker freed by another thread before nwait went up is found by this shmipc__front_pump. */
-        shmipc__front_kick(t);
+    if (!gather && (rc = dispatch(r)) != 0) {
+        shmipc__front_req_free(r);
+        return direct(t, &lc, req, res, rc, "1");
     }
     rc = shmipc__server_defer(res, f->deadline_ms, on_cancel, r, &r->ticket);
+    if (rc == 0 && gather)
+        rc = shmipc__server_upload(res, on_small_body, on_small_end, r);
+    else if (rc == 0 && r->uploading &&
+             (rc = shmipc__server_upload(res, on_body, on_body_end, r)) == 0)
+        atomic_fetch_add(&f->uploads, 1);
     if (rc < 0) { /* cannot happen in a route handler; the request is given up */
         on_cancel(r, SHMIPC__SERVER_CANCEL_ERROR); /* logs its 500 */
         return direct(t, NULL, req, res, 500, NULL);

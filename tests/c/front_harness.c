@@ -293,6 +293,10 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
             goto out;
         if (f.type == SHMIPC_SERVE_END)
             break;
+        if (f.type == SHMIPC_SERVE_ABORT) { /* the front gave an upload up mid-body */
+            bump(&w->aborts[f.arg & 7]);
+            goto out;
+        }
         if (f.type != SHMIPC_SERVE_BODY || blen + f.length > (1u << 20)) {
             bump(&w->bad);
             goto out;
