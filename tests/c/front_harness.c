@@ -261,6 +261,112 @@ done:
     free(buf);
 }
 
+/* FNV-1a, 64 bits: what "/up/hash" answers of a body (fnv1a(FNV_INIT, ...) chained). */
+uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/*
+ * "/up/<op>" (test_front_upload.c): a worker that reads a streamed request body frame by
+ * frame. "hash": to END, then 200 "<length>:<fnv1a hex>"; "echo": to END (at most 8 MiB),
+ * then 200 with the body back in 256 KiB frames and its Content-Length; "early": the first
+ * BODY frame, then 200 "early" at once, and the stream is read on until it ends. An ABORT
+ * of the front's mid-body is counted (aborts[]) and ends the exchange.
+ */
+static void upload_mode(struct appw *w, shmipc_stream *st, const char *target, size_t tlen)
+{
+    uint64_t h = FNV_INIT, total = 0;
+    uint8_t *echo = NULL, *buf = NULL, hd[12];
+    size_t n, cap = 0;
+    shmipc_serve_frame f;
+    int early = tlen == 9 && memcmp(target, "/up/early", 9) == 0;
+    int is_echo = tlen == 8 && memcmp(target, "/up/echo", 8) == 0;
+    atomic_fetch_add(&w->concurrent, 1);
+    for (;;) {
+        if (read_frame(st, &buf, &n, &f) < 0)
+            goto done;
+        if (f.type == SHMIPC_SERVE_END)
+            break;
+        if (f.type == SHMIPC_SERVE_ABORT) {
+            bump(&w->aborts[f.arg & 7]);
+            goto done;
+        }
+        if (f.type != SHMIPC_SERVE_BODY) {
+            bump(&w->bad);
+            goto done;
+        }
+        h = fnv1a(h, f.payload, f.length);
+        if (is_echo) {
+            if (total + f.length > (8u << 20)) {
+                bump(&w->bad);
+                goto done;
+            }
+            if (total + f.length > cap) {
+                cap = cap ? cap * 2 : (64u << 10);
+                while (cap < total + f.length)
+                    cap *= 2;
+                echo = realloc(echo, cap);
+            }
+            memcpy(echo + total, f.payload, f.length);
+        }
+        total += f.length;
+        free(buf);
+        buf = NULL;
+        if (early) { /* answered before the body's end; the rest is read and dropped */
+            send_frames(w, st, 200, w->name, "early", 5, 1, 0);
+            while (read_frame(st, &buf, &n, &f) == 0) {
+                free(buf);
+                buf = NULL;
+            }
+            free(echo);
+            return;
+        }
+    }
+    if (is_echo) {
+        shmipc_serve_response r = {.size = sizeof r,
+                                   .status = 200,
+                                   .flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH,
+                                   .content_length = total};
+        uint8_t head[128];
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+        shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_WRITE, WAIT_MS);
+        if (hn <= 0 || shmipc_stream_write(st, head, (size_t)hn) < 0) {
+            bump(&w->bad);
+            goto done;
+        }
+        for (uint64_t off = 0; off < total;) {
+            size_t k = total - off < (256u << 10) ? (size_t)(total - off) : (256u << 10);
+            shmipc_serve_encode_header(hd, 12, SHMIPC_SERVE_BODY, k, 0);
+            if (shmipc_stream_write(st, hd, 12) < 0 || shmipc_stream_write(st, echo + off, k) < 0 ||
+                shmipc_stream_flush(st) < 0)
+                goto done;
+            off += k;
+        }
+        shmipc_serve_encode_header(hd, 12, SHMIPC_SERVE_END, 0, 0);
+        shmipc_stream_write(st, hd, 12);
+        atomic_fetch_sub(&w->concurrent, 1);
+        shmipc_stream_flush(st);
+        free(echo);
+        return;
+    }
+    char text[64];
+    int tn = snprintf(text, sizeof text, "%llu:%016llx", (unsigned long long)total,
+                      (unsigned long long)h);
+    send_frames(w, st, 200, w->name, text, (size_t)tn, 1, 0);
+    free(echo);
+    return;
+done:
+    atomic_fetch_sub(&w->concurrent, 1);
+    free(buf);
+    free(echo);
+}
+
 static void serve_stream(struct appw *w, shmipc_stream *st)
 {
     uint8_t *buf = NULL, *out = NULL;
@@ -288,6 +394,10 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     free(buf);
     buf = NULL;
     bump(&w->requests);
+    if (tlen >= 4 && memcmp(target, "/up/", 4) == 0) {
+        upload_mode(w, st, target, tlen);
+        goto out;
+    }
     for (;;) { /* the body, then END */
         if (read_frame(st, &buf, &n, &f) < 0)
             goto out;
@@ -572,6 +682,8 @@ void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
     /* Above the protocol's target limit (16384), so that the front's own 414 can be seen. */
     CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_REQUEST_LINE, 32768));
     CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_HEAD_BYTES, 1 << 20));
+    if (x->max_body > 0)
+        CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_BODY, x->max_body));
     CHECK(shmipc_server_new(cfg, &x->srv));
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_route(x->srv, "GET", "/static", h_static, NULL, NULL));

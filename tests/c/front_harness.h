@@ -87,6 +87,7 @@ struct fx {
     struct shmipc__front *f;
     int port;
     const char *listen; /* the server's address; NULL: 127.0.0.1 */
+    uint64_t max_body;  /* the server's body limit; 0: its default */
 };
 
 /* A reader that keeps what it read past a response for the next one. */
@@ -177,6 +178,8 @@ void kill_sessions(struct appw *w);
 void latch_wait(struct appw *w, atomic_int *flag);
 void latch_set(struct appw *w, atomic_int *flag, int v);
 uint8_t gen_byte(unsigned seed, uint64_t i);
+#define FNV_INIT 0xcbf29ce484222325ull
+uint64_t fnv1a(uint64_t h, const void *p, size_t n);
 void appw_start(struct appw *w, const char *name, const char *addr);
 void appw_stop(struct appw *w);
 
