@@ -4,7 +4,7 @@
  * handing requests to the application workers named on the command line, prints "port N" and
  * serves until its standard input closes. Not installed; the front has no public ABI yet.
  *
- * Usage: front_run [--deadline-ms N] ADDRESS...
+ * Usage: front_run [--deadline-ms N] [--max-body BYTES] ADDRESS...
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,15 +21,20 @@ int main(int argc, char **argv)
     struct shmipc__front *f = NULL;
     shmipc_server_config *cfg = NULL;
     shmipc_server *srv = NULL;
+    unsigned long long max_body = 0; /* 0: the server's default */
     int i = 1, rc;
     char c;
 
-    if (argc > 2 && strcmp(argv[1], "--deadline-ms") == 0) {
-        o.deadline_ms = (uint32_t)strtoul(argv[2], NULL, 10);
-        i = 3;
+    for (; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--deadline-ms") == 0)
+            o.deadline_ms = (uint32_t)strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--max-body") == 0)
+            max_body = strtoull(argv[i + 1], NULL, 10);
+        else
+            break;
     }
     if (i >= argc) {
-        fprintf(stderr, "usage: front_run [--deadline-ms N] ADDRESS...\n");
+        fprintf(stderr, "usage: front_run [--deadline-ms N] [--max-body BYTES] ADDRESS...\n");
         return 2;
     }
     o.workers = (const char *const *)&argv[i];
@@ -38,6 +43,8 @@ int main(int argc, char **argv)
         (rc = shmipc_server_config_set_address(cfg, "127.0.0.1")) < 0 ||
         (rc = shmipc_server_config_set_port(cfg, 0)) < 0 ||
         (rc = shmipc_server_config_set_workers(cfg, 1)) < 0 ||
+        (max_body > 0 &&
+         (rc = shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_BODY, max_body)) < 0) ||
         (rc = shmipc_server_new(cfg, &srv)) < 0 || (rc = shmipc__front_attach(f, srv, "/*")) < 0 ||
         (rc = shmipc_server_start(srv)) < 0) {
         fprintf(stderr, "front_run: %s: %s\n", shmipc_errname(rc), shmipc_error_detail());

@@ -60,8 +60,9 @@ def start_worker(tmp_path, address):
     return p
 
 
-def start_front(*addresses, deadline_ms=10000):
-    p = subprocess.Popen([FRONT, "--deadline-ms", str(deadline_ms), *addresses],
+def start_front(*addresses, deadline_ms=10000, max_body=0):
+    p = subprocess.Popen([FRONT, "--deadline-ms", str(deadline_ms), "--max-body", str(max_body),
+                          *addresses],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     assert line.startswith("port "), line
@@ -175,6 +176,39 @@ def test_chunked_upload_read_through_wsgi_input(tmp_path):
         r = conn.getresponse()
         assert r.status == 200
         assert r.read() == b"%d %s" % (sum(map(len, pieces)), want.encode())
+        conn.close()
+    finally:
+        stop(front, worker)
+
+
+def test_32mib_chunked_upload_streams_to_wsgi_input(tmp_path):
+    """32 MiB chunked, in pieces of odd sizes, to a real WSGI worker that reads wsgi.input
+    64 KiB at a time: the front streams the body as it arrives (it is far over what it would
+    hold whole), and the hash the app echoes is the body's."""
+    address = unique_address("front")
+    worker = start_worker(tmp_path, address)
+    front, port = start_front(address, deadline_ms=60000, max_body=64 << 20)
+    try:
+        total = 32 << 20
+        h = hashlib.sha256()
+
+        def pieces():
+            sent, i = 0, 0
+            while sent < total:
+                n = min(total - sent, 1 + (i * 7919) % 200003)
+                piece = bytes([(sent + k) % 253 for k in range(0, min(n, 256))]) * (n // 256 + 1)
+                piece = piece[:n]
+                h.update(piece)
+                sent += n
+                i += 1
+                yield piece
+
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/upload", body=pieces(), encode_chunked=True,
+                     headers={"Transfer-Encoding": "chunked"})
+        r = conn.getresponse()
+        assert r.status == 200
+        assert r.read() == b"%d %s" % (total, h.hexdigest().encode())
         conn.close()
     finally:
         stop(front, worker)
