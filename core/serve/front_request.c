@@ -321,6 +321,29 @@ static void upload_copy(struct freq *r, const uint8_t *p, size_t n)
 }
 
 /*
+ * The worker closed its stream mid-body (it answered early, or gave up): nothing more of the
+ * body goes (what the server still hands is held there), what it sent is read from the loop:
+ * its answer, or the stream's end (502). The session lives on.
+ */
+static void upload_stop(struct freq *r)
+{
+    if (r->up_buf != NULL)
+        atomic_fetch_sub(&r->t->f->up_kept, r->up_buf_len);
+    free(r->up_buf);
+    r->up_buf = NULL;
+    r->up_buf_len = r->up_left = 0;
+    r->up_src = NULL;
+    r->up_dirty = 0;
+    r->uploading = 0;
+    r->no_retry = 1;
+    free(r->body_copy);
+    r->body_copy = NULL;
+    r->body = NULL;
+    r->body_len = 0;
+    shmipc__timer_start(&r->timer, 0);
+}
+
+/*
  * Moves what the front holds of an uploading request into its stream: the head, the kept body
  * bytes in BODY frames, END once the body ended; flushes now (`flush_now`, END, or when shared
  * memory ran out: the worker frees slices as it reads what was flushed), else from a 0 ms
@@ -359,7 +382,11 @@ static int upload_push(struct freq *r, int flush_now)
         return rc;
     if (r->up_dirty && (flush_now || wait || r->up_end_out)) {
         if (shmipc__session_can_send(r->fs->s)) {
-            if ((rc = shmipc__stream_flush(r->st)) < 0)
+            if ((rc = shmipc__stream_flush(r->st)) == SHMIPC_EEOF) {
+                upload_stop(r);
+                return 0;
+            }
+            if (rc < 0)
                 return rc;
             r->up_dirty = 0;
             if (!r->up_flushed && !r->up_end_out && r->body_len > 0)

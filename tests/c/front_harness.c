@@ -276,7 +276,8 @@ uint64_t fnv1a(uint64_t h, const void *p, size_t n)
  * "/up/<op>" (test_front_upload.c): a worker that reads a streamed request body frame by
  * frame. "hash": to END, then 200 "<length>:<fnv1a hex>"; "echo": to END (at most 8 MiB),
  * then 200 with the body back in 256 KiB frames and its Content-Length; "early": the first
- * BODY frame, then 200 "early" at once, and the stream is read on until it ends. An ABORT
+ * BODY frame, then 200 "early" at once, and the stream is read on until it ends;
+ * "early-close": the same, then the stream closes at once. An ABORT
  * of the front's mid-body is counted (aborts[]) and ends the exchange.
  */
 static void upload_mode(struct appw *w, shmipc_stream *st, const char *target, size_t tlen)
@@ -285,7 +286,8 @@ static void upload_mode(struct appw *w, shmipc_stream *st, const char *target, s
     uint8_t *echo = NULL, *buf = NULL, hd[12];
     size_t n, cap = 0;
     shmipc_serve_frame f;
-    int early = tlen == 9 && memcmp(target, "/up/early", 9) == 0;
+    int early = tlen >= 9 && memcmp(target, "/up/early", 9) == 0;
+    int close_early = tlen == 15 && memcmp(target, "/up/early-close", 15) == 0;
     int is_echo = tlen == 8 && memcmp(target, "/up/echo", 8) == 0;
     atomic_fetch_add(&w->concurrent, 1);
     for (;;) {
@@ -320,7 +322,7 @@ static void upload_mode(struct appw *w, shmipc_stream *st, const char *target, s
         buf = NULL;
         if (early) { /* answered before the body's end; the rest is read and dropped */
             send_frames(w, st, 200, w->name, "early", 5, 1, 0);
-            while (read_frame(st, &buf, &n, &f) == 0) {
+            while (!close_early && read_frame(st, &buf, &n, &f) == 0) {
                 free(buf);
                 buf = NULL;
             }

@@ -259,8 +259,10 @@ static void upload_client_gone_frees_worker(void **state)
     assert_int_equal(atomic_load(&w->bad), 0);
 }
 
-/* The worker answers after the first piece of a 4 MiB body: the client gets the answer with
- * Connection: close, then the close; the worker is free for the next request. */
+/* The worker answers after the first piece of a 4 MiB body (and reads on, or closes its
+ * stream at once): the client gets the answer with Connection: close, then the close; the
+ * worker is free for the next request, its session never ended (before: the front's flush
+ * into the closed stream took the session down, a failure counted). */
 static void upload_early_answer_closes(void **state)
 {
     struct tc *t = *state;
@@ -272,19 +274,33 @@ static void upload_early_answer_closes(void **state)
     x->max_body = 8u << 20;
     appw_start(w, "w0", NULL);
     fx_start(x, ws, 1, 1, NULL);
-    rd_open(r, x->port);
-    send_head(r->fd, "/up/early", 4u << 20, 0, NULL);
-    assert_int_equal(send_body(r->fd, 1, 4u << 20, 300000, 0, NULL, 0, NULL), 0);
-    read_resp(r, &p);
-    assert_int_equal(p.status, 200);
-    assert_string_equal(p.body, "early");
-    assert_non_null(strcasestr(p.head, "Connection: close"));
-    resp_free(&p);
-    assert_true(peer_closed(r->fd));
-    close(r->fd);
+    static struct shmipc__front_stats st;
+    for (int i = 0; i < 12; i++) {
+        rd_open(r, x->port);
+        if (i == 3) /* the protocol-abiding rounds are over */
+            assert_int_equal(atomic_load(&w->bad), 0);
+        send_head(r->fd, i >= 3 ? "/up/early-close" : "/up/early", 4u << 20, 0, NULL);
+        assert_int_equal(send_body(r->fd, 1, 4u << 20, 300000, 0, NULL, 0, NULL), 0);
+        read_resp(r, &p);
+        assert_int_equal(p.status, 200);
+        assert_string_equal(p.body, "early");
+        assert_non_null(strcasestr(p.head, "Connection: close"));
+        resp_free(&p);
+        assert_true(peer_closed(r->fd));
+        close(r->fd);
+        upload_hashed(x->port, 2, 300000, 0, NULL, 0);
+    }
     free(r);
-    upload_hashed(x->port, 2, 300000, 0, NULL, 0);
-    assert_int_equal(atomic_load(&w->bad), 0);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.w[0].failures, 0);
+    pthread_mutex_lock(&w->mu);
+    int nsess = w->nsess;
+    pthread_mutex_unlock(&w->mu);
+    assert_int_equal(nsess, 1); /* the one session the front opened: it never ended */
+    /* "early-close" breaks the protocol (a side closes only once the exchange is over for
+     * both): BODY frames the front sent before it saw the close may reach the worker as a new
+     * stream (docs/serve.md), which it counts as bad; the earlier rounds had none. */
+    atomic_store(&w->bad, 0);
 }
 
 /* Expect: 100-continue: the 100 comes before any body byte was sent, for a streamed body
