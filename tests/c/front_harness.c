@@ -293,8 +293,11 @@ static void upload_mode(struct appw *w, shmipc_stream *st, const char *target, s
     for (;;) {
         if (read_frame(st, &buf, &n, &f) < 0)
             goto done;
-        if (f.type == SHMIPC_SERVE_END)
+        if (f.type == SHMIPC_SERVE_END) {
+            free(buf);
+            buf = NULL;
             break;
+        }
         if (f.type == SHMIPC_SERVE_ABORT) {
             bump(&w->aborts[f.arg & 7]);
             goto done;
