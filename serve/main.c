@@ -200,9 +200,12 @@ static void print_front_stats(struct run *r)
     if (rc == 0) {
         fprintf(stderr,
                 "shmipc-serve: front: %u queued, %llu rejected (503), %llu timed out (504), "
-                "%llu left by their client, %llu refused by a stopping worker and resent\n",
+                "%llu left by their client, %llu refused by a stopping worker and resent, "
+                "%llu request bodies streamed (%llu bytes kept now, %llu at most)\n",
                 st->queued, (unsigned long long)st->rejected, (unsigned long long)st->timeouts,
-                (unsigned long long)st->client_gone, (unsigned long long)st->retried);
+                (unsigned long long)st->client_gone, (unsigned long long)st->retried,
+                (unsigned long long)st->uploads, (unsigned long long)st->upload_kept,
+                (unsigned long long)st->upload_kept_peak);
         for (unsigned i = 0; i < st->nworkers; i++)
             fprintf(stderr, "  %s %s: %u session(s), %u in flight, %llu served, %llu failed\n",
                     st->w[i].address,
