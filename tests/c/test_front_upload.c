@@ -202,6 +202,36 @@ static void upload_chunked_over_limit_413(void **state)
     assert_int_equal(atomic_load(&w->bad), 0);
 }
 
+/* Chunk framing that breaks mid-body (a size line that is no hex number) after 200 KB went
+ * to the worker: 400 with a close, and the worker gets ABORT CLIENT_GONE (the body ends
+ * there) and serves the next request. */
+static void upload_bad_chunk_framing_400(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct rd *r = malloc(sizeof *r);
+    struct resp p;
+    static const size_t sizes[] = {50000};
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    rd_open(r, x->port);
+    send_head(r->fd, "/up/hash", 0, 1, NULL);
+    assert_int_equal(send_body(r->fd, 1, 1u << 20, 200000, 1, sizes, 1, NULL), 0);
+    assert_true(wait_for(&w->requests, 1, WAIT_MS));
+    send_all(r->fd, "zz\r\n", 4);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 400);
+    assert_non_null(strcasestr(p.head, "Connection: close"));
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], 1, WAIT_MS));
+    upload_hashed(x->port, 2, 300000, 1, sizes, 1);
+    assert_int_equal(atomic_load(&w->bad), 0);
+}
+
 /* A client that stops sending mid-body: 504 at the deadline, the worker gets ABORT TIMEOUT
  * and serves the next request. */
 static void upload_client_stalls_504(void **state)
@@ -596,10 +626,11 @@ static void upload_cross_talk(void **state)
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define UPLOAD_TESTS                                                                               \
     T(upload_64m_content_length), T(upload_chunked_odd_sizes), T(upload_chunked_over_limit_413),   \
-        T(upload_client_stalls_504), T(upload_client_gone_frees_worker),                           \
-        T(upload_early_answer_closes), T(upload_expect_100_continue),                              \
-        T(upload_refused_after_body_not_resent), T(upload_queued_waits_for_worker),                \
-        T(upload_shared_memory_full_holds_then_resumes), T(upload_cross_talk)
+        T(upload_bad_chunk_framing_400), T(upload_client_stalls_504),                              \
+        T(upload_client_gone_frees_worker), T(upload_early_answer_closes),                         \
+        T(upload_expect_100_continue), T(upload_refused_after_body_not_resent),                    \
+        T(upload_queued_waits_for_worker), T(upload_shared_memory_full_holds_then_resumes),        \
+        T(upload_cross_talk)
 
 int main(int argc, char **argv)
 {
