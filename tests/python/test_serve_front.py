@@ -5,6 +5,7 @@ while the front lives on."""
 import http.client
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -210,5 +211,35 @@ def test_32mib_chunked_upload_streams_to_wsgi_input(tmp_path):
         assert r.status == 200
         assert r.read() == b"%d %s" % (total, h.hexdigest().encode())
         conn.close()
+    finally:
+        stop(front, worker)
+
+
+def test_client_gone_mid_upload_frees_the_python_worker(tmp_path):
+    """A client that leaves mid-body (1 MiB of a declared 8 MiB, and a chunked one): the WSGI
+    worker reading wsgi.input gets the front's ABORT, and the same worker (the only one)
+    serves the next upload whole."""
+    address = unique_address("front")
+    worker = start_worker(tmp_path, address)
+    front, port = start_front(address, max_body=16 << 20)
+    try:
+        for chunked in (False, True):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            framing = (b"Transfer-Encoding: chunked" if chunked
+                       else b"Content-Length: %d" % (8 << 20))
+            s.sendall(b"POST /upload HTTP/1.1\r\nHost: t\r\n" + framing + b"\r\n\r\n")
+            piece = b"x" * 65536
+            for _ in range(16):
+                s.sendall((b"%x\r\n" % len(piece)) + piece + b"\r\n" if chunked else piece)
+            time.sleep(0.2)
+            s.close()
+            body = bytes(range(256)) * 4096  # 1 MiB
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/upload", body=body)
+            r = conn.getresponse()
+            assert r.status == 200
+            assert r.read() == b"%d %s" % (len(body), hashlib.sha256(body).hexdigest().encode())
+            conn.close()
+        assert worker.poll() is None
     finally:
         stop(front, worker)
