@@ -87,6 +87,8 @@ struct shmipc__ws_route {
     shmipc_destroy_cb destroy;
 };
 
+struct shmipc__server_ws_cbs;
+
 /*
  * One WebSocket connection: the protocol state (net/ws_conn.h) and what the server needs to
  * drive it. Allocated at the upgrade, freed with its TCP connection.
@@ -109,6 +111,11 @@ struct shmipc_ws {
     uint8_t tx_seen;   /* output progress (a send started or completed) since then */
     uint8_t sending;
     uint8_t reported; /* on_close ran */
+    /* An upgrade accepted later (shmipc__server_ws_accept()): its callbacks, in `own`. */
+    const struct shmipc__server_ws_cbs *cbs; /* NULL for a WebSocket route's connection */
+    struct shmipc__ws_route own;
+    size_t drain_mark; /* on_drain once fewer bytes are queued; 0: not asked */
+    uint8_t held;      /* shmipc__ws_hold(): the owner stopped reading the client */
 };
 
 /* Counters summed over the workers of the last run, for tests and the benchmark. */
@@ -290,6 +297,53 @@ size_t shmipc__server_stream_queued(struct shmipc__server_ticket t);
  * for the access log of a stream that ends now. Also inside the deferral's cancel callback,
  * where the ticket is already stale; 0 otherwise for a stale ticket. */
 uint64_t shmipc__server_stream_sent(struct shmipc__server_ticket t);
+
+/*
+ * Deferred WebSocket upgrades (docs/http.md, "Deferred WebSocket upgrades"), for a layer that
+ * lets another process decide (core/serve/front_ws.c). In a route handler,
+ * shmipc__server_ws_defer() validates `req` as a WebSocket handshake (the checks of
+ * ws_handshake.h, and no "Connection: close"): an invalid one fills the response with its
+ * 400 or 426 (Connection: close) and returns SHMIPC_EPROTO, and the handler returns 0 to send
+ * it; a valid one is deferred as shmipc__server_defer() does (same ticket, timeout, cancel).
+ * Then, on the connection's worker thread, either shmipc__server_ws_accept() answers 101
+ * (Upgrade, Connection and the server's Sec-WebSocket-Accept, then `headers`, e.g.
+ * Sec-WebSocket-Protocol: one the client offered, the caller's to check) and the connection
+ * speaks WebSocket with `cbs` (on the worker thread; *out is the connection, valid until
+ * on_close returned), or shmipc__server_complete() / stream_head() refuses it with any other
+ * status as a normal response, with Connection: close. The client leaving while deferred
+ * cancels with CLIENT_GONE, the timeout with TIMEOUT (504), as for any deferral.
+ * ws_accept returns 0; SHMIPC_ECLOSED for a stale ticket; SHMIPC_EINVAL for a deferral that
+ * was not an upgrade's, a header complete() refuses or one of the handshake's own (Upgrade,
+ * Connection, Sec-WebSocket-Accept), more than SHMIPC__SERVER_MAX_RESP_HEADERS - 3 headers,
+ * cbs without on_message and on_close (the deferral stays live after EINVAL);
+ * SHMIPC_EPIPE when the server is stopping (the client got 503, the deferral ended);
+ * SHMIPC_ENOMEM.
+ *
+ * After the accept: the server's WebSocket timers apply (ping, idle, stall); on_close comes
+ * once (1006 for a client gone without a close frame); shmipc__ws_send/ping/close send.
+ * Backpressure for an owner that relays: shmipc__ws_queued() is the bytes queued towards the
+ * client; shmipc__ws_drain_at(ws, mark) asks for one on_drain once fewer than `mark` are
+ * queued (at once, from the call, if already so: returns 1 then, and no on_drain comes);
+ * shmipc__ws_hold(ws, 1) stops reading the client (messages of input already read still
+ * come), shmipc__ws_hold(ws, 0) reads again. None of the callbacks may free the server.
+ */
+struct shmipc__server_ws_cbs {
+    shmipc_ws_message_cb on_message;
+    void (*on_ping)(struct shmipc_ws *ws, const void *data, size_t len, void *user_data);
+    void (*on_pong)(struct shmipc_ws *ws, const void *data, size_t len, void *user_data);
+    shmipc_ws_close_cb on_close;
+    void (*on_drain)(struct shmipc_ws *ws, void *user_data);
+};
+int shmipc__server_ws_defer(struct shmipc_http_response *res, const struct shmipc_http_request *req,
+                            uint32_t timeout_ms, shmipc__server_cancel_fn cancel, void *data,
+                            struct shmipc__server_ticket *out);
+int shmipc__server_ws_accept(struct shmipc__server_ticket t,
+                             const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                             const struct shmipc__server_ws_cbs *cbs, void *user_data,
+                             struct shmipc_ws **out);
+size_t shmipc__ws_queued(const struct shmipc_ws *ws);
+int shmipc__ws_drain_at(struct shmipc_ws *ws, size_t mark);
+int shmipc__ws_hold(struct shmipc_ws *ws, int hold);
 
 /*
  * Streamed request bodies (docs/http.md, "Streamed request bodies"), for a layer that forwards

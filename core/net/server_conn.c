@@ -371,7 +371,8 @@ static void conn_serve(struct server_conn *sc)
     if (sc->answered) {
         /* A deferred request's answer goes first; pipelined requests behind it follow. */
         sc->answered = 0;
-        if (w->draining || w->srv->idle_ms == 0)
+        /* An accepted upgrade (sc->ws) is no keep-alive: the keep-alive timeout does not end it. */
+        if (w->draining || (w->srv->idle_ms == 0 && sc->ws == NULL))
             sc->http.deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
         struct release **tail = &sc->releases;
         while (*tail != NULL)

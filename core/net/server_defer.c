@@ -40,6 +40,7 @@ void shmipc__server_defer_cancel(struct server_conn *sc, int reason)
         return;
     shmipc__server_cancel_fn fn = sc->on_cancel;
     sc->defer_on = 0;
+    sc->ws_defer = 0;
     sc->up_on = 0; /* the rest of a streamed body is nobody's: the connection closes */
     sc->defer_gen++;
     sc->defer_deadline = 0;
@@ -73,7 +74,8 @@ static int ticket_check(struct shmipc__server_ticket t, const char *what)
 
 /*
  * Checks the owner's head and copies it into sc->http.deferred, its memory on answer_rel,
- * with `extra` more bytes behind it (*extra_out) for the caller. The head is checked as the
+ * with `lead` header slots before the owner's (the caller fills them: a 101's handshake
+ * fields) and `extra` more bytes behind it (*extra_out) for the caller. The head is checked as the
  * handler API checks it (shmipc_http_response_add_header): the framing headers are the
  * server's alone (a second Content-Length beside ours makes the client or a proxy in front
  * split the stream elsewhere), and a control byte is refused now, while the owner can still
@@ -81,7 +83,7 @@ static int ticket_check(struct shmipc__server_ticket t, const char *what)
  */
 static int answer_prepare(struct server_conn *sc, int status, const char *content_type,
                           const struct shmipc__http_header_out *headers, uint32_t nheaders,
-                          size_t extra, char **extra_out)
+                          uint32_t lead, size_t extra, char **extra_out)
 {
     if (status < 200 || status > 999 || nheaders > SHMIPC__SERVER_MAX_RESP_HEADERS)
         return shmipc__fail(SHMIPC_EINVAL, "complete: a bad status or too many headers");
@@ -108,15 +110,15 @@ static int answer_prepare(struct server_conn *sc, int status, const char *conten
     /* The header array and the content type are copied now: the answer may be batched later
      * (after the batch in flight), when the caller's memory is gone. */
     size_t ctlen = content_type != NULL ? strlen(content_type) + 1 : 0;
-    size_t need = sizeof(struct release) + nheaders * sizeof *headers + ctlen + extra;
+    size_t need = sizeof(struct release) + (lead + nheaders) * sizeof *headers + ctlen + extra;
     for (uint32_t i = 0; i < nheaders; i++)
         need += headers[i].name_len + headers[i].value_len;
     struct release *meta = malloc(need);
     if (meta == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "complete: out of memory for the answer");
     struct shmipc__http_header_out *h = (struct shmipc__http_header_out *)(meta + 1);
-    char *p = (char *)(h + nheaders);
-    uint32_t nh = 0;
+    char *p = (char *)(h + lead + nheaders);
+    uint32_t nh = lead;
     for (uint32_t i = 0; i < nheaders; i++) {
         if (header_named(&headers[i], "Connection"))
             continue; /* "close": a flag, the writer adds the header */
@@ -131,6 +133,11 @@ static int answer_prepare(struct server_conn *sc, int status, const char *conten
     }
     struct shmipc__http_response *r = &sc->http.deferred;
     r->status = (uint16_t)status;
+    /* A refused upgrade: the client may have sent frames behind its head (it should not), and
+     * they must never be read as a request. */
+    if (sc->ws_defer)
+        close_flag = SHMIPC__HTTP_RESP_CLOSE;
+    sc->ws_defer = 0;
     r->flags |= close_flag;
     r->headers = h;
     r->nheaders = nh;
@@ -171,8 +178,8 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
     }
     /* Without a release callback the caller cannot know when the body is no longer used:
      * it is copied too. */
-    rc = answer_prepare(sc, status, content_type, headers, nheaders, release == NULL ? body_len : 0,
-                        &copy);
+    rc = answer_prepare(sc, status, content_type, headers, nheaders, 0,
+                        release == NULL ? body_len : 0, &copy);
     if (rc < 0) {
         free(bnode);
         goto refuse;
@@ -203,6 +210,112 @@ refuse:
     return rc;
 }
 
+/* ---- deferred WebSocket upgrades (docs/http.md, "Deferred WebSocket upgrades") ---- */
+
+int shmipc__server_ws_defer(struct shmipc_http_response *res, const struct shmipc_http_request *req,
+                            uint32_t timeout_ms, shmipc__server_cancel_fn cancel, void *data,
+                            struct shmipc__server_ticket *out)
+{
+    struct server_conn *sc = res != NULL ? res->conn : NULL;
+    if (sc == NULL || req == NULL || req->r == NULL || res->deferred || sc->defer_on ||
+        sc->state != SHMIPC__CS_HANDLING)
+        return shmipc__fail(SHMIPC_EINVAL, "ws_defer: not in a route handler, or deferred twice");
+    struct shmipc__ws_handshake *hs = &sc->w->hs;
+    int rc = shmipc__ws_handshake_check(hs, req->r, NULL, 0);
+    if (rc == 0 && !(req->r->flags & SHMIPC__HTTP_KEEP_ALIVE)) {
+        /* "Connection: Upgrade, close" asks for two things that exclude each other. */
+        hs->status = 400;
+        hs->detail = "the request closes the connection";
+        rc = SHMIPC_EPROTO;
+    }
+    if (rc < 0) {
+        /* The 400/426 (with Connection: close) is the handler's response now. */
+        shmipc__ws_handshake_response(hs, res->r);
+        return shmipc__fail(SHMIPC_EPROTO, "ws_defer: not a valid WebSocket handshake (%u): %s",
+                            hs->status, hs->detail ? hs->detail : "");
+    }
+    rc = shmipc__server_defer(res, timeout_ms, cancel, data, out);
+    if (rc < 0)
+        return rc;
+    sc->ws_defer = 1;
+    memcpy(sc->ws_accept, hs->accept, sizeof sc->ws_accept);
+    return 0;
+}
+
+static int ws_field_refused(const struct shmipc__http_header_out *h)
+{
+    return header_named(h, "Upgrade") || header_named(h, "Connection") ||
+           header_named(h, "Sec-WebSocket-Accept");
+}
+
+int shmipc__server_ws_accept(struct shmipc__server_ticket t,
+                             const struct shmipc__http_header_out *headers, uint32_t nheaders,
+                             const struct shmipc__server_ws_cbs *cbs, void *user_data,
+                             struct shmipc_ws **out)
+{
+    struct server_conn *sc = t.sc;
+    char *unused;
+    int rc = ticket_check(t, "ws_accept");
+    if (rc < 0)
+        return rc;
+    if (!sc->ws_defer || sc->streaming)
+        return shmipc__fail(SHMIPC_EINVAL, "ws_accept: the deferred request is no upgrade");
+    if (cbs == NULL || cbs->on_message == NULL || cbs->on_close == NULL || out == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "ws_accept: on_message and on_close are required");
+    if (nheaders > SHMIPC__SERVER_MAX_RESP_HEADERS - 3)
+        return shmipc__fail(SHMIPC_EINVAL, "ws_accept: %u headers", nheaders);
+    for (uint32_t i = 0; i < nheaders; i++)
+        if (ws_field_refused(&headers[i]))
+            return shmipc__fail(SHMIPC_EINVAL, "ws_accept: header %u is the handshake's own", i);
+    if (sc->w->draining) {
+        /* The stop already told its WebSockets to go away (1001): a new one would only be
+         * cut by the stop's end. nginx refuses new work while it drains too. */
+        struct shmipc__http_response *r = &sc->http.deferred;
+        uint16_t keep = r->flags;
+        memset(r, 0, sizeof *r);
+        r->flags = keep | SHMIPC__HTTP_RESP_CLOSE;
+        shmipc__http_response_error(r, 503);
+        sc->ws_defer = 0;
+        sc->defer_on = 0;
+        sc->defer_gen++;
+        sc->on_cancel = NULL;
+        sc->answered = 1;
+        shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+        return shmipc__fail(SHMIPC_EPIPE, "ws_accept: the server is stopping (503)");
+    }
+    struct shmipc_ws *ws = shmipc__server_ws_new(sc, cbs, user_data);
+    if (ws == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "ws_accept: websocket connection");
+    /* The caller's headers are checked as complete() checks them; answer_prepare() also
+     * ends ws_defer, which matters only for a refusal. */
+    sc->ws_defer = 0;
+    rc = answer_prepare(sc, 200, NULL, headers, nheaders, 3, 0, &unused);
+    if (rc < 0) {
+        sc->ws_defer = 1;
+        shmipc__ws_conn_destroy(&ws->c);
+        free(ws);
+        return rc;
+    }
+    struct shmipc__http_response *r = &sc->http.deferred;
+    struct shmipc__http_header_out *h = (struct shmipc__http_header_out *)r->headers;
+    h[0] = (struct shmipc__http_header_out){"Upgrade", "websocket", 7, 9};
+    h[1] = (struct shmipc__http_header_out){"Connection", "Upgrade", 10, 7};
+    h[2] = (struct shmipc__http_header_out){"Sec-WebSocket-Accept", sc->ws_accept, 20,
+                                            SHMIPC__WS_ACCEPT_LEN};
+    r->status = 101;
+    sc->ws = ws;
+    /* The bytes behind the head are frames: the HTTP parser stops before them (see
+     * shmipc__server_ws_upgrade()), and conn_serve() switches to WebSocket. */
+    sc->http.head_reserve = UINT32_MAX;
+    sc->defer_on = 0;
+    sc->defer_gen++;
+    sc->on_cancel = NULL;
+    sc->answered = 1;
+    *out = ws;
+    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    return 0;
+}
+
 /* ---- streamed answers (docs/serve.md, "Streamed responses") ---- */
 
 int shmipc__server_stream_head(struct shmipc__server_ticket t, int status, const char *content_type,
@@ -217,7 +330,7 @@ int shmipc__server_stream_head(struct shmipc__server_ticket t, int status, const
         return rc;
     if (sc->streaming || mark == 0)
         return shmipc__fail(SHMIPC_EINVAL, "stream_head: a second head, or a mark of 0");
-    rc = answer_prepare(sc, status, content_type, headers, nheaders, 0, &unused);
+    rc = answer_prepare(sc, status, content_type, headers, nheaders, 0, 0, &unused);
     if (rc < 0)
         return rc;
     struct shmipc__http_response *r = &sc->http.deferred;

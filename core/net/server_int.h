@@ -86,6 +86,10 @@ struct server_conn {
     shmipc__server_cancel_fn on_cancel;
     void *cancel_data;
     struct release *answer_rel; /* the answer's memory, moved to `releases` when batched */
+    /* A deferred WebSocket upgrade (shmipc__server_ws_defer): the handshake's answer key, kept
+     * because the request's bytes are dropped while it waits. */
+    uint8_t ws_defer;
+    char ws_accept[SHMIPC__WS_ACCEPT_LEN + 1];
     /* A streamed answer (server_defer.c, shmipc__server_stream_head): DEFERRED until it ends. */
     uint8_t streaming;     /* the head was given */
     uint8_t stream_end;    /* STREAM_ENDED or STREAM_ABORTED once the owner said so */
@@ -193,5 +197,7 @@ void shmipc__server_ws_arm(struct server_conn *sc);
 void shmipc__server_ws_flush(struct server_conn *sc);
 void shmipc__server_ws_input(struct server_conn *sc, char *data, size_t len);
 void shmipc__server_ws_timeout(struct server_conn *sc);
+struct shmipc_ws *shmipc__server_ws_new(struct server_conn *sc,
+                                        const struct shmipc__server_ws_cbs *cbs, void *user_data);
 
 #endif

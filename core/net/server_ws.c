@@ -38,6 +38,21 @@ static void ws_on_close(void *user_data, unsigned code, const char *reason, size
     ws->route->on_close(ws, (int)code, text, len, ws->route->user_data);
 }
 
+/* Pings and pongs matter only to an owner that relays them (shmipc__server_ws_accept()). */
+static void ws_on_ping(void *user_data, const char *data, size_t len)
+{
+    struct shmipc_ws *ws = user_data;
+    if (ws->cbs != NULL && ws->cbs->on_ping != NULL)
+        ws->cbs->on_ping(ws, data, len, ws->own.user_data);
+}
+
+static void ws_on_pong(void *user_data, const char *data, size_t len)
+{
+    struct shmipc_ws *ws = user_data;
+    if (ws->cbs != NULL && ws->cbs->on_pong != NULL)
+        ws->cbs->on_pong(ws, data, len, ws->own.user_data);
+}
+
 /* A message leaves from the application's memory when nothing of this connection waits to be
  * written before it (the 101's batch, an earlier send): see shmipc__ws_conn_send(). */
 static size_t ws_write_now(void *user_data, const struct iovec *iov, int n)
@@ -63,10 +78,30 @@ static size_t ws_read_now(void *user_data, void *buf, size_t len)
 
 static const struct shmipc__ws_callbacks ws_cbs = {
     .on_message = ws_on_message,
+    .on_ping = ws_on_ping,
+    .on_pong = ws_on_pong,
     .on_close = ws_on_close,
     .write_now = ws_write_now,
     .read_now = ws_read_now,
 };
+
+/* The WebSocket of a deferred upgrade the owner accepts (server_defer.c): its callbacks stand
+ * in for a route's. */
+struct shmipc_ws *shmipc__server_ws_new(struct server_conn *sc,
+                                        const struct shmipc__server_ws_cbs *cbs, void *user_data)
+{
+    struct shmipc_ws *ws = calloc(1, sizeof *ws);
+    if (ws == NULL)
+        return NULL;
+    ws->cbs = cbs;
+    ws->own.on_message = cbs->on_message;
+    ws->own.on_close = cbs->on_close;
+    ws->own.user_data = user_data;
+    ws->route = &ws->own;
+    ws->conn = sc;
+    shmipc__ws_conn_init(&ws->c, &sc->w->srv->ws_limits, &ws_cbs, ws);
+    return ws;
+}
 
 /*
  * A request for a WebSocket route: the handshake's 400/426, the application's 403, or the 101.
@@ -260,13 +295,24 @@ static void ws_sent(struct shmipc__conn *c, int status, void *data)
     }
     ws->tx_done += ws->flight;
     ws->tx_seen = 1;
-    /* Drained to half the high-water mark: read again (see ws_input). The time spent paused
-     * was ours, not the peer's silence: the idle and ping timers start afresh. */
-    if (shmipc__ws_conn_tx_sent(&ws->c, ws->flight) && shmipc__conn_read_paused(sc->conn) &&
-        shmipc__conn_resume_read(sc->conn) == 0) {
+    /* Drained to half the high-water mark: read again (see ws_input), unless the owner holds
+     * the input (shmipc__ws_hold()). The time spent paused was ours, not the peer's silence:
+     * the idle and ping timers start afresh. */
+    if (shmipc__ws_conn_tx_sent(&ws->c, ws->flight) && !ws->held &&
+        shmipc__conn_read_paused(sc->conn) && shmipc__conn_resume_read(sc->conn) == 0) {
         ws->rx_at = shmipc__loop_now_ms(sc->w->loop);
         ws->rx_seen = 1;
         shmipc__server_ws_arm(sc);
+    }
+    /* The owner that waits for room hears of it before the next send starts, so what it
+     * queues now joins that send. */
+    if (ws->drain_mark != 0 && shmipc__ws_conn_tx_queued(&ws->c) < ws->drain_mark) {
+        ws->drain_mark = 0;
+        if (ws->cbs != NULL && ws->cbs->on_drain != NULL) {
+            ws->cbs->on_drain(ws, ws->own.user_data);
+            if (sc->state != SHMIPC__CS_UPGRADED)
+                return; /* it closed the connection: sc is pooled memory, ws is gone */
+        }
     }
     shmipc__server_ws_flush(sc);
 }
@@ -356,6 +402,54 @@ int shmipc__ws_send(struct shmipc_ws *ws, int kind, const void *data, size_t len
     if (rc < 0)
         return rc;
     return ws_queued(ws, shmipc__ws_conn_send(&ws->c, op, data, len, 0), "ws_send");
+}
+
+size_t shmipc__ws_queued(const struct shmipc_ws *ws)
+{
+    return shmipc__ws_conn_tx_queued(&ws->c);
+}
+
+int shmipc__ws_drain_at(struct shmipc_ws *ws, size_t mark)
+{
+    int rc = ws_check(ws, "ws_drain_at");
+    if (rc < 0)
+        return rc;
+    if (shmipc__ws_conn_tx_queued(&ws->c) < mark) {
+        ws->drain_mark = 0;
+        return 1;
+    }
+    ws->drain_mark = mark;
+    return 0;
+}
+
+/*
+ * The owner's hold on the input, beside the WebSocket layer's own PAUSE (ws_input): reading
+ * resumes only when neither holds it. Held time is not the peer's silence (ws_reading()).
+ */
+int shmipc__ws_hold(struct shmipc_ws *ws, int hold)
+{
+    struct server_conn *sc = ws->conn;
+    int rc = ws_check(ws, "ws_hold");
+    if (rc < 0)
+        return rc;
+    if (sc->state != SHMIPC__CS_UPGRADED)
+        return shmipc__fail(SHMIPC_EPIPE, "ws_hold: the connection is closing");
+    if (hold && !ws->held) {
+        ws->held = 1;
+        if (!shmipc__conn_read_paused(sc->conn))
+            return shmipc__conn_pause_read(sc->conn);
+    } else if (!hold && ws->held) {
+        ws->held = 0;
+        if (!ws->c.paused && shmipc__conn_read_paused(sc->conn)) {
+            rc = shmipc__conn_resume_read(sc->conn);
+            if (rc < 0)
+                return rc;
+            ws->rx_at = shmipc__loop_now_ms(sc->w->loop);
+            ws->rx_seen = 1;
+            shmipc__server_ws_arm(sc);
+        }
+    }
+    return 0;
 }
 
 int shmipc__ws_ping(struct shmipc_ws *ws, const void *data, size_t len)

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "net/server.h"
+#include "reactor/loop.h"
 
 static int suite_backend = SHMIPC_BACKEND_EPOLL;
 
@@ -1177,12 +1178,334 @@ static void config_ws_timeouts_and_limits(void **state)
     shmipc_server_config_free(cfg);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Deferred upgrades (shmipc__server_ws_defer / _ws_accept, docs/http.md): a route handler
+ * defers a valid handshake and a timer on the connection's loop answers it later, as the
+ * front does when its worker answers. */
+
+enum { D_ACCEPT = 0, D_REFUSE = 1 };
+
+struct dapp {
+    int mode;
+    uint32_t delay_ms;
+    struct shmipc__timer timer;
+    struct shmipc__server_ticket ticket;
+    shmipc_ws *ws;
+    atomic_int defer_rc, deferred, fired, accept_rc, bad_rc, cancel_reason;
+    atomic_int close_code, messages, pings, late_send_rc;
+};
+
+static void d_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data)
+{
+    struct dapp *d = user_data;
+    atomic_fetch_add(&d->messages, 1);
+    (void)shmipc__ws_send(ws, kind, data, len);
+}
+
+static void d_ping(shmipc_ws *ws, const void *data, size_t len, void *user_data)
+{
+    struct dapp *d = user_data;
+    (void)ws;
+    (void)data;
+    (void)len;
+    atomic_fetch_add(&d->pings, 1);
+}
+
+static void d_close(shmipc_ws *ws, int code, const char *reason, size_t len, void *user_data)
+{
+    struct dapp *d = user_data;
+    (void)ws;
+    (void)reason;
+    (void)len;
+    atomic_store(&d->close_code, code);
+}
+
+static const struct shmipc__server_ws_cbs d_cbs = {
+    .on_message = d_message, .on_ping = d_ping, .on_close = d_close};
+
+static void d_cancel(void *data, int reason)
+{
+    struct dapp *d = data;
+    atomic_store(&d->cancel_reason, reason);
+}
+
+static void d_fire(struct shmipc__timer *tm)
+{
+    struct dapp *d = tm->data;
+    int rc;
+    if (d->mode == D_REFUSE) {
+        rc = shmipc__server_complete(d->ticket, 403, "text/plain", NULL, 0, "refused", 7, NULL,
+                                     NULL);
+    } else {
+        /* The handshake's own fields are the server's: refused, and the deferral stays. */
+        struct shmipc__http_header_out bad = {"Connection", "close", 10, 5};
+        struct shmipc__http_header_out proto = {"Sec-WebSocket-Protocol", "chat", 22, 4};
+        atomic_store(&d->bad_rc, shmipc__server_ws_accept(d->ticket, &bad, 1, &d_cbs, d, &d->ws));
+        rc = shmipc__server_ws_accept(d->ticket, &proto, 1, &d_cbs, d, &d->ws);
+        /* Sent at once: it follows the 101 on the wire. */
+        if (rc == 0)
+            atomic_store(&d->late_send_rc, shmipc__ws_send(d->ws, SHMIPC_WS_TEXT, "hello", 5));
+    }
+    atomic_store(&d->accept_rc, rc);
+    atomic_store(&d->fired, 1);
+}
+
+static int h_defer(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    struct dapp *d = ud;
+    struct shmipc__server_where wh;
+    int rc = shmipc__server_ws_defer(res, req, 5000, d_cancel, d, &d->ticket);
+    atomic_store(&d->defer_rc, rc);
+    if (rc == SHMIPC_EPROTO)
+        return 0; /* the 400/426 is the response */
+    if (rc < 0 || (rc = shmipc__server_where(res, &wh)) < 0)
+        return rc;
+    atomic_store(&d->deferred, 1);
+    shmipc__timer_init(wh.loop, &d->timer, d_fire, d);
+    return shmipc__timer_start(&d->timer, d->delay_ms);
+}
+
+static void dapp_init(struct dapp *d, int mode, uint32_t delay_ms)
+{
+    memset(d, 0, sizeof *d);
+    d->mode = mode;
+    d->delay_ms = delay_ms;
+    atomic_store(&d->accept_rc, 1);
+    atomic_store(&d->late_send_rc, 1);
+}
+
+static void d_srv(struct srv *t, struct dapp *d)
+{
+    srv_new(t, NULL);
+    CHECK(shmipc_server_route(t->s, "GET", "/front", h_defer, d, NULL));
+    srv_run(t);
+}
+
+static const char d_request[] =
+    "GET /front HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n"
+    "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    "Sec-WebSocket-Protocol: x, chat\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+/* Reads exactly n bytes (10 s at most). */
+static void read_exact(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    uint64_t end = mono_ms() + 10000;
+    while (got < n) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        assert_true(mono_ms() < end);
+        (void)poll(&p, 1, 10);
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r > 0)
+            got += (size_t)r;
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR))
+            fail_msg("read_exact: closed after %zu of %zu bytes", got, n);
+    }
+}
+
+/* Reads one unmasked server frame: its first byte, its payload (malloc'd) and length. */
+static unsigned read_frame(int fd, char **payload, size_t *len)
+{
+    unsigned char h[2], ext[8];
+    uint64_t n;
+    read_exact(fd, h, 2);
+    assert_int_equal(h[1] & 0x80, 0);
+    n = h[1] & 0x7f;
+    if (n == 126) {
+        read_exact(fd, ext, 2);
+        n = (uint64_t)ext[0] << 8 | ext[1];
+    } else if (n == 127) {
+        read_exact(fd, ext, 8);
+        n = 0;
+        for (int i = 0; i < 8; i++)
+            n = n << 8 | ext[i];
+    }
+    *payload = malloc(n + 1);
+    assert_non_null(*payload);
+    read_exact(fd, *payload, (size_t)n);
+    *len = (size_t)n;
+    return h[0];
+}
+
+/* Sends the handshake and reads the response head into `head`; returns the socket. */
+static int d_handshake(int port, const char *request, struct fx_bytes *head)
+{
+    char c;
+    int fd = client_connect(port);
+    assert_int_equal(send(fd, request, strlen(request), MSG_NOSIGNAL), (ssize_t)strlen(request));
+    fx_put(head, "", 0);
+    while (head_end(head) == 0) {
+        read_exact(fd, &c, 1);
+        fx_put(head, &c, 1);
+    }
+    fx_put_byte(head, 0);
+    head->n--;
+    return fd;
+}
+
+static void expect_frame(int fd, unsigned first, const void *data, size_t len)
+{
+    char *p;
+    size_t n;
+    assert_int_equal(read_frame(fd, &p, &n), first);
+    assert_int_equal(n, len);
+    assert_memory_equal(p, data, len);
+    free(p);
+}
+
+/* Accepted after a delay: the server's accept key and the owner's subprotocol, the owner's
+ * first message right behind the 101, echoes both ways (a message of several frames' worth),
+ * a ping answered by the server and reported, the client's close echoed and reported. The
+ * owner's header that names the handshake's own field was refused without ending the
+ * deferral. */
+static void deferred_upgrade_accept_after_delay(void **state)
+{
+    struct srv t;
+    struct dapp d;
+    struct fx_bytes head = {0}, out = {0};
+    static char big[300000];
+    (void)state;
+    dapp_init(&d, D_ACCEPT, 150);
+    d_srv(&t, &d);
+    uint64_t t0 = mono_ms();
+    int fd = d_handshake(t.port, d_request, &head);
+    assert_true(mono_ms() - t0 >= 100); /* the answer waited for the owner */
+    assert_int_equal(memcmp(head.p, "HTTP/1.1 101 Switching Protocols\r\n", 34), 0);
+    assert_non_null(strstr(head.p, "\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"));
+    assert_non_null(strstr(head.p, "\r\nUpgrade: websocket\r\n"));
+    assert_non_null(strstr(head.p, "\r\nConnection: Upgrade\r\n"));
+    assert_non_null(strstr(head.p, "\r\nSec-WebSocket-Protocol: chat\r\n"));
+    assert_null(strstr(head.p, "Content-Length"));
+    assert_null(strstr(head.p, "close"));
+    assert_int_equal(atomic_load(&d.bad_rc), SHMIPC_EINVAL);
+    assert_int_equal(atomic_load(&d.accept_rc), 0);
+    assert_int_equal(atomic_load(&d.late_send_rc), 0);
+    expect_frame(fd, 0x81, "hello", 5);
+
+    client_frame(&out, 0x1, "abc", 3);
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (char)(i * 7 + i / 251);
+    client_frame(&out, 0x2, big, sizeof big);
+    client_frame(&out, 0x9, "p", 1);
+    assert_int_equal(send(fd, out.p, out.n, MSG_NOSIGNAL), (ssize_t)out.n);
+    expect_frame(fd, 0x81, "abc", 3);
+    expect_frame(fd, 0x82, big, sizeof big);
+    expect_frame(fd, 0x8A, "p", 1);
+    out.n = 0;
+    client_frame(&out, 0x8,
+                 "\x03\xe8"
+                 "bye",
+                 5);
+    assert_int_equal(send(fd, out.p, out.n, MSG_NOSIGNAL), (ssize_t)out.n);
+    expect_frame(fd, 0x88, "\x03\xe8", 2);
+    WAIT_UNTIL(atomic_load(&d.close_code) != 0);
+    assert_int_equal(atomic_load(&d.close_code), 1000);
+    assert_int_equal(atomic_load(&d.messages), 2);
+    assert_int_equal(atomic_load(&d.pings), 1);
+    assert_int_equal(atomic_load(&d.cancel_reason), 0);
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.ws_upgrades, 1);
+    free(head.p);
+    free(out.p);
+}
+
+/* Refused with a 403: a normal response with the owner's body, Connection: close, then the
+ * connection ends (frames a client sent behind its head are never read as a request). */
+static void deferred_upgrade_refused_403(void **state)
+{
+    struct srv t;
+    struct dapp d;
+    struct fx_bytes out = {0}, got = {0};
+    (void)state;
+    dapp_init(&d, D_REFUSE, 50);
+    d_srv(&t, &d);
+    int fd = client_connect(t.port);
+    fx_put(&out, d_request, strlen(d_request));
+    fx_put(&out, "GET /front HTTP/1.1\r\nHost: a\r\n\r\n", 32);
+    fx_put(&got, "", 0);
+    exchange(fd, &out, 0, 0, 1, 0, &got);
+    fx_put_byte(&got, 0);
+    assert_int_equal(memcmp(got.p, "HTTP/1.1 403 Forbidden\r\n", 24), 0);
+    assert_non_null(strstr(got.p, "\r\nConnection: close\r\n"));
+    assert_non_null(strstr(got.p, "\r\n\r\nrefused"));
+    assert_int_equal(strstr(got.p, "HTTP/1.1 "), got.p);
+    assert_null(strstr(got.p + 1, "HTTP/1.1 ")); /* one response only */
+    assert_int_equal(atomic_load(&d.accept_rc), 0);
+    assert_int_equal(atomic_load(&d.close_code), 0);
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.ws_upgrades, 0);
+    free(out.p);
+    free(got.p);
+}
+
+/* The client leaves while deferred: the deferral is cancelled (CLIENT_GONE), and the owner's
+ * later accept is refused as stale; no WebSocket callback ever runs. */
+static void deferred_upgrade_client_gone(void **state)
+{
+    struct srv t;
+    struct dapp d;
+    (void)state;
+    for (int reset = 0; reset < 2; reset++) {
+        dapp_init(&d, D_ACCEPT, 300);
+        d_srv(&t, &d);
+        int fd = client_connect(t.port);
+        assert_int_equal(send(fd, d_request, strlen(d_request), MSG_NOSIGNAL),
+                         (ssize_t)strlen(d_request));
+        WAIT_UNTIL(atomic_load(&d.deferred));
+        if (reset) {
+            struct linger lg = {1, 0};
+            assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+        }
+        close(fd);
+        WAIT_UNTIL(atomic_load(&d.fired));
+        assert_int_equal(atomic_load(&d.cancel_reason), SHMIPC__SERVER_CANCEL_CLIENT_GONE);
+        assert_int_equal(atomic_load(&d.accept_rc), SHMIPC_ECLOSED);
+        assert_int_equal(atomic_load(&d.close_code), 0);
+        assert_int_equal(atomic_load(&d.messages), 0);
+        struct shmipc__server_stats st = srv_stop(&t);
+        assert_int_equal(st.ws_upgrades, 0);
+    }
+}
+
+/* An invalid handshake is not deferred: ws_defer answers its 426 or 400 itself. */
+static void deferred_upgrade_bad_handshake(void **state)
+{
+    struct srv t;
+    struct dapp d;
+    struct fx_bytes got = {0};
+    (void)state;
+    dapp_init(&d, D_ACCEPT, 10);
+    d_srv(&t, &d);
+    http_once(t.port,
+              "GET /front HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n\r\n",
+              &got);
+    assert_int_equal(memcmp(got.p, "HTTP/1.1 426 ", 13), 0);
+    assert_int_equal(atomic_load(&d.defer_rc), SHMIPC_EPROTO);
+    got.n = 0;
+    http_once(t.port,
+              "GET /front HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n"
+              "Connection: Upgrade, close\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+              "Sec-WebSocket-Version: 13\r\n\r\n",
+              &got);
+    assert_int_equal(memcmp(got.p, "HTTP/1.1 400 ", 13), 0);
+    assert_int_equal(atomic_load(&d.deferred), 0);
+    srv_stop(&t);
+    free(got.p);
+}
+
 #define WS_SERVER_TESTS                                                                            \
     cmocka_unit_test(backpressure_client_never_reads),                                             \
         cmocka_unit_test(backpressure_application_flood), cmocka_unit_test(upgrade_routing),       \
         cmocka_unit_test(stop_sends_going_away), cmocka_unit_test(stall_paused_reader_closed),     \
         cmocka_unit_test(idle_pong_keeps_open), cmocka_unit_test(idle_silent_client_closed),       \
-        cmocka_unit_test(idle_timeouts_off), cmocka_unit_test(config_ws_timeouts_and_limits)
+        cmocka_unit_test(idle_timeouts_off), cmocka_unit_test(config_ws_timeouts_and_limits),      \
+        cmocka_unit_test(deferred_upgrade_accept_after_delay),                                     \
+        cmocka_unit_test(deferred_upgrade_refused_403),                                            \
+        cmocka_unit_test(deferred_upgrade_client_gone),                                            \
+        cmocka_unit_test(deferred_upgrade_bad_handshake)
 
 /* Runs the behaviours, then the fixtures (FIXTURE_DIR, or argv[1]). */
 static int ws_server_main(int argc, char **argv, const char *name)
