@@ -341,6 +341,8 @@ int shmipc__server_ws_accept(struct shmipc__server_ticket t,
                              const struct shmipc__http_header_out *headers, uint32_t nheaders,
                              const struct shmipc__server_ws_cbs *cbs, void *user_data,
                              struct shmipc_ws **out);
+/* An unsolicited pong (the front relays a worker's WS_PONG). */
+int shmipc__ws_pong(struct shmipc_ws *ws, const void *data, size_t len);
 size_t shmipc__ws_queued(const struct shmipc_ws *ws);
 int shmipc__ws_drain_at(struct shmipc_ws *ws, size_t mark);
 int shmipc__ws_hold(struct shmipc_ws *ws, int hold);

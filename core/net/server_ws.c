@@ -452,6 +452,14 @@ int shmipc__ws_hold(struct shmipc_ws *ws, int hold)
     return 0;
 }
 
+int shmipc__ws_pong(struct shmipc_ws *ws, const void *data, size_t len)
+{
+    int rc = ws_check(ws, "ws_pong");
+    if (rc < 0)
+        return rc;
+    return ws_queued(ws, shmipc__ws_conn_pong(&ws->c, data, len), "ws_pong");
+}
+
 int shmipc__ws_ping(struct shmipc_ws *ws, const void *data, size_t len)
 {
     int rc = ws_check(ws, "ws_ping");

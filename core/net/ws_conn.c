@@ -664,6 +664,14 @@ int shmipc__ws_conn_ping(struct shmipc__ws_conn *c, const void *data, size_t len
     return rc ? rc : queue_frame(c, SHMIPC__WS_OP_PING, data, len);
 }
 
+int shmipc__ws_conn_pong(struct shmipc__ws_conn *c, const void *data, size_t len)
+{
+    if (len > SHMIPC__WS_CONTROL_MAX)
+        return shmipc__fail(SHMIPC_EINVAL, "websocket pong: %zu bytes is above 125", len);
+    int rc = can_send(c);
+    return rc ? rc : queue_frame(c, SHMIPC__WS_OP_PONG, data, len);
+}
+
 int shmipc__ws_conn_close(struct shmipc__ws_conn *c, unsigned code, const char *reason,
                           size_t reason_len)
 {

@@ -237,6 +237,8 @@ int shmipc__ws_conn_send(struct shmipc__ws_conn *c, unsigned opcode, const void 
 
 /* Queues a ping (at most 125 bytes of payload). Errors as shmipc__ws_conn_send(). */
 int shmipc__ws_conn_ping(struct shmipc__ws_conn *c, const void *data, size_t len);
+/* Queues an unsolicited pong (a heartbeat, RFC 6455 §5.5.3). Errors as ping. */
+int shmipc__ws_conn_pong(struct shmipc__ws_conn *c, const void *data, size_t len);
 
 /*
  * Starts the close handshake: queues a close frame with `code` (0 for none; else a code

@@ -1,5 +1,5 @@
 /*
- * Internal to the front's files (front.c, front_session.c, front_request.c): the front's
+ * Internal to the front's files (front.c, front_session.c, front_request.c, front_ws.c): the front's
  * structs and the calls between those files. Nothing outside core/serve/front*.c includes
  * this; the rest of the library uses front.h.
  *
@@ -111,7 +111,10 @@ struct fthread {
 
 /* RQ_BODY: a small body (Content-Length up to SHMIPC__FRONT_RETRY_BODY) is gathered whole
  * before the request claims a worker, as a body that came with its head always was. */
-enum { RQ_QUEUED = 1, RQ_SENDING, RQ_ACTIVE, RQ_DRAINING, RQ_BODY };
+/* RQ_WS: a WebSocket after the worker's 101 (front_ws.c): frames both ways until the close. */
+enum { RQ_QUEUED = 1, RQ_SENDING, RQ_ACTIVE, RQ_DRAINING, RQ_BODY, RQ_WS };
+
+struct fws;
 
 struct freq {
     struct freq *next;
@@ -138,6 +141,8 @@ struct freq {
     size_t up_left;
     uint8_t *up_buf; /* the copy of what the stream could not take (one piece at most) */
     size_t up_buf_len;
+    uint8_t ws;            /* a WebSocket handshake (REQUEST_HEAD with UPGRADE) */
+    struct fws *wsx;       /* after the 101: the relay's state (front_ws.c) */
     uint64_t rtotal;       /* body bytes streamed */
     unsigned rstatus;      /* streaming: the status its head sent (the access log's) */
     uint64_t rwant;        /* the worker's Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
@@ -194,6 +199,17 @@ void shmipc__front_req_drain(struct freq *r);
 void shmipc__front_req_read(struct freq *r);
 int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, void *ud);
 void shmipc__front_on_log_timer(struct shmipc__timer *timer);
+
+/* front_request.c, for front_ws.c */
+void shmipc__front_req_abort(struct freq *r, int status, uint32_t reason);
+void shmipc__front_req_finish(struct freq *r);
+
+/* front_ws.c: WebSocket connections through the front */
+int shmipc__front_ws_refuse(shmipc_http_request *req, shmipc_http_response *res);
+void shmipc__front_ws_accept(struct freq *r, uint8_t *head, size_t head_len);
+int shmipc__front_ws_read(struct freq *r);
+void shmipc__front_ws_timer(struct freq *r);
+void shmipc__front_ws_detach(struct freq *r);
 
 /* front_session.c: a thread's sessions and its queue */
 void shmipc__front_fs_down(struct fsess *fs, int rc);

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "net/http_parser.h"
 #include "net/http_writer.h"
+#include "net/ws_handshake.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -33,6 +34,8 @@ void shmipc__front_kick(struct fthread *t)
 
 void shmipc__front_req_free(struct freq *r)
 {
+    if (r->wsx != NULL)
+        shmipc__front_ws_detach(r);
     shmipc__timer_stop(&r->timer);
     if (r->st != NULL)
         shmipc__stream_close_handle(r->st);
@@ -948,9 +951,13 @@ void shmipc__front_req_read(struct freq *r)
             shmipc__stream_release(r->st);
             if (r->got_head ||
                 shmipc__sf_decode(copy, SHMIPC__SF_HDR_SIZE + (size_t)len, &fr) <= 0 ||
-                fr.u.resp.status == 101) { /* a 101 answers no upgrade the front sent */
+                (fr.u.resp.status == 101 && !r->ws)) { /* a 101 answers no upgrade sent */
                 free(copy);
                 goto protocol;
+            }
+            if (fr.u.resp.status == 101) { /* the upgrade accepted: front_ws.c from here */
+                shmipc__front_ws_accept(r, copy, SHMIPC__SF_HDR_SIZE + (size_t)len);
+                return;
             }
             if (fr.u.resp.status < 200) { /* interim: the final head follows */
                 free(copy);
@@ -1038,6 +1045,10 @@ protocol:
 static void req_timer(struct shmipc__timer *timer)
 {
     struct freq *r = timer->data;
+    if (r->state == RQ_WS) {
+        shmipc__front_ws_timer(r);
+        return;
+    }
     if (r->state == RQ_ACTIVE) {
         if (r->uploading) { /* a flush, or what the session could not take before */
             int rc = upload_push(r, 1);
@@ -1337,13 +1348,17 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
     if (shmipc__server_where(res, &where) < 0 || where.index >= MAX_THREADS ||
         (t = f->threads[where.index]) == NULL)
         return direct(NULL, NULL, req, res, 500, NULL);
+    int up = shmipc__ws_is_upgrade(req->r);
+    if (up && shmipc__front_ws_refuse(req, res)) /* not a valid handshake: its 400 or 426 */
+        return 0;
     shmipc__front_refresh(t, 0);
     sf_addr(where.peer, &peer); /* the connection's, asked once per connection */
     sf_addr(where.local, &local);
     lc.on = 0;
     if (f->alog != NULL)
         log_capture(&lc, req, where.peer);
-    n = shmipc__sf_encode_http_request(t->scratch, SCRATCH, req->r, &peer, &local, 0);
+    n = shmipc__sf_encode_http_request(t->scratch, SCRATCH, req->r, &peer, &local,
+                                       up ? SHMIPC__SF_REQ_UPGRADE : 0);
     /* Over the protocol's limits (docs/serve.md, "Limits"): the target's is 414's, the rest
      * of the head's 431's. */
     if (n < 0)
@@ -1363,6 +1378,7 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
     r->out_len = (size_t)n;
     r->t = t;
     r->is_head = (req->r->flags & SHMIPC__HTTP_IS_HEAD) != 0;
+    r->ws = (uint8_t)up;
     r->body = req->body;
     r->body_len = req->body_len;
     shmipc__timer_init(t->loop, &r->timer, req_timer, r);
@@ -1389,16 +1405,32 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
         shmipc__front_req_free(r);
         return direct(t, &lc, req, res, rc, "1");
     }
-    rc = shmipc__server_defer(res, f->deadline_ms, on_cancel, r, &r->ticket);
-    if (rc == 0 && gather)
-        rc = shmipc__server_upload(res, on_small_body, on_small_end, r);
-    else if (rc == 0 && r->uploading &&
-             (rc = shmipc__server_upload(res, on_body, on_body_end, r)) == 0)
-        atomic_fetch_add(&f->uploads, 1);
+    /* An upgrade has no body (ws_refuse answered one that had: 400). */
+    if (up) {
+        rc = shmipc__server_ws_defer(res, req, f->deadline_ms, on_cancel, r, &r->ticket);
+    } else {
+        rc = shmipc__server_defer(res, f->deadline_ms, on_cancel, r, &r->ticket);
+        if (rc == 0 && gather)
+            rc = shmipc__server_upload(res, on_small_body, on_small_end, r);
+        else if (rc == 0 && r->uploading &&
+                 (rc = shmipc__server_upload(res, on_body, on_body_end, r)) == 0)
+            atomic_fetch_add(&f->uploads, 1);
+    }
     if (rc < 0) { /* cannot happen in a route handler; the request is given up */
         on_cancel(r, SHMIPC__SERVER_CANCEL_ERROR); /* logs its 500 */
         return direct(t, NULL, req, res, 500, NULL);
     }
     r->live = 1;
     return 0;
+}
+
+/* For front_ws.c: the same ends as an HTTP exchange's. */
+void shmipc__front_req_abort(struct freq *r, int status, uint32_t reason)
+{
+    req_abort(r, status, reason);
+}
+
+void shmipc__front_req_finish(struct freq *r)
+{
+    req_finish(r);
 }

@@ -38,6 +38,8 @@ static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void 
         shmipc__front_req_read(r);
     else if (r->state == RQ_DRAINING)
         shmipc__front_req_drain(r);
+    else if (r->state == RQ_WS)
+        (void)shmipc__front_ws_read(r);
 }
 
 static void fs_unlink(struct fsess *fs)

@@ -372,6 +372,8 @@ done:
     free(echo);
 }
 
+void (*front_ws_serve)(struct appw *w, shmipc_stream *st, const char *target);
+
 static void serve_stream(struct appw *w, shmipc_stream *st)
 {
     uint8_t *buf = NULL, *out = NULL;
@@ -424,6 +426,12 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     int c = atomic_fetch_add(&w->concurrent, 1) + 1;
     int m = atomic_load(&w->max_concurrent);
     while (c > m && !atomic_compare_exchange_weak(&w->max_concurrent, &m, c)) {
+    }
+    if ((rq.flags & SHMIPC_SERVE_REQ_UPGRADE) && front_ws_serve != NULL) {
+        target[tlen] = '\0';
+        front_ws_serve(w, st, target);
+        atomic_fetch_sub(&w->concurrent, 1);
+        goto out;
     }
     /* "/hang..." hangs in any mode, waiting for the front's ABORT */
     if (tlen >= 9 && memcmp(target, "/badclose", 9) == 0) { /* a bad frame, then its close */

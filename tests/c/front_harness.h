@@ -170,6 +170,10 @@ void cv_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, unsigned ms);
 int wait_for(atomic_int *v, int want, unsigned ms);
 
 /* ---- application workers ---- */
+/* Serves a WebSocket handshake's stream (REQUEST_HEAD with UPGRADE, and END, read) when set:
+ * test_front_ws.c's worker side. It writes everything on `st`; serve_stream closes it. */
+extern void (*front_ws_serve)(struct appw *w, shmipc_stream *st, const char *target);
+
 int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serve_frame *f);
 void wait_abort(struct appw *w, shmipc_stream *st);
 void send_frames(struct appw *w, shmipc_stream *st, int status, const char *name, const void *body,

@@ -1,0 +1,714 @@
+/* Description: WebSocket through shmipc-serve's front (core/serve/front_ws.c) end to end on
+ * epoll and io_uring (docs/serve.md, "WebSocket through the front"): the handshake goes to a
+ * worker (REQUEST_HEAD with UPGRADE) and its 101 accepts it (the server's accept key, the
+ * worker's subprotocol) or its 403 refuses it; text, binary, fragmented and multi-frame
+ * messages both ways; the close handshake from either side with its code and reason; pings
+ * both ways; the worker dying or aborting (1011); the client leaving (ABORT CLIENT_GONE); a
+ * slow client holding the worker back (what the front queues stays near the mark); cross-talk
+ * of 32 connections over 2 workers and 2 reactor threads with unique messages.
+ *
+ * The workers are front_harness.c's threads; their WebSocket side is ws_worker() below,
+ * reached through the harness's front_ws_serve hook. Threads other than the case's own never
+ * assert (they count into appw.bad or the case's counters). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "shmipc.h"
+#include "shmipc_serve.h"
+#include "net/server.h"
+#include "serve/front.h"
+
+#include "front_harness.h"
+
+/* ---- the worker's side ---- */
+
+static atomic_int w_close_code; /* the last WS_CLOSE code the worker got (1005: none) */
+static atomic_int w_closes;     /* WS_CLOSE frames the worker got */
+static atomic_int w_upgrades;   /* handshakes the worker saw (REQUEST_HEAD with UPGRADE) */
+
+static int wsend(shmipc_stream *st, uint32_t type, uint32_t arg, const void *p, size_t n)
+{
+    uint8_t h[12];
+    if (shmipc_serve_encode_header(h, 12, type, n, arg) != 12)
+        return -1;
+    int rc = shmipc_stream_write(st, h, 12);
+    if (rc == 0 && n > 0)
+        rc = shmipc_stream_write(st, p, n);
+    if (rc == 0)
+        rc = shmipc_stream_flush(st);
+    return rc;
+}
+
+/* A message in frames of at most `piece` bytes. */
+static int wmessage(shmipc_stream *st, unsigned op, const uint8_t *p, size_t n, size_t piece)
+{
+    size_t off = 0;
+    do {
+        size_t k = n - off > piece ? piece : n - off;
+        uint32_t arg =
+            (off == 0 ? op : SHMIPC_SERVE_WS_CONT) | (off + k == n ? SHMIPC_SERVE_WS_FIN : 0);
+        if (wsend(st, SHMIPC_SERVE_WS_DATA, arg, p + off, k) < 0)
+            return -1;
+        off += k;
+    } while (off < n);
+    return 0;
+}
+
+static int wclose(shmipc_stream *st, unsigned code, const char *reason)
+{
+    uint8_t buf[12 + 2 + 123];
+    int64_t n =
+        shmipc_serve_encode_ws_close(buf, sizeof buf, code, reason, reason ? strlen(reason) : 0);
+    if (n < 12)
+        return -1;
+    int rc = shmipc_stream_write(st, buf, (size_t)n);
+    return rc == 0 ? shmipc_stream_flush(st) : rc;
+}
+
+/* Waits for the front's WS_CLOSE (recorded) or its ABORT (counted); other frames dropped. */
+static void wait_close(struct appw *w, shmipc_stream *st)
+{
+    for (;;) {
+        uint8_t *b;
+        size_t n;
+        shmipc_serve_frame f;
+        if (read_frame(st, &b, &n, &f) < 0)
+            return;
+        free(b);
+        if (f.type == SHMIPC_SERVE_WS_CLOSE) {
+            atomic_store(&w_close_code, f.close_code ? f.close_code : 1005);
+            bump(&w_closes);
+            return;
+        }
+        if (f.type == SHMIPC_SERVE_ABORT) {
+            bump(&w->aborts[f.arg & 7]);
+            return;
+        }
+    }
+}
+
+/* Acts on one whole message: 1 when the exchange is over. */
+static int wcommand(struct appw *w, shmipc_stream *st, unsigned op, uint8_t *m, size_t n)
+{
+    char cmd[64] = "";
+    unsigned code, a, b;
+    char reason[64];
+    if (op == SHMIPC_SERVE_WS_TEXT && n < sizeof cmd) {
+        memcpy(cmd, m, n);
+        cmd[n] = '\0';
+    }
+    if (sscanf(cmd, "close:%u:%63s", &code, reason) == 2) {
+        if (wclose(st, code, reason) < 0)
+            bump(&w->bad);
+        wait_close(w, st); /* the client's answer, through the front */
+        return 1;
+    }
+    if (strncmp(cmd, "ping:", 5) == 0 || strncmp(cmd, "pong:", 5) == 0) {
+        if (wsend(st, cmd[1] == 'i' ? SHMIPC_SERVE_WS_PING : SHMIPC_SERVE_WS_PONG, 0, cmd + 5,
+                  strlen(cmd + 5)) < 0)
+            bump(&w->bad);
+        return 0;
+    }
+    if (strcmp(cmd, "die") == 0) {
+        kill_sessions(w);
+        return 1;
+    }
+    if (strcmp(cmd, "abort") == 0) {
+        if (wsend(st, SHMIPC_SERVE_ABORT, SHMIPC_SERVE_ABORT_WORKER_ERROR, "app failed", 10) < 0)
+            bump(&w->bad);
+        return 1;
+    }
+    if (sscanf(cmd, "flood:%u:%u", &a, &b) == 2) {
+        uint8_t *p = malloc(a);
+        for (unsigned i = 0; i < b; i++) {
+            memset(p, (int)(i & 0xff), a);
+            if (wmessage(st, SHMIPC_SERVE_WS_BINARY, p, a, SHMIPC_SERVE_MAX_CHUNK) < 0) {
+                bump(&w->bad);
+                break;
+            }
+        }
+        free(p);
+        return 0;
+    }
+    /* an echo, in 64 KiB frames (a large one comes back in many) */
+    if (wmessage(st, op, m, n, 64u << 10) < 0)
+        bump(&w->bad);
+    return 0;
+}
+
+static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
+{
+    bump(&w_upgrades);
+    if (strncmp(target, "/ws/refuse", 10) == 0) {
+        atomic_fetch_add(&w->concurrent, 1); /* send_frames counts the answer out */
+        send_frames(w, st, 403, w->name, "nope", 4, 1, 0);
+        return;
+    }
+    uint8_t head[512];
+    shmipc_serve_field fields[2] = {
+        {(const uint8_t *)"X-Worker", (const uint8_t *)w->name, 8, (uint32_t)strlen(w->name)},
+        {(const uint8_t *)"Sec-WebSocket-Protocol", (const uint8_t *)"chat", 22, 4},
+    };
+    shmipc_serve_response r = {.size = sizeof r, .status = 101};
+    int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, fields,
+                                                   strstr(target, "proto") ? 2 : 1);
+    if (hn <= 0 || shmipc_stream_write(st, head, (size_t)hn) < 0 ||
+        wsend(st, SHMIPC_SERVE_END, 0, NULL, 0) < 0) {
+        bump(&w->bad);
+        return;
+    }
+    size_t cap = 1 << 16, len = 0;
+    uint8_t *msg = malloc(cap);
+    unsigned op = 0;
+    for (;;) {
+        uint8_t *b;
+        size_t n;
+        shmipc_serve_frame f;
+        if (read_frame(st, &b, &n, &f) < 0)
+            break; /* the stream or the session ended */
+        if (f.type == SHMIPC_SERVE_WS_DATA) {
+            unsigned fop = f.arg & 0xff;
+            if ((fop == SHMIPC_SERVE_WS_CONT) != (op != 0) || f.length > SHMIPC_SERVE_MAX_CHUNK)
+                bump(&w->bad);
+            if (fop != SHMIPC_SERVE_WS_CONT)
+                op = fop;
+            while (len + f.length > cap)
+                msg = realloc(msg, cap *= 2);
+            memcpy(msg + len, f.payload, f.length);
+            len += f.length;
+            free(b);
+            if (f.arg & SHMIPC_SERVE_WS_FIN) {
+                int over = wcommand(w, st, op, msg, len);
+                len = 0;
+                op = 0;
+                if (over)
+                    break;
+            }
+            continue;
+        }
+        free(b);
+        if (f.type == SHMIPC_SERVE_WS_CLOSE) { /* the client's: echoed */
+            unsigned code = f.close_code;
+            atomic_store(&w_close_code, code ? code : 1005);
+            bump(&w_closes);
+            if (wclose(st, code, NULL) < 0)
+                bump(&w->bad);
+            break;
+        }
+        if (f.type == SHMIPC_SERVE_ABORT) {
+            bump(&w->aborts[f.arg & 7]);
+            break;
+        }
+        if (f.type != SHMIPC_SERVE_WS_PING && f.type != SHMIPC_SERVE_WS_PONG) {
+            bump(&w->bad);
+            break;
+        }
+    }
+    free(msg);
+}
+
+/* ---- the client ---- */
+
+struct wsc {
+    int fd;
+    char head[2048];
+};
+
+/* Connects and sends the handshake for `target` (with `extra` fields); reads the response
+ * head (and, for a refusal, nothing more). Returns the status, or -1 (client threads). */
+static int wsc_open_try(struct wsc *c, int port, const char *target, const char *extra)
+{
+    char req[1024];
+    struct timeval tv = {WAIT_MS / 1000, 0};
+    size_t n = 0;
+    c->fd = tcp_connect_try(port);
+    if (c->fd < 0)
+        return -1;
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int k = snprintf(req, sizeof req,
+                     "GET %s HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                     "%s\r\n",
+                     target, extra ? extra : "");
+    if (send_all_try(c->fd, req, (size_t)k) < 0)
+        return -1;
+    while (n < sizeof c->head - 1) { /* byte by byte: frames may follow the head */
+        if (read(c->fd, c->head + n, 1) != 1)
+            return -1;
+        n++;
+        if (n >= 4 && memcmp(c->head + n - 4, "\r\n\r\n", 4) == 0)
+            break;
+    }
+    c->head[n] = '\0';
+    int status = 0;
+    if (sscanf(c->head, "HTTP/1.1 %d", &status) != 1)
+        return -1;
+    return status;
+}
+
+static void wsc_open(struct wsc *c, int port, const char *target, const char *extra)
+{
+    assert_int_equal(wsc_open_try(c, port, target, extra), 101);
+}
+
+/* A masked client frame with FIN `fin`. */
+static int wsc_send_try(struct wsc *c, unsigned op, int fin, const void *data, size_t len)
+{
+    static const uint8_t key[4] = {0x5a, 0x13, 0xc7, 0x08};
+    uint8_t h[14];
+    size_t hn = 0;
+    h[hn++] = (uint8_t)((fin ? 0x80 : 0) | op);
+    if (len < 126) {
+        h[hn++] = (uint8_t)(0x80 | len);
+    } else if (len <= 0xffff) {
+        h[hn++] = 0x80 | 126;
+        h[hn++] = (uint8_t)(len >> 8);
+        h[hn++] = (uint8_t)len;
+    } else {
+        h[hn++] = 0x80 | 127;
+        for (int i = 7; i >= 0; i--)
+            h[hn++] = (uint8_t)((uint64_t)len >> (8 * i));
+    }
+    memcpy(h + hn, key, 4);
+    hn += 4;
+    uint8_t *buf = malloc(hn + len);
+    memcpy(buf, h, hn);
+    for (size_t i = 0; i < len; i++)
+        buf[hn + i] = ((const uint8_t *)data)[i] ^ key[i & 3];
+    int rc = send_all_try(c->fd, buf, hn + len);
+    free(buf);
+    return rc;
+}
+
+static void wsc_send(struct wsc *c, unsigned op, int fin, const void *data, size_t len)
+{
+    assert_int_equal(wsc_send_try(c, op, fin, data, len), 0);
+}
+
+static int read_full(int fd, void *p, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)p + got, n - got);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* One server frame: its first byte (FIN and opcode), or -1 (closed, or a masked frame). */
+static int wsc_recv_try(struct wsc *c, uint8_t **payload, size_t *len)
+{
+    uint8_t h[2], ext[8];
+    uint64_t n;
+    *payload = NULL;
+    if (read_full(c->fd, h, 2) < 0 || (h[1] & 0x80))
+        return -1;
+    n = h[1] & 0x7f;
+    if (n == 126) {
+        if (read_full(c->fd, ext, 2) < 0)
+            return -1;
+        n = (uint64_t)ext[0] << 8 | ext[1];
+    } else if (n == 127) {
+        if (read_full(c->fd, ext, 8) < 0)
+            return -1;
+        n = 0;
+        for (int i = 0; i < 8; i++)
+            n = n << 8 | ext[i];
+    }
+    *payload = malloc(n + 1);
+    if (read_full(c->fd, *payload, (size_t)n) < 0) {
+        free(*payload);
+        *payload = NULL;
+        return -1;
+    }
+    (*payload)[n] = 0;
+    *len = (size_t)n;
+    return h[0];
+}
+
+/* Expects one frame `first` with exactly data[0..len). */
+static void wsc_expect(struct wsc *c, int first, const void *data, size_t len)
+{
+    uint8_t *p;
+    size_t n = 0;
+    int b = wsc_recv_try(c, &p, &n);
+    assert_int_equal(b, first);
+    assert_int_equal(n, len);
+    assert_memory_equal(p, data, len);
+    free(p);
+}
+
+/* Expects a close frame with `code` and returns its reason (malloc'd). */
+static char *wsc_expect_close(struct wsc *c, unsigned code)
+{
+    uint8_t *p;
+    size_t n = 0;
+    int b = wsc_recv_try(c, &p, &n);
+    assert_int_equal(b, 0x88);
+    assert_true(n >= 2);
+    assert_int_equal((unsigned)(p[0] << 8 | p[1]), code);
+    memmove(p, p + 2, n - 2);
+    p[n - 2] = 0;
+    return (char *)p;
+}
+
+/* After the close handshake the server closes the connection. */
+static void wsc_expect_eof(struct wsc *c)
+{
+    char b;
+    assert_int_equal(read(c->fd, &b, 1), 0);
+}
+
+static void start1(struct tc *t, unsigned nworkers, unsigned threads)
+{
+    struct appw *ws[2];
+    char name[8];
+    front_ws_serve = ws_worker;
+    atomic_store(&w_close_code, 0);
+    atomic_store(&w_closes, 0);
+    atomic_store(&w_upgrades, 0);
+    for (unsigned i = 0; i < nworkers; i++) {
+        snprintf(name, sizeof name, "w%u", i);
+        appw_start(&t->w[i], name, NULL);
+        ws[i] = &t->w[i];
+    }
+    fx_start(&t->x, ws, nworkers, threads, NULL);
+    for (unsigned i = 0; i < nworkers; i++)
+        assert_true(wait_sessions(&t->x, t->w[i].addr, threads));
+}
+
+/* The worker is free again: a plain request goes through it. */
+static void plain_after(struct tc *t)
+{
+    struct resp p;
+    assert_int_equal(request(t->x.port, "GET", "/after", NULL, &p), 200);
+    assert_string_equal(p.body, "/after:");
+    resp_free(&p);
+}
+
+/* ---- cases ---- */
+
+/*
+ * The handshake through the worker (the server's accept key, the worker's subprotocol and
+ * field), then text, binary, a fragmented client message (one WS_DATA message for the
+ * worker), a 3 MiB message (4 WS_DATA frames to the worker, 48 back, one message to the
+ * client), the client's ping answered by the front, the client's close 1000 echoed and passed
+ * on, and the worker free for the next request.
+ */
+static void ws_echo(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    start1(t, 1, 1);
+    wsc_open(&c, t->x.port, "/ws/proto", "Sec-WebSocket-Protocol: x, chat\r\n");
+    assert_non_null(strstr(c.head, "\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"));
+    assert_non_null(strstr(c.head, "\r\nSec-WebSocket-Protocol: chat\r\n"));
+    assert_non_null(strstr(c.head, "\r\nX-Worker: w0\r\n"));
+    assert_non_null(strstr(c.head, "\r\nUpgrade: websocket\r\n"));
+    wsc_send(&c, 0x1, 1, "hello", 5);
+    wsc_expect(&c, 0x81, "hello", 5);
+    uint8_t bin[1000];
+    for (size_t i = 0; i < sizeof bin; i++)
+        bin[i] = (uint8_t)(i * 31 + 7);
+    wsc_send(&c, 0x2, 1, bin, sizeof bin);
+    wsc_expect(&c, 0x82, bin, sizeof bin);
+    wsc_send(&c, 0x1, 0, "frag-", 5);
+    wsc_send(&c, 0x0, 0, "men", 3);
+    wsc_send(&c, 0x0, 1, "t", 1);
+    wsc_expect(&c, 0x81, "frag-ment", 9);
+    size_t big_len = (3u << 20) + 5;
+    uint8_t *big = malloc(big_len);
+    for (size_t i = 0; i < big_len; i++)
+        big[i] = gen_byte(7, i);
+    wsc_send(&c, 0x2, 1, big, big_len);
+    wsc_expect(&c, 0x82, big, big_len);
+    free(big);
+    wsc_send(&c, 0x9, 1, "pp", 2);
+    wsc_expect(&c, 0x8A, "pp", 2);
+    wsc_send(&c, 0x8, 1,
+             "\x03\xe8"
+             "done",
+             6);
+    free(wsc_expect_close(&c, 1000));
+    wsc_expect_eof(&c);
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&w_close_code), 1000);
+    plain_after(t);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
+/* The worker's 403: a normal response with its body, Connection: close. */
+static void ws_refused_403(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    struct rd *r = malloc(sizeof *r);
+    start1(t, 1, 1);
+    assert_int_equal(wsc_open_try(&c, t->x.port, "/ws/refuse", NULL), 403);
+    assert_non_null(strstr(c.head, "\r\nConnection: close\r\n"));
+    assert_null(strstr(c.head, "Sec-WebSocket-Accept"));
+    char body[5] = "";
+    assert_int_equal(read_full(c.fd, body, 4), 0);
+    assert_string_equal(body, "nope");
+    wsc_expect_eof(&c);
+    close(c.fd);
+    free(r);
+    assert_int_equal(atomic_load(&w_upgrades), 1);
+    plain_after(t);
+    /* A handshake the front finds invalid never reaches a worker: its 426. */
+    rd_open(r = malloc(sizeof *r), t->x.port);
+    static const char bad[] =
+        "GET /ws/x HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 7\r\n\r\n";
+    struct resp p;
+    send_all(r->fd, bad, strlen(bad));
+    read_resp(r, &p);
+    assert_int_equal(p.status, 426);
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    assert_int_equal(atomic_load(&w_upgrades), 1);
+}
+
+/* The worker closes first with 4001 and a reason: the client sees both and answers; the
+ * worker gets the answer's code; the connection ends. */
+static void ws_worker_closes_4001(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    start1(t, 1, 1);
+    wsc_open(&c, t->x.port, "/ws/a", NULL);
+    const char *cmd = "close:4001:bye";
+    wsc_send(&c, 0x1, 1, cmd, strlen(cmd));
+    char *reason = wsc_expect_close(&c, 4001);
+    assert_string_equal(reason, "bye");
+    free(reason);
+    wsc_send(&c, 0x8, 1, "\x0f\xa1", 2);
+    wsc_expect_eof(&c);
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&w_close_code), 4001);
+    plain_after(t);
+}
+
+/* Pings: the client's answered by the front; the worker's WS_PING pings the client, its
+ * WS_PONG is an unsolicited pong. */
+static void ws_pings(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    start1(t, 1, 1);
+    wsc_open(&c, t->x.port, "/ws/a", NULL);
+    wsc_send(&c, 0x9, 1, "c1", 2);
+    wsc_expect(&c, 0x8A, "c1", 2);
+    wsc_send(&c, 0x1, 1, "ping:hi", 7);
+    wsc_expect(&c, 0x89, "hi", 2);
+    wsc_send(&c, 0xA, 1, "hi", 2); /* the client's pong: the front takes it */
+    wsc_send(&c, 0x1, 1, "pong:yo", 7);
+    wsc_expect(&c, 0x8A, "yo", 2);
+    wsc_send(&c, 0x1, 1, "still", 5);
+    wsc_expect(&c, 0x81, "still", 5);
+    wsc_send(&c, 0x8, 1, NULL, 0); /* no code: 1005 to the worker */
+    free(wsc_expect_close(&c, 1000));
+    wsc_expect_eof(&c);
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&w_close_code), 1005);
+}
+
+/* The worker's session ends (the process died), or it sends ABORT: the client gets 1011. */
+static void ws_worker_dies_1011(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    start1(t, 1, 1);
+    wsc_open(&c, t->x.port, "/ws/a", NULL);
+    wsc_send(&c, 0x1, 1, "abort", 5);
+    free(wsc_expect_close(&c, 1011));
+    wsc_send(&c, 0x8, 1, "\x03\xf3", 2);
+    wsc_expect_eof(&c);
+    close(c.fd);
+    plain_after(t);
+    wsc_open(&c, t->x.port, "/ws/a", NULL);
+    wsc_send(&c, 0x1, 1, "die", 3);
+    free(wsc_expect_close(&c, 1011));
+    close(c.fd);
+}
+
+/* The client leaves (FIN, then a reset): the worker gets ABORT CLIENT_GONE and is free. */
+static void ws_client_drops(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    start1(t, 1, 1);
+    for (int reset = 0; reset < 2; reset++) {
+        wsc_open(&c, t->x.port, "/ws/a", NULL);
+        wsc_send(&c, 0x1, 1, "x", 1);
+        wsc_expect(&c, 0x81, "x", 1);
+        if (reset) {
+            struct linger lg = {1, 0};
+            setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        }
+        close(c.fd);
+        assert_true(wait_for(&t->w[0].aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], reset + 1, WAIT_MS));
+        plain_after(t);
+    }
+    assert_int_equal(atomic_load(&w_closes), 0);
+}
+
+/*
+ * A slow client: the worker sends 48 messages of 128 KiB at once, the client reads nothing
+ * for 300 ms, then all of them, each intact. What the front queued on the connection stayed
+ * under the mark plus one message (the server's ws_tx_max), so the rest waited in the
+ * worker's stream, not in the front.
+ */
+static void ws_slow_client_bounded(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    struct shmipc__server_stats st;
+    const unsigned n = 128u << 10, k = 48;
+    start1(t, 1, 1);
+    wsc_open(&c, t->x.port, "/ws/a", NULL);
+    int rcvbuf = 16384;
+    setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "flood:%u:%u", n, k);
+    wsc_send(&c, 0x1, 1, cmd, strlen(cmd));
+    sleep_ms(300);
+    for (unsigned i = 0; i < k; i++) {
+        uint8_t *p;
+        size_t len = 0;
+        assert_int_equal(wsc_recv_try(&c, &p, &len), 0x82);
+        assert_int_equal(len, n);
+        for (size_t j = 0; j < len; j += 4099)
+            assert_int_equal(p[j], i & 0xff);
+        free(p);
+    }
+    wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
+    free(wsc_expect_close(&c, 1000));
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    /* The server's counters are summed when it shuts down. */
+    CHECK(shmipc_server_stop(t->x.srv));
+    CHECK(shmipc_server_run(t->x.srv));
+    shmipc__server_stats(t->x.srv, &st);
+    assert_int_equal(st.ws_upgrades, 1);
+    assert_true(st.ws_tx_max > 0);
+    assert_true(st.ws_tx_max <= (256u << 10) + n + 64);
+}
+
+/* ---- cross-talk ---- */
+
+struct xws {
+    int port, id;
+    atomic_int *mism, *ok;
+};
+
+static void *xws_main(void *arg)
+{
+    struct xws *a = arg;
+    struct wsc c;
+    uint8_t *out = malloc(70000);
+    int bad = 0;
+    if (wsc_open_try(&c, a->port, "/ws/x", NULL) != 101) {
+        bump(a->mism);
+        free(out);
+        return NULL;
+    }
+    for (int i = 0; i < 6 && !bad; i++) {
+        size_t len = 16 + (size_t)((a->id * 7919 + i * 104729) % 69000);
+        for (size_t j = 0; j < len; j++)
+            out[j] = gen_byte((unsigned)(a->id * 100 + i), j);
+        uint8_t *p = NULL;
+        size_t n = 0;
+        if (wsc_send_try(&c, 0x2, 1, out, len) < 0 || wsc_recv_try(&c, &p, &n) != 0x82) {
+            free(p);
+            bad = 1;
+            break;
+        }
+        if (n != len || memcmp(p, out, len) != 0)
+            bad = 1;
+        free(p);
+    }
+    if (!bad) {
+        uint8_t *p = NULL;
+        size_t n;
+        if (wsc_send_try(&c, 0x8, 1, "\x03\xe8", 2) < 0 || wsc_recv_try(&c, &p, &n) != 0x88)
+            bad = 1;
+        free(p);
+    }
+    close(c.fd);
+    bump(bad ? a->mism : a->ok);
+    free(out);
+    return NULL;
+}
+
+/*
+ * 32 connections over 2 workers and 2 reactor threads, 6 unique messages each (a WebSocket
+ * holds its worker for its life: the others wait in the front's queue): every echo is the
+ * connection's own, and no worker ever served two at once.
+ */
+static void ws_cross_talk(void **state)
+{
+    struct tc *t = *state;
+    struct xws a[32];
+    pthread_t th[32];
+    start1(t, 2, 2);
+    atomic_store(&t->mism, 0);
+    atomic_store(&t->ok, 0);
+    for (int i = 0; i < 32; i++) {
+        a[i] = (struct xws){t->x.port, i, &t->mism, &t->ok};
+        assert_int_equal(pthread_create(&th[i], NULL, xws_main, &a[i]), 0);
+    }
+    for (int i = 0; i < 32; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(atomic_load(&t->mism), 0);
+    assert_int_equal(atomic_load(&t->ok), 32);
+    assert_true(wait_for(&w_closes, 32, WAIT_MS));
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(atomic_load(&t->w[i].bad), 0);
+        assert_true(atomic_load(&t->w[i].max_concurrent) <= 1);
+    }
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
+#define WS_TESTS                                                                                   \
+    T(ws_echo), T(ws_refused_403), T(ws_worker_closes_4001), T(ws_pings), T(ws_worker_dies_1011),  \
+        T(ws_client_drops), T(ws_slow_client_bounded), T(ws_cross_talk)
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {WS_TESTS};
+    int rc;
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    unsetenv("SHMIPC_REACTOR_BACKEND");
+    suite_backend = SHMIPC_BACKEND_EPOLL;
+    rc = cmocka_run_group_tests_name("front_ws_epoll", tests, NULL, NULL);
+    suite_backend = SHMIPC_BACKEND_AUTO; /* io_uring where the kernel has it */
+    rc |= cmocka_run_group_tests_name("front_ws_uring", tests, NULL, NULL);
+    return rc != 0;
+}
