@@ -1,0 +1,196 @@
+"""WebSocket through shmipc-serve end to end (issue 22, items 1 and 4): a real shmipc-serve
+(its front, core/serve/front_ws.c) before real `python -m shmipc.serve.worker --asgi`
+processes serving an ASGI websocket app, reached with a raw RFC 6455 client. Echo of text,
+binary and a multi-frame message, the subprotocol the app chose, close codes both ways, an
+app that raises after the accept (1011), a refusal before the accept (403), the disconnect the
+app gets when the client drops (1006), and 16 connections over 2 workers with unique messages
+(no cross-talk). Nothing asserts on speed."""
+import os
+import struct
+import threading
+import time
+
+import pytest
+
+from test_serve_cli import SERVE, Serve
+from test_server_ws import BINARY, CLOSE, TEXT, WSClient
+
+pytestmark = pytest.mark.skipif(not os.path.exists(SERVE), reason="shmipc-serve is not built")
+
+APP = '''
+import os
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        raise RuntimeError("no lifespan here")
+    if scope["type"] == "http":
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"http " + scope["path"].encode()})
+        return
+    tag = scope["query_string"].decode()
+    assert (await receive())["type"] == "websocket.connect"
+    if scope["path"] == "/deny":
+        await send({"type": "websocket.close", "code": 1000})
+        return
+    sub = "chat" if "chat" in scope["subprotocols"] else None
+    await send({"type": "websocket.accept", "subprotocol": sub})
+    while True:
+        m = await receive()
+        if m["type"] == "websocket.disconnect":
+            with open("disconnects.log", "a") as f:
+                f.write("%s %d %s\\n" % (tag, m["code"], m.get("reason") or ""))
+            return
+        text = m.get("text")
+        if text == "raise":
+            raise RuntimeError("the app failed after the accept")
+        if text is not None and text.startswith("close:"):
+            _, code, reason = text.split(":")
+            await send({"type": "websocket.close", "code": int(code), "reason": reason})
+            continue  # the client's answer comes as websocket.disconnect
+        if text == "pid":
+            await send({"type": "websocket.send", "text": str(os.getpid())})
+        elif text is not None:
+            await send({"type": "websocket.send", "text": text})
+        else:
+            await send({"type": "websocket.send", "bytes": m["bytes"]})
+'''
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "wsapp.py").write_text(APP)
+    s = Serve(tmp_path, workers=2, app=("--asgi", "wsapp:app"))
+    s.dir = tmp_path
+    yield s
+    assert s.stop() == 0, "".join(s.err)
+
+
+def disconnects(s, tag, timeout=20):
+    """The app's websocket.disconnect lines for `tag` (waits until one is there)."""
+    path = s.dir / "disconnects.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            lines = [l.split(" ", 2) for l in path.read_text().splitlines()]
+            got = [(int(code), reason) for t, code, reason in lines if t == tag]
+            if got:
+                return got
+        time.sleep(0.05)
+    return []
+
+
+def recv_close(c):
+    op, data = c.recv_frame()
+    assert op == CLOSE, (op, data)
+    return struct.unpack(">H", data[:2])[0], data[2:]
+
+
+def test_echo_subprotocol_and_large_message(server):
+    c = WSClient(server.port, "/echo?a", protocols=["x", "chat"])
+    assert c.status == 101
+    assert c.headers["sec-websocket-protocol"] == "chat"
+    c.send("hello")
+    assert c.recv() == "hello"
+    c.send("h\u00e9llo \u2603")
+    assert c.recv() == "h\u00e9llo \u2603"
+    c.send(b"\x00\x01binary")
+    assert c.recv() == b"\x00\x01binary"
+    c.send_frame(TEXT, b"frag-", fin=False)
+    c.send_frame(0, b"ment", fin=True)
+    assert c.recv() == "frag-ment"
+    big = os.urandom((2 << 20) + 3)  # 3 WS_DATA frames each way
+    c.send(big)
+    assert c.recv() == big
+    assert c.close(1000) == 1000
+    assert disconnects(server, "a") == [(1000, "")]
+    # the worker is free again: plain HTTP through the same front
+    assert server.request("GET", "/plain") == (200, b"http /plain")
+
+
+def test_no_subprotocol_when_none_offered(server):
+    c = WSClient(server.port, "/echo?b")
+    assert c.status == 101 and "sec-websocket-protocol" not in c.headers
+    c.send("x")
+    assert c.recv() == "x"
+    assert c.close(1001) == 1001
+
+
+def test_close_codes_both_ways(server):
+    c = WSClient(server.port, "/echo?c1")
+    c.send_frame(CLOSE, struct.pack(">H", 4002) + b"bye")
+    assert recv_close(c) == (4002, b"")
+    c.sock.close()
+    assert disconnects(server, "c1") == [(4002, "bye")]
+    c = WSClient(server.port, "/echo?c2")
+    c.send("close:4001:later")
+    assert recv_close(c) == (4001, b"later")
+    c.send_frame(CLOSE, struct.pack(">H", 4001))
+    c.sock.settimeout(10)
+    assert c.sock.recv(10) == b""  # the front closes once the handshake went both ways
+    c.sock.close()
+    assert disconnects(server, "c2") == [(4001, "")]
+
+
+def test_app_raises_after_accept_is_1011(server):
+    c = WSClient(server.port, "/echo?r")
+    c.send("raise")
+    assert recv_close(c)[0] == 1011
+    c.sock.close()
+    assert server.request("GET", "/after") == (200, b"http /after")
+    assert any("the app failed after the accept" in line for line in server.err)
+
+
+def test_refused_before_accept_is_403(server):
+    c = WSClient(server.port, "/deny?d")
+    assert c.status == 403
+    assert c.headers.get("connection") == "close"
+    c.sock.close()
+
+
+def test_client_drop_is_disconnect_1006(server):
+    c = WSClient(server.port, "/echo?gone")
+    c.send("x")
+    assert c.recv() == "x"
+    c.drop()
+    assert disconnects(server, "gone") == [(1006, "")]
+    assert server.request("GET", "/after") == (200, b"http /after")
+
+
+def test_two_workers_16_connections_unique_messages(server):
+    bad, pids = [], set()
+    lock = threading.Lock()
+
+    def run(i):
+        try:
+            c = WSClient(server.port, f"/echo?x{i}")
+            if c.status != 101:
+                bad.append((i, c.status))
+                return
+            c.send("pid")
+            pid = c.recv()
+            for k in range(5):
+                msg = f"{i}-{k}-{os.urandom(8).hex()}" * (1 + (i * 37 + k) % 50)
+                c.send(msg)
+                if c.recv() != msg:
+                    bad.append((i, k))
+                blob = os.urandom(1000 + i * 100 + k)
+                c.send(blob)
+                if c.recv() != blob:
+                    bad.append((i, k, "bytes"))
+            if c.close(1000) != 1000:
+                bad.append((i, "close"))
+            with lock:
+                pids.add(pid)
+        except (OSError, EOFError, AssertionError) as e:
+            bad.append((i, repr(e)))
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert bad == []
+    assert len(pids) == 2  # both workers served (each holds one socket at a time)
+    for i in range(16):
+        assert disconnects(server, f"x{i}") == [(1000, "")]
