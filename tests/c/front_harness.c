@@ -429,8 +429,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     }
     if ((rq.flags & SHMIPC_SERVE_REQ_UPGRADE) && front_ws_serve != NULL) {
         target[tlen] = '\0';
-        front_ws_serve(w, st, target);
-        atomic_fetch_sub(&w->concurrent, 1);
+        front_ws_serve(w, st, target); /* counts itself out of w->concurrent */
         goto out;
     }
     /* "/hang..." hangs in any mode, waiting for the front's ABORT */

@@ -171,7 +171,9 @@ int wait_for(atomic_int *v, int want, unsigned ms);
 
 /* ---- application workers ---- */
 /* Serves a WebSocket handshake's stream (REQUEST_HEAD with UPGRADE, and END, read) when set:
- * test_front_ws.c's worker side. It writes everything on `st`; serve_stream closes it. */
+ * test_front_ws.c's worker side. It writes everything on `st`, and counts itself out of
+ * w->concurrent before its last frame (as send_frames does: the front may hand the worker its
+ * next stream once it has that frame); serve_stream closes `st`. */
 extern void (*front_ws_serve)(struct appw *w, shmipc_stream *st, const char *target);
 
 int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serve_frame *f);

@@ -102,8 +102,18 @@ static void wait_close(struct appw *w, shmipc_stream *st)
     }
 }
 
+/* Counts the exchange out of w->concurrent, once: before the frame that lets the front give
+ * the worker its next stream. */
+static void count_out(struct appw *w, int *out)
+{
+    if (!*out) {
+        *out = 1;
+        atomic_fetch_sub(&w->concurrent, 1);
+    }
+}
+
 /* Acts on one whole message: 1 when the exchange is over. */
-static int wcommand(struct appw *w, shmipc_stream *st, unsigned op, uint8_t *m, size_t n)
+static int wcommand(struct appw *w, shmipc_stream *st, unsigned op, uint8_t *m, size_t n, int *out)
 {
     char cmd[64] = "";
     unsigned code, a, b;
@@ -113,6 +123,7 @@ static int wcommand(struct appw *w, shmipc_stream *st, unsigned op, uint8_t *m, 
         cmd[n] = '\0';
     }
     if (sscanf(cmd, "close:%u:%63s", &code, reason) == 2) {
+        count_out(w, out); /* the front frees the worker as its answer goes out */
         if (wclose(st, code, reason) < 0)
             bump(&w->bad);
         wait_close(w, st); /* the client's answer, through the front */
@@ -123,6 +134,17 @@ static int wcommand(struct appw *w, shmipc_stream *st, unsigned op, uint8_t *m, 
                   strlen(cmd + 5)) < 0)
             bump(&w->bad);
         return 0;
+    }
+    if (sscanf(cmd, "stall:%u", &a) == 1) { /* reads nothing for a while: the queue fills */
+        sleep_ms(a);
+        return 0;
+    }
+    if (strcmp(cmd, "badtext") == 0) { /* text that is not UTF-8 */
+        if (wsend(st, SHMIPC_SERVE_WS_DATA, SHMIPC_SERVE_WS_TEXT | SHMIPC_SERVE_WS_FIN, "\xff\xfe",
+                  2) < 0)
+            bump(&w->bad);
+        wait_close(w, st); /* the front's ABORT PROTOCOL */
+        return 1;
     }
     if (strcmp(cmd, "die") == 0) {
         kill_sessions(w);
@@ -153,10 +175,10 @@ static int wcommand(struct appw *w, shmipc_stream *st, unsigned op, uint8_t *m, 
 
 static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
 {
+    int out = 0;
     bump(&w_upgrades);
     if (strncmp(target, "/ws/refuse", 10) == 0) {
-        atomic_fetch_add(&w->concurrent, 1); /* send_frames counts the answer out */
-        send_frames(w, st, 403, w->name, "nope", 4, 1, 0);
+        send_frames(w, st, 403, w->name, "nope", 4, 1, 0); /* counts the answer out */
         return;
     }
     uint8_t head[512];
@@ -170,6 +192,7 @@ static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
     if (hn <= 0 || shmipc_stream_write(st, head, (size_t)hn) < 0 ||
         wsend(st, SHMIPC_SERVE_END, 0, NULL, 0) < 0) {
         bump(&w->bad);
+        count_out(w, &out);
         return;
     }
     size_t cap = 1 << 16, len = 0;
@@ -193,7 +216,7 @@ static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
             len += f.length;
             free(b);
             if (f.arg & SHMIPC_SERVE_WS_FIN) {
-                int over = wcommand(w, st, op, msg, len);
+                int over = wcommand(w, st, op, msg, len, &out);
                 len = 0;
                 op = 0;
                 if (over)
@@ -206,7 +229,10 @@ static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
             unsigned code = f.close_code;
             atomic_store(&w_close_code, code ? code : 1005);
             bump(&w_closes);
-            if (wclose(st, code, NULL) < 0)
+            /* The front closes the stream once it has this echo: a flush may find it closed. */
+            count_out(w, &out);
+            int wrc = wclose(st, code, NULL);
+            if (wrc < 0 && wrc != SHMIPC_EEOF)
                 bump(&w->bad);
             break;
         }
@@ -220,6 +246,7 @@ static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
         }
     }
     free(msg);
+    count_out(w, &out);
 }
 
 /* ---- the client ---- */
@@ -557,6 +584,61 @@ static void ws_worker_dies_1011(void **state)
     close(c.fd);
 }
 
+/* A bad frame from the worker after the 101 (text that is not UTF-8): the client gets 1011,
+ * the worker ABORT PROTOCOL, and the worker is free after it. */
+static void ws_worker_bad_frame_1011(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    start1(t, 1, 1);
+    wsc_open(&c, t->x.port, "/ws/a", NULL);
+    wsc_send(&c, 0x1, 1, "badtext", 7);
+    free(wsc_expect_close(&c, 1011));
+    close(c.fd);
+    assert_true(wait_for(&t->w[0].aborts[SHMIPC_SERVE_ABORT_PROTOCOL], 1, WAIT_MS));
+    plain_after(t);
+}
+
+/*
+ * The session's queue to the worker is full (capacity 1, the worker reading nothing for
+ * 400 ms): the client's messages wait in the front and its input is held, the loop serves
+ * others meanwhile, and once the worker reads again every message arrives, in order.
+ */
+static void ws_session_full_holds_client(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    shmipc_config *ipc;
+    struct appw *ws[] = {&t->w[0]};
+    struct resp p;
+    front_ws_serve = ws_worker;
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_queue_capacity(ipc, 1));
+    struct shmipc__front_opts o = {.ipc = ipc};
+    appw_start(&t->w[0], "w0", NULL);
+    fx_start(&t->x, ws, 1, 1, &o);
+    shmipc_config_free(ipc);
+    assert_true(wait_sessions(&t->x, t->w[0].addr, 1));
+    wsc_open(&c, t->x.port, "/ws/a", NULL);
+    wsc_send(&c, 0x1, 1, "stall:400", 9);
+    char msg[64];
+    for (int i = 0; i < 40; i++) {
+        snprintf(msg, sizeof msg, "m%d-%0*d", i, 20 + i, i);
+        wsc_send(&c, 0x1, 1, msg, strlen(msg));
+    }
+    assert_int_equal(request(t->x.port, "GET", "/static", NULL, &p), 200); /* not blocked */
+    resp_free(&p);
+    for (int i = 0; i < 40; i++) {
+        snprintf(msg, sizeof msg, "m%d-%0*d", i, 20 + i, i);
+        wsc_expect(&c, 0x81, msg, strlen(msg));
+    }
+    wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
+    free(wsc_expect_close(&c, 1000));
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
 /* The client leaves (FIN, then a reset): the worker gets ABORT CLIENT_GONE and is free. */
 static void ws_client_drops(void **state)
 {
@@ -697,7 +779,8 @@ static void ws_cross_talk(void **state)
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define WS_TESTS                                                                                   \
     T(ws_echo), T(ws_refused_403), T(ws_worker_closes_4001), T(ws_pings), T(ws_worker_dies_1011),  \
-        T(ws_client_drops), T(ws_slow_client_bounded), T(ws_cross_talk)
+        T(ws_client_drops), T(ws_slow_client_bounded), T(ws_cross_talk),                           \
+        T(ws_worker_bad_frame_1011), T(ws_session_full_holds_client)
 
 int main(int argc, char **argv)
 {
