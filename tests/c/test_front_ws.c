@@ -639,6 +639,39 @@ static void ws_session_full_holds_client(void **state)
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
 }
 
+static void *stop_main(void *arg)
+{
+    fx_stop(arg);
+    return NULL;
+}
+
+/* The server (then the front) is freed with two sockets open, one client answering the
+ * server's going-away close and one silent: both get the close frame 1001, nothing crashes or
+ * leaks (ASan), and both workers hear of it (a WS_CLOSE, or ABORT CLIENT_GONE). */
+static void ws_close_with_sockets_open(void **state)
+{
+    struct tc *t = *state;
+    struct wsc a, b;
+    start1(t, 2, 1);
+    wsc_open(&a, t->x.port, "/ws/a", NULL);
+    wsc_open(&b, t->x.port, "/ws/b", NULL);
+    wsc_send(&a, 0x1, 1, "x", 1);
+    wsc_expect(&a, 0x81, "x", 1);
+    wsc_send(&b, 0x1, 1, "y", 1);
+    wsc_expect(&b, 0x81, "y", 1);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, stop_main, &t->x), 0);
+    free(wsc_expect_close(&a, 1001));
+    wsc_send(&a, 0x8, 1, "\x03\xe9", 2);
+    free(wsc_expect_close(&b, 1001)); /* b never answers: the stop timeout closes it */
+    pthread_join(th, NULL);
+    close(a.fd);
+    close(b.fd);
+    int heard =
+        atomic_load(&w_closes) + atomic_load(&t->w[0].aborts[1]) + atomic_load(&t->w[1].aborts[1]);
+    assert_true(heard >= 1);
+}
+
 /* The client leaves (FIN, then a reset): the worker gets ABORT CLIENT_GONE and is free. */
 static void ws_client_drops(void **state)
 {
@@ -780,7 +813,8 @@ static void ws_cross_talk(void **state)
 #define WS_TESTS                                                                                   \
     T(ws_echo), T(ws_refused_403), T(ws_worker_closes_4001), T(ws_pings), T(ws_worker_dies_1011),  \
         T(ws_client_drops), T(ws_slow_client_bounded), T(ws_cross_talk),                           \
-        T(ws_worker_bad_frame_1011), T(ws_session_full_holds_client)
+        T(ws_worker_bad_frame_1011), T(ws_session_full_holds_client),                              \
+        T(ws_close_with_sockets_open)
 
 int main(int argc, char **argv)
 {
