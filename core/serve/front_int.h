@@ -203,6 +203,7 @@ void shmipc__front_on_log_timer(struct shmipc__timer *timer);
 /* front_request.c, for front_ws.c */
 void shmipc__front_req_abort(struct freq *r, int status, uint32_t reason);
 void shmipc__front_req_finish(struct freq *r);
+void shmipc__front_req_log_ws(struct freq *r);
 
 /* front_ws.c: WebSocket connections through the front */
 int shmipc__front_ws_refuse(shmipc_http_request *req, shmipc_http_response *res);

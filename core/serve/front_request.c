@@ -1434,3 +1434,9 @@ void shmipc__front_req_finish(struct freq *r)
 {
     req_finish(r);
 }
+
+/* A WebSocket's access log line, at its end: 101 (nginx logs a WebSocket when it ends). */
+void shmipc__front_req_log_ws(struct freq *r)
+{
+    req_log(r, 101, 0);
+}

@@ -520,6 +520,7 @@ void shmipc__front_ws_timer(struct freq *r)
 void shmipc__front_ws_detach(struct freq *r)
 {
     struct fws *x = r->wsx;
+    shmipc__front_req_log_ws(r);
     r->wsx = NULL;
     x->r = NULL;
     client_fail(x, "application gone");

@@ -31,6 +31,7 @@
 #include "shmipc.h"
 #include "shmipc_serve.h"
 #include "net/server.h"
+#include "serve/access_log.h"
 #include "serve/front.h"
 
 #include "front_harness.h"
@@ -228,12 +229,12 @@ static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
         if (f.type == SHMIPC_SERVE_WS_CLOSE) { /* the client's: echoed */
             unsigned code = f.close_code;
             atomic_store(&w_close_code, code ? code : 1005);
-            bump(&w_closes);
             /* The front closes the stream once it has this echo: a flush may find it closed. */
             count_out(w, &out);
             int wrc = wclose(st, code, NULL);
             if (wrc < 0 && wrc != SHMIPC_EEOF)
                 bump(&w->bad);
+            bump(&w_closes); /* after the write: a case that waited for it may stop the front */
             break;
         }
         if (f.type == SHMIPC_SERVE_ABORT) {
@@ -406,7 +407,8 @@ static void wsc_expect_eof(struct wsc *c)
     assert_int_equal(read(c->fd, &b, 1), 0);
 }
 
-static void start1(struct tc *t, unsigned nworkers, unsigned threads)
+static void start_opts(struct tc *t, unsigned nworkers, unsigned threads,
+                       const struct shmipc__front_opts *o)
 {
     struct appw *ws[2];
     char name[8];
@@ -419,9 +421,14 @@ static void start1(struct tc *t, unsigned nworkers, unsigned threads)
         appw_start(&t->w[i], name, NULL);
         ws[i] = &t->w[i];
     }
-    fx_start(&t->x, ws, nworkers, threads, NULL);
+    fx_start(&t->x, ws, nworkers, threads, o);
     for (unsigned i = 0; i < nworkers; i++)
         assert_true(wait_sessions(&t->x, t->w[i].addr, threads));
+}
+
+static void start1(struct tc *t, unsigned nworkers, unsigned threads)
+{
+    start_opts(t, nworkers, threads, NULL);
 }
 
 /* The worker is free again: a plain request goes through it. */
@@ -672,6 +679,40 @@ static void ws_close_with_sockets_open(void **state)
     assert_true(heard >= 1);
 }
 
+/* The access log has one line per WebSocket, at its end: the handshake's request line and 101
+ * (a refusal is logged as its response is). */
+static void ws_access_log_line(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    struct shmipc__access_log *log;
+    char path[96], text[4096] = "";
+    snprintf(path, sizeof path, "/tmp/shmipc-front-ws-log-%d.log", (int)getpid());
+    unlink(path);
+    CHECK(shmipc__access_log_open(path, SHMIPC__ACCESS_COMMON, &log));
+    struct shmipc__front_opts o = {.access_log = log};
+    start_opts(t, 1, 1, &o);
+    wsc_open(&c, t->x.port, "/ws/logged", NULL);
+    wsc_send(&c, 0x1, 1, "x", 1);
+    wsc_expect(&c, 0x81, "x", 1);
+    wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
+    free(wsc_expect_close(&c, 1000));
+    close(c.fd);
+    assert_int_equal(wsc_open_try(&c, t->x.port, "/ws/refuse", NULL), 403);
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    fx_stop(&t->x); /* the lines are written out */
+    shmipc__access_log_free(log);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    unlink(path);
+    text[n] = '\0';
+    assert_non_null(strstr(text, "\"GET /ws/logged HTTP/1.1\" 101 0"));
+    assert_non_null(strstr(text, "\"GET /ws/refuse HTTP/1.1\" 403 4"));
+}
+
 /* The client leaves (FIN, then a reset): the worker gets ABORT CLIENT_GONE and is free. */
 static void ws_client_drops(void **state)
 {
@@ -814,7 +855,7 @@ static void ws_cross_talk(void **state)
     T(ws_echo), T(ws_refused_403), T(ws_worker_closes_4001), T(ws_pings), T(ws_worker_dies_1011),  \
         T(ws_client_drops), T(ws_slow_client_bounded), T(ws_cross_talk),                           \
         T(ws_worker_bad_frame_1011), T(ws_session_full_holds_client),                              \
-        T(ws_close_with_sockets_open)
+        T(ws_close_with_sockets_open), T(ws_access_log_line)
 
 int main(int argc, char **argv)
 {
