@@ -149,8 +149,12 @@ void shmipc__front_ws_accept(struct freq *r, uint8_t *head, size_t head_len)
     return;
 bad:
     free(head);
-    /* A field the server refuses, or the server stopping (it answered 503 itself). */
-    shmipc__front_req_abort(r, rc == SHMIPC_EPIPE ? 0 : 502, SHMIPC__SF_ABORT_PROTOCOL);
+    /* A field the server refuses (502, ABORT PROTOCOL), or the server stopping: it answered
+     * 503 itself, and the client is gone for the worker. */
+    if (rc == SHMIPC_EPIPE)
+        shmipc__front_req_abort(r, 0, SHMIPC__SF_ABORT_CLIENT_GONE);
+    else
+        shmipc__front_req_abort(r, 502, SHMIPC__SF_ABORT_PROTOCOL);
 }
 
 /* ---- client -> worker ---- */

@@ -1377,6 +1377,7 @@ static void deferred_upgrade_accept_after_delay(void **state)
     assert_non_null(strstr(head.p, "\r\nSec-WebSocket-Protocol: chat\r\n"));
     assert_null(strstr(head.p, "Content-Length"));
     assert_null(strstr(head.p, "close"));
+    WAIT_UNTIL(atomic_load(&d.fired)); /* the 101 may leave before the timer's call returns */
     assert_int_equal(atomic_load(&d.bad_rc), SHMIPC_EINVAL);
     assert_int_equal(atomic_load(&d.accept_rc), 0);
     assert_int_equal(atomic_load(&d.late_send_rc), 0);
@@ -1431,6 +1432,7 @@ static void deferred_upgrade_refused_403(void **state)
     assert_non_null(strstr(got.p, "\r\n\r\nrefused"));
     assert_int_equal(strstr(got.p, "HTTP/1.1 "), got.p);
     assert_null(strstr(got.p + 1, "HTTP/1.1 ")); /* one response only */
+    WAIT_UNTIL(atomic_load(&d.fired));
     assert_int_equal(atomic_load(&d.accept_rc), 0);
     assert_int_equal(atomic_load(&d.close_code), 0);
     close(fd);
@@ -1448,7 +1450,7 @@ static void deferred_upgrade_client_gone(void **state)
     struct dapp d;
     (void)state;
     for (int reset = 0; reset < 2; reset++) {
-        dapp_init(&d, D_ACCEPT, 300);
+        dapp_init(&d, D_ACCEPT, 1000); /* the client's close comes well before */
         d_srv(&t, &d);
         int fd = client_connect(t.port);
         assert_int_equal(send(fd, d_request, strlen(d_request), MSG_NOSIGNAL),
@@ -1459,6 +1461,7 @@ static void deferred_upgrade_client_gone(void **state)
             assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
         }
         close(fd);
+        WAIT_UNTIL(atomic_load(&d.cancel_reason) != 0);
         WAIT_UNTIL(atomic_load(&d.fired));
         assert_int_equal(atomic_load(&d.cancel_reason), SHMIPC__SERVER_CANCEL_CLIENT_GONE);
         assert_int_equal(atomic_load(&d.accept_rc), SHMIPC_ECLOSED);
@@ -1467,6 +1470,38 @@ static void deferred_upgrade_client_gone(void **state)
         struct shmipc__server_stats st = srv_stop(&t);
         assert_int_equal(st.ws_upgrades, 0);
     }
+}
+
+/* The server stops while an upgrade is deferred: the owner's later accept is refused
+ * (SHMIPC_EPIPE) and the client gets 503 with Connection: close, not a WebSocket the stop
+ * would only cut. */
+static void deferred_upgrade_accept_while_stopping(void **state)
+{
+    struct srv t;
+    struct dapp d;
+    struct fx_bytes out = {0}, got = {0};
+    (void)state;
+    dapp_init(&d, D_ACCEPT, 300);
+    d_srv(&t, &d);
+    int fd = client_connect(t.port);
+    fx_put(&out, d_request, strlen(d_request));
+    assert_int_equal(send(fd, out.p, out.n, MSG_NOSIGNAL), (ssize_t)out.n);
+    WAIT_UNTIL(atomic_load(&d.deferred));
+    assert_int_equal(shmipc_server_stop(t.s), 0); /* the stop begins; run returns later */
+    out.n = 0;
+    fx_put(&got, "", 0);
+    exchange(fd, &out, 0, 0, 1, 0, &got);
+    fx_put_byte(&got, 0);
+    assert_int_equal(memcmp(got.p, "HTTP/1.1 503 ", 13), 0);
+    assert_non_null(strstr(got.p, "\r\nConnection: close\r\n"));
+    WAIT_UNTIL(atomic_load(&d.fired));
+    assert_int_equal(atomic_load(&d.accept_rc), SHMIPC_EPIPE);
+    assert_int_equal(atomic_load(&d.close_code), 0);
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.ws_upgrades, 0);
+    free(out.p);
+    free(got.p);
 }
 
 /* An invalid handshake is not deferred: ws_defer answers its 426 or 400 itself. */
@@ -1505,7 +1540,8 @@ static void deferred_upgrade_bad_handshake(void **state)
         cmocka_unit_test(deferred_upgrade_accept_after_delay),                                     \
         cmocka_unit_test(deferred_upgrade_refused_403),                                            \
         cmocka_unit_test(deferred_upgrade_client_gone),                                            \
-        cmocka_unit_test(deferred_upgrade_bad_handshake)
+        cmocka_unit_test(deferred_upgrade_bad_handshake),                                          \
+        cmocka_unit_test(deferred_upgrade_accept_while_stopping)
 
 /* Runs the behaviours, then the fixtures (FIXTURE_DIR, or argv[1]). */
 static int ws_server_main(int argc, char **argv, const char *name)
