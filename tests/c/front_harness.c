@@ -611,7 +611,7 @@ static void *acceptor_main(void *arg)
         if (rc < 0)
             continue;
         pthread_mutex_lock(&w->mu);
-        if (w->nsess == 16) {
+        if (w->nsess == APPW_MAX_SESSIONS) {
             pthread_mutex_unlock(&w->mu);
             shmipc_session_close(s);
             continue;

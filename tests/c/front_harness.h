@@ -53,6 +53,9 @@ enum mode {
     M_103_REFUSE,   /* an interim 103 head, then ABORT SHUTDOWN: processed, not resent */
 };
 
+/* Sessions a worker accepts over its life; it closes those past it at once. */
+#define APPW_MAX_SESSIONS 64
+
 struct appw {
     char name[16];
     char addr[96];
@@ -77,8 +80,8 @@ struct appw {
     atomic_int streamed; /* stream_mode bodies sent whole */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    shmipc_session *sess[16];
-    pthread_t sthreads[16];
+    shmipc_session *sess[APPW_MAX_SESSIONS];
+    pthread_t sthreads[APPW_MAX_SESSIONS];
     int nsess;
 };
 

@@ -694,6 +694,8 @@ static void *load_main(void *arg)
             read_resp(r, &p);
         snprintf(want, sizeof want, "/l/%d:", i);
         if (p.status != 200 || strcmp(p.body, want) != 0) {
+            /* what went wrong, for the case's failure (this thread cannot assert) */
+            fprintf(stderr, "load: GET /l/%d: status %d\n", i, p.status);
             atomic_fetch_add(&l->bad, 1);
         } else {
             bump(&l->ok);
@@ -1184,7 +1186,9 @@ static void connector_churn_under_load(void **state)
     struct appw *ws[] = {a, c};
     struct fx *x = &t->x;
     struct load *l = &t->load;
-    struct shmipc__front_opts o = {.connect_ms = 200};
+    /* Long enough for a healthy worker's handshake on a loaded machine under TSan (a late
+     * one counts against the harness worker's sessions), short enough for the stop below. */
+    struct shmipc__front_opts o = {.connect_ms = 1000};
     static struct shmipc__front_stats st;
     appw_start(a, "a", NULL);
     appw_start(z, "z", NULL);
