@@ -78,16 +78,22 @@ struct fsess {
 };
 
 /*
- * A reactor thread's connector: a thread that runs the blocking connect and handshake to a
+ * A reactor thread's connector: threads that run the blocking connect and handshake to a
  * worker (bounded by connect_ms), so that a worker alive but not answering (stopped, swapped
  * out) never stops the loop. Results go on `done` and the loop is nudged through its eventfd.
- * Started at the first connect after the loop runs; joined when the thread ends.
+ * A thread is started when a connect is posted and none is idle (up to CONNECTORS_MAX), so a
+ * frozen worker's handshake never holds up another worker's connect; they stay until the
+ * reactor thread ends, where they are joined.
  */
+#define CONNECTORS_MAX SHMIPC__FRONT_MAX_WORKERS
 struct fconnector {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    pthread_t th;
-    int started, stop;
+    pthread_t th[CONNECTORS_MAX];
+    unsigned nth;     /* threads started */
+    unsigned idle;    /* threads waiting for a connect */
+    unsigned pending; /* connects on `todo` */
+    int stop;
     struct fsess *todo, *todo_tail, *done;
 };
 

@@ -87,13 +87,17 @@ static void *connector_main(void *arg)
     struct fconnector *c = &t->conn;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (c->todo == NULL && !c->stop)
+        while (c->todo == NULL && !c->stop) {
+            c->idle++;
             pthread_cond_wait(&c->cv, &c->mu);
+            c->idle--;
+        }
         if (c->stop)
             break;
         struct fsess *fs = c->todo;
         if ((c->todo = fs->cnext) == NULL)
             c->todo_tail = NULL;
+        c->pending--;
         pthread_mutex_unlock(&c->mu);
         shmipc_session *s = NULL;
         int rc = shmipc__session_connect(fs->w->addr, t->f->ipc, &s);
@@ -117,8 +121,9 @@ void shmipc__front_connector_init(struct fthread *t)
     pthread_cond_init(&t->conn.cv, NULL);
 }
 
-/* Stops and joins the connector (a connect in flight ends within connect_ms) and closes the
- * sessions whose results the loop never took. The fsess stay for the caller to free. */
+/* Stops and joins the connector's threads (the connects in flight end within connect_ms,
+ * twice that when a V4 probe falls back to legacy) and closes the sessions whose results the
+ * loop never took. The fsess stay for the caller to free. */
 void shmipc__front_connector_stop(struct fthread *t)
 {
     struct fconnector *c = &t->conn;
@@ -126,31 +131,37 @@ void shmipc__front_connector_stop(struct fthread *t)
     c->stop = 1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    if (c->started)
-        pthread_join(c->th, NULL);
-    c->started = 0;
+    for (unsigned i = 0; i < c->nth; i++)
+        pthread_join(c->th[i], NULL);
+    c->nth = 0;
     for (struct fsess *fs = c->done; fs != NULL; fs = fs->cnext)
         if (fs->got != NULL)
             shmipc__session_close(fs->got);
     c->done = c->todo = c->todo_tail = NULL;
+    c->pending = 0;
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
 }
 
-/* Hands the connect to the connector; 0, or an error (its thread could not start). */
+/* Hands the connect to the connector, on a thread of its own unless one is idle; 0, or an
+ * error (no connector thread could start). */
 static int connector_post(struct fthread *t, struct fsess *fs)
 {
     struct fconnector *c = &t->conn;
     int rc = 0;
     pthread_mutex_lock(&c->mu);
-    if (!c->started) {
-        int e = pthread_create(&c->th, NULL, connector_main, t);
-        if (e != 0)
+    /* An idle thread counts until it wakes: one signalled already is not idle for this one. */
+    if (c->idle < c->pending + 1 && c->nth < CONNECTORS_MAX) {
+        int e = pthread_create(&c->th[c->nth], NULL, connector_main, t);
+        if (e == 0)
+            c->nth++;
+        else if (c->nth == 0)
             rc = shmipc__fail_errno(e, "front: the connector thread");
-        else
-            c->started = 1;
+        else /* the connects queue on the threads there are */
+            SHMIPC__LOG(SHMIPC__LOG_WARN, "front: another connector thread: %s", strerror(e));
     }
     if (rc == 0) {
+        c->pending++;
         fs->cnext = NULL;
         if (c->todo_tail != NULL)
             c->todo_tail->cnext = fs;

@@ -1171,6 +1171,41 @@ static void frozen_worker_connect_does_not_stall_the_thread(void **state)
     fx_stop(x);
 }
 
+/* A frozen worker's connect must not hold up another worker's: the connector ran one connect
+ * at a time, so a worker added while the frozen one's handshake waited (connect_ms) got its
+ * session only after it, and with the only other worker retired every GET waited that long.
+ * Before: the GET to c took about 3 s (the whole frozen handshake) and failed the 1.5 s bound. */
+static void frozen_worker_connect_does_not_hold_up_another_workers_connect(void **state)
+{
+    struct tc *t = *state;
+    struct appw *a = &t->w[0];
+    struct appw *z = &t->w[1];
+    struct appw *c = &t->w[2];
+    struct appw *ws[] = {a};
+    struct fx *x = &t->x;
+    struct shmipc__front_opts o = {.connect_ms = 3000};
+    struct resp p;
+    appw_start(a, "a", NULL);
+    appw_start(z, "z", NULL);
+    appw_start(c, "c", NULL);
+    atomic_store(&z->hold_accept, 1);
+    fx_start(x, ws, 1, 1, &o);
+    const char *az[] = {a->addr, z->addr};
+    CHECK(shmipc__front_set_workers(x->f, az, 2));
+    sleep_ms(100); /* z's connect is in flight, its handshake waits */
+    const char *zc[] = {z->addr, c->addr};
+    CHECK(shmipc__front_set_workers(x->f, zc, 2));
+    uint64_t t0 = mono_ms();
+    assert_int_equal(request(x->port, "GET", "/to-c", NULL, &p), 200);
+    assert_true(strcasestr(p.head, "\r\nX-Worker: c\r\n") != NULL);
+    resp_free(&p);
+    uint64_t took = mono_ms() - t0;
+    if (took >= 1500)
+        fail_msg("GET to c took %llu ms behind the frozen worker's connect",
+                 (unsigned long long)took);
+    fx_stop(x);
+}
+
 /* The connector under churn, on two reactor threads while requests flow (each checked end to
  * end): a frozen worker joins and leaves the set 50 times, the other workers leave and come
  * back with its connects in flight, it thaws exactly as it is retired, and the front stops
@@ -1256,7 +1291,7 @@ static void connector_churn_under_load(void **state)
         T(refused_after_interim_head_not_resent), T(refused_queued_big_body_not_kept),             \
         T(memory_wait_config_never_stalls_the_front), T(peer_address_is_the_connections_own),      \
         T(peer_address_on_a_unix_listener), T(frozen_worker_connect_does_not_stall_the_thread),    \
-                                                                                                   \
+        T(frozen_worker_connect_does_not_hold_up_another_workers_connect),                         \
         T(connector_churn_under_load)
 
 int main(int argc, char **argv)
