@@ -604,6 +604,7 @@ static void *acceptor_main(void *arg)
     while (!atomic_load(&w->stop)) {
         shmipc_session *s;
         if (atomic_load(&w->hold_accept)) { /* connects wait in the listen backlog */
+            bump(&w->accept_parked);
             sleep_ms(5);
             continue;
         }
@@ -647,6 +648,13 @@ void appw_start(struct appw *w, const char *name, const char *addr)
     CHECK(shmipc_listener_new(w->addr, NULL, &w->l));
     assert_int_equal(pthread_create(&w->acceptor, NULL, acceptor_main, w), 0);
     w->started = 1;
+}
+
+void appw_hold_accept(struct appw *w)
+{
+    atomic_store(&w->hold_accept, 1);
+    int seen = atomic_load(&w->accept_parked);
+    assert_true(wait_for(&w->accept_parked, seen + 1, WAIT_MS));
 }
 
 /* Stops it as a process exit would: every session ends, the listener goes. */

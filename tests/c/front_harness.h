@@ -69,6 +69,7 @@ struct appw {
     atomic_int release_stall;
     atomic_int sessions_ended; /* session threads that saw their session end */
     atomic_int hold_accept;    /* the acceptor takes no connection: a worker that is frozen */
+    atomic_int accept_parked;  /* turns the acceptor spent held (appw_hold_accept waits on it) */
     atomic_int freeze;         /* session threads touch nothing (the queue to it stays full) */
     int parked;                /* session threads waiting out a freeze (under mu) */
     atomic_int bad;            /* what a worker thread found wrong (it cannot assert) */
@@ -191,6 +192,12 @@ uint8_t gen_byte(unsigned seed, uint64_t i);
 uint64_t fnv1a(uint64_t h, const void *p, size_t n);
 void appw_start(struct appw *w, const char *name, const char *addr);
 void appw_stop(struct appw *w);
+/* Freezes the worker's acceptor: once it returns, no connection is accepted and no handshake
+ * starts until hold_accept is 0 again (latch_set); connects wait in the listen backlog, as to
+ * a stopped process. Setting hold_accept alone is not enough: an accept call in progress
+ * (50 ms) would still take a connect, and the listener would finish its handshake on a thread
+ * of its own, leaving a session up that nobody serves. */
+void appw_hold_accept(struct appw *w);
 
 /* ---- the front under test ---- */
 void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
