@@ -130,9 +130,13 @@ struct shmipc_session {
     unsigned spin_fails;    /* spins in a row that found nothing, at most 6 (under mu) */
     unsigned spin_skip;     /* waits left that sleep without spinning (under mu) */
     uint64_t spin_gap_ns;   /* moving average of the waits for data, for the spin budget (mu) */
-    unsigned spin_unread;   /* spins in a row that found work and skipped the socket (mu) */
-    uint64_t drained_ns;    /* when the receive queue was last drained (mu) */
-    unsigned queue_closes;  /* close elements taken from the queue, ever (mu) */
+    uint64_t rx_elems;      /* queue elements taken, ever (mu) */
+    /* An event loop's spin that found nothing, judged at its next spin (mu): when it began and
+     * gave up, and rx_elems then. */
+    uint64_t loop_spin_began, loop_spin_gave_up, loop_spin_rx;
+    unsigned spin_unread;  /* spins in a row that found work and skipped the socket (mu) */
+    uint64_t drained_ns;   /* when the receive queue was last drained (mu) */
+    unsigned queue_closes; /* close elements taken from the queue, ever (mu) */
     /*
      * Closes taken from the queue and not yet applied: a turn applies them once it has read
      * the socket after taking them, so FallbackData sent before a close (even one that opens

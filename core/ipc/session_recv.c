@@ -200,6 +200,7 @@ int shmipc__session_drain_queue_locked(shmipc_session *s, int *events)
             if ((rc = handle_element_locked(s, &e)) < 0)
                 return rc;
             (*events)++;
+            s->rx_elems++;
         }
         if (rc != SHMIPC_EAGAIN)
             return rc;

@@ -464,18 +464,32 @@ int shmipc__session_wait_locked(shmipc_session *s, uint64_t deadline)
 
 int shmipc__session_spin(shmipc_session *s)
 {
-    uint64_t began = 0, gave_up = 0;
+    uint64_t began = 0, gave_up = 0, now = 0;
     shmipc__session_lock(s);
     s->refs++; /* as process: a close meanwhile frees the session when we leave */
-    int rc = shmipc__session_err(s) ? shmipc__session_err(s)
-                                    : spin_turn_locked(s, 0, 0, &began, &gave_up);
-    if (rc == 0 && gave_up != 0) {
+    if (s->loop_spin_gave_up != 0) {
         /*
-         * The caller sleeps on fileno() now; what it sleeps through is not seen here, so the
-         * failure counts at once (the sleep's length would need the next call's clock).
+         * The last spin gave up and the caller slept on fileno() since. When elements came
+         * meanwhile, this call is the loop's next turn after them, and the wait ended about
+         * now: judged as a blocking read's (spin_judge), no failure when the peer answered
+         * within 4x the cap, so a loop in a ping-pong keeps spinning rather than skipping its
+         * next 1-63 spins and paying a wakeup on each of those round trips. When nothing came
+         * (the loop woke for something else), a failure, as before: a busy loop with an idle
+         * peer must not spin a budget on every turn.
          */
-        spin_observe(s, gave_up - began);
-        spin_done(s, 0);
+        now = shmipc__now_ns();
+        int came = s->rx_elems != s->loop_spin_rx;
+        if (came)
+            spin_observe(s, now - s->loop_spin_began);
+        spin_done(s, came && now - s->loop_spin_gave_up < 4 * spin_ns(s));
+        s->loop_spin_gave_up = 0;
+    }
+    int rc = shmipc__session_err(s) ? shmipc__session_err(s)
+                                    : spin_turn_locked(s, 0, now, &began, &gave_up);
+    if (rc == 0 && gave_up != 0) {
+        s->loop_spin_began = began;
+        s->loop_spin_gave_up = gave_up;
+        s->loop_spin_rx = s->rx_elems;
     }
     if (rc < 0)
         rc = shmipc__session_ended(s);

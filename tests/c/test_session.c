@@ -608,6 +608,65 @@ static void event_loop_driving(void **state)
 }
 
 /*
+ * An event loop's spin that gave up, when the peer answered just after it (well within 4x the
+ * cap), is no failure: the next call spins again, as a blocking read's wait forgives it
+ * (spin_judge). Before, every give-up of shmipc_session_spin() counted at once, so the loop
+ * skipped its next 1-63 spins and each of those round trips paid a wakeup (issue 21's p99).
+ * Here the next call finds a message queued: it takes it by spinning (1), where a skipped
+ * spin returned 0 with the message unread. A give-up after which nothing came still counts at
+ * the next call, so a loop woken by other descriptors does not spin on every turn.
+ */
+static void event_loop_spin_forgives_a_quick_answer(void **state)
+{
+    (void)state;
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+        skip(); /* one CPU never spins */
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    /* A large cap: 4x it bounds "just after" far above any scheduling delay of this test. */
+    assert_int_equal(shmipc_config_set_spin_us(cfg, 100000), 0);
+    struct ipc_pair q;
+    pair_open(&q, cfg);
+    shmipc_stream *cs, *ss = NULL;
+    struct pollfd pfd = {.fd = shmipc_session_fileno(q.server), .events = POLLIN};
+    assert_int_equal(shmipc_session_open_stream(q.client, &cs), 0);
+    ipc_send_text(cs, "open");
+    assert_int_equal(poll(&pfd, 1, 5000), 1);
+    assert_true(shmipc_session_process(q.server) >= 1);
+    assert_int_equal(shmipc_session_accept_stream(q.server, 0, &ss), 0);
+    ipc_expect_text(ss, "open");
+    for (int round = 0; round < 20; round++) {
+        /* nothing queued: the spin gives up after its (adaptive) budget */
+        while (poll(&pfd, 1, 0) == 1)
+            assert_true(shmipc_session_process(q.server) >= 0);
+        assert_int_equal(shmipc_session_spin(q.server), 0);
+        /* the answer comes at once, and the next one is queued before the loop spins again */
+        ipc_send_text(cs, "tick");
+        assert_int_equal(poll(&pfd, 1, 5000), 1);
+        assert_true(shmipc_session_process(q.server) >= 1);
+        ipc_expect_text(ss, "tick");
+        ipc_send_text(cs, "tock");
+        if (shmipc_session_spin(q.server) != 1)
+            fail_msg("round %d: the spin after a quick answer was skipped", round);
+        ipc_expect_text(ss, "tock");
+    }
+    /* A give-up followed by a turn in which nothing was taken (the loop woke for another
+     * descriptor) is a failure, as before: the next spin is skipped, here with a message
+     * queued that the loop's processing, not the spin, takes. */
+    while (poll(&pfd, 1, 0) == 1)
+        assert_true(shmipc_session_process(q.server) >= 0);
+    assert_int_equal(shmipc_session_spin(q.server), 0);
+    ipc_send_text(cs, "late");
+    assert_int_equal(shmipc_session_spin(q.server), 0);
+    assert_int_equal(poll(&pfd, 1, 5000), 1);
+    assert_true(shmipc_session_process(q.server) >= 1);
+    ipc_expect_text(ss, "late");
+    shmipc_stream_close(cs);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&q);
+    shmipc_config_free(cfg);
+}
+
+/*
  * shmipc_session_spin() for event loops: a message already queued is taken by the spin (1,
  * and the stream is readable with no wait); an idle spin gives up (0) and leaves the working
  * flag cleared, so a message sent after it still makes the descriptor readable (no lost
@@ -2137,6 +2196,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(flush_retrying_a_full_queue_wakes_on_shutdown),
         cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(event_loop_spin, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test(event_loop_spin_forgives_a_quick_answer),
         cmocka_unit_test_setup_teardown(released_slices_are_reused_hot, memfd_pair_open,
                                         memfd_pair_close),
         cmocka_unit_test_setup_teardown(received_only_sizes_are_not_hoarded, memfd_pair_open,
