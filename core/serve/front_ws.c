@@ -43,6 +43,12 @@ struct fws {
     uint8_t closed_client; /* a close frame went to the client */
     uint8_t held;          /* the client's input is held: frames wait in `ph` */
     uint8_t msg_op;        /* the worker's message in progress: TEXT or BINARY; 0 none */
+    /* Inside shmipc__server_ws_accept(): the bytes behind the handshake are the client's
+     * first frames and reach on_message/on_close from inside it, before the request is
+     * RQ_WS. Their frames wait in `ph` (nothing is written or freed from in there), and
+     * `gone` says the client left (1006, or no memory): the request is ended after it. */
+    uint8_t accepting;
+    uint8_t gone;
     uint8_t *msg;
     size_t msg_len, msg_cap;
     struct pend *ph, **pt;
@@ -86,6 +92,7 @@ static void fws_free(struct fws *x)
 }
 
 static const struct shmipc__server_ws_cbs ws_cbs;
+static int pend_flush(struct freq *r);
 
 /* Gives the WebSocket up towards the client: 1011 unless a close went already. */
 static void client_fail(struct fws *x, const char *why)
@@ -133,10 +140,12 @@ void shmipc__front_ws_accept(struct freq *r, uint8_t *head, size_t head_len)
     x->r = r;
     x->pt = &x->ph;
     r->wsx = x;
+    x->accepting = 1;
     rc = shmipc__server_ws_accept(r->ticket, h, n, &ws_cbs, x, &x->ws);
+    x->accepting = 0;
     if (rc < 0) {
         r->wsx = NULL;
-        free(x);
+        fws_free(x);
         goto bad;
     }
     free(head);
@@ -144,7 +153,15 @@ void shmipc__front_ws_accept(struct freq *r, uint8_t *head, size_t head_len)
     r->got_head = 1;
     r->state = RQ_WS;
     atomic_fetch_add(&r->fs->w->served, 1);
-    /* END and the first frames may be here already. */
+    if (x->gone) { /* the client left in its first bytes */
+        atomic_fetch_add(&r->t->f->client_gone, 1);
+        shmipc__front_req_abort(r, 0, SHMIPC__SF_ABORT_CLIENT_GONE);
+        return;
+    }
+    /* The client's first frames, behind its handshake. */
+    if (x->ph != NULL && pend_flush(r) < 0)
+        return;
+    /* END and the worker's first frames may be here already. */
     (void)shmipc__front_ws_read(r);
     return;
 bad:
@@ -201,7 +218,7 @@ static int ws_out(struct freq *r, unsigned type, uint32_t arg, const void *data,
     uint8_t hdr[SHMIPC__SF_HDR_SIZE];
     if (shmipc__sf_encode_header(hdr, type, len, arg) < 0)
         return 0; /* cannot happen: sizes are the caller's and checked */
-    if (x->ph == NULL && r->fs->s != NULL && shmipc__session_can_send(r->fs->s)) {
+    if (!x->accepting && x->ph == NULL && r->fs->s != NULL && shmipc__session_can_send(r->fs->s)) {
         int rc = shmipc__stream_write(r->st, hdr, sizeof hdr);
         if (rc == 0 && len > 0)
             rc = shmipc__stream_write(r->st, data, len);
@@ -216,6 +233,11 @@ static int ws_out(struct freq *r, unsigned type, uint32_t arg, const void *data,
     struct pend *p = malloc(sizeof *p + sizeof hdr + len);
     if (p == NULL) {
         client_fail(x, "out of memory");
+        if (x->accepting) {
+            x->gone = 1;
+            x->client_closed = 1;
+            return -1;
+        }
         shmipc__front_req_abort(r, 0, SHMIPC__SF_ABORT_CLIENT_GONE);
         return -1;
     }
@@ -252,7 +274,7 @@ static void on_message(shmipc_ws *ws, int kind, const void *data, size_t len, vo
     struct freq *r = x->r;
     const uint8_t *p = data;
     (void)ws;
-    if (r == NULL || r->state != RQ_WS || x->client_closed)
+    if (r == NULL || (r->state != RQ_WS && !x->accepting) || x->client_closed)
         return;
     unsigned op = kind == SHMIPC_WS_TEXT ? SHMIPC__SF_WS_TEXT : SHMIPC__SF_WS_BINARY;
     size_t off = 0;
@@ -277,9 +299,13 @@ static void on_close(shmipc_ws *ws, int code, const char *reason, size_t len, vo
         fws_free(x);
         return;
     }
-    if (r->state != RQ_WS || x->client_closed)
+    if ((r->state != RQ_WS && !x->accepting) || x->client_closed)
         return;
     x->client_closed = 1;
+    if (code == 1006 && x->accepting) {
+        x->gone = 1; /* ended by shmipc__front_ws_accept() */
+        return;
+    }
     if (code == 1006) {
         /* Gone without a close frame (a FIN, a reset, the server's WebSocket timers): never
          * an empty WS_CLOSE, which would be "no code" (docs/serve.md). */
@@ -291,14 +317,17 @@ static void on_close(shmipc_ws *ws, int code, const char *reason, size_t len, vo
     long n = shmipc__sf_encode_ws_close(buf, sizeof buf, code == 1005 ? 0 : (uint16_t)code, reason,
                                         len > SHMIPC__SF_MAX_CLOSE_REASON ? 0 : len);
     if (n < (long)SHMIPC__SF_HDR_SIZE) {
-        shmipc__front_req_abort(r, 0, SHMIPC__SF_ABORT_CLIENT_GONE);
+        if (x->accepting)
+            x->gone = 1;
+        else
+            shmipc__front_req_abort(r, 0, SHMIPC__SF_ABORT_CLIENT_GONE);
         return;
     }
     /* The payload only: ws_out writes the header. */
     if (ws_out(r, SHMIPC__SF_WS_CLOSE, 0, buf + SHMIPC__SF_HDR_SIZE,
                (size_t)n - SHMIPC__SF_HDR_SIZE) < 0)
         return;
-    if (maybe_done(r))
+    if (!x->accepting && maybe_done(r))
         return;
     /* The worker answers with its own WS_CLOSE; it is not waited for longer than an ABORT's
      * drain. */
