@@ -713,6 +713,123 @@ static void ws_access_log_line(void **state)
     assert_non_null(strstr(text, "\"GET /ws/refuse HTTP/1.1\" 403 4"));
 }
 
+/* Sends the handshake for `target` and, in the same write, the client frames `tail[0..n)`
+ * (masked as wsc_send masks them); reads the response head as wsc_open_try does. */
+static int wsc_open_with(struct wsc *c, int port, const char *target, const uint8_t *tail,
+                         size_t tn)
+{
+    char req[1024 + 256];
+    struct timeval tv = {WAIT_MS / 1000, 0};
+    size_t n = 0;
+    c->fd = tcp_connect_try(port);
+    if (c->fd < 0)
+        return -1;
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int k = snprintf(req, 1024,
+                     "GET %s HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                     "\r\n",
+                     target);
+    if (tn > 256)
+        return -1;
+    memcpy(req + k, tail, tn);
+    if (send_all_try(c->fd, req, (size_t)k + tn) < 0)
+        return -1;
+    while (n < sizeof c->head - 1) {
+        if (read(c->fd, c->head + n, 1) != 1)
+            return -1;
+        n++;
+        if (n >= 4 && memcmp(c->head + n - 4, "\r\n\r\n", 4) == 0)
+            break;
+    }
+    c->head[n] = '\0';
+    int status = 0;
+    if (sscanf(c->head, "HTTP/1.1 %d", &status) != 1)
+        return -1;
+    return status;
+}
+
+/* A masked client frame (payload < 126 bytes) into out: its length. */
+static size_t mask_frame(uint8_t *out, unsigned op, const void *data, size_t len)
+{
+    static const uint8_t key[4] = {0x11, 0x22, 0x33, 0x44};
+    out[0] = (uint8_t)(0x80 | op);
+    out[1] = (uint8_t)(0x80 | len);
+    memcpy(out + 2, key, 4);
+    for (size_t i = 0; i < len; i++)
+        out[6 + i] = ((const uint8_t *)data)[i] ^ key[i & 3];
+    return 6 + len;
+}
+
+/*
+ * The client's first messages in the same write as its handshake (the bytes behind the head
+ * reach the server's WebSocket inside the front's accept of the worker's 101): they reach the
+ * worker in order and their echoes come back; none is lost.
+ */
+static void ws_message_with_handshake_not_lost(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    uint8_t tail[64];
+    start1(t, 1, 1);
+    size_t tn = mask_frame(tail, 0x1, "early", 5);
+    tn += mask_frame(tail + tn, 0x2, "two", 3);
+    assert_int_equal(wsc_open_with(&c, t->x.port, "/ws/a", tail, tn), 101);
+    wsc_expect(&c, 0x81, "early", 5);
+    wsc_expect(&c, 0x82, "two", 3);
+    wsc_send(&c, 0x1, 1, "later", 5);
+    wsc_expect(&c, 0x81, "later", 5);
+    wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
+    free(wsc_expect_close(&c, 1000));
+    wsc_expect_eof(&c);
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    plain_after(t);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
+/*
+ * The client's close in the same write as its handshake: the worker gets that close (WS_CLOSE
+ * 1000), its answer goes to the client, the connection ends and the worker is free; the
+ * WebSocket does not stay open for the worker with nobody behind it.
+ */
+static void ws_close_with_handshake_reaches_worker(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    uint8_t tail[64];
+    start1(t, 1, 1);
+    size_t tn = mask_frame(tail, 0x8, "\x03\xe8", 2);
+    assert_int_equal(wsc_open_with(&c, t->x.port, "/ws/a", tail, tn), 101);
+    free(wsc_expect_close(&c, 1000));
+    wsc_expect_eof(&c);
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&w_close_code), 1000);
+    plain_after(t);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
+/*
+ * An unmasked frame (a protocol error) right behind the handshake: the server fails the
+ * connection with 1002 from inside the front's accept; the worker is told (WS_CLOSE 1002)
+ * and is free after it.
+ */
+static void ws_bad_frame_with_handshake_reaches_worker(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    const uint8_t tail[] = {0x81, 0x02, 'h', 'i'}; /* not masked */
+    start1(t, 1, 1);
+    assert_int_equal(wsc_open_with(&c, t->x.port, "/ws/a", tail, sizeof tail), 101);
+    free(wsc_expect_close(&c, 1002));
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&w_close_code), 1002);
+    plain_after(t);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
 /* The client leaves (FIN, then a reset): the worker gets ABORT CLIENT_GONE and is free. */
 static void ws_client_drops(void **state)
 {
@@ -855,7 +972,9 @@ static void ws_cross_talk(void **state)
     T(ws_echo), T(ws_refused_403), T(ws_worker_closes_4001), T(ws_pings), T(ws_worker_dies_1011),  \
         T(ws_client_drops), T(ws_slow_client_bounded), T(ws_cross_talk),                           \
         T(ws_worker_bad_frame_1011), T(ws_session_full_holds_client),                              \
-        T(ws_close_with_sockets_open), T(ws_access_log_line)
+        T(ws_close_with_sockets_open), T(ws_access_log_line),                                      \
+        T(ws_message_with_handshake_not_lost), T(ws_close_with_handshake_reaches_worker),          \
+        T(ws_bad_frame_with_handshake_reaches_worker)
 
 int main(int argc, char **argv)
 {
