@@ -122,13 +122,15 @@ void shmipc__front_ws_accept(struct freq *r, uint8_t *head, size_t head_len)
     if (shmipc__sf_decode(head, head_len, &fr) <= 0)
         goto bad;
     /* The handshake's fields are the server's (its Sec-WebSocket-Accept), the framing ones
-     * mean nothing for a 101. */
+     * mean nothing for a 101. An extension is the WebSocket's wire format, which is the
+     * server's and has none: a worker's (permessage-deflate from a framework) would have the
+     * client compress its frames and expect compressed ones. */
     struct shmipc__sf_fields it = fr.u.resp.fields;
     while (shmipc__sf_fields_next(&it, &fd)) {
         if (hdr_is(&fd, "Upgrade") || hdr_is(&fd, "Connection") ||
             hdr_is(&fd, "Sec-WebSocket-Accept") || hdr_is(&fd, "Content-Length") ||
             hdr_is(&fd, "Transfer-Encoding") || hdr_is(&fd, "Date") || hdr_is(&fd, "Server") ||
-            hdr_is(&fd, "Keep-Alive"))
+            hdr_is(&fd, "Keep-Alive") || hdr_is(&fd, "Sec-WebSocket-Extensions"))
             continue;
         if (n == SHMIPC__SERVER_MAX_RESP_HEADERS - 3)
             goto bad;
