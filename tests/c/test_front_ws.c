@@ -187,9 +187,12 @@ static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
         {(const uint8_t *)"X-Worker", (const uint8_t *)w->name, 8, (uint32_t)strlen(w->name)},
         {(const uint8_t *)"Sec-WebSocket-Protocol", (const uint8_t *)"chat", 22, 4},
     };
+    if (strstr(target, "ext")) /* an extension the front does not speak */
+        fields[1] = (shmipc_serve_field){(const uint8_t *)"Sec-WebSocket-Extensions",
+                                         (const uint8_t *)"permessage-deflate", 24, 18};
     shmipc_serve_response r = {.size = sizeof r, .status = 101};
-    int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, fields,
-                                                   strstr(target, "proto") ? 2 : 1);
+    int64_t hn = shmipc_serve_encode_response_head(
+        head, sizeof head, &r, fields, strstr(target, "proto") || strstr(target, "ext") ? 2 : 1);
     if (hn <= 0 || shmipc_stream_write(st, head, (size_t)hn) < 0 ||
         wsend(st, SHMIPC_SERVE_END, 0, NULL, 0) < 0) {
         bump(&w->bad);
@@ -830,6 +833,30 @@ static void ws_bad_frame_with_handshake_reaches_worker(void **state)
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
 }
 
+/*
+ * The worker's 101 names an extension (permessage-deflate) the front's WebSocket does not
+ * implement: the client must not be told it was negotiated (it would compress its frames, and
+ * expect compressed ones); the field is dropped and uncompressed messages go both ways.
+ */
+static void ws_worker_extension_not_passed(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    start1(t, 1, 1);
+    wsc_open(&c, t->x.port, "/ws/ext", "Sec-WebSocket-Extensions: permessage-deflate\r\n");
+    assert_null(strcasestr(c.head, "Sec-WebSocket-Extensions"));
+    assert_non_null(strstr(c.head, "\r\nX-Worker: w0\r\n"));
+    wsc_send(&c, 0x1, 1, "plain", 5);
+    wsc_expect(&c, 0x81, "plain", 5);
+    wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
+    free(wsc_expect_close(&c, 1000));
+    wsc_expect_eof(&c);
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    plain_after(t);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
 /* The client leaves (FIN, then a reset): the worker gets ABORT CLIENT_GONE and is free. */
 static void ws_client_drops(void **state)
 {
@@ -974,7 +1001,7 @@ static void ws_cross_talk(void **state)
         T(ws_worker_bad_frame_1011), T(ws_session_full_holds_client),                              \
         T(ws_close_with_sockets_open), T(ws_access_log_line),                                      \
         T(ws_message_with_handshake_not_lost), T(ws_close_with_handshake_reaches_worker),          \
-        T(ws_bad_frame_with_handshake_reaches_worker)
+        T(ws_bad_frame_with_handshake_reaches_worker), T(ws_worker_extension_not_passed)
 
 int main(int argc, char **argv)
 {
