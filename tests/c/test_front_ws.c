@@ -857,6 +857,41 @@ static void ws_worker_extension_not_passed(void **state)
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
 }
 
+/*
+ * The client's FIN right behind its handshake (it is gone before the worker's 101 comes
+ * back): the worker is told (ABORT CLIENT_GONE, or the close), it does not keep a WebSocket
+ * nobody is behind, and it is free after it.
+ */
+static void ws_fin_with_handshake_frees_worker(void **state)
+{
+    struct tc *t = *state;
+    start1(t, 1, 1);
+    for (int i = 0; i < 3; i++) {
+        struct wsc c;
+        char req[512];
+        c.fd = tcp_connect(t->x.port);
+        int k = snprintf(req, sizeof req,
+                         "GET /ws/a HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\n"
+                         "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                         "Sec-WebSocket-Version: 13\r\n\r\n");
+        assert_int_equal(send_all_try(c.fd, req, (size_t)k), 0);
+        shutdown(c.fd, SHUT_WR);
+        int want = i + 1;
+        long deadline = WAIT_MS;
+        while (atomic_load(&t->w[0].aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE]) +
+                       atomic_load(&w_closes) <
+                   want &&
+               deadline-- > 0)
+            sleep_ms(1);
+        assert_true(atomic_load(&t->w[0].aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE]) +
+                        atomic_load(&w_closes) >=
+                    want);
+        close(c.fd);
+        plain_after(t);
+    }
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
 /* The client leaves (FIN, then a reset): the worker gets ABORT CLIENT_GONE and is free. */
 static void ws_client_drops(void **state)
 {
@@ -1001,7 +1036,8 @@ static void ws_cross_talk(void **state)
         T(ws_worker_bad_frame_1011), T(ws_session_full_holds_client),                              \
         T(ws_close_with_sockets_open), T(ws_access_log_line),                                      \
         T(ws_message_with_handshake_not_lost), T(ws_close_with_handshake_reaches_worker),          \
-        T(ws_bad_frame_with_handshake_reaches_worker), T(ws_worker_extension_not_passed)
+        T(ws_bad_frame_with_handshake_reaches_worker), T(ws_worker_extension_not_passed),          \
+        T(ws_fin_with_handshake_frees_worker)
 
 int main(int argc, char **argv)
 {
