@@ -308,8 +308,9 @@ uint64_t shmipc__server_stream_sent(struct shmipc__server_ticket t);
  * Then, on the connection's worker thread, either shmipc__server_ws_accept() answers 101
  * (Upgrade, Connection and the server's Sec-WebSocket-Accept, then `headers`, e.g.
  * Sec-WebSocket-Protocol: one the client offered, the caller's to check) and the connection
- * speaks WebSocket with `cbs` (on the worker thread; *out is the connection, valid until
- * on_close returned), or shmipc__server_complete() / stream_head() refuses it with any other
+ * speaks WebSocket with `cbs` (on the worker thread, the first calls possibly from inside
+ * ws_accept: frames the client sent behind its handshake; *out is set before them and is the
+ * connection, valid until on_close returned), or shmipc__server_complete() / stream_head() refuses it with any other
  * status as a normal response, with Connection: close. The client leaving while deferred
  * cancels with CLIENT_GONE, the timeout with TIMEOUT (504), as for any deferral.
  * ws_accept returns 0; SHMIPC_ECLOSED for a stale ticket; SHMIPC_EINVAL for a deferral that
