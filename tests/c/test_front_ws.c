@@ -182,6 +182,13 @@ static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
         send_frames(w, st, 403, w->name, "nope", 4, 1, 0); /* counts the answer out */
         return;
     }
+    if (strncmp(target, "/ws/early", 9) == 0) { /* WS_DATA before any 101 */
+        count_out(w, &out);
+        if (wsend(st, SHMIPC_SERVE_WS_DATA, SHMIPC_SERVE_WS_TEXT | SHMIPC_SERVE_WS_FIN, "x", 1) < 0)
+            bump(&w->bad);
+        wait_close(w, st); /* the front's ABORT PROTOCOL */
+        return;
+    }
     uint8_t head[512];
     shmipc_serve_field fields[2] = {
         {(const uint8_t *)"X-Worker", (const uint8_t *)w->name, 8, (uint32_t)strlen(w->name)},
@@ -892,6 +899,20 @@ static void ws_fin_with_handshake_frees_worker(void **state)
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
 }
 
+/* The worker's WS_DATA before any 101: 502 to the client (no 101), ABORT PROTOCOL to the
+ * worker, which is free after it. */
+static void ws_worker_data_before_101(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    start1(t, 1, 1);
+    assert_int_equal(wsc_open_try(&c, t->x.port, "/ws/early", NULL), 502);
+    close(c.fd);
+    assert_true(wait_for(&t->w[0].aborts[SHMIPC_SERVE_ABORT_PROTOCOL], 1, WAIT_MS));
+    plain_after(t);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
 /* The client leaves (FIN, then a reset): the worker gets ABORT CLIENT_GONE and is free. */
 static void ws_client_drops(void **state)
 {
@@ -1037,7 +1058,7 @@ static void ws_cross_talk(void **state)
         T(ws_close_with_sockets_open), T(ws_access_log_line),                                      \
         T(ws_message_with_handshake_not_lost), T(ws_close_with_handshake_reaches_worker),          \
         T(ws_bad_frame_with_handshake_reaches_worker), T(ws_worker_extension_not_passed),          \
-        T(ws_fin_with_handshake_frees_worker)
+        T(ws_fin_with_handshake_frees_worker), T(ws_worker_data_before_101)
 
 int main(int argc, char **argv)
 {
