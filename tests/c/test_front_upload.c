@@ -407,6 +407,7 @@ struct up {
     int status;
     char body[64];
     uint64_t hash;
+    int send_failed; /* the client could not send all of it (the front answered first) */
     pthread_t th;
 };
 
@@ -424,14 +425,14 @@ static void *up_main(void *arg)
     int n = snprintf(head, sizeof head,
                      "POST /up/hash HTTP/1.1\r\nHost: t\r\nContent-Length: %" PRIu64 "\r\n\r\n",
                      u->total);
-    if (send_all_try(r->fd, head, (size_t)n) == 0 &&
-        send_body(r->fd, u->seed, u->total, u->total, 0, NULL, 0, &u->hash) == 0) {
-        read_resp(r, &p);
-        u->status = p.status;
-        if (p.body != NULL)
-            snprintf(u->body, sizeof u->body, "%s", p.body);
-        resp_free(&p);
-    }
+    /* An answer that came before the body's end (502, 504, 503) is read as well. */
+    u->send_failed = send_all_try(r->fd, head, (size_t)n) != 0 ||
+                     send_body(r->fd, u->seed, u->total, u->total, 0, NULL, 0, &u->hash) != 0;
+    read_resp(r, &p);
+    u->status = p.status;
+    if (p.body != NULL)
+        snprintf(u->body, sizeof u->body, "%s", p.body);
+    resp_free(&p);
     close(r->fd);
     free(r);
     return NULL;
@@ -623,6 +624,381 @@ static void upload_cross_talk(void **state)
     assert_int_equal(st.upload_kept, 0);
 }
 
+/* ---- an attacker's review (s22): lying clients, dying workers, lifecycles ---- */
+
+/* Appends `n` bytes of body number `seed` from offset `off` to b (at *len), hashing them. */
+static void put_body(char *b, size_t *len, unsigned seed, uint64_t off, size_t n, uint64_t *h)
+{
+    for (size_t i = 0; i < n; i++)
+        b[*len + i] = (char)gen_byte(seed, off + i);
+    *h = fnv1a(*h, b + *len, n);
+    *len += n;
+}
+
+static void put_str(char *b, size_t *len, const char *str)
+{
+    size_t n = strlen(str);
+    memcpy(b + *len, str, n);
+    *len += n;
+}
+
+/* One write carries a chunked upload (chunk extensions, trailers), a streamed Content-Length
+ * upload (over the 64 KiB gather), a GET and a small gathered upload: four answers in order,
+ * each body whole (nothing of one body leaks into the next request). */
+static void upload_pipelined_after_bodies(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct rd *r = malloc(sizeof *r);
+    struct resp p;
+    char want[64], line[64];
+    size_t len = 0;
+    uint64_t h1 = FNV_INIT, h2 = FNV_INIT, h3 = FNV_INIT;
+    char *b = malloc(1u << 20);
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    put_str(b, &len, "POST /up/hash HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+    static const size_t sizes[] = {1, 7, 4096, 70000, 3};
+    uint64_t off = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        snprintf(line, sizeof line, "%zx%s\r\n", sizes[i], i == 1 ? ";name=\"v;x\"" : "");
+        put_str(b, &len, line);
+        put_body(b, &len, 31, off, sizes[i], &h1);
+        put_str(b, &len, "\r\n");
+        off += sizes[i];
+    }
+    put_str(b, &len, "0\r\nX-Trailer: 1\r\nX-Other: two\r\n\r\n");
+    put_str(b, &len, "POST /up/hash HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n");
+    put_body(b, &len, 32, 0, 100000, &h2);
+    put_str(b, &len, "GET /static HTTP/1.1\r\nHost: t\r\n\r\n");
+    put_str(b, &len, "POST /up/hash HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n");
+    put_body(b, &len, 33, 0, 10, &h3);
+    rd_open(r, x->port);
+    send_all(r->fd, b, len);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    hash_text(want, sizeof want, off, h1);
+    assert_string_equal(p.body, want);
+    resp_free(&p);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    hash_text(want, sizeof want, 100000, h2);
+    assert_string_equal(p.body, want);
+    resp_free(&p);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "static");
+    resp_free(&p);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    hash_text(want, sizeof want, 10, h3);
+    assert_string_equal(p.body, want);
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    free(b);
+    assert_int_equal(atomic_load(&w->bad), 0);
+}
+
+/* A chunked upload (an extension, a trailer) cut after every one of its bytes, the client
+ * gone with a FIN (then with a reset at a few places): each request that reached the worker
+ * ends with ABORT CLIENT_GONE, never an END (a cut body is never passed off as whole), the
+ * front keeps nothing, the worker is free after each. */
+static void upload_cut_at_every_byte(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    static struct shmipc__front_stats st;
+    char b[512];
+    size_t len = 0;
+    uint64_t h = FNV_INIT;
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    put_str(b, &len, "POST /up/hash HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+    size_t head_len = len;
+    put_str(b, &len, "5;e=1\r\n");
+    put_body(b, &len, 41, 0, 5, &h);
+    put_str(b, &len, "\r\n11\r\n");
+    put_body(b, &len, 41, 5, 17, &h);
+    put_str(b, &len, "\r\n0\r\nX-T: 1\r\n\r\n");
+    int reached = 0;
+    for (size_t cut = 1; cut < len; cut++) {
+        int fd = tcp_connect(x->port);
+        send_all(fd, b, cut);
+        if (cut >= head_len) {
+            reached++;
+            /* the head reached the worker before the client leaves (else it may be cut
+             * before its route ran: nothing to abort) */
+            assert_true(wait_for(&w->requests, reached, WAIT_MS));
+        }
+        close(fd);
+        assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], reached, WAIT_MS));
+    }
+    /* resets, at the head's end, mid-chunk and just before the end */
+    size_t rst[] = {head_len, head_len + 9, len - 1};
+    for (size_t i = 0; i < 3; i++) {
+        int fd = tcp_connect(x->port);
+        send_all(fd, b, rst[i]);
+        assert_true(wait_for(&w->requests, reached + 1, WAIT_MS));
+        reached++;
+        struct linger lg = {1, 0};
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        close(fd);
+        assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], reached, WAIT_MS));
+    }
+    /* the whole of it still goes */
+    struct rd *r = malloc(sizeof *r);
+    struct resp p;
+    char want[64];
+    rd_open(r, x->port);
+    send_all(r->fd, b, len);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    hash_text(want, sizeof want, 22, h);
+    assert_string_equal(p.body, want);
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.upload_kept, 0);
+    assert_int_equal(atomic_load(&w->bad), 0);
+    assert_int_equal(atomic_load(&w->aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE]), reached);
+}
+
+/* The worker answers early while the client's pipelined GET already follows the whole body
+ * in the same write: either the body was still coming at the answer (Connection: close, the
+ * close, the GET never answered: what follows is drained, never parsed), or it had come
+ * whole (kept alive: the GET answered next, nothing else). */
+static void upload_early_answer_then_pipelined_request(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct rd *r = malloc(sizeof *r);
+    struct resp p;
+    char *b = malloc(256u << 10);
+    size_t len = 0;
+    uint64_t h = FNV_INIT;
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    put_str(b, &len, "POST /up/early HTTP/1.1\r\nHost: t\r\nContent-Length: 200000\r\n\r\n");
+    put_body(b, &len, 51, 0, 200000, &h);
+    put_str(b, &len, "GET /static HTTP/1.1\r\nHost: t\r\n\r\n");
+    rd_open(r, x->port);
+    send_all(r->fd, b, len);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "early");
+    if (strcasestr(p.head, "Connection: close") == NULL) {
+        /* The whole body had come (the server read it to its end): the GET is the next
+         * request, answered on the same connection, as nginx does. */
+        resp_free(&p);
+        read_resp(r, &p);
+        assert_int_equal(p.status, 200);
+        assert_string_equal(p.body, "static");
+    } else {
+        /* Cut off (the body was pending at the answer): the GET is drained, never answered. */
+        assert_true(peer_closed(r->fd));
+    }
+    resp_free(&p);
+    assert_int_equal(r->len, 0); /* nothing after the answers */
+    close(r->fd);
+    free(r);
+    free(b);
+    assert_int_equal(atomic_load(&w->bad), 0);
+}
+
+/* Resend safety for chunked bodies, both workers stopping: a small chunked body that came
+ * whole with its head went in one message and is kept, so a refusal sends it to the other
+ * worker (retried); one whose bytes came after the head went on its own is never resent. */
+static void upload_chunked_resent_only_when_whole_in_first_message(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    struct rd *r = malloc(sizeof *r);
+    struct resp p;
+    static struct shmipc__front_stats st;
+    static const char head[] = "POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+    static const char body[] = "5\r\nhello\r\n0\r\n\r\n";
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    atomic_store(&w0->mode, M_REFUSE);
+    atomic_store(&w1->mode, M_REFUSE);
+    fx_start(x, ws, 2, 1, NULL);
+    assert_true(wait_sessions(x, w0->addr, 1));
+    assert_true(wait_sessions(x, w1->addr, 1));
+    /* whole in the first message: refused by one, resent to the other, refused again */
+    char one[256];
+    snprintf(one, sizeof one, "%s%s", head, body);
+    rd_open(r, x->port);
+    send_all(r->fd, one, strlen(one));
+    read_resp(r, &p);
+    assert_int_equal(p.status, 503);
+    resp_free(&p);
+    close(r->fd);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_true(st.retried >= 1);
+    uint64_t retried = st.retried;
+    assert_true(wait_for(&w0->refused, 1, WAIT_MS));
+    assert_true(wait_for(&w1->refused, 1, WAIT_MS));
+    int refused = atomic_load(&w0->refused) + atomic_load(&w1->refused);
+    /* the head alone first, the body 100 ms later: never resent */
+    rd_open(r, x->port);
+    send_all(r->fd, head, strlen(head));
+    sleep_ms(100);
+    send_all(r->fd, body, strlen(body));
+    read_resp(r, &p);
+    assert_int_equal(p.status, 503);
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.retried, retried);
+    assert_int_equal(atomic_load(&w0->refused) + atomic_load(&w1->refused), refused + 1);
+    assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
+}
+
+/* A 4 MiB upload held by a stalled worker (1 MiB shared buffer): the front keeps one piece.
+ * Sets it up on t->w[0] (and the case's opts), returns with the piece kept. */
+static void held_upload(struct tc *t, struct up *u, uint32_t deadline_ms, unsigned nw)
+{
+    struct appw *ws[] = {&t->w[0], &t->w[1]};
+    struct fx *x = &t->x;
+    shmipc_config *ipc;
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
+    struct shmipc__front_opts o = {.ipc = ipc, .deadline_ms = deadline_ms};
+    x->max_body = 8u << 20;
+    appw_start(&t->w[0], "w0", NULL);
+    atomic_store(&t->w[0].mode, M_STALL);
+    if (nw > 1)
+        appw_start(&t->w[1], "w1", NULL);
+    fx_start(x, ws, 1, 1, &o);
+    shmipc_config_free(ipc);
+    assert_true(wait_sessions(x, t->w[0].addr, 1));
+    u->port = x->port;
+    assert_int_equal(pthread_create(&u->th, NULL, up_main, u), 0);
+    assert_true(wait_kept(x));
+}
+
+/* Wait until the front keeps nothing of an upload. */
+static void wait_unkept(struct fx *x)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.upload_kept == 0)
+            return;
+        sleep_ms(5);
+    } while (mono_ms() < end);
+    fail_msg("the front still keeps %" PRIu64 " bytes of an upload", st.upload_kept);
+}
+
+/* The worker's session dies while the front keeps a piece of its upload: 502 (the client may
+ * have been cut off sending), the piece freed, the next upload whole. */
+static void upload_session_dies_while_piece_kept(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct up u = {.seed = 61, .total = 4u << 20};
+    held_upload(t, &u, 0, 1);
+    kill_sessions(w);
+    pthread_join(u.th, NULL);
+    if (!(u.status == 502 || (u.status == -1 && u.send_failed)))
+        fail_msg("status %d (send failed %d)", u.status, u.send_failed);
+    wait_unkept(&t->x);
+    atomic_store(&w->mode, M_ECHO);
+    latch_set(w, &w->release_stall, 1);
+    assert_true(wait_sessions(&t->x, w->addr, 1));
+    upload_hashed(t->x.port, 62, 300000, 0, NULL, 0);
+    assert_int_equal(atomic_load(&w->bad), 0);
+}
+
+/* The deadline passes while the front keeps a piece (the worker reads nothing): 504, the
+ * piece freed, the worker told ABORT TIMEOUT once it reads (behind the body it was sent),
+ * free again after. */
+static void upload_deadline_while_piece_kept(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct up u = {.seed = 63, .total = 4u << 20};
+    held_upload(t, &u, 700, 1);
+    pthread_join(u.th, NULL);
+    if (!(u.status == 504 || (u.status == -1 && u.send_failed)))
+        fail_msg("status %d (send failed %d)", u.status, u.send_failed);
+    wait_unkept(&t->x);
+    latch_set(w, &w->release_stall, 1);
+    assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, WAIT_MS));
+    upload_hashed(t->x.port, 64, 300000, 0, NULL, 0);
+    assert_int_equal(atomic_load(&w->bad), 0);
+}
+
+/* The worker is retired (set_workers) while the front keeps a piece of its upload: the upload
+ * finishes there, whole; then its session closes and new requests go to the new set. */
+static void upload_worker_retired_mid_upload(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct fx *x = &t->x;
+    struct up u = {.seed = 65, .total = 4u << 20};
+    struct resp p;
+    char want[64];
+    static struct shmipc__front_stats st;
+    held_upload(t, &u, 0, 2);
+    const char *addrs[] = {w1->addr};
+    CHECK(shmipc__front_set_workers(x->f, addrs, 1));
+    assert_true(wait_sessions(x, w1->addr, 1));
+    latch_set(w0, &w0->release_stall, 1);
+    pthread_join(u.th, NULL);
+    assert_int_equal(u.status, 200);
+    hash_text(want, sizeof want, u.total, u.hash);
+    assert_string_equal(u.body, want);
+    assert_int_equal(request(x->port, "GET", "/after", NULL, &p), 200);
+    assert_non_null(strstr(p.head, "X-Worker: w1"));
+    resp_free(&p);
+    uint64_t end = mono_ms() + WAIT_MS;
+    unsigned left = 1;
+    while (left > 0 && mono_ms() < end) {
+        CHECK(shmipc__front_stats(x->f, &st));
+        left = 0;
+        for (unsigned i = 0; i < st.nworkers; i++)
+            if (strcmp(st.w[i].address, w0->addr) == 0)
+                left = st.w[i].sessions;
+        if (left > 0)
+            sleep_ms(5);
+    }
+    assert_int_equal(left, 0); /* the retired worker's session closed once idle */
+    assert_int_equal(st.upload_kept, 0);
+    assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
+}
+
+/* The front and its server stop while the front keeps a piece of an upload: the client is
+ * answered or closed, nothing crashes or leaks (ASan), the stalled worker sees the stream
+ * end once it reads. */
+static void upload_front_stopped_mid_upload(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct up u = {.seed = 67, .total = 4u << 20};
+    held_upload(t, &u, 0, 1);
+    fx_stop(&t->x);
+    pthread_join(u.th, NULL);
+    if (u.status != -1 && u.status != 503)
+        fail_msg("status %d", u.status);
+    latch_set(w, &w->release_stall, 1);
+    assert_int_equal(atomic_load(&w->bad), 0);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define UPLOAD_TESTS                                                                               \
     T(upload_64m_content_length), T(upload_chunked_odd_sizes), T(upload_chunked_over_limit_413),   \
@@ -630,7 +1006,11 @@ static void upload_cross_talk(void **state)
         T(upload_client_gone_frees_worker), T(upload_early_answer_closes),                         \
         T(upload_expect_100_continue), T(upload_refused_after_body_not_resent),                    \
         T(upload_queued_waits_for_worker), T(upload_shared_memory_full_holds_then_resumes),        \
-        T(upload_cross_talk)
+        T(upload_cross_talk), T(upload_pipelined_after_bodies), T(upload_cut_at_every_byte),       \
+        T(upload_early_answer_then_pipelined_request),                                             \
+        T(upload_chunked_resent_only_when_whole_in_first_message),                                 \
+        T(upload_session_dies_while_piece_kept), T(upload_deadline_while_piece_kept),              \
+        T(upload_worker_retired_mid_upload), T(upload_front_stopped_mid_upload)
 
 int main(int argc, char **argv)
 {
