@@ -750,6 +750,23 @@ static void upload_cut_at_every_byte(void **state)
         close(fd);
         assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], reached, WAIT_MS));
     }
+    /* Content-Length bodies that stop short: a gathered one (100 bytes, 50 sent) never reaches
+     * the worker; a streamed one (70000) cut at the frame's edge and one byte short is aborted */
+    static char cl[70000];
+    int fd = tcp_connect(x->port);
+    send_head(fd, "/up/hash", 100, 0, NULL);
+    send_all(fd, cl, 50);
+    close(fd);
+    size_t cuts[] = {0, 65535, 65536, 65537, 69999};
+    for (size_t i = 0; i < 5; i++) {
+        fd = tcp_connect(x->port);
+        send_head(fd, "/up/hash", 70000, 0, NULL);
+        send_all(fd, cl, cuts[i]);
+        assert_true(wait_for(&w->requests, reached + 1, WAIT_MS));
+        reached++;
+        close(fd);
+        assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE], reached, WAIT_MS));
+    }
     /* the whole of it still goes */
     struct rd *r = malloc(sizeof *r);
     struct resp p;
@@ -767,6 +784,7 @@ static void upload_cut_at_every_byte(void **state)
     assert_int_equal(st.upload_kept, 0);
     assert_int_equal(atomic_load(&w->bad), 0);
     assert_int_equal(atomic_load(&w->aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE]), reached);
+    assert_int_equal(atomic_load(&w->requests), reached + 1); /* the gathered cut never went */
 }
 
 /* The worker answers early while the client's pipelined GET already follows the whole body
