@@ -98,6 +98,7 @@ build = {
             "core/serve/front.c",
             "core/serve/front_request.c",
             "core/serve/front_session.c",
+            "core/serve/front_ws.c",
             },
             defines = { "_GNU_SOURCE" },
             incdirs = { "bindings", "core", "lua" },
