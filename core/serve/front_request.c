@@ -297,6 +297,16 @@ static int upload_keep(struct freq *r)
     return 0;
 }
 
+/* The kept body is dropped: the request can no longer be resent. */
+static void forget_body(struct freq *r)
+{
+    free(r->body_copy);
+    r->body_copy = NULL;
+    r->body = NULL;
+    r->body_len = 0;
+    r->no_retry = 1;
+}
+
 /*
  * Body bytes that go in the head's message (a body that came whole with its head) are kept,
  * up to SHMIPC__FRONT_RETRY_BODY, as a whole body is (keep_for_resend): a stopping worker's
@@ -316,11 +326,7 @@ static void upload_copy(struct freq *r, const uint8_t *p, size_t n)
             return;
         }
     }
-    free(r->body_copy);
-    r->body_copy = NULL;
-    r->body = NULL;
-    r->body_len = 0;
-    r->no_retry = 1;
+    forget_body(r);
 }
 
 /*
@@ -541,11 +547,7 @@ static void forget_request(struct freq *r)
 {
     free(r->out);
     r->out = NULL;
-    free(r->body_copy);
-    r->body_copy = NULL;
-    r->body = NULL;
-    r->body_len = 0;
-    r->no_retry = 1;
+    forget_body(r);
 }
 
 /*
