@@ -226,6 +226,13 @@ static void req_abort(struct freq *r, int status, uint32_t reason)
         shmipc__front_answer_status(r, status);
     r->live = 0;
     r->uploading = 0; /* nothing more of the body goes (the server hands none after this) */
+    /* The piece kept for the worker never goes now: free it at once, not at the drain's end. */
+    if (r->up_buf != NULL)
+        atomic_fetch_sub(&r->t->f->up_kept, r->up_buf_len);
+    free(r->up_buf);
+    r->up_buf = NULL;
+    r->up_buf_len = r->up_left = 0;
+    r->up_src = NULL;
     r->state = RQ_DRAINING;
     r->drain_until = shmipc__loop_now_ms(r->t->loop) + SHMIPC__FRONT_DRAIN_MS;
     int rc = send_abort(r, reason);

@@ -941,13 +941,6 @@ static void upload_session_dies_while_piece_kept(void **state)
     assert_int_equal(atomic_load(&w->bad), 0);
 }
 
-/* KNOWN DEFECT (s22 review), not fixed: in about 1 run in 2 the worker never gets the ABORT
- * TIMEOUT: the front's send_abort gets SHMIPC_ENOSHM for its whole 5 s drain although the
- * stream has nothing unflushed and the session can send (can_send 1, send_len 0): the
- * session's shared memory stays full after the stalled worker is released and reads, and
- * the worker then sits on the stream until its own read timeout. Built with
- * -DSHMIPC_TEST_KNOWN_BROKEN to run it. */
-#ifdef SHMIPC_TEST_KNOWN_BROKEN
 /* The deadline passes while the front keeps a piece (the worker reads nothing): 504, the
  * piece freed, the worker told ABORT TIMEOUT once it reads (behind the body it was sent),
  * free again after. */
@@ -971,7 +964,6 @@ static void upload_deadline_while_piece_kept(void **state)
     upload_hashed(t->x.port, 64, 300000, 0, NULL, 0);
     assert_int_equal(atomic_load(&w->bad), 0);
 }
-#endif
 
 /* The worker is retired (set_workers) while the front keeps a piece of its upload: the upload
  * finishes there, whole; then its session closes and new requests go to the new set. */
@@ -1031,11 +1023,6 @@ static void upload_front_stopped_mid_upload(void **state)
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
-#ifdef SHMIPC_TEST_KNOWN_BROKEN
-#define UPLOAD_KNOWN_BROKEN T(upload_deadline_while_piece_kept),
-#else
-#define UPLOAD_KNOWN_BROKEN
-#endif
 #define UPLOAD_TESTS                                                                               \
     T(upload_64m_content_length), T(upload_chunked_odd_sizes), T(upload_chunked_over_limit_413),   \
         T(upload_bad_chunk_framing_400), T(upload_client_stalls_504),                              \
@@ -1045,9 +1032,8 @@ static void upload_front_stopped_mid_upload(void **state)
         T(upload_cross_talk), T(upload_pipelined_after_bodies), T(upload_cut_at_every_byte),       \
         T(upload_early_answer_then_pipelined_request),                                             \
         T(upload_chunked_resent_only_when_whole_in_first_message),                                 \
-        T(upload_session_dies_while_piece_kept),                                                   \
-        UPLOAD_KNOWN_BROKEN T(upload_worker_retired_mid_upload),                                   \
-        T(upload_front_stopped_mid_upload)
+        T(upload_session_dies_while_piece_kept), T(upload_deadline_while_piece_kept),              \
+        T(upload_worker_retired_mid_upload), T(upload_front_stopped_mid_upload)
 
 int main(int argc, char **argv)
 {
