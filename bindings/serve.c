@@ -30,7 +30,9 @@ _Static_assert((int)SHMIPC_SERVE_REQUEST_HEAD == (int)SHMIPC__SF_REQUEST_HEAD &&
                    (int)SHMIPC_SERVE_WS_DATA == (int)SHMIPC__SF_WS_DATA &&
                    (int)SHMIPC_SERVE_WS_PING == (int)SHMIPC__SF_WS_PING &&
                    (int)SHMIPC_SERVE_WS_PONG == (int)SHMIPC__SF_WS_PONG &&
-                   (int)SHMIPC_SERVE_WS_CLOSE == (int)SHMIPC__SF_WS_CLOSE,
+                   (int)SHMIPC_SERVE_WS_CLOSE == (int)SHMIPC__SF_WS_CLOSE &&
+                   (int)SHMIPC_SERVE_HELLO == (int)SHMIPC__SF_HELLO &&
+                   (int)SHMIPC_SERVE_TAKEN == (int)SHMIPC__SF_TAKEN,
                "frame types");
 _Static_assert(SHMIPC_SERVE_REQ_KEEP_ALIVE == SHMIPC__SF_REQ_KEEP_ALIVE &&
                    SHMIPC_SERVE_REQ_UPGRADE == SHMIPC__SF_REQ_UPGRADE &&
@@ -38,6 +40,9 @@ _Static_assert(SHMIPC_SERVE_REQ_KEEP_ALIVE == SHMIPC__SF_REQ_KEEP_ALIVE &&
                    SHMIPC_SERVE_REQ_CHUNKED == SHMIPC__SF_REQ_CHUNKED &&
                    SHMIPC_SERVE_REQ_CONTENT_LENGTH == SHMIPC__SF_REQ_CONTENT_LENGTH &&
                    SHMIPC_SERVE_REQ_EXPECT_CONTINUE == SHMIPC__SF_REQ_EXPECT_CONTINUE &&
+                   SHMIPC_SERVE_REQ_TAKEN_WANTED == SHMIPC__SF_REQ_TAKEN_WANTED &&
+                   SHMIPC_SERVE_HELLO_SIZE == SHMIPC__SF_HELLO_SIZE &&
+                   SHMIPC_SERVE_FEAT_TAKEN == SHMIPC__SF_FEAT_TAKEN &&
                    SHMIPC_SERVE_RESP_CONTENT_LENGTH == SHMIPC__SF_RESP_CONTENT_LENGTH &&
                    SHMIPC_SERVE_RESP_CLOSE == SHMIPC__SF_RESP_CLOSE,
                "flags");

@@ -54,6 +54,8 @@ enum shmipc_serve_type {
     SHMIPC_SERVE_WS_PING = 7,       /**< both */
     SHMIPC_SERVE_WS_PONG = 8,       /**< both */
     SHMIPC_SERVE_WS_CLOSE = 9,      /**< both */
+    SHMIPC_SERVE_HELLO = 10,        /**< both: a session's features, on a stream of its own */
+    SHMIPC_SERVE_TAKEN = 11,        /**< worker -> front: the worker has taken the request */
 };
 
 /* REQUEST_HEAD flags (shmipc_serve_request.flags, the frame's arg). */
@@ -63,6 +65,11 @@ enum shmipc_serve_type {
 #define SHMIPC_SERVE_REQ_CHUNKED         0x08u
 #define SHMIPC_SERVE_REQ_CONTENT_LENGTH  0x10u /**< content_length is meaningful */
 #define SHMIPC_SERVE_REQ_EXPECT_CONTINUE 0x20u
+#define SHMIPC_SERVE_REQ_TAKEN_WANTED    0x40u /**< answer TAKEN before running the app */
+
+/* HELLO: its 8-byte payload is u32 features, u32 concurrency (little-endian). */
+#define SHMIPC_SERVE_HELLO_SIZE 8u
+#define SHMIPC_SERVE_FEAT_TAKEN 0x01u /**< the worker answers TAKEN_WANTED with TAKEN */
 
 /* RESPONSE_HEAD flags (shmipc_serve_response.flags, the frame's arg). */
 #define SHMIPC_SERVE_RESP_CONTENT_LENGTH 0x01u

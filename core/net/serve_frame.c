@@ -44,7 +44,7 @@ const char *shmipc__sf_type_name(unsigned type)
 {
     static const char *const names[] = {
         NULL,    "REQUEST_HEAD", "BODY",    "END",     "RESPONSE_HEAD",
-        "ABORT", "WS_DATA",      "WS_PING", "WS_PONG", "WS_CLOSE",
+        "ABORT", "WS_DATA",      "WS_PING", "WS_PONG", "WS_CLOSE", "HELLO", "TAKEN",
     };
     return type >= 1 && type <= SHMIPC__SF_TYPE_MAX ? names[type] : "?";
 }
@@ -147,6 +147,14 @@ static int check_header(unsigned type, uint64_t length, uint32_t arg)
             return shmipc__fail(SHMIPC_EPROTO, "serve frame: WS_CLOSE of 1 byte");
         if (length > 2u + SHMIPC__SF_MAX_CLOSE_REASON)
             return shmipc__fail(SHMIPC_EMSGSIZE, "serve frame: WS_CLOSE over 125 bytes");
+        return 0;
+    case SHMIPC__SF_HELLO:
+        if (arg != 0 || length != SHMIPC__SF_HELLO_SIZE)
+            return shmipc__fail(SHMIPC_EPROTO, "serve frame: HELLO with an arg or not 8 bytes");
+        return 0;
+    case SHMIPC__SF_TAKEN:
+        if (arg != 0 || length != 0)
+            return shmipc__fail(SHMIPC_EPROTO, "serve frame: TAKEN with an arg or a payload");
         return 0;
     default:
         return shmipc__fail(SHMIPC_EPROTO, "serve frame: unknown type %u", type);
@@ -304,6 +312,10 @@ long shmipc__sf_decode(const void *buf, size_t len, struct shmipc__sf_frame *f)
         break;
     case SHMIPC__SF_RESPONSE_HEAD:
         rc = decode_response(p, f->length, f);
+        break;
+    case SHMIPC__SF_HELLO:
+        f->u.hello.features = get32(p);
+        f->u.hello.concurrency = get32(p + 4);
         break;
     case SHMIPC__SF_WS_CLOSE:
         if (f->length >= 2) {
@@ -573,4 +585,15 @@ long shmipc__sf_encode_http_request(void *out, size_t cap, const struct shmipc__
     }
     r.nfields = (uint16_t)req->nfields;
     return shmipc__sf_encode_request_head(out, cap, &r, fields);
+}
+
+long shmipc__sf_encode_hello(void *out, size_t cap, uint32_t features, uint32_t concurrency)
+{
+    if (cap < SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE)
+        return shmipc__fail(SHMIPC_EMSGSIZE, "serve frame: %zu bytes do not hold a HELLO", cap);
+    uint8_t *p = out;
+    put_header(p, SHMIPC__SF_HELLO, SHMIPC__SF_HELLO_SIZE, 0);
+    put32(p + SHMIPC__SF_HDR_SIZE, features);
+    put32(p + SHMIPC__SF_HDR_SIZE + 4, concurrency);
+    return (long)(SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE);
 }

@@ -45,7 +45,9 @@ enum shmipc__sf_type {
     SHMIPC__SF_WS_PING = 7,       /* both */
     SHMIPC__SF_WS_PONG = 8,       /* both */
     SHMIPC__SF_WS_CLOSE = 9,      /* both */
-    SHMIPC__SF_TYPE_MAX = 9,
+    SHMIPC__SF_HELLO = 10,        /* both: the features of a session, on a stream of its own */
+    SHMIPC__SF_TAKEN = 11,        /* worker -> front: the worker has taken the request */
+    SHMIPC__SF_TYPE_MAX = 11,
 };
 
 /* REQUEST_HEAD flags (header field arg). */
@@ -55,7 +57,13 @@ enum shmipc__sf_type {
 #define SHMIPC__SF_REQ_CHUNKED         0x08u
 #define SHMIPC__SF_REQ_CONTENT_LENGTH  0x10u /* content_length is meaningful */
 #define SHMIPC__SF_REQ_EXPECT_CONTINUE 0x20u
-#define SHMIPC__SF_REQ_FLAGS           0x3Fu
+#define SHMIPC__SF_REQ_TAKEN_WANTED    0x40u /* answer TAKEN before running the application */
+#define SHMIPC__SF_REQ_FLAGS           0x7Fu
+
+/* HELLO: its payload is u32 features, u32 concurrency (docs/serve.md, "HELLO and TAKEN"). */
+#define SHMIPC__SF_HELLO_SIZE 8u
+#define SHMIPC__SF_FEAT_TAKEN 0x01u /* the worker answers TAKEN_WANTED with TAKEN */
+#define SHMIPC__SF_FEATS      0x01u /* the features this version knows */
 
 /* RESPONSE_HEAD flags. */
 #define SHMIPC__SF_RESP_CONTENT_LENGTH 0x01u
@@ -133,6 +141,10 @@ struct shmipc__sf_frame {
         struct shmipc__sf_request req;
         struct shmipc__sf_response resp;
         struct {
+            uint32_t features;    /* SHMIPC__SF_FEAT_*; bits unknown here are kept */
+            uint32_t concurrency; /* requests the worker runs at once; 0: not said */
+        } hello;
+        struct {
             uint16_t code; /* 0: no code (then no reason) */
             const uint8_t *reason;
             uint16_t reason_len;
@@ -175,6 +187,9 @@ long shmipc__sf_encode_response_head(void *out, size_t cap, const struct shmipc_
  */
 int shmipc__sf_encode_header(uint8_t out[SHMIPC__SF_HDR_SIZE], unsigned type, size_t length,
                              uint32_t arg);
+
+/* A whole HELLO frame (20 bytes) into out. Returns 20 or SHMIPC_EMSGSIZE (cap too small). */
+long shmipc__sf_encode_hello(void *out, size_t cap, uint32_t features, uint32_t concurrency);
 
 /*
  * A header and its payload as two iovecs (iov[0] = hdr, iov[1] = data), for writev-style

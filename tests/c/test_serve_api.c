@@ -452,7 +452,9 @@ static void test_type_names(void **state)
     assert_string_equal(shmipc_serve_type_name(SHMIPC_SERVE_REQUEST_HEAD), "REQUEST_HEAD");
     assert_string_equal(shmipc_serve_type_name(SHMIPC_SERVE_RESPONSE_HEAD), "RESPONSE_HEAD");
     assert_string_equal(shmipc_serve_type_name(SHMIPC_SERVE_WS_CLOSE), "WS_CLOSE");
-    assert_string_equal(shmipc_serve_type_name(SHMIPC_SERVE_WS_CLOSE + 1), "?");
+    assert_string_equal(shmipc_serve_type_name(SHMIPC_SERVE_HELLO), "HELLO");
+    assert_string_equal(shmipc_serve_type_name(SHMIPC_SERVE_TAKEN), "TAKEN");
+    assert_string_equal(shmipc_serve_type_name(SHMIPC_SERVE_TAKEN + 1), "?");
     assert_string_equal(shmipc_serve_type_name(UINT32_MAX), "?");
     assert_string_equal(shmipc_serve_type_name(0x100 + SHMIPC_SERVE_BODY), "?");
 }

@@ -264,6 +264,8 @@ static void test_body_end_abort_ws_round_trip(void **state)
          "bye",
          5}, /* 1000 LE */
         {SHMIPC__SF_WS_CLOSE, 0, "", 0},
+        {SHMIPC__SF_TAKEN, 0, "", 0},
+        {SHMIPC__SF_HELLO, 0, "\1\0\0\0\0\0\0\0", 8},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint8_t hdr[SHMIPC__SF_HDR_SIZE], buf[64];
@@ -326,7 +328,7 @@ static void test_bad_frames(void **state)
     assert_int_equal(shmipc__sf_decode("SW", 2, &f), SHMIPC_EPROTO);
     assert_int_equal(shmipc__sf_decode("SV\x02", 3, &f), SHMIPC_EPROTO);
     assert_int_equal(shmipc__sf_decode("SV\x01\x00", 4, &f), SHMIPC_EPROTO);
-    assert_int_equal(shmipc__sf_decode("SV\x01\x0a", 4, &f), SHMIPC_EPROTO);
+    assert_int_equal(shmipc__sf_decode("SV\x01\x0c", 4, &f), SHMIPC_EPROTO);
     assert_int_equal(shmipc__sf_decode("SV\x01\x02", 4, &f), 0);
     /* A close code that is reserved, in a hand-made frame. */
     assert_int_equal(shmipc__sf_decode("SV\x01\x09\x02\0\0\0\0\0\0\0\xee\x03", 14, &f),
@@ -357,7 +359,7 @@ static void test_bad_frames(void **state)
     assert_int_equal(shmipc__sf_encode_request_head(buf, sizeof(buf), &r, req_fields),
                      SHMIPC_EINVAL);
     r = sample_request();
-    r.flags |= 0x40; /* unknown */
+    r.flags |= 0x80; /* unknown */
     assert_int_equal(shmipc__sf_encode_request_head(buf, sizeof(buf), &r, req_fields),
                      SHMIPC_EINVAL);
     r = sample_request();
@@ -602,6 +604,45 @@ static void test_stream_of_frames(void **state)
     assert_string_equal(shmipc__sf_type_name(99), "?");
 }
 
+/* HELLO and TAKEN (docs/serve.md, "HELLO and TAKEN"): exact shapes, anything else refused. */
+static void test_hello_and_taken(void **state)
+{
+    (void)state;
+    uint8_t buf[64];
+    assert_int_equal(shmipc__sf_encode_hello(buf, 19, 1, 1), SHMIPC_EMSGSIZE);
+    long n = shmipc__sf_encode_hello(buf, sizeof(buf), SHMIPC__SF_FEAT_TAKEN | 0x80000000u, 3);
+    assert_int_equal(n, 20);
+    struct shmipc__sf_frame f;
+    assert_int_equal(shmipc__sf_decode(buf, (size_t)n, &f), 20);
+    assert_int_equal(f.type, SHMIPC__SF_HELLO);
+    /* Feature bits this version does not know are kept: the receiver grants what it knows. */
+    assert_int_equal(f.u.hello.features, SHMIPC__SF_FEAT_TAKEN | 0x80000000u);
+    assert_int_equal(f.u.hello.concurrency, 3);
+    for (long k = 0; k < n; k++) /* every strict prefix: need more */
+        assert_int_equal(shmipc__sf_decode(buf, (size_t)k, &f), 0);
+    uint8_t hdr[SHMIPC__SF_HDR_SIZE];
+    /* HELLO: 8 bytes exactly, arg 0. */
+    assert_int_equal(shmipc__sf_encode_header(hdr, SHMIPC__SF_HELLO, 7, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__sf_encode_header(hdr, SHMIPC__SF_HELLO, 9, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__sf_encode_header(hdr, SHMIPC__SF_HELLO, 8, 1), SHMIPC_EINVAL);
+    buf[8] = 1; /* arg */
+    assert_int_equal(shmipc__sf_decode(buf, (size_t)n, &f), SHMIPC_EPROTO);
+    buf[8] = 0;
+    buf[4] = 9; /* length */
+    assert_int_equal(shmipc__sf_decode_header(buf, (size_t)n, &f), SHMIPC_EPROTO);
+    /* TAKEN: empty, arg 0. */
+    assert_int_equal(shmipc__sf_encode_header(hdr, SHMIPC__SF_TAKEN, 0, 0), 12);
+    assert_int_equal(shmipc__sf_decode(hdr, 12, &f), 12);
+    assert_int_equal(f.type, SHMIPC__SF_TAKEN);
+    assert_int_equal(shmipc__sf_encode_header(hdr, SHMIPC__SF_TAKEN, 1, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__sf_encode_header(hdr, SHMIPC__SF_TAKEN, 0, 2), SHMIPC_EINVAL);
+    hdr[3] = 12; /* a type past TAKEN */
+    assert_int_equal(shmipc__sf_decode_header(hdr, 12, &f), SHMIPC_EPROTO);
+    assert_string_equal(shmipc__sf_type_name(SHMIPC__SF_HELLO), "HELLO");
+    assert_string_equal(shmipc__sf_type_name(SHMIPC__SF_TAKEN), "TAKEN");
+    assert_string_equal(shmipc__sf_type_name(12), "?");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -610,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_response_head_round_trip),
         cmocka_unit_test(test_body_end_abort_ws_round_trip),
         cmocka_unit_test(test_bad_frames),
+        cmocka_unit_test(test_hello_and_taken),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_stream_of_frames),
         cmocka_unit_test(test_http_request_to_head),
