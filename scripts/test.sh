@@ -12,7 +12,7 @@ failed_steps=()
 step() { # step NAME COMMAND...: runs a step, remembering a failure instead of stopping
   local name=$1
   shift
-  echo "==> $name"
+  echo "==> $name (at $(date -u +%T), ${SECONDS}s into the run)"
   "$@" || failed_steps+=("$name")
 }
 
@@ -50,7 +50,7 @@ step "Lua suite" bash -c "set -o pipefail; LUA_CPATH='$root/build/lua/?.so;;' \
 install_route() { # install_route NAME COMMAND...: a step whose outcome is also counted
   local name=$1
   shift
-  echo "==> install: $name"
+  echo "==> install: $name (at $(date -u +%T), ${SECONDS}s into the run)"
   if "$@"; then echo "ok $name" >>"$results/install.txt"; else
     echo "not ok $name" >>"$results/install.txt"
     failed_steps+=("install: $name")
