@@ -48,14 +48,16 @@ def free_port():
 class Serve:
     """shmipc-serve running an app from tmp_path; stderr is collected on a thread."""
 
-    def __init__(self, tmp_path, *flags, workers=2, app=("cliapp:app",), chdir=None):
+    def __init__(self, tmp_path, *flags, workers=2, app=("cliapp:app",), chdir=None, cpus=None,
+                 env=None):
         (tmp_path / "cliapp.py").write_text(APP)
         self.port = free_port()
         self.p = subprocess.Popen(
             [SERVE, *app, "--chdir", str(chdir or tmp_path), "--listen", f"127.0.0.1:{self.port}",
              "--workers", str(workers), "--python", "/usr/bin/python3", "--graceful-timeout", "10",
              *flags],
-            env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            env={**python_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
         self.err = []
         self.listening = threading.Event()
         self.t = threading.Thread(target=self._read, daemon=True)
@@ -472,6 +474,33 @@ def test_workers_end_when_the_supervisor_is_killed(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+def spin_env(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    return env.get(b"SHMIPC_SPIN_US")
+
+
+@pytest.mark.parametrize("cpus,user,want", [
+    ({0}, None, b"0"),     # one CPU: the front and its workers never spin
+    ({0}, "20", b"20"),    # unless the user said otherwise
+    (None, None, None),    # more CPUs: the library's default, untouched
+])
+def test_one_cpu_means_no_spin(tmp_path, cpus, user, want):
+    if cpus is None and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this machine has one CPU")
+    if python_env().get("SHMIPC_SPIN_US") is not None:
+        pytest.skip("SHMIPC_SPIN_US is set around the tests")
+    s = Serve(tmp_path, workers=1, cpus=cpus, env=None if user is None else {"SHMIPC_SPIN_US": user})
+    try:
+        # The workers' environment as they were started (the supervisor's own setenv does not
+        # show in its /proc/PID/environ, which is its environment at exec).
+        pids = s.worker_pids(1)
+        assert [spin_env(pid) for pid in pids] == [want]
+        assert s.request("GET", "/")[0] == 200
+    finally:
+        s.stop()
 
 
 def test_worker_whose_parent_is_not_the_one_named_serves_nothing(tmp_path):
