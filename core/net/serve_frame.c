@@ -43,8 +43,8 @@ static void put64(uint8_t *p, uint64_t v)
 const char *shmipc__sf_type_name(unsigned type)
 {
     static const char *const names[] = {
-        NULL,    "REQUEST_HEAD", "BODY",    "END",     "RESPONSE_HEAD",
-        "ABORT", "WS_DATA",      "WS_PING", "WS_PONG", "WS_CLOSE", "HELLO", "TAKEN",
+        NULL,      "REQUEST_HEAD", "BODY",    "END",      "RESPONSE_HEAD", "ABORT",
+        "WS_DATA", "WS_PING",      "WS_PONG", "WS_CLOSE", "HELLO",         "TAKEN",
     };
     return type >= 1 && type <= SHMIPC__SF_TYPE_MAX ? names[type] : "?";
 }
