@@ -786,6 +786,33 @@ static void send_500(shmipc_serve_exchange *x)
         drain(x);
 }
 
+/*
+ * The front's HELLO (docs/serve.md, "HELLO and TAKEN"): granted, of what it offers, what this
+ * worker does (TAKEN), with a concurrency of 1 (a handler runs one request at a time).
+ */
+static int hello(shmipc_serve_exchange *x, const shmipc_serve_frame *f)
+{
+    const void *p;
+    uint8_t out[SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_HELLO_SIZE];
+    if (read_exact(x, f->length, &p, 0) < 0) {
+        lost(x);
+        return SHMIPC_SERVE_OUTCOME_ABORTED;
+    }
+    const uint8_t *b = p;
+    uint32_t offered =
+        (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    shmipc_stream_release(x->st);
+    uint32_t w[2] = {offered & SHMIPC_SERVE_FEAT_TAKEN, 1};
+    if (shmipc_serve_encode_header(out, sizeof out, SHMIPC_SERVE_HELLO, SHMIPC_SERVE_HELLO_SIZE,
+                                   0) < 0)
+        return SHMIPC_SERVE_OUTCOME_PROTOCOL;
+    for (int i = 0; i < 8; i++)
+        out[SHMIPC_SERVE_HDR_SIZE + i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+    if (send_now(x, out, sizeof out, NULL, 0) < 0)
+        return SHMIPC_SERVE_OUTCOME_ABORTED;
+    return SHMIPC_SERVE_OUTCOME_HELLO;
+}
+
 /* Reads the REQUEST_HEAD whole into *head (malloc'd); an outcome when there is none. */
 static int read_head(shmipc_serve_exchange *x, uint8_t **head, shmipc_serve_request *req)
 {
@@ -801,6 +828,8 @@ static int read_head(shmipc_serve_exchange *x, uint8_t **head, shmipc_serve_requ
         skip(x, f.length);
         return SHMIPC_SERVE_OUTCOME_LATE;
     }
+    if (f.type == SHMIPC_SERVE_HELLO)
+        return hello(x, &f);
     if (f.type != SHMIPC_SERVE_REQUEST_HEAD) {
         x->protocol = 1;
         return SHMIPC_SERVE_OUTCOME_PROTOCOL;
@@ -850,6 +879,16 @@ SHMIPC_API int shmipc_serve_handle_stream(shmipc_stream *st, shmipc_serve_handle
     if (outcome != -1)
         goto out;
     x.req = &req;
+    if (req.flags & SHMIPC_SERVE_REQ_TAKEN_WANTED) {
+        /* TAKEN out before the handler runs: the front resends a request it never saw TAKEN
+         * for, so one that cannot be said taken is not run. */
+        uint8_t taken[SHMIPC_SERVE_HDR_SIZE];
+        shmipc_serve_encode_header(taken, sizeof taken, SHMIPC_SERVE_TAKEN, 0, 0);
+        if (send_now(&x, taken, sizeof taken, NULL, 0) < 0) {
+            outcome = SHMIPC_SERVE_OUTCOME_ABORTED;
+            goto out;
+        }
+    }
     int rc = handler(&x, user_data);
     if (x.ws) {
         outcome = ws_finish(&x, rc);

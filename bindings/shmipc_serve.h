@@ -283,6 +283,7 @@ typedef int (*shmipc_serve_handler)(shmipc_serve_exchange *x, void *user_data);
 #define SHMIPC_SERVE_OUTCOME_ERROR    2 /**< the handler failed: 500 or ABORT WORKER_ERROR sent */
 #define SHMIPC_SERVE_OUTCOME_ABORTED  3 /**< the front aborted, or its stream or session ended */
 #define SHMIPC_SERVE_OUTCOME_PROTOCOL 4 /**< the front sent a bad frame: ABORT PROTOCOL sent */
+#define SHMIPC_SERVE_OUTCOME_HELLO    5 /**< the front's HELLO, answered: not a request */
 
 /**
  * Serves the one request of stream `st` (a stream a front opened on a worker's session) with

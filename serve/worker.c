@@ -61,7 +61,7 @@ struct worker {
     void *data;
     pthread_mutex_t mu; /* one request at a time per process */
     unsigned long long served, max_requests;
-    unsigned long long counts[5]; /* by SHMIPC_SERVE_OUTCOME_* */
+    unsigned long long counts[6]; /* by SHMIPC_SERVE_OUTCOME_* */
 };
 
 struct session_thread {
@@ -150,9 +150,9 @@ static void *serve_session(void *arg)
             break;
         }
         int outcome = shmipc_serve_handle_stream(st, w->fn, w->data);
-        if (outcome >= 0 && outcome < 5)
+        if (outcome >= 0 && outcome < 6)
             w->counts[outcome]++;
-        if (outcome != SHMIPC_SERVE_OUTCOME_LATE) {
+        if (outcome != SHMIPC_SERVE_OUTCOME_LATE && outcome != SHMIPC_SERVE_OUTCOME_HELLO) {
             w->served++;
             if (w->max_requests && w->served >= w->max_requests)
                 stop_now();

@@ -299,6 +299,8 @@ class ASGIHandler:
             raw, (typ, length, arg) = ex.read_frame_header()
             if typ == sf.ABORT:
                 return "late"  # as in WSGIHandler._handle
+            if typ == sf.HELLO:
+                return ex.answer_hello(length)  # one request at a time, as the WSGI worker
             if typ != sf.REQUEST_HEAD:
                 raise ProtocolViolation(f"a frame of type {typ} before the request head")
             payload = ex.st.readexactly(length)
@@ -307,6 +309,7 @@ class ASGIHandler:
             except sf.FrameError as e:
                 raise ProtocolViolation(str(e)) from None
             ex.head(arg, payload)
+            ex.taken(arg)
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
             ex.abort(sf.ABORT_PROTOCOL, str(e))

@@ -39,7 +39,7 @@ class Worker:
 
     ``Worker(app, "unix:@name")``; ``serve_forever()`` blocks; ``stop()`` (any thread, or a
     signal handler) makes it return after the request in progress. ``counts`` holds the
-    outcomes so far (ok, error, aborted, protocol, and late: a stream that held only a late
+    outcomes so far (ok, error, aborted, protocol; hello: the front's HELLO answered; and late: a stream that held only a late
     ABORT for an exchange already over).
 
     ``max_requests`` (0: no limit): stop after the request that makes this many served (a
@@ -61,7 +61,7 @@ class Worker:
             config = shmipc.Config(memory_wait=True)
         self.listener = shmipc.Listener(address, config)
         self.address = self.listener.address
-        self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0}
+        self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0, "hello": 0}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._sessions = set()
@@ -119,7 +119,7 @@ class Worker:
                         return
                     outcome = self.handler.handle(st)
                     self.counts[outcome] += 1
-                    if outcome != "late":
+                    if outcome not in ("late", "hello"):
                         self.served += 1
                         if self.max_requests and self.served >= self.max_requests:
                             self.stop()

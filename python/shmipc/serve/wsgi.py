@@ -78,6 +78,22 @@ class _Exchange:
         if flags & sf.REQ_CONTENT_LENGTH:
             self.expect = int.from_bytes(payload[12:20], "little")
 
+    def answer_hello(self, length):
+        """The front's HELLO, its header read (docs/serve.md, "HELLO and TAKEN"): granted, of
+        what it offers, what this worker does (TAKEN), with a concurrency of 1 (the worker runs
+        one request at a time). Not a request: "hello"."""
+        offered = int.from_bytes(self.st.readexactly(length)[:4], "little")
+        grant = (offered & sf.FEAT_TAKEN).to_bytes(4, "little") + (1).to_bytes(4, "little")
+        self.send(sf.encode_frame(sf.HELLO, grant))
+        return "hello"
+
+    def taken(self, flags):
+        """TAKEN, before the application runs, when the front asked for it: the front gives a
+        request it never saw TAKEN for to another worker, so one that cannot be said taken
+        (the send fails) is not run."""
+        if flags & sf.REQ_TAKEN_WANTED:
+            self.send(sf.encode_frame(sf.TAKEN))
+
     def read_frame_header(self, nonblock=False):
         raw = self.st.readexactly(sf.HDR_SIZE, nonblock=nonblock)
         if raw is None:
@@ -420,6 +436,8 @@ class WSGIHandler:
                 # sent it before it saw our END, and shmipc delivers data for a closed
                 # stream id as a new stream. Nothing to do.
                 return "late"
+            if typ == sf.HELLO:
+                return ex.answer_hello(length)
             if typ != sf.REQUEST_HEAD:
                 raise ProtocolViolation(f"a frame of type {typ} before the request head")
             payload = ex.st.readexactly(length)
@@ -428,6 +446,7 @@ class WSGIHandler:
             except sf.FrameError as e:
                 raise ProtocolViolation(str(e)) from None
             ex.head(flags, payload)
+            ex.taken(flags)
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
             ex.abort(sf.ABORT_PROTOCOL, str(e))
