@@ -82,6 +82,16 @@ TARGETS = {
         _serve_exe(), "serve_app:app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
         "--workers", str(w), "--python", PY], lambda: None if _serve_exe() else
         "shmipc-serve is not built", {"SHMIPC_SPIN_US": "0"}),
+    # --pipeline 4: with every worker busy, up to 4 requests wait in each worker's own queue
+    # (docs/serve.md, "HELLO and TAKEN"), so a worker takes the next without sleeping.
+    "shmipc-serve-wsgi-pipe4": ("ours", lambda p, w: [
+        _serve_exe(), "serve_app:app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
+        "--workers", str(w), "--python", PY, "--pipeline", "4"], lambda: None if _serve_exe()
+        else "shmipc-serve is not built"),
+    "shmipc-serve-asgi-pipe4": ("ours", lambda p, w: [
+        _serve_exe(), "--asgi", "serve_app:asgi", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
+        "--workers", str(w), "--python", PY, "--pipeline", "4"], lambda: None if _serve_exe()
+        else "shmipc-serve is not built"),
     "shmipc-serve-lua": ("ours", lambda p, w: [
         _serve_exe(), "--lua", "serve_app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
         "--workers", str(w)], lambda: None if _serve_worker_exe() else
@@ -410,7 +420,9 @@ def run(args):
 
 # The targets of issue 22, item 6: (ours, peer, what, the bar).
 BARS = [("shmipc-serve-wsgi", "uwsgi", "req/s", 3.0),
-        ("shmipc-serve-asgi", "uvicorn-uvloop", "req/s", 1.5)]
+        ("shmipc-serve-wsgi-pipe4", "uwsgi", "req/s", 3.0),
+        ("shmipc-serve-asgi", "uvicorn-uvloop", "req/s", 1.5),
+        ("shmipc-serve-asgi-pipe4", "uvicorn-uvloop", "req/s", 1.5)]
 ADAPTERS = [("inproc-wsgi", "inproc-native"), ("inproc-asgi", "inproc-native"),
             ("inproc-asgi-uvloop", "inproc-native")]
 

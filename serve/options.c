@@ -12,6 +12,7 @@
 #include "options_int.h"
 
 #include "shmipc.h"
+#include "serve/front.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -58,6 +59,7 @@ enum field {
     F_MAX_REQUESTS,
     F_TIMEOUT,
     F_QUEUE,
+    F_PIPELINE,
     F_GRACEFUL,
     F_ACCESS_LOG,
     F_FORMAT,
@@ -81,6 +83,7 @@ static const struct opt opts[] = {
     {"max-requests", T_UINT, F_MAX_REQUESTS, 0, SHMIPC__SERVE_MAX_MAX_REQUESTS, 1},
     {"timeout", T_SECONDS, F_TIMEOUT, 0, SHMIPC__SERVE_MAX_SECONDS_MS, 1},
     {"queue", T_UINT, F_QUEUE, 0, SHMIPC__SERVE_MAX_QUEUE, 1},
+    {"pipeline", T_UINT, F_PIPELINE, 1, SHMIPC__FRONT_MAX_PIPELINE, 1},
     {"graceful-timeout", T_SECONDS, F_GRACEFUL, 1, SHMIPC__SERVE_MAX_SECONDS_MS, 1},
     {"access-log", T_STR, F_ACCESS_LOG, 0, 0, 1},
     {"access-log-format", T_FORMAT, F_FORMAT, 0, 0, 1},
@@ -154,6 +157,7 @@ int shmipc__serve_options_init(shmipc__serve_options *o)
     o->threads = 1;
     o->timeout_ms = 60000;
     o->queue = 1024;
+    o->pipeline = SHMIPC__FRONT_DEFAULT_PIPELINE;
     o->graceful_timeout_ms = 30000;
     o->access_log_format = SHMIPC__ACCESS_COMMON;
     o->listen = strdup("127.0.0.1:8000");
@@ -452,6 +456,8 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
             o->threads = (unsigned)n;
         else if (op->arg == F_QUEUE)
             o->queue = (unsigned)n;
+        else if (op->arg == F_PIPELINE)
+            o->pipeline = (unsigned)n;
         else
             o->max_requests = n;
         return 0;
@@ -780,6 +786,8 @@ const char *shmipc__serve_usage(void)
            "  --max-requests N         a worker is replaced after N requests (0: never)\n"
            "  --timeout S              request deadline in seconds, then 504 (60; 0: none)\n"
            "  --queue N                requests waiting for a free worker, then 503 (1024)\n"
+           "  --pipeline N             requests in flight per worker when all are busy, 1 .. 16 "
+           "(1)\n"
            "  --graceful-timeout S     SIGTERM to SIGKILL on stop and reload (30)\n"
            "  --access-log PATH|-      log each request to PATH or stdout (none)\n"
            "  --access-log-format F    common or json (common)\n"

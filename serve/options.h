@@ -41,6 +41,7 @@ typedef struct shmipc__serve_options {
     uint64_t max_requests;        /* 0: no recycling */
     uint32_t timeout_ms;          /* the request deadline (504); 0: none; default 60 s */
     unsigned queue;               /* requests waiting for a worker before 503; default 1024 */
+    unsigned pipeline;            /* requests in flight per TAKEN worker, 1..16; default 1 */
     uint32_t graceful_timeout_ms; /* 1 ms .. 1 day; default 30 s */
     char *access_log;             /* NULL: none; "-": stdout */
     int access_log_format;        /* enum shmipc__access_format_kind; default common */

@@ -320,8 +320,14 @@ static int take_recv_locked(shmipc_session *s, ssize_t n, int err, size_t space,
     if (n < 0) {
         if (err == EAGAIN || err == EINTR)
             return 0;
-        if (err == ECONNRESET)
+        if (err == ECONNRESET) {
+            /* As for a close: a peer that died with our bytes unread in its socket resets
+             * it; what it put in the queue before is still its word (a shmipc-serve worker's
+             * TAKEN: the front must not resend a request the worker took). */
+            if ((rc = shmipc__session_drain_queue_locked(s, events)) < 0)
+                return rc;
             return shmipc__fail(SHMIPC_ECONNRESET, "session: connection reset by peer");
+        }
         return shmipc__fail_errno(err, "session: recv");
     }
     s->rlen += (size_t)n;

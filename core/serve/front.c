@@ -92,13 +92,14 @@ static int thread_end(struct shmipc__loop *loop, unsigned index, unsigned nworke
     }
     for (unsigned i = 0; i < t->nsess; i++) {
         struct fsess *fs = t->sess[i];
-        if (fs->active != NULL) {
-            struct freq *r = fs->active;
-            fs->active = NULL;
-            atomic_store(&fs->w->busy, 0);
+        while (fs->nact > 0) {
+            struct freq *r = fs->act[0];
+            shmipc__front_fs_detach(fs, r);
             shmipc__front_req_free(r);
         }
         shmipc__timer_stop(&fs->timer);
+        if (fs->hello != NULL)
+            shmipc__stream_close_handle(fs->hello);
         if (fs->s != NULL) {
             shmipc__watch_free(fs->watch);
             shmipc__session_close(fs->s);
@@ -172,7 +173,7 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
         return rc;
     if ((opts->deadline_ms > 3600000u && opts->deadline_ms != SHMIPC__FRONT_NO_DEADLINE) ||
         opts->connect_ms > 3600000u || opts->max_response > SHMIPC__FRONT_LIMIT_RESPONSE ||
-        opts->queue_max > (1u << 24))
+        opts->queue_max > (1u << 24) || opts->pipeline > SHMIPC__FRONT_MAX_PIPELINE)
         return shmipc__fail(SHMIPC_ERANGE, "front_new: a deadline, timeout or limit too large");
     if ((f = calloc(1, sizeof *f)) == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "front_new");
@@ -182,6 +183,7 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
                      : opts->deadline_ms                            ? opts->deadline_ms
                                          : SHMIPC__FRONT_DEFAULT_DEADLINE;
     f->connect_ms = opts->connect_ms ? opts->connect_ms : SHMIPC__FRONT_DEFAULT_CONNECT;
+    f->pipeline = opts->pipeline ? opts->pipeline : SHMIPC__FRONT_DEFAULT_PIPELINE;
     f->max_response = opts->max_response ? opts->max_response : SHMIPC__FRONT_DEFAULT_RESPONSE;
     f->alog = opts->access_log;
     pthread_mutex_init(&f->mu, NULL);
@@ -287,6 +289,7 @@ int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out
                         : ws->sessions > 0        ? SHMIPC__FRONT_WORKER_UP
                                                   : SHMIPC__FRONT_WORKER_DOWN;
             ws->in_flight = (unsigned)atomic_load(&w->busy);
+            ws->taken = atomic_load(&w->taken);
             ws->served = atomic_load(&w->served);
             ws->failures = atomic_load(&w->failures);
         }

@@ -36,13 +36,17 @@
 struct shmipc_server;
 struct shmipc__front;
 
-#define SHMIPC__FRONT_MAX_WORKERS      64u          /* application workers in one set */
-#define SHMIPC__FRONT_MAX_ADDRESS      107u         /* bytes of a worker's shmipc address */
-#define SHMIPC__FRONT_DEFAULT_QUEUE    1024u        /* requests waiting for a worker, in all */
-#define SHMIPC__FRONT_DEFAULT_DEADLINE 30000u       /* ms per request, from its arrival */
-#define SHMIPC__FRONT_NO_DEADLINE      UINT32_MAX   /* deadline_ms: requests wait for ever */
-#define SHMIPC__FRONT_DEFAULT_CONNECT  1000u        /* ms for a session's connect and handshake */
-#define SHMIPC__FRONT_DEFAULT_RESPONSE (64u << 20)  /* bytes of a response body */
+#define SHMIPC__FRONT_MAX_WORKERS      64u         /* application workers in one set */
+#define SHMIPC__FRONT_MAX_ADDRESS      107u        /* bytes of a worker's shmipc address */
+#define SHMIPC__FRONT_DEFAULT_QUEUE    1024u       /* requests waiting for a worker, in all */
+#define SHMIPC__FRONT_DEFAULT_DEADLINE 30000u      /* ms per request, from its arrival */
+#define SHMIPC__FRONT_NO_DEADLINE      UINT32_MAX  /* deadline_ms: requests wait for ever */
+#define SHMIPC__FRONT_DEFAULT_CONNECT  1000u       /* ms for a session's connect and handshake */
+#define SHMIPC__FRONT_DEFAULT_RESPONSE (64u << 20) /* bytes of a response body */
+/* Requests in flight per worker whose sessions granted TAKEN (docs/serve.md, "HELLO and
+ * TAKEN"): 1 is one at a time; the most is SHMIPC__FRONT_MAX_PIPELINE. */
+#define SHMIPC__FRONT_DEFAULT_PIPELINE 1u
+#define SHMIPC__FRONT_MAX_PIPELINE     16u
 #define SHMIPC__FRONT_LIMIT_RESPONSE   (1ull << 32) /* most max_response may be */
 #define SHMIPC__FRONT_DRAIN_MS         5000u        /* after the front's ABORT, at most */
 #define SHMIPC__FRONT_BACKOFF_MIN_MS   20u          /* first reconnect after a session ended */
@@ -60,6 +64,7 @@ struct shmipc__front_opts {
     uint32_t deadline_ms;       /* 0: the default; up to 3600000, or SHMIPC__FRONT_NO_DEADLINE */
     uint32_t connect_ms;        /* 0: the default; up to 3600000 */
     uint64_t max_response;      /* 0: the default; response bytes held at once, up to the limit */
+    uint32_t pipeline;          /* 0: the default; requests in flight per TAKEN worker, 1..16 */
     const shmipc_config *ipc;   /* the sessions' config (copied); NULL: defaults */
     /* One line per finished request (serve/access_log.h), written from each reactor thread's
      * buffer; NULL: none. Borrowed: it outlives the front. */
@@ -76,7 +81,8 @@ struct shmipc__front_worker_stats {
     char address[SHMIPC__FRONT_MAX_ADDRESS + 1];
     int state;          /* SHMIPC__FRONT_WORKER_* */
     unsigned sessions;  /* threads with a live session to it */
-    unsigned in_flight; /* 0 or 1: its busy flag */
+    unsigned in_flight; /* requests in flight to it: at most 1, or the pipeline with TAKEN */
+    unsigned taken;     /* of its sessions, those whose HELLO granted TAKEN */
     uint64_t served;    /* responses relayed */
     uint64_t failures;  /* 502s: session ended, stream ended, bad frame, too large */
 };

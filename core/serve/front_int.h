@@ -50,7 +50,9 @@
 struct fworker {
     struct fworker *next; /* every worker the front ever had: freed with the front */
     char addr[SHMIPC__FRONT_MAX_ADDRESS + 1];
-    atomic_int busy;        /* claimed by one request */
+    atomic_int busy;        /* requests in flight to it (over all threads' sessions) */
+    atomic_int solo;        /* of those, ones nothing may be pipelined behind (upload, WS) */
+    atomic_uint taken;      /* sessions whose HELLO granted TAKEN */
     atomic_uint sessions;   /* threads with a live session to it */
     atomic_int current;     /* in the current set */
     atomic_ullong served;   /* responses relayed */
@@ -65,8 +67,14 @@ struct fsess {
     struct fworker *w;
     shmipc_session *s; /* NULL while down */
     struct shmipc__watch *watch;
-    struct freq *active; /* the request it serves, holding w->busy */
-    int retired;         /* w left the set: closed once idle */
+    /* The requests in flight on this session, oldest first, each holding one of w->busy:
+     * one at a time, or up to the front's pipeline on a session that granted TAKEN. */
+    struct freq *act[SHMIPC__FRONT_MAX_PIPELINE];
+    unsigned nact;
+    uint8_t taken_ok;     /* its HELLO granted TAKEN (docs/serve.md, "HELLO and TAKEN") */
+    shmipc_stream *hello; /* the HELLO's stream until the worker's answer came */
+    uint8_t down;         /* shmipc__front_fs_down() is deciding its requests' fate */
+    int retired;          /* w left the set: closed once idle */
     uint32_t backoff_ms;
     struct shmipc__timer timer; /* reconnect */
     /* A connect the thread's connector runs: the fsess stays linked (never freed) until the
@@ -148,6 +156,9 @@ struct freq {
     uint8_t *up_buf; /* the copy of what the stream could not take (one piece at most) */
     size_t up_buf_len;
     uint8_t ws;            /* a WebSocket handshake (REQUEST_HEAD with UPGRADE) */
+    uint8_t want_taken;    /* sent with TAKEN_WANTED: the worker says TAKEN before it runs it */
+    uint8_t taken;         /* its TAKEN came: never resent (the worker may have acted on it) */
+    uint8_t solo;          /* counted in w->solo: nothing is pipelined behind it */
     struct fws *wsx;       /* after the 101: the relay's state (front_ws.c) */
     uint64_t rtotal;       /* body bytes streamed */
     unsigned rstatus;      /* streaming: the status its head sent (the access log's) */
@@ -176,7 +187,7 @@ struct freq {
 };
 
 struct shmipc__front {
-    uint32_t queue_max, deadline_ms, connect_ms;
+    uint32_t queue_max, deadline_ms, connect_ms, pipeline;
     uint64_t max_response;
     shmipc_config *ipc;
     struct shmipc_server *srv;
@@ -223,7 +234,10 @@ void shmipc__front_fs_down(struct fsess *fs, int rc);
 void shmipc__front_refresh(struct fthread *t, int connect_now);
 void shmipc__front_connector_init(struct fthread *t);
 void shmipc__front_connector_stop(struct fthread *t);
-struct fsess *shmipc__front_claim(struct fthread *t);
+struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r);
+void shmipc__front_fs_attach(struct fsess *fs, struct freq *r);
+int shmipc__front_fs_has(const struct fsess *fs, const struct freq *r);
+void shmipc__front_fs_detach(struct fsess *fs, struct freq *r);
 int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc);
 int shmipc__front_requeue(struct fthread *t, struct freq *r);
 void shmipc__front_pump(struct fthread *t);

@@ -128,11 +128,10 @@ static void held_add(struct shmipc__front *f, size_t n)
  * The worker is free again: the request is done with it. Other threads' waiting requests are
  * told through their eventfds when this thread has fewer waiting than all threads together.
  */
-static void release_worker(struct fthread *t, struct fsess *fs)
+static void release_worker(struct fthread *t, struct fsess *fs, struct freq *r)
 {
     struct shmipc__front *f = t->f;
-    fs->active = NULL;
-    atomic_store(&fs->w->busy, 0);
+    shmipc__front_fs_detach(fs, r);
     shmipc__front_kick(t);
     if (atomic_load(&f->queued) > atomic_load(&t->nwait)) {
         uint64_t one = 1;
@@ -151,8 +150,8 @@ static void release_worker(struct fthread *t, struct fsess *fs)
 void shmipc__front_req_done(struct freq *r)
 {
     struct fsess *fs = r->fs;
-    if (fs != NULL && fs->active == r)
-        release_worker(r->t, fs);
+    if (fs != NULL && shmipc__front_fs_has(fs, r))
+        release_worker(r->t, fs, r);
     shmipc__front_req_free(r);
 }
 
@@ -161,7 +160,7 @@ static void req_finish(struct freq *r)
 {
     struct fsess *fs = r->fs;
     shmipc__front_req_done(r);
-    if (fs != NULL && fs->retired && fs->active == NULL && fs->s != NULL)
+    if (fs != NULL && fs->retired && fs->nact == 0 && fs->s != NULL)
         shmipc__front_fs_down(fs, 0);
 }
 
@@ -566,7 +565,7 @@ static int may_resend(struct freq *r)
 {
     /* An upload is resent only when its whole body went with the head (kept, not uploading
      * any more), or none of it went. */
-    if (!r->live || r->got_head || r->streaming || r->no_retry || r->out == NULL ||
+    if (!r->live || r->got_head || r->taken || r->streaming || r->no_retry || r->out == NULL ||
         r->retries >= SHMIPC__FRONT_RETRIES || (r->uploading && r->body_len > 0))
         return 0;
     r->retries++;
@@ -577,22 +576,29 @@ static int may_resend(struct freq *r)
 }
 
 /*
- * The session ended under an ACTIVE request (shmipc__front_fs_down): whether the worker's
- * last word, not read yet, was ABORT SHUTDOWN before any answer, and the request may go to
- * another worker. Reads one frame header at most; the request is given up either way.
+ * The session ended under a request (shmipc__front_fs_down): whether the worker never took
+ * it, and it may go to another worker. Never taken: its flush was still waiting (SENDING);
+ * or the worker's last word, not read yet, was ABORT SHUTDOWN before any answer; or, asked
+ * for TAKEN, the worker sent nothing at all for it (its TAKEN, had it sent one before it
+ * ended, would be there: what a session received is read out of it before it is closed).
+ * Reads one frame header at most; the request is given up either way.
  */
 int shmipc__front_req_refused(struct freq *r)
 {
     const void *p;
     struct shmipc__sf_frame fh;
-    if (r->state != RQ_ACTIVE || r->st == NULL || r->have_hdr || r->got_head)
+    if (r->state == RQ_SENDING)
+        return may_resend(r);
+    if (r->state != RQ_ACTIVE || r->st == NULL || r->have_hdr || r->got_head || r->taken)
         return 0;
     if (shmipc__stream_read_exact(r->st, SHMIPC__SF_HDR_SIZE, &p, SHMIPC_NONBLOCK) < 0)
-        return 0;
+        return r->want_taken && may_resend(r);
     int rc = shmipc__sf_decode_header(p, SHMIPC__SF_HDR_SIZE, &fh);
     shmipc__stream_release(r->st);
-    return rc >= 0 && fh.type == SHMIPC__SF_ABORT && fh.arg == SHMIPC__SF_ABORT_SHUTDOWN &&
-           may_resend(r);
+    if (rc >= 0 && fh.type == SHMIPC__SF_TAKEN)
+        r->taken = 1; /* whatever follows: the worker may have acted on it */
+    return !r->taken && rc >= 0 && fh.type == SHMIPC__SF_ABORT &&
+           fh.arg == SHMIPC__SF_ABORT_SHUTDOWN && may_resend(r);
 }
 
 /* ---- reading the response ---- */
@@ -819,6 +825,10 @@ static int stream_start(struct freq *r)
         return -1;
     }
     r->rwant = SHMIPC__SERVER_STREAM_UNSIZED;
+    if (!r->solo && r->fs != NULL) { /* a response that streams may last: nothing more behind it */
+        r->solo = 1;
+        atomic_fetch_add(&r->fs->w->solo, 1);
+    }
     if (fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) {
         r->rwant = fr.u.resp.content_length;
         if (has_body(r, &fr) && r->rlen > r->rwant) {
@@ -950,6 +960,13 @@ void shmipc__front_req_read(struct freq *r)
         }
         r->have_hdr = 0;
         switch (r->fh.type) {
+        case SHMIPC__SF_TAKEN:
+            /* Only asked for, once, and before anything else of the worker's. */
+            shmipc__stream_release(r->st);
+            if (!r->want_taken || r->taken || r->got_head)
+                goto protocol;
+            r->taken = 1;
+            break;
         case SHMIPC__SF_RESPONSE_HEAD: {
             struct shmipc__sf_frame fr;
             uint8_t *copy = malloc(SHMIPC__SF_HDR_SIZE + (size_t)len);
@@ -1042,6 +1059,12 @@ ended:
     /* The stream or the session ended mid-request. */
     if (shmipc__session_status(r->fs->s) < 0) {
         shmipc__front_fs_down(r->fs, shmipc__session_status(r->fs->s));
+        return;
+    }
+    /* Closed by a worker that had not taken it (one dying closes its streams before its
+     * session): another worker gets it, and this session, which failed it, closes. */
+    if (r->want_taken && !r->taken && !r->have_hdr && !r->got_head && may_resend(r)) {
+        (void)shmipc__front_requeue_head(r->t, r, 0);
         return;
     }
     shmipc__front_answer_status(r, 502);
@@ -1159,11 +1182,10 @@ static int dispatch(struct freq *r)
 {
     struct fthread *t = r->t;
     struct shmipc__front *f = t->f;
-    struct fsess *fs = t->qhead == NULL ? shmipc__front_claim(t) : NULL;
+    struct fsess *fs = t->qhead == NULL ? shmipc__front_claim(t, r) : NULL;
     if (fs != NULL) {
-        r->fs = fs;
-        fs->active = r;
         r->state = RQ_ACTIVE;
+        shmipc__front_fs_attach(fs, r);
         int rc = shmipc__front_req_send(r);
         if (rc < 0 && shmipc__front_requeue_head(t, r, rc) < 0)
             return 503;

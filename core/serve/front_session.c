@@ -16,6 +16,8 @@
 
 /* ---- sessions ---- */
 
+static void fs_hello_read(struct fsess *fs);
+
 static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void *data)
 {
     struct fsess *fs = data;
@@ -31,15 +33,72 @@ static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void 
         shmipc__front_fs_down(fs, rc);
         return;
     }
-    struct freq *r = fs->active;
-    if (r == NULL)
+    /* Each request in flight reads what came for it. A read may end requests (this one, or
+     * all of them when the session goes down) and a freed worker may take another: each is
+     * looked up again before it is read, and one attached meanwhile waits for the next turn. */
+    if (fs->hello != NULL)
+        fs_hello_read(fs);
+    struct freq *snap[SHMIPC__FRONT_MAX_PIPELINE];
+    unsigned n = fs->nact;
+    memcpy(snap, fs->act, n * sizeof snap[0]);
+    for (unsigned i = 0; i < n; i++) {
+        struct freq *r = snap[i];
+        if (!shmipc__front_fs_has(fs, r))
+            continue;
+        if (r->state == RQ_ACTIVE)
+            shmipc__front_req_read(r);
+        else if (r->state == RQ_DRAINING)
+            shmipc__front_req_drain(r);
+        else if (r->state == RQ_WS)
+            (void)shmipc__front_ws_read(r);
+    }
+}
+
+/* ---- the requests in flight on a session ---- */
+
+int shmipc__front_fs_has(const struct fsess *fs, const struct freq *r)
+{
+    for (unsigned i = 0; i < fs->nact; i++)
+        if (fs->act[i] == r)
+            return 1;
+    return 0;
+}
+
+/*
+ * `r` goes on `fs` (claimed: it holds one of w->busy). Its REQUEST_HEAD asks for TAKEN on a
+ * session that granted it, and not on another (a request requeued from one may go to any).
+ */
+void shmipc__front_fs_attach(struct fsess *fs, struct freq *r)
+{
+    fs->act[fs->nact++] = r;
+    r->fs = fs;
+    r->taken = 0;
+    r->want_taken = fs->taken_ok;
+    if (r->out != NULL) { /* the arg's low byte holds the request flags */
+        if (fs->taken_ok)
+            r->out[8] |= (uint8_t)SHMIPC__SF_REQ_TAKEN_WANTED;
+        else
+            r->out[8] &= (uint8_t)~SHMIPC__SF_REQ_TAKEN_WANTED;
+    }
+    r->solo = r->uploading || r->ws;
+    if (r->solo)
+        atomic_fetch_add(&fs->w->solo, 1);
+}
+
+/* `r` leaves `fs`, and the worker has one request less in flight. */
+void shmipc__front_fs_detach(struct fsess *fs, struct freq *r)
+{
+    for (unsigned i = 0; i < fs->nact; i++) {
+        if (fs->act[i] != r)
+            continue;
+        memmove(&fs->act[i], &fs->act[i + 1], (fs->nact - i - 1) * sizeof fs->act[0]);
+        fs->nact--;
+        if (r->solo)
+            atomic_fetch_sub(&fs->w->solo, 1);
+        r->solo = 0;
+        atomic_fetch_sub(&fs->w->busy, 1);
         return;
-    if (r->state == RQ_ACTIVE)
-        shmipc__front_req_read(r);
-    else if (r->state == RQ_DRAINING)
-        shmipc__front_req_drain(r);
-    else if (r->state == RQ_WS)
-        (void)shmipc__front_ws_read(r);
+    }
 }
 
 static void fs_unlink(struct fsess *fs)
@@ -53,6 +112,71 @@ static void fs_unlink(struct fsess *fs)
     }
     shmipc__timer_stop(&fs->timer);
     free(fs);
+}
+
+/*
+ * The HELLO exchange (docs/serve.md, "HELLO and TAKEN"): offered as the session comes up, the
+ * answer read as it comes, on the loop like a response; until it does, the session carries
+ * one request at a time. A worker that does not know HELLO answers ABORT PROTOCOL (or closes
+ * the stream): no feature. A failure to offer it only means one request at a time.
+ */
+static void fs_hello_start(struct fsess *fs)
+{
+    uint8_t out[SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE];
+    fs->taken_ok = 0;
+    if (fs->t->f->pipeline < 2) /* one request at a time: nothing to ask */
+        return;
+    (void)shmipc__sf_encode_hello(out, sizeof out, SHMIPC__SF_FEAT_TAKEN, 0);
+    if (shmipc__session_open_stream(fs->s, &fs->hello) < 0)
+        return;
+    if (shmipc__stream_write(fs->hello, out, sizeof out) < 0 ||
+        shmipc__stream_flush(fs->hello) < 0) {
+        shmipc__stream_close_handle(fs->hello);
+        fs->hello = NULL;
+    }
+}
+
+static void fs_hello_end(struct fsess *fs)
+{
+    if (fs->hello != NULL)
+        shmipc__stream_close_handle(fs->hello);
+    fs->hello = NULL;
+}
+
+/*
+ * The worker's answer, once it is there whole: 20 bytes (a HELLO, or the start of anything
+ * else: an ABORT shorter than that ends with the stream's close, which ends this read too).
+ */
+static void fs_hello_read(struct fsess *fs)
+{
+    const void *p;
+    struct shmipc__sf_frame f;
+    int rc = shmipc__stream_read_exact(fs->hello, SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE, &p,
+                                       SHMIPC_NONBLOCK);
+    if (rc == SHMIPC_EAGAIN)
+        return;
+    if (rc >= 0) {
+        const uint8_t *b = (const uint8_t *)p + SHMIPC__SF_HDR_SIZE;
+        uint32_t grant =
+            (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        int hello = shmipc__sf_decode(p, SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE, &f) > 0 &&
+                    f.type == SHMIPC__SF_HELLO;
+        shmipc__stream_release(fs->hello);
+        if (hello && (grant & ~SHMIPC__SF_FEAT_TAKEN))
+            SHMIPC__LOG(SHMIPC__LOG_WARN, "front: worker %s granted features not offered (0x%x)",
+                        fs->w->addr, grant);
+        else if (hello && (grant & SHMIPC__SF_FEAT_TAKEN)) {
+            fs->taken_ok = 1;
+            atomic_fetch_add(&fs->w->taken, 1);
+        }
+        rc = hello ? 0 : -1;
+    }
+    if (rc < 0)
+        SHMIPC__LOG(SHMIPC__LOG_INFO, "front: worker %s does not know HELLO: one request at a time",
+                    fs->w->addr);
+    fs_hello_end(fs);
+    if (fs->taken_ok)
+        shmipc__front_kick(fs->t); /* waiting requests may go to it now */
 }
 
 /* What a connect gave: the session watched and the worker up, or a retry after the back-off. */
@@ -75,6 +199,7 @@ static void fs_connected(struct fsess *fs, shmipc_session *s, int rc)
     }
     fs->s = s;
     fs->backoff_ms = 0;
+    fs_hello_start(fs);
     atomic_fetch_add(&fs->w->sessions, 1);
     shmipc__front_kick(t);
 }
@@ -226,20 +351,41 @@ static void fs_timer(struct shmipc__timer *timer)
 }
 
 /*
- * The session ended (rc < 0), or a retired one closes (rc 0): its request is answered 502,
- * the worker freed; it reconnects after the back-off unless retired.
+ * The session ended (rc < 0), or a retired one closes (rc 0): each request in flight on it,
+ * oldest first, goes to another worker when the worker never took it (a refusal still unread
+ * in its stream, ABORT SHUTDOWN; or, on a session that granted TAKEN, no TAKEN came:
+ * shmipc__front_req_refused), else it is answered 502; the worker freed. The session
+ * reconnects after the back-off unless retired.
  */
 void shmipc__front_fs_down(struct fsess *fs, int rc)
 {
-    struct freq *r = fs->active;
-    /* A stopping worker may refuse the request (ABORT SHUTDOWN) and close its session in the
-     * same breath: the refusal, still unread in the stream, sends it to another worker. */
-    if (r != NULL && !(shmipc__front_req_refused(r) && shmipc__front_requeue(fs->t, r) == 0)) {
-        shmipc__front_answer_status(r, 502);
-        shmipc__front_req_done(r);
+    if (fs->down) /* from a read below: this call decides */
+        return;
+    fs->down = 1;
+    /* First what the worker sent before it ended: a response it finished is relayed, a TAKEN
+     * it sent is seen (a read that meets the end leaves the request here). */
+    struct freq *snap[SHMIPC__FRONT_MAX_PIPELINE];
+    unsigned n = fs->nact;
+    memcpy(snap, fs->act, n * sizeof snap[0]);
+    for (unsigned i = 0; i < n; i++)
+        if (shmipc__front_fs_has(fs, snap[i]) && snap[i]->state == RQ_ACTIVE)
+            shmipc__front_req_read(snap[i]);
+    while (fs->nact > 0) {
+        struct freq *r = fs->act[0];
+        if (!(shmipc__front_req_refused(r) && shmipc__front_requeue(fs->t, r) == 0)) {
+            shmipc__front_answer_status(r, 502);
+            shmipc__front_req_done(r);
+        }
+        if (fs->nact > 0 && fs->act[0] == r) /* never twice: it leaves whatever happened */
+            shmipc__front_fs_detach(fs, r);
     }
+    fs->down = 0;
     if (fs->s == NULL)
         return;
+    fs_hello_end(fs);
+    if (fs->taken_ok)
+        atomic_fetch_sub(&fs->w->taken, 1);
+    fs->taken_ok = 0;
     if (rc < 0)
         SHMIPC__LOG(SHMIPC__LOG_WARN, "front: worker %s: session ended (%s)", fs->w->addr,
                     shmipc__errname(rc));
@@ -304,7 +450,7 @@ void shmipc__front_refresh(struct fthread *t, int connect_now)
     /* Retired sessions close now when idle, else when their request ends. */
     for (unsigned i = 0; i < t->nsess;) {
         struct fsess *fs = t->sess[i];
-        if (fs->retired && fs->active == NULL && !fs->connecting) {
+        if (fs->retired && fs->nact == 0 && !fs->connecting) {
             if (fs->s != NULL)
                 shmipc__front_fs_down(fs, 0);
             else
@@ -315,19 +461,46 @@ void shmipc__front_refresh(struct fthread *t, int connect_now)
     }
 }
 
-/* A free worker this thread has a session to, claimed; NULL when none. */
-struct fsess *shmipc__front_claim(struct fthread *t)
+/* Whether `r` may wait in a worker's queue behind others: the front holds it whole (no body
+ * still to stream, a body it may resend), and it is no WebSocket. */
+static int pipelinable(const struct freq *r)
 {
+    return !r->uploading && !r->ws && !r->no_retry;
+}
+
+/*
+ * A worker this thread has a session to, claimed for `r` (one more of w->busy); NULL when
+ * none. A free worker first (round robin); when none is free and `r` may wait behind others,
+ * the least busy worker whose session granted TAKEN, below the front's pipeline and with
+ * nothing in flight that holds it whole (an upload, a WebSocket).
+ */
+struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
+{
+    struct fsess *best = NULL;
+    int best_n = 0;
     for (unsigned k = 0; k < t->nsess; k++) {
         struct fsess *fs = t->sess[(t->rr + k) % t->nsess];
         int zero = 0;
-        if (fs->s == NULL || fs->retired || fs->active != NULL)
+        if (fs->s == NULL || fs->retired || fs->nact == SHMIPC__FRONT_MAX_PIPELINE)
             continue;
         if (atomic_compare_exchange_strong(&fs->w->busy, &zero, 1)) {
             t->rr = (t->rr + k + 1) % t->nsess;
             return fs;
         }
+        int n = atomic_load(&fs->w->busy);
+        if (fs->taken_ok && n < (int)t->f->pipeline && atomic_load(&fs->w->solo) == 0 &&
+            (best == NULL || n < best_n)) {
+            best = fs;
+            best_n = n;
+        }
     }
+    if (best == NULL || !pipelinable(r) || t->f->pipeline < 2)
+        return NULL;
+    /* Another thread may have claimed it meanwhile: claimed only while still under the bar. */
+    int n = atomic_load(&best->w->busy);
+    while (n > 0 && n < (int)t->f->pipeline && atomic_load(&best->w->solo) == 0)
+        if (atomic_compare_exchange_weak(&best->w->busy, &n, n + 1))
+            return best;
     return NULL;
 }
 
@@ -339,10 +512,8 @@ struct fsess *shmipc__front_claim(struct fthread *t)
 int shmipc__front_requeue(struct fthread *t, struct freq *r)
 {
     struct fsess *fs = r->fs;
-    if (fs != NULL && fs->active == r) {
-        fs->active = NULL;
-        atomic_store(&fs->w->busy, 0);
-    }
+    if (fs != NULL)
+        shmipc__front_fs_detach(fs, r);
     r->fs = NULL;
     if (r->st != NULL) {
         shmipc__stream_close_handle(r->st);
@@ -393,7 +564,7 @@ void shmipc__front_pump(struct fthread *t)
     struct shmipc__front *f = t->f;
     shmipc__front_refresh(t, 0);
     while (t->qhead != NULL) {
-        struct fsess *fs = shmipc__front_claim(t);
+        struct fsess *fs = shmipc__front_claim(t, t->qhead);
         if (fs == NULL)
             return;
         struct freq *r = t->qhead;
@@ -403,9 +574,8 @@ void shmipc__front_pump(struct fthread *t)
         r->next = NULL;
         atomic_fetch_sub(&t->nwait, 1);
         atomic_fetch_sub(&f->queued, 1);
-        r->fs = fs;
-        fs->active = r;
         r->state = RQ_ACTIVE;
+        shmipc__front_fs_attach(fs, r);
         int rc = shmipc__front_req_send(r);
         if (rc < 0)
             (void)shmipc__front_requeue_head(t, r, rc); /* the body is a copy already */

@@ -389,10 +389,36 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         goto out;
     if (f.type == SHMIPC_SERVE_ABORT) /* a late ABORT for an exchange that ended here */
         goto out;
+    if (f.type == SHMIPC_SERVE_HELLO) {
+        uint8_t a[SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_HELLO_SIZE] = {0};
+        int64_t an;
+        bump(&w->hellos);
+        if (atomic_load(&w->taken)) {
+            shmipc_serve_encode_header(a, sizeof a, SHMIPC_SERVE_HELLO, 8, 0);
+            a[12] = (uint8_t)(f.payload[0] & SHMIPC_SERVE_FEAT_TAKEN);
+            a[16] = 1;
+            an = (int64_t)sizeof a;
+        } else { /* what a worker that does not know HELLO answers */
+            an = shmipc_serve_encode_frame(a, sizeof a, SHMIPC_SERVE_ABORT,
+                                           SHMIPC_SERVE_ABORT_PROTOCOL, NULL, 0);
+        }
+        shmipc_stream_write(st, a, (size_t)an);
+        shmipc_stream_flush(st);
+        goto out;
+    }
     shmipc_serve_request rq = {.size = sizeof rq};
     if (f.type != SHMIPC_SERVE_REQUEST_HEAD || shmipc_serve_decode_request(buf, n, &rq) <= 0) {
         bump(&w->bad);
         goto out;
+    }
+    if (rq.flags & SHMIPC_SERVE_REQ_TAKEN_WANTED) {
+        uint8_t tk[SHMIPC_SERVE_HDR_SIZE];
+        if (!atomic_load(&w->taken)) /* asked of a worker that never granted it */
+            bump(&w->bad);
+        shmipc_serve_encode_header(tk, sizeof tk, SHMIPC_SERVE_TAKEN, 0, 0);
+        if (shmipc_stream_write(st, tk, sizeof tk) < 0 || shmipc_stream_flush(st) < 0)
+            goto out; /* not said taken: not served (the front gives it to another) */
+        bump(&w->takens);
     }
     int is_head = rq.method_len == 4 && memcmp(rq.method, "HEAD", 4) == 0;
     tlen = rq.target_len < sizeof target ? rq.target_len : sizeof target - 1;
@@ -483,6 +509,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
             : tlen >= 7 && memcmp(target, "/refuse", 7) == 0 ? M_REFUSE
                                                              : atomic_load(&w->mode)) {
     case M_HOLD:
+        bump(&w->holding);
         latch_wait(w, &w->hold_open);
         /* fall through */
     case M_ECHO:

@@ -78,6 +78,12 @@ struct appw {
     atomic_int aborts[8];      /* ABORT reasons the front sent */
     atomic_int concurrent;     /* streams being served now */
     atomic_int max_concurrent;
+    /* HELLO and TAKEN (docs/serve.md): 0 answers HELLO with ABORT PROTOCOL, as a worker of an
+     * earlier revision; 1 grants TAKEN and sends it first on a request that wants it. */
+    atomic_int taken;
+    atomic_int hellos;   /* HELLOs answered */
+    atomic_int takens;   /* TAKENs sent */
+    atomic_int holding;  /* requests waiting on hold_open (M_HOLD) */
     atomic_int streamed; /* stream_mode bodies sent whole */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -139,6 +145,7 @@ struct xt {
 struct bg {
     int port;
     const char *target;
+    const char *method; /* NULL: GET */
     struct resp p;
     pthread_t th;
     int running; /* started, not joined */

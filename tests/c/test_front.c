@@ -261,7 +261,8 @@ static void *bg_main(void *arg)
     if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
         goto out;
     b->p.status = -1;
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\n\r\n", b->target);
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n",
+                     b->method != NULL ? b->method : "GET", b->target);
     if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n)
         goto out;
     for (;;) { /* until the server closes (a stop) or a whole short answer is here */
@@ -396,6 +397,159 @@ static void client_gone_abort(void **state)
     close(fd);
     fx_stop(x);
     appw_stop(w);
+}
+
+/* ---- several requests in flight per worker (docs/serve.md, "HELLO and TAKEN") ---- */
+
+/* Until worker `i` of the front has `in_flight` requests and the front `queued` waiting. */
+static int wait_pipeline(struct fx *x, unsigned i, unsigned in_flight, unsigned queued)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.w[i].in_flight == in_flight && st.queued == queued)
+            return 1;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    fprintf(stderr, "wait_pipeline: in flight %u (want %u), queued %u (want %u)\n",
+            st.w[i].in_flight, in_flight, st.queued, queued);
+    return 0;
+}
+
+/* Until `n` sessions to worker `i` have their HELLO answered granting TAKEN. */
+static int wait_taken(struct fx *x, unsigned i, unsigned n)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.w[i].taken >= n)
+            return 1;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    return 0;
+}
+
+static const char *const pipe_targets[] = {"/p0", "/p1", "/p2", "/p3", "/p4", "/p5", "/p6", "/p7"};
+
+/*
+ * Six requests to one held worker, pipeline 4: a worker that granted TAKEN gets four in flight
+ * (two wait in the front's queue), one of an earlier revision (HELLO answered ABORT PROTOCOL)
+ * one; every client gets its own answer once the worker goes on.
+ */
+static void pipeline_x(void **state, int taken)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    static struct bg b[6];
+    struct shmipc__front_opts o = {.pipeline = 4};
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->taken, taken);
+    atomic_store(&w->mode, M_HOLD);
+    fx_start(x, ws, 1, 1, &o);
+    assert_true(wait_for(&w->hellos, 1, WAIT_MS));
+    if (taken)
+        assert_true(wait_taken(x, 0, 1));
+    bg_start(&b[0], x->port, pipe_targets[0]);
+    assert_true(wait_for(&w->requests, 1, WAIT_MS)); /* the worker has the first, held */
+    for (int i = 1; i < 6; i++)
+        bg_start(&b[i], x->port, pipe_targets[i]);
+    assert_true(wait_pipeline(x, 0, taken ? 4 : 1, taken ? 2 : 5));
+    latch_set(w, &w->hold_open, 1);
+    for (int i = 0; i < 6; i++) {
+        char want[16];
+        bg_join(&b[i]);
+        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
+        assert_int_equal(b[i].p.status, 200);
+        assert_string_equal(b[i].p.body, want);
+        resp_free(&b[i].p);
+    }
+    assert_int_equal(atomic_load(&w->takens), taken ? 6 : 0);
+    assert_int_equal(atomic_load(&w->bad), 0);
+    assert_int_equal(atomic_load(&w->max_concurrent), 1); /* it served them one at a time */
+    fx_stop(x);
+    appw_stop(w);
+}
+
+static void pipeline_to_a_taken_worker(void **state)
+{
+    pipeline_x(state, 1);
+}
+
+static void pipeline_never_to_a_worker_without_hello(void **state)
+{
+    pipeline_x(state, 0);
+}
+
+/*
+ * Both workers busy with four requests each (pipeline 4), then w0 dies after taking its second
+ * one: its first was answered, each it took is a 502 (it may have acted on it), those it never
+ * took go to w1 (200), whatever their method. None is lost, none runs twice.
+ */
+static void pipeline_worker_dies_only_the_taken_one_502(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0], *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    static struct bg b[8];
+    static const char *const methods[] = {"GET", "POST", "DELETE", "PUT"};
+    struct shmipc__front_opts o = {.pipeline = 4};
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    for (int i = 0; i < 2; i++) {
+        atomic_store(&ws[i]->taken, 1);
+        atomic_store(&ws[i]->mode, M_HOLD);
+    }
+    fx_start(x, ws, 2, 1, &o);
+    assert_true(wait_taken(x, 0, 1) && wait_taken(x, 1, 1));
+    bg_start(&b[0], x->port, pipe_targets[0]);
+    bg_start(&b[1], x->port, pipe_targets[1]);
+    assert_true(wait_for(&w0->requests, 1, WAIT_MS) && wait_for(&w1->requests, 1, WAIT_MS));
+    /* Which worker holds which is the round robin's: find w0's four by their answers. */
+    for (int i = 2; i < 8; i++) {
+        b[i].method = methods[i % 4];
+        bg_start(&b[i], x->port, pipe_targets[i]);
+    }
+    assert_true(wait_pipeline(x, 0, 4, 0) && wait_pipeline(x, 1, 4, 0));
+    assert_true(wait_for(&w0->holding, 1, WAIT_MS)); /* its first is past the mode: answered */
+    appw_hold_accept(w0); /* once dead, w0 does not come back during the test */
+    atomic_store(&w0->mode, M_DIE);
+    latch_set(w0, &w0->hold_open, 1); /* its first answers, its second is taken, then it dies */
+    assert_true(wait_for(&w0->sessions_ended, 1, WAIT_MS));
+    latch_set(w1, &w1->hold_open, 1);
+    int ok = 0, bad_gateway = 0;
+    for (int i = 0; i < 8; i++) {
+        char want[16];
+        bg_join(&b[i]);
+        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
+        if (b[i].p.status == 200) {
+            assert_string_equal(b[i].p.body, want);
+            ok++;
+        } else {
+            if (b[i].p.status != 502)
+                fprintf(stderr, "%s: %d\n", pipe_targets[i], b[i].p.status);
+            assert_int_equal(b[i].p.status, 502);
+            bad_gateway++;
+        }
+        resp_free(&b[i].p);
+    }
+    /* w0 answered its first; each it took after that (at least one: a dying worker may take
+     * another before its sessions are gone) is a 502; each it never took went to w1. So every
+     * request ran exactly once: w0's takes and w1's requests add up to the eight. */
+    int took = atomic_load(&w0->takens);
+    assert_true(took >= 2);
+    assert_int_equal(bad_gateway, took - 1);
+    assert_int_equal(ok, 8 - bad_gateway);
+    assert_int_equal(atomic_load(&w1->requests) + took, 8);
+    assert_true(atomic_load(&w1->requests) >= 4); /* its own four, and what w0 never took */
+    assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
 }
 
 /* A worker dies mid-request: 502 for that request only, the other worker serves on, and the
@@ -612,7 +766,8 @@ static void full_queue_backpressure(void **state)
     struct bg *b2 = &t->bg[0];
     CHECK(shmipc_config_new(&ipc));
     CHECK(shmipc_config_set_queue_capacity(ipc, 1));
-    struct shmipc__front_opts o = {.deadline_ms = 400, .ipc = ipc};
+    /* One request at a time, so no HELLO either: its messages would take the one slot. */
+    struct shmipc__front_opts o = {.deadline_ms = 400, .ipc = ipc, .pipeline = 1};
     appw_start(w, "w0", NULL);
     fx_start(x, ws, 1, 1, &o);
     shmipc_config_free(ipc); /* the front keeps a copy */
@@ -1296,7 +1451,9 @@ static void connector_churn_under_load(void **state)
         T(memory_wait_config_never_stalls_the_front), T(peer_address_is_the_connections_own),      \
         T(peer_address_on_a_unix_listener), T(frozen_worker_connect_does_not_stall_the_thread),    \
         T(frozen_worker_connect_does_not_hold_up_another_workers_connect),                         \
-        T(connector_churn_under_load)
+        T(connector_churn_under_load), T(pipeline_to_a_taken_worker),                              \
+        T(pipeline_never_to_a_worker_without_hello),                                               \
+        T(pipeline_worker_dies_only_the_taken_one_502)
 
 int main(int argc, char **argv)
 {
