@@ -497,7 +497,7 @@ static void pipeline_worker_dies_only_the_taken_one_502(void **state)
     struct fx *x = &t->x;
     static struct bg b[8];
     static const char *const methods[] = {"GET", "POST", "DELETE", "PUT"};
-    struct shmipc__front_opts o = {.pipeline = 4};
+    struct shmipc__front_opts o = {.pipeline = 4, .deadline_ms = 8000};
     appw_start(w0, "w0", NULL);
     appw_start(w1, "w1", NULL);
     for (int i = 0; i < 2; i++) {
@@ -530,8 +530,17 @@ static void pipeline_worker_dies_only_the_taken_one_502(void **state)
             assert_string_equal(b[i].p.body, want);
             ok++;
         } else {
-            if (b[i].p.status != 502)
-                fprintf(stderr, "%s: %d\n", pipe_targets[i], b[i].p.status);
+            if (b[i].p.status != 502) {
+                static struct shmipc__front_stats st;
+                CHECK(shmipc__front_stats(x->f, &st));
+                fprintf(stderr,
+                        "%s: %d; w0 %u in flight %u sessions %u taken, w1 %u/%u/%u, "
+                        "queued %u, retried %llu; w0 takens %d requests %d, w1 requests %d\n",
+                        pipe_targets[i], b[i].p.status, st.w[0].in_flight, st.w[0].sessions,
+                        st.w[0].taken, st.w[1].in_flight, st.w[1].sessions, st.w[1].taken,
+                        st.queued, (unsigned long long)st.retried, atomic_load(&w0->takens),
+                        atomic_load(&w0->requests), atomic_load(&w1->requests));
+            }
             assert_int_equal(b[i].p.status, 502);
             bad_gateway++;
         }
