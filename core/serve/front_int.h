@@ -74,6 +74,8 @@ struct fsess {
     uint8_t taken_ok;     /* its HELLO granted TAKEN (docs/serve.md, "HELLO and TAKEN") */
     shmipc_stream *hello; /* the HELLO's stream until the worker's answer came */
     uint8_t down;         /* shmipc__front_fs_down() is deciding its requests' fate */
+    uint8_t stopping;     /* its worker refused or dropped a request it never took: nothing
+                           * more goes to it; it closes once its requests in flight ended */
     int retired;          /* w left the set: closed once idle */
     uint32_t backoff_ms;
     struct shmipc__timer timer; /* reconnect */

@@ -160,7 +160,7 @@ static void req_finish(struct freq *r)
 {
     struct fsess *fs = r->fs;
     shmipc__front_req_done(r);
-    if (fs != NULL && fs->retired && fs->nact == 0 && fs->s != NULL)
+    if (fs != NULL && (fs->retired || fs->stopping) && fs->nact == 0 && fs->s != NULL)
         shmipc__front_fs_down(fs, 0);
 }
 
@@ -601,6 +601,20 @@ int shmipc__front_req_refused(struct freq *r)
            fh.arg == SHMIPC__SF_ABORT_SHUTDOWN && may_resend(r);
 }
 
+/*
+ * A request the worker never took goes to another worker, and its session takes no more: it
+ * closes (reconnecting later unless retired) once the requests still in flight on it have
+ * ended, so that one the worker is finishing (pipelined, a stopping worker's last) is not cut.
+ */
+static void requeue_elsewhere(struct freq *r)
+{
+    struct fsess *fs = r->fs;
+    fs->stopping = 1;
+    (void)shmipc__front_requeue(r->t, r);
+    if (fs->nact == 0 && fs->s != NULL)
+        shmipc__front_fs_down(fs, 0);
+}
+
 /* ---- reading the response ---- */
 
 static int hdr_is(const struct shmipc__sf_field *fd, const char *name)
@@ -1031,9 +1045,8 @@ void shmipc__front_req_read(struct freq *r)
             uint32_t why = r->fh.arg;
             shmipc__stream_release(r->st);
             if (why == SHMIPC__SF_ABORT_SHUTDOWN && may_resend(r)) {
-                /* A stopping worker refused it unprocessed: another worker gets it, and this
-                 * session, which will carry nothing more, closes (or reconnects later). */
-                (void)shmipc__front_requeue_head(r->t, r, 0);
+                /* A stopping worker refused it unprocessed: another worker gets it. */
+                requeue_elsewhere(r);
                 return;
             }
             /* The worker ended the exchange: nothing more comes, its close follows. */
@@ -1062,9 +1075,9 @@ ended:
         return;
     }
     /* Closed by a worker that had not taken it (one dying closes its streams before its
-     * session): another worker gets it, and this session, which failed it, closes. */
+     * session): another worker gets it. */
     if (r->want_taken && !r->taken && !r->have_hdr && !r->got_head && may_resend(r)) {
-        (void)shmipc__front_requeue_head(r->t, r, 0);
+        requeue_elsewhere(r);
         return;
     }
     shmipc__front_answer_status(r, 502);

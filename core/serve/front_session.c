@@ -383,6 +383,7 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
     if (fs->s == NULL)
         return;
     fs_hello_end(fs);
+    fs->stopping = 0;
     if (fs->taken_ok)
         atomic_fetch_sub(&fs->w->taken, 1);
     fs->taken_ok = 0;
@@ -481,7 +482,7 @@ struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
     for (unsigned k = 0; k < t->nsess; k++) {
         struct fsess *fs = t->sess[(t->rr + k) % t->nsess];
         int zero = 0;
-        if (fs->s == NULL || fs->retired || fs->nact == SHMIPC__FRONT_MAX_PIPELINE)
+        if (fs->s == NULL || fs->retired || fs->stopping || fs->nact == SHMIPC__FRONT_MAX_PIPELINE)
             continue;
         if (atomic_compare_exchange_strong(&fs->w->busy, &zero, 1)) {
             t->rr = (t->rr + k + 1) % t->nsess;

@@ -138,3 +138,27 @@ def test_default_is_one_request_at_a_time(tmp_path):
         assert [st for st, _ in slow] == [200, 200, 200]
     finally:
         assert s.stop() == 0
+
+
+def test_reload_with_requests_queued_at_the_old_worker_cuts_none(tmp_path):
+    # SIGHUP while the worker runs a slow request and three more wait in its queue: the old
+    # worker finishes the slow one and refuses the three (ABORT SHUTDOWN, never TAKEN); they go
+    # to the new worker, and no request is cut or lost.
+    s = Serve(tmp_path, "--pipeline", "4", workers=1)
+    try:
+        old = s.worker_pids(1)
+        slow_ts, slow = run_all([lambda: post(s.port, "/slow?1.5", b"")])
+        assert sum(wait_in_flight(s, 1).values()) == 1
+        bodies = [f"reload-{i}-{os.getpid()}".encode() for i in range(3)]
+        q_ts, queued = run_all([lambda b=b: post(s.port, "/echo", b) for b in bodies])
+        assert sum(wait_in_flight(s, 4).values()) == 4
+        s.p.send_signal(signal.SIGHUP)
+        for t in slow_ts + q_ts:
+            t.join(60)
+        assert slow[0][0] == 200, slow
+        assert b"pid=%d " % old[0] in slow[0][1]  # the old worker finished it
+        for b, (status, got) in zip(bodies, queued):
+            assert status == 200, (b, status, got)
+            assert got.endswith(b"path=/echo body=" + b)
+    finally:
+        assert s.stop() == 0
