@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "net/serve_frame.h"
 #include "net/ws_codec.h"
 
 /* After its own ABORT the worker waits this long for the front to end its side; after its own
@@ -802,12 +803,7 @@ static int hello(shmipc_serve_exchange *x, const shmipc_serve_frame *f)
     uint32_t offered =
         (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
     shmipc_stream_release(x->st);
-    uint32_t w[2] = {offered & SHMIPC_SERVE_FEAT_TAKEN, 1};
-    if (shmipc_serve_encode_header(out, sizeof out, SHMIPC_SERVE_HELLO, SHMIPC_SERVE_HELLO_SIZE,
-                                   0) < 0)
-        return SHMIPC_SERVE_OUTCOME_PROTOCOL;
-    for (int i = 0; i < 8; i++)
-        out[SHMIPC_SERVE_HDR_SIZE + i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+    (void)shmipc__sf_encode_hello(out, sizeof out, offered & SHMIPC_SERVE_FEAT_TAKEN, 1);
     if (send_now(x, out, sizeof out, NULL, 0) < 0)
         return SHMIPC_SERVE_OUTCOME_ABORTED;
     return SHMIPC_SERVE_OUTCOME_HELLO;

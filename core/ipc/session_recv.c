@@ -307,27 +307,22 @@ static int grow_rbuf_locked(shmipc_session *s)
 static int take_recv_locked(shmipc_session *s, ssize_t n, int err, size_t space, int *events)
 {
     int rc;
-    if (n == 0) {
+    if (n == 0 || (n < 0 && err == ECONNRESET)) {
         /*
          * A peer that closes its streams and then its session at once may leave close
-         * elements (and data) in the queue without a wakeup: take them first, so its streams
-         * end as it ended them, then end the session.
+         * elements (and data) in the queue without a wakeup; one that died with our bytes
+         * unread in its socket resets it, and what it put in the queue before is still its
+         * word (a shmipc-serve worker's TAKEN: the front must not resend a request the worker
+         * took). Take them first, so its streams end as it ended them, then end the session.
          */
         if ((rc = shmipc__session_drain_queue_locked(s, events)) < 0)
             return rc;
-        return shmipc__fail(SHMIPC_ECONNRESET, "session: the peer closed the connection");
+        return shmipc__fail(SHMIPC_ECONNRESET, n == 0 ? "session: the peer closed the connection"
+                                                      : "session: connection reset by peer");
     }
     if (n < 0) {
         if (err == EAGAIN || err == EINTR)
             return 0;
-        if (err == ECONNRESET) {
-            /* As for a close: a peer that died with our bytes unread in its socket resets
-             * it; what it put in the queue before is still its word (a shmipc-serve worker's
-             * TAKEN: the front must not resend a request the worker took). */
-            if ((rc = shmipc__session_drain_queue_locked(s, events)) < 0)
-                return rc;
-            return shmipc__fail(SHMIPC_ECONNRESET, "session: connection reset by peer");
-        }
         return shmipc__fail_errno(err, "session: recv");
     }
     s->rlen += (size_t)n;

@@ -156,11 +156,9 @@ static void fs_hello_read(struct fsess *fs)
     if (rc == SHMIPC_EAGAIN)
         return;
     if (rc >= 0) {
-        const uint8_t *b = (const uint8_t *)p + SHMIPC__SF_HDR_SIZE;
-        uint32_t grant =
-            (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
         int hello = shmipc__sf_decode(p, SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE, &f) > 0 &&
                     f.type == SHMIPC__SF_HELLO;
+        uint32_t grant = hello ? f.u.hello.features : 0;
         shmipc__stream_release(fs->hello);
         if (hello && (grant & ~SHMIPC__SF_FEAT_TAKEN))
             SHMIPC__LOG(SHMIPC__LOG_WARN, "front: worker %s granted features not offered (0x%x)",
@@ -478,7 +476,7 @@ static int pipelinable(const struct freq *r)
 struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
 {
     struct fsess *best = NULL;
-    int best_n = 0;
+    int best_n = 0, may_wait = t->f->pipeline > 1 && pipelinable(r);
     for (unsigned k = 0; k < t->nsess; k++) {
         struct fsess *fs = t->sess[(t->rr + k) % t->nsess];
         int zero = 0;
@@ -488,14 +486,16 @@ struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
             t->rr = (t->rr + k + 1) % t->nsess;
             return fs;
         }
+        if (!may_wait || !fs->taken_ok)
+            continue;
         int n = atomic_load(&fs->w->busy);
-        if (fs->taken_ok && n < (int)t->f->pipeline && atomic_load(&fs->w->solo) == 0 &&
+        if (n < (int)t->f->pipeline && atomic_load(&fs->w->solo) == 0 &&
             (best == NULL || n < best_n)) {
             best = fs;
             best_n = n;
         }
     }
-    if (best == NULL || !pipelinable(r) || t->f->pipeline < 2)
+    if (best == NULL)
         return NULL;
     /* Another thread may have claimed it meanwhile: claimed only while still under the bar. */
     int n = atomic_load(&best->w->busy);

@@ -10,13 +10,12 @@ import time
 import pytest
 
 import shmipc
-from conftest import unique_address
 
 sf = pytest.importorskip("shmipc._serve")
-from shmipc.serve import Worker  # noqa: E402
-from shmipc.serve.asgi import ASGIHandler  # noqa: E402
 from test_serve_native_worker import WORKER, KINDS, Proc  # noqa: E402
-from test_serve_worker import Front, frame  # noqa: E402
+from test_serve_asgi import Running as AsgiRunning  # noqa: E402
+from test_serve_worker import Running as WsgiRunning  # noqa: E402
+from test_serve_worker import frame  # noqa: E402
 
 HDR = struct.Struct("<HBBII")
 
@@ -40,28 +39,12 @@ async def asgi_echo(scope, receive, send):
     await send({"type": "http.response.body", "body": b"echo:" + body})
 
 
-class PyWorker:
-    """A Python worker (WSGI or ASGI) on a thread of this process, and a front to it."""
-
-    def __init__(self, kind, app=None):
-        self.kind = kind
-        handler = None
-        if kind == "asgi":
-            handler = ASGIHandler(app or asgi_echo)
-            handler.startup()
-        self.handler = handler
-        self.worker = Worker(app or wsgi_echo, unique_address("taken"), handler=handler)
-        self.thread = threading.Thread(target=self.worker.serve_forever)
-        self.thread.start()
-        self.front = Front(self.worker.address)
-
-    def stop(self):
-        self.front.close()
-        self.worker.stop()
-        self.thread.join(10)
-        assert not self.thread.is_alive()
-        if self.handler is not None:
-            self.handler.shutdown()
+def py_worker(kind, app=None):
+    """A Python worker (WSGI or ASGI) on a thread of this process and a front to it: the
+    runners of test_serve_worker.py and test_serve_asgi.py."""
+    if kind == "wsgi":
+        return WsgiRunning(app or wsgi_echo)
+    return AsgiRunning(app or asgi_echo)
 
 
 NATIVE_BUILT = pytest.mark.skipif(not os.path.exists(WORKER), reason="shmipc-serve-worker not built")
@@ -73,9 +56,9 @@ ALL = ["wsgi", "asgi"] + [
 @pytest.fixture(params=ALL)
 def any_worker(request):
     kind = request.param
-    w = PyWorker(kind) if kind in ("wsgi", "asgi") else Proc(kind)
+    w = py_worker(kind) if kind in ("wsgi", "asgi") else Proc(kind)
     yield w
-    if isinstance(w, PyWorker):
+    if kind in ("wsgi", "asgi"):
         w.stop()
     else:
         if w.p.poll() is None:
@@ -115,7 +98,7 @@ def test_hello_grants_what_the_worker_knows(any_worker, offer):
     # Not a request: the session serves the next one as before.
     status, _, _, _, _, last, _ = front.request(b"GET", b"/")
     assert (status, last) == (200, sf.END)
-    if isinstance(any_worker, PyWorker):
+    if hasattr(any_worker, "worker"):  # a Python worker: its counts
         assert wait_served(any_worker.worker, 1) == 1
         assert any_worker.worker.counts["hello"] == 1
 
@@ -181,7 +164,7 @@ def test_taken_is_out_before_the_application_runs(kind):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    w = PyWorker(kind, wsgi_app if kind == "wsgi" else asgi_app)
+    w = py_worker(kind, wsgi_app if kind == "wsgi" else asgi_app)
     try:
         st, chunks = w.front.open(b"GET", b"/", flags=sf.REQ_TAKEN_WANTED)
         streams.append(st)
@@ -200,7 +183,7 @@ def test_taken_is_out_before_the_application_runs(kind):
 def test_four_flagged_requests_in_flight_on_one_session(kind):
     # What the front does when it pipelines: four requests sent before any answer; the worker
     # takes them in turn, each TAKEN then its own answer.
-    w = PyWorker(kind)
+    w = py_worker(kind)
     try:
         opened = []
         for i in range(4):
@@ -228,7 +211,7 @@ def test_a_stopping_worker_refuses_flagged_requests_without_taken():
         start_response("200 OK", [])
         return [b"done"]
 
-    w = PyWorker("wsgi", app)
+    w = py_worker("wsgi", app)
     try:
         st1, c1 = w.front.open(b"GET", b"/", flags=sf.REQ_TAKEN_WANTED)
         w.front.send_body(st1, c1)
