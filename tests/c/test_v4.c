@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -675,6 +676,65 @@ static void polling_needs_no_wakeup_and_honours_the_interval(void **state)
     shmipc_config_free(cfg);
 }
 
+/*
+ * Regression: a peer puts its last data in the queue (an eventfd session: nothing on the
+ * socket) and then goes with our bytes unread in its socket, which the kernel reports to us
+ * as a reset rather than an end. The reset ended the session before the queue was read, so
+ * the data it had sent was lost (a shmipc-serve worker's TAKEN: the front would resend a
+ * request the worker had taken). What it put first is read first, as with a plain close.
+ */
+static void reset_by_the_peer_after_its_last_data_keeps_the_data(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = client_config(C_EVENTFD);
+    for (int round = 0; round < 2; round++) {
+        struct ipc_pair p;
+        shmipc_stream *cs, *ss;
+        const void *ptr;
+        pair_open(&p, cfg);
+        assert_int_equal(shmipc_session_wakeup(p.client, NULL), SHMIPC_WAKEUP_EVENTFD);
+        assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+        ipc_send_text(cs, "hi");
+        assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+        ipc_expect_text(ss, "hi");
+        ipc_send_text(ss, "last words");
+        /* Bytes the server never reads: its socket's release resets ours. */
+        static const char junk[8] = "unread!";
+        assert_int_equal(send(p.client->fd, junk, sizeof junk, MSG_DONTWAIT), (ssize_t)sizeof junk);
+        if (round == 0) { /* it dies: the kernel releases its socket, nothing else happens */
+            int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            assert_true(null_fd >= 0);
+            assert_int_equal(dup2(null_fd, p.server->fd), p.server->fd);
+            close(null_fd);
+        } else { /* it closes the stream (a queue element too), then the session */
+            shmipc_stream_close(ss);
+            shmipc_session_close(p.server);
+            p.server = NULL;
+        }
+        /* What the test is about: a reset (a pending socket error), not an end. Looked at
+         * with poll: a recv or SO_ERROR would take the error away. */
+        struct pollfd pfd = {.fd = p.client->fd, .events = POLLIN};
+        assert_int_equal(poll(&pfd, 1, 5000), 1);
+        assert_true(pfd.revents & POLLERR);
+        /* One processing turn meets the reset first (the socket goes before the queue); a
+         * blocking read would look at the queue before the socket and miss the point. */
+        assert_int_equal(shmipc_session_process(p.client), SHMIPC_ECONNRESET);
+        int rc = shmipc_stream_read_exact_bytes(cs, 10, &ptr, 0);
+        if (rc != 0)
+            fail_msg("round %d: the read ended with %s before the data sent ahead", round,
+                     shmipc_errname(rc));
+        assert_memory_equal(ptr, "last words", 10);
+        shmipc_stream_release(cs);
+        rc = shmipc_stream_read_exact_bytes(cs, 1, &ptr, 0);
+        assert_int_equal(rc, round == 1 ? SHMIPC_EEOF : SHMIPC_ECONNRESET);
+        shmipc_stream_close(cs);
+        if (round == 0)
+            shmipc_stream_close(ss);
+        ipc_pair_close(&p); /* round 0: the server's session closes /dev/null, its fd now */
+    }
+    shmipc_config_free(cfg);
+}
+
 /* The eventfd stress: 8 streams, random sizes, every byte checked, no wakeup lost. */
 struct stress {
     shmipc_session *s;
@@ -803,6 +863,7 @@ int main(void)
         cmocka_unit_test(v4_memfds_are_sealed),
         cmocka_unit_test(polling_needs_no_wakeup_and_honours_the_interval),
         cmocka_unit_test(eventfd_stress_loses_no_wakeup),
+        cmocka_unit_test(reset_by_the_peer_after_its_last_data_keeps_the_data),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
