@@ -555,16 +555,18 @@ SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, s
 
 /**
  * The descriptor that becomes readable when the session has events to process: register it
- * with an event loop (level-triggered) and call shmipc_session_process() when it fires. It is
- * the socket, or for V4 eventfd and polling sessions an epoll descriptor that also watches
- * the wakeup eventfd or the polling timer.
+ * with an event loop (level- or edge-triggered) and call shmipc_session_process() when it
+ * fires. It is the socket, or for V4 eventfd and polling sessions an epoll descriptor that
+ * also watches the wakeup eventfd or the polling timer.
  */
 SHMIPC_API int shmipc_session_fileno(const shmipc_session *s);
 
 /**
  * Processes whatever events are pending without waiting: data for streams, closes, new
- * streams. Returns the number of events handled (>= 0), or the code that ended the session.
- * Thread safe; returns 0 at once when another thread is already processing.
+ * streams. It reads the socket until it would block, so that an edge-triggered loop misses
+ * nothing (a peer's last data and its close may come as one edge). Returns the number of
+ * events handled (>= 0), or the code that ended the session. Thread safe; returns 0 at once
+ * when another thread is already processing (that thread takes what is pending).
  */
 SHMIPC_API int shmipc_session_process(shmipc_session *s);
 

@@ -83,8 +83,13 @@ int shmipc__session_drain_queue_locked(shmipc_session *s, int *events);
  */
 void shmipc__session_apply_closes_locked(shmipc_session *s);
 int shmipc__session_finish_turn_locked(shmipc_session *s, int rc, int events);
+/* socket_ready: 0 (the socket has nothing), 1 (read it; a short read is the end of it), or
+ * SHMIPC__SOCKET_DRAIN (read it until it would block, so that a close behind data is seen). */
+#define SHMIPC__SOCKET_DRAIN 2
 int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready);
 int shmipc__session_process_locked(shmipc_session *s);
+/* As shmipc__session_process_locked(), reading the socket until it would block. */
+int shmipc__session_process_all_locked(shmipc_session *s);
 
 /* session_wait.c */
 int shmipc__session_wait_set_locked(shmipc_session *s, int timeout_ms, int *socket);

@@ -361,7 +361,7 @@ int shmipc__session_finish_turn_locked(shmipc_session *s, int rc, int events)
  */
 int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready)
 {
-    int events = 0, rc = 0;
+    int events = 0, rc = 0, all = socket_ready == SHMIPC__SOCKET_DRAIN;
     if (shmipc__session_err(s))
         return shmipc__session_err(s);
     if ((rc = shmipc__session_check_memory_locked(s)) < 0)
@@ -373,8 +373,12 @@ int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready)
                 break;
             size_t space = s->rcap - s->rlen;
             ssize_t n = recv(s->fd, s->rbuf + s->rlen, space, MSG_DONTWAIT);
-            rc = take_recv_locked(s, n, errno, space, &events);
-            socket_ready = rc == 1 || (n < 0 && errno == EINTR);
+            int err = n < 0 ? errno : 0;
+            rc = take_recv_locked(s, n, err, space, &events);
+            /* A short read took what was there, but not a close that came with it: that
+             * shows only in the next recv. Only `all` asks for it (an edge-triggered caller
+             * sees no other edge for it). */
+            socket_ready = rc == 1 || err == EINTR || (all && rc >= 0 && n > 0);
         }
         if (rc >= 0 && s->wakeup != SHMIPC_WAKEUP_SOCKET)
             rc = shmipc__session_drain_queue_locked(s, &events);
@@ -395,8 +399,14 @@ int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready)
     return shmipc__session_finish_turn_locked(s, rc, events);
 }
 
-/* Processes without waiting. V4 eventfd and polling sessions ask the set whether to recv. */
-int shmipc__session_process_locked(shmipc_session *s)
+/*
+ * Processes without waiting. V4 eventfd and polling sessions ask the set whether to recv.
+ * `all` reads the socket until it would block (or ends): what an edge-triggered watcher of
+ * shmipc_session_fileno() needs, since a peer's data and its close may come as one edge and a
+ * short read takes only the data. Callers that wait level-triggered stop at a short read and
+ * spare that recv.
+ */
+static int process_now_locked(shmipc_session *s, int all)
 {
     int socket = 1;
     if (s->wakeup != SHMIPC_WAKEUP_SOCKET) {
@@ -405,5 +415,15 @@ int shmipc__session_process_locked(shmipc_session *s)
             return shmipc__session_fail_locked(s, shmipc__fail_errno(-rc, "session: epoll_wait"));
         socket = rc < 0 || socket;
     }
-    return shmipc__session_process_fds_locked(s, socket);
+    return shmipc__session_process_fds_locked(s, socket && all ? SHMIPC__SOCKET_DRAIN : socket);
+}
+
+int shmipc__session_process_locked(shmipc_session *s)
+{
+    return process_now_locked(s, 0);
+}
+
+int shmipc__session_process_all_locked(shmipc_session *s)
+{
+    return process_now_locked(s, 1);
 }

@@ -38,10 +38,10 @@
  */
 int shmipc__session_wait_set_locked(shmipc_session *s, int timeout_ms, int *socket)
 {
-    struct epoll_event ev[2];
+    struct epoll_event ev[3]; /* the socket, the eventfd or timer, the kick: all at once */
     if (timeout_ms != 0)
         shmipc__session_unlock(s);
-    int n = epoll_wait(s->event_fd, ev, 2, timeout_ms);
+    int n = epoll_wait(s->event_fd, ev, 3, timeout_ms);
     int err = errno;
     if (timeout_ms != 0)
         shmipc__session_lock(s);
@@ -505,7 +505,7 @@ int shmipc__session_process(shmipc_session *s)
     s->refs++; /* as accept_stream: a close meanwhile frees the session when we leave */
     if (!s->processing) {
         s->processing = 1;
-        rc = shmipc__session_process_locked(s);
+        rc = shmipc__session_process_all_locked(s); /* edge-triggered callers see no more */
         s->processing = 0;
         pthread_cond_broadcast(&s->cond);
     } else if (shmipc__session_err(s)) {

@@ -25,9 +25,10 @@ static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void 
     (void)watch;
     (void)fd;
     (void)events;
-    /* One turn drains the socket (it reads again while a read fills its buffer, and a short
-     * read is the end of what is there); a second turn would only be a recv answering EAGAIN,
-     * one system call per response. What arrives after the turn fires the watch again. */
+    /* The watch is edge-triggered: one turn takes all that is there, reading the socket until
+     * it would block, since a worker's last frames and its session's end may come as one edge
+     * and a short read takes only the frames (the end would then wait for a request's
+     * deadline). What arrives after the turn fires the watch again. */
     rc = shmipc__session_process(fs->s);
     if (rc < 0) {
         shmipc__front_fs_down(fs, rc);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1395,6 +1396,62 @@ static void data_before_the_peer_left_is_read_first(void **state)
 }
 
 /*
+ * Regression: an edge-triggered loop (shmipc-serve's front) watches the session's descriptor;
+ * the peer sends its last message on the socket and then ends the session, both before the
+ * loop looks: one edge. One shmipc_session_process() per edge must see both. It stopped at
+ * the short read that took the message, the end waited behind it, and no edge ever came for
+ * it: the front held a dead worker's requests until their deadlines (504, not 502). Each
+ * wakeup mode, since the socket carries different things in each.
+ */
+static void edge_triggered_loop_sees_the_end_behind_the_last_message(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 2; mode++) {
+        char address[64];
+        shmipc_config *cfg;
+        assert_int_equal(shmipc_config_new(&cfg), 0);
+        if (mode == 1)
+            assert_int_equal(shmipc_config_with_v4_eventfd(cfg), 0);
+        ipc_pick_address(address, sizeof address, "etend");
+        struct ipc_pair p;
+        ipc_pair_open(&p, address, NULL, cfg);
+        shmipc_stream *cs, *ss;
+        const void *q;
+        assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+        ipc_send_text(cs, "hi");
+        assert_int_equal(shmipc_session_accept_stream(p.server, IPC_WAIT_MS, &ss), 0);
+        ipc_expect_text(ss, "hi");
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+        assert_true(ep >= 0);
+        assert_int_equal(epoll_ctl(ep, EPOLL_CTL_ADD, shmipc_session_fileno(p.client), &ev), 0);
+        while (epoll_wait(ep, &ev, 1, 0) == 1) /* whatever the opening left */
+            assert_true(shmipc_session_process(p.client) >= 0);
+        /* Its last word (with socket wakeups, a wakeup message on the socket), then the end,
+         * with no close of the stream (that would make the turn read the socket again). */
+        ipc_send_text(ss, "bye");
+        assert_int_equal(shmipc_session_shutdown(p.server), 0);
+        assert_int_equal(epoll_wait(ep, &ev, 1, IPC_WAIT_MS), 1);
+        int rc = shmipc_session_process(p.client);
+        /* No other edge comes; the turn must have found the end. */
+        if (shmipc_session_status(p.client) == 0)
+            fail_msg("mode %d: the turn returned %d and the session is still up: its end "
+                     "waits for an edge that never comes (%d more)",
+                     mode, rc, epoll_wait(ep, &ev, 1, 200));
+        assert_int_equal(shmipc_stream_read_exact_bytes(cs, 3, &q, SHMIPC_NONBLOCK), 0);
+        assert_memory_equal(q, "bye", 3);
+        shmipc_stream_release(cs);
+        assert_int_equal(shmipc_stream_read_exact_bytes(cs, 1, &q, SHMIPC_NONBLOCK),
+                         SHMIPC_ECONNRESET);
+        shmipc_stream_close(cs);
+        shmipc_stream_close(ss);
+        close(ep);
+        ipc_pair_close(&p);
+        shmipc_config_free(cfg);
+    }
+}
+
+/*
  * Regression: the peer closes a stream and then its session, and both reach us before anyone
  * processes our session; a non-blocking read then takes the close and the socket's end in one
  * turn. It returned the session's end (SHMIPC_ECONNRESET): the stream had been closed properly
@@ -2213,6 +2270,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(fallback_bytes_held_are_capped),
         cmocka_unit_test(data_before_the_peer_left_is_read_first),
         cmocka_unit_test(nonblock_read_of_a_close_in_the_turn_that_ended_the_session_is_eof),
+        cmocka_unit_test(edge_triggered_loop_sees_the_end_behind_the_last_message),
         cmocka_unit_test(socket_message_reaches_a_reader_the_queue_keeps_busy),
         cmocka_unit_test(nonblocking_looks_see_socket_messages),
         cmocka_unit_test(spin_reads_fallback_data_before_the_close_behind_it_v3),
