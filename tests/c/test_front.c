@@ -484,6 +484,83 @@ static void pipeline_never_to_a_worker_without_hello(void **state)
     pipeline_x(state, 0);
 }
 
+/*
+ * Both workers busy with four requests each (pipeline 4), then w0 dies after taking its second
+ * one: its first was answered, each it took is a 502 (it may have acted on it), those it never
+ * took go to w1 (200), whatever their method. None is lost, none runs twice.
+ */
+static void pipeline_worker_dies_only_the_taken_one_502(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0], *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    static struct bg b[8];
+    static const char *const methods[] = {"GET", "POST", "DELETE", "PUT"};
+    struct shmipc__front_opts o = {.pipeline = 4, .deadline_ms = 8000};
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    for (int i = 0; i < 2; i++) {
+        atomic_store(&ws[i]->taken, 1);
+        atomic_store(&ws[i]->mode, M_HOLD);
+    }
+    fx_start(x, ws, 2, 1, &o);
+    assert_true(wait_taken(x, 0, 1) && wait_taken(x, 1, 1));
+    bg_start(&b[0], x->port, pipe_targets[0]);
+    bg_start(&b[1], x->port, pipe_targets[1]);
+    assert_true(wait_for(&w0->requests, 1, WAIT_MS) && wait_for(&w1->requests, 1, WAIT_MS));
+    /* Which worker holds which is the round robin's: find w0's four by their answers. */
+    for (int i = 2; i < 8; i++) {
+        b[i].method = methods[i % 4];
+        bg_start(&b[i], x->port, pipe_targets[i]);
+    }
+    assert_true(wait_pipeline(x, 0, 4, 0) && wait_pipeline(x, 1, 4, 0));
+    assert_true(wait_for(&w0->holding, 1, WAIT_MS)); /* its first is past the mode: answered */
+    appw_hold_accept(w0); /* once dead, w0 does not come back during the test */
+    atomic_store(&w0->mode, M_DIE);
+    latch_set(w0, &w0->hold_open, 1); /* its first answers, its second is taken, then it dies */
+    assert_true(wait_for(&w0->sessions_ended, 1, WAIT_MS));
+    latch_set(w1, &w1->hold_open, 1);
+    int ok = 0, bad_gateway = 0;
+    for (int i = 0; i < 8; i++) {
+        char want[16];
+        bg_join(&b[i]);
+        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
+        if (b[i].p.status == 200) {
+            assert_string_equal(b[i].p.body, want);
+            ok++;
+        } else {
+            if (b[i].p.status != 502) {
+                static struct shmipc__front_stats st;
+                CHECK(shmipc__front_stats(x->f, &st));
+                fprintf(stderr,
+                        "%s: %d; w0 %u in flight %u sessions %u taken, w1 %u/%u/%u, "
+                        "queued %u, retried %llu; w0 takens %d requests %d, w1 requests %d\n",
+                        pipe_targets[i], b[i].p.status, st.w[0].in_flight, st.w[0].sessions,
+                        st.w[0].taken, st.w[1].in_flight, st.w[1].sessions, st.w[1].taken,
+                        st.queued, (unsigned long long)st.retried, atomic_load(&w0->takens),
+                        atomic_load(&w0->requests), atomic_load(&w1->requests));
+            }
+            assert_int_equal(b[i].p.status, 502);
+            bad_gateway++;
+        }
+        resp_free(&b[i].p);
+    }
+    /* w0 answered its first; each it took after that (at least one: a dying worker may take
+     * another before its sessions are gone) is a 502; each it never took went to w1. So every
+     * request ran exactly once: w0's takes and w1's requests add up to the eight. */
+    int took = atomic_load(&w0->takens);
+    assert_true(took >= 2);
+    assert_int_equal(bad_gateway, took - 1);
+    assert_int_equal(ok, 8 - bad_gateway);
+    assert_int_equal(atomic_load(&w1->requests) + took, 8);
+    assert_true(atomic_load(&w1->requests) >= 4); /* its own four, and what w0 never took */
+    assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
+}
+
 /* A worker dies mid-request: 502 for that request only, the other worker serves on, and the
  * dead one's sessions come back when it does. */
 static void worker_died_502(void **state)
@@ -1384,7 +1461,8 @@ static void connector_churn_under_load(void **state)
         T(peer_address_on_a_unix_listener), T(frozen_worker_connect_does_not_stall_the_thread),    \
         T(frozen_worker_connect_does_not_hold_up_another_workers_connect),                         \
         T(connector_churn_under_load), T(pipeline_to_a_taken_worker),                              \
-        T(pipeline_never_to_a_worker_without_hello)
+        T(pipeline_never_to_a_worker_without_hello),                                               \
+        T(pipeline_worker_dies_only_the_taken_one_502)
 
 int main(int argc, char **argv)
 {
