@@ -645,22 +645,36 @@ SHMIPC_API int64_t shmipc_serve_ws_recv(shmipc_serve_exchange *x, void *buf, siz
     }
 }
 
-SHMIPC_API int shmipc_serve_ws_send(shmipc_serve_exchange *x, uint32_t opcode, const void *data,
-                                    size_t len)
+/*
+ * What shmipc_serve_ws_send() and shmipc_serve_ws_close() check first: 0 when the WebSocket
+ * may take a frame, else what the call returns. The handler's own close comes first (a send
+ * or close after it is a misuse whatever the client did; `after_close` words it), then the
+ * session's end, a protocol error, and a close from the front (answered) or the worker's own
+ * going away (1001): SHMIPC_ECLOSED.
+ */
+static int ws_usable(const shmipc_serve_exchange *x, const char *what, const char *after_close)
 {
-    if (x == NULL || (data == NULL && len > 0))
-        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: NULL");
     if (!x->ws)
-        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: no WebSocket accepted");
-    /* The handler's own close first: sending after it is a misuse whatever the client did. */
+        return shmipc__fail(SHMIPC_EINVAL, "%s: no WebSocket accepted", what);
     if (x->ws_app_closed)
-        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: after the WebSocket's close");
+        return shmipc__fail(SHMIPC_EINVAL, "%s: %s", what, after_close);
     if (x->gone)
         return SHMIPC_ECONNRESET;
     if (x->protocol)
         return SHMIPC_EPROTO;
     if (x->ws_got_close || x->ws_sent_close)
-        return SHMIPC_ECLOSED; /* the front closed (answered), or the worker is going away */
+        return SHMIPC_ECLOSED;
+    return 0;
+}
+
+SHMIPC_API int shmipc_serve_ws_send(shmipc_serve_exchange *x, uint32_t opcode, const void *data,
+                                    size_t len)
+{
+    if (x == NULL || (data == NULL && len > 0))
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_send: NULL");
+    int rc = ws_usable(x, "shmipc_serve_ws_send", "after the WebSocket's close");
+    if (rc != 0)
+        return rc;
     if (__atomic_load_n(&ws_shutdown_flag, __ATOMIC_ACQUIRE)) {
         /* Going away, also for a handler that only sends and never waits in ws_recv: 1001,
          * and the front's answer is waited for when the handler returns (ws_finish). */
@@ -691,7 +705,7 @@ SHMIPC_API int shmipc_serve_ws_send(shmipc_serve_exchange *x, uint32_t opcode, c
         uint32_t arg = (off == 0 ? opcode : SHMIPC_SERVE_WS_CONT) |
                        (off + piece == len ? SHMIPC_SERVE_WS_FIN : 0);
         shmipc_serve_encode_header(hdr, sizeof hdr, SHMIPC_SERVE_WS_DATA, piece, arg);
-        int rc = send_now(x, hdr, sizeof hdr, piece > 0 ? p + off : NULL, piece);
+        rc = send_now(x, hdr, sizeof hdr, piece > 0 ? p + off : NULL, piece);
         if (rc < 0)
             return rc;
         off += piece;
@@ -704,17 +718,10 @@ SHMIPC_API int shmipc_serve_ws_close(shmipc_serve_exchange *x, uint32_t code, co
 {
     if (x == NULL || (reason == NULL && reason_len > 0))
         return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_close: NULL");
-    if (!x->ws)
-        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_close: no WebSocket accepted");
-    if (x->ws_app_closed)
-        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_close: closed already");
-    if (x->gone)
-        return SHMIPC_ECONNRESET;
-    if (x->protocol)
-        return SHMIPC_EPROTO;
-    if (x->ws_got_close || x->ws_sent_close)
-        return SHMIPC_ECLOSED; /* the front closed first (answered), or going away (1001) */
-    int rc = ws_send_close(x, code, reason, reason_len);
+    int rc = ws_usable(x, "shmipc_serve_ws_close", "closed already");
+    if (rc != 0)
+        return rc;
+    rc = ws_send_close(x, code, reason, reason_len);
     if (rc != SHMIPC_EINVAL)
         x->ws_app_closed = 1;
     return rc;
