@@ -39,10 +39,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MAX_THREADS  1024u       /* shmipc__workers_default()'s limit */
-#define RETRY_MS     1u          /* a full session queue is retried this often */
-#define UPLOAD_FRAME (64u << 10) /* most body bytes in one BODY frame of an upload */
-#define SCRATCH      (SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD)
+#define MAX_THREADS          1024u /* shmipc__workers_default()'s limit */
+#define RETRY_MS             1u    /* a full session queue is retried this often */
+#define ABORT_BACKOFF_MAX_MS 64u   /* a drain's ABORT that cannot go: retried at most this late */
+#define UPLOAD_FRAME         (64u << 10) /* most body bytes in one BODY frame of an upload */
+#define SCRATCH              (SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD)
 /* Response bytes queued on a client connection at which the front stops reading the worker's
  * stream (docs/serve.md, "Streamed responses"); max_response lowers it. */
 #define STREAM_MARK (256u << 10)
@@ -166,6 +167,7 @@ struct freq {
     unsigned rstatus;      /* streaming: the status its head sent (the access log's) */
     uint64_t rwant;        /* the worker's Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
     uint32_t abort_reason; /* an ABORT still to send, 0: none */
+    uint8_t abort_tries;   /* times it could not go yet (its retry backs off) */
     uint64_t drain_until;  /* loop ms */
     uint8_t hdr[SHMIPC__SF_HDR_SIZE];
     struct shmipc__sf_frame fh;
@@ -199,7 +201,7 @@ struct shmipc__front {
     unsigned nset;
     atomic_uint gen;
     atomic_uint queued;
-    atomic_ullong rejected, timeouts, client_gone, retried;
+    atomic_ullong rejected, timeouts, client_gone, retried, abort_retries;
     atomic_ullong buffered, buffered_peak; /* response bytes the front holds (stats) */
     atomic_ullong uploads;                 /* request bodies streamed to a worker (stats) */
     atomic_ullong up_kept, up_kept_peak;   /* request body bytes the front holds (stats) */

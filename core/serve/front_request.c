@@ -1127,7 +1127,16 @@ static void req_timer(struct shmipc__timer *timer)
         r->abort_reason = rc == 1 ? r->abort_reason : 0;
     }
     uint64_t now = shmipc__loop_now_ms(r->t->loop);
-    shmipc__timer_start(timer, r->abort_reason ? RETRY_MS : r->drain_until - now);
+    uint64_t wait = now < r->drain_until ? r->drain_until - now : 0;
+    if (r->abort_reason != 0) {
+        /* The session is full: a worker that reads nothing frees nothing, so the retries back
+         * off (1, 2, 4 ... 64 ms) rather than wake the loop every millisecond of the drain. */
+        uint64_t backoff = (uint64_t)RETRY_MS << (r->abort_tries < 6 ? r->abort_tries : 6);
+        r->abort_tries++;
+        atomic_fetch_add(&r->t->f->abort_retries, 1);
+        wait = backoff < ABORT_BACKOFF_MAX_MS ? backoff : ABORT_BACKOFF_MAX_MS;
+    }
+    shmipc__timer_start(timer, wait);
     shmipc__front_req_drain(r);
 }
 

@@ -785,9 +785,16 @@ static void full_queue_backpressure(void **state)
     assert_true(wait_parked(w)); /* the session thread is out of accept_stream */
     assert_int_equal(request(x->port, "GET", "/hang-frozen", NULL, &p), 504);
     resp_free(&p);
+    /* The ABORT's retries back off while the worker reads nothing: a dozen or so in 300 ms
+     * (1, 2, 4 ... 64 ms apart), not one a millisecond. */
+    static struct shmipc__front_stats st;
+    sleep_ms(300);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_true(st.abort_retries >= 3);
+    if (st.abort_retries > 30)
+        fail_msg("%llu retries of the ABORT in 300 ms", (unsigned long long)st.abort_retries);
     bg_start(b2, x->port, "/behind");
     assert_true(wait_queued(x, 1));
-    static struct shmipc__front_stats st;
     CHECK(shmipc__front_stats(x->f, &st));
     assert_int_equal(st.w[0].in_flight, 1); /* draining: busy until the worker ends it */
     for (int i = 0; i < 3; i++) {           /* the loop is not blocked on the full queue */
