@@ -393,11 +393,18 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         uint8_t a[SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_HELLO_SIZE] = {0};
         int64_t an;
         bump(&w->hellos);
-        if (atomic_load(&w->taken)) {
+        int tk = atomic_load(&w->taken);
+        if (tk == TAKEN_GRANT || tk == TAKEN_GRANT_ALL) {
             shmipc_serve_encode_header(a, sizeof a, SHMIPC_SERVE_HELLO, 8, 0);
-            a[12] = (uint8_t)(f.payload[0] & SHMIPC_SERVE_FEAT_TAKEN);
+            /* all: every feature bit, also those the front did not offer */
+            a[12] =
+                (uint8_t)(tk == TAKEN_GRANT_ALL ? 0xff : f.payload[0] & SHMIPC_SERVE_FEAT_TAKEN);
+            a[13] = a[14] = a[15] = (uint8_t)(tk == TAKEN_GRANT_ALL ? 0xff : 0);
             a[16] = 1;
             an = (int64_t)sizeof a;
+        } else if (tk == TAKEN_ANSWER_BODY) { /* a frame of another type, of HELLO's size */
+            an = shmipc_serve_encode_frame(a, sizeof a, SHMIPC_SERVE_BODY, 0,
+                                           (const uint8_t *)"\x01\0\0\0\x01\0\0\0", 8);
         } else { /* what a worker that does not know HELLO answers */
             an = shmipc_serve_encode_frame(a, sizeof a, SHMIPC_SERVE_ABORT,
                                            SHMIPC_SERVE_ABORT_PROTOCOL, NULL, 0);
@@ -411,15 +418,41 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         bump(&w->bad);
         goto out;
     }
-    if (rq.flags & SHMIPC_SERVE_REQ_TAKEN_WANTED) {
+    /* Hostile TAKENs, by target: a second one, one never asked for, one after the head. */
+#define RQ_IS(lit)                                                                                 \
+    (rq.target_len == sizeof(lit) - 1 && memcmp(rq.target, lit, sizeof(lit) - 1) == 0)
+    int wanted = (rq.flags & SHMIPC_SERVE_REQ_TAKEN_WANTED) != 0;
+    if (wanted && atomic_load(&w->taken) != TAKEN_GRANT) /* asked, never granted */
+        bump(&w->bad);
+    if ((wanted && !RQ_IS("/taken-late")) || RQ_IS("/taken-unasked")) {
         uint8_t tk[SHMIPC_SERVE_HDR_SIZE];
-        if (!atomic_load(&w->taken)) /* asked of a worker that never granted it */
-            bump(&w->bad);
         shmipc_serve_encode_header(tk, sizeof tk, SHMIPC_SERVE_TAKEN, 0, 0);
-        if (shmipc_stream_write(st, tk, sizeof tk) < 0 || shmipc_stream_flush(st) < 0)
+        if (shmipc_stream_write(st, tk, sizeof tk) < 0 ||
+            (RQ_IS("/taken-twice") && shmipc_stream_write(st, tk, sizeof tk) < 0) ||
+            shmipc_stream_flush(st) < 0)
             goto out; /* not said taken: not served (the front gives it to another) */
         bump(&w->takens);
+        if (RQ_IS("/taken-twice") || RQ_IS("/taken-unasked")) { /* then the front's ABORT */
+            bump(&w->requests);
+            wait_abort(w, st);
+            goto out;
+        }
     }
+    if (RQ_IS("/taken-late")) { /* the head, then TAKEN, then END */
+        uint8_t head[256], h[SHMIPC_SERVE_HDR_SIZE];
+        shmipc_serve_response rs = {.size = sizeof rs, .status = 200};
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &rs, NULL, 0);
+        bump(&w->requests);
+        shmipc_stream_write(st, head, (size_t)hn);
+        shmipc_serve_encode_header(h, sizeof h, SHMIPC_SERVE_TAKEN, 0, 0);
+        shmipc_stream_write(st, h, sizeof h);
+        shmipc_serve_encode_header(h, sizeof h, SHMIPC_SERVE_END, 0, 0);
+        shmipc_stream_write(st, h, sizeof h);
+        shmipc_stream_flush(st);
+        wait_abort(w, st);
+        goto out;
+    }
+#undef RQ_IS
     int is_head = rq.method_len == 4 && memcmp(rq.method, "HEAD", 4) == 0;
     tlen = rq.target_len < sizeof target ? rq.target_len : sizeof target - 1;
     memcpy(target, rq.target, tlen);

@@ -53,6 +53,14 @@ enum mode {
     M_103_REFUSE,   /* an interim 103 head, then ABORT SHUTDOWN: processed, not resent */
 };
 
+/* How a worker answers the front's HELLO (appw.taken). */
+enum taken_mode {
+    TAKEN_NONE = 0,    /* ABORT PROTOCOL, as a worker of an earlier revision */
+    TAKEN_GRANT,       /* grants TAKEN, concurrency 1, and sends it first when asked */
+    TAKEN_GRANT_ALL,   /* grants every feature bit, also those not offered */
+    TAKEN_ANSWER_BODY, /* answers with a BODY frame of HELLO's size */
+};
+
 /* Sessions a worker accepts over its life; it closes those past it at once. */
 #define APPW_MAX_SESSIONS 64
 
@@ -78,8 +86,8 @@ struct appw {
     atomic_int aborts[8];      /* ABORT reasons the front sent */
     atomic_int concurrent;     /* streams being served now */
     atomic_int max_concurrent;
-    /* HELLO and TAKEN (docs/serve.md): 0 answers HELLO with ABORT PROTOCOL, as a worker of an
-     * earlier revision; 1 grants TAKEN and sends it first on a request that wants it. */
+    /* HELLO and TAKEN (docs/serve.md): enum taken_mode. Targets "/taken-twice",
+     * "/taken-unasked" and "/taken-late" send TAKEN where the protocol forbids it. */
     atomic_int taken;
     atomic_int hellos;   /* HELLOs answered */
     atomic_int takens;   /* TAKENs sent */

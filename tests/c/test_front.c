@@ -451,13 +451,16 @@ static void pipeline_x(void **state, int taken)
     atomic_store(&w->mode, M_HOLD);
     fx_start(x, ws, 1, 1, &o);
     assert_true(wait_for(&w->hellos, 1, WAIT_MS));
-    if (taken)
+    int granted = taken == TAKEN_GRANT;
+    if (granted)
         assert_true(wait_taken(x, 0, 1));
+    else /* its answer read (a bad one is logged), before the requests come */
+        sleep_ms(50);
     bg_start(&b[0], x->port, pipe_targets[0]);
     assert_true(wait_for(&w->requests, 1, WAIT_MS)); /* the worker has the first, held */
     for (int i = 1; i < 6; i++)
         bg_start(&b[i], x->port, pipe_targets[i]);
-    assert_true(wait_pipeline(x, 0, taken ? 4 : 1, taken ? 2 : 5));
+    assert_true(wait_pipeline(x, 0, granted ? 4 : 1, granted ? 2 : 5));
     latch_set(w, &w->hold_open, 1);
     for (int i = 0; i < 6; i++) {
         char want[16];
@@ -467,21 +470,78 @@ static void pipeline_x(void **state, int taken)
         assert_string_equal(b[i].p.body, want);
         resp_free(&b[i].p);
     }
-    assert_int_equal(atomic_load(&w->takens), taken ? 6 : 0);
-    assert_int_equal(atomic_load(&w->bad), 0);
+    assert_int_equal(atomic_load(&w->takens), granted ? 6 : 0);
+    assert_int_equal(atomic_load(&w->bad), 0); /* never asked for TAKEN it did not grant */
     assert_int_equal(atomic_load(&w->max_concurrent), 1); /* it served them one at a time */
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.w[0].taken, granted);
     fx_stop(x);
     appw_stop(w);
 }
 
 static void pipeline_to_a_taken_worker(void **state)
 {
-    pipeline_x(state, 1);
+    pipeline_x(state, TAKEN_GRANT);
 }
 
 static void pipeline_never_to_a_worker_without_hello(void **state)
 {
-    pipeline_x(state, 0);
+    pipeline_x(state, TAKEN_NONE);
+}
+
+/* A HELLO answer that grants features the front never offered is a broken worker: no
+ * feature at all, one request at a time. */
+static void pipeline_never_on_a_grant_of_features_not_offered(void **state)
+{
+    pipeline_x(state, TAKEN_GRANT_ALL);
+}
+
+/* A frame of another type where HELLO's answer belongs: no feature, one request at a time. */
+static void pipeline_never_on_a_hello_answered_with_another_frame(void **state)
+{
+    pipeline_x(state, TAKEN_ANSWER_BODY);
+}
+
+/*
+ * TAKEN where the protocol has none: twice, never asked for (a worker that did not grant it),
+ * after the response's head. Each is the worker's protocol error: 502 and ABORT PROTOCOL for
+ * that request, and the worker serves the next one on the same session.
+ */
+static void taken_out_of_place_is_a_protocol_error(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    static const char *const targets[] = {"/taken-twice", "/taken-late", "/taken-unasked"};
+    struct shmipc__front_opts o = {.pipeline = 4};
+    struct resp p;
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->taken, TAKEN_GRANT);
+    fx_start(x, ws, 1, 1, &o);
+    assert_true(wait_taken(x, 0, 1));
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) { /* a session that granted nothing: the request is not flagged */
+            fx_stop(x);
+            atomic_store(&w->taken, TAKEN_NONE);
+            fx_start(x, ws, 1, 1, &o);
+            assert_true(wait_for(&w->hellos, 2, WAIT_MS));
+            assert_true(wait_sessions(x, w->addr, 1));
+        }
+        assert_int_equal(request(x->port, "GET", targets[i], NULL, &p), 502);
+        resp_free(&p);
+        assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_PROTOCOL], i + 1, WAIT_MS));
+        assert_int_equal(request(x->port, "GET", "/fine", NULL, &p), 200);
+        assert_string_equal(p.body, "/fine:");
+        resp_free(&p);
+    }
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.w[0].sessions, 1);
+    assert_int_equal(atomic_load(&w->bad), 0);
+    fx_stop(x);
+    appw_stop(w);
 }
 
 /*
@@ -1469,7 +1529,9 @@ static void connector_churn_under_load(void **state)
         T(frozen_worker_connect_does_not_hold_up_another_workers_connect),                         \
         T(connector_churn_under_load), T(pipeline_to_a_taken_worker),                              \
         T(pipeline_never_to_a_worker_without_hello),                                               \
-        T(pipeline_worker_dies_only_the_taken_one_502)
+        T(pipeline_never_on_a_grant_of_features_not_offered),                                      \
+        T(pipeline_never_on_a_hello_answered_with_another_frame),                                  \
+        T(taken_out_of_place_is_a_protocol_error), T(pipeline_worker_dies_only_the_taken_one_502)
 
 int main(int argc, char **argv)
 {
