@@ -1073,6 +1073,21 @@ void sbg_join(struct sbg *a)
     pthread_join(a->th, NULL);
 }
 
+/* The usual start of a case: workers w0.. (`n` of t->w, in echo mode) and the front on them,
+ * one reactor thread, options `o` (NULL: the defaults). Returns the front's fixture. */
+struct fx *tc_front(struct tc *t, unsigned n, const struct shmipc__front_opts *o)
+{
+    struct appw *ws[3];
+    char name[8];
+    for (unsigned i = 0; i < n && i < 3; i++) {
+        snprintf(name, sizeof name, "w%u", i);
+        appw_start(&t->w[i], name, NULL);
+        ws[i] = &t->w[i];
+    }
+    fx_start(&t->x, ws, n < 3 ? n : 3, 1, o);
+    return &t->x;
+}
+
 int tc_setup(void **state)
 {
     struct tc *t = calloc(1, sizeof *t);

@@ -181,6 +181,8 @@ struct tc {
     atomic_int mism, ok;
 };
 
+/* Starts workers w0.. (n of t->w) and the front on them (one thread, options o or NULL). */
+struct fx *tc_front(struct tc *t, unsigned n, const struct shmipc__front_opts *o);
 uint64_t mono_ms(void);
 void sleep_ms(unsigned ms);
 /* Every counter a case waits on is bumped with bump(), which wakes the waiters of wait_for(). */

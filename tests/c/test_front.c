@@ -48,11 +48,9 @@ static void basic(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct resp p;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     print_message("backend: %s\n", shmipc_server_backend(x->srv));
     assert_int_equal(request(x->port, "GET", "/hello?x=1", NULL, &p), 200);
     assert_string_equal(p.body, "/hello?x=1:");
@@ -95,14 +93,12 @@ static void too_large_for_protocol(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct resp p;
     struct rd *r = malloc(sizeof *r);
     size_t cap = 100000, n;
     char *req = malloc(cap);
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     rd_open(r, x->port);
     n = (size_t)snprintf(req, cap, "GET /");
     memset(req + n, 'a', 20000);
@@ -137,13 +133,11 @@ static void pipelining(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     char req[2048];
     size_t n = 0;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     rd_open(r, x->port);
     for (int i = 0; i < 5; i++)
         n += (size_t)snprintf(req + n, sizeof req - n,
@@ -702,13 +696,11 @@ static void bad_frames_502(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     /* Below M_HUGE's 64 KiB frames: one frame is more than the front may hold. */
     struct shmipc__front_opts o = {.max_response = 32 * 1024};
     struct resp p;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, &o);
+    tc_front(t, 1, &o);
     atomic_store(&w->mode, M_BAD);
     assert_int_equal(request(x->port, "GET", "/bad", NULL, &p), 502);
     resp_free(&p);
@@ -739,12 +731,10 @@ static void bad_frame_then_close_frees_worker(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct shmipc__front_opts o = {.deadline_ms = 2000};
     struct resp p;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, &o);
+    tc_front(t, 1, &o);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(request(x->port, "GET", "/badclose", NULL, &p), 502);
         resp_free(&p);
@@ -828,7 +818,6 @@ static void full_queue_backpressure(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     shmipc_config *ipc;
     struct resp p;
@@ -837,8 +826,7 @@ static void full_queue_backpressure(void **state)
     CHECK(shmipc_config_set_queue_capacity(ipc, 1));
     /* One request at a time, so no HELLO either: its messages would take the one slot. */
     struct shmipc__front_opts o = {.deadline_ms = 400, .ipc = ipc, .pipeline = 1};
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, &o);
+    tc_front(t, 1, &o);
     shmipc_config_free(ipc); /* the front keeps a copy */
     assert_true(wait_sessions(x, w->addr, 1));
     latch_set(w, &w->freeze, 1);
@@ -1047,13 +1035,11 @@ static void upload_declared_over_limit_413(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     static char some[65536];
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     rd_open(r, x->port);
     const char *head = "POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: 1073741824\r\n\r\n";
     send_all(r->fd, head, strlen(head));
@@ -1269,14 +1255,11 @@ static int addr_client_port(int fd)
 static void peer_address_is_the_connections_own(void **state)
 {
     struct tc *t = *state;
-    struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     char req[256], want[128];
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     for (int i = 0; i < 60; i++) {
         if (i % 4 == 1) { /* a connection that fails before its first request */
             int fd = tcp_connect(x->port);
@@ -1315,16 +1298,13 @@ static void peer_address_is_the_connections_own(void **state)
 static void peer_address_on_a_unix_listener(void **state)
 {
     struct tc *t = *state;
-    struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     char addr[96], want[128];
     snprintf(addr, sizeof addr, "unix:@shmipc-front-peer-%d", (int)getpid());
     x->listen = addr;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     for (int i = 0; i < 20; i++) {
         struct sockaddr_un un = {.sun_family = AF_UNIX};
         size_t nl = strlen(addr + 6);

@@ -51,16 +51,13 @@
 static void stream_64m_slow_client(void **state)
 {
     struct tc *t = *state;
-    struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct sbody b;
     struct resp p;
     static struct shmipc__front_stats st;
     int small = 65536;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     rd_open(r, x->port);
     setsockopt(r->fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
     assert_int_equal(get_stream(r, "/stream/67108864/1048576/0/7/e", 7, 16384, 20, &b), 200);
@@ -90,14 +87,11 @@ static void stream_64m_slow_client(void **state)
 static void stream_sized_then_pipelined(void **state)
 {
     struct tc *t = *state;
-    struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     struct sbody b;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     rd_open(r, x->port);
     const char *reqs = "GET /stream/3000001/65536/1/9/e HTTP/1.1\r\nHost: t\r\n\r\n"
                        "GET /stream/700000/100000/0/11/e HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -144,14 +138,11 @@ static void stream_sized_then_pipelined(void **state)
 static void stream_http10_close_delimited(void **state)
 {
     struct tc *t = *state;
-    struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     struct sbody b;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     rd_open(r, x->port);
     const char *req = "GET /stream/900000/65536/0/8/e HTTP/1.0\r\n\r\n";
     send_all(r->fd, req, strlen(req));
@@ -213,13 +204,11 @@ static void stream_client_gone(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     static struct shmipc__front_stats st;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     for (int round = 0; round < 2; round++) {
         rd_open(r, x->port);
         const char *req = "GET /stream/1073741824/65536/0/3/e HTTP/1.1\r\nHost: t\r\n\r\n";
@@ -255,14 +244,12 @@ static void stream_deadline_mid_body(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct shmipc__front_opts o = {.deadline_ms = 1000};
     struct rd *r = malloc(sizeof *r);
     struct sbody b;
     struct resp p;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, &o);
+    tc_front(t, 1, &o);
     rd_open(r, x->port);
     uint64_t t0 = mono_ms();
     assert_int_equal(get_stream(r, "/stream/2000000/50000/0/4/s", 4, 0, 0, &b), 200);
@@ -338,13 +325,10 @@ static void stream_cross_talk(void **state)
 static void stream_head_unwritable_frees_request_in_use(void **state)
 {
     struct tc *t = *state;
-    struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct resp p;
     static struct shmipc__front_stats st;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     for (int round = 0; round < 12; round++) {
         struct rd *r = calloc(1, sizeof *r);
         static const char *const reqs[] = {"GET /bighead HTTP/1.1\r\nHost: t\r\n\r\n",

@@ -132,7 +132,6 @@ static void upload_64m_content_length(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     static struct shmipc__front_stats st;
     shmipc_config *ipc;
@@ -141,8 +140,7 @@ static void upload_64m_content_length(void **state)
     CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
     struct shmipc__front_opts o = {.ipc = ipc};
     x->max_body = 128u << 20;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, &o);
+    tc_front(t, 1, &o);
     shmipc_config_free(ipc); /* the front keeps a copy */
     upload_hashed(x->port, 7, 64u << 20, 0, NULL, 0);
     upload_hashed(x->port, 8, 100, 0, NULL, 0);
@@ -163,12 +161,10 @@ static void upload_chunked_odd_sizes(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     static const size_t sizes[] = {1, 7, 4093, 65537, 3, 131071, 2, 16384, 999};
     x->max_body = 4u << 20;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     upload_hashed(x->port, 3, (3u << 20) / 2 + 17, 1, sizes, sizeof sizes / sizeof sizes[0]);
     upload_hashed(x->port, 4, 5, 1, sizes, sizeof sizes / sizeof sizes[0]);
     upload_hashed(x->port, 5, 0, 1, sizes, sizeof sizes / sizeof sizes[0]);
@@ -181,13 +177,11 @@ static void upload_chunked_over_limit_413(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     static const size_t sizes[] = {32768};
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     rd_open(r, x->port);
     send_head(r->fd, "/up/hash", 0, 1, NULL);
     (void)send_body(r->fd, 1, 2u << 20, 2u << 20, 1, sizes, 1, NULL); /* may fail: closed */
@@ -209,13 +203,11 @@ static void upload_bad_chunk_framing_400(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     static const size_t sizes[] = {50000};
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     rd_open(r, x->port);
     send_head(r->fd, "/up/hash", 0, 1, NULL);
     assert_int_equal(send_body(r->fd, 1, 1u << 20, 200000, 1, sizes, 1, NULL), 0);
@@ -238,13 +230,11 @@ static void upload_client_stalls_504(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct shmipc__front_opts o = {.deadline_ms = 500};
     struct rd *r = malloc(sizeof *r);
     struct resp p;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, &o);
+    tc_front(t, 1, &o);
     rd_open(r, x->port);
     send_head(r->fd, "/up/hash", 1u << 20, 0, NULL);
     assert_int_equal(send_body(r->fd, 1, 1u << 20, 200000, 0, NULL, 0, NULL), 0);
@@ -264,10 +254,8 @@ static void upload_client_gone_frees_worker(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     for (int i = 0; i < 2; i++) {
         int fd = tcp_connect(x->port);
         send_head(fd, "/up/hash", 1u << 20, i, NULL);
@@ -297,13 +285,11 @@ static void upload_early_answer_closes(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     x->max_body = 8u << 20;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     static struct shmipc__front_stats st;
     for (int i = 0; i < 12; i++) {
         rd_open(r, x->port);
@@ -338,11 +324,8 @@ static void upload_early_answer_closes(void **state)
 static void upload_expect_100_continue(void **state)
 {
     struct tc *t = *state;
-    struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     static const uint64_t sizes[] = {300000, 100};
     for (int i = 0; i < 2; i++) {
         struct rd *r = malloc(sizeof *r);
@@ -649,7 +632,6 @@ static void upload_pipelined_after_bodies(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
@@ -657,8 +639,7 @@ static void upload_pipelined_after_bodies(void **state)
     size_t len = 0;
     uint64_t h1 = FNV_INIT, h2 = FNV_INIT, h3 = FNV_INIT;
     char *b = malloc(1u << 20);
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     put_str(b, &len, "POST /up/hash HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
     static const size_t sizes[] = {1, 7, 4096, 70000, 3};
     uint64_t off = 0;
@@ -710,14 +691,12 @@ static void upload_cut_at_every_byte(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     static struct shmipc__front_stats st;
     char b[512];
     size_t len = 0;
     uint64_t h = FNV_INIT;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     put_str(b, &len, "POST /up/hash HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
     size_t head_len = len;
     put_str(b, &len, "5;e=1\r\n");
@@ -795,15 +774,13 @@ static void upload_early_answer_then_pipelined_request(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct rd *r = malloc(sizeof *r);
     struct resp p;
     char *b = malloc(256u << 10);
     size_t len = 0;
     uint64_t h = FNV_INIT;
-    appw_start(w, "w0", NULL);
-    fx_start(x, ws, 1, 1, NULL);
+    tc_front(t, 1, NULL);
     put_str(b, &len, "POST /up/early HTTP/1.1\r\nHost: t\r\nContent-Length: 200000\r\n\r\n");
     put_body(b, &len, 51, 0, 200000, &h);
     put_str(b, &len, "GET /static HTTP/1.1\r\nHost: t\r\n\r\n");
