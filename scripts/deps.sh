@@ -18,7 +18,10 @@ packages=(
 )
 # The install routes of issue 23 (scripts/check-install-*.sh): pip into a venv with meson-python
 # (no PyPI), luarocks, and dpkg-buildpackage with debhelper.
-packages+=(python3-venv python3-mesonpy python3-build luarocks dpkg-dev debhelper dh-python)
+# patchelf: meson-python asks for it to build a wheel with an extension (a Recommends of
+# python3-mesonpy, so --no-install-recommends leaves it out; without it the wheel build stops
+# with "Missing dependencies: patchelf>=0.11.0").
+packages+=(python3-venv python3-mesonpy python3-build patchelf luarocks dpkg-dev debhelper dh-python)
 # tests/ws_interop (issue 6): node and Debian's `ws` for the interop test, offline (20 packages,
 # 12 MB on a fresh Debian 12). Not npm: it pulls in 355 packages; the test uses it when present.
 packages+=(nodejs node-ws)
