@@ -1074,7 +1074,9 @@ void sbg_join(struct sbg *a)
 }
 
 /* The usual start of a case: workers w0.. (`n` of t->w, in echo mode) and the front on them,
- * one reactor thread, options `o` (NULL: the defaults). Returns the front's fixture. */
+ * one reactor thread, options `o` (NULL: the defaults), each worker with a session up before
+ * it returns (else a first request queues while a slow machine still connects, and a short
+ * deadline answers it there, before any worker saw it). Returns the front's fixture. */
 struct fx *tc_front(struct tc *t, unsigned n, const struct shmipc__front_opts *o)
 {
     struct appw *ws[3];
@@ -1085,6 +1087,9 @@ struct fx *tc_front(struct tc *t, unsigned n, const struct shmipc__front_opts *o
         ws[i] = &t->w[i];
     }
     fx_start(&t->x, ws, n < 3 ? n : 3, 1, o);
+    for (unsigned i = 0; i < n && i < 3; i++)
+        if (!wait_sessions(&t->x, t->w[i].addr, 1))
+            fail_msg("worker %u: no session within %d ms", i, WAIT_MS);
     return &t->x;
 }
 
@@ -1118,7 +1123,7 @@ int tc_teardown(void **state)
         atomic_store(&t->w[i].hold_accept, 0);
     }
     fx_stop(&t->x); /* closes every client connection: client threads end */
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 8; i++) {
         bg_join(&t->bg[i]);
         resp_free(&t->bg[i].p);
     }

@@ -344,6 +344,9 @@ static void deadline_504(void **state)
     appw_start(w, "w0", NULL);
     atomic_store(&w->mode, M_HANG);
     fx_start(x, ws, 1, 1, &o);
+    /* Connected first: a request queued behind a slow handshake gets its 504 there, before
+     * any worker saw it, and no ABORT (TSan on a loaded machine takes 300-400 ms to connect). */
+    assert_true(wait_sessions(x, w->addr, 1));
     assert_int_equal(request(x->port, "GET", "/slow", NULL, &p), 504);
     resp_free(&p);
     assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_TIMEOUT], 1, WAIT_MS));
@@ -438,7 +441,7 @@ static void pipeline_x(void **state, int taken)
     struct appw *w = &t->w[0];
     struct appw *ws[] = {w};
     struct fx *x = &t->x;
-    static struct bg b[6];
+    struct bg *b = t->bg; /* joined by the teardown, also after a failed assertion */
     struct shmipc__front_opts o = {.pipeline = 4};
     appw_start(w, "w0", NULL);
     atomic_store(&w->taken, taken);
@@ -549,13 +552,13 @@ static void pipeline_worker_dies_only_the_taken_one_502(void **state)
     struct appw *w0 = &t->w[0], *w1 = &t->w[1];
     struct appw *ws[] = {w0, w1};
     struct fx *x = &t->x;
-    static struct bg b[8];
+    struct bg *b = t->bg; /* joined by the teardown, also after a failed assertion */
     static const char *const methods[] = {"GET", "POST", "DELETE", "PUT"};
     struct shmipc__front_opts o = {.pipeline = 4, .deadline_ms = 8000};
     appw_start(w0, "w0", NULL);
     appw_start(w1, "w1", NULL);
     for (int i = 0; i < 2; i++) {
-        atomic_store(&ws[i]->taken, 1);
+        atomic_store(&ws[i]->taken, TAKEN_GRANT);
         atomic_store(&ws[i]->mode, M_HOLD);
     }
     fx_start(x, ws, 2, 1, &o);
