@@ -1134,7 +1134,9 @@ static void req_timer(struct shmipc__timer *timer)
         uint64_t backoff = (uint64_t)RETRY_MS << (r->abort_tries < 6 ? r->abort_tries : 6);
         r->abort_tries++;
         atomic_fetch_add(&r->t->f->abort_retries, 1);
-        wait = backoff < ABORT_BACKOFF_MAX_MS ? backoff : ABORT_BACKOFF_MAX_MS;
+        if (backoff > ABORT_BACKOFF_MAX_MS)
+            backoff = ABORT_BACKOFF_MAX_MS;
+        wait = backoff < wait ? backoff : wait; /* and never past the drain's end */
     }
     shmipc__timer_start(timer, wait);
     shmipc__front_req_drain(r);
