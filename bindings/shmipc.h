@@ -555,8 +555,9 @@ SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, s
 
 /**
  * The descriptor that becomes readable when the session has events to process: register it
- * with an event loop (level- or edge-triggered) and call shmipc_session_process() when it
- * fires. It is the socket, or for V4 eventfd and polling sessions an epoll descriptor that
+ * with an event loop and call shmipc_session_process() when it fires. Level- or
+ * edge-triggered; edge-triggered only when the loop is the session's only processor (no other
+ * thread blocks in a read, accept or write on it: what that thread takes brings no new edge). It is the socket, or for V4 eventfd and polling sessions an epoll descriptor that
  * also watches the wakeup eventfd or the polling timer.
  */
 SHMIPC_API int shmipc_session_fileno(const shmipc_session *s);
@@ -566,7 +567,8 @@ SHMIPC_API int shmipc_session_fileno(const shmipc_session *s);
  * streams. It reads the socket until it would block, so that an edge-triggered loop misses
  * nothing (a peer's last data and its close may come as one edge). Returns the number of
  * events handled (>= 0), or the code that ended the session. Thread safe; returns 0 at once
- * when another thread is already processing (that thread takes what is pending).
+ * when another thread is already processing (that thread takes what is pending, and a watch
+ * of shmipc_session_fileno() gets no edge for it).
  */
 SHMIPC_API int shmipc_session_process(shmipc_session *s);
 
