@@ -369,8 +369,18 @@ static void poll_done(struct shmipc__loop *loop, struct shmipc__watch *w,
     if (w == NULL)
         return;
     if (cqe->res < 0) {
-        SHMIPC__LOG(SHMIPC__LOG_ERROR, "reactor: watch on fd %d: %s", w->io.fd,
-                    strerror(-cqe->res));
+        /*
+         * The kernel ended the poll with an error (-ECANCELED: cancelled by another hand, or
+         * a multishot it could not post on some kernels; -ENOMEM). A watch must not go deaf:
+         * its owner looks, since an event may have gone with the poll, and the poll is armed
+         * again; a bad fd is not re-armed (it would fail at once, forever) and the owner's
+         * own I/O on it reports the error.
+         */
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "reactor: watch on fd %d: poll ended: %s%s", w->io.fd,
+                    strerror(-cqe->res), cqe->res == -EBADF ? "" : " (armed again)");
+        shmipc__reactor_watch_ready(w, w->events);
+        if (!w->io.closed && cqe->res != -EBADF && arm_poll(loop, w) < 0)
+            SHMIPC__LOG(SHMIPC__LOG_ERROR, "reactor: %s", shmipc__detail());
         return;
     }
     if ((cqe->res & (POLLIN | POLLHUP | POLLERR)) != 0)

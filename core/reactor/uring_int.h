@@ -2,8 +2,8 @@
  * Private to the io_uring backend's files: uring.c (the submissions, the completion
  * dispatch and the backend table), uring_batch.c (batched waits: the controller and the
  * enter) and uring_setup.c (the ring and the buffer ring: setup, probe, teardown). Nothing
- * else includes it; the rest of the reactor sees the backend through backend.h's
- * shmipc__backend_uring.
+ * else in the library includes it (test_reactor_uring.c does, to reach the loop's ring); the
+ * rest of the reactor sees the backend through backend.h's shmipc__backend_uring.
  */
 #ifndef SHMIPC_CORE_REACTOR_URING_INT_H
 #define SHMIPC_CORE_REACTOR_URING_INT_H
