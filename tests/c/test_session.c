@@ -1400,8 +1400,10 @@ static void data_before_the_peer_left_is_read_first(void **state)
  * the peer sends its last message on the socket and then ends the session, both before the
  * loop looks: one edge. One shmipc_session_process() per edge must see both. It stopped at
  * the short read that took the message, the end waited behind it, and no edge ever came for
- * it: the front held a dead worker's requests until their deadlines (504, not 502). Each
- * wakeup mode, since the socket carries different things in each.
+ * it: the front held a dead worker's requests until their deadlines (504, not 502). Mode 0
+ * (V3, the socket is the descriptor) fails on the old code; mode 1 (V4 eventfd, the
+ * descriptor is an epoll set over the socket and the eventfd) passed there too, and stays
+ * as the same check over the other wakeup path.
  */
 static void edge_triggered_loop_sees_the_end_behind_the_last_message(void **state)
 {
