@@ -2,7 +2,9 @@
  * Description: the spin/wakeup handshake under stress. Two threads exchange bursts of numbered
  * messages over one stream; before each wait each side picks at random how it waits: a
  * blocking read (spins with the config's cap, then sleeps), an event loop that spins first
- * (shmipc_session_spin, then poll on fileno), or one that only sleeps (poll, no spin); the
+ * (shmipc_session_spin, then poll on fileno), or one that only sleeps (poll, no spin); a side
+ * with no event loop picks between a blocking read and non-blocking reads with pauses (its
+ * spins leave the working flag set while it is away: docs/protocol.md 6.6); the
  * caps differ per side (0 .. 50 µs), and random delays (mostly none, a busy few µs, rarely a sleep) sit
  * between the messages. A wakeup lost between a spin giving up and the peer's put shows up as
  * a wait that reaches its timeout; a message lost or reordered as a wrong number. Bounded by
@@ -16,6 +18,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +30,7 @@
 
 /* Messages each way per test, and the time bound of one test (whichever comes first). */
 #define STRESS_MESSAGES 1000000u
-#define STRESS_SECONDS  2u /* x 5 cases: 10 s */
+#define STRESS_SECONDS  2u /* x 8 cases: 16 s */
 /* The longest any one wait may take before the test calls it a lost wakeup. */
 #define WAIT_LIMIT_MS 5000
 #define MAX_BURST     8u
@@ -40,7 +43,10 @@ struct side {
     unsigned seed;
     int failed;
     char why[256];
-    uint64_t waits[3]; /* by mode */
+    uint64_t waits[4]; /* by mode */
+    /* Blocking and non-blocking reads only, never the descriptor: a wait's spin may leave
+     * the working flag set (flag_hot) while this side is away between its reads. */
+    int no_loop;
 };
 
 static uint64_t now_ns(void)
@@ -97,12 +103,33 @@ static int send_seq(struct side *sd)
     return 0;
 }
 
-/* Takes one buffered number and checks it is the next one. */
-static int take_seq(struct side *sd)
+/* Reads `n` bytes without blocking, polling with short pauses until WAIT_LIMIT_MS. */
+static int read_polling(struct side *sd, size_t n, const void **p)
+{
+    uint64_t deadline = now_ns() + (uint64_t)WAIT_LIMIT_MS * 1000000u;
+    for (;;) {
+        int rc = shmipc_stream_read_exact_bytes(sd->st, n, p, SHMIPC_NONBLOCK);
+        if (rc != SHMIPC_EAGAIN)
+            return rc;
+        if (now_ns() >= deadline) {
+            fail_side(sd, "%s: non-blocking reads found no message %llu for %d ms: lost", sd->name,
+                      (unsigned long long)sd->received, WAIT_LIMIT_MS);
+            return rc;
+        }
+        if (rnd(sd, 4) == 0)
+            sched_yield();
+        else
+            random_delay(sd);
+    }
+}
+
+/* Takes one number (mode 3: by non-blocking reads) and checks it is the next one. */
+static int take_seq_mode(struct side *sd, unsigned mode)
 {
     const void *p;
     uint64_t v;
-    int rc = shmipc_stream_read_exact_bytes(sd->st, sizeof v, &p, 0);
+    int rc = mode == 3 ? read_polling(sd, sizeof v, &p)
+                       : shmipc_stream_read_exact_bytes(sd->st, sizeof v, &p, 0);
     if (rc < 0) {
         fail_side(sd, "%s: read after %llu: %s (%s)", sd->name, (unsigned long long)sd->received,
                   shmipc_errname(rc), shmipc_error_detail());
@@ -119,10 +146,18 @@ static int take_seq(struct side *sd)
     return 0;
 }
 
-/* How the next wait goes: 0 a blocking read (40%), 1 spin then poll (40%), 2 poll only. */
+static int take_seq(struct side *sd)
+{
+    return take_seq_mode(sd, 0);
+}
+
+/* How the next wait goes: 0 a blocking read (40%), 1 spin then poll (40%), 2 poll only; a
+ * side with no loop: 0 (60%), 3 non-blocking reads with pauses (40%). */
 static unsigned wait_mode(struct side *sd)
 {
     unsigned r = rnd(sd, 10);
+    if (sd->no_loop)
+        return r < 6 ? 0 : 3;
     return r < 4 ? 0 : r < 8 ? 1 : 2;
 }
 
@@ -134,8 +169,8 @@ static int recv_seq(struct side *sd)
 {
     unsigned mode = wait_mode(sd);
     sd->waits[mode]++;
-    if (mode == 0 || shmipc_stream_available(sd->st) >= sizeof(uint64_t))
-        return take_seq(sd); /* blocking: the read timeout (WAIT_LIMIT_MS) bounds it */
+    if (mode == 0 || mode == 3 || shmipc_stream_available(sd->st) >= sizeof(uint64_t))
+        return take_seq_mode(sd, mode); /* blocking: the read timeout (WAIT_LIMIT_MS) bounds it */
     uint64_t deadline = now_ns() + (uint64_t)WAIT_LIMIT_MS * 1000000u;
     struct pollfd pfd = {.fd = shmipc_session_fileno(sd->s), .events = POLLIN};
     while (shmipc_stream_available(sd->st) < sizeof(uint64_t)) {
@@ -211,12 +246,18 @@ static void *server_main(void *arg)
         uint64_t want = sd->received;
         const void *p;
         uint64_t n;
+        int rc = 1; /* 1: not read yet */
         if (shmipc_stream_available(sd->st) < sizeof n) {
             /* Wait for the 8 bytes in a random mode, as recv_seq() (mode 0: the read blocks). */
             unsigned mode = wait_mode(sd);
-            struct pollfd pfd = {.fd = shmipc_session_fileno(sd->s), .events = POLLIN};
+            struct pollfd pfd = {.fd = -1, .events = POLLIN};
+            if (mode == 1 || mode == 2)
+                pfd.fd = shmipc_session_fileno(sd->s);
             uint64_t deadline = now_ns() + (uint64_t)WAIT_LIMIT_MS * 1000000u;
-            while (mode != 0 && shmipc_stream_available(sd->st) < sizeof n && !sd->failed) {
+            if (mode == 3)
+                rc = read_polling(sd, sizeof n, &p);
+            while ((mode == 1 || mode == 2) && shmipc_stream_available(sd->st) < sizeof n &&
+                   !sd->failed) {
                 if (mode == 1 && shmipc_session_spin(sd->s) > 0)
                     continue;
                 uint64_t now = now_ns();
@@ -230,7 +271,8 @@ static void *server_main(void *arg)
         }
         if (sd->failed)
             break;
-        int rc = shmipc_stream_read_exact_bytes(sd->st, sizeof n, &p, 0);
+        if (rc == 1)
+            rc = shmipc_stream_read_exact_bytes(sd->st, sizeof n, &p, 0);
         if (rc < 0) {
             fail_side(sd, "server: burst header after %llu: %s (%s)", (unsigned long long)want,
                       shmipc_errname(rc), shmipc_error_detail());
@@ -278,7 +320,7 @@ static shmipc_config *stress_config(int eventfd, uint32_t spin_us)
  * threads spin than the machine has CPUs (2 here), and the spinners yield instead of pausing.
  */
 static void stress(int eventfd, uint32_t client_spin, uint32_t server_spin, unsigned seed,
-                   int npairs)
+                   int npairs, int no_loop)
 {
     char address[128];
     struct ipc_pair p[MAX_PAIRS];
@@ -291,8 +333,12 @@ static void stress(int eventfd, uint32_t client_spin, uint32_t server_spin, unsi
         ipc_pick_address(address, sizeof address, "spin-stress");
         ipc_pair_open(&p[k], address, scfg, ccfg);
         assert_int_equal(shmipc_session_version(p[k].client), eventfd ? 4 : 3);
-        r[k].client = (struct side){.name = "client", .s = p[k].client, .seed = seed + 100u * k};
-        r[k].server = (struct side){.name = "server", .s = p[k].server, .seed = seed * 7 + 1 + k};
+        r[k].client = (struct side){
+            .name = "client", .s = p[k].client, .seed = seed + 100u * k, .no_loop = no_loop & 1};
+        r[k].server = (struct side){.name = "server",
+                                    .s = p[k].server,
+                                    .seed = seed * 7 + 1 + k,
+                                    .no_loop = (no_loop & 2) != 0};
         assert_int_equal(shmipc_session_open_stream(p[k].client, &r[k].client.st), 0);
         ipc_send_text(r[k].client.st, "go");
         assert_int_equal(shmipc_session_accept_stream(p[k].server, IPC_WAIT_MS, &r[k].server.st),
@@ -315,12 +361,14 @@ static void stress(int eventfd, uint32_t client_spin, uint32_t server_spin, unsi
     for (int k = 0; k < npairs; k++) {
         struct run *q = &r[k];
         printf("# %s, spin caps %u/%u µs, pair %d of %d: %llu messages each way in %.2f s; waits "
-               "by mode (blocking, spin+poll, poll) client %llu/%llu/%llu server %llu/%llu/%llu\n",
+               "by mode (blocking, spin+poll, poll, non-blocking reads) client %llu/%llu/%llu/%llu "
+               "server %llu/%llu/%llu/%llu\n",
                eventfd ? "V4 eventfd" : "V3", client_spin, server_spin, k + 1, npairs,
                (unsigned long long)q->client.sent, secs, (unsigned long long)q->client.waits[0],
                (unsigned long long)q->client.waits[1], (unsigned long long)q->client.waits[2],
-               (unsigned long long)q->server.waits[0], (unsigned long long)q->server.waits[1],
-               (unsigned long long)q->server.waits[2]);
+               (unsigned long long)q->client.waits[3], (unsigned long long)q->server.waits[0],
+               (unsigned long long)q->server.waits[1], (unsigned long long)q->server.waits[2],
+               (unsigned long long)q->server.waits[3]);
         if (q->client.failed)
             fail_msg("pair %d: %s", k + 1, q->client.why);
         if (q->server.failed)
@@ -340,32 +388,55 @@ static void stress(int eventfd, uint32_t client_spin, uint32_t server_spin, unsi
 static void v3_both_spin_and_sleep(void **state)
 {
     (void)state;
-    stress(0, 50, 50, 1, 1);
+    stress(0, 50, 50, 1, 1, 0);
 }
 
 static void v3_only_the_server_spins(void **state)
 {
     (void)state;
-    stress(0, 0, 20, 2, 1);
+    stress(0, 0, 20, 2, 1, 0);
 }
 
 static void v4_eventfd_both_spin_and_sleep(void **state)
 {
     (void)state;
-    stress(1, 50, 50, 3, 1);
+    stress(1, 50, 50, 3, 1, 0);
 }
 
 /* Three pairs at once: six threads spinning on two CPUs yield to each other. */
 static void v3_more_spinners_than_cpus(void **state)
 {
     (void)state;
-    stress(0, 100, 100, 5, 3);
+    stress(0, 100, 100, 5, 3, 0);
+}
+
+/*
+ * No event loop on either side (V3, then V4 eventfd), or on the client only: blocking reads
+ * whose spins leave the working flag set while the side is away (flag_hot), and non-blocking
+ * reads that must still find what the peer put meanwhile without a wakeup.
+ */
+static void v3_no_event_loop(void **state)
+{
+    (void)state;
+    stress(0, 50, 50, 6, 1, 3);
+}
+
+static void v4_eventfd_no_event_loop(void **state)
+{
+    (void)state;
+    stress(1, 50, 50, 7, 1, 3);
+}
+
+static void v3_blocking_client_loop_server(void **state)
+{
+    (void)state;
+    stress(0, 50, 20, 8, 1, 1);
 }
 
 static void v4_eventfd_short_caps(void **state)
 {
     (void)state;
-    stress(1, 2, 5, 4, 1);
+    stress(1, 2, 5, 4, 1, 0);
 }
 
 int main(void)
@@ -376,6 +447,9 @@ int main(void)
         cmocka_unit_test(v4_eventfd_both_spin_and_sleep),
         cmocka_unit_test(v4_eventfd_short_caps),
         cmocka_unit_test(v3_more_spinners_than_cpus),
+        cmocka_unit_test(v3_no_event_loop),
+        cmocka_unit_test(v4_eventfd_no_event_loop),
+        cmocka_unit_test(v3_blocking_client_loop_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
