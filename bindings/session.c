@@ -56,8 +56,7 @@ SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, s
 SHMIPC_API int shmipc_session_fileno(const shmipc_session *s)
 {
     REQUIRE(s, "session_fileno", "session");
-    /* Not const inside: from now on no wait leaves the working flag set (session.h). */
-    return shmipc__session_loop_fd((shmipc_session *)(uintptr_t)s);
+    return shmipc__session_fileno(s);
 }
 
 SHMIPC_API int shmipc_session_process(shmipc_session *s)

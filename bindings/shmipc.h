@@ -559,9 +559,7 @@ SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, s
  * edge-triggered; edge-triggered only when the loop is the session's only processor (no other
  * thread blocks in a read, accept or write on it: what that thread takes brings no new edge).
  * It is the socket, or for V4 eventfd and polling sessions an epoll descriptor that also
- * watches the wakeup eventfd or the polling timer. Asking for it tells the session that a loop
- * may sleep on it: from then on no blocking wait leaves the receive queue's working flag set
- * when it returns (which spares the peer's wakeup for a reply; docs/protocol.md 6.6).
+ * watches the wakeup eventfd or the polling timer.
  */
 SHMIPC_API int shmipc_session_fileno(const shmipc_session *s);
 

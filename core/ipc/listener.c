@@ -468,7 +468,7 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
         v.pfd[1] = (struct pollfd){.fd = l->fd, .events = POLLIN};
         v.pfd[2] = (struct pollfd){.fd = l->ready_fd, .events = POLLIN};
         for (uint32_t i = 0; i < v.n; i++)
-            v.pfd[3 + i] = (struct pollfd){.fd = shmipc__session_loop_fd(v.s[i]), .events = POLLIN};
+            v.pfd[3 + i] = (struct pollfd){.fd = shmipc__session_fileno(v.s[i]), .events = POLLIN};
         /*
          * Before sleeping, spin on the session that was busy last: a peer in a request and
          * reply exchange answers within the spin, and neither side makes a system call.

@@ -134,17 +134,7 @@ struct shmipc_session {
     /* An event loop's spin that found nothing, judged at its next spin (mu): when it began and
      * gave up, and rx_elems then. */
     uint64_t loop_spin_began, loop_spin_gave_up, loop_spin_rx;
-    unsigned spin_unread; /* spins in a row that found work and skipped the socket (mu) */
-    /*
-     * Our receive queue's working flag left set after a blocking wait's spin found work: the
-     * thread that spun is expected back soon (a request and its reply), so the peer's puts
-     * meanwhile send no wakeup. Every sleep on the socket or the wakeup fd, and every
-     * processing turn, clears it first and looks at the queue again (the Dekker step a spin
-     * ends with; docs/protocol.md, "Spinning"). Never on a session whose descriptor an event
-     * loop may sleep on (loop_fd). Under mu.
-     */
-    int flag_hot;
-    int loop_fd; /* shmipc__session_loop_fd() handed the descriptor out (atomic; set under mu) */
+    unsigned spin_unread;  /* spins in a row that found work and skipped the socket (mu) */
     uint64_t drained_ns;   /* when the receive queue was last drained (mu) */
     unsigned queue_closes; /* close elements taken from the queue, ever (mu) */
     /*
@@ -270,17 +260,11 @@ static inline int shmipc__session_status(const shmipc_session *s)
     return __atomic_load_n(&s->err, __ATOMIC_ACQUIRE);
 }
 
-/* The fd that polls readable when there is news (no side effect; see shmipc__session_loop_fd). */
+/* What shmipc_session_fileno() returns: the fd that polls readable when there is news. */
 static inline int shmipc__session_fileno(const shmipc_session *s)
 {
     return s->event_fd;
 }
-
-/*
- * What shmipc_session_fileno() returns, for an event loop that will sleep on it: from now on
- * no wait leaves the working flag set (flag_hot), and one left set is cleared here.
- */
-int shmipc__session_loop_fd(shmipc_session *s);
 
 /*
  * 1 when the send queue has room for an element now, else 0: for an event loop that is the

@@ -77,8 +77,6 @@ void shmipc__stream_set_fallback(shmipc_stream *st);
 /* session_recv.c */
 void shmipc__session_note_ready_locked(shmipc_session *s, uint32_t id);
 int shmipc__session_drain_queue_locked(shmipc_session *s, int *events);
-/* As shmipc__session_drain_queue_locked(), leaving the working flag set (flag_hot). */
-int shmipc__session_drain_queue_hot_locked(shmipc_session *s, int *events);
 /*
  * Applies the closes taken from the queue (the streams read their end), once the socket was
  * read after they were taken. Under mu.

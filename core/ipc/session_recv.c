@@ -178,12 +178,8 @@ static int handle_element_locked(shmipc_session *s, const struct shmipc__queue_e
     }
 }
 
-/*
- * Handles a Polling message: drain, clear the working flag, drain again if needed. `keep`
- * (a blocking wait's spin that found work) leaves the flag set once the queue is empty:
- * flag_hot, cleared before any sleep (session.h).
- */
-static int drain_queue(shmipc_session *s, int *events, int keep)
+/* Handles a Polling message: drain, clear the working flag, drain again if needed. */
+int shmipc__session_drain_queue_locked(shmipc_session *s, int *events)
 {
     struct shmipc__queue_elem e;
     int rc;
@@ -208,25 +204,10 @@ static int drain_queue(shmipc_session *s, int *events, int keep)
         }
         if (rc != SHMIPC_EAGAIN)
             return rc;
-        if (keep) { /* the flag is still the spin's: set */
-            s->flag_hot = 1;
-            return 0;
-        }
-        s->flag_hot = 0;
         rc = shmipc__queue_mark_not_working(&s->qp.recv);
         if (rc <= 0)
             return rc;
     }
-}
-
-int shmipc__session_drain_queue_locked(shmipc_session *s, int *events)
-{
-    return drain_queue(s, events, 0);
-}
-
-int shmipc__session_drain_queue_hot_locked(shmipc_session *s, int *events)
-{
-    return drain_queue(s, events, 1);
 }
 
 static int handle_fallback_locked(shmipc_session *s, const struct shmipc__msg *m)
@@ -381,23 +362,10 @@ int shmipc__session_finish_turn_locked(shmipc_session *s, int rc, int events)
 int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready)
 {
     int events = 0, rc = 0, all = socket_ready == SHMIPC__SOCKET_DRAIN;
-    int drain = s->wakeup != SHMIPC_WAKEUP_SOCKET;
     if (shmipc__session_err(s))
         return shmipc__session_err(s);
     if ((rc = shmipc__session_check_memory_locked(s)) < 0)
         return rc;
-    /*
-     * A flag left set (flag_hot) sent us no wakeup for what the peer put since: clear it and
-     * look (1: elements came, the flag is set again, and this turn drains them; V3 too, whose
-     * drains otherwise follow the peer's Polling message).
-     */
-    if (s->flag_hot) {
-        s->flag_hot = 0;
-        if ((rc = shmipc__queue_mark_not_working(&s->qp.recv)) < 0)
-            return shmipc__session_finish_turn_locked(s, rc, 0);
-        drain |= rc;
-        rc = 0;
-    }
     for (;;) {
         unsigned closes = s->queue_closes;
         while (rc >= 0 && socket_ready) {
@@ -412,7 +380,7 @@ int shmipc__session_process_fds_locked(shmipc_session *s, int socket_ready)
              * sees no other edge for it). */
             socket_ready = rc == 1 || err == EINTR || (all && rc >= 0 && n > 0);
         }
-        if (rc >= 0 && drain)
+        if (rc >= 0 && s->wakeup != SHMIPC_WAKEUP_SOCKET)
             rc = shmipc__session_drain_queue_locked(s, &events);
         /*
          * A close taken from the queue may have been put after our recv, behind FallbackData

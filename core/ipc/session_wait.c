@@ -119,7 +119,7 @@ static uint64_t spin_ns(const shmipc_session *s)
 /*
  * The least budget of an adaptive spin: about one cross-process wakeup. A peer that answers in
  * 1-2 µs as a rule and later now and then (work between two messages) would find a 2 µs spin
- * given up and pay a wakeup each time (the p99: V3 22-40 µs with a 2 µs floor, 7-8 with this).
+ * given up and pay a wakeup each time (the p99: V3 32-35 µs with a 2 µs floor, 7-10 with this).
  */
 #define SPIN_MIN_NS 10000u
 
@@ -241,7 +241,7 @@ int shmipc__session_fresh_locked(shmipc_session *s)
 {
     const uint32_t *flag = recv_flag(s);
     if (s->drained_ns == 0 || shmipc__queue_size(&s->qp.recv) != 0 ||
-        (__atomic_load_n(flag, __ATOMIC_SEQ_CST) != 0 && !s->flag_hot))
+        __atomic_load_n(flag, __ATOMIC_SEQ_CST) != 0)
         return 0;
     return shmipc__now_ns() - s->drained_ns < FRESH_NS;
 }
@@ -281,13 +281,11 @@ static int spin_for_work(shmipc_session *s, uint64_t start, uint64_t budget, uin
     /*
      * Set before the first look (seq_cst, as the producer's CAS): a put after this sees the
      * flag and sends no wakeup, and we see its element in the loop or in the final look.
-     * Exchanged, not stored: every turn of ours ends with the flag cleared or left hot, so a
-     * 1 here that is not ours (flag_hot) is the peer's CAS (shmipc__queue_mark_working), and
-     * that peer sent a wakeup (a Polling message on the socket, or an eventfd write) that is
-     * ours to read. While hot the peer's CAS fails: it sent none.
+     * Exchanged, not stored: every turn of ours ends with the flag cleared, so a 1 here is the
+     * peer's CAS (shmipc__queue_mark_working), and that peer sent a wakeup (a Polling
+     * message on the socket, or an eventfd write) that is ours to read.
      */
-    *woken = __atomic_exchange_n(flag, 1, __ATOMIC_SEQ_CST) != 0 && !s->flag_hot;
-    s->flag_hot = 0; /* the spin's own now: it ends cleared, or drained (hot again) */
+    *woken = __atomic_exchange_n(flag, 1, __ATOMIC_SEQ_CST) != 0;
     int crowd = __atomic_add_fetch(&spinners, 1, __ATOMIC_RELAXED) > online_cpus();
     for (unsigned i = 0;; i++) {
         if (shmipc__queue_size(&s->qp.recv) != 0) {
@@ -350,17 +348,8 @@ static int spin_turn_locked(shmipc_session *s, uint64_t deadline, uint64_t now, 
          */
         if (shmipc__session_err(s) == 0) {
             unsigned closes = s->queue_closes;
-            /*
-             * The flag stays set after the drain (flag_hot) unless an event loop may sleep on
-             * the session: the thread that waited is expected back with its next wait (a
-             * reply to what it takes now), and the peer's puts until then need no wakeup.
-             */
-            int hot = !__atomic_load_n(&s->loop_fd, __ATOMIC_ACQUIRE);
             rc = shmipc__session_finish_turn_locked(
-                s,
-                hot ? shmipc__session_drain_queue_hot_locked(s, &events)
-                    : shmipc__session_drain_queue_locked(s, &events),
-                events);
+                s, shmipc__session_drain_queue_locked(s, &events), events);
             /* The drain's start: a fresh look (FRESH_NS) trusts it a little less long. */
             if (rc >= 0)
                 s->drained_ns = at;
@@ -427,15 +416,6 @@ int shmipc__session_wait_locked(shmipc_session *s, uint64_t deadline)
         return rc < 0 ? rc : 0;
     if (shmipc__session_err(s))
         return shmipc__session_err(s);
-    if (!s->processing && s->flag_hot) {
-        /* Never asleep with the flag set: clear it, and take what came meanwhile. */
-        s->processing = 1;
-        rc = shmipc__session_process_fds_locked(s, 0);
-        s->processing = 0;
-        pthread_cond_broadcast(&s->cond);
-        if (rc != 0)
-            return rc < 0 ? rc : 0;
-    }
     if (!s->processing) {
         s->processing = 1;
         int socket = 0, err = 0;
@@ -520,24 +500,6 @@ int shmipc__session_spin(shmipc_session *s)
     shmipc__session_unlock(s);
     shmipc__session_release(s);
     return rc;
-}
-
-int shmipc__session_loop_fd(shmipc_session *s)
-{
-    if (!__atomic_load_n(&s->loop_fd, __ATOMIC_ACQUIRE)) {
-        shmipc__session_lock(s);
-        __atomic_store_n(&s->loop_fd, 1, __ATOMIC_RELEASE);
-        /* A flag a blocking wait left set: cleared now, before the loop sleeps (a processor
-         * meanwhile clears it in its turn: every turn and every sleep does). */
-        if (s->flag_hot && !s->processing) {
-            s->processing = 1;
-            (void)shmipc__session_process_fds_locked(s, 0); /* an error is the session's */
-            s->processing = 0;
-            pthread_cond_broadcast(&s->cond);
-        }
-        shmipc__session_unlock(s);
-    }
-    return s->event_fd;
 }
 
 int shmipc__session_process(shmipc_session *s)

@@ -403,12 +403,8 @@ static int fallback_write(shmipc_session *s, const uint8_t *p, size_t len, uint6
                        : shmipc__fail_errno(errno, "socket: send");
         shmipc__session_lock(s);
         int reader = !s->processing;
-        if (reader) {
+        if (reader)
             s->processing = 1;
-            /* Asleep below: never with the flag set (flag_hot); what came is taken now. */
-            if (s->flag_hot)
-                (void)shmipc__session_process_fds_locked(s, 0);
-        }
         shmipc__session_unlock(s);
         /* Watch for input only when no other thread is reading it, or we would spin. */
         struct pollfd pfd = {.fd = s->fd, .events = POLLOUT | (reader ? POLLIN : 0)};

@@ -183,8 +183,8 @@ static void fs_connected(struct fsess *fs, shmipc_session *s, int rc)
 {
     struct fthread *t = fs->t;
     if (rc == 0)
-        rc = shmipc__watch_new(t->loop, shmipc__session_loop_fd(s), SHMIPC__WATCH_READ, fs_ready,
-                               fs, &fs->watch);
+        rc = shmipc__watch_new(t->loop, shmipc__session_fileno(s), SHMIPC__WATCH_READ, fs_ready, fs,
+                               &fs->watch);
     if (rc < 0) {
         if (s != NULL)
             shmipc__session_close(s);

@@ -24,7 +24,6 @@
 #include "common/clock.h"
 #include "ipc/proto.h"
 #include "ipc/session.h"
-#include "ipc/session_int.h"
 
 static char address[128];
 
@@ -666,125 +665,6 @@ static void event_loop_spin_forgives_a_quick_answer(void **state)
     shmipc_stream_close(ss);
     ipc_pair_close(&q);
     shmipc_config_free(cfg);
-}
-
-/* The session's receive working flag left set (session.h, flag_hot), read under mu. */
-static int flag_left_set(shmipc_session *s)
-{
-    shmipc__session_lock(s);
-    int hot = s->flag_hot;
-    shmipc__session_unlock(s);
-    return hot;
-}
-
-struct late_send {
-    shmipc_stream *st;
-    const char *text;
-};
-
-static void *send_later(void *arg)
-{
-    struct late_send *a = arg;
-    usleep(2000); /* the reader is spinning by then, as a rule (its budget adapts) */
-    assert_int_equal(shmipc_stream_write(a->st, a->text, strlen(a->text)), 0);
-    assert_int_equal(shmipc_stream_flush(a->st), 0);
-    return NULL;
-}
-
-/*
- * `text` from `ss`, sent while `cs`'s blocking read spins, which takes it and leaves the flag
- * set. A spin's budget adapts to the recent waits, so a loaded machine may let it give up
- * and sleep (the message then comes with a wakeup, taken with the socket: no flag left set);
- * a few tries make that rare case harmless.
- */
-static void read_leaving_flag_set(shmipc_session *client, shmipc_stream *cs, shmipc_stream *ss,
-                                  const char *text, int mode)
-{
-    for (int tries = 0; tries < 20; tries++) {
-        struct late_send a = {ss, text};
-        pthread_t th;
-        assert_int_equal(pthread_create(&th, NULL, send_later, &a), 0);
-        ipc_expect_text(cs, text);
-        pthread_join(th, NULL);
-        if (flag_left_set(client))
-            return;
-    }
-    fail_msg("mode %d: 20 spins that took a message cleared the flag", mode);
-}
-
-/*
- * A blocking reader whose spin took a message leaves its working flag set, so the peer's
- * next put (the reply to what it took) sends no wakeup while the reader is away: a round
- * trip without a system call on either side. What must hold, V3 and V4 eventfd: the put
- * while the flag is set sends nothing (V3: no Polling message on the socket); a non-blocking
- * read after the 50 µs a drain is trusted still takes it (V3 drains the queue only after a
- * Polling message otherwise: without the clear-and-look in every turn it waited forever);
- * a blocking read takes it; and once shmipc_session_fileno() was asked for, no wait leaves
- * the flag set (an event loop sleeps on the descriptor) and a put makes it readable.
- */
-static void flag_left_set_after_a_spin_loses_no_message(void **state)
-{
-    (void)state;
-    if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
-        skip(); /* one CPU never spins */
-    for (int mode = 0; mode < 2; mode++) {
-        char address[64];
-        shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
-        if (mode == 1)
-            assert_int_equal(shmipc_config_with_v4_eventfd(cfg), 0);
-        assert_int_equal(shmipc_config_set_spin_us(cfg, 100000), 0);
-        ipc_pick_address(address, sizeof address, "hotflag");
-        struct ipc_pair q;
-        ipc_pair_open(&q, address, cfg, cfg);
-        shmipc_stream *cs, *ss = NULL;
-        const void *p;
-        assert_int_equal(shmipc_session_open_stream(q.client, &cs), 0);
-        ipc_send_text(cs, "open");
-        assert_int_equal(shmipc_session_accept_stream(q.server, IPC_WAIT_MS, &ss), 0);
-        ipc_expect_text(ss, "open");
-        for (int round = 0; round < 3; round++) {
-            /* "a" comes while the reader spins: its spin takes it and leaves the flag set
-             * (a message that came with a wakeup is taken with the socket, which clears it). */
-            read_leaving_flag_set(q.client, cs, ss, "a", mode);
-            /* "b" comes while the reader is away: no wakeup. */
-            ipc_send_text(ss, "b");
-            if (mode == 0) {
-                struct pollfd sock = {.fd = q.client->fd, .events = POLLIN};
-                assert_int_equal(poll(&sock, 1, 0), 0);
-            }
-            usleep(2000); /* past the 50 µs a drain is trusted */
-            if (round == 1) {
-                ipc_expect_text(cs, "b"); /* blocking */
-            } else {
-                int rc = shmipc_stream_read_exact_bytes(cs, 1, &p, SHMIPC_NONBLOCK);
-                if (rc != 0)
-                    fail_msg("mode %d round %d: a non-blocking read missed a message put while "
-                             "the flag was set: %s",
-                             mode, round, shmipc_errname(rc));
-                assert_memory_equal(p, "b", 1);
-                assert_int_equal(shmipc_stream_release(cs), 0);
-            }
-        }
-        /* An event loop now: the flag is cleared, and a put wakes its descriptor. */
-        read_leaving_flag_set(q.client, cs, ss, "c", mode);
-        struct pollfd pfd = {.fd = shmipc_session_fileno(q.client), .events = POLLIN};
-        assert_false(flag_left_set(q.client));
-        while (poll(&pfd, 1, 0) == 1) /* what an earlier wakeup left */
-            assert_true(shmipc_session_process(q.client) >= 0);
-        ipc_send_text(ss, "d");
-        assert_int_equal(poll(&pfd, 1, 5000), 1);
-        assert_true(shmipc_session_process(q.client) >= 1);
-        assert_int_equal(shmipc_stream_read_exact_bytes(cs, 1, &p, SHMIPC_NONBLOCK), 0);
-        assert_memory_equal(p, "d", 1);
-        assert_int_equal(shmipc_stream_release(cs), 0);
-        ipc_send_text(ss, "e");
-        ipc_expect_text(cs, "e"); /* a blocking read's spin, on a loop's session */
-        assert_false(flag_left_set(q.client));
-        shmipc_stream_close(cs);
-        shmipc_stream_close(ss);
-        ipc_pair_close(&q);
-        shmipc_config_free(cfg);
-    }
 }
 
 /*
@@ -2376,7 +2256,6 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(event_loop_spin, memfd_pair_open, memfd_pair_close),
         cmocka_unit_test(event_loop_spin_forgives_a_quick_answer),
-        cmocka_unit_test(flag_left_set_after_a_spin_loses_no_message),
         cmocka_unit_test_setup_teardown(released_slices_are_reused_hot, memfd_pair_open,
                                         memfd_pair_close),
         cmocka_unit_test_setup_teardown(received_only_sizes_are_not_hoarded, memfd_pair_open,

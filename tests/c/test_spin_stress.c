@@ -3,8 +3,7 @@
  * messages over one stream; before each wait each side picks at random how it waits: a
  * blocking read (spins with the config's cap, then sleeps), an event loop that spins first
  * (shmipc_session_spin, then poll on fileno), or one that only sleeps (poll, no spin); a side
- * with no event loop picks between a blocking read and non-blocking reads with pauses (its
- * spins leave the working flag set while it is away: docs/protocol.md 6.6); the
+ * with no event loop picks between a blocking read and non-blocking reads with pauses; the
  * caps differ per side (0 .. 50 µs), and random delays (mostly none, a busy few µs, rarely a sleep) sit
  * between the messages. A wakeup lost between a spin giving up and the peer's put shows up as
  * a wait that reaches its timeout; a message lost or reordered as a wrong number. Bounded by
@@ -44,8 +43,8 @@ struct side {
     int failed;
     char why[256];
     uint64_t waits[4]; /* by mode */
-    /* Blocking and non-blocking reads only, never the descriptor: a wait's spin may leave
-     * the working flag set (flag_hot) while this side is away between its reads. */
+    /* Blocking and non-blocking reads only, never the descriptor (an application with no
+     * event loop): the waits of a blocking read and the turns of a non-blocking one. */
     int no_loop;
 };
 
@@ -412,8 +411,7 @@ static void v3_more_spinners_than_cpus(void **state)
 
 /*
  * No event loop on either side (V3, then V4 eventfd), or on the client only: blocking reads
- * whose spins leave the working flag set while the side is away (flag_hot), and non-blocking
- * reads that must still find what the peer put meanwhile without a wakeup.
+ * and non-blocking reads with random pauses, which must find what the peer put meanwhile.
  */
 static void v3_no_event_loop(void **state)
 {
