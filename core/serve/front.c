@@ -12,6 +12,7 @@
 #include "ipc/config.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -163,6 +164,17 @@ static int check_addrs(const char *const *addrs, unsigned n)
     return 0;
 }
 
+static int deadline_ok(uint32_t ms)
+{
+    return ms <= SHMIPC__FRONT_MAX_DEADLINE || ms == SHMIPC__FRONT_NO_DEADLINE;
+}
+
+/* What the server's deferral takes for the option: it takes 0 as "no deadline". */
+static uint32_t deadline_of(uint32_t ms)
+{
+    return ms == SHMIPC__FRONT_NO_DEADLINE ? 0 : ms ? ms : SHMIPC__FRONT_DEFAULT_DEADLINE;
+}
+
 int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__front **out)
 {
     struct shmipc__front *f;
@@ -171,17 +183,14 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
         return shmipc__fail(SHMIPC_EINVAL, "front_new: NULL");
     if ((rc = check_addrs(opts->workers, opts->nworkers)) < 0)
         return rc;
-    if ((opts->deadline_ms > 3600000u && opts->deadline_ms != SHMIPC__FRONT_NO_DEADLINE) ||
-        opts->connect_ms > 3600000u || opts->max_response > SHMIPC__FRONT_LIMIT_RESPONSE ||
-        opts->queue_max > (1u << 24) || opts->pipeline > SHMIPC__FRONT_MAX_PIPELINE)
+    if (!deadline_ok(opts->deadline_ms) || opts->connect_ms > 3600000u ||
+        opts->max_response > SHMIPC__FRONT_LIMIT_RESPONSE || opts->queue_max > (1u << 24) ||
+        opts->pipeline > SHMIPC__FRONT_MAX_PIPELINE)
         return shmipc__fail(SHMIPC_ERANGE, "front_new: a deadline, timeout or limit too large");
     if ((f = calloc(1, sizeof *f)) == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "front_new");
     f->queue_max = opts->queue_max ? opts->queue_max : SHMIPC__FRONT_DEFAULT_QUEUE;
-    /* The server's deferral takes 0 as "no deadline". */
-    f->deadline_ms = opts->deadline_ms == SHMIPC__FRONT_NO_DEADLINE ? 0
-                     : opts->deadline_ms                            ? opts->deadline_ms
-                                         : SHMIPC__FRONT_DEFAULT_DEADLINE;
+    atomic_init(&f->deadline_ms, deadline_of(opts->deadline_ms));
     f->connect_ms = opts->connect_ms ? opts->connect_ms : SHMIPC__FRONT_DEFAULT_CONNECT;
     f->pipeline = opts->pipeline ? opts->pipeline : SHMIPC__FRONT_DEFAULT_PIPELINE;
     f->max_response = opts->max_response ? opts->max_response : SHMIPC__FRONT_DEFAULT_RESPONSE;
@@ -247,6 +256,17 @@ int shmipc__front_set_workers(struct shmipc__front *f, const char *const *addrs,
     }
     pthread_mutex_unlock(&f->mu);
     return rc;
+}
+
+int shmipc__front_set_deadline(struct shmipc__front *f, uint32_t deadline_ms)
+{
+    if (f == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "front_set_deadline: NULL");
+    if (!deadline_ok(deadline_ms))
+        return shmipc__fail(SHMIPC_ERANGE, "front_set_deadline: %" PRIu32 " ms (at most %u)",
+                            deadline_ms, SHMIPC__FRONT_MAX_DEADLINE);
+    atomic_store(&f->deadline_ms, deadline_of(deadline_ms));
+    return 0;
 }
 
 int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out)

@@ -41,6 +41,7 @@ struct shmipc__front;
 #define SHMIPC__FRONT_DEFAULT_QUEUE    1024u       /* requests waiting for a worker, in all */
 #define SHMIPC__FRONT_DEFAULT_DEADLINE 30000u      /* ms per request, from its arrival */
 #define SHMIPC__FRONT_NO_DEADLINE      UINT32_MAX  /* deadline_ms: requests wait for ever */
+#define SHMIPC__FRONT_MAX_DEADLINE     3600000u    /* ms, the most a finite deadline can be */
 #define SHMIPC__FRONT_DEFAULT_CONNECT  1000u       /* ms for a session's connect and handshake */
 #define SHMIPC__FRONT_DEFAULT_RESPONSE (64u << 20) /* bytes of a response body */
 /* Requests in flight per worker whose sessions granted TAKEN (docs/serve.md, "HELLO and
@@ -119,6 +120,14 @@ int shmipc__front_attach(struct shmipc__front *f, struct shmipc_server *srv, con
  * sets keep their sessions. Thread safe.
  */
 int shmipc__front_set_workers(struct shmipc__front *f, const char *const *addrs, unsigned n);
+
+/*
+ * Replaces the requests' deadline (a reload; deadline_ms of the options: 0 the default, up to
+ * 3600000, or SHMIPC__FRONT_NO_DEADLINE): a request has the deadline in force when its head
+ * arrived, so requests already there keep theirs. SHMIPC_EINVAL for NULL, SHMIPC_ERANGE past
+ * the bound. Thread safe.
+ */
+int shmipc__front_set_deadline(struct shmipc__front *f, uint32_t deadline_ms);
 
 /* Counters and worker states. Thread safe. */
 int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out);

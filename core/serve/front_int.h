@@ -191,7 +191,8 @@ struct freq {
 };
 
 struct shmipc__front {
-    uint32_t queue_max, deadline_ms, connect_ms, pipeline;
+    uint32_t queue_max, connect_ms, pipeline;
+    _Atomic uint32_t deadline_ms; /* 0: none (the server's deferral); set_deadline changes it */
     uint64_t max_response;
     shmipc_config *ipc;
     struct shmipc_server *srv;

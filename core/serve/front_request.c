@@ -1399,6 +1399,9 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
     struct lcap lc;
     long n;
     int rc;
+    /* The deadline in force when the head arrived (set_deadline may change it meanwhile:
+     * the worker can have the request before it is deferred below). */
+    uint32_t deadline = atomic_load(&f->deadline_ms);
 
     if (shmipc__server_where(res, &where) < 0 || where.index >= MAX_THREADS ||
         (t = f->threads[where.index]) == NULL)
@@ -1462,9 +1465,9 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
     }
     /* An upgrade has no body (ws_refuse answered one that had: 400). */
     if (up) {
-        rc = shmipc__server_ws_defer(res, req, f->deadline_ms, on_cancel, r, &r->ticket);
+        rc = shmipc__server_ws_defer(res, req, deadline, on_cancel, r, &r->ticket);
     } else {
-        rc = shmipc__server_defer(res, f->deadline_ms, on_cancel, r, &r->ticket);
+        rc = shmipc__server_defer(res, deadline, on_cancel, r, &r->ticket);
         if (rc == 0 && gather)
             rc = shmipc__server_upload(res, on_small_body, on_small_end, r);
         else if (rc == 0 && r->uploading &&
