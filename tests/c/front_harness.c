@@ -705,7 +705,13 @@ void appw_start(struct appw *w, const char *name, const char *addr)
         pthread_cond_init(&w->cv, NULL);
     }
     atomic_store(&w->stop, 0);
-    CHECK(shmipc_listener_new(w->addr, NULL, &w->l));
+    /* The handshake's 1 s default is short for TSan on a loaded machine (a session took up to
+     * 400 ms to come up in CI); a shutdown ends a handshake under way at once. */
+    shmipc_config *cfg;
+    CHECK(shmipc_config_new(&cfg));
+    CHECK(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS));
+    CHECK(shmipc_listener_new(w->addr, cfg, &w->l));
+    shmipc_config_free(cfg);
     assert_int_equal(pthread_create(&w->acceptor, NULL, acceptor_main, w), 0);
     w->started = 1;
 }
@@ -752,6 +758,8 @@ void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
         addrs[i] = ws[i]->addr;
     opts.workers = addrs;
     opts.nworkers = n;
+    if (opts.connect_ms == 0) /* a case that does not test the connect timeout: as the workers */
+        opts.connect_ms = HANDSHAKE_MS;
     CHECK(shmipc__front_new(&opts, &x->f));
     CHECK(shmipc_server_config_new(&cfg));
     CHECK(shmipc_server_config_set_address(cfg, x->listen != NULL ? x->listen : "127.0.0.1"));

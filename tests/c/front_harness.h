@@ -37,6 +37,8 @@ extern int suite_backend;
 /* The cap on any wait for an event: long, so that a loaded machine under a sanitizer never
  * overruns it; a passing run never waits it out. */
 #define WAIT_MS 30000
+/* A session's handshake, on both sides (the library's default is 1000 ms). */
+#define HANDSHAKE_MS 10000
 
 enum mode {
     M_ECHO = 0,     /* 200, body = target ":" body, X-Worker: name */
