@@ -211,7 +211,11 @@ static void logw_start(struct logw *w)
     memset(w, 0, sizeof *w);
     snprintf(w->addr, sizeof w->addr, "unix:@shmipc-front-log-%d-%d", (int)getpid(), logw_seq++);
     pthread_mutex_init(&w->mu, NULL);
-    CHECK(shmipc_listener_new(w->addr, NULL, &w->l));
+    shmipc_config *cfg; /* the handshake as the harness's workers (front_harness.h) */
+    CHECK(shmipc_config_new(&cfg));
+    CHECK(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS));
+    CHECK(shmipc_listener_new(w->addr, cfg, &w->l));
+    shmipc_config_free(cfg);
     pthread_create(&w->acceptor, NULL, acceptor_main, w);
 }
 
@@ -260,6 +264,8 @@ static void lfx_start(struct lfx *x, struct logw **ws, unsigned n, unsigned thre
     opts.workers = addrs;
     opts.nworkers = n;
     opts.access_log = x->log;
+    if (opts.connect_ms == 0)
+        opts.connect_ms = HANDSHAKE_MS;
     CHECK(shmipc__front_new(&opts, &x->f));
     CHECK(shmipc_server_config_new(&cfg));
     CHECK(shmipc_server_config_set_address(cfg, "127.0.0.1"));
