@@ -41,6 +41,33 @@ static inline void ipc_pick_address(char *out, size_t size, const char *tag)
 
 /* ---- A client connecting from a thread ---- */
 
+/*
+ * The config the helpers use where a case passes NULL: the defaults, with a handshake of
+ * IPC_WAIT_MS (the library's 1 s timed out on the listener's side under TSan beside another
+ * CI run). A case that passes its own config keeps its own handshake timeout. Made once, kept
+ * for the process.
+ */
+static shmipc_config *ipc__patient_cfg;
+static pthread_once_t ipc__patient_once = PTHREAD_ONCE_INIT;
+
+static inline void ipc__patient_make(void)
+{
+    if (shmipc_config_new(&ipc__patient_cfg) == 0 &&
+        shmipc_config_set_timeout(ipc__patient_cfg, SHMIPC_TIMEOUT_INITIALIZE, IPC_WAIT_MS) != 0) {
+        shmipc_config_free(ipc__patient_cfg);
+        ipc__patient_cfg = NULL;
+    }
+}
+
+static inline const shmipc_config *ipc_cfg_or_patient(const shmipc_config *cfg)
+{
+    if (cfg != NULL)
+        return cfg;
+    pthread_once(&ipc__patient_once, ipc__patient_make);
+    assert_non_null(ipc__patient_cfg);
+    return ipc__patient_cfg;
+}
+
 /* A client session being connected on its own thread (a listener must accept it meanwhile). */
 struct ipc_connector {
     const char *address;
@@ -83,9 +110,17 @@ static inline void ipc_connect_accept(shmipc_listener *l, const char *address,
                                       shmipc_session **server)
 {
     struct ipc_connector c;
-    ipc_connector_start(&c, address, cfg);
-    assert_int_equal(shmipc_listener_accept(l, IPC_WAIT_MS, server), 0);
-    assert_int_equal(ipc_connector_join(&c), 0);
+    ipc_connector_start(&c, address, ipc_cfg_or_patient(cfg));
+    int arc = shmipc_listener_accept(l, IPC_WAIT_MS, server);
+    /* Joined before any check: a failed check leaves the case, and c with it. */
+    int crc = ipc_connector_join(&c);
+    if (arc != 0 || crc != 0) {
+        if (arc == 0)
+            shmipc_session_close(*server);
+        if (crc == 0)
+            shmipc_session_close(c.s);
+        fail_msg("connect %s: accept %d, connect %d", address, arc, crc);
+    }
     *client = c.s;
 }
 
@@ -103,7 +138,7 @@ static inline void ipc_pair_open(struct ipc_pair *p, const char *address,
                                  const shmipc_config *listener_cfg, const shmipc_config *client_cfg)
 {
     memset(p, 0, sizeof *p);
-    assert_int_equal(shmipc_listener_new(address, listener_cfg, &p->l), 0);
+    assert_int_equal(shmipc_listener_new(address, ipc_cfg_or_patient(listener_cfg), &p->l), 0);
     ipc_connect_accept(p->l, address, client_cfg, &p->client, &p->server);
 }
 

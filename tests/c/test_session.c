@@ -241,7 +241,7 @@ static void pair_open(struct ipc_pair *p, const shmipc_config *cfg)
 {
     memset(p, 0, sizeof *p);
     pick_address();
-    assert_int_equal(shmipc_listener_new(address, cfg, &p->l), 0);
+    assert_int_equal(shmipc_listener_new(address, ipc_cfg_or_patient(cfg), &p->l), 0);
     /* Nobody has connected yet: nothing to accept. */
     assert_int_equal(shmipc_listener_accept(p->l, 0, &p->server), SHMIPC_EAGAIN);
     ipc_connect_accept(p->l, address, cfg, &p->client, &p->server);
