@@ -23,7 +23,7 @@
  *
  * Threading: new, attach and free on one thread, attach before the server starts, free after
  * the server stopped (its threads' state goes with the server's stop) or was freed;
- * set_workers and stats from any thread.
+ * set_workers, set_deadline and stats from any thread.
  */
 #ifndef SHMIPC_CORE_SERVE_FRONT_H
 #define SHMIPC_CORE_SERVE_FRONT_H
@@ -123,8 +123,8 @@ int shmipc__front_set_workers(struct shmipc__front *f, const char *const *addrs,
 
 /*
  * Replaces the requests' deadline (a reload; deadline_ms of the options: 0 the default, up to
- * 3600000, or SHMIPC__FRONT_NO_DEADLINE): a request has the deadline in force when its head
- * arrived, so requests already there keep theirs. SHMIPC_EINVAL for NULL, SHMIPC_ERANGE past
+ * 3600000, or SHMIPC__FRONT_NO_DEADLINE): a request has the deadline in force when its handler
+ * ran (at its head), so requests already there keep theirs. SHMIPC_EINVAL for NULL, SHMIPC_ERANGE past
  * the bound. Thread safe.
  */
 int shmipc__front_set_deadline(struct shmipc__front *f, uint32_t deadline_ms);

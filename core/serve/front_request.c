@@ -1399,7 +1399,7 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
     struct lcap lc;
     long n;
     int rc;
-    /* The deadline in force when the head arrived (set_deadline may change it meanwhile:
+    /* The deadline in force now, at the head (set_deadline may change it meanwhile:
      * the worker can have the request before it is deferred below). */
     uint32_t deadline = atomic_load(&f->deadline_ms);
 

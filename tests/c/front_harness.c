@@ -705,13 +705,7 @@ void appw_start(struct appw *w, const char *name, const char *addr)
         pthread_cond_init(&w->cv, NULL);
     }
     atomic_store(&w->stop, 0);
-    /* The handshake's 1 s default is short for TSan on a loaded machine (a session took up to
-     * 400 ms to come up in CI); a shutdown ends a handshake under way at once. */
-    shmipc_config *cfg;
-    CHECK(shmipc_config_new(&cfg));
-    CHECK(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS));
-    CHECK(shmipc_listener_new(w->addr, cfg, &w->l));
-    shmipc_config_free(cfg);
+    listener_patient(w->addr, &w->l);
     assert_int_equal(pthread_create(&w->acceptor, NULL, acceptor_main, w), 0);
     w->started = 1;
 }
@@ -748,6 +742,17 @@ static int h_static(shmipc_http_request *req, shmipc_http_response *res, void *u
     return shmipc_http_response_body(res, "static", 6);
 }
 
+/* The handshake's 1 s default is short for TSan on a loaded machine (a session took up to
+ * 400 ms to come up in CI); a shutdown ends a handshake under way at once. */
+void listener_patient(const char *addr, shmipc_listener **out)
+{
+    shmipc_config *cfg;
+    CHECK(shmipc_config_new(&cfg));
+    CHECK(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS));
+    CHECK(shmipc_listener_new(addr, cfg, out));
+    shmipc_config_free(cfg);
+}
+
 void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
               const struct shmipc__front_opts *o)
 {
@@ -758,7 +763,7 @@ void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
         addrs[i] = ws[i]->addr;
     opts.workers = addrs;
     opts.nworkers = n;
-    if (opts.connect_ms == 0) /* a case that does not test the connect timeout: as the workers */
+    if (opts.connect_ms == 0) /* as the workers' listeners; a case can set its own */
         opts.connect_ms = HANDSHAKE_MS;
     CHECK(shmipc__front_new(&opts, &x->f));
     CHECK(shmipc_server_config_new(&cfg));

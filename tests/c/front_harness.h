@@ -219,6 +219,8 @@ void appw_stop(struct appw *w);
 void appw_hold_accept(struct appw *w);
 
 /* ---- the front under test ---- */
+/* A listener at `addr` whose handshake waits HANDSHAKE_MS. */
+void listener_patient(const char *addr, shmipc_listener **out);
 void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
               const struct shmipc__front_opts *o);
 void fx_stop(struct fx *x);

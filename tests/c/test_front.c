@@ -564,7 +564,8 @@ static void pipeline_worker_dies_only_the_taken_one_502(void **state)
     struct fx *x = &t->x;
     struct bg *b = t->bg; /* joined by the teardown, also after a failed assertion */
     static const char *const methods[] = {"GET", "POST", "DELETE", "PUT"};
-    struct shmipc__front_opts o = {.pipeline = 4, .deadline_ms = 8000};
+    /* its worker's accept is held: connects to it keep the front's 1 s default */
+    struct shmipc__front_opts o = {.pipeline = 4, .deadline_ms = 8000, .connect_ms = 1000};
     appw_start(w0, "w0", NULL);
     appw_start(w1, "w1", NULL);
     for (int i = 0; i < 2; i++) {

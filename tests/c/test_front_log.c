@@ -211,11 +211,7 @@ static void logw_start(struct logw *w)
     memset(w, 0, sizeof *w);
     snprintf(w->addr, sizeof w->addr, "unix:@shmipc-front-log-%d-%d", (int)getpid(), logw_seq++);
     pthread_mutex_init(&w->mu, NULL);
-    shmipc_config *cfg; /* the handshake as the harness's workers (front_harness.h) */
-    CHECK(shmipc_config_new(&cfg));
-    CHECK(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS));
-    CHECK(shmipc_listener_new(w->addr, cfg, &w->l));
-    shmipc_config_free(cfg);
+    listener_patient(w->addr, &w->l);
     pthread_create(&w->acceptor, NULL, acceptor_main, w);
 }
 
