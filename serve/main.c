@@ -147,6 +147,7 @@ static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **s
         .nworkers = (unsigned)n,
         .queue_max = o->queue,
         .pipeline = o->pipeline,
+        .hello = 1, /* every worker kind answers HELLO (docs/serve.md); ASGI says its concurrency */
         /* --timeout 0 means none; the front's 0 would mean its default. */
         .deadline_ms = o->timeout_ms ? o->timeout_ms : SHMIPC__FRONT_NO_DEADLINE,
         .access_log = r->alog,

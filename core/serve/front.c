@@ -185,7 +185,7 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
         return rc;
     if (!deadline_ok(opts->deadline_ms) || opts->connect_ms > 3600000u ||
         opts->max_response > SHMIPC__FRONT_LIMIT_RESPONSE || opts->queue_max > (1u << 24) ||
-        opts->pipeline > SHMIPC__FRONT_MAX_PIPELINE)
+        opts->pipeline > SHMIPC__FRONT_MAX_PIPELINE || opts->hello > 1)
         return shmipc__fail(SHMIPC_ERANGE, "front_new: a deadline, timeout or limit too large");
     if ((f = calloc(1, sizeof *f)) == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "front_new");
@@ -193,6 +193,7 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
     atomic_init(&f->deadline_ms, deadline_of(opts->deadline_ms));
     f->connect_ms = opts->connect_ms ? opts->connect_ms : SHMIPC__FRONT_DEFAULT_CONNECT;
     f->pipeline = opts->pipeline ? opts->pipeline : SHMIPC__FRONT_DEFAULT_PIPELINE;
+    f->hello = opts->hello || f->pipeline > 1;
     f->max_response = opts->max_response ? opts->max_response : SHMIPC__FRONT_DEFAULT_RESPONSE;
     f->alog = opts->access_log;
     pthread_mutex_init(&f->mu, NULL);
@@ -311,6 +312,9 @@ int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out
                                                   : SHMIPC__FRONT_WORKER_DOWN;
             ws->in_flight = (unsigned)atomic_load(&w->busy);
             ws->taken = atomic_load(&w->taken);
+            ws->concurrency = atomic_load(&w->conc);
+            if (ws->concurrency == 0)
+                ws->concurrency = 1;
             ws->served = atomic_load(&w->served);
             ws->failures = atomic_load(&w->failures);
         }

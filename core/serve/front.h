@@ -48,10 +48,13 @@ struct shmipc__front;
  * TAKEN"): 1 is one at a time; the most is SHMIPC__FRONT_MAX_PIPELINE. */
 #define SHMIPC__FRONT_DEFAULT_PIPELINE 1u
 #define SHMIPC__FRONT_MAX_PIPELINE     16u
-#define SHMIPC__FRONT_LIMIT_RESPONSE   (1ull << 32) /* most max_response may be */
-#define SHMIPC__FRONT_DRAIN_MS         5000u        /* after the front's ABORT, at most */
-#define SHMIPC__FRONT_BACKOFF_MIN_MS   20u          /* first reconnect after a session ended */
-#define SHMIPC__FRONT_BACKOFF_MAX_MS   2000u        /* the back-off doubles up to this */
+/* Requests in flight on one session, and to a worker whose HELLO answered a concurrency above 1
+ * (docs/serve.md, "HELLO and TAKEN"): a larger answer, or 0 (no bound), counts as this. */
+#define SHMIPC__FRONT_MAX_CONCURRENCY 256u
+#define SHMIPC__FRONT_LIMIT_RESPONSE  (1ull << 32) /* most max_response may be */
+#define SHMIPC__FRONT_DRAIN_MS        5000u        /* after the front's ABORT, at most */
+#define SHMIPC__FRONT_BACKOFF_MIN_MS  20u          /* first reconnect after a session ended */
+#define SHMIPC__FRONT_BACKOFF_MAX_MS  2000u        /* the back-off doubles up to this */
 /* A request a stopping worker refused (ABORT SHUTDOWN: not processed) goes to another worker
  * at most this many times, and only when the front still holds its body: a body of at most
  * SHMIPC__FRONT_RETRY_BODY bytes is kept until the worker's first answer for that. */
@@ -66,7 +69,11 @@ struct shmipc__front_opts {
     uint32_t connect_ms;        /* 0: the default; up to 3600000 */
     uint64_t max_response;      /* 0: the default; response bytes held at once, up to the limit */
     uint32_t pipeline;          /* 0: the default; requests in flight per TAKEN worker, 1..16 */
-    const shmipc_config *ipc;   /* the sessions' config (copied); NULL: defaults */
+    /* Offer HELLO on every session, also with a pipeline of 1: a worker that answers a
+     * concurrency above 1 then gets up to that many requests at once (its own accept decides
+     * the order). Only for workers that know HELLO; a pipeline over 1 offers it anyway. */
+    uint8_t hello;
+    const shmipc_config *ipc; /* the sessions' config (copied); NULL: defaults */
     /* One line per finished request (serve/access_log.h), written from each reactor thread's
      * buffer; NULL: none. Borrowed: it outlives the front. */
     struct shmipc__access_log *access_log;
@@ -80,12 +87,13 @@ enum {
 
 struct shmipc__front_worker_stats {
     char address[SHMIPC__FRONT_MAX_ADDRESS + 1];
-    int state;          /* SHMIPC__FRONT_WORKER_* */
-    unsigned sessions;  /* threads with a live session to it */
-    unsigned in_flight; /* requests in flight to it: at most 1, or the pipeline with TAKEN */
-    unsigned taken;     /* of its sessions, those whose HELLO granted TAKEN */
-    uint64_t served;    /* responses relayed */
-    uint64_t failures;  /* 502s: session ended, stream ended, bad frame, too large */
+    int state;            /* SHMIPC__FRONT_WORKER_* */
+    unsigned sessions;    /* threads with a live session to it */
+    unsigned in_flight;   /* requests in flight to it: at most its concurrency, or the pipeline */
+    unsigned taken;       /* of its sessions, those whose HELLO granted TAKEN */
+    unsigned concurrency; /* what its last HELLO answered (capped), 1 before any answer */
+    uint64_t served;      /* responses relayed */
+    uint64_t failures;    /* 502s: session ended, stream ended, bad frame, too large */
 };
 
 struct shmipc__front_stats {

@@ -54,6 +54,7 @@ struct fworker {
     atomic_int busy;        /* requests in flight to it (over all threads' sessions) */
     atomic_int solo;        /* of those, ones nothing may be pipelined behind (upload, WS) */
     atomic_uint taken;      /* sessions whose HELLO granted TAKEN */
+    atomic_uint conc;       /* its last HELLO's concurrency (1..MAX_CONCURRENCY), 0: none yet */
     atomic_uint sessions;   /* threads with a live session to it */
     atomic_int current;     /* in the current set */
     atomic_ullong served;   /* responses relayed */
@@ -69,10 +70,12 @@ struct fsess {
     shmipc_session *s; /* NULL while down */
     struct shmipc__watch *watch;
     /* The requests in flight on this session, oldest first, each holding one of w->busy:
-     * one at a time, or up to the front's pipeline on a session that granted TAKEN. */
-    struct freq *act[SHMIPC__FRONT_MAX_PIPELINE];
+     * one at a time, up to the front's pipeline on a session that granted TAKEN, or up to the
+     * concurrency its worker answered. */
+    struct freq *act[SHMIPC__FRONT_MAX_CONCURRENCY];
     unsigned nact;
     uint8_t taken_ok;     /* its HELLO granted TAKEN (docs/serve.md, "HELLO and TAKEN") */
+    unsigned conc;        /* its HELLO's concurrency, capped; 1 until (and without) one */
     shmipc_stream *hello; /* the HELLO's stream until the worker's answer came */
     uint8_t down;         /* shmipc__front_fs_down() is deciding its requests' fate */
     uint8_t stopping;     /* its worker refused or dropped a request it never took: nothing
@@ -192,6 +195,7 @@ struct freq {
 
 struct shmipc__front {
     uint32_t queue_max, connect_ms, pipeline;
+    uint8_t hello; /* HELLO offered on every session (opts.hello, or a pipeline over 1) */
     _Atomic uint32_t deadline_ms; /* 0: none (the server's deferral); set_deadline changes it */
     uint64_t max_response;
     shmipc_config *ipc;

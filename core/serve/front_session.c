@@ -39,7 +39,7 @@ static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void 
      * looked up again before it is read, and one attached meanwhile waits for the next turn. */
     if (fs->hello != NULL)
         fs_hello_read(fs);
-    struct freq *snap[SHMIPC__FRONT_MAX_PIPELINE];
+    struct freq *snap[SHMIPC__FRONT_MAX_CONCURRENCY];
     unsigned n = fs->nact;
     memcpy(snap, fs->act, n * sizeof snap[0]);
     for (unsigned i = 0; i < n; i++) {
@@ -74,9 +74,11 @@ void shmipc__front_fs_attach(struct fsess *fs, struct freq *r)
     fs->act[fs->nact++] = r;
     r->fs = fs;
     r->taken = 0;
-    r->want_taken = fs->taken_ok;
+    /* TAKEN decides only what a pipelined request behind others may become: asked for
+     * when the front pipelines (a concurrent worker runs what it is sent at once). */
+    r->want_taken = fs->taken_ok && fs->t->f->pipeline > 1;
     if (r->out != NULL) { /* the arg's low byte holds the request flags */
-        if (fs->taken_ok)
+        if (r->want_taken)
             r->out[8] |= (uint8_t)SHMIPC__SF_REQ_TAKEN_WANTED;
         else
             r->out[8] &= (uint8_t)~SHMIPC__SF_REQ_TAKEN_WANTED;
@@ -125,7 +127,8 @@ static void fs_hello_start(struct fsess *fs)
 {
     uint8_t out[SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE];
     fs->taken_ok = 0;
-    if (fs->t->f->pipeline < 2) /* one request at a time: nothing to ask */
+    fs->conc = 1;
+    if (!fs->t->f->hello) /* one request at a time: nothing to ask */
         return;
     (void)shmipc__sf_encode_hello(out, sizeof out, SHMIPC__SF_FEAT_TAKEN, 0);
     if (shmipc__session_open_stream(fs->s, &fs->hello) < 0)
@@ -160,13 +163,21 @@ static void fs_hello_read(struct fsess *fs)
         int hello = shmipc__sf_decode(p, SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE, &f) > 0 &&
                     f.type == SHMIPC__SF_HELLO;
         uint32_t grant = hello ? f.u.hello.features : 0;
+        uint32_t conc = hello ? f.u.hello.concurrency : 0;
         shmipc__stream_release(fs->hello);
-        if (hello && (grant & ~SHMIPC__SF_FEAT_TAKEN))
+        if (hello && (grant & ~SHMIPC__SF_FEAT_TAKEN)) {
             SHMIPC__LOG(SHMIPC__LOG_WARN, "front: worker %s granted features not offered (0x%x)",
                         fs->w->addr, grant);
-        else if (hello && (grant & SHMIPC__SF_FEAT_TAKEN)) {
-            fs->taken_ok = 1;
-            atomic_fetch_add(&fs->w->taken, 1);
+        } else if (hello) {
+            if (grant & SHMIPC__SF_FEAT_TAKEN) {
+                fs->taken_ok = 1;
+                atomic_fetch_add(&fs->w->taken, 1);
+            }
+            /* 0 says nothing: one at a time. More than the front's bound counts as the bound. */
+            fs->conc = conc == 0                              ? 1
+                       : conc > SHMIPC__FRONT_MAX_CONCURRENCY ? SHMIPC__FRONT_MAX_CONCURRENCY
+                                                              : conc;
+            atomic_store(&fs->w->conc, fs->conc);
         }
         rc = hello ? 0 : -1;
     }
@@ -174,7 +185,7 @@ static void fs_hello_read(struct fsess *fs)
         SHMIPC__LOG(SHMIPC__LOG_INFO, "front: worker %s does not know HELLO: one request at a time",
                     fs->w->addr);
     fs_hello_end(fs);
-    if (fs->taken_ok)
+    if (fs->taken_ok || fs->conc > 1)
         shmipc__front_kick(fs->t); /* waiting requests may go to it now */
 }
 
@@ -363,7 +374,7 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
     fs->down = 1;
     /* First what the worker sent before it ended: a response it finished is relayed, a TAKEN
      * it sent is seen (a read that meets the end leaves the request here). */
-    struct freq *snap[SHMIPC__FRONT_MAX_PIPELINE];
+    struct freq *snap[SHMIPC__FRONT_MAX_CONCURRENCY];
     unsigned n = fs->nact;
     memcpy(snap, fs->act, n * sizeof snap[0]);
     for (unsigned i = 0; i < n; i++)
@@ -386,6 +397,7 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
     if (fs->taken_ok)
         atomic_fetch_sub(&fs->w->taken, 1);
     fs->taken_ok = 0;
+    fs->conc = 1; /* the next session's HELLO says again */
     if (rc < 0)
         SHMIPC__LOG(SHMIPC__LOG_WARN, "front: worker %s: session ended (%s)", fs->w->addr,
                     shmipc__errname(rc));
@@ -481,13 +493,26 @@ struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
     for (unsigned k = 0; k < t->nsess; k++) {
         struct fsess *fs = t->sess[(t->rr + k) % t->nsess];
         int zero = 0;
-        if (fs->s == NULL || fs->retired || fs->stopping || fs->nact == SHMIPC__FRONT_MAX_PIPELINE)
+        if (fs->s == NULL || fs->retired || fs->stopping ||
+            fs->nact == SHMIPC__FRONT_MAX_CONCURRENCY)
             continue;
+        if (fs->conc > 1) {
+            /* A concurrent worker is free below its concurrency, for any request: it runs an
+             * upload or a WebSocket beside the others. Nothing is pipelined past it. */
+            int n = atomic_load(&fs->w->busy);
+            while (n < (int)fs->conc) {
+                if (atomic_compare_exchange_weak(&fs->w->busy, &n, n + 1)) {
+                    t->rr = (t->rr + k + 1) % t->nsess;
+                    return fs;
+                }
+            }
+            continue;
+        }
         if (atomic_compare_exchange_strong(&fs->w->busy, &zero, 1)) {
             t->rr = (t->rr + k + 1) % t->nsess;
             return fs;
         }
-        if (!may_wait || !fs->taken_ok)
+        if (!may_wait || !fs->taken_ok || fs->nact == SHMIPC__FRONT_MAX_PIPELINE)
             continue;
         int n = atomic_load(&fs->w->busy);
         if (n < (int)t->f->pipeline && atomic_load(&fs->w->solo) == 0 &&

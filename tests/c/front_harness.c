@@ -400,7 +400,10 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
             a[12] =
                 (uint8_t)(tk == TAKEN_GRANT_ALL ? 0xff : f.payload[0] & SHMIPC_SERVE_FEAT_TAKEN);
             a[13] = a[14] = a[15] = (uint8_t)(tk == TAKEN_GRANT_ALL ? 0xff : 0);
-            a[16] = 1;
+            uint32_t conc = atomic_load(&w->conc);
+            conc = conc ? conc : 1;
+            for (int i = 0; i < 4; i++)
+                a[16 + i] = (uint8_t)(conc >> (8 * i));
             an = (int64_t)sizeof a;
         } else if (tk == TAKEN_ANSWER_BODY) { /* a frame of another type, of HELLO's size */
             an = shmipc_serve_encode_frame(a, sizeof a, SHMIPC_SERVE_BODY, 0,
@@ -630,6 +633,41 @@ out:
     shmipc_stream_close(st);
 }
 
+struct starg {
+    struct appw *w;
+    shmipc_stream *st;
+};
+
+/* A concurrent worker's stream (appw.conc over 1): served beside the others. */
+static void *stream_main(void *arg)
+{
+    struct starg *a = arg;
+    struct appw *w = a->w;
+    serve_stream(w, a->st);
+    free(a);
+    atomic_fetch_sub(&w->sthreads_live, 1);
+    return NULL;
+}
+
+static void serve_concurrently(struct appw *w, shmipc_stream *st)
+{
+    struct starg *a = malloc(sizeof *a);
+    pthread_t th;
+    pthread_attr_t at;
+    assert_non_null(a);
+    a->w = w;
+    a->st = st;
+    atomic_fetch_add(&w->sthreads_live, 1);
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &at, stream_main, a) != 0) {
+        atomic_fetch_sub(&w->sthreads_live, 1);
+        free(a);
+        serve_stream(w, st);
+    }
+    pthread_attr_destroy(&at);
+}
+
 static void *session_main(void *arg)
 {
     struct sarg *a = arg;
@@ -650,7 +688,10 @@ static void *session_main(void *arg)
             continue;
         if (rc < 0)
             break;
-        serve_stream(a->w, st);
+        if (atomic_load(&a->w->conc) > 1)
+            serve_concurrently(a->w, st);
+        else
+            serve_stream(a->w, st);
     }
     if (!atomic_load(&a->w->stop))
         bump(&a->w->sessions_ended);
@@ -728,8 +769,13 @@ void appw_stop(struct appw *w)
     kill_sessions(w);
     for (int i = 0; i < w->nsess; i++) {
         pthread_join(w->sthreads[i], NULL);
-        shmipc_session_close(w->sess[i]);
     }
+    /* Stream threads end with their sessions' end (or their holds' release by `stop`). */
+    for (uint64_t end = mono_ms() + 10000; atomic_load(&w->sthreads_live) > 0 && mono_ms() < end;)
+        sleep_ms(1);
+    assert_int_equal(atomic_load(&w->sthreads_live), 0);
+    for (int i = 0; i < w->nsess; i++)
+        shmipc_session_close(w->sess[i]);
     w->nsess = 0;
     shmipc_listener_close(w->l);
     w->l = NULL;

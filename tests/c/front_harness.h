@@ -91,10 +91,13 @@ struct appw {
     /* HELLO and TAKEN (docs/serve.md): enum taken_mode. Targets "/taken-twice",
      * "/taken-unasked" and "/taken-late" send TAKEN where the protocol forbids it. */
     atomic_int taken;
-    atomic_int hellos;   /* HELLOs answered */
-    atomic_int takens;   /* TAKENs sent */
-    atomic_int holding;  /* requests waiting on hold_open (M_HOLD) */
-    atomic_int streamed; /* stream_mode bodies sent whole */
+    atomic_int hellos;        /* HELLOs answered */
+    atomic_uint conc;         /* the concurrency a granting HELLO answers (0: 1); over 1 each stream
+                          * is served on a thread of its own */
+    atomic_int sthreads_live; /* those stream threads still running */
+    atomic_int takens;        /* TAKENs sent */
+    atomic_int holding;       /* requests waiting on hold_open (M_HOLD) */
+    atomic_int streamed;      /* stream_mode bodies sent whole */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     shmipc_session *sess[APPW_MAX_SESSIONS];

@@ -510,6 +510,141 @@ static void pipeline_never_on_a_hello_answered_with_another_frame(void **state)
     pipeline_x(state, TAKEN_ANSWER_BODY);
 }
 
+/* Until the front's stats say worker `i` answered a concurrency of `want`. */
+static int wait_concurrency(struct fx *x, unsigned i, unsigned want)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.w[i].concurrency == want)
+            return 1;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    fprintf(stderr, "wait_concurrency: %u (want %u)\n", st.w[i].concurrency, want);
+    return 0;
+}
+
+/*
+ * A worker whose HELLO answers a concurrency of 4 (opts.hello, no pipeline): six requests to
+ * it while it holds them, four in flight at once (it has them all: held together), two wait in
+ * the front's queue; every client gets its own answer. No TAKEN is asked for: the worker runs
+ * what it is sent at once.
+ */
+static void concurrent_worker_gets_its_concurrency(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct bg *b = t->bg; /* joined by the teardown, also after a failed assertion */
+    struct shmipc__front_opts o = {.hello = 1};
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->taken, TAKEN_GRANT);
+    atomic_store(&w->conc, 4);
+    atomic_store(&w->mode, M_HOLD);
+    fx_start(x, ws, 1, 1, &o);
+    assert_true(wait_concurrency(x, 0, 4));
+    for (int i = 0; i < 6; i++)
+        bg_start(&b[i], x->port, pipe_targets[i]);
+    assert_true(wait_pipeline(x, 0, 4, 2));
+    assert_true(wait_for(&w->holding, 4, WAIT_MS));
+    latch_set(w, &w->hold_open, 1);
+    for (int i = 0; i < 6; i++) {
+        char want[16];
+        bg_join(&b[i]);
+        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
+        assert_int_equal(b[i].p.status, 200);
+        assert_string_equal(b[i].p.body, want);
+        resp_free(&b[i].p);
+    }
+    assert_int_equal(atomic_load(&w->max_concurrent), 4);
+    assert_int_equal(atomic_load(&w->takens), 0);
+    assert_int_equal(atomic_load(&w->bad), 0);
+    fx_stop(x);
+    appw_stop(w);
+}
+
+/*
+ * An upload whose client stalls mid-body, on a worker of concurrency 3: it holds one of the
+ * three, not the worker whole (as it does a worker that runs one request at a time), so two
+ * GETs run beside it; the upload then ends and is answered.
+ */
+static void concurrent_worker_upload_holds_one_place(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct bg *b = t->bg;
+    struct shmipc__front_opts o = {.hello = 1};
+    static char body[100000];
+    static const char head[] = "POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n";
+    struct rd r;
+    struct resp p;
+    memset(body, 'u', sizeof body);
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->taken, TAKEN_GRANT);
+    atomic_store(&w->conc, 3);
+    fx_start(x, ws, 1, 1, &o);
+    assert_true(wait_concurrency(x, 0, 3));
+    rd_open(&r, x->port);
+    send_all(r.fd, head, sizeof head - 1);
+    send_all(r.fd, body, 100);
+    assert_true(wait_for(&w->requests, 1, WAIT_MS)); /* the worker reads the upload's body */
+    bg_start(&b[0], x->port, "/beside0");
+    bg_start(&b[1], x->port, "/beside1");
+    for (int i = 0; i < 2; i++) {
+        bg_join(&b[i]);
+        assert_int_equal(b[i].p.status, 200);
+        resp_free(&b[i].p);
+    }
+    send_all(r.fd, body + 100, sizeof body - 100);
+    read_resp(&r, &p);
+    assert_int_equal(p.status, 200);
+    assert_int_equal(p.body_len, 4 + sizeof body); /* "/up:" and the body back */
+    resp_free(&p);
+    close(r.fd);
+    assert_int_equal(atomic_load(&w->bad), 0);
+    fx_stop(x);
+    appw_stop(w);
+}
+
+/*
+ * What a worker's HELLO says of its concurrency, believed only within bounds: 0 (not said) is
+ * one at a time, more than the front's bound is the bound. The stats say what the front took.
+ */
+static void concurrency_answers_are_bounded(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct shmipc__front_opts o = {.hello = 1};
+    static const unsigned said[] = {
+        0, 1, 2, SHMIPC__FRONT_MAX_CONCURRENCY, SHMIPC__FRONT_MAX_CONCURRENCY + 1, UINT32_MAX};
+    static const unsigned took[] = {1,
+                                    1,
+                                    2,
+                                    SHMIPC__FRONT_MAX_CONCURRENCY,
+                                    SHMIPC__FRONT_MAX_CONCURRENCY,
+                                    SHMIPC__FRONT_MAX_CONCURRENCY};
+    struct resp p;
+    for (size_t i = 0; i < sizeof said / sizeof said[0]; i++) {
+        appw_start(w, "w0", NULL);
+        atomic_store(&w->taken, TAKEN_GRANT);
+        atomic_store(&w->conc, said[i]);
+        fx_start(x, ws, 1, 1, &o);
+        assert_true(wait_for(&w->hellos, 1, WAIT_MS));
+        assert_true(wait_concurrency(x, 0, took[i]));
+        assert_int_equal(request(x->port, "GET", "/fine", NULL, &p), 200);
+        assert_string_equal(p.body, "/fine:");
+        resp_free(&p);
+        fx_stop(x);
+        appw_stop(w);
+    }
+}
+
 /*
  * TAKEN where the protocol has none: twice, never asked for (a worker that did not grant it),
  * after the response's head. Each is the worker's protocol error: 502 and ABORT PROTOCOL for
@@ -1033,6 +1168,12 @@ static void options(void **state)
     o.max_response = SHMIPC__FRONT_LIMIT_RESPONSE + 1;
     assert_int_equal(shmipc__front_new(&o, &f), SHMIPC_ERANGE);
     o.max_response = 0;
+    o.pipeline = SHMIPC__FRONT_MAX_PIPELINE + 1;
+    assert_int_equal(shmipc__front_new(&o, &f), SHMIPC_ERANGE);
+    o.pipeline = 0;
+    o.hello = 2; /* a flag: 0 or 1 */
+    assert_int_equal(shmipc__front_new(&o, &f), SHMIPC_ERANGE);
+    o.hello = 0;
     CHECK(shmipc__front_new(&o, &f));
     assert_int_equal(shmipc__front_set_workers(f, dup, 2), SHMIPC_EINVAL);
     assert_int_equal(shmipc__front_set_workers(f, NULL, 1), SHMIPC_EINVAL);
@@ -1535,7 +1676,9 @@ static void connector_churn_under_load(void **state)
         T(pipeline_never_to_a_worker_without_hello),                                               \
         T(pipeline_never_on_a_grant_of_features_not_offered),                                      \
         T(pipeline_never_on_a_hello_answered_with_another_frame),                                  \
-        T(taken_out_of_place_is_a_protocol_error), T(pipeline_worker_dies_only_the_taken_one_502)
+        T(taken_out_of_place_is_a_protocol_error), T(pipeline_worker_dies_only_the_taken_one_502), \
+        T(concurrent_worker_gets_its_concurrency), T(concurrent_worker_upload_holds_one_place),    \
+        T(concurrency_answers_are_bounded)
 
 int main(int argc, char **argv)
 {
