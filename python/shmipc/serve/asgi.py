@@ -84,7 +84,7 @@ class _Http:
                 return data
             if end is not None and time.monotonic() >= end:
                 raise shmipc.TimeoutError(f"no request body from the front in {limit} s")
-            await asyncio.sleep(delay)
+            await self.ex.idle(delay)
             delay = min(delay * 2, _BODY_POLL_MAX)
 
     async def receive(self):
@@ -105,7 +105,7 @@ class _Http:
             except RequestAborted:
                 self.disconnected = True
                 break
-            await asyncio.sleep(_DISCONNECT_POLL)
+            await self.ex.idle(_DISCONNECT_POLL)
         self.disconnected = True
         return {"type": "http.disconnect"}
 
@@ -187,7 +187,7 @@ class _Http:
             parts.append(_END)
             self.complete = True
         if parts:
-            self.ex.send(*parts)
+            await self.ex.asend(*parts)
 
 
 class _LengthError(Exception):
@@ -206,6 +206,8 @@ class ASGIHandler:
         self._ls_out = None
         self._ls_task = None
         self.lifespan_supported = None
+        # What its HELLO answers: 1 (one request at a time) unless an ASGIWorker runs it.
+        self.concurrency = 1
         # Set by the Worker (its stop event): an open WebSocket is closed 1001 when it is set.
         self.stopping = None
 
@@ -294,25 +296,26 @@ class ASGIHandler:
             except shmipc.Error:
                 pass
 
-    async def _handle(self, ex):
+    async def _handle(self, ex, first=None):
+        """One stream's exchange; `first`: its first frame header, when read already."""
         try:
-            raw, (typ, length, arg) = ex.read_frame_header()
+            raw, (typ, length, arg) = first if first is not None else await ex.aread_frame_header()
             if typ == sf.ABORT:
                 return "late"  # as in WSGIHandler._handle
             if typ == sf.HELLO:
-                return ex.answer_hello(length)  # one request at a time, as the WSGI worker
+                return await ex.aanswer_hello(length, self.concurrency)
             if typ != sf.REQUEST_HEAD:
                 raise ProtocolViolation(f"a frame of type {typ} before the request head")
-            payload = ex.st.readexactly(length)
+            payload = await ex.areadexactly(length)
             try:
                 scope = sf.decode_request_scope(raw + payload)
             except sf.FrameError as e:
                 raise ProtocolViolation(str(e)) from None
             ex.head(arg, payload)
-            ex.taken(arg)
+            await ex.ataken(arg)
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
-            ex.abort(sf.ABORT_PROTOCOL, str(e))
+            await ex.aabort(sf.ABORT_PROTOCOL, str(e))
             return "protocol"
         if getattr(self, "state", None) is not None:
             scope["state"] = dict(self.state)  # the spec: a shallow copy per request
@@ -328,7 +331,7 @@ class ASGIHandler:
             return "aborted"
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
-            ex.abort(sf.ABORT_PROTOCOL, str(e))
+            await ex.aabort(sf.ABORT_PROTOCOL, str(e))
             return "protocol"
         except shmipc.Error:
             raise
@@ -340,12 +343,12 @@ class ASGIHandler:
                 # The response went out whole (its END too): it stands, no ABORT after it.
                 log.error("shmipc-serve: the app failed after its response on %s %s",
                           scope["method"], scope["raw_path"], exc_info=e)
-                ex.drain()
+                await ex.adrain()
                 return "error"
-            return self._failed(ex, h, scope, e)
+            return await self._failed(ex, h, scope, e)
         if h.disconnected or ex.aborted:
             return "aborted"
-        ex.drain()
+        await ex.adrain()
         return "ok"
 
     async def _websocket(self, ex, scope):
@@ -358,7 +361,7 @@ class ASGIHandler:
             return "aborted"
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
-            ex.abort(sf.ABORT_PROTOCOL, str(e))
+            await ex.aabort(sf.ABORT_PROTOCOL, str(e))
             return "protocol"
         except shmipc.Error:
             raise
@@ -373,17 +376,17 @@ class ASGIHandler:
             elif isinstance(ws.refused, _Http):
                 if ws.refused.complete:
                     return "error"
-                ex.abort(sf.ABORT_WORKER_ERROR, f"{type(e).__name__}: {e}")
+                await ex.aabort(sf.ABORT_WORKER_ERROR, f"{type(e).__name__}: {e}")
             elif not ws.refused:
-                self._failed(ex, _Http(ex, {"method": "GET"}), dict(scope, method="GET"), e)
+                await self._failed(ex, _Http(ex, {"method": "GET"}), dict(scope, method="GET"), e)
             return "error"
         if ws.got_close is not None and ws.got_close[0] == _WS_GONE:
             return "aborted"
         if not ws.accepted:
-            ex.drain()
+            await ex.adrain()
         return "ok"
 
-    def _failed(self, ex, h, scope, exc):
+    async def _failed(self, ex, h, scope, exc):
         log.error("shmipc-serve: the app failed on %s %s", scope["method"], scope["raw_path"],
                   exc_info=exc)
         if not h.started:
@@ -393,10 +396,10 @@ class ASGIHandler:
             parts = [head]
             if scope["method"] != "HEAD":
                 parts += [_body_header(len(_ERROR_BODY)), _ERROR_BODY]
-            ex.send(*parts, _END)
-            ex.drain()
+            await ex.asend(*parts, _END)
+            await ex.adrain()
         else:
-            ex.abort(sf.ABORT_WORKER_ERROR, f"{type(exc).__name__}: {exc}")
+            await ex.aabort(sf.ABORT_WORKER_ERROR, f"{type(exc).__name__}: {exc}")
         return "error"
 
 
@@ -462,7 +465,7 @@ class _WebSocket:
             if self.stopping is not None and self.stopping.is_set() and not self.sent_close:
                 # The worker is stopping: close 1001 (going away), and wait for the front's
                 # answer as after any close of ours, bounded.
-                self._send_close(1001, b"")
+                await self._send_close(1001, b"")
                 wait = time.monotonic() + _WS_CLOSE_WAIT
                 end = wait if end is None else min(end, wait)
             try:
@@ -472,17 +475,17 @@ class _WebSocket:
                     if typ == sf.END and not self.ex.done and not length:
                         self.ex.done = True  # the END after the upgrade's REQUEST_HEAD
                         continue
-                    return typ, arg, self.ex.st.readexactly(length) if length else b""
+                    return typ, arg, await self.ex.areadexactly(length) if length else b""
             except (shmipc.EndOfStreamError, shmipc.PeerGoneError, shmipc.ClosedError) as e:
                 raise _WsGone(str(e)) from e
             if end is not None and time.monotonic() >= end:
                 if self.sent_close and timeout is not None and timeout < 0:
                     raise _WsGone("no WS_CLOSE from the front after the worker's close")
                 raise shmipc.TimeoutError(f"no WebSocket frame from the front in {limit} s")
-            await asyncio.sleep(delay)
+            await self.ex.idle(delay)
             delay = min(delay * 2, _BODY_POLL_MAX)
 
-    def _closed_by_front(self, typ, arg, payload):
+    async def _closed_by_front(self, typ, arg, payload):
         """The front's WS_CLOSE or ABORT: note it (and answer a WS_CLOSE, completing the
         close handshake) and return the disconnect event."""
         if typ == sf.ABORT:
@@ -499,7 +502,7 @@ class _WebSocket:
         if typ == sf.WS_CLOSE and not self.sent_close:
             # Echo its code, as RFC 6455 §5.5.1 asks of the endpoint that did not close first.
             code = self.got_close[0] if self.got_close[0] != _WS_NO_CODE else 0
-            self._send_close(code, b"")
+            await self._send_close(code, b"")
         return self._disconnect()
 
     def _disconnect(self):
@@ -525,7 +528,7 @@ class _WebSocket:
                     return self._disconnect()
                 if self.accepted or self.refused:
                     break
-                await asyncio.sleep(_DISCONNECT_POLL)
+                await self.ex.idle(_DISCONNECT_POLL)
             if self.refused:
                 self.got_close = (_WS_GONE, "")
                 return self._disconnect()
@@ -536,7 +539,7 @@ class _WebSocket:
                 self.got_close = (_WS_GONE, "")
                 return self._disconnect()
             if typ in (sf.WS_CLOSE, sf.ABORT):
-                return self._closed_by_front(typ, arg, payload)
+                return await self._closed_by_front(typ, arg, payload)
             if typ in (sf.WS_PING, sf.WS_PONG):
                 continue  # the front answers the client's pings itself
             if typ != sf.WS_DATA:
@@ -559,10 +562,10 @@ class _WebSocket:
 
     # -- writing --
 
-    def _send_close(self, code, reason):
+    async def _send_close(self, code, reason):
         f = _ws_close_frame(code, reason)  # a bad code raises here, with nothing sent
         self.sent_close = True
-        self.ex.send(f)
+        await self.ex.asend(f)
 
     async def send(self, message):
         if not isinstance(message, dict):
@@ -580,11 +583,11 @@ class _WebSocket:
         if typ == "websocket.accept":
             if self.accepted:
                 raise RuntimeError("websocket.accept sent twice")
-            self._accept(message)
+            await self._accept(message)
         elif typ == "websocket.send":
             if not self.accepted:
                 raise RuntimeError("websocket.send before websocket.accept")
-            self._data(message)
+            await self._data(message)
         elif typ == "websocket.close":
             code = message.get("code", 1000)
             reason = message.get("reason") or ""
@@ -594,10 +597,10 @@ class _WebSocket:
             if type(code) is not int or len(reason) > 123:
                 raise ValueError(f"bad close code {code!r} or a reason over 123 bytes")
             if not self.accepted:
-                self._refuse403()
+                await self._refuse403()
                 return
             try:
-                self._send_close(code, reason)
+                await self._send_close(code, reason)
             except ValueError as e:
                 raise ValueError(f"bad close code {code!r}: {e}") from None
         elif typ == "websocket.http.response.start":
@@ -609,7 +612,7 @@ class _WebSocket:
         else:
             raise ValueError(f"unexpected ASGI message type {typ!r} for a websocket scope")
 
-    def _accept(self, message):
+    async def _accept(self, message):
         fields = []
         sub = message.get("subprotocol")
         if sub is not None:
@@ -625,9 +628,9 @@ class _WebSocket:
             fields.append((name, value))
         head = sf.encode_response_head(101, fields, 0, 0)
         self.accepted = True
-        self.ex.send(head, _END)
+        await self.ex.asend(head, _END)
 
-    def _data(self, message):
+    async def _data(self, message):
         b, t = message.get("bytes"), message.get("text")
         if (b is None) == (t is None):
             raise ValueError("websocket.send needs exactly one of bytes and text")
@@ -645,11 +648,11 @@ class _WebSocket:
             op = 0
             if off >= n:
                 break
-        self.ex.send(*parts)
+        await self.ex.asend(*parts)
 
-    def _refuse403(self):
+    async def _refuse403(self):
         self.refused = True
-        self.ex.send(sf.encode_response_head(403, [], sf.RESP_CONTENT_LENGTH, 0), _END)
+        await self.ex.asend(sf.encode_response_head(403, [], sf.RESP_CONTENT_LENGTH, 0), _END)
 
     async def finish(self):
         """After the app: complete what it left (a 403 when it never answered, a 1000 close
@@ -663,16 +666,16 @@ class _WebSocket:
             return
         if not self.accepted:
             if self.got_close is None:
-                self._refuse403()
+                await self._refuse403()
             return
         if not self.sent_close and self.got_close is None:
-            self._send_close(1000, b"")
+            await self._send_close(1000, b"")
         await self._await_close()
 
     async def fail(self):
         """The app raised on an open socket: close 1011 (RFC 6455 §7.4.1)."""
         if not self.sent_close and self.got_close is None:
-            self._send_close(1011, b"")
+            await self._send_close(1011, b"")
         await self._await_close()
 
     async def _await_close(self):
@@ -682,4 +685,4 @@ class _WebSocket:
             except (_WsGone, shmipc.TimeoutError):
                 return
             if typ in (sf.WS_CLOSE, sf.ABORT):
-                self._closed_by_front(typ, arg, payload)
+                await self._closed_by_front(typ, arg, payload)

@@ -55,6 +55,12 @@ def _body_header(n):
 _END = sf.encode_frame(sf.END)
 
 
+def _hello_answer(payload, concurrency):
+    offered = int.from_bytes(payload[:4], "little")
+    grant = (offered & sf.FEAT_TAKEN).to_bytes(4, "little") + concurrency.to_bytes(4, "little")
+    return sf.encode_frame(sf.HELLO, grant)
+
+
 class _Exchange:
     """The worker's end of one stream: reads the request's frames, writes the response's."""
 
@@ -78,13 +84,11 @@ class _Exchange:
         if flags & sf.REQ_CONTENT_LENGTH:
             self.expect = int.from_bytes(payload[12:20], "little")
 
-    def answer_hello(self, length):
+    def answer_hello(self, length, concurrency=1):
         """The front's HELLO, its header read (docs/serve.md, "HELLO and TAKEN"): granted, of
-        what it offers, what this worker does (TAKEN), with a concurrency of 1 (the worker runs
-        one request at a time). Not a request: "hello"."""
-        offered = int.from_bytes(self.st.readexactly(length)[:4], "little")
-        grant = (offered & sf.FEAT_TAKEN).to_bytes(4, "little") + (1).to_bytes(4, "little")
-        self.send(sf.encode_frame(sf.HELLO, grant))
+        what it offers, what this worker does (TAKEN), with the worker's concurrency (1: it
+        runs one request at a time). Not a request: "hello"."""
+        self.send(_hello_answer(self.st.readexactly(length), concurrency))
         return "hello"
 
     def taken(self, flags):
@@ -200,6 +204,37 @@ class _Exchange:
                 self.next_body()
         except RequestAborted:
             pass
+
+    # The same for a coroutine (the ASGI handler). Here they block, as the calls above: a
+    # worker that runs one request at a time has nothing else to run meanwhile. The ASGI
+    # worker that runs many at once replaces them with ones that wait on its loop.
+
+    async def aread_frame_header(self):
+        return self.read_frame_header()
+
+    async def areadexactly(self, n):
+        return self.st.readexactly(n)
+
+    async def aanswer_hello(self, length, concurrency=1):
+        return self.answer_hello(length, concurrency)
+
+    async def ataken(self, flags):
+        self.taken(flags)
+
+    async def asend(self, *parts):
+        self.send(*parts)
+
+    async def aabort(self, reason, text=""):
+        self.abort(reason, text)
+
+    async def adrain(self):
+        self.drain()
+
+    async def idle(self, delay):
+        """Between two looks for a frame that was not there yet: `delay` seconds."""
+        import asyncio  # only the ASGI handler awaits: a WSGI worker never imports it
+
+        await asyncio.sleep(delay)
 
 
 class _Input:
