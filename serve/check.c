@@ -74,7 +74,7 @@ int shmipc__serve_worker_argv(const shmipc__serve_options *o, char ***argvp, cha
     snprintf(maxreq, sizeof maxreq, "%llu", (unsigned long long)o->max_requests);
     /* The worker ends itself when this process dies, even by SIGKILL (worker.py). */
     snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
-    const char *t[12] = {o->python,   "-m",        "shmipc.serve.worker", o->app,
+    const char *t[16] = {o->python,   "-m",        "shmipc.serve.worker", o->app,
                          "--address", "{address}", "--parent-pid",        ppid};
     size_t n = 8;
     if (native_kind(o->kind)) {
@@ -88,8 +88,14 @@ int shmipc__serve_worker_argv(const shmipc__serve_options *o, char ***argvp, cha
         n = sizeof nt / sizeof nt[0];
         memcpy(t, nt, sizeof nt);
     }
-    if (o->kind == SHMIPC__SERVE_ASGI)
+    char conc[16];
+    snprintf(conc, sizeof conc, "%u",
+             o->concurrency ? o->concurrency : SHMIPC__SERVE_DEFAULT_CONCURRENCY);
+    if (o->kind == SHMIPC__SERVE_ASGI) {
         t[n++] = "--asgi";
+        t[n++] = "--concurrency";
+        t[n++] = conc;
+    }
     if (o->max_requests) {
         t[n++] = "--max-requests";
         t[n++] = maxreq;

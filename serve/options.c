@@ -60,6 +60,7 @@ enum field {
     F_TIMEOUT,
     F_QUEUE,
     F_PIPELINE,
+    F_CONCURRENCY,
     F_GRACEFUL,
     F_ACCESS_LOG,
     F_FORMAT,
@@ -84,6 +85,7 @@ static const struct opt opts[] = {
     {"timeout", T_SECONDS, F_TIMEOUT, 0, SHMIPC__SERVE_MAX_SECONDS_MS, 1},
     {"queue", T_UINT, F_QUEUE, 0, SHMIPC__SERVE_MAX_QUEUE, 1},
     {"pipeline", T_UINT, F_PIPELINE, 1, SHMIPC__FRONT_MAX_PIPELINE, 1},
+    {"concurrency", T_UINT, F_CONCURRENCY, 1, SHMIPC__FRONT_MAX_CONCURRENCY, 1},
     {"graceful-timeout", T_SECONDS, F_GRACEFUL, 1, SHMIPC__SERVE_MAX_SECONDS_MS, 1},
     {"access-log", T_STR, F_ACCESS_LOG, 0, 0, 1},
     {"access-log-format", T_FORMAT, F_FORMAT, 0, 0, 1},
@@ -458,6 +460,8 @@ static int apply(shmipc__serve_options *o, struct parse_state *ps, const struct 
             o->queue = (unsigned)n;
         else if (op->arg == F_PIPELINE)
             o->pipeline = (unsigned)n;
+        else if (op->arg == F_CONCURRENCY)
+            o->concurrency = (unsigned)n;
         else
             o->max_requests = n;
         return 0;
@@ -670,6 +674,14 @@ int shmipc__serve_validate(shmipc__serve_options *o, char *err, size_t errlen)
             return SHMIPC_EINVAL;
         }
     }
+    /* Only the ASGI worker runs requests side by side; the others run one at a time. */
+    if (o->concurrency != 0 && o->kind != SHMIPC__SERVE_ASGI) {
+        shmipc__serve_set_err(err, errlen,
+                              "--concurrency is for --asgi apps (a %s worker runs one request at "
+                              "a time; see --pipeline and --workers)",
+                              shmipc__serve_kind_name(o->kind));
+        return SHMIPC_EINVAL;
+    }
     return 0;
 }
 
@@ -788,6 +800,8 @@ const char *shmipc__serve_usage(void)
            "  --queue N                requests waiting for a free worker, then 503 (1024)\n"
            "  --pipeline N             requests in flight per worker when all are busy, 1 .. 16 "
            "(1)\n"
+           "  --concurrency N          --asgi: requests and WebSockets each worker runs at once "
+           "on its loop, 1 .. 256 (64)\n"
            "  --graceful-timeout S     SIGTERM to SIGKILL on stop and reload (30)\n"
            "  --access-log PATH|-      log each request to PATH or stdout (none)\n"
            "  --access-log-format F    common or json (common)\n"

@@ -31,6 +31,8 @@ enum shmipc__serve_kind {
 #define SHMIPC__SERVE_MAX_FILE  (1u << 20)
 /* The bytes an error message may need; shorter buffers get a cut message. */
 #define SHMIPC__SERVE_ERR_SIZE 512u
+/* What an ASGI worker runs at once when --concurrency does not say (docs/serve.md). */
+#define SHMIPC__SERVE_DEFAULT_CONCURRENCY 64u
 
 typedef struct shmipc__serve_options {
     int kind;                     /* enum shmipc__serve_kind; default WSGI */
@@ -42,6 +44,7 @@ typedef struct shmipc__serve_options {
     uint32_t timeout_ms;          /* the request deadline (504); 0: none; default 60 s */
     unsigned queue;               /* requests waiting for a worker before 503; default 1024 */
     unsigned pipeline;            /* requests in flight per TAKEN worker, 1..16; default 1 */
+    unsigned concurrency;         /* --asgi: requests at once per worker, 1..256; 0: the default */
     uint32_t graceful_timeout_ms; /* 1 ms .. 1 day; default 30 s */
     char *access_log;             /* NULL: none; "-": stdout */
     int access_log_format;        /* enum shmipc__access_format_kind; default common */

@@ -201,6 +201,14 @@ static void test_flag_errors(void **state)
     expect_error(ARGS("m:a", "--workers", "4294967297"), "out of range");
     expect_error(ARGS("m:a", "--workers", "18446744073709551616"), "out of range");
     expect_error(ARGS("m:a", "--workers", "99999999999999999999999999999"), "out of range");
+    /* --concurrency: an ASGI worker's, 1 .. 256; the other kinds run one request at a time. */
+    expect_error(ARGS("--asgi", "m:a", "--concurrency", "0"), "out of range (1 .. 256)");
+    expect_error(ARGS("--asgi", "m:a", "--concurrency", "257"), "out of range (1 .. 256)");
+    expect_error(ARGS("--asgi", "m:a", "--concurrency", "-1"), "not a number");
+    expect_error(ARGS("--asgi", "m:a", "--concurrency", "4x"), "not a number");
+    expect_error(ARGS("m:a", "--concurrency", "4"), "--concurrency is for --asgi apps (a wsgi");
+    expect_error(ARGS("--lua", "h.lua", "--concurrency", "4"), "--concurrency is for --asgi");
+    expect_error(ARGS("--c", "l.so", "--concurrency", "4"), "--concurrency is for --asgi");
     expect_error(ARGS("m:a", "--workers", "-1"), "'-1' is not a number");
     expect_error(ARGS("m:a", "--workers", "+1"), "not a number");
     expect_error(ARGS("m:a", "--workers", " 4"), "not a number");
@@ -482,13 +490,22 @@ static void test_worker_argv(void **state)
     assert_null(argv[10]);
     shmipc__serve_argv_free(argv);
     shmipc__serve_options_free(&o);
-    /* ASGI: the same worker module with --asgi, before --max-requests. */
+    /* ASGI: the same worker module with --asgi and its concurrency (64 unless said), before
+     * --max-requests. */
     assert_int_equal(parse(&o, err, ARGS("--asgi", "m:a", "--max-requests", "3")), 0);
     assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), 0);
     assert_string_equal(argv[3], "m:a");
     assert_string_equal(argv[8], "--asgi");
-    assert_string_equal(argv[9], "--max-requests");
-    assert_string_equal(argv[10], "3");
+    assert_string_equal(argv[9], "--concurrency");
+    assert_string_equal(argv[10], "64");
+    assert_string_equal(argv[11], "--max-requests");
+    assert_string_equal(argv[12], "3");
+    assert_null(argv[13]);
+    shmipc__serve_argv_free(argv);
+    shmipc__serve_options_free(&o);
+    assert_int_equal(parse(&o, err, ARGS("--asgi", "m:a", "--concurrency", "256")), 0);
+    assert_int_equal(shmipc__serve_worker_argv(&o, &argv, err, sizeof err), 0);
+    assert_string_equal(argv[10], "256");
     assert_null(argv[11]);
     shmipc__serve_argv_free(argv);
     shmipc__serve_options_free(&o);

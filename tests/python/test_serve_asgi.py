@@ -16,6 +16,7 @@ from conftest import unique_address
 
 sf = pytest.importorskip("shmipc._serve")
 from shmipc.serve.asgi import ASGIHandler, LifespanFailed  # noqa: E402
+from shmipc.serve.asgi_worker import ASGIWorker  # noqa: E402
 from shmipc.serve.worker import Worker  # noqa: E402
 from test_serve_worker import BODY_LIES, Front, frame, head  # noqa: E402
 
@@ -89,11 +90,21 @@ def test_decode_request_scope_refuses_hostile_frames():
 # ---- the worker -------------------------------------------------------------------------
 
 
+# Both servers of an ASGI app: worker.Worker, one request at a time (its handler's loop run
+# per request), and asgi_worker.ASGIWorker, many at once on one loop. Every case of the
+# `serve` fixture runs against each.
+KINDS = ["one", "loop"]
+
+
 class Running:
-    def __init__(self, app):
+    def __init__(self, app, kind="one", concurrency=8, **kw):
         self.handler = ASGIHandler(app, lifespan_timeout=5)
         self.handler.startup()
-        self.worker = Worker(app, unique_address("asgi"), handler=self.handler)
+        if kind == "loop":
+            self.worker = ASGIWorker(self.handler, unique_address("asgi"),
+                                     concurrency=concurrency, **kw)
+        else:
+            self.worker = Worker(app, unique_address("asgi"), handler=self.handler, **kw)
         self.thread = threading.Thread(target=self.worker.serve_forever)
         self.thread.start()
         self.front = Front(self.worker.address)
@@ -106,12 +117,12 @@ class Running:
         self.handler.shutdown()
 
 
-@pytest.fixture
-def serve():
+@pytest.fixture(params=KINDS)
+def serve(request):
     running = []
 
     def start(app):
-        r = Running(app)
+        r = Running(app, request.param)
         running.append(r)
         return r.front
 

@@ -459,6 +459,78 @@ def test_asgi_app(tmp_path):
         assert p.wait(30) == 0
 
 
+GATED_ASGI_APP = """
+import asyncio
+gates = {}
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        raise RuntimeError("no lifespan")
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            break
+    path = scope["path"]
+    if path.startswith("/wait/") or path.startswith("/open/"):
+        gate = gates.setdefault(path[6:], asyncio.Event())
+        if path.startswith("/open/"):
+            gate.set()
+        else:
+            await gate.wait()
+        out = path.encode()
+    else:
+        await asyncio.sleep(0.001 * (len(body) % 3))
+        out = path.encode() + b" " + body
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": out})
+"""
+
+
+def test_asgi_worker_runs_requests_at_once(tmp_path):
+    # One ASGI worker, its default concurrency: a request that waits for the one after it is
+    # answered (one at a time, both would wait for the deadline), over both front threads;
+    # then 48 clients at once with unique bodies each get their own answer.
+    (tmp_path / "gated.py").write_text(GATED_ASGI_APP)
+    s = Serve(tmp_path, "--asgi", "--threads", "2", "--timeout", "20", workers=1,
+              app=("gated:app",))
+    try:
+        for k in range(4):
+            out = []
+            t = threading.Thread(target=lambda: out.append(s.request("GET", f"/wait/{k}")))
+            t.start()
+            time.sleep(0.05)
+            assert s.request("GET", f"/open/{k}") == (200, f"/open/{k}".encode())
+            t.join(20)
+            assert out == [(200, f"/wait/{k}".encode())]
+        got = {}
+
+        def client(i):
+            body = f"client {i} ".encode() * (i + 1)
+            got[i] = (s.request("POST", f"/c{i}", body=body), body)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(48)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(got) == 48
+        for i, ((status, answer), body) in got.items():
+            assert (status, answer) == (200, f"/c{i} ".encode() + body)
+    finally:
+        s.p.send_signal(signal.SIGTERM)
+        assert s.p.wait(30) == 0, "".join(s.err)
+
+
+def test_concurrency_is_for_asgi_and_bounded(tmp_path):
+    for bad, says in ((["cliapp:app", "--concurrency", "4"], "--concurrency is for --asgi"),
+                      (["--asgi", "cliapp:app", "--concurrency", "0"], "out of range"),
+                      (["--asgi", "cliapp:app", "--concurrency", "257"], "out of range")):
+        r = run_cli(*bad)
+        assert r.returncode == 2 and says in r.stderr, (bad, r.stderr)
+
+
 def test_workers_end_when_the_supervisor_is_killed(tmp_path):
     # SIGKILL gives shmipc-serve no chance to stop its workers: each worker asked the kernel
     # for a SIGTERM when its parent dies (--parent-pid, PR_SET_PDEATHSIG) and ends on it.

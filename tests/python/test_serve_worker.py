@@ -183,9 +183,9 @@ def test_response_head_round_trip_and_refusals():
 class Front:
     """The front's side: one session to a worker; request() sends one exchange."""
 
-    def __init__(self, address):
+    def __init__(self, address, config=None):
         self.session_address = address
-        self.session = shmipc.connect(address, shmipc.Config(read_timeout=10))
+        self.session = shmipc.connect(address, config or shmipc.Config(read_timeout=10))
 
     def open(self, method=b"GET", target=b"/", headers=(), body=None, chunks=None, **kw):
         flags = kw.pop("flags", 0)

@@ -57,11 +57,15 @@ async def app(scope, receive, send):
 '''
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(params=[None, "1"], ids=["concurrent", "one-at-a-time"])
+def server(tmp_path, request):
+    # The ASGI workers as shmipc-serve runs them (64 sockets at once each), and one at a time
+    # (--concurrency 1): every case runs against both.
     (tmp_path / "wsapp.py").write_text(APP)
-    s = Serve(tmp_path, workers=2, app=("--asgi", "wsapp:app"))
+    flags = () if request.param is None else ("--concurrency", request.param)
+    s = Serve(tmp_path, *flags, workers=2, app=("--asgi", "wsapp:app"))
     s.dir = tmp_path
+    s.concurrency = 64 if request.param is None else int(request.param)
     yield s
     assert s.stop() == 0, "".join(s.err)
 
@@ -191,6 +195,43 @@ def test_two_workers_16_connections_unique_messages(server):
     for t in ts:
         t.join(120)
     assert bad == []
-    assert len(pids) == 2  # both workers served (each holds one socket at a time)
+    if server.concurrency == 1:
+        assert len(pids) == 2  # both workers served (each holds one socket at a time)
     for i in range(16):
         assert disconnects(server, f"x{i}") == [(1000, "")]
+
+
+def test_sixteen_sockets_open_at_once(server):
+    # Every client holds its socket open until all 16 are open and echoed: the concurrent
+    # workers hold them together; one at a time, two workers hold two and the rest wait for
+    # the 20 s deadline of the front (not run: it is the case that cannot pass).
+    if server.concurrency < 16:
+        pytest.skip("needs 16 sockets at once over two workers")
+    opened = threading.Barrier(16, timeout=30)
+    bad = []
+
+    def run(i):
+        try:
+            c = WSClient(server.port, f"/echo?b{i}")
+            if c.status != 101:
+                bad.append((i, c.status))
+                opened.abort()
+                return
+            c.send(f"hello {i}")
+            if c.recv() != f"hello {i}":
+                bad.append((i, "echo"))
+            opened.wait()
+            c.send(f"bye {i}")
+            if c.recv() != f"bye {i}":
+                bad.append((i, "echo 2"))
+            if c.close(1000) != 1000:
+                bad.append((i, "close"))
+        except (OSError, EOFError, AssertionError, threading.BrokenBarrierError) as e:
+            bad.append((i, repr(e)))
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert bad == []

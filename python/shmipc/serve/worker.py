@@ -240,9 +240,16 @@ def main(argv=None):
                     help="APP is an ASGI 3 app (http and lifespan; docs/serve.md, "
                     "\"The ASGI worker\"): lifespan startup runs before the worker is ready, "
                     "shutdown after it stops; a failed startup exits with status 3")
+    ap.add_argument("--concurrency", type=int, default=None, metavar="N",
+                    help="with --asgi: requests and WebSockets run at once on the worker's "
+                    "loop, 1 .. 256 (default 64); a WSGI worker runs one at a time")
     args = ap.parse_args(argv)
     if args.max_requests < 0:
         ap.error("--max-requests must be >= 0")
+    if args.concurrency is not None and not args.asgi:
+        ap.error("--concurrency is for --asgi apps (a WSGI worker runs one request at a time)")
+    if args.concurrency is not None and not 1 <= args.concurrency <= 256:
+        ap.error("--concurrency must be in 1 .. 256")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(message)s")
     try:
         app = load_app(args.app)
@@ -255,6 +262,7 @@ def main(argv=None):
         import asyncio
 
         from .asgi import ASGIHandler, LifespanFailed
+        from .asgi_worker import DEFAULT_CONCURRENCY, ASGIWorker
 
         handler = ASGIHandler(app)
         try:
@@ -262,7 +270,10 @@ def main(argv=None):
         except (LifespanFailed, TimeoutError, asyncio.TimeoutError) as e:
             print(f"shmipc-serve worker: lifespan startup failed: {e}", file=sys.stderr)
             return 3
-    worker = Worker(app, args.address, handler=handler, max_requests=args.max_requests)
+        worker = ASGIWorker(handler, args.address, max_requests=args.max_requests,
+                            concurrency=args.concurrency or DEFAULT_CONCURRENCY)
+    else:
+        worker = Worker(app, args.address, max_requests=args.max_requests)
 
     def stop(signum, frame):
         worker.stop()

@@ -1,0 +1,369 @@
+"""The ASGI worker process's server: many requests and WebSockets at once on one asyncio loop
+(docs/serve.md, "The ASGI worker").
+
+Every front session the listener accepts is served on the loop: each stream the front opens
+is a task running the app (``ASGIHandler._handle``), at most ``concurrency`` tasks at once over
+all sessions; the worker's HELLO tells the front that number, and the front sends no more
+(the rest wait in its queue). A stream past it waits in its session's accept queue until a
+task ends.
+
+Nothing on the loop blocks:
+
+- reads take what is there (``nonblock``) and otherwise wait for the session's descriptor
+  (``shmipc.aio``), so one request waiting for its body does not hold the others;
+- writes never wait inside the library: the session's shared memory full (the front holds a
+  slow client's response there, ``memory_wait``) fails the write at once, adding nothing, and
+  the task waits on the loop for the front to free some, looking for the front's ABORT (its
+  deadline, the client gone) meanwhile; the other tasks go on.
+
+``stop()`` (a signal handler, another thread) stops accepting: the requests in progress finish
+(an open WebSocket is closed 1001), a stream that arrives meanwhile is refused with ABORT
+SHUTDOWN (the front gives it to another worker), then ``serve_forever()`` returns.
+"""
+
+import asyncio
+import logging
+import threading
+import time
+
+import shmipc
+
+from .. import _serve as sf
+from .. import aio
+from .wsgi import _ABORT_DRAIN_TIMEOUT, ProtocolViolation, RequestAborted, _Exchange, _hello_answer
+
+__all__ = ["ASGIWorker", "DEFAULT_CONCURRENCY", "MAX_CONCURRENCY"]
+
+log = logging.getLogger("shmipc.serve")
+
+DEFAULT_CONCURRENCY = 64
+MAX_CONCURRENCY = 256  # the front's bound (SHMIPC__FRONT_MAX_CONCURRENCY)
+# A write that found shared memory full looks again after this long, doubling up to the max
+# (the front frees memory as its clients read; it sends no wakeup for that).
+_MEMORY_NAP_MIN = 0.00002
+_MEMORY_NAP_MAX = 0.001
+# Streams refused when a session ends, and the time all of them get (as worker.py's).
+_REFUSE_MAX = 64
+_REFUSE_TIMEOUT = 5.0
+
+
+def _uncancel():
+    """After a CancelledError this task swallowed on purpose (a stop): later timeouts of the
+    task must not take it for theirs."""
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):
+        task.uncancel()
+
+
+class _LoopExchange(_Exchange):
+    """An exchange whose waits are the loop's: see the module's text."""
+
+    __slots__ = ("loop", "session")
+
+    def __init__(self, st, loop):
+        super().__init__(st)
+        self.loop = loop
+        self.session = st.session
+        st.write_timeout = 0  # a write that finds shared memory full fails at once
+
+    def read_frame_header(self, nonblock=False):
+        if nonblock:
+            # Other tasks waiting on this session must not lose the news this read takes.
+            aio._drive(self.loop, self.session)
+        return super().read_frame_header(nonblock)
+
+    async def _read(self, attempt):
+        """attempt() (non-blocking, None for "not yet") until it gives something, bounded by
+        the stream's read timeout when it has one."""
+        limit = self.st.read_timeout
+        wait = aio._until(self.st, attempt)
+        if limit is None or limit < 0:
+            return await wait
+        try:
+            return await asyncio.wait_for(wait, limit)
+        except asyncio.TimeoutError:
+            raise shmipc.TimeoutError(f"no frame from the front in {limit} s") from None
+
+    async def aread_frame_header(self):
+        return await self._read(lambda: _Exchange.read_frame_header(self, True))
+
+    async def areadexactly(self, n):
+        return await self._read(lambda: self.st.readexactly(n, nonblock=True))
+
+    async def aanswer_hello(self, length, concurrency=1):
+        await self.asend(_hello_answer(await self.areadexactly(length), concurrency))
+        return "hello"
+
+    async def ataken(self, flags):
+        if flags & sf.REQ_TAKEN_WANTED:
+            await self.asend(sf.encode_frame(sf.TAKEN))
+
+    async def asend(self, *parts):
+        st = self.st
+        nap = _MEMORY_NAP_MIN
+        for p in parts:
+            while True:
+                try:
+                    st.write(p)  # all of p or nothing
+                    break
+                except shmipc.TimeoutError:
+                    pass
+                # What was written goes first, so the front can take (and free) it.
+                self._flush()
+                self.check_abort()  # the front gave the request up: RequestAborted
+                await asyncio.sleep(nap)
+                nap = min(nap * 2, _MEMORY_NAP_MAX)
+        self._flush()
+
+    def _flush(self):
+        # A full queue (the front has not taken the last 8192 messages) is retried for up to
+        # 100 ms, as every flush; only the write above must not wait.
+        st = self.st
+        st.write_timeout = None
+        try:
+            st.flush()
+        finally:
+            st.write_timeout = 0
+
+    async def aabort(self, reason, text=""):
+        data = text.encode("utf-8", "replace")[: sf.MAX_ABORT_TEXT]
+        try:
+            await self.asend(sf.encode_frame(sf.ABORT, data, reason))
+            if reason != sf.ABORT_PROTOCOL:
+                await asyncio.wait_for(self.adrain(), _ABORT_DRAIN_TIMEOUT)
+        except (shmipc.Error, OSError, ProtocolViolation, asyncio.TimeoutError):
+            pass
+
+    async def adrain(self):
+        try:
+            while not self.done:
+                await self._read(lambda: self.next_body(nonblock=True))
+        except RequestAborted:
+            pass
+
+    async def idle(self, delay):
+        session = self.session
+        if session is None or session.closed:
+            await asyncio.sleep(delay)
+            return
+        # Until something arrives on the session (or aio's recheck, 100 ms): the caller looks.
+        await aio._wait(self.loop, session)
+
+
+class ASGIWorker:
+    """Serve the ASGI app of `handler` (an ASGIHandler, its lifespan started) on shmipc
+    `address` until stop(), running up to `concurrency` requests at once on the handler's
+    loop. ``counts`` and ``max_requests`` as for worker.Worker; ``in_flight`` is the number of
+    requests being served now, ``peak`` the most at once so far."""
+
+    def __init__(self, handler, address, config=None, *, max_requests=0,
+                 concurrency=DEFAULT_CONCURRENCY):
+        if not isinstance(max_requests, int) or isinstance(max_requests, bool) or \
+                max_requests < 0:
+            raise ValueError(f"max_requests must be an int >= 0, not {max_requests!r}")
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or \
+                not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"concurrency must be an int in 1 .. {MAX_CONCURRENCY}, "
+                             f"not {concurrency!r}")
+        self.handler = handler
+        self.max_requests = max_requests
+        self.concurrency = concurrency
+        handler.concurrency = concurrency
+        self.served = 0
+        self.started = 0  # requests whose head was read and that were not refused
+        self.in_flight = 0
+        self.peak = 0
+        if config is None:
+            config = shmipc.Config(memory_wait=True)  # as worker.Worker: see its comment
+        self.listener = shmipc.Listener(address, config)
+        self.address = self.listener.address
+        self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0, "hello": 0}
+        self.loop = handler.loop
+        self._stopping = threading.Event()
+        handler.stopping = self._stopping  # an open WebSocket closes 1001 on stop
+        self._parked = set()  # tasks waiting to accept: cancelled by a stop
+        self._slots = None
+
+    def stop(self):
+        """Any thread, or a signal handler: stop accepting, finish what is in progress."""
+        self._stopping.set()
+        try:
+            self.loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:
+            pass  # the loop is closed: nothing runs to be woken
+
+    def _wake(self):
+        for t in list(self._parked):
+            t.cancel()
+
+    def serve_forever(self):
+        self.loop.run_until_complete(self._main())
+
+    async def _parked_on(self, aw):
+        """`aw` unless a stop comes first (then None)."""
+        task = asyncio.current_task()
+        if self._stopping.is_set():
+            if asyncio.iscoroutine(aw):
+                aw.close()
+            return None
+        self._parked.add(task)
+        try:
+            return await aw
+        except asyncio.CancelledError:
+            if not self._stopping.is_set():
+                raise
+            _uncancel()
+            return None
+        finally:
+            self._parked.discard(task)
+
+    async def _main(self):
+        self._slots = asyncio.Semaphore(self.concurrency)
+        sessions = set()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    s = await self._parked_on(aio.accept(self.listener))
+                except shmipc.Error as e:
+                    if self._stopping.is_set():
+                        break
+                    log.warning("shmipc-serve worker: a front's handshake failed: %s", e)
+                    continue
+                if s is None:
+                    break
+                t = self.loop.create_task(self._session(s))
+                sessions.add(t)
+                t.add_done_callback(sessions.discard)
+        finally:
+            self._stopping.set()
+            # Closed first: a front that reconnects meanwhile is refused at once.
+            self.listener.close()
+            self._wake()
+            if sessions:
+                await asyncio.gather(*sessions, return_exceptions=True)
+
+    async def _session(self, s):
+        tasks = set()
+        try:
+            while not self._stopping.is_set():
+                if await self._parked_on(self._slots.acquire()) is None:
+                    break
+                try:
+                    st = await self._parked_on(aio.accept_stream(s))
+                except shmipc.Error as e:
+                    self._slots.release()
+                    log.debug("shmipc-serve worker: the front's session ended: %s", e)
+                    break
+                if st is None:
+                    self._slots.release()
+                    break
+                if self._stopping.is_set():  # it came with the stop: refused in `finally`
+                    self._slots.release()
+                    await self._refuse(_LoopExchange(st, self.loop),
+                                       time.monotonic() + _REFUSE_TIMEOUT)
+                    break
+                t = self.loop.create_task(self._serve(st))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+        finally:
+            # Streams the front opened that this worker will not serve: each refused (ABORT
+            # SHUTDOWN), so the front gives its request to another worker instead of a 502:
+            # those that come while the requests in progress finish, then those left.
+            refusals = set()
+            if tasks:
+                refuser = self.loop.create_task(self._refuse_arrivals(s, refusals))
+                await asyncio.gather(*tasks, return_exceptions=True)
+                refuser.cancel()
+                await asyncio.gather(refuser, *refusals, return_exceptions=True)
+            deadline = time.monotonic() + _REFUSE_TIMEOUT
+            for _ in range(max(0, _REFUSE_MAX - len(refusals))):
+                try:
+                    st = s.accept_stream(nonblock=True)
+                except shmipc.Error:
+                    break
+                if st is None:
+                    break
+                await self._refuse(_LoopExchange(st, self.loop), deadline)
+            s.close()
+
+    async def _refuse_arrivals(self, s, refusals):
+        """Until cancelled: each stream that arrives on session `s` refused, at most
+        _REFUSE_MAX (a front that closes its session at the first refusal, as ours does,
+        sends only those already in flight)."""
+        try:
+            while len(refusals) < _REFUSE_MAX:
+                st = await aio.accept_stream(s)
+                t = self.loop.create_task(self._refuse(_LoopExchange(st, self.loop),
+                                                       time.monotonic() + _REFUSE_TIMEOUT))
+                refusals.add(t)
+        except shmipc.Error:
+            pass  # the session ended
+
+    async def _serve(self, st):
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        ex = _LoopExchange(st, self.loop)
+        try:
+            try:
+                first = await ex.aread_frame_header()
+            except ProtocolViolation as e:
+                log.error("shmipc-serve: bad frame from the front: %s", e)
+                await ex.aabort(sf.ABORT_PROTOCOL, str(e))
+                self.counts["protocol"] += 1
+                return
+            except (shmipc.Error, OSError) as e:
+                log.debug("shmipc-serve: stream %d ended: %s", st.id, e)
+                self.counts["aborted"] += 1
+                return
+            if first[1][0] == sf.REQUEST_HEAD:
+                if self.max_requests and self.started >= self.max_requests:
+                    # Past --max-requests (it arrived beside the last one): not served, said so.
+                    await self._refuse(ex, time.monotonic() + _REFUSE_TIMEOUT, first)
+                    return
+                self.started += 1
+                if self.max_requests and self.started >= self.max_requests:
+                    self.stop()  # this one is the last: it and those in progress finish
+            try:
+                outcome = await self.handler._handle(ex, first)
+            except (shmipc.Error, OSError) as e:
+                log.debug("shmipc-serve: stream %d ended: %s", st.id, e)
+                outcome = "aborted"
+            self.counts[outcome] += 1
+            if outcome not in ("late", "hello"):
+                self.served += 1
+        finally:
+            try:
+                st.close()
+            except shmipc.Error:
+                pass
+            self.in_flight -= 1
+            self._slots.release()
+
+    async def _refuse(self, ex, deadline, first=None):
+        """worker.refuse on the loop: ABORT SHUTDOWN to a request's head (`first`, its frame
+        header when read already), then the front's end of it, all by `deadline`; the stream
+        closed."""
+        st = ex.st
+
+        def left():
+            return max(0.0, deadline - time.monotonic())
+
+        try:
+            try:
+                if first is None:
+                    first = await asyncio.wait_for(ex.aread_frame_header(), left())
+                _, (typ, length, flags) = first
+                payload = await asyncio.wait_for(ex.areadexactly(length), left()) \
+                    if length else b""
+                if typ == sf.REQUEST_HEAD:
+                    ex.head(flags, payload)
+                    await ex.asend(sf.encode_frame(sf.ABORT, b"the worker is stopping",
+                                                   sf.ABORT_SHUTDOWN))
+                    await asyncio.wait_for(ex.adrain(), left())
+            except (shmipc.Error, OSError, ProtocolViolation, asyncio.TimeoutError):
+                pass
+        finally:
+            try:
+                st.close()
+            except shmipc.Error:
+                pass

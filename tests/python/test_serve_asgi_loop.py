@@ -1,0 +1,338 @@
+"""The ASGI worker that runs many requests at once on one loop (python/shmipc/serve/
+asgi_worker.py; docs/serve.md, "The ASGI worker"). This test plays the front over a shmipc
+client session. Every case of test_serve_asgi.py and test_serve_asgi_ws.py also runs against
+this worker (their `serve` fixture); these are the cases only it can pass: requests that wait
+for each other, a response that fills shared memory beside others that go on, its bound, stop
+and --max-requests with several in progress, and misuse."""
+import asyncio
+import hashlib
+import threading
+import time
+
+import pytest
+
+import shmipc
+from conftest import unique_address
+
+sf = pytest.importorskip("shmipc._serve")
+from shmipc.serve.asgi import ASGIHandler  # noqa: E402
+from shmipc.serve.asgi_worker import ASGIWorker  # noqa: E402
+from test_serve_asgi import Running  # noqa: E402
+from test_serve_worker import frame  # noqa: E402
+
+
+def loop_running(app, **kw):
+    return Running(app, "loop", **kw)
+
+
+def big_piece(i):
+    return hashlib.sha256(b"%d" % i).digest() * 2048  # 64 KiB
+
+
+class Gates:
+    """Events of the app's loop, opened by requests or by the test's thread."""
+
+    def __init__(self):
+        self.events = {}
+        self.loop = None
+
+    def get(self, name):
+        if name not in self.events:
+            self.events[name] = asyncio.Event()
+        return self.events[name]
+
+    def open_from_thread(self, name):
+        self.loop.call_soon_threadsafe(lambda: self.get(name).set())
+
+
+def gated_app(gates, held=None):
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            raise RuntimeError("no lifespan")
+        gates.loop = asyncio.get_running_loop()
+        path = scope["path"]
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        if path.startswith("/wait/"):
+            if held is not None:
+                held.append(path)
+            await gates.get(path[6:]).wait()
+            out = b"released " + body
+        elif path.startswith("/open/"):
+            gates.get(path[6:]).set()
+            out = b"opened"
+        elif path.startswith("/big/"):
+            n = int(path[5:])
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", str(n * 65536).encode())]})
+            for i in range(n):
+                await send({"type": "http.response.body", "body": big_piece(i),
+                            "more_body": i + 1 < n})
+            return
+        else:
+            await asyncio.sleep(0.001 * (len(body) % 5))
+            out = b"echo " + path.encode() + b" " + body
+        await send({"type": "http.response.start", "status": 200})
+        await send({"type": "http.response.body", "body": out})
+    return app
+
+
+def wait_until(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.002)
+    return cond()
+
+
+def test_a_request_waits_for_one_behind_it():
+    # /wait/a is answered only once /open/a ran: one at a time, that is a deadlock until the
+    # front's read times out; on the loop both run.
+    gates = Gates()
+    r = loop_running(gated_app(gates))
+    try:
+        a, _ = r.front.open(target=b"/wait/a", body=b"first")
+        r.front.send_body(a, [b"first"])
+        b, _ = r.front.open(target=b"/open/a", body=b"")
+        r.front.send_body(b, [])
+        assert r.front.response(b)[4] == b"opened"
+        assert r.front.response(a)[4] == b"released first"
+        a.close()
+        b.close()
+    finally:
+        r.stop()
+    assert r.worker.counts["ok"] == 2
+
+
+def test_many_at_once_each_gets_its_own_answer():
+    # 48 requests over two sessions, all sent before any answer is read, unique bodies: each
+    # answer is its own request's (no cross-talk), in whatever order the tasks finish.
+    gates = Gates()
+    r = loop_running(gated_app(gates), concurrency=16)
+    second = None
+    try:
+        from test_serve_worker import Front
+        second = Front(r.worker.address)
+        fronts = [r.front, second]
+        sent = []
+        for i in range(48):
+            f = fronts[i % 2]
+            body = b"body-%d-" % i + bytes([i]) * (i * 37)
+            st, _ = f.open(method=b"POST", target=b"/e%d" % i, body=body)
+            f.send_body(st, [body])
+            sent.append((f, st, i, body))
+        for f, st, i, body in reversed(sent):
+            status, _, _, _, got, last, _ = f.response(st)
+            assert (status, last) == (200, sf.END)
+            assert got == b"echo /e%d " % i + body
+            st.close()
+        assert 1 < r.worker.peak <= 16
+    finally:
+        if second is not None:
+            second.close()
+        r.stop()
+    assert r.worker.counts["ok"] == 48
+
+
+def test_concurrency_bounds_what_runs_at_once():
+    gates = Gates()
+    held = []
+    r = loop_running(gated_app(gates, held), concurrency=2)
+    try:
+        streams = []
+        for i in range(5):
+            st, _ = r.front.open(target=b"/wait/g")
+            r.front.send_body(st, [])
+            streams.append(st)
+        assert wait_until(lambda: len(held) == 2)
+        time.sleep(0.1)  # the other three stay in the session's accept queue
+        assert len(held) == 2 and r.worker.in_flight == 2
+        gates.open_from_thread("g")
+        for st in streams:
+            assert r.front.response(st)[4] == b"released "
+            st.close()
+        assert r.worker.peak == 2
+    finally:
+        r.stop()
+
+
+def test_hello_says_the_concurrency():
+    r = loop_running(gated_app(Gates()), concurrency=7)
+    try:
+        st = r.front.session.open_stream()
+        st.write(frame(sf.HELLO, (sf.FEAT_TAKEN | 0x80).to_bytes(4, "little") + bytes(4)))
+        st.flush()
+        typ, _, payload = r.front.read_frame(st)
+        assert typ == sf.HELLO
+        assert int.from_bytes(payload[:4], "little") == sf.FEAT_TAKEN
+        assert int.from_bytes(payload[4:8], "little") == 7
+        st.close()
+        assert r.front.request(target=b"/after")[4] == b"echo /after "
+    finally:
+        r.stop()
+    assert r.worker.counts["hello"] == 1
+
+
+def small_memory_front(address):
+    # 4 MiB of shared memory (the client, the front, sizes it): a 16 MiB answer nobody reads
+    # fills it.
+    from test_serve_worker import Front
+    return Front(address, shmipc.Config(read_timeout=10, buffer_capacity=4 << 20))
+
+
+def loop_worker(app, concurrency):
+    handler = ASGIHandler(app, lifespan_timeout=5)
+    handler.startup()
+    w = ASGIWorker(handler, unique_address("asgiloop"), concurrency=concurrency)
+    t = threading.Thread(target=w.serve_forever)
+    t.start()
+    return handler, w, t
+
+
+def end_worker(handler, w, t, *fronts):
+    for f in fronts:
+        f.close()
+    w.stop()
+    t.join(10)
+    assert not t.is_alive()
+    handler.shutdown()
+
+
+def read_big(front, st, n):
+    typ, _, _ = front.read_frame(st)
+    assert typ == sf.RESPONSE_HEAD
+    h, want = hashlib.sha256(), hashlib.sha256()
+    for i in range(n):
+        want.update(big_piece(i))
+    while True:
+        typ, _, payload = front.read_frame(st)
+        if typ != sf.BODY:
+            break
+        h.update(payload)
+    assert typ == sf.END and h.digest() == want.digest()
+
+
+def test_a_response_that_fills_memory_does_not_stall_other_sessions():
+    # The front does not read /big on session A (its client is slow): the worker's writes
+    # find A's shared memory full and that task waits on the loop. Requests on session B (the
+    # front's other thread) are answered meanwhile: a write that waited inside the library
+    # (worker.Worker's) would hold the whole process. Then A's /big is read whole, intact.
+    handler, w, t = loop_worker(gated_app(Gates()), 4)
+    from test_serve_worker import Front
+    a = small_memory_front(w.address)
+    b = Front(w.address)
+    try:
+        big, _ = a.open(target=b"/big/256")  # 16 MiB
+        a.send_body(big, [])
+        assert wait_until(lambda: w.in_flight == 1)
+        time.sleep(0.2)  # the big answer has filled A's memory by now
+        for i in range(10):
+            assert b.request(target=b"/small%d" % i)[4] == b"echo /small%d " % i
+        assert wait_until(lambda: w.in_flight == 1)  # /big still waits for memory
+        read_big(a, big, 256)
+        big.close()
+    finally:
+        end_worker(handler, w, t, a, b)
+    assert w.counts["ok"] == 11
+
+
+def test_front_abort_ends_a_response_waiting_for_memory():
+    # The client of /big went away: the front's ABORT ends the task that waits for memory,
+    # and its place is free again (concurrency 1: the next request is served).
+    handler, w, t = loop_worker(gated_app(Gates()), 1)
+    from test_serve_worker import Front
+    a = small_memory_front(w.address)
+    b = Front(w.address)
+    try:
+        big, _ = a.open(target=b"/big/256")
+        a.send_body(big, [])
+        assert wait_until(lambda: w.in_flight == 1)
+        time.sleep(0.2)
+        big.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
+        big.flush()
+        assert wait_until(lambda: w.in_flight == 0)
+        big.close()
+        assert b.request(target=b"/next")[4] == b"echo /next "
+    finally:
+        end_worker(handler, w, t, a, b)
+    assert (w.counts["aborted"], w.counts["ok"]) == (1, 1), w.counts
+
+
+def test_stop_finishes_what_runs_and_refuses_what_comes():
+    gates = Gates()
+    held = []
+    r = loop_running(gated_app(gates, held), concurrency=4)
+    a, _ = r.front.open(target=b"/wait/s")
+    r.front.send_body(a, [])
+    b, _ = r.front.open(target=b"/wait/s")
+    r.front.send_body(b, [])
+    assert wait_until(lambda: len(held) == 2)
+    r.worker.stop()
+    time.sleep(0.05)
+    late, _ = r.front.open(target=b"/late")
+    r.front.send_body(late, [])
+    assert r.front.response(late)[5:] == (sf.ABORT, sf.ABORT_SHUTDOWN)
+    late.close()
+    assert r.thread.is_alive()  # the two in progress hold it
+    gates.open_from_thread("s")
+    assert r.front.response(a)[4] == b"released "
+    assert r.front.response(b)[4] == b"released "
+    a.close()
+    b.close()
+    r.thread.join(10)
+    assert not r.thread.is_alive()
+    r.front.close()
+    r.handler.shutdown()
+    assert r.worker.counts["ok"] == 2
+
+
+def test_max_requests_counts_those_that_arrive_together():
+    # --max-requests 2 with three at once: two served, the third refused (ABORT SHUTDOWN:
+    # the front gives it to another worker), then the worker returns.
+    gates = Gates()
+    held = []
+    r = loop_running(gated_app(gates, held), concurrency=4, max_requests=2)
+    streams = []
+    for _ in range(3):
+        st, _ = r.front.open(target=b"/wait/m")
+        r.front.send_body(st, [])
+        streams.append(st)
+    outcomes = []
+    assert wait_until(lambda: len(held) == 2)
+    gates.open_from_thread("m")
+    for st in streams:
+        outcomes.append(r.front.response(st)[4:6])
+        st.close()
+    assert sorted(outcomes) == sorted([(b"released ", sf.END)] * 2 + [(b"", sf.ABORT)])
+    r.thread.join(10)
+    assert not r.thread.is_alive()
+    r.front.close()
+    r.handler.shutdown()
+    assert r.worker.served == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, 257, 10**9, True, 2.0, "4", None])
+def test_concurrency_misuse_is_a_clear_error(bad):
+    handler = ASGIHandler(gated_app(Gates()))
+    try:
+        with pytest.raises(ValueError, match="concurrency"):
+            ASGIWorker(handler, unique_address("asgiloop"), concurrency=bad)
+        with pytest.raises(ValueError, match="max_requests"):
+            ASGIWorker(handler, unique_address("asgiloop"), max_requests=-1)
+    finally:
+        handler.loop.close()
+
+
+def test_stop_before_serve_forever_returns_at_once():
+    handler = ASGIHandler(gated_app(Gates()))
+    w = ASGIWorker(handler, unique_address("asgiloop"))
+    w.stop()
+    t0 = time.monotonic()
+    w.serve_forever()
+    assert time.monotonic() - t0 < 5
+    handler.loop.close()
