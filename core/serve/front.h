@@ -49,7 +49,7 @@ struct shmipc__front;
 #define SHMIPC__FRONT_DEFAULT_PIPELINE 1u
 #define SHMIPC__FRONT_MAX_PIPELINE     16u
 /* Requests in flight on one session, and to a worker whose HELLO answered a concurrency above 1
- * (docs/serve.md, "HELLO and TAKEN"): a larger answer, or 0 (no bound), counts as this. */
+ * (docs/serve.md, "HELLO and TAKEN"): a larger answer counts as this; 0 (not said) as 1. */
 #define SHMIPC__FRONT_MAX_CONCURRENCY 256u
 #define SHMIPC__FRONT_LIMIT_RESPONSE  (1ull << 32) /* most max_response may be */
 #define SHMIPC__FRONT_DRAIN_MS        5000u        /* after the front's ABORT, at most */

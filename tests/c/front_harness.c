@@ -1182,7 +1182,7 @@ int tc_teardown(void **state)
         atomic_store(&t->w[i].hold_accept, 0);
     }
     fx_stop(&t->x); /* closes every client connection: client threads end */
-    for (int i = 0; i < 8; i++) {
+    for (size_t i = 0; i < sizeof t->bg / sizeof t->bg[0]; i++) {
         bg_join(&t->bg[i]);
         resp_free(&t->bg[i].p);
     }

@@ -176,7 +176,7 @@ struct load {
 struct tc {
     struct appw w[3];
     struct fx x;
-    struct bg bg[8];
+    struct bg bg[48];
     struct xt xt[8];
     struct load load;
     struct sbg sbg[6];

@@ -566,6 +566,47 @@ static void concurrent_worker_gets_its_concurrency(void **state)
 }
 
 /*
+ * Past the pipeline's 16: a worker of concurrency 40 holds 40 requests at once on one session
+ * (the session's table of requests in flight is sized for the front's bound, 256), and two
+ * more wait in the front's queue; each client gets its own answer.
+ */
+static void concurrent_worker_holds_forty(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct bg *b = t->bg;
+    static char targets[42][16];
+    struct shmipc__front_opts o = {.hello = 1};
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->taken, TAKEN_GRANT);
+    atomic_store(&w->conc, 40);
+    atomic_store(&w->mode, M_HOLD);
+    fx_start(x, ws, 1, 1, &o);
+    assert_true(wait_concurrency(x, 0, 40));
+    for (int i = 0; i < 42; i++) {
+        snprintf(targets[i], sizeof targets[i], "/f%d", i);
+        bg_start(&b[i], x->port, targets[i]);
+    }
+    assert_true(wait_pipeline(x, 0, 40, 2));
+    assert_true(wait_for(&w->holding, 40, WAIT_MS));
+    latch_set(w, &w->hold_open, 1);
+    for (int i = 0; i < 42; i++) {
+        char want[20];
+        bg_join(&b[i]);
+        snprintf(want, sizeof want, "/f%d:", i);
+        assert_int_equal(b[i].p.status, 200);
+        assert_string_equal(b[i].p.body, want);
+        resp_free(&b[i].p);
+    }
+    assert_int_equal(atomic_load(&w->max_concurrent), 40);
+    assert_int_equal(atomic_load(&w->bad), 0);
+    fx_stop(x);
+    appw_stop(w);
+}
+
+/*
  * An upload whose client stalls mid-body, on a worker of concurrency 3: it holds one of the
  * three, not the worker whole (as it does a worker that runs one request at a time), so two
  * GETs run beside it; the upload then ends and is answered.
@@ -1678,7 +1719,7 @@ static void connector_churn_under_load(void **state)
         T(pipeline_never_on_a_hello_answered_with_another_frame),                                  \
         T(taken_out_of_place_is_a_protocol_error), T(pipeline_worker_dies_only_the_taken_one_502), \
         T(concurrent_worker_gets_its_concurrency), T(concurrent_worker_upload_holds_one_place),    \
-        T(concurrency_answers_are_bounded)
+        T(concurrency_answers_are_bounded), T(concurrent_worker_holds_forty)
 
 int main(int argc, char **argv)
 {

@@ -521,6 +521,20 @@ def test_asgi_worker_runs_requests_at_once(tmp_path):
     finally:
         s.p.send_signal(signal.SIGTERM)
         assert s.p.wait(30) == 0, "".join(s.err)
+    # One at a time, the request that waits for the next one holds the worker: both 504.
+    s = Serve(tmp_path, "--asgi", "--concurrency", "1", "--timeout", "1", workers=1,
+              app=("gated:app",))
+    try:
+        out = []
+        t = threading.Thread(target=lambda: out.append(s.request("GET", "/wait/z")[0]))
+        t.start()
+        time.sleep(0.05)
+        assert s.request("GET", "/open/z")[0] == 504
+        t.join(20)
+        assert out == [504]
+    finally:
+        s.p.send_signal(signal.SIGTERM)
+        assert s.p.wait(30) == 0, "".join(s.err)
 
 
 def test_concurrency_is_for_asgi_and_bounded(tmp_path):

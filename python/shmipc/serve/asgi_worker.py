@@ -2,10 +2,10 @@
 (docs/serve.md, "The ASGI worker").
 
 Every front session the listener accepts is served on the loop: each stream the front opens
-is a task running the app (``ASGIHandler._handle``), at most ``concurrency`` tasks at once over
-all sessions; the worker's HELLO tells the front that number, and the front sends no more
-(the rest wait in its queue). A stream past it waits in its session's accept queue until a
-task ends.
+is a task running the app (``ASGIHandler._handle``), at most ``concurrency`` of them at once
+over all sessions; the worker's HELLO tells the front that number, and the front sends no more
+(the rest wait in its queue). A stream past it (a front that does not count) waits for a place
+before its head is read. A session waiting for its next stream holds no place.
 
 Nothing on the loop blocks:
 
@@ -110,10 +110,27 @@ class _LoopExchange(_Exchange):
                     pass
                 # What was written goes first, so the front can take (and free) it.
                 self._flush()
+                # The session's news (this stream closed by the front, the session's end)
+                # must be seen while no read of this session waits to see it: the next write
+                # fails with it. Then the front's ABORT, when no unread body frame hides it.
+                self._poke()
                 self.check_abort()  # the front gave the request up: RequestAborted
                 await asyncio.sleep(nap)
                 nap = min(nap * 2, _MEMORY_NAP_MAX)
         self._flush()
+
+    def _poke(self):
+        session = self.session
+        if session is None or session.closed:
+            return
+        table = aio._watchers.get(self.loop)
+        if table and session in table:
+            aio._drive(self.loop, session)  # processes, and wakes the reads that wait
+            return
+        try:
+            session.process()
+        except shmipc.Error:
+            pass  # the session ended: the next write says so
 
     def _flush(self):
         # A full queue (the front has not taken the last 8192 messages) is retried for up to
@@ -246,19 +263,17 @@ class ASGIWorker:
         tasks = set()
         try:
             while not self._stopping.is_set():
-                if await self._parked_on(self._slots.acquire()) is None:
-                    break
+                # Accepted at once, a place taken in the task: a session waiting for its next
+                # stream holds no place (the front spreads its requests over its sessions, one
+                # per reactor thread; it sends no more than the concurrency over all of them).
                 try:
                     st = await self._parked_on(aio.accept_stream(s))
                 except shmipc.Error as e:
-                    self._slots.release()
                     log.debug("shmipc-serve worker: the front's session ended: %s", e)
                     break
                 if st is None:
-                    self._slots.release()
                     break
-                if self._stopping.is_set():  # it came with the stop: refused in `finally`
-                    self._slots.release()
+                if self._stopping.is_set():  # it came with the stop: refused
                     await self._refuse(_LoopExchange(st, self.loop),
                                        time.monotonic() + _REFUSE_TIMEOUT)
                     break
@@ -300,10 +315,20 @@ class ASGIWorker:
             pass  # the session ended
 
     async def _serve(self, st):
+        try:
+            # Past the concurrency (a front that does not count, or a burst across its
+            # sessions while the counts settle), a stream waits its turn here.
+            await self._slots.acquire()
+        except BaseException:
+            st.close()
+            raise
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
-        ex = _LoopExchange(st, self.loop)
         try:
+            ex = _LoopExchange(st, self.loop)
+            if self._stopping.is_set():  # it waited for its place past the stop: not started
+                await self._refuse(ex, time.monotonic() + _REFUSE_TIMEOUT)
+                return
             try:
                 first = await ex.aread_frame_header()
             except ProtocolViolation as e:
