@@ -13,7 +13,7 @@ export DEBIAN_FRONTEND=noninteractive
 sudo=()
 [[ $(id -u) -eq 0 ]] || sudo=(sudo)
 cleanup() {
-  "${sudo[@]}" apt-get purge -y -q "${packages[@]}" >/dev/null 2>&1 || true
+  "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=300 purge -y -q "${packages[@]}" >/dev/null 2>&1 || true
   [[ -n ${KEEP_TMP:-} ]] || rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -29,7 +29,7 @@ for p in "${packages[@]}"; do
   debs+=("$deb")
 done
 ls -l "${debs[@]}"
-"${sudo[@]}" apt-get install -y -q --no-install-recommends "${debs[@]}" >"$tmp/install.log" 2>&1 ||
+"${sudo[@]}" apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${debs[@]}" >"$tmp/install.log" 2>&1 ||
   { cat "$tmp/install.log"; exit 1; }
 
 # The smoke test: a new shell in /tmp, nothing pointing at a build tree.

@@ -45,7 +45,7 @@ echo "deps: installing ${missing[*]}" >&2
 sudo=()
 [[ $(id -u) -eq 0 ]] || sudo=(sudo)
 export DEBIAN_FRONTEND=noninteractive
-install() { "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+install() { "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${missing[@]}"; }
 # Refresh the package lists only when the install cannot find what it needs.
 if ! install >/dev/null 2>&1; then
   "${sudo[@]}" apt-get update -q
