@@ -302,8 +302,8 @@ def test_front_abort_ends_a_response_waiting_for_memory():
 def test_front_close_ends_a_memory_wait_with_the_body_unread():
     # The app answers before it reads its body, so a BODY frame is read ahead and the front's
     # ABORT behind it is not looked at; the front then closes the stream (after its drain):
-    # the task that waits for memory must see the close (nothing else reads that session) and
-    # end, freeing its place.
+    # the task that waits for memory ends, freeing its place. (Here the session's accept
+    # loop also watches the session; the next case has no other watcher.)
     handler, w, t = loop_worker(gated_app(Gates()), 1)
     from test_serve_worker import Front
     a = small_memory_front(w.address)
@@ -321,6 +321,111 @@ def test_front_close_ends_a_memory_wait_with_the_body_unread():
     finally:
         end_worker(handler, w, t, a, b)
     assert (w.counts["aborted"], w.counts["ok"]) == (1, 1), w.counts
+
+
+def test_a_memory_wait_sees_the_close_with_nothing_else_watching():
+    # A write that waits for shared memory, a BODY frame read ahead (so the ABORT check looks
+    # at nothing), and no read or accept waiting on the session: the wait itself must process
+    # the session to see the front's close (before: still waiting after 5 s).
+    from shmipc.serve.asgi_worker import _LoopExchange
+    address = unique_address("asgipoke")
+    listener = shmipc.Listener(address, shmipc.Config(memory_wait=True))
+    box = {}
+    t = threading.Thread(target=lambda: box.__setitem__("c", shmipc.connect(
+        address, shmipc.Config(buffer_capacity=4 << 20, read_timeout=10))))
+    t.start()
+    server = listener.accept(timeout=10)
+    t.join(10)
+    client = box["c"]
+    loop = asyncio.new_event_loop()
+    try:
+        front = client.open_stream()
+        front.write(b"x" * 12)
+        front.flush()
+        st = server.accept_stream(timeout=10)
+        ex = _LoopExchange(st, loop)
+        ex.pending = b"read ahead"
+
+        def closer():
+            time.sleep(0.3)
+            front.close()
+
+        threading.Thread(target=closer).start()
+
+        async def main():
+            with pytest.raises((shmipc.Error, OSError)):
+                await asyncio.wait_for(ex.asend(*[b"y" * 65536] * 256), 5)
+
+        t0 = time.monotonic()
+        loop.run_until_complete(main())
+        assert time.monotonic() - t0 < 4
+        st.close()
+    finally:
+        loop.close()
+        client.close()
+        server.close()
+        listener.close()
+
+
+def test_a_flood_of_streams_is_bounded_per_session():
+    # A front that opens far more streams than the concurrency: the worker accepts at most
+    # `concurrency` per session (the rest stay in the library's accept queue, whose bound ends
+    # a session that floods it), so another session is still served at once.
+    gates, held = Gates(), []
+    r = loop_running(gated_app(gates, held), concurrency=2)
+    from test_serve_worker import Front
+    other = Front(r.worker.address)
+    try:
+        streams = []
+        for _ in range(200):
+            st, _ = r.front.open(target=b"/wait/f")
+            r.front.send_body(st, [])
+            streams.append(st)
+        assert wait_until(lambda: len(held) == 2)
+        time.sleep(0.2)
+        assert len(asyncio.all_tasks(r.worker.loop)) < 20
+        gates.open_from_thread("f")
+        for st in streams[:20]:
+            assert r.front.response(st)[4] == b"released "
+        t0 = time.monotonic()
+        assert other.request(target=b"/other")[4] == b"echo /other "
+        assert time.monotonic() - t0 < 5
+        for st in streams:
+            st.close()
+    finally:
+        other.close()
+        r.stop()
+
+
+def test_stop_refuses_at_once_a_stream_waiting_for_a_place():
+    # Concurrency 1, one request held and a second one (from a front that does not count)
+    # waiting for the place: stop() refuses the second at once (ABORT SHUTDOWN: the front gives
+    # it to another worker), not when the first ends.
+    gates, held = Gates(), []
+    r = loop_running(gated_app(gates, held), concurrency=1)
+    from test_serve_worker import Front
+    other = Front(r.worker.address)
+    try:
+        a, _ = r.front.open(target=b"/wait/w")
+        r.front.send_body(a, [])
+        assert wait_until(lambda: len(held) == 1)
+        b, _ = other.open(target=b"/queued")
+        other.send_body(b, [])
+        time.sleep(0.1)
+        r.worker.stop()
+        t0 = time.monotonic()
+        assert other.response(b)[5:] == (sf.ABORT, sf.ABORT_SHUTDOWN)
+        assert time.monotonic() - t0 < 2
+        b.close()
+        gates.open_from_thread("w")
+        assert r.front.response(a)[4] == b"released "
+        a.close()
+    finally:
+        other.close()
+        r.front.close()
+        r.thread.join(10)
+        assert not r.thread.is_alive()
+        r.handler.shutdown()
 
 
 def test_stop_finishes_what_runs_and_refuses_what_comes():

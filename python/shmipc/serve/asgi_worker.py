@@ -261,25 +261,34 @@ class ASGIWorker:
 
     async def _session(self, s):
         tasks = set()
+        # A session has at most `concurrency` streams accepted and not finished: the rest stay
+        # in the library's accept queue, whose bound (max_pending_streams) ends a session that
+        # floods it. The worker's places are taken in the tasks, so a session waiting for its
+        # next stream holds none (the front spreads its requests over its sessions, one per
+        # reactor thread, and sends no more than the concurrency over all of them).
+        mine = asyncio.Semaphore(self.concurrency)
         try:
             while not self._stopping.is_set():
-                # Accepted at once, a place taken in the task: a session waiting for its next
-                # stream holds no place (the front spreads its requests over its sessions, one
-                # per reactor thread; it sends no more than the concurrency over all of them).
+                if await self._parked_on(mine.acquire()) is None:
+                    break
                 try:
                     st = await self._parked_on(aio.accept_stream(s))
                 except shmipc.Error as e:
+                    mine.release()
                     log.debug("shmipc-serve worker: the front's session ended: %s", e)
                     break
                 if st is None:
+                    mine.release()
                     break
                 if self._stopping.is_set():  # it came with the stop: refused
+                    mine.release()
                     await self._refuse(_LoopExchange(st, self.loop),
                                        time.monotonic() + _REFUSE_TIMEOUT)
                     break
                 t = self.loop.create_task(self._serve(st))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
+                t.add_done_callback(lambda _t: mine.release())
         finally:
             # Streams the front opened that this worker will not serve: each refused (ABORT
             # SHUTDOWN), so the front gives its request to another worker instead of a 502:
@@ -315,18 +324,29 @@ class ASGIWorker:
             pass  # the session ended
 
     async def _serve(self, st):
+        # Past the concurrency (a front that does not count, or a burst across its sessions
+        # while the counts settle), a stream waits its turn here; a stop meanwhile refuses
+        # it at once (not started: the front gives it to another worker).
         try:
-            # Past the concurrency (a front that does not count, or a burst across its
-            # sessions while the counts settle), a stream waits its turn here.
-            await self._slots.acquire()
+            got = await self._parked_on(self._slots.acquire())
         except BaseException:
-            st.close()
+            try:
+                st.close()
+            except shmipc.Error:
+                pass
             raise
+        if got is None:
+            try:
+                ex = _LoopExchange(st, self.loop)
+            except shmipc.Error:  # the stream is gone already
+                return
+            await self._refuse(ex, time.monotonic() + _REFUSE_TIMEOUT)
+            return
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         try:
             ex = _LoopExchange(st, self.loop)
-            if self._stopping.is_set():  # it waited for its place past the stop: not started
+            if self._stopping.is_set():  # the stop came as it got its place: not started
                 await self._refuse(ex, time.monotonic() + _REFUSE_TIMEOUT)
                 return
             try:
