@@ -312,7 +312,10 @@ int main(int argc, char **argv)
     /* A response the front holds back (its client reads slowly) stops this worker's writes
      * once the session's shared memory is full, instead of going over the socket to the
      * front's heap (docs/serve.md, "Backpressure"). */
-    if ((rc = shmipc_config_new(&cfg)) == 0 && (rc = shmipc_config_set_memory_wait(cfg, 1)) == 0)
+    /* The handshake's 10 s: a front's own connect timeout bounds its wait; the 1 s default
+     * here failed fronts' handshakes on a loaded machine (the listener's thread gave up). */
+    if ((rc = shmipc_config_new(&cfg)) == 0 && (rc = shmipc_config_set_memory_wait(cfg, 1)) == 0 &&
+        (rc = shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 10000)) == 0)
         rc = shmipc_listener_new(address, cfg, &l);
     shmipc_config_free(cfg);
     if (rc < 0) {

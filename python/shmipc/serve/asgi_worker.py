@@ -191,7 +191,8 @@ class ASGIWorker:
         self.in_flight = 0
         self.peak = 0
         if config is None:
-            config = shmipc.Config(memory_wait=True)  # as worker.Worker: see its comment
+            # As worker.Worker: see its comment.
+            config = shmipc.Config(memory_wait=True, initialize_timeout=10)
         self.listener = shmipc.Listener(address, config)
         self.address = self.listener.address
         self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0, "hello": 0}

@@ -57,8 +57,10 @@ class Worker:
         if config is None:
             # A response the front holds back (its client reads slowly) stops this worker's
             # writes once the session's shared memory is full, instead of going over the
-            # socket to the front's heap (docs/serve.md, "Backpressure").
-            config = shmipc.Config(memory_wait=True)
+            # socket to the front's heap (docs/serve.md, "Backpressure"). The handshake gets
+            # 10 s (the front's connect timeout bounds its own wait; 1 s failed on a loaded
+            # machine).
+            config = shmipc.Config(memory_wait=True, initialize_timeout=10)
         self.listener = shmipc.Listener(address, config)
         self.address = self.listener.address
         self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0, "hello": 0}
