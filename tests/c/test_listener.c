@@ -404,17 +404,21 @@ static void *forever_accept_main(void *arg)
 static void accept_any_negative_timeout_waits_forever(void **state)
 {
     static const int timeouts[] = {-1, -2, -1000, INT_MIN};
+    /* 10 s handshakes: with the default second a loaded TSan run failed the handshake, and
+     * the accept that waits forever then hung the case until meson's timeout. */
+    shmipc_config *cfg = patient_config();
     (void)state;
+    assert_non_null(cfg);
     for (size_t i = 0; i < sizeof timeouts / sizeof timeouts[0]; i++) {
         struct forever_accept a = {.timeout_ms = timeouts[i], .rc = 1};
         struct ipc_connector c;
         pthread_t t;
         ipc_pick_address(address, sizeof address, "listener-forever");
-        assert_int_equal(shmipc_listener_new(address, NULL, &a.l), 0);
+        assert_int_equal(shmipc_listener_new(address, cfg, &a.l), 0);
         assert_int_equal(pthread_create(&t, NULL, forever_accept_main, &a), 0);
         usleep(100 * 1000);
         assert_int_equal(__atomic_load_n(&a.rc, __ATOMIC_SEQ_CST), 1); /* still waiting */
-        ipc_connector_start(&c, address, NULL);
+        ipc_connector_start(&c, address, cfg);
         pthread_join(t, NULL);
         assert_int_equal(a.rc, 0);
         assert_int_equal(ipc_connector_join(&c), 0);
@@ -422,6 +426,7 @@ static void accept_any_negative_timeout_waits_forever(void **state)
         shmipc_session_close(a.s);
         shmipc_listener_close(a.l);
     }
+    shmipc_config_free(cfg);
 }
 
 /* ------------------------------------------------------------------------------------ */
