@@ -538,7 +538,7 @@ static void concurrent_worker_gets_its_concurrency(void **state)
     struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct bg *b = t->bg; /* joined by the teardown, also after a failed assertion */
-    struct shmipc__front_opts o = {.hello = 1};
+    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
     appw_start(w, "w0", NULL);
     atomic_store(&w->taken, TAKEN_GRANT);
     atomic_store(&w->conc, 4);
@@ -578,7 +578,8 @@ static void concurrent_worker_holds_forty(void **state)
     struct fx *x = &t->x;
     struct bg *b = t->bg;
     static char targets[42][16];
-    struct shmipc__front_opts o = {.hello = 1};
+    /* held until all 40 are in: no deadline (a loaded TSan run passed 30 s: a 504) */
+    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
     appw_start(w, "w0", NULL);
     atomic_store(&w->taken, TAKEN_GRANT);
     atomic_store(&w->conc, 40);
