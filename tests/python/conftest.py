@@ -87,10 +87,16 @@ class Pair:
 
 
 def default_config(**kw):
-    """A config whose reads give up after 10 s, so a broken test fails instead of hanging."""
+    """A config whose reads give up after 10 s, so a broken test fails instead of hanging.
+
+    Its handshake may take 10 s too: at the library's 1 s default, a thread stalled for a
+    second on a loaded machine (CI beside other builds) failed whichever pair was being made
+    ("handshake failed: SHMIPC_ETIMEDOUT" on the listener's side). Tests of the handshake
+    timeout itself pass their own."""
     import shmipc
 
     kw.setdefault("read_timeout", 10.0)
+    kw.setdefault("initialize_timeout", 10.0)
     return shmipc.Config(**kw)
 
 
@@ -99,15 +105,9 @@ def make_pair():
     made = []
 
     def make(client_config=None, server_config=None):
-        # The handshake may take as long as the fixture's accept waits (10 s): at the default
-        # 1 s, a client thread stalled for a second on a loaded machine (CI beside other
-        # builds) failed the setup of whichever test came next, with "handshake failed:
-        # SHMIPC_ETIMEDOUT" on the listener's side. Tests of the handshake timeout itself
-        # build their own configs.
-        p = Pair(
-            client_config or default_config(initialize_timeout=10.0),
-            server_config or default_config(initialize_timeout=10.0),
-        )
+        # The handshake may take as long as the fixture's accept waits (10 s): see
+        # default_config.
+        p = Pair(client_config or default_config(), server_config or default_config())
         made.append(p)
         return p
 

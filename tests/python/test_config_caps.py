@@ -217,7 +217,7 @@ def connect_in_thread(address, config):
 def test_listener_allow_list_refuses_an_unlisted_client():
     address = unique_address("uids")
     with shmipc.Listener(address, default_config(peer_uids=[other_uid()])) as listener:
-        t, box = connect_in_thread(address, default_config(initialize_timeout=10))
+        t, box = connect_in_thread(address, default_config())
         t0 = time.monotonic()
         # The listener checks SO_PEERCRED first and hangs up: no session to accept.
         with pytest.raises(shmipc.TimeoutError):

@@ -71,6 +71,18 @@ class Serve:
             if "listening on" in line:
                 self.listening.set()
 
+    def wait_err(self, text, timeout=20):
+        """Whether a line of shmipc-serve's stderr holds `text`, waiting up to `timeout` s for
+        it: a worker's log line reaches the supervisor's stderr through a pipe, possibly after
+        the client already has its answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(text in line for line in list(self.err)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
     def request(self, method, path, body=None, timeout=20):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:

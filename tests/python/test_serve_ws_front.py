@@ -142,7 +142,7 @@ def test_app_raises_after_accept_is_1011(server):
     assert recv_close(c)[0] == 1011
     c.sock.close()
     assert server.request("GET", "/after") == (200, b"http /after")
-    assert any("the app failed after the accept" in line for line in server.err)
+    assert server.wait_err("the app failed after the accept"), "".join(server.err)
 
 
 def test_refused_before_accept_is_403(server):

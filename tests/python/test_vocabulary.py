@@ -47,7 +47,7 @@ def test_config_timeouts_negative_is_forever_zero_does_not_wait():
 
 
 def test_read_timeout_zero_takes_pending_data_and_does_not_wait(make_pair):
-    p = make_pair(server_config=default_config(read_timeout=0, initialize_timeout=10.0))
+    p = make_pair(server_config=default_config(read_timeout=0))
     cs = p.client.open_stream()
     cs.write(b"one")
     cs.flush()
@@ -83,7 +83,7 @@ def test_stream_read_timeout_negative_waits_forever(pair):
 
 
 def test_write_timeout_zero_fails_a_full_queue_at_once(make_pair):
-    cfg = default_config(queue_capacity=16, initialize_timeout=10.0)
+    cfg = default_config(queue_capacity=16)
     p = make_pair(client_config=cfg, server_config=cfg)
     cs = p.client.open_stream()
     cs.write_timeout = 0
