@@ -734,8 +734,14 @@ static int appw_seq;
 
 void appw_start(struct appw *w, const char *name, const char *addr)
 {
+    appw_start_x(w, name, addr, 0);
+}
+
+void appw_start_x(struct appw *w, const char *name, const char *addr, int memory_wait)
+{
     if (name != NULL) {
         memset(w, 0, sizeof *w);
+        w->memory_wait = memory_wait;
         snprintf(w->name, sizeof w->name, "%s", name);
         if (addr != NULL)
             snprintf(w->addr, sizeof w->addr, "%s", addr);
@@ -746,7 +752,7 @@ void appw_start(struct appw *w, const char *name, const char *addr)
         pthread_cond_init(&w->cv, NULL);
     }
     atomic_store(&w->stop, 0);
-    listener_patient(w->addr, &w->l);
+    listener_patient_x(w->addr, w->memory_wait, &w->l);
     assert_int_equal(pthread_create(&w->acceptor, NULL, acceptor_main, w), 0);
     w->started = 1;
 }
@@ -792,9 +798,15 @@ static int h_static(shmipc_http_request *req, shmipc_http_response *res, void *u
  * 400 ms to come up in CI); a shutdown ends a handshake under way at once. */
 void listener_patient(const char *addr, shmipc_listener **out)
 {
+    listener_patient_x(addr, 0, out);
+}
+
+void listener_patient_x(const char *addr, int memory_wait, shmipc_listener **out)
+{
     shmipc_config *cfg;
     CHECK(shmipc_config_new(&cfg));
     CHECK(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS));
+    CHECK(shmipc_config_set_memory_wait(cfg, memory_wait));
     CHECK(shmipc_listener_new(addr, cfg, out));
     shmipc_config_free(cfg);
 }
@@ -843,6 +855,11 @@ void fx_stop(struct fx *x)
 /* -1 on failure: client threads call it too, and they must not assert. */
 int tcp_connect_try(int port)
 {
+    return tcp_connect_rcvbuf(port, 0);
+}
+
+int tcp_connect_rcvbuf(int port, int rcvbuf)
+{
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     struct timeval tv = {WAIT_MS / 1000, 0};
@@ -850,6 +867,8 @@ int tcp_connect_try(int port)
     if (fd < 0)
         return -1;
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (rcvbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         close(fd);
         return -1;
@@ -1077,12 +1096,23 @@ void read_stream_body(struct rd *r, const struct resp *p, unsigned seed, size_t 
 int get_stream(struct rd *r, const char *target, unsigned seed, size_t max, unsigned slow_us,
                struct sbody *b)
 {
+    return get_stream_x(r, target, seed, max, slow_us, NULL, b);
+}
+
+int get_stream_x(struct rd *r, const char *target, unsigned seed, size_t max, unsigned slow_us,
+                 atomic_int *go, struct sbody *b)
+{
     char req[512];
     struct resp p;
     int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\n\r\n", target);
     memset(b, 0, sizeof *b);
     if (send_all_try(r->fd, req, (size_t)n) < 0)
         return -1;
+    for (uint64_t end = mono_ms() + WAIT_MS; go != NULL && !atomic_load(go);) {
+        if (mono_ms() >= end)
+            return -1;
+        sleep_ms(1);
+    }
     read_resp_x(r, &p, 1);
     if (p.status > 0)
         read_stream_body(r, &p, seed, max, slow_us, b);
@@ -1110,8 +1140,8 @@ static void *sbg_main(void *arg)
     struct sbg *a = arg;
     struct rd *r = malloc(sizeof *r);
     a->status = -1;
-    if (r != NULL && rd_open_try(r, a->port) == 0) {
-        a->status = get_stream(r, a->target, a->seed, 65536, a->slow_us, &a->b);
+    if (r != NULL && (r->len = 0, r->fd = tcp_connect_rcvbuf(a->port, a->rcvbuf)) >= 0) {
+        a->status = get_stream_x(r, a->target, a->seed, 65536, a->slow_us, a->go, &a->b);
         close(r->fd);
     }
     free(r);

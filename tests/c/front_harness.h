@@ -103,6 +103,7 @@ struct appw {
     shmipc_session *sess[APPW_MAX_SESSIONS];
     pthread_t sthreads[APPW_MAX_SESSIONS];
     int nsess;
+    int memory_wait; /* its sessions' config: appw_start_x */
 };
 
 struct fx {
@@ -140,6 +141,8 @@ struct sbg {
     char target[128];
     unsigned seed;
     unsigned slow_us;
+    int rcvbuf;     /* the client's receive buffer, set before its connect (0: the default) */
+    atomic_int *go; /* reads its response only once *go is set (NULL: at once) */
     int status;
     struct sbody b;
     pthread_t th;
@@ -213,6 +216,10 @@ uint8_t gen_byte(unsigned seed, uint64_t i);
 #define FNV_INIT 0xcbf29ce484222325ull
 uint64_t fnv1a(uint64_t h, const void *p, size_t n);
 void appw_start(struct appw *w, const char *name, const char *addr);
+/* As appw_start, the worker's sessions waiting for shared memory when it is full (as the
+ * workers of shmipc-serve do) instead of sending over the socket; a restart (name NULL) keeps
+ * the choice. */
+void appw_start_x(struct appw *w, const char *name, const char *addr, int memory_wait);
 void appw_stop(struct appw *w);
 /* Freezes the worker's acceptor: once it returns, no connection is accepted and no handshake
  * starts until hold_accept is 0 again (latch_set); connects wait in the listen backlog, as to
@@ -224,6 +231,7 @@ void appw_hold_accept(struct appw *w);
 /* ---- the front under test ---- */
 /* A listener at `addr` whose handshake waits HANDSHAKE_MS. */
 void listener_patient(const char *addr, shmipc_listener **out);
+void listener_patient_x(const char *addr, int memory_wait, shmipc_listener **out);
 void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
               const struct shmipc__front_opts *o);
 void fx_stop(struct fx *x);
@@ -233,6 +241,10 @@ int wait_queued(struct fx *x, unsigned n);
 
 /* ---- an HTTP client ---- */
 int tcp_connect_try(int port);
+/* As tcp_connect_try, with the receive buffer set before the connect (`rcvbuf` 0: the
+ * default). Set after it, a small buffer shrinks the window the handshake offered, and the
+ * peer's data past it waits on TCP's retransmission back-off (seconds), not on the reader. */
+int tcp_connect_rcvbuf(int port, int rcvbuf);
 int tcp_connect(int port);
 int send_all_try(int fd, const void *p, size_t n);
 void send_all(int fd, const void *p, size_t n);
@@ -252,6 +264,9 @@ void read_stream_body(struct rd *r, const struct resp *p, unsigned seed, size_t 
                       unsigned slow_us, struct sbody *b);
 int get_stream(struct rd *r, const char *target, unsigned seed, size_t max, unsigned slow_us,
                struct sbody *b);
+/* As get_stream, reading only once *go is set (go NULL: at once; -1 when WAIT_MS passes). */
+int get_stream_x(struct rd *r, const char *target, unsigned seed, size_t max, unsigned slow_us,
+                 atomic_int *go, struct sbody *b);
 void sbg_start(struct sbg *a);
 void sbg_join(struct sbg *a);
 
