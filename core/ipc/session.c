@@ -443,3 +443,10 @@ uint32_t shmipc__session_take_ready(shmipc_session *s, uint32_t **ids, uint32_t 
     shmipc__session_unlock(s);
     return n;
 }
+
+void shmipc__session_set_loop_driven(shmipc_session *s)
+{
+    shmipc__session_lock(s);
+    s->loop_driven = 1;
+    shmipc__session_unlock(s);
+}

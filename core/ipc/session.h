@@ -127,6 +127,10 @@ struct shmipc_session {
     int timer_fd;           /* polling mode: fires every interval for event loops, else -1 */
     int kick_fd;            /* eventfd a stream shutdown writes to wake the processor, or -1 */
     int processing;         /* a thread is reading the socket (under mu) */
+    /* Processed only by its owner's event loop when its descriptor fires (set once, before
+     * use; shmipc__session_set_loop_driven): a non-blocking read or accept never processes,
+     * so no data for another stream lands where the loop would not look for it. */
+    uint8_t loop_driven;
     unsigned spin_fails;    /* spins in a row that found nothing, at most 6 (under mu) */
     unsigned spin_skip;     /* waits left that sleep without spinning (under mu) */
     uint64_t spin_gap_ns;   /* moving average of the waits for data, for the spin budget (mu) */
@@ -294,6 +298,17 @@ int shmipc__stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr, s
                               int flags);
 int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int flags);
 size_t shmipc__stream_available(shmipc_stream *st);
+
+/*
+ * The session is processed only by its owner's event loop (shmipc__session_process() when its
+ * descriptor fires), which then reads every stream: SHMIPC_NONBLOCK reads and accept_stream(0)
+ * take only what that processing delivered, never processing themselves. Without it, a
+ * non-blocking read of one stream that finds too little may process the session (when the last
+ * processing is over 50 µs old) and deliver another stream's data that the loop was not told
+ * of: the descriptor's readiness was consumed with it, and that stream's reader would wait for
+ * an edge that never comes. Set once, right after the session is made, before any use.
+ */
+void shmipc__session_set_loop_driven(shmipc_session *s);
 int shmipc__stream_release(shmipc_stream *st);
 int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags);
 void shmipc__stream_close(shmipc_stream *st);

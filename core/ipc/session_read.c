@@ -52,7 +52,7 @@ static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
         if (shmipc__session_err(s))
             return shmipc__session_ended(s);
         if (flags & SHMIPC_NONBLOCK) {
-            if (!s->processing && !shmipc__session_fresh_locked(s)) {
+            if (!s->processing && !s->loop_driven && !shmipc__session_fresh_locked(s)) {
                 s->processing = 1;
                 rc = shmipc__session_process_locked(s);
                 s->processing = 0;

@@ -228,7 +228,7 @@ int shmipc__session_accept_stream(shmipc_session *s, int timeout_ms, shmipc_stre
             break;
         }
         if (timeout_ms == 0) {
-            if (!s->processing && !shmipc__session_fresh_locked(s)) {
+            if (!s->processing && !s->loop_driven && !shmipc__session_fresh_locked(s)) {
                 s->processing = 1;
                 rc = shmipc__session_process_locked(s);
                 s->processing = 0;

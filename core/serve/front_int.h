@@ -42,6 +42,9 @@
 #define MAX_THREADS          1024u /* shmipc__workers_default()'s limit */
 #define RETRY_MS             1u    /* a full session queue is retried this often */
 #define ABORT_BACKOFF_MAX_MS 64u   /* a drain's ABORT that cannot go: retried at most this late */
+/* A request (head and whole body) of at most this many bytes goes into shared memory only,
+ * waiting while it is full: far below the smallest buffer (SHMIPC_MIN_BUFFER_CAPACITY). */
+#define SHM_ONLY_MAX (256u << 10)
 #define UPLOAD_FRAME         (64u << 10) /* most body bytes in one BODY frame of an upload */
 #define SCRATCH              (SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD)
 /* Response bytes queued on a client connection at which the front stops reading the worker's
@@ -171,6 +174,7 @@ struct freq {
     uint64_t rwant;        /* the worker's Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
     uint32_t abort_reason; /* an ABORT still to send, 0: none */
     uint8_t abort_tries;   /* times it could not go yet (its retry backs off) */
+    uint8_t send_tries;    /* SENDING: times the session could not take it yet (backs off) */
     uint64_t drain_until;  /* loop ms */
     uint8_t hdr[SHMIPC__SF_HDR_SIZE];
     struct shmipc__sf_frame fh;

@@ -479,8 +479,30 @@ static void on_body_end(void *data)
 }
 
 /*
+ * The session cannot take the request now (its queue or, for a small request, its shared
+ * memory is full): sent again from the request's timer (SENDING), 1, 2, 4 ... 16 ms apart
+ * while it cannot (the deadline bounds the wait). The server's copy of the body is gone once
+ * the handler returned: kept here.
+ */
+static int send_later(struct freq *r)
+{
+    if (r->body_len > 0 && r->body_copy == NULL) {
+        if ((r->body_copy = malloc(r->body_len)) == NULL)
+            return shmipc__fail(SHMIPC_ENOMEM, "front: a body copy");
+        memcpy(r->body_copy, r->body, r->body_len);
+        r->body = r->body_copy;
+    }
+    r->state = RQ_SENDING;
+    uint64_t ms = (uint64_t)RETRY_MS << (r->send_tries < 4 ? r->send_tries : 4);
+    if (r->send_tries < UINT8_MAX)
+        r->send_tries++;
+    return shmipc__timer_start(&r->timer, ms);
+}
+
+/*
  * Sends the whole request as one message: REQUEST_HEAD, the body in BODY frames of at most
- * 1 MiB, END. With the session's queue full it waits on the request's timer (SENDING).
+ * 1 MiB, END. With the session's queue full it waits on the request's timer (SENDING); so
+ * does a request of at most SHM_ONLY_MAX bytes with its shared memory full.
  */
 int shmipc__front_req_send(struct freq *r)
 {
@@ -493,16 +515,38 @@ int shmipc__front_req_send(struct freq *r)
         rc = upload_push(r, 0);
         return rc > 0 ? 0 : rc;
     }
-    if (!shmipc__session_can_send(fs->s)) {
-        /* The server's copy of the body is gone once the handler returned. */
-        if (r->body_len > 0 && r->body_copy == NULL) {
-            if ((r->body_copy = malloc(r->body_len)) == NULL)
-                return shmipc__fail(SHMIPC_ENOMEM, "front: a body copy");
-            memcpy(r->body_copy, r->body, r->body_len);
-            r->body = r->body_copy;
+    if (!shmipc__session_can_send(fs->s))
+        return send_later(r);
+    if (r->out_len + r->body_len <= SHM_ONLY_MAX) {
+        /*
+         * Into shared memory only, or not now: a session whose memory the worker's answers
+         * fill (clients that read slowly; several at once on a concurrent worker) would send
+         * it over the socket, and shmipc then refuses the session's new streams for 30 s
+         * (SHMIPC_EUNHEALTHY), which took the session down with every request on it. A
+         * larger request (a huge head; a body over SHMIPC__FRONT_RETRY_BODY streams as an
+         * upload, shared memory only too) may need more than the whole buffer: the old way.
+         */
+        uint8_t bh[SHMIPC__SF_HDR_SIZE], eh[SHMIPC__SF_HDR_SIZE];
+        struct iovec iov[4];
+        size_t n = 0;
+        iov[n++] = (struct iovec){r->out, r->out_len};
+        if (r->body_len > 0) {
+            (void)shmipc__sf_encode_header(bh, SHMIPC__SF_BODY, r->body_len, 0);
+            iov[n++] = (struct iovec){bh, sizeof bh};
+            iov[n++] = (struct iovec){(void *)r->body, r->body_len};
         }
-        r->state = RQ_SENDING;
-        return shmipc__timer_start(&r->timer, RETRY_MS);
+        (void)shmipc__sf_encode_header(eh, SHMIPC__SF_END, 0, 0);
+        iov[n++] = (struct iovec){eh, sizeof eh};
+        rc = shmipc__stream_write_shm(r->st, iov, n);
+        if (rc == SHMIPC_ENOSHM)
+            return send_later(r);
+        if (rc == 0)
+            rc = shmipc__stream_flush(r->st);
+        if (rc < 0)
+            return rc;
+        r->state = RQ_ACTIVE;
+        keep_for_resend(r);
+        return 0;
     }
     rc = shmipc__stream_write(r->st, r->out, r->out_len);
     for (size_t off = 0; rc == 0 && off < r->body_len;) {

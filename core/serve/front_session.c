@@ -207,6 +207,9 @@ static void fs_connected(struct fsess *fs, shmipc_session *s, int rc)
         shmipc__timer_start(&fs->timer, fs->backoff_ms);
         return;
     }
+    /* Only fs_ready processes it, and then reads every request: a request's read that
+     * processed it could deliver another's data unseen (the watch's edge spent with it). */
+    shmipc__session_set_loop_driven(s);
     fs->s = s;
     fs->backoff_ms = 0;
     fs_hello_start(fs);
