@@ -537,28 +537,21 @@ int shmipc__front_req_send(struct freq *r)
         }
         (void)shmipc__sf_encode_header(eh, SHMIPC__SF_END, 0, 0);
         iov[n++] = (struct iovec){eh, sizeof eh};
-        rc = shmipc__stream_write_shm(r->st, iov, n);
-        if (rc == SHMIPC_ENOSHM)
+        if ((rc = shmipc__stream_write_shm(r->st, iov, n)) == SHMIPC_ENOSHM)
             return send_later(r);
+    } else {
+        rc = shmipc__stream_write(r->st, r->out, r->out_len);
+        for (size_t off = 0; rc == 0 && off < r->body_len;) {
+            size_t n = r->body_len - off;
+            n = n > SHMIPC__SF_MAX_CHUNK ? SHMIPC__SF_MAX_CHUNK : n;
+            rc = write_frame_hdr(r->st, SHMIPC__SF_BODY, n);
+            if (rc == 0)
+                rc = shmipc__stream_write(r->st, r->body + off, n);
+            off += n;
+        }
         if (rc == 0)
-            rc = shmipc__stream_flush(r->st);
-        if (rc < 0)
-            return rc;
-        r->state = RQ_ACTIVE;
-        keep_for_resend(r);
-        return 0;
+            rc = write_frame_hdr(r->st, SHMIPC__SF_END, 0);
     }
-    rc = shmipc__stream_write(r->st, r->out, r->out_len);
-    for (size_t off = 0; rc == 0 && off < r->body_len;) {
-        size_t n = r->body_len - off;
-        n = n > SHMIPC__SF_MAX_CHUNK ? SHMIPC__SF_MAX_CHUNK : n;
-        rc = write_frame_hdr(r->st, SHMIPC__SF_BODY, n);
-        if (rc == 0)
-            rc = shmipc__stream_write(r->st, r->body + off, n);
-        off += n;
-    }
-    if (rc == 0)
-        rc = write_frame_hdr(r->st, SHMIPC__SF_END, 0);
     if (rc == 0)
         rc = shmipc__stream_flush(r->st);
     if (rc < 0)

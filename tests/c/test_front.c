@@ -512,18 +512,34 @@ static void pipeline_never_on_a_hello_answered_with_another_frame(void **state)
     pipeline_x(state, TAKEN_ANSWER_BODY);
 }
 
-/* Until the front's stats say worker `i` answered a concurrency of `want`. */
-static int wait_concurrency(struct fx *x, unsigned i, unsigned want)
+/* What a case waits for in the front's stats (worker 0's entry): its HELLO's concurrency is
+ * `want`; its requests in flight and served add up to `want`, none queued. */
+static int concurrency_is(const struct shmipc__front_stats *st, unsigned want)
+{
+    return st->w[0].concurrency == want;
+}
+
+static int dispatched_are(const struct shmipc__front_stats *st, unsigned want)
+{
+    return st->w[0].in_flight + st->w[0].served == want && st->queued == 0;
+}
+
+/* Polls the front's stats until `holds(st, want)`, within WAIT_MS; says what it saw if not. */
+static int wait_stats(struct fx *x, int (*holds)(const struct shmipc__front_stats *, unsigned),
+                      unsigned want)
 {
     static struct shmipc__front_stats st;
     uint64_t end = mono_ms() + WAIT_MS;
     do {
         CHECK(shmipc__front_stats(x->f, &st));
-        if (st.w[i].concurrency == want)
+        if (holds(&st, want))
             return 1;
         sleep_ms(1);
     } while (mono_ms() < end);
-    fprintf(stderr, "wait_concurrency: %u (want %u)\n", st.w[i].concurrency, want);
+    fprintf(stderr,
+            "wait_stats (want %u): worker 0 concurrency %u, %u in flight, %llu served; %u queued\n",
+            want, st.w[0].concurrency, st.w[0].in_flight, (unsigned long long)st.w[0].served,
+            st.queued);
     return 0;
 }
 
@@ -546,7 +562,7 @@ static void concurrent_worker_gets_its_concurrency(void **state)
     atomic_store(&w->conc, 4);
     atomic_store(&w->mode, M_HOLD);
     fx_start(x, ws, 1, 1, &o);
-    assert_true(wait_concurrency(x, 0, 4));
+    assert_true(wait_stats(x, concurrency_is, 4));
     for (int i = 0; i < 6; i++)
         bg_start(&b[i], x->port, pipe_targets[i]);
     assert_true(wait_pipeline(x, 0, 4, 2));
@@ -587,7 +603,7 @@ static void concurrent_worker_holds_forty(void **state)
     atomic_store(&w->conc, 40);
     atomic_store(&w->mode, M_HOLD);
     fx_start(x, ws, 1, 1, &o);
-    assert_true(wait_concurrency(x, 0, 40));
+    assert_true(wait_stats(x, concurrency_is, 40));
     for (int i = 0; i < 42; i++) {
         snprintf(targets[i], sizeof targets[i], "/f%d", i);
         bg_start(&b[i], x->port, targets[i]);
@@ -631,7 +647,7 @@ static void concurrent_worker_upload_holds_one_place(void **state)
     atomic_store(&w->taken, TAKEN_GRANT);
     atomic_store(&w->conc, 3);
     fx_start(x, ws, 1, 1, &o);
-    assert_true(wait_concurrency(x, 0, 3));
+    assert_true(wait_stats(x, concurrency_is, 3));
     rd_open(&r, x->port);
     send_all(r.fd, head, sizeof head - 1);
     send_all(r.fd, body, 100);
@@ -677,22 +693,6 @@ static int wait_memory_full(struct appw *w)
     return 0;
 }
 
-/* Whether the worker's requests in flight and served add up to `want`, within WAIT_MS. */
-static int wait_dispatched(struct fx *x, unsigned want)
-{
-    static struct shmipc__front_stats st;
-    uint64_t end = mono_ms() + WAIT_MS;
-    do {
-        CHECK(shmipc__front_stats(x->f, &st));
-        if (st.w[0].in_flight + st.w[0].served == want && st.queued == 0)
-            return 1;
-        sleep_ms(1);
-    } while (mono_ms() < end);
-    fprintf(stderr, "wait_dispatched: %u in flight, %llu served, %u queued (want %u)\n",
-            st.w[0].in_flight, (unsigned long long)st.w[0].served, st.queued, want);
-    return 0;
-}
-
 /*
  * Two clients that read nothing fill their worker session's shared memory with their
  * responses (a concurrent worker waiting for memory as shmipc-serve's do, 1 MiB of it, BODY
@@ -729,7 +729,7 @@ static void memory_full_session_requests_wait(void **state)
     atomic_store(&w->conc, SLOW + FINE);
     fx_start(x, ws, 1, 1, &o);
     shmipc_config_free(ipc); /* the front keeps a copy */
-    assert_true(wait_concurrency(x, 0, SLOW + FINE));
+    assert_true(wait_stats(x, concurrency_is, SLOW + FINE));
     for (int i = 0; i < SLOW; i++) {
         sl[i] = (struct sbg){.port = x->port, .seed = (unsigned)i + 1, .rcvbuf = 4096, .go = &go};
         snprintf(sl[i].target, sizeof sl[i].target, "/stream/%d/100/1/%d/e", (int)TOTAL, i + 1);
@@ -740,7 +740,7 @@ static void memory_full_session_requests_wait(void **state)
         snprintf(targets[i], sizeof targets[i], "/fine%d", i);
         bg_start(&b[i], x->port, targets[i]);
     }
-    assert_true(wait_dispatched(x, SLOW + FINE));
+    assert_true(wait_stats(x, dispatched_are, SLOW + FINE));
     /* Both read at once: one reading alone could wait for ever on memory the other holds
      * (docs/serve.md: a slow client holds its session's memory). */
     atomic_store(&go, 1);
@@ -794,7 +794,7 @@ static void concurrency_answers_are_bounded(void **state)
         atomic_store(&w->conc, said[i]);
         fx_start(x, ws, 1, 1, &o);
         assert_true(wait_for(&w->hellos, 1, WAIT_MS));
-        assert_true(wait_concurrency(x, 0, took[i]));
+        assert_true(wait_stats(x, concurrency_is, took[i]));
         assert_int_equal(request(x->port, "GET", "/fine", NULL, &p), 200);
         assert_string_equal(p.body, "/fine:");
         resp_free(&p);
