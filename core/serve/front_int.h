@@ -45,8 +45,8 @@
 /* A request (head and whole body) of at most this many bytes goes into shared memory only,
  * waiting while it is full: far below the smallest buffer (SHMIPC_MIN_BUFFER_CAPACITY). */
 #define SHM_ONLY_MAX (256u << 10)
-#define UPLOAD_FRAME         (64u << 10) /* most body bytes in one BODY frame of an upload */
-#define SCRATCH              (SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD)
+#define UPLOAD_FRAME (64u << 10) /* most body bytes in one BODY frame of an upload */
+#define SCRATCH      (SHMIPC__SF_HDR_SIZE + SHMIPC__SF_MAX_HEAD)
 /* Response bytes queued on a client connection at which the front stops reading the worker's
  * stream (docs/serve.md, "Streamed responses"); max_response lowers it. */
 #define STREAM_MARK (256u << 10)
@@ -210,7 +210,7 @@ struct shmipc__front {
     unsigned nset;
     atomic_uint gen;
     atomic_uint queued;
-    atomic_ullong rejected, timeouts, client_gone, retried, abort_retries;
+    atomic_ullong rejected, timeouts, client_gone, retried, abort_retries, send_waits;
     atomic_ullong buffered, buffered_peak; /* response bytes the front holds (stats) */
     atomic_ullong uploads;                 /* request bodies streamed to a worker (stats) */
     atomic_ullong up_kept, up_kept_peak;   /* request body bytes the front holds (stats) */

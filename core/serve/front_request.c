@@ -493,6 +493,7 @@ static int send_later(struct freq *r)
         r->body = r->body_copy;
     }
     r->state = RQ_SENDING;
+    atomic_fetch_add(&r->t->f->send_waits, 1);
     uint64_t ms = (uint64_t)RETRY_MS << (r->send_tries < 4 ? r->send_tries : 4);
     if (r->send_tries < UINT8_MAX)
         r->send_tries++;

@@ -375,6 +375,12 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
     if (fs->down) /* from a read below: this call decides */
         return;
     fs->down = 1;
+    /* Taken down from outside fs_ready (an open or a write failed) while the worker may still
+     * have sent something: its reads never process the session (loop_driven), so process it
+     * once here, or a TAKEN still in the queue would be missed and a request the worker took
+     * sent to another. An ended session's error is what rc says already. */
+    if (fs->s != NULL)
+        (void)shmipc__session_process(fs->s);
     /* First what the worker sent before it ended: a response it finished is relayed, a TAKEN
      * it sent is seen (a read that meets the end leaves the request here). */
     struct freq *snap[SHMIPC__FRONT_MAX_CONCURRENCY];
@@ -551,6 +557,7 @@ int shmipc__front_requeue(struct fthread *t, struct freq *r)
     }
     shmipc__timer_stop(&r->timer);
     r->have_hdr = 0;
+    r->send_tries = 0;
     /* An upload goes again from its head: only one whose body bytes never went comes here
      * (no_retry), what the server hands meanwhile is kept until a worker is claimed. */
     r->up_head = r->up_end_out = r->up_dirty = r->up_flushed = 0;

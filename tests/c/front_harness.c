@@ -1203,6 +1203,7 @@ int tc_teardown(void **state)
     int bad = 0;
     atomic_store(&t->stop_clients, 1);
     atomic_store(&t->load.stop, 1);
+    atomic_store(&t->go, 1); /* streamed GETs waiting to read read (and end: the front closes) */
     for (int i = 0; i < 3; i++) {
         if (!t->w[i].started)
             continue;
@@ -1218,6 +1219,8 @@ int tc_teardown(void **state)
     }
     for (int i = 0; i < t->nth; i++)
         pthread_join(t->th[i], NULL);
+    for (size_t i = 0; i < sizeof t->sbg / sizeof t->sbg[0]; i++)
+        sbg_join(&t->sbg[i]);
     for (int i = 0; i < 3; i++) {
         appw_stop(&t->w[i]);
         bad += atomic_load(&t->w[i].bad);

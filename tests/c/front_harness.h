@@ -186,6 +186,8 @@ struct tc {
     pthread_t th[8]; /* client threads (xtalk_client, load_main) */
     int nth;
     atomic_int stop_clients;
+    atomic_int
+        go; /* the latch of struct sbg.go for a case's streamed GETs (the teardown opens it) */
     atomic_int mism, ok;
 };
 

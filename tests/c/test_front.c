@@ -718,9 +718,8 @@ static void memory_full_session_requests_wait(void **state)
     struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
     enum { SLOW = 2, TOTAL = 4 << 20, FINE = 40 };
     static char targets[FINE][16];
-    static atomic_int go;
+    static struct shmipc__front_stats st;
     struct sbg *sl = t->sbg;
-    atomic_store(&go, 0);
     CHECK(shmipc_config_new(&ipc));
     CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
     o.ipc = ipc;
@@ -731,7 +730,8 @@ static void memory_full_session_requests_wait(void **state)
     shmipc_config_free(ipc); /* the front keeps a copy */
     assert_true(wait_stats(x, concurrency_is, SLOW + FINE));
     for (int i = 0; i < SLOW; i++) {
-        sl[i] = (struct sbg){.port = x->port, .seed = (unsigned)i + 1, .rcvbuf = 4096, .go = &go};
+        sl[i] =
+            (struct sbg){.port = x->port, .seed = (unsigned)i + 1, .rcvbuf = 4096, .go = &t->go};
         snprintf(sl[i].target, sizeof sl[i].target, "/stream/%d/100/1/%d/e", (int)TOTAL, i + 1);
         sbg_start(&sl[i]);
     }
@@ -741,9 +741,11 @@ static void memory_full_session_requests_wait(void **state)
         bg_start(&b[i], x->port, targets[i]);
     }
     assert_true(wait_stats(x, dispatched_are, SLOW + FINE));
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_true(st.send_waits > 0); /* some of them did wait for the memory */
     /* Both read at once: one reading alone could wait for ever on memory the other holds
      * (docs/serve.md: a slow client holds its session's memory). */
-    atomic_store(&go, 1);
+    atomic_store(&t->go, 1);
     for (int i = 0; i < SLOW; i++) {
         sbg_join(&sl[i]);
         assert_int_equal(sl[i].status, 200);
