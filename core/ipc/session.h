@@ -131,10 +131,10 @@ struct shmipc_session {
      * use; shmipc__session_set_loop_driven): a non-blocking read or accept never processes,
      * so no data for another stream lands where the loop would not look for it. */
     uint8_t loop_driven;
-    unsigned spin_fails;    /* spins in a row that found nothing, at most 6 (under mu) */
-    unsigned spin_skip;     /* waits left that sleep without spinning (under mu) */
-    uint64_t spin_gap_ns;   /* moving average of the waits for data, for the spin budget (mu) */
-    uint64_t rx_elems;      /* queue elements taken, ever (mu) */
+    unsigned spin_fails;  /* spins in a row that found nothing, at most 6 (under mu) */
+    unsigned spin_skip;   /* waits left that sleep without spinning (under mu) */
+    uint64_t spin_gap_ns; /* moving average of the waits for data, for the spin budget (mu) */
+    uint64_t rx_elems;    /* queue elements taken, ever (mu) */
     /* An event loop's spin that found nothing, judged at its next spin (mu): when it began and
      * gave up, and rx_elems then. */
     uint64_t loop_spin_began, loop_spin_gave_up, loop_spin_rx;

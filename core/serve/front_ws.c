@@ -26,7 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/uio.h>
 
 /* A frame for the worker waiting for room in the session's queue. */
 struct pend {
@@ -179,22 +178,6 @@ bad:
 
 /* ---- client -> worker ---- */
 
-/*
- * Writes a frame (a + b) to the worker's stream: a frame of at most SHM_ONLY_MAX bytes into
- * shared memory only, SHMIPC_ENOSHM when it is full (as a full queue: the frame waits), since
- * over the socket shmipc would refuse the session's new streams for 30 s (front_request.c,
- * shmipc__front_req_send); a larger one may take the socket.
- */
-static int ws_write(struct freq *r, const void *a, size_t alen, const void *b, size_t blen)
-{
-    if (alen + blen <= SHM_ONLY_MAX) {
-        struct iovec iov[2] = {{(void *)a, alen}, {(void *)b, blen}};
-        return shmipc__stream_write_shm(r->st, iov, blen > 0 ? 2 : 1);
-    }
-    int rc = shmipc__stream_write(r->st, a, alen);
-    return rc == 0 && blen > 0 ? shmipc__stream_write(r->st, b, blen) : rc;
-}
-
 /* Writes the waiting frames while the session takes them: 0, or -1 when the request is gone. */
 static int pend_flush(struct freq *r)
 {
@@ -204,11 +187,7 @@ static int pend_flush(struct freq *r)
         if (r->fs->s == NULL || !shmipc__session_can_send(r->fs->s))
             break;
         struct pend *p = x->ph;
-        rc = ws_write(r, p->data, p->len, NULL, 0);
-        if (rc == SHMIPC_ENOSHM) { /* the memory is full: the timer tries again */
-            rc = 0;
-            break;
-        }
+        rc = shmipc__stream_write(r->st, p->data, p->len);
         if (rc < 0)
             break;
         wrote = 1;
@@ -242,16 +221,16 @@ static int ws_out(struct freq *r, unsigned type, uint32_t arg, const void *data,
     if (shmipc__sf_encode_header(hdr, type, len, arg) < 0)
         return 0; /* cannot happen: sizes are the caller's and checked */
     if (!x->accepting && x->ph == NULL && r->fs->s != NULL && shmipc__session_can_send(r->fs->s)) {
-        int rc = ws_write(r, hdr, sizeof hdr, data, len);
+        int rc = shmipc__stream_write(r->st, hdr, sizeof hdr);
+        if (rc == 0 && len > 0)
+            rc = shmipc__stream_write(r->st, data, len);
         if (rc == 0)
             rc = shmipc__stream_flush(r->st);
-        if (rc == 0)
-            return 0;
-        if (rc != SHMIPC_ENOSHM) {
+        if (rc < 0) {
             shmipc__front_fs_down(r->fs, rc);
             return -1;
         }
-        /* the memory is full: the frame waits with the others */
+        return 0;
     }
     struct pend *p = malloc(sizeof *p + sizeof hdr + len);
     if (p == NULL) {

@@ -656,53 +656,6 @@ static void ws_session_full_holds_client(void **state)
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
 }
 
-/*
- * The session's shared memory is full (1 MiB of it, the worker reading nothing for 1 s while
- * the client sends 24 messages of 60000 bytes): the client's messages wait in the front, and
- * nothing goes over the session's socket. Before, a message that found no slice went there,
- * shmipc then refused the session's new streams for 30 s (EUNHEALTHY), and the next request
- * to the worker took the session down, the WebSocket with it (1011). Here that request is
- * answered, and every message comes back, in order.
- */
-static void ws_session_memory_full_holds_client(void **state)
-{
-    struct tc *t = *state;
-    struct wsc c;
-    shmipc_config *ipc;
-    struct appw *ws[] = {&t->w[0]};
-    struct resp p;
-    enum { N = 24, LEN = 60000 };
-    static char msg[LEN];
-    front_ws_serve = ws_worker;
-    CHECK(shmipc_config_new(&ipc));
-    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
-    struct shmipc__front_opts o = {.ipc = ipc, .hello = 1};
-    appw_start(&t->w[0], "w0", NULL);
-    atomic_store(&t->w[0].taken, TAKEN_GRANT);
-    atomic_store(&t->w[0].conc, 4); /* a request beside the WebSocket */
-    fx_start(&t->x, ws, 1, 1, &o);
-    shmipc_config_free(ipc);
-    assert_true(wait_sessions(&t->x, t->w[0].addr, 1));
-    wsc_open(&c, t->x.port, "/ws/a", NULL);
-    wsc_send(&c, 0x1, 1, "stall:1000", 10);
-    for (int i = 0; i < N; i++) {
-        memset(msg, 'a' + i, sizeof msg);
-        wsc_send(&c, 0x2, 1, msg, sizeof msg);
-    }
-    assert_int_equal(request(t->x.port, "GET", "/beside", NULL, &p), 200);
-    assert_string_equal(p.body, "/beside:");
-    resp_free(&p);
-    for (int i = 0; i < N; i++) {
-        memset(msg, 'a' + i, sizeof msg);
-        wsc_expect(&c, 0x82, msg, sizeof msg);
-    }
-    wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
-    free(wsc_expect_close(&c, 1000));
-    close(c.fd);
-    assert_true(wait_for(&w_closes, 1, WAIT_MS));
-    assert_int_equal(atomic_load(&t->w[0].bad), 0);
-}
-
 static void *stop_main(void *arg)
 {
     fx_stop(arg);
@@ -1102,11 +1055,10 @@ static void ws_cross_talk(void **state)
     T(ws_echo), T(ws_refused_403), T(ws_worker_closes_4001), T(ws_pings), T(ws_worker_dies_1011),  \
         T(ws_client_drops), T(ws_slow_client_bounded), T(ws_cross_talk),                           \
         T(ws_worker_bad_frame_1011), T(ws_session_full_holds_client),                              \
-        T(ws_session_memory_full_holds_client), T(ws_close_with_sockets_open),                     \
-        T(ws_access_log_line), T(ws_message_with_handshake_not_lost),                              \
-        T(ws_close_with_handshake_reaches_worker), T(ws_bad_frame_with_handshake_reaches_worker),  \
-        T(ws_worker_extension_not_passed), T(ws_fin_with_handshake_frees_worker),                  \
-        T(ws_worker_data_before_101)
+        T(ws_close_with_sockets_open), T(ws_access_log_line),                                      \
+        T(ws_message_with_handshake_not_lost), T(ws_close_with_handshake_reaches_worker),          \
+        T(ws_bad_frame_with_handshake_reaches_worker), T(ws_worker_extension_not_passed),          \
+        T(ws_fin_with_handshake_frees_worker), T(ws_worker_data_before_101)
 
 int main(int argc, char **argv)
 {
