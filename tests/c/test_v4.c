@@ -236,7 +236,8 @@ static int run_pair(enum client_mode mode, int accept_v4, unsigned features, int
     ipc_connector_start(&c, address, ccfg);
     /* A fallback costs one failed handshake: accept until the client is done. */
     while (srv == NULL) {
-        int rc = shmipc_listener_accept(l, 300, &srv);
+        /* 3 s: 300 ms gave up on a client still connecting under two CI runs at once */
+        int rc = shmipc_listener_accept(l, 3000, &srv);
         if (rc == SHMIPC_ETIMEDOUT)
             break;
     }
