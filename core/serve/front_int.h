@@ -221,6 +221,7 @@ struct shmipc__front {
 /* front_request.c: a request's life */
 void shmipc__front_kick(struct fthread *t);
 void shmipc__front_req_free(struct freq *r);
+int shmipc__front_req_own_body(struct freq *r);
 void shmipc__front_req_done(struct freq *r);
 void shmipc__front_answer_status(struct freq *r, int status);
 int shmipc__front_req_send(struct freq *r);

@@ -484,7 +484,9 @@ static void on_body_end(void *data)
  * while it cannot (the deadline bounds the wait). The server's copy of the body is gone once
  * the handler returned: kept here.
  */
-static int send_later(struct freq *r)
+/* The request's body in its own copy (the server's is gone once the handler returned): 0, or
+ * SHMIPC_ENOMEM. */
+int shmipc__front_req_own_body(struct freq *r)
 {
     if (r->body_len > 0 && r->body_copy == NULL) {
         if ((r->body_copy = malloc(r->body_len)) == NULL)
@@ -492,6 +494,13 @@ static int send_later(struct freq *r)
         memcpy(r->body_copy, r->body, r->body_len);
         r->body = r->body_copy;
     }
+    return 0;
+}
+
+static int send_later(struct freq *r)
+{
+    if (shmipc__front_req_own_body(r) < 0)
+        return SHMIPC_ENOMEM;
     r->state = RQ_SENDING;
     atomic_fetch_add(&r->t->f->send_waits, 1);
     uint64_t ms = (uint64_t)RETRY_MS << (r->send_tries < 4 ? r->send_tries : 4);
@@ -1258,13 +1267,9 @@ static int dispatch(struct freq *r)
         atomic_fetch_add(&f->rejected, 1);
         return 503;
     }
-    if (r->body_len > 0 && r->body_copy == NULL) {
-        if ((r->body_copy = malloc(r->body_len)) == NULL) {
-            atomic_fetch_sub(&f->queued, 1);
-            return 503;
-        }
-        memcpy(r->body_copy, r->body, r->body_len);
-        r->body = r->body_copy;
+    if (shmipc__front_req_own_body(r) < 0) {
+        atomic_fetch_sub(&f->queued, 1);
+        return 503;
     }
     r->state = RQ_QUEUED;
     if (t->qtail != NULL)

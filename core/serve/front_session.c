@@ -561,12 +561,8 @@ int shmipc__front_requeue(struct fthread *t, struct freq *r)
     /* An upload goes again from its head: only one whose body bytes never went comes here
      * (no_retry), what the server hands meanwhile is kept until a worker is claimed. */
     r->up_head = r->up_end_out = r->up_dirty = r->up_flushed = 0;
-    if (r->body_len > 0 && r->body_copy == NULL) {
-        if ((r->body_copy = malloc(r->body_len)) == NULL)
-            return shmipc__fail(SHMIPC_ENOMEM, "front: a body copy");
-        memcpy(r->body_copy, r->body, r->body_len);
-        r->body = r->body_copy;
-    }
+    if (shmipc__front_req_own_body(r) < 0)
+        return SHMIPC_ENOMEM;
     r->state = RQ_QUEUED;
     r->next = t->qhead;
     t->qhead = r;
