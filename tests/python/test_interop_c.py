@@ -41,7 +41,8 @@ def finish(proc):
 def test_python_client_against_c_server(memmap, version):
     address = unique_address("c-server")
     server = start([C_SERVER, address, "1"])
-    cfg = shmipc.Config(memmap=memmap, path_prefix="/dev/shm/client.ipc.shm", read_timeout=10)
+    cfg = shmipc.Config(memmap=memmap, path_prefix="/dev/shm/client.ipc.shm", read_timeout=10,
+                        initialize_timeout=10)
     with shmipc.connect(address, cfg) as session, session.open_stream() as st:
         assert session.version == version
         st.write(REQUEST)
@@ -56,7 +57,7 @@ def test_python_client_against_c_server(memmap, version):
 @pytest.mark.parametrize("proto, version", [("v3", 3), ("v2", 2)])
 def test_python_server_against_c_client(proto, version):
     address = unique_address("c-client")
-    with shmipc.Listener(address, shmipc.Config(read_timeout=10)) as listener:
+    with shmipc.Listener(address, shmipc.Config(read_timeout=10, initialize_timeout=10)) as listener:
         client = subprocess.Popen([C_CLIENT, address, proto], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         with listener.accept(timeout=10) as session:

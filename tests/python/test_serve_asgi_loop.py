@@ -12,7 +12,7 @@ import time
 import pytest
 
 import shmipc
-from conftest import unique_address
+from conftest import default_config, unique_address
 
 sf = pytest.importorskip("shmipc._serve")
 from shmipc.serve.asgi import ASGIHandler  # noqa: E402
@@ -218,7 +218,7 @@ def small_memory_front(address):
     # 4 MiB of shared memory (the client, the front, sizes it): a 16 MiB answer nobody reads
     # fills it.
     from test_serve_worker import Front
-    return Front(address, shmipc.Config(read_timeout=10, buffer_capacity=4 << 20))
+    return Front(address, default_config(buffer_capacity=4 << 20))
 
 
 def loop_worker(app, concurrency):
@@ -329,10 +329,10 @@ def test_a_memory_wait_sees_the_close_with_nothing_else_watching():
     # the session to see the front's close (before: still waiting after 5 s).
     from shmipc.serve.asgi_worker import _LoopExchange
     address = unique_address("asgipoke")
-    listener = shmipc.Listener(address, shmipc.Config(memory_wait=True))
+    listener = shmipc.Listener(address, default_config(memory_wait=True))
     box = {}
     t = threading.Thread(target=lambda: box.__setitem__("c", shmipc.connect(
-        address, shmipc.Config(buffer_capacity=4 << 20, read_timeout=10))))
+        address, default_config(buffer_capacity=4 << 20))))
     t.start()
     server = listener.accept(timeout=10)
     t.join(10)

@@ -11,7 +11,7 @@ import wsgiref.validate
 import pytest
 
 import shmipc
-from conftest import unique_address
+from conftest import default_config, unique_address
 
 sf = pytest.importorskip("shmipc._serve")
 from shmipc.serve import Worker  # noqa: E402
@@ -185,7 +185,7 @@ class Front:
 
     def __init__(self, address, config=None):
         self.session_address = address
-        self.session = shmipc.connect(address, config or shmipc.Config(read_timeout=10))
+        self.session = shmipc.connect(address, config or default_config())
 
     def open(self, method=b"GET", target=b"/", headers=(), body=None, chunks=None, **kw):
         flags = kw.pop("flags", 0)
@@ -607,7 +607,7 @@ def test_front_ends_the_stream_or_session_mid_request(serve, how):
         st.close()
     else:
         front.session.close()
-        front.session = shmipc.connect(front.session_address, shmipc.Config(read_timeout=10))
+        front.session = shmipc.connect(front.session_address, default_config())
     deadline = time.monotonic() + 10
     while not seen and time.monotonic() < deadline:
         time.sleep(0.01)
