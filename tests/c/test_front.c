@@ -696,7 +696,11 @@ static int wait_memory_full(struct appw *w)
 /*
  * Two clients that read nothing fill their worker session's shared memory with their
  * responses (a concurrent worker waiting for memory as shmipc-serve's do, 1 MiB of it, BODY
- * frames of 100 bytes so that every slice class empties). Forty requests that come meanwhile
+ * frames of 1000 bytes, each flushed into a slice of its own, so that every slice class
+ * empties). The clients' receive buffers are 256 KiB: more than loopback's 64 KiB segment, as
+ * a buffer under one segment (4 KiB, before) left the front's 2.6 MB of sent data to TCP's
+ * zero-window probes once the client read (10 KB/s: the case ran past CI's timeout); 8 MiB
+ * each is more than the kernel holds for them. Forty requests that come meanwhile
  * (more than the front's slice cache holds) wait for memory on the same session: no head goes
  * over the socket. Before, a head went there once the cache was spent, shmipc refused the
  * session's next stream for 30 s (EUNHEALTHY), and the front took the session down: the slow
@@ -716,7 +720,7 @@ static void memory_full_session_requests_wait(void **state)
     struct bg *b = t->bg;
     shmipc_config *ipc;
     struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
-    enum { SLOW = 2, TOTAL = 4 << 20, FINE = 40 };
+    enum { SLOW = 2, TOTAL = 8 << 20, FINE = 40 };
     static char targets[FINE][16];
     static struct shmipc__front_stats st;
     struct sbg *sl = t->sbg;
@@ -730,9 +734,9 @@ static void memory_full_session_requests_wait(void **state)
     shmipc_config_free(ipc); /* the front keeps a copy */
     assert_true(wait_stats(x, concurrency_is, SLOW + FINE));
     for (int i = 0; i < SLOW; i++) {
-        sl[i] =
-            (struct sbg){.port = x->port, .seed = (unsigned)i + 1, .rcvbuf = 4096, .go = &t->go};
-        snprintf(sl[i].target, sizeof sl[i].target, "/stream/%d/100/1/%d/e", (int)TOTAL, i + 1);
+        sl[i] = (struct sbg){
+            .port = x->port, .seed = (unsigned)i + 1, .rcvbuf = 256 << 10, .go = &t->go};
+        snprintf(sl[i].target, sizeof sl[i].target, "/stream/%d/1000/1/%d/e", (int)TOTAL, i + 1);
         sbg_start(&sl[i]);
     }
     assert_true(wait_memory_full(w));
