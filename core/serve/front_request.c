@@ -478,12 +478,6 @@ static void on_body_end(void *data)
     }
 }
 
-/*
- * The session cannot take the request now (its queue or, for a small request, its shared
- * memory is full): sent again from the request's timer (SENDING), 1, 2, 4 ... 16 ms apart
- * while it cannot (the deadline bounds the wait). The server's copy of the body is gone once
- * the handler returned: kept here.
- */
 /* The request's body in its own copy (the server's is gone once the handler returned): 0, or
  * SHMIPC_ENOMEM. */
 int shmipc__front_req_own_body(struct freq *r)
@@ -497,6 +491,11 @@ int shmipc__front_req_own_body(struct freq *r)
     return 0;
 }
 
+/*
+ * The session cannot take the request now (its queue or, for a small request, its shared
+ * memory is full): sent again from the request's timer (SENDING), 1, 2, 4 ... 16 ms apart
+ * while it cannot (the deadline bounds the wait), with its body in its own copy.
+ */
 static int send_later(struct freq *r)
 {
     if (shmipc__front_req_own_body(r) < 0)
