@@ -282,6 +282,7 @@ int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out
     out->retried = atomic_load(&f->retried);
     out->abort_retries = atomic_load(&f->abort_retries);
     out->send_waits = atomic_load(&f->send_waits);
+    out->replaced = atomic_load(&f->replaced);
     out->buffered = atomic_load(&f->buffered);
     out->buffered_peak = atomic_load(&f->buffered_peak);
     out->uploads = atomic_load(&f->uploads);

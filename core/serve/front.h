@@ -105,6 +105,7 @@ struct shmipc__front_stats {
     uint64_t retried;          /* requests a stopping worker refused, given to another worker */
     uint64_t abort_retries;    /* tries of an ABORT the worker's full session could not take */
     uint64_t send_waits;       /* times a request found its session's queue or memory full */
+    uint64_t replaced;         /* sessions replaced as they refused new streams (EUNHEALTHY) */
     uint64_t buffered;         /* response bytes the front holds now (read, not yet sent) */
     uint64_t buffered_peak;    /* the most it held at once */
     uint64_t uploads;          /* request bodies streamed to a worker as they arrived */

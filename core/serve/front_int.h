@@ -83,7 +83,9 @@ struct fsess {
     uint8_t down;         /* shmipc__front_fs_down() is deciding its requests' fate */
     uint8_t stopping;     /* its worker refused or dropped a request it never took: nothing
                            * more goes to it; it closes once its requests in flight ended */
-    int retired;          /* w left the set: closed once idle */
+    int retired;          /* w left the set, or replaced: closed once idle */
+    uint8_t replaced;     /* its session's breaker opened: a new fsess took its worker's
+                           * place (shmipc__front_requeue_head); retired for good */
     uint32_t backoff_ms;
     struct shmipc__timer timer; /* reconnect */
     /* A connect the thread's connector runs: the fsess stays linked (never freed) until the
@@ -210,7 +212,7 @@ struct shmipc__front {
     unsigned nset;
     atomic_uint gen;
     atomic_uint queued;
-    atomic_ullong rejected, timeouts, client_gone, retried, abort_retries, send_waits;
+    atomic_ullong rejected, timeouts, client_gone, retried, abort_retries, send_waits, replaced;
     atomic_ullong buffered, buffered_peak; /* response bytes the front holds (stats) */
     atomic_ullong uploads;                 /* request bodies streamed to a worker (stats) */
     atomic_ullong up_kept, up_kept_peak;   /* request body bytes the front holds (stats) */

@@ -439,12 +439,12 @@ void shmipc__front_refresh(struct fthread *t, int connect_now)
     for (unsigned i = 0; i < t->nsess; i++) {
         struct fsess *fs = t->sess[i];
         fs->retired = 1;
-        for (unsigned j = 0; j < n; j++)
+        for (unsigned j = 0; j < n && !fs->replaced; j++)
             fs->retired &= fs->w != set[j];
     }
     for (unsigned j = 0; j < n; j++) {
         unsigned i = 0;
-        while (i < t->nsess && t->sess[i]->w != set[j])
+        while (i < t->nsess && (t->sess[i]->w != set[j] || t->sess[i]->replaced))
             i++;
         if (i < t->nsess)
             continue;
@@ -575,6 +575,60 @@ int shmipc__front_requeue(struct fthread *t, struct freq *r)
 }
 
 /*
+ * SHMIPC_EUNHEALTHY from open_stream: the session's shared memory ran out and data went over
+ * its socket (ours, or the worker's FallbackData), and shmipc refuses its new streams for
+ * 30 s. Its requests in flight are fine, and taking it down cut them all (502, bodies cut
+ * short). So they stay on it, on an fsess of their own that takes nothing more and closes
+ * once they ended (retired, as a worker's that left the set), while `fs` connects a new
+ * session to the same worker at once for what comes next: as shmipc-go's session manager
+ * replaces an unhealthy session. 0, or SHMIPC_ENOMEM (the caller takes it down instead).
+ */
+static int fs_replace(struct fsess *fs)
+{
+    struct fthread *t = fs->t;
+    if (fs->s == NULL || fs->down)
+        return SHMIPC_EINVAL;
+    if (t->nsess == t->cap) {
+        unsigned cap = t->cap ? t->cap * 2 : 8;
+        struct fsess **ns = realloc(t->sess, cap * sizeof *ns);
+        if (ns == NULL)
+            return SHMIPC_ENOMEM;
+        t->sess = ns;
+        t->cap = cap;
+    }
+    struct fsess *old = malloc(sizeof *old);
+    if (old == NULL)
+        return SHMIPC_ENOMEM;
+    shmipc__timer_stop(&fs->timer); /* idle while the session is up: nothing to carry over */
+    *old = *fs;
+    old->replaced = 1;
+    old->retired = 1;
+    old->cnext = NULL;
+    shmipc__timer_init(t->loop, &old->timer, fs_timer, old);
+    shmipc__watch_set_data(old->watch, old);
+    for (unsigned i = 0; i < old->nact; i++)
+        old->act[i]->fs = old;
+    t->sess[t->nsess++] = old;
+    fs->s = NULL;
+    fs->watch = NULL;
+    fs->hello = NULL;
+    fs->nact = 0;
+    fs->taken_ok = 0;
+    fs->conc = 1;
+    fs->stopping = 0;
+    fs->backoff_ms = 0;
+    atomic_fetch_add(&t->f->replaced, 1);
+    SHMIPC__LOG(SHMIPC__LOG_INFO,
+                "front: worker %s: its session refuses new streams (shared memory ran out); a "
+                "new one takes them, the %u request(s) in flight stay on it",
+                fs->w->addr, old->nact);
+    fs_connect(fs, 0);
+    if (old->nact == 0)
+        shmipc__front_fs_down(old, 0); /* closed, and freed as retired */
+    return 0;
+}
+
+/*
  * The session failed under a request before its worker answered anything, as a worker that
  * died before the front noticed: nothing of it reached a live worker (a dead session's
  * messages are never read), so it goes back to the head of this thread's queue rather than
@@ -586,7 +640,9 @@ int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc)
     struct fsess *fs = r->fs;
     int ret = shmipc__front_requeue(t, r);
     /* Queued first, run later (the kick is a timer): the pump never claims this session,
-     * which is down by then. */
+     * which is down (or replaced) by then. */
+    if (rc == SHMIPC_EUNHEALTHY && fs_replace(fs) == 0)
+        return ret;
     shmipc__front_fs_down(fs, rc);
     return ret;
 }

@@ -774,6 +774,85 @@ static void memory_full_session_requests_wait(void **state)
     appw_stop(w);
 }
 
+/* Whether the worker's first session sent data over its socket (its breaker opened), within
+ * WAIT_MS. */
+static int wait_worker_fell_back(struct appw *w)
+{
+    for (uint64_t end = mono_ms() + WAIT_MS; mono_ms() < end; sleep_ms(1)) {
+        pthread_mutex_lock(&w->mu);
+        shmipc_session *s = w->nsess > 0 ? w->sess[0] : NULL;
+        int fell = 0;
+        if (s != NULL) {
+            pthread_mutex_lock(&s->mu); /* the field is the session's, under its mutex */
+            fell = s->unhealthy_until_ns != 0;
+            pthread_mutex_unlock(&s->mu);
+        }
+        pthread_mutex_unlock(&w->mu);
+        if (fell)
+            return 1;
+    }
+    return 0;
+}
+
+/*
+ * A worker that does not wait for memory (the C harness's default, a worker of another
+ * language) sends a slow client's response over the socket once the session's memory is
+ * full: FallbackData, and shmipc then refuses the front's new streams on that session for
+ * 30 s (SHMIPC_EUNHEALTHY). The next request used to take the session down: the slow
+ * client's response, in flight and healthy, was cut short. Now the session is replaced: the
+ * request goes on a new session to the same worker at once, the response in flight stays on
+ * the old one to its end, which then closes.
+ */
+static void unhealthy_session_is_replaced_in_flight_untouched(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    shmipc_config *ipc;
+    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
+    enum { TOTAL = 8 << 20 };
+    static struct shmipc__front_stats st;
+    struct sbg *sl = &t->sbg[0];
+    struct resp p;
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
+    o.ipc = ipc;
+    appw_start_x(w, "w0", NULL, 0);
+    atomic_store(&w->taken, TAKEN_GRANT);
+    atomic_store(&w->conc, 4);
+    fx_start(x, ws, 1, 1, &o);
+    shmipc_config_free(ipc);
+    assert_true(wait_stats(x, concurrency_is, 4));
+    *sl = (struct sbg){.port = x->port, .seed = 7, .rcvbuf = 256 << 10, .go = &t->go};
+    snprintf(sl->target, sizeof sl->target, "/stream/%d/1000/1/7/e", (int)TOTAL);
+    sbg_start(sl);
+    assert_true(wait_worker_fell_back(w));
+    /* The front learns it from the FallbackData it reads: the next open_stream fails. */
+    assert_int_equal(request(x->port, "GET", "/fine", NULL, &p), 200);
+    assert_string_equal(p.body, "/fine:");
+    resp_free(&p);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.replaced, 1);
+    atomic_store(&t->go, 1);
+    sbg_join(sl);
+    assert_int_equal(sl->status, 200);
+    assert_false(sl->b.bad);
+    assert_true(sl->b.complete);
+    assert_int_equal(sl->b.got, TOTAL);
+    /* Served on: the new session, and the old one closed once its response ended. */
+    assert_int_equal(request(x->port, "GET", "/after", NULL, &p), 200);
+    assert_string_equal(p.body, "/after:");
+    resp_free(&p);
+    pthread_mutex_lock(&w->mu);
+    int nsess = w->nsess;
+    pthread_mutex_unlock(&w->mu);
+    assert_int_equal(nsess, 2);
+    assert_int_equal(atomic_load(&w->bad), 0);
+    fx_stop(x);
+    appw_stop(w);
+}
+
 /*
  * What a worker's HELLO says of its concurrency, believed only within bounds: 0 (not said) is
  * one at a time, more than the front's bound is the bound. The stats say what the front took.
@@ -1843,7 +1922,7 @@ static void connector_churn_under_load(void **state)
         T(taken_out_of_place_is_a_protocol_error), T(pipeline_worker_dies_only_the_taken_one_502), \
         T(concurrent_worker_gets_its_concurrency), T(concurrent_worker_upload_holds_one_place),    \
         T(concurrency_answers_are_bounded), T(concurrent_worker_holds_forty),                      \
-        T(memory_full_session_requests_wait)
+        T(memory_full_session_requests_wait), T(unhealthy_session_is_replaced_in_flight_untouched)
 
 int main(int argc, char **argv)
 {
