@@ -569,12 +569,6 @@ void shmipc__watch_free(struct shmipc__watch *w)
     push_closing(w->loop, &w->io);
 }
 
-void shmipc__watch_set_data(struct shmipc__watch *w, void *data)
-{
-    if (w != NULL)
-        w->data = data;
-}
-
 void shmipc__reactor_watch_ready(struct shmipc__watch *w, unsigned events)
 {
     events &= w->events;

@@ -321,8 +321,6 @@ int shmipc__watch_new(struct shmipc__loop *loop, int fd, unsigned events, shmipc
 
 /** Stops watching; the callback will not run again. The fd may be closed right after. */
 void shmipc__watch_free(struct shmipc__watch *watch);
-/* What the watch's callback gets as `data` from its next event on. */
-void shmipc__watch_set_data(struct shmipc__watch *watch, void *data);
 
 /* ------------------------------------------------------------------------------------ */
 /* Sockets and shared-nothing workers (sock.c)                                          */

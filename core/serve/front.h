@@ -88,7 +88,7 @@ enum {
 struct shmipc__front_worker_stats {
     char address[SHMIPC__FRONT_MAX_ADDRESS + 1];
     int state;            /* SHMIPC__FRONT_WORKER_* */
-    unsigned sessions;    /* threads with a live session to it */
+    unsigned sessions;    /* live sessions to it: one per thread, and replaced ones draining */
     unsigned in_flight;   /* requests in flight to it: at most its concurrency, or the pipeline */
     unsigned taken;       /* of its sessions, those whose HELLO granted TAKEN */
     unsigned concurrency; /* what its last HELLO answered (capped), 1 before any answer */

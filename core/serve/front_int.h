@@ -58,7 +58,7 @@ struct fworker {
     atomic_int solo;        /* of those, ones nothing may be pipelined behind (upload, WS) */
     atomic_uint taken;      /* sessions whose HELLO granted TAKEN */
     atomic_uint conc;       /* its last HELLO's concurrency (1..MAX_CONCURRENCY), 0: none yet */
-    atomic_uint sessions;   /* threads with a live session to it */
+    atomic_uint sessions;   /* live sessions to it (a thread's replaced ones, draining, too) */
     atomic_int current;     /* in the current set */
     atomic_ullong served;   /* responses relayed */
     atomic_ullong failures; /* 502s */
@@ -86,6 +86,8 @@ struct fsess {
     int retired;          /* w left the set, or replaced: closed once idle */
     uint8_t replaced;     /* its session's breaker opened: a new fsess took its worker's
                            * place (shmipc__front_requeue_head); retired for good */
+    uint8_t in_ready;     /* fs_ready's turn runs: an unlink leaves the free to it */
+    uint8_t gone;         /* unlinked during that turn */
     uint32_t backoff_ms;
     struct shmipc__timer timer; /* reconnect */
     /* A connect the thread's connector runs: the fsess stays linked (never freed) until the

@@ -18,13 +18,9 @@
 
 static void fs_hello_read(struct fsess *fs);
 
-static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void *data)
+static void fs_ready_turn(struct fsess *fs)
 {
-    struct fsess *fs = data;
     int rc;
-    (void)watch;
-    (void)fd;
-    (void)events;
     /* The watch is edge-triggered: one turn takes all that is there, reading the socket until
      * it would block, since a worker's last frames and its session's end may come as one edge
      * and a short read takes only the frames (the end would then wait for a request's
@@ -53,6 +49,22 @@ static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void 
         else if (r->state == RQ_WS)
             (void)shmipc__front_ws_read(r);
     }
+}
+
+/* The session's descriptor fired. A read in the turn may close the session and unlink its
+ * fsess (a retired one whose last request ended, or went down): it is freed after the turn,
+ * which still looks at it. */
+static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void *data)
+{
+    struct fsess *fs = data;
+    (void)watch;
+    (void)fd;
+    (void)events;
+    fs->in_ready = 1;
+    fs_ready_turn(fs);
+    fs->in_ready = 0;
+    if (fs->gone)
+        free(fs);
 }
 
 /* ---- the requests in flight on a session ---- */
@@ -114,7 +126,10 @@ static void fs_unlink(struct fsess *fs)
         }
     }
     shmipc__timer_stop(&fs->timer);
-    free(fs);
+    if (fs->in_ready)
+        fs->gone = 1; /* fs_ready frees it after its turn */
+    else
+        free(fs);
 }
 
 /*
@@ -361,6 +376,8 @@ static void fs_timer(struct shmipc__timer *timer)
     struct fsess *fs = timer->data;
     if (fs->s == NULL && !fs->retired)
         fs_connect(fs, 0);
+    else if (fs->s != NULL && fs->retired && fs->nact == 0 && !fs->down)
+        shmipc__front_fs_down(fs, 0); /* a replaced session with nothing in flight */
 }
 
 /*
@@ -578,16 +595,25 @@ int shmipc__front_requeue(struct fthread *t, struct freq *r)
  * SHMIPC_EUNHEALTHY from open_stream: the session's shared memory ran out and data went over
  * its socket (ours, or the worker's FallbackData), and shmipc refuses its new streams for
  * 30 s. Its requests in flight are fine, and taking it down cut them all (502, bodies cut
- * short). So they stay on it, on an fsess of their own that takes nothing more and closes
- * once they ended (retired, as a worker's that left the set), while `fs` connects a new
- * session to the same worker at once for what comes next: as shmipc-go's session manager
- * replaces an unhealthy session. 0, or SHMIPC_ENOMEM (the caller takes it down instead).
+ * short). So `fs` keeps them and takes nothing more (retired, as a worker's that left the
+ * set: closed once they ended), and a new fsess connects a new session to the same worker at
+ * once for what comes next, as shmipc-go's session manager replaces an unhealthy session.
+ * `fs` stays what it was for every caller and request that holds it. At most
+ * FRONT_MAX_REPLACED replaced sessions per worker and thread drain at once (each holds its
+ * shared memory: a client that keeps a WebSocket open and makes each new session unhealthy
+ * must not multiply them). 0, or < 0: the caller takes the session down instead.
  */
+#define FRONT_MAX_REPLACED 2
 static int fs_replace(struct fsess *fs)
 {
     struct fthread *t = fs->t;
-    if (fs->s == NULL || fs->down)
+    unsigned draining = 0;
+    if (fs->s == NULL || fs->down || fs->retired)
         return SHMIPC_EINVAL;
+    for (unsigned i = 0; i < t->nsess; i++)
+        draining += t->sess[i]->replaced && t->sess[i]->w == fs->w;
+    if (draining >= FRONT_MAX_REPLACED)
+        return SHMIPC_EBUSY;
     if (t->nsess == t->cap) {
         unsigned cap = t->cap ? t->cap * 2 : 8;
         struct fsess **ns = realloc(t->sess, cap * sizeof *ns);
@@ -596,35 +622,23 @@ static int fs_replace(struct fsess *fs)
         t->sess = ns;
         t->cap = cap;
     }
-    struct fsess *old = malloc(sizeof *old);
-    if (old == NULL)
+    struct fsess *nfs = calloc(1, sizeof *nfs);
+    if (nfs == NULL)
         return SHMIPC_ENOMEM;
-    shmipc__timer_stop(&fs->timer); /* idle while the session is up: nothing to carry over */
-    *old = *fs;
-    old->replaced = 1;
-    old->retired = 1;
-    old->cnext = NULL;
-    shmipc__timer_init(t->loop, &old->timer, fs_timer, old);
-    shmipc__watch_set_data(old->watch, old);
-    for (unsigned i = 0; i < old->nact; i++)
-        old->act[i]->fs = old;
-    t->sess[t->nsess++] = old;
-    fs->s = NULL;
-    fs->watch = NULL;
-    fs->hello = NULL;
-    fs->nact = 0;
-    fs->taken_ok = 0;
-    fs->conc = 1;
-    fs->stopping = 0;
-    fs->backoff_ms = 0;
+    nfs->t = t;
+    nfs->w = fs->w;
+    shmipc__timer_init(t->loop, &nfs->timer, fs_timer, nfs);
+    t->sess[t->nsess++] = nfs;
+    fs->replaced = 1;
+    fs->retired = 1;
     atomic_fetch_add(&t->f->replaced, 1);
     SHMIPC__LOG(SHMIPC__LOG_INFO,
-                "front: worker %s: its session refuses new streams (shared memory ran out); a "
-                "new one takes them, the %u request(s) in flight stay on it",
-                fs->w->addr, old->nact);
-    fs_connect(fs, 0);
-    if (old->nact == 0)
-        shmipc__front_fs_down(old, 0); /* closed, and freed as retired */
+                "front: worker %s: a session refuses new streams (its shared memory ran out); a "
+                "new one takes them, the %u request(s) in flight stay on the old one",
+                fs->w->addr, fs->nact);
+    fs_connect(nfs, 0);
+    if (fs->nact == 0) /* closed from the loop: the caller may still hold fs */
+        shmipc__timer_start(&fs->timer, 0);
     return 0;
 }
 
