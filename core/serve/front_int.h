@@ -87,7 +87,9 @@ struct fsess {
     uint8_t replaced;     /* its session's breaker opened: a new fsess took its worker's
                            * place (shmipc__front_requeue_head); retired for good */
     uint8_t in_ready;     /* fs_ready's turn runs: an unlink leaves the free to it */
-    uint8_t gone;         /* unlinked during that turn */
+    uint8_t down_due;     /* its timer takes it down with down_rc (requeue_head) */
+    int down_rc;
+    uint8_t gone; /* unlinked during that turn */
     uint32_t backoff_ms;
     struct shmipc__timer timer; /* reconnect */
     /* A connect the thread's connector runs: the fsess stays linked (never freed) until the

@@ -374,10 +374,14 @@ static void fs_connect(struct fsess *fs, int now)
 static void fs_timer(struct shmipc__timer *timer)
 {
     struct fsess *fs = timer->data;
-    if (fs->s == NULL && !fs->retired)
+    if (fs->s == NULL && !fs->retired) {
         fs_connect(fs, 0);
-    else if (fs->s != NULL && fs->retired && fs->nact == 0 && !fs->down)
+    } else if (fs->s != NULL && fs->down_due && !fs->down) {
+        int rc = fs->down_rc; /* shmipc__front_requeue_head's */
+        shmipc__front_fs_down(fs, rc);
+    } else if (fs->s != NULL && fs->retired && fs->nact == 0 && !fs->down) {
         shmipc__front_fs_down(fs, 0); /* a replaced session with nothing in flight */
+    }
 }
 
 /*
@@ -416,6 +420,7 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
             shmipc__front_fs_detach(fs, r);
     }
     fs->down = 0;
+    fs->down_due = 0;
     if (fs->s == NULL)
         return;
     fs_hello_end(fs);
@@ -637,8 +642,11 @@ static int fs_replace(struct fsess *fs)
                 "new one takes them, the %u request(s) in flight stay on the old one",
                 fs->w->addr, fs->nact);
     fs_connect(nfs, 0);
-    if (fs->nact == 0) /* closed from the loop: the caller may still hold fs */
-        shmipc__timer_start(&fs->timer, 0);
+    /* Closed from the loop: the caller may still hold fs. Should the timer fail, it closes
+     * with the worker set's next change, or the thread. */
+    if (fs->nact == 0 && shmipc__timer_start(&fs->timer, 0) < 0)
+        SHMIPC__LOG(SHMIPC__LOG_ERROR, "front: worker %s: a replaced session stays open: %s",
+                    fs->w->addr, shmipc__errname(SHMIPC_ENOMEM));
     return 0;
 }
 
@@ -654,10 +662,23 @@ int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc)
     struct fsess *fs = r->fs;
     int ret = shmipc__front_requeue(t, r);
     /* Queued first, run later (the kick is a timer): the pump never claims this session,
-     * which is down (or replaced) by then. */
+     * which is replaced, or stopping until its timer takes it down. */
     if (rc == SHMIPC_EUNHEALTHY && fs_replace(fs) == 0)
         return ret;
-    shmipc__front_fs_down(fs, rc);
+    /*
+     * Not taken down here: a dispatch can run inside another request's answer on the same
+     * session (the server serves a client's next pipelined request as one completes, from
+     * the session's turn), and the session's end would answer and free that request under
+     * it. Nothing more goes to it (stopping); its timer takes it down on the loop's next
+     * turn. Should the timer fail, it closes once its requests in flight ended.
+     */
+    if (fs->s != NULL && !fs->down && !fs->down_due) {
+        fs->stopping = 1;
+        fs->down_due = 1;
+        fs->down_rc = rc;
+        if (shmipc__timer_start(&fs->timer, 0) < 0)
+            fs->down_due = 0;
+    }
     return ret;
 }
 

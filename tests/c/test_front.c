@@ -780,13 +780,13 @@ static void memory_full_session_requests_wait(void **state)
     appw_stop(w);
 }
 
-/* Whether the worker's first session sent data over its socket (its breaker opened), within
- * WAIT_MS. */
-static int wait_worker_fell_back(struct appw *w)
+/* Whether the worker's session number `k` (in accept order) sent data over its socket (its
+ * breaker opened), within WAIT_MS. */
+static int wait_worker_fell_back(struct appw *w, int k)
 {
     for (uint64_t end = mono_ms() + WAIT_MS; mono_ms() < end; sleep_ms(1)) {
         pthread_mutex_lock(&w->mu);
-        shmipc_session *s = w->nsess > 0 ? w->sess[0] : NULL;
+        shmipc_session *s = w->nsess > k ? w->sess[k] : NULL;
         int fell = 0;
         if (s != NULL) {
             pthread_mutex_lock(&s->mu); /* the field is the session's, under its mutex */
@@ -833,7 +833,7 @@ static void unhealthy_session_is_replaced_in_flight_untouched(void **state)
     *sl = (struct sbg){.port = x->port, .seed = 7, .rcvbuf = 256 << 10, .go = &t->go};
     snprintf(sl->target, sizeof sl->target, "/stream/%d/1000/1/7/e", (int)TOTAL);
     sbg_start(sl);
-    assert_true(wait_worker_fell_back(w));
+    assert_true(wait_worker_fell_back(w, 0));
     /* The front learns it from the FallbackData it reads, soon after: until then a request
      * goes on the old session; from then on the first one replaces it. Each is served. */
     st.replaced = 0;
@@ -864,6 +864,108 @@ static void unhealthy_session_is_replaced_in_flight_untouched(void **state)
     int nsess = w->nsess;
     pthread_mutex_unlock(&w->mu);
     assert_int_equal(nsess, 2); /* sessions ever accepted */
+    assert_int_equal(atomic_load(&w->bad), 0);
+    fx_stop(x);
+    appw_stop(w);
+}
+
+/*
+ * Makes the worker's newest session (number k) unhealthy under slow client sl[k] (8 MiB read
+ * once t->go opens), then sends requests until the front replaced it (`replaced` reaches
+ * want; each request is served either way).
+ */
+static void unhealthy_session(struct tc *t, struct appw *w, struct fx *x, int k, unsigned want)
+{
+    static struct shmipc__front_stats st;
+    struct sbg *sl = &t->sbg[k];
+    struct resp p;
+    *sl = (struct sbg){.port = x->port, .seed = 7 + (unsigned)k, .rcvbuf = 256 << 10, .go = &t->go};
+    snprintf(sl->target, sizeof sl->target, "/stream/%d/1000/1/%d/e", 8 << 20, 7 + k);
+    sbg_start(sl);
+    assert_true(wait_worker_fell_back(w, k));
+    st.replaced = 0;
+    for (int i = 0; i < 200 && st.replaced < want; i++) {
+        assert_int_equal(request(x->port, "GET", "/fine", NULL, &p), 200);
+        resp_free(&p);
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.replaced < want)
+            sleep_ms(10);
+    }
+    assert_int_equal(st.replaced, want);
+}
+
+/*
+ * Past the bound of replaced sessions (2 per worker and thread, each holding a slow client's
+ * response here) a third unhealthy session is taken down, as before the replacement. It is
+ * taken down from the loop, not from the dispatch that met SHMIPC_EUNHEALTHY: here that
+ * dispatch is a pipelined request the server serves from inside the answer of the one before
+ * it on the same session, whose request the session's end freed under it (use after free,
+ * double free: ASan). Both pipelined requests are answered; the two replaced sessions' slow
+ * bodies arrive whole, the third's is cut.
+ */
+static void unhealthy_past_the_bound_goes_down_from_the_loop(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    shmipc_config *ipc;
+    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
+    static const char pair[] =
+        "GET /p1 HTTP/1.1\r\nHost: t\r\n\r\nGET /p2 HTTP/1.1\r\nHost: t\r\n\r\n";
+    struct rd r;
+    struct resp p;
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
+    o.ipc = ipc;
+    appw_start_x(w, "w0", NULL, 0);
+    atomic_store(&w->taken, TAKEN_GRANT);
+    atomic_store(&w->conc, 8);
+    fx_start(x, ws, 1, 1, &o);
+    shmipc_config_free(ipc);
+    assert_true(wait_stats(x, concurrency_is, 8));
+    unhealthy_session(t, w, x, 0, 1);
+    assert_true(wait_stats(x, concurrency_is, 8)); /* the new session's HELLO */
+    unhealthy_session(t, w, x, 1, 2);
+    assert_true(wait_stats(x, concurrency_is, 8));
+    /* On the third session: /p1 held by the worker, /p2 behind it on the connection. */
+    atomic_store(&w->mode, M_HOLD);
+    rd_open(&r, x->port);
+    send_all(r.fd, pair, sizeof pair - 1);
+    assert_true(wait_for(&w->holding, 1, WAIT_MS));
+    struct sbg *sl = &t->sbg[2];
+    *sl = (struct sbg){.port = x->port, .seed = 9, .rcvbuf = 256 << 10, .go = &t->go};
+    snprintf(sl->target, sizeof sl->target, "/stream/%d/1000/1/9/e", 8 << 20);
+    sbg_start(sl);
+    assert_true(wait_worker_fell_back(w, 2));
+    sleep_ms(300); /* the front reads the FallbackData as it comes */
+    latch_set(w, &w->hold_open, 1);
+    read_resp(&r, &p);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "/p1:");
+    resp_free(&p);
+    read_resp(&r, &p); /* requeued, served on the session that replaced the one taken down */
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "/p2:");
+    resp_free(&p);
+    close(r.fd);
+    atomic_store(&t->go, 1);
+    for (int i = 0; i < 3; i++) {
+        sbg_join(&t->sbg[i]);
+        if (i < 2) {
+            assert_int_equal(t->sbg[i].status, 200);
+            assert_false(t->sbg[i].b.bad);
+            assert_true(t->sbg[i].b.complete);
+            assert_int_equal(t->sbg[i].b.got, 8 << 20);
+        } else { /* its session was taken down under it */
+            assert_false(t->sbg[i].b.bad);
+            assert_false(t->sbg[i].b.complete);
+        }
+    }
+    assert_true(wait_stats(x, idle_sessions_are, 1));
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.replaced, 2);
     assert_int_equal(atomic_load(&w->bad), 0);
     fx_stop(x);
     appw_stop(w);
@@ -1938,7 +2040,9 @@ static void connector_churn_under_load(void **state)
         T(taken_out_of_place_is_a_protocol_error), T(pipeline_worker_dies_only_the_taken_one_502), \
         T(concurrent_worker_gets_its_concurrency), T(concurrent_worker_upload_holds_one_place),    \
         T(concurrency_answers_are_bounded), T(concurrent_worker_holds_forty),                      \
-        T(memory_full_session_requests_wait), T(unhealthy_session_is_replaced_in_flight_untouched)
+        T(memory_full_session_requests_wait),                                                      \
+        T(unhealthy_session_is_replaced_in_flight_untouched),                                      \
+        T(unhealthy_past_the_bound_goes_down_from_the_loop)
 
 int main(int argc, char **argv)
 {
