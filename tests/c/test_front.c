@@ -676,6 +676,27 @@ static void concurrent_worker_upload_holds_one_place(void **state)
     appw_stop(w);
 }
 
+/*
+ * Worker w0 (concurrency `conc`, TAKEN granted, waiting for memory or not) behind a front
+ * whose sessions have the smallest shared memory (SHMIPC_MIN_BUFFER_CAPACITY), one thread, no
+ * deadline; returns once the front took the worker's concurrency.
+ */
+static void start_small_memory(struct tc *t, int memory_wait, unsigned conc)
+{
+    struct appw *ws[] = {&t->w[0]};
+    shmipc_config *ipc;
+    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
+    o.ipc = ipc;
+    appw_start_x(&t->w[0], "w0", NULL, memory_wait);
+    atomic_store(&t->w[0].taken, TAKEN_GRANT);
+    atomic_store(&t->w[0].conc, conc);
+    fx_start(&t->x, ws, 1, 1, &o);
+    shmipc_config_free(ipc); /* the front keeps a copy */
+    assert_true(wait_stats(&t->x, concurrency_is, conc));
+}
+
 /* Whether every slice list of the worker's first session is empty for 200 ms on end, within
  * WAIT_MS (a list's last free slice is kept back by the protocol: a free count of 1 is empty). */
 static int wait_memory_full(struct appw *w)
@@ -721,24 +742,13 @@ static void memory_full_session_requests_wait(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
     struct bg *b = t->bg;
-    shmipc_config *ipc;
-    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
     enum { SLOW = 2, TOTAL = 8 << 20, FINE = 40 };
     static char targets[FINE][16];
     static struct shmipc__front_stats st;
     struct sbg *sl = t->sbg;
-    CHECK(shmipc_config_new(&ipc));
-    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
-    o.ipc = ipc;
-    appw_start_x(w, "w0", NULL, 1);
-    atomic_store(&w->taken, TAKEN_GRANT);
-    atomic_store(&w->conc, SLOW + FINE);
-    fx_start(x, ws, 1, 1, &o);
-    shmipc_config_free(ipc); /* the front keeps a copy */
-    assert_true(wait_stats(x, concurrency_is, SLOW + FINE));
+    start_small_memory(t, 1, SLOW + FINE);
     for (int i = 0; i < SLOW; i++) {
         sl[i] = (struct sbg){
             .port = x->port, .seed = (unsigned)i + 1, .rcvbuf = 256 << 10, .go = &t->go};
@@ -813,23 +823,12 @@ static void unhealthy_session_is_replaced_in_flight_untouched(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
-    shmipc_config *ipc;
-    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
     enum { TOTAL = 8 << 20 };
     static struct shmipc__front_stats st;
     struct sbg *sl = &t->sbg[0];
     struct resp p;
-    CHECK(shmipc_config_new(&ipc));
-    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
-    o.ipc = ipc;
-    appw_start_x(w, "w0", NULL, 0);
-    atomic_store(&w->taken, TAKEN_GRANT);
-    atomic_store(&w->conc, 4);
-    fx_start(x, ws, 1, 1, &o);
-    shmipc_config_free(ipc);
-    assert_true(wait_stats(x, concurrency_is, 4));
+    start_small_memory(t, 0, 4);
     *sl = (struct sbg){.port = x->port, .seed = 7, .rcvbuf = 256 << 10, .go = &t->go};
     snprintf(sl->target, sizeof sl->target, "/stream/%d/1000/1/7/e", (int)TOTAL);
     sbg_start(sl);
@@ -907,23 +906,12 @@ static void unhealthy_past_the_bound_goes_down_from_the_loop(void **state)
 {
     struct tc *t = *state;
     struct appw *w = &t->w[0];
-    struct appw *ws[] = {w};
     struct fx *x = &t->x;
-    shmipc_config *ipc;
-    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
     static const char pair[] =
         "GET /p1 HTTP/1.1\r\nHost: t\r\n\r\nGET /p2 HTTP/1.1\r\nHost: t\r\n\r\n";
     struct rd r;
     struct resp p;
-    CHECK(shmipc_config_new(&ipc));
-    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
-    o.ipc = ipc;
-    appw_start_x(w, "w0", NULL, 0);
-    atomic_store(&w->taken, TAKEN_GRANT);
-    atomic_store(&w->conc, 8);
-    fx_start(x, ws, 1, 1, &o);
-    shmipc_config_free(ipc);
-    assert_true(wait_stats(x, concurrency_is, 8));
+    start_small_memory(t, 0, 8);
     unhealthy_session(t, w, x, 0, 1);
     assert_true(wait_stats(x, concurrency_is, 8)); /* the new session's HELLO */
     unhealthy_session(t, w, x, 1, 2);
