@@ -48,6 +48,24 @@ struct shmipc__segment *shmipc__stream_add_segment(shmipc_stream *st)
 #define MEMORY_WAIT_MAX_NS (1000ull * 1000ull)
 
 /*
+ * What the peer sent meanwhile (its close of a stream, the session's end) is taken in here
+ * when no other thread reads the session, without waiting: a writer that waits for memory, or
+ * sends over the socket, would otherwise go on writing to a stream the peer has closed. Not
+ * on a loop-driven session: its loop processes it, and news taken here would give it no edge.
+ */
+static void see_peer_news(shmipc_session *s)
+{
+    shmipc__session_lock(s);
+    if (!s->processing && !s->loop_driven) {
+        s->processing = 1;
+        (void)shmipc__session_process_locked(s);
+        s->processing = 0;
+        pthread_cond_broadcast(&s->cond);
+    }
+    shmipc__session_unlock(s);
+}
+
+/*
  * memory_wait: shared memory is exhausted, and the peer frees slices as it reads (it sends no
  * wakeup for that): sleeps a little, 20 µs doubling to 1 ms, unless the wait must end (the
  * session ended, the stream was shut or closed by the peer, the write timeout passed).
@@ -68,16 +86,7 @@ static int wait_for_memory(shmipc_stream *st, uint64_t deadline, uint64_t *nap_n
     struct timespec ts = {0, (long)*nap_ns};
     nanosleep(&ts, NULL);
     *nap_ns = *nap_ns * 2 > MEMORY_WAIT_MAX_NS ? MEMORY_WAIT_MAX_NS : *nap_ns * 2;
-    /* What the peer sent meanwhile (its close of this stream, the session's end) is seen here
-     * when no other thread reads the session: without waiting, as a fallback writer does. */
-    shmipc__session_lock(s);
-    if (!s->processing) {
-        s->processing = 1;
-        (void)shmipc__session_process_locked(s);
-        s->processing = 0;
-        pthread_cond_broadcast(&s->cond);
-    }
-    shmipc__session_unlock(s);
+    see_peer_news(s);
     return 0;
 }
 
@@ -434,12 +443,24 @@ static int send_fallback(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
     uint64_t deadline = shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
-    uint32_t i = 0, off = 0;
-    size_t sent = 0;
+    uint32_t i = 0, off = 0, len = 0;
+    size_t sent = 0; /* bytes of the message being written */
     int rc = 0;
     pthread_mutex_lock(&s->send_mu);
     /* One message per at most SHMIPC__MAX_MESSAGE bytes, so any peer can take it. */
     while (rc == 0 && i < st->nsegs) {
+        /* Between two messages the socket is whole: a close the peer sent meanwhile (read
+         * now if nobody else reads) ends the write here, as it would on shared memory. */
+        sent = 0;
+        see_peer_news(s);
+        if (shmipc__session_err(s)) {
+            rc = shmipc__session_ended(s);
+            break;
+        }
+        if (__atomic_load_n(&st->state, __ATOMIC_RELAXED) == SHMIPC__STREAM_PEER_CLOSED) {
+            rc = shmipc__fail(SHMIPC_EEOF, "stream %u: the peer closed the stream", st->id);
+            break;
+        }
         uint32_t room = SHMIPC__MAX_MESSAGE - SHMIPC__FALLBACK_HEADER_SIZE, total = 0;
         uint32_t j = i, joff = off;
         while (j < st->nsegs && total < room) {
@@ -454,6 +475,7 @@ static int send_fallback(shmipc_stream *st)
             total += take;
         }
         uint8_t head[SHMIPC__FALLBACK_HEADER_SIZE];
+        len = total;
         shmipc__encode_fallback_head(head, s->wire, st->id, 0, total);
         rc = fallback_write(s, head, sizeof head, deadline, &sent);
         while (rc == 0 && total > 0) {
@@ -475,7 +497,8 @@ static int send_fallback(shmipc_stream *st)
      * Bytes of this message went out and the rest cannot follow: the peer would read the
      * next frame as the rest of this one, on the socket every stream shares. Nothing can
      * resync it, so the session ends (before send_mu is let go: no frame follows the half).
-     * A timeout before the first byte leaves the socket whole and the session alive.
+     * A timeout (or the peer's close) before a message's first byte leaves the socket whole
+     * and the session alive.
      */
     if (rc < 0 && shmipc__session_err(s) == 0 && sent > 0)
         rc = shmipc__session_fail_locked(
@@ -483,8 +506,9 @@ static int send_fallback(shmipc_stream *st)
                             "stream %u: fallback write failed after %zu bytes of a "
                             "%llu-byte message (%s); a half-written frame would "
                             "poison the socket, so the session ends",
-                            st->id, sent, (unsigned long long)st->send_len, shmipc__errname(rc)));
-    else if (rc < 0 && rc != SHMIPC_ETIMEDOUT)
+                            st->id, sent, (unsigned long long)len + SHMIPC__FALLBACK_HEADER_SIZE,
+                            shmipc__errname(rc)));
+    else if (rc < 0 && rc != SHMIPC_ETIMEDOUT && rc != SHMIPC_EEOF)
         rc = shmipc__session_fail_locked(s, rc); /* the session's cause (a damaged mapping wins) */
     shmipc__session_unlock(s);
     pthread_mutex_unlock(&s->send_mu);

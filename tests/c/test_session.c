@@ -471,6 +471,43 @@ static void fallback_when_memory_runs_out(void **state)
 }
 
 /*
+ * Regression: a stream on the socket (fallback) whose peer closed it took more writes: the
+ * close waited unread on the socket while nobody read the session, and each flush sent its
+ * bytes over the socket to a peer that drops them (with the peer not reading, the writer then
+ * blocked until the write timeout: an ASGI worker's whole loop stalled 10 s). A fallback flush
+ * now reads what the peer sent before it sends, and a write the peer closed the stream to
+ * fails with SHMIPC_EEOF, as it does on shared memory once the close was seen.
+ */
+static void fallback_flush_sees_the_peers_close_first(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss;
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    ipc_send_text(cs, "over the socket");
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    ipc_expect_text(ss, "over the socket");
+    assert_true(ss->fallback);
+    ipc_send_text(ss, "still open");
+    ipc_expect_text(cs, "still open");
+    shmipc_stream_close(cs);
+    /* No read on the server since: the flush itself must see the close. */
+    assert_int_equal(shmipc_stream_write(ss, "late", 4), 0);
+    assert_int_equal(shmipc_stream_flush(ss), SHMIPC_EEOF);
+    if (strstr(shmipc_error_detail(), "peer closed") == NULL)
+        fail_msg("detail \"%s\" does not say the peer closed the stream", shmipc_error_detail());
+    /* Only the stream ended, not the session. */
+    assert_int_equal(shmipc_session_status(p.server), 0);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/*
  * Regression: a fallback write that timed out part-way left half a frame on the socket and
  * the session alive, so the peer read the next frame's bytes as the rest of this one. The
  * socket is shared by every stream: a half-written frame must end the session (its error,
@@ -2251,6 +2288,7 @@ int main(int argc, char **argv)
                                         memfd_pair_close),
         cmocka_unit_test(hard_close_fails_everything),
         cmocka_unit_test(fallback_when_memory_runs_out),
+        cmocka_unit_test(fallback_flush_sees_the_peers_close_first),
         cmocka_unit_test(fallback_write_timeout_part_way_ends_the_session),
         cmocka_unit_test(flush_retrying_a_full_queue_wakes_on_shutdown),
         cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
