@@ -8,8 +8,9 @@
  *
  * Backpressure, without blocking the loop: a worker's next frame is read only while the
  * client connection has less than STREAM_MARK queued (else on_drain reads again); a client
- * message the session's queue cannot take now waits in a queue of its own, the client's input
- * is held (shmipc__ws_hold()) and the queue is retried every RETRY_MS.
+ * message the session cannot take now (its queue or its shared memory full: frames never go
+ * over the session's socket) waits in a queue of its own, the client's input is held
+ * (shmipc__ws_hold()) and the queue is retried every RETRY_MS.
  *
  * Lifetimes: struct fws is the WebSocket callbacks' data and lives until both the request
  * (freed by front_request.c, which calls shmipc__front_ws_detach()) and the server's
@@ -26,8 +27,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/uio.h>
 
-/* A frame for the worker waiting for room in the session's queue. */
+/*
+ * A client's message goes to the worker in WS_DATA frames of at most this payload, each into
+ * the session's shared memory only (ws_write): a small frame finds room where a 1 MiB one
+ * would wait for most of the buffer to be free.
+ */
+#define WS_PIECE (64u << 10)
+
+/* A frame for the worker waiting for room in the session's queue or shared memory. */
 struct pend {
     struct pend *next;
     size_t len;
@@ -178,6 +187,25 @@ bad:
 
 /* ---- client -> worker ---- */
 
+/*
+ * Writes a frame (a + b) to the worker's stream, into shared memory only: SHMIPC_ENOSHM when
+ * it is full now (the frame then waits, as for a full queue). Over the socket, the reactor
+ * thread would block while the worker does not read (up to the session's write timeout,
+ * every connection of the thread with it), and shmipc would refuse the session's new streams
+ * for 30 s. Every frame is at most WS_PIECE + a header, so it fits once the worker reads. A
+ * stream on the socket already (the worker's frames came that way: shmipc keeps both
+ * directions there, in order) goes on there, as a request's head does (front_request.c).
+ */
+static int ws_write(struct freq *r, const void *a, size_t alen, const void *b, size_t blen)
+{
+    if (r->st->fallback) {
+        int rc = shmipc__stream_write(r->st, a, alen);
+        return rc == 0 && blen > 0 ? shmipc__stream_write(r->st, b, blen) : rc;
+    }
+    struct iovec iov[2] = {{(void *)a, alen}, {(void *)b, blen}};
+    return shmipc__stream_write_shm(r->st, iov, blen > 0 ? 2 : 1);
+}
+
 /* Writes the waiting frames while the session takes them: 0, or -1 when the request is gone. */
 static int pend_flush(struct freq *r)
 {
@@ -187,7 +215,11 @@ static int pend_flush(struct freq *r)
         if (r->fs->s == NULL || !shmipc__session_can_send(r->fs->s))
             break;
         struct pend *p = x->ph;
-        rc = shmipc__stream_write(r->st, p->data, p->len);
+        rc = ws_write(r, p->data, p->len, NULL, 0);
+        if (rc == SHMIPC_ENOSHM) { /* the memory is full: the timer tries again */
+            rc = 0;
+            break;
+        }
         if (rc < 0)
             break;
         wrote = 1;
@@ -212,7 +244,7 @@ static int pend_flush(struct freq *r)
 
 /*
  * One frame to the worker, behind any that wait: 0, or -1 when the request is gone. The
- * session's queue full: the frame waits (copied), the client's input is held.
+ * session's queue or shared memory full: the frame waits (copied), the client's input is held.
  */
 static int ws_out(struct freq *r, unsigned type, uint32_t arg, const void *data, size_t len)
 {
@@ -221,16 +253,16 @@ static int ws_out(struct freq *r, unsigned type, uint32_t arg, const void *data,
     if (shmipc__sf_encode_header(hdr, type, len, arg) < 0)
         return 0; /* cannot happen: sizes are the caller's and checked */
     if (!x->accepting && x->ph == NULL && r->fs->s != NULL && shmipc__session_can_send(r->fs->s)) {
-        int rc = shmipc__stream_write(r->st, hdr, sizeof hdr);
-        if (rc == 0 && len > 0)
-            rc = shmipc__stream_write(r->st, data, len);
+        int rc = ws_write(r, hdr, sizeof hdr, data, len);
         if (rc == 0)
             rc = shmipc__stream_flush(r->st);
-        if (rc < 0) {
+        if (rc == 0)
+            return 0;
+        if (rc != SHMIPC_ENOSHM) {
             shmipc__front_fs_down(r->fs, rc);
             return -1;
         }
-        return 0;
+        /* the memory is full: the frame waits with the others */
     }
     struct pend *p = malloc(sizeof *p + sizeof hdr + len);
     if (p == NULL) {
@@ -280,8 +312,8 @@ static void on_message(shmipc_ws *ws, int kind, const void *data, size_t len, vo
         return;
     unsigned op = kind == SHMIPC_WS_TEXT ? SHMIPC__SF_WS_TEXT : SHMIPC__SF_WS_BINARY;
     size_t off = 0;
-    do { /* a message in frames of at most 1 MiB; an empty one is one empty frame */
-        size_t n = len - off > SHMIPC__SF_MAX_CHUNK ? SHMIPC__SF_MAX_CHUNK : len - off;
+    do { /* a message in frames of at most WS_PIECE; an empty one is one empty frame */
+        size_t n = len - off > WS_PIECE ? WS_PIECE : len - off;
         uint32_t arg =
             (off == 0 ? op : SHMIPC__SF_WS_CONT) | (off + n == len ? SHMIPC__SF_WS_FIN : 0);
         if (ws_out(r, SHMIPC__SF_WS_DATA, arg, p + off, n) < 0)

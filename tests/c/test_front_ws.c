@@ -417,15 +417,22 @@ static void wsc_expect_eof(struct wsc *c)
     assert_int_equal(read(c->fd, &b, 1), 0);
 }
 
+/* A case starts with the worker's counts at 0: a case that waits for w_closes must not be
+ * answered by the one before it (its front stopped under a worker still writing). */
+static void ws_fresh(void)
+{
+    front_ws_serve = ws_worker;
+    atomic_store(&w_close_code, 0);
+    atomic_store(&w_closes, 0);
+    atomic_store(&w_upgrades, 0);
+}
+
 static void start_opts(struct tc *t, unsigned nworkers, unsigned threads,
                        const struct shmipc__front_opts *o)
 {
     struct appw *ws[2];
     char name[8];
-    front_ws_serve = ws_worker;
-    atomic_store(&w_close_code, 0);
-    atomic_store(&w_closes, 0);
-    atomic_store(&w_upgrades, 0);
+    ws_fresh();
     for (unsigned i = 0; i < nworkers; i++) {
         snprintf(name, sizeof name, "w%u", i);
         appw_start(&t->w[i], name, NULL);
@@ -628,7 +635,7 @@ static void ws_session_full_holds_client(void **state)
     shmipc_config *ipc;
     struct appw *ws[] = {&t->w[0]};
     struct resp p;
-    front_ws_serve = ws_worker;
+    ws_fresh();
     CHECK(shmipc_config_new(&ipc));
     CHECK(shmipc_config_set_queue_capacity(ipc, 1));
     struct shmipc__front_opts o = {.ipc = ipc};
@@ -654,6 +661,68 @@ static void ws_session_full_holds_client(void **state)
     close(c.fd);
     assert_true(wait_for(&w_closes, 1, WAIT_MS));
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
+/*
+ * The session's shared memory is full (1 MiB of it, the worker reading nothing for 3 s while
+ * the client sends 24 messages of 60000 bytes): the client's messages wait in the front, its
+ * input held, and nothing goes over the session's socket. Before, a message that found no
+ * slice went over the socket: once the worker's socket was full the front's write blocked the
+ * reactor thread until the worker read again (a request the thread serves itself waited the
+ * 3 s), and shmipc refused the session's new streams (the session was replaced). Here that
+ * request is answered at once, one to the stalled worker once it reads, every message comes
+ * back in order, and no session was replaced.
+ */
+static void ws_session_memory_full_holds_client(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    shmipc_config *ipc;
+    struct appw *ws[] = {&t->w[0]};
+    struct resp p;
+    enum { N = 24, LEN = 60000, STALL_MS = 3000 };
+    static char msg[LEN];
+    static struct shmipc__front_stats st;
+    ws_fresh();
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
+    struct shmipc__front_opts o = {.ipc = ipc, .hello = 1};
+    appw_start(&t->w[0], "w0", NULL);
+    atomic_store(&t->w[0].taken, TAKEN_GRANT);
+    atomic_store(&t->w[0].conc, 4); /* a request beside the WebSocket */
+    fx_start(&t->x, ws, 1, 1, &o);
+    shmipc_config_free(ipc);
+    assert_true(wait_sessions(&t->x, t->w[0].addr, 1));
+    wsc_open(&c, t->x.port, "/ws/a", NULL);
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "stall:%d", STALL_MS);
+    uint64_t t0 = mono_ms();
+    wsc_send(&c, 0x1, 1, cmd, strlen(cmd));
+    for (int i = 0; i < N; i++) {
+        memset(msg, 'a' + i, sizeof msg);
+        wsc_send(&c, 0x2, 1, msg, sizeof msg);
+    }
+    uint64_t t1 = mono_ms();
+    assert_int_equal(request(t->x.port, "GET", "/static", NULL, &p), 200);
+    resp_free(&p);
+    uint64_t took = mono_ms() - t1;
+    if (mono_ms() - t0 < STALL_MS && took >= STALL_MS / 2)
+        fail_msg("a request on the reactor thread took %llu ms behind a stalled worker",
+                 (unsigned long long)took);
+    assert_int_equal(request(t->x.port, "GET", "/beside", NULL, &p), 200);
+    assert_string_equal(p.body, "/beside:");
+    resp_free(&p);
+    for (int i = 0; i < N; i++) {
+        memset(msg, 'a' + i, sizeof msg);
+        wsc_expect(&c, 0x82, msg, sizeof msg);
+    }
+    wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
+    free(wsc_expect_close(&c, 1000));
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+    CHECK(shmipc__front_stats(t->x.f, &st));
+    assert_int_equal(st.replaced, 0);
 }
 
 static void *stop_main(void *arg)
@@ -1055,10 +1124,11 @@ static void ws_cross_talk(void **state)
     T(ws_echo), T(ws_refused_403), T(ws_worker_closes_4001), T(ws_pings), T(ws_worker_dies_1011),  \
         T(ws_client_drops), T(ws_slow_client_bounded), T(ws_cross_talk),                           \
         T(ws_worker_bad_frame_1011), T(ws_session_full_holds_client),                              \
-        T(ws_close_with_sockets_open), T(ws_access_log_line),                                      \
-        T(ws_message_with_handshake_not_lost), T(ws_close_with_handshake_reaches_worker),          \
-        T(ws_bad_frame_with_handshake_reaches_worker), T(ws_worker_extension_not_passed),          \
-        T(ws_fin_with_handshake_frees_worker), T(ws_worker_data_before_101)
+        T(ws_session_memory_full_holds_client), T(ws_close_with_sockets_open),                     \
+        T(ws_access_log_line), T(ws_message_with_handshake_not_lost),                              \
+        T(ws_close_with_handshake_reaches_worker), T(ws_bad_frame_with_handshake_reaches_worker),  \
+        T(ws_worker_extension_not_passed), T(ws_fin_with_handshake_frees_worker),                  \
+        T(ws_worker_data_before_101)
 
 int main(int argc, char **argv)
 {
