@@ -971,6 +971,8 @@ static void echo_full_duplex_then_keepalive(void)
         char *lf;
         while ((lf = memchr(wire, '\n', have)) == NULL) {
             ssize_t k = read(fd, wire + have, sizeof wire - have);
+            if (k < 0 && errno == EINTR) /* seen once under io_uring, plain build: retried */
+                continue;
             if (k <= 0)
                 fail_msg("echo: read %zd (%s) after %zu of %zu bytes", k,
                          k < 0 ? strerror(errno) : "EOF", n, total);
@@ -984,6 +986,8 @@ static void echo_full_duplex_then_keepalive(void)
         while (need > 0) {
             if (have == 0) {
                 ssize_t k = read(fd, wire, sizeof wire);
+                if (k < 0 && errno == EINTR)
+                    continue;
                 if (k <= 0)
                     fail_msg("echo: read %zd (%s) in a chunk after %zu of %zu bytes", k,
                              k < 0 ? strerror(errno) : "EOF", n, total);
