@@ -41,6 +41,28 @@ int shmipc__fail(int code, const char *fmt, ...)
     return code;
 }
 
+int shmipc__fail_stream(int code, uint32_t id, const char *msg)
+{
+    static const char head[] = "stream ";
+    char num[10];
+    size_t k = 0, n = sizeof head - 1;
+    do {
+        num[k++] = (char)('0' + id % 10);
+        id /= 10;
+    } while (id != 0);
+    memcpy(detail, head, n); /* 7 + 10 + 2 bytes fit in the buffer whatever the id */
+    while (k > 0)
+        detail[n++] = num[--k];
+    detail[n++] = ':';
+    detail[n++] = ' ';
+    size_t len = strlen(msg);
+    if (len > sizeof detail - 1 - n)
+        len = sizeof detail - 1 - n;
+    memcpy(detail + n, msg, len);
+    detail[n + len] = '\0';
+    return code;
+}
+
 int shmipc__code_from_errno(int err)
 {
     switch (err) {

@@ -14,6 +14,13 @@
  */
 int shmipc__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/*
+ * shmipc__fail(code, "stream %u: %s", id, msg) without vsnprintf: for the answers an event
+ * loop gets once per message (a non-blocking read's "no data yet"), where formatting cost
+ * more than the read.
+ */
+int shmipc__fail_stream(int code, uint32_t id, const char *msg);
+
 /* Like shmipc__fail() for a failed system call: maps errno to a code and appends strerror. */
 int shmipc__fail_errno(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -65,7 +65,7 @@ static int wait_readable_locked(shmipc_stream *st, uint64_t need, int flags)
                 return 0;
             return shmipc__session_err(s)
                        ? shmipc__session_ended(s)
-                       : shmipc__fail(SHMIPC_EAGAIN, "stream %u: no data yet", st->id);
+                       : shmipc__fail_stream(SHMIPC_EAGAIN, st->id, "no data yet");
         }
         if (!waited) {
             deadline = shmipc__wait_deadline(st->read_timeout_ms);

@@ -132,6 +132,28 @@ static void constant_detail_is_copied_whole_and_bounded(void **state)
     assert_true(strspn(shmipc_error_detail(), "y") == n);
 }
 
+/* The stream detail written without vsnprintf (an event loop's non-blocking read finds "no
+ * data yet" once per message): the same text as "stream %u: %s" gives, for every id width. */
+static void stream_detail_is_what_printf_gives(void **state)
+{
+    (void)state;
+    static const uint32_t ids[] = {0, 1, 9, 10, 99, 100, 4096, 65535, 1000000000, 4294967295u};
+    char want[600];
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        assert_int_equal(shmipc__fail_stream(SHMIPC_EAGAIN, ids[i], "no data yet"), SHMIPC_EAGAIN);
+        snprintf(want, sizeof want, "stream %u: no data yet", ids[i]);
+        assert_string_equal(shmipc_error_detail(), want);
+    }
+    /* Bounded as vsnprintf is: a message longer than the buffer is cut, not overflowed. */
+    shmipc__fail_stream(SHMIPC_EINVAL, 4294967295u, Y100 Y100 Y100 Y100 Y100 Y100);
+    size_t n = strlen(shmipc_error_detail());
+    assert_true(n > 100 && n < 600);
+    assert_memory_equal(shmipc_error_detail(), "stream 4294967295: yyy", 22);
+    assert_true(strspn(shmipc_error_detail() + 19, "y") == n - 19);
+    shmipc__fail_stream(SHMIPC_EINVAL, 7, "");
+    assert_string_equal(shmipc_error_detail(), "stream 7: ");
+}
+
 static void version(void **state)
 {
     (void)state;
@@ -154,6 +176,7 @@ int main(void)
         cmocka_unit_test(detail_is_per_thread),
         cmocka_unit_test(long_detail_is_truncated_not_overflowed),
         cmocka_unit_test(constant_detail_is_copied_whole_and_bounded),
+        cmocka_unit_test(stream_detail_is_what_printf_gives),
         cmocka_unit_test(version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
