@@ -56,6 +56,9 @@ SHMIPC_API int shmipc_session_accept_stream(shmipc_session *s, int timeout_ms, s
 SHMIPC_API int shmipc_session_fileno(const shmipc_session *s)
 {
     REQUIRE(s, "session_fileno", "session");
+    /* The object is the library's, allocated writable; const is the call's promise of no
+     * change the caller can see. */
+    shmipc__session_set_watched((shmipc_session *)s);
     return shmipc__session_fileno(s);
 }
 

@@ -444,6 +444,13 @@ uint32_t shmipc__session_take_ready(shmipc_session *s, uint32_t **ids, uint32_t 
     return n;
 }
 
+void shmipc__session_set_watched(shmipc_session *s)
+{
+    shmipc__session_lock(s);
+    s->watched = 1;
+    shmipc__session_unlock(s);
+}
+
 void shmipc__session_set_loop_driven(shmipc_session *s)
 {
     shmipc__session_lock(s);

@@ -4,7 +4,8 @@
  * Locking. `mu` guards the stream table, every stream's receive state, the accept queue and
  * the event-processing role; `cond` is broadcast whenever any of them changes. `send_mu`
  * serialises producers on the send queue and writes to the socket. No thread holds `mu`
- * while it waits for the socket, and nobody takes `mu` while holding `send_mu`.
+ * while it waits for the socket. The order is `send_mu`, then `mu` (a fallback write takes
+ * `mu` to read the session while it holds `send_mu`); nobody takes `send_mu` under `mu`.
  *
  * Processing. There is no library thread. A thread that must wait (a read, an accept)
  * becomes the session's processor when nobody else is: it polls the socket without `mu`,
@@ -131,6 +132,9 @@ struct shmipc_session {
      * use; shmipc__session_set_loop_driven): a non-blocking read or accept never processes,
      * so no data for another stream lands where the loop would not look for it. */
     uint8_t loop_driven;
+    /* shmipc_session_fileno() was asked (under mu): an event loop may watch the descriptor, so
+     * a writer does not take the peer's news in passing (the loop would get no edge for it). */
+    uint8_t watched;
     unsigned spin_fails;  /* spins in a row that found nothing, at most 6 (under mu) */
     unsigned spin_skip;   /* waits left that sleep without spinning (under mu) */
     uint64_t spin_gap_ns; /* moving average of the waits for data, for the spin budget (mu) */
@@ -309,6 +313,8 @@ size_t shmipc__stream_available(shmipc_stream *st);
  * an edge that never comes. Set once, right after the session is made, before any use.
  */
 void shmipc__session_set_loop_driven(shmipc_session *s);
+/* shmipc_session_fileno() was asked: see `watched`. */
+void shmipc__session_set_watched(shmipc_session *s);
 int shmipc__stream_release(shmipc_stream *st);
 int shmipc__stream_forward(shmipc_stream *dst, shmipc_stream *src, size_t n, int flags);
 void shmipc__stream_close(shmipc_stream *st);

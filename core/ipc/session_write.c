@@ -52,11 +52,14 @@ struct shmipc__segment *shmipc__stream_add_segment(shmipc_stream *st)
  * when no other thread reads the session, without waiting: a writer that waits for memory, or
  * sends over the socket, would otherwise go on writing to a stream the peer has closed. Not
  * on a loop-driven session: its loop processes it, and news taken here would give it no edge.
+ * `passing` (a fallback flush, not a wait): nor on a session whose descriptor was handed to
+ * an event loop (shmipc_session_fileno()), for the same reason; such a writer learns of the
+ * close from the loop's next turn.
  */
-static void see_peer_news(shmipc_session *s)
+static void see_peer_news(shmipc_session *s, int passing)
 {
     shmipc__session_lock(s);
-    if (!s->processing && !s->loop_driven) {
+    if (!s->processing && !s->loop_driven && !(passing && s->watched)) {
         s->processing = 1;
         (void)shmipc__session_process_locked(s);
         s->processing = 0;
@@ -86,7 +89,7 @@ static int wait_for_memory(shmipc_stream *st, uint64_t deadline, uint64_t *nap_n
     struct timespec ts = {0, (long)*nap_ns};
     nanosleep(&ts, NULL);
     *nap_ns = *nap_ns * 2 > MEMORY_WAIT_MAX_NS ? MEMORY_WAIT_MAX_NS : *nap_ns * 2;
-    see_peer_news(s);
+    see_peer_news(s, 0);
     return 0;
 }
 
@@ -444,15 +447,17 @@ static int send_fallback(shmipc_stream *st)
     shmipc_session *s = st->s;
     uint64_t deadline = shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
     uint32_t i = 0, off = 0, len = 0;
-    size_t sent = 0; /* bytes of the message being written */
+    size_t sent = 0;       /* bytes of the message being written */
+    size_t flush_sent = 0; /* bytes of the messages before it, all gone out */
     int rc = 0;
     pthread_mutex_lock(&s->send_mu);
     /* One message per at most SHMIPC__MAX_MESSAGE bytes, so any peer can take it. */
     while (rc == 0 && i < st->nsegs) {
         /* Between two messages the socket is whole: a close the peer sent meanwhile (read
          * now if nobody else reads) ends the write here, as it would on shared memory. */
+        flush_sent += sent;
         sent = 0;
-        see_peer_news(s);
+        see_peer_news(s, 1);
         if (shmipc__session_err(s)) {
             rc = shmipc__session_ended(s);
             break;
@@ -497,10 +502,20 @@ static int send_fallback(shmipc_stream *st)
      * Bytes of this message went out and the rest cannot follow: the peer would read the
      * next frame as the rest of this one, on the socket every stream shares. Nothing can
      * resync it, so the session ends (before send_mu is let go: no frame follows the half).
-     * A timeout (or the peer's close) before a message's first byte leaves the socket whole
-     * and the session alive.
+     * A timeout before the first byte of the flush leaves the socket whole and the session
+     * alive; after whole messages of it went out, the stream would go on with a gap (the
+     * caller cannot tell what arrived), so the session ends as well. The peer's close, seen
+     * between two messages, ends only the stream: nothing more of it is read.
      */
-    if (rc < 0 && shmipc__session_err(s) == 0 && sent > 0)
+    if (rc < 0 && shmipc__session_err(s) == 0 && sent == 0 && flush_sent > 0 && rc != SHMIPC_EEOF)
+        rc = shmipc__session_fail_locked(
+            s, shmipc__fail(rc,
+                            "stream %u: fallback write failed after %zu bytes of a %llu-byte "
+                            "flush (%s); the rest would leave a gap in the stream, so the "
+                            "session ends",
+                            st->id, flush_sent, (unsigned long long)st->send_len,
+                            shmipc__errname(rc)));
+    else if (rc < 0 && shmipc__session_err(s) == 0 && sent > 0)
         rc = shmipc__session_fail_locked(
             s, shmipc__fail(rc,
                             "stream %u: fallback write failed after %zu bytes of a "

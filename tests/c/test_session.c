@@ -508,6 +508,43 @@ static void fallback_flush_sees_the_peers_close_first(void **state)
 }
 
 /*
+ * The same with the server's descriptor handed to an event loop (shmipc_session_fileno()): the
+ * flush must not read the session in passing, or the loop would get no edge for what it took
+ * (another stream's data, the session's end). The close stays on the socket for the loop:
+ * the descriptor polls readable, the loop's turn takes it, and the next flush fails.
+ */
+static void fallback_flush_leaves_a_watched_sessions_news_to_its_loop(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss;
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
+    pair_open(&p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+    ipc_send_text(cs, "over the socket");
+    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
+    ipc_expect_text(ss, "over the socket");
+    int fd = shmipc_session_fileno(p.server);
+    assert_true(fd >= 0);
+    shmipc_stream_close(cs);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 5000), 1); /* the close is there */
+    assert_int_equal(shmipc_stream_write(ss, "late", 4), 0);
+    assert_int_equal(shmipc_stream_flush(ss), 0); /* sent: the close is not known yet */
+    pfd.revents = 0;
+    assert_int_equal(poll(&pfd, 1, 0), 1); /* still there for the loop */
+    assert_true(shmipc_session_process(p.server) >= 0);
+    assert_int_equal(shmipc_stream_write(ss, "later", 5), 0);
+    assert_int_equal(shmipc_stream_flush(ss), SHMIPC_EEOF);
+    assert_int_equal(shmipc_session_status(p.server), 0);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/*
  * Regression: a fallback write that timed out part-way left half a frame on the socket and
  * the session alive, so the peer read the next frame's bytes as the rest of this one. The
  * socket is shared by every stream: a half-written frame must end the session (its error,
@@ -2289,6 +2326,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(hard_close_fails_everything),
         cmocka_unit_test(fallback_when_memory_runs_out),
         cmocka_unit_test(fallback_flush_sees_the_peers_close_first),
+        cmocka_unit_test(fallback_flush_leaves_a_watched_sessions_news_to_its_loop),
         cmocka_unit_test(fallback_write_timeout_part_way_ends_the_session),
         cmocka_unit_test(flush_retrying_a_full_queue_wakes_on_shutdown),
         cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
