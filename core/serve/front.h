@@ -100,7 +100,7 @@ struct shmipc__front_stats {
     unsigned queued;           /* requests waiting for a worker now */
     unsigned nworkers;         /* entries below: the current set, then retired ones still open */
     uint64_t rejected;         /* 503s (queue full) */
-    uint64_t timeouts;         /* requests cancelled by their deadline (504) */
+    uint64_t timeouts;         /* requests cancelled by their deadline (504; a WebSocket: 1011) */
     uint64_t client_gone;      /* requests cancelled because the client left */
     uint64_t retried;          /* requests a stopping worker refused, given to another worker */
     uint64_t abort_retries;    /* tries of an ABORT the worker's full session could not take */

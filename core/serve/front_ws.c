@@ -62,7 +62,13 @@ struct fws {
     size_t msg_len, msg_cap;
     struct pend *ph, **pt;
     uint64_t close_until; /* loop ms: the worker's answer to the client's close is given up */
+    /* Frames waiting (ph): since when none went out (loop ms), and the next retry's delay
+     * (RETRY_MS doubling to HOLD_RETRY_MAX_MS; back to RETRY_MS when one goes out). */
+    uint64_t stuck_since;
+    unsigned retry_ms;
 };
+
+#define HOLD_RETRY_MAX_MS 16u
 
 static size_t ws_mark(const struct shmipc__front *f)
 {
@@ -228,6 +234,10 @@ static int pend_flush(struct freq *r)
             x->pt = &x->ph;
         free(p);
     }
+    if (wrote) { /* progress: the bound and the back-off start again */
+        x->stuck_since = shmipc__loop_now_ms(r->t->loop);
+        x->retry_ms = RETRY_MS;
+    }
     if (rc == 0 && wrote)
         rc = shmipc__stream_flush(r->st);
     if (rc < 0) {
@@ -280,6 +290,10 @@ static int ws_out(struct freq *r, unsigned type, uint32_t arg, const void *data,
     memcpy(p->data, hdr, sizeof hdr);
     if (len > 0)
         memcpy(p->data + sizeof hdr, data, len);
+    if (x->ph == NULL) { /* the first to wait */
+        x->stuck_since = shmipc__loop_now_ms(r->t->loop);
+        x->retry_ms = RETRY_MS;
+    }
     *x->pt = p;
     x->pt = &p->next;
     if (!x->held) {
@@ -575,11 +589,23 @@ void shmipc__front_ws_timer(struct freq *r)
         shmipc__front_req_finish(r); /* the worker never answered the close: the stream closes */
         return;
     }
+    uint32_t deadline = atomic_load(&r->t->f->deadline_ms);
+    if (x->ph != NULL && deadline != 0 && now - x->stuck_since >= deadline) {
+        /* The worker took none of the client's frames for a request deadline (it reads
+         * nothing, or a slow client's answers fill the session's memory): as nginx's
+         * proxy_send_timeout, the connection ends. 1011 to the client, TIMEOUT to the
+         * worker; the held frames are dropped with the request. */
+        atomic_fetch_add(&r->t->f->timeouts, 1);
+        client_fail(x, "the application took no message in time");
+        shmipc__front_req_abort(r, 0, SHMIPC__SF_ABORT_TIMEOUT);
+        return;
+    }
     if (shmipc__front_ws_read(r) < 0)
         return; /* ended: the request may be freed */
-    if (x->ph != NULL)
-        shmipc__timer_start(&r->timer, RETRY_MS);
-    else if (x->client_closed && x->close_until > now)
+    if (x->ph != NULL) {
+        shmipc__timer_start(&r->timer, x->retry_ms);
+        x->retry_ms = x->retry_ms * 2 > HOLD_RETRY_MAX_MS ? HOLD_RETRY_MAX_MS : x->retry_ms * 2;
+    } else if (x->client_closed && x->close_until > now)
         shmipc__timer_start(&r->timer, x->close_until - now);
 }
 
