@@ -666,6 +666,45 @@ static void ws_session_full_holds_client(void **state)
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
 }
 
+/* The memory-full cases: FILL_N binary messages of FILL_LEN bytes, more than the 1 MiB. */
+enum { FILL_N = 24, FILL_LEN = 60000 };
+
+/*
+ * Starts the front (options `o`, its sessions' memory the least there is) and one worker
+ * (with `beside`, granting TAKEN and 4 at once: a request beside the WebSocket), opens a
+ * WebSocket, tells the worker to read nothing for stall_ms and sends the FILL_N messages.
+ * Returns when the stall was asked (mono_ms).
+ */
+static uint64_t fill_memory_behind_a_stall(struct tc *t, struct shmipc__front_opts *o, int beside,
+                                           int stall_ms, struct wsc *c)
+{
+    shmipc_config *ipc;
+    struct appw *ws[] = {&t->w[0]};
+    static char msg[FILL_LEN];
+    char cmd[32];
+    ws_fresh();
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
+    o->ipc = ipc;
+    appw_start(&t->w[0], "w0", NULL);
+    if (beside) {
+        atomic_store(&t->w[0].taken, TAKEN_GRANT);
+        atomic_store(&t->w[0].conc, 4);
+    }
+    fx_start(&t->x, ws, 1, 1, o);
+    shmipc_config_free(ipc);
+    assert_true(wait_sessions(&t->x, t->w[0].addr, 1));
+    wsc_open(c, t->x.port, "/ws/a", NULL);
+    snprintf(cmd, sizeof cmd, "stall:%d", stall_ms);
+    wsc_send(c, 0x1, 1, cmd, strlen(cmd));
+    uint64_t t0 = mono_ms();
+    for (int i = 0; i < FILL_N; i++) {
+        memset(msg, 'a' + i, sizeof msg);
+        wsc_send(c, 0x2, 1, msg, sizeof msg);
+    }
+    return t0;
+}
+
 /*
  * The session's shared memory is full (1 MiB of it, the worker reading nothing for 3 s while
  * the client sends 24 messages of 60000 bytes): the client's messages wait in the front, its
@@ -681,30 +720,12 @@ static void ws_session_memory_full_holds_client(void **state)
 {
     struct tc *t = *state;
     struct wsc c;
-    shmipc_config *ipc;
-    struct appw *ws[] = {&t->w[0]};
     struct resp p;
-    enum { N = 24, LEN = 60000, STALL_MS = 3000 };
-    static char msg[LEN];
+    enum { STALL_MS = 3000 };
+    static char msg[FILL_LEN];
     static struct shmipc__front_stats st;
-    ws_fresh();
-    CHECK(shmipc_config_new(&ipc));
-    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
-    struct shmipc__front_opts o = {.ipc = ipc, .hello = 1};
-    appw_start(&t->w[0], "w0", NULL);
-    atomic_store(&t->w[0].taken, TAKEN_GRANT);
-    atomic_store(&t->w[0].conc, 4); /* a request beside the WebSocket */
-    fx_start(&t->x, ws, 1, 1, &o);
-    shmipc_config_free(ipc);
-    assert_true(wait_sessions(&t->x, t->w[0].addr, 1));
-    wsc_open(&c, t->x.port, "/ws/a", NULL);
-    char cmd[32];
-    snprintf(cmd, sizeof cmd, "stall:%d", STALL_MS);
-    wsc_send(&c, 0x1, 1, cmd, strlen(cmd));
-    for (int i = 0; i < N; i++) {
-        memset(msg, 'a' + i, sizeof msg);
-        wsc_send(&c, 0x2, 1, msg, sizeof msg);
-    }
+    struct shmipc__front_opts o = {.hello = 1};
+    (void)fill_memory_behind_a_stall(t, &o, 1, STALL_MS, &c);
     uint64_t t1 = mono_ms();
     assert_int_equal(request(t->x.port, "GET", "/static", NULL, &p), 200);
     resp_free(&p);
@@ -715,7 +736,7 @@ static void ws_session_memory_full_holds_client(void **state)
     assert_int_equal(request(t->x.port, "GET", "/beside", NULL, &p), 200);
     assert_string_equal(p.body, "/beside:");
     resp_free(&p);
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < FILL_N; i++) {
         memset(msg, 'a' + i, sizeof msg);
         wsc_expect(&c, 0x82, msg, sizeof msg);
     }
@@ -738,29 +759,11 @@ static void ws_worker_taking_nothing_for_a_deadline_is_1011(void **state)
 {
     struct tc *t = *state;
     struct wsc c;
-    shmipc_config *ipc;
-    struct appw *ws[] = {&t->w[0]};
     struct resp p;
-    enum { N = 24, LEN = 60000, STALL_MS = 4000, DEADLINE_MS = 1000 };
-    static char msg[LEN];
+    enum { STALL_MS = 4000, DEADLINE_MS = 1000 };
     static struct shmipc__front_stats st;
-    ws_fresh();
-    CHECK(shmipc_config_new(&ipc));
-    CHECK(shmipc_config_set_buffer_capacity(ipc, SHMIPC_MIN_BUFFER_CAPACITY));
-    struct shmipc__front_opts o = {.ipc = ipc, .deadline_ms = DEADLINE_MS};
-    appw_start(&t->w[0], "w0", NULL);
-    fx_start(&t->x, ws, 1, 1, &o);
-    shmipc_config_free(ipc);
-    assert_true(wait_sessions(&t->x, t->w[0].addr, 1));
-    wsc_open(&c, t->x.port, "/ws/a", NULL);
-    char cmd[32];
-    snprintf(cmd, sizeof cmd, "stall:%d", STALL_MS);
-    wsc_send(&c, 0x1, 1, cmd, strlen(cmd));
-    uint64_t t0 = mono_ms();
-    for (int i = 0; i < N; i++) {
-        memset(msg, 'a' + i, sizeof msg);
-        wsc_send(&c, 0x2, 1, msg, sizeof msg);
-    }
+    struct shmipc__front_opts o = {.deadline_ms = DEADLINE_MS};
+    uint64_t t0 = fill_memory_behind_a_stall(t, &o, 0, STALL_MS, &c);
     assert_int_equal(request(t->x.port, "GET", "/static", NULL, &p), 200);
     resp_free(&p);
     free(wsc_expect_close(&c, 1011));

@@ -470,6 +470,21 @@ static void fallback_when_memory_runs_out(void **state)
     shmipc_config_free(cfg);
 }
 
+/* A pair whose shared memory is never handed out (one 524268-byte slice, as in
+ * fallback_when_memory_runs_out), and a stream on the socket both ways, one message read. */
+static shmipc_config *open_on_the_socket(struct ipc_pair *p, shmipc_stream **cs, shmipc_stream **ss)
+{
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
+    pair_open(p, cfg);
+    assert_int_equal(shmipc_session_open_stream(p->client, cs), 0);
+    ipc_send_text(*cs, "over the socket");
+    assert_int_equal(shmipc_session_accept_stream(p->server, 5000, ss), 0);
+    ipc_expect_text(*ss, "over the socket");
+    return cfg;
+}
+
 /*
  * Regression: a stream on the socket (fallback) whose peer closed it took more writes: the
  * close waited unread on the socket while nobody read the session, and each flush sent its
@@ -481,16 +496,9 @@ static void fallback_when_memory_runs_out(void **state)
 static void fallback_flush_sees_the_peers_close_first(void **state)
 {
     (void)state;
-    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
     struct ipc_pair p;
     shmipc_stream *cs, *ss;
-    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
-    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
-    pair_open(&p, cfg);
-    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
-    ipc_send_text(cs, "over the socket");
-    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
-    ipc_expect_text(ss, "over the socket");
+    shmipc_config *cfg = open_on_the_socket(&p, &cs, &ss);
     assert_true(ss->fallback);
     ipc_send_text(ss, "still open");
     ipc_expect_text(cs, "still open");
@@ -516,16 +524,9 @@ static void fallback_flush_sees_the_peers_close_first(void **state)
 static void fallback_flush_leaves_a_watched_sessions_news_to_its_loop(void **state)
 {
     (void)state;
-    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
     struct ipc_pair p;
     shmipc_stream *cs, *ss;
-    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
-    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "524268:100"), 0);
-    pair_open(&p, cfg);
-    assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
-    ipc_send_text(cs, "over the socket");
-    assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss), 0);
-    ipc_expect_text(ss, "over the socket");
+    shmipc_config *cfg = open_on_the_socket(&p, &cs, &ss);
     int fd = shmipc_session_fileno(p.server);
     assert_true(fd >= 0);
     shmipc_stream_close(cs);
