@@ -377,11 +377,32 @@ static void fs_timer(struct shmipc__timer *timer)
     if (fs->s == NULL && !fs->retired) {
         fs_connect(fs, 0);
     } else if (fs->s != NULL && fs->down_due && !fs->down) {
-        int rc = fs->down_rc; /* shmipc__front_requeue_head's */
-        shmipc__front_fs_down(fs, rc);
+        shmipc__front_fs_down(fs, fs->down_rc); /* shmipc__front_requeue_head's */
     } else if (fs->s != NULL && fs->retired && fs->nact == 0 && !fs->down) {
         shmipc__front_fs_down(fs, 0); /* a replaced session with nothing in flight */
     }
+}
+
+/* A new fsess for worker `w` on thread `t`, in its list, not connected yet; NULL when out of
+ * memory. */
+static struct fsess *fs_add(struct fthread *t, struct fworker *w)
+{
+    if (t->nsess == t->cap) {
+        unsigned cap = t->cap ? t->cap * 2 : 8;
+        struct fsess **ns = realloc(t->sess, cap * sizeof *ns);
+        if (ns == NULL)
+            return NULL;
+        t->sess = ns;
+        t->cap = cap;
+    }
+    struct fsess *fs = calloc(1, sizeof *fs);
+    if (fs == NULL)
+        return NULL;
+    fs->t = t;
+    fs->w = w;
+    shmipc__timer_init(t->loop, &fs->timer, fs_timer, fs);
+    t->sess[t->nsess++] = fs;
+    return fs;
 }
 
 /*
@@ -470,21 +491,9 @@ void shmipc__front_refresh(struct fthread *t, int connect_now)
             i++;
         if (i < t->nsess)
             continue;
-        if (t->nsess == t->cap) {
-            unsigned cap = t->cap ? t->cap * 2 : 8;
-            struct fsess **ns = realloc(t->sess, cap * sizeof *ns);
-            if (ns == NULL)
-                continue;
-            t->sess = ns;
-            t->cap = cap;
-        }
-        struct fsess *fs = calloc(1, sizeof *fs);
+        struct fsess *fs = fs_add(t, set[j]);
         if (fs == NULL)
             continue;
-        fs->t = t;
-        fs->w = set[j];
-        shmipc__timer_init(t->loop, &fs->timer, fs_timer, fs);
-        t->sess[t->nsess++] = fs;
         if (connect_now)
             fs_connect(fs, 1);
         else
@@ -619,21 +628,9 @@ static int fs_replace(struct fsess *fs)
         draining += t->sess[i]->replaced && t->sess[i]->w == fs->w;
     if (draining >= FRONT_MAX_REPLACED)
         return SHMIPC_EBUSY;
-    if (t->nsess == t->cap) {
-        unsigned cap = t->cap ? t->cap * 2 : 8;
-        struct fsess **ns = realloc(t->sess, cap * sizeof *ns);
-        if (ns == NULL)
-            return SHMIPC_ENOMEM;
-        t->sess = ns;
-        t->cap = cap;
-    }
-    struct fsess *nfs = calloc(1, sizeof *nfs);
+    struct fsess *nfs = fs_add(t, fs->w);
     if (nfs == NULL)
         return SHMIPC_ENOMEM;
-    nfs->t = t;
-    nfs->w = fs->w;
-    shmipc__timer_init(t->loop, &nfs->timer, fs_timer, nfs);
-    t->sess[t->nsess++] = nfs;
     fs->replaced = 1;
     fs->retired = 1;
     atomic_fetch_add(&t->f->replaced, 1);
