@@ -56,7 +56,8 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
         rc = shmipc__fail_errno(rc, "listener %s: mutex", address);
         goto err;
     }
-    if ((rc = shmipc__sock_listen(&l->addr, shmipc__config_get_socket_mode(&l->cfg))) < 0) {
+    if ((rc = shmipc__sock_listen(&l->addr, shmipc__config_get_socket_mode(&l->cfg), &l->file)) <
+        0) {
         pthread_mutex_destroy(&l->mu);
         goto err;
     }
@@ -347,7 +348,6 @@ void shmipc__ipc_listener_close(shmipc_listener *l)
 
 static void listener_destroy(shmipc_listener *l)
 {
-    const struct sockaddr_un *un = (const struct sockaddr_un *)&l->addr.ss;
     pthread_mutex_lock(&l->mu);
     l->closing = 1; /* a listener_new that failed half-way never shut down */
     pthread_mutex_unlock(&l->mu);
@@ -356,6 +356,7 @@ static void listener_destroy(shmipc_listener *l)
         shmipc__session_close(s);
     free(l->ready);
     pthread_mutex_destroy(&l->mu);
+    shmipc__unix_unlink(&l->file); /* before the close: a client finds no file, not a refusal */
     close(l->fd);
     if (l->wake_fd >= 0)
         close(l->wake_fd);
@@ -365,8 +366,6 @@ static void listener_destroy(shmipc_listener *l)
         close(l->poll_fd);
     if (l->shut_fd >= 0)
         close(l->shut_fd);
-    if (l->addr.family == AF_UNIX && un->sun_path[0] != '\0')
-        unlink(un->sun_path);
     free(l);
 }
 

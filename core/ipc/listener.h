@@ -45,6 +45,7 @@ struct shmipc_listener {
     int serving;  /* a thread is in serve() (atomic) */
     int stopping; /* atomic */
     struct shmipc__addr addr;
+    struct shmipc__unix_file file; /* the socket file made, removed at close if still ours */
     struct shmipc_config cfg;
 
     /* Guards everything below. */

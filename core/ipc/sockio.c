@@ -2,6 +2,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/unixsock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -296,109 +297,47 @@ int shmipc__sock_connect(const struct shmipc__addr *addr, uint64_t deadline)
     return fd;
 }
 
-/* True when something accepts connections on the unix socket `addr`. The probe never blocks: a
- * blocking connect() to a live listener whose backlog is full waits until it accepts; without
- * blocking that is EAGAIN, which means alive. */
-static int unix_socket_alive(const struct shmipc__addr *addr)
-{
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-        return 1; /* cannot tell: do not remove it */
-    int alive = connect(fd, (const struct sockaddr *)&addr->ss, addr->len) == 0 ||
-                (errno != ECONNREFUSED && errno != ENOENT);
-    close(fd);
-    return alive;
-}
+#define LISTEN_BACKLOG 1024
 
-/* Binds `fd` to the unix socket path `path` so that the file never exists at `path` with any mode
- * but `mode`. fchmod before bind does not apply to AF_UNIX sockets on Linux, and umask is
- * process-wide (another thread creating files would see it), so the socket is bound inside a
- * private 0700 directory made next to `path` (same filesystem), given its mode there, and
- * renamed into place. The bind goes through /proc/self/fd/<dirfd>/s so that the temporary name
- * stays short whatever the length of `path`. RENAME_NOREPLACE keeps "address in use" atomic; a
- * stale socket (nobody accepting) is replaced, anything else is left alone. Returns 0 or -errno. */
-static int bind_private(int fd, const struct shmipc__addr *addr, const char *path, unsigned mode)
-{
-    char dir[256]; /* sun_path (108) plus the temporary name */
-    const char *slash = strrchr(path, '/');
-    size_t dlen = slash ? (size_t)(slash - path) : 0;
-    int rc;
-    if (slash && dlen == 0)
-        dlen = 1; /* "/name": the root directory */
-    rc = snprintf(dir, sizeof dir, "%.*s%s.shmipc-bind-XXXXXX", (int)dlen, slash ? path : "",
-                  slash ? (dlen == 1 && path[0] == '/' ? "" : "/") : "");
-    if (rc < 0 || (size_t)rc >= sizeof dir)
-        return -ENAMETOOLONG;
-    if (!mkdtemp(dir)) /* mode 0700 */
-        return -errno;
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        rc = -errno;
-        rmdir(dir);
-        return rc;
-    }
-    struct sockaddr_un tmp = {.sun_family = AF_UNIX};
-    snprintf(tmp.sun_path, sizeof tmp.sun_path, "/proc/self/fd/%d/s", dfd);
-    if (bind(fd, (const struct sockaddr *)&tmp, sizeof tmp) < 0 ||
-        fchmodat(dfd, "s", mode, 0) < 0) {
-        rc = -errno;
-        goto out;
-    }
-    rc = renameat2(dfd, "s", AT_FDCWD, path, RENAME_NOREPLACE) < 0 ? -errno : 0;
-    if (rc == -EEXIST && !unix_socket_alive(addr)) {
-        struct stat st;
-        /* Replace only a stale socket file, never a regular file that happens to be there. */
-        if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-            rc = renameat(dfd, "s", AT_FDCWD, path) < 0 ? -errno : 0;
-    }
-    if (rc == -EEXIST)
-        rc = -EADDRINUSE;
-out:
-    if (rc < 0)
-        unlinkat(dfd, "s", 0);
-    close(dfd);
-    rmdir(dir);
-    return rc;
-}
-
-int shmipc__sock_listen(const struct shmipc__addr *addr, unsigned mode)
+int shmipc__sock_listen(const struct shmipc__addr *addr, unsigned mode,
+                        struct shmipc__unix_file *file)
 {
     const struct sockaddr_un *un = (const struct sockaddr_un *)&addr->ss;
-    int is_path = addr->family == AF_UNIX && un->sun_path[0] != '\0';
     int fd = socket(addr->family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    memset(file, 0, sizeof *file);
     if (fd < 0)
         return shmipc__fail_errno(errno, "listen %s: socket", addr->text);
     if (addr->family != AF_UNIX) {
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     }
-    int rc;
-    if (is_path) {
+    if (addr->family == AF_UNIX && un->sun_path[0] != '\0') {
         char path[sizeof un->sun_path + 1];
         size_t plen = addr->len - offsetof(struct sockaddr_un, sun_path);
         if (plen > sizeof un->sun_path)
             plen = sizeof un->sun_path;
         memcpy(path, un->sun_path, plen);
         path[plen] = '\0';
-        rc = bind_private(fd, addr, path, mode);
+        int rc = shmipc__unix_bind_listen(fd, path, mode, LISTEN_BACKLOG, file);
         if (rc < 0) {
             close(fd);
-            if (rc == -EADDRINUSE)
+            /* A regular file (or anything but a socket) there is "in use" too. */
+            if (rc == -EADDRINUSE || rc == -EEXIST)
                 return shmipc__fail(SHMIPC_EADDRINUSE, "listen %s: address in use", addr->text);
             return shmipc__fail_errno(-rc, "listen %s: bind", addr->text);
         }
-    } else if (bind(fd, (const struct sockaddr *)&addr->ss, addr->len) < 0) {
+        return fd;
+    }
+    if (bind(fd, (const struct sockaddr *)&addr->ss, addr->len) < 0) {
         int err = errno;
         close(fd);
         if (err == EADDRINUSE)
             return shmipc__fail(SHMIPC_EADDRINUSE, "listen %s: address in use", addr->text);
         return shmipc__fail_errno(err, "listen %s: bind", addr->text);
     }
-    if (listen(fd, 1024) < 0) {
+    if (listen(fd, LISTEN_BACKLOG) < 0) {
         int err = errno;
         close(fd);
-        if (is_path)
-            unlink(un->sun_path);
         return shmipc__fail_errno(err, "listen %s", addr->text);
     }
     return fd;

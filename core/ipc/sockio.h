@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "common/unixsock.h"
+
 /* A parsed address: "unix:PATH", "unix:@NAME" (abstract), a path starting with '/' or '.',
  * "tcp:HOST:PORT", or "HOST:PORT" (IPv6 as "[::1]:PORT"). */
 struct shmipc__addr {
@@ -48,9 +50,11 @@ int shmipc__sock_connect(const struct shmipc__addr *addr, uint64_t deadline);
 
 /*
  * Binds and listens on `addr` (CLOEXEC, non-blocking). A unix path whose socket nobody is
- * listening on any more is replaced; a live one is SHMIPC_EADDRINUSE. The socket file is
- * created with mode 0600 unless `mode` says otherwise.
+ * listening on any more is replaced; a live one, or anything but a socket, is
+ * SHMIPC_EADDRINUSE. The socket file is created with mode 0600 unless `mode` says otherwise and
+ * appears only once the socket listens (shmipc__unix_bind_listen); `file` records it.
  */
-int shmipc__sock_listen(const struct shmipc__addr *addr, unsigned mode);
+int shmipc__sock_listen(const struct shmipc__addr *addr, unsigned mode,
+                        struct shmipc__unix_file *file);
 
 #endif

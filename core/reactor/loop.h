@@ -18,6 +18,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "common/unixsock.h"
+
 struct shmipc__loop;
 struct shmipc__conn;
 struct shmipc__acceptor;
@@ -348,25 +350,18 @@ int shmipc__is_unix_host(const char *host);
 /** 0 when "unix:..." names a socket shmipc__unix_listen() can make, else its error. */
 int shmipc__unix_host_check(const char *host);
 
-/** The socket file a unix listener made, so that closing removes that file and no other. */
-struct shmipc__unix_file {
-    char path[108]; /* sun_path; "" for an abstract name (nothing to remove) */
-    dev_t dev;
-    ino_t ino;
-};
-
 /**
  * A listening unix socket on "unix:PATH" or "unix:@NAME" (abstract, no file). A PATH that
  * exists is replaced only when it is a socket nothing accepts on (a stale file left by a dead
  * server); a live socket is SHMIPC_EADDRINUSE; anything else there (a regular file, a symbolic
  * link, a directory, a FIFO) is SHMIPC_EEXIST and left as it is. The file is created with the
  * process's umask. A name longer than sun_path holds is SHMIPC_ENAMETOOLONG; an empty one
- * SHMIPC_EINVAL. `file` records what was made, for shmipc__unix_unlink().
+ * SHMIPC_EINVAL. The file appears only once the socket listens. `file` records what was made,
+ * for shmipc__unix_unlink().
  */
 int shmipc__unix_listen(const char *host, int backlog, int *out_fd, struct shmipc__unix_file *file);
 
-/** Removes the socket file shmipc__unix_listen() made, if the path still holds that file. */
-void shmipc__unix_unlink(struct shmipc__unix_file *file);
+/* shmipc__unix_unlink() (common/unixsock.h) removes the file, if the path still holds it. */
 
 /** SHMIPC_WORKERS, or the number of online CPUs when unset. Refuses values outside 1..1024. */
 int shmipc__workers_default(unsigned *out);

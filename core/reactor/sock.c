@@ -373,17 +373,6 @@ int shmipc__unix_host_check(const char *host)
 /* True when something accepts connections on the socket (or it cannot be told: then the
  * file is not removed). Non-blocking: a blocking connect to a live server whose backlog is
  * full would wait for it; EAGAIN says it is alive. */
-static int unix_alive(const struct sockaddr_un *un, socklen_t len)
-{
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-        return 1;
-    int alive = connect(fd, (const struct sockaddr *)un, len) == 0 ||
-                (errno != ECONNREFUSED && errno != ENOENT);
-    close(fd);
-    return alive;
-}
-
 static const char *file_kind(mode_t m)
 {
     return S_ISLNK(m)    ? "a symbolic link"
@@ -404,60 +393,41 @@ int shmipc__unix_listen(const char *host, int backlog, int *out_fd, struct shmip
     memset(file, 0, sizeof *file);
     if ((rc = unix_addr(host, &un, &len)) < 0)
         return rc;
-    int is_path = un.sun_path[0] != '\0';
-    /* What nginx leaves to the operator, done carefully: a stale socket file (its server
-     * died) is replaced; lstat, not stat, so that a symbolic link is never followed to a file
-     * that would then be removed. */
-    if (is_path) {
-        if (lstat(un.sun_path, &st) == 0) {
-            if (!S_ISSOCK(st.st_mode))
-                return shmipc__fail(SHMIPC_EEXIST,
-                                    "listen %s: the path exists and is %s, not a socket; "
-                                    "it is left as it is",
-                                    host, file_kind(st.st_mode));
-            if (unix_alive(&un, len))
-                return shmipc__fail(SHMIPC_EADDRINUSE,
-                                    "listen %s: a server already accepts on this socket", host);
-            if (unlink(un.sun_path) < 0 && errno != ENOENT)
-                return shmipc__fail_errno(errno, "listen %s: removing the stale socket", host);
-        } else if (errno != ENOENT) {
-            return shmipc__fail_errno(errno, "listen %s: lstat", host);
-        }
-    }
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return shmipc__fail_errno(errno, "listen %s: socket", host);
-    /* bind never replaces: whatever appeared at the path since the check is EADDRINUSE. */
-    if (bind(fd, (struct sockaddr *)&un, len) < 0) {
-        rc = errno == EADDRINUSE
-                 ? shmipc__fail(SHMIPC_EADDRINUSE, "listen %s: address in use", host)
-                 : shmipc__fail_errno(errno, "listen %s: bind", host);
-        close(fd);
-        return rc;
+    if (backlog <= 0)
+        backlog = SOMAXCONN;
+    if (un.sun_path[0] == '\0') { /* abstract: no file */
+        if (bind(fd, (struct sockaddr *)&un, len) < 0 || listen(fd, backlog) < 0) {
+            rc = errno == EADDRINUSE
+                     ? shmipc__fail(SHMIPC_EADDRINUSE, "listen %s: address in use", host)
+                     : shmipc__fail_errno(errno, "listen %s", host);
+            close(fd);
+            return rc;
+        }
+        *out_fd = fd;
+        return 0;
     }
-    if (is_path && lstat(un.sun_path, &st) == 0) {
-        memcpy(file->path, un.sun_path, sizeof file->path);
-        file->dev = st.st_dev;
-        file->ino = st.st_ino;
-    }
-    if (listen(fd, backlog > 0 ? backlog : SOMAXCONN) < 0) {
-        rc = shmipc__fail_errno(errno, "listen %s: listen", host);
+    /* What nginx leaves to the operator, done carefully (shmipc__unix_bind_listen): the file
+     * appears once the socket listens; a stale socket file (its server died) is replaced, and
+     * nothing else is. */
+    rc = shmipc__unix_bind_listen(fd, un.sun_path, 0, backlog, file);
+    if (rc < 0) {
         close(fd);
-        shmipc__unix_unlink(file);
-        return rc;
+        if (rc == -EADDRINUSE)
+            return shmipc__fail(SHMIPC_EADDRINUSE,
+                                "listen %s: a server already accepts on this socket", host);
+        if (rc == -EEXIST)
+            return shmipc__fail(
+                SHMIPC_EEXIST,
+                "listen %s: the path exists and is %s, not a socket; "
+                "it is left as it is",
+                host, lstat(un.sun_path, &st) == 0 ? file_kind(st.st_mode) : "not a socket");
+        return shmipc__fail_errno(-rc, "listen %s", host);
     }
     *out_fd = fd;
     return 0;
-}
-
-void shmipc__unix_unlink(struct shmipc__unix_file *file)
-{
-    struct stat st;
-    /* Only the file this listener made: a path another server took over since stays. */
-    if (file->path[0] != '\0' && lstat(file->path, &st) == 0 && S_ISSOCK(st.st_mode) &&
-        st.st_dev == file->dev && st.st_ino == file->ino)
-        unlink(file->path);
-    file->path[0] = '\0';
 }
 
 int shmipc__workers_default(unsigned *out)

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "ipc_helpers.h"
+#include "unix_race.h"
 #include "shmipc.h"
 
 static char address[128];
@@ -312,6 +313,67 @@ static void socket_file_mode_and_stale_replacement(void **state)
     assert_int_equal(shmipc_listener_new("unix:", NULL, &again), SHMIPC_ENAMETOOLONG);
     assert_int_equal(shmipc_listener_new("nonsense", NULL, &again), SHMIPC_EINVAL);
     assert_int_equal(shmipc_listener_new("tcp:127.0.0.1:99999", NULL, &again), SHMIPC_EINVAL);
+}
+
+static int listener_open(const char *addr, void **out)
+{
+    return shmipc_listener_new(addr, NULL, (shmipc_listener **)out);
+}
+
+static void listener_close(void *l)
+{
+    shmipc_listener_close(l);
+}
+
+static const struct unix_race_ops listener_ops = {listener_open, listener_close};
+
+/* The socket file appears only once the socket listens: a client that sees the path (a test, a
+ * supervisor waiting for it) and connects at once is never refused. The file used to be renamed
+ * into place before listen(), and a connect in between got ECONNREFUSED (the README's C example
+ * failed so in CI). */
+static void socket_file_appears_only_when_listening(void **state)
+{
+    (void)state;
+    char path[64], addr[80];
+    snprintf(path, sizeof path, "/tmp/shmipc-test-appear-%d.sock", (int)getpid());
+    snprintf(addr, sizeof addr, "unix:%s", path);
+    unix_race_appear(path, addr, &listener_ops, 300);
+}
+
+/* Two listeners started at once on one path (two copies of a service, a restart racing the old
+ * one): exactly one gets it, the other gets SHMIPC_EADDRINUSE. The loser's "is the file stale?"
+ * probe used to run before the winner listened, found it refusing, and replaced it: both
+ * succeeded and the first one was left listening on a name nobody can reach. */
+static void two_listeners_racing_for_a_path_one_wins(void **state)
+{
+    (void)state;
+    char path[64], addr[80];
+    snprintf(path, sizeof path, "/tmp/shmipc-test-race-%d.sock", (int)getpid());
+    snprintf(addr, sizeof addr, "unix:%s", path);
+    unix_race_two(path, addr, &listener_ops, 200);
+}
+
+/* The close removes the listener's own socket file only: a file someone put at the path since
+ * (here a regular file after an operator's `rm`) stays. It used to be unlinked whatever it was. */
+static void replaced_file_not_removed_at_close(void **state)
+{
+    (void)state;
+    char path[64], addr[80];
+    struct stat st;
+    shmipc_listener *l;
+    snprintf(path, sizeof path, "/tmp/shmipc-test-replaced-%d.sock", (int)getpid());
+    snprintf(addr, sizeof addr, "unix:%s", path);
+    unlink(path);
+    assert_int_equal(shmipc_listener_new(addr, NULL, &l), 0);
+    assert_int_equal(unlink(path), 0);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("not yours", f);
+    fclose(f);
+    shmipc_listener_close(l);
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    unlink(path);
 }
 
 /* A live socket whose backlog is full still counts as live, and finding that out never blocks:
@@ -804,6 +866,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(a_busy_session_does_not_starve_new_clients),
         cmocka_unit_test(stop_from_another_thread),
         cmocka_unit_test(socket_file_mode_and_stale_replacement),
+        cmocka_unit_test(socket_file_appears_only_when_listening),
+        cmocka_unit_test(two_listeners_racing_for_a_path_one_wins),
+        cmocka_unit_test(replaced_file_not_removed_at_close),
         cmocka_unit_test(accept_timeout),
         cmocka_unit_test(accept_any_negative_timeout_waits_forever),
         cmocka_unit_test(stalling_clients_do_not_delay_accept),

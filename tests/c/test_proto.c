@@ -158,7 +158,8 @@ static void client_v3_handshake_matches_capture(void **state)
     pthread_t t;
     void *ret;
     assert_int_equal(shmipc__addr_parse("unix:@shmipc-test-proto", &addr), 0);
-    int lfd = shmipc__sock_listen(&addr, 0600);
+    struct shmipc__unix_file file; /* none: an abstract name */
+    int lfd = shmipc__sock_listen(&addr, 0600, &file);
     assert_true(lfd >= 0);
     assert_int_equal(pthread_create(&t, NULL, client_main, &s), 0);
     assert_int_equal(shmipc__fd_wait(lfd, 1 /* POLLIN */, 0), 0);

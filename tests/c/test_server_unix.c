@@ -4,7 +4,8 @@
  * close, a stale socket file replaced, a live one refused, and the hostile paths: a regular
  * file, a symbolic link (to a file, dangling) and a directory at the path are refused with
  * SHMIPC_EEXIST and left exactly as they were; a path too long is refused at set time; a
- * socket file replaced by someone else while the server ran is not removed at close.
+ * socket file replaced by someone else while the server ran is not removed at close; the file
+ * appears only once the server listens, and of two servers started at once on one path one wins.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include "shmipc.h"
+#include "unix_race.h"
 
 static int suite_backend = SHMIPC_BACKEND_EPOLL;
 static int seq;
@@ -206,6 +208,41 @@ static void live_socket_refused(void **state)
     assert_int_equal(access(path, F_OK), -1);
 }
 
+static int server_open(const char *addr, void **out)
+{
+    return start(addr, 1, (shmipc_server **)out);
+}
+
+static void server_close(void *s)
+{
+    shmipc_server_close(s);
+}
+
+static const struct unix_race_ops server_ops = {server_open, server_close};
+
+/* The socket file appears only once the server listens: a client that sees it and connects at
+ * once is never refused (it was bound at its path, then made to listen). */
+static void socket_file_appears_only_when_listening(void **state)
+{
+    char path[128], addr[160];
+    (void)state;
+    tmp_path(path, sizeof path, "appear.sock");
+    snprintf(addr, sizeof addr, "unix:%s", path);
+    unix_race_appear(path, addr, &server_ops, 400);
+}
+
+/* Two servers started at once on one path: one gets it, the other SHMIPC_EADDRINUSE. The
+ * second's "is the file stale?" probe used to find the first's socket still refusing (bound,
+ * not yet listening), remove it and bind its own: both started, the first unreachable. */
+static void two_servers_racing_for_a_path_one_wins(void **state)
+{
+    char path[128], addr[160];
+    (void)state;
+    tmp_path(path, sizeof path, "race.sock");
+    snprintf(addr, sizeof addr, "unix:%s", path);
+    unix_race_two(path, addr, &server_ops, 400);
+}
+
 /* A live listener whose backlog is full (it accepts nothing): the start says "in use" at once
  * rather than waiting in a blocking connect for the backlog to drain. */
 static void busy_live_socket_refused_without_waiting(void **state)
@@ -361,7 +398,9 @@ static void replaced_file_not_removed_at_close(void **state)
         cmocka_unit_test(stale_socket_replaced), cmocka_unit_test(live_socket_refused),            \
         cmocka_unit_test(busy_live_socket_refused_without_waiting),                                \
         cmocka_unit_test(not_a_socket_refused_and_kept),                                           \
-        cmocka_unit_test(replaced_file_not_removed_at_close)
+        cmocka_unit_test(replaced_file_not_removed_at_close),                                      \
+        cmocka_unit_test(socket_file_appears_only_when_listening),                                 \
+        cmocka_unit_test(two_servers_racing_for_a_path_one_wins)
 
 int main(int argc, char **argv)
 {

@@ -355,13 +355,15 @@ static int connect_to_script(struct scripted *sc, int fallback)
     shmipc_config *cfg;
     pick_address();
     assert_int_equal(shmipc__addr_parse(address, &addr), 0);
-    sc->lfd = shmipc__sock_listen(&addr, 0600);
+    struct shmipc__unix_file file;
+    sc->lfd = shmipc__sock_listen(&addr, 0600, &file);
     assert_true(sc->lfd >= 0);
     assert_int_equal(pthread_create(&t, NULL, scripted_main, sc), 0);
     assert_int_equal(shmipc_config_new(&cfg), 0);
     assert_int_equal(shmipc_config_set_protocol(cfg, SHMIPC_PROTOCOL_V4, fallback), 0);
     int rc = shmipc_session_connect(address, cfg, &s);
     pthread_join(t, NULL);
+    shmipc__unix_unlink(&file);
     close(sc->lfd);
     shmipc_session_close(s);
     shmipc_config_free(cfg);
@@ -461,7 +463,8 @@ static void v4_probe_is_paid_once_per_address(void **state)
     shmipc__v4_legacy_clear();
     pick_address();
     assert_int_equal(shmipc__addr_parse(address, &addr), 0);
-    g.lfd = shmipc__sock_listen(&addr, 0600);
+    struct shmipc__unix_file file;
+    g.lfd = shmipc__sock_listen(&addr, 0600, &file);
     assert_true(g.lfd >= 0);
     assert_int_equal(pthread_create(&t, NULL, go_like_main, &g), 0);
     assert_int_equal(shmipc_config_new(&cfg), 0);
@@ -489,6 +492,7 @@ static void v4_probe_is_paid_once_per_address(void **state)
     }
     for (int i = 0; i < g.v4_hellos && i < 8; i++)
         close(g.held[i]);
+    shmipc__unix_unlink(&file);
     close(g.lfd);
     shmipc_config_free(cfg);
     shmipc__v4_legacy_clear();
