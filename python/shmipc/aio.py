@@ -129,10 +129,12 @@ async def _wait(loop, session):
         w.discard(fut)
 
 
-async def _until(stream, attempt):
+async def _until(stream, attempt, loop=None):
     """Calls attempt() (a non-blocking call returning None for 'not yet') until it returns
-    something, waiting for the stream's session between attempts."""
-    loop = asyncio.get_running_loop()
+    something, waiting for the stream's session between attempts. `loop`: the running loop,
+    when the caller knows it (asyncio.get_running_loop() is a getpid() system call)."""
+    if loop is None:
+        loop = asyncio.get_running_loop()
     session = stream.session
     delay = _POLL_MIN
     while True:
@@ -273,11 +275,17 @@ class AsyncStream:
 
 async def accept_stream(session):
     """Await the next stream the peer opens on a server Session."""
-    return await _until_session(session, lambda: session.accept_stream(nonblock=True))
+    return await _accept_stream(session)
 
 
-async def _until_session(session, attempt):
-    loop = asyncio.get_running_loop()
+async def _accept_stream(session, loop=None):
+    """accept_stream() on `loop`, the running loop when the caller knows it (as _until)."""
+    return await _until_session(session, lambda: session.accept_stream(nonblock=True), loop)
+
+
+async def _until_session(session, attempt, loop=None):
+    if loop is None:
+        loop = asyncio.get_running_loop()
     while True:
         _drive(loop, session)
         result = attempt()

@@ -76,7 +76,7 @@ class _LoopExchange(_Exchange):
         """attempt() (non-blocking, None for "not yet") until it gives something, bounded by
         the stream's read timeout when it has one."""
         limit = self.st.read_timeout
-        wait = aio._until(self.st, attempt)
+        wait = aio._until(self.st, attempt, self.loop)
         if limit is None or limit < 0:
             return await wait
         try:
@@ -219,7 +219,9 @@ class ASGIWorker:
 
     async def _parked_on(self, aw):
         """`aw` unless a stop comes first (then None)."""
-        task = asyncio.current_task()
+        # The loop named: current_task() without it asks get_running_loop(), a getpid() system
+        # call (CPython checks for a fork), which this does three times a request.
+        task = asyncio.current_task(self.loop)
         if self._stopping.is_set():
             if asyncio.iscoroutine(aw):
                 aw.close()
@@ -273,7 +275,7 @@ class ASGIWorker:
                 if await self._parked_on(mine.acquire()) is None:
                     break
                 try:
-                    st = await self._parked_on(aio.accept_stream(s))
+                    st = await self._parked_on(aio._accept_stream(s, self.loop))
                 except shmipc.Error as e:
                     mine.release()
                     log.debug("shmipc-serve worker: the front's session ended: %s", e)
