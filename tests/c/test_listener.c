@@ -334,10 +334,9 @@ static const struct unix_race_ops listener_ops = {listener_open, listener_close}
 static void socket_file_appears_only_when_listening(void **state)
 {
     (void)state;
-    char path[64], addr[80];
+    char path[64];
     snprintf(path, sizeof path, "/tmp/shmipc-test-appear-%d.sock", (int)getpid());
-    snprintf(addr, sizeof addr, "unix:%s", path);
-    unix_race_appear(path, addr, &listener_ops, 300);
+    unix_race_appear(path, &listener_ops, 300);
 }
 
 /* Two listeners started at once on one path (two copies of a service, a restart racing the old
@@ -347,10 +346,9 @@ static void socket_file_appears_only_when_listening(void **state)
 static void two_listeners_racing_for_a_path_one_wins(void **state)
 {
     (void)state;
-    char path[64], addr[80];
+    char path[64];
     snprintf(path, sizeof path, "/tmp/shmipc-test-race-%d.sock", (int)getpid());
-    snprintf(addr, sizeof addr, "unix:%s", path);
-    unix_race_two(path, addr, &listener_ops, 200);
+    unix_race_two(path, &listener_ops, 200);
 }
 
 /* The close removes the listener's own socket file only: a file someone put at the path since

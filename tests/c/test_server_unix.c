@@ -224,11 +224,10 @@ static const struct unix_race_ops server_ops = {server_open, server_close};
  * once is never refused (it was bound at its path, then made to listen). */
 static void socket_file_appears_only_when_listening(void **state)
 {
-    char path[128], addr[160];
+    char path[128];
     (void)state;
     tmp_path(path, sizeof path, "appear.sock");
-    snprintf(addr, sizeof addr, "unix:%s", path);
-    unix_race_appear(path, addr, &server_ops, 400);
+    unix_race_appear(path, &server_ops, 400);
 }
 
 /* Two servers started at once on one path: one gets it, the other SHMIPC_EADDRINUSE. The
@@ -236,11 +235,10 @@ static void socket_file_appears_only_when_listening(void **state)
  * not yet listening), remove it and bind its own: both started, the first unreachable. */
 static void two_servers_racing_for_a_path_one_wins(void **state)
 {
-    char path[128], addr[160];
+    char path[128];
     (void)state;
     tmp_path(path, sizeof path, "race.sock");
-    snprintf(addr, sizeof addr, "unix:%s", path);
-    unix_race_two(path, addr, &server_ops, 400);
+    unix_race_two(path, &server_ops, 400);
 }
 
 /* A live listener whose backlog is full (it accepts nothing): the start says "in use" at once

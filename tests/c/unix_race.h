@@ -83,9 +83,10 @@ static inline void unix_race_wait(int *counter, int seen, int *stop_if)
 
 /* `rounds` listeners opened and closed on `path` while a thread connects the moment the file
  * appears: no connect is refused, and some found a listener. */
-static inline void unix_race_appear(const char *path, const char *addr,
-                                    const struct unix_race_ops *ops, int rounds)
+static inline void unix_race_appear(const char *path, const struct unix_race_ops *ops, int rounds)
 {
+    char addr[160];
+    snprintf(addr, sizeof addr, "unix:%s", path);
     unlink(path);
     struct unix_race_prober p = {.path = path};
     pthread_t t;
@@ -128,10 +129,11 @@ static inline void *unix_race_racer_main(void *arg)
 
 /* `rounds` times two listeners opened at once on `path`: exactly one gets it, the other
  * SHMIPC_EADDRINUSE. */
-static inline void unix_race_two(const char *path, const char *addr,
-                                 const struct unix_race_ops *ops, int rounds)
+static inline void unix_race_two(const char *path, const struct unix_race_ops *ops, int rounds)
 {
+    char addr[160];
     int both = 0;
+    snprintf(addr, sizeof addr, "unix:%s", path);
     for (int i = 0; i < rounds; i++) {
         unlink(path);
         pthread_barrier_t go;
