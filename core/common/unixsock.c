@@ -1,5 +1,7 @@
 #include "unixsock.h"
 
+#include "log.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -7,6 +9,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+void (*shmipc__unix_bind_hook)(int stage, const char *path, const char *bound);
+
+/* A stale socket the exchange took out may be replaced meanwhile, or the path emptied: so many
+ * goes at placing ours before "in use". */
+#define PLACE_TRIES 4
 
 int shmipc__unix_alive(const struct sockaddr_un *un, socklen_t len)
 {
@@ -19,36 +27,107 @@ int shmipc__unix_alive(const struct sockaddr_un *un, socklen_t len)
     return alive;
 }
 
-/*
- * Puts the listening socket `dfd`/"s" at `path`. RENAME_NOREPLACE keeps "address in use"
- * atomic. A stale socket file is replaced by an exchange, undone when what came out is not the
- * file found stale (another process put its own there meanwhile); a filesystem without exchange
- * gets a plain rename. Whatever is left at `dfd`/"s" is the caller's to remove.
- */
-static int place(int dfd, const char *path)
+static void bound_name(int dfd, struct sockaddr_un *un)
+{
+    memset(un, 0, sizeof *un);
+    un->sun_family = AF_UNIX;
+    snprintf(un->sun_path, sizeof un->sun_path, "/proc/self/fd/%d/s", dfd);
+}
+
+/* `dfd`/"s" to `path` unless something is there (-EEXIST). A filesystem without
+ * RENAME_NOREPLACE gets a hard link, which never replaces either. */
+static int put_noreplace(int dfd, const char *path)
 {
     if (renameat2(dfd, "s", AT_FDCWD, path, RENAME_NOREPLACE) == 0)
         return 0;
-    if (errno != EEXIST)
+    if (errno != EINVAL)
         return -errno;
-    struct stat st, out;
-    if (lstat(path, &st) < 0)
-        return errno == ENOENT ? -EADDRINUSE : -errno; /* gone meanwhile: someone is at it */
-    if (!S_ISSOCK(st.st_mode))
-        return -EEXIST;
-    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    if (linkat(dfd, "s", AT_FDCWD, path, 0) < 0)
+        return -errno;
+    unlinkat(dfd, "s", 0);
+    return 0;
+}
+
+/* True when `dfd`/"s" is a socket nothing accepts on. What its inode number says is not asked:
+ * a filesystem may give a freed one to the next file made. */
+static int stale_here(int dfd)
+{
+    struct stat st;
+    struct sockaddr_un un;
+    if (fstatat(dfd, "s", &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISSOCK(st.st_mode))
+        return 0;
+    bound_name(dfd, &un);
+    return !shmipc__unix_alive(&un, sizeof un);
+}
+
+/*
+ * Puts the listening socket `dfd`/"s" at `path`: 0, -EADDRINUSE (a live socket there),
+ * -EEXIST (not a socket there) or -errno. A stale socket file is swapped out with
+ * RENAME_EXCHANGE and looked at where it landed, in our private directory: anything but a
+ * socket nothing accepts on (another process put its own at the path between our look and the
+ * exchange) is swapped back. What is left at `dfd`/"s" is the caller's to remove unless *keep
+ * says it is not ours (`mine`: our socket) nor a stale socket: nothing of another's is removed.
+ */
+static int place(int dfd, const char *path, const char *dir, const struct stat *mine, int *keep)
+{
+    struct sockaddr_un un = {.sun_family = AF_UNIX}, bound;
+    struct stat st;
+    int rc = -EADDRINUSE;
     if (strlen(path) >= sizeof un.sun_path)
         return -ENAMETOOLONG;
     memcpy(un.sun_path, path, strlen(path) + 1);
-    if (shmipc__unix_alive(&un, sizeof un))
+    for (int tries = 0; tries < PLACE_TRIES; tries++) {
+        if ((rc = put_noreplace(dfd, path)) != -EEXIST)
+            return rc;
+        if (lstat(path, &st) < 0) {
+            if (errno == ENOENT)
+                continue; /* gone meanwhile: try again */
+            return -errno;
+        }
+        if (!S_ISSOCK(st.st_mode))
+            return -EEXIST;
+        if (shmipc__unix_alive(&un, sizeof un))
+            return -EADDRINUSE;
+        if (shmipc__unix_bind_hook != NULL) {
+            bound_name(dfd, &bound);
+            shmipc__unix_bind_hook(SHMIPC__UNIX_HOOK_EXCHANGE, path, bound.sun_path);
+        }
+        if (renameat2(dfd, "s", AT_FDCWD, path, RENAME_EXCHANGE) < 0) {
+            if (errno == ENOENT)
+                continue;
+            if (errno != EINVAL)
+                return -errno;
+            /* No exchange on this filesystem: remove the stale file and place ours without
+             * replacing. A file put there between the look and the unlink is removed: the
+             * window every unlink-and-bind server has. */
+            if (unlink(path) < 0 && errno != ENOENT)
+                return -errno;
+            continue;
+        }
+        if (stale_here(dfd))
+            return 0; /* the caller removes it */
+        /* Not the stale file: give it back. */
+        if (shmipc__unix_bind_hook != NULL) {
+            bound_name(dfd, &bound);
+            shmipc__unix_bind_hook(SHMIPC__UNIX_HOOK_GIVE_BACK, path, bound.sun_path);
+        }
+        if (renameat2(dfd, "s", AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
+            struct stat back;
+            if (fstatat(dfd, "s", &back, AT_SYMLINK_NOFOLLOW) == 0 && back.st_dev == mine->st_dev &&
+                back.st_ino == mine->st_ino)
+                return -EADDRINUSE; /* ours, whose inode is in use: no other file has its number */
+            /* A third file had taken the path from ours: it is here now, theirs went back. */
+        } else if (errno == ENOENT && put_noreplace(dfd, path) == 0) {
+            return -EADDRINUSE; /* ours had left the path: theirs went back, nothing replaced */
+        }
+        *keep = 1;
+        SHMIPC__LOG(SHMIPC__LOG_WARN,
+                    "listen %s: files were swapped at the path while it was being taken; one "
+                    "that is not ours is kept in %s",
+                    path, dir);
         return -EADDRINUSE;
-    if (renameat2(dfd, "s", AT_FDCWD, path, RENAME_EXCHANGE) < 0)
-        return errno == EINVAL && renameat(dfd, "s", AT_FDCWD, path) == 0 ? 0 : -errno;
-    if (fstatat(dfd, "s", &out, AT_SYMLINK_NOFOLLOW) == 0 && out.st_dev == st.st_dev &&
-        out.st_ino == st.st_ino)
-        return 0;                                         /* the stale file is at dfd/"s" now */
-    renameat2(dfd, "s", AT_FDCWD, path, RENAME_EXCHANGE); /* not the stale file: give it back */
-    return -EADDRINUSE;
+    }
+    return rc;
 }
 
 int shmipc__unix_bind_listen(int fd, const char *path, unsigned mode, int backlog,
@@ -57,8 +136,9 @@ int shmipc__unix_bind_listen(int fd, const char *path, unsigned mode, int backlo
     char dir[256]; /* sun_path (108) plus the temporary name */
     const char *slash = strrchr(path, '/');
     size_t dlen = slash ? (size_t)(slash - path) : 0;
+    struct sockaddr_un tmp;
     struct stat st;
-    int rc;
+    int rc, keep = 0;
     memset(file, 0, sizeof *file);
     if (strlen(path) >= sizeof file->path)
         return -ENAMETOOLONG;
@@ -77,21 +157,26 @@ int shmipc__unix_bind_listen(int fd, const char *path, unsigned mode, int backlo
         return rc;
     }
     /* Through /proc/self/fd/<dirfd>/s the bound name stays short whatever the length of path. */
-    struct sockaddr_un tmp = {.sun_family = AF_UNIX};
-    snprintf(tmp.sun_path, sizeof tmp.sun_path, "/proc/self/fd/%d/s", dfd);
+    bound_name(dfd, &tmp);
     if (bind(fd, (const struct sockaddr *)&tmp, sizeof tmp) < 0 ||
         (mode != 0 && fchmodat(dfd, "s", mode, 0) < 0) ||
-        fstatat(dfd, "s", &st, AT_SYMLINK_NOFOLLOW) < 0 || listen(fd, backlog) < 0)
+        fstatat(dfd, "s", &st, AT_SYMLINK_NOFOLLOW) < 0 || listen(fd, backlog) < 0) {
         rc = -errno;
-    else if ((rc = place(dfd, path)) == 0) {
-        memcpy(file->path, path, strlen(path) + 1);
-        file->dev = st.st_dev;
-        file->ino = st.st_ino;
+    } else {
+        if (shmipc__unix_bind_hook != NULL)
+            shmipc__unix_bind_hook(SHMIPC__UNIX_HOOK_PLACE, path, tmp.sun_path);
+        if ((rc = place(dfd, path, dir, &st, &keep)) == 0) {
+            memcpy(file->path, path, strlen(path) + 1);
+            file->dev = st.st_dev;
+            file->ino = st.st_ino;
+        }
     }
-    /* Ours after a failure; the stale file after an exchange; nothing after a rename. */
-    unlinkat(dfd, "s", 0);
+    if (!keep) {
+        /* Ours after a failure; the stale file after an exchange; nothing after a rename. */
+        unlinkat(dfd, "s", 0);
+        rmdir(dir);
+    }
     close(dfd);
-    rmdir(dir);
     return rc;
 }
 

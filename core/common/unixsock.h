@@ -30,10 +30,22 @@ int shmipc__unix_alive(const struct sockaddr_un *un, socklen_t len);
  * exists at `path` with another mode, and a client that sees it can connect at once. A socket
  * file at `path` that nothing accepts on (its server died) is replaced; a live one is
  * -EADDRINUSE; anything else there (a regular file, a symbolic link, a directory) is -EEXIST and
- * left as it is. `file` records what was made. Returns 0 or -errno.
+ * left as it is. A stale socket is swapped out with RENAME_EXCHANGE and swapped back unless what
+ * came out is a socket nothing accepts on. `file` records what was made. Returns 0 or -errno.
+ * The kernel keeps the name bound (/proc/self/fd/N/s): getsockname() and `ss -xl` show it, not
+ * `path`. Needs /proc.
  */
 int shmipc__unix_bind_listen(int fd, const char *path, unsigned mode, int backlog,
                              struct shmipc__unix_file *file);
+
+/**
+ * Tests only: called by shmipc__unix_bind_listen() with the path and the bound socket's
+ * temporary name, at SHMIPC__UNIX_HOOK_PLACE once it listens, before it is put at the path,
+ * at SHMIPC__UNIX_HOOK_EXCHANGE when a stale socket found there is about to be swapped out, and
+ * at SHMIPC__UNIX_HOOK_GIVE_BACK when what came out was not stale and is about to go back.
+ */
+enum { SHMIPC__UNIX_HOOK_PLACE = 1, SHMIPC__UNIX_HOOK_EXCHANGE, SHMIPC__UNIX_HOOK_GIVE_BACK };
+extern void (*shmipc__unix_bind_hook)(int stage, const char *path, const char *bound);
 
 /** Removes the file `file` records if the path still holds that file, then forgets it. */
 void shmipc__unix_unlink(struct shmipc__unix_file *file);

@@ -370,9 +370,6 @@ int shmipc__unix_host_check(const char *host)
     return unix_addr(host, &un, &len);
 }
 
-/* True when something accepts connections on the socket (or it cannot be told: then the
- * file is not removed). Non-blocking: a blocking connect to a live server whose backlog is
- * full would wait for it; EAGAIN says it is alive. */
 static const char *file_kind(mode_t m)
 {
     return S_ISLNK(m)    ? "a symbolic link"
@@ -538,13 +535,15 @@ void shmipc__workers_free(struct shmipc__workers *g)
     if (g == NULL)
         return;
     stop_all(g);
+    /* Before the sockets close: a client finds no file rather than a refusing one, and the
+     * file is still ours (its inode in use) when it is compared. */
+    shmipc__unix_unlink(&g->unix_file);
     for (unsigned i = 0; i < g->count; i++) {
         if (g->w[i].started)
             pthread_join(g->w[i].thread, NULL);
         if (g->w[i].listen_fd >= 0)
             close(g->w[i].listen_fd);
     }
-    shmipc__unix_unlink(&g->unix_file);
     pthread_cond_destroy(&g->cond);
     pthread_mutex_destroy(&g->lock);
     free(g->w);
