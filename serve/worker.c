@@ -314,8 +314,12 @@ int main(int argc, char **argv)
      * front's heap (docs/serve.md, "Backpressure"). */
     /* The handshake's 10 s: a front's own connect timeout bounds its wait; the 1 s default
      * here failed fronts' handshakes on a loaded machine (the listener's thread gave up). */
+    /* Only the front may connect: on a unix socket (an abstract name is open to every local
+     * process) a client must run as our own uid, as the front does (docs/security.md). */
+    uint32_t me = (uint32_t)geteuid();
     if ((rc = shmipc_config_new(&cfg)) == 0 && (rc = shmipc_config_set_memory_wait(cfg, 1)) == 0 &&
-        (rc = shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 10000)) == 0)
+        (rc = shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 10000)) == 0 &&
+        (strncmp(address, "unix:", 5) != 0 || (rc = shmipc_config_set_peer_uids(cfg, &me, 1)) == 0))
         rc = shmipc_listener_new(address, cfg, &l);
     shmipc_config_free(cfg);
     if (rc < 0) {

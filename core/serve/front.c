@@ -204,6 +204,14 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
         f->ipc->timeout_ms[SHMIPC_TIMEOUT_INITIALIZE] = f->connect_ms;
         /* Its writes run on reactor threads: never wait for shared memory (fall back). */
         f->ipc->memory_wait = 0;
+        /* Workers are ours: unless the config names uids, a worker's socket must have been
+         * made by our own uid. A process of another uid that took a worker's abstract name
+         * (between a crash and the restart, say) is refused before any shared memory is made,
+         * so no client's request reaches it. */
+        if (f->ipc->npeer_uids == 0) {
+            uint32_t me = (uint32_t)geteuid();
+            rc = shmipc__config_set_peer_uids(f->ipc, &me, 1);
+        }
         pthread_mutex_lock(&f->mu);
         rc = set_locked(f, opts->workers, opts->nworkers);
         pthread_mutex_unlock(&f->mu);

@@ -73,7 +73,9 @@ struct shmipc__front_opts {
      * concurrency above 1 then gets up to that many requests at once (its own accept decides
      * the order). Only for workers that know HELLO; a pipeline over 1 offers it anyway. */
     uint8_t hello;
-    const shmipc_config *ipc; /* the sessions' config (copied); NULL: defaults */
+    /* The sessions' config (copied); NULL: defaults. Without peer uids, the front's own uid
+     * is the list: a worker socket made by another uid is refused. */
+    const shmipc_config *ipc;
     /* One line per finished request (serve/access_log.h), written from each reactor thread's
      * buffer; NULL: none. Borrowed: it outlives the front. */
     struct shmipc__access_log *access_log;

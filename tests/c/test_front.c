@@ -31,6 +31,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1852,6 +1853,69 @@ static void peer_address_is_the_connections_own(void **state)
     free(r);
 }
 
+/* A squatter on a worker's name, run as nobody: accepts sessions for a few seconds and writes
+ * 'S' on `out` for each one it got (the front's connect, and with it a client's request). */
+static void squat_as_nobody(const char *addr, int out)
+{
+    shmipc_listener *l;
+    if (setgid(65534) != 0 || setuid(65534) != 0 || shmipc_listener_new(addr, NULL, &l) < 0)
+        _exit(2);
+    if (write(out, "R", 1) != 1)
+        _exit(2);
+    uint64_t end = mono_ms() + 3000;
+    while (mono_ms() < end) {
+        shmipc_session *s;
+        if (shmipc_listener_accept(l, 100, &s) == 0) {
+            if (write(out, "S", 1) != 1)
+                _exit(2);
+            shmipc_session_close(s);
+        }
+    }
+    _exit(0);
+}
+
+/* A process of another uid takes a worker's abstract name (between a crash and the restart, or
+ * before the worker is up: any local process can bind an abstract name). The front's sessions
+ * accept only its own uid's sockets: it refuses the squatter before any shared memory is made,
+ * and the client's request (its headers, cookies, body) never reaches it; the client gets the
+ * deadline's 504. Root only (a second uid). Before, the front handed the squatter the request. */
+static void squatter_of_another_uid_gets_no_session(void **state)
+{
+    struct tc *t = *state;
+    if (geteuid() != 0)
+        skip();
+    struct appw *w = &t->w[0]; /* only its address: no worker of ours runs there */
+    snprintf(w->addr, sizeof w->addr, "unix:@shmipc-test-squat-%d-%d", (int)getpid(),
+             suite_backend);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        squat_as_nobody(w->addr, pfd[1]);
+    }
+    close(pfd[1]);
+    char c = 0;
+    assert_int_equal(read(pfd[0], &c, 1), 1);
+    assert_int_equal(c, 'R');
+    struct appw *ws[] = {w};
+    struct shmipc__front_opts o = {.deadline_ms = 1500, .connect_ms = 1000};
+    fx_start(&t->x, ws, 1, 1, &o);
+    struct resp p;
+    int status = request(t->x.port, "GET", "/private?token=secret", NULL, &p);
+    resp_free(&p);
+    int wstatus = 0, got = 0;
+    assert_int_equal(waitpid(pid, &wstatus, 0), pid);
+    while (read(pfd[0], &c, 1) == 1)
+        got += c == 'S';
+    close(pfd[0]);
+    assert_true(WIFEXITED(wstatus));
+    assert_int_equal(WEXITSTATUS(wstatus), 0);
+    assert_int_equal(got, 0);
+    assert_int_equal(status, 504);
+}
+
 /* The same on a unix-socket listener: both addresses are of family unix, port 0, for every
  * connection (a TCP-looking address would be another connection's). */
 static void peer_address_on_a_unix_listener(void **state)
@@ -2069,6 +2133,7 @@ static void connector_churn_under_load(void **state)
         T(refused_after_interim_head_not_resent), T(refused_queued_big_body_not_kept),             \
         T(memory_wait_config_never_stalls_the_front), T(peer_address_is_the_connections_own),      \
         T(peer_address_on_a_unix_listener), T(frozen_worker_connect_does_not_stall_the_thread),    \
+        T(squatter_of_another_uid_gets_no_session),                                                \
         T(frozen_worker_connect_does_not_hold_up_another_workers_connect),                         \
         T(connector_churn_under_load), T(pipeline_to_a_taken_worker),                              \
         T(pipeline_never_to_a_worker_without_hello),                                               \

@@ -683,3 +683,54 @@ def test_native_check(tmp_path, kind):
     r = run_cli("--check", "--chdir", chdir, *bad)
     assert r.returncode == 2 and "cannot be loaded by shmipc-serve-worker" in r.stderr, r.stderr
     assert ("no function nosuch" if kind == "c" else "nosuchmodule") in r.stderr
+
+
+NOBODY_CONNECT = """
+import sys
+import shmipc
+try:
+    s = shmipc.connect(sys.argv[1], shmipc.Config(initialize_timeout=5))
+except shmipc.Error as e:
+    print("refused", type(e).__name__)
+    sys.exit(0)
+print("connected")
+s.close()
+sys.exit(1)
+"""
+
+
+def worker_addresses(supervisor_pid):
+    """The abstract names the workers listen on, as /proc/net/unix shows them to any local
+    user (the last field of a listening socket's line)."""
+    with open("/proc/net/unix") as f:
+        return sorted({"unix:" + line.split()[-1] for line in f
+                       if f"@shmipc-serve-{supervisor_pid}-" in line})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a second uid (root runs it as nobody)")
+@pytest.mark.parametrize("kind", ["wsgi", "asgi", "c", "lua"])
+def test_workers_refuse_a_client_of_another_uid(tmp_path, kind):
+    # A worker listens on an abstract name, which every local process can find in
+    # /proc/net/unix and connect to: without the allow-list of its own uid, another user could
+    # send it requests directly (a forged peer address, a host the front would refuse, no
+    # limits) and hold its places. Run as nobody, the connect is refused; the front is served.
+    if kind in ("c", "lua"):
+        if not native_built(kind):
+            pytest.skip(f"no {kind} worker in this build")
+        app, chdir = NATIVE[kind]
+    else:
+        (tmp_path / "asgiapp.py").write_text(ASGI_APP)
+        app, chdir = (("cliapp:app",) if kind == "wsgi" else ("--asgi", "asgiapp:app")), None
+    s = Serve(tmp_path, workers=1, app=app, chdir=chdir)
+    try:
+        assert s.request("GET", "/")[0] in (200, 201)
+        addrs = worker_addresses(s.p.pid)
+        assert addrs, "no worker socket in /proc/net/unix"
+        for addr in addrs:
+            r = subprocess.run(["/usr/bin/python3", "-c", NOBODY_CONNECT, addr], user=65534,
+                               group=65534, env=python_env(), capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0 and r.stdout.startswith("refused"), (r.stdout, r.stderr)
+        assert s.request("GET", "/")[0] in (200, 201)
+    finally:
+        assert s.stop() == 0

@@ -30,6 +30,7 @@ import shmipc
 
 from .. import _serve as sf
 from .. import aio
+from .worker import own_uid_only
 from .wsgi import _ABORT_DRAIN_TIMEOUT, ProtocolViolation, RequestAborted, _Exchange, _hello_answer
 
 __all__ = ["ASGIWorker", "DEFAULT_CONCURRENCY", "MAX_CONCURRENCY"]
@@ -192,7 +193,8 @@ class ASGIWorker:
         self.peak = 0
         if config is None:
             # As worker.Worker: see its comment.
-            config = shmipc.Config(memory_wait=True, initialize_timeout=10)
+            config = shmipc.Config(memory_wait=True, initialize_timeout=10,
+                                   **own_uid_only(address))
         self.listener = shmipc.Listener(address, config)
         self.address = self.listener.address
         self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0, "hello": 0}

@@ -12,6 +12,7 @@ accepts its streams; they take turns through one lock.
 """
 
 import logging
+import os
 import threading
 import time
 
@@ -32,6 +33,12 @@ _REFUSE_MAX = 64
 # Refused streams are given at most this long, all their reads together: the one that
 # arrived after the stop, then those left in the session's accept queue (the C worker's too).
 _REFUSE_TIMEOUT = 5.0
+
+
+def own_uid_only(address):
+    """Config keywords that let only processes of our own uid connect to a unix `address`
+    (an abstract name is open to every local process); none for TCP, which carries no uid."""
+    return {"peer_uids": [os.geteuid()]} if str(address).startswith("unix:") else {}
 
 
 class Worker:
@@ -59,8 +66,10 @@ class Worker:
             # writes once the session's shared memory is full, instead of going over the
             # socket to the front's heap (docs/serve.md, "Backpressure"). The handshake gets
             # 10 s (the front's connect timeout bounds its own wait; 1 s failed on a loaded
-            # machine).
-            config = shmipc.Config(memory_wait=True, initialize_timeout=10)
+            # machine). Only the front may connect: on a unix socket (an abstract name is open
+            # to every local process) a client must run as our own uid, as the front does.
+            config = shmipc.Config(memory_wait=True, initialize_timeout=10,
+                                   **own_uid_only(address))
         self.listener = shmipc.Listener(address, config)
         self.address = self.listener.address
         self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0, "hello": 0}
