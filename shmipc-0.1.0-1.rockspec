@@ -49,6 +49,7 @@ build = {
             "core/common/clock.c",
             "core/common/log.c",
             "core/common/version.c",
+            "core/common/unixsock.c",
             "core/ipc/config.c",
             "core/ipc/handshake.c",
             "core/ipc/json.c",
