@@ -26,6 +26,13 @@
 #include "shmipc_serve.h"
 #include "worker.h"
 
+/* A unix socket address by the rule of shmipc's address parser: "unix:...", or a path or
+ * "@name" without the prefix; anything else is TCP, which carries no uid. */
+static int is_unix_address(const char *a)
+{
+    return strncmp(a, "unix:", 5) == 0 || a[0] == '/' || a[0] == '.' || a[0] == '@';
+}
+
 /* Blocking accepts wake this often to see a stop. */
 #define POLL_MS 200
 /* Refused requests: how long their frames are waited for, all reads together (the one that
@@ -319,7 +326,7 @@ int main(int argc, char **argv)
     uint32_t me = (uint32_t)geteuid();
     if ((rc = shmipc_config_new(&cfg)) == 0 && (rc = shmipc_config_set_memory_wait(cfg, 1)) == 0 &&
         (rc = shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, 10000)) == 0 &&
-        (strncmp(address, "unix:", 5) != 0 || (rc = shmipc_config_set_peer_uids(cfg, &me, 1)) == 0))
+        (!is_unix_address(address) || (rc = shmipc_config_set_peer_uids(cfg, &me, 1)) == 0))
         rc = shmipc_listener_new(address, cfg, &l);
     shmipc_config_free(cfg);
     if (rc < 0) {

@@ -74,6 +74,12 @@ static int parse_inet(const char *hostport, const char *text, struct shmipc__add
     return 0;
 }
 
+int shmipc__addr_is_unix(const char *text)
+{
+    return text != NULL &&
+           (strncmp(text, "unix:", 5) == 0 || text[0] == '/' || text[0] == '.' || text[0] == '@');
+}
+
 int shmipc__addr_parse(const char *text, struct shmipc__addr *out)
 {
     memset(out, 0, sizeof *out);
@@ -83,10 +89,8 @@ int shmipc__addr_parse(const char *text, struct shmipc__addr *out)
         return shmipc__fail(SHMIPC_ENAMETOOLONG, "address: longer than %zu bytes",
                             sizeof out->text - 1);
     strcpy(out->text, text);
-    if (strncmp(text, "unix:", 5) == 0)
-        return parse_unix(text + 5, text, out);
-    if (text[0] == '/' || text[0] == '.' || text[0] == '@')
-        return parse_unix(text, text, out);
+    if (shmipc__addr_is_unix(text))
+        return parse_unix(strncmp(text, "unix:", 5) == 0 ? text + 5 : text, text, out);
     if (strncmp(text, "tcp:", 4) == 0)
         return parse_inet(text + 4, text, out);
     return parse_inet(text, text, out);

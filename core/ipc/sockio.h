@@ -45,6 +45,10 @@ int shmipc__send_fds(int fd, const int *fds, int n, uint64_t deadline);
  */
 int shmipc__recv_fds(int fd, int *fds, int n, uint64_t deadline);
 
+/* Whether `text` names a unix socket ("unix:...", or a path or "@name" without the prefix),
+ * by the rule shmipc__addr_parse() follows; anything else is TCP. */
+int shmipc__addr_is_unix(const char *text);
+
 /* Connects a stream socket to `addr` within the deadline; returns the fd (CLOEXEC). */
 int shmipc__sock_connect(const struct shmipc__addr *addr, uint64_t deadline);
 

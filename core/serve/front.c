@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "ipc/config.h"
+#include "ipc/sockio.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -204,14 +205,18 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
         f->ipc->timeout_ms[SHMIPC_TIMEOUT_INITIALIZE] = f->connect_ms;
         /* Its writes run on reactor threads: never wait for shared memory (fall back). */
         f->ipc->memory_wait = 0;
-        /* Workers are ours: unless the config names uids, a worker's socket must have been
-         * made by our own uid. A process of another uid that took a worker's abstract name
-         * (between a crash and the restart, say) is refused before any shared memory is made,
-         * so no client's request reaches it. */
-        if (f->ipc->npeer_uids == 0) {
+        /* Workers are ours: unless the config names uids, a worker's unix socket must have
+         * been made by our own uid. A process of another uid that took a worker's abstract
+         * name (between a crash and the restart, say) is refused before any shared memory is
+         * made, so no client's request reaches it. TCP carries no uid: f->ipc stays as given
+         * for TCP workers. */
+        rc = shmipc__config_clone(f->ipc, &f->ipc_unix);
+        if (rc == 0 && f->ipc_unix->npeer_uids == 0) {
             uint32_t me = (uint32_t)geteuid();
-            rc = shmipc__config_set_peer_uids(f->ipc, &me, 1);
+            rc = shmipc__config_set_peer_uids(f->ipc_unix, &me, 1);
         }
+    }
+    if (rc == 0) {
         pthread_mutex_lock(&f->mu);
         rc = set_locked(f, opts->workers, opts->nworkers);
         pthread_mutex_unlock(&f->mu);
@@ -344,6 +349,8 @@ void shmipc__front_free(struct shmipc__front *f)
     }
     if (f->ipc != NULL)
         shmipc__config_free(f->ipc);
+    if (f->ipc_unix != NULL)
+        shmipc__config_free(f->ipc_unix);
     pthread_mutex_destroy(&f->mu);
     free(f);
 }

@@ -30,6 +30,7 @@
 #include "serve/access_log.h"
 
 #include "ipc/session.h"
+#include "ipc/sockio.h"
 #include "net/serve_frame.h"
 #include "net/server.h"
 #include "reactor/loop.h"
@@ -209,6 +210,7 @@ struct shmipc__front {
     _Atomic uint32_t deadline_ms; /* 0: none (the server's deferral); set_deadline changes it */
     uint64_t max_response;
     shmipc_config *ipc;
+    shmipc_config *ipc_unix; /* ipc with our own uid as the peer uids unless ipc names some */
     struct shmipc_server *srv;
     pthread_mutex_t mu; /* all, set, nset, threads[] (for nudges) */
     struct fworker *all;
@@ -256,6 +258,13 @@ void shmipc__front_connector_init(struct fthread *t);
 void shmipc__front_connector_stop(struct fthread *t);
 struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r);
 void shmipc__front_fs_attach(struct fsess *fs, struct freq *r);
+/* The config of a session to the worker at `addr`: ipc_unix for a unix socket, ipc for TCP. */
+static inline const shmipc_config *shmipc__front_ipc_for(const struct shmipc__front *f,
+                                                         const char *addr)
+{
+    return shmipc__addr_is_unix(addr) ? f->ipc_unix : f->ipc;
+}
+
 int shmipc__front_fs_has(const struct fsess *fs, const struct freq *r);
 void shmipc__front_fs_detach(struct fsess *fs, struct freq *r);
 int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc);

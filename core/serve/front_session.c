@@ -253,7 +253,7 @@ static void *connector_main(void *arg)
         c->pending--;
         pthread_mutex_unlock(&c->mu);
         shmipc_session *s = NULL;
-        int rc = shmipc__session_connect(fs->w->addr, t->f->ipc, &s);
+        int rc = shmipc__session_connect(fs->w->addr, shmipc__front_ipc_for(t->f, fs->w->addr), &s);
         pthread_mutex_lock(&c->mu);
         fs->got = rc == 0 ? s : NULL;
         fs->got_rc = rc;
@@ -366,7 +366,7 @@ static void fs_connect(struct fsess *fs, int now)
         if ((rc = connector_post(fs->t, fs)) == 0)
             return;
     } else {
-        rc = shmipc__session_connect(fs->w->addr, fs->t->f->ipc, &s);
+        rc = shmipc__session_connect(fs->w->addr, shmipc__front_ipc_for(fs->t->f, fs->w->addr), &s);
     }
     fs_connected(fs, s, rc);
 }

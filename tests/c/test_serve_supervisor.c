@@ -371,19 +371,22 @@ static void test_workers_ready_with_unique_addresses(void **state)
         assert_true(w.pid > 0);
         assert_int_equal(w.restarts, 0);
         assert_int_equal(w.last_status, -1);
+        /* PREFIX<index>-<16 hex digits>: an unguessable name per slot. */
         char want[96];
-        snprintf(want, sizeof want, "%s%u", prefix, i);
-        assert_string_equal(w.address, want);
+        snprintf(want, sizeof want, "%s%u-", prefix, i);
+        assert_int_equal(strncmp(w.address, want, strlen(want)), 0);
+        assert_int_equal(strlen(w.address), strlen(want) + 16);
+        assert_int_equal(strspn(w.address + strlen(want), "0123456789abcdef"), 16);
         pids[i] = w.pid;
         pthread_mutex_lock(&h.mu);
         int found = 0;
         for (size_t k = 0; k < h.nset; k++)
-            found += strcmp(h.set[k], want) == 0;
+            found += strcmp(h.set[k], w.address) == 0;
         pthread_mutex_unlock(&h.mu);
         assert_int_equal(found, 1);
         /* The worker's stdout is forwarded, the ready line and what follows it. */
         char line[160];
-        snprintf(line, sizeof line, "w %d ready on %s\n", (int)w.pid, want);
+        snprintf(line, sizeof line, "w %d ready on %s\n", (int)w.pid, w.address);
         uint64_t end = ms_now() + 5000;
         while (!file_contains(h.out_path, line) && ms_now() < end)
             sleep_ms(10);

@@ -37,8 +37,12 @@ _REFUSE_TIMEOUT = 5.0
 
 def own_uid_only(address):
     """Config keywords that let only processes of our own uid connect to a unix `address`
-    (an abstract name is open to every local process); none for TCP, which carries no uid."""
-    return {"peer_uids": [os.geteuid()]} if str(address).startswith("unix:") else {}
+    (an abstract name is open to every local process); none for TCP, which carries no uid.
+    Unix by the rule of shmipc's address parser: "unix:...", or a path or "@name" without the
+    prefix."""
+    a = str(address)
+    unix = a.startswith("unix:") or (a != "" and a[0] in "/.@")
+    return {"peer_uids": [os.geteuid()]} if unix else {}
 
 
 class Worker:
