@@ -240,22 +240,6 @@ static void put_live_socket(int stage, const char *p, const char *bound)
     their_fd = plain_socket_at(p, 1);
 }
 
-static void stale_swapped_for_a_live_socket_meanwhile(void **state)
-{
-    (void)state;
-    struct shmipc__unix_file file;
-    int rc;
-    make_stale(path);
-    shmipc__unix_bind_hook = put_live_socket;
-    int fd = new_listener(&file, &rc);
-    assert_int_equal(rc, -EADDRINUSE);
-    close(fd);
-    /* Theirs is at the path and reachable. */
-    assert_true(ours(their_fd));
-    assert_int_equal(entries(), 1);
-    close(their_fd);
-}
-
 static void remove_it(int stage, const char *p, const char *bound)
 {
     (void)bound;
@@ -295,18 +279,33 @@ static void and_empty_the_path(int stage, const char *p, const char *bound)
     }
 }
 
-static void give_back_when_our_socket_left_the_path(void **state)
+/* A stale socket at the path, `hook` at work meanwhile: ours is refused "in use", and theirs
+ * (their_fd, put there by the hook) is at the path and reachable. */
+static void refused_for_theirs(void (*hook)(int, const char *, const char *), int with_block)
 {
-    (void)state;
     struct shmipc__unix_file file;
     int rc;
     make_stale(path);
-    block = 0;
-    shmipc__unix_bind_hook = and_empty_the_path;
+    block = with_block;
+    shmipc__unix_bind_hook = hook;
     int fd = new_listener(&file, &rc);
     assert_int_equal(rc, -EADDRINUSE);
     close(fd);
     assert_true(ours(their_fd));
+}
+
+static void stale_swapped_for_a_live_socket_meanwhile(void **state)
+{
+    (void)state;
+    refused_for_theirs(put_live_socket, 0);
+    assert_int_equal(entries(), 1);
+    close(their_fd);
+}
+
+static void give_back_when_our_socket_left_the_path(void **state)
+{
+    (void)state;
+    refused_for_theirs(and_empty_the_path, 0);
     assert_int_equal(entries(), 1);
     close(their_fd);
 }
@@ -314,18 +313,10 @@ static void give_back_when_our_socket_left_the_path(void **state)
 static void a_third_file_swapped_in_is_kept(void **state)
 {
     (void)state;
-    struct shmipc__unix_file file;
     struct stat st;
-    int rc;
-    make_stale(path);
-    block = 1;
-    shmipc__unix_bind_hook = and_empty_the_path;
-    int fd = new_listener(&file, &rc);
-    assert_int_equal(rc, -EADDRINUSE);
-    close(fd);
     /* The give-back swapped theirs for the third file: theirs is at the path and reachable,
      * the third file is kept in the private directory, not removed. */
-    assert_true(ours(their_fd));
+    refused_for_theirs(and_empty_the_path, 1);
     assert_int_equal(entries(), 2);
     DIR *d = opendir(dir);
     char kept[600] = "";
