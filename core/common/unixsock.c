@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,16 @@ static void bound_name(int dfd, struct sockaddr_un *un)
     memset(un, 0, sizeof *un);
     un->sun_family = AF_UNIX;
     snprintf(un->sun_path, sizeof un->sun_path, "/proc/self/fd/%d/s", dfd);
+}
+
+/* The test hook, given the bound socket's temporary name. */
+static void hook(int stage, int dfd, const char *path)
+{
+    struct sockaddr_un bound;
+    if (shmipc__unix_bind_hook == NULL)
+        return;
+    bound_name(dfd, &bound);
+    shmipc__unix_bind_hook(stage, path, bound.sun_path);
 }
 
 /* `dfd`/"s" to `path` unless something is there (-EEXIST). A filesystem without
@@ -70,12 +81,10 @@ static int stale_here(int dfd)
  */
 static int place(int dfd, const char *path, const char *dir, const struct stat *mine, int *keep)
 {
-    struct sockaddr_un un = {.sun_family = AF_UNIX}, bound;
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
     struct stat st;
     int rc = -EADDRINUSE;
-    if (strlen(path) >= sizeof un.sun_path)
-        return -ENAMETOOLONG;
-    memcpy(un.sun_path, path, strlen(path) + 1);
+    memcpy(un.sun_path, path, strlen(path) + 1); /* it fits: the caller checked */
     for (int tries = 0; tries < PLACE_TRIES; tries++) {
         if ((rc = put_noreplace(dfd, path)) != -EEXIST)
             return rc;
@@ -88,10 +97,7 @@ static int place(int dfd, const char *path, const char *dir, const struct stat *
             return -EEXIST;
         if (shmipc__unix_alive(&un, sizeof un))
             return -EADDRINUSE;
-        if (shmipc__unix_bind_hook != NULL) {
-            bound_name(dfd, &bound);
-            shmipc__unix_bind_hook(SHMIPC__UNIX_HOOK_EXCHANGE, path, bound.sun_path);
-        }
+        hook(SHMIPC__UNIX_HOOK_EXCHANGE, dfd, path);
         if (renameat2(dfd, "s", AT_FDCWD, path, RENAME_EXCHANGE) < 0) {
             if (errno == ENOENT)
                 continue;
@@ -107,10 +113,7 @@ static int place(int dfd, const char *path, const char *dir, const struct stat *
         if (stale_here(dfd))
             return 0; /* the caller removes it */
         /* Not the stale file: give it back. */
-        if (shmipc__unix_bind_hook != NULL) {
-            bound_name(dfd, &bound);
-            shmipc__unix_bind_hook(SHMIPC__UNIX_HOOK_GIVE_BACK, path, bound.sun_path);
-        }
+        hook(SHMIPC__UNIX_HOOK_GIVE_BACK, dfd, path);
         if (renameat2(dfd, "s", AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
             struct stat back;
             if (fstatat(dfd, "s", &back, AT_SYMLINK_NOFOLLOW) == 0 && back.st_dev == mine->st_dev &&
@@ -163,8 +166,7 @@ int shmipc__unix_bind_listen(int fd, const char *path, unsigned mode, int backlo
         fstatat(dfd, "s", &st, AT_SYMLINK_NOFOLLOW) < 0 || listen(fd, backlog) < 0) {
         rc = -errno;
     } else {
-        if (shmipc__unix_bind_hook != NULL)
-            shmipc__unix_bind_hook(SHMIPC__UNIX_HOOK_PLACE, path, tmp.sun_path);
+        hook(SHMIPC__UNIX_HOOK_PLACE, dfd, path);
         if ((rc = place(dfd, path, dir, &st, &keep)) == 0) {
             memcpy(file->path, path, strlen(path) + 1);
             file->dev = st.st_dev;
@@ -178,6 +180,24 @@ int shmipc__unix_bind_listen(int fd, const char *path, unsigned mode, int backlo
     }
     close(dfd);
     return rc;
+}
+
+int shmipc__unix_listen_at(int fd, const struct sockaddr_un *un, socklen_t len, unsigned mode,
+                           int backlog, struct shmipc__unix_file *file)
+{
+    memset(file, 0, sizeof *file);
+    if (un->sun_path[0] == '\0') { /* abstract: no file */
+        if (bind(fd, (const struct sockaddr *)un, len) < 0 || listen(fd, backlog) < 0)
+            return -errno;
+        return 0;
+    }
+    char path[sizeof un->sun_path + 1]; /* sun_path need not end in a NUL */
+    size_t plen = len - offsetof(struct sockaddr_un, sun_path);
+    if (plen > sizeof un->sun_path)
+        plen = sizeof un->sun_path;
+    memcpy(path, un->sun_path, plen);
+    path[plen] = '\0';
+    return shmipc__unix_bind_listen(fd, path, mode, backlog, file);
 }
 
 void shmipc__unix_unlink(struct shmipc__unix_file *file)

@@ -39,6 +39,15 @@ int shmipc__unix_bind_listen(int fd, const char *path, unsigned mode, int backlo
                              struct shmipc__unix_file *file);
 
 /**
+ * Binds the unix stream socket `fd` to `un` (`len` bytes) and listens: an abstract name
+ * ("\0name") plainly, a path with shmipc__unix_bind_listen(). `file` records the file made
+ * (none for an abstract name). Returns 0 or -errno (-EADDRINUSE: the name or a live socket is
+ * taken; -EEXIST: not a socket at the path).
+ */
+int shmipc__unix_listen_at(int fd, const struct sockaddr_un *un, socklen_t len, unsigned mode,
+                           int backlog, struct shmipc__unix_file *file);
+
+/**
  * Tests only: called by shmipc__unix_bind_listen() with the path and the bound socket's
  * temporary name, at SHMIPC__UNIX_HOOK_PLACE once it listens, before it is put at the path,
  * at SHMIPC__UNIX_HOOK_EXCHANGE when a stale socket found there is about to be swapped out, and

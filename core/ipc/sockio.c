@@ -315,14 +315,8 @@ int shmipc__sock_listen(const struct shmipc__addr *addr, unsigned mode,
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     }
-    if (addr->family == AF_UNIX && un->sun_path[0] != '\0') {
-        char path[sizeof un->sun_path + 1];
-        size_t plen = addr->len - offsetof(struct sockaddr_un, sun_path);
-        if (plen > sizeof un->sun_path)
-            plen = sizeof un->sun_path;
-        memcpy(path, un->sun_path, plen);
-        path[plen] = '\0';
-        int rc = shmipc__unix_bind_listen(fd, path, mode, LISTEN_BACKLOG, file);
+    if (addr->family == AF_UNIX) {
+        int rc = shmipc__unix_listen_at(fd, un, addr->len, mode, LISTEN_BACKLOG, file);
         if (rc < 0) {
             close(fd);
             /* A regular file (or anything but a socket) there is "in use" too. */

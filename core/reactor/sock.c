@@ -393,28 +393,18 @@ int shmipc__unix_listen(const char *host, int backlog, int *out_fd, struct shmip
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return shmipc__fail_errno(errno, "listen %s: socket", host);
-    if (backlog <= 0)
-        backlog = SOMAXCONN;
-    if (un.sun_path[0] == '\0') { /* abstract: no file */
-        if (bind(fd, (struct sockaddr *)&un, len) < 0 || listen(fd, backlog) < 0) {
-            rc = errno == EADDRINUSE
-                     ? shmipc__fail(SHMIPC_EADDRINUSE, "listen %s: address in use", host)
-                     : shmipc__fail_errno(errno, "listen %s", host);
-            close(fd);
-            return rc;
-        }
-        *out_fd = fd;
-        return 0;
-    }
     /* What nginx leaves to the operator, done carefully (shmipc__unix_bind_listen): the file
      * appears once the socket listens; a stale socket file (its server died) is replaced, and
      * nothing else is. */
-    rc = shmipc__unix_bind_listen(fd, un.sun_path, 0, backlog, file);
+    rc = shmipc__unix_listen_at(fd, &un, len, 0, backlog > 0 ? backlog : SOMAXCONN, file);
     if (rc < 0) {
         close(fd);
         if (rc == -EADDRINUSE)
             return shmipc__fail(SHMIPC_EADDRINUSE,
-                                "listen %s: a server already accepts on this socket", host);
+                                un.sun_path[0] != '\0'
+                                    ? "listen %s: a server already accepts on this socket"
+                                    : "listen %s: address in use",
+                                host);
         if (rc == -EEXIST)
             return shmipc__fail(
                 SHMIPC_EEXIST,

@@ -70,6 +70,14 @@ struct fws {
 
 #define HOLD_RETRY_MAX_MS 16u
 
+/* Frames wait from now: the deadline bound counts from here, retries from RETRY_MS. */
+static void hold_restart(struct freq *r)
+{
+    struct fws *x = r->wsx;
+    x->stuck_since = shmipc__loop_now_ms(r->t->loop);
+    x->retry_ms = RETRY_MS;
+}
+
 static size_t ws_mark(const struct shmipc__front *f)
 {
     return f->max_response < STREAM_MARK ? (size_t)f->max_response : STREAM_MARK;
@@ -234,10 +242,8 @@ static int pend_flush(struct freq *r)
             x->pt = &x->ph;
         free(p);
     }
-    if (wrote) { /* progress: the bound and the back-off start again */
-        x->stuck_since = shmipc__loop_now_ms(r->t->loop);
-        x->retry_ms = RETRY_MS;
-    }
+    if (wrote) /* progress: the bound and the back-off start again */
+        hold_restart(r);
     if (rc == 0 && wrote)
         rc = shmipc__stream_flush(r->st);
     if (rc < 0) {
@@ -290,10 +296,8 @@ static int ws_out(struct freq *r, unsigned type, uint32_t arg, const void *data,
     memcpy(p->data, hdr, sizeof hdr);
     if (len > 0)
         memcpy(p->data + sizeof hdr, data, len);
-    if (x->ph == NULL) { /* the first to wait */
-        x->stuck_since = shmipc__loop_now_ms(r->t->loop);
-        x->retry_ms = RETRY_MS;
-    }
+    if (x->ph == NULL) /* the first to wait */
+        hold_restart(r);
     *x->pt = p;
     x->pt = &p->next;
     if (!x->held) {
