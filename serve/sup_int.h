@@ -77,6 +77,7 @@ void shmipc__sup_read_output(shmipc__sup *sup, struct slot *s, uint64_t now);
 void shmipc__sup_close_out(shmipc__sup *sup, struct slot *s);
 
 /* sup_spawn.c */
+void shmipc__sup_name_slot(struct slot *s, uint64_t now);
 void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now);
 void shmipc__sup_signal(struct slot *s, int sig);
 

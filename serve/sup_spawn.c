@@ -12,8 +12,10 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -64,6 +66,18 @@ static void free_argv(char **v)
     free(v);
 }
 
+void shmipc__sup_name_slot(struct slot *s, uint64_t now)
+{
+    /* Unguessable: another local user cannot take a name before its worker binds it. A name
+     * is bound by one process only: a worker that exits leaves its name known to every local
+     * user (/proc/net/unix), who could bind it and keep the slot from ever starting again. */
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+        nonce = now ^ ((uint64_t)s->index << 48) ^ (uint64_t)(uintptr_t)s ^ s->restarts;
+    snprintf(s->address, sizeof s->address, "unix:@shmipc-serve-%d-%u-%u-%016llx", (int)getpid(),
+             s->gen, s->index, (unsigned long long)nonce);
+}
+
 void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now)
 {
     int pfd[2] = {-1, -1}, efd[2] = {-1, -1};
@@ -81,6 +95,7 @@ void shmipc__sup_spawn(shmipc__sup *sup, struct slot *s, uint64_t now)
     s->killed = 0;
     s->out[0].len = s->out[1].len = 0;
     s->out[0].cut = s->out[1].cut = 0;
+    shmipc__sup_name_slot(s, now); /* a restart never reuses the name of the process before */
     if ((argv = make_argv(sup, s->address)) == NULL) {
         err = ENOMEM;
         goto fail;

@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -229,14 +228,7 @@ static int add_generation(shmipc__sup *sup, unsigned gen, uint64_t now)
         s->state = SHMIPC__SUP_BACKOFF;
         s->last_status = -1;
         s->deadline_ns = now;
-        /* An unguessable part: another local user cannot take the names of a generation
-         * before it starts (a reload or the first start would then fail for good); the name a
-         * restart reuses is known, but the front and the worker refuse any other uid. */
-        uint64_t nonce = 0;
-        if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
-            nonce = (uint64_t)now ^ ((uint64_t)i << 48) ^ (uint64_t)(uintptr_t)s;
-        snprintf(s->address, sizeof s->address, "unix:@shmipc-serve-%d-%u-%u-%016llx",
-                 (int)getpid(), gen, i, (unsigned long long)nonce);
+        shmipc__sup_name_slot(s, now);
     }
     return 0;
 }
