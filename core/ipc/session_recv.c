@@ -193,7 +193,7 @@ int shmipc__session_drain_queue_locked(shmipc_session *s, int *events)
              * walk does).
              */
             if ((uint64_t)e.offset + 128 <= s->bm.size) {
-                __builtin_prefetch(s->bm.base + e.offset);
+                shmipc__prefetch_for_write(s->bm.base + e.offset); /* the claim mark */
                 __builtin_prefetch(s->bm.base + e.offset + 64);
                 __builtin_prefetch(s->bm.base + e.offset + 127);
             }

@@ -288,6 +288,7 @@ static int spin_for_work(shmipc_session *s, uint64_t start, uint64_t budget, uin
     *woken = __atomic_exchange_n(flag, 1, __ATOMIC_SEQ_CST) != 0;
     int crowd = __atomic_add_fetch(&spinners, 1, __ATOMIC_RELAXED) > online_cpus();
     for (unsigned i = 0;; i++) {
+        shmipc__queue_prefetch_next(&s->qp.recv);
         if (shmipc__queue_size(&s->qp.recv) != 0) {
             found = 1;
             break;

@@ -187,6 +187,19 @@ static uint32_t *elem_at(const struct shmipc__queue *q, int64_t index)
 int shmipc__queue_put(struct shmipc__queue *q, const struct shmipc__queue_elem *e)
 {
     uint64_t n = 0;
+    /*
+     * The lines this put writes (tail, and the element at the tail our last put left) and,
+     * apart, the ones it reads (head, and the flag the wakeup reads after its fence), asked for
+     * at once: the consumer wrote or read each of them since our last put, so each is a
+     * transfer from its CPU, and these run side by side instead of one after the other.
+     * Hints only: nothing below trusts them (a tail the peer moved is read as before).
+     */
+    shmipc__prefetch_for_write(q->hdr + q->tail_at);
+    shmipc__prefetch_for_write(elem_at(q, (int64_t)q->next_tail));
+    if (q->head_at / 64 != q->tail_at / 64) {
+        __builtin_prefetch(q->hdr + q->head_at);
+        __builtin_prefetch(q->hdr + q->flag_at);
+    }
     int64_t tail = __atomic_load_n(i64_at(q, q->tail_at), __ATOMIC_RELAXED);
     /* Acquire: the consumer has finished reading every slot up to head. */
     int64_t head = __atomic_load_n(i64_at(q, q->head_at), __ATOMIC_ACQUIRE);
@@ -201,6 +214,7 @@ int shmipc__queue_put(struct shmipc__queue *q, const struct shmipc__queue_elem *
     __atomic_store_n(&slot[2], e->status, __ATOMIC_RELAXED);
     /* Release: the consumer that sees the new tail sees the element. */
     __atomic_store_n(i64_at(q, q->tail_at), (int64_t)((uint64_t)tail + 1), __ATOMIC_RELEASE);
+    q->next_tail = (uint64_t)tail + 1;
     return 0;
 }
 
@@ -221,6 +235,12 @@ int shmipc__queue_pop(struct shmipc__queue *q, struct shmipc__queue_elem *e)
     /* Release: the producer may reuse the slot only after we have read it. */
     __atomic_store_n(i64_at(q, q->head_at), (int64_t)((uint64_t)head + 1), __ATOMIC_RELEASE);
     return 0;
+}
+
+void shmipc__queue_prefetch_next(const struct shmipc__queue *q)
+{
+    int64_t head = __atomic_load_n(i64_at(q, q->head_at), __ATOMIC_RELAXED);
+    __builtin_prefetch(elem_at(q, head));
 }
 
 int shmipc__queue_size(const struct shmipc__queue *q)

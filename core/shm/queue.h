@@ -59,6 +59,7 @@ struct shmipc__queue {
     uint32_t tail_at;
     uint32_t flag_at;
     uint32_t elems_at;
+    uint64_t next_tail; /* the tail our last put wrote: only an address hint (prefetch) */
 };
 
 struct shmipc__queue_pair {
@@ -68,6 +69,24 @@ struct shmipc__queue_pair {
 };
 
 /* Bytes of a legacy pair of rings of `cap` elements: 2 * (24 + 12 * cap). */
+/*
+ * Asks for the cache line at p to write it. x86: PREFETCHW (a NOP on CPUs without it): the
+ * line comes exclusive in one transfer, where a load followed by a store would fetch it shared
+ * and then upgrade it, a second transfer that the next fence or locked instruction waits for.
+ * A hint: it never faults.
+ */
+static inline void shmipc__prefetch_for_write(const void *p)
+{
+#if defined(__x86_64__)
+    __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 1, 3);
+#endif
+}
+
+/* Asks for the line of the element a pop would read next (a hint for a spinning consumer). */
+void shmipc__queue_prefetch_next(const struct shmipc__queue *q);
+
 uint64_t shmipc__queue_pair_size(uint32_t cap);
 
 /* Bytes of a pair of rings of `cap` elements in `layout`. */
