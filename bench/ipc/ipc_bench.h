@@ -246,6 +246,7 @@ extern clockid_t server_clock;
 extern int server_clock_ok;
 uint64_t now_ns(void);
 uint64_t client_cpu_ns(void);
+uint64_t server_cpu_settled_ns(void);
 uint64_t server_cpu_ns(void);
 extern const char *const pct_key[NPCT];
 extern const unsigned pct_permille[NPCT];

@@ -67,8 +67,9 @@ void write_env(FILE *f, const struct opts *o, const struct env *e, int markdown)
     }
     fprintf(f,
             "%sCPU time per one-stream round trip: client = this process "
-            "(CLOCK_PROCESS_CPUTIME_ID), server = %s, each read around the timed loop and "
-            "divided by its round trips\n",
+            "(CLOCK_PROCESS_CPUTIME_ID), server = %s, read once the server sleeps (a running "
+            "process's clock read from another lags), each read around the timed loop and 128 "
+            "untimed round trips before it, and divided by all of them\n",
             b,
             o->connect_addr   ? "not known (an external server)"
             : server_clock_ok ? "the echo server child (its CPU-time clock, clock_getcpuclockid)"

@@ -19,6 +19,9 @@ static int warmup_for(int samples)
     return samples / 10 > 20 ? samples / 10 : 20;
 }
 
+/* Untimed round trips between the server's first CPU reading and the timed loop. */
+#define RESETTLE 128
+
 /* Shape (a): one stream, closed loop, every round trip timed. */
 int run_latency(const struct opts *o, const struct client *c, int si, struct lat_cell *out)
 {
@@ -31,22 +34,30 @@ int run_latency(const struct opts *o, const struct client *c, int si, struct lat
     for (int i = 0; i < warm; i++)
         if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si], 1) < 0)
             goto out;
-    /* CPU time around the timed loop: the server's read first and last, so that the system
-     * call that reads it is not counted as the client's. */
-    uint64_t s0 = server_cpu_ns(), c0 = client_cpu_ns(), w0 = now_ns();
+    /*
+     * CPU time around the timed loop: the server's read first and last, so that the system
+     * call that reads it is not counted as the client's, each once the server sleeps (see
+     * server_cpu_settled_ns). Its wake-up after the first read is paid by RESETTLE untimed
+     * round trips, in which the spins of both sides adapt again; their CPU and time are
+     * counted, and the sums are divided by all the round trips they cover.
+     */
+    uint64_t s0 = server_cpu_settled_ns(), c0 = client_cpu_ns(), w0 = now_ns();
+    for (int i = 0; i < RESETTLE; i++)
+        if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si], 1) < 0)
+            goto out;
     for (int i = 0; i < samples; i++) {
         uint64_t t0 = now_ns();
         if (interrupted || round_trip(c, ch, size, seq++, expected_sum[si], 0) < 0)
             goto out;
         t[i] = now_ns() - t0;
     }
-    uint64_t w1 = now_ns(), c1 = client_cpu_ns(), s1 = server_cpu_ns();
-    out->us[CPU_CLIENT] = (double)(c1 - c0) / 1000.0 / samples;
-    out->us[CPU_SERVER] = s0 == UINT64_MAX || s1 == UINT64_MAX || s1 < s0
-                              ? -1.0
-                              : (double)(s1 - s0) / 1000.0 / samples;
+    uint64_t w1 = now_ns(), c1 = client_cpu_ns(), s1 = server_cpu_settled_ns();
+    double trips = (double)samples + RESETTLE;
+    out->us[CPU_CLIENT] = (double)(c1 - c0) / 1000.0 / trips;
+    out->us[CPU_SERVER] =
+        s0 == UINT64_MAX || s1 == UINT64_MAX || s1 < s0 ? -1.0 : (double)(s1 - s0) / 1000.0 / trips;
     out->us[CPU_TOTAL] = out->us[CPU_SERVER] < 0 ? -1.0 : out->us[CPU_CLIENT] + out->us[CPU_SERVER];
-    out->us[WALL_MEAN] = (double)(w1 - w0) / 1000.0 / samples;
+    out->us[WALL_MEAN] = (double)(w1 - w0) / 1000.0 / trips;
     qsort(t, (size_t)samples, sizeof *t, cmp_u64);
     for (int p = 0; p < NPCT; p++) {
         size_t k = ((size_t)samples * pct_permille[p] + 999) / 1000;

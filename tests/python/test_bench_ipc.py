@@ -45,3 +45,18 @@ def test_spin_floor_uses_the_cells_sample_count(tmp_path):
     # --quick's defaults: at most 500 one-stream round trips, so the floor takes 500 too.
     _, data, _ = run_bench(tmp_path, "--transports", "uds")
     assert data["spin_floor"]["samples"] == 500
+
+
+def test_a_spinning_servers_cpu_is_counted(tmp_path):
+    # The echo server spins between messages: over a timed loop of 2000 round trips it runs
+    # the whole time. Its CPU clock, read from the client's process while it ran, lagged: the
+    # report said 0.00 µs of server CPU a round trip in about one run of three. Five short
+    # runs: every one must count some server CPU (no speed is asserted, only that it is
+    # there), and never more than the loop's wall time allows (two CPUs at most).
+    for _ in range(5):
+        _, data, _ = run_bench(tmp_path, "--transports", "v3", "--samples", "2000",
+                               "--min-samples", "2000")
+        cell = [c for c in data["latency"] if c["transport"] == "shmipc-v3"][0]
+        cpu = cell["cpu_us_per_rt"]
+        assert cpu["server"] > 0, cell
+        assert cpu["total"] <= 2.05 * cell["wall_us_mean"], cell
