@@ -216,6 +216,22 @@ SHMIPC_API void shmipc_stream_close(shmipc_stream *st)
         shmipc__stream_close_handle(st);
 }
 
+SHMIPC_API int shmipc_stream_flush_close(shmipc_stream *st)
+{
+    REQUIRE(st, "stream_flush_close", "stream");
+    int rc = shmipc__stream_enter(st, 0);
+    if (rc == 0) {
+        /* A signal that cut a wait short is waited out: no handle is left to retry with. */
+        do
+            rc = shmipc__stream_flush_close(st);
+        while (rc == SHMIPC_EINTR);
+        shmipc__stream_leave(st);
+    }
+    /* close_handle records no failure: the flush's detail stays for the caller. */
+    shmipc__stream_close_handle(st);
+    return rc;
+}
+
 SHMIPC_API int shmipc_listener_new(const char *address, const shmipc_config *cfg,
                                    shmipc_listener **out)
 {

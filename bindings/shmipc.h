@@ -728,6 +728,19 @@ SHMIPC_API int shmipc_stream_shutdown(shmipc_stream *st);
  */
 SHMIPC_API void shmipc_stream_close(shmipc_stream *st);
 
+/**
+ * Flushes what was written (as shmipc_stream_flush()) and closes the stream (as
+ * shmipc_stream_close()) in one step: the close travels right behind the last message, and the
+ * peer is woken once for both, where a flush and then a close may wake it twice. For the last
+ * reply of an exchange. The handle is released in every case, also when the flush fails; the
+ * flush's result is returned: 0, its error (the peer gets what was flushed before, then the
+ * stream's end), or SHMIPC_EINVAL for NULL. A stream shut down (shmipc_stream_shutdown) sends
+ * nothing more: its SHMIPC_ECLOSED is returned, and it is closed. Another thread inside a call
+ * on the stream wakes with SHMIPC_ECLOSED, as with close. A signal never ends it with
+ * SHMIPC_EINTR (a flush over the socket waits on): no handle would be left to retry with.
+ */
+SHMIPC_API int shmipc_stream_flush_close(shmipc_stream *st);
+
 /* ------------------------------------------------------------------------------------ */
 /* Session manager                                                                      */
 /* ------------------------------------------------------------------------------------ */

@@ -126,6 +126,20 @@ static int stream_flush(lua_State *L)
 }
 
 /*
+ * flush_close() -> true, or nil, message, code: flush(), then close(), in one step (the peer
+ * is woken once for both). The stream is closed afterwards in every case.
+ */
+static int stream_flush_close(lua_State *L)
+{
+    check_stream(L, 1);
+    int rc = shmipc_stream_flush_close(shmipc__lua_stream_take(L, 1));
+    if (rc < 0)
+        return shmipc__lua_push_failure(L, rc);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/*
  * The stream's descriptor for a scheduler: its session's, when the stream came from a
  * session handle that is still open; -1 otherwise (session manager and serve() streams:
  * the C API has no call that gives a stream's session).
@@ -327,6 +341,7 @@ static int stream_events(lua_State *L)
 static const luaL_Reg stream_methods[] = {
     {"write", stream_write},
     {"flush", stream_flush},
+    {"flush_close", stream_flush_close},
     {"read_chunk", stream_read_chunk},
     {"read_exact_bytes", stream_read_exact_bytes},
     {"read", stream_read_exact_bytes},

@@ -75,7 +75,8 @@ struct shmipc_stream {
     /* Data goes over the socket for good. Set by the writer and by the receive path (under mu,
      * on another thread), read by the writer without mu: atomic loads and stores only. */
     uint8_t fallback;
-    uint8_t in_table; /* still in the session's table (not closed locally) */
+    uint8_t in_table;   /* still in the session's table (not closed locally) */
+    uint8_t close_sent; /* the close element went with the last flush (flush and close) */
     /*
      * Calls in flight on the handle (low bits) and the SHMIPC__STREAM_SHUT/_CLOSING marks,
      * atomic: shutdown and close may come from another thread while a call blocks, and the
@@ -298,6 +299,9 @@ int shmipc__stream_write_shm(shmipc_stream *st, const struct iovec *iov, size_t 
 int shmipc__stream_reserve(shmipc_stream *st, size_t n, void **ptr);
 int shmipc__stream_commit(shmipc_stream *st, size_t n);
 int shmipc__stream_flush(shmipc_stream *st);
+/* Flushes, and puts the close element right behind the data: one wakeup for both. The
+ * stream must then be closed (shmipc__stream_close sends no second close). */
+int shmipc__stream_flush_close(shmipc_stream *st);
 int shmipc__stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr, size_t *len,
                               int flags);
 int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int flags);

@@ -269,7 +269,7 @@ int shmipc__stream_is_shut(const shmipc_stream *st)
 void shmipc__stream_close(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
-    if (shmipc__session_err(s) == 0)
+    if (shmipc__session_err(s) == 0 && !st->close_sent)
         shmipc__stream_send_close(st);
     shmipc__session_free_segments(s, st);
     shmipc__session_lock(s);

@@ -532,7 +532,19 @@ static int send_fallback(shmipc_stream *st)
     return rc;
 }
 
+static int flush(shmipc_stream *st, int close_after);
+
 int shmipc__stream_flush(shmipc_stream *st)
+{
+    return flush(st, 0);
+}
+
+int shmipc__stream_flush_close(shmipc_stream *st)
+{
+    return flush(st, 1);
+}
+
+static int flush(shmipc_stream *st, int close_after)
 {
     shmipc_session *s = st->s;
     int rc = 0, heap = 0;
@@ -600,6 +612,11 @@ int shmipc__stream_flush(shmipc_stream *st)
         if (rc == 0) {
             st->nsegs = 0; /* the slices are the peer's now */
             st->send_len = 0;
+            /* The close element right behind the data: one wakeup for both. A full queue
+             * leaves the close to shmipc__stream_close (StreamClose on the socket). */
+            struct shmipc__queue_elem c = {st->id, 0, 1};
+            if (close_after && shmipc__queue_put(&s->qp.send, &c) == 0)
+                st->close_sent = 1;
             rc = wake_peer(s);
         }
         pthread_mutex_unlock(&s->send_mu);

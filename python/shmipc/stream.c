@@ -195,6 +195,22 @@ static PyObject *stream_close(StreamObject *self, PyObject *unused)
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
+/* Flush and close in one step (shmipc_stream_flush_close): closed afterwards in every case. */
+static PyObject *stream_flush_close(StreamObject *self, PyObject *unused)
+{
+    (void)unused;
+    shmipc_stream *h = shmipcpy_stream_usable(self);
+    if (h == NULL || shmipcpy_stream_refuse_window(self, "flush_close") < 0 ||
+        shmipcpy_stream_refuse_exports(self, "close") < 0)
+        return NULL;
+    shmipcpy_stream_invalidate(self);
+    self->st = NULL; /* closed from here on, for every thread */
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = shmipc_stream_flush_close(h);
+    Py_END_ALLOW_THREADS if (rc < 0) return shmipcpy_raise_last(shmipcpy_stream_state(self), rc);
+    Py_RETURN_NONE;
+}
+
 static void stream_dealloc(StreamObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
@@ -367,6 +383,11 @@ static PyMethodDef stream_methods[] = {
      "Send the send buffer as one message and wake the peer. 'Flushed' means enqueued, not\n"
      "read. Blocks only when the peer's queue is full (up to 100 ms or the write timeout,\n"
      "then shmipc.Error EQUEUEFULL) or the socket is; the GIL is released."},
+    {"flush_close", (PyCFunction)stream_flush_close, METH_NOARGS,
+     "flush_close() -> None\n\n"
+     "flush(), then close(), in one step: the close goes right behind the last message and the\n"
+     "peer is woken once for both (a flush, then a close, may wake it twice). For the last\n"
+     "reply of an exchange. The stream is closed afterwards even when the flush raises."},
     {"read_chunk", (PyCFunction)(void (*)(void))shmipcpy_stream_read_chunk,
      METH_FASTCALL | METH_KEYWORDS,
      "read_chunk(max=0, *, nonblock=False) -> Chunk | None\n\n"

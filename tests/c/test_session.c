@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -2306,6 +2307,125 @@ static void memory_wait_refuses_other_values(void **state)
     shmipc_config_free(cfg);
 }
 
+/* Bytes waiting on the server's socket (Polling messages are 8 each). */
+static int socket_pending(shmipc_session *s)
+{
+    int n = -1;
+    assert_int_equal(ioctl(s->fd, FIONREAD, &n), 0);
+    return n;
+}
+
+/*
+ * flush_close: the last message and the stream's end arrive together, behind one wakeup.
+ * Flush, then close, leave a window between the two in which the peer may drain the message
+ * and clear its flag: the close then wakes it a second time.
+ */
+static void flush_close_sends_the_end_right_behind_the_data(void **state)
+{
+    struct ipc_pair *p = *state;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    size_t n;
+    first_message(p, &cs, &ss, "hello");
+    /* The server's read ended its turn: its flag is clear, nothing is pending. */
+    assert_int_equal(shmipc__queue_size(&p->server->qp.recv), 0);
+    assert_int_equal(socket_pending(p->server), 0);
+    assert_int_equal(shmipc_stream_write(cs, "last ", 5), 0);
+    assert_int_equal(shmipc_stream_write(cs, "words", 5), 0);
+    assert_int_equal(shmipc_stream_flush_close(cs), 0);
+    /* Two elements (the data, the close) and one Polling message. */
+    assert_int_equal(shmipc__queue_size(&p->server->qp.recv), 2);
+    assert_int_equal(socket_pending(p->server), (int)SHMIPC__HEADER_SIZE);
+    ipc_expect_text(ss, "last words");
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    /* Both elements and the wakeup were taken in one turn. */
+    assert_int_equal(socket_pending(p->server), 0);
+    shmipc_stream_close(ss);
+    /* Nothing written: only the end goes. */
+    assert_int_equal(shmipc_session_open_stream(p->client, &cs), 0);
+    ipc_send_text(cs, "two");
+    assert_int_equal(shmipc_session_accept_stream(p->server, IPC_WAIT_MS, &ss), 0);
+    ipc_expect_text(ss, "two");
+    assert_int_equal(shmipc_stream_flush_close(cs), 0);
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    shmipc_stream_close(ss);
+}
+
+/* flush_close misused: NULL; a stream shut down (nothing more is sent, it is still closed and
+ * freed: ASan sees a leak otherwise); a reader blocked on it in another thread wakes. */
+static void flush_close_misuse(void **state)
+{
+    struct ipc_pair *p = *state;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    size_t n;
+    assert_int_equal(shmipc_stream_flush_close(NULL), SHMIPC_EINVAL);
+    first_message(p, &cs, &ss, "hello");
+    assert_int_equal(shmipc_stream_write(cs, "unsent", 6), 0);
+    assert_int_equal(shmipc_stream_shutdown(cs), 0);
+    assert_int_equal(shmipc_stream_flush_close(cs), SHMIPC_ECLOSED);
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    shmipc_stream_close(ss);
+    /* A reader blocked on the stream: the data goes, the reader wakes with ECLOSED, and the
+     * stream is freed when it leaves. */
+    first_message(p, &cs, &ss, "again");
+    struct blocked_read b = {.st = cs};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, blocked_read_main, &b), 0);
+    usleep(20000);
+    assert_int_equal(shmipc_stream_write(cs, "bye", 3), 0);
+    assert_int_equal(shmipc_stream_flush_close(cs), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(b.rc, SHMIPC_ECLOSED);
+    ipc_expect_text(ss, "bye");
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    shmipc_stream_close(ss);
+}
+
+/* The data takes the queue's last element: the close cannot follow it there and goes over
+ * the socket (StreamClose), and the peer still reads everything, then the end. */
+static void flush_close_into_the_last_element(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    size_t n;
+    assert_int_equal(shmipc_config_set_queue_capacity(cfg, 4), 0);
+    pair_open(&p, cfg);
+    first_message(&p, &cs, &ss, "hello");
+    for (int i = 0; i < 3; i++)
+        ipc_send_text(cs, "q");
+    assert_int_equal(shmipc__queue_size(&p.server->qp.recv), 3);
+    assert_int_equal(shmipc_stream_write(cs, "last", 4), 0);
+    assert_int_equal(shmipc_stream_flush_close(cs), 0);
+    assert_int_equal(shmipc__queue_size(&p.server->qp.recv), 4);
+    ipc_expect_text(ss, "qqqlast");
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/* On the socket (fallback): the data goes as FallbackData, then the close; read in order. */
+static void flush_close_on_the_socket(void **state)
+{
+    (void)state;
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    size_t n;
+    shmipc_config *cfg = open_on_the_socket(&p, &cs, &ss);
+    assert_int_equal(shmipc_stream_write(cs, "by socket", 9), 0);
+    assert_int_equal(shmipc_stream_flush_close(cs), 0);
+    ipc_expect_text(ss, "by socket");
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    shmipc_stream_close(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
 int main(int argc, char **argv)
 {
     /* One test by name: test_x NAME (shell pattern), for repeated runs under a sanitizer. */
@@ -2319,6 +2439,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(read_exact_spans_slices),
         cmocka_unit_test(reserve_commit_writes_in_place),
         cmocka_unit_test_setup_teardown(peer_close_ends_reads, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(flush_close_sends_the_end_right_behind_the_data,
+                                        memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(flush_close_misuse, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test(flush_close_into_the_last_element),
+        cmocka_unit_test(flush_close_on_the_socket),
         cmocka_unit_test_setup_teardown(many_streams_interleaved, memfd_pair_open,
                                         memfd_pair_close),
         cmocka_unit_test_setup_teardown(read_timeout, memfd_pair_open, memfd_pair_close),

@@ -168,7 +168,7 @@ end
 
 -- The Lua server peer: `lua_server(mode, address)` serves with callbacks. Mode "echo" sends
 -- back what each stream receives; "bye" answers a stream's first message with "bye" and
--- closes the stream. A stream that sends "quit" stops the server. It prints "listening" once
+-- closes the stream; "last" answers "last words" with flush_close(). A stream that sends "quit" stops the server. It prints "listening" once
 -- it listens.
 support.SERVER = [[
 local shmipc = require "shmipc"
@@ -193,6 +193,12 @@ local function on_data(st)
         if mode == "bye" then
             assert(st:write("bye"):flush())
             st:close()
+            return
+        end
+        if mode == "last" then
+            -- nil, message, EEOF when the client closed its side first
+            local ok, msg, code = st:write("last words"):flush_close()
+            assert(ok == true or code == shmipc.errors.EEOF, msg)
             return
         end
         assert(st:write(data):flush())

@@ -159,6 +159,32 @@ function tests.end_of_stream(t)
     support.stop_server(server, address)
 end
 
+function tests.flush_close(t)
+    local address = support.address("last")
+    local server <close> = support.lua_server("last", address)
+    local s <close> = t.ok(shmipc.connect(address))
+    -- The server's reply and its end come in one step.
+    local st <close> = t.ok(s:open_stream())
+    t.ok(st:write("hi"):flush())
+    t.eq(st:read(10), "last words", "the last message")
+    t.refused(E.EEOF, "closed the stream", st:read_chunk())
+    -- Ours: the stream is closed afterwards (the server's answer to it is dropped).
+    local mine = t.ok(s:open_stream())
+    t.raises("shmipc.stream expected", mine.flush_close, s)
+    t.eq(mine:write("ping"):flush_close(), true, "flush_close")
+    t.raises("attempt to use a closed shmipc.stream", mine.flush_close, mine)
+    t.raises("attempt to use a closed shmipc.stream", mine.write, mine, "x")
+    mine:close() -- a no-op once closed
+    -- Shut down first: nothing more goes, nil, message, ECLOSED, and closed all the same.
+    local shut = t.ok(s:open_stream())
+    t.ok(shut:write("unsent"))
+    shut:shutdown()
+    t.refused(E.ECLOSED, "", shut:flush_close())
+    t.raises("attempt to use a closed shmipc.stream", shut.write, shut, "x")
+    local ok, out = support.stop_server(server, address)
+    t.truthy(ok, out)
+end
+
 function tests.read_timeouts(t)
     local address = support.address("timeout")
     local server <close> = support.greeter_server(address)

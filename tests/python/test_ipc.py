@@ -439,3 +439,56 @@ def test_usable_in_a_subinterpreter():
     )
     assert _testcapi.run_in_subinterp(code) == 0
     assert shmipc.Listener is not None
+
+
+def test_flush_close_sends_the_last_message_and_the_end(pair):
+    cs, ss = pair.streams()
+    cs.write(b"last ")
+    cs.write(b"words")
+    assert cs.flush_close() is None
+    assert cs.closed
+    assert ss.readexactly(10) == b"last words"
+    assert ss.read() == b""  # then the end
+    # Closed: every call raises as after close(); close() stays a no-op.
+    for call in (cs.flush_close, cs.flush, lambda: cs.write(b"x")):
+        with pytest.raises(shmipc.ClosedError):
+            call()
+    cs.close()
+    # Nothing written: only the end goes.
+    cs2 = pair.client.open_stream()
+    cs2.write(b"x")
+    cs2.flush()
+    ss2 = pair.server.accept_stream(timeout=5)
+    assert ss2.readexactly(1) == b"x"
+    cs2.flush_close()
+    assert ss2.read() == b""
+
+
+def test_flush_close_misuse(pair):
+    cs, ss = pair.streams()
+    with pytest.raises(TypeError):
+        cs.flush_close(1)
+    # A window still open: refused, nothing closed.
+    view = cs.reserve(4)
+    with pytest.raises(BufferError):
+        cs.flush_close()
+    assert not cs.closed
+    view.release()
+    cs.commit(0)
+    # A memoryview of a received chunk points into the stream's memory: refused as close() is.
+    ss.write(b"chunk")
+    ss.flush()
+    chunk = cs.read_chunk()
+    mv = memoryview(chunk)
+    with pytest.raises(BufferError):
+        cs.flush_close()
+    assert not cs.closed
+    mv.release()
+    chunk.release()
+    # Shut down: nothing more is sent, the error says so, and the stream is closed anyway.
+    cs.write(b"unsent")
+    cs.shutdown()
+    with pytest.raises(shmipc.ClosedError):
+        cs.flush_close()
+    assert cs.closed
+    assert ss.read() == b""  # "unsent" never went
