@@ -634,16 +634,27 @@ static int flush(shmipc_stream *st, int close_after)
     return rc;
 }
 
-/* Tells the peer the stream is closed: a queue element, or StreamClose when it is full. */
+/*
+ * Tells the peer the stream is closed: a queue element, or StreamClose when it is full.
+ *
+ * A close after the peer's own (we have read its close element) wakes nobody: the peer
+ * removed the stream when it closed it, and ignores this element (docs/protocol.md, "Closing a
+ * stream"), which it takes with its next wakeup. Waking it for that costs it a wakeup and a
+ * turn for nothing, once per exchange of a request-reply peer that closes first (shmipc-serve's
+ * workers). Such elements are left in the queue only while it is at most half full, so they
+ * never crowd out a message; a close that finds it fuller wakes the peer as usual.
+ */
 void shmipc__stream_send_close(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
     struct shmipc__queue_elem e = {st->id, 0, 1};
     uint64_t deadline = shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
+    int second = __atomic_load_n(&st->state, __ATOMIC_RELAXED) == SHMIPC__STREAM_PEER_CLOSED;
     int rc;
     pthread_mutex_lock(&s->send_mu);
     if (shmipc__queue_put(&s->qp.send, &e) == 0) {
-        rc = wake_peer(s);
+        int n = second ? shmipc__queue_size(&s->qp.send) : 0;
+        rc = second && n >= 0 && (uint32_t)n <= s->qp.send.cap / 2 ? 0 : wake_peer(s);
     } else {
         uint8_t msg[12];
         shmipc__encode_stream_close(msg, s->wire, st->id);

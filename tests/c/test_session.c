@@ -2351,6 +2351,77 @@ static void flush_close_sends_the_end_right_behind_the_data(void **state)
     shmipc_stream_close(ss);
 }
 
+/*
+ * The second close of a stream (the peer closed it first, and we read that) wakes nobody: the
+ * peer removed the stream and ignores the element, which it takes with its next wakeup. It
+ * woke the peer (a Polling message) once per exchange of a peer that closes first.
+ */
+static void second_close_wakes_nobody(void **state)
+{
+    struct ipc_pair *p = *state;
+    shmipc_stream *cs, *ss;
+    const void *ptr;
+    size_t n;
+    first_message(p, &cs, &ss, "hello");
+    ipc_send_text(ss, "reply");
+    ipc_expect_text(cs, "reply");
+    /* The client is idle, its flag clear: a message now would wake it. */
+    assert_int_equal(socket_pending(p->client), 0);
+    assert_int_equal(shmipc__queue_size(&p->client->qp.recv), 0);
+    shmipc_stream_close(cs); /* the first close */
+    assert_int_equal(shmipc_stream_read_chunk(ss, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    shmipc_stream_close(ss); /* the second: in the queue, no wakeup */
+    assert_int_equal(shmipc__queue_size(&p->client->qp.recv), 1);
+    assert_int_equal(socket_pending(p->client), 0);
+    /* A first close wakes the peer as before. */
+    first_message(p, &cs, &ss, "again");
+    shmipc_stream_close(ss);
+    assert_int_equal(shmipc__queue_size(&p->client->qp.recv), 2);
+    assert_int_equal(socket_pending(p->client), (int)SHMIPC__HEADER_SIZE);
+    /* The client takes both with that wakeup: its stream ends, the other close is ignored. */
+    assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    assert_int_equal(shmipc__queue_size(&p->client->qp.recv), 0);
+    shmipc_stream_close(cs);
+}
+
+/* Second closes left in the queue stop at half of it: then the peer is woken, so they never
+ * keep a message out of a queue the peer does not drain. */
+static void second_closes_fill_at_most_half_the_queue(void **state)
+{
+    (void)state;
+    enum { CAP = 16, N = 12 };
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream *cs[N], *ss[N];
+    const void *ptr;
+    size_t n;
+    assert_int_equal(shmipc_config_set_queue_capacity(cfg, CAP), 0);
+    pair_open(&p, cfg);
+    for (int i = 0; i < N; i++) {
+        first_message(&p, &cs[i], &ss[i], "m");
+        shmipc_stream_close(cs[i]);
+        assert_int_equal(shmipc_stream_read_chunk(ss[i], 0, &ptr, &n, 0), SHMIPC_EEOF);
+    }
+    assert_int_equal(socket_pending(p.client), 0);
+    for (int i = 0; i < N; i++) {
+        shmipc_stream_close(ss[i]);
+        int queued = shmipc__queue_size(&p.client->qp.recv);
+        assert_int_equal(queued, i + 1);
+        /* Woken once the queue holds more than half of CAP (after that, its flag is set). */
+        assert_int_equal(socket_pending(p.client), queued > CAP / 2 ? (int)SHMIPC__HEADER_SIZE : 0);
+    }
+    /* The client drains them and goes on. */
+    shmipc_stream *c2, *s2;
+    first_message(&p, &c2, &s2, "after");
+    ipc_send_text(s2, "fine");
+    ipc_expect_text(c2, "fine");
+    assert_int_equal(shmipc__queue_size(&p.client->qp.recv), 0);
+    shmipc_stream_close(c2);
+    shmipc_stream_close(s2);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
 /* flush_close misused: NULL; a stream shut down (nothing more is sent, it is still closed and
  * freed: ASan sees a leak otherwise); a reader blocked on it in another thread wakes. */
 static void flush_close_misuse(void **state)
@@ -2442,6 +2513,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(flush_close_sends_the_end_right_behind_the_data,
                                         memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(flush_close_misuse, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(second_close_wakes_nobody, memfd_pair_open,
+                                        memfd_pair_close),
+        cmocka_unit_test(second_closes_fill_at_most_half_the_queue),
         cmocka_unit_test(flush_close_into_the_last_element),
         cmocka_unit_test(flush_close_on_the_socket),
         cmocka_unit_test_setup_teardown(many_streams_interleaved, memfd_pair_open,
