@@ -918,8 +918,17 @@ SHMIPC_API int shmipc_serve_handle_stream(shmipc_stream *st, shmipc_serve_handle
     } else {
         uint8_t end[SHMIPC_SERVE_HDR_SIZE];
         shmipc_serve_encode_header(end, sizeof end, SHMIPC_SERVE_END, 0, 0);
-        if (send_now(&x, end, sizeof end, NULL, 0) == 0)
+        if (x.done) {
+            /* The request was read to its END: nothing to drain, so our END and the close go
+             * in one step, one wakeup of the front instead of two. */
+            if (queue(&x, end, sizeof end, NULL, 0) == 0) {
+                if (shmipc_stream_flush_close(st) < 0)
+                    lost(&x);
+                st = NULL; /* closed, whatever the flush did */
+            }
+        } else if (send_now(&x, end, sizeof end, NULL, 0) == 0) {
             drain(&x);
+        }
         outcome = x.gone       ? SHMIPC_SERVE_OUTCOME_ABORTED
                   : x.protocol ? SHMIPC_SERVE_OUTCOME_PROTOCOL
                                : SHMIPC_SERVE_OUTCOME_OK;

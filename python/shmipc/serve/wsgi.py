@@ -64,7 +64,8 @@ def _hello_answer(payload, concurrency):
 class _Exchange:
     """The worker's end of one stream: reads the request's frames, writes the response's."""
 
-    __slots__ = ("st", "done", "aborted", "abort_reason", "pending", "has_body", "expect", "got")
+    __slots__ = ("st", "done", "aborted", "abort_reason", "pending", "has_body", "expect", "got",
+                 "end_queued")
 
     def __init__(self, st):
         self.st = st
@@ -75,6 +76,7 @@ class _Exchange:
         self.has_body = True  # until head() says otherwise
         self.expect = None  # the head's content_length (CONTENT_LENGTH), else None
         self.got = 0  # body bytes read
+        self.end_queued = False  # our END is written, not flushed: close() sends it (flush_close)
 
     def head(self, flags, payload):
         """What the REQUEST_HEAD (`flags`, its payload) says of the body, for _next_body to
@@ -181,6 +183,20 @@ class _Exchange:
         for p in parts:
             self.st.write(p)
         self.st.flush()
+
+    def queue(self, *parts):
+        """Written, not flushed: they go with the next send, or the close (flush_close)."""
+        for p in parts:
+            self.st.write(p)
+
+    def close(self):
+        """Closes the stream; our END still queued goes with the close, one wakeup of the
+        front for both (flush_close)."""
+        if self.end_queued:
+            self.end_queued = False
+            self.st.flush_close()
+        else:
+            self.st.close()
 
     def abort(self, reason, text=""):
         """Send ABORT, then wait (bounded) for the front to end its side: its END or ABORT,
@@ -313,7 +329,7 @@ class _Response:
     """start_response, write() and the sending of the head and body of one response."""
 
     __slots__ = ("ex", "method", "status", "headers", "head_sent", "flags", "length",
-                 "sent", "code")
+                 "sent", "code", "hold")
 
     def __init__(self, ex, method):
         self.ex = ex
@@ -325,6 +341,10 @@ class _Response:
         self.length = None  # the app's Content-Length
         self.sent = 0
         self.code = 0
+        # The app's iterable runs no code after its last piece (a list or tuple without
+        # close()): the piece that completes Content-Length waits for our END, and the END
+        # for the stream's close, so that one message and one wakeup of the front carry all.
+        self.hold = False
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info is not None:
@@ -409,6 +429,9 @@ class _Response:
             parts.append(_body_header(len(piece)))
             parts.append(piece)
         self.sent += n
+        if self.hold and self.length is not None and self.sent == self.length:
+            self.ex.queue(*parts)
+            return
         self.ex.send(*parts)
 
     def finish(self):
@@ -419,12 +442,23 @@ class _Response:
                 length = 0
             h = self._head(length)
             self.head_sent = True
-            self.ex.send(h, _END)
+            self._end(h, _END)
             return
         if self.length is not None and self.sent < self.length and not self._bodyless():
             raise _LengthError(
                 f"the app sent {self.sent} bytes of its Content-Length of {self.length}")
-        self.ex.send(_END)
+        self._end(_END)
+
+    def _end(self, *parts):
+        """The END (after the head, when none was sent): queued for the close when the request
+        was read to its END (nothing left to drain; a look without waiting tells), else sent."""
+        if self.hold:
+            self.ex.check_abort()
+            if self.ex.done and self.ex.pending is None:
+                self.ex.queue(*parts)
+                self.ex.end_queued = True
+                return
+        self.ex.send(*parts)
 
 
 class _LengthError(Exception):
@@ -451,17 +485,20 @@ class WSGIHandler:
         failed: 500 or ABORT WORKER_ERROR), "aborted" (the front ended it), "protocol" or
         "late" (the stream held only a late ABORT)."""
         ex = _Exchange(st)
+        outcome = "aborted"
         try:
-            return self._handle(ex)
+            outcome = self._handle(ex)
         except (shmipc.Error, OSError) as e:
             # The stream or session ended under us: the front went away.
             log.debug("shmipc-serve: stream %d ended: %s", st.id, e)
-            return "aborted"
         finally:
             try:
-                st.close()
-            except shmipc.Error:
-                pass
+                ex.close()
+            except shmipc.Error as e:
+                # Our END went with the close (flush_close): the front never got it.
+                log.debug("shmipc-serve: stream %d ended: %s", st.id, e)
+                outcome = "aborted"
+        return outcome
 
     def _handle(self, ex):
         try:
@@ -492,6 +529,7 @@ class WSGIHandler:
         outcome = "ok"
         try:
             result = self.app(environ, resp.start_response)
+            resp.hold = type(result) in (list, tuple)
             if (resp.length is None and not resp.head_sent and type(result) in (list, tuple)
                     and len(result) == 1 and resp.status is not None and not resp._bodyless()):
                 # One piece: its length is known, so the front can send Content-Length.
