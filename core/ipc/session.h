@@ -286,6 +286,24 @@ static inline int shmipc__session_can_send(const shmipc_session *s)
     return n >= 0 && (uint32_t)n < s->qp.send.cap;
 }
 
+/*
+ * What the peer took of our queue: shmipc__session_sent() after a flush marks its message
+ * (the elements put so far, its own included); shmipc__session_peer_took(s, mark) is 1 once
+ * the peer popped that element, 0 while it still waits in the queue. After the peer died, an
+ * element it never popped was never read: a request in it may go to another peer. The count
+ * is the peer's to write: a lying peer only changes which of its requests go elsewhere.
+ * For a stream on the socket (fallback) nothing tells: use 0 as the mark, and "took".
+ */
+static inline uint64_t shmipc__session_sent(const shmipc_session *s)
+{
+    return shmipc__queue_put_count(&s->qp.send);
+}
+
+static inline int shmipc__session_peer_took(const shmipc_session *s, uint64_t mark)
+{
+    return mark == 0 || shmipc__queue_popped_count(&s->qp.send) >= mark;
+}
+
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len);
 /*
  * shmipc__stream_write() of `n` buffers into shared memory only, all or nothing, for an event

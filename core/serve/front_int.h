@@ -173,6 +173,7 @@ struct freq {
     size_t up_buf_len;
     uint8_t ws;            /* a WebSocket handshake (REQUEST_HEAD with UPGRADE) */
     uint8_t want_taken;    /* sent with TAKEN_WANTED: the worker says TAKEN before it runs it */
+    uint64_t sent_mark;    /* shmipc__session_sent() after its first message, 0: not known */
     uint8_t taken;         /* its TAKEN came: never resent (the worker may have acted on it) */
     uint8_t solo;          /* counted in w->solo: nothing is pipelined behind it */
     struct fws *wsx;       /* after the 101: the relay's state (front_ws.c) */
@@ -230,6 +231,7 @@ struct shmipc__front {
 void shmipc__front_kick(struct fthread *t);
 void shmipc__front_req_free(struct freq *r);
 int shmipc__front_req_own_body(struct freq *r);
+int shmipc__front_upload_rewind(struct freq *r);
 void shmipc__front_req_done(struct freq *r);
 void shmipc__front_answer_status(struct freq *r, int status);
 int shmipc__front_req_send(struct freq *r);

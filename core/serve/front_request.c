@@ -303,6 +303,52 @@ static int upload_keep(struct freq *r)
     return 0;
 }
 
+/*
+ * An upload whose stream died before a flush reached a live worker goes again from its head
+ * (shmipc__front_requeue): the body bytes already framed for that stream (kept in body_copy
+ * while its first message was unflushed, at most SHMIPC__FRONT_RETRY_BODY) go first again,
+ * then what was kept after them. Without this the next worker got the head and END only: an
+ * empty body, and the app answered 200. 0, or SHMIPC_ENOMEM (the request untouched).
+ */
+int shmipc__front_upload_rewind(struct freq *r)
+{
+    struct shmipc__front *f = r->t->f;
+    if (!r->uploading || r->body_len == 0)
+        return 0;
+    size_t n = r->body_len + r->up_left;
+    uint8_t *b = malloc(n);
+    if (b == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "front: a request body to send again");
+    memcpy(b, r->body_copy, r->body_len);
+    if (r->up_left > 0)
+        memcpy(b + r->body_len, r->up_src, r->up_left);
+    if (r->up_buf != NULL)
+        atomic_fetch_sub(&f->up_kept, r->up_buf_len);
+    free(r->up_buf);
+    r->up_buf = b;
+    r->up_buf_len = n;
+    r->up_src = b;
+    r->up_left = n;
+    atomic_fetch_add(&f->up_kept, n);
+    free(r->body_copy);
+    r->body_copy = NULL;
+    r->body = NULL;
+    r->body_len = 0;
+    return 0;
+}
+
+/*
+ * The request's first message was flushed: where it stands in the session's queue, so that a
+ * session that ends before its worker popped it (a worker that died just before, unseen yet)
+ * sends it to another worker instead of answering 502 (shmipc__front_req_refused). Over the
+ * socket (fallback) nothing tells: 0.
+ */
+static void mark_sent(struct freq *r)
+{
+    r->sent_mark =
+        __atomic_load_n(&r->st->fallback, __ATOMIC_RELAXED) ? 0 : shmipc__session_sent(r->fs->s);
+}
+
 /* The kept body is dropped: the request can no longer be resent. */
 static void forget_body(struct freq *r)
 {
@@ -406,6 +452,8 @@ static int upload_push(struct freq *r, int flush_now)
             r->up_dirty = 0;
             if (!r->up_flushed && !r->up_end_out && r->body_len > 0)
                 upload_copy(r, NULL, 0); /* the body goes on past its first message */
+            if (!r->up_flushed)
+                mark_sent(r);
             r->up_flushed = 1;
         } else {
             wait = 1;
@@ -565,6 +613,7 @@ int shmipc__front_req_send(struct freq *r)
         rc = shmipc__stream_flush(r->st);
     if (rc < 0)
         return rc;
+    mark_sent(r);
     r->state = RQ_ACTIVE;
     keep_for_resend(r);
     return 0;
@@ -626,7 +675,8 @@ static int may_resend(struct freq *r)
  * it, and it may go to another worker. Never taken: its flush was still waiting (SENDING);
  * or the worker's last word, not read yet, was ABORT SHUTDOWN before any answer; or, asked
  * for TAKEN, the worker sent nothing at all for it (its TAKEN, had it sent one before it
- * ended, would be there: what a session received is read out of it before it is closed).
+ * ended, would be there: what a session received is read out of it before it is closed); or
+ * the worker never popped its message from the queue (it died before; sent_mark).
  * Reads one frame header at most; the request is given up either way.
  */
 int shmipc__front_req_refused(struct freq *r)
@@ -638,7 +688,9 @@ int shmipc__front_req_refused(struct freq *r)
     if (r->state != RQ_ACTIVE || r->st == NULL || r->have_hdr || r->got_head || r->taken)
         return 0;
     if (shmipc__stream_read_exact(r->st, SHMIPC__SF_HDR_SIZE, &p, SHMIPC_NONBLOCK) < 0)
-        return r->want_taken && may_resend(r);
+        return (r->want_taken || (r->fs != NULL && r->fs->s != NULL &&
+                                  !shmipc__session_peer_took(r->fs->s, r->sent_mark))) &&
+               may_resend(r);
     int rc = shmipc__sf_decode_header(p, SHMIPC__SF_HDR_SIZE, &fh);
     shmipc__stream_release(r->st);
     if (rc >= 0 && fh.type == SHMIPC__SF_TAKEN)

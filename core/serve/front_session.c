@@ -587,8 +587,16 @@ int shmipc__front_requeue(struct fthread *t, struct freq *r)
         r->st = NULL;
     }
     shmipc__timer_stop(&r->timer);
+    /* Part of an upload's body went and was not kept (past its first message, or too big to
+     * keep): it cannot go again; the caller answers it (502). */
+    if (r->uploading && r->up_head && r->no_retry)
+        return shmipc__fail(SHMIPC_ECONNRESET, "front: part of the request body went to a worker "
+                                               "that ended, and was not kept");
+    if (shmipc__front_upload_rewind(r) < 0)
+        return SHMIPC_ENOMEM;
     r->have_hdr = 0;
     r->send_tries = 0;
+    r->sent_mark = 0;
     /* An upload goes again from its head: only one whose body bytes never went comes here
      * (no_retry), what the server hands meanwhile is kept until a worker is claimed. */
     r->up_head = r->up_end_out = r->up_dirty = r->up_flushed = 0;
@@ -698,8 +706,12 @@ void shmipc__front_pump(struct fthread *t)
         r->state = RQ_ACTIVE;
         shmipc__front_fs_attach(fs, r);
         int rc = shmipc__front_req_send(r);
-        if (rc < 0)
-            (void)shmipc__front_requeue_head(t, r, rc); /* the body is a copy already */
+        if (rc < 0 && shmipc__front_requeue_head(t, r, rc) < 0) {
+            /* Part of its body went with the dead stream and was not kept: 502, as nginx
+             * answers a request it cannot send again to the next upstream. */
+            shmipc__front_answer_status(r, 502);
+            shmipc__front_req_done(r);
+        }
     }
 }
 

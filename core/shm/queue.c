@@ -243,6 +243,16 @@ void shmipc__queue_prefetch_next(const struct shmipc__queue *q)
     __builtin_prefetch(elem_at(q, head));
 }
 
+uint64_t shmipc__queue_put_count(const struct shmipc__queue *q)
+{
+    return (uint64_t)__atomic_load_n(i64_at(q, q->tail_at), __ATOMIC_RELAXED);
+}
+
+uint64_t shmipc__queue_popped_count(const struct shmipc__queue *q)
+{
+    return (uint64_t)__atomic_load_n(i64_at(q, q->head_at), __ATOMIC_ACQUIRE);
+}
+
 int shmipc__queue_size(const struct shmipc__queue *q)
 {
     uint64_t n = 0;

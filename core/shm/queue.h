@@ -125,6 +125,10 @@ int shmipc__queue_pop(struct shmipc__queue *q, struct shmipc__queue_elem *e);
 /* Elements in the ring (0..cap), or SHMIPC_EPROTO. */
 int shmipc__queue_size(const struct shmipc__queue *q);
 
+/* The elements put (tail) and popped (head) so far, as the shared counters say now. */
+uint64_t shmipc__queue_put_count(const struct shmipc__queue *q);
+uint64_t shmipc__queue_popped_count(const struct shmipc__queue *q);
+
 /*
  * Producer, after a put: flips the consumer's working flag 0 -> 1. Returns 1 when it did, and
  * only then must the producer wake the consumer (one Polling message); 0 when the consumer

@@ -562,6 +562,10 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         out[tlen] = ':';
         memcpy(out + tlen + 1, body, blen);
         send_frames(w, st, 200, w->name, out, tlen + 1 + blen, 1, is_head);
+        /* A worker that exits right after its answer: the front may hand the freed session
+         * another request before it sees the session end. */
+        if (atomic_load(&w->die_after_answer) > 0 && atomic_fetch_sub(&w->die_after_answer, 1) > 0)
+            kill_sessions(w);
         goto out; /* counted out by send_frames */
     case M_DIE:
         kill_sessions(w);

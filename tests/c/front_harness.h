@@ -77,16 +77,17 @@ struct appw {
     /* latches, set under mu and signalled on cv */
     atomic_int hold_open;
     atomic_int release_stall;
-    atomic_int sessions_ended; /* session threads that saw their session end */
-    atomic_int hold_accept;    /* the acceptor takes no connection: a worker that is frozen */
-    atomic_int accept_parked;  /* turns the acceptor spent held (appw_hold_accept waits on it) */
-    atomic_int freeze;         /* session threads touch nothing (the queue to it stays full) */
-    int parked;                /* session threads waiting out a freeze (under mu) */
-    atomic_int bad;            /* what a worker thread found wrong (it cannot assert) */
-    atomic_int requests;       /* request heads read */
-    atomic_int refused;        /* requests answered ABORT SHUTDOWN */
-    atomic_int aborts[8];      /* ABORT reasons the front sent */
-    atomic_int concurrent;     /* streams being served now */
+    atomic_int die_after_answer; /* M_HOLD/M_ECHO: this many answers end every session at once */
+    atomic_int sessions_ended;   /* session threads that saw their session end */
+    atomic_int hold_accept;      /* the acceptor takes no connection: a worker that is frozen */
+    atomic_int accept_parked;    /* turns the acceptor spent held (appw_hold_accept waits on it) */
+    atomic_int freeze;           /* session threads touch nothing (the queue to it stays full) */
+    int parked;                  /* session threads waiting out a freeze (under mu) */
+    atomic_int bad;              /* what a worker thread found wrong (it cannot assert) */
+    atomic_int requests;         /* request heads read */
+    atomic_int refused;          /* requests answered ABORT SHUTDOWN */
+    atomic_int aborts[8];        /* ABORT reasons the front sent */
+    atomic_int concurrent;       /* streams being served now */
     atomic_int max_concurrent;
     /* HELLO and TAKEN (docs/serve.md): enum taken_mode. Targets "/taken-twice",
      * "/taken-unasked" and "/taken-late" send TAKEN where the protocol forbids it. */

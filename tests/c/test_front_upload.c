@@ -466,6 +466,61 @@ static void upload_queued_waits_for_worker(void **state)
     assert_int_equal(atomic_load(&w->bad), 0);
 }
 
+/*
+ * Regression (an attack review): a queued chunked upload handed to a session whose worker
+ * exited right after its answer (the front had not seen the session end yet) failed at its
+ * flush and went back to the queue; the next worker got its head and END without its body,
+ * whose bytes had been framed for the dead stream, and the app answered 200 with an empty
+ * body. Rounds, as the front sees the end before or after it hands the upload over; each
+ * body is unique and must come back whole.
+ */
+static void upload_requeued_from_a_dead_session_keeps_its_body(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    appw_start(w, "w0", NULL);
+    fx_start(x, ws, 1, 1, NULL);
+    for (int round = 0; round < 30; round++) {
+        assert_true(wait_sessions(x, w->addr, 1));
+        latch_set(w, &w->hold_open, 0);
+        atomic_store(&w->mode, M_HOLD);
+        int held = atomic_load(&w->holding);
+        struct rd *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+        struct resp pa, pb;
+        rd_open(a, x->port);
+        send_all(a->fd, "GET /first HTTP/1.1\r\nHost: t\r\n\r\n", 33);
+        assert_true(wait_for(&w->holding, held + 1, WAIT_MS));
+        char body[64], req[256], want[96];
+        int bl = snprintf(body, sizeof body, "round-%d-%08x", round, (unsigned)rand());
+        int n = snprintf(req, sizeof req,
+                         "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         "%x\r\n%s\r\n0\r\n\r\n",
+                         bl, body);
+        rd_open(b, x->port);
+        send_all(b->fd, req, (size_t)n);
+        assert_true(wait_queued(x, 1));
+        atomic_store(&w->die_after_answer, 1);
+        atomic_store(&w->mode, M_ECHO);
+        latch_set(w, &w->hold_open, 1);
+        read_resp(a, &pa);
+        assert_int_equal(pa.status, 200);
+        read_resp(b, &pb);
+        snprintf(want, sizeof want, "/echo:%s", body);
+        if (pb.status != 200 || pb.body_len != strlen(want) || memcmp(pb.body, want, pb.body_len))
+            fail_msg("round %d: %d \"%.*s\", want 200 \"%s\"", round, pb.status, (int)pb.body_len,
+                     pb.body, want);
+        resp_free(&pa);
+        resp_free(&pb);
+        close(a->fd);
+        close(b->fd);
+        free(a);
+        free(b);
+    }
+    assert_int_equal(atomic_load(&w->bad), 0);
+}
+
 /* Wait until the front keeps part of an upload (stats), at most WAIT_MS. */
 static int wait_kept(struct fx *x)
 {
@@ -1009,8 +1064,9 @@ static void upload_front_stopped_mid_upload(void **state)
         T(upload_bad_chunk_framing_400), T(upload_client_stalls_504),                              \
         T(upload_client_gone_frees_worker), T(upload_early_answer_closes),                         \
         T(upload_expect_100_continue), T(upload_refused_after_body_not_resent),                    \
-        T(upload_queued_waits_for_worker), T(upload_shared_memory_full_holds_then_resumes),        \
-        T(upload_cross_talk), T(upload_pipelined_after_bodies), T(upload_cut_at_every_byte),       \
+        T(upload_queued_waits_for_worker), T(upload_requeued_from_a_dead_session_keeps_its_body),  \
+        T(upload_shared_memory_full_holds_then_resumes), T(upload_cross_talk),                     \
+        T(upload_pipelined_after_bodies), T(upload_cut_at_every_byte),                             \
         T(upload_early_answer_then_pipelined_request),                                             \
         T(upload_chunked_resent_only_when_whole_in_first_message),                                 \
         T(upload_session_dies_while_piece_kept), T(upload_deadline_while_piece_kept),              \
