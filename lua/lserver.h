@@ -25,7 +25,12 @@ struct shmipc__lua_gate {
     int refs;        /* the registry's box and every server */
 };
 
-/* Slots of the callback thread's stack, set up once by shmipc.server(). */
+/*
+ * Slots of the callback thread's stack while a callback runs: shmipc__lua_server_thread() pushes
+ * them from the registry for each callback, and the callback empties the stack again. Nothing is
+ * kept on the thread between callbacks: user code can reach it (coroutine.running() in a
+ * handler) and coroutine.close() or coroutine.resume() it from outside.
+ */
 enum {
     T_MSGH = 1,     /* the message handler, which adds a traceback */
     T_ON_ERROR = 2, /* on_error or nil */
@@ -43,6 +48,11 @@ struct core {
     struct shmipc__lua_gate *gate;
     lua_State *T;      /* the thread callbacks run on */
     int thread_ref;    /* registry reference of T */
+    lua_State *spare;  /* never runs: takes T's place should T not be idle */
+    int spare_ref;     /* registry reference of spare */
+    int on_error_ref;  /* registry reference of on_error (LUA_REFNIL: none): T_ON_ERROR */
+    int routes_ref;    /* registry reference of the routes table: T_ROUTES */
+    int ws_ref;        /* registry reference of the connection table: T_WS */
     int anchor_ref;    /* registry reference of the handle while started, else LUA_NOREF */
     int closing;       /* under gate->m: waiting workers give up */
     int busy;          /* one of this server's callbacks runs */
@@ -83,6 +93,7 @@ struct sig_watch {
 /* server.c */
 lserver *shmipc__lua_check_server(lua_State *L, int arg);
 int shmipc__lua_gate_enter_worker(struct core *c);
+lua_State *shmipc__lua_server_thread(struct core *c, const char *label);
 void shmipc__lua_server_log_error(lua_State *T, const char *label);
 
 /* gate.c */

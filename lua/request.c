@@ -274,11 +274,16 @@ int shmipc__lua_server_on_request(shmipc_http_request *req, shmipc_http_response
         shmipc_http_response_add_header(res, "Content-Type", "text/plain");
         return shmipc_http_response_body(res, "server closing\n", 15);
     }
-    lua_State *T = c->T;
+    lua_State *T = shmipc__lua_server_thread(c, r->label);
+    if (T == NULL) {
+        shmipc__lua_gate_give(c->gate);
+        shmipc_http_response_set_status(res, 500);
+        shmipc_http_response_add_header(res, "Content-Type", "text/plain");
+        return shmipc_http_response_body(res, "internal server error\n", 22);
+    }
     c->busy = 1;
     c->cur_request = NULL;
     c->applying = 0;
-    lua_settop(T, T_NSLOTS);
     lua_pushcfunction(T, protected_request);
     lua_pushlightuserdata(T, r);
     lua_pushlightuserdata(T, req);
@@ -296,7 +301,7 @@ int shmipc__lua_server_on_request(shmipc_http_request *req, shmipc_http_response
             shmipc_http_response_body(res, "internal server error\n", 22);
         }
     }
-    lua_settop(T, T_NSLOTS);
+    lua_settop(T, 0);
     c->busy = 0;
     shmipc__lua_gate_give(c->gate);
     return rc;

@@ -10,9 +10,12 @@
  * handler, and gives the gate back; WebSocket callbacks do the same. Lua handlers are thus
  * serialized, while static routes, parsing and I/O stay parallel on the workers. Each server
  * has one Lua thread of its own (lua_newthread, anchored in the registry) on which its
- * callbacks run: one is enough, since the gate lets one callback in at a time. After
- * srv:start() returns to Lua code, workers with a Lua handler to call wait until the Lua side
- * blocks in run() or shmipc.poll().
+ * callbacks run: one is enough, since the gate lets one callback in at a time. User code can
+ * reach that thread (coroutine.running() in a handler) and close or resume it between
+ * callbacks, so it holds nothing between them: its routes, connections and on_error are in
+ * the registry, pushed for each callback, and a thread that is not idle any more is replaced
+ * by a spare (shmipc__lua_server_thread). After srv:start() returns to Lua code, workers with
+ * a Lua handler to call wait until the Lua side blocks in run() or shmipc.poll().
  *
  * The gate is not a plain mutex because the Lua side may take it on one OS thread and let go
  * of it on another (an embedding program), and because a worker must stop waiting for it
@@ -78,6 +81,62 @@ static int msgh(lua_State *L)
     return 1;
 }
 
+/* Idle: no call in progress, neither suspended nor dead by an error, nothing on its stack. */
+static int thread_idle(lua_State *T)
+{
+    lua_Debug ar;
+    return lua_status(T) == LUA_OK && lua_getstack(T, 0, &ar) == 0 && lua_gettop(T) == 0;
+}
+
+/* Under pcall on the callback thread, argument the core: makes a new spare thread. */
+static int protected_new_spare(lua_State *L)
+{
+    struct core *c = lua_touserdata(L, 1);
+    lua_State *spare = lua_newthread(L);
+    int ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    luaL_unref(L, LUA_REGISTRYINDEX, c->spare_ref);
+    c->spare = spare;
+    c->spare_ref = ref;
+    return 0;
+}
+
+/*
+ * Worker side, holding the gate: the thread one of c's callbacks runs on, with the slots T_MSGH
+ * to T_WS pushed; the callback empties its stack when done. A callback leaves the thread idle
+ * and neither coroutine.close() nor coroutine.resume() from outside changes an idle thread
+ * with an empty stack, but should it ever be otherwise (a yielded or failed coroutine, a
+ * call in progress), the spare, which never ran, takes its place and a new spare is made on
+ * it. NULL, with a line on stderr naming `label`, when no idle thread is left (out of memory).
+ */
+lua_State *shmipc__lua_server_thread(struct core *c, const char *label)
+{
+    if (!thread_idle(c->T)) {
+        if (!thread_idle(c->spare)) {
+            fprintf(stderr, "shmipc.server: %s: no usable Lua thread for the callback\n", label);
+            fflush(stderr);
+            return NULL;
+        }
+        lua_State *broken = c->T;
+        int broken_ref = c->thread_ref;
+        c->T = c->spare;
+        c->thread_ref = c->spare_ref;
+        c->spare = broken; /* not idle: replaced below */
+        c->spare_ref = broken_ref;
+    }
+    lua_State *T = c->T;
+    if (!thread_idle(c->spare)) {
+        lua_pushcfunction(T, protected_new_spare);
+        lua_pushlightuserdata(T, c);
+        if (lua_pcall(T, 1, 0, 0) != LUA_OK)
+            lua_pop(T, 1); /* out of memory: tried again next time */
+    }
+    lua_pushcfunction(T, msgh);
+    lua_rawgeti(T, LUA_REGISTRYINDEX, c->on_error_ref);
+    lua_rawgeti(T, LUA_REGISTRYINDEX, c->routes_ref);
+    lua_rawgeti(T, LUA_REGISTRYINDEX, c->ws_ref);
+    return T;
+}
+
 /*
  * Under pcall, arguments (on_error or nil, label as light userdata, error value): builds
  * "<label>: <message>" and gives it to on_error, or writes it on stderr.
@@ -136,6 +195,10 @@ static void free_core(lua_State *L, struct core *c)
     shmipc_server_close(c->s);
     unanchor(L, c);
     luaL_unref(L, LUA_REGISTRYINDEX, c->thread_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, c->spare_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, c->on_error_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, c->routes_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, c->ws_ref);
     shmipc__lua_gate_unref(c->gate);
     free(c);
 }
@@ -198,10 +261,10 @@ static int server_route(lua_State *L)
     int rc = shmipc_server_route(c->s, method, path, shmipc__lua_server_on_request, r, free);
     if (rc < 0)
         return shmipc__lua_push_failure(L, rc);
-    /* T is not running: the Lua side holds the gate and the server is not started. */
+    /* No callback reads the table: the Lua side holds the gate and the server is not started. */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, c->routes_ref);
     lua_pushvalue(L, 4);
-    lua_xmove(L, c->T, 1);
-    lua_rawseti(c->T, T_ROUTES, r->index);
+    lua_rawseti(L, -2, r->index);
     c->nroutes++;
     lua_settop(L, 1);
     return 1;
@@ -393,6 +456,10 @@ static int l_server(lua_State *L)
     c->gate = g;
     c->anchor_ref = LUA_NOREF;
     c->thread_ref = LUA_NOREF;
+    c->spare_ref = LUA_NOREF;
+    c->on_error_ref = LUA_NOREF;
+    c->routes_ref = LUA_NOREF;
+    c->ws_ref = LUA_NOREF;
     pthread_mutex_lock(&g->m);
     g->refs++;
     pthread_mutex_unlock(&g->m);
@@ -406,18 +473,20 @@ static int l_server(lua_State *L)
         return shmipc__lua_push_failure(L, rc);
     }
 
-    /* The callback thread and its fixed slots. */
+    /* The callback thread, its spare, and what the callbacks' slots hold. */
     c->T = lua_newthread(L);
     c->thread_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_pushcfunction(c->T, msgh);
-    if (lua_getfield(L, 1, "on_error") == LUA_TFUNCTION)
-        lua_xmove(L, c->T, 1);
-    else {
+    c->spare = lua_newthread(L);
+    c->spare_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (lua_getfield(L, 1, "on_error") != LUA_TFUNCTION) {
         lua_pop(L, 1);
-        lua_pushnil(c->T);
+        lua_pushnil(L);
     }
-    lua_newtable(c->T);
-    lua_newtable(c->T);
+    c->on_error_ref = luaL_ref(L, LUA_REGISTRYINDEX); /* LUA_REFNIL for nil */
+    lua_newtable(L);
+    c->routes_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_newtable(L);
+    c->ws_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_settop(L, 3);
     return 1;
 }

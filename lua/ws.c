@@ -3,7 +3,7 @@
  * callbacks on_ws_open/_message/_close that run the Lua handlers on a worker thread under the
  * gate (server.c), and srv:websocket().
  *
- * Owns: the ws handle and the connection table T_WS of a server's callback thread.
+ * Owns: the ws handle and the connection table (T_WS during a callback).
  * May call: the public C API (shmipc_ws_*, shmipc_server_websocket), lshmipc.h, server.c's gate
  * entry and error log, request.c's request handle.
  */
@@ -168,14 +168,18 @@ static int protected_ws_close(lua_State *T)
     return 0;
 }
 
-/* Runs `fn` for event `e` on T, holding the gate; logs an error. Returns 0 or -1 (it raised). */
-static int call_ws(struct core *c, lua_CFunction fn, struct ws_event *e, const char *what)
+/*
+ * Runs `fn` for event `e` on T (from shmipc__lua_server_thread, or NULL: fails), holding the
+ * gate; logs an error. Returns 0 or -1 (it raised). T keeps its slots.
+ */
+static int call_ws(struct core *c, lua_State *T, lua_CFunction fn, struct ws_event *e,
+                   const char *what)
 {
-    lua_State *T = c->T;
     int rc = 0;
+    if (T == NULL)
+        return -1;
     c->busy = 1;
     c->cur_request = NULL;
-    lua_settop(T, T_NSLOTS);
     lua_pushcfunction(T, fn);
     lua_pushlightuserdata(T, e);
     lua_pushvalue(T, T_ROUTES);
@@ -193,16 +197,21 @@ static int call_ws(struct core *c, lua_CFunction fn, struct ws_event *e, const c
     return rc;
 }
 
-/* Forgets the connection's handle: it raises from now on. Holding the gate. */
-static void ws_forget(struct core *c, shmipc_ws *ws)
+/*
+ * Forgets the connection's handle: it raises from now on, and T's T_WS (when T is not NULL)
+ * lets go of it. Holding the gate.
+ */
+static void ws_forget(lua_State *T, shmipc_ws *ws)
 {
     lws *u = shmipc_ws_data(ws);
     if (u == NULL)
         return;
     u->ws = NULL;
     shmipc_ws_set_data(ws, NULL);
-    lua_pushnil(c->T);
-    lua_rawsetp(c->T, T_WS, ws);
+    if (T != NULL) {
+        lua_pushnil(T);
+        lua_rawsetp(T, T_WS, ws);
+    }
 }
 
 static int on_ws_open(shmipc_ws *ws, const shmipc_http_request *req, void *user_data)
@@ -212,10 +221,13 @@ static int on_ws_open(shmipc_ws *ws, const shmipc_http_request *req, void *user_
     struct ws_event e = {.r = r, .ws = ws, .req = req};
     if (!shmipc__lua_gate_enter_worker(c))
         return -1;
-    if (call_ws(c, protected_ws_open, &e, "on_open") < 0 || !e.accepted) {
+    lua_State *T = shmipc__lua_server_thread(c, r->label);
+    if (call_ws(c, T, protected_ws_open, &e, "on_open") < 0 || !e.accepted) {
         e.accepted = 0;
-        ws_forget(c, ws);
+        ws_forget(T, ws);
     }
+    if (T != NULL)
+        lua_settop(T, 0);
     shmipc__lua_gate_give(c->gate);
     return e.accepted ? 0 : -1;
 }
@@ -226,7 +238,10 @@ static void on_ws_message(shmipc_ws *ws, int kind, const void *data, size_t len,
     struct ws_event e = {.r = r, .ws = ws, .kind = kind, .data = data, .len = len};
     if (!shmipc__lua_gate_enter_worker(r->c))
         return;
-    call_ws(r->c, protected_ws_message, &e, "on_message");
+    lua_State *T = shmipc__lua_server_thread(r->c, r->label);
+    call_ws(r->c, T, protected_ws_message, &e, "on_message");
+    if (T != NULL)
+        lua_settop(T, 0);
     shmipc__lua_gate_give(r->c->gate);
 }
 
@@ -238,16 +253,19 @@ static void on_ws_close(shmipc_ws *ws, int code, const char *reason, size_t reas
     if (!shmipc__lua_gate_enter_worker(r->c)) {
         /*
          * The server is being freed by a holder of the gate, which waits for this worker:
-         * the handle stays anchored in T_WS until then, and only needs to learn that the
-         * connection is gone.
+         * the handle stays anchored in the connection table until then, and only needs to
+         * learn that the connection is gone.
          */
         lws *u = shmipc_ws_data(ws);
         if (u != NULL)
             u->ws = NULL;
         return;
     }
-    call_ws(r->c, protected_ws_close, &e, "on_close");
-    ws_forget(r->c, ws);
+    lua_State *T = shmipc__lua_server_thread(r->c, r->label);
+    call_ws(r->c, T, protected_ws_close, &e, "on_close");
+    ws_forget(T, ws);
+    if (T != NULL)
+        lua_settop(T, 0);
     shmipc__lua_gate_give(r->c->gate);
 }
 
@@ -311,9 +329,9 @@ int shmipc__lua_server_websocket(lua_State *L)
                                      on_ws_close, r, free);
     if (rc < 0)
         return shmipc__lua_push_failure(L, rc);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, c->routes_ref);
     lua_pushvalue(L, 4);
-    lua_xmove(L, c->T, 1);
-    lua_rawseti(c->T, T_ROUTES, r->index);
+    lua_rawseti(L, -2, r->index);
     c->nroutes++;
     lua_settop(L, 1);
     return 1;

@@ -1,9 +1,9 @@
 -- Description: shmipc.server: Lua routes (request fields, every response form), static routes,
 -- 404, handlers that raise (500, logged, still serving), both backends, the options, misuse,
--- stop() and close() from a handler, run() against a client process, and handlers serialized
--- under concurrent clients. The HTTP client is lua-socket in this process, waiting with
--- shmipc.poll(), which lets the server's workers call the Lua handlers meanwhile; without
--- lua-socket the file says so and skips.
+-- stop() and close() from a handler, run() against a client process, handlers serialized
+-- under concurrent clients, and the callback thread closed or resumed by user code. The HTTP
+-- client is lua-socket in this process, waiting with shmipc.poll(), which lets the server's
+-- workers call the Lua handlers meanwhile; without lua-socket the file says so and skips.
 local shmipc = require "shmipc"
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local support = dofile(here .. "/ipc_support.lua")
@@ -333,6 +333,109 @@ function tests.poll_inside_handler_and_failing_on_error(t)
     t.eq(fetch(srv:port(), "GET", "/boom").status, 500, "500")
     t.eq(calls, 1, "on_error called")
     t.eq(fetch(srv:port(), "GET", "/sleep").body, "slept", "still serving")
+end
+
+-- Regression: Lua callbacks run on one thread of the server's (lua_newthread), which a handler
+-- can take with coroutine.running(). The server kept its message handler, routes table and
+-- WebSocket connections in fixed slots of that thread's stack: a coroutine.close() of the
+-- thread from outside emptied them (every later handler failed with "error in error
+-- handling", a WebSocket callback used nil as a table: SEGV under ASan), and a
+-- coroutine.resume() of it called the slot on top and left the thread dead by an error. Each
+-- case runs in a child process, which may crash on the old code, and prints a line a step.
+local CALLBACK_THREAD = [[
+local shmipc = require "shmipc"
+local client = dofile(arg[1])
+local case = arg[2]
+local errors = {}
+local srv = assert(shmipc.server{port = 0, workers = 2, on_error = function(msg)
+    errors[#errors + 1] = msg
+end})
+local T
+assert(srv:route("GET", "/take", function() T = coroutine.running() return "taken" end))
+assert(srv:route("GET", "/ok", function(req) return "ok " .. req.query end))
+assert(srv:route("GET", "/yield", function() coroutine.yield("x") return "yielded" end))
+assert(srv:route("GET", "/close-self", function()
+    coroutine.close(coroutine.running())
+    return "closed itself"
+end))
+assert(srv:websocket("/ws", {
+    on_open = function() T = coroutine.running() end,
+    on_message = function(ws, data) assert(ws:send("echo " .. data)) end,
+}))
+assert(srv:start())
+local port = srv:port()
+local function get(path)
+    local r = client.fetch(port, "GET", path)
+    print(path, r.status, r.body)
+    io.stdout:flush()
+end
+local function churn()
+    collectgarbage()
+    local junk = {}
+    for i = 1, 20000 do junk[i] = {i} end
+    collectgarbage()
+end
+-- Opens /ws, runs `between` (if any), sends "hi" and prints the echo.
+local function websocket(between)
+    local c, status = client.ws_connect(port, "/ws")
+    print("ws", status)
+    if between then
+        between()
+    end
+    c:ws_send("text", "hi")
+    print("ws", c:ws_recv(5))
+    c:close()
+end
+if case == "close" then
+    get("/take")
+    print("close", coroutine.close(T), coroutine.status(T))
+    T = nil
+    churn()
+    get("/ok?1")
+    get("/ok?2")
+elseif case == "resume" then
+    get("/take")
+    print("resume", coroutine.resume(T, "arg"))
+    print("status", coroutine.status(T))
+    churn()
+    get("/ok?1")
+    websocket()
+elseif case == "websocket" then
+    websocket(function()
+        print("close", coroutine.close(T))
+        churn()
+    end)
+    get("/ok?1")
+elseif case == "yield" then
+    get("/yield")
+    get("/close-self")
+    get("/ok?1")
+end
+for i, e in ipairs(errors) do
+    print("error", i, (e:match("^[^\n]*"):gsub("[^ ]*:%d+: ", ""))) -- no chunk:line
+end
+srv:close()
+print("done")
+]]
+
+local CALLBACK_THREAD_CASES = {
+    close = { "/take\t200\ttaken", "close\ttrue\tdead", "/ok?1\t200\tok 1", "/ok?2\t200\tok 2" },
+    resume = { "/take\t200\ttaken", "resume\tfalse\tcannot resume dead coroutine", "status\tdead",
+        "/ok?1\t200\tok 1", "ws\t101", "ws\ttext\techo hi\ttrue" },
+    websocket = { "ws\t101", "close\ttrue", "ws\ttext\techo hi\ttrue", "/ok?1\t200\tok 1" },
+    -- Not coroutines: a handler that yields or closes its own thread raises (500, logged).
+    yield = { "/yield\t500\tinternal server error\n", "/close-self\t500\tinternal server error\n",
+        "/ok?1\t200\tok 1", "error\t1\tGET /yield: attempt to yield across a C-call boundary",
+        "error\t2\tGET /close-self: cannot close a running coroutine" },
+}
+
+for case, lines in pairs(CALLBACK_THREAD_CASES) do
+    tests["callback_thread_taken_by_user_code_" .. case] = function(t)
+        local p <close> = support.lua_peer(CALLBACK_THREAD, here .. "/server_support.lua", case)
+        local ok, out = p:finish()
+        t.eq(out, table.concat(lines, "\n") .. "\ndone", "output")
+        t.truthy(ok, out)
+    end
 end
 
 function tests.stop_before_run(t)
