@@ -783,10 +783,12 @@ static void req_answer(struct freq *r)
 
     if (head_fields(r, &fr, h, &n, &ctype) < 0)
         goto bad;
-    if (r->is_head && (fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) &&
-        fr.u.resp.content_length > 0 && fr.u.resp.status != 204 && fr.u.resp.status != 304) {
-        /* HEAD: the client gets the worker's Content-Length, and no body; a whole answer
-         * would say the length of the body it has, none. */
+    if (r->is_head && fr.u.resp.status != 204 && fr.u.resp.status != 304 &&
+        (!(fr.u.resp.flags & SHMIPC__SF_RESP_CONTENT_LENGTH) || fr.u.resp.content_length > 0)) {
+        /* HEAD: the client gets the head GET would have, and no body: the worker's
+         * Content-Length, or none when GET's body has no length (chunked); a whole answer
+         * would say "Content-Length: 0", the length of the body it has (RFC 9110 8.6 allows
+         * only GET's). */
         free(ctype);
         if (stream_start(r) == 0)
             stream_end(r);
