@@ -412,6 +412,64 @@ static struct fsess *fs_add(struct fthread *t, struct fworker *w)
  * shmipc__front_req_refused), else it is answered 502; the worker freed. The session
  * reconnects after the back-off unless retired.
  */
+/* At most this many replaced sessions of one worker drain on a thread (fs_replace, fs_may_keep). */
+#define FRONT_MAX_REPLACED 2
+
+/* A response streaming to the client with bytes the worker sent still unread here. */
+static int relaying(const struct freq *r)
+{
+    return r->state == RQ_ACTIVE && r->live && r->streaming && !r->ws && r->st != NULL &&
+           shmipc__stream_available(r->st) > 0;
+}
+
+/*
+ * Whether the session's end may leave its streaming responses to finish: it ended because the
+ * worker left (its exit, graceful or not: what it sent before is whole) or stopped, not for a
+ * fault of ours or a hostile frame; and fewer than FRONT_MAX_REPLACED sessions of its worker
+ * drain on this thread (each holds its shared memory).
+ */
+static int fs_may_keep(struct fsess *fs, int rc)
+{
+    struct fthread *t = fs->t;
+    unsigned draining = 0;
+    if (fs->s == NULL || fs->replaced || (rc != 0 && rc != SHMIPC_ECONNRESET && rc != SHMIPC_EPIPE))
+        return 0;
+    for (unsigned i = 0; i < t->nsess; i++)
+        draining += t->sess[i]->replaced && t->sess[i]->w == fs->w;
+    return draining < FRONT_MAX_REPLACED;
+}
+
+/*
+ * The worker's session ended while responses it wrote whole (or up to where it died) sit in
+ * the session's shared memory for clients that read them slower: a worker replaced after
+ * --max-requests, stopped by a reload, or one that crashed after writing. They used to be cut
+ * at the session's end (a 20 MB response cut at 4 MB; an attack review). The session stays
+ * open for them as a replaced one (retired, takes nothing more, closed when its last request
+ * ends: req_finish), nothing watches it any more (nothing more comes), and a new session
+ * takes the worker's place on this thread. Each kept request reads on as its client drains;
+ * at the end of what the worker sent, its END completes it, or the session's end cuts it as
+ * before. 0, or < 0 when no new session could be made (the caller cuts them).
+ */
+static int fs_keep_relaying(struct fsess *fs)
+{
+    struct fthread *t = fs->t;
+    struct fsess *nfs = NULL;
+    if (!fs->retired && (nfs = fs_add(t, fs->w)) == NULL)
+        return SHMIPC_ENOMEM;
+    fs->replaced = 1;
+    fs->retired = 1;
+    fs->stopping = 1;
+    shmipc__watch_free(fs->watch);
+    fs->watch = NULL;
+    SHMIPC__LOG(SHMIPC__LOG_INFO,
+                "front: worker %s: its session ended with %u response(s) still streaming; they "
+                "go on from what it sent",
+                fs->w->addr, fs->nact);
+    if (nfs != NULL)
+        fs_connect(nfs, 0);
+    return 0;
+}
+
 void shmipc__front_fs_down(struct fsess *fs, int rc)
 {
     if (fs->down) /* from a read below: this call decides */
@@ -431,17 +489,35 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
     for (unsigned i = 0; i < n; i++)
         if (shmipc__front_fs_has(fs, snap[i]) && snap[i]->state == RQ_ACTIVE)
             shmipc__front_req_read(snap[i]);
-    while (fs->nact > 0) {
-        struct freq *r = fs->act[0];
+    /* Responses streaming to a client that reads slower than the worker wrote keep what the
+     * worker sent (fs_keep_relaying). */
+    int may_keep = fs_may_keep(fs, rc);
+    unsigned kept = 0;
+    while (fs->nact > kept) {
+        struct freq *r = fs->act[kept];
+        if (may_keep && relaying(r)) {
+            kept++;
+            continue;
+        }
         if (!(shmipc__front_req_refused(r) && shmipc__front_requeue(fs->t, r) == 0)) {
             shmipc__front_answer_status(r, 502);
             shmipc__front_req_done(r);
         }
-        if (fs->nact > 0 && fs->act[0] == r) /* never twice: it leaves whatever happened */
+        if (fs->nact > kept && fs->act[kept] == r) /* never twice: it leaves whatever happened */
             shmipc__front_fs_detach(fs, r);
     }
     fs->down = 0;
     fs->down_due = 0;
+    if (kept > 0 && fs_keep_relaying(fs) == 0)
+        return;
+    for (unsigned i = 0; fs->nact > 0 && i < SHMIPC__FRONT_MAX_CONCURRENCY; i++) {
+        /* Not kept after all (no room for another session): cut, as before. */
+        struct freq *r = fs->act[0];
+        shmipc__front_answer_status(r, 502);
+        shmipc__front_req_done(r);
+        if (fs->nact > 0 && fs->act[0] == r)
+            shmipc__front_fs_detach(fs, r);
+    }
     if (fs->s == NULL)
         return;
     fs_hello_end(fs);
@@ -625,7 +701,6 @@ int shmipc__front_requeue(struct fthread *t, struct freq *r)
  * shared memory: a client that keeps a WebSocket open and makes each new session unhealthy
  * must not multiply them). 0, or < 0: the caller takes the session down instead.
  */
-#define FRONT_MAX_REPLACED 2
 static int fs_replace(struct fsess *fs)
 {
     struct fthread *t = fs->t;

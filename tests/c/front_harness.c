@@ -190,7 +190,9 @@ uint8_t gen_byte(unsigned seed, uint64_t i)
  * "/stream/<total>/<frame>/<cl>/<seed>/<how>": a 200 whose body (gen_byte) comes in BODY
  * frames of <frame> bytes, flushed one by one (the session's queue pushes back); with a
  * Content-Length when <cl> is 1. <how>: 'e' END at the end; 'd' the worker dies at half;
- * 's' stalls at half until the front's ABORT; any: an ABORT from the front stops it.
+ * 'x' END, then the worker's sessions end at once (a worker that exits after its answer:
+ * --max-requests, a reload); 's' stalls at half until the front's ABORT; any: an ABORT from
+ * the front stops it.
  */
 static void stream_mode(struct appw *w, shmipc_stream *st, const char *target, int is_head)
 {
@@ -255,6 +257,8 @@ static void stream_mode(struct appw *w, shmipc_stream *st, const char *target, i
     atomic_fetch_sub(&w->concurrent, 1);
     shmipc_stream_flush(st);
     free(buf);
+    if (how == 'x')
+        kill_sessions(w);
     return;
 done:
     atomic_fetch_sub(&w->concurrent, 1);

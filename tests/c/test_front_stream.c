@@ -198,6 +198,40 @@ static void stream_worker_dies(void **state)
     }
 }
 
+/*
+ * Regression (an attack review): a worker that exits right after writing a whole response
+ * (--max-requests, a reload) while its client reads slowly: the response sat in the session's
+ * shared memory, and the session's end cut it (4 of 20 MB). It now arrives whole, and the
+ * worker's next session serves on. The client starts reading only once the worker's session
+ * ended.
+ */
+static void stream_worker_exits_after_writing_it_all(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct fx *x = &t->x;
+    struct rd *r = malloc(sizeof *r);
+    struct sbody b;
+    struct resp p;
+    int small = 65536;
+    tc_front(t, 1, NULL);
+    rd_open(r, x->port);
+    setsockopt(r->fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    assert_int_equal(
+        get_stream_x(r, "/stream/8388608/262144/0/9/x", 9, 16384, 0, &w->sessions_ended, &b), 200);
+    assert_false(b.bad);
+    assert_true(b.complete);
+    assert_int_equal(b.got, 8388608);
+    close(r->fd);
+    free(r);
+    /* The worker's next session takes the next requests. */
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(request(x->port, "GET", "/later", NULL, &p), 200);
+        assert_string_equal(p.body, "/later:");
+        resp_free(&p);
+    }
+}
+
 /* The client leaves mid-body (a reset, then a FIN): ABORT CLIENT_GONE reaches the worker,
  * which is free for the next request; the front holds nothing of it afterwards. */
 static void stream_client_gone(void **state)
@@ -355,8 +389,9 @@ static void stream_head_unwritable_frees_request_in_use(void **state)
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define STREAM_TESTS                                                                               \
     T(stream_64m_slow_client), T(stream_sized_then_pipelined), T(stream_http10_close_delimited),   \
-        T(stream_worker_dies), T(stream_client_gone), T(stream_deadline_mid_body),                 \
-        T(stream_cross_talk), T(stream_head_unwritable_frees_request_in_use)
+        T(stream_worker_dies), T(stream_worker_exits_after_writing_it_all), T(stream_client_gone), \
+        T(stream_deadline_mid_body), T(stream_cross_talk),                                         \
+        T(stream_head_unwritable_frees_request_in_use)
 
 int main(int argc, char **argv)
 {
