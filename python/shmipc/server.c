@@ -12,7 +12,9 @@
  * blocking stop, close) release the GIL, since workers need it to finish their handlers.
  * They count themselves in `busy`; close() while another thread is inside one only marks
  * `close_pending` and the last one out frees the server. A handler (a worker thread) never
- * frees nor waits for the server: that would join its own thread.
+ * frees nor waits for the server: that would join its own thread. When a handler drops the
+ * last reference, the object is resurrected and left behind (server_finalize), since the
+ * route contexts borrow it.
  *
  * Owns: the Server type and its lifecycle (new, start, run, stop, close, dealloc), route
  * registration, and the worker threads' GIL entry (shmipcpy_gil_enter, shmipcpy_in_callback).
@@ -173,24 +175,36 @@ fail:
     return NULL;
 }
 
+/*
+ * The last reference went inside a handler (a worker thread): freeing the C server here would
+ * join this very worker, and freeing the object would pull it from under the C route contexts,
+ * which borrow it (the handler's answer still goes through its `normalize`). The object is
+ * resurrected for good instead: the server is stopped and stays behind with its handlers, and
+ * the atexit hook of shmipc._server (which still sees it) frees it at exit.
+ */
+static void server_finalize(ServerObject *self)
+{
+    PyObject *type, *value, *tb;
+    if (self->s == NULL || !shmipcpy_in_callback)
+        return;
+    PyErr_Fetch(&type, &value, &tb);
+    Py_INCREF(self); /* never released: PyObject_CallFinalizerFromDealloc sees it resurrected */
+    shmipc_server_stop(self->s);
+    if (PyErr_WarnEx(PyExc_ResourceWarning,
+                     "shmipc.Server dropped inside its own handler; close() it instead", 1) < 0)
+        PyErr_WriteUnraisable((PyObject *)self);
+    PyErr_Restore(type, value, tb);
+}
+
 static void server_dealloc(ServerObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
+        return; /* resurrected by server_finalize */
     if (self->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)self);
-    if (self->s != NULL) {
-        if (shmipcpy_in_callback) {
-            /* The last reference went inside a handler: freeing here would join this very
-             * worker. Stop it and leave the C server (and its handlers) behind. */
-            shmipc_server_stop(self->s);
-            PyErr_WarnEx(PyExc_ResourceWarning,
-                         "shmipc.Server dropped inside its own handler; close() it instead", 1);
-            self->handlers = NULL;
-            self->request = self->normalize = self->log_error = NULL;
-        } else {
-            server_free_now(self);
-        }
-    }
+    if (self->s != NULL)
+        server_free_now(self);
     Py_XDECREF(self->handlers);
     Py_XDECREF(self->request);
     Py_XDECREF(self->normalize);
@@ -580,6 +594,7 @@ static PyMemberDef server_members[] = {
 static PyType_Slot server_slots[] = {
     {Py_tp_new, server_new},
     {Py_tp_dealloc, server_dealloc},
+    {Py_tp_finalize, server_finalize},
     {Py_tp_repr, server_repr},
     {Py_tp_methods, server_methods},
     {Py_tp_getset, server_getset},

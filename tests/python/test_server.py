@@ -556,3 +556,47 @@ def test_port_in_use_is_oserror_eaddrinuse(shmipc, backend):
             shmipc.Server(port=0, reuse_port=1)
     finally:
         a.close()
+
+
+DROP_IN_HANDLER = r"""
+import http.client, json, sys
+import shmipc
+
+def serve_one(answer):
+    srv = shmipc.Server("127.0.0.1", 0, workers=1)
+    holder = [srv]
+
+    @srv.route("GET", "/drop")
+    def drop(req):
+        holder.clear()  # the last reference: the Server's dealloc runs here, on the worker
+        return answer()
+
+    srv.start()
+    port = srv.port
+    del srv
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/drop")
+    r = c.getresponse()
+    return r.status, r.read()
+
+def fail():
+    raise KeyError("after the drop")
+
+print(serve_one(lambda: {"ok": True}))  # the answer goes through the Server's _normalize
+print(serve_one(fail))                  # the exception through its _log_error
+print("survived")
+"""
+
+
+def test_server_dropped_inside_its_own_handler():
+    """Regression: the last reference to a Server dropped inside its handler freed the object
+    while the C route context still borrowed it, and the handler's answer then went through
+    the freed Server (SIGSEGV). Now the Server is left behind (ResourceWarning), the request
+    is answered, and the process exits cleanly."""
+    r = subprocess.run([sys.executable, "-W", "always", "-c", DROP_IN_HANDLER],
+                       capture_output=True, text=True, env=python_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["(200, b'{\"ok\":true}')",
+                                     "(500, b'Internal Server Error\\n')", "survived"]
+    assert "ResourceWarning: shmipc.Server dropped inside its own handler" in r.stderr
+    assert "KeyError: 'after the drop'" in r.stderr
