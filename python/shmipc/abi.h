@@ -27,10 +27,15 @@ typedef struct {
     ffi_type *types[ABI_MAX_PARAMS];
     int ok;
 } abi_cb_entry;
+/* HandleObject.released while the call it was passed to as RELEASE runs: a callback or
+ * another thread may try to use it meanwhile, and is refused (RuntimeError). */
+#define ABI_RELEASING 2
+
 typedef struct {
     PyObject_HEAD void *ptr;
     int kind;
-    int released;    /* passed to a RELEASE parameter, or a callback's handle after the callback */
+    int released;    /* passed to a RELEASE parameter, or a callback's handle after the callback;
+                        ABI_RELEASING while the releasing call runs */
     int owned;       /* freed with its destructor when collected unreleased */
     int busy;        /* threads inside a BLOCKS call with this handle */
     PyObject *owner; /* a handle this one came from (a stream's session), kept alive */

@@ -257,6 +257,11 @@ PyObject *shmipcpy_abi_call(PyObject *module, PyObject *const *args, Py_ssize_t 
                              shmipcpy_abi_kind_name(h->kind));
                 goto fail;
             }
+            if (h->released == ABI_RELEASING) {
+                PyErr_Format(PyExc_RuntimeError, "%s(): %s: the %s handle is being released",
+                             d->name, p->name, shmipcpy_abi_kind_name(h->kind));
+                goto fail;
+            }
             if (h->released) {
                 PyErr_Format(PyExc_ValueError, "%s(): %s: the %s handle was released", d->name,
                              p->name, shmipcpy_abi_kind_name(h->kind));
@@ -358,7 +363,16 @@ PyObject *shmipcpy_abi_call(PyObject *module, PyObject *const *args, Py_ssize_t 
         }
     }
 
-    /* 3. the call */
+    /* 3. the call. A released handle is marked before it: a blocking call lets other threads
+     * (and the callbacks it waits for) run, and none of them may use or release it again. */
+    a = 0;
+    for (int i = 0; i < d->nparams; i++) {
+        if (!takes_arg(d, i))
+            continue;
+        PyObject *o = args[a++];
+        if (d->params[i].type == SHMIPC_ABI_RELEASE && o != Py_None)
+            ((HandleObject *)o)->released = ABI_RELEASING;
+    }
     abi_value rv;
     ffi_arg rraw = 0;
     memset(&rv, 0, sizeof rv);

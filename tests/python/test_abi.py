@@ -456,3 +456,76 @@ def test_stub_matches():
     assert set(abi.__all__) <= declared
     for name in abi.__all__:
         assert getattr(abi, name).__doc__
+
+
+RELEASE_DURING_BLOCKING_CALL = r"""
+import socket, sys, threading, time
+import shmipc.abi as abi
+
+mode = sys.argv[1]
+rc, cfg = abi.call("shmipc_server_config_new")
+for setter, value in (("address", "127.0.0.1"), ("port", 0), ("workers", 1)):
+    assert abi.call("shmipc_server_config_set_" + setter, cfg, value) == 0
+rc, srv = abi.call("shmipc_server_new", cfg)
+abi.call("shmipc_server_config_free", cfg)
+in_handler, second_done = threading.Event(), threading.Event()
+
+def until_released():
+    # srv is marked the moment its close starts; the old code marked it when close returned
+    deadline = time.monotonic() + 3
+    while not srv.released and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+def attempts(who):
+    for name in ("shmipc_server_free", "shmipc_server_close", "shmipc_server_port"):
+        try:
+            abi.call(name, srv)
+            print(who, name, "accepted", flush=True)
+        except RuntimeError as e:
+            print(who, name, "RuntimeError", "being released" in str(e), flush=True)
+
+def handler(req, res):
+    in_handler.set()
+    if mode == "handler":  # a handler still in flight while the main thread closes the server
+        until_released()
+        attempts("handler")
+    else:
+        second_done.wait(10)
+    abi.call("shmipc_http_response_set_status", res, 200)
+    return 0
+
+assert abi.call("shmipc_server_route", srv, "GET", "/", handler) == 0
+assert abi.call("shmipc_server_start", srv) == 0
+c = socket.create_connection(("127.0.0.1", abi.call("shmipc_server_port", srv)), timeout=20)
+c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+assert in_handler.wait(10)
+if mode == "handler":
+    abi.call("shmipc_server_close", srv)
+else:  # a second thread releases the handle a first thread's close is releasing
+    first = threading.Thread(target=abi.call, args=("shmipc_server_close", srv))
+    first.start()
+    until_released()
+    attempts("thread")
+    second_done.set()
+    first.join(20)
+    assert not first.is_alive()
+print("closed", srv.released, c.recv(100).startswith(b"HTTP/1.1 200"), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["handler", "thread"])
+def test_a_handle_being_released_is_refused(mode):
+    """Regression: a handle passed to a blocking releasing call (shmipc_server_close) was
+    marked released only when the call returned, so a route handler in flight (SIGSEGV) or
+    another thread (a hang in pthread_join) could release it again meanwhile. It is marked
+    before the call now: every use during the call raises RuntimeError."""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(shmipc.__file__)))
+    r = subprocess.run([sys.executable, "-c", RELEASE_DURING_BLOCKING_CALL, mode], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        f"{mode} shmipc_server_free RuntimeError True",
+        f"{mode} shmipc_server_close RuntimeError True",
+        f"{mode} shmipc_server_port RuntimeError True",
+        "closed True True",
+    ]
