@@ -11,7 +11,26 @@
 #include "module.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <time.h>
+#include <unistd.h>
+
+/* This process's id for the fork rule (module.h), kept here rather than asked of getpid(), a
+ * system call, at each close. */
+pid_t shmipcpy_pid;
+static int pid_ok;
+
+static void pid_refresh(void)
+{
+    shmipcpy_pid = getpid();
+}
+
+static void pid_init(void)
+{
+    pid_refresh();
+    /* os.fork() calls fork(), which runs the handler in the child. */
+    pid_ok = pthread_atfork(NULL, NULL, pid_refresh) == 0;
+}
 
 static module_state *state_of_module(PyObject *module)
 {
@@ -312,7 +331,13 @@ int shmipcpy_abi_exec(PyObject *module); /* abi.c: shmipc.abi's functions and Ha
 
 static int module_exec(PyObject *module)
 {
+    static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
     module_state *st = state_of_module(module);
+
+    if (pthread_once(&pid_once, pid_init) != 0 || !pid_ok) {
+        PyErr_SetString(PyExc_RuntimeError, "shmipc: cannot register its fork handler");
+        return -1;
+    }
 
     st->config_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &shmipcpy_config_spec, NULL);
     if (st->config_type == NULL || PyModule_AddType(module, st->config_type) < 0)

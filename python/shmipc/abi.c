@@ -54,7 +54,7 @@ static void handle_dealloc(HandleObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
-    if (self->owned && !self->released && self->ptr != NULL) {
+    if (self->owned && !self->released && self->ptr != NULL && !shmipcpy_forked(self->pid)) {
         const shmipc_abi_fn *d = destructor_of(self->kind);
         if (d != NULL && (d->flags & SHMIPC_ABI_BLOCKS)) { /* may wait for a callback */
             void *ptr = self->ptr;
@@ -145,6 +145,7 @@ PyObject *shmipcpy_abi_handle_new(PyObject *module, void *ptr, int kind, int own
     h->released = 0;
     h->owned = owned;
     h->busy = 0;
+    h->pid = shmipcpy_pid;
     h->owner = Py_XNewRef(owner);
     PyObject_GC_Track(h);
     return (PyObject *)h;

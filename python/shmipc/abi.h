@@ -38,6 +38,7 @@ typedef struct {
                         ABI_RELEASING while the releasing call runs */
     int owned;       /* freed with its destructor when collected unreleased */
     int busy;        /* threads inside a BLOCKS call with this handle */
+    pid_t pid;       /* the process that made it: a fork child never frees it (module.h) */
     PyObject *owner; /* a handle this one came from (a stream's session), kept alive */
 } HandleObject;
 

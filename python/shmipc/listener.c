@@ -34,7 +34,8 @@ static void listener_settle(ListenerObject *self)
     self->close_pending = 0;
     shmipc_listener *l = self->l;
     self->l = NULL;
-    shmipc_listener_close(l);
+    if (!shmipcpy_forked(self->pid))
+        shmipc_listener_close(l);
 }
 
 static PyObject *listener_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -56,6 +57,7 @@ static PyObject *listener_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         shmipc_config_free(cfg);
         return NULL;
     }
+    self->pid = shmipcpy_pid;
     shmipcpy_config_timeouts(cfg, &self->read_ms, &self->write_ms, &self->memory_wait);
     int rc = shmipc_listener_new(addr, cfg, &l);
     shmipc_config_free(cfg);
@@ -136,6 +138,12 @@ static PyObject *listener_shutdown(ListenerObject *self, PyObject *unused)
 static PyObject *listener_close(ListenerObject *self, PyObject *unused)
 {
     (void)unused;
+    if (self->l != NULL && shmipcpy_forked(self->pid)) {
+        /* A fork child: forget it (module.h); the socket file stays the parent's. */
+        self->l = NULL;
+        self->close_pending = 0;
+        Py_RETURN_NONE;
+    }
     if (self->l == NULL || self->close_pending)
         Py_RETURN_NONE;
     if (self->busy) {
@@ -296,7 +304,7 @@ static PyObject *listener_serve(ListenerObject *self, PyObject *args, PyObject *
 static void listener_dealloc(ListenerObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
-    if (self->l != NULL)
+    if (self->l != NULL && !shmipcpy_forked(self->pid))
         shmipc_listener_close(self->l);
     Py_XDECREF(self->address);
     tp->tp_free(self);

@@ -34,7 +34,8 @@ static void manager_settle(ManagerObject *self)
     self->close_pending = 0;
     shmipc_session_manager *m = self->m;
     self->m = NULL;
-    shmipc_session_manager_close(m);
+    if (!shmipcpy_forked(self->pid))
+        shmipc_session_manager_close(m);
 }
 
 static PyObject *manager_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -56,6 +57,7 @@ static PyObject *manager_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         shmipc_config_free(cfg);
         return NULL;
     }
+    self->pid = shmipcpy_pid;
     shmipcpy_config_timeouts(cfg, &self->read_ms, &self->write_ms, &self->memory_wait);
     Py_BEGIN_ALLOW_THREADS rc = shmipc_session_manager_new(address, cfg, &m);
     Py_END_ALLOW_THREADS shmipc_config_free(cfg);
@@ -125,6 +127,11 @@ static PyObject *manager_put_back(ManagerObject *self, PyObject *arg)
 static PyObject *manager_close(ManagerObject *self, PyObject *unused)
 {
     (void)unused;
+    if (self->m != NULL && shmipcpy_forked(self->pid)) { /* a fork child: forget (module.h) */
+        self->m = NULL;
+        self->close_pending = 0;
+        Py_RETURN_NONE;
+    }
     if (self->m == NULL || self->close_pending)
         Py_RETURN_NONE;
     if (self->busy) {
@@ -140,7 +147,7 @@ static PyObject *manager_close(ManagerObject *self, PyObject *unused)
 static void manager_dealloc(ManagerObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
-    if (self->m != NULL) {
+    if (self->m != NULL && !shmipcpy_forked(self->pid)) {
         shmipc_session_manager *m = self->m;
         self->m = NULL;
         Py_BEGIN_ALLOW_THREADS shmipc_session_manager_close(m);

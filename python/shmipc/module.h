@@ -16,6 +16,7 @@
 #include <Python.h>
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <shmipc.h>
 
@@ -47,6 +48,19 @@ typedef struct {
 } ConfigObject;
 
 /*
+ * fork (docs/python.md, "fork"). Every object that holds a handle records the process that made
+ * it (`pid`). In another process, a fork() child whose memory, descriptors and mappings are
+ * copies of the parent's, close() and dealloc only forget the handle: nothing is sent to the
+ * peer, no shared memory is given back, no socket file is removed and no thread is joined, so
+ * the parent's objects are untouched; the child's copy is left to its exit.
+ */
+extern pid_t shmipcpy_pid; /* this process: set at import, again in a fork child (atfork) */
+static inline int shmipcpy_forked(pid_t made_in)
+{
+    return made_in != shmipcpy_pid;
+}
+
+/*
  * Blocking calls wait in slices of at most this many milliseconds, with the GIL released,
  * and look for signals (Ctrl-C) and for a close() from another thread between slices.
  */
@@ -59,6 +73,7 @@ typedef struct {
  */
 typedef struct {
     PyObject_HEAD shmipc_session *s;
+    pid_t pid; /* the process that made it (fork) */
     int busy;
     int close_pending;
     int server; /* accepted by a Listener (streams are accepted, not opened) */
@@ -95,6 +110,7 @@ typedef struct {
     PyObject *owner;
     PyObject *weakreflist;
     uint32_t id;
+    pid_t pid;         /* the process that made it (fork) */
     int busy;          /* a thread is inside a call on `st` with the GIL released */
     int close_pending; /* close() came while busy: the busy thread closes the handle */
     int consumed;      /* reads since the last shmipc_stream_release() */
@@ -122,6 +138,7 @@ typedef struct ChunkObject {
 
 typedef struct {
     PyObject_HEAD shmipc_session_manager *m;
+    pid_t pid; /* the process that made it (fork) */
     int busy;
     int close_pending;
     int32_t read_ms, write_ms;
@@ -130,6 +147,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD shmipc_listener *l;
+    pid_t pid; /* the process that made it (fork) */
     int busy;
     int close_pending;
     int32_t read_ms, write_ms;
@@ -269,6 +287,7 @@ typedef struct {
     PyObject *normalize; /* shmipc._server._normalize */
     PyObject *log_error; /* shmipc._server._log_error */
     PyObject *weakreflist;
+    pid_t pid;         /* the process that made it (fork) */
     int wake_fd;       /* eventfd that wakes run() */
     int busy;          /* threads inside a call on `s` with the GIL released */
     int close_pending; /* close() came while busy (or from a handler) */

@@ -95,12 +95,18 @@ shmipc_server *shmipcpy_server_usable(ServerObject *self)
     return self->s;
 }
 
-/* Frees the C server with the GIL released (its workers may be waiting for the GIL). */
+/*
+ * Frees the C server with the GIL released (its workers may be waiting for the GIL). In a fork
+ * child it is only forgotten (module.h): its workers are the parent's threads, and its
+ * listening sockets and socket file the parent's.
+ */
 static void server_free_now(ServerObject *self)
 {
     shmipc_server *h = self->s;
     self->s = NULL;
     self->started = 0;
+    if (shmipcpy_forked(self->pid))
+        return;
     Py_BEGIN_ALLOW_THREADS shmipc_server_close(h);
     Py_END_ALLOW_THREADS
 }
@@ -139,6 +145,7 @@ static PyObject *server_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     if (self == NULL)
         return NULL;
     self->wake_fd = -1;
+    self->pid = shmipcpy_pid;
     if ((rc = shmipc_server_config_new(&cfg)) < 0) {
         shmipcpy_raise_last(ms, rc);
         goto fail;
@@ -185,7 +192,7 @@ fail:
 static void server_finalize(ServerObject *self)
 {
     PyObject *type, *value, *tb;
-    if (self->s == NULL || !shmipcpy_in_callback)
+    if (self->s == NULL || !shmipcpy_in_callback || shmipcpy_forked(self->pid))
         return;
     PyErr_Fetch(&type, &value, &tb);
     Py_INCREF(self); /* never released: PyObject_CallFinalizerFromDealloc sees it resurrected */
@@ -450,7 +457,7 @@ static PyObject *server_close(ServerObject *self, PyObject *unused)
     (void)unused;
     if (self->s == NULL)
         Py_RETURN_NONE;
-    if (self->busy > 0 || shmipcpy_in_callback) {
+    if ((self->busy > 0 || shmipcpy_in_callback) && !shmipcpy_forked(self->pid)) {
         /* run() or start() is inside the C server, or this is a handler: the last one out
          * (or a later close() from a Python thread, or dealloc) frees it. */
         if (!self->close_pending) {

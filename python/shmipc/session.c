@@ -43,7 +43,8 @@ static void session_settle(SessionObject *self)
     self->close_pending = 0;
     shmipc_session *h = self->s;
     self->s = NULL;
-    shmipc_session_close(h);
+    if (!shmipcpy_forked(self->pid))
+        shmipc_session_close(h);
 }
 
 PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server, int32_t read_ms,
@@ -55,6 +56,7 @@ PyObject *shmipcpy_session_wrap(module_state *ms, shmipc_session *s, int server,
         return NULL;
     }
     self->s = s;
+    self->pid = shmipcpy_pid;
     self->busy = 0;
     self->close_pending = 0;
     self->server = server;
@@ -250,6 +252,13 @@ static PyObject *session_shutdown(SessionObject *self, PyObject *unused)
 static PyObject *session_close(SessionObject *self, PyObject *unused)
 {
     (void)unused;
+    if (self->s != NULL && shmipcpy_forked(self->pid)) {
+        /* The parent's session, in a fork child: forget it (module.h), whatever was busy in
+         * the parent; its threads are not here. */
+        self->s = NULL;
+        self->close_pending = 0;
+        Py_RETURN_NONE;
+    }
     if (self->s == NULL || self->close_pending)
         Py_RETURN_NONE;
     if (self->busy) {
@@ -269,7 +278,7 @@ static void session_dealloc(SessionObject *self)
     PyTypeObject *tp = Py_TYPE(self);
     if (self->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)self);
-    if (self->s != NULL)
+    if (self->s != NULL && !shmipcpy_forked(self->pid))
         shmipc_session_close(self->s);
     PyObject_Free(self);
     Py_DECREF(tp);

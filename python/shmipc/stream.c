@@ -56,7 +56,8 @@ int shmipcpy_stream_leave(StreamObject *self)
     self->close_pending = 0;
     shmipc_stream *h = self->st;
     self->st = NULL;
-    shmipc_stream_close(h);
+    if (!shmipcpy_forked(self->pid))
+        shmipc_stream_close(h);
     shmipcpy_raise_closed(shmipcpy_stream_state(self), "stream");
     return -1;
 }
@@ -65,7 +66,7 @@ int shmipcpy_stream_leave(StreamObject *self)
 void shmipcpy_stream_maybe_release(StreamObject *self)
 {
     if (self->st != NULL && !self->busy && !self->close_pending && self->live == 0 &&
-        self->consumed) {
+        self->consumed && !shmipcpy_forked(self->pid)) {
         self->consumed = 0;
         shmipc_stream_release(self->st);
     }
@@ -134,6 +135,7 @@ PyObject *shmipcpy_stream_wrap(module_state *ms, shmipc_stream *h, PyObject *own
     self->owner = Py_NewRef(owner);
     self->weakreflist = NULL;
     self->id = shmipc_stream_id(h);
+    self->pid = shmipcpy_pid;
     self->busy = 0;
     self->close_pending = 0;
     self->consumed = 0;
@@ -175,10 +177,21 @@ static PyObject *stream_shutdown(StreamObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* In a fork child, the parent's stream is forgotten instead of closed (module.h). */
+static int stream_forget_forked(StreamObject *self)
+{
+    if (self->st == NULL || !shmipcpy_forked(self->pid))
+        return 0;
+    shmipcpy_stream_invalidate(self);
+    self->st = NULL;
+    self->close_pending = 0;
+    return 1;
+}
+
 static PyObject *stream_close(StreamObject *self, PyObject *unused)
 {
     (void)unused;
-    if (self->st == NULL || self->close_pending)
+    if (stream_forget_forked(self) || self->st == NULL || self->close_pending)
         Py_RETURN_NONE;
     if (shmipcpy_stream_refuse_exports(self, "close") < 0)
         return NULL;
@@ -199,6 +212,8 @@ static PyObject *stream_close(StreamObject *self, PyObject *unused)
 static PyObject *stream_flush_close(StreamObject *self, PyObject *unused)
 {
     (void)unused;
+    if (stream_forget_forked(self)) /* nothing flushed either: the queue is the parent's */
+        Py_RETURN_NONE;
     shmipc_stream *h = shmipcpy_stream_usable(self);
     if (h == NULL || shmipcpy_stream_refuse_window(self, "flush_close") < 0 ||
         shmipcpy_stream_refuse_exports(self, "close") < 0)
@@ -220,7 +235,7 @@ static void stream_dealloc(StreamObject *self)
      * No Chunk or window is alive (each holds a reference), and no thread is inside. The
      * close may wait for the socket (a full queue), so it runs without the GIL.
      */
-    if (self->st != NULL) {
+    if (self->st != NULL && !shmipcpy_forked(self->pid)) {
         shmipc_stream *h = self->st;
         self->st = NULL;
         Py_BEGIN_ALLOW_THREADS shmipc_stream_close(h);
