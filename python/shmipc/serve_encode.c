@@ -13,6 +13,37 @@
 /* ---- encoders --------------------------------------------------------------------------- */
 
 /*
+ * "O&" converters for the unsigned fields: PyArg's "K" and "I" take any int modulo 2**64 or
+ * 2**32, so content_length=2**64 + 5 was encoded as 5. These refuse a negative or too large
+ * value (OverflowError) and a non-integer (TypeError).
+ */
+static int u64_arg(PyObject *o, void *out)
+{
+    PyObject *i = PyNumber_Index(o);
+    if (i == NULL)
+        return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLong(i);
+    Py_DECREF(i);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return 0;
+    *(uint64_t *)out = v;
+    return 1;
+}
+
+static int u32_arg(PyObject *o, void *out)
+{
+    uint64_t v;
+    if (!u64_arg(o, &v))
+        return 0;
+    if (v > UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "int too large for an unsigned 32-bit field");
+        return 0;
+    }
+    *(uint32_t *)out = (uint32_t)v;
+    return 1;
+}
+
+/*
  * Header fields from an iterable of (name, value) pairs of str (latin-1, as WSGI's
  * "bytes-as-unicode") or bytes. On success *fields is a PyMem block pointing into *keep (a
  * list holding the encoded bytes), *n the count.
@@ -106,10 +137,10 @@ PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *arg
     static char *kwlist[] = {"status", "headers", "flags", "content_length", NULL};
     int status;
     PyObject *headers;
-    unsigned int flags = 0;
-    unsigned long long clen = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iO|IK:encode_response_head", kwlist, &status,
-                                     &headers, &flags, &clen))
+    uint32_t flags = 0;
+    uint64_t clen = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iO|O&O&:encode_response_head", kwlist, &status,
+                                     &headers, u32_arg, &flags, u64_arg, &clen))
         return NULL;
     if (status < 100 || status > 599) {
         PyErr_Format(PyExc_ValueError, "status %d is not in 100..599", status);
@@ -133,7 +164,7 @@ PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *arg
 }
 
 /* (host, port) or None; a host with ':' is IPv6; the string "unix" is a unix socket. */
-static int addr_from(PyObject *o, shmipc_serve_addr *a)
+static int addr_from(PyObject *o, const char *what, shmipc_serve_addr *a)
 {
     memset(a, 0, sizeof *a);
     if (o == Py_None)
@@ -144,6 +175,11 @@ static int addr_from(PyObject *o, shmipc_serve_addr *a)
     }
     const char *host;
     int port;
+    if (!PyTuple_Check(o)) { /* PyArg_ParseTuple on another object is a SystemError */
+        PyErr_Format(PyExc_TypeError, "%s must be a (host, port) tuple, 'unix' or None, not %.100s",
+                     what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
     if (!PyArg_ParseTuple(o, "si:address", &host, &port))
         return -1;
     if (port < 0 || port > 65535) {
@@ -169,12 +205,12 @@ PyObject *shmipcpy_serve_py_encode_request_head(PyObject *module, PyObject *args
                              "peer",   "local",  "version_minor", "scheme", NULL};
     Py_buffer method, target;
     PyObject *headers, *peer = Py_None, *local = Py_None;
-    unsigned int flags = 0;
-    unsigned long long clen = 0;
+    uint32_t flags = 0;
+    uint64_t clen = 0;
     unsigned char minor = 1, scheme = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*y*O|IKOObb:encode_request_head", kwlist, &method,
-                                     &target, &headers, &flags, &clen, &peer, &local, &minor,
-                                     &scheme))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*y*O|O&O&OObb:encode_request_head", kwlist,
+                                     &method, &target, &headers, u32_arg, &flags, u64_arg, &clen,
+                                     &peer, &local, &minor, &scheme))
         return NULL;
     PyObject *out = NULL, *keep = NULL;
     shmipc_serve_field *fields = NULL;
@@ -188,7 +224,7 @@ PyObject *shmipcpy_serve_py_encode_request_head(PyObject *module, PyObject *args
         PyErr_SetString(PyExc_ValueError, "method or target over the limit");
         goto out;
     }
-    if (addr_from(peer, &r.peer) < 0 || addr_from(local, &r.local) < 0 ||
+    if (addr_from(peer, "peer", &r.peer) < 0 || addr_from(local, "local", &r.local) < 0 ||
         fields_from(headers, &fields, &n, &keep) < 0)
         goto out;
     r.method = method.buf;
@@ -215,9 +251,10 @@ PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObj
 {
     (void)module;
     static char *kwlist[] = {"type", "payload", "arg", NULL};
-    unsigned int type, arg = 0;
+    uint32_t type, arg = 0;
     Py_buffer payload = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "I|y*I:encode_frame", kwlist, &type, &payload, &arg))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|y*O&:encode_frame", kwlist, u32_arg, &type,
+                                     &payload, u32_arg, &arg))
         return NULL;
     const void *data = payload.buf != NULL ? payload.buf : "";
     size_t n = payload.buf != NULL ? (size_t)payload.len : 0;

@@ -177,6 +177,38 @@ def test_response_head_round_trip_and_refusals():
         sf.encode_frame(sf.ABORT, b"", 99)
 
 
+def test_encoders_refuse_integers_out_of_their_fields_range():
+    """Regression: the encoders read their unsigned fields with PyArg's K and I formats, which
+    take any int modulo 2**64 or 2**32 (content_length=2**64 + 5 went out as 5, type 2**32 + 3
+    as END), and a peer or local that is not a tuple was a SystemError."""
+    post = sf.REQ_CONTENT_LENGTH | sf.REQ_HAS_BODY
+    assert sf.decode_request(head(b"POST", flags=post, content_length=2**64 - 1),
+                             None)["CONTENT_LENGTH"] == str(2**64 - 1)
+    for clen in (2**64, 2**64 + 5, -1):
+        with pytest.raises(OverflowError):
+            head(b"POST", flags=post, content_length=clen)
+        with pytest.raises(OverflowError):
+            sf.encode_response_head(200, [], sf.RESP_CONTENT_LENGTH, clen)
+    for flags in (2**32, 2**32 + sf.RESP_CONTENT_LENGTH, -1):
+        with pytest.raises(OverflowError):
+            sf.encode_response_head(200, [], flags)
+        with pytest.raises(OverflowError):
+            head(flags=flags)
+    with pytest.raises(OverflowError):
+        sf.encode_frame(2**32 + sf.END)
+    with pytest.raises(OverflowError):
+        sf.encode_frame(sf.ABORT, b"", 2**32 + 1)
+    with pytest.raises(TypeError):
+        sf.encode_frame(float(sf.END))
+    with pytest.raises(TypeError):
+        sf.encode_response_head(200, [], 0, 7.0)
+    for bad in (5, [("127.0.0.1", 80)], "127.0.0.1"):
+        with pytest.raises(TypeError, match="peer must be"):
+            head(peer=bad)
+        with pytest.raises(TypeError, match="local must be"):
+            head(local=bad)
+
+
 # ---- the worker, with this test as the front -------------------------------------------
 
 
