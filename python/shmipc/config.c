@@ -98,12 +98,32 @@ static PyObject *config_set_protocol(ConfigObject *self, PyObject *args, PyObjec
     return chain(self, shmipc_config_set_protocol(self->cfg, protocol, fallback));
 }
 
+/* An "O&" converter for an unsigned 32-bit argument: PyArg's "I" takes any int modulo 2**32
+ * (interval_us=2**32 + 100 was read as 100); this raises OverflowError or TypeError. */
+static int u32_arg(PyObject *o, void *out)
+{
+    PyObject *i = PyNumber_Index(o);
+    if (i == NULL)
+        return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLong(i);
+    Py_DECREF(i);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return 0;
+    if (v > UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "int too large for an unsigned 32-bit argument");
+        return 0;
+    }
+    *(unsigned int *)out = (unsigned int)v;
+    return 1;
+}
+
 static PyObject *config_set_wakeup(ConfigObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"wakeup", "interval_us", NULL};
     PyObject *name;
     unsigned int interval = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "U|I:set_wakeup", kwlist, &name, &interval))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "U|O&:set_wakeup", kwlist, &name, u32_arg,
+                                     &interval))
         return NULL;
     int wakeup = shmipcpy_config_lookup_name(shmipcpy_config_wakeup_names, 3, name);
     if (wakeup < 0)

@@ -186,6 +186,12 @@ def test_protocol_and_wakeup():
     refused("polling_interval_us", c.set_wakeup, "polling", 1000001)
     refused("polling_interval_us", c.set_wakeup, "eventfd", 5)
     refused("wakeup", c.set_wakeup, "carrier-pigeon")
+    # Out of the field's range: refused, not wrapped (2**32 + 100 was read as 100).
+    for bad in (2**32 + 100, -1):
+        with pytest.raises(OverflowError):
+            c.set_wakeup("polling", bad)
+    with pytest.raises(TypeError):
+        c.set_wakeup("polling", 1.5)
     assert c.wakeup == "polling"
     c.set_protocol("legacy")
     assert (c.wakeup, c.polling_interval_us) == ("socket", 0)
