@@ -186,6 +186,7 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
         return rc;
     if (!deadline_ok(opts->deadline_ms) || opts->connect_ms > 3600000u ||
         opts->max_response > SHMIPC__FRONT_LIMIT_RESPONSE || opts->queue_max > (1u << 24) ||
+        opts->gather_max > SHMIPC__FRONT_LIMIT_GATHER ||
         opts->pipeline > SHMIPC__FRONT_MAX_PIPELINE || opts->hello > 1)
         return shmipc__fail(SHMIPC_ERANGE, "front_new: a deadline, timeout or limit too large");
     if ((f = calloc(1, sizeof *f)) == NULL)
@@ -196,6 +197,7 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
     f->pipeline = opts->pipeline ? opts->pipeline : SHMIPC__FRONT_DEFAULT_PIPELINE;
     f->hello = opts->hello || f->pipeline > 1;
     f->max_response = opts->max_response ? opts->max_response : SHMIPC__FRONT_DEFAULT_RESPONSE;
+    f->gather_max = opts->gather_max ? opts->gather_max : SHMIPC__FRONT_DEFAULT_GATHER;
     f->alog = opts->access_log;
     pthread_mutex_init(&f->mu, NULL);
     rc = opts->ipc != NULL ? shmipc__config_clone(opts->ipc, &f->ipc) : shmipc__config_new(&f->ipc);
@@ -301,6 +303,8 @@ int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out
     out->uploads = atomic_load(&f->uploads);
     out->upload_kept = atomic_load(&f->up_kept);
     out->upload_kept_peak = atomic_load(&f->up_kept_peak);
+    out->gathered = atomic_load(&f->gathered);
+    out->gathered_peak = atomic_load(&f->gathered_peak);
     pthread_mutex_lock(&f->mu);
     for (int pass = 0; pass < 2; pass++) {
         for (unsigned i = 0; i < (pass == 0 ? f->nset : 0xffffffffu); i++) {

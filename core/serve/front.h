@@ -60,6 +60,11 @@ struct shmipc__front;
  * SHMIPC__FRONT_RETRY_BODY bytes is kept until the worker's first answer for that. */
 #define SHMIPC__FRONT_RETRIES    4u
 #define SHMIPC__FRONT_RETRY_BODY (64u << 10)
+/* Small bodies (a Content-Length of at most SHMIPC__FRONT_RETRY_BODY) are read whole before a
+ * worker is claimed, in memory the front takes at the head: at most this many bytes of them
+ * at once over all connections; past it, a body is streamed to a worker as a larger one. */
+#define SHMIPC__FRONT_DEFAULT_GATHER (16u << 20)
+#define SHMIPC__FRONT_LIMIT_GATHER   (1ull << 40)
 
 struct shmipc__front_opts {
     const char *const *workers; /* shmipc addresses of the application workers */
@@ -68,6 +73,7 @@ struct shmipc__front_opts {
     uint32_t deadline_ms;       /* 0: the default; up to 3600000, or SHMIPC__FRONT_NO_DEADLINE */
     uint32_t connect_ms;        /* 0: the default; up to 3600000 */
     uint64_t max_response;      /* 0: the default; response bytes held at once, up to the limit */
+    uint64_t gather_max;        /* 0: the default; small bodies read whole at once, all clients */
     uint32_t pipeline;          /* 0: the default; requests in flight per TAKEN worker, 1..16 */
     /* Offer HELLO on every session, also with a pipeline of 1: a worker that answers a
      * concurrency above 1 then gets up to that many requests at once (its own accept decides
@@ -113,6 +119,8 @@ struct shmipc__front_stats {
     uint64_t uploads;          /* request bodies streamed to a worker as they arrived */
     uint64_t upload_kept;      /* request body bytes the front holds now (a piece per request) */
     uint64_t upload_kept_peak; /* the most it held at once */
+    uint64_t gathered;         /* small request bodies the front reads whole now (bytes taken) */
+    uint64_t gathered_peak;    /* the most at once: at most gather_max */
     struct shmipc__front_worker_stats w[2 * SHMIPC__FRONT_MAX_WORKERS];
 };
 

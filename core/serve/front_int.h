@@ -174,6 +174,7 @@ struct freq {
     uint8_t ws;            /* a WebSocket handshake (REQUEST_HEAD with UPGRADE) */
     uint8_t want_taken;    /* sent with TAKEN_WANTED: the worker says TAKEN before it runs it */
     uint64_t sent_mark;    /* shmipc__session_sent() after its first message, 0: not known */
+    uint8_t gathering;     /* RQ_BODY: body_cap bytes of the gather budget are its */
     uint8_t taken;         /* its TAKEN came: never resent (the worker may have acted on it) */
     uint8_t solo;          /* counted in w->solo: nothing is pipelined behind it */
     struct fws *wsx;       /* after the 101: the relay's state (front_ws.c) */
@@ -223,7 +224,9 @@ struct shmipc__front {
     atomic_ullong buffered, buffered_peak; /* response bytes the front holds (stats) */
     atomic_ullong uploads;                 /* request bodies streamed to a worker (stats) */
     atomic_ullong up_kept, up_kept_peak;   /* request body bytes the front holds (stats) */
-    struct shmipc__access_log *alog;       /* borrowed; NULL: no access log */
+    atomic_ullong gathered, gathered_peak; /* small bodies read whole (gather_take) */
+    uint64_t gather_max;
+    struct shmipc__access_log *alog; /* borrowed; NULL: no access log */
     struct fthread *threads[MAX_THREADS];
 };
 

@@ -32,6 +32,36 @@ void shmipc__front_kick(struct fthread *t)
         SHMIPC__LOG(SHMIPC__LOG_ERROR, "front: cannot start a timer: %s", shmipc__detail());
 }
 
+/*
+ * The gather budget (docs/serve.md, "Request bodies"): a small body is read whole into memory
+ * taken at its head, before a worker is claimed. Each connection could make the front hold
+ * 64 KiB that way (a head with Content-Length: 65536 and a body that trickles in): 200 MB for
+ * 3,000 connections (an attack review). gather_take() takes `n` bytes of the budget, or says
+ * 0 when that would pass it: the body then streams to a worker as a larger one does (the
+ * front keeps at most a piece of it). gather_done() gives them back once the body is whole,
+ * or the request ends first.
+ */
+static int gather_take(struct shmipc__front *f, uint64_t n)
+{
+    unsigned long long now = atomic_fetch_add(&f->gathered, n) + n;
+    if (now > f->gather_max) {
+        atomic_fetch_sub(&f->gathered, n);
+        return 0;
+    }
+    unsigned long long peak = atomic_load(&f->gathered_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&f->gathered_peak, &peak, now)) {
+    }
+    return 1;
+}
+
+static void gather_done(struct freq *r)
+{
+    if (!r->gathering)
+        return;
+    r->gathering = 0;
+    atomic_fetch_sub(&r->t->f->gathered, r->body_cap);
+}
+
 void shmipc__front_req_free(struct freq *r)
 {
     if (r->wsx != NULL)
@@ -39,6 +69,7 @@ void shmipc__front_req_free(struct freq *r)
     shmipc__timer_stop(&r->timer);
     if (r->st != NULL)
         shmipc__stream_close_handle(r->st);
+    gather_done(r);
     free(r->head);
     free(r->out);
     free(r->body_copy);
@@ -1354,7 +1385,10 @@ static void on_small_end(void *data)
     static const char busy[] = "Service Unavailable\n";
     static const struct shmipc__http_header_out retry = {"Retry-After", "1", 11, 1};
     struct freq *r = data;
-    if (r->state != RQ_BODY || dispatch(r) == 0)
+    if (r->state != RQ_BODY)
+        return;
+    gather_done(r); /* whole: the memory is the request's, as any body that came whole */
+    if (dispatch(r) == 0)
         return;
     /* The wait queue is full: 503, as for a request without a body. */
     r->live = 0;
@@ -1543,10 +1577,12 @@ int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, v
     /* A small sized body is gathered first (RQ_BODY), then sent whole, as one message, and
      * kept for a resend; a larger or chunked one streams to a worker claimed now. */
     int gather = r->uploading && req->r->body_kind == SHMIPC__HTTP_BODY_LENGTH &&
-                 req->r->content_length <= SHMIPC__FRONT_RETRY_BODY;
+                 req->r->content_length <= SHMIPC__FRONT_RETRY_BODY &&
+                 gather_take(f, req->r->content_length);
     if (gather) {
         r->uploading = 0;
         r->state = RQ_BODY;
+        r->gathering = 1;
         r->body_cap = (size_t)req->r->content_length;
         if ((r->body_copy = malloc(r->body_cap)) == NULL) {
             shmipc__front_req_free(r);

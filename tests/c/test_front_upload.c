@@ -521,6 +521,65 @@ static void upload_requeued_from_a_dead_session_keeps_its_body(void **state)
     assert_int_equal(atomic_load(&w->bad), 0);
 }
 
+/*
+ * The gather budget (an attack review: each connection could make the front take 64 KiB at
+ * once by sending a head with Content-Length: 65536 and trickling its body): 16 clients each
+ * send such a head and 100 bytes, with a budget of 4 bodies. The front holds at most the
+ * budget of them whole; the others stream to the worker (uploads), one at a time. Then every
+ * body ends, and each answer is its own body's hash.
+ */
+static void upload_small_bodies_within_the_gather_budget(void **state)
+{
+    enum { N = 16, LEN = 65536, PART = 100 };
+    struct tc *t = *state;
+    struct fx *x = &t->x;
+    static struct shmipc__front_stats st;
+    struct rd *r[N];
+    uint64_t h[N];
+    struct shmipc__front_opts o = {.gather_max = 4 * LEN};
+    x->max_body = 1u << 20;
+    tc_front(t, 1, &o);
+    for (int i = 0; i < N; i++) {
+        r[i] = malloc(sizeof *r[i]);
+        rd_open(r[i], x->port);
+        send_head(r[i]->fd, "/up/hash", LEN, 0, NULL);
+        assert_int_equal(send_body(r[i]->fd, 100u + (unsigned)i, LEN, PART, 0, NULL, 0, NULL), 0);
+    }
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        sleep_ms(20);
+        CHECK(shmipc__front_stats(x->f, &st));
+    } while (st.gathered < 4 * LEN && mono_ms() < end);
+    assert_int_equal(st.gathered, 4 * LEN);
+    assert_true(st.gathered_peak <= 4 * LEN);
+    sleep_ms(200); /* the rest have streamed or queued by now */
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_true(st.uploads >= N - 4);
+    assert_true(st.upload_kept_peak <= KEPT_MAX);
+    static uint8_t body[LEN];
+    for (int i = 0; i < N; i++) {
+        /* The rest of each body; the hash is the whole body's. */
+        for (size_t k = 0; k < LEN; k++)
+            body[k] = gen_byte(100u + (unsigned)i, k);
+        h[i] = fnv1a(FNV_INIT, body, LEN);
+        send_all(r[i]->fd, body + PART, LEN - PART);
+    }
+    for (int i = 0; i < N; i++) {
+        struct resp p;
+        char want[64];
+        read_resp(r[i], &p);
+        assert_int_equal(p.status, 200);
+        hash_text(want, sizeof want, LEN, h[i]);
+        assert_string_equal(p.body, want);
+        resp_free(&p);
+        close(r[i]->fd);
+        free(r[i]);
+    }
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.gathered, 0);
+    assert_true(st.gathered_peak <= 4 * LEN);
+}
+
 /* Wait until the front keeps part of an upload (stats), at most WAIT_MS. */
 static int wait_kept(struct fx *x)
 {
@@ -1065,6 +1124,7 @@ static void upload_front_stopped_mid_upload(void **state)
         T(upload_client_gone_frees_worker), T(upload_early_answer_closes),                         \
         T(upload_expect_100_continue), T(upload_refused_after_body_not_resent),                    \
         T(upload_queued_waits_for_worker), T(upload_requeued_from_a_dead_session_keeps_its_body),  \
+        T(upload_small_bodies_within_the_gather_budget),                                           \
         T(upload_shared_memory_full_holds_then_resumes), T(upload_cross_talk),                     \
         T(upload_pipelined_after_bodies), T(upload_cut_at_every_byte),                             \
         T(upload_early_answer_then_pipelined_request),                                             \
