@@ -1273,6 +1273,8 @@ static void session_calls(void **state)
              "shmipc_session_open_stream(client, &x) = 0; shmipc_stream_shutdown(x) = 0;"
              "shmipc_stream_write(x, \"x\", 1) = SHMIPC_ECLOSED; shmipc_stream_release(x) = 0;"
              "shmipc_stream_close(x); shmipc_stream_shutdown(NULL) = SHMIPC_EINVAL;"
+             "shmipc_session_open_stream(client, &x) = 0; shmipc_stream_write(x, \"z\", 1) = 0;"
+             "shmipc_stream_flush_close(x) = 0; shmipc_stream_flush_close(NULL) = SHMIPC_EINVAL;"
              "shmipc_session_open_stream(NULL, &x) = SHMIPC_EINVAL;"
              "shmipc_session_open_stream(client, NULL) = SHMIPC_EINVAL;"
 
