@@ -107,7 +107,7 @@ static int thread_end(struct shmipc__loop *loop, unsigned index, unsigned nworke
             shmipc__session_close(fs->s);
             atomic_fetch_sub(&fs->w->sessions, 1);
         }
-        free(fs);
+        shmipc__front_fs_free(fs);
     }
     free(t->sess);
     shmipc__timer_stop(&t->kick);
@@ -147,6 +147,21 @@ static int set_locked(struct shmipc__front *f, const char *const *addrs, unsigne
     memcpy(f->set, set, n * sizeof set[0]);
     f->nset = n;
     atomic_fetch_add(&f->gen, 1);
+    /*
+     * Retired workers that no session of any thread points at any more are freed: shmipc-serve
+     * names every start of a worker anew, so the list grew by one per restart for the front's
+     * life (and the stats walked it under mu). A thread takes up a set, and references its
+     * workers, under mu (shmipc__front_refresh), so one freed here is in no thread's hands.
+     */
+    for (struct fworker **pw = &f->all; *pw != NULL;) {
+        struct fworker *w = *pw;
+        if (!atomic_load(&w->current) && atomic_load(&w->refs) == 0) {
+            *pw = w->next;
+            free(w);
+            continue;
+        }
+        pw = &w->next;
+    }
     return 0;
 }
 
@@ -306,18 +321,20 @@ int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out
     out->gathered = atomic_load(&f->gathered);
     out->gathered_peak = atomic_load(&f->gathered_peak);
     pthread_mutex_lock(&f->mu);
+    for (struct fworker *w = f->all; w != NULL; w = w->next)
+        out->known++;
+    struct fworker *next_all = f->all;
     for (int pass = 0; pass < 2; pass++) {
         for (unsigned i = 0; i < (pass == 0 ? f->nset : 0xffffffffu); i++) {
             struct fworker *w;
             if (pass == 0) {
                 w = f->set[i];
             } else {
-                /* retired workers still holding sessions, from the list of all */
-                w = f->all;
-                for (unsigned k = 0; w != NULL && k < i; k++)
-                    w = w->next;
+                /* retired workers still holding sessions, from the list of all (one walk) */
+                w = next_all;
                 if (w == NULL)
                     break;
+                next_all = w->next;
                 if (atomic_load(&w->current) || atomic_load(&w->sessions) == 0)
                     continue;
             }

@@ -107,6 +107,8 @@ struct shmipc__front_worker_stats {
 struct shmipc__front_stats {
     unsigned queued;           /* requests waiting for a worker now */
     unsigned nworkers;         /* entries below: the current set, then retired ones still open */
+    unsigned known;            /* worker records the front holds: the set and retired ones some
+                                * session still points at */
     uint64_t rejected;         /* 503s (queue full) */
     uint64_t timeouts;         /* requests cancelled by their deadline (504; a WebSocket: 1011) */
     uint64_t client_gone;      /* requests cancelled because the client left */

@@ -53,7 +53,11 @@
 #define STREAM_MARK (256u << 10)
 
 struct fworker {
-    struct fworker *next; /* every worker the front ever had: freed with the front */
+    struct fworker *next; /* the workers of the set, and retired ones still referenced */
+    /* fsess pointing at it, over all threads: added under the front's mu (fs_add from
+     * refresh), dropped when an fsess is freed (fs_free). A retired worker that no fsess
+     * points at is freed at the next set change (set_locked, under mu). */
+    atomic_uint refs;
     char addr[SHMIPC__FRONT_MAX_ADDRESS + 1];
     atomic_int busy;        /* requests in flight to it (over all threads' sessions) */
     atomic_int solo;        /* of those, ones nothing may be pipelined behind (upload, WS) */
@@ -85,6 +89,8 @@ struct fsess {
     uint8_t stopping;     /* its worker refused or dropped a request it never took: nothing
                            * more goes to it; it closes once its requests in flight ended */
     int retired;          /* w left the set, or replaced: closed once idle */
+    uint8_t kept;         /* its worker left; kept for responses still relaying (their share
+                           * of w->busy and w->solo given back: the worker has them no more) */
     uint8_t replaced;     /* its session's breaker opened: a new fsess took its worker's
                            * place (shmipc__front_requeue_head); retired for good */
     uint8_t in_ready;     /* fs_ready's turn runs: an unlink leaves the free to it */
@@ -238,7 +244,8 @@ int shmipc__front_upload_rewind(struct freq *r);
 void shmipc__front_req_done(struct freq *r);
 void shmipc__front_answer_status(struct freq *r, int status);
 int shmipc__front_req_send(struct freq *r);
-int shmipc__front_req_refused(struct freq *r);
+int shmipc__front_req_refused(struct freq *r, int peer_left);
+void shmipc__front_fs_free(struct fsess *fs);
 void shmipc__front_req_drain(struct freq *r);
 void shmipc__front_req_read(struct freq *r);
 int shmipc__front_handler(shmipc_http_request *req, shmipc_http_response *res, void *ud);

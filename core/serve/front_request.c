@@ -265,7 +265,10 @@ static void req_abort(struct freq *r, int status, uint32_t reason)
     r->up_src = NULL;
     r->state = RQ_DRAINING;
     r->drain_until = shmipc__loop_now_ms(r->t->loop) + SHMIPC__FRONT_DRAIN_MS;
-    int rc = send_abort(r, reason);
+    /* A kept session's worker is gone (fs_keep_relaying): no ABORT to send (its failure
+     * would take the session down with the other responses still relaying from it); the
+     * drain reads what is left of this one and ends it alone. */
+    int rc = r->fs != NULL && r->fs->kept ? 0 : send_abort(r, reason);
     if (rc < 0) {
         shmipc__front_fs_down(r->fs, rc);
         return;
@@ -706,11 +709,15 @@ static int may_resend(struct freq *r)
  * it, and it may go to another worker. Never taken: its flush was still waiting (SENDING);
  * or the worker's last word, not read yet, was ABORT SHUTDOWN before any answer; or, asked
  * for TAKEN, the worker sent nothing at all for it (its TAKEN, had it sent one before it
- * ended, would be there: what a session received is read out of it before it is closed); or
- * the worker never popped its message from the queue (it died before; sent_mark).
+ * ended, would be there: what a session received is read out of it before it is closed); or,
+ * when the session ended because the worker left (`peer_left`: its end was read, not one of
+ * ours), the worker never popped its message from the queue (it died before; sent_mark). A
+ * session the front ends itself (a timeout, a protocol error) leaves the worker alive, and it
+ * takes what the queue holds when it sees the end: those requests may run, so they are not
+ * resent.
  * Reads one frame header at most; the request is given up either way.
  */
-int shmipc__front_req_refused(struct freq *r)
+int shmipc__front_req_refused(struct freq *r, int peer_left)
 {
     const void *p;
     struct shmipc__sf_frame fh;
@@ -719,7 +726,7 @@ int shmipc__front_req_refused(struct freq *r)
     if (r->state != RQ_ACTIVE || r->st == NULL || r->have_hdr || r->got_head || r->taken)
         return 0;
     if (shmipc__stream_read_exact(r->st, SHMIPC__SF_HDR_SIZE, &p, SHMIPC_NONBLOCK) < 0)
-        return (r->want_taken || (r->fs != NULL && r->fs->s != NULL &&
+        return (r->want_taken || (peer_left && r->fs != NULL && r->fs->s != NULL &&
                                   !shmipc__session_peer_took(r->fs->s, r->sent_mark))) &&
                may_resend(r);
     int rc = shmipc__sf_decode_header(p, SHMIPC__SF_HDR_SIZE, &fh);

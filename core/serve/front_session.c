@@ -64,7 +64,7 @@ static void fs_ready(struct shmipc__watch *watch, int fd, unsigned events, void 
     fs_ready_turn(fs);
     fs->in_ready = 0;
     if (fs->gone)
-        free(fs);
+        shmipc__front_fs_free(fs);
 }
 
 /* ---- the requests in flight on a session ---- */
@@ -111,7 +111,8 @@ void shmipc__front_fs_detach(struct fsess *fs, struct freq *r)
         if (r->solo)
             atomic_fetch_sub(&fs->w->solo, 1);
         r->solo = 0;
-        atomic_fetch_sub(&fs->w->busy, 1);
+        if (!fs->kept) /* a kept session's requests gave theirs back when it was kept */
+            atomic_fetch_sub(&fs->w->busy, 1);
         return;
     }
 }
@@ -129,7 +130,14 @@ static void fs_unlink(struct fsess *fs)
     if (fs->in_ready)
         fs->gone = 1; /* fs_ready frees it after its turn */
     else
-        free(fs);
+        shmipc__front_fs_free(fs);
+}
+
+/* Frees an fsess: its worker has one reference less (set_locked frees a retired one at 0). */
+void shmipc__front_fs_free(struct fsess *fs)
+{
+    atomic_fetch_sub(&fs->w->refs, 1);
+    free(fs);
 }
 
 /*
@@ -400,6 +408,7 @@ static struct fsess *fs_add(struct fthread *t, struct fworker *w)
         return NULL;
     fs->t = t;
     fs->w = w;
+    atomic_fetch_add(&w->refs, 1);
     shmipc__timer_init(t->loop, &fs->timer, fs_timer, fs);
     t->sess[t->nsess++] = fs;
     return fs;
@@ -432,6 +441,8 @@ static int fs_may_keep(struct fsess *fs, int rc)
 {
     struct fthread *t = fs->t;
     unsigned draining = 0;
+    if (fs->kept)
+        return 1; /* already kept: the requests with bytes left go on, the others end */
     if (fs->s == NULL || fs->replaced || (rc != 0 && rc != SHMIPC_ECONNRESET && rc != SHMIPC_EPIPE))
         return 0;
     for (unsigned i = 0; i < t->nsess; i++)
@@ -454,8 +465,19 @@ static int fs_keep_relaying(struct fsess *fs)
 {
     struct fthread *t = fs->t;
     struct fsess *nfs = NULL;
+    if (fs->kept)
+        return 0;
     if (!fs->retired && (nfs = fs_add(t, fs->w)) == NULL)
         return SHMIPC_ENOMEM;
+    /* The worker has these requests no more: its new session takes requests at once. */
+    for (unsigned i = 0; i < fs->nact; i++) {
+        struct freq *r = fs->act[i];
+        if (r->solo)
+            atomic_fetch_sub(&fs->w->solo, 1);
+        r->solo = 0;
+        atomic_fetch_sub(&fs->w->busy, 1);
+    }
+    fs->kept = 1;
     fs->replaced = 1;
     fs->retired = 1;
     fs->stopping = 1;
@@ -492,6 +514,8 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
     /* Responses streaming to a client that reads slower than the worker wrote keep what the
      * worker sent (fs_keep_relaying). */
     int may_keep = fs_may_keep(fs, rc);
+    /* The worker ended the session (its end read from the socket), not the front. */
+    int peer_left = rc == SHMIPC_ECONNRESET || rc == SHMIPC_EPIPE;
     unsigned kept = 0;
     while (fs->nact > kept) {
         struct freq *r = fs->act[kept];
@@ -499,7 +523,7 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
             kept++;
             continue;
         }
-        if (!(shmipc__front_req_refused(r) && shmipc__front_requeue(fs->t, r) == 0)) {
+        if (!(shmipc__front_req_refused(r, peer_left) && shmipc__front_requeue(fs->t, r) == 0)) {
             shmipc__front_answer_status(r, 502);
             shmipc__front_req_done(r);
         }
@@ -550,11 +574,13 @@ void shmipc__front_refresh(struct fthread *t, int connect_now)
     unsigned n;
     if (atomic_load(&f->gen) == t->gen)
         return;
+    struct fsess *added[SHMIPC__FRONT_MAX_WORKERS];
+    unsigned nadded = 0;
+    /* Under mu: a worker of the set is referenced (fs_add) before a set change can free it. */
     pthread_mutex_lock(&f->mu);
     n = f->nset;
     memcpy(set, f->set, n * sizeof set[0]);
     t->gen = atomic_load(&f->gen);
-    pthread_mutex_unlock(&f->mu);
     for (unsigned i = 0; i < t->nsess; i++) {
         struct fsess *fs = t->sess[i];
         fs->retired = 1;
@@ -568,12 +594,15 @@ void shmipc__front_refresh(struct fthread *t, int connect_now)
         if (i < t->nsess)
             continue;
         struct fsess *fs = fs_add(t, set[j]);
-        if (fs == NULL)
-            continue;
+        if (fs != NULL)
+            added[nadded++] = fs;
+    }
+    pthread_mutex_unlock(&f->mu);
+    for (unsigned k = 0; k < nadded; k++) {
         if (connect_now)
-            fs_connect(fs, 1);
+            fs_connect(added[k], 1);
         else
-            shmipc__timer_start(&fs->timer, 0);
+            shmipc__timer_start(&added[k]->timer, 0);
     }
     /* Retired sessions close now when idle, else when their request ends. */
     for (unsigned i = 0; i < t->nsess;) {

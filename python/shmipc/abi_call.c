@@ -366,6 +366,26 @@ PyObject *shmipcpy_abi_call(PyObject *module, PyObject *const *args, Py_ssize_t 
     /* 3. the call. A released handle is marked before it: a blocking call lets other threads
      * (and the callbacks it waits for) run, and none of them may use or release it again. */
     a = 0;
+    /* Step 2's conversions may run code of the caller's (a buffer export of Python 3.12's
+     * __buffer__, a C type's) that releases a handle checked in step 1: checked again here,
+     * with nothing between this check and the marks and the call. */
+    for (int i = 0; i < d->nparams; i++) {
+        if (!takes_arg(d, i))
+            continue;
+        PyObject *o = args[a++];
+        int t = d->params[i].type;
+        if ((t != SHMIPC_ABI_HANDLE && t != SHMIPC_ABI_RELEASE) || o == Py_None)
+            continue;
+        HandleObject *h = (HandleObject *)o;
+        if (h->released || (t == SHMIPC_ABI_RELEASE && h->busy)) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "%s(): %s was released or taken by another call while the arguments "
+                         "were converted",
+                         d->name, d->params[i].name);
+            goto fail;
+        }
+    }
+    a = 0;
     for (int i = 0; i < d->nparams; i++) {
         if (!takes_arg(d, i))
             continue;

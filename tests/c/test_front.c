@@ -1498,6 +1498,49 @@ static void *load_main(void *arg)
     return NULL;
 }
 
+/*
+ * Regression (an attack review): shmipc-serve names every start of a worker anew, and the
+ * front kept a record of every address it was ever given, for its life (about 180 bytes per
+ * worker restart, and the stats walked the list quadratically under the front's lock). 300 set
+ * changes, each to a new address (a worker restarted): the records of retired workers no
+ * session points at are freed, and the last worker still serves.
+ */
+static void retired_worker_records_are_freed(void **state)
+{
+    struct tc *t = *state;
+    struct appw *a = &t->w[0];
+    struct appw *ws[] = {a};
+    struct fx *x = &t->x;
+    static struct shmipc__front_stats st;
+    struct resp p;
+    appw_start(a, "a", NULL);
+    fx_start(x, ws, 1, 2, NULL);
+    for (int i = 0; i < 300; i++) {
+        char gone[64];
+        snprintf(gone, sizeof gone, "unix:@shmipc-test-gone-%d-%d", (int)getpid(), i);
+        const char *one[] = {gone};
+        CHECK(shmipc__front_set_workers(x->f, one, 1));
+        sleep_ms(1);
+    }
+    const char *back[] = {a->addr};
+    CHECK(shmipc__front_set_workers(x->f, back, 1));
+    assert_true(wait_sessions(x, a->addr, 2));
+    assert_int_equal(request(x->port, "GET", "/back", NULL, &p), 200);
+    assert_string_equal(p.body, "/back:");
+    resp_free(&p);
+    /* One more change frees what the threads let go since (they take up a set in their
+     * loop). */
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_set_workers(x->f, back, 1));
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.known > 4)
+            sleep_ms(20);
+    } while (st.known > 4 && mono_ms() < end);
+    if (st.known > 4)
+        fail_msg("the front still holds %u worker records", st.known);
+}
+
 /* set_workers under load: no request fails, new requests go to the new worker, and the old
  * workers' sessions close once idle. */
 static void set_workers_under_load(void **state)
@@ -2180,8 +2223,8 @@ static void connector_churn_under_load(void **state)
         T(deadline_504), T(client_gone_abort), T(worker_died_502),                                 \
         T(worker_restarts_between_requests), T(bad_frames_502), T(stalled_worker_no_stall),        \
         T(full_queue_backpressure), T(bad_frame_then_close_frees_worker), T(close_in_flight),      \
-        T(set_workers_under_load), T(upload_declared_over_limit_413),                              \
-        T(refused_by_stopping_worker_goes_to_another),                                             \
+        T(set_workers_under_load), T(retired_worker_records_are_freed),                            \
+        T(upload_declared_over_limit_413), T(refused_by_stopping_worker_goes_to_another),          \
         T(refused_then_session_closed_goes_to_another), T(refused_everywhere_503),                 \
         T(refused_after_interim_head_not_resent), T(refused_queued_big_body_not_kept),             \
         T(memory_wait_config_never_stalls_the_front), T(peer_address_is_the_connections_own),      \
