@@ -7,6 +7,7 @@
  * May call: the public C API (shmipc_config_*) and module.h's helpers.
  */
 #include "module.h"
+#include "int_args.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Config                                                                                   */
@@ -98,32 +99,13 @@ static PyObject *config_set_protocol(ConfigObject *self, PyObject *args, PyObjec
     return chain(self, shmipc_config_set_protocol(self->cfg, protocol, fallback));
 }
 
-/* An "O&" converter for an unsigned 32-bit argument: PyArg's "I" takes any int modulo 2**32
- * (interval_us=2**32 + 100 was read as 100); this raises OverflowError or TypeError. */
-static int u32_arg(PyObject *o, void *out)
-{
-    PyObject *i = PyNumber_Index(o);
-    if (i == NULL)
-        return 0;
-    unsigned long long v = PyLong_AsUnsignedLongLong(i);
-    Py_DECREF(i);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return 0;
-    if (v > UINT32_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "int too large for an unsigned 32-bit argument");
-        return 0;
-    }
-    *(unsigned int *)out = (unsigned int)v;
-    return 1;
-}
-
 static PyObject *config_set_wakeup(ConfigObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"wakeup", "interval_us", NULL};
     PyObject *name;
     unsigned int interval = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "U|O&:set_wakeup", kwlist, &name, u32_arg,
-                                     &interval))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "U|O&:set_wakeup", kwlist, &name,
+                                     shmipcpy_u32_arg, &interval))
         return NULL;
     int wakeup = shmipcpy_config_lookup_name(shmipcpy_config_wakeup_names, 3, name);
     if (wakeup < 0)

@@ -7,41 +7,11 @@
  * May call: the public codec of shmipc_serve.h and serve.c's errors (serve_module.h).
  */
 #include "serve_module.h"
+#include "int_args.h"
 
 #include <arpa/inet.h>
 
 /* ---- encoders --------------------------------------------------------------------------- */
-
-/*
- * "O&" converters for the unsigned fields: PyArg's "K" and "I" take any int modulo 2**64 or
- * 2**32, so content_length=2**64 + 5 was encoded as 5. These refuse a negative or too large
- * value (OverflowError) and a non-integer (TypeError).
- */
-static int u64_arg(PyObject *o, void *out)
-{
-    PyObject *i = PyNumber_Index(o);
-    if (i == NULL)
-        return 0;
-    unsigned long long v = PyLong_AsUnsignedLongLong(i);
-    Py_DECREF(i);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return 0;
-    *(uint64_t *)out = v;
-    return 1;
-}
-
-static int u32_arg(PyObject *o, void *out)
-{
-    uint64_t v;
-    if (!u64_arg(o, &v))
-        return 0;
-    if (v > UINT32_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "int too large for an unsigned 32-bit field");
-        return 0;
-    }
-    *(uint32_t *)out = (uint32_t)v;
-    return 1;
-}
 
 /*
  * Header fields from an iterable of (name, value) pairs of str (latin-1, as WSGI's
@@ -140,7 +110,7 @@ PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *arg
     uint32_t flags = 0;
     uint64_t clen = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "iO|O&O&:encode_response_head", kwlist, &status,
-                                     &headers, u32_arg, &flags, u64_arg, &clen))
+                                     &headers, shmipcpy_u32_arg, &flags, shmipcpy_u64_arg, &clen))
         return NULL;
     if (status < 100 || status > 599) {
         PyErr_Format(PyExc_ValueError, "status %d is not in 100..599", status);
@@ -209,8 +179,8 @@ PyObject *shmipcpy_serve_py_encode_request_head(PyObject *module, PyObject *args
     uint64_t clen = 0;
     unsigned char minor = 1, scheme = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "y*y*O|O&O&OObb:encode_request_head", kwlist,
-                                     &method, &target, &headers, u32_arg, &flags, u64_arg, &clen,
-                                     &peer, &local, &minor, &scheme))
+                                     &method, &target, &headers, shmipcpy_u32_arg, &flags,
+                                     shmipcpy_u64_arg, &clen, &peer, &local, &minor, &scheme))
         return NULL;
     PyObject *out = NULL, *keep = NULL;
     shmipc_serve_field *fields = NULL;
@@ -253,8 +223,8 @@ PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObj
     static char *kwlist[] = {"type", "payload", "arg", NULL};
     uint32_t type, arg = 0;
     Py_buffer payload = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|y*O&:encode_frame", kwlist, u32_arg, &type,
-                                     &payload, u32_arg, &arg))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|y*O&:encode_frame", kwlist, shmipcpy_u32_arg,
+                                     &type, &payload, shmipcpy_u32_arg, &arg))
         return NULL;
     const void *data = payload.buf != NULL ? payload.buf : "";
     size_t n = payload.buf != NULL ? (size_t)payload.len : 0;
