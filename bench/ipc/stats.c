@@ -32,18 +32,27 @@ uint64_t client_cpu_ns(void)
 
 /* The echo server's state letter from /proc/PID/stat ('R' running, 'S' asleep...); 0 if
  * unknown. */
-static char server_state(void)
+/* The fields of the echo server's /proc/PID/stat after its command (which ends at the last
+ * ')'), from the state (field 3) on, into buf; NULL if unreadable. */
+static const char *server_stat(char *buf, size_t cap)
 {
-    char path[64], buf[512];
+    char path[64];
     snprintf(path, sizeof path, "/proc/%ld/stat", (long)server_pid);
     FILE *f = fopen(path, "r");
     if (f == NULL)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
+        return NULL;
+    size_t n = fread(buf, 1, cap - 1, f);
     fclose(f);
     buf[n] = '\0';
     char *p = strrchr(buf, ')');
-    return p != NULL && p[1] == ' ' ? p[2] : 0;
+    return p != NULL && p[1] == ' ' ? p + 2 : NULL;
+}
+
+static char server_state(void)
+{
+    char buf[1024];
+    const char *p = server_stat(buf, sizeof buf);
+    return p != NULL ? p[0] : 0;
 }
 
 /*
@@ -78,19 +87,12 @@ uint64_t server_cpu_ns(void)
         if (v != UINT64_MAX)
             return v;
     }
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%ld/stat", (long)server_pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return UINT64_MAX;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    /* Fields after the command, which ends at the last ')': state is field 3, utime 14. */
-    char *p = strrchr(buf, ')');
+    char buf[1024];
+    const char *p = server_stat(buf, sizeof buf);
     unsigned long long ut, st;
+    /* From the state (field 3) on: utime is field 14, stime 15. */
     if (p == NULL ||
-        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        sscanf(p, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
         return UINT64_MAX;
     long hz = sysconf(_SC_CLK_TCK);
     return (ut + st) * (1000000000ull / (uint64_t)(hz > 0 ? hz : 100));

@@ -32,6 +32,20 @@ void shmipc__front_kick(struct fthread *t)
         SHMIPC__LOG(SHMIPC__LOG_ERROR, "front: cannot start a timer: %s", shmipc__detail());
 }
 
+/* A held-bytes peak of the stats, raised to `now` if that is more. */
+static void peak_raise(atomic_ullong *peak, unsigned long long now)
+{
+    unsigned long long p = atomic_load(peak);
+    while (now > p && !atomic_compare_exchange_weak(peak, &p, now)) {
+    }
+}
+
+/* Adds n to a held-bytes counter of the stats, and its peak follows. */
+static void stat_add(atomic_ullong *v, atomic_ullong *peak, uint64_t n)
+{
+    peak_raise(peak, atomic_fetch_add(v, n) + n);
+}
+
 /*
  * The gather budget (docs/serve.md, "Request bodies"): a small body is read whole into memory
  * taken at its head, before a worker is claimed. Each connection could make the front hold
@@ -48,9 +62,7 @@ static int gather_take(struct shmipc__front *f, uint64_t n)
         atomic_fetch_sub(&f->gathered, n);
         return 0;
     }
-    unsigned long long peak = atomic_load(&f->gathered_peak);
-    while (now > peak && !atomic_compare_exchange_weak(&f->gathered_peak, &peak, now)) {
-    }
+    peak_raise(&f->gathered_peak, now);
     return 1;
 }
 
@@ -149,10 +161,7 @@ static void stream_log(struct freq *r, uint64_t sent)
 /* Response bytes the front now holds more of (the stats' buffered and its peak). */
 static void held_add(struct shmipc__front *f, size_t n)
 {
-    unsigned long long now = atomic_fetch_add(&f->buffered, n) + n;
-    unsigned long long peak = atomic_load(&f->buffered_peak);
-    while (now > peak && !atomic_compare_exchange_weak(&f->buffered_peak, &peak, now)) {
-    }
+    stat_add(&f->buffered, &f->buffered_peak, n);
 }
 
 /*
@@ -314,26 +323,31 @@ static int upload_frame(struct freq *r, unsigned type, const void *p, size_t n)
     return shmipc__stream_write_shm(r->st, iov, n > 0 ? 2 : 1);
 }
 
+/* The body bytes still to go are now the `n` bytes at `b` (malloc'ed, the request's): the
+ * piece kept before is freed, the stats' count of kept bytes follows. */
+static void up_buf_replace(struct freq *r, uint8_t *b, size_t n)
+{
+    struct shmipc__front *f = r->t->f;
+    if (r->up_buf != NULL)
+        atomic_fetch_sub(&f->up_kept, r->up_buf_len);
+    free(r->up_buf);
+    r->up_buf = b;
+    r->up_buf_len = n;
+    r->up_src = b;
+    r->up_left = n;
+    stat_add(&f->up_kept, &f->up_kept_peak, n);
+}
+
 /* The copy of what the stream could not take (the server's piece is lent for the call only). */
 static int upload_keep(struct freq *r)
 {
-    struct shmipc__front *f = r->t->f;
     if (r->up_left == 0 || r->up_src == r->up_buf)
         return 0;
     uint8_t *b = malloc(r->up_left);
     if (b == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "front: a piece of a request body");
     memcpy(b, r->up_src, r->up_left);
-    if (r->up_buf != NULL)
-        atomic_fetch_sub(&f->up_kept, r->up_buf_len);
-    free(r->up_buf);
-    r->up_buf = b;
-    r->up_buf_len = r->up_left;
-    r->up_src = b;
-    unsigned long long now = atomic_fetch_add(&f->up_kept, r->up_left) + r->up_left;
-    unsigned long long peak = atomic_load(&f->up_kept_peak);
-    while (now > peak && !atomic_compare_exchange_weak(&f->up_kept_peak, &peak, now)) {
-    }
+    up_buf_replace(r, b, r->up_left);
     return 0;
 }
 
@@ -346,7 +360,6 @@ static int upload_keep(struct freq *r)
  */
 int shmipc__front_upload_rewind(struct freq *r)
 {
-    struct shmipc__front *f = r->t->f;
     if (!r->uploading || r->body_len == 0)
         return 0;
     size_t n = r->body_len + r->up_left;
@@ -356,14 +369,7 @@ int shmipc__front_upload_rewind(struct freq *r)
     memcpy(b, r->body_copy, r->body_len);
     if (r->up_left > 0)
         memcpy(b + r->body_len, r->up_src, r->up_left);
-    if (r->up_buf != NULL)
-        atomic_fetch_sub(&f->up_kept, r->up_buf_len);
-    free(r->up_buf);
-    r->up_buf = b;
-    r->up_buf_len = n;
-    r->up_src = b;
-    r->up_left = n;
-    atomic_fetch_add(&f->up_kept, n);
+    up_buf_replace(r, b, n);
     free(r->body_copy);
     r->body_copy = NULL;
     r->body = NULL;

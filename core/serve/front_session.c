@@ -100,6 +100,15 @@ void shmipc__front_fs_attach(struct fsess *fs, struct freq *r)
         atomic_fetch_add(&fs->w->solo, 1);
 }
 
+/* `r`'s share of its worker given back: one request less in flight (and a solo one less). */
+static void worker_share_drop(struct fsess *fs, struct freq *r)
+{
+    if (r->solo)
+        atomic_fetch_sub(&fs->w->solo, 1);
+    r->solo = 0;
+    atomic_fetch_sub(&fs->w->busy, 1);
+}
+
 /* `r` leaves `fs`, and the worker has one request less in flight. */
 void shmipc__front_fs_detach(struct fsess *fs, struct freq *r)
 {
@@ -108,11 +117,8 @@ void shmipc__front_fs_detach(struct fsess *fs, struct freq *r)
             continue;
         memmove(&fs->act[i], &fs->act[i + 1], (fs->nact - i - 1) * sizeof fs->act[0]);
         fs->nact--;
-        if (r->solo)
-            atomic_fetch_sub(&fs->w->solo, 1);
-        r->solo = 0;
         if (!fs->kept) /* a kept session's requests gave theirs back when it was kept */
-            atomic_fetch_sub(&fs->w->busy, 1);
+            worker_share_drop(fs, r);
         return;
     }
 }
@@ -431,6 +437,16 @@ static int relaying(const struct freq *r)
            shmipc__stream_available(r->st) > 0;
 }
 
+/* Replaced sessions of fs's worker that still drain on fs's thread. */
+static unsigned draining_of(const struct fsess *fs)
+{
+    const struct fthread *t = fs->t;
+    unsigned n = 0;
+    for (unsigned i = 0; i < t->nsess; i++)
+        n += t->sess[i]->replaced && t->sess[i]->w == fs->w;
+    return n;
+}
+
 /*
  * Whether the session's end may leave its streaming responses to finish: it ended because the
  * worker left (its exit, graceful or not: what it sent before is whole) or stopped, not for a
@@ -439,15 +455,11 @@ static int relaying(const struct freq *r)
  */
 static int fs_may_keep(struct fsess *fs, int rc)
 {
-    struct fthread *t = fs->t;
-    unsigned draining = 0;
     if (fs->kept)
         return 1; /* already kept: the requests with bytes left go on, the others end */
     if (fs->s == NULL || fs->replaced || (rc != 0 && rc != SHMIPC_ECONNRESET && rc != SHMIPC_EPIPE))
         return 0;
-    for (unsigned i = 0; i < t->nsess; i++)
-        draining += t->sess[i]->replaced && t->sess[i]->w == fs->w;
-    return draining < FRONT_MAX_REPLACED;
+    return draining_of(fs) < FRONT_MAX_REPLACED;
 }
 
 /*
@@ -470,13 +482,8 @@ static int fs_keep_relaying(struct fsess *fs)
     if (!fs->retired && (nfs = fs_add(t, fs->w)) == NULL)
         return SHMIPC_ENOMEM;
     /* The worker has these requests no more: its new session takes requests at once. */
-    for (unsigned i = 0; i < fs->nact; i++) {
-        struct freq *r = fs->act[i];
-        if (r->solo)
-            atomic_fetch_sub(&fs->w->solo, 1);
-        r->solo = 0;
-        atomic_fetch_sub(&fs->w->busy, 1);
-    }
+    for (unsigned i = 0; i < fs->nact; i++)
+        worker_share_drop(fs, fs->act[i]);
     fs->kept = 1;
     fs->replaced = 1;
     fs->retired = 1;
@@ -484,9 +491,9 @@ static int fs_keep_relaying(struct fsess *fs)
     shmipc__watch_free(fs->watch);
     fs->watch = NULL;
     SHMIPC__LOG(SHMIPC__LOG_INFO,
-                "front: worker %s: its session ended with %u response(s) still streaming; they "
-                "go on from what it sent",
-                fs->w->addr, fs->nact);
+                "front: worker %s: its session ended with response(s) still streaming; they go "
+                "on from what it sent",
+                fs->w->addr);
     if (nfs != NULL)
         fs_connect(nfs, 0);
     return 0;
@@ -512,14 +519,17 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
         if (shmipc__front_fs_has(fs, snap[i]) && snap[i]->state == RQ_ACTIVE)
             shmipc__front_req_read(snap[i]);
     /* Responses streaming to a client that reads slower than the worker wrote keep what the
-     * worker sent (fs_keep_relaying). */
-    int may_keep = fs_may_keep(fs, rc);
+     * worker sent (fs_keep_relaying); the others end here. */
+    int keep = 0;
+    for (unsigned i = 0; i < fs->nact; i++)
+        keep |= relaying(fs->act[i]);
+    keep = keep && fs_may_keep(fs, rc) && fs_keep_relaying(fs) == 0;
     /* The worker ended the session (its end read from the socket), not the front. */
     int peer_left = rc == SHMIPC_ECONNRESET || rc == SHMIPC_EPIPE;
     unsigned kept = 0;
     while (fs->nact > kept) {
         struct freq *r = fs->act[kept];
-        if (may_keep && relaying(r)) {
+        if (keep && relaying(r)) {
             kept++;
             continue;
         }
@@ -532,16 +542,8 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
     }
     fs->down = 0;
     fs->down_due = 0;
-    if (kept > 0 && fs_keep_relaying(fs) == 0)
+    if (kept > 0)
         return;
-    for (unsigned i = 0; fs->nact > 0 && i < SHMIPC__FRONT_MAX_CONCURRENCY; i++) {
-        /* Not kept after all (no room for another session): cut, as before. */
-        struct freq *r = fs->act[0];
-        shmipc__front_answer_status(r, 502);
-        shmipc__front_req_done(r);
-        if (fs->nact > 0 && fs->act[0] == r)
-            shmipc__front_fs_detach(fs, r);
-    }
     if (fs->s == NULL)
         return;
     fs_hello_end(fs);
@@ -733,12 +735,9 @@ int shmipc__front_requeue(struct fthread *t, struct freq *r)
 static int fs_replace(struct fsess *fs)
 {
     struct fthread *t = fs->t;
-    unsigned draining = 0;
     if (fs->s == NULL || fs->down || fs->retired)
         return SHMIPC_EINVAL;
-    for (unsigned i = 0; i < t->nsess; i++)
-        draining += t->sess[i]->replaced && t->sess[i]->w == fs->w;
-    if (draining >= FRONT_MAX_REPLACED)
+    if (draining_of(fs) >= FRONT_MAX_REPLACED)
         return SHMIPC_EBUSY;
     struct fsess *nfs = fs_add(t, fs->w);
     if (nfs == NULL)

@@ -179,15 +179,14 @@ class _Exchange:
             if data:
                 self.pending = data
 
-    def send(self, *parts):
-        for p in parts:
-            self.st.write(p)
-        self.st.flush()
-
     def queue(self, *parts):
         """Written, not flushed: they go with the next send, or the close (flush_close)."""
         for p in parts:
             self.st.write(p)
+
+    def send(self, *parts):
+        self.queue(*parts)
+        self.st.flush()
 
     def close(self):
         """Closes the stream; our END still queued goes with the close, one wakeup of the
