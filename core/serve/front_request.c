@@ -311,6 +311,23 @@ static int upload_frame_raw(struct freq *r)
     return shmipc__stream_write_shm(r->st, &iov, 1);
 }
 
+/*
+ * Asked for TAKEN and not taken yet: the body bytes that may go before TAKEN, out of `n`
+ * (0: none now). Only what the front keeps goes first (SHMIPC__FRONT_RETRY_BODY in all,
+ * upload_copy), so that a stopping worker's refusal (ABORT SHUTDOWN without TAKEN) sends the
+ * whole request to another worker (rewound: shmipc__front_upload_rewind) instead of a 503;
+ * the rest waits for TAKEN (req_read starts the request's timer). A copy that failed
+ * (no_retry) cannot be resent anyway: nothing is held back then. Without TAKEN asked, all of
+ * `n` goes.
+ */
+static size_t upload_room(const struct freq *r, size_t n)
+{
+    if (!r->want_taken || r->taken || r->no_retry)
+        return n;
+    size_t room = SHMIPC__FRONT_RETRY_BODY - r->body_len;
+    return n < room ? n : room;
+}
+
 /* One frame of an upload into the stream's shared memory: 0, SHMIPC_ENOSHM (nothing added:
  * not now), or the stream's failure. */
 static int upload_frame(struct freq *r, unsigned type, const void *p, size_t n)
@@ -407,8 +424,8 @@ static void forget_body(struct freq *r)
  */
 static void upload_copy(struct freq *r, const uint8_t *p, size_t n)
 {
-    if (p != NULL && !r->up_flushed && !r->no_retry && n <= SHMIPC__FRONT_RETRY_BODY &&
-        r->body_len <= SHMIPC__FRONT_RETRY_BODY - n) {
+    if (p != NULL && (!r->up_flushed || (r->want_taken && !r->taken)) && !r->no_retry &&
+        n <= SHMIPC__FRONT_RETRY_BODY && r->body_len <= SHMIPC__FRONT_RETRY_BODY - n) {
         char *b = realloc(r->body_copy, r->body_len + n);
         if (b != NULL) {
             memcpy(b + r->body_len, p, n);
@@ -462,7 +479,9 @@ static int upload_push(struct freq *r, int flush_now)
         r->up_dirty = 1;
     }
     while (rc == 0 && r->up_left > 0) {
-        size_t n = r->up_left > UPLOAD_FRAME ? UPLOAD_FRAME : r->up_left;
+        size_t n = upload_room(r, r->up_left > UPLOAD_FRAME ? UPLOAD_FRAME : r->up_left);
+        if (n == 0)
+            break; /* the rest after TAKEN */
         if ((rc = upload_frame(r, SHMIPC__SF_BODY, r->up_src, n)) == 0) {
             upload_copy(r, r->up_src, n);
             r->up_src += n;
@@ -470,7 +489,7 @@ static int upload_push(struct freq *r, int flush_now)
             r->up_dirty = 1;
         }
     }
-    if (rc == 0 && r->up_ended && !r->up_end_out &&
+    if (rc == 0 && r->up_ended && !r->up_end_out && r->up_left == 0 &&
         (rc = upload_frame(r, SHMIPC__SF_END, NULL, 0)) == 0) {
         r->up_end_out = 1;
         r->up_dirty = 1;
@@ -490,7 +509,7 @@ static int upload_push(struct freq *r, int flush_now)
             if (rc < 0)
                 return rc;
             r->up_dirty = 0;
-            if (!r->up_flushed && !r->up_end_out && r->body_len > 0)
+            if (!r->up_flushed && !r->up_end_out && r->body_len > 0 && !r->want_taken)
                 upload_copy(r, NULL, 0); /* the body goes on past its first message */
             if (!r->up_flushed)
                 mark_sent(r);
@@ -699,9 +718,9 @@ static void forget_request(struct freq *r)
 static int may_resend(struct freq *r)
 {
     /* An upload is resent only when its whole body went with the head (kept, not uploading
-     * any more), or none of it went. */
+     * any more), or none of it went, or, asked for TAKEN, what went is kept (upload_room). */
     if (!r->live || r->got_head || r->taken || r->streaming || r->no_retry || r->out == NULL ||
-        r->retries >= SHMIPC__FRONT_RETRIES || (r->uploading && r->body_len > 0))
+        r->retries >= SHMIPC__FRONT_RETRIES || (r->uploading && r->body_len > 0 && !r->want_taken))
         return 0;
     r->retries++;
     atomic_fetch_add(&r->t->f->retried, 1);
@@ -1124,6 +1143,10 @@ void shmipc__front_req_read(struct freq *r)
             if (!r->want_taken || r->taken || r->got_head)
                 goto protocol;
             r->taken = 1;
+            if (r->uploading) { /* the body held back for TAKEN goes on (upload_room) */
+                forget_body(r);
+                shmipc__timer_start(&r->timer, 0);
+            }
             break;
         case SHMIPC__SF_RESPONSE_HEAD: {
             struct shmipc__sf_frame fr;

@@ -86,9 +86,11 @@ void shmipc__front_fs_attach(struct fsess *fs, struct freq *r)
     fs->act[fs->nact++] = r;
     r->fs = fs;
     r->taken = 0;
-    /* TAKEN decides only what a pipelined request behind others may become: asked for
-     * when the front pipelines (a concurrent worker runs what it is sent at once). */
-    r->want_taken = fs->taken_ok && fs->t->f->pipeline > 1;
+    /* TAKEN decides what a pipelined request behind others may become: asked for when the
+     * front pipelines (a concurrent worker runs what it is sent at once); and when a streamed
+     * upload may go on past what the front keeps of its body (upload_room): a stopping
+     * worker's refusal before TAKEN then sends it elsewhere whole. */
+    r->want_taken = fs->taken_ok && (fs->t->f->pipeline > 1 || r->uploading);
     if (r->out != NULL) { /* the arg's low byte holds the request flags */
         if (r->want_taken)
             r->out[8] |= (uint8_t)SHMIPC__SF_REQ_TAKEN_WANTED;
@@ -214,8 +216,7 @@ static void fs_hello_read(struct fsess *fs)
         SHMIPC__LOG(SHMIPC__LOG_INFO, "front: worker %s does not know HELLO: one request at a time",
                     fs->w->addr);
     fs_hello_end(fs);
-    if (fs->taken_ok || fs->conc > 1)
-        shmipc__front_kick(fs->t); /* waiting requests may go to it now */
+    shmipc__front_kick(fs->t); /* waiting requests may go to it now (uploads waited for this) */
 }
 
 /* What a connect gave: the session watched and the worker up, or a retry after the back-off. */
@@ -631,7 +632,8 @@ static int pipelinable(const struct freq *r)
  * A worker this thread has a session to, claimed for `r` (one more of w->busy); NULL when
  * none. A free worker first (round robin); when none is free and `r` may wait behind others,
  * the least busy worker whose session granted TAKEN, below the front's pipeline and with
- * nothing in flight that holds it whole (an upload, a WebSocket).
+ * nothing in flight that holds it whole (an upload, a WebSocket). An upload takes no session
+ * whose HELLO is still unanswered.
  */
 struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
 {
@@ -642,6 +644,10 @@ struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
         int zero = 0;
         if (fs->s == NULL || fs->retired || fs->stopping ||
             fs->nact == SHMIPC__FRONT_MAX_CONCURRENCY)
+            continue;
+        /* An upload waits for the session's HELLO answer: granted TAKEN, its body is held
+         * back until TAKEN (upload_room), so a stopping worker's refusal resends it whole. */
+        if (r->uploading && fs->hello != NULL)
             continue;
         if (fs->conc > 1) {
             /* A concurrent worker is free below its concurrency, for any request: it runs an

@@ -378,6 +378,27 @@ done:
 
 void (*front_ws_serve)(struct appw *w, shmipc_stream *st, const char *target);
 
+/* ABORT SHUTDOWN: a stopping worker's "not processed" (M_HEAD_REFUSE and M_103_REFUSE after
+ * a head of theirs: too late), then it waits for the front's end of the stream, or (M_REFUSE_
+ * CLOSE) ends every session at once. */
+static void refuse(struct appw *w, shmipc_stream *st, int mode)
+{
+    uint8_t h[12], head[256];
+    if (mode == M_HEAD_REFUSE || mode == M_103_REFUSE) {
+        shmipc_serve_response r = {.size = sizeof r, .status = mode == M_103_REFUSE ? 103 : 200};
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+        shmipc_stream_write(st, head, (size_t)hn);
+    }
+    shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_ABORT, 0, SHMIPC_SERVE_ABORT_SHUTDOWN);
+    shmipc_stream_write(st, h, 12);
+    bump(&w->refused); /* before the front can see it: the test's count is exact then */
+    shmipc_stream_flush(st);
+    if (mode == M_REFUSE_CLOSE)
+        kill_sessions(w);
+    else
+        wait_abort(w, st); /* until the front closes its side */
+}
+
 static void serve_stream(struct appw *w, shmipc_stream *st)
 {
     uint8_t *buf = NULL, *out = NULL;
@@ -426,11 +447,20 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         goto out;
     }
     /* Hostile TAKENs, by target: a second one, one never asked for, one after the head. */
-#define RQ_IS(lit)                                                                                 \
-    (rq.target_len == sizeof(lit) - 1 && memcmp(rq.target, lit, sizeof(lit) - 1) == 0)
+#define RQ_IS_PREFIX(lit)                                                                          \
+    (rq.target_len >= sizeof(lit) - 1 && memcmp(rq.target, lit, sizeof(lit) - 1) == 0)
+#define RQ_IS(lit) (rq.target_len == sizeof(lit) - 1 && RQ_IS_PREFIX(lit))
     int wanted = (rq.flags & SHMIPC_SERVE_REQ_TAKEN_WANTED) != 0;
     if (wanted && atomic_load(&w->taken) != TAKEN_GRANT) /* asked, never granted */
         bump(&w->bad);
+    /* Asked for TAKEN, a stopping worker refuses before it, as the real ones do: the head
+     * read, the body not ("/refuse..." in any mode). */
+    int refusing = RQ_IS_PREFIX("/refuse") ? M_REFUSE : atomic_load(&w->mode);
+    if (wanted && (refusing == M_REFUSE || refusing == M_REFUSE_CLOSE)) {
+        bump(&w->requests);
+        refuse(w, st, refusing);
+        goto out;
+    }
     if ((wanted && !RQ_IS("/taken-late")) || RQ_IS("/taken-unasked")) {
         uint8_t tk[SHMIPC_SERVE_HDR_SIZE];
         shmipc_serve_encode_header(tk, sizeof tk, SHMIPC_SERVE_TAKEN, 0, 0);
@@ -460,6 +490,7 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         goto out;
     }
 #undef RQ_IS
+#undef RQ_IS_PREFIX
     int is_head = rq.method_len == 4 && memcmp(rq.method, "HEAD", 4) == 0;
     tlen = rq.target_len < sizeof target ? rq.target_len : sizeof target - 1;
     memcpy(target, rq.target, tlen);
@@ -609,25 +640,9 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
     case M_HEAD_REFUSE:
     case M_103_REFUSE:
     case M_REFUSE:
-    case M_REFUSE_CLOSE: {
-        uint8_t h[12], head[256];
-        int mode = atomic_load(&w->mode);
-        if (mode == M_HEAD_REFUSE || mode == M_103_REFUSE) {
-            shmipc_serve_response r = {.size = sizeof r,
-                                       .status = mode == M_103_REFUSE ? 103 : 200};
-            int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
-            shmipc_stream_write(st, head, (size_t)hn);
-        }
-        shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_ABORT, 0, SHMIPC_SERVE_ABORT_SHUTDOWN);
-        shmipc_stream_write(st, h, 12);
-        bump(&w->refused); /* before the front can see it: the test's count is exact then */
-        shmipc_stream_flush(st);
-        if (mode == M_REFUSE_CLOSE)
-            kill_sessions(w);
-        else
-            wait_abort(w, st); /* until the front closes its side */
+    case M_REFUSE_CLOSE:
+        refuse(w, st, atomic_load(&w->mode));
         break;
-    }
     case M_HANG:
     case M_STALL: /* the front gave up meanwhile: its ABORT follows the request */
         wait_abort(w, st);
@@ -1003,6 +1018,20 @@ int wait_sessions(struct fx *x, const char *addr, unsigned n)
                 return 1;
         sleep_ms(5);
     }
+    return 0;
+}
+
+/* Waits up to WAIT_MS until n of worker i's sessions (the stats' order) granted TAKEN. */
+int wait_taken(struct fx *x, unsigned i, unsigned n)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.w[i].taken >= n)
+            return 1;
+        sleep_ms(1);
+    } while (mono_ms() < end);
     return 0;
 }
 

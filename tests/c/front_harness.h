@@ -239,6 +239,7 @@ void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
               const struct shmipc__front_opts *o);
 void fx_stop(struct fx *x);
 int wait_sessions(struct fx *x, const char *addr, unsigned n);
+int wait_taken(struct fx *x, unsigned i, unsigned n);
 int wait_parked(struct appw *w);
 int wait_queued(struct fx *x, unsigned n);
 

@@ -444,20 +444,6 @@ static int wait_pipeline(struct fx *x, unsigned i, unsigned in_flight, unsigned 
     return 0;
 }
 
-/* Until `n` sessions to worker `i` have their HELLO answered granting TAKEN. */
-static int wait_taken(struct fx *x, unsigned i, unsigned n)
-{
-    static struct shmipc__front_stats st;
-    uint64_t end = mono_ms() + WAIT_MS;
-    do {
-        CHECK(shmipc__front_stats(x->f, &st));
-        if (st.w[i].taken >= n)
-            return 1;
-        sleep_ms(1);
-    } while (mono_ms() < end);
-    return 0;
-}
-
 static const char *const pipe_targets[] = {"/p0", "/p1", "/p2", "/p3", "/p4", "/p5", "/p6", "/p7"};
 
 /*

@@ -385,6 +385,78 @@ static void upload_refused_after_body_not_resent(void **state)
     assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
 }
 
+/*
+ * Workers that grant TAKEN (HELLO): the front asks it of a streamed upload and holds its body
+ * past SHMIPC__FRONT_RETRY_BODY until TAKEN comes, so a stopping worker's refusal (ABORT
+ * SHUTDOWN before TAKEN, as at a reload) sends the whole request to another worker: 100 KB
+ * bodies (Content-Length; chunked, the head first and the body 20 ms later) reach w1 whole
+ * (echoed),
+ * w0 refuses some, none is a 503 (the old code answered each refused one 503). With both
+ * refusing: SHMIPC__FRONT_RETRIES + 1 refusals, then 503, never looping.
+ */
+static void upload_refused_before_taken_goes_to_another_worker(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    struct resp p;
+    static struct shmipc__front_stats st;
+    static const size_t odd[] = {1000, 7, 30000, 64u << 10};
+    struct shmipc__front_opts o = {.hello = 1};
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    atomic_store(&w0->taken, TAKEN_GRANT);
+    atomic_store(&w1->taken, TAKEN_GRANT);
+    atomic_store(&w0->mode, M_REFUSE);
+    fx_start(x, ws, 2, 1, &o);
+    assert_true(wait_taken(x, 0, 1));
+    assert_true(wait_taken(x, 1, 1));
+    for (unsigned i = 0; i < 8; i++) {
+        struct rd *r = malloc(sizeof *r);
+        uint64_t h, total = 100000 + i;
+        int chunked = i & 1;
+        rd_open(r, x->port);
+        send_head(r->fd, "/r", total, chunked, NULL); /* echoed: "/r:" and the body */
+        if (chunked)
+            sleep_ms(20); /* the head's message went alone */
+        assert_int_equal(send_body(r->fd, 100 + i, total, total, chunked, chunked ? odd : NULL,
+                                   chunked ? 4 : 0, &h),
+                         0);
+        read_resp(r, &p);
+        assert_int_equal(p.status, 200);
+        assert_int_equal(p.body_len, 3 + total);
+        assert_memory_equal(p.body, "/r:", 3);
+        assert_true(fnv1a(FNV_INIT, p.body + 3, total) == h);
+        assert_non_null(strcasestr(p.head, "X-Worker: w1"));
+        resp_free(&p);
+        close(r->fd);
+        free(r);
+    }
+    int refused = atomic_load(&w0->refused);
+    assert_true(refused >= 1);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.retried, (uint64_t)refused);
+    assert_int_equal(st.w[0].failures + st.w[1].failures, 0);
+    assert_int_equal(atomic_load(&w1->takens), 8);
+    /* everyone stopping: refused by each as often as the front retries, then 503 */
+    atomic_store(&w1->mode, M_REFUSE);
+    struct rd *r = malloc(sizeof *r);
+    rd_open(r, x->port);
+    send_head(r->fd, "/r", 100000, 0, NULL);
+    assert_int_equal(send_body(r->fd, 9, 100000, 100000, 0, NULL, 0, NULL), 0);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 503);
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    assert_true(wait_for(&w1->refused, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&w0->refused) + atomic_load(&w1->refused),
+                     refused + SHMIPC__FRONT_RETRIES + 1);
+    assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
+}
+
 /* An upload client thread (it never asserts). */
 struct up {
     int port;
@@ -1123,7 +1195,8 @@ static void upload_front_stopped_mid_upload(void **state)
         T(upload_bad_chunk_framing_400), T(upload_client_stalls_504),                              \
         T(upload_client_gone_frees_worker), T(upload_early_answer_closes),                         \
         T(upload_expect_100_continue), T(upload_refused_after_body_not_resent),                    \
-        T(upload_queued_waits_for_worker), T(upload_requeued_from_a_dead_session_keeps_its_body),  \
+        T(upload_refused_before_taken_goes_to_another_worker), T(upload_queued_waits_for_worker),  \
+        T(upload_requeued_from_a_dead_session_keeps_its_body),                                     \
         T(upload_small_bodies_within_the_gather_budget),                                           \
         T(upload_shared_memory_full_holds_then_resumes), T(upload_cross_talk),                     \
         T(upload_pipelined_after_bodies), T(upload_cut_at_every_byte),                             \
