@@ -545,6 +545,24 @@ static int upload_push(struct freq *r, int flush_now)
     return 0;
 }
 
+/*
+ * Body bytes still kept when the server hands the next piece: rewound for another worker
+ * (shmipc__front_upload_rewind) while the server held nothing back, as after a refusal before
+ * TAKEN of a body that comes slowly. The piece goes behind them, in one copy with them: it
+ * used to replace them, and the next worker got the body without its first bytes. 0, or
+ * SHMIPC_ENOMEM (nothing changed).
+ */
+static int upload_join(struct freq *r, const void *piece, size_t len)
+{
+    uint8_t *b = malloc(r->up_left + len);
+    if (b == NULL)
+        return shmipc__fail(SHMIPC_ENOMEM, "front: a piece of a request body");
+    memcpy(b, r->up_src, r->up_left);
+    memcpy(b + r->up_left, piece, len);
+    up_buf_replace(r, b, r->up_left + len);
+    return 0;
+}
+
 /* The server's next piece of the body (lent for the call): into the stream, or kept (1: the
  * server holds the rest of the body until upload_push resumes it). */
 static int on_body(void *data, const void *piece, size_t len)
@@ -553,8 +571,13 @@ static int on_body(void *data, const void *piece, size_t len)
     int rc;
     if (!r->uploading || (r->state != RQ_QUEUED && r->state != RQ_ACTIVE))
         return 1; /* given up (cannot happen: the server hands nothing after the answer) */
-    r->up_src = piece;
-    r->up_left = len;
+    if (r->up_left == 0) {
+        r->up_src = piece;
+        r->up_left = len;
+    } else if (upload_join(r, piece, len) < 0) {
+        req_abort(r, 503, SHMIPC__SF_ABORT_CLIENT_GONE);
+        return 1;
+    }
     if (r->state == RQ_ACTIVE) {
         rc = upload_push(r, 0);
         if (rc < 0) {

@@ -457,6 +457,77 @@ static void upload_refused_before_taken_goes_to_another_worker(void **state)
     assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
 }
 
+/*
+ * A refusal before TAKEN while the body is still coming and the server holds none of it (the
+ * client sent 1000 bytes, then paused): the request waits in the queue (the other worker is
+ * busy, the refusing one cannot reconnect), and the client's next bytes come meanwhile. They
+ * must go after the rewound first 1000 (upload_rewind), not replace them: the other worker
+ * echoes the whole body.
+ */
+static void upload_refused_then_more_body_while_queued(void **state)
+{
+    enum { TOTAL = 100000, FIRST = 1000, PIECE = 9000 };
+    struct tc *t = *state;
+    struct appw *ws[] = {&t->w[0], &t->w[1]};
+    struct fx *x = &t->x;
+    struct resp p;
+    struct shmipc__front_opts o = {.hello = 1};
+    static uint8_t body[TOTAL];
+    char line[32];
+    for (unsigned i = 0; i < 2; i++) {
+        appw_start(ws[i], i ? "w1" : "w0", NULL);
+        atomic_store(&ws[i]->taken, TAKEN_GRANT);
+        atomic_store(&ws[i]->mode, M_HOLD);
+    }
+    fx_start(x, ws, 2, 1, &o);
+    assert_true(wait_taken(x, 0, 1));
+    assert_true(wait_taken(x, 1, 1));
+    /* A GET holds one worker (b); the other (a) refuses what it is asked to take. */
+    int g = tcp_connect(x->port);
+    send_all(g, "GET /first HTTP/1.1\r\nHost: t\r\n\r\n", 33);
+    uint64_t end = mono_ms() + WAIT_MS;
+    while (atomic_load(&ws[0]->holding) + atomic_load(&ws[1]->holding) == 0 && mono_ms() < end)
+        sleep_ms(1);
+    struct appw *b = atomic_load(&ws[0]->holding) ? ws[0] : ws[1];
+    struct appw *a = b == ws[0] ? ws[1] : ws[0];
+    atomic_store(&a->mode, M_REFUSE);
+    appw_hold_accept(a); /* its session, once refused, does not come back */
+    for (size_t i = 0; i < TOTAL; i++)
+        body[i] = gen_byte(77, i);
+    struct rd *r = malloc(sizeof *r);
+    rd_open(r, x->port);
+    send_head(r->fd, "/r", 0, 1, NULL);
+    int ln = snprintf(line, sizeof line, "%x\r\n", FIRST);
+    send_all(r->fd, line, (size_t)ln);
+    send_all(r->fd, body, FIRST);
+    send_all(r->fd, "\r\n", 2);
+    assert_true(wait_for(&a->refused, 1, WAIT_MS));
+    assert_true(wait_queued(x, 1));
+    for (size_t off = FIRST; off < TOTAL; off += PIECE) {
+        size_t n = TOTAL - off < PIECE ? TOTAL - off : PIECE;
+        ln = snprintf(line, sizeof line, "%zx\r\n", n);
+        send_all(r->fd, line, (size_t)ln);
+        send_all(r->fd, body + off, n);
+        send_all(r->fd, "\r\n", 2);
+    }
+    send_all(r->fd, "0\r\n\r\n", 5);
+    sleep_ms(100); /* the server hands the front what came while the request is queued */
+    latch_set(b, &b->hold_open, 1);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    assert_non_null(strcasestr(p.head, b == ws[0] ? "X-Worker: w0" : "X-Worker: w1"));
+    if (p.body_len != 3 + TOTAL || memcmp(p.body, "/r:", 3) != 0 ||
+        memcmp(p.body + 3, body, TOTAL) != 0)
+        fail_msg("the echo is %zu bytes, want %d (the body lost or reordered bytes)", p.body_len,
+                 3 + TOTAL);
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    close(g);
+    assert_int_equal(atomic_load(&a->refused), 1);
+    assert_int_equal(atomic_load(&ws[0]->bad) + atomic_load(&ws[1]->bad), 0);
+}
+
 /* An upload client thread (it never asserts). */
 struct up {
     int port;
@@ -1195,7 +1266,8 @@ static void upload_front_stopped_mid_upload(void **state)
         T(upload_bad_chunk_framing_400), T(upload_client_stalls_504),                              \
         T(upload_client_gone_frees_worker), T(upload_early_answer_closes),                         \
         T(upload_expect_100_continue), T(upload_refused_after_body_not_resent),                    \
-        T(upload_refused_before_taken_goes_to_another_worker), T(upload_queued_waits_for_worker),  \
+        T(upload_refused_before_taken_goes_to_another_worker),                                      \
+        T(upload_refused_then_more_body_while_queued), T(upload_queued_waits_for_worker),  \
         T(upload_requeued_from_a_dead_session_keeps_its_body),                                     \
         T(upload_small_bodies_within_the_gather_budget),                                           \
         T(upload_shared_memory_full_holds_then_resumes), T(upload_cross_talk),                     \
