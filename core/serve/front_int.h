@@ -173,6 +173,7 @@ struct freq {
     uint8_t up_dirty;      /* uploading: bytes written to the stream, not yet flushed */
     uint8_t up_held;       /* on_body returned 1: the server waits for upload_resume */
     uint8_t up_flushed;    /* uploading: the first message (the head's) went */
+    uint8_t up_lost;       /* uploading: body bytes the front could not keep: never resent */
     const uint8_t *up_src; /* body bytes not yet in the stream: the server's piece, or up_buf */
     size_t up_left;
     uint8_t *up_buf; /* the copy of what the stream could not take (one piece at most) */

@@ -563,6 +563,36 @@ static int upload_join(struct freq *r, const void *piece, size_t len)
     return 0;
 }
 
+/* A waiting request leaves its thread's queue. */
+static void req_unqueue(struct freq *r)
+{
+    struct fthread *t = r->t;
+    struct freq **pp = &t->qhead, *prev = NULL;
+    while (*pp != r) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = r->next;
+    if (t->qtail == r)
+        t->qtail = prev;
+    atomic_fetch_sub(&t->nwait, 1);
+    atomic_fetch_sub(&t->f->queued, 1);
+}
+
+/* What the front could not keep of a body (out of memory): 503. A waiting request ends here
+ * (no worker has any of it, and req_abort would look for its session); one in flight is
+ * given up as usual. */
+static void upload_give_up(struct freq *r)
+{
+    if (r->state == RQ_QUEUED) {
+        shmipc__front_answer_status(r, 503);
+        req_unqueue(r);
+        shmipc__front_req_free(r);
+        return;
+    }
+    req_abort(r, 503, SHMIPC__SF_ABORT_CLIENT_GONE);
+}
+
 /* The server's next piece of the body (lent for the call): into the stream, or kept (1: the
  * server holds the rest of the body until upload_push resumes it). */
 static int on_body(void *data, const void *piece, size_t len)
@@ -575,20 +605,32 @@ static int on_body(void *data, const void *piece, size_t len)
         r->up_src = piece;
         r->up_left = len;
     } else if (upload_join(r, piece, len) < 0) {
-        req_abort(r, 503, SHMIPC__SF_ABORT_CLIENT_GONE);
+        upload_give_up(r);
         return 1;
     }
-    if (r->state == RQ_ACTIVE) {
-        rc = upload_push(r, 0);
-        if (rc < 0) {
-            shmipc__front_fs_down(r->fs, rc); /* answers 502: the body stops here */
-            return 1;
+    if (r->state == RQ_ACTIVE && (rc = upload_push(r, 0)) < 0) {
+        /*
+         * The session goes down: a 502, or, not taken yet, the request goes to another worker
+         * (shmipc__front_requeue). What is left of the lent piece is kept for that worker and
+         * the rest of the body held for its resume (upload_push), as when the session is
+         * full; without the copy a requeued upload read the server's freed piece, and without
+         * the hold nobody resumed the body. Out of memory, the body cannot go whole anywhere:
+         * lost (never resent). `r` may be gone after fs_down.
+         */
+        int hold = r->up_left > 0 && upload_keep(r) == 0;
+        if (r->up_left > 0 && !hold) {
+            r->up_left = 0;
+            r->up_src = NULL;
+            r->up_lost = 1;
         }
+        r->up_held = (uint8_t)hold;
+        shmipc__front_fs_down(r->fs, rc);
+        return hold;
     }
     if (r->up_left == 0)
         return 0;
     if (upload_keep(r) < 0) {
-        req_abort(r, 503, SHMIPC__SF_ABORT_CLIENT_GONE);
+        upload_give_up(r);
         return 1;
     }
     r->up_held = 1;
@@ -794,7 +836,10 @@ static void requeue_elsewhere(struct freq *r)
 {
     struct fsess *fs = r->fs;
     fs->stopping = 1;
-    (void)shmipc__front_requeue(r->t, r);
+    if (shmipc__front_requeue(r->t, r) < 0) { /* its body could not be kept: on no queue */
+        shmipc__front_answer_status(r, 503);
+        shmipc__front_req_done(r);
+    }
     if (fs->nact == 0 && fs->s != NULL)
         shmipc__front_fs_down(fs, 0);
 }
@@ -1355,16 +1400,7 @@ static void on_cancel(void *data, int reason)
     else if (reason == SHMIPC__SERVER_CANCEL_CLIENT_GONE)
         atomic_fetch_add(&f->client_gone, 1);
     if (r->state == RQ_QUEUED) {
-        struct freq **pp = &t->qhead, *prev = NULL;
-        while (*pp != r) {
-            prev = *pp;
-            pp = &(*pp)->next;
-        }
-        *pp = r->next;
-        if (t->qtail == r)
-            t->qtail = prev;
-        atomic_fetch_sub(&t->nwait, 1);
-        atomic_fetch_sub(&f->queued, 1);
+        req_unqueue(r);
         shmipc__front_req_free(r);
         return;
     }

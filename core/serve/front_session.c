@@ -702,7 +702,7 @@ int shmipc__front_requeue(struct fthread *t, struct freq *r)
     shmipc__timer_stop(&r->timer);
     /* Part of an upload's body went and was not kept (past its first message, or too big to
      * keep): it cannot go again; the caller answers it (502). */
-    if (r->uploading && r->up_head && r->no_retry)
+    if (r->uploading && ((r->up_head && r->no_retry) || r->up_lost))
         return shmipc__fail(SHMIPC_ECONNRESET, "front: part of the request body went to a worker "
                                                "that ended, and was not kept");
     if (shmipc__front_upload_rewind(r) < 0)
