@@ -197,6 +197,53 @@ def test_idle_sessions_hold_no_place():
             r.stop()
 
 
+def test_a_frame_whose_payload_is_on_its_way_holds_no_other_request():
+    # The front's BODY header came with only part of its payload (a flush cut short, or a
+    # hostile front): the request waiting for the rest must not hold the loop. Before, the
+    # payload's read waited inside receive(), and every other request of the worker with it.
+    # Then the same for an ABORT's text after the body, looked for between response pieces.
+    gates = Gates()
+    r = loop_running(gated_app(gates), concurrency=4)
+    try:
+        a, _ = r.front.open(method=b"POST", target=b"/e", flags=sf.REQ_HAS_BODY | sf.REQ_CHUNKED)
+        a.write(frame(sf.BODY, b"x" * 100)[:12 + 10])
+        a.flush()
+        time.sleep(0.2)  # the app's receive() has the header
+        b, _ = r.front.open(target=b"/other")
+        r.front.send_body(b, [])
+        b.read_timeout = 5
+        assert r.front.response(b)[4] == b"echo /other "
+        a.write(b"y" * 90 + frame(sf.END))
+        a.flush()
+        a.read_timeout = 5
+        assert r.front.response(a)[4] == b"echo /e " + b"x" * 10 + b"y" * 90
+        a.close()
+        b.close()
+
+        c, _ = r.front.open(target=b"/wait/c")
+        r.front.send_body(c, [])
+        abort = frame(sf.ABORT, b"t" * 200, sf.ABORT_CLIENT_GONE)
+        c.write(abort[:12 + 50])
+        c.flush()
+        time.sleep(0.1)
+        d, _ = r.front.open(target=b"/open/c")  # the app of /wait/c then looks for an ABORT
+        r.front.send_body(d, [])
+        d.read_timeout = 5
+        assert r.front.response(d)[4] == b"opened"
+        e, _ = r.front.open(target=b"/other2")
+        r.front.send_body(e, [])
+        e.read_timeout = 5
+        assert r.front.response(e)[4] == b"echo /other2 "
+        # /wait/c answered: the front's ABORT was not whole when it looked (nor is it now)
+        c.read_timeout = 5
+        assert r.front.response(c)[4:6] == (b"released ", sf.END)
+        c.close()
+        d.close()
+        e.close()
+    finally:
+        r.stop()
+
+
 def test_hello_says_the_concurrency():
     r = loop_running(gated_app(Gates()), concurrency=7)
     try:

@@ -469,6 +469,12 @@ class _WebSocket:
                 wait = time.monotonic() + _WS_CLOSE_WAIT
                 end = wait if end is None else min(end, wait)
             try:
+                if self.ex.partial is not None:
+                    # A frame whose header a look before the accept read (check_abort):
+                    # its payload, then the frame, as any other.
+                    typ, length, arg = self.ex.partial
+                    self.ex.partial = None
+                    return typ, arg, await self.ex.areadexactly(length) if length else b""
                 got = self.ex.read_frame_header(nonblock=True)
                 if got is not None:
                     _, (typ, length, arg) = got

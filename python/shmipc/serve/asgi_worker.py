@@ -73,6 +73,11 @@ class _LoopExchange(_Exchange):
             aio._drive(self.loop, self.session)
         return super().read_frame_header(nonblock)
 
+    def payload(self, length, nonblock=False):
+        if nonblock and length:
+            aio._drive(self.loop, self.session)  # as read_frame_header
+        return super().payload(length, nonblock)
+
     async def _read(self, attempt):
         """attempt() (non-blocking, None for "not yet") until it gives something, bounded by
         the stream's read timeout when it has one."""

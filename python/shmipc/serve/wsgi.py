@@ -65,7 +65,7 @@ class _Exchange:
     """The worker's end of one stream: reads the request's frames, writes the response's."""
 
     __slots__ = ("st", "done", "aborted", "abort_reason", "pending", "has_body", "expect", "got",
-                 "end_queued")
+                 "end_queued", "partial")
 
     def __init__(self, st):
         self.st = st
@@ -77,6 +77,12 @@ class _Exchange:
         self.expect = None  # the head's content_length (CONTENT_LENGTH), else None
         self.got = 0  # body bytes read
         self.end_queued = False  # our END is written, not flushed: close() sends it (flush_close)
+        # A frame (typ, length, arg) whose header a look without waiting read, checked, and
+        # whose payload had not all arrived: the next look reads the payload. A look that
+        # must not wait (the ASGI worker's loop) never waits for a payload either: a front
+        # that sent a header and part of its payload (a flush cut short, or hostile) held
+        # every request of the loop while one read waited for the rest.
+        self.partial = None
 
     def head(self, flags, payload):
         """What the REQUEST_HEAD (`flags`, its payload) says of the body, for _next_body to
@@ -124,34 +130,47 @@ class _Exchange:
             data, self.pending = self.pending, None
             return data
         while not self.done:
-            got = self.read_frame_header(nonblock)
-            if got is None:
+            if self.partial is None:
+                got = self.read_frame_header(nonblock)
+                if got is None:
+                    return None
+                _, (typ, length, arg) = got
+                if typ == sf.BODY:
+                    if not self.has_body:
+                        raise ProtocolViolation("a BODY frame for a request without HAS_BODY")
+                    if self.expect is not None and self.got + length > self.expect:
+                        raise ProtocolViolation(
+                            f"the body goes past its content_length {self.expect}")
+                    self.got += length
+                elif typ == sf.END:
+                    if self.expect is not None and self.got != self.expect:
+                        raise ProtocolViolation(
+                            f"END after {self.got} of the body's {self.expect} bytes")
+                    self.done = True
+                    return b""
+                elif typ != sf.ABORT:
+                    raise ProtocolViolation(f"a frame of type {typ} in a request body")
+                self.partial = (typ, length, arg)
+            typ, length, arg = self.partial
+            payload = self.payload(length, nonblock)
+            if payload is None:
                 return None
-            _, (typ, length, arg) = got
+            self.partial = None
             if typ == sf.BODY:
-                if not self.has_body:
-                    raise ProtocolViolation("a BODY frame for a request without HAS_BODY")
-                if self.expect is not None and self.got + length > self.expect:
-                    raise ProtocolViolation(
-                        f"the body goes past its content_length {self.expect}")
-                self.got += length
-                return self.st.readexactly(length)
-            if typ == sf.END:
-                if self.expect is not None and self.got != self.expect:
-                    raise ProtocolViolation(
-                        f"END after {self.got} of the body's {self.expect} bytes")
-                self.done = True
-                return b""
-            if typ == sf.ABORT:
-                if length:
-                    self.st.readexactly(length)
-                self.done = self.aborted = True
-                self.abort_reason = arg
-                break
-            raise ProtocolViolation(f"a frame of type {typ} in a request body")
+                return payload
+            self.done = self.aborted = True  # ABORT, its text read and dropped
+            self.abort_reason = arg
+            break
         if self.aborted:
             raise RequestAborted(f"the front aborted the request (reason {self.abort_reason})")
         return b""
+
+    def payload(self, length, nonblock=False):
+        """A frame's `length` payload bytes; with nonblock, None until all of them are here
+        (nothing is consumed then)."""
+        if not length:
+            return b""
+        return self.st.readexactly(length, nonblock=nonblock)
 
     def check_abort(self):
         """Without blocking: raise RequestAborted if the front has aborted the request
@@ -162,14 +181,18 @@ class _Exchange:
         this never buffers more than one frame (1 MiB)."""
         while self.pending is None:
             if self.done:
-                got = self.read_frame_header(nonblock=True)
-                if got is None:
-                    return
-                _, (typ, length, arg) = got
-                if typ != sf.ABORT:
-                    raise ProtocolViolation(f"a frame of type {typ} after the request's END")
-                if length:
-                    self.st.readexactly(length)
+                if self.partial is None:
+                    got = self.read_frame_header(nonblock=True)
+                    if got is None:
+                        return
+                    _, (typ, length, arg) = got
+                    if typ != sf.ABORT:
+                        raise ProtocolViolation(f"a frame of type {typ} after the request's END")
+                    self.partial = (typ, length, arg)
+                typ, length, arg = self.partial
+                if self.payload(length, nonblock=True) is None:
+                    return  # its text is on its way
+                self.partial = None
                 self.aborted = True
                 self.abort_reason = arg
                 raise RequestAborted(f"the front aborted the request (reason {arg})")
