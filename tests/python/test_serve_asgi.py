@@ -393,6 +393,11 @@ def test_app_raises_after_start_aborts_worker_error(serve):
     ([{"status": 200}], 500),  # no type
     ([{"type": "http.response.start"}], 500),  # no status
     ([{"type": "http.response.start", "status": 99}], 500),
+    # a 1xx: the protocol carries one only as an interim head before the final one (the
+    # worker sent the 1xx head, then END: a bad exchange to the front, 502)
+    ([{"type": "http.response.start", "status": 100}], 500),
+    ([{"type": "http.response.start", "status": 103},
+      {"type": "http.response.body", "body": b"x"}], 500),
     ([{"type": "http.response.start", "status": 200, "headers": [("str", "str")]}], 500),
     ([{"type": "http.response.start", "status": 200}], sf.ABORT),  # returns before the body
     ([{"type": "http.response.start", "status": 200},

@@ -190,6 +190,21 @@ def test_ws_denial_response_extension(serve):
     assert (status, body, last) == (401, b"who?", sf.END)
 
 
+def test_ws_denial_response_of_101_is_an_app_error(serve):
+    # A 101 as the denial response would have been the front's accept of the WebSocket (and
+    # the body behind it a bad frame); a 1xx status is refused, as for http: 500.
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.http.response.start", "status": 101})
+        await send({"type": "websocket.http.response.body", "body": b"no"})
+
+    front = serve(app)
+    st = upgrade(front)
+    status, _, _, _, body, last, _ = front.response(st)
+    st.close()
+    assert (status, body, last) == (500, b"Internal Server Error\n", sf.END)
+
+
 def test_ws_client_gone_is_disconnect_1006(serve):
     got = {}
     done = threading.Event()

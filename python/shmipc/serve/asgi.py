@@ -130,7 +130,11 @@ class _Http:
 
     def _start(self, message):
         status = message["status"]
-        if type(status) is not int or not 100 <= status <= 599:
+        # 200..599, as the C worker's: the protocol carries a 1xx only as an interim head
+        # before the final one, which an app cannot send here; a 1xx head then END was a bad
+        # exchange to the front (502, ABORT PROTOCOL), and a denial response's 101 would
+        # have accepted the WebSocket.
+        if type(status) is not int or not 200 <= status <= 599:
             raise ValueError(f"bad status {status!r}")
         flags, length, fields = 0, None, []
         for h in message.get("headers", ()):

@@ -380,9 +380,12 @@ class _Response:
         if not isinstance(status, str):
             raise TypeError("the status must be a str like '200 OK'")
         code = status[:3]
-        # "NNN Reason" (PEP 3333; wsgiref.validate checks the same)
+        # "NNN Reason" (PEP 3333; wsgiref.validate checks the same), 200..599 as the C
+        # worker's: the protocol carries a 1xx only as an interim head before the final one,
+        # which a WSGI app cannot send (a 1xx head then END was a bad exchange to the front:
+        # 502, ABORT PROTOCOL)
         if len(status) < 4 or status[3] != " " or not code.isdigit() or \
-                not 100 <= int(code) <= 599:
+                not 200 <= int(code) <= 599:
             raise ValueError(f"bad status {status!r}")
         if not isinstance(headers, list):
             raise TypeError("the headers must be a list of (name, value) tuples")
