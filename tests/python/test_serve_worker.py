@@ -475,6 +475,44 @@ def test_app_raises_mid_body_aborts_and_closes_the_iterable(serve, caplog):
     assert it.closed.wait(10) and "boom in the body" in caplog.text
 
 
+def test_close_that_raises_after_the_response_still_reads_the_request(caplog):
+    # The response went out whole (END) before the iterable's close() raised: the worker must
+    # still read the front's side of the exchange (its END) before it closes the stream.
+    # Before, it closed at once, so the front's END (here behind the body the app never read)
+    # came as a new stream, answered ABORT PROTOCOL.
+    class CloseRaises:
+        def __iter__(self):
+            yield b"ok"
+
+        def close(self):
+            raise RuntimeError("boom in close")
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return CloseRaises()
+
+    r = Running(app)
+    try:
+        front = r.front
+        st, _ = front.open(method=b"POST", body=b"hello")
+        st.flush()  # the head only: the body comes after the answer
+        st.read_timeout = 10
+        with caplog.at_level(logging.ERROR, logger="shmipc.serve"):
+            assert front.response(st)[4:6] == (b"ok", sf.END)
+            front.send_body(st, [b"hello"])
+            with pytest.raises(shmipc.EndOfStreamError):
+                front.read_frame(st)  # the worker's close, nothing else
+        st.close()
+        assert front.request()[4] == b"ok"
+        assert "boom in close" in caplog.text
+        end = time.monotonic() + 10  # counted once the worker closed the stream
+        while r.worker.counts["error"] < 2 and time.monotonic() < end:
+            time.sleep(0.005)
+        assert r.worker.counts["protocol"] == 0 and r.worker.counts["error"] == 2
+    finally:
+        r.stop()
+
+
 def test_start_response_exc_info(serve):
     def app(environ, start_response):
         start_response("200 OK", [("X-A", "1")])

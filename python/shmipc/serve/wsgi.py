@@ -552,6 +552,7 @@ class WSGIHandler:
         resp = _Response(ex, environ["REQUEST_METHOD"])
         result = None
         outcome = "ok"
+        finished = False  # our END went out (or is queued): the response stands
         try:
             result = self.app(environ, resp.start_response)
             resp.hold = type(result) in (list, tuple)
@@ -562,6 +563,7 @@ class WSGIHandler:
             for data in result:
                 resp.write(data)
             resp.finish()
+            finished = True
         except RequestAborted as e:
             log.info("shmipc-serve: %s %s: %s", environ["REQUEST_METHOD"],
                      environ.get("RAW_URI", ""), e)
@@ -585,7 +587,9 @@ class WSGIHandler:
                     log.exception("shmipc-serve: the close() of the app's iterable raised")
                     if outcome == "ok":
                         outcome = "error"
-        if outcome == "ok":
+        if finished:
+            # Also when close() raised after it: the front's END is still read before the
+            # stream closes, else it would come as a new stream (docs/serve.md, "Streams").
             ex.drain()
         return outcome
 
