@@ -257,6 +257,49 @@ def test_ws_bad_frames_are_protocol_errors(serve):
         st.close()
 
 
+@pytest.mark.parametrize("code,reason", [(1005, b""), (1006, b""), (999, b""), (5000, b""),
+                                         (1000, b"\xff")])
+def test_ws_bad_close_from_the_front_is_a_protocol_error(serve, code, reason):
+    # A WS_CLOSE is checked whole, code and UTF-8 (docs/serve.md, "Bad frames"), as the C
+    # worker does. Before, the bad code or reason failed the app's receive() (the echo of the
+    # code, the reason's decoding: "the app failed", 1011 not sent, the stream closed bare).
+    seen = []
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        try:
+            seen.append(await receive())
+        except Exception as e:  # noqa: BLE001 (what the app got)
+            seen.append(e)
+            raise
+
+    front = serve(app)
+    st = upgrade(front)
+    accepted(front, st)
+    send(st, frame(sf.WS_CLOSE, code.to_bytes(2, "little") + reason))
+    typ, arg, _ = front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+    assert len(seen) == 1 and type(seen[0]).__name__ == "ProtocolViolation", seen
+
+
+def test_ws_bad_close_after_the_app_returned_is_a_protocol_error(serve):
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1000})
+
+    front = serve(app)
+    st = upgrade(front)
+    accepted(front, st)
+    assert closed(front, st) == (1000, "")
+    send(st, frame(sf.WS_CLOSE, (1005).to_bytes(2, "little")))
+    typ, arg, _ = front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+
+
 def test_ws_worker_stop_closes_open_socket_1001():
     """A stopping worker (SIGTERM, --max-requests) does not wait for the client forever: its
     open WebSocket closes 1001 (going away) and the app gets the disconnect."""

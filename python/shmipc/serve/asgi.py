@@ -498,6 +498,16 @@ class _WebSocket:
     async def _closed_by_front(self, typ, arg, payload):
         """The front's WS_CLOSE or ABORT: note it (and answer a WS_CLOSE, completing the
         close handshake) and return the disconnect event."""
+        if typ == sf.WS_CLOSE:
+            # Checked whole, as the C worker does (docs/serve.md, "Bad frames"): a code the
+            # protocol does not carry (1005, 1006, 999, 5000) or a reason that is not UTF-8
+            # is the front's bad frame. Before, it reached the app: as its code, or as an
+            # error raised in its receive() (the echo of the code, or the reason's decoding)
+            # that failed the app, and the stream closed with no ABORT.
+            try:
+                sf.encode_frame(sf.WS_CLOSE, payload)
+            except ValueError:
+                raise ProtocolViolation("a WS_CLOSE with a bad code or reason") from None
         if typ == sf.ABORT:
             self.ex.aborted = True
             self.ex.abort_reason = arg
@@ -695,4 +705,9 @@ class _WebSocket:
             except (_WsGone, shmipc.TimeoutError):
                 return
             if typ in (sf.WS_CLOSE, sf.ABORT):
-                await self._closed_by_front(typ, arg, payload)
+                try:
+                    await self._closed_by_front(typ, arg, payload)
+                except ProtocolViolation as e:  # after the app: nobody else to tell
+                    log.error("shmipc-serve: bad frame from the front: %s", e)
+                    await self.ex.aabort(sf.ABORT_PROTOCOL, str(e))
+                    self.got_close = (_WS_GONE, "")
