@@ -18,7 +18,7 @@ sf = pytest.importorskip("shmipc._serve")
 from shmipc.serve.asgi import ASGIHandler, LifespanFailed  # noqa: E402
 from shmipc.serve.asgi_worker import ASGIWorker  # noqa: E402
 from shmipc.serve.worker import Worker  # noqa: E402
-from test_serve_worker import BODY_LIES, Front, frame, head  # noqa: E402
+from test_serve_worker import BAD_LEFTOVERS, BODY_LIES, Front, frame, head  # noqa: E402
 
 # ---- the scope --------------------------------------------------------------------------
 
@@ -222,6 +222,31 @@ def test_receive_waiting_for_the_body_does_not_block_the_loop(serve):
         st.close()
     assert (status, body, last) == (200, b"first-second", sf.END)
     assert ticks and ticks[0] >= 10, f"the loop ran {ticks} ticks while receive() waited"
+
+
+@pytest.mark.parametrize("flags,clen,frames", BAD_LEFTOVERS)
+def test_bad_frame_behind_a_body_the_app_never_read(serve, flags, clen, frames):
+    # As test_serve_worker.py's: the worker reads them after its END; ABORT PROTOCOL, and the
+    # worker serves on. Before, the ProtocolViolation escaped the drain: the one-at-a-time
+    # worker's session thread died (the session ended), the loop's task died unanswered.
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            raise RuntimeError("no lifespan")
+        await send({"type": "http.response.start", "status": 200})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    front = serve(app)
+    st, _ = front.open(b"POST", flags=flags, content_length=clen)
+    st.flush()
+    st.read_timeout = 10
+    assert front.response(st)[4:6] == (b"ok", sf.END)
+    for f in frames:
+        st.write(f)
+    st.flush()
+    typ, arg, _ = front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+    assert front.request(b"POST", b"/", body=b"again")[4:6] == (b"ok", sf.END)
 
 
 @pytest.mark.parametrize("flags,clen,chunks", BODY_LIES)

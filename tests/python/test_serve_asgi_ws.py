@@ -300,6 +300,31 @@ def test_ws_bad_close_after_the_app_returned_is_a_protocol_error(serve):
     st.close()
 
 
+def test_ws_bad_frame_after_the_app_failed_is_a_protocol_error(serve):
+    # The app raised on an open socket: 1011, then the worker waits for the front's close. A
+    # bad frame meanwhile is ABORT PROTOCOL, and the worker serves on. Before, the
+    # ProtocolViolation escaped the failure's handling: the one-at-a-time worker's session
+    # thread died (the session ended), the loop's task died unanswered.
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        raise RuntimeError("boom after accept")
+
+    front = serve(app)
+    st = upgrade(front)
+    accepted(front, st)
+    assert closed(front, st) == (1011, "")
+    send(st, b"XX" + frame(sf.WS_CLOSE)[2:])  # bad magic
+    typ, arg, _ = front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+    st = upgrade(front)
+    accepted(front, st)
+    assert closed(front, st) == (1011, "")
+    send(st, close_frame(1011))
+    st.close()
+
+
 def test_ws_worker_stop_closes_open_socket_1001():
     """A stopping worker (SIGTERM, --max-requests) does not wait for the client forever: its
     open WebSocket closes 1001 (going away) and the app gets the disconnect."""

@@ -747,6 +747,39 @@ def test_body_that_contradicts_its_head_is_a_bad_frame(serve, flags, clen, chunk
     assert serve_ok(front)
 
 
+BAD_LEFTOVERS = [
+    # (flags, content_length, frames the front sends after the worker's answer)
+    (sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, 3, [frame(sf.BODY, b"abcde"), frame(sf.END)]),
+    (sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, 3, [frame(sf.BODY, b"a"), frame(sf.END)]),
+    (sf.REQ_HAS_BODY | sf.REQ_CHUNKED, 0, [frame(sf.WS_DATA, b"x", 0x101)]),
+    (sf.REQ_HAS_BODY | sf.REQ_CHUNKED, 0, [frame(sf.HELLO, bytes(8))]),
+]
+
+
+@pytest.mark.parametrize("flags,clen,frames", BAD_LEFTOVERS)
+def test_bad_frame_behind_a_body_the_app_never_read(serve, flags, clen, frames):
+    # The app answers without reading its body; the front's frames after the answer break the
+    # protocol. The worker reads them after its END (its drain): ABORT PROTOCOL, and the
+    # session serves on. Before, the ProtocolViolation escaped the drain and ended the
+    # session's thread, and the session with it (every request on it lost).
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    front = serve(app)
+    st, _ = front.open(b"POST", flags=flags, content_length=clen)
+    st.flush()
+    st.read_timeout = 10
+    assert front.response(st)[4:6] == (b"ok", sf.END)
+    for f in frames:
+        st.write(f)
+    st.flush()
+    typ, arg, _ = front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+    assert serve_ok(front)
+
+
 def test_cross_talk_concurrent_streams_over_two_workers(serve):
     fronts = [serve(echo_app), serve(echo_app)]
     errors, mismatches = [], []

@@ -347,13 +347,11 @@ class ASGIHandler:
                 # The response went out whole (its END too): it stands, no ABORT after it.
                 log.error("shmipc-serve: the app failed after its response on %s %s",
                           scope["method"], scope["raw_path"], exc_info=e)
-                await ex.adrain()
-                return "error"
+                return "protocol" if await ex.adrain_end() else "error"
             return await self._failed(ex, h, scope, e)
         if h.disconnected or ex.aborted:
             return "aborted"
-        await ex.adrain()
-        return "ok"
+        return "protocol" if await ex.adrain_end() else "ok"
 
     async def _websocket(self, ex, scope):
         ws = _WebSocket(ex, scope, self.stopping)
@@ -386,8 +384,8 @@ class ASGIHandler:
             return "error"
         if ws.got_close is not None and ws.got_close[0] == _WS_GONE:
             return "aborted"
-        if not ws.accepted:
-            await ex.adrain()
+        if not ws.accepted and await ex.adrain_end():
+            return "protocol"
         return "ok"
 
     async def _failed(self, ex, h, scope, exc):
@@ -401,7 +399,8 @@ class ASGIHandler:
             if scope["method"] != "HEAD":
                 parts += [_body_header(len(_ERROR_BODY)), _ERROR_BODY]
             await ex.asend(*parts, _END)
-            await ex.adrain()
+            if await ex.adrain_end():
+                return "protocol"
         else:
             await ex.aabort(sf.ABORT_WORKER_ERROR, f"{type(exc).__name__}: {exc}")
         return "error"
@@ -702,12 +701,13 @@ class _WebSocket:
         while self.got_close is None:
             try:
                 typ, arg, payload = await self._frame(timeout=_WS_CLOSE_WAIT)
+                if typ in (sf.WS_CLOSE, sf.ABORT):
+                    await self._closed_by_front(typ, arg, payload)
             except (_WsGone, shmipc.TimeoutError):
                 return
-            if typ in (sf.WS_CLOSE, sf.ABORT):
-                try:
-                    await self._closed_by_front(typ, arg, payload)
-                except ProtocolViolation as e:  # after the app: nobody else to tell
-                    log.error("shmipc-serve: bad frame from the front: %s", e)
-                    await self.ex.aabort(sf.ABORT_PROTOCOL, str(e))
-                    self.got_close = (_WS_GONE, "")
+            except ProtocolViolation as e:
+                # After the app (or in its failure's handling, fail()): nobody else would
+                # catch it, and it ended the worker's session thread (or the loop's task).
+                log.error("shmipc-serve: bad frame from the front: %s", e)
+                await self.ex.aabort(sf.ABORT_PROTOCOL, str(e))
+                self.got_close = (_WS_GONE, "")

@@ -243,6 +243,19 @@ class _Exchange:
         except RequestAborted:
             pass
 
+    def drain_end(self):
+        """drain() after our END, when nothing else would catch a bad frame in what is left of
+        the request (a body the app never read): ABORT PROTOCOL, and True. Before, the
+        ProtocolViolation escaped the handler and ended the worker's session thread, and the
+        session (every request on it) with it."""
+        try:
+            self.drain()
+        except ProtocolViolation as e:
+            log.error("shmipc-serve: bad frame from the front: %s", e)
+            self.abort(sf.ABORT_PROTOCOL, str(e))
+            return True
+        return False
+
     # The same for a coroutine (the ASGI handler). Here they block, as the calls above: a
     # worker that runs one request at a time has nothing else to run meanwhile. The ASGI
     # worker that runs many at once replaces them with ones that wait on its loop.
@@ -267,6 +280,16 @@ class _Exchange:
 
     async def adrain(self):
         self.drain()
+
+    async def adrain_end(self):
+        """drain_end() for a coroutine (adrain and aabort: the loop's where it has them)."""
+        try:
+            await self.adrain()
+        except ProtocolViolation as e:
+            log.error("shmipc-serve: bad frame from the front: %s", e)
+            await self.aabort(sf.ABORT_PROTOCOL, str(e))
+            return True
+        return False
 
     async def idle(self, delay):
         """Between two looks for a frame that was not there yet: `delay` seconds."""
@@ -590,7 +613,8 @@ class WSGIHandler:
         if finished:
             # Also when close() raised after it: the front's END is still read before the
             # stream closes, else it would come as a new stream (docs/serve.md, "Streams").
-            ex.drain()
+            if ex.drain_end():
+                outcome = "protocol"
         return outcome
 
     def _failed(self, ex, resp, environ):
@@ -605,7 +629,8 @@ class WSGIHandler:
             if body:
                 parts += [_body_header(len(body)), body]
             ex.send(*parts, _END)
-            ex.drain()
+            if ex.drain_end():
+                return "protocol"
         else:
             exc = sys.exc_info()[1]
             ex.abort(sf.ABORT_WORKER_ERROR, f"{type(exc).__name__}: {exc}")
