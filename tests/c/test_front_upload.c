@@ -1266,8 +1266,8 @@ static void upload_front_stopped_mid_upload(void **state)
         T(upload_bad_chunk_framing_400), T(upload_client_stalls_504),                              \
         T(upload_client_gone_frees_worker), T(upload_early_answer_closes),                         \
         T(upload_expect_100_continue), T(upload_refused_after_body_not_resent),                    \
-        T(upload_refused_before_taken_goes_to_another_worker),                                      \
-        T(upload_refused_then_more_body_while_queued), T(upload_queued_waits_for_worker),  \
+        T(upload_refused_before_taken_goes_to_another_worker),                                     \
+        T(upload_refused_then_more_body_while_queued), T(upload_queued_waits_for_worker),          \
         T(upload_requeued_from_a_dead_session_keeps_its_body),                                     \
         T(upload_small_bodies_within_the_gather_budget),                                           \
         T(upload_shared_memory_full_holds_then_resumes), T(upload_cross_talk),                     \
