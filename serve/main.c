@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shmipc.h"
@@ -287,6 +288,65 @@ static int run_loop(struct run *r, int sfd, shmipc_server **srv)
 }
 
 /*
+ * The stop's watcher: from the first SIGTERM or SIGINT, one deadline of --graceful-timeout for
+ * the whole stop (the server's close, which waits for the requests in flight, then the
+ * workers' exit), and a second stop signal ends it at once (docs/serve.md, "Stop"): either
+ * way every worker still running gets SIGKILL (shmipc__sup_stop twice). Without it the main
+ * thread, blocked in the server's close and then in the supervisor's join, never read the
+ * second Ctrl-C, and a worker busy past the deadline got another whole graceful timeout after
+ * its SIGTERM, which came only once the server's close had waited out its own.
+ */
+struct stop_watch {
+    struct run *r;
+    int sfd, done_fd;
+    uint64_t deadline_ns;
+};
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *stop_watch_main(void *arg)
+{
+    struct stop_watch *w = arg;
+    int killed = 0;
+    for (;;) {
+        int timeout = -1;
+        if (!killed) {
+            uint64_t now = mono_ns();
+            timeout = now >= w->deadline_ns ? 0 : (int)((w->deadline_ns - now + 999999) / 1000000);
+        }
+        struct pollfd p[2] = {{.fd = w->sfd, .events = POLLIN}, {.fd = w->done_fd, .events = POLLIN}};
+        int n = poll(p, 2, timeout);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || p[1].revents)
+            return NULL;
+        int kill_now = 0;
+        if (n == 0 && !killed) {
+            fprintf(stderr, "shmipc-serve: the graceful timeout is over: killing the workers\n");
+            kill_now = 1;
+        }
+        struct signalfd_siginfo si;
+        if (p[0].revents && read(w->sfd, &si, sizeof si) == sizeof si && !killed &&
+            (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)) {
+            fprintf(stderr, "shmipc-serve: a second stop signal: killing the workers\n");
+            kill_now = 1;
+        }
+        if (kill_now) {
+            /* The second stop request kills every worker still running; the requests they
+             * held end (502 or a cut connection), so the server's close returns too. */
+            shmipc__sup_stop(w->r->sup);
+            shmipc__sup_stop(w->r->sup);
+            killed = 1;
+        }
+    }
+}
+
+/*
  * The front and the workers run on this process's CPUs (the workers inherit its mask). On one
  * CPU a waiter that spins only keeps its peer from running: at the CPU it needs, a one-worker
  * front spent 79 µs per request without the spin against 155 µs with it (docs/benchmarks.md,
@@ -310,7 +370,9 @@ int main(int argc, char **argv)
     struct run r = {.o = &o, .wake_fd = -1};
     shmipc_server *srv = NULL;
     pthread_t sup_thread;
-    int started = 0, status = 2, sfd = -1;
+    int started = 0, status = 2, sfd = -1, watching = 0;
+    struct stop_watch stop = {.done_fd = -1};
+    pthread_t stop_thread;
     sigset_t sigs;
 
     no_spin_on_one_cpu();
@@ -385,6 +447,14 @@ int main(int argc, char **argv)
     }
     started = 1;
     status = run_loop(&r, sfd, &srv);
+    if (status == 0) {
+        stop.r = &r;
+        stop.sfd = sfd;
+        stop.deadline_ns = mono_ns() + (uint64_t)o.graceful_timeout_ms * 1000000ull;
+        if ((stop.done_fd = eventfd(0, EFD_CLOEXEC)) >= 0 &&
+            pthread_create(&stop_thread, NULL, stop_watch_main, &stop) == 0)
+            watching = 1;
+    }
     /*
      * The stop: closing the server stops it gracefully (no new connection; the requests in
      * flight are answered, up to the stop timeout), while the workers still serve; then the
@@ -403,6 +473,13 @@ out:
         if (status == 0 && r.sup_rc < 0)
             status = 1;
     }
+    if (watching) {
+        uint64_t one = 1;
+        (void)!write(stop.done_fd, &one, sizeof one);
+        pthread_join(stop_thread, NULL);
+    }
+    if (stop.done_fd >= 0)
+        close(stop.done_fd);
     shmipc_server_close(srv);
     shmipc__front_free(r.front);
     shmipc__access_log_free(r.alog); /* after the server: its threads flushed their lines */

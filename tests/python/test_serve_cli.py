@@ -291,6 +291,35 @@ def test_sigterm_answers_the_request_in_flight_and_leaves_nothing(tmp_path):
         s.request("GET", "/gone", timeout=2)
 
 
+@pytest.mark.parametrize("second", [True, False])
+def test_stop_keeps_its_deadline_and_a_second_signal_kills(tmp_path, second):
+    """A request the worker holds past every deadline (/slow?60: the worker finishes the
+    request in progress before it exits): one SIGINT ends the stop, workers included, within
+    --graceful-timeout (before: the server's close waited it out, and only then did the workers
+    get SIGTERM and a whole timeout more: 2 x); a second SIGINT kills them at once (before:
+    ignored, nobody read it)."""
+    s = Serve(tmp_path, "--graceful-timeout", "4", workers=1)
+    pids = s.worker_pids(1)
+    threading.Thread(target=lambda: s.request("GET", "/slow?60", timeout=60),
+                     daemon=True).start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    s.p.send_signal(signal.SIGINT)
+    if second:
+        time.sleep(0.5)
+        s.p.send_signal(signal.SIGINT)
+    try:
+        rc = s.p.wait(timeout=30)
+    finally:
+        if s.p.poll() is None:
+            s.p.kill()
+    took = time.monotonic() - t0
+    assert rc == 0
+    assert took < (3 if second else 7), (took, "".join(s.err[-6:]))
+    for pid in pids:
+        assert not alive(pid)
+
+
 def test_app_exception_is_500_and_the_worker_serves_on(tmp_path):
     s = Serve(tmp_path, workers=1)
     try:
