@@ -57,7 +57,10 @@ struct shmipc_serve_exchange {
     uint32_t ws_reason_len;
     uint8_t ws_reason[SHMIPC_SERVE_MAX_CLOSE_REASON];
     int64_t ws_close_by; /* going away: when the front's answer to our 1001 is given up, or 0 */
+    int64_t drain_by;    /* after our ABORT: when the drain of the front's frames ends, or 0 */
 };
+
+static int64_t mono_ms(void);
 
 static int is_method(const shmipc_serve_request *r, const char *m)
 {
@@ -105,12 +108,32 @@ static int flush(shmipc_serve_exchange *x)
     return rc;
 }
 
+/*
+ * After our ABORT the drain has one deadline (docs/serve.md, "ABORT": "for at most 5
+ * seconds"): each read waits only what is left of it, and none starts once it passed. A
+ * per-read timeout alone let a front that trickles a body (a frame every few seconds, never
+ * END) hold the worker, which serves one request at a time, for as long as it liked. 0 when
+ * the time is up (the stream is then given up), else 1.
+ */
+static int drain_time_left(shmipc_serve_exchange *x)
+{
+    if (x->drain_by == 0)
+        return 1;
+    int64_t left = x->drain_by - mono_ms();
+    if (left <= 0)
+        return 0;
+    shmipc_stream_set_timeout(x->st, SHMIPC_TIMEOUT_READ, (int)left);
+    return 1;
+}
+
 /* Reads and drops n bytes (an ABORT text, an unread BODY payload). */
 static int skip(shmipc_serve_exchange *x, uint64_t n)
 {
     while (n > 0) {
         const void *p;
         size_t len;
+        if (!drain_time_left(x))
+            return lost(x);
         int rc = read_chunk(x, n > (1u << 20) ? (1u << 20) : (size_t)n, &p, &len, 0);
         if (rc < 0)
             return lost(x);
@@ -245,6 +268,10 @@ static int send_now(shmipc_serve_exchange *x, const void *a, size_t alen, const 
 static void drain(shmipc_serve_exchange *x)
 {
     while (!x->done && !x->gone && !x->protocol) {
+        if (!drain_time_left(x)) {
+            lost(x);
+            break;
+        }
         int rc = advance(x, 0);
         if (rc != 1)
             break;
@@ -265,7 +292,7 @@ static void send_abort(shmipc_serve_exchange *x, uint32_t reason, const char *te
     if (n < 0 || send_now(x, buf, (size_t)n, NULL, 0) < 0)
         return;
     if (reason != SHMIPC_SERVE_ABORT_PROTOCOL) {
-        shmipc_stream_set_timeout(x->st, SHMIPC_TIMEOUT_READ, ABORT_DRAIN_MS);
+        x->drain_by = mono_ms() + ABORT_DRAIN_MS;
         drain(x);
     }
 }

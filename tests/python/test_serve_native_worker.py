@@ -511,6 +511,58 @@ def test_stopping_worker_exits_though_a_front_trickles_a_refused_stream(worker):
         tt.join(5)
 
 
+def test_drain_after_the_workers_abort_ends_though_a_front_trickles(tmp_path):
+    # The handler fails after its head (ABORT WORKER_ERROR), without reading the body, on a
+    # request whose body trickles (a BODY frame every 0.3 s, never END). docs/serve.md
+    # ("ABORT"): the worker then reads and drops what the front sends "for at most 5 seconds",
+    # and closes. Before, each read had 5 s but the drain had no end: the worker (one request
+    # at a time) served nothing more while the front trickled. (The Lua worker runs the same
+    # shmipc_serve_handle_stream() as the C one; the C example reads every body.)
+    if not has_lua():
+        pytest.skip("the worker was built without Lua")
+    (tmp_path / "failafter.lua").write_text(
+        'return function(req)\n'
+        '  if req.has_body then return 200, {}, function() error("after the head") end end\n'
+        '  return 200, {}, "ok"\n'
+        'end\n')
+    w = Proc("lua", app=["--lua", "failafter"], cwd=tmp_path)
+    st, _ = w.front.open(b"POST", b"/fail-after", chunks=[])
+    st.flush()
+    stop = threading.Event()
+
+    def trickle():
+        deadline = time.monotonic() + 20
+        while not stop.wait(0.3) and time.monotonic() < deadline:
+            try:
+                st.write(frame(sf.BODY, b"x"))
+                st.flush()
+            except shmipc.Error:
+                return
+
+    while True:  # the handler does not read the body: its ABORT comes at once
+        typ, arg, _ = w.front.read_frame(st)
+        if typ not in (sf.RESPONSE_HEAD, sf.BODY):
+            break
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_WORKER_ERROR)
+    tt = threading.Thread(target=trickle, daemon=True)
+    tt.start()
+    try:
+        t0 = time.monotonic()
+        done = {}
+        rt = threading.Thread(target=lambda: done.setdefault("r", w.front.request(b"GET", b"/")),
+                              daemon=True)
+        rt.start()
+        rt.join(10)
+        assert "r" in done, "the worker still drains the aborted request"
+        assert done["r"][0] == 200
+        assert time.monotonic() - t0 < 8
+    finally:
+        stop.set()
+        tt.join(5)
+        w.p.terminate()
+        w.finish()
+
+
 def test_websocket_echo_refusal_and_stop(worker):
     """The examples' WebSocket echo (docs/serve.md, "WebSocket in the C and Lua workers"),
     for the C handler API and the Lua one alike: a refusal, echo of text, binary and a 3 MiB
