@@ -458,6 +458,7 @@ struct ws_box {
     int timeout_ms;      /* recv_frame's wait, -1 none */
     lua_Integer max_len; /* a larger message closes 1009; 0 none */
     int closed;          /* recv_frame returned the close once */
+    int discard;         /* the rest of a message over max_len is still to come: dropped */
 };
 
 static shmipc_serve_exchange *ws_exchange(lua_State *L, struct ws_box **out)
@@ -559,13 +560,23 @@ static int l_ws_recv_frame(lua_State *L)
         char *p = luaL_prepbuffsize(&b, READ_DEFAULT);
         /* Once a message began, the rest is waited for: its bytes are not dropped by a timeout
          * (the front's WebSocket timers bound a client that stalls mid-message). */
-        int64_t n = shmipc_serve_ws_recv(x, p, READ_DEFAULT, &flags, op == 0 ? w->timeout_ms : -1);
+        int64_t n = shmipc_serve_ws_recv(x, p, READ_DEFAULT, &flags,
+                                         op == 0 && !w->discard ? w->timeout_ms : -1);
+        if (n >= 0 && w->discard) {
+            /* The rest of the message that was too big (closed 1009 at its first piece over
+             * the limit): not a message of its own. Before, it came back as more "message too
+             * big" results, or, once what was left fit the limit, as a message. */
+            if (flags & SHMIPC_SERVE_WS_FIN)
+                w->discard = 0;
+            continue;
+        }
         if (n >= 0) {
             luaL_addsize(&b, (size_t)n);
             total += (size_t)n;
             op = flags & 0xFFu;
             if (w->max_len > 0 && total > (size_t)w->max_len) {
                 shmipc_serve_ws_close(x, 1009, NULL, 0);
+                w->discard = !(flags & SHMIPC_SERVE_WS_FIN);
                 lua_pushnil(L);
                 lua_pushnil(L);
                 lua_pushliteral(L, "message too big");
@@ -637,7 +648,7 @@ static int l_accept_websocket(lua_State *L)
                                                                        : read_error(rc));
     app->ws = 1;
     struct ws_box *w = lua_newuserdatauv(L, sizeof *w, 0);
-    *w = (struct ws_box){app, app->gen, timeout, max_len > 0 ? max_len : 0, 0};
+    *w = (struct ws_box){app, app->gen, timeout, max_len > 0 ? max_len : 0, 0, 0};
     luaL_setmetatable(L, WS_MT);
     return 1;
 }

@@ -112,6 +112,11 @@ return function(req)
     local data, typ, err = ws:recv_frame()
     LAST = tostring(data) .. " " .. tostring(typ) .. " " .. tostring(err)
     ws:recv_frame()
+  elseif p == "/small2" then
+    local ws = req:accept_websocket{max_payload_len = 4}
+    local _, _, e1 = ws:recv_frame()
+    local d2, t2, e2 = ws:recv_frame()
+    LAST = tostring(e1) .. " | " .. tostring(d2 and #d2) .. " " .. tostring(t2) .. " " .. tostring(e2)
   elseif p == "/poll" then
     local ws = req:accept_websocket{timeout = 0}  -- polls: only what arrived
     while true do
@@ -405,6 +410,20 @@ def test_lua_ws_ping_pong_and_max_payload_len(lua):
     send(st, close_frame(1009))
     st.close()
     assert last(w.front) == "nil nil message too big"
+
+
+def test_lua_ws_rest_of_a_message_too_big_is_not_a_message(lua):
+    """A single 100000-byte frame over max_payload_len 4: the first 64 KiB piece already
+    closes 1009 ("message too big"); the next recv_frame is the client's answering close, not
+    the message's last 34464 bytes handed over as a message of their own (before)."""
+    w = lua()
+    st = upgrade(w.front, b"/small2")
+    accepted(w.front, st)
+    send(st, frame(sf.WS_DATA, b"z" * 100000, 2 | FIN))
+    assert closed(w.front, st) == (1009, "")
+    send(st, close_frame(1009))
+    st.close()
+    assert last(w.front) == "message too big | 0 close 1009"
 
 
 def test_lua_ws_polling_recv_waits_for_a_payload_still_arriving(lua):
