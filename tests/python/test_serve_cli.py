@@ -300,8 +300,16 @@ def test_stop_keeps_its_deadline_and_a_second_signal_kills(tmp_path, second):
     ignored, nobody read it)."""
     s = Serve(tmp_path, "--graceful-timeout", "4", workers=1)
     pids = s.worker_pids(1)
-    threading.Thread(target=lambda: s.request("GET", "/slow?60", timeout=60),
-                     daemon=True).start()
+    got = {}
+
+    def slow():
+        try:
+            got["r"] = s.request("GET", "/slow?60", timeout=60)
+        except OSError as e:  # the connection cut with the worker that held it
+            got["e"] = e
+
+    t = threading.Thread(target=slow, daemon=True)
+    t.start()
     time.sleep(0.5)
     t0 = time.monotonic()
     s.p.send_signal(signal.SIGINT)
@@ -318,6 +326,8 @@ def test_stop_keeps_its_deadline_and_a_second_signal_kills(tmp_path, second):
     assert took < (3 if second else 7), (took, "".join(s.err[-6:]))
     for pid in pids:
         assert not alive(pid)
+    t.join(10)  # the client is not left waiting: a 502, or its connection closed
+    assert not t.is_alive() and ("e" in got or got["r"][0] == 502), got
 
 
 def test_app_exception_is_500_and_the_worker_serves_on(tmp_path):
