@@ -15,6 +15,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -22,6 +23,9 @@
 #define HANDSHAKE_STACK (256u * 1024u)
 /* Turns served by a spin in a row before serve() polls its descriptors once. */
 #define LOOK_EVERY 16u
+/* How long accepting pauses after accept() ran out of descriptors or memory: nginx's
+ * accept_mutex_delay, which it waits after EMFILE/ENFILE. */
+#define ACCEPT_PAUSE_MS 500u
 
 static void listener_destroy(shmipc_listener *l);
 
@@ -31,7 +35,7 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
     int rc;
     if (l == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
-    l->fd = l->wake_fd = l->ready_fd = l->poll_fd = l->shut_fd = -1;
+    l->fd = l->wake_fd = l->ready_fd = l->poll_fd = l->shut_fd = l->pause_fd = -1;
     l->refs = 1;
     if (cfg != NULL && (rc = shmipc__config_validate(cfg)) < 0)
         goto err;
@@ -67,7 +71,10 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
     if ((l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
         (l->shut_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
         (l->ready_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+        (l->pause_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)) < 0 ||
         (l->poll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+        /* The end of a pause of accepting wakes an event loop, which then accepts again. */
+        epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->pause_fd, &ev) < 0 ||
         epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->fd, &ev) < 0 ||
         epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->ready_fd, &ev) < 0 ||
         /* An event loop waiting on fileno() hears of a shutdown: accept then says ECLOSED. */
@@ -213,6 +220,55 @@ static void start_handshake(shmipc_listener *l, int fd)
 }
 
 /*
+ * Milliseconds left of a pause of accepting (0: not paused). A pause that has ended is lifted
+ * here: the socket goes back into fileno()'s set and the timer is drained.
+ */
+static int accept_pause_left(shmipc_listener *l)
+{
+    int left = 0;
+    /* Not paused, the common case: no lock (serve() asks on every turn of its loop). */
+    if (__atomic_load_n(&l->paused_until, __ATOMIC_ACQUIRE) == 0)
+        return 0;
+    pthread_mutex_lock(&l->mu);
+    if (l->paused_until != 0) {
+        uint64_t now = shmipc__now_ns();
+        if (now < l->paused_until) {
+            left = (int)((l->paused_until - now + 999999u) / 1000000u);
+        } else {
+            struct epoll_event ev = {.events = EPOLLIN};
+            uint64_t n;
+            (void)epoll_ctl(l->poll_fd, EPOLL_CTL_ADD, l->fd, &ev);
+            (void)!read(l->pause_fd, &n, sizeof n);
+            __atomic_store_n(&l->paused_until, 0, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return left;
+}
+
+/*
+ * accept() failed for want of descriptors or memory (`err`): the client stays in the
+ * backlog and the socket stays readable, so every waiter (accept, serve, an event loop on
+ * fileno()) would try again at once and fail again, a busy loop logging as fast as it can.
+ * Accepting pauses for ACCEPT_PAUSE_MS instead, as nginx does; one warning per pause.
+ */
+static void accept_pause(shmipc_listener *l, int err)
+{
+    pthread_mutex_lock(&l->mu);
+    if (l->paused_until == 0) {
+        struct itimerspec its = {.it_value = {.tv_sec = ACCEPT_PAUSE_MS / 1000u,
+                                              .tv_nsec = (ACCEPT_PAUSE_MS % 1000u) * 1000000L}};
+        __atomic_store_n(&l->paused_until, shmipc__now_ns() + (uint64_t)ACCEPT_PAUSE_MS * 1000000u,
+                         __ATOMIC_RELEASE);
+        (void)epoll_ctl(l->poll_fd, EPOLL_CTL_DEL, l->fd, NULL);
+        (void)timerfd_settime(l->pause_fd, 0, &its, NULL);
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "listener %s: accept: %s: accepting again in %u ms",
+                    l->addr.text, strerror(err), ACCEPT_PAUSE_MS);
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+/*
  * Accepts every client waiting on the socket and starts its handshake. While many finished
  * sessions wait for the application, the others stay in the kernel's backlog: a slow
  * application then slows its clients down instead of piling up sessions.
@@ -221,6 +277,8 @@ static int accept_clients(shmipc_listener *l)
 {
     /* Threads that ended are joined now rather than at the next client: nothing lingers. */
     reap_handshakes(l, 0);
+    if (accept_pause_left(l) > 0)
+        return 0;
     for (;;) {
         pthread_mutex_lock(&l->mu);
         int backlog = l->nready >= SHMIPC__MAX_HANDSHAKES;
@@ -231,6 +289,10 @@ static int accept_clients(shmipc_listener *l)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                accept_pause(l, errno);
+                return 0;
+            }
             if (errno != EAGAIN)
                 return shmipc__fail_errno(errno, "listener %s: accept", l->addr.text);
             return 0;
@@ -292,10 +354,14 @@ static int accept_in(shmipc_listener *l, int timeout_ms, shmipc_session **out)
          * New clients, or a handshake that finished (possibly for another accepting thread),
          * or a shutdown: shut_fd stays readable once written.
          */
-        struct pollfd p[3] = {{.fd = l->fd, .events = POLLIN},
+        int pause = accept_pause_left(l), wait = shmipc__remaining_ms(deadline);
+        struct pollfd p[3] = {{.fd = pause > 0 ? -1 : l->fd, .events = POLLIN},
                               {.fd = l->ready_fd, .events = POLLIN},
                               {.fd = l->shut_fd, .events = POLLIN}};
-        rc = poll(p, 3, shmipc__remaining_ms(deadline));
+        /* Paused: the socket is not watched, and the wait ends with the pause at the latest. */
+        rc = poll(p, 3, pause > 0 && (wait < 0 || pause < wait) ? pause : wait);
+        if (rc == 0 && (deadline == 0 || shmipc__remaining_ms(deadline) > 0))
+            continue; /* the pause ended: accept again */
         if (rc == 0)
             return shmipc__fail(SHMIPC_ETIMEDOUT, "listener %s: no client completed a handshake",
                                 l->addr.text);
@@ -366,6 +432,8 @@ static void listener_destroy(shmipc_listener *l)
         close(l->poll_fd);
     if (l->shut_fd >= 0)
         close(l->shut_fd);
+    if (l->pause_fd >= 0)
+        close(l->pause_fd);
     free(l);
 }
 
@@ -464,7 +532,8 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
             break;
         }
         v.pfd[0] = (struct pollfd){.fd = l->wake_fd, .events = POLLIN};
-        v.pfd[1] = (struct pollfd){.fd = l->fd, .events = POLLIN};
+        int pause = accept_pause_left(l); /* paused: the socket is not watched */
+        v.pfd[1] = (struct pollfd){.fd = pause > 0 ? -1 : l->fd, .events = POLLIN};
         v.pfd[2] = (struct pollfd){.fd = l->ready_fd, .events = POLLIN};
         for (uint32_t i = 0; i < v.n; i++)
             v.pfd[3 + i] = (struct pollfd){.fd = shmipc__session_fileno(v.s[i]), .events = POLLIN};
@@ -487,7 +556,7 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
         int n = 0;
         if (spun == NULL || ++quiet_turns >= LOOK_EVERY) {
             quiet_turns = 0;
-            n = poll(v.pfd, v.n + 3, again ? 0 : -1);
+            n = poll(v.pfd, v.n + 3, again ? 0 : pause > 0 ? pause : -1);
         } else {
             for (uint32_t i = 0; i < v.n + 3; i++)
                 v.pfd[i].revents = 0;

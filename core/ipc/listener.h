@@ -41,6 +41,7 @@ struct shmipc_listener {
     int ready_fd; /* eventfd, non-zero exactly while `ready` holds a session (under mu) */
     int poll_fd;  /* epoll set of fd, ready_fd and shut_fd: what fileno() returns */
     int shut_fd;  /* eventfd written once by shutdown and never drained: wakes every waiter */
+    int pause_fd; /* timerfd in poll_fd's set: fires when a pause of accepting ends */
     int shut;     /* shutdown() ran: every call fails with SHMIPC_ECLOSED (atomic) */
     int serving;  /* a thread is in serve() (atomic) */
     int stopping; /* atomic */
@@ -55,6 +56,10 @@ struct shmipc_listener {
     int refs;
     shmipc_session **ready; /* sessions whose handshake succeeded, oldest first */
     uint32_t nready, ready_cap;
+    /* accept() ran out of descriptors or memory (EMFILE...): nothing is accepted until this
+     * CLOCK_MONOTONIC time (ns; 0 = not paused; atomic, written under mu), and fd is out of
+     * poll_fd's set meanwhile. */
+    uint64_t paused_until;
     struct shmipc__handshake hs[SHMIPC__MAX_HANDSHAKES];
 };
 

@@ -15,10 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ipc_helpers.h"
@@ -853,6 +855,158 @@ static void listener_shutdown_wakes_accept_and_serve(void **state)
     assert_int_equal(shmipc_listener_shutdown(NULL), SHMIPC_EINVAL);
 }
 
+static uint64_t cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void *serve_until_stopped(void *arg)
+{
+    static struct server_state ss;
+    (void)shmipc_listener_serve(arg, on_stream, on_data, &ss, NULL);
+    return NULL;
+}
+
+/* The child of out_of_descriptors_pauses_accepting: its exit code says what went wrong. */
+static int pausing_child(int to_parent, int from_parent)
+{
+    shmipc_listener *l = NULL;
+    shmipc_session *s = NULL;
+    char c = 'L';
+    if (shmipc_listener_new(address, NULL, &l) != 0)
+        return 2;
+    if (write(to_parent, &c, 1) != 1 || read(from_parent, &c, 1) != 1) /* a client waits */
+        return 3;
+    /* Every descriptor taken: accept() fails with EMFILE while the client stays queued. */
+    struct rlimit old, low;
+    getrlimit(RLIMIT_NOFILE, &old);
+    low = old;
+    low.rlim_cur = 128;
+    setrlimit(RLIMIT_NOFILE, &low);
+    int held[128], nheld = 0;
+    while (nheld < 128 && (held[nheld] = dup(0)) >= 0)
+        nheld++;
+    /* A blocking accept waits out its timeout and does not spin (before: EMFILE at once, and a
+     * caller that tried again spun, with a warning per try). */
+    uint64_t c0 = cpu_ms(), w0 = wall_ms();
+    int rc = shmipc_listener_accept(l, 1200, &s);
+    uint64_t cpu = cpu_ms() - c0, wall = wall_ms() - w0;
+    if (rc != SHMIPC_ETIMEDOUT || wall < 1100) {
+        fprintf(stderr, "accept: %s after %llu ms\n", shmipc_errname(rc), (unsigned long long)wall);
+        return 10;
+    }
+    if (cpu > 300) {
+        fprintf(stderr, "accept: %llu ms of CPU in %llu ms\n", (unsigned long long)cpu,
+                (unsigned long long)wall);
+        return 11;
+    }
+    /* An event loop on fileno(): woken once per pause, not on every turn. */
+    struct pollfd p = {.fd = shmipc_listener_fileno(l), .events = POLLIN};
+    int wakes = 0;
+    uint64_t end = wall_ms() + 1200;
+    c0 = cpu_ms();
+    while (wall_ms() < end && wakes < 1000) {
+        if (poll(&p, 1, (int)(end - wall_ms())) != 1)
+            continue;
+        wakes++;
+        if (shmipc_listener_accept(l, 0, &s) != SHMIPC_EAGAIN)
+            return 12;
+    }
+    if (wakes > 6 || cpu_ms() - c0 > 300) {
+        fprintf(stderr, "fileno: %d wakes, %llu ms of CPU in 1200 ms\n", wakes,
+                (unsigned long long)(cpu_ms() - c0));
+        return 13;
+    }
+    /* serve() idles too. */
+    pthread_t th;
+    c0 = cpu_ms();
+    if (pthread_create(&th, NULL, serve_until_stopped, l) != 0)
+        return 14;
+    struct timespec nap = {1, 200000000};
+    nanosleep(&nap, NULL);
+    shmipc_listener_stop(l);
+    pthread_join(th, NULL);
+    if (cpu_ms() - c0 > 300) {
+        fprintf(stderr, "serve: %llu ms of CPU in 1200 ms\n", (unsigned long long)(cpu_ms() - c0));
+        return 15;
+    }
+    /* Descriptors back: the next client is accepted (once the pause ends). */
+    for (int i = 0; i < nheld; i++)
+        close(held[i]);
+    setrlimit(RLIMIT_NOFILE, &old);
+    c = 'F';
+    if (write(to_parent, &c, 1) != 1)
+        return 3;
+    rc = shmipc_listener_accept(l, 10000, &s);
+    if (rc != 0) {
+        fprintf(stderr, "accept after: %s\n", shmipc_errname(rc));
+        return 16;
+    }
+    shmipc_session_close(s);
+    shmipc_listener_close(l);
+    return 0;
+}
+
+/*
+ * Out of descriptors (EMFILE), accept() left its client in the backlog and the socket
+ * readable: a blocking accept returned the error at once (the shmipc-serve workers then tried
+ * again at once, a busy loop logging each failure), serve() and an event loop on fileno()
+ * woke again and again. Now accepting pauses 500 ms (nginx's accept_mutex_delay) with one
+ * warning, nobody spins, and once descriptors are back the next client is accepted. In a
+ * child process, whose descriptor limit is lowered.
+ */
+static void out_of_descriptors_pauses_accepting(void **state)
+{
+    (void)state;
+    int to_parent[2], to_child[2];
+    ipc_pick_address(address, sizeof address, "emfile");
+    assert_int_equal(pipe(to_parent), 0);
+    assert_int_equal(pipe(to_child), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        close(to_parent[0]);
+        close(to_child[1]);
+        _exit(pausing_child(to_parent[1], to_child[0]));
+    }
+    close(to_parent[1]);
+    close(to_child[0]);
+    char c;
+    assert_int_equal(read(to_parent[0], &c, 1), 1);
+    int staller = connect_staller(); /* queued: the child cannot accept it */
+    assert_true(staller >= 0);
+    assert_int_equal(write(to_child[1], "C", 1), 1);
+    int got = (int)read(to_parent[0], &c, 1);
+    shmipc_session *s = NULL;
+    int rc = -1;
+    if (got == 1) {
+        shmipc_config *cfg = patient_config();
+        rc = shmipc_session_connect(address, cfg, &s);
+        shmipc_config_free(cfg);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (s != NULL)
+        shmipc_session_close(s);
+    close(staller);
+    close(to_parent[0]);
+    close(to_child[1]);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("the child failed: %s %d", WIFEXITED(status) ? "exit" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    assert_int_equal(rc, 0);
+}
+
 int main(int argc, char **argv)
 {
     /* One test by name: test_x NAME (shell pattern), for repeated runs under a sanitizer. */
@@ -876,6 +1030,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(listener_close_while_accept_blocks),
         cmocka_unit_test(listener_close_while_serve_blocks),
         cmocka_unit_test(listener_shutdown_wakes_accept_and_serve),
+        cmocka_unit_test(out_of_descriptors_pauses_accepting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
