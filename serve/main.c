@@ -319,7 +319,8 @@ static void *stop_watch_main(void *arg)
             uint64_t now = mono_ns();
             timeout = now >= w->deadline_ns ? 0 : (int)((w->deadline_ns - now + 999999) / 1000000);
         }
-        struct pollfd p[2] = {{.fd = w->sfd, .events = POLLIN}, {.fd = w->done_fd, .events = POLLIN}};
+        struct pollfd p[2] = {{.fd = w->sfd, .events = POLLIN},
+                              {.fd = w->done_fd, .events = POLLIN}};
         int n = poll(p, 2, timeout);
         if (n < 0 && errno == EINTR)
             continue;
