@@ -512,13 +512,21 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
     if (fs->s != NULL)
         (void)shmipc__session_process(fs->s);
     /* First what the worker sent before it ended: a response it finished is relayed, a TAKEN
-     * it sent is seen (a read that meets the end leaves the request here). */
+     * it sent is seen (a read that meets the end leaves the request here). A WebSocket's
+     * messages and close the same (what its client takes now, the mark's bound): a worker that
+     * sends its last message and its close, then exits, has its client get them, not a 1011
+     * instead (`ws_worker_frames_before_its_end_reach_client`). */
     struct freq *snap[SHMIPC__FRONT_MAX_CONCURRENCY];
     unsigned n = fs->nact;
     memcpy(snap, fs->act, n * sizeof snap[0]);
-    for (unsigned i = 0; i < n; i++)
-        if (shmipc__front_fs_has(fs, snap[i]) && snap[i]->state == RQ_ACTIVE)
+    for (unsigned i = 0; i < n; i++) {
+        if (!shmipc__front_fs_has(fs, snap[i]))
+            continue;
+        if (snap[i]->state == RQ_ACTIVE)
             shmipc__front_req_read(snap[i]);
+        else if (snap[i]->state == RQ_WS)
+            (void)shmipc__front_ws_read(snap[i]);
+    }
     /* Responses streaming to a client that reads slower than the worker wrote keep what the
      * worker sent (fs_keep_relaying); the others end here. */
     int keep = 0;

@@ -817,6 +817,16 @@ static int h_static(shmipc_http_request *req, shmipc_http_response *res, void *u
     return shmipc_http_response_body(res, "static", 6);
 }
 
+/* Holds the reactor thread for 500 ms: what the workers send meanwhile is all there, with
+ * their sessions' ends, at the loop's next turn. */
+static int h_sleep(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    sleep_ms(500);
+    return shmipc_http_response_body(res, "slept", 5);
+}
+
 /* The handshake's 1 s default is short for TSan on a loaded machine (a session took up to
  * 400 ms to come up in CI); a shutdown ends a handshake under way at once. */
 void listener_patient(const char *addr, shmipc_listener **out)
@@ -861,6 +871,7 @@ void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
     CHECK(shmipc_server_new(cfg, &x->srv));
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_route(x->srv, "GET", "/static", h_static, NULL, NULL));
+    CHECK(shmipc_server_route(x->srv, "GET", "/sleep500", h_sleep, NULL, NULL));
     CHECK(shmipc__front_attach(x->f, x->srv, "/*"));
     CHECK(shmipc_server_start(x->srv));
     x->port = x->listen != NULL ? 0 : shmipc_server_port(x->srv);

@@ -177,6 +177,59 @@ static int wcommand(struct appw *w, shmipc_stream *st, unsigned op, uint8_t *m, 
     return 0;
 }
 
+/*
+ * A scripted worker after its 101 and END (target "/ws/script/<steps>"), one letter a step:
+ * T a text message "t", P a text frame "p" without FIN, B a binary message of 1 MiB in one
+ * frame, C WS_CLOSE 4000 "bye", A ABORT WORKER_ERROR, E a second END, I a WS_PING "i",
+ * K every session of the worker ends, S a 200 ms sleep, W waits for the front's WS_CLOSE or
+ * ABORT, X counts out. Writes that fail end the script (the front may have ended it).
+ */
+static void wscript(struct appw *w, shmipc_stream *st, const char *steps, int *out)
+{
+    static uint8_t big[1u << 20];
+    int rc = 0;
+    for (const char *s = steps; *s != '\0' && rc >= 0; s++) {
+        switch (*s) {
+        case 'T':
+            rc =
+                wsend(st, SHMIPC_SERVE_WS_DATA, SHMIPC_SERVE_WS_TEXT | SHMIPC_SERVE_WS_FIN, "t", 1);
+            break;
+        case 'P':
+            rc = wsend(st, SHMIPC_SERVE_WS_DATA, SHMIPC_SERVE_WS_TEXT, "p", 1);
+            break;
+        case 'B':
+            memset(big, 'b', sizeof big);
+            rc = wsend(st, SHMIPC_SERVE_WS_DATA, SHMIPC_SERVE_WS_BINARY | SHMIPC_SERVE_WS_FIN, big,
+                       sizeof big);
+            break;
+        case 'C':
+            rc = wclose(st, 4000, "bye");
+            break;
+        case 'A':
+            rc = wsend(st, SHMIPC_SERVE_ABORT, SHMIPC_SERVE_ABORT_WORKER_ERROR, NULL, 0);
+            break;
+        case 'E':
+            rc = wsend(st, SHMIPC_SERVE_END, 0, NULL, 0);
+            break;
+        case 'I':
+            rc = wsend(st, SHMIPC_SERVE_WS_PING, 0, "i", 1);
+            break;
+        case 'K':
+            kill_sessions(w);
+            break;
+        case 'S':
+            sleep_ms(200);
+            break;
+        case 'W':
+            wait_close(w, st);
+            break;
+        case 'X':
+            count_out(w, out);
+            break;
+        }
+    }
+}
+
 static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
 {
     int out = 0;
@@ -206,6 +259,11 @@ static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
     if (hn <= 0 || shmipc_stream_write(st, head, (size_t)hn) < 0 ||
         wsend(st, SHMIPC_SERVE_END, 0, NULL, 0) < 0) {
         bump(&w->bad);
+        count_out(w, &out);
+        return;
+    }
+    if (strncmp(target, "/ws/script/", 11) == 0) { /* a hostile worker's frames, in order */
+        wscript(w, st, target + 11, &out);
         count_out(w, &out);
         return;
     }
@@ -1099,6 +1157,30 @@ static void ws_slow_client_bounded(void **state)
     assert_true(st.ws_tx_max <= (256u << 10) + n + 64);
 }
 
+/*
+ * What the worker sent before its session ended (a message and its close 4000, then the
+ * process exits) reaches the client, as a finished HTTP response does (fs_down reads the
+ * requests' frames first): before, the front took the session down without reading them, and
+ * the client got 1011 and never the message. The reactor thread is held meanwhile (a 500 ms
+ * route), so the frames and the session's end come in one turn of the loop.
+ */
+static void ws_worker_frames_before_its_end_reach_client(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    struct resp p;
+    start1(t, 1, 1);
+    wsc_open(&c, t->x.port, "/ws/script/STCK", NULL);
+    assert_int_equal(request(t->x.port, "GET", "/sleep500", NULL, &p), 200);
+    resp_free(&p);
+    wsc_expect(&c, 0x81, "t", 1);
+    char *why = wsc_expect_close(&c, 4000);
+    assert_string_equal(why, "bye");
+    free(why);
+    close(c.fd);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
 /* ---- cross-talk ---- */
 
 struct xws {
@@ -1183,7 +1265,7 @@ static void ws_cross_talk(void **state)
         T(ws_access_log_line), T(ws_message_with_handshake_not_lost),                              \
         T(ws_close_with_handshake_reaches_worker), T(ws_bad_frame_with_handshake_reaches_worker),  \
         T(ws_worker_extension_not_passed), T(ws_fin_with_handshake_frees_worker),                  \
-        T(ws_worker_data_before_101)
+        T(ws_worker_data_before_101), T(ws_worker_frames_before_its_end_reach_client)
 
 int main(int argc, char **argv)
 {
