@@ -78,9 +78,19 @@ static void hold_restart(struct freq *r)
     x->retry_ms = RETRY_MS;
 }
 
+/*
+ * The worker's next frame is read only while the client has less than this queued. At most
+ * the server's WebSocket send limit too: the server refuses a message once that much is
+ * queued (SHMIPC_EAGAIN), and a message read from the worker then would be lost without a
+ * word (a server configured with a send limit below STREAM_MARK dropped them all while its
+ * client read slowly: `ws_send_limit_below_the_mark_loses_nothing`). Below the limit, each
+ * message the front reads is taken whole, whatever its size.
+ */
 static size_t ws_mark(const struct shmipc__front *f)
 {
-    return f->max_response < STREAM_MARK ? (size_t)f->max_response : STREAM_MARK;
+    size_t mark = f->max_response < STREAM_MARK ? (size_t)f->max_response : STREAM_MARK;
+    size_t limit = f->srv->ws_limits.tx_limit;
+    return limit != 0 && limit < mark ? limit : mark;
 }
 
 /* ---- the handshake ---- */

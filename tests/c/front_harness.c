@@ -868,6 +868,12 @@ void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
     CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_HEAD_BYTES, 1 << 20));
     if (x->max_body > 0)
         CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_BODY, x->max_body));
+    if (x->ws_send_limit > 0) {
+        CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER,
+                                             x->ws_send_limit));
+        CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT,
+                                             x->ws_send_limit));
+    }
     CHECK(shmipc_server_new(cfg, &x->srv));
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_route(x->srv, "GET", "/static", h_static, NULL, NULL));

@@ -111,8 +111,9 @@ struct fx {
     shmipc_server *srv;
     struct shmipc__front *f;
     int port;
-    const char *listen; /* the server's address; NULL: 127.0.0.1 */
-    uint64_t max_body;  /* the server's body limit; 0: its default */
+    const char *listen;     /* the server's address; NULL: 127.0.0.1 */
+    uint64_t max_body;      /* the server's body limit; 0: its default */
+    uint64_t ws_send_limit; /* the server's WebSocket send mark and limit; 0: the defaults */
 };
 
 /* A reader that keeps what it read past a response for the next one. */

@@ -330,12 +330,13 @@ struct wsc {
 
 /* Connects and sends the handshake for `target` (with `extra` fields); reads the response
  * head (and, for a refusal, nothing more). Returns the status, or -1 (client threads). */
-static int wsc_open_try(struct wsc *c, int port, const char *target, const char *extra)
+static int wsc_open_rcvbuf(struct wsc *c, int port, const char *target, const char *extra,
+                           int rcvbuf)
 {
     char req[1024];
     struct timeval tv = {WAIT_MS / 1000, 0};
     size_t n = 0;
-    c->fd = tcp_connect_try(port);
+    c->fd = tcp_connect_rcvbuf(port, rcvbuf);
     if (c->fd < 0)
         return -1;
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -358,6 +359,12 @@ static int wsc_open_try(struct wsc *c, int port, const char *target, const char 
     if (sscanf(c->head, "HTTP/1.1 %d", &status) != 1)
         return -1;
     return status;
+}
+
+/* As wsc_open_rcvbuf, with the default receive buffer. */
+static int wsc_open_try(struct wsc *c, int port, const char *target, const char *extra)
+{
+    return wsc_open_rcvbuf(c, port, target, extra, 0);
 }
 
 static void wsc_open(struct wsc *c, int port, const char *target, const char *extra)
@@ -1181,6 +1188,43 @@ static void ws_worker_frames_before_its_end_reach_client(void **state)
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
 }
 
+/*
+ * A server whose WebSocket send limit (64 KiB here) is below the front's mark (256 KiB): the
+ * front read the worker's next message while the connection had less than the mark queued,
+ * and the server refused it (SHMIPC_EAGAIN at the limit), so the message was lost without a
+ * word (here all but the first ~220 of 800, the client then waiting for nothing). The
+ * front's mark is the lower of the two now: 800 messages of 16 KiB (more than the sockets'
+ * buffers hold) to a client that reads nothing for 500 ms all arrive, in order.
+ */
+static void ws_send_limit_below_the_mark_loses_nothing(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    const unsigned n = 16u << 10, k = 800;
+    t->x.ws_send_limit = 64u << 10;
+    start1(t, 1, 1);
+    /* a small receive buffer, set before the connect (front_harness.h, tcp_connect_rcvbuf) */
+    assert_int_equal(wsc_open_rcvbuf(&c, t->x.port, "/ws/a", NULL, 16384), 101);
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "flood:%u:%u", n, k);
+    wsc_send(&c, 0x1, 1, cmd, strlen(cmd));
+    sleep_ms(500);
+    for (unsigned i = 0; i < k; i++) {
+        uint8_t *p;
+        size_t len = 0;
+        assert_int_equal(wsc_recv_try(&c, &p, &len), 0x82);
+        assert_int_equal(len, n);
+        assert_int_equal(p[0], i & 0xff);
+        assert_int_equal(p[n - 1], i & 0xff);
+        free(p);
+    }
+    wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
+    free(wsc_expect_close(&c, 1000));
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
 /* ---- cross-talk ---- */
 
 struct xws {
@@ -1265,7 +1309,8 @@ static void ws_cross_talk(void **state)
         T(ws_access_log_line), T(ws_message_with_handshake_not_lost),                              \
         T(ws_close_with_handshake_reaches_worker), T(ws_bad_frame_with_handshake_reaches_worker),  \
         T(ws_worker_extension_not_passed), T(ws_fin_with_handshake_frees_worker),                  \
-        T(ws_worker_data_before_101), T(ws_worker_frames_before_its_end_reach_client)
+        T(ws_worker_data_before_101), T(ws_worker_frames_before_its_end_reach_client),             \
+        T(ws_send_limit_below_the_mark_loses_nothing)
 
 int main(int argc, char **argv)
 {
