@@ -254,6 +254,10 @@ static int pend_flush(struct freq *r)
     }
     if (wrote) /* progress: the bound and the back-off start again */
         hold_restart(r);
+    /* The client's close went to the worker only now (it waited behind the client's last
+     * messages): the wait for the worker's answer starts now, not at the client's close. */
+    if (wrote && x->ph == NULL && x->client_closed)
+        x->close_until = shmipc__loop_now_ms(r->t->loop) + SHMIPC__FRONT_DRAIN_MS;
     if (rc == 0 && wrote)
         rc = shmipc__stream_flush(r->st);
     if (rc < 0) {
@@ -599,7 +603,12 @@ void shmipc__front_ws_timer(struct freq *r)
     if (maybe_done(r))
         return;
     uint64_t now = shmipc__loop_now_ms(r->t->loop);
-    if (x->client_closed && x->close_until != 0 && now >= x->close_until) {
+    /* Only once the client's close went: while it waits behind the client's last messages
+     * for room in the session, the deadline below bounds the wait, and the worker gets them
+     * all and the close once it reads again. Before, the 5 s ran from the client's close: a
+     * worker that read nothing for 5 s lost the client's last messages and its close, while
+     * the client had its close answered (`ws_client_close_behind_held_messages_reaches_worker`). */
+    if (x->client_closed && x->ph == NULL && x->close_until != 0 && now >= x->close_until) {
         shmipc__front_req_finish(r); /* the worker never answered the close: the stream closes */
         return;
     }

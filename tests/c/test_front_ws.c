@@ -1225,6 +1225,40 @@ static void ws_send_limit_below_the_mark_loses_nothing(void **state)
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
 }
 
+/*
+ * The client sends messages and its close while the worker reads nothing for 5.6 s (a session
+ * queue of capacity 1: they wait in the front). The server answers the client's close at once;
+ * the front waited 5 s for the worker's answer counted from that close, so it closed the
+ * stream before its own WS_CLOSE (and the messages before it) ever reached the worker. Now
+ * the wait starts when the close went: the worker gets all of them and the close 1000.
+ */
+static void ws_client_close_behind_held_messages_reaches_worker(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    shmipc_config *ipc;
+    struct appw *ws[] = {&t->w[0]};
+    ws_fresh();
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_queue_capacity(ipc, 1));
+    struct shmipc__front_opts o = {.ipc = ipc};
+    appw_start(&t->w[0], "w0", NULL);
+    fx_start(&t->x, ws, 1, 1, &o);
+    shmipc_config_free(ipc);
+    assert_true(wait_sessions(&t->x, t->w[0].addr, 1));
+    wsc_open(&c, t->x.port, "/ws/a", NULL);
+    wsc_send(&c, 0x1, 1, "stall:5600", 10);
+    for (int i = 0; i < 4; i++)
+        wsc_send(&c, 0x1, 1, "last", 4);
+    wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
+    free(wsc_expect_close(&c, 1000)); /* the server's answer, at once */
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&w_close_code), 1000);
+    assert_int_equal(atomic_load(&t->w[0].aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE]), 0);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
 /* ---- cross-talk ---- */
 
 struct xws {
@@ -1310,7 +1344,8 @@ static void ws_cross_talk(void **state)
         T(ws_close_with_handshake_reaches_worker), T(ws_bad_frame_with_handshake_reaches_worker),  \
         T(ws_worker_extension_not_passed), T(ws_fin_with_handshake_frees_worker),                  \
         T(ws_worker_data_before_101), T(ws_worker_frames_before_its_end_reach_client),             \
-        T(ws_send_limit_below_the_mark_loses_nothing)
+        T(ws_send_limit_below_the_mark_loses_nothing),                                             \
+        T(ws_client_close_behind_held_messages_reaches_worker)
 
 int main(int argc, char **argv)
 {
