@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "shmipc.h"
+#include "common/clock.h"
 #include "options.h"
 #include "serve/access_log.h"
 #include "serve/front.h"
@@ -302,13 +303,6 @@ struct stop_watch {
     uint64_t deadline_ns;
 };
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void *stop_watch_main(void *arg)
 {
     struct stop_watch *w = arg;
@@ -316,7 +310,7 @@ static void *stop_watch_main(void *arg)
     for (;;) {
         int timeout = -1;
         if (!killed) {
-            uint64_t now = mono_ns();
+            uint64_t now = shmipc__now_ns();
             timeout = now >= w->deadline_ns ? 0 : (int)((w->deadline_ns - now + 999999) / 1000000);
         }
         struct pollfd p[2] = {{.fd = w->sfd, .events = POLLIN},
@@ -451,7 +445,7 @@ int main(int argc, char **argv)
     if (status == 0) {
         stop.r = &r;
         stop.sfd = sfd;
-        stop.deadline_ns = mono_ns() + (uint64_t)o.graceful_timeout_ms * 1000000ull;
+        stop.deadline_ns = shmipc__now_ns() + (uint64_t)o.graceful_timeout_ms * 1000000ull;
         if ((stop.done_fd = eventfd(0, EFD_CLOEXEC)) >= 0 &&
             pthread_create(&stop_thread, NULL, stop_watch_main, &stop) == 0)
             watching = 1;

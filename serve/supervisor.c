@@ -10,6 +10,7 @@
 #include "sup_int.h"
 
 #include "shmipc.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,13 +33,6 @@
 static atomic_uint next_generation;
 /* The control pipe of the supervisor whose run() handles signals. */
 static volatile sig_atomic_t signal_fd = -1;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void describe_status(int status, char *out, size_t cap)
 {
@@ -589,7 +583,7 @@ int shmipc__sup_run(shmipc__sup *sup)
         return SHMIPC_EINVAL;
     }
     sup->ran = 1;
-    if ((rc = add_generation(sup, sup->cur_gen, now_ns())) != 0) {
+    if ((rc = add_generation(sup, sup->cur_gen, shmipc__now_ns())) != 0) {
         pthread_mutex_unlock(&sup->mu);
         return rc;
     }
@@ -597,7 +591,7 @@ int shmipc__sup_run(shmipc__sup *sup)
         install_signals(sup, &ss);
     shmipc__sup_logf(sup, "starting %u workers: %s ...", sup->cfg.workers, sup->argv[0]);
     for (;;) {
-        uint64_t now = now_ns();
+        uint64_t now = shmipc__now_ns();
         drain_ctl(sup, now);
         reap(sup, now);
         uint64_t next = run_timers(sup, now);
@@ -642,7 +636,7 @@ int shmipc__sup_run(shmipc__sup *sup)
         }
         int timeout = -1;
         if (next != 0) {
-            uint64_t t = now_ns();
+            uint64_t t = shmipc__now_ns();
             timeout = next <= t ? 0 : (int)((next - t + NS_PER_MS - 1) / NS_PER_MS);
         }
         if (sweep && (timeout < 0 || timeout > SWEEP_MS))
@@ -661,7 +655,7 @@ int shmipc__sup_run(shmipc__sup *sup)
                 }
             break;
         }
-        now = now_ns();
+        now = shmipc__now_ns();
         for (size_t k = 0; r > 0 && k < n; k++)
             if (pidx[k] != (size_t)-1 && (pfds[k].revents & (POLLIN | POLLHUP | POLLERR))) {
                 shmipc__sup_read_output(sup, &sup->w[pidx[k]], now);
@@ -739,7 +733,7 @@ int shmipc__sup_status(shmipc__sup *sup, int fd)
                        stopping ? ", stopping" : "", (unsigned long long)spawns, "index", "gen",
                        "pid", "state", "restarts", "uptime", "last-exit", "address");
     shmipc__sup_write_all(fd, line, (size_t)len);
-    uint64_t now = now_ns();
+    uint64_t now = shmipc__now_ns();
     for (size_t i = 0; i < n; i++) {
         char how[32], up[32];
         describe_status(w[i].last_status, how, sizeof how);

@@ -251,4 +251,12 @@ static inline uint64_t ipc_now_ms(void)
     return ipc_now_us() / 1000u;
 }
 
+/* This process's CPU time in milliseconds. */
+static inline uint64_t ipc_cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 #endif

@@ -865,20 +865,6 @@ static void listener_shutdown_wakes_accept_and_serve(void **state)
     assert_int_equal(shmipc_listener_shutdown(NULL), SHMIPC_EINVAL);
 }
 
-static uint64_t cpu_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static uint64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static void *serve_until_stopped(void *arg)
 {
     static struct server_state ss;
@@ -907,9 +893,9 @@ static int pausing_child(int to_parent, int from_parent)
         nheld++;
     /* A blocking accept waits out its timeout and does not spin (before: EMFILE at once, and a
      * caller that tried again spun, with a warning per try). */
-    uint64_t c0 = cpu_ms(), w0 = wall_ms();
+    uint64_t c0 = ipc_cpu_ms(), w0 = ipc_now_ms();
     int rc = shmipc_listener_accept(l, 1200, &s);
-    uint64_t cpu = cpu_ms() - c0, wall = wall_ms() - w0;
+    uint64_t cpu = ipc_cpu_ms() - c0, wall = ipc_now_ms() - w0;
     if (rc != SHMIPC_ETIMEDOUT || wall < 1100) {
         fprintf(stderr, "accept: %s after %llu ms\n", shmipc_errname(rc), (unsigned long long)wall);
         return 10;
@@ -922,31 +908,32 @@ static int pausing_child(int to_parent, int from_parent)
     /* An event loop on fileno(): woken once per pause, not on every turn. */
     struct pollfd p = {.fd = shmipc_listener_fileno(l), .events = POLLIN};
     int wakes = 0;
-    uint64_t end = wall_ms() + 1200;
-    c0 = cpu_ms();
-    while (wall_ms() < end && wakes < 1000) {
-        if (poll(&p, 1, (int)(end - wall_ms())) != 1)
+    uint64_t end = ipc_now_ms() + 1200;
+    c0 = ipc_cpu_ms();
+    while (ipc_now_ms() < end && wakes < 1000) {
+        if (poll(&p, 1, (int)(end - ipc_now_ms())) != 1)
             continue;
         wakes++;
         if (shmipc_listener_accept(l, 0, &s) != SHMIPC_EAGAIN)
             return 12;
     }
-    if (wakes > 6 || cpu_ms() - c0 > 300) {
+    if (wakes > 6 || ipc_cpu_ms() - c0 > 300) {
         fprintf(stderr, "fileno: %d wakes, %llu ms of CPU in 1200 ms\n", wakes,
-                (unsigned long long)(cpu_ms() - c0));
+                (unsigned long long)(ipc_cpu_ms() - c0));
         return 13;
     }
     /* serve() idles too. */
     pthread_t th;
-    c0 = cpu_ms();
+    c0 = ipc_cpu_ms();
     if (pthread_create(&th, NULL, serve_until_stopped, l) != 0)
         return 14;
     struct timespec nap = {1, 200000000};
     nanosleep(&nap, NULL);
     shmipc_listener_stop(l);
     pthread_join(th, NULL);
-    if (cpu_ms() - c0 > 300) {
-        fprintf(stderr, "serve: %llu ms of CPU in 1200 ms\n", (unsigned long long)(cpu_ms() - c0));
+    if (ipc_cpu_ms() - c0 > 300) {
+        fprintf(stderr, "serve: %llu ms of CPU in 1200 ms\n",
+                (unsigned long long)(ipc_cpu_ms() - c0));
         return 15;
     }
     /* Descriptors back: the next client is accepted (once the pause ends). */
