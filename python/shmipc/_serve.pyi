@@ -1,11 +1,13 @@
 # The shmipc-serve frame codec (docs/serve.md), in C: python/shmipc/serve.c.
-from typing import Any, Iterable, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Optional, Tuple, Union
 
 _Buffer = Any  # anything with the buffer protocol
 _Address = Union[Tuple[str, int], str, None]  # (host, port), "unix" or None
 _Headers = Iterable[Tuple[Union[str, bytes], Union[str, bytes]]]
 
 class FrameError(ValueError): ...
+
+HOP_FIELDS: frozenset[str]
 
 REQUEST_HEAD: int
 BODY: int
@@ -59,3 +61,25 @@ def encode_request_head(
     scheme: int = 0,
 ) -> bytes: ...
 def encode_frame(type: int, payload: _Buffer = b"", arg: int = 0) -> bytes: ...
+def response_fields(
+    pairs: Iterable[Tuple[bytes, bytes]], close: bool
+) -> list[Tuple[bytes, bytes]]: ...
+
+class WSGIResponse:
+    """One WSGI response's state and PEP 3333's start_response (serve_wsgi.c)."""
+
+    method: str
+    status: Optional[str]
+    headers: Optional[list[Tuple[str, str]]]
+    length: Optional[int]
+    code: int
+    flags: int
+    sent: int
+    head_sent: bool
+    def __init__(self, method: str) -> None: ...
+    def start_response(
+        self, status: str, headers: list[Tuple[str, str]], exc_info: Any = None
+    ) -> Callable[[_Buffer], None]: ...
+    def write(self, data: _Buffer) -> None: ...
+    def collect(self, iterable: Iterable[_Buffer]) -> Tuple[int, list[Tuple[bytes, bytes]], bytes]: ...
+    def _bodyless(self) -> bool: ...

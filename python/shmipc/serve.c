@@ -486,6 +486,11 @@ static PyMethodDef serve_methods[] = {
     {"encode_frame", (PyCFunction)(void (*)(void))shmipcpy_serve_py_encode_frame,
      METH_VARARGS | METH_KEYWORDS,
      "encode_frame(type, payload=b'', arg=0) -> bytes: a BODY, END, ABORT or WS_* frame."},
+    {"response_fields", (PyCFunction)(void (*)(void))shmipcpy_serve_py_response_fields,
+     METH_FASTCALL,
+     "response_fields(pairs, close) -> list: (name, value) bytes pairs for the in-process C\n"
+     "server: Date and Server dropped (the server's own), a second Content-Type dropped,\n"
+     "(b'Connection', b'close') added when close is true."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -556,6 +561,8 @@ static int serve_exec(PyObject *m)
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0)
             return -1;
+    if (shmipcpy_serve_add_wsgi(m) < 0)
+        return -1;
     for (size_t i = 0; i < NCOMMON; i++) {
         shmipc_serve_field f = {.name = (const uint8_t *)common_names[i],
                                 .name_len = (uint16_t)strlen(common_names[i])};

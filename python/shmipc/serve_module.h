@@ -35,6 +35,10 @@ PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *arg
 PyObject *shmipcpy_serve_py_encode_request_head(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObject *kw);
 
+/* serve_wsgi.c */
+int shmipcpy_serve_add_wsgi(PyObject *module);
+PyObject *shmipcpy_serve_py_response_fields(PyObject *module, PyObject *const *args,
+                                            Py_ssize_t nargs);
 /* serve_scope.c */
 PyObject *shmipcpy_serve_py_decode_request_scope(PyObject *module, PyObject *arg);
 

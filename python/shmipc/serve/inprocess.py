@@ -31,7 +31,6 @@ import threading
 
 from .. import _serve as sf
 from . import asgi as _asgi
-from . import wsgi as _wsgi
 
 __all__ = ["ASGIRoute", "WSGIRoute", "asgi_handler", "wsgi_handler"]
 
@@ -40,69 +39,15 @@ log = logging.getLogger("shmipc.serve")
 # How often a request waiting on the ASGI loop checks that the loop still runs.
 _POLL_S = 0.5
 _ERROR = (500, [(b"Content-Type", b"text/plain; charset=utf-8")], b"Internal Server Error\n")
-# Fields the C server sets itself (the front drops them from a worker's head the same way).
-_SERVERS = frozenset((b"date", b"server"))
 
 
-def _fields(pairs, close):
-    """(name, value) bytes pairs for the C server, which sends bytes as they are (str would go
-    out as UTF-8, not the latin-1 of WSGI's str and of a front): Date and Server are its own,
-    a second Content-Type is dropped (as the front does), Connection: close becomes its own
-    field."""
-    out, ctype = [], False
-    for name, value in pairs:
-        lname = name.lower()
-        if lname in _SERVERS:
-            continue
-        if lname == b"content-type":
-            if ctype:
-                continue
-            ctype = True
-        out.append((name, value))
-    if close:
-        out.append((b"Connection", b"close"))
-    return out
+# The response's fields for the C server (Date and Server are its own, a second Content-Type
+# dropped as the front does, Connection: close its own field): shmipc._serve, in C.
+_fields = sf.response_fields
 
 
 class _LengthError(Exception):
     pass
-
-
-class _Collect(_wsgi._Response):
-    """start_response and write() of one in-process response: the body is collected."""
-
-    __slots__ = ("chunks",)
-
-    def __init__(self, method):
-        super().__init__(None, method)
-        self.chunks = []
-
-    def write(self, data):
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"the body must be bytes, not {type(data).__name__}")
-        n = len(data)
-        if n == 0:
-            return
-        if self.status is None:
-            raise AssertionError("the app sent body bytes before calling start_response")
-        # As with a front: once body bytes are out, exc_info can no longer replace the head.
-        self.head_sent = True
-        if self._bodyless():
-            return
-        if self.length is not None and self.sent + n > self.length:
-            raise _LengthError(f"the app sent more than its Content-Length of {self.length}")
-        self.chunks.append(bytes(data))
-        self.sent += n
-
-    def result(self):
-        if self.status is None:
-            raise AssertionError("the app returned without calling start_response")
-        if self.length is not None and self.sent < self.length and not self._bodyless():
-            raise _LengthError(
-                f"the app sent {self.sent} bytes of its Content-Length of {self.length}")
-        body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
-        return (self.code, _fields(headers, self.flags & sf.RESP_CLOSE), body)
 
 
 class WSGIRoute:
@@ -128,13 +73,12 @@ class WSGIRoute:
     def __call__(self, frame, body):
         environ = sf.decode_request(frame, self.base)
         environ["wsgi.input"] = io.BytesIO(body)
-        resp = _Collect(environ["REQUEST_METHOD"])
+        # start_response, write() and the collecting of the body are C (serve_wsgi.c).
+        resp = sf.WSGIResponse(environ["REQUEST_METHOD"])
         result = None
         try:
             result = self.app(environ, resp.start_response)
-            for data in result:
-                resp.write(data)
-            out = resp.result()
+            out = resp.collect(result)
         except Exception:
             log.exception("shmipc-serve: the app failed on %s %s", environ["REQUEST_METHOD"],
                           environ.get("RAW_URI", ""))

@@ -29,11 +29,9 @@ log = logging.getLogger("shmipc.serve")
 _HDR = struct.Struct("<HBBII")
 _MAGIC = 0x5653
 # Hop-by-hop fields (RFC 9110 §7.6.1) are the front's: PEP 3333 forbids them to an app, and
-# the front reconciles its own framing. Connection: close turns into the CLOSE flag.
-_HOP = frozenset(
-    ("connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
-     "upgrade", "content-length"))
-_BODYLESS = frozenset((204, 304))
+# the front reconciles its own framing. Connection: close turns into the CLOSE flag. The list
+# is serve_wsgi.c's, which drops them in start_response; the ASGI worker checks its own.
+_HOP = sf.HOP_FIELDS
 _ERROR_BODY = b"Internal Server Error\n"
 # After its ABORT, how long the worker waits for the front to end its side of the stream.
 _ABORT_DRAIN_TIMEOUT = 5.0
@@ -370,78 +368,27 @@ class _Input:
         return line
 
 
-class _Response:
-    """start_response, write() and the sending of the head and body of one response."""
+class _Response(sf.WSGIResponse):
+    """write() and the sending of the head and body of one response; start_response and its
+    checks are the C base's (shmipc._serve.WSGIResponse, shared with the in-process adapter):
+    it sets status, code, headers (without the hop-by-hop fields), flags (RESP_CLOSE for
+    Connection: close) and length (the app's Content-Length)."""
 
-    __slots__ = ("ex", "method", "status", "headers", "head_sent", "flags", "length",
-                 "sent", "code", "hold")
+    __slots__ = ("ex", "hold")
 
     def __init__(self, ex, method):
+        sf.WSGIResponse.__init__(self, method)
         self.ex = ex
-        self.method = method
-        self.status = None
-        self.headers = None
-        self.head_sent = False
-        self.flags = 0
-        self.length = None  # the app's Content-Length
-        self.sent = 0
-        self.code = 0
         # The app's iterable runs no code after its last piece (a list or tuple without
         # close()): the piece that completes Content-Length waits for our END, and the END
         # for the stream's close, so that one message and one wakeup of the front carry all.
         self.hold = False
-
-    def start_response(self, status, headers, exc_info=None):
-        if exc_info is not None:
-            try:
-                if self.head_sent:
-                    raise exc_info[1].with_traceback(exc_info[2])
-            finally:
-                exc_info = None  # no cycle through the traceback (PEP 3333)
-        elif self.status is not None:
-            raise AssertionError("start_response was called twice without exc_info")
-        if not isinstance(status, str):
-            raise TypeError("the status must be a str like '200 OK'")
-        code = status[:3]
-        # "NNN Reason" (PEP 3333; wsgiref.validate checks the same), 200..599 as the C
-        # worker's: the protocol carries a 1xx only as an interim head before the final one,
-        # which a WSGI app cannot send (a 1xx head then END was a bad exchange to the front:
-        # 502, ABORT PROTOCOL)
-        if len(status) < 4 or status[3] != " " or not code.isdigit() or \
-                not 200 <= int(code) <= 599:
-            raise ValueError(f"bad status {status!r}")
-        if not isinstance(headers, list):
-            raise TypeError("the headers must be a list of (name, value) tuples")
-        flags, length, fields = 0, None, []
-        for h in headers:
-            if type(h) is not tuple or len(h) != 2:
-                raise TypeError(f"a header must be a (name, value) tuple, not {h!r}")
-            name, value = h
-            if type(name) is not str or type(value) is not str:
-                raise TypeError(f"header names and values must be str: {h!r}")
-            lname = name.lower()
-            if lname in _HOP:
-                if lname == "content-length":
-                    v = value.strip()
-                    if not v.isdigit():
-                        raise ValueError(f"bad Content-Length {value!r}")
-                    length = int(v)
-                elif lname == "connection" and "close" in value.lower():
-                    flags |= sf.RESP_CLOSE
-                continue
-            fields.append(h)
-        self.status, self.code, self.headers = status, int(code), fields
-        self.flags, self.length = flags, length
-        return self.write
 
     def _head(self, length):
         flags = self.flags
         if length is not None:
             flags |= sf.RESP_CONTENT_LENGTH
         return sf.encode_response_head(self.code, self.headers, flags, length or 0)
-
-    def _bodyless(self):
-        return self.method == "HEAD" or self.code < 200 or self.code in _BODYLESS
 
     def send_head(self, length=None):
         if self.status is None:
