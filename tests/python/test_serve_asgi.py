@@ -18,7 +18,8 @@ sf = pytest.importorskip("shmipc._serve")
 from shmipc.serve.asgi import ASGIHandler, LifespanFailed  # noqa: E402
 from shmipc.serve.asgi_worker import ASGIWorker  # noqa: E402
 from shmipc.serve.worker import Worker  # noqa: E402
-from test_serve_worker import BAD_LEFTOVERS, BODY_LIES, Front, frame, head  # noqa: E402
+from test_serve_worker import (  # noqa: E402
+    BAD_LEFTOVERS, BODY_LIES, Front, bad_frames_behind_an_answer, frame, head)
 
 # ---- the scope --------------------------------------------------------------------------
 
@@ -236,16 +237,7 @@ def test_bad_frame_behind_a_body_the_app_never_read(serve, flags, clen, frames):
         await send({"type": "http.response.body", "body": b"ok"})
 
     front = serve(app)
-    st, _ = front.open(b"POST", flags=flags, content_length=clen)
-    st.flush()
-    st.read_timeout = 10
-    assert front.response(st)[4:6] == (b"ok", sf.END)
-    for f in frames:
-        st.write(f)
-    st.flush()
-    typ, arg, _ = front.read_frame(st)
-    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
-    st.close()
+    bad_frames_behind_an_answer(front, flags, clen, frames)
     assert front.request(b"POST", b"/", body=b"again")[4:6] == (b"ok", sf.END)
 
 

@@ -756,6 +756,22 @@ BAD_LEFTOVERS = [
 ]
 
 
+def bad_frames_behind_an_answer(front, flags, clen, frames):
+    """Opens a POST (flags, clen) and sends none of its body; the app answers b"ok" without
+    reading it. Then the front sends `frames` behind that answer: the worker answers them
+    ABORT PROTOCOL. The WSGI and the ASGI workers' cases share it."""
+    st, _ = front.open(b"POST", flags=flags, content_length=clen)
+    st.flush()
+    st.read_timeout = 10
+    assert front.response(st)[4:6] == (b"ok", sf.END)
+    for f in frames:
+        st.write(f)
+    st.flush()
+    typ, arg, _ = front.read_frame(st)
+    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
+    st.close()
+
+
 @pytest.mark.parametrize("flags,clen,frames", BAD_LEFTOVERS)
 def test_bad_frame_behind_a_body_the_app_never_read(serve, flags, clen, frames):
     # The app answers without reading its body; the front's frames after the answer break the
@@ -767,16 +783,7 @@ def test_bad_frame_behind_a_body_the_app_never_read(serve, flags, clen, frames):
         return [b"ok"]
 
     front = serve(app)
-    st, _ = front.open(b"POST", flags=flags, content_length=clen)
-    st.flush()
-    st.read_timeout = 10
-    assert front.response(st)[4:6] == (b"ok", sf.END)
-    for f in frames:
-        st.write(f)
-    st.flush()
-    typ, arg, _ = front.read_frame(st)
-    assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
-    st.close()
+    bad_frames_behind_an_answer(front, flags, clen, frames)
     assert serve_ok(front)
 
 
