@@ -692,6 +692,25 @@ static void ws_worker_bad_frame_1011(void **state)
 }
 
 /*
+ * Starts the front (its sessions' queue of capacity 1) and one worker, opens a WebSocket and
+ * tells the worker to read nothing for stall_ms: the client's messages behind that wait in
+ * the front.
+ */
+static void open_stalled_queue_of_one(struct tc *t, int stall_ms, struct wsc *c)
+{
+    shmipc_config *ipc;
+    char cmd[32];
+    CHECK(shmipc_config_new(&ipc));
+    CHECK(shmipc_config_set_queue_capacity(ipc, 1));
+    struct shmipc__front_opts o = {.ipc = ipc};
+    start_opts(t, 1, 1, &o);
+    shmipc_config_free(ipc);
+    wsc_open(c, t->x.port, "/ws/a", NULL);
+    snprintf(cmd, sizeof cmd, "stall:%d", stall_ms);
+    wsc_send(c, 0x1, 1, cmd, strlen(cmd));
+}
+
+/*
  * The session's queue to the worker is full (capacity 1, the worker reading nothing for
  * 400 ms): the client's messages wait in the front and its input is held, the loop serves
  * others meanwhile, and once the worker reads again every message arrives, in order.
@@ -700,19 +719,8 @@ static void ws_session_full_holds_client(void **state)
 {
     struct tc *t = *state;
     struct wsc c;
-    shmipc_config *ipc;
-    struct appw *ws[] = {&t->w[0]};
     struct resp p;
-    ws_fresh();
-    CHECK(shmipc_config_new(&ipc));
-    CHECK(shmipc_config_set_queue_capacity(ipc, 1));
-    struct shmipc__front_opts o = {.ipc = ipc};
-    appw_start(&t->w[0], "w0", NULL);
-    fx_start(&t->x, ws, 1, 1, &o);
-    shmipc_config_free(ipc);
-    assert_true(wait_sessions(&t->x, t->w[0].addr, 1));
-    wsc_open(&c, t->x.port, "/ws/a", NULL);
-    wsc_send(&c, 0x1, 1, "stall:400", 9);
+    open_stalled_queue_of_one(t, 400, &c);
     char msg[64];
     for (int i = 0; i < 40; i++) {
         snprintf(msg, sizeof msg, "m%d-%0*d", i, 20 + i, i);
@@ -1236,18 +1244,7 @@ static void ws_client_close_behind_held_messages_reaches_worker(void **state)
 {
     struct tc *t = *state;
     struct wsc c;
-    shmipc_config *ipc;
-    struct appw *ws[] = {&t->w[0]};
-    ws_fresh();
-    CHECK(shmipc_config_new(&ipc));
-    CHECK(shmipc_config_set_queue_capacity(ipc, 1));
-    struct shmipc__front_opts o = {.ipc = ipc};
-    appw_start(&t->w[0], "w0", NULL);
-    fx_start(&t->x, ws, 1, 1, &o);
-    shmipc_config_free(ipc);
-    assert_true(wait_sessions(&t->x, t->w[0].addr, 1));
-    wsc_open(&c, t->x.port, "/ws/a", NULL);
-    wsc_send(&c, 0x1, 1, "stall:5600", 10);
+    open_stalled_queue_of_one(t, 5600, &c);
     for (int i = 0; i < 4; i++)
         wsc_send(&c, 0x1, 1, "last", 4);
     wsc_send(&c, 0x8, 1, "\x03\xe8", 2);
