@@ -803,6 +803,18 @@ static int ws_finish(shmipc_serve_exchange *x, int rc)
     return x->gone && !x->ws_got_close ? SHMIPC_SERVE_OUTCOME_ABORTED : SHMIPC_SERVE_OUTCOME_OK;
 }
 
+/*
+ * After our END, the drain read a bad frame of the front's: ABORT PROTOCOL, as for one read
+ * before the END (the front learns why; the session serves on), as the Python workers do.
+ */
+static void answer_drained_bad_frame(shmipc_serve_exchange *x)
+{
+    if (!x->protocol || x->gone)
+        return;
+    shmipc__log(SHMIPC_LOG_ERROR, "shmipc-serve: a bad frame from the front after the response");
+    send_abort(x, SHMIPC_SERVE_ABORT_PROTOCOL, "bad frame after the response");
+}
+
 /* A complete 500: the handler failed before its head. */
 static void send_500(shmipc_serve_exchange *x)
 {
@@ -817,8 +829,10 @@ static void send_500(shmipc_serve_exchange *x)
         shmipc_serve_write(x, error_body, sizeof error_body - 1) < 0)
         return;
     shmipc_serve_encode_header(end, sizeof end, SHMIPC_SERVE_END, 0, 0);
-    if (send_now(x, end, sizeof end, NULL, 0) == 0)
+    if (send_now(x, end, sizeof end, NULL, 0) == 0) {
         drain(x);
+        answer_drained_bad_frame(x);
+    }
 }
 
 /*
@@ -955,6 +969,7 @@ SHMIPC_API int shmipc_serve_handle_stream(shmipc_stream *st, shmipc_serve_handle
             }
         } else if (send_now(&x, end, sizeof end, NULL, 0) == 0) {
             drain(&x);
+            answer_drained_bad_frame(&x);
         }
         outcome = x.gone       ? SHMIPC_SERVE_OUTCOME_ABORTED
                   : x.protocol ? SHMIPC_SERVE_OUTCOME_PROTOCOL

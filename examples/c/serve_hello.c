@@ -127,6 +127,10 @@ int shmipc_serve_handle(shmipc_serve_exchange *x, void *user_data)
         int rc = respond(x, 403, 0);
         return rc < 0 ? rc : shmipc_serve_write(x, "", 0);
     }
+    if (path_is(req, "/early", &q)) { /* answers without reading the request's body */
+        int rc = respond(x, 200, 2);
+        return rc < 0 ? rc : shmipc_serve_write(x, "ok", 2);
+    }
     if (req->flags & SHMIPC_SERVE_REQ_HAS_BODY)
         return echo(x, req);
     if (path_is(req, "/", &q)) {

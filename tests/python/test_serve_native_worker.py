@@ -17,7 +17,8 @@ import shmipc
 from conftest import BUILD, ROOT, unique_address
 
 sf = pytest.importorskip("shmipc._serve")
-from test_serve_worker import Front, frame, head  # noqa: E402
+from test_serve_worker import (BAD_LEFTOVERS, Front, bad_frames_behind_an_answer,  # noqa: E402
+                               frame, head)
 
 WORKER = os.path.join(BUILD, "serve", "shmipc-serve-worker")
 
@@ -219,6 +220,21 @@ def test_bad_frame_in_the_body_gets_abort_protocol(worker):
     assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
     st.close()
     assert w.front.request(b"GET", b"/")[0] == 200
+
+
+@pytest.mark.parametrize("flags,clen,frames", BAD_LEFTOVERS)
+def test_bad_frame_behind_a_body_the_handler_never_read(flags, clen, frames):
+    # The C example's /early answers without reading its body; the front's frames after the
+    # answer break the protocol. The worker's drain after its END reads them: ABORT PROTOCOL
+    # (as the Python workers answer), and the session serves on. Before, the worker closed
+    # the stream without a word. (The Lua worker reads a body before its handler runs.)
+    w = Proc("c")
+    try:
+        bad_frames_behind_an_answer(w.front, flags, clen, frames, b"/early")
+        assert w.front.request(b"GET", b"/")[0] == 200
+    finally:
+        w.p.terminate()
+        w.finish()
 
 
 @pytest.mark.parametrize("chunks", [[b"abcde"], [b"ab", b"cd"], [b"ab"], []])

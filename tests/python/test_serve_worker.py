@@ -756,14 +756,14 @@ BAD_LEFTOVERS = [
 ]
 
 
-def bad_frames_behind_an_answer(front, flags, clen, frames):
+def bad_frames_behind_an_answer(front, flags, clen, frames, target=b"/", answer=b"ok"):
     """Opens a POST (flags, clen) and sends none of its body; the app answers b"ok" without
     reading it. Then the front sends `frames` behind that answer: the worker answers them
     ABORT PROTOCOL. The WSGI and the ASGI workers' cases share it."""
-    st, _ = front.open(b"POST", flags=flags, content_length=clen)
+    st, _ = front.open(b"POST", target, flags=flags, content_length=clen)
     st.flush()
     st.read_timeout = 10
-    assert front.response(st)[4:6] == (b"ok", sf.END)
+    assert front.response(st)[4:6] == (answer, sf.END)
     for f in frames:
         st.write(f)
     st.flush()
