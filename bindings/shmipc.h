@@ -815,8 +815,10 @@ typedef void (*shmipc_destroy_cb)(void *user_data);
  *  - on_data(st, user_data) whenever a stream handed out by on_stream may have data to read,
  *    was closed by the peer, or lost its session; read with SHMIPC_NONBLOCK until
  *    SHMIPC_EAGAIN. Spurious calls are possible.
- * Both run on the serving thread and should not block. When serve returns, it has closed its
- * sessions (streams still held stay valid handles that fail with SHMIPC_ECLOSED) and called
+ * Both run on the serving thread and should not block. Before serve returns, it ends its
+ * sessions and calls on_data once more for each stream still handed out (its reads give what
+ * had come, then SHMIPC_ECLOSED: close it there); then it has closed its sessions (streams
+ * still held stay valid handles that fail with SHMIPC_ECLOSED) and called
  * destroy(user_data) if given (also when it fails at once with SHMIPC_EBUSY, because another
  * thread is serving).
  */

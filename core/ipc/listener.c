@@ -608,8 +608,17 @@ int shmipc__ipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
         }
     }
 out:
-    for (uint32_t i = 0; i < v.n; i++)
+    /*
+     * The streams still handed out lose their session here: on_data tells their holders, as
+     * for any session that ends (their reads now fail with SHMIPC_ECLOSED), so a holder that
+     * closes a stream at its end closes these too, before serve returns.
+     */
+    for (uint32_t i = 0; i < v.n; i++) {
+        shmipc__session_shutdown(v.s[i]);
+        while (dispatch(v.s[i], &v, on_stream, on_data, user_data))
+            ;
         shmipc__session_close(v.s[i]);
+    }
     if (rc == SHMIPC_ECLOSED)
         rc = shut_error(l); /* the detail the sessions' closes overwrote */
     free(v.s);

@@ -298,6 +298,54 @@ static void stop_from_another_thread(void **state)
     shmipc_listener_close(r.l);
 }
 
+/*
+ * Streams still held when serve returns lose their session: on_data tells their holders
+ * (their reads fail) before serve returns, so a holder that closes a stream at its end
+ * closes them all. Before, serve closed its sessions without a word, and such a stream stayed
+ * open, holding its session, until the user found it.
+ */
+static void serve_tells_held_streams_of_its_end(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = patient_config();
+    for (int round = 0; round < 5; round++) {
+        struct server_state ss = {0};
+        struct serve_run r = {.ss = &ss};
+        pthread_t server;
+        shmipc_session *c;
+        shmipc_stream *st[3];
+        const void *p;
+        ipc_pick_address(address, sizeof address, "listener-held");
+        assert_int_equal(shmipc_listener_new(address, cfg, &r.l), 0);
+        assert_int_equal(pthread_create(&server, NULL, serve_main, &r), 0);
+        assert_int_equal(shmipc_session_connect(address, cfg, &c), 0);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(shmipc_session_open_stream(c, &st[i]), 0);
+            assert_int_equal(shmipc_stream_write(st[i], "abcdefgh", 8), 0);
+            assert_int_equal(shmipc_stream_flush(st[i]), 0);
+        }
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(shmipc_stream_read_exact_bytes(st[i], 8, &p, 0), 0);
+            shmipc_stream_release(st[i]);
+        }
+        /* Served and echoed; the client keeps its streams open, so the server's stay too. */
+        assert_int_equal(__atomic_load_n(&ss.streams, __ATOMIC_ACQUIRE), 3);
+        assert_int_equal(__atomic_load_n(&ss.ended, __ATOMIC_ACQUIRE), 0);
+        assert_int_equal(shmipc_listener_stop(r.l), 0);
+        pthread_join(server, NULL);
+        assert_int_equal(r.rc, 0);
+        assert_int_equal(ss.ended, 3); /* on_data saw each end, and closed each stream */
+        assert_int_equal(ss.destroyed, 1);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(shmipc_stream_read_exact_bytes(st[i], 8, &p, 0), SHMIPC_ECONNRESET);
+            shmipc_stream_close(st[i]);
+        }
+        shmipc_session_close(c);
+        shmipc_listener_close(r.l);
+    }
+    shmipc_config_free(cfg);
+}
+
 static void socket_file_mode_and_stale_replacement(void **state)
 {
     (void)state;
@@ -1014,6 +1062,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(serve_many_clients),
         cmocka_unit_test(a_busy_session_does_not_starve_new_clients),
         cmocka_unit_test(stop_from_another_thread),
+        cmocka_unit_test(serve_tells_held_streams_of_its_end),
         cmocka_unit_test(socket_file_mode_and_stale_replacement),
         cmocka_unit_test(socket_file_appears_only_when_listening),
         cmocka_unit_test(two_listeners_racing_for_a_path_one_wins),
