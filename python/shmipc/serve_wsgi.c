@@ -319,9 +319,10 @@ static PyObject *resp_start_response(PyObject *o, PyObject *const *args, Py_ssiz
     unsigned flags;
     if (take_headers(headers, &fields, &length, &flags) < 0)
         return NULL;
-    Py_SETREF(self->status, Py_NewRef(status));
-    Py_SETREF(self->headers, fields);
-    Py_SETREF(self->length, length);
+    /* XSETREF: `length` is writable, so `del r.length` leaves it NULL. */
+    Py_XSETREF(self->status, Py_NewRef(status));
+    Py_XSETREF(self->headers, fields);
+    Py_XSETREF(self->length, length);
     self->code = code;
     self->flags = flags;
     return PyObject_GetAttrString(o, "write");

@@ -4,7 +4,9 @@ edge values of the status and Content-Length, exc_info in each state, writes in 
 subclasses that skip __init__ or delete members, iterables that fail, and no reference or
 memory leaked on the error paths."""
 import gc
+import subprocess
 import sys
+import textwrap
 import tracemalloc
 
 import pytest
@@ -349,3 +351,26 @@ def test_no_memory_growth_over_many_rounds():
     finally:
         tracemalloc.stop()
     assert grown < 64 * 1024, f"{grown} bytes more after 20000 rounds"
+
+
+# ---- regressions: what crashed the interpreter (each case in its own process) ------------
+
+def survives(code):
+    """Runs `code` in a fresh interpreter (this one's path): a crash fails the case instead of
+    ending the run. Returns the lines it printed."""
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, f"exit {p.returncode}: {p.stderr[-2000:]}"
+    return p.stdout.split()
+
+
+def test_start_response_after_del_length_does_not_crash():
+    # A writable member may be deleted (NULL): start_response released it with Py_SETREF,
+    # a Py_DECREF(NULL) (SIGSEGV).
+    assert survives("""
+        import shmipc._serve as sf
+        r = sf.WSGIResponse("GET")
+        del r.length
+        r.start_response("200 OK", [("Content-Length", "1")])
+        print(r.length, r.collect([b"x"])[2])
+    """) == ["1", "b'x'"]
