@@ -439,25 +439,38 @@ PyObject *shmipcpy_serve_py_response_fields(PyObject *module, PyObject *const *a
     return close < 0 ? NULL : server_fields(args[0], close);
 }
 
-/* The app's header list as latin-1 bytes pairs (WSGI's str headers are latin-1). */
+/*
+ * The app's header list as latin-1 bytes pairs (WSGI's str headers are latin-1). The list is
+ * r.headers, which the app can reach and change after start_response, and an allocation here
+ * can run a collection whose finalizers change it: each item is checked again and held while
+ * it is read, and the size is read again at each step. The caller holds `headers`.
+ */
 static PyObject *latin1_pairs(PyObject *headers)
 {
-    Py_ssize_t n = PyList_GET_SIZE(headers);
-    PyObject *out = PyList_New(n);
+    PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = PyList_GET_ITEM(headers, i);
-        PyObject *name = PyUnicode_AsLatin1String(PyTuple_GET_ITEM(h, 0));
-        PyObject *value = name != NULL ? PyUnicode_AsLatin1String(PyTuple_GET_ITEM(h, 1)) : NULL;
-        PyObject *pair = value != NULL ? PyTuple_Pack(2, name, value) : NULL;
-        Py_XDECREF(name);
-        Py_XDECREF(value);
-        if (pair == NULL) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+        PyObject *h = Py_NewRef(PyList_GET_ITEM(headers, i)), *pair = NULL;
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(h, 0)) || !PyUnicode_Check(PyTuple_GET_ITEM(h, 1))) {
+            PyErr_SetString(PyExc_TypeError,
+                            "the response's headers were changed: not (str, str) tuples");
+        } else {
+            PyObject *name = PyUnicode_AsLatin1String(PyTuple_GET_ITEM(h, 0));
+            PyObject *value =
+                name != NULL ? PyUnicode_AsLatin1String(PyTuple_GET_ITEM(h, 1)) : NULL;
+            pair = value != NULL ? PyTuple_Pack(2, name, value) : NULL;
+            Py_XDECREF(name);
+            Py_XDECREF(value);
+        }
+        Py_DECREF(h);
+        int rc = pair != NULL ? PyList_Append(out, pair) : -1;
+        Py_XDECREF(pair);
+        if (rc < 0) {
             Py_DECREF(out);
             return NULL;
         }
-        PyList_SET_ITEM(out, i, pair);
     }
     return out;
 }
@@ -513,6 +526,11 @@ static PyObject *resp_collect(PyObject *o, PyObject *iterable)
             return NULL;
         }
     }
+    /* The head whole now: a finalizer run by a collection below (latin1_pairs allocates) may
+     * call start_response with exc_info and replace it, freeing the list. */
+    PyObject *headers = Py_NewRef(self->headers);
+    int code = self->code;
+    unsigned flags = self->flags;
     PyObject *body;
     Py_ssize_t nchunks = self->chunks != NULL ? PyList_GET_SIZE(self->chunks) : 0;
     if (nchunks == 1)
@@ -521,13 +539,15 @@ static PyObject *resp_collect(PyObject *o, PyObject *iterable)
         body = PyBytes_FromStringAndSize(NULL, 0);
     else
         body = join(self->chunks);
-    if (body == NULL)
+    if (body == NULL) {
+        Py_DECREF(headers);
         return NULL;
-    PyObject *pairs = latin1_pairs(self->headers);
-    PyObject *fields =
-        pairs != NULL ? server_fields(pairs, self->flags & SHMIPC_SERVE_RESP_CLOSE) : NULL;
+    }
+    PyObject *pairs = latin1_pairs(headers);
+    Py_DECREF(headers);
+    PyObject *fields = pairs != NULL ? server_fields(pairs, flags & SHMIPC_SERVE_RESP_CLOSE) : NULL;
     Py_XDECREF(pairs);
-    PyObject *out = fields != NULL ? Py_BuildValue("(iNN)", self->code, fields, body) : NULL;
+    PyObject *out = fields != NULL ? Py_BuildValue("(iNN)", code, fields, body) : NULL;
     if (fields == NULL)
         Py_DECREF(body);
     return out;

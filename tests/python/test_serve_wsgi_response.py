@@ -374,3 +374,57 @@ def test_start_response_after_del_length_does_not_crash():
         r.start_response("200 OK", [("Content-Length", "1")])
         print(r.length, r.collect([b"x"])[2])
     """) == ["1", "b'x'"]
+
+
+@pytest.mark.parametrize("junk", ["None", "(1, 2)", "('A',)", "['A', 'b']", "('A', b'b')", "7"])
+def test_collect_refuses_a_header_list_the_app_changed(junk):
+    # r.headers is the app's to reach (start_response.__self__) and a mutable list: collect()
+    # read its items as (str, str) tuples unchecked (an assertion or SIGSEGV).
+    assert survives(f"""
+        import shmipc._serve as sf
+        r = sf.WSGIResponse("GET")
+        r.start_response("200 OK", [("A", "b")])
+        r.headers.append({junk})
+        try:
+            r.collect([b"x"])
+        except TypeError as e:
+            print("TypeError")
+    """) == ["TypeError"]
+
+
+def test_collect_survives_a_finalizer_that_replaces_the_head():
+    # A collection inside collect() (an allocation of the header pairs) runs finalizers, which
+    # may call start_response with exc_info and free the header list collect() was reading.
+    out = survives("""
+        import gc, sys
+        import shmipc._serve as sf
+
+        class Bomb:
+            def __init__(self, resp):
+                self.resp, self.me = resp, self  # a cycle: only the collector frees it
+            def __del__(self):
+                try:
+                    raise RuntimeError("x")
+                except RuntimeError:
+                    self.resp.start_response("500 Err", [("B", "c")], sys.exc_info())
+                for _ in range(50):
+                    [("Z" * 10, "y") for _ in range(20)]  # reuses the freed memory
+
+        def body(r):
+            Bomb(r)
+            return iter(())
+
+        for _ in range(20):
+            r = sf.WSGIResponse("GET")
+            r.start_response("200 OK", [("H%d" % i, "v" * 40) for i in range(200)])
+            gc.collect()
+            gc.set_threshold(1)
+            try:
+                code, fields, _ = r.collect(body(r))
+            finally:
+                gc.set_threshold(700)
+            # One head whole, whichever it was: never the code of one and fields of the other.
+            assert (code, len(fields)) in ((200, 200), (500, 1)), (code, len(fields))
+        print("ok")
+    """)
+    assert out == ["ok"]
