@@ -367,8 +367,20 @@ static PyObject *resp_write(PyObject *o, PyObject *data)
             goto out;
         }
     }
-    if (self->chunks == NULL && (self->chunks = PyList_New(0)) == NULL)
+    if (n > PY_SSIZE_T_MAX - self->sent) { /* `sent` is writable */
+        PyErr_SetString(PyExc_OverflowError, "the body's size overflows");
         goto out;
+    }
+    if (self->chunks == NULL) {
+        /* An allocation can run a collection, whose finalizers can write() here first. */
+        PyObject *chunks = PyList_New(0);
+        if (chunks == NULL)
+            goto out;
+        if (self->chunks == NULL)
+            self->chunks = chunks;
+        else
+            Py_DECREF(chunks);
+    }
     if (PyList_Append(self->chunks, piece) < 0)
         goto out;
     self->sent += n;

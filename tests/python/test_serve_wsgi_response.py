@@ -428,3 +428,11 @@ def test_collect_survives_a_finalizer_that_replaces_the_head():
         print("ok")
     """)
     assert out == ["ok"]
+
+
+def test_sent_does_not_overflow():
+    r = started()
+    r.sent = sys.maxsize
+    with pytest.raises(OverflowError):
+        r.write(b"x")
+    assert r.sent == sys.maxsize
