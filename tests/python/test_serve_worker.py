@@ -1,6 +1,7 @@
 """shmipc-serve's Python worker (python/shmipc/serve, docs/serve.md): the C decode of a
 REQUEST_HEAD into a WSGI environ, the response encoders, and the worker serving WSGI apps on
 streams. The front is played here by a shmipc client session speaking the frames."""
+import array
 import logging
 import struct
 import sys
@@ -400,6 +401,28 @@ def test_write_callable_and_streamed_body_without_length(serve):
     front = serve(app)
     status, flags, clen, _, body, last, _ = front.request()
     assert (status, flags, body, last) == (200, 0, b"from write, then yield", sf.END)
+
+
+def test_memoryview_pieces_are_sent_whole_as_bytes(serve):
+    # A memoryview's len() counts its items, not its bytes: the worker sent only the first
+    # len() bytes of a view of 4-byte items (and made them the Content-Length of a one-piece
+    # list), and refused a view that is not contiguous. The in-process adapter (serve_wsgi.c)
+    # takes its bytes whole.
+    words = array.array("I", range(1, 7))
+    grid = memoryview(bytes(range(12))).cast("B", (3, 4))
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        if environ["PATH_INFO"] == "/one":
+            return [memoryview(words)]
+        return iter([memoryview(words), memoryview(words)[::2], grid])
+
+    front = serve(app)
+    status, flags, clen, _, body, last, _ = front.request(target=b"/one")
+    assert (status, clen, body, last) == (200, 24, words.tobytes(), sf.END)
+    status, _, _, _, body, last, _ = front.request(target=b"/many")
+    assert (status, last) == (200, sf.END)
+    assert body == words.tobytes() + words[::2].tobytes() + bytes(range(12))
 
 
 def test_head_request_sends_no_body_frames(serve):

@@ -400,9 +400,13 @@ class _Response(sf.WSGIResponse):
         self.ex.send(h)
 
     def write(self, data):
-        if not isinstance(data, (bytes, bytearray, memoryview)):
+        if isinstance(data, bytes):
+            mv = data
+        elif isinstance(data, (bytearray, memoryview)):
+            mv = _flat(data)
+        else:
             raise TypeError(f"the body must be bytes, not {type(data).__name__}")
-        n = len(data)
+        n = len(mv)
         if n == 0:
             return
         if self.status is None:
@@ -418,7 +422,6 @@ class _Response(sf.WSGIResponse):
             return
         if self.length is not None and self.sent + n > self.length:
             raise _LengthError(f"the app sent more than its Content-Length of {self.length}")
-        mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
         for off in range(0, n, sf.MAX_CHUNK):
             piece = mv[off:off + sf.MAX_CHUNK]
             parts.append(_body_header(len(piece)))
@@ -458,6 +461,19 @@ class _Response(sf.WSGIResponse):
 
 class _LengthError(Exception):
     pass
+
+
+def _flat(data):
+    """A bytearray or memoryview body piece as a view of its bytes, one per item: a
+    memoryview's len() counts its items (4 bytes each for format "I"), and one that is not
+    contiguous cannot be cast; both are taken whole, as bytes(data) takes them."""
+    mv = memoryview(data)
+    return mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
+
+
+def _nbytes(data):
+    """The bytes a body piece holds (len() of a memoryview counts its items)."""
+    return data.nbytes if isinstance(data, memoryview) else len(data)
 
 
 class WSGIHandler:
@@ -529,7 +545,7 @@ class WSGIHandler:
             if (resp.length is None and not resp.head_sent and type(result) in (list, tuple)
                     and len(result) == 1 and resp.status is not None and not resp._bodyless()):
                 # One piece: its length is known, so the front can send Content-Length.
-                resp.length = len(result[0])
+                resp.length = _nbytes(result[0])
             for data in result:
                 resp.write(data)
             resp.finish()
