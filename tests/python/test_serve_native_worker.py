@@ -319,10 +319,14 @@ def test_front_session_gone_mid_request(worker):
 
 
 def test_sigterm_during_a_request_finishes_it(worker):
+    # The SIGTERM goes once the worker said TAKEN: a fixed sleep before it let a loaded
+    # machine (load 13, two flakes) signal a worker that had not begun the request, which a
+    # stopping worker rightly refuses.
     w = worker()
-    st, chunks = w.front.open(b"GET", b"/slow?600")
+    st, chunks = w.front.open(b"GET", b"/slow?600", flags=sf.REQ_TAKEN_WANTED)
     w.front.send_body(st, chunks)
-    time.sleep(0.2)
+    st.read_timeout = 10
+    assert w.front.read_frame(st)[0] == sf.TAKEN
     w.p.send_signal(signal.SIGTERM)
     status, _, _, _, body, last, _ = w.front.response(st)
     assert (status, body, last) == (200, b"%d\n" % w.p.pid, sf.END)
