@@ -162,6 +162,17 @@ void kill_sessions(struct appw *w)
     pthread_mutex_unlock(&w->mu);
 }
 
+int appw_wait_sessions(struct appw *w, int n)
+{
+    uint64_t end = mono_ms() + WAIT_MS;
+    pthread_mutex_lock(&w->mu);
+    while (w->nsess < n && mono_ms() < end)
+        cv_wait_ms(&w->cv, &w->mu, 50);
+    int held = w->nsess >= n;
+    pthread_mutex_unlock(&w->mu);
+    return held;
+}
+
 /* Waits until *flag is set (under w->mu, signalled on w->cv) or the worker stops. */
 void latch_wait(struct appw *w, atomic_int *flag)
 {
@@ -735,6 +746,9 @@ static void *acceptor_main(void *arg)
         int rc = shmipc_listener_accept(w->l, 50, &s);
         if (rc < 0)
             continue;
+        unsigned lag = atomic_load(&w->accept_lag_ms);
+        if (lag > 0)
+            sleep_ms(lag);
         pthread_mutex_lock(&w->mu);
         if (w->nsess == APPW_MAX_SESSIONS) {
             pthread_mutex_unlock(&w->mu);
@@ -747,6 +761,7 @@ static void *acceptor_main(void *arg)
         w->sess[w->nsess] = s;
         pthread_create(&w->sthreads[w->nsess], NULL, session_main, a);
         w->nsess++;
+        pthread_cond_broadcast(&w->cv); /* appw_wait_sessions */
         pthread_mutex_unlock(&w->mu);
     }
     return NULL;

@@ -104,6 +104,10 @@ struct appw {
     shmipc_session *sess[APPW_MAX_SESSIONS];
     pthread_t sthreads[APPW_MAX_SESSIONS];
     int nsess;
+    /* ms the acceptor waits between taking a session from the listener (its handshake done:
+     * the front uses it already) and holding it in sess[] (kill_sessions reaches it from
+     * then): a worker slow to take its new session in, as on a loaded host. */
+    atomic_uint accept_lag_ms;
     int memory_wait; /* its sessions' config: appw_start_x */
 };
 
@@ -213,7 +217,11 @@ int read_frame(shmipc_stream *st, uint8_t **buf, size_t *len, shmipc_serve_frame
 void wait_abort(struct appw *w, shmipc_stream *st);
 void send_frames(struct appw *w, shmipc_stream *st, int status, const char *name, const void *body,
                  size_t len, int with_length, int is_head);
+/* Ends every session the worker holds (sess[]): not one its acceptor has yet to take from the
+ * listener, which the front may be using already (appw_wait_sessions). */
 void kill_sessions(struct appw *w);
+/* Waits up to WAIT_MS until the worker holds `n` sessions (its acceptor took them in). */
+int appw_wait_sessions(struct appw *w, int n);
 void latch_wait(struct appw *w, atomic_int *flag);
 void latch_set(struct appw *w, atomic_int *flag, int v);
 uint8_t gen_byte(unsigned seed, uint64_t i);
