@@ -841,6 +841,7 @@ def test_cross_talk_concurrent_streams_over_two_workers(serve):
 # ---- the worker as a process (python -m shmipc.serve.worker) ---------------------------
 
 import os  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 
@@ -915,6 +916,54 @@ def test_worker_process_killed_mid_request_ends_the_front_stream(tmp_path):
     assert time.monotonic() - t0 < 5
     assert w.finish() == -signal.SIGKILL
     front.close()
+
+
+ASGI_APP = """
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            await send({"type": m["type"] + ".complete"})
+            if m["type"] == "lifespan.shutdown":
+                return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"asgi"})
+"""
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_worker_process_ends_on_a_sigterm_at_any_instant(tmp_path, kind):
+    # Regression: a worker whose supervisor got SIGKILL lived on. The kernel sent the worker its
+    # parent-death SIGTERM twice (once for each supervisor thread that exited holding it), and
+    # CPython ran the second handler inside the first one's threading.Event.set(), which held
+    # the Event's lock: the nested set() waited for that lock forever. Here, once the idle
+    # worker has our SIGTERM, it gets another at each point its main thread passes, in the
+    # handler and after it (sigterm_everywhere.py): it must still end, and exit 0, soon.
+    (tmp_path / "wapp.py").write_text(APP)
+    (tmp_path / "aapp.py").write_text(ASGI_APP)
+    spec = ("--asgi", "aapp:app") if kind == "asgi" else ("wapp:app",)
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", os.path.join(here, "sigterm_everywhere.py"),
+         "shmipc.serve.worker", *spec, "--address", unique_address("everywhere"),
+         "--parent-pid", str(os.getpid())],
+        cwd=tmp_path, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        assert "ready on" in p.stdout.readline()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)  # faulthandler prints where it waits
+        _, err = p.communicate()
+        pytest.fail("the worker did not end on SIGTERM: " + err[-3000:])
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err[-2000:]
+    sent = re.findall(r"sigterm_everywhere: (\d+) sent, (\d+) inside the handler", err)
+    assert sent and int(sent[0][0]) >= 10 and int(sent[0][1]) >= 3, err[-2000:]
 
 
 @pytest.mark.parametrize("spec,why", [

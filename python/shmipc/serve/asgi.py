@@ -448,7 +448,7 @@ class _WebSocket:
     def __init__(self, ex, scope, stopping=None):
         self.ex = ex
         self.scope = scope
-        self.stopping = stopping  # a threading.Event: the worker is stopping
+        self.stopping = stopping  # is_set(): the worker is stopping (worker._StopFlag)
         self.connect_given = False
         self.accepted = False
         self.refused = None  # an _Http for websocket.http.response.*, or True after a 403

@@ -23,14 +23,13 @@ SHUTDOWN (the front gives it to another worker), then ``serve_forever()`` return
 
 import asyncio
 import logging
-import threading
 import time
 
 import shmipc
 
 from .. import _serve as sf
 from .. import aio
-from .worker import own_uid_only
+from .worker import _StopFlag, own_uid_only
 from .wsgi import _ABORT_DRAIN_TIMEOUT, ProtocolViolation, RequestAborted, _Exchange, _hello_answer
 
 __all__ = ["ASGIWorker", "DEFAULT_CONCURRENCY", "MAX_CONCURRENCY"]
@@ -204,13 +203,15 @@ class ASGIWorker:
         self.address = self.listener.address
         self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0, "hello": 0}
         self.loop = handler.loop
-        self._stopping = threading.Event()
+        self._stopping = _StopFlag()
         handler.stopping = self._stopping  # an open WebSocket closes 1001 on stop
         self._parked = set()  # tasks waiting to accept: cancelled by a stop
         self._slots = None
 
     def stop(self):
-        """Any thread, or a signal handler: stop accepting, finish what is in progress."""
+        """Any thread, or a signal handler: stop accepting, finish what is in progress. Takes
+        no lock (worker._StopFlag; call_soon_threadsafe appends to a deque and writes to the
+        loop's self-pipe), so a signal that comes inside it runs it again safely."""
         self._stopping.set()
         try:
             self.loop.call_soon_threadsafe(self._wake)

@@ -45,6 +45,29 @@ def own_uid_only(address):
     return {"peer_uids": [os.geteuid()]} if unix else {}
 
 
+class _StopFlag:
+    """The "stopping" flag of a worker: set by stop(), which a SIGTERM handler calls, and read
+    by its loops, which look at it at least every _POLL. Not a threading.Event: CPython runs a
+    Python signal handler on the main thread between two bytecodes of whatever that thread is
+    doing, and Event.set() takes the Event's lock, which that thread may hold at that instant
+    (in its own set(), or in the set() of the handler of an earlier SIGTERM: a supervisor
+    killed with SIGKILL can send two, one for each of its threads that exits holding the
+    worker). The handler would then wait for that lock forever, and so would the worker.
+    set() and is_set() are one attribute store and one load: they take no lock. Nothing waits
+    on it."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self):
+        self._set = False
+
+    def set(self):
+        self._set = True
+
+    def is_set(self):
+        return self._set
+
+
 class Worker:
     """Serve `app` (a WSGI callable) on shmipc `address` until stop().
 
@@ -78,13 +101,14 @@ class Worker:
         self.address = self.listener.address
         self.counts = {"ok": 0, "error": 0, "aborted": 0, "protocol": 0, "late": 0, "hello": 0}
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
+        self._stopping = _StopFlag()
         self._sessions = set()
         self._threads = []
         if hasattr(self.handler, "stopping"):
             self.handler.stopping = self._stopping  # an open WebSocket closes 1001 on stop
 
     def stop(self):
+        # Safe in a signal handler, even one that interrupts stop() itself: no lock taken.
         self._stopping.set()
 
     def serve_forever(self):
