@@ -12,8 +12,9 @@ signals, whatever that thread is doing: a handler that takes a lock the interrup
 (threading.Event.set() inside an Event.set() or an Event.wait()) waits for it forever, and so
 does the process. A SIGTERM sent here is handled at once, inside this trace function, at the
 very point traced; tracing starts in the first handler run (not before: a handler run inside
-the trace function is not traced). Used by the tests of the Python worker. Prints
-``sigterm_everywhere: N sent, M inside the handler`` to stderr when MODULE returns.
+the trace function is not traced). Used by the tests of the Python worker and of
+``python -m shmipc.serve``. Prints ``sigterm_everywhere: N sent, M inside the handler`` to
+stderr when MODULE returns.
 """
 import os
 import runpy

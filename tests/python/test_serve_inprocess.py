@@ -629,6 +629,40 @@ def test_cli_sigterm_right_after_listening_stops_it():
                 p.wait()
 
 
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_cli_in_process_ends_on_a_sigterm_at_any_instant(tmp_path, kind):
+    # Its SIGTERM handler set a threading.Event that the main thread waited on: a SIGTERM handled
+    # while that thread held the Event's lock, inside its wait() or inside the set() of the
+    # handler of a SIGTERM before, waited for that lock forever. Here, once it has our SIGTERM,
+    # it gets another at each point its main thread passes (sigterm_everywhere.py).
+    import re
+    import signal
+
+    (tmp_path / "cliapp2.py").write_text(CLI_APP)
+    env = dict(python_env(), LIFESPAN_LOG=str(tmp_path / "lifespan.log"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    argv = [sys.executable, "-X", "faulthandler", os.path.join(here, "sigterm_everywhere.py"),
+            "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0", "--workers", "1",
+            *(("--asgi", "cliapp2:asgi") if kind == "asgi" else ("cliapp2:app",))]
+    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert "listening on" in p.stdout.readline()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)  # faulthandler prints where it waits
+        _, err = p.communicate()
+        pytest.fail("python -m shmipc.serve did not end on SIGTERM: " + err[-3000:])
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err[-2000:]
+    sent = re.findall(r"sigterm_everywhere: (\d+) sent, (\d+) inside the handler", err)
+    assert sent and int(sent[0][0]) >= 3 and int(sent[0][1]) >= 2, err[-2000:]
+
+
 # ---- regressions (review of 400801d) --------------------------------------------------------
 
 def _run_child(code, timeout=60):

@@ -51,12 +51,25 @@ def main(argv=None):
     except LifespanFailed as e:
         print(f"python -m shmipc.serve: lifespan startup failed: {e}", file=sys.stderr)
         return 3
-    import threading
+    import os
+    import select
 
-    stopping = threading.Event()
+    from .worker import _StopFlag
+
+    # The handlers take no lock: CPython runs them on the main thread between two bytecodes of
+    # whatever it is doing, and a threading.Event's set() would wait forever for the lock that
+    # thread holds inside its own wait() (or inside the set() of an earlier signal's handler).
+    # A flag, and a byte in a pipe that the main thread waits on; the pipe is never closed, as
+    # a handler may still run after main() returns, and its fd must not name another file then.
+    stopping = _StopFlag()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def on_signal(signum, frame):
         stopping.set()
+        try:
+            os.write(wake_w, b"\0")
+        except OSError:
+            pass  # the pipe is full: a byte is there to wake the main thread already
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -74,10 +87,11 @@ def main(argv=None):
                 return 1
             print(f"python -m shmipc.serve: {args.app} listening on "
                   f"{args.listen[0]}:{server.port}", flush=True)
-            # The handlers only set the event: a stop() from a signal that came before run()
+            # The handlers only set the flag: a stop() from a signal that came before run()
             # would stop the started server, and run() would then start it again and block.
-            while not stopping.wait(0.5):
-                pass
+            # A signal that comes before select() left its byte in the pipe: no wait is lost.
+            while not stopping.is_set():
+                select.select([wake_r], [], [])
             server.stop()
     finally:
         if args.asgi:
