@@ -152,16 +152,16 @@ def run_inprocess(kind, port, workers):
             factory = uvloop.new_event_loop
         route = shmipc.serve.asgi_handler(serve_app.asgi, loop_factory=factory)
         s.route(None, "/*", route)
-    # The handler only sets the event: a stop() from a SIGTERM that came before run() would
-    # stop the started server and run() would start it again.
-    import threading
-
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *a: stopping.set())
+    # The handler only sets a flag: a stop() from a SIGTERM that came before run() would stop
+    # the started server and run() would start it again. And it takes no lock: a
+    # threading.Event's set() could wait forever for the lock that the main thread, which runs
+    # the handler, holds inside its own wait() (python -m shmipc.serve hung so).
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *a: stopping.append(True))
     with s:
         s.start()
-        while not stopping.wait(0.5):
-            pass
+        while not stopping:
+            time.sleep(0.1)
         s.stop()
     if route is not None:
         route.close()
