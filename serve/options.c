@@ -740,8 +740,10 @@ int shmipc__serve_options_parse(shmipc__serve_options *o, int argc, char *const 
         }
         if (only_positional || a[0] != '-' || a[1] == '\0') {
             if (ps.app_src == 2) {
+                char ab[80];
                 shmipc__serve_set_err(err, errlen, "unexpected argument '%s' (APP was '%s')",
-                                      shmipc__serve_shown(a, sb, sizeof sb), o->app);
+                                      shmipc__serve_shown(a, sb, sizeof sb),
+                                      shmipc__serve_shown(o->app, ab, sizeof ab));
                 return SHMIPC_EINVAL;
             }
             rc = apply(o, &ps, find_opt("app", 3), a, 2, "APP", err, errlen);

@@ -270,6 +270,22 @@ static void test_flag_errors(void **state)
     expect_error(ARGS("m:a", "--workers", "\x1b[31m"), "'?[31m' is not a number");
 }
 
+/*
+ * A second APP is refused with a message that quoted the first one raw, so a control byte in it
+ * (an escape sequence, a newline) went to the terminal; found by fuzz/serve_options_fuzz.c
+ * (fuzz/regressions/serve_options/unexpected-argument-echoes-app-raw). It is shown as '?', as
+ * every other value in a message.
+ */
+static void test_unexpected_argument_echoes_app_raw(void **state)
+{
+    (void)state;
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    assert_int_equal(parse(&o, err, ARGS("a\x1b[31m:b\n", "x\x07")), SHMIPC_EINVAL);
+    assert_string_equal(err, "unexpected argument 'x?' (APP was 'a?[31m:b?')");
+    shmipc__serve_options_free(&o);
+}
+
 static void test_config_file(void **state)
 {
     (void)state;
@@ -793,6 +809,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_every_flag),
         cmocka_unit_test(test_flag_errors),
+        cmocka_unit_test(test_unexpected_argument_echoes_app_raw),
         cmocka_unit_test(test_config_file),
         cmocka_unit_test(test_config_file_hostile),
         cmocka_unit_test(test_worker_argv),
