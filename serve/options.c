@@ -695,24 +695,30 @@ int shmipc__serve_options_parse(shmipc__serve_options *o, int argc, char *const 
         return SHMIPC_EINVAL;
     }
     struct parse_state ps = {0};
-    /* First the config file, wherever --config is on the line, so that flags override it. */
+    /* First the config file, wherever --config is on the line, so that flags override it. The
+     * arguments are read as the loop below reads them: another flag's value ("--python
+     * --config=x") is not a flag, and a "--" that is a value does not end the flags. */
     const char *config = NULL;
     for (int i = 1; i < argc; i++) {
-        const char *iv;
-        if (argv[i] == NULL)
+        const char *a = argv[i], *iv;
+        if (a == NULL || strcmp(a, "--") == 0)
             break;
-        if (strcmp(argv[i], "--") == 0)
-            break;
-        const struct opt *op = cli_opt(argv[i], &iv);
-        if (op == NULL || op->arg != F_CONFIG || op->type != T_STR)
+        if (a[0] != '-' || a[1] == '\0')
             continue;
+        const struct opt *op = cli_opt(a, &iv);
+        if (op == NULL || op->type == T_FLAG || op->type == T_KIND)
+            continue; /* the loop below refuses what is wrong with it */
         if (iv == NULL) {
             if (i + 1 >= argc || argv[i + 1] == NULL) {
+                if (op->arg != F_CONFIG || op->type != T_STR)
+                    break; /* "--workers needs a value", below */
                 shmipc__serve_set_err(err, errlen, "--config needs a value");
                 return SHMIPC_EINVAL;
             }
             iv = argv[++i];
         }
+        if (op->arg != F_CONFIG || op->type != T_STR)
+            continue;
         if (config != NULL) {
             shmipc__serve_set_err(err, errlen, "--config given twice");
             return SHMIPC_EINVAL;

@@ -371,6 +371,46 @@ static void test_config_file(void **state)
     shmipc__serve_options_free(&o);
 }
 
+/*
+ * The config file is read before the other flags, so the command line is scanned for --config
+ * first. That scan took every argument for a flag, the value of another flag too, and stopped
+ * at the first "--", a value too: "--python --config=F" read F (and set python to
+ * "--config=F"), "--chdir --config APP" opened APP as the file, and "--python -- --config F"
+ * named F in o->config without reading it. The scan reads the arguments as the parser does.
+ */
+static void test_config_scan_skips_flag_values(void **state)
+{
+    (void)state;
+    const char *f = write_text("five.conf", "workers = 5\n");
+    char inline_arg[300];
+    snprintf(inline_arg, sizeof inline_arg, "--config=%s", f);
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+
+    assert_int_equal(parse(&o, err, ARGS("--python", inline_arg, "m:a")), 0);
+    assert_string_equal(o.python, inline_arg);
+    assert_int_equal(o.workers, 1);
+    assert_null(o.config);
+    shmipc__serve_options_free(&o);
+
+    assert_int_equal(parse(&o, err, ARGS("--chdir", "--config", "m:a")), 0);
+    assert_string_equal(o.chdir_to, "--config");
+    assert_string_equal(o.app, "m:a");
+    assert_null(o.config);
+    shmipc__serve_options_free(&o);
+
+    assert_int_equal(parse(&o, err, ARGS("--python", "--", "--config", f, "m:a")), 0);
+    assert_string_equal(o.python, "--");
+    assert_int_equal(o.workers, 5);
+    assert_string_equal(o.config, f);
+    shmipc__serve_options_free(&o);
+
+    /* After the "--" that ends the flags, "--config" is an APP, not a flag. */
+    expect_error(ARGS("m:a", "--", "--config", f), "unexpected argument '--config'");
+    /* A flag's missing value is its own error, not the config file's. */
+    expect_error(ARGS("m:a", "--config", f, "--workers"), "--workers needs a value");
+}
+
 /* A config file with `text` fails with "NAME:want". */
 static void expect_file_error(const char *text, size_t len, const char *want)
 {
@@ -811,6 +851,7 @@ int main(void)
         cmocka_unit_test(test_flag_errors),
         cmocka_unit_test(test_unexpected_argument_echoes_app_raw),
         cmocka_unit_test(test_config_file),
+        cmocka_unit_test(test_config_scan_skips_flag_values),
         cmocka_unit_test(test_config_file_hostile),
         cmocka_unit_test(test_worker_argv),
         cmocka_unit_test(test_check_without_python),
