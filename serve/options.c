@@ -496,7 +496,10 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
 {
     char pathbuf[256];
     shmipc__serve_shown(path, pathbuf, sizeof pathbuf);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: open() of a FIFO without a writer would wait for one (a FIFO is refused as
+     * not a regular file below); reads of a regular file ignore it. O_NOCTTY: a terminal named
+     * by mistake does not become the controlling one. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         shmipc__serve_set_err(err, errlen, "%s: cannot open: %s", pathbuf, strerror(errno));
         return SHMIPC_EINVAL;

@@ -411,6 +411,22 @@ static void test_config_scan_skips_flag_values(void **state)
     expect_error(ARGS("m:a", "--config", f, "--workers"), "--workers needs a value");
 }
 
+/*
+ * A FIFO as the config file: open() waited for a writer that never came, so the command hung
+ * before it could say "not a regular file". It is opened without waiting (the alarm turns a
+ * hang into a failure).
+ */
+static void test_config_fifo_does_not_block(void **state)
+{
+    (void)state;
+    char fifo[300];
+    snprintf(fifo, sizeof fifo, "%s/fifo.conf", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(10);
+    expect_error(ARGS("--config", fifo, "m:a"), "fifo.conf: not a regular file");
+    alarm(0);
+}
+
 /* A config file with `text` fails with "NAME:want". */
 static void expect_file_error(const char *text, size_t len, const char *want)
 {
@@ -852,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_unexpected_argument_echoes_app_raw),
         cmocka_unit_test(test_config_file),
         cmocka_unit_test(test_config_scan_skips_flag_values),
+        cmocka_unit_test(test_config_fifo_does_not_block),
         cmocka_unit_test(test_config_file_hostile),
         cmocka_unit_test(test_worker_argv),
         cmocka_unit_test(test_check_without_python),
