@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed inputs of every fuzz target into OUT/<target>/, from the wire vectors
-(tests/vectors), the HTTP fixtures (tests/http) and the WebSocket fixtures (tests/ws), plus a
-few hand-made messages. The committed corpora (fuzz/corpus/<target>/) are these seeds and what
+(tests/vectors), the HTTP fixtures (tests/http), the WebSocket fixtures (tests/ws), and
+shmipc-serve's config file and command lines (docs/serve.md, tests/c/test_serve_options.c),
+plus a few hand-made messages. The committed corpora (fuzz/corpus/<target>/) are these seeds and what
 the fuzzer found, minimized with -merge=1 (scripts/fuzz.sh merge).
 
 Usage: fuzz/make_seeds.py OUT
@@ -186,9 +187,64 @@ def sf_response(status, fields, flags=0, clen=0):
     return sf(4, struct.pack("<HHIQ", status, len(fields), 0, clen) + sf_fields(fields), flags)
 
 
+C_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "0": "\0", "\\": "\\", '"': '"'}
+
+
+def c_strings(text):
+    """The adjacent C string literals of `text`, joined and unescaped (\\n, \\xHH, ...)."""
+    out = ""
+    for lit in re.findall(r'"((?:[^"\\\n]|\\.)*)"', text):
+        lit = re.sub(r"\\x([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)), lit)
+        out += re.sub(r"\\(.)", lambda m: C_ESCAPES.get(m.group(1), m.group(1)), lit)
+    return out
+
+
+def serve_options_seeds():
+    """shmipc-serve's options (fuzz/serve_options_fuzz.c): mode 0 a config file, mode 1
+    arguments split at NUL bytes, mode 2 (3) a 2-byte length, a file, then arguments (with
+    --config FILE before them, or after them)."""
+    doc = open(os.path.join(ROOT, "docs/serve.md"), encoding="utf-8").read()
+    test = open(os.path.join(ROOT, "tests/c/test_serve_options.c"), encoding="utf-8").read()
+    files = [m.group(1).encode() for m in re.finditer(r"```\n(# /etc/shmipc-serve/.*?)```",
+                                                       doc, re.S)]
+    # The test's files: write_text("name", "..." "...") and FILE_ERR("...", ...).
+    for m in re.finditer(r'write_text\("[^"]*",\s*((?:"(?:[^"\\]|\\.)*"\s*)+)\)', test):
+        files.append(c_strings(m.group(1)).encode("latin-1"))
+    for m in re.finditer(r'FILE_ERR\(("(?:[^"\\]|\\.)*")', test):
+        files.append(c_strings(m.group(1)).encode("latin-1"))
+    # The command lines: the test's ARGS(...) (a variable, a path, becomes --config's file) and
+    # the examples at the top of docs/serve.md.
+    argvs = []
+    for m in re.finditer(r"ARGS\(((?:[^()]|\([^()]*\))*)\)", test):
+        args, depth, quoted, cur = [], 0, False, ""
+        for i, c in enumerate(m.group(1) + ","):
+            if c == '"' and (i == 0 or m.group(1)[i - 1] != "\\"):
+                quoted = not quoted
+            elif not quoted and c in "()":
+                depth += 1 if c == "(" else -1
+            elif not quoted and depth == 0 and c == ",":
+                cur = cur.strip()
+                args.append(c_strings(cur) if cur.startswith('"') else "file")
+                cur = ""
+                continue
+            cur += c
+        argvs.append(args)
+    for m in re.finditer(r"^shmipc-serve ([^`#\n]*)", doc, re.M):
+        argvs.append(m.group(1).split())
+    seeds = [b"\0" + f for f in files]
+    seeds += [b"\1" + "\0".join(a).encode("latin-1") for a in argvs]
+    for f, a in ((files[0], ["--workers", "8", "other:app"]), (files[0], ["--asgi"]),
+                 (b"lua = h.lua\n", ["--config=file", "m:a"]),
+                 (b"app = m:a\nasgi = true\n", ["--lua", "x.lua", "--", "-m:a"])):
+        for mode in (2, 3):
+            seeds.append(bytes([mode]) + struct.pack(">H", len(f)) + f + "\0".join(a).encode())
+    return seeds
+
+
 def main():
     out = sys.argv[1]
-    seeds = {t: [] for t in ("proto", "handshake", "json", "shm", "http", "ws", "serve_frame")}
+    seeds = {t: [] for t in ("proto", "handshake", "json", "shm", "http", "ws", "serve_frame",
+                             "serve_options")}
 
     # proto: captured messages one by one and as whole streams, plus every type made here.
     for acc in vector_messages():
@@ -300,6 +356,8 @@ def main():
         sf_request(b"GET", b"/", host) + sf(5, b"client went away", 1),
         sf_response(500, []) + sf(5, b"Traceback", 2),
     ]
+
+    seeds["serve_options"] += serve_options_seeds()
 
     for target, items in seeds.items():
         d = os.path.join(out, target)

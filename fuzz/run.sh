@@ -26,10 +26,10 @@ while getopts "d:t:j:o:m" opt; do
 done
 shift $((OPTIND - 1))
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(proto handshake json shm http ws serve_frame)
+[[ ${#targets[@]} -gt 0 ]] || targets=(proto handshake json shm http ws serve_frame serve_options)
 
 # Inputs as long as each protocol's messages get, within reason.
-declare -A max_len=([proto]=4096 [handshake]=8192 [json]=8192 [shm]=4096 [http]=8192 [ws]=8192 [serve_frame]=8192)
+declare -A max_len=([proto]=4096 [handshake]=8192 [json]=8192 [shm]=4096 [http]=8192 [ws]=8192 [serve_frame]=8192 [serve_options]=16384)
 
 if [[ ! -f "$dir/build.ninja" ]]; then
   CC=clang meson setup "$dir" -Dfuzz=enabled -Db_sanitize=address,undefined -Db_lundef=false \
