@@ -875,3 +875,121 @@ s.close()
 route.close()
 """)
     assert "[(500, b'Internal Server Error\\n')]" in out
+
+
+# ---- regressions (attack review: ASGIRoute lifecycles) --------------------------------------
+
+_LIFESPAN_APP = """
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            if m["type"] == "lifespan.startup":
+                if STOP_IN_STARTUP:
+                    asyncio.get_running_loop().stop()
+                    await asyncio.sleep(30)
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["path"] == "/stop":
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(30)
+    if scope["path"] == "/close":
+        route.close()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+"""
+
+
+def test_asgi_close_after_the_app_stopped_the_loop_does_not_hang():
+    # With lifespan, close() submitted lifespan.shutdown to the dead loop and waited on its
+    # future without a bound: forever. Later requests each waited a poll (0.5 s) too.
+    out = _run_child(_CHILD_HEAD + "STOP_IN_STARTUP = False\n" + _LIFESPAN_APP + """
+route = ASGIRoute(app)
+s = shmipc.Server(port=0, workers=1)
+s.route(None, "/*", route)
+s.start()
+res = []
+for p in ("/stop", "/after"):
+    t = threading.Thread(target=get, args=(s.port, p, res), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), f"{p}: no answer"
+res.append(time.monotonic() - t0 < 0.4)  # the dead route refuses at once
+s.close()
+closer = threading.Thread(target=route.close, daemon=True)
+closer.start()
+closer.join(10)
+assert not closer.is_alive(), "route.close() hung"
+assert route.loop.is_closed()
+print(res)
+""", timeout=30)
+    assert "[(500, b'Internal Server Error\\n'), (500, b'Internal Server Error\\n'), True]" in out
+
+
+def test_asgi_lifespan_startup_that_stops_the_loop_fails_the_constructor_not_hangs():
+    out = _run_child(_CHILD_HEAD + "STOP_IN_STARTUP = True\n" + _LIFESPAN_APP + """
+try:
+    ASGIRoute(app, lifespan_timeout=60)
+except RuntimeError as e:
+    print("raised", e)
+""", timeout=30)
+    assert "raised" in out
+
+
+def test_asgi_close_from_the_apps_own_loop_raises_not_deadlocks():
+    # route.close() inside a request waited on a future of its own loop: the loop, and every
+    # request after it, hung for good.
+    out = _run_child(_CHILD_HEAD + "STOP_IN_STARTUP = False\n" + _LIFESPAN_APP + """
+route = ASGIRoute(app)
+s = shmipc.Server(port=0, workers=1)
+s.route(None, "/*", route)
+s.start()
+res = []
+for p in ("/close", "/after"):
+    t = threading.Thread(target=get, args=(s.port, p, res), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), f"{p}: no answer"
+s.close()
+route.close()
+print(res)
+""", timeout=30)
+    assert "[(500, b'Internal Server Error\\n'), (200, b'ok')]" in out
+
+
+def test_asgi_close_from_several_threads_at_once():
+    # Each close() ran lifespan shutdown: the second waited out the lifespan timeout for an
+    # answer the app had given the first, then raised LifespanFailed, or hit a closed loop.
+    events = []
+
+    async def app(scope, receive, send):
+        while True:
+            m = await receive()
+            events.append(m["type"])
+            if m["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await asyncio.sleep(0.3)  # the other close() calls come meanwhile
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    route = ASGIRoute(app, lifespan_timeout=5)
+    errors = []
+
+    def close():
+        try:
+            route.close()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=close) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == [] and route.loop.is_closed()
+    assert events == ["lifespan.startup", "lifespan.shutdown"]

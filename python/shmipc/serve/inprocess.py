@@ -28,6 +28,7 @@ import io
 import logging
 import sys
 import threading
+import time
 
 from .. import _serve as sf
 from . import asgi as _asgi
@@ -197,12 +198,14 @@ class ASGIRoute:
         # that raced it is a 500, never a worker thread blocked on a stopped loop.
         self._lock = threading.Lock()
         self._inflight = set()
+        # One close() at a time: a second (another thread's) waits for the first and returns.
+        self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run_loop, name="shmipc-asgi-loop",
                                         daemon=True)
         self._thread.start()
         if lifespan:
             try:
-                self._submit(self._life._startup()).result()
+                self._wait(self._life._startup())
             except BaseException:
                 self._stop_loop()
                 raise
@@ -210,10 +213,33 @@ class ASGIRoute:
 
     def _run_loop(self):
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            # However it ends (close(), or an app that stopped the loop or raised SystemExit
+            # out of a callback), later requests are refused at once instead of each waiting
+            # a poll for a loop that is gone and leaving its coroutine behind.
+            with self._lock:
+                self._closed = True
 
     def _submit(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def _wait(self, coro, timeout=None):
+        """Runs `coro` on the loop and returns its result, waiting at most `timeout` s: an
+        error, never a hang, when the loop's thread has ended or ends under it (an app that
+        stopped the loop), which left the future pending for good."""
+        if not self._thread.is_alive():
+            coro.close()
+            raise RuntimeError("the ASGI route's loop has ended")
+        fut = self._submit(coro)
+        end = None if timeout is None else time.monotonic() + timeout
+        while not concurrent.futures.wait((fut,), _POLL_S).done:
+            if not self._thread.is_alive():
+                raise RuntimeError("the ASGI route's loop ended under the call")
+            if end is not None and time.monotonic() >= end:
+                raise TimeoutError(f"the ASGI route's loop did not answer in {timeout} s")
+        return fut.result()
 
     def __call__(self, frame, body):
         scope = sf.decode_request_scope(frame)
@@ -297,8 +323,8 @@ class ASGIRoute:
             # Requests still running are cancelled first (their workers answer 500) rather
             # than left pending on a stopped loop.
             try:
-                self._submit(_cancel_all(self._life.lifespan_timeout)).result(
-                    self._life.lifespan_timeout + 1)
+                self._wait(_cancel_all(self._life.lifespan_timeout),
+                           self._life.lifespan_timeout + 1)
             except Exception:  # noqa: BLE001 (an app that ignores the cancel: stopped anyway)
                 pass
             self.loop.call_soon_threadsafe(self.loop.stop)
@@ -310,20 +336,28 @@ class ASGIRoute:
 
     def close(self):
         """Lifespan shutdown (LifespanFailed if the app reports failure), then the loop
-        stops. Safe twice."""
-        if self._closed:
-            return
-        try:
-            if self._life.lifespan_supported:
-                self._submit(self._life._shutdown()).result()
-        finally:
-            task = self._life._ls_task
-            if task is not None and not task.done():
-                try:
-                    self._submit(_cancel(task)).result(self._life.lifespan_timeout)
-                except Exception:  # noqa: BLE001 (the app's own error on cancel)
-                    pass
-            self._stop_loop()
+        stops. Safe twice, and from several threads at once (the later ones return when the
+        first has closed); not from the app's own loop (RuntimeError), which would wait on
+        itself. A loop that an app ended has no lifespan shutdown (logged)."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("an ASGI route cannot be closed from its own loop")
+        with self._close_lock:
+            if self.loop.is_closed():
+                return
+            try:
+                if self._life.lifespan_supported:
+                    if self._thread.is_alive():
+                        self._wait(self._life._shutdown())
+                    else:
+                        log.error("shmipc-serve: the ASGI loop had ended: no lifespan shutdown")
+            finally:
+                task = self._life._ls_task
+                if task is not None and not task.done() and self._thread.is_alive():
+                    try:
+                        self._wait(_cancel(task), self._life.lifespan_timeout)
+                    except Exception:  # noqa: BLE001 (the app's own error on cancel)
+                        pass
+                self._stop_loop()
 
     def __enter__(self):
         return self
