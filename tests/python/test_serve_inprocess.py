@@ -993,3 +993,63 @@ def test_asgi_close_from_several_threads_at_once():
     assert not any(t.is_alive() for t in threads)
     assert errors == [] and route.loop.is_closed()
     assert events == ["lifespan.startup", "lifespan.shutdown"]
+
+
+LONG_POLL_APP = '''
+import os
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            with open(os.environ["LIFESPAN_LOG"], "a") as f:
+                f.write(m["type"] + "\\n")
+            await send({"type": m["type"] + ".complete"})
+            if m["type"] == "lifespan.shutdown":
+                return
+    # A long poll: answers when the client leaves, which the in-process server never says.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+'''
+
+
+def test_cli_asgi_request_that_never_ends_does_not_hold_the_stop():
+    # server.stop() waited for the request in the app for good, and SIGTERM and SIGINT were
+    # only flags: the process had to be killed. Past --graceful-timeout it is cancelled.
+    import re
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "longpoll.py"), "w") as f:
+            f.write(LONG_POLL_APP)
+        log = os.path.join(tmp, "lifespan.log")
+        p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process", "--asgi",
+                              "--listen", "127.0.0.1:0", "--workers", "2",
+                              "--graceful-timeout", "1", "longpoll:app"],
+                             cwd=tmp, env=dict(python_env(), LIFESPAN_LOG=log),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
+            assert m
+            got = []
+
+            def poll():
+                try:
+                    got.append(request(int(m.group(1)), "GET", "/poll")[0])
+                except OSError as e:
+                    got.append(repr(e))
+
+            t = threading.Thread(target=poll)
+            t.start()
+            t.join(0.5)  # the request is in the app now
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=15) == 0
+            t.join(10)
+            assert not t.is_alive() and got == [500]
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        with open(log) as f:
+            assert f.read() == "lifespan.startup\nlifespan.shutdown\n"

@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 
 from .worker import load_app
 
@@ -30,9 +31,14 @@ def main(argv=None):
                     help="where to listen (127.0.0.1:8000; port 0: any free port)")
     ap.add_argument("--workers", type=int, default=None, metavar="N",
                     help="the server's worker threads (default: SHMIPC_WORKERS, else one per CPU)")
+    ap.add_argument("--graceful-timeout", type=float, default=10.0, metavar="SECONDS",
+                    help="on SIGTERM/SIGINT, how long requests in flight have (10); ASGI "
+                    "requests still in the app then are cancelled")
     args = ap.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         ap.error("--workers must be >= 1")
+    if not 0 < args.graceful_timeout <= 86400:
+        ap.error("--graceful-timeout must be in 0 .. 86400 seconds")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(message)s")
     try:
         app = load_app(args.app)
@@ -73,9 +79,11 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    kw = {"address": args.listen[0], "port": args.listen[1]}
+    kw = {"address": args.listen[0], "port": args.listen[1],
+          "stop_timeout": args.graceful_timeout}
     if args.workers is not None:
         kw["workers"] = args.workers
+    rc = 0
     try:
         with shmipc.Server(**kw) as server:
             server.route(None, "/*", route)
@@ -92,14 +100,32 @@ def main(argv=None):
             # A signal that comes before select() left its byte in the pipe: no wait is lost.
             while not stopping.is_set():
                 select.select([wake_r], [], [])
-            server.stop()
+            # stop() waits for the requests in the app, which the server cannot end: an ASGI
+            # request that never finishes (a long poll waiting for the http.disconnect that
+            # the in-process server does not send) held it, and the process, for good; a
+            # second signal changed nothing. Past the timeout, close() cancels the requests
+            # still in the app (their workers answer 500), as the pool's front would ABORT.
+            stopper = threading.Thread(target=server.stop, name="shmipc-serve-stop")
+            stopper.start()
+            stopper.join(args.graceful_timeout)
+            if stopper.is_alive() and args.asgi:
+                rc = _close(route)
+            stopper.join()
     finally:
         if args.asgi:
-            try:
-                route.close()
-            except LifespanFailed as e:
-                print(f"python -m shmipc.serve: lifespan shutdown failed: {e}", file=sys.stderr)
-                return 3
+            rc = _close(route) or rc
+    return rc
+
+
+def _close(route):
+    """route.close(): 3 (and the message) when lifespan shutdown fails, else 0."""
+    from .asgi import LifespanFailed
+
+    try:
+        route.close()
+    except LifespanFailed as e:
+        print(f"python -m shmipc.serve: lifespan shutdown failed: {e}", file=sys.stderr)
+        return 3
     return 0
 
 
