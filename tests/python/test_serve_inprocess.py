@@ -1053,3 +1053,49 @@ def test_cli_asgi_request_that_never_ends_does_not_hold_the_stop():
                 p.wait()
         with open(log) as f:
             assert f.read() == "lifespan.startup\nlifespan.shutdown\n"
+
+
+def test_asgi_close_interrupted_still_answers_the_waiting_requests():
+    # close() took the waiting requests out of the route's set, then was interrupted (Ctrl-C)
+    # while the loop cancelled them: nobody answered them, their workers waited for good on a
+    # loop that was still alive, and server.close() (or the exit's) hung.
+    out = _run_child(_CHILD_HEAD + """
+import signal
+started = threading.Event()
+async def app(scope, receive, send):
+    started.set()
+    while True:  # ignores the cancel
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass
+
+route = ASGIRoute(app, lifespan=False, lifespan_timeout=2)
+s = shmipc.Server(port=0, workers=1)
+s.route(None, "/*", route)
+s.start()
+res = []
+t = threading.Thread(target=get, args=(s.port, "/", res), daemon=True)
+t.start()
+assert started.wait(5)
+
+def interrupt(*a):
+    raise KeyboardInterrupt
+
+signal.signal(signal.SIGALRM, interrupt)
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+try:
+    route.close()
+except KeyboardInterrupt:
+    res.append("interrupted")
+t.join(6)
+assert not t.is_alive(), "the client got no answer"
+closer = threading.Thread(target=s.close, daemon=True)
+closer.start()
+closer.join(6)
+assert not closer.is_alive(), "server.close() hung"
+route.close()  # the interrupted close completes
+assert route.loop.is_closed()
+print(res)
+""", timeout=40)
+    assert "['interrupted', (500, b'Internal Server Error\\n')]" in out

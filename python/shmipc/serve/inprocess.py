@@ -319,19 +319,24 @@ class ASGIRoute:
         with self._lock:
             self._closed = True
             waiting, self._inflight = self._inflight, set()
-        if self._thread.is_alive():
-            # Requests still running are cancelled first (their workers answer 500) rather
-            # than left pending on a stopped loop.
-            try:
-                self._wait(_cancel_all(self._life.lifespan_timeout),
-                           self._life.lifespan_timeout + 1)
-            except Exception:  # noqa: BLE001 (an app that ignores the cancel: stopped anyway)
-                pass
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join()
-        for w in waiting:  # taken out of _inflight above: nobody else answers them
-            w.error = RuntimeError("the ASGI route was closed")
-            w.lock.release()
+        try:
+            if self._thread.is_alive():
+                # Requests still running are cancelled first (their workers answer 500)
+                # rather than left pending on a stopped loop.
+                try:
+                    self._wait(_cancel_all(self._life.lifespan_timeout),
+                               self._life.lifespan_timeout + 1)
+                except Exception:  # noqa: BLE001 (an app that ignores the cancel: stopped anyway)
+                    pass
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join()
+        finally:
+            # Even when this close() is interrupted (Ctrl-C): taken out of _inflight above,
+            # nobody else answers them, and their workers (and the server's close) waited
+            # for good on a loop that is still alive.
+            for w in waiting:
+                w.error = RuntimeError("the ASGI route was closed")
+                w.lock.release()
         self.loop.close()
 
     def close(self):
