@@ -279,6 +279,20 @@ static PyObject *mod_raise_for_code(PyObject *module, PyObject *args)
     return shmipcpy_raise_code(state_of_module(module), code, detail);
 }
 
+/*
+ * Marks the calling thread, for its life, as one that runs route handlers: an adapter's event
+ * loop (shmipc.serve.inprocess.ASGIRoute), whose requests' worker threads wait on it. From it,
+ * Server.stop() and close() do not wait for the server (they would wait for those requests,
+ * which wait for this thread) and start()/run() are refused, as from a handler.
+ */
+static PyObject *mod_handler_thread(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    shmipcpy_in_callback = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"strerror", mod_strerror, METH_O, "strerror(code) -> str\n\nMessage for an shmipc code."},
     {"errname", mod_errname, METH_O,
@@ -286,6 +300,9 @@ static PyMethodDef module_methods[] = {
     {"_raise_for_code", mod_raise_for_code, METH_VARARGS,
      "_raise_for_code(code, detail=None)\n\nRaise the exception a C call failing with `code` "
      "raises (for tests and for code built on shmipc.abi)."},
+    {"_handler_thread", mod_handler_thread, METH_NOARGS,
+     "_handler_thread()\n\nThis thread runs route handlers for good (an adapter's event loop): "
+     "Server.stop() and close() from it do not wait, as from a handler."},
     {"connect", (PyCFunction)(void (*)(void))shmipcpy_connect, METH_VARARGS | METH_KEYWORDS,
      "connect(address, config=None) -> Session\n\n"
      "Connect to a server and run the client handshake; the same as Session.connect()."},

@@ -1099,3 +1099,35 @@ assert route.loop.is_closed()
 print(res)
 """, timeout=40)
     assert "['interrupted', (500, b'Internal Server Error\\n')]" in out
+
+
+@pytest.mark.parametrize("op", ["stop", "close"])
+def test_asgi_app_stopping_its_server_does_not_deadlock(op):
+    # An ASGI app's "/shutdown" calling server.stop() or close(): on its loop's thread, which
+    # shmipc.Server did not know for a handler's, the call waited for the graceful stop, the
+    # stop for the request, and the request for the loop: the whole process hung.
+    out = _run_child(_CHILD_HEAD + f"""
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        raise ValueError("no lifespan")
+    s.{op}()
+    await send({{"type": "http.response.start", "status": 200, "headers": []}})
+    await send({{"type": "http.response.body", "body": b"bye"}})
+
+route = ASGIRoute(app, lifespan=False)
+s = shmipc.Server(port=0, workers=2)
+s.route(None, "/*", route)
+s.start()
+res = []
+t = threading.Thread(target=get, args=(s.port, "/shutdown", res), daemon=True)
+t.start()
+t.join(10)
+assert not t.is_alive(), "no answer"
+closer = threading.Thread(target=s.close, daemon=True)
+closer.start()
+closer.join(10)
+assert not closer.is_alive(), "server.close() hung"
+route.close()
+print(res)
+""", timeout=30)
+    assert "[(200, b'bye')]" in out

@@ -31,6 +31,7 @@ import threading
 import time
 
 from .. import _serve as sf
+from .. import _shmipc
 from . import asgi as _asgi
 
 __all__ = ["ASGIRoute", "WSGIRoute", "asgi_handler", "wsgi_handler"]
@@ -213,6 +214,9 @@ class ASGIRoute:
 
     def _run_loop(self):
         asyncio.set_event_loop(self.loop)
+        # Requests' worker threads wait on this one: an app's server.stop() or close() from
+        # here waited for them, and so for itself. shmipc.Server now treats it as a handler.
+        _shmipc._handler_thread()
         try:
             self.loop.run_forever()
         finally:
