@@ -1055,6 +1055,54 @@ def test_cli_asgi_request_that_never_ends_does_not_hold_the_stop():
             assert f.read() == "lifespan.startup\nlifespan.shutdown\n"
 
 
+def test_cli_wsgi_request_that_never_returns_does_not_hold_the_stop():
+    # Past --graceful-timeout only ASGI requests were dealt with: a WSGI call that never
+    # returns held server.stop(), and the process, for good; a second SIGTERM was only the
+    # flag again. Now the process ends past the timeout (exit 4), as the pool's SIGKILL would.
+    import re
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "stuck.py"), "w") as f:
+            f.write("import threading\n"
+                    "def app(environ, start_response):\n"
+                    "    print('in the app', flush=True)\n"
+                    "    threading.Event().wait()\n")
+        p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process",
+                              "--listen", "127.0.0.1:0", "--workers", "2",
+                              "--graceful-timeout", "1", "stuck:app"],
+                             cwd=tmp, env=python_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        try:
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
+            assert m
+            got = []
+
+            def poll():
+                try:
+                    got.append(request(int(m.group(1)), "GET", "/stuck")[0])
+                except OSError as e:
+                    got.append(repr(e))
+
+            t = threading.Thread(target=poll, daemon=True)
+            t.start()
+            assert "in the app" in p.stdout.readline()
+            p.send_signal(signal.SIGTERM)
+            try:
+                out, _ = p.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                pytest.fail("a WSGI request that never returns held SIGTERM past the timeout")
+            assert p.returncode == 4, out
+            assert "still in the WSGI app after --graceful-timeout 1 s" in out
+            t.join(10)
+            assert not t.is_alive()  # the client sees the connection end
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_asgi_close_interrupted_still_answers_the_waiting_requests():
     # close() took the waiting requests out of the route's set, then was interrupted (Ctrl-C)
     # while the loop cancelled them: nobody answered them, their workers waited for good on a

@@ -33,7 +33,8 @@ def main(argv=None):
                     help="the server's worker threads (default: SHMIPC_WORKERS, else one per CPU)")
     ap.add_argument("--graceful-timeout", type=float, default=10.0, metavar="SECONDS",
                     help="on SIGTERM/SIGINT, how long requests in flight have (10); ASGI "
-                    "requests still in the app then are cancelled")
+                    "requests still in the app then are cancelled; a WSGI one ends the process "
+                    "(exit 4)")
     args = ap.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         ap.error("--workers must be >= 1")
@@ -110,6 +111,16 @@ def main(argv=None):
             stopper.join(args.graceful_timeout)
             if stopper.is_alive() and args.asgi:
                 rc = _close(route)
+            elif stopper.is_alive():
+                # A WSGI call cannot be cancelled: one that never returns held the stop, and
+                # the process, for good (a second signal is only the flag again). Past the
+                # timeout the process ends without it, as the pool's SIGKILL ends a worker;
+                # exiting normally would wait for the server again, so it ends here.
+                print("python -m shmipc.serve: requests still in the WSGI app after "
+                      f"--graceful-timeout {args.graceful_timeout:g} s: exiting without them",
+                      file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os._exit(4)
             stopper.join()
     finally:
         if args.asgi:
