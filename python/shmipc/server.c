@@ -111,10 +111,21 @@ static void server_free_now(ServerObject *self)
     Py_END_ALLOW_THREADS
 }
 
+/*
+ * Whether freeing the C server from this thread could wait for this thread: only from a
+ * handler's thread (or an adapter's loop, _shmipc._handler_thread()) and only once the server
+ * has workers, whose requests may wait for it. A server never started has none: closing or
+ * dropping it there frees it at once, whichever server the thread handles requests for.
+ */
+static int frees_later(ServerObject *self)
+{
+    return shmipcpy_in_callback && (self->started || self->starting || self->running);
+}
+
 /* With no thread left inside, a close() that came meanwhile takes effect now. */
 static void server_settle(ServerObject *self)
 {
-    if (self->busy > 0 || !self->close_pending || self->s == NULL || shmipcpy_in_callback)
+    if (self->busy > 0 || !self->close_pending || self->s == NULL || frees_later(self))
         return;
     self->close_pending = 0;
     server_free_now(self);
@@ -192,7 +203,7 @@ fail:
 static void server_finalize(ServerObject *self)
 {
     PyObject *type, *value, *tb;
-    if (self->s == NULL || !shmipcpy_in_callback || shmipcpy_forked(self->pid))
+    if (self->s == NULL || !frees_later(self) || shmipcpy_forked(self->pid))
         return;
     PyErr_Fetch(&type, &value, &tb);
     Py_INCREF(self); /* never released: PyObject_CallFinalizerFromDealloc sees it resurrected */
@@ -457,7 +468,7 @@ static PyObject *server_close(ServerObject *self, PyObject *unused)
     (void)unused;
     if (self->s == NULL)
         Py_RETURN_NONE;
-    if ((self->busy > 0 || shmipcpy_in_callback) && !shmipcpy_forked(self->pid)) {
+    if ((self->busy > 0 || frees_later(self)) && !shmipcpy_forked(self->pid)) {
         /* run() or start() is inside the C server, or this is a handler: the last one out
          * (or a later close() from a Python thread, or dealloc) frees it. */
         if (!self->close_pending) {

@@ -1103,6 +1103,36 @@ def test_cli_wsgi_request_that_never_returns_does_not_hold_the_stop():
                 p.wait()
 
 
+def test_asgi_loop_closes_an_unstarted_server_of_its_own_at_once():
+    # The route's loop thread is a handler's for good (_shmipc._handler_thread()), and from a
+    # handler close() only asked and dropping the server resurrected it for good: a Server
+    # the app made and closed there (in lifespan startup, here) stayed behind until exit, with
+    # a ResourceWarning saying to close() it. A server never started has no workers to wait
+    # for: it is freed at once from any thread.
+    out = _run_child("""
+import gc, warnings, weakref, shmipc
+from shmipc.serve import ASGIRoute
+warnings.simplefilter("error", ResourceWarning)
+res = {}
+async def app(scope, receive, send):
+    while True:
+        m = await receive()
+        if m["type"] == "lifespan.startup":
+            side = shmipc.Server(port=0, workers=1)
+            side.close()
+            res["gone"] = weakref.ref(side)
+            del side
+            gc.collect()
+        await send({"type": m["type"] + ".complete"})
+        if m["type"] == "lifespan.shutdown":
+            return
+route = ASGIRoute(app)
+route.close()
+print("freed" if res["gone"]() is None else "kept")
+""", timeout=30)
+    assert out.strip() == "freed"
+
+
 def test_asgi_close_interrupted_still_answers_the_waiting_requests():
     # close() took the waiting requests out of the route's set, then was interrupted (Ctrl-C)
     # while the loop cancelled them: nobody answered them, their workers waited for good on a
