@@ -54,6 +54,37 @@ def wrapping_signal(signum, handler, _signal=signal.signal):
     return _signal(signum, handler)
 
 
+def run_and_stop(args, ready, what, min_sent, min_inside, **popen):
+    """For the tests: runs ``python sigterm_everywhere.py ARGS...`` (with faulthandler), waits
+    for the line containing `ready` on its stdout, sends it SIGTERM, and fails the test unless
+    it ends within 20 s with exit 0 after at least `min_sent` SIGTERMs of its own, `min_inside`
+    of them inside the handler (on a hang, faulthandler's stacks are in the failure)."""
+    import re
+    import subprocess
+
+    import pytest
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.Popen([sys.executable, "-X", "faulthandler", os.path.join(here, __name__ + ".py"),
+                          *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         **popen)
+    try:
+        assert ready in p.stdout.readline()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)  # faulthandler prints where it waits
+        _, err = p.communicate()
+        pytest.fail(f"{what} did not end on SIGTERM: " + err[-3000:])
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err[-2000:]
+    sent = re.findall(r"sigterm_everywhere: (\d+) sent, (\d+) inside the handler", err)
+    assert sent and int(sent[0][0]) >= min_sent and int(sent[0][1]) >= min_inside, err[-2000:]
+
+
 if __name__ == "__main__":
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]

@@ -635,32 +635,13 @@ def test_cli_in_process_ends_on_a_sigterm_at_any_instant(tmp_path, kind):
     # while that thread held the Event's lock, inside its wait() or inside the set() of the
     # handler of a SIGTERM before, waited for that lock forever. Here, once it has our SIGTERM,
     # it gets another at each point its main thread passes (sigterm_everywhere.py).
-    import re
-    import signal
+    from sigterm_everywhere import run_and_stop
 
     (tmp_path / "cliapp2.py").write_text(CLI_APP)
     env = dict(python_env(), LIFESPAN_LOG=str(tmp_path / "lifespan.log"))
-    here = os.path.dirname(os.path.abspath(__file__))
-    argv = [sys.executable, "-X", "faulthandler", os.path.join(here, "sigterm_everywhere.py"),
-            "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0", "--workers", "1",
-            *(("--asgi", "cliapp2:asgi") if kind == "asgi" else ("cliapp2:app",))]
-    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert "listening on" in p.stdout.readline()
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGABRT)  # faulthandler prints where it waits
-        _, err = p.communicate()
-        pytest.fail("python -m shmipc.serve did not end on SIGTERM: " + err[-3000:])
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    assert p.returncode == 0, err[-2000:]
-    sent = re.findall(r"sigterm_everywhere: (\d+) sent, (\d+) inside the handler", err)
-    assert sent and int(sent[0][0]) >= 3 and int(sent[0][1]) >= 2, err[-2000:]
+    run_and_stop(["shmipc.serve", "--in-process", "--listen", "127.0.0.1:0", "--workers", "1",
+                  *(("--asgi", "cliapp2:asgi") if kind == "asgi" else ("cliapp2:app",))],
+                 "listening on", "python -m shmipc.serve", 3, 2, cwd=tmp_path, env=env)
 
 
 # ---- regressions (review of 400801d) --------------------------------------------------------
@@ -690,6 +671,21 @@ def get(port, path, out):
         out.append(repr(e))
     finally:
         c.close()
+
+def get_each(port, paths, out):
+    # One after the other, each on a thread of its own: a request that hangs fails the child.
+    for p in paths:
+        t = threading.Thread(target=get, args=(port, p, out), daemon=True)
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), f"{p}: no answer"
+
+def served(route):
+    # A started one-worker server on a free port with `route` on every path.
+    s = shmipc.Server(port=0, workers=1)
+    s.route(None, "/*", route)
+    s.start()
+    return s
 """
 
 
@@ -705,9 +701,7 @@ async def app(scope, receive, send):
     await asyncio.sleep(30)
 
 route = ASGIRoute(app, lifespan=False)
-s = shmipc.Server(port=0, workers=1)
-s.route(None, "/*", route)
-s.start()
+s = served(route)
 res = []
 t = threading.Thread(target=get, args=(s.port, "/slow", res))
 t.start()
@@ -738,15 +732,9 @@ async def app(scope, receive, send):
     await send({"type": "http.response.body", "body": b"ok"})
 
 route = ASGIRoute(app, lifespan=False)
-s = shmipc.Server(port=0, workers=1)
-s.route(None, "/*", route)
-s.start()
+s = served(route)
 res = []
-for p in ("/exit", "/after"):
-    t = threading.Thread(target=get, args=(s.port, p, res), daemon=True)
-    t.start()
-    t.join(10)
-    assert not t.is_alive(), f"{p}: no answer"
+get_each(s.port, ("/exit", "/after"), res)
 print(res)
 s.close()
 route.close()
@@ -862,9 +850,7 @@ async def app(scope, receive, send):
     await asyncio.sleep(30)
 
 route = ASGIRoute(app, lifespan=False)
-s = shmipc.Server(port=0, workers=1)
-s.route(None, "/*", route)
-s.start()
+s = served(route)
 res = []
 t = threading.Thread(target=get, args=(s.port, "/stop", res), daemon=True)
 t.start()
@@ -907,16 +893,11 @@ def test_asgi_close_after_the_app_stopped_the_loop_does_not_hang():
     # future without a bound: forever. Later requests each waited a poll (0.5 s) too.
     out = _run_child(_CHILD_HEAD + "STOP_IN_STARTUP = False\n" + _LIFESPAN_APP + """
 route = ASGIRoute(app)
-s = shmipc.Server(port=0, workers=1)
-s.route(None, "/*", route)
-s.start()
+s = served(route)
 res = []
-for p in ("/stop", "/after"):
-    t = threading.Thread(target=get, args=(s.port, p, res), daemon=True)
-    t0 = time.monotonic()
-    t.start()
-    t.join(10)
-    assert not t.is_alive(), f"{p}: no answer"
+get_each(s.port, ("/stop",), res)
+t0 = time.monotonic()
+get_each(s.port, ("/after",), res)
 res.append(time.monotonic() - t0 < 0.4)  # the dead route refuses at once
 s.close()
 closer = threading.Thread(target=route.close, daemon=True)
@@ -944,15 +925,9 @@ def test_asgi_close_from_the_apps_own_loop_raises_not_deadlocks():
     # request after it, hung for good.
     out = _run_child(_CHILD_HEAD + "STOP_IN_STARTUP = False\n" + _LIFESPAN_APP + """
 route = ASGIRoute(app)
-s = shmipc.Server(port=0, workers=1)
-s.route(None, "/*", route)
-s.start()
+s = served(route)
 res = []
-for p in ("/close", "/after"):
-    t = threading.Thread(target=get, args=(s.port, p, res), daemon=True)
-    t.start()
-    t.join(10)
-    assert not t.is_alive(), f"{p}: no answer"
+get_each(s.port, ("/close", "/after"), res)
 s.close()
 route.close()
 print(res)
@@ -1013,94 +988,83 @@ async def app(scope, receive, send):
 '''
 
 
-def test_cli_asgi_request_that_never_ends_does_not_hold_the_stop():
+def _cli_with_a_request_in_the_app(tmp, module, text, *args, env=None):
+    """`python -m shmipc.serve --in-process ARGS... --graceful-timeout 1 module:app` in tmp,
+    with one GET under way from a thread of ours: (process, thread, [its status or error])."""
+    import re
+
+    with open(os.path.join(tmp, module + ".py"), "w") as f:
+        f.write(text)
+    p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process", *args,
+                          "--listen", "127.0.0.1:0", "--workers", "2", "--graceful-timeout", "1",
+                          module + ":app"], cwd=tmp, env=env or python_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
+    if not m:
+        p.kill()
+        p.communicate()
+        pytest.fail("python -m shmipc.serve did not listen")
+    got = []
+
+    def ask():
+        try:
+            got.append(request(int(m.group(1)), "GET", "/")[0])
+        except OSError as e:
+            got.append(repr(e))
+
+    t = threading.Thread(target=ask, daemon=True)
+    t.start()
+    return p, t, got
+
+
+def test_cli_asgi_request_that_never_ends_does_not_hold_the_stop(tmp_path):
     # server.stop() waited for the request in the app for good, and SIGTERM and SIGINT were
     # only flags: the process had to be killed. Past --graceful-timeout it is cancelled.
-    import re
     import signal
-    import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, "longpoll.py"), "w") as f:
-            f.write(LONG_POLL_APP)
-        log = os.path.join(tmp, "lifespan.log")
-        p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process", "--asgi",
-                              "--listen", "127.0.0.1:0", "--workers", "2",
-                              "--graceful-timeout", "1", "longpoll:app"],
-                             cwd=tmp, env=dict(python_env(), LIFESPAN_LOG=log),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
-            assert m
-            got = []
-
-            def poll():
-                try:
-                    got.append(request(int(m.group(1)), "GET", "/poll")[0])
-                except OSError as e:
-                    got.append(repr(e))
-
-            t = threading.Thread(target=poll)
-            t.start()
-            t.join(0.5)  # the request is in the app now
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(timeout=15) == 0
-            t.join(10)
-            assert not t.is_alive() and got == [500]
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        with open(log) as f:
-            assert f.read() == "lifespan.startup\nlifespan.shutdown\n"
+    log = str(tmp_path / "lifespan.log")
+    p, t, got = _cli_with_a_request_in_the_app(str(tmp_path), "longpoll", LONG_POLL_APP,
+                                               "--asgi", env=dict(python_env(), LIFESPAN_LOG=log))
+    try:
+        t.join(0.5)  # the request is in the app now
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=15) == 0
+        t.join(10)
+        assert not t.is_alive() and got == [500]
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+    with open(log) as f:
+        assert f.read() == "lifespan.startup\nlifespan.shutdown\n"
 
 
-def test_cli_wsgi_request_that_never_returns_does_not_hold_the_stop():
+def test_cli_wsgi_request_that_never_returns_does_not_hold_the_stop(tmp_path):
     # Past --graceful-timeout only ASGI requests were dealt with: a WSGI call that never
     # returns held server.stop(), and the process, for good; a second SIGTERM was only the
     # flag again. Now the process ends past the timeout (exit 4), as the pool's SIGKILL would.
-    import re
     import signal
-    import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, "stuck.py"), "w") as f:
-            f.write("import threading\n"
-                    "def app(environ, start_response):\n"
-                    "    print('in the app', flush=True)\n"
-                    "    threading.Event().wait()\n")
-        p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process",
-                              "--listen", "127.0.0.1:0", "--workers", "2",
-                              "--graceful-timeout", "1", "stuck:app"],
-                             cwd=tmp, env=python_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    p, t, _ = _cli_with_a_request_in_the_app(str(tmp_path), "stuck", (
+        "import threading\n"
+        "def app(environ, start_response):\n"
+        "    print('in the app', flush=True)\n"
+        "    threading.Event().wait()\n"))
+    try:
+        assert "in the app" in p.stdout.readline()
+        p.send_signal(signal.SIGTERM)
         try:
-            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
-            assert m
-            got = []
-
-            def poll():
-                try:
-                    got.append(request(int(m.group(1)), "GET", "/stuck")[0])
-                except OSError as e:
-                    got.append(repr(e))
-
-            t = threading.Thread(target=poll, daemon=True)
-            t.start()
-            assert "in the app" in p.stdout.readline()
-            p.send_signal(signal.SIGTERM)
-            try:
-                out, _ = p.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                pytest.fail("a WSGI request that never returns held SIGTERM past the timeout")
-            assert p.returncode == 4, out
-            assert "still in the WSGI app after --graceful-timeout 1 s" in out
-            t.join(10)
-            assert not t.is_alive()  # the client sees the connection end
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            out, _ = p.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a WSGI request that never returns held SIGTERM past the timeout")
+        assert p.returncode == 4, out
+        assert "still in the WSGI app after --graceful-timeout 1 s" in out
+        t.join(10)
+        assert not t.is_alive()  # the client sees the connection end
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
 
 
 def test_asgi_loop_closes_an_unstarted_server_of_its_own_at_once():
@@ -1149,9 +1113,7 @@ async def app(scope, receive, send):
             pass
 
 route = ASGIRoute(app, lifespan=False, lifespan_timeout=2)
-s = shmipc.Server(port=0, workers=1)
-s.route(None, "/*", route)
-s.start()
+s = served(route)
 res = []
 t = threading.Thread(target=get, args=(s.port, "/", res), daemon=True)
 t.start()

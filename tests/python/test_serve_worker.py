@@ -939,31 +939,14 @@ def test_worker_process_ends_on_a_sigterm_at_any_instant(tmp_path, kind):
     # the Event's lock: the nested set() waited for that lock forever. Here, once the idle
     # worker has our SIGTERM, it gets another at each point its main thread passes, in the
     # handler and after it (sigterm_everywhere.py): it must still end, and exit 0, soon.
+    from sigterm_everywhere import run_and_stop
+
     (tmp_path / "wapp.py").write_text(APP)
     (tmp_path / "aapp.py").write_text(ASGI_APP)
     spec = ("--asgi", "aapp:app") if kind == "asgi" else ("wapp:app",)
-    here = os.path.dirname(os.path.abspath(__file__))
-    p = subprocess.Popen(
-        [sys.executable, "-X", "faulthandler", os.path.join(here, "sigterm_everywhere.py"),
-         "shmipc.serve.worker", *spec, "--address", unique_address("everywhere"),
-         "--parent-pid", str(os.getpid())],
-        cwd=tmp_path, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    try:
-        assert "ready on" in p.stdout.readline()
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGABRT)  # faulthandler prints where it waits
-        _, err = p.communicate()
-        pytest.fail("the worker did not end on SIGTERM: " + err[-3000:])
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    assert p.returncode == 0, err[-2000:]
-    sent = re.findall(r"sigterm_everywhere: (\d+) sent, (\d+) inside the handler", err)
-    assert sent and int(sent[0][0]) >= 10 and int(sent[0][1]) >= 3, err[-2000:]
+    run_and_stop(["shmipc.serve.worker", *spec, "--address", unique_address("everywhere"),
+                  "--parent-pid", str(os.getpid())],
+                 "ready on", "the worker", 10, 3, cwd=tmp_path, env=python_env())
 
 
 @pytest.mark.parametrize("spec,why", [
