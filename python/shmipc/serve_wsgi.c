@@ -39,9 +39,17 @@ static int is_set(PyObject *x)
     return x != NULL && x != Py_None;
 }
 
-static const char *const hop_names[] = {
-    "connection", "keep-alive", "proxy-connection", "transfer-encoding",
-    "te",         "trailer",    "upgrade",          "content-length",
+/* The two hop-by-hop fields read before they are dropped lead the list. */
+enum { HOP_CONNECTION, HOP_CONTENT_LENGTH, NHOP = 8 };
+static const char *const hop_names[NHOP] = {
+    [HOP_CONNECTION] = "connection",
+    [HOP_CONTENT_LENGTH] = "content-length",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
 };
 
 /* An ASCII lower-case name `lower` equal to str `s`, case aside (only ASCII letters fold). */
@@ -229,18 +237,18 @@ static int take_headers(PyObject *headers, PyObject **out, PyObject **length, un
             goto next;
         }
         size_t k = 0;
-        while (k < sizeof hop_names / sizeof hop_names[0] && !str_is(name, hop_names[k]))
+        while (k < NHOP && !str_is(name, hop_names[k]))
             k++;
-        if (k == sizeof hop_names / sizeof hop_names[0]) {
+        if (k == NHOP) {
             rc = PyList_Append(fields, h);
-        } else if (strcmp(hop_names[k], "content-length") == 0) {
+        } else if (k == HOP_CONTENT_LENGTH) {
             PyObject *v = parse_length(value);
             if (v != NULL) {
                 Py_SETREF(*length, v);
                 rc = 0;
             }
         } else {
-            if (strcmp(hop_names[k], "connection") == 0 && has_close(value))
+            if (k == HOP_CONNECTION && has_close(value))
                 *flags |= SHMIPC_SERVE_RESP_CLOSE;
             rc = 0;
         }
@@ -487,7 +495,7 @@ static PyObject *latin1_pairs(PyObject *headers)
     return out;
 }
 
-/* The collected pieces as one bytes of `total` bytes. */
+/* The collected pieces as one bytes object. */
 static PyObject *join(PyObject *chunks)
 {
     Py_ssize_t total = 0;
@@ -632,7 +640,7 @@ int shmipcpy_serve_add_wsgi(PyObject *module)
     Py_DECREF(tp);
     /* HOP_FIELDS: the same names for the ASGI worker's checks (Python). */
     PyObject *hop = rc == 0 ? PyFrozenSet_New(NULL) : NULL;
-    for (size_t i = 0; hop != NULL && i < sizeof hop_names / sizeof hop_names[0]; i++) {
+    for (size_t i = 0; hop != NULL && i < NHOP; i++) {
         PyObject *s = PyUnicode_FromString(hop_names[i]);
         if (s == NULL || PySet_Add(hop, s) < 0)
             Py_CLEAR(hop);

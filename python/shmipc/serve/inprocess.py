@@ -43,11 +43,6 @@ _POLL_S = 0.5
 _ERROR = (500, [(b"Content-Type", b"text/plain; charset=utf-8")], b"Internal Server Error\n")
 
 
-# The response's fields for the C server (Date and Server are its own, a second Content-Type
-# dropped as the front does, Connection: close its own field): shmipc._serve, in C.
-_fields = sf.response_fields
-
-
 class _LengthError(Exception):
     pass
 
@@ -164,7 +159,9 @@ class _Http(_asgi._Http):
 
     def result(self):
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        return (self.status, _fields(self.headers, self.flags & sf.RESP_CLOSE), body)
+        # Date and Server are the C server's, a second Content-Type dropped as the front does,
+        # Connection: close its own field (serve_wsgi.c).
+        return (self.status, sf.response_fields(self.headers, self.flags & sf.RESP_CLOSE), body)
 
 
 class ASGIRoute:
