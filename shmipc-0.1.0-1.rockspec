@@ -90,6 +90,7 @@ build = {
             "core/net/server_config.c",
             "core/net/server_conn.c",
             "core/net/server_defer.c",
+            "core/net/server_post.c",
             "core/net/server_route.c",
             "core/net/server_worker.c",
             "core/net/server_ws.c",

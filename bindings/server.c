@@ -327,3 +327,65 @@ SHMIPC_API int shmipc_http_response_end(shmipc_http_response *res)
     res->ended = 1;
     return 0;
 }
+
+/* ---- answers from any thread ---- */
+
+SHMIPC_API int shmipc_http_response_defer(shmipc_http_response *res, int timeout_ms,
+                                          shmipc_http_pending_cb on_end, void *user_data,
+                                          shmipc_http_pending **out)
+{
+    REQUIRE(out, "http_response_defer", "out");
+    *out = NULL;
+    REQUIRE(res, "http_response_defer", "response");
+    return shmipc__pending_new(res, timeout_ms, on_end, user_data, (struct shmipc__pending **)out);
+}
+
+SHMIPC_API int shmipc_http_pending_set_status(shmipc_http_pending *p, int status)
+{
+    REQUIRE(p, "http_pending_set_status", "pending answer");
+    return shmipc__pending_set_status((struct shmipc__pending *)p, status);
+}
+
+SHMIPC_API int shmipc_http_pending_add_header(shmipc_http_pending *p, const char *name,
+                                              const char *value)
+{
+    REQUIRE(p, "http_pending_add_header", "pending answer");
+    REQUIRE(name && value, "http_pending_add_header", "name or value");
+    return shmipc__pending_add_header((struct shmipc__pending *)p, name, value);
+}
+
+SHMIPC_API int shmipc_http_pending_body(shmipc_http_pending *p, const void *data, size_t len)
+{
+    REQUIRE(p, "http_pending_body", "pending answer");
+    REQUIRE(data || len == 0, "http_pending_body", "data");
+    return shmipc__pending_body((struct shmipc__pending *)p, data, len, NULL, NULL, 0);
+}
+
+SHMIPC_API int shmipc_http_pending_body_borrow(shmipc_http_pending *p, const void *data, size_t len,
+                                               void *user_data, shmipc_destroy_cb release)
+{
+    if (p == NULL || (data == NULL && len > 0)) {
+        if (release != NULL)
+            release(user_data);
+        return shmipc__fail(SHMIPC_EINVAL, "http_pending_body_borrow: %s is NULL",
+                            p == NULL ? "pending answer" : "data");
+    }
+    return shmipc__pending_body((struct shmipc__pending *)p, data, len, user_data, release, 1);
+}
+
+SHMIPC_API int shmipc_http_pending_send(shmipc_http_pending *p)
+{
+    REQUIRE(p, "http_pending_send", "pending answer");
+    return shmipc__pending_send((struct shmipc__pending *)p);
+}
+
+SHMIPC_API int shmipc_http_pending_waiting(const shmipc_http_pending *p)
+{
+    return p != NULL && shmipc__pending_waiting((const struct shmipc__pending *)p);
+}
+
+SHMIPC_API void shmipc_http_pending_free(shmipc_http_pending *p)
+{
+    if (p != NULL)
+        shmipc__pending_free((struct shmipc__pending *)p);
+}

@@ -1179,9 +1179,86 @@ SHMIPC_API int shmipc_http_response_body_borrow(shmipc_http_response *res, const
 
 /**
  * Ends the response: nothing can be changed afterwards. Optional: returning from the handler
- * ends it. A response must be complete when its handler returns (no asynchronous answers).
+ * ends it. A response is complete when its handler returns, unless the handler deferred it
+ * (shmipc_http_response_defer(): an answer from any thread, later).
  */
 SHMIPC_API int shmipc_http_response_end(shmipc_http_response *res);
+
+/*
+ * Answers from any thread (docs/http.md, "Answers from any thread"). A handler that cannot
+ * answer at once (the work runs on a thread pool, another event loop, a remote service) calls
+ * shmipc_http_response_defer() and returns 0; the handle it gets is then filled in and sent
+ * from any thread, with the same checks as the response above. Meanwhile the connection waits
+ * (requests pipelined behind it are answered after it, in order) and the worker serves its
+ * other connections. The handle belongs to one thread at a time (it has no lock of its own);
+ * shmipc_http_pending_send() or shmipc_http_pending_free() gives it up, exactly once.
+ */
+typedef struct shmipc_http_pending shmipc_http_pending;
+
+/** Why a deferred request stopped waiting (the `reason` of shmipc_http_pending_cb). */
+enum shmipc_http_pending_end {
+    SHMIPC_HTTP_PENDING_SENT = 0,        /**< the answer went to the connection */
+    SHMIPC_HTTP_PENDING_CLIENT_GONE = 1, /**< the client left, or the server stopped first */
+    SHMIPC_HTTP_PENDING_TIMEOUT = 2,     /**< the deadline passed: the client got 504 */
+    SHMIPC_HTTP_PENDING_FAILED = 3,      /**< the handler returned an error after deferring,
+                                              or the answer could not be built: 500 */
+    SHMIPC_HTTP_PENDING_ABANDONED = 4,   /**< freed unsent: the client got 500 */
+};
+
+/**
+ * Runs once per deferral, on the worker thread, when the request stops waiting, with a
+ * shmipc_http_pending_end reason: user_data may be freed there. Possibly after the handle was
+ * sent or freed, possibly before (the client left first). It must not block, and must not
+ * call the server's functions other than shmipc_http_pending_*.
+ */
+typedef void (*shmipc_http_pending_cb)(void *user_data, int reason);
+
+/**
+ * Inside a handler: this request is answered later, from any thread, through *out (200, no
+ * headers, an empty body until set). Return 0 from the handler afterwards; a negative return
+ * answers 500 and ends the deferral (FAILED). What was set on `res` is dropped and `res`
+ * ends. `timeout_ms`: the client gets 504 when no answer was sent that long after the
+ * request (1..3600000), negative: no deadline (the client's leaving and the server's stop end
+ * the wait); 0 is SHMIPC_EINVAL. `on_end` may be NULL.
+ * SHMIPC_EBUSY for a response that has ended or was deferred already, SHMIPC_ENOMEM.
+ */
+SHMIPC_API int shmipc_http_response_defer(shmipc_http_response *res, int timeout_ms,
+                                          shmipc_http_pending_cb on_end, void *user_data,
+                                          shmipc_http_pending **out);
+
+/** The answer's status, 200..999. Any thread (the handle's owner). */
+SHMIPC_API int shmipc_http_pending_set_status(shmipc_http_pending *p, int status);
+
+/** A header of the answer, as shmipc_http_response_add_header() (the same checks and
+ * bounds; Connection: close counts toward the 32 headers). Any thread (the handle's owner). */
+SHMIPC_API int shmipc_http_pending_add_header(shmipc_http_pending *p, const char *name,
+                                              const char *value);
+
+/** The answer's body, a copy of `len` bytes (replacing an earlier body). */
+SHMIPC_API int shmipc_http_pending_body(shmipc_http_pending *p, const void *data, size_t len);
+
+/**
+ * The answer's body without a copy: the memory must stay valid and unchanged until
+ * release(user_data) runs, once, on whichever thread last holds it (the worker's once sent;
+ * the caller's when this call fails or the request stopped waiting). Replacing it releases it.
+ */
+SHMIPC_API int shmipc_http_pending_body_borrow(shmipc_http_pending *p, const void *data, size_t len,
+                                               void *user_data, shmipc_destroy_cb release);
+
+/**
+ * Sends the answer from any thread and gives the handle up (it is invalid afterwards, whatever
+ * the result): the worker is woken and writes it. 0 once queued; SHMIPC_ECLOSED when the
+ * request had stopped waiting (the client left, the deadline passed, the server stopped):
+ * nothing is sent, the body is released. Never blocks (a mutex, an eventfd write).
+ */
+SHMIPC_API int shmipc_http_pending_send(shmipc_http_pending *p);
+
+/** 1 while the request still waits for its answer, 0 once it stopped (on_end ran or runs). */
+SHMIPC_API int shmipc_http_pending_waiting(const shmipc_http_pending *p);
+
+/** Gives the handle up unsent: a request still waiting is answered 500 (ABANDONED). NULL is a
+ * no-op. */
+SHMIPC_API void shmipc_http_pending_free(shmipc_http_pending *p);
 
 /* ------------------------------------------------------------------------------------ */
 /* WebSocket                                                                            */

@@ -96,7 +96,9 @@ enum shmipc_abi_type {
     XX(WS_MESSAGE_CB, 106, shmipc_ws_message_cb)                                                   \
     XX(WS_CLOSE_CB, 107, shmipc_ws_close_cb)                                                       \
     XX(SERVE_EXCHANGE, 11, shmipc_serve_exchange)                                                  \
-    XX(SERVE_HANDLER, 108, shmipc_serve_handler)
+    XX(SERVE_HANDLER, 108, shmipc_serve_handler)                                                   \
+    XX(HTTP_PENDING, 12, shmipc_http_pending)                                                      \
+    XX(HTTP_PENDING_CB, 109, shmipc_http_pending_cb)
 
 /** SHMIPC_ABI_KIND_CONFIG, ...; SHMIPC_ABI_KIND_NONE for parameters of other types. */
 enum shmipc_abi_kind {

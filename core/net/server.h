@@ -264,6 +264,13 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
                             void *user_data);
 
 /*
+ * The server's own error answer (the canned body of `status`, Connection: close) to a
+ * deferred request, on the connection's worker thread; allocates nothing. 0, SHMIPC_ECLOSED
+ * for a stale ticket, SHMIPC_EINVAL as complete().
+ */
+int shmipc__server_complete_error(struct shmipc__server_ticket t, int status);
+
+/*
  * A streamed answer to a deferred request (docs/serve.md, "Streamed responses"), on the
  * connection's worker thread, instead of shmipc__server_complete(): stream_head() gives the
  * head (checked and copied as complete() does; `length` is the body's Content-Length, or
@@ -400,9 +407,43 @@ int shmipc__server_thread_hooks(struct shmipc_server *s, shmipc__server_thread_f
 /* The counters of the last run (all zero before a run ended). Not while running. */
 void shmipc__server_stats(const struct shmipc_server *s, struct shmipc__server_stats *out);
 
+/*
+ * The checks of a response header set by an application (shmipc_http_response_add_header(),
+ * shmipc_http_pending_add_header()): a token name, a value without control bytes, none of the
+ * server's own fields; *kind says what the field is to the server. 0 or SHMIPC_EINVAL.
+ */
+enum { SHMIPC__HEADER_PLAIN = 0, SHMIPC__HEADER_TYPE = 1, SHMIPC__HEADER_CLOSE = 2 };
+int shmipc__http_header_check(const char *name, const char *value, int *kind);
 int shmipc__http_response_add_header(struct shmipc_http_response *res, const char *name,
                                      const char *value);
 int shmipc__http_response_body(struct shmipc_http_response *res, const void *data, size_t len,
                                void *user_data, shmipc_destroy_cb release, int borrow);
+
+/*
+ * Answers from any thread (server_post.c; the public shmipc_http_response_defer() and
+ * shmipc_http_pending_*, documented in shmipc.h). A handler defers its request and gets a
+ * handle; the owner of the handle fills in the answer on any thread and sends it, which queues
+ * the handle on the worker's post box and wakes the worker (an eventfd in its loop); the
+ * worker answers the request with shmipc__server_complete(). `end` runs once, on the worker
+ * thread, when the request stops waiting (reasons: SHMIPC__PENDING_*).
+ */
+enum {
+    SHMIPC__PENDING_SENT = 0,
+    SHMIPC__PENDING_CLIENT_GONE = 1,
+    SHMIPC__PENDING_TIMEOUT = 2,
+    SHMIPC__PENDING_FAILED = 3,
+    SHMIPC__PENDING_ABANDONED = 4,
+};
+struct shmipc__pending;
+typedef void (*shmipc__pending_end_fn)(void *data, int reason);
+int shmipc__pending_new(struct shmipc_http_response *res, int timeout_ms,
+                        shmipc__pending_end_fn end, void *data, struct shmipc__pending **out);
+int shmipc__pending_set_status(struct shmipc__pending *p, int status);
+int shmipc__pending_add_header(struct shmipc__pending *p, const char *name, const char *value);
+int shmipc__pending_body(struct shmipc__pending *p, const void *data, size_t len, void *user_data,
+                         shmipc_destroy_cb release, int borrow);
+int shmipc__pending_send(struct shmipc__pending *p);
+int shmipc__pending_waiting(const struct shmipc__pending *p);
+void shmipc__pending_free(struct shmipc__pending *p);
 
 #endif

@@ -210,6 +210,30 @@ refuse:
     return rc;
 }
 
+int shmipc__server_complete_error(struct shmipc__server_ticket t, int status)
+{
+    struct server_conn *sc = t.sc;
+    int rc = ticket_check(t, "complete_error");
+    if (rc < 0)
+        return rc;
+    if (sc->streaming)
+        return shmipc__fail(SHMIPC_EINVAL, "complete_error: the answer is streamed");
+    /* As the deadline's 504: the server's canned answer, closing; nothing is allocated. */
+    struct shmipc__http_response *r = &sc->http.deferred;
+    uint16_t keep = r->flags;
+    memset(r, 0, sizeof *r);
+    r->flags = keep;
+    shmipc__http_response_error(r, status);
+    sc->ws_defer = 0;
+    sc->defer_on = 0;
+    sc->up_on = 0;
+    sc->defer_gen++;
+    sc->on_cancel = NULL;
+    sc->answered = 1;
+    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    return 0;
+}
+
 /* ---- deferred WebSocket upgrades (docs/http.md, "Deferred WebSocket upgrades") ---- */
 
 int shmipc__server_ws_defer(struct shmipc_http_response *res, const struct shmipc_http_request *req,

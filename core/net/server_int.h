@@ -154,6 +154,7 @@ struct shmipc__server_worker {
     struct shmipc__ws_handshake hs; /* an upgrade's response points here until batched */
     pthread_t thread;
     struct shmipc__server_stats stats;
+    struct shmipc__postbox *post; /* answers from other threads (server_post.c); lazily */
 };
 
 /* server_conn.c: the connection lifecycle */
@@ -181,6 +182,10 @@ enum { STREAM_ENDED = 1, STREAM_ABORTED = 2 };
 void shmipc__server_defer_cancel(struct server_conn *sc, int reason);
 void shmipc__server_stream_free(struct server_conn *sc);
 void shmipc__server_upload_pump(struct server_conn *sc);
+
+/* server_post.c: the worker's post box, closed by its teardown once its connections are gone
+ * (answers sent later are refused) */
+void shmipc__server_post_close(struct shmipc__server_worker *w);
 
 /* server_route.c: request dispatch and routes */
 int shmipc__server_at_head(void *user_data, const struct shmipc__http_request *req);

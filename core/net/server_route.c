@@ -216,13 +216,9 @@ static int is_token(const char *s)
     return 1;
 }
 
-int shmipc__http_response_add_header(struct shmipc_http_response *res, const char *name,
-                                     const char *value)
+int shmipc__http_header_check(const char *name, const char *value, int *kind)
 {
-    struct shmipc__server_worker *w = res->w;
-    struct shmipc__http_response *r = res->r;
-    size_t nlen = strlen(name), vlen = strlen(value);
-    char *p;
+    size_t vlen = strlen(value);
     if (!is_token(name))
         return shmipc__fail(SHMIPC_EINVAL, "response header \"%s\": the name is not a token", name);
     for (size_t i = 0; i < vlen; i++) {
@@ -234,17 +230,37 @@ int shmipc__http_response_add_header(struct shmipc_http_response *res, const cha
     if (header_is(name, "Content-Length") || header_is(name, "Transfer-Encoding") ||
         header_is(name, "Date") || header_is(name, "Server"))
         return shmipc__fail(SHMIPC_EINVAL, "response header %s: set by the server", name);
+    *kind = SHMIPC__HEADER_PLAIN;
     if (header_is(name, "Connection")) {
         if (strcasecmp(value, "close") != 0)
             return shmipc__fail(SHMIPC_EINVAL,
                                 "response header Connection: only \"close\" may be set");
+        *kind = SHMIPC__HEADER_CLOSE;
+    } else if (header_is(name, "Content-Type")) {
+        *kind = SHMIPC__HEADER_TYPE;
+    }
+    return 0;
+}
+
+int shmipc__http_response_add_header(struct shmipc_http_response *res, const char *name,
+                                     const char *value)
+{
+    struct shmipc__server_worker *w = res->w;
+    struct shmipc__http_response *r = res->r;
+    size_t nlen = strlen(name), vlen = strlen(value);
+    char *p;
+    int kind;
+    int rc = shmipc__http_header_check(name, value, &kind);
+    if (rc < 0)
+        return rc;
+    if (kind == SHMIPC__HEADER_CLOSE) {
         r->flags |= SHMIPC__HTTP_RESP_CLOSE;
         return 0;
     }
-    if (header_is(name, "Content-Type") && res->has_type)
+    if (kind == SHMIPC__HEADER_TYPE && res->has_type)
         return shmipc__fail(SHMIPC_EINVAL, "response header Content-Type: already set");
     if (w->hused + nlen + vlen + 1 > sizeof w->hbytes ||
-        (!header_is(name, "Content-Type") && r->nheaders >= SHMIPC__SERVER_MAX_RESP_HEADERS))
+        (kind != SHMIPC__HEADER_TYPE && r->nheaders >= SHMIPC__SERVER_MAX_RESP_HEADERS))
         return shmipc__fail(SHMIPC_ENOSPC, "response header %s: more than %u headers or %u bytes",
                             name, SHMIPC__SERVER_MAX_RESP_HEADERS,
                             SHMIPC__SERVER_RESP_HEADER_BYTES);
@@ -252,7 +268,7 @@ int shmipc__http_response_add_header(struct shmipc_http_response *res, const cha
     memcpy(p, name, nlen);
     memcpy(p + nlen, value, vlen + 1);
     w->hused += nlen + vlen + 1;
-    if (header_is(name, "Content-Type")) {
+    if (kind == SHMIPC__HEADER_TYPE) {
         r->content_type = p + nlen;
         res->has_type = 1;
         return 0;

@@ -175,6 +175,8 @@ void shmipc__server_worker_teardown(struct shmipc__loop *loop, unsigned index, v
     }
     while (w->conns != NULL)
         shmipc__server_conn_close(w->conns);
+    /* No request waits any more: answers sent from now on are refused. */
+    shmipc__server_post_close(w);
     if (s->thread_end != NULL)
         s->thread_end(loop, index, s->nworkers, s->thread_data);
     shmipc__timer_stop(&w->date_timer);

@@ -129,6 +129,8 @@ struct user_data {
     int destroyed;
     int handled;
     int sink_lines;
+    int pending_ends;    /* on_end of a deferred answer: how many ran */
+    int pending_reasons; /* their reasons, each as a bit */
     char err[768];
 };
 static struct user_data ud;
@@ -159,6 +161,8 @@ static void cb_sink(int level, const char *line)
 }
 
 static int cb_handler(shmipc_http_request *req, shmipc_http_response *res, void *user_data);
+static int cb_defer_handler(shmipc_http_request *req, shmipc_http_response *res, void *user_data);
+static void cb_pending_end(void *user_data, int reason);
 static int cb_ws_open(shmipc_ws *ws, const shmipc_http_request *req, void *user_data);
 static void cb_ws_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data);
 static void cb_ws_close(shmipc_ws *ws, int code, const char *reason, size_t len, void *user_data);
@@ -175,6 +179,8 @@ static const struct {
     {"destroy", SHMIPC_ABI_KIND_DESTROY_CB, (void (*)(void))cb_destroy},
     {"sink", SHMIPC_ABI_KIND_LOG_SINK, (void (*)(void))cb_sink},
     {"handler", SHMIPC_ABI_KIND_HTTP_HANDLER, (void (*)(void))cb_handler},
+    {"defer_handler", SHMIPC_ABI_KIND_HTTP_HANDLER, (void (*)(void))cb_defer_handler},
+    {"pending_end", SHMIPC_ABI_KIND_HTTP_PENDING_CB, (void (*)(void))cb_pending_end},
     {"ws_open", SHMIPC_ABI_KIND_WS_OPEN_CB, (void (*)(void))cb_ws_open},
     {"ws_message", SHMIPC_ABI_KIND_WS_MESSAGE_CB, (void (*)(void))cb_ws_message},
     {"ws_close", SHMIPC_ABI_KIND_WS_CLOSE_CB, (void (*)(void))cb_ws_close},
@@ -1460,6 +1466,50 @@ static int cb_handler(shmipc_http_request *req, shmipc_http_response *res, void 
     return 0;
 }
 
+/* "/later/send": deferred, then answered through the table from the handler's own thread
+ * (any thread may); "/later/free": deferred, then given up (500). */
+static int cb_defer_handler(shmipc_http_request *req, shmipc_http_response *res, void *user_data)
+{
+    struct user_data *u = user_data;
+    struct interp in;
+    size_t len;
+    const char *path = shmipc_http_request_path(req, &len);
+    memset(&in, 0, sizeof in);
+    struct var *v = var_bind(&in, "res");
+    v->type = SHMIPC_ABI_HANDLE, v->kind = SHMIPC_ABI_KIND_HTTP_RESPONSE, v->env = 1, v->v.p = res;
+    int rc = interp_run(
+        &in, "shmipc_http_response_defer(res, 0, pending_end, ud, &p) = SHMIPC_EINVAL;"
+             "shmipc_http_response_defer(NULL, 100, pending_end, ud, &p) = SHMIPC_EINVAL;"
+             "shmipc_http_response_defer(res, 5000, pending_end, ud, &p) = 0;"
+             "shmipc_http_response_defer(res, 5000, pending_end, ud, &q) = SHMIPC_EBUSY;"
+             "shmipc_http_pending_set_status(p, 42) = SHMIPC_EINVAL;"
+             "shmipc_http_pending_set_status(NULL, 200) = SHMIPC_EINVAL;"
+             "shmipc_http_pending_add_header(p, \"Content-Length\", \"5\") = SHMIPC_EINVAL;"
+             "shmipc_http_pending_add_header(NULL, \"a\", \"b\") = SHMIPC_EINVAL;"
+             "shmipc_http_pending_body(NULL, \"x\", 1) = SHMIPC_EINVAL;"
+             "shmipc_http_pending_send(NULL) = SHMIPC_EINVAL; shmipc_http_pending_free(NULL);"
+             "shmipc_http_pending_waiting(p) = 1; shmipc_http_pending_waiting(NULL) = 0;"
+             "shmipc_http_pending_set_status(p, 202) = 0;"
+             "shmipc_http_pending_add_header(p, \"X-Later\", \"1\") = 0;"
+             "shmipc_http_pending_body(p, \"later\", 5) = 0");
+    if (rc == 0)
+        rc = interp_run(&in, len == 11 && memcmp(path, "/later/send", 11) == 0
+                                 ? "shmipc_http_pending_send(p) = 0"
+                                 : "shmipc_http_pending_free(p)");
+    if (rc < 0)
+        snprintf(u->err, sizeof u->err, "%s", in.err);
+    __atomic_add_fetch(&u->handled, 1, __ATOMIC_RELEASE);
+    in.nvars = 0;
+    return 0;
+}
+
+static void cb_pending_end(void *user_data, int reason)
+{
+    struct user_data *u = user_data;
+    __atomic_or_fetch(&u->pending_reasons, 1 << reason, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&u->pending_ends, 1, __ATOMIC_RELEASE);
+}
+
 /* Sends one request to 127.0.0.1:port and returns the whole response (Connection: close). */
 static void http_get(int port, const char *request, char *out, size_t cap)
 {
@@ -1527,6 +1577,7 @@ static void server_calls(void **state)
         "shmipc_server_new(NULL, NULL) = SHMIPC_EINVAL;"
         "shmipc_server_route(srv, \"GET\", \"/abi/*\", handler, ud, destroy) = 0;"
         "shmipc_server_route(srv, \"GET\", \"/abi/*\", handler, NULL, NULL) = SHMIPC_EEXIST;"
+        "shmipc_server_route(srv, \"GET\", \"/later/*\", defer_handler, ud, NULL) = 0;"
         "shmipc_server_route(NULL, \"GET\", \"/x\", handler, NULL, NULL) = SHMIPC_EINVAL;"
         "shmipc_server_route(srv, \"GET\", \"/y\", NULL, NULL, NULL) = SHMIPC_EINVAL;"
         "shmipc_server_static(srv, NULL, \"/static\", 200, \"text/plain\", \"static!\", 7) = 0;"
@@ -1553,6 +1604,21 @@ static void server_calls(void **state)
     http_get(port, "GET /static HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", resp,
              sizeof resp);
     assert_non_null(strstr(resp, "\r\n\r\nstatic!"));
+    http_get(port, "GET /later/send HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", resp,
+             sizeof resp);
+    if (ud.err[0] != '\0')
+        fail_msg("defer handler: %s", ud.err);
+    assert_non_null(strstr(resp, "HTTP/1.1 202"));
+    assert_non_null(strstr(resp, "X-Later: 1\r\n"));
+    assert_non_null(strstr(resp, "\r\n\r\nlater"));
+    http_get(port, "GET /later/free HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", resp,
+             sizeof resp);
+    if (ud.err[0] != '\0')
+        fail_msg("defer handler: %s", ud.err);
+    assert_non_null(strstr(resp, "HTTP/1.1 500"));
+    assert_int_equal(__atomic_load_n(&ud.pending_ends, __ATOMIC_ACQUIRE), 2);
+    assert_int_equal(ud.pending_reasons,
+                     (1 << SHMIPC_HTTP_PENDING_SENT) | (1 << SHMIPC_HTTP_PENDING_ABANDONED));
 
     /* A stop before run makes run return at once; free calls the route's destroy. */
     RUN(&in, "shmipc_server_stop(srv) = 0; shmipc_server_run(srv) = 0; shmipc_server_close(srv)");

@@ -2,6 +2,7 @@
  * suite), the server config's validation, the SHMIPC_HTTP_* knobs, and the epoll_ctl count of
  * 200 keep-alive requests through the server: none after the connection's registration. */
 #include "test_server_suite.h"
+#include "test_server_pending.h"
 #include "test_server_port.h"
 
 /* This file calls the deprecated functions on purpose: their old meaning is part of the ABI
@@ -253,6 +254,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(server_timeouts_follow_one_rule),
         cmocka_unit_test(epoll_ctl_per_request),
         SERVER_TESTS,
+        PENDING_TESTS,
         PORT_TESTS,
     };
     int rc;

@@ -147,6 +147,7 @@ struct srv_opts {
     int keepalive_set, keepalive, stop_set, stop;
     int backend; /* 0: suite_backend */
     uint64_t max_body;
+    void (*routes)(shmipc_server *s); /* more routes, before the start */
 };
 
 static void srv_start(struct srv *t, const struct srv_opts *o)
@@ -189,6 +190,8 @@ static void srv_start(struct srv *t, const struct srv_opts *o)
     CHECK(shmipc_server_route(t->s, "GET", "/items/*", h_item, NULL, NULL));
     CHECK(shmipc_server_route(t->s, NULL, "/fail", h_fail, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/close", h_close, NULL, NULL));
+    if (o->routes != NULL)
+        o->routes(t->s);
     CHECK(shmipc_server_start(t->s));
     t->port = shmipc_server_port(t->s);
     assert_true(t->port > 0);

@@ -1,6 +1,7 @@
 /* Description: the HTTP server over real sockets with the io_uring backend forced (the shared
  * suite). Exits 77 (skip) where the kernel or a seccomp filter refuses io_uring. */
 #include "test_server_suite.h"
+#include "test_server_pending.h"
 #include "test_server_port.h"
 
 #include "reactor/loop.h"
@@ -9,6 +10,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         SERVER_TESTS,
+        PENDING_TESTS,
         PORT_TESTS,
     };
     struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
