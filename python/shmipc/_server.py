@@ -11,6 +11,8 @@ import logging
 import weakref
 from collections.abc import Mapping
 
+from . import _shmipc
+
 __all__ = ["Headers", "Request", "Response"]
 
 log = logging.getLogger("shmipc.server")
@@ -101,6 +103,23 @@ class Request:
     def json(self):
         """The body parsed as JSON (ValueError when it is not)."""
         return json.loads(self.body)
+
+    def defer(self, timeout=None, on_end=None):
+        """Answer later, from any thread: returns a :class:`shmipc.PendingResponse`, whose
+        ``send(status, headers, body)`` answers (once). Only inside this request's own route
+        handler, which then returns None. ``timeout`` (seconds): the client gets 504 when no
+        answer was sent by then (None: no deadline). ``on_end(reason)`` runs once on the
+        server's worker thread when the request stops waiting (docs/python.md, "Answers from
+        any thread")."""
+        if timeout is None:
+            ms = -1
+        else:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError("timeout must be a number of seconds or None")
+            if not timeout > 0 or timeout > 3600:
+                raise ValueError("timeout must be in (0, 3600] seconds, or None")
+            ms = max(1, round(timeout * 1000))
+        return _shmipc._defer(self, ms, on_end)
 
     def __repr__(self):
         q = "?" + self.query if self.query else ""

@@ -303,6 +303,9 @@ static PyMethodDef module_methods[] = {
     {"_handler_thread", mod_handler_thread, METH_NOARGS,
      "_handler_thread()\n\nThis thread runs route handlers for good (an adapter's event loop): "
      "Server.stop() and close() from it do not wait, as from a handler."},
+    {"_defer", shmipcpy_defer, METH_VARARGS,
+     "_defer(request, timeout_ms, on_end=None) -> PendingResponse\n\nRequest.defer()'s C "
+     "side: only inside the request's own route handler."},
     {"connect", (PyCFunction)(void (*)(void))shmipcpy_connect, METH_VARARGS | METH_KEYWORDS,
      "connect(address, config=None) -> Session\n\n"
      "Connect to a server and run the client handshake; the same as Session.connect()."},
@@ -403,6 +406,7 @@ static int module_exec(PyObject *module)
     ADD_TYPE(listener_type, shmipcpy_listener_spec, NULL);
     ADD_TYPE(server_type, shmipcpy_server_spec, NULL);
     ADD_TYPE(websocket_type, shmipcpy_websocket_spec, NULL);
+    ADD_TYPE(pending_type, shmipcpy_pending_spec, NULL);
 #undef ADD_TYPE
 
     PyObject *io = PyImport_ImportModule("io");
@@ -416,7 +420,13 @@ static int module_exec(PyObject *module)
     if (PyModule_AddStringConstant(module, "__version__", shmipc_version_string()) < 0 ||
         PyModule_AddIntConstant(module, "version_number", shmipc_version()) < 0 ||
         PyModule_AddIntConstant(module, "MAX_SLICE_CLASSES", SHMIPC_MAX_SLICE_CLASSES) < 0 ||
-        PyModule_AddIntConstant(module, "MIN_BUFFER_CAPACITY", SHMIPC_MIN_BUFFER_CAPACITY) < 0)
+        PyModule_AddIntConstant(module, "MIN_BUFFER_CAPACITY", SHMIPC_MIN_BUFFER_CAPACITY) < 0 ||
+        PyModule_AddIntConstant(module, "PENDING_SENT", SHMIPC_HTTP_PENDING_SENT) < 0 ||
+        PyModule_AddIntConstant(module, "PENDING_CLIENT_GONE", SHMIPC_HTTP_PENDING_CLIENT_GONE) <
+            0 ||
+        PyModule_AddIntConstant(module, "PENDING_TIMEOUT", SHMIPC_HTTP_PENDING_TIMEOUT) < 0 ||
+        PyModule_AddIntConstant(module, "PENDING_FAILED", SHMIPC_HTTP_PENDING_FAILED) < 0 ||
+        PyModule_AddIntConstant(module, "PENDING_ABANDONED", SHMIPC_HTTP_PENDING_ABANDONED) < 0)
         return -1;
     if (shmipcpy_abi_exec(module) < 0)
         return -1;
@@ -435,6 +445,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->listener_type);
     Py_VISIT(st->server_type);
     Py_VISIT(st->websocket_type);
+    Py_VISIT(st->pending_type);
     Py_VISIT(st->error);
     Py_VISIT(st->timeout_error);
     Py_VISIT(st->closed_error);
@@ -459,6 +470,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->listener_type);
     Py_CLEAR(st->server_type);
     Py_CLEAR(st->websocket_type);
+    Py_CLEAR(st->pending_type);
     Py_CLEAR(st->error);
     Py_CLEAR(st->timeout_error);
     Py_CLEAR(st->closed_error);

@@ -30,6 +30,7 @@ typedef struct {
     PyTypeObject *listener_type;
     PyTypeObject *server_type;
     PyTypeObject *websocket_type;
+    PyTypeObject *pending_type;
     PyObject *error;          /* shmipc.Error(OSError) */
     PyObject *timeout_error;  /* + TimeoutError */
     PyObject *closed_error;   /* handle closed locally */
@@ -300,7 +301,9 @@ typedef struct {
 typedef struct {
     ServerObject *server; /* borrowed: the server outlives its routes */
     PyObject *handler;    /* borrowed from server->handlers */
-    int frame;            /* handler(frame, body) -> (status, headers, body): request.c */
+    /* 1: handler(frame, body) -> (status, headers, body); 2 ("defer"): the request deferred
+     * first, then handler(frame, body, pending), its answer pending.send() (request.c) */
+    int frame;
 } route_ctx;
 
 /* server.c */
@@ -315,6 +318,16 @@ PyObject *shmipcpy_make_request(ServerObject *srv, const shmipc_http_request *re
 void shmipcpy_log_exception(ServerObject *srv, const char *what);
 int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, void *user_data);
 void shmipcpy_route_ctx_free(void *user_data);
+
+/* pending.c: PendingResponse, and the route call of this thread for Request.defer() */
+extern PyType_Spec shmipcpy_pending_spec;
+extern _Thread_local shmipc_http_response *shmipcpy_cur_res;
+extern _Thread_local PyObject *shmipcpy_cur_request;
+extern _Thread_local int shmipcpy_cur_deferred;
+PyObject *shmipcpy_pending_new(module_state *ms, shmipc_http_response *res, int timeout_ms,
+                               PyObject *on_end);
+PyObject *shmipcpy_defer(PyObject *module, PyObject *args);
+const char *shmipcpy_header_str(PyObject *o);
 
 /* ws.c */
 extern PyType_Spec shmipcpy_websocket_spec;

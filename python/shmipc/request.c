@@ -107,7 +107,7 @@ static int set_body(shmipc_http_response *res, PyObject *body)
 
 /* A header name or value: str (as UTF-8) or bytes (as they are, for the in-process WSGI/ASGI
  * adapters, whose fields are latin-1 bytes as a front sends them); no NUL. */
-static const char *header_str(PyObject *o)
+const char *shmipcpy_header_str(PyObject *o)
 {
     Py_ssize_t n = 0;
     const char *s = NULL;
@@ -147,7 +147,7 @@ static int apply_normalized(ServerObject *srv, shmipc_http_response *res, PyObje
         PyObject *no, *vo;
         const char *name, *value;
         if (!PyArg_ParseTuple(PyList_GET_ITEM(headers, i), "OO", &no, &vo) ||
-            (name = header_str(no)) == NULL || (value = header_str(vo)) == NULL)
+            (name = shmipcpy_header_str(no)) == NULL || (value = shmipcpy_header_str(vo)) == NULL)
             return -1;
         rc = shmipc_http_response_add_header(res, name, value);
     }
@@ -261,20 +261,27 @@ out:
     return frame;
 }
 
-/* A frame route's handler: handler(frame, body) -> (status, [(name, value)], body). */
-static PyObject *call_frame_route(route_ctx *ctx, const shmipc_http_request *req, int *direct)
+/* A frame route's handler: handler(frame, body) -> (status, [(name, value)], body); a
+ * deferring one (ctx->frame 2): handler(frame, body, pending), its result ignored. */
+static PyObject *call_frame_route(route_ctx *ctx, const shmipc_http_request *req,
+                                  shmipc_http_response *res, int *direct)
 {
     size_t blen = 0;
     const char *b = shmipc_http_request_body(req, &blen);
-    PyObject *args[2] = {request_frame(req, direct), NULL};
+    PyObject *args[3] = {request_frame(req, direct), NULL, NULL};
     PyObject *result = NULL;
     if (args[0] == NULL)
         return NULL;
     args[1] = PyBytes_FromStringAndSize(b, (Py_ssize_t)blen);
-    if (args[1] != NULL)
-        result = PyObject_Vectorcall(ctx->handler, args, 2, NULL);
+    if (args[1] != NULL && ctx->frame == 2)
+        args[2] = shmipcpy_pending_new(shmipcpy_server_state(ctx->server), res, -1, NULL);
+    if (args[1] != NULL && (ctx->frame != 2 || args[2] != NULL))
+        result = PyObject_Vectorcall(ctx->handler, args, ctx->frame == 2 ? 3 : 2, NULL);
     Py_DECREF(args[0]);
     Py_XDECREF(args[1]);
+    Py_XDECREF(args[2]);
+    if (ctx->frame == 2)
+        return result;
     if (result != NULL && !PyTuple_Check(result)) {
         PyErr_Format(PyExc_TypeError, "a frame route returns (status, headers, body), not %s",
                      Py_TYPE(result)->tp_name);
@@ -294,6 +301,18 @@ static int answer_direct(shmipc_http_response *res, int status)
     return 0;
 }
 
+/* Logs the exception set on this thread as the handler's for `req`, and clears it. */
+static void log_handler_error(ServerObject *srv, const shmipc_http_request *req)
+{
+    char what[160];
+    size_t mlen = 0, plen = 0;
+    const char *m = shmipc_http_request_method(req, &mlen);
+    const char *p = shmipc_http_request_path(req, &plen);
+    PyOS_snprintf(what, sizeof what, "handler for %.*s %.*s", (int)(mlen > 16 ? 16 : mlen),
+                  m ? m : "", (int)(plen > 100 ? 100 : plen), p ? p : "");
+    shmipcpy_log_exception(srv, what);
+}
+
 int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, void *user_data)
 {
     route_ctx *ctx = user_data;
@@ -303,14 +322,43 @@ int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, voi
     shmipcpy_in_callback = 1;
     PyObject *request = NULL, *result;
     if (ctx->frame) {
-        result = call_frame_route(ctx, req, &direct);
+        result = call_frame_route(ctx, req, res, &direct);
         if (direct) {
             rc = answer_direct(res, direct);
             goto done;
         }
     } else {
         request = shmipcpy_make_request(srv, req);
-        result = request ? PyObject_CallOneArg(ctx->handler, request) : NULL;
+        if (request != NULL) {
+            /* For Request.defer() (pending.c), during this call only. */
+            shmipcpy_cur_res = res;
+            shmipcpy_cur_request = request;
+            shmipcpy_cur_deferred = 0;
+            result = PyObject_CallOneArg(ctx->handler, request);
+            shmipcpy_cur_res = NULL;
+            shmipcpy_cur_request = NULL;
+        } else {
+            result = NULL;
+        }
+    }
+    if (ctx->frame == 2 || (!ctx->frame && request != NULL && shmipcpy_cur_deferred)) {
+        /* Deferred: the answer is the PendingResponse's. A handler that failed, or returned
+         * an answer it can no longer give, makes the C server answer 500 (and end the
+         * deferral: a later send() returns False). */
+        shmipcpy_cur_deferred = 0;
+        if (result != NULL && result != Py_None && ctx->frame != 2 &&
+            Py_TYPE(result) != shmipcpy_server_state(srv)->pending_type)
+            PyErr_Format(PyExc_TypeError,
+                         "a handler that deferred its request returns None, not %s",
+                         Py_TYPE(result)->tp_name);
+        rc = 0;
+        if (PyErr_Occurred()) {
+            log_handler_error(srv, req);
+            rc = -1;
+        }
+        Py_XDECREF(result);
+        Py_XDECREF(request);
+        goto done;
     }
     if (result != NULL && ctx->frame) {
         touched = 1;
@@ -342,13 +390,7 @@ int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, voi
         PyErr_Format(PyExc_ValueError, "invalid response: %s (%s)", shmipc_error_detail(),
                      shmipc_errname(rc) ? shmipc_errname(rc) : "?");
     if (PyErr_Occurred()) {
-        char what[160];
-        size_t mlen = 0, plen = 0;
-        const char *m = shmipc_http_request_method(req, &mlen);
-        const char *p = shmipc_http_request_path(req, &plen);
-        PyOS_snprintf(what, sizeof what, "handler for %.*s %.*s", (int)(mlen > 16 ? 16 : mlen),
-                      m ? m : "", (int)(plen > 100 ? 100 : plen), p ? p : "");
-        shmipcpy_log_exception(srv, what);
+        log_handler_error(srv, req);
         /* A clean 500 keeps the connection; once the handler's answer was partly applied,
          * a negative return makes the C server drop it and answer 500 (closing). */
         rc = touched ? -1 : answer_500(res);

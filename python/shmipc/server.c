@@ -259,6 +259,8 @@ static PyObject *add_route(ServerObject *self, PyObject *method, PyObject *path,
      * (a Mock, a proxy with __getattr__) is an ordinary handler. */
     PyObject *fr = PyObject_GetAttrString((PyObject *)Py_TYPE(handler), "_shmipc_frame_route");
     ctx->frame = fr == Py_True;
+    if (fr != NULL && PyUnicode_Check(fr) && PyUnicode_CompareWithASCIIString(fr, "defer") == 0)
+        ctx->frame = 2; /* handler(frame, body, pending) */
     Py_XDECREF(fr);
     PyErr_Clear();
     if (PyList_Append(self->handlers, handler) < 0) {

@@ -4,6 +4,7 @@ scope keys as behind the shmipc-serve front, failures are 500s with the tracebac
 streaming iterables, write(), exc_info and close(); ASGI lifespan and http.disconnect; many
 concurrent clients with unique bodies on both backends; misuse."""
 import asyncio
+import concurrent.futures
 import http.client
 import json
 import logging
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from wsgiref.validate import validator
 
 import pytest
@@ -325,6 +327,89 @@ def test_asgi_close_while_a_request_waits_in_the_app_is_500_not_a_hang():
         t.join(10)
         assert not t.is_alive() and got[0][0] == 500
         assert request(s.port, "GET", "/")[0] == 500  # after close(): a 500, not a hang
+
+
+def test_asgi_requests_run_at_once_beyond_the_servers_workers(backend):
+    # Each request is deferred and runs as a task of the loop: one server worker holds none
+    # of them. Before, a request held its worker thread until the app answered, and 20
+    # requests that wait for each other on one worker could never all arrive.
+    n = 20
+    arrived = []
+    all_here = None
+
+    async def app(scope, receive, send):
+        nonlocal all_here
+        if all_here is None:
+            all_here = asyncio.Event()
+        arrived.append(scope["path"])
+        if len(arrived) == n:
+            all_here.set()
+        await asyncio.wait_for(all_here.wait(), 10)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": scope["path"].encode()})
+
+    with ASGIRoute(app, lifespan=False) as route:
+        s = serve(route, backend=backend, workers=1)
+        with s:
+            with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                got = list(pool.map(lambda i: request(s.port, "GET", f"/r{i}")[::2], range(n)))
+    assert got == [(200, f"/r{i}".encode()) for i in range(n)]
+
+
+def test_asgi_client_that_leaves_is_an_http_disconnect_while_the_app_runs():
+    seen = []
+    waiting = threading.Event()
+
+    async def app(scope, receive, send):
+        assert (await receive())["type"] == "http.request"
+        waiting.set()
+        seen.append((await asyncio.wait_for(receive(), 10))["type"])
+        seen.append("after")
+
+    with ASGIRoute(app, lifespan=False) as route:
+        s = serve(route)
+        with s:
+            c = socket.create_connection(("127.0.0.1", s.port))
+            c.sendall(b"GET /poll HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert waiting.wait(10)
+            c.close()
+            deadline = time.monotonic() + 10
+            while len(seen) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert seen == ["http.disconnect", "after"]
+
+
+def test_asgi_max_concurrency_answers_503_beyond_it():
+    release = threading.Event()
+    entered = []
+
+    async def app(scope, receive, send):
+        entered.append(scope["path"])
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    for bad in (0, -1, True, "2", 1.5):
+        with pytest.raises(ValueError):
+            ASGIRoute(app, lifespan=False, max_concurrency=bad)
+    with ASGIRoute(app, lifespan=False, max_concurrency=2) as route:
+        s = serve(route, workers=2)
+        with s:
+            held = [threading.Thread(target=request, args=(s.port, "GET", f"/h{i}"))
+                    for i in range(2)]
+            for t in held:
+                t.start()
+            deadline = time.monotonic() + 10
+            while len(entered) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            st, h, b = request(s.port, "GET", "/third")
+            assert (st, h["retry-after"]) == (503, "1")
+            release.set()
+            for t in held:
+                t.join(10)
+            assert request(s.port, "GET", "/after")[::2] == (200, b"ok")
+    assert "/third" not in entered
 
 
 def test_asgi_protocol_errors_are_500():

@@ -80,8 +80,11 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # An ASGI request still in the app at --graceful-timeout is cancelled and answered 500
+    # (below); the server's own stop timeout, which closes the connections still waiting,
+    # comes 2 s later, so that the 500 goes out first.
     kw = {"address": args.listen[0], "port": args.listen[1],
-          "stop_timeout": args.graceful_timeout}
+          "stop_timeout": args.graceful_timeout + (2.0 if args.asgi else 0.0)}
     if args.workers is not None:
         kw["workers"] = args.workers
     rc = 0
@@ -101,11 +104,10 @@ def main(argv=None):
             # A signal that comes before select() left its byte in the pipe: no wait is lost.
             while not stopping.is_set():
                 select.select([wake_r], [], [])
-            # stop() waits for the requests in the app, which the server cannot end: an ASGI
-            # request that never finishes (a long poll waiting for the http.disconnect that
-            # the in-process server does not send) held it, and the process, for good; a
-            # second signal changed nothing. Past the timeout, close() cancels the requests
-            # still in the app (their workers answer 500), as the pool's front would ABORT.
+            # stop() waits for the requests in the app: an ASGI request that never finishes
+            # (a long poll) would hold it until the server's stop timeout closed its
+            # connection. Past --graceful-timeout, close() cancels the requests still in the
+            # app (their clients get 500), as the pool's front would ABORT.
             stopper = threading.Thread(target=server.stop, name="shmipc-serve-stop")
             stopper.start()
             stopper.join(args.graceful_timeout)

@@ -14,8 +14,8 @@ own worker threads with complete bodies:
   BytesIO over it, and ASGI gets it as one http.request message;
 - the response is collected whole and sent when the app has finished (a streaming iterable
   or several http.response.body messages still work, but nothing reaches the client early);
-- a client that goes away is not seen by the app (ASGI's http.disconnect comes once the
-  response is complete);
+- a WSGI app does not see a client that goes away; an ASGI app gets http.disconnect when
+  its client leaves (or once its response is complete);
 - the public request API has no peer address: no REMOTE_ADDR / scope "client" is None, and
   SERVER_NAME / SERVER_PORT come from the Host field;
 - a broken Content-Length (the app sends fewer or more bytes than it declared) or an error
@@ -29,6 +29,8 @@ import logging
 import sys
 import threading
 import time
+
+import shmipc
 
 from .. import _serve as sf
 from .. import _shmipc
@@ -95,14 +97,20 @@ class _Http(_asgi._Http):
     """receive() and send() of one in-process ASGI request: the body is whole, the response
     collected (the validation of http.response.start is the worker's)."""
 
-    def __init__(self, scope, body):
+    def __init__(self, scope, body, pending=None):
         super().__init__(None, scope)
         self.body = body
+        self.pending = pending
         self.chunks = []
         # Made by the first receive() that waits: most apps never ask after the body, and an
         # asyncio.Event per request is measurable at these rates.
         self.done = None
         self.finished = False
+
+    def _gone(self):
+        """The request stopped waiting unanswered: the client left (or its deadline passed)."""
+        p = self.pending
+        return p is not None and p.reason is not None and p.reason != shmipc.PENDING_SENT
 
     def finish(self):
         self.finished = True
@@ -113,11 +121,23 @@ class _Http(_asgi._Http):
         if not self.body_done:
             self.body_done = True
             return {"type": "http.request", "body": self.body, "more_body": False}
-        # After the body: http.disconnect once the response is complete (the in-process
-        # server does not see a client leave while the app runs).
-        if not self.finished:
+        # After the body: http.disconnect once the response is complete, or once the client
+        # left (the request's on_end, on the server's worker thread, wakes this loop).
+        if not self.finished and not self._gone():
             if self.done is None:
-                self.done = asyncio.Event()
+                done = self.done = asyncio.Event()
+                if self.pending is not None:
+                    loop = asyncio.get_running_loop()
+
+                    def wake(reason, loop=loop, done=done):
+                        try:
+                            loop.call_soon_threadsafe(done.set)
+                        except RuntimeError:  # the loop closed meanwhile
+                            pass
+
+                    self.pending.on_end = wake
+                    if self._gone():  # it ended before on_end was set
+                        done.set()
             await self.done.wait()
         self.disconnected = True
         return {"type": "http.disconnect"}
@@ -169,19 +189,27 @@ class ASGIRoute:
 
     The app runs on an asyncio loop of its own thread, started here; lifespan startup runs
     before the constructor returns (LifespanFailed if the app reports failure; an app that
-    raises on the lifespan scope does not support it, as the spec allows). Each request waits
-    on its worker thread, the GIL released, until the app has answered, so requests in
-    progress at once are at most the server's workers. ``close()`` (or ``with``) runs lifespan
-    shutdown and stops the loop; close it after the server.
+    raises on the lifespan scope does not support it, as the spec allows). Each request is
+    deferred (shmipc.PendingResponse) and handed to the loop, where it runs as a task and
+    sends its answer when the app has finished: the server's worker threads never wait for the
+    app, so any number of requests run at once on the loop (at most one per connection;
+    ``max_concurrency`` bounds them, the rest answered 503 with Retry-After). A client that
+    leaves while its app runs is an http.disconnect for it. ``close()`` (or ``with``) runs
+    lifespan shutdown and stops the loop; close it after the server.
     """
 
-    _shmipc_frame_route = True
+    _shmipc_frame_route = "defer"  # server.c: call me with (frame, body, pending)
 
     def __init__(self, app, *, lifespan=True, lifespan_timeout=_asgi.LIFESPAN_TIMEOUT,
-                 loop_factory=None):
+                 loop_factory=None, max_concurrency=None):
         if not callable(app):
             raise TypeError("the ASGI app must be callable")
+        if max_concurrency is not None and (
+                isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
+                or max_concurrency < 1):
+            raise ValueError("max_concurrency must be a positive int or None")
         self.app = app
+        self.max_concurrency = max_concurrency
         self.loop = loop_factory() if loop_factory is not None else asyncio.new_event_loop()
         # The lifespan exchange of the worker's handler, on our loop.
         self._life = _asgi.ASGIHandler.__new__(_asgi.ASGIHandler)
@@ -192,10 +220,13 @@ class ASGIRoute:
         self._life.lifespan_supported = None
         self.state = None
         self._closed = False
-        # Requests waiting on the loop: close() fails those still waiting, so that a request
-        # that raced it is a 500, never a worker thread blocked on a stopped loop.
+        # Requests handed to the loop and not taken yet, and whether the loop was woken for
+        # them: a burst of requests costs the loop one wakeup. `_taken`: the pending answers
+        # of the requests the loop took and has not answered. All three under _lock.
         self._lock = threading.Lock()
-        self._inflight = set()
+        self._queue = []
+        self._woken = False
+        self._taken = set()
         # One close() at a time: a second (another thread's) waits for the first and returns.
         self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run_loop, name="shmipc-asgi-loop",
@@ -211,17 +242,28 @@ class ASGIRoute:
 
     def _run_loop(self):
         asyncio.set_event_loop(self.loop)
-        # Requests' worker threads wait on this one: an app's server.stop() or close() from
-        # here waited for them, and so for itself. shmipc.Server now treats it as a handler.
+        # An app's server.stop() or close() from here would wait for the server's requests,
+        # which wait for this thread: shmipc.Server treats it as a handler (they do not wait).
         _shmipc._handler_thread()
         try:
             self.loop.run_forever()
         finally:
             # However it ends (close(), or an app that stopped the loop or raised SystemExit
-            # out of a callback), later requests are refused at once instead of each waiting
-            # a poll for a loop that is gone and leaving its coroutine behind.
-            with self._lock:
-                self._closed = True
+            # out of a callback), later requests are refused at once, and the ones handed
+            # over and not taken are answered 500 rather than left to wait.
+            self._refuse_queued()
+
+    def _refuse_queued(self):
+        """The loop takes nothing any more: every request handed to it and not answered (a
+        task the stopped loop will never finish included) is answered 500."""
+        with self._lock:
+            self._closed = True
+            left = [q[2] for q in self._queue] + list(self._taken)
+            self._queue = []
+            self._taken = set()
+        for pending in left:
+            if not pending.sent:
+                pending.send(*_ERROR)
 
     def _submit(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -242,88 +284,85 @@ class ASGIRoute:
                 raise TimeoutError(f"the ASGI route's loop did not answer in {timeout} s")
         return fut.result()
 
-    def __call__(self, frame, body):
+    def __call__(self, frame, body, pending):
+        """On a server worker thread: hands the request to the loop and returns at once."""
         scope = sf.decode_request_scope(frame)
         if self.state is not None:
             scope["state"] = dict(self.state)  # the spec: a shallow copy per request
-        coro = self._serve(scope, body)
-        # Not run_coroutine_threadsafe(): its concurrent.futures.Future, chained to the task
-        # by callbacks, cost a fifth of the request's CPU. A lock the loop releases when the
-        # task is done carries the answer; whoever takes the waiter out of _inflight (the
-        # task's end, or close()) answers it, exactly once.
-        w = _Waiter()
         with self._lock:
-            if self._closed:
-                coro.close()
-                raise RuntimeError("the ASGI route is closed")
-            try:
-                self.loop.call_soon_threadsafe(self._start, coro, w)
-            except RuntimeError:  # the loop closed since the check above
-                coro.close()
-                raise
-            self._inflight.add(w)
-        # Not one blocking wait: a loop that stopped under this request (close() racing it)
-        # never answers, and the server's worker thread would wait forever.
-        while not w.lock.acquire(timeout=_POLL_S):
-            if not self._thread.is_alive():
-                with self._lock:
-                    mine = w in self._inflight
-                    self._inflight.discard(w)
-                if mine:
-                    raise RuntimeError("the ASGI route's loop ended under the request")
-        if w.error is not None:
-            raise w.error
-        return w.result
+            closed = self._closed
+            busy = not closed and self.max_concurrency is not None and (
+                len(self._taken) + len(self._queue) >= self.max_concurrency)
+            if not closed and not busy:
+                self._queue.append((scope, body, pending))
+                if self._woken:
+                    return
+                self._woken = True
+        if closed:
+            log.error("shmipc-serve: the ASGI route is closed: 500 for %s %s", scope["method"],
+                      scope["raw_path"])
+            pending.send(*_ERROR)
+            return
+        if busy:
+            pending.send(503, _BUSY_HEADERS, b"Service Unavailable\n")
+            return
+        try:
+            self.loop.call_soon_threadsafe(self._take)
+        except RuntimeError:  # the loop closed since the check above
+            self._refuse_queued()
 
-    def _start(self, coro, w):
-        """On the loop: the request's task; its end answers the waiting worker."""
-        task = self.loop.create_task(coro)
-        task.add_done_callback(lambda t: self._done(w, t))
-
-    def _done(self, w, task):
+    def _take(self):
+        """On the loop: the requests handed over since the last wakeup become tasks."""
         with self._lock:
-            if w not in self._inflight:
-                return  # close() took it and answers it
-            self._inflight.discard(w)
-        if task.cancelled():
-            w.error = concurrent.futures.CancelledError()
-        elif task.exception() is not None:
-            w.error = task.exception()
-        else:
-            w.result = task.result()
-        w.lock.release()
+            queued, self._queue = self._queue, []
+            self._woken = False
+            self._taken.update(q[2] for q in queued)
+        for scope, body, pending in queued:
+            self.loop.create_task(self._serve(scope, body, pending))
 
-    async def _serve(self, scope, body):
-        h = _Http(scope, body)
+    async def _serve(self, scope, body, pending):
+        h = _Http(scope, body, pending)
         try:
             await self.app(scope, h.receive, h.send)
             if not h.complete:
                 raise RuntimeError("the app returned before completing its response")
-            return h.result()
-        except asyncio.CancelledError:
-            raise  # close(): the request's future is cancelled, its worker answers 500
+            pending.send(*h.result())
+        except (asyncio.CancelledError, GeneratorExit):
+            raise  # close(), or a stopped loop's end: answered 500 (the finally, or after)
         except BaseException as e:  # noqa: BLE001
             # SystemExit or KeyboardInterrupt too: out of a task they would leave the loop's
-            # run_forever(), its thread would end, and every later request would wait on it.
-            if h.complete:
+            # run_forever(), its thread would end, and every later request would be refused.
+            if pending.sent:  # send() refused the response (ValueError): the client got 500
+                log.error("shmipc-serve: the app's response to %s %s was refused",
+                          scope["method"], scope["raw_path"], exc_info=e)
+            elif h.complete:
                 # The response is whole: it stands (a front would have sent it already).
                 log.error("shmipc-serve: the app failed after its response on %s %s",
                           scope["method"], scope["raw_path"], exc_info=e)
-                return h.result()
-            log.error("shmipc-serve: the app failed on %s %s", scope["method"],
-                      scope["raw_path"], exc_info=e)
-            return _ERROR
+                self._answer(pending, h.result())
+            elif not pending.sent:
+                log.error("shmipc-serve: the app failed on %s %s", scope["method"],
+                          scope["raw_path"], exc_info=e)
+                pending.send(*_ERROR)
         finally:
             h.finish()
+            with self._lock:
+                self._taken.discard(pending)
+            if not pending.sent:  # cancelled (close())
+                pending.send(*_ERROR)
+
+    @staticmethod
+    def _answer(pending, result):
+        try:
+            pending.send(*result)
+        except ValueError:  # an invalid response: the client got 500
+            log.exception("shmipc-serve: the app's response was refused")
 
     def _stop_loop(self):
-        with self._lock:
-            self._closed = True
-            waiting, self._inflight = self._inflight, set()
         try:
             if self._thread.is_alive():
-                # Requests still running are cancelled first (their workers answer 500)
-                # rather than left pending on a stopped loop.
+                # Requests still running are cancelled first (their clients get 500) rather
+                # than left pending on a stopped loop.
                 try:
                     self._wait(_cancel_all(self._life.lifespan_timeout),
                                self._life.lifespan_timeout + 1)
@@ -332,12 +371,9 @@ class ASGIRoute:
                 self.loop.call_soon_threadsafe(self.loop.stop)
                 self._thread.join()
         finally:
-            # Even when this close() is interrupted (Ctrl-C): taken out of _inflight above,
-            # nobody else answers them, and their workers (and the server's close) waited
-            # for good on a loop that is still alive.
-            for w in waiting:
-                w.error = RuntimeError("the ASGI route was closed")
-                w.lock.release()
+            # Even when this close() is interrupted (Ctrl-C): nothing handed over is left
+            # waiting for a loop that no longer takes it.
+            self._refuse_queued()
         self.loop.close()
 
     def close(self):
@@ -372,16 +408,7 @@ class ASGIRoute:
         self.close()
 
 
-class _Waiter:
-    """A request waiting on the loop: `lock` is released once `result` or `error` is set."""
-
-    __slots__ = ("lock", "result", "error")
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.result = None
-        self.error = None
+_BUSY_HEADERS = [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Retry-After", b"1")]
 
 
 async def _cancel_all(timeout):
