@@ -646,6 +646,62 @@ static const struct opt *cli_opt(const char *a, const char **inline_val)
     return find_opt(name, len);
 }
 
+/* --config is read before the other flags, and stored rather than applied. */
+static int is_config(const struct opt *op)
+{
+    return op->type == T_STR && op->arg == F_CONFIG;
+}
+
+/*
+ * The command line, one argument at a time, as the parser reads it: a "--" ends the flags
+ * unless it is a flag's value, and a flag that takes a value and has no "=value" takes the
+ * next argument, whatever it looks like. The --config scan and the parser both walk argv with
+ * this, so they cannot disagree on which argument is a flag and which is a value.
+ */
+struct arg_iter {
+    int argc;
+    char *const *argv;
+    int i;               /* the next argument */
+    int only_positional; /* a "--" was seen */
+    /* What arg_next returned: the argument as given, its option and the option's value. */
+    const char *a;
+    const struct opt *op;
+    const char *v;
+};
+
+enum arg_kind {
+    ARG_END,        /* no more arguments: argc reached, or a NULL */
+    ARG_POSITIONAL, /* a: an APP */
+    ARG_UNKNOWN,    /* a: "-x", "--bogus" */
+    ARG_NO_VALUE,   /* op: takes a value, and no argument is left for it */
+    ARG_OPTION,     /* op, and v: its value, or NULL for a flag given without "=value" */
+};
+
+static enum arg_kind arg_next(struct arg_iter *it)
+{
+    for (;;) {
+        if (it->i >= it->argc || it->argv[it->i] == NULL)
+            return ARG_END;
+        it->a = it->argv[it->i++];
+        if (it->only_positional || strcmp(it->a, "--") != 0)
+            break;
+        it->only_positional = 1;
+    }
+    it->op = NULL;
+    it->v = NULL;
+    if (it->only_positional || it->a[0] != '-' || it->a[1] == '\0')
+        return ARG_POSITIONAL;
+    it->op = cli_opt(it->a, &it->v);
+    if (it->op == NULL)
+        return ARG_UNKNOWN;
+    if (it->op->type == T_FLAG || it->op->type == T_KIND || it->v != NULL)
+        return ARG_OPTION;
+    if (it->i >= it->argc || it->argv[it->i] == NULL)
+        return ARG_NO_VALUE;
+    it->v = it->argv[it->i++];
+    return ARG_OPTION;
+}
+
 int shmipc__serve_validate(shmipc__serve_options *o, char *err, size_t errlen)
 {
     char sb[80];
@@ -698,35 +754,24 @@ int shmipc__serve_options_parse(shmipc__serve_options *o, int argc, char *const 
         return SHMIPC_EINVAL;
     }
     struct parse_state ps = {0};
+    struct arg_iter it = {.argc = argc, .argv = argv, .i = 1};
+    enum arg_kind k;
     /* First the config file, wherever --config is on the line, so that flags override it. The
-     * arguments are read as the loop below reads them: another flag's value ("--python
+     * scan reads the arguments as the loop below does: another flag's value ("--python
      * --config=x") is not a flag, and a "--" that is a value does not end the flags. */
     const char *config = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *iv;
-        if (a == NULL || strcmp(a, "--") == 0)
-            break;
-        if (a[0] != '-' || a[1] == '\0')
-            continue;
-        const struct opt *op = cli_opt(a, &iv);
-        if (op == NULL || op->type == T_FLAG || op->type == T_KIND)
-            continue; /* the loop below refuses what is wrong with it */
-        if (iv == NULL) {
-            if (i + 1 >= argc || argv[i + 1] == NULL) {
-                if (op->arg != F_CONFIG || op->type != T_STR)
-                    break; /* "--workers needs a value", below */
-                shmipc__serve_set_err(err, errlen, "--config needs a value");
-                return SHMIPC_EINVAL;
-            }
-            iv = argv[++i];
+    while ((k = arg_next(&it)) != ARG_END) {
+        if (k == ARG_NO_VALUE && is_config(it.op)) {
+            shmipc__serve_set_err(err, errlen, "--config needs a value");
+            return SHMIPC_EINVAL;
         }
-        if (op->arg != F_CONFIG || op->type != T_STR)
-            continue;
+        if (k != ARG_OPTION || !is_config(it.op))
+            continue; /* the loop below refuses what is wrong with it */
         if (config != NULL) {
             shmipc__serve_set_err(err, errlen, "--config given twice");
             return SHMIPC_EINVAL;
         }
-        config = iv;
+        config = it.v;
     }
     if (config != NULL) {
         if (config[0] == '\0') {
@@ -737,54 +782,42 @@ int shmipc__serve_options_parse(shmipc__serve_options *o, int argc, char *const 
         if (rc != 0)
             return rc;
     }
-    int only_positional = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *iv;
-        if (a == NULL)
-            break;
+    it = (struct arg_iter){.argc = argc, .argv = argv, .i = 1};
+    while ((k = arg_next(&it)) != ARG_END) {
         int rc;
-        if (!only_positional && strcmp(a, "--") == 0) {
-            only_positional = 1;
-            continue;
-        }
-        if (only_positional || a[0] != '-' || a[1] == '\0') {
+        if (k == ARG_POSITIONAL) {
             if (ps.app_src == 2) {
                 char ab[80];
                 shmipc__serve_set_err(err, errlen, "unexpected argument '%s' (APP was '%s')",
-                                      shmipc__serve_shown(a, sb, sizeof sb),
+                                      shmipc__serve_shown(it.a, sb, sizeof sb),
                                       shmipc__serve_shown(o->app, ab, sizeof ab));
                 return SHMIPC_EINVAL;
             }
-            rc = apply(o, &ps, find_opt("app", 3), a, 2, "APP", err, errlen);
+            rc = apply(o, &ps, find_opt("app", 3), it.a, 2, "APP", err, errlen);
             if (rc != 0)
                 return rc;
             continue;
         }
-        const struct opt *op = cli_opt(a, &iv);
-        if (op == NULL) {
+        if (k == ARG_UNKNOWN) {
             shmipc__serve_set_err(err, errlen, "unknown option '%s' (see --help)",
-                                  shmipc__serve_shown(a, sb, sizeof sb));
+                                  shmipc__serve_shown(it.a, sb, sizeof sb));
             return SHMIPC_EINVAL;
         }
-        snprintf(where, sizeof where, "--%s", op->name);
-        if (op->type == T_FLAG || op->type == T_KIND) {
-            if (iv != NULL) {
-                shmipc__serve_set_err(err, errlen, "%s takes no value", where);
-                return SHMIPC_EINVAL;
-            }
-        } else if (iv == NULL) {
-            if (i + 1 >= argc || argv[i + 1] == NULL) {
-                shmipc__serve_set_err(err, errlen, "%s needs a value", where);
-                return SHMIPC_EINVAL;
-            }
-            iv = argv[++i];
+        snprintf(where, sizeof where, "--%s", it.op->name);
+        if (k == ARG_NO_VALUE) {
+            shmipc__serve_set_err(err, errlen, "%s needs a value", where);
+            return SHMIPC_EINVAL;
         }
-        if (op->arg == F_CONFIG && op->type == T_STR) {
-            if ((rc = set_str(&o->config, iv)) != 0)
+        if ((it.op->type == T_FLAG || it.op->type == T_KIND) && it.v != NULL) {
+            shmipc__serve_set_err(err, errlen, "%s takes no value", where);
+            return SHMIPC_EINVAL;
+        }
+        if (is_config(it.op)) {
+            if ((rc = set_str(&o->config, it.v)) != 0)
                 return rc;
             continue;
         }
-        rc = apply(o, &ps, op, iv, 2, where, err, errlen);
+        rc = apply(o, &ps, it.op, it.v, 2, where, err, errlen);
         if (rc != 0)
             return rc;
     }
