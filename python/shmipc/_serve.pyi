@@ -1,5 +1,5 @@
 # The shmipc-serve frame codec (docs/serve.md), in C: python/shmipc/serve.c.
-from typing import Any, Callable, Iterable, Optional, Tuple, Union
+from typing import Any, Awaitable, Callable, Iterable, Optional, Tuple, Union
 
 _Buffer = Any  # anything with the buffer protocol
 _Address = Union[Tuple[str, int], str, None]  # (host, port), "unix" or None
@@ -83,3 +83,12 @@ class WSGIResponse:
     def write(self, data: _Buffer) -> None: ...
     def collect(self, iterable: Iterable[_Buffer]) -> Tuple[int, list[Tuple[bytes, bytes]], bytes]: ...
     def _bodyless(self) -> bool: ...
+
+class ASGISend:
+    """The send() of one in-process ASGI http request (serve_asgi.c)."""
+
+    complete: bool
+    started: bool
+    on_complete: Optional[Callable[[], object]]
+    def __init__(self, method: str, pending: Any) -> None: ...
+    def send(self, message: dict[str, Any]) -> Awaitable[None]: ...

@@ -561,7 +561,7 @@ static int serve_exec(PyObject *m)
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0)
             return -1;
-    if (shmipcpy_serve_add_wsgi(m) < 0)
+    if (shmipcpy_serve_add_wsgi(m) < 0 || shmipcpy_serve_add_asgi(m) < 0)
         return -1;
     for (size_t i = 0; i < NCOMMON; i++) {
         shmipc_serve_field f = {.name = (const uint8_t *)common_names[i],

@@ -39,6 +39,15 @@ PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObj
 int shmipcpy_serve_add_wsgi(PyObject *module);
 PyObject *shmipcpy_serve_py_response_fields(PyObject *module, PyObject *const *args,
                                             Py_ssize_t nargs);
+/* (bytes, bytes) pairs for the C server: Date and Server dropped, a second Content-Type too,
+ * Connection: close added when `close`. */
+PyObject *shmipcpy_serve_server_fields(PyObject *pairs, int close);
+/* A list of bytes as one bytes object. */
+PyObject *shmipcpy_serve_join(PyObject *chunks);
+
+/* serve_asgi.c */
+int shmipcpy_serve_add_asgi(PyObject *module);
+
 /* serve_scope.c */
 PyObject *shmipcpy_serve_py_decode_request_scope(PyObject *module, PyObject *arg);
 

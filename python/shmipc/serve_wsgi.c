@@ -400,7 +400,7 @@ out:
 
 /* Fields for the C server from (name, value) bytes pairs: Date and Server are its own, a
  * second Content-Type is dropped (as a front does), Connection: close becomes its own field. */
-static PyObject *server_fields(PyObject *pairs, int close)
+PyObject *shmipcpy_serve_server_fields(PyObject *pairs, int close)
 {
     PyObject *out = PyList_New(0);
     int ctype = 0;
@@ -456,7 +456,7 @@ PyObject *shmipcpy_serve_py_response_fields(PyObject *module, PyObject *const *a
         return NULL;
     }
     int close = PyObject_IsTrue(args[1]);
-    return close < 0 ? NULL : server_fields(args[0], close);
+    return close < 0 ? NULL : shmipcpy_serve_server_fields(args[0], close);
 }
 
 /*
@@ -496,7 +496,7 @@ static PyObject *latin1_pairs(PyObject *headers)
 }
 
 /* The collected pieces as one bytes object. */
-static PyObject *join(PyObject *chunks)
+PyObject *shmipcpy_serve_join(PyObject *chunks)
 {
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(chunks); i++)
@@ -558,14 +558,15 @@ static PyObject *resp_collect(PyObject *o, PyObject *iterable)
     else if (nchunks == 0)
         body = PyBytes_FromStringAndSize(NULL, 0);
     else
-        body = join(self->chunks);
+        body = shmipcpy_serve_join(self->chunks);
     if (body == NULL) {
         Py_DECREF(headers);
         return NULL;
     }
     PyObject *pairs = latin1_pairs(headers);
     Py_DECREF(headers);
-    PyObject *fields = pairs != NULL ? server_fields(pairs, flags & SHMIPC_SERVE_RESP_CLOSE) : NULL;
+    PyObject *fields =
+        pairs != NULL ? shmipcpy_serve_server_fields(pairs, flags & SHMIPC_SERVE_RESP_CLOSE) : NULL;
     Py_XDECREF(pairs);
     PyObject *out = fields != NULL ? Py_BuildValue("(iNN)", code, fields, body) : NULL;
     if (fields == NULL)

@@ -45,10 +45,6 @@ _POLL_S = 0.5
 _ERROR = (500, [(b"Content-Type", b"text/plain; charset=utf-8")], b"Internal Server Error\n")
 
 
-class _LengthError(Exception):
-    pass
-
-
 class WSGIRoute:
     """A shmipc.Server route handler serving a WSGI app (PEP 3333) in-process:
     ``server.route(None, "/*", WSGIRoute(app))``. Runs on the server's worker threads
@@ -93,95 +89,53 @@ class WSGIRoute:
         return out
 
 
-class _Http(_asgi._Http):
-    """receive() and send() of one in-process ASGI request: the body is whole, the response
-    collected (the validation of http.response.start is the worker's)."""
+class _Receive:
+    """receive() of one in-process ASGI request: the body is whole, one http.request; then
+    http.disconnect when the client leaves (the request's on_end, on the server's worker
+    thread, wakes the loop) or once the response is complete. send() is C
+    (shmipc._serve.ASGISend, python/shmipc/serve_asgi.c)."""
 
-    def __init__(self, scope, body, pending=None):
-        super().__init__(None, scope)
+    __slots__ = ("body", "pending", "resp", "done")
+
+    def __init__(self, body, pending, resp):
         self.body = body
         self.pending = pending
-        self.chunks = []
+        self.resp = resp
         # Made by the first receive() that waits: most apps never ask after the body, and an
         # asyncio.Event per request is measurable at these rates.
         self.done = None
-        self.finished = False
 
     def _gone(self):
         """The request stopped waiting unanswered: the client left (or its deadline passed)."""
         p = self.pending
-        return p is not None and p.reason is not None and p.reason != shmipc.PENDING_SENT
+        return p.reason is not None and p.reason != shmipc.PENDING_SENT
 
     def finish(self):
-        self.finished = True
         if self.done is not None:
             self.done.set()
 
     async def receive(self):
-        if not self.body_done:
-            self.body_done = True
-            return {"type": "http.request", "body": self.body, "more_body": False}
-        # After the body: http.disconnect once the response is complete, or once the client
-        # left (the request's on_end, on the server's worker thread, wakes this loop).
-        if not self.finished and not self._gone():
+        body = self.body
+        if body is not None:
+            self.body = None
+            return {"type": "http.request", "body": body, "more_body": False}
+        if not self.resp.complete and not self._gone():
             if self.done is None:
                 done = self.done = asyncio.Event()
-                if self.pending is not None:
-                    loop = asyncio.get_running_loop()
+                loop = asyncio.get_running_loop()
 
-                    def wake(reason, loop=loop, done=done):
-                        try:
-                            loop.call_soon_threadsafe(done.set)
-                        except RuntimeError:  # the loop closed meanwhile
-                            pass
+                def wake(*_, loop=loop, done=done):
+                    try:
+                        loop.call_soon_threadsafe(done.set)
+                    except RuntimeError:  # the loop closed meanwhile
+                        pass
 
-                    self.pending.on_end = wake
-                    if self._gone():  # it ended before on_end was set
-                        done.set()
+                self.pending.on_end = wake
+                self.resp.on_complete = done.set
+                if self._gone():  # it ended before on_end was set
+                    done.set()
             await self.done.wait()
-        self.disconnected = True
         return {"type": "http.disconnect"}
-
-    async def send(self, message):
-        if not isinstance(message, dict):
-            raise TypeError(f"an ASGI message must be a dict, not {type(message).__name__}")
-        typ = message.get("type")
-        if self.complete:
-            raise RuntimeError(f"{typ!r} sent after the response was complete")
-        if typ == "http.response.start":
-            if self.started:
-                raise RuntimeError("http.response.start sent twice")
-            self._start(message)
-        elif typ == "http.response.body":
-            if not self.started:
-                raise RuntimeError("http.response.body before http.response.start")
-            self._collect(message)
-        else:
-            raise ValueError(f"unexpected ASGI message type {typ!r} for an http scope")
-
-    def _collect(self, message):
-        body = message.get("body", b"")
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise TypeError(f"the body must be bytes, not {type(body).__name__}")
-        n = len(body)
-        self.head_sent = True
-        if n and not self.bodyless():
-            if self.length is not None and self.sent + n > self.length:
-                raise _LengthError(f"the app sent more than its Content-Length of {self.length}")
-            self.chunks.append(bytes(body))
-            self.sent += n
-        if not message.get("more_body", False):
-            if self.length is not None and self.sent < self.length and not self.bodyless():
-                raise _LengthError(
-                    f"the app sent {self.sent} bytes of its Content-Length of {self.length}")
-            self.complete = True
-            self.finish()
-
-    def result(self):
-        body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        # Date and Server are the C server's, a second Content-Type dropped as the front does,
-        # Connection: close its own field (serve_wsgi.c).
-        return (self.status, sf.response_fields(self.headers, self.flags & sf.RESP_CLOSE), body)
 
 
 class ASGIRoute:
@@ -321,42 +275,32 @@ class ASGIRoute:
             self.loop.create_task(self._serve(scope, body, pending))
 
     async def _serve(self, scope, body, pending):
-        h = _Http(scope, body, pending)
+        resp = sf.ASGISend(scope["method"], pending)
+        h = _Receive(body, pending, resp)
         try:
-            await self.app(scope, h.receive, h.send)
-            if not h.complete:
+            await self.app(scope, h.receive, resp.send)
+            if not resp.complete:
                 raise RuntimeError("the app returned before completing its response")
-            pending.send(*h.result())
         except (asyncio.CancelledError, GeneratorExit):
             raise  # close(), or a stopped loop's end: answered 500 (the finally, or after)
         except BaseException as e:  # noqa: BLE001
             # SystemExit or KeyboardInterrupt too: out of a task they would leave the loop's
             # run_forever(), its thread would end, and every later request would be refused.
-            if pending.sent:  # send() refused the response (ValueError): the client got 500
-                log.error("shmipc-serve: the app's response to %s %s was refused",
-                          scope["method"], scope["raw_path"], exc_info=e)
-            elif h.complete:
-                # The response is whole: it stands (a front would have sent it already).
+            if resp.complete:
+                # The response went whole (or its fields were refused: the client got 500).
                 log.error("shmipc-serve: the app failed after its response on %s %s",
                           scope["method"], scope["raw_path"], exc_info=e)
-                self._answer(pending, h.result())
-            elif not pending.sent:
+            else:
                 log.error("shmipc-serve: the app failed on %s %s", scope["method"],
                           scope["raw_path"], exc_info=e)
-                pending.send(*_ERROR)
+                if not pending.sent:
+                    pending.send(*_ERROR)
         finally:
             h.finish()
             with self._lock:
                 self._taken.discard(pending)
             if not pending.sent:  # cancelled (close())
                 pending.send(*_ERROR)
-
-    @staticmethod
-    def _answer(pending, result):
-        try:
-            pending.send(*result)
-        except ValueError:  # an invalid response: the client got 500
-            log.exception("shmipc-serve: the app's response was refused")
 
     def _stop_loop(self):
         try:
