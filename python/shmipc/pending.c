@@ -12,17 +12,25 @@
  */
 #include "module.h"
 
+#include <stdatomic.h>
 #include <string.h>
 #include <structmember.h>
 
 /* Bodies from this size up are lent to the C server instead of copied (request.c's too). */
 #define BORROW_MIN (64 * 1024)
 
-/* What the object and the C on_end callback share; both hold a reference (under the GIL). */
+/*
+ * What the object and the C on_end callback share; both hold a reference. The callback runs
+ * on the server's worker thread and takes the GIL only when there is an on_end to call: the
+ * end of an answered request costs the worker no GIL (the loop thread of an in-process ASGI
+ * app holds it most of the time). So `reason` and `refs` are atomic, and `on_end` is written
+ * under the GIL but read by the worker without it. An on_end set after the request ended is
+ * not called: whoever sets it looks at `reason` afterwards.
+ */
 typedef struct {
-    PyObject *on_end; /* callable or NULL */
-    int refs;
-    int reason; /* -1 while the request waits */
+    PyObject *_Atomic on_end; /* callable or NULL; its reference is the state's */
+    atomic_int refs;
+    atomic_int reason; /* -1 while the request waits */
 } pend_state;
 
 typedef struct {
@@ -37,11 +45,12 @@ _Thread_local shmipc_http_response *shmipcpy_cur_res;
 _Thread_local PyObject *shmipcpy_cur_request; /* borrowed */
 _Thread_local int shmipcpy_cur_deferred;
 
+/* Drops a reference; the GIL held. */
 static void state_unref(pend_state *st)
 {
-    if (--st->refs > 0)
+    if (atomic_fetch_sub(&st->refs, 1) != 1)
         return;
-    Py_XDECREF(st->on_end);
+    Py_XDECREF(atomic_load(&st->on_end));
     PyMem_RawFree(st);
 }
 
@@ -49,10 +58,18 @@ static void state_unref(pend_state *st)
 static void pend_end(void *user_data, int reason)
 {
     pend_state *st = user_data;
+    atomic_store(&st->reason, reason);
+    if (atomic_load(&st->on_end) == NULL) {
+        /* Nothing to call. The last reference here means the object is gone, and on_end
+         * can only be set through it: still NULL, nothing to release under the GIL. */
+        if (atomic_fetch_sub(&st->refs, 1) == 1)
+            PyMem_RawFree(st);
+        return;
+    }
     PyGILState_STATE g = shmipcpy_gil_enter();
-    st->reason = reason;
-    if (st->on_end != NULL) {
-        PyObject *cb = Py_NewRef(st->on_end);
+    PyObject *cb = atomic_load(&st->on_end); /* again: it may have changed meanwhile */
+    if (cb != NULL) {
+        Py_INCREF(cb);
         PyObject *r = PyObject_CallFunction(cb, "i", reason);
         if (r == NULL)
             PyErr_WriteUnraisable(cb);
@@ -83,7 +100,9 @@ PyObject *shmipcpy_pending_new(module_state *ms, shmipc_http_response *res, int 
         PyObject_GC_Del(self);
         return PyErr_NoMemory();
     }
-    *self->st = (pend_state){Py_XNewRef(on_end), 1, -1};
+    atomic_init(&self->st->on_end, Py_XNewRef(on_end));
+    atomic_init(&self->st->refs, 1);
+    atomic_init(&self->st->reason, -1);
     PyObject_GC_Track(self);
     int rc = shmipc_http_response_defer(res, timeout_ms, pend_end, self->st, &self->p);
     if (rc < 0) {
@@ -91,7 +110,7 @@ PyObject *shmipcpy_pending_new(module_state *ms, shmipc_http_response *res, int 
         Py_DECREF(self);
         return err;
     }
-    self->st->refs++; /* the callback's */
+    atomic_fetch_add(&self->st->refs, 1); /* the callback's */
     return (PyObject *)self;
 }
 
@@ -217,15 +236,16 @@ static PyObject *pending_exit(PendingObject *self, PyObject *args)
 static PyObject *get_waiting(PendingObject *self, void *closure)
 {
     (void)closure;
-    return PyBool_FromLong(self->st->reason < 0);
+    return PyBool_FromLong(atomic_load(&self->st->reason) < 0);
 }
 
 static PyObject *get_reason(PendingObject *self, void *closure)
 {
     (void)closure;
-    if (self->st->reason < 0)
+    int reason = atomic_load(&self->st->reason);
+    if (reason < 0)
         Py_RETURN_NONE;
-    return PyLong_FromLong(self->st->reason);
+    return PyLong_FromLong(reason);
 }
 
 static PyObject *get_sent(PendingObject *self, void *closure)
@@ -237,21 +257,21 @@ static PyObject *get_sent(PendingObject *self, void *closure)
 static PyObject *get_on_end(PendingObject *self, void *closure)
 {
     (void)closure;
-    return Py_NewRef(self->st->on_end != NULL ? self->st->on_end : Py_None);
+    PyObject *cb = atomic_load(&self->st->on_end);
+    return Py_NewRef(cb != NULL ? cb : Py_None);
 }
 
 static int set_on_end(PendingObject *self, PyObject *value, void *closure)
 {
     (void)closure;
-    if (value == NULL || value == Py_None) {
-        Py_CLEAR(self->st->on_end);
-        return 0;
-    }
-    if (!PyCallable_Check(value)) {
+    if (value != NULL && value != Py_None && !PyCallable_Check(value)) {
         PyErr_SetString(PyExc_TypeError, "on_end must be callable or None");
         return -1;
     }
-    Py_XSETREF(self->st->on_end, Py_NewRef(value));
+    PyObject *cb = value != NULL && value != Py_None ? Py_NewRef(value) : NULL;
+    /* The worker reads it without the GIL, and uses it only under the GIL (which this thread
+     * holds): the old one can go now. */
+    Py_XDECREF(atomic_exchange(&self->st->on_end, cb));
     return 0;
 }
 
@@ -280,7 +300,9 @@ static void pending_dealloc(PendingObject *self)
 
 static PyObject *pending_repr(PendingObject *self)
 {
-    const char *state = self->st->reason >= 0 ? "ended" : self->p == NULL ? "sent" : "waiting";
+    const char *state = atomic_load(&self->st->reason) >= 0 ? "ended"
+                        : self->p == NULL                   ? "sent"
+                                                            : "waiting";
     return PyUnicode_FromFormat("<shmipc.PendingResponse %s>", state);
 }
 
