@@ -407,6 +407,7 @@ static int module_exec(PyObject *module)
     ADD_TYPE(server_type, shmipcpy_server_spec, NULL);
     ADD_TYPE(websocket_type, shmipcpy_websocket_spec, NULL);
     ADD_TYPE(pending_type, shmipcpy_pending_spec, NULL);
+    ADD_TYPE(route_queue_type, shmipcpy_route_queue_spec, NULL);
 #undef ADD_TYPE
 
     PyObject *io = PyImport_ImportModule("io");
@@ -446,6 +447,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->server_type);
     Py_VISIT(st->websocket_type);
     Py_VISIT(st->pending_type);
+    Py_VISIT(st->route_queue_type);
     Py_VISIT(st->error);
     Py_VISIT(st->timeout_error);
     Py_VISIT(st->closed_error);
@@ -471,6 +473,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->server_type);
     Py_CLEAR(st->websocket_type);
     Py_CLEAR(st->pending_type);
+    Py_CLEAR(st->route_queue_type);
     Py_CLEAR(st->error);
     Py_CLEAR(st->timeout_error);
     Py_CLEAR(st->closed_error);

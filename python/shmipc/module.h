@@ -31,6 +31,7 @@ typedef struct {
     PyTypeObject *server_type;
     PyTypeObject *websocket_type;
     PyTypeObject *pending_type;
+    PyTypeObject *route_queue_type;
     PyObject *error;          /* shmipc.Error(OSError) */
     PyObject *timeout_error;  /* + TimeoutError */
     PyObject *closed_error;   /* handle closed locally */
@@ -302,8 +303,10 @@ typedef struct {
     ServerObject *server; /* borrowed: the server outlives its routes */
     PyObject *handler;    /* borrowed from server->handlers */
     /* 1: handler(frame, body) -> (status, headers, body); 2 ("defer"): the request deferred
-     * first, then handler(frame, body, pending), its answer pending.send() (request.c) */
+     * first, then handler(frame, body, pending), its answer pending.send() (request.c);
+     * 3 ("queue"): not called, the request queued on `queue` without the GIL (route_queue.c) */
     int frame;
+    PyObject *queue; /* a _RouteQueue, borrowed (the server's handlers list holds it) */
 } route_ctx;
 
 /* server.c */
@@ -327,6 +330,19 @@ extern _Thread_local int shmipcpy_cur_deferred;
 PyObject *shmipcpy_pending_new(module_state *ms, shmipc_http_response *res, int timeout_ms,
                                PyObject *on_end);
 PyObject *shmipcpy_defer(PyObject *module, PyObject *args);
+void *shmipcpy_pending_state_new(void);
+int shmipcpy_pending_defer(shmipc_http_response *res, void *st, shmipc_http_pending **out);
+void shmipcpy_pending_state_drop(void *st);
+void shmipcpy_pending_state_release(void *st);
+PyObject *shmipcpy_pending_wrap(module_state *ms, shmipc_http_pending *p, void *st);
+
+/* route_queue.c: the queue route (no GIL on the worker) */
+extern PyType_Spec shmipcpy_route_queue_spec;
+int shmipcpy_queue_route_call(shmipc_http_request *req, shmipc_http_response *res, PyObject *queue);
+
+/* request.c: the request as a REQUEST_HEAD frame, without the GIL */
+int64_t shmipcpy_encode_request_frame(const shmipc_http_request *req, uint8_t *stack, size_t cap,
+                                      uint8_t **out, int *status);
 const char *shmipcpy_header_str(PyObject *o);
 
 /* ws.c */

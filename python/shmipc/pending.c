@@ -118,6 +118,56 @@ PyObject *shmipcpy_pending_new(module_state *ms, shmipc_http_response *res, int 
  * that was refused (any Python thread, holding the GIL): not shmipcpy_gil_enter(), which is
  * for the server's own threads. The worker has a thread state of its own by then (its route
  * callback made it), so the Ensure is cheap there too. */
+/* ---- for the queue route (route_queue.c): a deferral made without the GIL ---- */
+
+void *shmipcpy_pending_state_new(void)
+{
+    pend_state *st = PyMem_RawMalloc(sizeof *st);
+    if (st == NULL)
+        return NULL;
+    atomic_init(&st->on_end, NULL);
+    atomic_init(&st->refs, 2); /* the callback's, and the queued item's (then the object's) */
+    atomic_init(&st->reason, -1);
+    return st;
+}
+
+int shmipcpy_pending_defer(shmipc_http_response *res, void *st, shmipc_http_pending **out)
+{
+    return shmipc_http_response_defer(res, -1, pend_end, st, out);
+}
+
+/* A state whose deferral was never made: nobody else holds it. */
+void shmipcpy_pending_state_drop(void *st)
+{
+    PyMem_RawFree(st);
+}
+
+/* The queued item's reference, given up without the GIL (no on_end was ever set). */
+void shmipcpy_pending_state_release(void *st)
+{
+    pend_state *s = st;
+    if (atomic_fetch_sub(&s->refs, 1) == 1)
+        PyMem_RawFree(s);
+}
+
+/* A PendingResponse over a deferral made without the GIL; takes `p` and the item's reference
+ * to `st` in every case (on failure the request is answered 500). */
+PyObject *shmipcpy_pending_wrap(module_state *ms, shmipc_http_pending *p, void *st)
+{
+    PendingObject *self = PyObject_GC_New(PendingObject, ms->pending_type);
+    if (self == NULL) {
+        shmipc_http_pending_free(p);
+        shmipcpy_pending_state_release(st);
+        return NULL;
+    }
+    self->p = p;
+    self->st = st;
+    self->pid = shmipcpy_pid;
+    self->weakreflist = NULL;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
 static void release_bytes(void *obj)
 {
     PyGILState_STATE g = PyGILState_Ensure();

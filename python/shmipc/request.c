@@ -11,6 +11,7 @@
 
 #include "shmipc_serve.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -178,10 +179,14 @@ static int answer_500(shmipc_http_response *res)
  * they hand it to shmipc._serve's decoder, the one a shmipc-serve worker uses, so an app sees
  * the same environ or scope in both modes. The public request API knows no peer or listener
  * address: both are left out (no REMOTE_ADDR; SERVER_NAME/PORT come from Host). The body is
- * complete here, so its length is the Content-Length. Returns the frame, or NULL with *status
- * set to the answer (414, 431) when the head is over the protocol's limits, or an exception.
+ * complete here, so its length is the Content-Length.
+ * Without the GIL (the queue route calls it so): the frame goes to `stack` (`cap` bytes) or,
+ * when larger, to *out malloc'd (the caller frees *out when it is not `stack`). Returns its
+ * length; 0 with *status set to the answer (414, 431) when the head is over the protocol's
+ * limits; -1 when the head cannot be encoded (shmipc_error_detail()), -2 out of memory.
  */
-static PyObject *request_frame(const shmipc_http_request *req, int *status)
+int64_t shmipcpy_encode_request_frame(const shmipc_http_request *req, uint8_t *stack, size_t cap,
+                                      uint8_t **out, int *status)
 {
     size_t n = shmipc_http_request_header_count(req), plen = 0, qlen = 0, mlen = 0, blen = 0;
     const char *path = shmipc_http_request_path(req, &plen);
@@ -189,21 +194,21 @@ static PyObject *request_frame(const shmipc_http_request *req, int *status)
     const char *method = shmipc_http_request_method(req, &mlen);
     shmipc_serve_field fstack[32], *fields = fstack;
     uint8_t tstack[1024], *target = tstack;
-    uint8_t ostack[4096], *out = ostack;
-    PyObject *frame = NULL;
     int cl_zero = 0;
+    int64_t len = -1;
     size_t tlen = plen + (query != NULL ? 1 + qlen : 0);
 
     *status = 0;
+    *out = stack;
     (void)shmipc_http_request_body(req, &blen);
     if (n > SHMIPC_SERVE_MAX_HEADERS || tlen > SHMIPC_SERVE_MAX_TARGET) {
         *status = n > SHMIPC_SERVE_MAX_HEADERS ? 431 : 414;
-        return NULL;
+        return 0;
     }
-    if (n > 32 && (fields = PyMem_Malloc(n * sizeof *fields)) == NULL)
-        return PyErr_NoMemory();
-    if (tlen > sizeof tstack && (target = PyMem_Malloc(tlen)) == NULL) {
-        PyErr_NoMemory();
+    if (n > 32 && (fields = malloc(n * sizeof *fields)) == NULL)
+        return -2;
+    if (tlen > sizeof tstack && (target = malloc(tlen)) == NULL) {
+        len = -2;
         goto out;
     }
     memcpy(target, path, plen);
@@ -235,29 +240,45 @@ static PyObject *request_frame(const shmipc_http_request *req, int *status)
     } else if (cl_zero) {
         r.flags |= SHMIPC_SERVE_REQ_CONTENT_LENGTH;
     }
-    int64_t len = shmipc_serve_encode_request_head(ostack, sizeof ostack, &r, fields, n);
+    len = shmipc_serve_encode_request_head(stack, cap, &r, fields, n);
     if (len == SHMIPC_EMSGSIZE) { /* a big head: the protocol's bound always suffices */
-        size_t cap = SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD;
-        if ((out = PyMem_Malloc(cap)) == NULL) {
-            PyErr_NoMemory();
+        size_t big = SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD;
+        if ((*out = malloc(big)) == NULL) {
+            *out = stack;
+            len = -2;
             goto out;
         }
-        len = shmipc_serve_encode_request_head(out, cap, &r, fields, n);
+        len = shmipc_serve_encode_request_head(*out, big, &r, fields, n);
     }
-    if (len == SHMIPC_EMSGSIZE)
+    if (len == SHMIPC_EMSGSIZE) {
         *status = 431;
+        len = 0;
+    } else if (len < 0) {
+        len = -1;
+    }
+out:
+    if (target != tstack)
+        free(target);
+    if (fields != fstack)
+        free(fields);
+    return len;
+}
+
+/* The frame as bytes, or NULL with *status set (414, 431) or an exception. */
+static PyObject *request_frame(const shmipc_http_request *req, int *status)
+{
+    uint8_t stack[4096], *out;
+    int64_t len = shmipcpy_encode_request_frame(req, stack, sizeof stack, &out, status);
+    PyObject *frame = NULL;
+    if (len > 0)
+        frame = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)len);
+    else if (len == -2)
+        PyErr_NoMemory();
     else if (len < 0)
         PyErr_Format(PyExc_ValueError, "the request does not fit a REQUEST_HEAD frame: %s",
                      shmipc_error_detail());
-    else
-        frame = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)len);
-out:
-    if (out != ostack)
-        PyMem_Free(out);
-    if (target != tstack)
-        PyMem_Free(target);
-    if (fields != fstack)
-        PyMem_Free(fields);
+    if (out != stack)
+        free(out);
     return frame;
 }
 
@@ -316,6 +337,8 @@ static void log_handler_error(ServerObject *srv, const shmipc_http_request *req)
 int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, void *user_data)
 {
     route_ctx *ctx = user_data;
+    if (ctx->frame == 3) /* without the GIL */
+        return shmipcpy_queue_route_call(req, res, ctx->queue);
     ServerObject *srv = ctx->server;
     PyGILState_STATE g = shmipcpy_gil_enter();
     int rc = 0, touched = 0, direct = 0;

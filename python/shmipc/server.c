@@ -259,10 +259,34 @@ static PyObject *add_route(ServerObject *self, PyObject *method, PyObject *path,
      * (a Mock, a proxy with __getattr__) is an ordinary handler. */
     PyObject *fr = PyObject_GetAttrString((PyObject *)Py_TYPE(handler), "_shmipc_frame_route");
     ctx->frame = fr == Py_True;
+    ctx->queue = NULL;
     if (fr != NULL && PyUnicode_Check(fr) && PyUnicode_CompareWithASCIIString(fr, "defer") == 0)
         ctx->frame = 2; /* handler(frame, body, pending) */
+    int queue =
+        fr != NULL && PyUnicode_Check(fr) && PyUnicode_CompareWithASCIIString(fr, "queue") == 0;
     Py_XDECREF(fr);
     PyErr_Clear();
+    if (queue) {
+        /* Not called: its requests go to its _RouteQueue without the GIL (route_queue.c).
+         * The handlers list holds the queue for the server's life. */
+        PyObject *q = PyObject_GetAttrString(handler, "_shmipc_queue");
+        if (q == NULL || !PyObject_TypeCheck(q, ms->route_queue_type)) {
+            Py_XDECREF(q);
+            PyMem_RawFree(ctx);
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError,
+                            "a queue route needs a _shmipc_queue that is a shmipc._RouteQueue");
+            return NULL;
+        }
+        int rc = PyList_Append(self->handlers, q);
+        Py_DECREF(q);
+        if (rc < 0) {
+            PyMem_RawFree(ctx);
+            return NULL;
+        }
+        ctx->frame = 3;
+        ctx->queue = q;
+    }
     if (PyList_Append(self->handlers, handler) < 0) {
         PyMem_RawFree(ctx);
         return NULL;

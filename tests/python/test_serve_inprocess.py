@@ -1338,3 +1338,38 @@ def test_many_clients_on_four_workers_in_rounds_no_crosstalk_no_leak(backend_):
         if before is None:
             before = count()
     assert count() == before
+
+
+def test_queue_route_registration_and_queue_misuse():
+    # A class that asks for a queue route must carry a shmipc._RouteQueue: anything else is
+    # refused at route(), never a crash at the first request.
+    from shmipc import _shmipc
+
+    class Bad:
+        _shmipc_frame_route = "queue"
+
+        def __init__(self, q):
+            self._shmipc_queue = q
+
+        def __call__(self, *a):
+            return None
+
+    s = shmipc.Server(port=0, workers=1)
+    try:
+        for q in (None, 5, object()):
+            with pytest.raises(TypeError, match="_RouteQueue"):
+                s.route(None, "/x", Bad(q))
+        with pytest.raises(TypeError):
+            s.route(None, "/y", type("NoQueue", (), {"_shmipc_frame_route": "queue",
+                                                     "__call__": lambda self: None})())
+    finally:
+        s.close()
+    with pytest.raises(TypeError):
+        _shmipc._RouteQueue(1)
+    q = _shmipc._RouteQueue()
+    assert q.take() == [] and not q.closed and q.fileno() >= 0
+    q.close()
+    q.close()
+    assert q.closed and q.take() == []
+    with pytest.raises(TypeError):
+        ASGIRoute.__call__(None, b"frame", b"body", None)

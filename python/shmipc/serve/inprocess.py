@@ -152,7 +152,9 @@ class ASGIRoute:
     lifespan shutdown and stops the loop; close it after the server.
     """
 
-    _shmipc_frame_route = "defer"  # server.c: call me with (frame, body, pending)
+    # server.c: not called; each request is queued on _shmipc_queue by the worker thread,
+    # without the GIL (python/shmipc/route_queue.c), and taken here on the loop.
+    _shmipc_frame_route = "queue"
 
     def __init__(self, app, *, lifespan=True, lifespan_timeout=_asgi.LIFESPAN_TIMEOUT,
                  loop_factory=None, max_concurrency=None):
@@ -173,13 +175,10 @@ class ASGIRoute:
         self._life._ls_task = None
         self._life.lifespan_supported = None
         self.state = None
-        self._closed = False
-        # Requests handed to the loop and not taken yet, and whether the loop was woken for
-        # them: a burst of requests costs the loop one wakeup. `_taken`: the pending answers
-        # of the requests the loop took and has not answered. All three under _lock.
-        self._lock = threading.Lock()
-        self._queue = []
-        self._woken = False
+        # The requests the worker threads queued; its eventfd wakes the loop once per burst.
+        self._shmipc_queue = _shmipc._RouteQueue()
+        # The pending answers of the requests taken and not answered yet: the loop thread's
+        # (and, once it ended, the closer's).
         self._taken = set()
         # One close() at a time: a second (another thread's) waits for the first and returns.
         self._close_lock = threading.Lock()
@@ -200,6 +199,7 @@ class ASGIRoute:
         # which wait for this thread: shmipc.Server treats it as a handler (they do not wait).
         _shmipc._handler_thread()
         try:
+            self.loop.add_reader(self._shmipc_queue.fileno(), self._take)
             self.loop.run_forever()
         finally:
             # However it ends (close(), or an app that stopped the loop or raised SystemExit
@@ -208,13 +208,11 @@ class ASGIRoute:
             self._refuse_queued()
 
     def _refuse_queued(self):
-        """The loop takes nothing any more: every request handed to it and not answered (a
-        task the stopped loop will never finish included) is answered 500."""
-        with self._lock:
-            self._closed = True
-            left = [q[2] for q in self._queue] + list(self._taken)
-            self._queue = []
-            self._taken = set()
+        """The loop takes nothing any more: later requests get 500 from the worker, and every
+        request queued or taken and not answered (a task the stopped loop will never finish
+        included) is answered 500."""
+        self._shmipc_queue.close()
+        left, self._taken = self._taken, set()
         for pending in left:
             if not pending.sent:
                 pending.send(*_ERROR)
@@ -238,40 +236,24 @@ class ASGIRoute:
                 raise TimeoutError(f"the ASGI route's loop did not answer in {timeout} s")
         return fut.result()
 
-    def __call__(self, frame, body, pending):
-        """On a server worker thread: hands the request to the loop and returns at once."""
-        scope = sf.decode_request_scope(frame)
-        if self.state is not None:
-            scope["state"] = dict(self.state)  # the spec: a shallow copy per request
-        with self._lock:
-            closed = self._closed
-            busy = not closed and self.max_concurrency is not None and (
-                len(self._taken) + len(self._queue) >= self.max_concurrency)
-            if not closed and not busy:
-                self._queue.append((scope, body, pending))
-                if self._woken:
-                    return
-                self._woken = True
-        if closed:
-            log.error("shmipc-serve: the ASGI route is closed: 500 for %s %s", scope["method"],
-                      scope["raw_path"])
-            pending.send(*_ERROR)
-            return
-        if busy:
-            pending.send(503, _BUSY_HEADERS, b"Service Unavailable\n")
-            return
-        try:
-            self.loop.call_soon_threadsafe(self._take)
-        except RuntimeError:  # the loop closed since the check above
-            self._refuse_queued()
+    def __call__(self, *args):
+        raise TypeError("an ASGIRoute is served by shmipc.Server.route(), not called")
 
     def _take(self):
-        """On the loop: the requests handed over since the last wakeup become tasks."""
-        with self._lock:
-            queued, self._queue = self._queue, []
-            self._woken = False
-            self._taken.update(q[2] for q in queued)
-        for scope, body, pending in queued:
+        """On the loop: the requests the workers queued since the last wakeup become tasks."""
+        for frame, body, pending in self._shmipc_queue.take():
+            try:
+                scope = sf.decode_request_scope(frame)
+            except Exception:  # noqa: BLE001 (our own encoding: not expected)
+                log.exception("shmipc-serve: a request frame did not decode")
+                pending.send(*_ERROR)
+                continue
+            if self.state is not None:
+                scope["state"] = dict(self.state)  # the spec: a shallow copy per request
+            if self.max_concurrency is not None and len(self._taken) >= self.max_concurrency:
+                pending.send(503, _BUSY_HEADERS, b"Service Unavailable\n")
+                continue
+            self._taken.add(pending)
             self.loop.create_task(self._serve(scope, body, pending))
 
     async def _serve(self, scope, body, pending):
@@ -297,8 +279,7 @@ class ASGIRoute:
                     pending.send(*_ERROR)
         finally:
             h.finish()
-            with self._lock:
-                self._taken.discard(pending)
+            self._taken.discard(pending)
             if not pending.sent:  # cancelled (close())
                 pending.send(*_ERROR)
 
