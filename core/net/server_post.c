@@ -393,6 +393,10 @@ static int post(struct shmipc__pending *p)
     pthread_mutex_lock(&pb->mu);
     if (p->ended || pb->closed) {
         pthread_mutex_unlock(&pb->mu);
+        /* The body is still the owner's: released here, before the call returns (the worker
+         * may still hold its reference, in on_end, and would release it later, on its own
+         * thread). */
+        body_drop(p);
         pending_unref(p);
         return shmipc__fail(SHMIPC_ECLOSED, "http_pending_send: the request is no longer "
                                             "waiting (the client left, its deadline passed, or "

@@ -20,6 +20,7 @@ static atomic_int pslot_next;
 static atomic_int preasons[5];
 static atomic_int pwrong;
 static atomic_int pborrowed, preleased;
+static atomic_int p_end_sleep_ms; /* a slow on_end (the worker still holds its reference) */
 
 #define PWRONG(what)                                                                               \
     do {                                                                                           \
@@ -49,6 +50,9 @@ static void p_end(void *ud, int reason)
     if (atomic_fetch_add(&s->ends, 1) != 0)
         PWRONG("on_end twice");
     atomic_fetch_add(&preasons[reason], 1);
+    int ms = atomic_load(&p_end_sleep_ms);
+    if (ms > 0)
+        usleep((useconds_t)ms * 1000);
 }
 
 static void p_release(void *ud)
@@ -557,8 +561,41 @@ static void pending_crosstalk(void **state)
     assert_int_equal(atomic_load(&preleased), atomic_load(&pborrowed));
 }
 
+/* A send refused because the request stopped waiting releases the borrowed body before it
+ * returns, on the caller's thread, even while the worker is still in on_end. */
+static void pending_refused_releases_now(void **state)
+{
+    struct srv t;
+    struct srv_opts o = {.routes = p_routes};
+    struct rd r;
+    (void)state;
+    p_reset();
+    srv_start(&t, &o);
+    rd_open(&r, t.port);
+    send_str(r.fd, "GET /defer/hold/1 HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_true(pq_wait(1));
+    struct pjob *j = pq_pop();
+    atomic_store(&p_end_sleep_ms, 300);
+    rd_close(&r);
+    uint64_t end = mono_ms() + 5000;
+    while (shmipc_http_pending_waiting(j->p) && mono_ms() < end)
+        usleep(1000);
+    assert_int_equal(shmipc_http_pending_waiting(j->p), 0);
+    char *copy = strdup("late");
+    atomic_fetch_add(&pborrowed, 1);
+    CHECK(shmipc_http_pending_body_borrow(j->p, copy, 4, copy, p_release));
+    assert_int_equal(shmipc_http_pending_send(j->p), SHMIPC_ECLOSED);
+    assert_int_equal(atomic_load(&preleased), 1); /* "nothing is sent, the body is released" */
+    free(j);
+    p_all_ended(1);
+    atomic_store(&p_end_sleep_ms, 0);
+    srv_stop(&t);
+    assert_int_equal(atomic_load(&preleased), atomic_load(&pborrowed));
+}
+
 #define PENDING_TESTS                                                                              \
     cmocka_unit_test(pending_answers), cmocka_unit_test(pending_stops_waiting),                    \
-        cmocka_unit_test(pending_across_stop), cmocka_unit_test(pending_crosstalk)
+        cmocka_unit_test(pending_across_stop), cmocka_unit_test(pending_crosstalk),                \
+        cmocka_unit_test(pending_refused_releases_now)
 
 #endif
