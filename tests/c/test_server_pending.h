@@ -184,10 +184,36 @@ static void p_threads_stop(void)
 
 /* ---- the handler ---- */
 
+/* "give": on_end itself gives the handle up (the owner never took it): a send there is
+ * refused and its borrowed body released; a free there is quiet. */
+struct pgive {
+    struct pslot *slot;
+    shmipc_http_pending *p;
+    int send;
+};
+
+static void p_end_give(void *ud, int reason)
+{
+    struct pgive *g = ud;
+    p_end(g->slot, reason);
+    if (g->send) {
+        char *copy = strdup("late");
+        atomic_fetch_add(&pborrowed, 1);
+        if (shmipc_http_pending_body_borrow(g->p, copy, 4, copy, p_release) < 0 ||
+            shmipc_http_pending_send(g->p) != SHMIPC_ECLOSED)
+            PWRONG("a send from on_end");
+    } else {
+        shmipc_http_pending_free(g->p);
+    }
+    free(g);
+}
+
 /*
  * Modes: thread, jitter, close, free (to the answer threads); hold (queued, nobody takes it:
  * the test does), fail (defers, then returns an error), inline (sends from the handler
- * itself), short (a 150 ms deadline, held), misuse (the calls' refusals, then answered).
+ * itself), short (a 150 ms deadline, held), misuse (the calls' refusals, then answered);
+ * give, givefree (on_end sends or frees the handle), inlinefail, inlinefree (the handler
+ * sends or frees, then fails), limits (4096 header bytes, sent from the handler).
  */
 static int h_defer(shmipc_http_request *req, shmipc_http_response *res, void *ud)
 {
@@ -203,6 +229,20 @@ static int h_defer(shmipc_http_request *req, shmipc_http_response *res, void *ud
         return SHMIPC_EINVAL;
     }
     int timeout = strcmp(j->mode, "short") == 0 ? 150 : -1;
+    if (strcmp(j->mode, "give") == 0 || strcmp(j->mode, "givefree") == 0) {
+        struct pgive *g = calloc(1, sizeof *g);
+        assert_non_null(g);
+        g->slot = &pslots[slot];
+        g->send = strcmp(j->mode, "give") == 0;
+        int ms = j->n % 2 ? 150 : -1; /* odd n: a 150 ms deadline; even n: none */
+        free(j);
+        if (shmipc_http_response_defer(res, ms, p_end_give, g, &g->p) < 0) {
+            PWRONG("defer");
+            free(g);
+            return SHMIPC_EIO;
+        }
+        return 0;
+    }
     if (strcmp(j->mode, "misuse") == 0) {
         if (shmipc_http_response_defer(res, 0, p_end, &pslots[slot], &p) != SHMIPC_EINVAL ||
             p != NULL)
@@ -260,6 +300,35 @@ static int h_defer(shmipc_http_request *req, shmipc_http_response *res, void *ud
     }
     if (strcmp(j->mode, "inline") == 0) {
         p_answer(j);
+        free(j);
+        return 0;
+    }
+    if (strcmp(j->mode, "inlinefail") == 0) {
+        p_answer(j); /* sent, then the handler fails: its 500 wins, the answer is dropped */
+        free(j);
+        return SHMIPC_EIO;
+    }
+    if (strcmp(j->mode, "inlinefree") == 0) {
+        shmipc_http_pending_free(j->p);
+        free(j);
+        return SHMIPC_EIO;
+    }
+    if (strcmp(j->mode, "limits") == 0) {
+        /* 4096 header bytes exactly (name, value, one byte each for the NUL), then no more;
+         * 30 more one-byte headers would not fit either. */
+        static char big[4096];
+        memset(big, 'v', sizeof big);
+        /* Content-Type, text/plain and its NUL: 23 bytes; X-Big and the value's NUL: 6. */
+        big[4096 - 23 - 6] = '\0';
+        if (shmipc_http_pending_add_header(p, "Content-Type", "text/plain") < 0 ||
+            shmipc_http_pending_add_header(p, "X-Big", big) < 0)
+            PWRONG("4096 header bytes");
+        if (shmipc_http_pending_add_header(p, "Y", "") != SHMIPC_ENOSPC)
+            PWRONG("4097 header bytes");
+        if (shmipc_http_pending_add_header(p, "Connection", "close") < 0)
+            PWRONG("Connection: close beside 4096 bytes");
+        if (shmipc_http_pending_send(p) < 0)
+            PWRONG("send");
         free(j);
         return 0;
     }
@@ -593,9 +662,65 @@ static void pending_refused_releases_now(void **state)
     assert_int_equal(atomic_load(&preleased), atomic_load(&pborrowed));
 }
 
+/* Edges that hold (pinned): on_end gives the handle up itself (a send refused, its borrowed
+ * body released; a free quiet), after the client left and after the deadline; an answer sent
+ * from the handler that then fails (its 500 wins, the borrowed body is released once), or
+ * freed there; the 4096 header bytes exactly, refused at 4097, Connection: close beside them. */
+static void pending_edges(void **state)
+{
+    struct srv t;
+    struct srv_opts o = {.routes = p_routes};
+    struct rd r;
+    struct resp p;
+    (void)state;
+    p_reset();
+    srv_start(&t, &o);
+    /* on_end gives the handle up: the client leaves (even n), the deadline passes (odd n). */
+    for (int i = 0; i < 4; i++) {
+        char req[128];
+        snprintf(req, sizeof req, "GET /defer/%s/%d HTTP/1.1\r\nHost: x\r\n\r\n",
+                 i < 2 ? "give" : "givefree", i);
+        rd_open(&r, t.port);
+        if (i % 2) {
+            exchange(&r, req, &p);
+            assert_int_equal(p.status, 504);
+            free(p.body);
+        } else {
+            send_str(r.fd, req);
+            usleep(50 * 1000);
+        }
+        rd_close(&r);
+    }
+    rd_open(&r, t.port);
+    exchange(&r, "GET /defer/inlinefail/5 HTTP/1.1\r\nHost: x\r\n\r\n", &p);
+    assert_int_equal(p.status, 500);
+    free(p.body);
+    rd_close(&r);
+    rd_open(&r, t.port);
+    exchange(&r, "GET /defer/inlinefree/6 HTTP/1.1\r\nHost: x\r\n\r\n", &p);
+    assert_int_equal(p.status, 500);
+    free(p.body);
+    rd_close(&r);
+    rd_open(&r, t.port);
+    exchange(&r, "GET /defer/limits/7 HTTP/1.1\r\nHost: x\r\n\r\n", &p);
+    assert_int_equal(p.status, 200);
+    assert_header(&p, "Connection", "close");
+    assert_header(&p, "Content-Type", "text/plain");
+    assert_non_null(strstr(p.head, "X-Big: vvvv"));
+    free(p.body);
+    expect_eof(&r);
+    rd_close(&r);
+    p_all_ended(7);
+    assert_int_equal(atomic_load(&preasons[SHMIPC_HTTP_PENDING_CLIENT_GONE]), 2);
+    assert_int_equal(atomic_load(&preasons[SHMIPC_HTTP_PENDING_TIMEOUT]), 2);
+    assert_int_equal(atomic_load(&preasons[SHMIPC_HTTP_PENDING_FAILED]), 2);
+    srv_stop(&t);
+    assert_int_equal(atomic_load(&preleased), atomic_load(&pborrowed));
+}
+
 #define PENDING_TESTS                                                                              \
     cmocka_unit_test(pending_answers), cmocka_unit_test(pending_stops_waiting),                    \
         cmocka_unit_test(pending_across_stop), cmocka_unit_test(pending_crosstalk),                \
-        cmocka_unit_test(pending_refused_releases_now)
+        cmocka_unit_test(pending_refused_releases_now), cmocka_unit_test(pending_edges)
 
 #endif
