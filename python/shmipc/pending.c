@@ -328,8 +328,18 @@ static int set_on_end(PendingObject *self, PyObject *value, void *closure)
 static int pending_traverse(PendingObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
-    /* on_end is shared with the C callback, which may still call it: not cleared by the GC,
-     * so not visited either (a cycle through it lives until the request stops waiting). */
+    /* While the C callback holds the state (refs 2) it may still call on_end: not visited
+     * then, nor cleared (a cycle through it lives until the request stops waiting). Once the
+     * request ended, on_end is this object's alone, and a cycle through it is collectable. */
+    if (self->st != NULL && self->st->refs == 1)
+        Py_VISIT(self->st->on_end);
+    return 0;
+}
+
+static int pending_clear(PendingObject *self)
+{
+    if (self->st != NULL && self->st->refs == 1)
+        Py_CLEAR(self->st->on_end);
     return 0;
 }
 
@@ -396,6 +406,7 @@ static PyMemberDef pending_members[] = {
 static PyType_Slot pending_slots[] = {
     {Py_tp_dealloc, pending_dealloc},
     {Py_tp_traverse, pending_traverse},
+    {Py_tp_clear, pending_clear},
     {Py_tp_repr, pending_repr},
     {Py_tp_methods, pending_methods},
     {Py_tp_getset, pending_getset},

@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -341,3 +342,25 @@ def test_many_clients_answered_by_a_pool_no_crosstalk(backend):
     assert wrong == []
     assert len(seen) == 320 and {r for _, r in seen} == {shmipc.PENDING_SENT}
     assert len({tag for tag, _ in seen}) == 320
+
+
+def test_a_cycle_through_on_end_is_collected_once_the_request_ended():
+    # on_end was never visited by the GC, even after the request ended and the C callback
+    # had let it go: a PendingResponse whose on_end referred back to it (a closure, a bound
+    # method of an object that holds it) leaked for good, with everything it held.
+    refs = []
+
+    def handler(req):
+        p = req.defer(timeout=5)
+        p.on_end = lambda reason, p=p: None  # p -> on_end -> p
+        refs.append(weakref.ref(p))
+        assert p.send(200, [], b"ok")
+
+    with start({"/": handler}) as s:
+        assert get(s.port, "/")[2] == b"ok"
+        deadline = time.monotonic() + 5
+        while refs[0]() is not None and time.monotonic() < deadline:
+            gc.collect()  # until the worker's on_end has run and let the state go
+            time.sleep(0.01)
+    assert refs[0]() is None
+
