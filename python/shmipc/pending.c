@@ -175,10 +175,13 @@ static void release_bytes(void *obj)
     PyGILState_Release(g);
 }
 
-/* The answer's fields and body onto the handle; < 0 with an exception set. */
-static int build(PendingObject *self, int status, PyObject *headers, PyObject *body)
+/* The answer's fields and body onto the handle `p`, which send() took from the object first:
+ * the Python code this runs (a headers iterator, a body's buffer) cannot reach it through
+ * the object (a nested or another thread's send() or close() finds it sent); < 0 with an
+ * exception set. */
+static int build(shmipc_http_pending *p, int status, PyObject *headers, PyObject *body)
 {
-    int rc = shmipc_http_pending_set_status(self->p, status);
+    int rc = shmipc_http_pending_set_status(p, status);
     PyObject *it = NULL, *pair;
     if (rc == 0 && headers != NULL && headers != Py_None) {
         if ((it = PyObject_GetIter(headers)) == NULL)
@@ -193,7 +196,7 @@ static int build(PendingObject *self, int status, PyObject *headers, PyObject *b
                 Py_DECREF(it);
                 return -1;
             }
-            rc = shmipc_http_pending_add_header(self->p, name, value);
+            rc = shmipc_http_pending_add_header(p, name, value);
             Py_DECREF(pair);
         }
         Py_DECREF(it);
@@ -202,19 +205,19 @@ static int build(PendingObject *self, int status, PyObject *headers, PyObject *b
     }
     if (rc == 0 && PyBytes_Check(body) && PyBytes_GET_SIZE(body) >= BORROW_MIN) {
         Py_INCREF(body);
-        rc = shmipc_http_pending_body_borrow(self->p, PyBytes_AS_STRING(body),
+        rc = shmipc_http_pending_body_borrow(p, PyBytes_AS_STRING(body),
                                              (size_t)PyBytes_GET_SIZE(body), body, release_bytes);
     } else if (rc == 0 && PyUnicode_Check(body)) {
         Py_ssize_t n;
         const char *text = PyUnicode_AsUTF8AndSize(body, &n);
         if (text == NULL)
             return -1;
-        rc = shmipc_http_pending_body(self->p, text, (size_t)n);
+        rc = shmipc_http_pending_body(p, text, (size_t)n);
     } else if (rc == 0) {
         Py_buffer view;
         if (PyObject_GetBuffer(body, &view, PyBUF_SIMPLE) < 0)
             return -1;
-        rc = shmipc_http_pending_body(self->p, view.buf, (size_t)view.len);
+        rc = shmipc_http_pending_body(p, view.buf, (size_t)view.len);
         PyBuffer_Release(&view);
     }
     if (rc < 0) {
@@ -243,10 +246,11 @@ static PyObject *pending_send(PendingObject *self, PyObject *args, PyObject *kwa
         body = empty = PyBytes_FromStringAndSize(NULL, 0);
     if (body == NULL)
         return NULL;
-    int built = build(self, status, headers, body);
-    Py_XDECREF(empty);
+    /* Given up by the object before any Python code runs in build(). */
     shmipc_http_pending *p = self->p;
     self->p = NULL;
+    int built = build(p, status, headers, body);
+    Py_XDECREF(empty);
     if (built < 0) {
         /* All or nothing: an answer half built is no answer. The client gets 500, as for a
          * handler that returned an invalid response. */

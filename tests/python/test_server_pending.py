@@ -364,3 +364,32 @@ def test_a_cycle_through_on_end_is_collected_once_the_request_ended():
             time.sleep(0.01)
     assert refs[0]() is None
 
+
+def test_a_send_nested_in_another_send_does_not_mix_the_two_answers():
+    # send() used to build on the handle it still held while the headers iterator ran: a
+    # send() (or close()) from that Python code, or from another thread meanwhile, sent an
+    # answer with the first one's status and fields (X-A here) and the outer send() failed
+    # on a NULL handle. The handle is taken first now: the nested send() finds it sent.
+    seen = {}
+
+    def handler(req):
+        p = req.defer(timeout=5)
+
+        def fields():
+            yield ("X-A", "a")
+            try:
+                seen["inner"] = p.send(201, [("X-B", "b")], b"inner")
+            except RuntimeError as e:
+                seen["inner"] = e
+                raise
+            yield ("X-C", "c")
+
+        try:
+            p.send(404, fields(), b"outer")
+        except RuntimeError as e:
+            seen["outer"] = e
+
+    with start({"/": handler}) as s:
+        status, headers, body = get(s.port, "/")
+    assert isinstance(seen["inner"], RuntimeError) and isinstance(seen["outer"], RuntimeError)
+    assert status == 500 and "x-a" not in headers and "x-b" not in headers
