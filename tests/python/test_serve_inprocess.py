@@ -1373,3 +1373,43 @@ def test_queue_route_registration_and_queue_misuse():
     assert q.closed and q.take() == []
     with pytest.raises(TypeError):
         ASGIRoute.__call__(None, b"frame", b"body", None)
+
+
+def test_asgi_app_that_ends_on_http_disconnect_is_no_error(caplog):
+    # An app that returns (or raises) once it got http.disconnect, its client gone, was
+    # logged as "the app failed" with a traceback, for every client that left a long poll;
+    # the pool's worker (asgi.py) logs nothing for the one and info for the other.
+    done = []
+    waiting = threading.Event()
+
+    async def app(scope, receive, send):
+        assert (await receive())["type"] == "http.request"
+        waiting.set()
+        try:
+            assert (await asyncio.wait_for(receive(), 10))["type"] == "http.disconnect"
+            if scope["path"] == "/raise":
+                raise OSError("the client went away")
+        finally:
+            done.append(scope["path"])
+
+    caplog.set_level(logging.INFO, logger="shmipc.serve")
+    with ASGIRoute(app, lifespan=False, max_concurrency=1) as route:
+        s = serve(route)
+        with s:
+            for path in ("/return", "/raise"):
+                waiting.clear()
+                c = socket.create_connection(("127.0.0.1", s.port))
+                c.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                assert waiting.wait(10)
+                c.close()
+                deadline = time.monotonic() + 10
+                while path not in done and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            deadline = time.monotonic() + 10
+            while route._taken and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not route._taken  # the slot of max_concurrency=1 is free again
+    assert done == ["/return", "/raise"]
+    errors = [r for r in caplog.records if r.name == "shmipc.serve" and r.levelno >= logging.ERROR]
+    assert errors == []
+    assert any("went away" in r.getMessage() for r in caplog.records)

@@ -95,12 +95,13 @@ class _Receive:
     thread, wakes the loop) or once the response is complete. send() is C
     (shmipc._serve.ASGISend, python/shmipc/serve_asgi.c)."""
 
-    __slots__ = ("body", "pending", "resp", "done")
+    __slots__ = ("body", "pending", "resp", "done", "disconnected")
 
     def __init__(self, body, pending, resp):
         self.body = body
         self.pending = pending
         self.resp = resp
+        self.disconnected = False  # http.disconnect was given to the app
         # Made by the first receive() that waits: most apps never ask after the body, and an
         # asyncio.Event per request is measurable at these rates.
         self.done = None
@@ -135,6 +136,7 @@ class _Receive:
                 if self._gone():  # it ended before on_end was set
                     done.set()
             await self.done.wait()
+        self.disconnected = True
         return {"type": "http.disconnect"}
 
 
@@ -262,13 +264,17 @@ class ASGIRoute:
         try:
             await self.app(scope, h.receive, resp.send)
             if not resp.complete:
+                if h.disconnected or h._gone():
+                    return  # the client left: no answer to give (as the pool's worker)
                 raise RuntimeError("the app returned before completing its response")
         except (asyncio.CancelledError, GeneratorExit):
             raise  # close(), or a stopped loop's end: answered 500 (the finally, or after)
         except BaseException as e:  # noqa: BLE001
             # SystemExit or KeyboardInterrupt too: out of a task they would leave the loop's
             # run_forever(), its thread would end, and every later request would be refused.
-            if resp.complete:
+            if not resp.complete and (h.disconnected or h._gone()):
+                log.info("shmipc-serve: the app raised after the client went away: %r", e)
+            elif resp.complete:
                 # The response went whole (or its fields were refused: the client got 500).
                 log.error("shmipc-serve: the app failed after its response on %s %s",
                           scope["method"], scope["raw_path"], exc_info=e)
