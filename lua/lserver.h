@@ -16,6 +16,7 @@
 #define REQUEST_MT "shmipc.request"
 #define GATE_MT    "shmipc.gate"
 #define WS_MT      "shmipc.ws"
+#define PENDING_MT "shmipc.pending"
 
 struct shmipc__lua_gate {
     pthread_mutex_t m;
@@ -76,6 +77,8 @@ typedef struct {
 /* A request inside its handler; req is NULL after the handler returned. */
 typedef struct {
     const shmipc_http_request *req;
+    shmipc_http_response *res; /* while the handler runs (NULL for a WebSocket's on_open) */
+    int deferred;              /* req:defer() was called */
 } lrequest;
 
 /* The stop signals of run{signals = true} (server_signals.c): SIGINT and SIGTERM. */
@@ -108,6 +111,8 @@ int shmipc__lua_server_self_or_failure(lua_State *L, int rc);
 int shmipc__lua_server_on_request(shmipc_http_request *req, shmipc_http_response *res,
                                   void *user_data);
 extern const luaL_Reg shmipc__lua_request_meta[];
+extern const luaL_Reg shmipc__lua_pending_methods[];
+extern const luaL_Reg shmipc__lua_pending_meta[];
 
 /* ws.c */
 int shmipc__lua_server_websocket(lua_State *L);

@@ -8,6 +8,8 @@
  */
 #include "lserver.h"
 
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------------------------ */
@@ -69,6 +71,8 @@ static int request_headers(lua_State *L)
     return 1;
 }
 
+static int request_defer(lua_State *L);
+
 typedef const char *(*request_field)(const shmipc_http_request *, size_t *);
 
 /*
@@ -78,7 +82,7 @@ typedef const char *(*request_field)(const shmipc_http_request *, size_t *);
 static int request_index(lua_State *L)
 {
     static const char *const names[] = {"method",  "path",   "query",   "wildcard", "body",
-                                        "version", "header", "headers", NULL};
+                                        "version", "header", "headers", "defer",    NULL};
     static const request_field fields[] = {shmipc_http_request_method, shmipc_http_request_path,
                                            shmipc_http_request_query, shmipc_http_request_wildcard,
                                            shmipc_http_request_body};
@@ -94,7 +98,9 @@ static int request_index(lua_State *L)
     } else if (which == 5) {
         lua_pushnumber(L, shmipc_http_request_version(req) / 10.0);
     } else {
-        lua_pushcfunction(L, which == 6 ? request_header : request_headers);
+        lua_pushcfunction(L, which == 6   ? request_header
+                             : which == 7 ? request_headers
+                                          : request_defer);
     }
     return 1;
 }
@@ -134,7 +140,43 @@ static void check_set(lua_State *L, int rc, const char *what)
         luaL_error(L, "%s: %s (%s)", what, shmipc_error_detail(), shmipc_errname(rc));
 }
 
-static void add_header(lua_State *L, shmipc_http_response *res, int name, int value)
+/*
+ * Where a handler's results go: the handler's response, or a pending answer (req:defer()).
+ * The same checks and messages either way.
+ */
+struct answer {
+    void *to;
+    int (*status)(void *to, int status);
+    int (*header)(void *to, const char *name, const char *value);
+    int (*body)(void *to, const void *data, size_t len);
+};
+
+static int res_status(void *to, int status)
+{
+    return shmipc_http_response_set_status(to, status);
+}
+static int res_header(void *to, const char *name, const char *value)
+{
+    return shmipc_http_response_add_header(to, name, value);
+}
+static int res_body(void *to, const void *data, size_t len)
+{
+    return shmipc_http_response_body(to, data, len);
+}
+static int pend_status(void *to, int status)
+{
+    return shmipc_http_pending_set_status(to, status);
+}
+static int pend_header(void *to, const char *name, const char *value)
+{
+    return shmipc_http_pending_add_header(to, name, value);
+}
+static int pend_body(void *to, const void *data, size_t len)
+{
+    return shmipc_http_pending_body(to, data, len);
+}
+
+static void add_header(lua_State *L, const struct answer *res, int name, int value)
 {
     if (lua_type(L, value) != LUA_TSTRING && lua_type(L, value) != LUA_TNUMBER)
         luaL_error(L, "header %s: the value is a %s, not a string", lua_tostring(L, name),
@@ -144,11 +186,11 @@ static void add_header(lua_State *L, shmipc_http_response *res, int name, int va
     const char *v = lua_tolstring(L, value, &vlen);
     if (strlen(n) != nlen || strlen(v) != vlen)
         luaL_error(L, "header %s: contains a NUL byte", n);
-    check_set(L, shmipc_http_response_add_header(res, n, v), "header");
+    check_set(L, res->header(res->to, n, v), "header");
 }
 
 /* The headers at `idx`: a table of name -> value or array of values, or a Content-Type. */
-static void apply_headers(lua_State *L, shmipc_http_response *res, int idx)
+static void apply_headers(lua_State *L, const struct answer *res, int idx)
 {
     if (lua_isnil(L, idx))
         return;
@@ -179,7 +221,7 @@ static void apply_headers(lua_State *L, shmipc_http_response *res, int idx)
     }
 }
 
-static void apply_body(lua_State *L, shmipc_http_response *res, int idx)
+static void apply_body(lua_State *L, const struct answer *res, int idx)
 {
     size_t len;
     if (lua_isnil(L, idx))
@@ -187,10 +229,10 @@ static void apply_body(lua_State *L, shmipc_http_response *res, int idx)
     if (lua_type(L, idx) != LUA_TSTRING)
         luaL_error(L, "body: a %s, not a string", luaL_typename(L, idx));
     const char *body = lua_tolstring(L, idx, &len);
-    check_set(L, shmipc_http_response_body(res, body, len), "body");
+    check_set(L, res->body(res->to, body, len), "body");
 }
 
-static void apply_status(lua_State *L, shmipc_http_response *res, int idx)
+static void apply_status(lua_State *L, const struct answer *res, int idx)
 {
     int isint = 0;
     lua_Integer status = lua_tointegerx(L, idx, &isint);
@@ -198,7 +240,7 @@ static void apply_status(lua_State *L, shmipc_http_response *res, int idx)
         luaL_error(L, "status: a %s, not an integer", luaL_typename(L, idx));
     if (status < 200 || status > 999)
         luaL_error(L, "status: %I is outside 200..999", status);
-    check_set(L, shmipc_http_response_set_status(res, (int)status), "status");
+    check_set(L, res->status(res->to, (int)status), "status");
 }
 
 /*
@@ -209,11 +251,11 @@ static void apply_status(lua_State *L, shmipc_http_response *res, int idx)
  *   {status =, body =, headers =}
  *   nothing (nil)              204 No Content
  */
-static void apply_result(lua_State *L, shmipc_http_response *res, int first)
+static void apply_result(lua_State *L, const struct answer *res, int first)
 {
     switch (lua_type(L, first)) {
     case LUA_TNIL:
-        check_set(L, shmipc_http_response_set_status(res, 204), "status");
+        check_set(L, res->status(res->to, 204), "status");
         return;
     case LUA_TSTRING:
         apply_body(L, res, first);
@@ -240,6 +282,192 @@ static void apply_result(lua_State *L, shmipc_http_response *res, int first)
     }
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* Answers sent later: req:defer() and the pending answer                               */
+/* ------------------------------------------------------------------------------------ */
+
+/* What the C on_end records, shared by the handle and the callback (both hold a reference). */
+struct pend_state {
+    atomic_int refs;
+    atomic_int reason; /* -1 while the request waits */
+};
+
+typedef struct {
+    shmipc_http_pending *p; /* NULL once sent or closed */
+    struct pend_state *st;
+} lpending;
+
+static void pend_state_unref(struct pend_state *st)
+{
+    if (atomic_fetch_sub(&st->refs, 1) == 1)
+        free(st);
+}
+
+/* The C on_end: on the worker thread, without entering the Lua state. */
+static void pend_end(void *user_data, int reason)
+{
+    struct pend_state *st = user_data;
+    atomic_store(&st->reason, reason);
+    pend_state_unref(st);
+}
+
+static lpending *check_pending(lua_State *L, int arg)
+{
+    return luaL_checkudata(L, arg, PENDING_MT);
+}
+
+/*
+ * req:defer([timeout]) -> pending: the request is answered later with pending:send(); the
+ * handler returns nothing. timeout: seconds until the client gets 504 (nil: none).
+ */
+static int request_defer(lua_State *L)
+{
+    lrequest *r = luaL_checkudata(L, 1, REQUEST_MT);
+    if (r->req == NULL || r->res == NULL)
+        return luaL_error(L, "req:defer() is for the request's own handler, while it runs");
+    if (r->deferred)
+        return luaL_error(L, "req:defer(): deferred already");
+    int timeout_ms = -1;
+    if (!lua_isnoneornil(L, 2)) {
+        lua_Number t = luaL_checknumber(L, 2);
+        if (!(t > 0) || t > 3600)
+            return luaL_error(L, "req:defer(): a timeout of %f s (want 0 < t <= 3600, or nil)",
+                              (double)t);
+        timeout_ms = (int)(t * 1000 + 0.5);
+        if (timeout_ms < 1)
+            timeout_ms = 1;
+    }
+    lpending *lp = lua_newuserdatauv(L, sizeof *lp, 0);
+    lp->p = NULL;
+    lp->st = NULL;
+    luaL_setmetatable(L, PENDING_MT);
+    struct pend_state *st = malloc(sizeof *st);
+    if (st == NULL)
+        return luaL_error(L, "req:defer(): out of memory");
+    atomic_init(&st->refs, 2);
+    atomic_init(&st->reason, -1);
+    int rc = shmipc_http_response_defer(r->res, timeout_ms, pend_end, st, &lp->p);
+    if (rc < 0) {
+        free(st);
+        return luaL_error(L, "req:defer(): %s (%s)", shmipc_error_detail(), shmipc_errname(rc));
+    }
+    lp->st = st;
+    r->deferred = 1;
+    return 1;
+}
+
+static shmipc_http_pending *take_pending(lua_State *L, lpending *lp)
+{
+    shmipc_http_pending *p = lp->p;
+    if (p == NULL)
+        luaL_error(L, "this " PENDING_MT " was sent or closed already");
+    lp->p = NULL;
+    return p;
+}
+
+/* Under pcall: the answer onto the handle at 1 (its arguments at 2..4). */
+static int protected_fill(lua_State *L)
+{
+    struct answer a = {lua_touserdata(L, lua_upvalueindex(1)), pend_status, pend_header, pend_body};
+    apply_result(L, &a, 2);
+    return 0;
+}
+
+/*
+ * pending:send(status, body [, headers]) (or body, or a table, as a handler returns) -> true
+ * once queued for the client, false when the request no longer waits. An invalid answer
+ * raises, and the client gets 500: an answer goes whole or not at all. Once only.
+ */
+static int pending_send(lua_State *L)
+{
+    lpending *lp = check_pending(L, 1);
+    shmipc_http_pending *p = take_pending(L, lp);
+    lua_settop(L, 4);
+    lua_pushlightuserdata(L, p);
+    lua_pushcclosure(L, protected_fill, 1);
+    lua_insert(L, 1); /* fill, handle, status, body, headers */
+    if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
+        shmipc_http_pending_free(p); /* the client gets 500 */
+        return lua_error(L);
+    }
+    int rc = shmipc_http_pending_send(p);
+    if (rc < 0 && rc != SHMIPC_ECLOSED)
+        return luaL_error(L, "pending:send(): %s (%s)", shmipc_error_detail(), shmipc_errname(rc));
+    lua_pushboolean(L, rc == 0);
+    return 1;
+}
+
+/* pending:close(): gives the answer up unsent (a request still waiting gets 500). */
+static int pending_close(lua_State *L)
+{
+    lpending *lp = check_pending(L, 1);
+    shmipc_http_pending *p = lp->p;
+    lp->p = NULL;
+    shmipc_http_pending_free(p);
+    return 0;
+}
+
+static int pending_gc(lua_State *L)
+{
+    lpending *lp = check_pending(L, 1);
+    pending_close(L);
+    if (lp->st != NULL) {
+        pend_state_unref(lp->st);
+        lp->st = NULL;
+    }
+    return 0;
+}
+
+static const char *const pending_reasons[] = {"sent", "client_gone", "timeout", "failed",
+                                              "abandoned"};
+
+/* pending:waiting() -> true while the request waits for its answer. */
+static int pending_waiting(lua_State *L)
+{
+    lpending *lp = check_pending(L, 1);
+    lua_pushboolean(L, lp->st != NULL && atomic_load(&lp->st->reason) < 0);
+    return 1;
+}
+
+/* pending:reason() -> nil while the request waits; then "sent", "client_gone", "timeout",
+ * "failed" or "abandoned". */
+static int pending_reason(lua_State *L)
+{
+    lpending *lp = check_pending(L, 1);
+    int reason = lp->st != NULL ? atomic_load(&lp->st->reason) : -1;
+    if (reason < 0 || reason > 4)
+        lua_pushnil(L);
+    else
+        lua_pushstring(L, pending_reasons[reason]);
+    return 1;
+}
+
+static int pending_tostring(lua_State *L)
+{
+    lpending *lp = check_pending(L, 1);
+    int reason = lp->st != NULL ? atomic_load(&lp->st->reason) : -1;
+    lua_pushfstring(L, PENDING_MT " (%s)",
+                    reason >= 0 && reason <= 4 ? pending_reasons[reason]
+                    : lp->p == NULL            ? "given up"
+                                               : "waiting");
+    return 1;
+}
+
+const luaL_Reg shmipc__lua_pending_methods[] = {
+    {"send", pending_send},
+    {"close", pending_close},
+    {"waiting", pending_waiting},
+    {"reason", pending_reason},
+    {NULL, NULL},
+};
+
+const luaL_Reg shmipc__lua_pending_meta[] = {
+    {"__gc", pending_gc},
+    {"__close", pending_gc},
+    {"__tostring", pending_tostring},
+    {NULL, NULL},
+};
+
 /*
  * Under pcall on T (a function of its own, so its stack starts at 1): arguments route, req
  * and res as light userdata, and the routes table. Runs one handler and applies its result.
@@ -253,12 +481,23 @@ static int protected_request(lua_State *T)
     lua_rawgeti(T, 4, r->index);
     lrequest *req = lua_newuserdatauv(T, sizeof *req, 0);
     req->req = creq;
+    req->res = res;
+    req->deferred = 0;
     luaL_setmetatable(T, REQUEST_MT);
     r->c->cur_request = req;
     lua_call(T, 1, 3);
     req->req = NULL;
+    req->res = NULL;
     r->c->applying = 1;
-    apply_result(T, res, 5);
+    if (req->deferred) {
+        /* The answer is the pending one's: a returned answer could no longer be given. */
+        if (!lua_isnil(T, 5))
+            luaL_error(T, "a handler that deferred its request returns nothing, not a %s",
+                       luaL_typename(T, 5));
+        return 0;
+    }
+    struct answer a = {res, res_status, res_header, res_body};
+    apply_result(T, &a, 5);
     return 0;
 }
 
@@ -293,7 +532,7 @@ int shmipc__lua_server_on_request(shmipc_http_request *req, shmipc_http_response
         if (c->cur_request != NULL)
             ((lrequest *)c->cur_request)->req = NULL;
         shmipc__lua_server_log_error(T, r->label);
-        if (c->applying) {
+        if (c->applying || (c->cur_request != NULL && ((lrequest *)c->cur_request)->deferred)) {
             rc = -1; /* part of the response is set: the server answers 500 and closes */
         } else {
             shmipc_http_response_set_status(res, 500);

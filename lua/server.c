@@ -523,6 +523,12 @@ void shmipc__lua_open_server(lua_State *L)
     luaL_newmetatable(L, REQUEST_MT);
     luaL_setfuncs(L, shmipc__lua_request_meta, 0);
     lua_pop(L, 1);
+    luaL_newmetatable(L, PENDING_MT);
+    luaL_setfuncs(L, shmipc__lua_pending_meta, 0);
+    lua_newtable(L);
+    luaL_setfuncs(L, shmipc__lua_pending_methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
     luaL_newmetatable(L, GATE_MT);
     luaL_setfuncs(L, shmipc__lua_gate_meta, 0);
     lua_pop(L, 1);

@@ -134,6 +134,8 @@ static int protected_ws_open(lua_State *T)
     lua_pushvalue(T, 4);
     lrequest *req = lua_newuserdatauv(T, sizeof *req, 0);
     req->req = e->req;
+    req->res = NULL; /* an upgrade is not deferred from Lua */
+    req->deferred = 0;
     luaL_setmetatable(T, REQUEST_MT);
     e->r->c->cur_request = req;
     lua_call(T, 2, 1);
