@@ -529,10 +529,16 @@ int shmipc__lua_server_on_request(shmipc_http_request *req, shmipc_http_response
     lua_pushlightuserdata(T, res);
     lua_pushvalue(T, T_ROUTES);
     if (lua_pcall(T, 4, 0, T_MSGH) != LUA_OK) {
-        if (c->cur_request != NULL)
-            ((lrequest *)c->cur_request)->req = NULL;
+        /* Read before the log: its on_error can collect the request's userdata. */
+        lrequest *cur = c->cur_request;
+        int deferred = cur != NULL && cur->deferred;
+        if (cur != NULL) {
+            cur->req = NULL;
+            cur->res = NULL;
+        }
+        c->cur_request = NULL;
         shmipc__lua_server_log_error(T, r->label);
-        if (c->applying || (c->cur_request != NULL && ((lrequest *)c->cur_request)->deferred)) {
+        if (c->applying || deferred) {
             rc = -1; /* part of the response is set: the server answers 500 and closes */
         } else {
             shmipc_http_response_set_status(res, 500);

@@ -183,4 +183,30 @@ function tests.misuse(t)
     t.eq(fetch(port, "GET", "/header").status, 500, "an invalid header is a 500")
 end
 
+-- A handler that raises: whether it had deferred was read from its request's userdata after
+-- the error was logged, and the log's on_error can collect that userdata (a read after free:
+-- memory reused there made a plain error a bare 500 and a closed connection).
+function tests.error_logged_with_a_collection_is_the_handlers_500(t)
+    local keep = {}
+    local srv <close> = assert(shmipc.server({
+        port = 0,
+        workers = 1,
+        on_error = function()
+            collectgarbage("collect")
+            for i = 1, 2000 do -- reuse the freed blocks, non-zero bytes everywhere
+                keep[i] = string.format("%07d", i) .. string.rep("x", 24)
+            end
+        end,
+    }))
+    assert(srv:route("GET", "/err", function()
+        error("boom")
+    end))
+    assert(srv:start())
+    for i = 1, 5 do
+        local r = fetch(srv:port(), "GET", "/err")
+        t.eq(r.status, 500, "status " .. i)
+        t.eq(r.body, "internal server error\n", "the handler error's own 500, " .. i)
+    end
+end
+
 return tests
