@@ -405,6 +405,12 @@ fail:
 static PyObject *send_send(PyObject *o, PyObject *message)
 {
     asgi_send *self = (asgi_send *)o;
+    if (self->pending == NULL) {
+        /* Made by __new__ without __init__, or cleared by the collector (a cycle's finalizer
+         * calling it): no answer to hand over. */
+        PyErr_SetString(PyExc_RuntimeError, "this ASGISend has no PendingResponse");
+        return NULL;
+    }
     if (!PyDict_Check(message)) {
         PyErr_Format(PyExc_TypeError, "an ASGI message must be a dict, not %s",
                      Py_TYPE(message)->tp_name);

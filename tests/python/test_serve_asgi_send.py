@@ -184,3 +184,17 @@ def test_constructor_misuse_and_gc():
     del r
     gc.collect()
     assert w() is None
+
+
+def test_uninitialized_is_an_error_not_a_crash():
+    # ASGISend.__new__ without __init__ has no PendingResponse: the last body message called
+    # its send() through a NULL pointer (a segfault).
+    r = sf.ASGISend.__new__(sf.ASGISend)
+    with pytest.raises(RuntimeError, match="no PendingResponse"):
+        r.send(start())
+    with pytest.raises(RuntimeError, match="no PendingResponse"):
+        r.send({"type": "http.response.body", "body": b"x"})
+    r.__init__("GET", Pending())
+    r.send(start())
+    r.send({"type": "http.response.body", "body": b"x"})
+    assert r.complete
