@@ -381,11 +381,13 @@ static int protected_fill(lua_State *L)
 static int pending_send(lua_State *L)
 {
     lpending *lp = check_pending(L, 1);
-    shmipc_http_pending *p = take_pending(L, lp);
+    if (lp->p == NULL)
+        return luaL_error(L, "this " PENDING_MT " was sent or closed already");
     lua_settop(L, 4);
-    lua_pushlightuserdata(L, p);
-    lua_pushcclosure(L, protected_fill, 1);
-    lua_insert(L, 1); /* fill, handle, status, body, headers */
+    lua_pushlightuserdata(L, lp->p);
+    lua_pushcclosure(L, protected_fill, 1); /* may raise (memory): the handle is still lp's */
+    lua_insert(L, 1);                       /* fill, handle, status, body, headers */
+    shmipc_http_pending *p = take_pending(L, lp);
     if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
         shmipc_http_pending_free(p); /* the client gets 500 */
         return lua_error(L);

@@ -60,10 +60,16 @@ static void pend_end(void *user_data, int reason)
     pend_state *st = user_data;
     atomic_store(&st->reason, reason);
     if (atomic_load(&st->on_end) == NULL) {
-        /* Nothing to call. The last reference here means the object is gone, and on_end
-         * can only be set through it: still NULL, nothing to release under the GIL. */
-        if (atomic_fetch_sub(&st->refs, 1) == 1)
+        /* Nothing to call. The last reference here means the object is gone; it may have set
+         * an on_end between the look above and the drop, which then needs the GIL to go. */
+        if (atomic_fetch_sub(&st->refs, 1) == 1) {
+            if (atomic_load(&st->on_end) != NULL) {
+                PyGILState_STATE g = shmipcpy_gil_enter();
+                Py_DECREF(atomic_load(&st->on_end));
+                PyGILState_Release(g);
+            }
             PyMem_RawFree(st);
+        }
         return;
     }
     PyGILState_STATE g = shmipcpy_gil_enter();

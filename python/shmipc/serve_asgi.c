@@ -52,9 +52,12 @@ static PyObject *done_throw(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     PyObject *exc = args[0];
     if (PyExceptionClass_Check(exc))
-        PyErr_SetNone(exc);
-    else
+        PyErr_SetObject(exc, nargs > 1 ? args[1] : Py_None);
+    else if (PyExceptionInstance_Check(exc))
         PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    else
+        PyErr_SetString(PyExc_TypeError,
+                        "exceptions must be classes or instances deriving from BaseException");
     return NULL;
 }
 

@@ -168,6 +168,10 @@ def test_the_awaitable_is_done():
         it.throw(KeyError("k"))
     with pytest.raises(KeyError):
         it.throw(KeyError)
+    with pytest.raises(KeyError, match="given"):
+        it.throw(KeyError, "given")
+    with pytest.raises(TypeError, match="deriving from BaseException"):
+        it.throw(1)
     it.close()
 
 
