@@ -157,6 +157,31 @@ static int answer_prepare(struct server_conn *sc, int status, const char *conten
     return 0;
 }
 
+/* The deferral ends with the answer in sc->http.deferred: the ticket goes stale (its cancel
+ * will not run) and the answer goes out. */
+static void answered(struct server_conn *sc)
+{
+    sc->defer_on = 0;
+    sc->up_on = 0; /* the rest of a streamed body is nobody's: the connection closes */
+    sc->defer_gen++;
+    sc->on_cancel = NULL;
+    sc->answered = 1;
+    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+}
+
+/* The server's own error answer (its canned body, Connection: close), as the deadline's 504;
+ * nothing is allocated. What the request implied (HEAD, HTTP/1.0) is kept. */
+static void answer_error(struct server_conn *sc, int status)
+{
+    struct shmipc__http_response *r = &sc->http.deferred;
+    uint16_t keep = r->flags;
+    memset(r, 0, sizeof *r);
+    r->flags = keep;
+    shmipc__http_response_error(r, status);
+    sc->ws_defer = 0;
+    answered(sc);
+}
+
 int shmipc__server_complete(struct shmipc__server_ticket t, int status, const char *content_type,
                             const struct shmipc__http_header_out *headers, uint32_t nheaders,
                             const void *body, size_t body_len, shmipc_destroy_cb release,
@@ -197,12 +222,7 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
         bnode->next = sc->answer_rel;
         sc->answer_rel = bnode;
     }
-    sc->defer_on = 0;
-    sc->up_on = 0; /* the rest of a streamed body is nobody's: the connection closes */
-    sc->defer_gen++;
-    sc->on_cancel = NULL;
-    sc->answered = 1;
-    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    answered(sc);
     return 0;
 refuse:
     if (release != NULL)
@@ -218,19 +238,7 @@ int shmipc__server_complete_error(struct shmipc__server_ticket t, int status)
         return rc;
     if (sc->streaming)
         return shmipc__fail(SHMIPC_EINVAL, "complete_error: the answer is streamed");
-    /* As the deadline's 504: the server's canned answer, closing; nothing is allocated. */
-    struct shmipc__http_response *r = &sc->http.deferred;
-    uint16_t keep = r->flags;
-    memset(r, 0, sizeof *r);
-    r->flags = keep;
-    shmipc__http_response_error(r, status);
-    sc->ws_defer = 0;
-    sc->defer_on = 0;
-    sc->up_on = 0;
-    sc->defer_gen++;
-    sc->on_cancel = NULL;
-    sc->answered = 1;
-    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    answer_error(sc, status);
     return 0;
 }
 
@@ -294,17 +302,7 @@ int shmipc__server_ws_accept(struct shmipc__server_ticket t,
     if (sc->w->draining) {
         /* The stop already told its WebSockets to go away (1001): a new one would only be
          * cut by the stop's end. nginx refuses new work while it drains too. */
-        struct shmipc__http_response *r = &sc->http.deferred;
-        uint16_t keep = r->flags;
-        memset(r, 0, sizeof *r);
-        r->flags = keep | SHMIPC__HTTP_RESP_CLOSE;
-        shmipc__http_response_error(r, 503);
-        sc->ws_defer = 0;
-        sc->defer_on = 0;
-        sc->defer_gen++;
-        sc->on_cancel = NULL;
-        sc->answered = 1;
-        shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+        answer_error(sc, 503);
         return shmipc__fail(SHMIPC_EPIPE, "ws_accept: the server is stopping (503)");
     }
     struct shmipc_ws *ws = shmipc__server_ws_new(sc, cbs, user_data);
@@ -331,12 +329,8 @@ int shmipc__server_ws_accept(struct shmipc__server_ticket t,
     /* The bytes behind the head are frames: the HTTP parser stops before them (see
      * shmipc__server_ws_upgrade()), and conn_serve() switches to WebSocket. */
     sc->http.head_reserve = UINT32_MAX;
-    sc->defer_on = 0;
-    sc->defer_gen++;
-    sc->on_cancel = NULL;
-    sc->answered = 1;
     *out = ws;
-    shmipc__server_conn_event(sc, SHMIPC__CE_COMPLETE, NULL, 0);
+    answered(sc);
     return 0;
 }
 

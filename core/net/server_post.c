@@ -193,6 +193,19 @@ static void deliver(struct shmipc__pending *p)
     pending_unref(p); /* the message's (the owner's) reference */
 }
 
+/* The queue, taken whole (and, `close`, the post box closed in the same hold of its mutex). */
+static struct shmipc__pending *postbox_take(struct shmipc__postbox *pb, int close)
+{
+    pthread_mutex_lock(&pb->mu);
+    if (close)
+        pb->closed = 1;
+    struct shmipc__pending *p = pb->head;
+    pb->head = NULL;
+    pb->tail = &pb->head;
+    pthread_mutex_unlock(&pb->mu);
+    return p;
+}
+
 static void post_drain(struct shmipc__watch *watch, int fd, unsigned events, void *data)
 {
     struct shmipc__postbox *pb = data;
@@ -202,11 +215,7 @@ static void post_drain(struct shmipc__watch *watch, int fd, unsigned events, voi
     (void)events;
     while (read(fd, &n, sizeof n) > 0)
         ;
-    pthread_mutex_lock(&pb->mu);
-    p = pb->head;
-    pb->head = NULL;
-    pb->tail = &pb->head;
-    pthread_mutex_unlock(&pb->mu);
+    p = postbox_take(pb, 0);
     while (p != NULL) {
         struct shmipc__pending *next = p->next;
         p->next = NULL;
@@ -249,12 +258,7 @@ void shmipc__server_post_close(struct shmipc__server_worker *w)
     w->post = NULL;
     shmipc__watch_free(pb->watch);
     pb->watch = NULL;
-    pthread_mutex_lock(&pb->mu);
-    pb->closed = 1;
-    p = pb->head;
-    pb->head = NULL;
-    pb->tail = &pb->head;
-    pthread_mutex_unlock(&pb->mu);
+    p = postbox_take(pb, 1);
     /* Every connection is closed by now, so every request has stopped waiting: what is still
      * queued arrived too late, and goes (its body released here). */
     while (p != NULL) {

@@ -340,7 +340,12 @@ PyObject *shmipcpy_pending_wrap(module_state *ms, shmipc_http_pending *p, void *
 extern PyType_Spec shmipcpy_route_queue_spec;
 int shmipcpy_queue_route_call(shmipc_http_request *req, shmipc_http_response *res, PyObject *queue);
 
-/* request.c: the request as a REQUEST_HEAD frame, without the GIL */
+/* request.c: the answers of the frame routes without Python (414/431, 500), and the request
+ * as a REQUEST_HEAD frame; all without the GIL */
+extern const char shmipcpy_error_body[];
+extern const char shmipcpy_error_type[];
+int shmipcpy_answer_500(shmipc_http_response *res);
+int shmipcpy_answer_direct(shmipc_http_response *res, int status);
 int64_t shmipcpy_encode_request_frame(const shmipc_http_request *req, uint8_t *stack, size_t cap,
                                       uint8_t **out, int *status);
 const char *shmipcpy_header_str(PyObject *o);

@@ -163,13 +163,16 @@ static int apply_normalized(ServerObject *srv, shmipc_http_response *res, PyObje
     return 0;
 }
 
-/* The 500 of a failed handler, on a response nothing was set on yet. */
-static int answer_500(shmipc_http_response *res)
+/* The 500 of a failed handler (and of the adapters: inprocess.py's _ERROR), on a response
+ * nothing was set on yet. No Python: the queue route answers with it without the GIL. */
+const char shmipcpy_error_body[] = "Internal Server Error\n";
+const char shmipcpy_error_type[] = "text/plain; charset=utf-8";
+
+int shmipcpy_answer_500(shmipc_http_response *res)
 {
-    static const char msg[] = "Internal Server Error\n";
     if (shmipc_http_response_set_status(res, 500) < 0 ||
-        shmipc_http_response_add_header(res, "Content-Type", "text/plain; charset=utf-8") < 0 ||
-        shmipc_http_response_body(res, msg, sizeof msg - 1) < 0)
+        shmipc_http_response_add_header(res, "Content-Type", shmipcpy_error_type) < 0 ||
+        shmipc_http_response_body(res, shmipcpy_error_body, sizeof shmipcpy_error_body - 1) < 0)
         return -1;
     return 0;
 }
@@ -312,7 +315,7 @@ static PyObject *call_frame_route(route_ctx *ctx, const shmipc_http_request *req
 }
 
 /* A head over the protocol's limits in a frame route: the front's answer (docs/serve.md). */
-static int answer_direct(shmipc_http_response *res, int status)
+int shmipcpy_answer_direct(shmipc_http_response *res, int status)
 {
     const char *msg = status == 414 ? "URI Too Long\n" : "Request Header Fields Too Large\n";
     if (shmipc_http_response_set_status(res, status) < 0 ||
@@ -347,7 +350,7 @@ int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, voi
     if (ctx->frame) {
         result = call_frame_route(ctx, req, res, &direct);
         if (direct) {
-            rc = answer_direct(res, direct);
+            rc = shmipcpy_answer_direct(res, direct);
             goto done;
         }
     } else {
@@ -416,7 +419,7 @@ int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, voi
         log_handler_error(srv, req);
         /* A clean 500 keeps the connection; once the handler's answer was partly applied,
          * a negative return makes the C server drop it and answer 500 (closing). */
-        rc = touched ? -1 : answer_500(res);
+        rc = touched ? -1 : shmipcpy_answer_500(res);
     }
     Py_XDECREF(result);
     Py_XDECREF(request);

@@ -42,36 +42,12 @@ typedef struct {
     pid_t pid;
 } RouteQueueObject;
 
-/* The adapters' own 500 (shmipc/serve/inprocess.py's _ERROR, request.c's). */
-static const char server_error[] = "Internal Server Error\n";
-static const char server_error_type[] = "text/plain; charset=utf-8";
-
-/* The worker's own 500 (no deferral): a closed route, or no memory for the request. */
-static int answer_500(shmipc_http_response *res)
-{
-    if (shmipc_http_response_set_status(res, 500) < 0 ||
-        shmipc_http_response_add_header(res, "Content-Type", server_error_type) < 0 ||
-        shmipc_http_response_body(res, server_error, sizeof server_error - 1) < 0)
-        return -1;
-    return 0;
-}
-
-static int answer_direct(shmipc_http_response *res, int status)
-{
-    const char *msg = status == 414 ? "URI Too Long\n" : "Request Header Fields Too Large\n";
-    if (shmipc_http_response_set_status(res, status) < 0 ||
-        shmipc_http_response_add_header(res, "Content-Type", "text/plain") < 0 ||
-        shmipc_http_response_body(res, msg, strlen(msg)) < 0)
-        return -1;
-    return 0;
-}
-
 /* A queued request that will never be taken: the adapters' 500, without the GIL. */
 static void pending_500(shmipc_http_pending *p)
 {
     if (shmipc_http_pending_set_status(p, 500) < 0 ||
-        shmipc_http_pending_add_header(p, "Content-Type", server_error_type) < 0 ||
-        shmipc_http_pending_body(p, server_error, sizeof server_error - 1) < 0) {
+        shmipc_http_pending_add_header(p, "Content-Type", shmipcpy_error_type) < 0 ||
+        shmipc_http_pending_body(p, shmipcpy_error_body, strlen(shmipcpy_error_body)) < 0) {
         shmipc_http_pending_free(p); /* the server's own 500 */
         return;
     }
@@ -88,7 +64,7 @@ int shmipcpy_queue_route_call(shmipc_http_request *req, shmipc_http_response *re
     if (flen <= 0) {
         if (frame != stack)
             free(frame);
-        return status != 0 ? answer_direct(res, status) : answer_500(res);
+        return status != 0 ? shmipcpy_answer_direct(res, status) : shmipcpy_answer_500(res);
     }
     size_t blen = 0;
     const char *body = shmipc_http_request_body(req, &blen);
@@ -98,7 +74,7 @@ int shmipcpy_queue_route_call(shmipc_http_request *req, shmipc_http_response *re
         free(it);
         if (frame != stack)
             free(frame);
-        return answer_500(res);
+        return shmipcpy_answer_500(res);
     }
     it->next = NULL;
     it->st = st;
@@ -115,7 +91,7 @@ int shmipcpy_queue_route_call(shmipc_http_request *req, shmipc_http_response *re
     if (closed || shmipcpy_pending_defer(res, st, &it->p) < 0) {
         shmipcpy_pending_state_drop(st);
         free(it);
-        return answer_500(res);
+        return shmipcpy_answer_500(res);
     }
     pthread_mutex_lock(&q->mu);
     if (q->closed) {
