@@ -662,7 +662,7 @@ def test_cli_in_process(tmp_path, kind):
     argv = [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
             "--workers", "2", "cliapp2:" + ("app" if kind == "wsgi" else "asgi")]
     if kind == "asgi":
-        argv.insert(4, "--asgi")
+        argv[4:4] = ["--asgi", "--concurrency", "64"]
     p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
@@ -692,6 +692,10 @@ def test_cli_in_process_refusals(tmp_path):
     assert r.returncode == 2 and "HOST:PORT" in r.stderr
     r = run("--in-process", "--workers", "0", "os:getcwd")
     assert r.returncode == 2
+    r = run("--in-process", "--concurrency", "4", "os:getcwd")
+    assert r.returncode == 2 and "--concurrency is for --asgi" in r.stderr
+    r = run("--in-process", "--asgi", "--concurrency", "0", "os:getcwd")
+    assert r.returncode == 2 and "--concurrency must be >= 1" in r.stderr
 
 
 def test_cli_sigterm_right_after_listening_stops_it():

@@ -35,9 +35,16 @@ def main(argv=None):
                     help="on SIGTERM/SIGINT, how long requests in flight have (10); ASGI "
                     "requests still in the app then are cancelled; a WSGI one ends the process "
                     "(exit 4)")
+    ap.add_argument("--concurrency", type=int, default=None, metavar="N",
+                    help="--asgi: requests in the app at once, beyond which the server answers "
+                    "503 with Retry-After (default: no bound)")
     args = ap.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         ap.error("--workers must be >= 1")
+    if args.concurrency is not None and not args.asgi:
+        ap.error("--concurrency is for --asgi apps (WSGI runs one request per worker thread)")
+    if args.concurrency is not None and args.concurrency < 1:
+        ap.error("--concurrency must be >= 1")
     if not 0 < args.graceful_timeout <= 86400:
         ap.error("--graceful-timeout must be in 0 .. 86400 seconds")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(message)s")
@@ -54,7 +61,8 @@ def main(argv=None):
     from .inprocess import ASGIRoute, WSGIRoute
 
     try:
-        route = ASGIRoute(app) if args.asgi else WSGIRoute(app)
+        route = (ASGIRoute(app, max_concurrency=args.concurrency) if args.asgi
+                 else WSGIRoute(app))
     except LifespanFailed as e:
         print(f"python -m shmipc.serve: lifespan startup failed: {e}", file=sys.stderr)
         return 3
