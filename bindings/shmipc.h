@@ -1239,8 +1239,10 @@ SHMIPC_API int shmipc_http_pending_body(shmipc_http_pending *p, const void *data
 
 /**
  * The answer's body without a copy: the memory must stay valid and unchanged until
- * release(user_data) runs, once, on whichever thread last holds it (the worker's once sent;
+ * release(user_data) runs, once, on whichever thread last holds it (the worker's once written;
  * the caller's when this call fails or the request stopped waiting). Replacing it releases it.
+ * Without `release` the bytes are copied now, as by shmipc_http_pending_body(). The request's
+ * on_end (SENT) may run before the release: do not free the body in on_end.
  */
 SHMIPC_API int shmipc_http_pending_body_borrow(shmipc_http_pending *p, const void *data, size_t len,
                                                void *user_data, shmipc_destroy_cb release);

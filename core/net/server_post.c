@@ -372,7 +372,9 @@ int shmipc__pending_add_header(struct shmipc__pending *p, const char *name, cons
 int shmipc__pending_body(struct shmipc__pending *p, const void *data, size_t len, void *user_data,
                          shmipc_destroy_cb release, int borrow)
 {
-    if (!borrow) {
+    if (!borrow || release == NULL) {
+        /* Without a release the owner could not know when its memory is free again: copied,
+         * as complete() copies such a body. */
         void *copy = NULL;
         if (len > 0 && (copy = malloc(len)) == NULL)
             return shmipc__fail(SHMIPC_ENOMEM, "http_pending_body: %zu bytes", len);

@@ -193,17 +193,27 @@ static int build(shmipc_http_pending *p, int status, PyObject *headers, PyObject
         if ((it = PyObject_GetIter(headers)) == NULL)
             return -1;
         while (rc == 0 && (pair = PyIter_Next(it)) != NULL) {
-            PyObject *no, *vo;
+            /* A (name, value) pair: a tuple, a list, any sequence of two but text. */
+            PyObject *seq =
+                PyUnicode_Check(pair) || PyBytes_Check(pair)
+                    ? (PyErr_SetString(PyExc_TypeError, "a header must be a (name, value) pair"),
+                       NULL)
+                    : PySequence_Fast(pair, "a header must be a (name, value) pair");
+            Py_DECREF(pair);
             const char *name, *value;
-            if (!PyArg_ParseTuple(pair, "OO", &no, &vo) ||
-                (name = shmipcpy_header_str(no)) == NULL ||
-                (value = shmipcpy_header_str(vo)) == NULL) {
-                Py_DECREF(pair);
+            if (seq != NULL && PySequence_Fast_GET_SIZE(seq) != 2)
+                PyErr_Format(PyExc_TypeError,
+                             "a header must be a (name, value) pair, not %zd items",
+                             PySequence_Fast_GET_SIZE(seq));
+            if (seq == NULL || PyErr_Occurred() ||
+                (name = shmipcpy_header_str(PySequence_Fast_GET_ITEM(seq, 0))) == NULL ||
+                (value = shmipcpy_header_str(PySequence_Fast_GET_ITEM(seq, 1))) == NULL) {
+                Py_XDECREF(seq);
                 Py_DECREF(it);
                 return -1;
             }
             rc = shmipc_http_pending_add_header(p, name, value);
-            Py_DECREF(pair);
+            Py_DECREF(seq);
         }
         Py_DECREF(it);
         if (PyErr_Occurred())

@@ -298,6 +298,18 @@ static int h_defer(shmipc_http_request *req, shmipc_http_response *res, void *ud
         pq_push(j);
         return SHMIPC_EIO;
     }
+    if (strcmp(j->mode, "borrownull") == 0) {
+        /* Lent without a release: copied at once, so the owner may reuse its memory as
+         * soon as the call returned (the worker sends after this handler returns). */
+        static char lent[16];
+        memcpy(lent, "borrowed", 8);
+        if (shmipc_http_pending_body_borrow(p, lent, 8, NULL, NULL) < 0 ||
+            shmipc_http_pending_send(p) < 0)
+            PWRONG("borrow without a release");
+        memset(lent, 'X', 8);
+        free(j);
+        return 0;
+    }
     if (strcmp(j->mode, "inline") == 0) {
         p_answer(j);
         free(j);
@@ -396,6 +408,10 @@ static void pending_answers(void **state)
     exchange(&r, "GET /defer/inline/4 HTTP/1.1\r\nHost: x\r\n\r\n", &p);
     p_check_answer(&p, 4);
     free(p.body);
+    exchange(&r, "GET /defer/borrownull/9 HTTP/1.1\r\nHost: x\r\n\r\n", &p);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "borrowed");
+    free(p.body);
     send_str(r.fd, "HEAD /defer/thread/6 HTTP/1.1\r\nHost: x\r\n\r\n");
     read_response(&r, &p, 1);
     assert_int_equal(p.status, 201);
@@ -421,8 +437,8 @@ static void pending_answers(void **state)
     free(p.body);
     expect_eof(&r);
     rd_close(&r);
-    p_all_ended(7);
-    assert_int_equal(atomic_load(&preasons[SHMIPC_HTTP_PENDING_SENT]), 5);
+    p_all_ended(8);
+    assert_int_equal(atomic_load(&preasons[SHMIPC_HTTP_PENDING_SENT]), 6);
     assert_int_equal(atomic_load(&preasons[SHMIPC_HTTP_PENDING_ABANDONED]), 2);
     p_threads_stop();
 
@@ -443,7 +459,7 @@ static void pending_answers(void **state)
         free(p.body);
     }
     rd_close(&r);
-    p_all_ended(10);
+    p_all_ended(11);
     srv_stop(&t);
     assert_int_equal(atomic_load(&preleased), atomic_load(&pborrowed));
 }

@@ -79,7 +79,7 @@ def test_answer_from_another_thread_and_on_end_once():
         def answer():
             body = {"bytes": b"later", "bytearray": bytearray(b"later"),
                     "memoryview": memoryview(b"xlaterx")[1:6], "big": big, "none": None}[kind]
-            assert p.send(201, [("X-Kind", kind), (b"X-Raw", b"\xe9")], body) is True
+            assert p.send(201, [("X-Kind", kind), [b"X-Raw", b"\xe9"]], body) is True
             assert p.sent
         threading.Thread(target=answer).start()
 
@@ -176,6 +176,7 @@ def test_dropped_or_closed_unsent_is_500_and_send_after_is_refused():
     (199, [], b""), (1000, [], b""), (200, [("Content-Length", "3")], b"abc"),
     (200, [("X", "a\r\nInjected: 1")], b""), (200, [("Bad Name", "x")], b""),
     (200, [("Connection", "keep-alive")], b""), (200, [("X", 1)], b""), (200, [("X",)], b""),
+    (200, [["X", "y", "z"]], b""), (200, ["ab"], b""), (200, [5], b""),
     (200, 5, b""), (200, [("X", "a\0b")], b""), (200, [], "\ud800"), (200, [], 5),
     ("200", [], b""),
 ])
