@@ -393,7 +393,7 @@ int shmipc__pending_body(struct shmipc__pending *p, const void *data, size_t len
 }
 
 /* Queues the pending answer for its worker; gives up the owner's reference either way. */
-static int post(struct shmipc__pending *p)
+int shmipc__pending_send(struct shmipc__pending *p)
 {
     struct shmipc__postbox *pb = p->pb;
     pthread_mutex_lock(&pb->mu);
@@ -423,11 +423,6 @@ static int post(struct shmipc__pending *p)
     return 0;
 }
 
-int shmipc__pending_send(struct shmipc__pending *p)
-{
-    return post(p);
-}
-
 int shmipc__pending_waiting(const struct shmipc__pending *p)
 {
     int ended;
@@ -441,5 +436,5 @@ void shmipc__pending_free(struct shmipc__pending *p)
 {
     body_drop(p);
     p->abandon = 1;
-    (void)post(p);
+    (void)shmipc__pending_send(p);
 }

@@ -299,14 +299,18 @@ typedef struct {
     int stop_flag;     /* stop() asked run() to return (or the next run() not to wait) */
 } ServerObject;
 
+/* What a route's handler is (server.c decides, request.c calls). */
+enum {
+    SHMIPCPY_ROUTE_PLAIN = 0, /* handler(Request) -> a response (request.c) */
+    SHMIPCPY_ROUTE_FRAME = 1, /* handler(frame, body) -> (status, headers, body) */
+    SHMIPCPY_ROUTE_QUEUE = 2, /* not called: queued on `queue` without the GIL (route_queue.c) */
+};
+
 typedef struct {
     ServerObject *server; /* borrowed: the server outlives its routes */
     PyObject *handler;    /* borrowed from server->handlers */
-    /* 1: handler(frame, body) -> (status, headers, body); 2 ("defer"): the request deferred
-     * first, then handler(frame, body, pending), its answer pending.send() (request.c);
-     * 3 ("queue"): not called, the request queued on `queue` without the GIL (route_queue.c) */
-    int frame;
-    PyObject *queue; /* a _RouteQueue, borrowed (the server's handlers list holds it) */
+    int frame;            /* SHMIPCPY_ROUTE_* */
+    PyObject *queue;      /* a _RouteQueue, borrowed (the server's handlers list holds it) */
 } route_ctx;
 
 /* server.c */

@@ -86,45 +86,8 @@ static void pend_end(void *user_data, int reason)
     PyGILState_Release(g);
 }
 
-PyObject *shmipcpy_pending_new(module_state *ms, shmipc_http_response *res, int timeout_ms,
-                               PyObject *on_end)
-{
-    if (on_end == Py_None)
-        on_end = NULL;
-    if (on_end != NULL && !PyCallable_Check(on_end)) {
-        PyErr_SetString(PyExc_TypeError, "on_end must be callable or None");
-        return NULL;
-    }
-    PendingObject *self = PyObject_GC_New(PendingObject, ms->pending_type);
-    if (self == NULL)
-        return NULL;
-    self->p = NULL;
-    self->pid = shmipcpy_pid;
-    self->weakreflist = NULL;
-    self->st = PyMem_RawMalloc(sizeof *self->st);
-    if (self->st == NULL) {
-        PyObject_GC_Del(self);
-        return PyErr_NoMemory();
-    }
-    atomic_init(&self->st->on_end, Py_XNewRef(on_end));
-    atomic_init(&self->st->refs, 1);
-    atomic_init(&self->st->reason, -1);
-    PyObject_GC_Track(self);
-    int rc = shmipc_http_response_defer(res, timeout_ms, pend_end, self->st, &self->p);
-    if (rc < 0) {
-        PyObject *err = shmipcpy_raise_last(ms, rc);
-        Py_DECREF(self);
-        return err;
-    }
-    atomic_fetch_add(&self->st->refs, 1); /* the callback's */
-    return (PyObject *)self;
-}
-
-/* A lent body's release: on the worker thread once written, or on the thread of the send()
- * that was refused (any Python thread, holding the GIL): not shmipcpy_gil_enter(), which is
- * for the server's own threads. The worker has a thread state of its own by then (its route
- * callback made it), so the Ensure is cheap there too. */
-/* ---- for the queue route (route_queue.c): a deferral made without the GIL ---- */
+/* ---- a deferral's state and object; the queue route (route_queue.c) makes the deferral
+ * without the GIL, Request.defer() with it ---- */
 
 void *shmipcpy_pending_state_new(void)
 {
@@ -132,7 +95,7 @@ void *shmipcpy_pending_state_new(void)
     if (st == NULL)
         return NULL;
     atomic_init(&st->on_end, NULL);
-    atomic_init(&st->refs, 2); /* the callback's, and the queued item's (then the object's) */
+    atomic_init(&st->refs, 2); /* the callback's, and the object's (or the queued item's) */
     atomic_init(&st->reason, -1);
     return st;
 }
@@ -148,7 +111,8 @@ void shmipcpy_pending_state_drop(void *st)
     PyMem_RawFree(st);
 }
 
-/* The queued item's reference, given up without the GIL (no on_end was ever set). */
+/* The object's reference before there is an object (a queued item's), given up without the
+ * GIL: no on_end was ever set. */
 void shmipcpy_pending_state_release(void *st)
 {
     pend_state *s = st;
@@ -174,6 +138,36 @@ PyObject *shmipcpy_pending_wrap(module_state *ms, shmipc_http_pending *p, void *
     return (PyObject *)self;
 }
 
+/* Request.defer()'s deferral, on the worker thread inside the route call (where no on_end
+ * of this request can run yet). */
+PyObject *shmipcpy_pending_new(module_state *ms, shmipc_http_response *res, int timeout_ms,
+                               PyObject *on_end)
+{
+    if (on_end == Py_None)
+        on_end = NULL;
+    if (on_end != NULL && !PyCallable_Check(on_end)) {
+        PyErr_SetString(PyExc_TypeError, "on_end must be callable or None");
+        return NULL;
+    }
+    void *st = shmipcpy_pending_state_new();
+    if (st == NULL)
+        return PyErr_NoMemory();
+    shmipc_http_pending *p;
+    int rc = shmipc_http_response_defer(res, timeout_ms, pend_end, st, &p);
+    if (rc < 0) {
+        shmipcpy_pending_state_drop(st);
+        return shmipcpy_raise_last(ms, rc);
+    }
+    PyObject *self = shmipcpy_pending_wrap(ms, p, st);
+    if (self != NULL && on_end != NULL)
+        atomic_store(&((pend_state *)st)->on_end, Py_NewRef(on_end));
+    return self;
+}
+
+/* A lent body's release: on the worker thread once written, or on the thread of the send()
+ * that was refused (any Python thread, holding the GIL): not shmipcpy_gil_enter(), which is
+ * for the server's own threads. The worker has a thread state of its own by then (its route
+ * callback made it), so the Ensure is cheap there too. */
 static void release_bytes(void *obj)
 {
     PyGILState_STATE g = PyGILState_Ensure();

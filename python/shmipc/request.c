@@ -285,27 +285,20 @@ static PyObject *request_frame(const shmipc_http_request *req, int *status)
     return frame;
 }
 
-/* A frame route's handler: handler(frame, body) -> (status, [(name, value)], body); a
- * deferring one (ctx->frame 2): handler(frame, body, pending), its result ignored. */
-static PyObject *call_frame_route(route_ctx *ctx, const shmipc_http_request *req,
-                                  shmipc_http_response *res, int *direct)
+/* A frame route's handler: handler(frame, body) -> (status, [(name, value)], body). */
+static PyObject *call_frame_route(route_ctx *ctx, const shmipc_http_request *req, int *direct)
 {
     size_t blen = 0;
     const char *b = shmipc_http_request_body(req, &blen);
-    PyObject *args[3] = {request_frame(req, direct), NULL, NULL};
+    PyObject *args[2] = {request_frame(req, direct), NULL};
     PyObject *result = NULL;
     if (args[0] == NULL)
         return NULL;
     args[1] = PyBytes_FromStringAndSize(b, (Py_ssize_t)blen);
-    if (args[1] != NULL && ctx->frame == 2)
-        args[2] = shmipcpy_pending_new(shmipcpy_server_state(ctx->server), res, -1, NULL);
-    if (args[1] != NULL && (ctx->frame != 2 || args[2] != NULL))
-        result = PyObject_Vectorcall(ctx->handler, args, ctx->frame == 2 ? 3 : 2, NULL);
+    if (args[1] != NULL)
+        result = PyObject_Vectorcall(ctx->handler, args, 2, NULL);
     Py_DECREF(args[0]);
     Py_XDECREF(args[1]);
-    Py_XDECREF(args[2]);
-    if (ctx->frame == 2)
-        return result;
     if (result != NULL && !PyTuple_Check(result)) {
         PyErr_Format(PyExc_TypeError, "a frame route returns (status, headers, body), not %s",
                      Py_TYPE(result)->tp_name);
@@ -340,7 +333,7 @@ static void log_handler_error(ServerObject *srv, const shmipc_http_request *req)
 int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, void *user_data)
 {
     route_ctx *ctx = user_data;
-    if (ctx->frame == 3) /* without the GIL */
+    if (ctx->frame == SHMIPCPY_ROUTE_QUEUE) /* without the GIL */
         return shmipcpy_queue_route_call(req, res, ctx->queue);
     ServerObject *srv = ctx->server;
     PyGILState_STATE g = shmipcpy_gil_enter();
@@ -348,7 +341,7 @@ int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, voi
     shmipcpy_in_callback = 1;
     PyObject *request = NULL, *result;
     if (ctx->frame) {
-        result = call_frame_route(ctx, req, res, &direct);
+        result = call_frame_route(ctx, req, &direct);
         if (direct) {
             rc = shmipcpy_answer_direct(res, direct);
             goto done;
@@ -367,12 +360,12 @@ int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, voi
             result = NULL;
         }
     }
-    if (ctx->frame == 2 || (!ctx->frame && request != NULL && shmipcpy_cur_deferred)) {
+    if (!ctx->frame && request != NULL && shmipcpy_cur_deferred) {
         /* Deferred: the answer is the PendingResponse's. A handler that failed, or returned
          * an answer it can no longer give, makes the C server answer 500 (and end the
          * deferral: a later send() returns False). */
         shmipcpy_cur_deferred = 0;
-        if (result != NULL && result != Py_None && ctx->frame != 2 &&
+        if (result != NULL && result != Py_None &&
             Py_TYPE(result) != shmipcpy_server_state(srv)->pending_type)
             PyErr_Format(PyExc_TypeError,
                          "a handler that deferred its request returns None, not %s",

@@ -85,17 +85,13 @@ int shmipcpy_queue_route_call(shmipc_http_request *req, shmipc_http_response *re
         memcpy(it->data + flen, body, blen);
     if (frame != stack)
         free(frame);
-    pthread_mutex_lock(&q->mu);
-    int closed = q->closed;
-    pthread_mutex_unlock(&q->mu);
-    if (closed || shmipcpy_pending_defer(res, st, &it->p) < 0) {
+    if (shmipcpy_pending_defer(res, st, &it->p) < 0) {
         shmipcpy_pending_state_drop(st);
         free(it);
         return shmipcpy_answer_500(res);
     }
     pthread_mutex_lock(&q->mu);
-    if (q->closed) {
-        /* Closed since the look above. */
+    if (q->closed) { /* the loop takes nothing any more */
         pthread_mutex_unlock(&q->mu);
         pending_500(it->p);
         shmipcpy_pending_state_release(st);

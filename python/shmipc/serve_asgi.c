@@ -215,16 +215,13 @@ static int contains_close(PyObject *b)
     return 0;
 }
 
-/* Hop-by-hop fields (RFC 9110 §7.6.1): the server's own. */
-static int is_hop(PyObject *name)
+/* Which hop-by-hop field (HOP_*, serve_wsgi.c's list) `name` is, or -1. */
+static int hop_index(PyObject *name)
 {
-    static const char *const hop[] = {
-        "connection", "content-length", "keep-alive", "proxy-connection", "transfer-encoding",
-        "te",         "trailer",        "upgrade"};
-    for (size_t i = 0; i < sizeof hop / sizeof hop[0]; i++)
-        if (bytes_is(name, hop[i]))
-            return 1;
-    return 0;
+    for (int i = 0; i < NHOP; i++)
+        if (bytes_is(name, shmipcpy_serve_hop_names[i]))
+            return i;
+    return -1;
 }
 
 static int take_start(asgi_send *self, PyObject *message)
@@ -268,14 +265,15 @@ static int take_start(asgi_send *self, PyObject *message)
             ok = ok && (name = as_bytes(PyTuple_GET_ITEM(pair, 0), "a header name")) != NULL &&
                  (value = as_bytes(PyTuple_GET_ITEM(pair, 1), "a header value")) != NULL;
             Py_XDECREF(pair);
-            if (ok && is_hop(name)) {
-                if (bytes_is(name, "content-length")) {
+            int hop = ok ? hop_index(name) : -1;
+            if (hop >= 0) {
+                if (hop == HOP_CONTENT_LENGTH) {
                     length = parse_length(value);
                     if (length < 0) {
                         PyErr_Format(PyExc_ValueError, "bad Content-Length %R", value);
                         ok = 0;
                     }
-                } else if (bytes_is(name, "connection") && contains_close(value)) {
+                } else if (hop == HOP_CONNECTION && contains_close(value)) {
                     close = 1;
                 }
             } else if (ok) {

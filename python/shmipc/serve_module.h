@@ -36,6 +36,10 @@ PyObject *shmipcpy_serve_py_encode_request_head(PyObject *module, PyObject *args
 PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObject *kw);
 
 /* serve_wsgi.c */
+/* Hop-by-hop fields (RFC 9110 §7.6.1), lower case; the server's own, dropped from an app's
+ * response. The two read before they are dropped lead the list. */
+enum { HOP_CONNECTION, HOP_CONTENT_LENGTH, NHOP = 8 };
+extern const char *const shmipcpy_serve_hop_names[NHOP];
 int shmipcpy_serve_add_wsgi(PyObject *module);
 PyObject *shmipcpy_serve_py_response_fields(PyObject *module, PyObject *const *args,
                                             Py_ssize_t nargs);

@@ -39,9 +39,7 @@ static int is_set(PyObject *x)
     return x != NULL && x != Py_None;
 }
 
-/* The two hop-by-hop fields read before they are dropped lead the list. */
-enum { HOP_CONNECTION, HOP_CONTENT_LENGTH, NHOP = 8 };
-static const char *const hop_names[NHOP] = {
+const char *const shmipcpy_serve_hop_names[NHOP] = {
     [HOP_CONNECTION] = "connection",
     [HOP_CONTENT_LENGTH] = "content-length",
     "keep-alive",
@@ -237,7 +235,7 @@ static int take_headers(PyObject *headers, PyObject **out, PyObject **length, un
             goto next;
         }
         size_t k = 0;
-        while (k < NHOP && !str_is(name, hop_names[k]))
+        while (k < NHOP && !str_is(name, shmipcpy_serve_hop_names[k]))
             k++;
         if (k == NHOP) {
             rc = PyList_Append(fields, h);
@@ -642,7 +640,7 @@ int shmipcpy_serve_add_wsgi(PyObject *module)
     /* HOP_FIELDS: the same names for the ASGI worker's checks (Python). */
     PyObject *hop = rc == 0 ? PyFrozenSet_New(NULL) : NULL;
     for (size_t i = 0; hop != NULL && i < NHOP; i++) {
-        PyObject *s = PyUnicode_FromString(hop_names[i]);
+        PyObject *s = PyUnicode_FromString(shmipcpy_serve_hop_names[i]);
         if (s == NULL || PySet_Add(hop, s) < 0)
             Py_CLEAR(hop);
         Py_XDECREF(s);

@@ -258,10 +258,8 @@ static PyObject *add_route(ServerObject *self, PyObject *method, PyObject *path,
      * of the handler's class and only True counts: an object that answers every attribute
      * (a Mock, a proxy with __getattr__) is an ordinary handler. */
     PyObject *fr = PyObject_GetAttrString((PyObject *)Py_TYPE(handler), "_shmipc_frame_route");
-    ctx->frame = fr == Py_True;
+    ctx->frame = fr == Py_True ? SHMIPCPY_ROUTE_FRAME : SHMIPCPY_ROUTE_PLAIN;
     ctx->queue = NULL;
-    if (fr != NULL && PyUnicode_Check(fr) && PyUnicode_CompareWithASCIIString(fr, "defer") == 0)
-        ctx->frame = 2; /* handler(frame, body, pending) */
     int queue =
         fr != NULL && PyUnicode_Check(fr) && PyUnicode_CompareWithASCIIString(fr, "queue") == 0;
     Py_XDECREF(fr);
@@ -284,7 +282,7 @@ static PyObject *add_route(ServerObject *self, PyObject *method, PyObject *path,
             PyMem_RawFree(ctx);
             return NULL;
         }
-        ctx->frame = 3;
+        ctx->frame = SHMIPCPY_ROUTE_QUEUE;
         ctx->queue = q;
     }
     if (PyList_Append(self->handlers, handler) < 0) {
