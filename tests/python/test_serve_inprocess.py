@@ -1128,6 +1128,44 @@ def test_cli_asgi_request_that_never_ends_does_not_hold_the_stop(tmp_path):
         assert f.read() == "lifespan.startup\nlifespan.shutdown\n"
 
 
+def test_cli_asgi_app_that_ignores_the_cancel_does_not_hold_the_stop(tmp_path):
+    # Past --graceful-timeout the request still in the app is cancelled; an app that swallows
+    # the cancel held route.close() for the route's lifespan timeout plus one (31 s), whatever
+    # --graceful-timeout said. The cancelled requests now have 1 s, then get their 500.
+    import signal
+    import time
+
+    p, t, got = _cli_with_a_request_in_the_app(str(tmp_path), "deaf", (
+        "import asyncio\n"
+        "async def app(scope, receive, send):\n"
+        "    if scope['type'] != 'http':\n"
+        "        return\n"
+        "    print('in the app', flush=True)\n"
+        "    while True:\n"
+        "        try:\n"
+        "            await asyncio.sleep(60)\n"
+        "        except asyncio.CancelledError:\n"
+        "            pass\n"), "--asgi")
+    try:
+        assert "in the app" in p.stdout.readline()
+        began = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        try:
+            out, _ = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("an ASGI app that ignores the cancel held SIGTERM past 20 s")
+        took = time.monotonic() - began
+        assert p.returncode == 0, out
+        assert took < 8, (took, out)  # 1 s graceful + 1 s for the cancel, with room for CI
+        assert "ignored the cancel" in out, out
+        t.join(10)
+        assert not t.is_alive() and got == [500], got
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
 def test_cli_wsgi_request_that_never_returns_does_not_hold_the_stop(tmp_path):
     # Past --graceful-timeout only ASGI requests were dealt with: a WSGI call that never
     # returns held server.stop(), and the process, for good; a second SIGTERM was only the
@@ -1186,12 +1224,8 @@ print("freed" if res["gone"]() is None else "kept")
     assert out.strip() == "freed"
 
 
-def test_asgi_close_interrupted_still_answers_the_waiting_requests():
-    # close() took the waiting requests out of the route's set, then was interrupted (Ctrl-C)
-    # while the loop cancelled them: nobody answered them, their workers waited for good on a
-    # loop that was still alive, and server.close() (or the exit's) hung.
-    out = _run_child(_CHILD_HEAD + """
-import signal
+# An app whose requests swallow their cancel (for the child's code, after _CHILD_HEAD).
+_DEAF_APP = """
 started = threading.Event()
 async def app(scope, receive, send):
     started.set()
@@ -1200,7 +1234,15 @@ async def app(scope, receive, send):
             await asyncio.sleep(30)
         except asyncio.CancelledError:
             pass
+"""
 
+
+def test_asgi_close_interrupted_still_answers_the_waiting_requests():
+    # close() took the waiting requests out of the route's set, then was interrupted (Ctrl-C)
+    # while the loop cancelled them: nobody answered them, their workers waited for good on a
+    # loop that was still alive, and server.close() (or the exit's) hung.
+    out = _run_child(_CHILD_HEAD + _DEAF_APP + """
+import signal
 route = ASGIRoute(app, lifespan=False, lifespan_timeout=2)
 s = served(route)
 res = []
@@ -1228,6 +1270,40 @@ assert route.loop.is_closed()
 print(res)
 """, timeout=40)
     assert "['interrupted', (500, b'Internal Server Error\\n')]" in out
+
+
+def test_asgi_close_cancel_timeout_bounds_an_app_that_ignores_the_cancel():
+    # close() waited the lifespan timeout (30 s here) for a request that swallows its cancel;
+    # close(cancel_timeout=) bounds that wait, answers 500 and says how many were left.
+    out = _run_child(_CHILD_HEAD + _DEAF_APP + """
+import logging
+import sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+route = ASGIRoute(app, lifespan=False)
+for bad, exc in ((-1, ValueError), (float("nan"), ValueError), (86401, ValueError),
+                 ("1", TypeError), (True, TypeError)):
+    try:
+        route.close(cancel_timeout=bad)
+    except exc:
+        pass
+    else:
+        raise AssertionError(bad)
+assert not route.loop.is_closed()
+s = served(route)
+res = []
+t = threading.Thread(target=get, args=(s.port, "/", res), daemon=True)
+t.start()
+assert started.wait(5)
+began = time.monotonic()
+route.close(cancel_timeout=0.3)
+took = time.monotonic() - began
+t.join(6)
+assert not t.is_alive(), "the client got no answer"
+s.close()
+print(res, took < 5)
+""", timeout=40)
+    assert "[(500, b'Internal Server Error\\n')] True" in out, out
+    assert "1 request(s) ignored the cancel for 0.3 s" in out, out
 
 
 @pytest.mark.parametrize("op", ["stop", "close"])

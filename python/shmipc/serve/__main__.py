@@ -11,6 +11,10 @@ import threading
 from .worker import load_app
 
 
+# How long the ASGI requests cancelled past --graceful-timeout have to end.
+_CANCEL_S = 1.0
+
+
 def _listen(text):
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -33,8 +37,8 @@ def main(argv=None):
                     help="the server's worker threads (default: SHMIPC_WORKERS, else one per CPU)")
     ap.add_argument("--graceful-timeout", type=float, default=10.0, metavar="SECONDS",
                     help="on SIGTERM/SIGINT, how long requests in flight have (10); ASGI "
-                    "requests still in the app then are cancelled; a WSGI one ends the process "
-                    "(exit 4)")
+                    "requests still in the app then are cancelled (1 s more to end, then 500); "
+                    "a WSGI one ends the process (exit 4)")
     ap.add_argument("--concurrency", type=int, default=None, metavar="N",
                     help="--asgi: requests in the app at once, beyond which the server answers "
                     "503 with Retry-After (default: no bound)")
@@ -143,7 +147,9 @@ def _close(route):
     from .asgi import LifespanFailed
 
     try:
-        route.close()
+        # Past --graceful-timeout: the requests cancelled have 1 s to end, then get their 500
+        # before the server's own stop timeout (2 s later) closes their connections.
+        route.close(cancel_timeout=_CANCEL_S)
     except LifespanFailed as e:
         print(f"python -m shmipc.serve: lifespan shutdown failed: {e}", file=sys.stderr)
         return 3

@@ -289,16 +289,21 @@ class ASGIRoute:
             if not pending.sent:  # cancelled (close())
                 pending.send(*_ERROR)
 
-    def _stop_loop(self):
+    def _stop_loop(self, cancel_timeout=None):
+        if cancel_timeout is None:
+            cancel_timeout = self._life.lifespan_timeout
         try:
             if self._thread.is_alive():
                 # Requests still running are cancelled first (their clients get 500) rather
                 # than left pending on a stopped loop.
                 try:
-                    self._wait(_cancel_all(self._life.lifespan_timeout),
-                               self._life.lifespan_timeout + 1)
-                except Exception:  # noqa: BLE001 (an app that ignores the cancel: stopped anyway)
-                    pass
+                    deaf = self._wait(_cancel_all(cancel_timeout), cancel_timeout + 1)
+                except Exception:  # noqa: BLE001 (the loop ended under it: stopped anyway)
+                    deaf = 0
+                if deaf:
+                    log.warning("shmipc-serve: %d request(s) ignored the cancel for %g s: "
+                                "answered 500 and left on the stopped loop", deaf,
+                                cancel_timeout)
                 self.loop.call_soon_threadsafe(self.loop.stop)
                 self._thread.join()
         finally:
@@ -307,11 +312,20 @@ class ASGIRoute:
             self._refuse_queued()
         self.loop.close()
 
-    def close(self):
+    def close(self, *, cancel_timeout=None):
         """Lifespan shutdown (LifespanFailed if the app reports failure), then the loop
-        stops. Safe twice, and from several threads at once (the later ones return when the
-        first has closed); not from the app's own loop (RuntimeError), which would wait on
-        itself. A loop that an app ended has no lifespan shutdown (logged)."""
+        stops. Requests still in the app are cancelled and have ``cancel_timeout`` seconds
+        (default: the lifespan timeout) to end; those that ignore the cancel are answered 500
+        and left on the stopped loop (logged). Safe twice, and from several threads at once
+        (the later ones return when the first has closed); not from the app's own loop
+        (RuntimeError), which would wait on itself. A loop that an app ended has no lifespan
+        shutdown (logged)."""
+        if cancel_timeout is not None and (
+                isinstance(cancel_timeout, bool)
+                or not isinstance(cancel_timeout, (int, float))):
+            raise TypeError("cancel_timeout must be a number of seconds or None")
+        if cancel_timeout is not None and not 0 <= cancel_timeout <= 86400:
+            raise ValueError("cancel_timeout must be in 0 .. 86400 seconds")
         if threading.current_thread() is self._thread:
             raise RuntimeError("an ASGI route cannot be closed from its own loop")
         with self._close_lock:
@@ -330,7 +344,7 @@ class ASGIRoute:
                         self._wait(_cancel(task), self._life.lifespan_timeout)
                     except Exception:  # noqa: BLE001 (the app's own error on cancel)
                         pass
-                self._stop_loop()
+                self._stop_loop(cancel_timeout)
 
     def __enter__(self):
         return self
@@ -343,12 +357,16 @@ _BUSY_HEADERS = [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Retry-After
 
 
 async def _cancel_all(timeout):
+    """Cancels every other task of the loop and waits `timeout` s for them: how many did not
+    end."""
     me = asyncio.current_task()
     tasks = [t for t in asyncio.all_tasks() if t is not me]
     for t in tasks:
         t.cancel()
-    if tasks:
-        await asyncio.wait(tasks, timeout=timeout)
+    if not tasks:
+        return 0
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    return len(pending)
 
 
 async def _cancel(task):
