@@ -138,6 +138,7 @@ int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_ser
         goto err;
     }
     atomic_init(&s->stop_requested, 0);
+    atomic_init(&s->closing, 0);
     atomic_init(&s->running, 0);
     free(defaults);
     *out = s;
@@ -152,6 +153,7 @@ static void server_shutdown(struct shmipc_server *s)
 {
     if (s->workers == NULL)
         return;
+    atomic_store(&s->closing, 1);
     /* Stops every loop; each worker's teardown drains its connections, in parallel. */
     shmipc__workers_free(s->workers);
     s->workers = NULL;
@@ -199,6 +201,7 @@ int shmipc__server_start(struct shmipc_server *s)
     s->w = calloc(count, sizeof *s->w);
     if (s->w == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "server_start: %u workers", count);
+    atomic_store(&s->closing, 0); /* a server stopped before may start again */
     s->nworkers = count;
     for (unsigned i = 0; i < count; i++) {
         s->w[i].srv = s;
@@ -268,6 +271,7 @@ int shmipc__server_stop(struct shmipc_server *s)
     uint64_t one = 1;
     ssize_t n;
     atomic_store(&s->stop_requested, 1);
+    atomic_store(&s->closing, 1);
     /* EAGAIN means the counter is saturated, which wakes run as well. */
     n = write(s->stop_fd, &one, sizeof one);
     (void)n;

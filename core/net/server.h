@@ -171,6 +171,9 @@ struct shmipc_server {
 
     int stop_fd; /* an eventfd that shmipc_server_stop() writes */
     atomic_int stop_requested;
+    /* A stop was asked (shmipc_server_stop() or the free): from then on every answer closes its
+     * connection, also one whose handler was running when the stop came (shmipc__server_stopping). */
+    atomic_int closing;
     atomic_int running; /* shmipc_server_run() is in progress */
 
     shmipc__server_thread_fn thread_start, thread_end; /* shmipc__server_thread_hooks() */

@@ -372,7 +372,7 @@ static void conn_serve(struct server_conn *sc)
         /* A deferred request's answer goes first; pipelined requests behind it follow. */
         sc->answered = 0;
         /* An accepted upgrade (sc->ws) is no keep-alive: the keep-alive timeout does not end it. */
-        if (w->draining || (w->srv->idle_ms == 0 && sc->ws == NULL))
+        if (shmipc__server_stopping(w) || (w->srv->idle_ms == 0 && sc->ws == NULL))
             sc->http.deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
         struct release **tail = &sc->releases;
         while (*tail != NULL)
@@ -626,7 +626,7 @@ static void stream_send(struct server_conn *sc)
     shmipc__http_batch_init(&sc->batch, sc->tx->iov, TX_IOV, sc->tx->arena, TX_ARENA, &w->date);
     sc->batch.server = w->srv->server_name;
     if (!sc->head_sent) {
-        if (w->draining || w->srv->idle_ms == 0)
+        if (shmipc__server_stopping(w) || w->srv->idle_ms == 0)
             sc->http.deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
         int rc = shmipc__http_conn_stream_head(&sc->http, &sc->batch, &sc->stream_resp);
         if (rc < 0) {

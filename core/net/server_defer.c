@@ -299,7 +299,7 @@ int shmipc__server_ws_accept(struct shmipc__server_ticket t,
     for (uint32_t i = 0; i < nheaders; i++)
         if (ws_field_refused(&headers[i]))
             return shmipc__fail(SHMIPC_EINVAL, "ws_accept: header %u is the handshake's own", i);
-    if (sc->w->draining) {
+    if (shmipc__server_stopping(sc->w)) {
         /* The stop already told its WebSockets to go away (1001): a new one would only be
          * cut by the stop's end. nginx refuses new work while it drains too. */
         answer_error(sc, 503);

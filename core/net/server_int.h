@@ -135,7 +135,7 @@ struct shmipc__server_worker {
     struct shmipc__timer date_timer;
     struct server_conn *conns;
     unsigned nconns;
-    int draining;
+    int draining; /* the worker's teardown has begun (its thread only) */
     /* A route handler is running: its response lives in the scratch below, which an answer
      * sent from inside it (complete() for another connection) would overwrite. */
     unsigned in_handler;
@@ -176,6 +176,14 @@ char *shmipc__server_rx_get(struct shmipc__server_worker *w);
 void shmipc__server_rx_put(struct shmipc__server_worker *w, char *b, size_t cap);
 struct txbuf *shmipc__server_tx_get(struct shmipc__server_worker *w);
 void shmipc__server_tx_put(struct shmipc__server_worker *w, struct txbuf *t);
+
+/* The server is going away: a stop was asked (maybe while a handler of this worker ran, before
+ * its teardown began) or the teardown drains. Answers then close their connections and new
+ * WebSockets are refused, as nginx does once it is exiting. */
+static inline int shmipc__server_stopping(const struct shmipc__server_worker *w)
+{
+    return w->draining || atomic_load_explicit(&w->srv->closing, memory_order_relaxed);
+}
 
 /* server_defer.c: deferred requests (the calls themselves are in server.h) */
 enum { STREAM_ENDED = 1, STREAM_ABORTED = 2 };

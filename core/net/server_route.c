@@ -188,9 +188,10 @@ int shmipc__server_handle(void *user_data, const struct shmipc__http_request *re
             shmipc__server_defer_cancel(sc, SHMIPC__SERVER_CANCEL_ERROR);
         }
     }
-    /* A graceful stop ends keep-alive with the answer to the request in progress; a keep-alive
-     * timeout of 0 ends it after every answer (nginx's keepalive_timeout 0). */
-    if (w->draining || w->srv->idle_ms == 0)
+    /* A stop ends keep-alive with the answer to the request in progress (also one asked while
+     * this handler ran); a keep-alive timeout of 0 ends it after every answer (nginx's
+     * keepalive_timeout 0). */
+    if (shmipc__server_stopping(w) || w->srv->idle_ms == 0)
         resp->flags |= SHMIPC__HTTP_RESP_CLOSE;
     return rc;
 }

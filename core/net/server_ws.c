@@ -131,7 +131,7 @@ int shmipc__server_ws_upgrade(struct server_conn *sc, const struct shmipc__ws_ro
         shmipc__ws_handshake_response(hs, resp);
         return 0;
     }
-    if (w->draining) {
+    if (shmipc__server_stopping(w)) {
         shmipc__server_canned(resp, 503);
         resp->flags |= SHMIPC__HTTP_RESP_CLOSE;
         return 0;
