@@ -135,7 +135,7 @@ static void check_ranges(const shmipc__serve_options *o)
         o->pipeline < 1 || o->pipeline > SHMIPC__FRONT_MAX_PIPELINE ||
         o->concurrency > SHMIPC__FRONT_MAX_CONCURRENCY ||
         o->max_requests > SHMIPC__SERVE_MAX_MAX_REQUESTS ||
-        o->timeout_ms > SHMIPC__SERVE_MAX_SECONDS_MS || o->graceful_timeout_ms < 1 ||
+        o->timeout_ms > SHMIPC__SERVE_MAX_TIMEOUT_MS || o->graceful_timeout_ms < 1 ||
         o->graceful_timeout_ms > SHMIPC__SERVE_MAX_SECONDS_MS)
         abort();
     if (o->access_log_format != SHMIPC__ACCESS_COMMON &&

@@ -72,6 +72,9 @@ enum field {
     F_VERSION,
 };
 
+_Static_assert(SHMIPC__SERVE_MAX_TIMEOUT_MS <= SHMIPC__FRONT_MAX_DEADLINE,
+               "every --timeout the options take is a deadline the front takes");
+
 static const struct opt opts[] = {
     {"app", T_STR, F_APP, 0, 0, 1},
     {"wsgi", T_KIND, SHMIPC__SERVE_WSGI, 0, 0, 1},
@@ -82,7 +85,7 @@ static const struct opt opts[] = {
     {"workers", T_UINT, F_WORKERS, 1, 1024, 1},
     {"threads", T_UINT, F_THREADS, 1, SHMIPC__SERVE_MAX_THREADS, 1},
     {"max-requests", T_UINT, F_MAX_REQUESTS, 0, SHMIPC__SERVE_MAX_MAX_REQUESTS, 1},
-    {"timeout", T_SECONDS, F_TIMEOUT, 0, SHMIPC__SERVE_MAX_SECONDS_MS, 1},
+    {"timeout", T_SECONDS, F_TIMEOUT, 0, SHMIPC__SERVE_MAX_TIMEOUT_MS, 1},
     {"queue", T_UINT, F_QUEUE, 0, SHMIPC__SERVE_MAX_QUEUE, 1},
     {"pipeline", T_UINT, F_PIPELINE, 1, SHMIPC__FRONT_MAX_PIPELINE, 1},
     {"concurrency", T_UINT, F_CONCURRENCY, 1, SHMIPC__FRONT_MAX_CONCURRENCY, 1},
@@ -840,7 +843,8 @@ const char *shmipc__serve_usage(void)
            "  --workers N              worker processes, 1 .. 1024 (1)\n"
            "  --threads N              the front's reactor threads, 1 .. 256 (1)\n"
            "  --max-requests N         a worker is replaced after N requests (0: never)\n"
-           "  --timeout S              request deadline in seconds, then 504 (60; 0: none)\n"
+           "  --timeout S              request deadline in seconds, then 504; 0 .. 3600 (60; 0: "
+           "none)\n"
            "  --queue N                requests waiting for a free worker, then 503 (1024)\n"
            "  --pipeline N             requests in flight per worker when all are busy, 1 .. 16 "
            "(1)\n"

@@ -25,6 +25,9 @@ enum shmipc__serve_kind {
 #define SHMIPC__SERVE_MAX_QUEUE        1000000u
 #define SHMIPC__SERVE_MAX_MAX_REQUESTS 1000000000u
 #define SHMIPC__SERVE_MAX_SECONDS_MS   (86400u * 1000u) /* one day */
+/* --timeout: the front's longest finite deadline (SHMIPC__FRONT_MAX_DEADLINE, the server's
+ * longest deferral); a longer one would pass here and then stop the server from starting. */
+#define SHMIPC__SERVE_MAX_TIMEOUT_MS (3600u * 1000u) /* one hour */
 /* The longest string value (a path) and config file line; the largest config file. */
 #define SHMIPC__SERVE_MAX_VALUE 4096u
 #define SHMIPC__SERVE_MAX_LINE  8192u

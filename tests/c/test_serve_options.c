@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "options.h"
+#include "serve/front.h"
 #include "shmipc.h"
 
 #include <dirent.h>
@@ -223,7 +224,7 @@ static void test_flag_errors(void **state)
     expect_error(ARGS("m:a", "--timeout", "1."), "not a number of seconds");
     expect_error(ARGS("m:a", "--timeout", ".5"), "not a number of seconds");
     expect_error(ARGS("m:a", "--timeout", "1e3"), "not a number of seconds");
-    expect_error(ARGS("m:a", "--timeout", "86400.001"), "out of range (0 .. 86400 seconds)");
+    expect_error(ARGS("m:a", "--timeout", "3600.001"), "out of range (0 .. 3600 seconds)");
     expect_error(ARGS("m:a", "--timeout", "99999999999999999999999"), "out of range");
     expect_error(ARGS("m:a", "--graceful-timeout", "0"), "out of range (0.001 .. 86400");
     expect_error(ARGS("m:a", "--listen", "8000"), "expected HOST:PORT");
@@ -438,6 +439,30 @@ static void expect_file_error(const char *text, size_t len, const char *want)
 
 #define FILE_ERR(text, want) expect_file_error(text, sizeof(text) - 1, want)
 
+/*
+ * Every --timeout the options take is one the front takes: they took up to 86400 s, and --check
+ * said such a file was valid, but the front (and the server's deferral under it) refuses a
+ * deadline over an hour, so shmipc-serve started its workers and then exited 1 with
+ * "front_new: a deadline, timeout or limit too large".
+ */
+static void test_timeout_is_one_the_front_takes(void **state)
+{
+    (void)state;
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    assert_int_equal(parse(&o, err, ARGS("m:a", "--timeout", "3600")), 0);
+    assert_int_equal(o.timeout_ms, 3600000);
+    const char *const addrs[] = {"unix:@shmipc-opt-timeout"};
+    struct shmipc__front_opts fo = {.workers = addrs, .nworkers = 1, .deadline_ms = o.timeout_ms};
+    struct shmipc__front *f = NULL;
+    assert_int_equal(shmipc__front_new(&fo, &f), 0);
+    shmipc__front_free(f);
+    shmipc__serve_options_free(&o);
+    expect_error(ARGS("m:a", "--timeout", "3600.001"), "out of range (0 .. 3600 seconds)");
+    expect_error(ARGS("m:a", "--timeout", "86400"), "out of range (0 .. 3600 seconds)");
+    FILE_ERR("timeout = 3601\n", ":1: timeout: '3601' is out of range (0 .. 3600 seconds)");
+}
+
 static void test_config_file_hostile(void **state)
 {
     (void)state;
@@ -453,7 +478,7 @@ static void test_config_file_hostile(void **state)
     FILE_ERR("workers = 1025\n", ":1: workers: '1025' is out of range");
     FILE_ERR("workers = 99999999999999999999999999\n", "out of range");
     FILE_ERR("queue = 1000001\n", ":1: queue: '1000001' is out of range (0 .. 1000000)");
-    FILE_ERR("timeout = 86401\n", ":1: timeout: '86401' is out of range");
+    FILE_ERR("timeout = 3601\n", ":1: timeout: '3601' is out of range");
     FILE_ERR("graceful-timeout = 0\n", "out of range");
     FILE_ERR("workers = 2 # two\n", "'2 # two' is not a number");
     FILE_ERR("check = true\n", ":1: 'check' is a command-line option only");
@@ -870,6 +895,7 @@ int main(void)
         cmocka_unit_test(test_config_scan_skips_flag_values),
         cmocka_unit_test(test_config_fifo_does_not_block),
         cmocka_unit_test(test_config_file_hostile),
+        cmocka_unit_test(test_timeout_is_one_the_front_takes),
         cmocka_unit_test(test_worker_argv),
         cmocka_unit_test(test_check_without_python),
         cmocka_unit_test(test_check_imports_the_app),
