@@ -147,7 +147,8 @@ static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **s
     struct shmipc__front_opts fo = {
         .workers = (const char *const *)addrs,
         .nworkers = (unsigned)n,
-        .queue_max = o->queue,
+        /* --queue 0: no request waits; the front's 0 would mean its default. */
+        .queue_max = o->queue ? o->queue : SHMIPC__FRONT_NO_QUEUE,
         .pipeline = o->pipeline,
         .hello = 1, /* every worker kind answers HELLO (docs/serve.md); ASGI says its concurrency */
         /* --timeout 0 means none; the front's 0 would mean its default. */

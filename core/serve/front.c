@@ -200,13 +200,16 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
     if ((rc = check_addrs(opts->workers, opts->nworkers)) < 0)
         return rc;
     if (!deadline_ok(opts->deadline_ms) || opts->connect_ms > 3600000u ||
-        opts->max_response > SHMIPC__FRONT_LIMIT_RESPONSE || opts->queue_max > (1u << 24) ||
+        opts->max_response > SHMIPC__FRONT_LIMIT_RESPONSE ||
+        (opts->queue_max > (1u << 24) && opts->queue_max != SHMIPC__FRONT_NO_QUEUE) ||
         opts->gather_max > SHMIPC__FRONT_LIMIT_GATHER ||
         opts->pipeline > SHMIPC__FRONT_MAX_PIPELINE || opts->hello > 1)
         return shmipc__fail(SHMIPC_ERANGE, "front_new: a deadline, timeout or limit too large");
     if ((f = calloc(1, sizeof *f)) == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "front_new");
-    f->queue_max = opts->queue_max ? opts->queue_max : SHMIPC__FRONT_DEFAULT_QUEUE;
+    f->queue_max = opts->queue_max == SHMIPC__FRONT_NO_QUEUE ? 0
+                   : opts->queue_max                         ? opts->queue_max
+                                                             : SHMIPC__FRONT_DEFAULT_QUEUE;
     atomic_init(&f->deadline_ms, deadline_of(opts->deadline_ms));
     f->connect_ms = opts->connect_ms ? opts->connect_ms : SHMIPC__FRONT_DEFAULT_CONNECT;
     f->pipeline = opts->pipeline ? opts->pipeline : SHMIPC__FRONT_DEFAULT_PIPELINE;

@@ -39,6 +39,7 @@ struct shmipc__front;
 #define SHMIPC__FRONT_MAX_WORKERS      64u         /* application workers in one set */
 #define SHMIPC__FRONT_MAX_ADDRESS      107u        /* bytes of a worker's shmipc address */
 #define SHMIPC__FRONT_DEFAULT_QUEUE    1024u       /* requests waiting for a worker, in all */
+#define SHMIPC__FRONT_NO_QUEUE         UINT32_MAX  /* queue_max: no request waits */
 #define SHMIPC__FRONT_DEFAULT_DEADLINE 30000u      /* ms per request, from its arrival */
 #define SHMIPC__FRONT_NO_DEADLINE      UINT32_MAX  /* deadline_ms: requests wait for ever */
 #define SHMIPC__FRONT_MAX_DEADLINE     3600000u    /* ms, the most a finite deadline can be */
@@ -69,7 +70,7 @@ struct shmipc__front;
 struct shmipc__front_opts {
     const char *const *workers; /* shmipc addresses of the application workers */
     unsigned nworkers;          /* 1..SHMIPC__FRONT_MAX_WORKERS */
-    uint32_t queue_max;         /* 0: the default; waiting requests over all threads */
+    uint32_t queue_max;         /* 0: the default; waiting requests in all, or NO_QUEUE */
     uint32_t deadline_ms;       /* 0: the default; up to 3600000, or SHMIPC__FRONT_NO_DEADLINE */
     uint32_t connect_ms;        /* 0: the default; up to 3600000 */
     uint64_t max_response;      /* 0: the default; response bytes held at once, up to the limit */

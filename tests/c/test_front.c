@@ -352,6 +352,39 @@ static void queue_full_503(void **state)
     appw_stop(w);
 }
 
+/* queue_max SHMIPC__FRONT_NO_QUEUE (shmipc-serve's --queue 0): no request waits, the one no
+ * worker can take gets 503 while the worker still holds the first. */
+static void no_queue_503(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct shmipc__front_opts o = {.queue_max = SHMIPC__FRONT_NO_QUEUE};
+    struct bg *b1 = &t->bg[0];
+    struct resp p;
+    appw_start(w, "w0", NULL);
+    atomic_store(&w->mode, M_HOLD);
+    fx_start(x, ws, 1, 1, &o);
+    bg_start(b1, x->port, "/first");
+    assert_true(wait_for(&w->requests, 1, WAIT_MS)); /* the worker has the first */
+    assert_int_equal(request(x->port, "GET", "/second", NULL, &p), 503);
+    assert_non_null(strcasestr(p.head, "\r\nRetry-After: 1\r\n"));
+    resp_free(&p);
+    assert_int_equal(atomic_load(&w->requests), 1);
+    latch_set(w, &w->hold_open, 1);
+    bg_join(b1);
+    assert_int_equal(b1->p.status, 200);
+    assert_string_equal(b1->p.body, "/first:");
+    resp_free(&b1->p);
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.rejected, 1);
+    assert_int_equal(st.queued, 0);
+    fx_stop(x);
+    appw_stop(w);
+}
+
 /* The deadline: 504, the worker gets ABORT TIMEOUT, and is free for the next request. The
  * deadline is set at run time (set_deadline; the front started with none): a request keeps
  * the deadline it started with, the next one gets the new one. */
@@ -2206,7 +2239,7 @@ static void connector_churn_under_load(void **state)
 #define T(f) cmocka_unit_test_setup_teardown(f, tc_setup, tc_teardown)
 #define FRONT_TESTS                                                                                \
     T(basic), T(too_large_for_protocol), T(pipelining), T(cross_talk), T(queue_full_503),          \
-        T(deadline_504), T(client_gone_abort), T(worker_died_502),                                 \
+        T(no_queue_503), T(deadline_504), T(client_gone_abort), T(worker_died_502),                \
         T(worker_restarts_between_requests), T(bad_frames_502), T(stalled_worker_no_stall),        \
         T(full_queue_backpressure), T(bad_frame_then_close_frees_worker), T(close_in_flight),      \
         T(set_workers_under_load), T(retired_worker_records_are_freed),                            \

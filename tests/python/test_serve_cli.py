@@ -630,6 +630,68 @@ def test_asgi_worker_runs_requests_at_once(tmp_path):
         assert s.p.wait(30) == 0, "".join(s.err)
 
 
+HOLD_APP = '''
+import os
+import time
+
+def app(environ, start_response):
+    path = environ["PATH_INFO"]
+    if path == "/hold":
+        # Says it has the request, then holds it until the test lets go (30 s at most).
+        open("held", "w").close()
+        for _ in range(3000):
+            if os.path.exists("release"):
+                break
+            time.sleep(0.01)
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [path.encode()]
+'''
+
+
+@pytest.mark.parametrize("queue", ["0", "1"])
+def test_queue_bounds_the_requests_that_wait(tmp_path, queue):
+    """--queue N: N requests wait for a busy worker, the next one gets 503 with Retry-After
+    while the worker still holds its request. --queue 0 let none wait, as its row in
+    docs/serve.md says: before, the front took 0 for its default and 1024 waited."""
+    (tmp_path / "holdapp.py").write_text(HOLD_APP)
+    s = Serve(tmp_path, "--queue", queue, workers=1, app=("holdapp:app",))
+    held = []
+    waiting = []
+    t = threading.Thread(target=lambda: held.append(s.request("GET", "/hold")))
+    t.start()
+    w = None
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "held").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (tmp_path / "held").exists(), "".join(s.err)
+        if queue == "1":
+            w = threading.Thread(target=lambda: waiting.append(s.request("GET", "/waits")))
+            w.start()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # until the front counts it as queued
+                before = len(s.err)
+                s.p.send_signal(signal.SIGUSR1)
+                time.sleep(0.2)
+                if any(" 1 queued" in line for line in s.err[before:]):
+                    break
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=20)
+        c.request("GET", "/refused")
+        r = c.getresponse()
+        assert (r.status, r.getheader("Retry-After")) == (503, "1"), (r.status, r.read())
+        r.read()
+        c.close()
+        assert not (tmp_path / "release").exists() and held == []  # still held meanwhile
+    finally:
+        (tmp_path / "release").write_text("")
+        t.join(30)
+        if w is not None:
+            w.join(30)
+        assert s.stop() == 0, "".join(s.err)
+    assert held == [(200, b"/hold")]
+    assert waiting == ([(200, b"/waits")] if queue == "1" else [])
+
+
 def test_concurrency_is_for_asgi_and_bounded(tmp_path):
     for bad, says in ((["cliapp:app", "--concurrency", "4"], "--concurrency is for --asgi"),
                       (["--asgi", "cliapp:app", "--concurrency", "0"], "out of range"),
