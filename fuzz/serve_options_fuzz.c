@@ -130,7 +130,7 @@ static void check_ranges(const shmipc__serve_options *o)
 {
     if (o->kind < SHMIPC__SERVE_WSGI || o->kind > SHMIPC__SERVE_C)
         abort();
-    if (o->workers < 1 || o->workers > 1024 || o->threads < 1 ||
+    if (o->workers < 1 || o->workers > SHMIPC__FRONT_MAX_WORKERS || o->threads < 1 ||
         o->threads > SHMIPC__SERVE_MAX_THREADS || o->queue > SHMIPC__SERVE_MAX_QUEUE ||
         o->pipeline < 1 || o->pipeline > SHMIPC__FRONT_MAX_PIPELINE ||
         o->concurrency > SHMIPC__FRONT_MAX_CONCURRENCY ||

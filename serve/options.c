@@ -82,7 +82,7 @@ static const struct opt opts[] = {
     {"lua", T_KINDAPP, SHMIPC__SERVE_LUA, 0, 0, 1},
     {"c", T_KINDAPP, SHMIPC__SERVE_C, 0, 0, 1},
     {"listen", T_LISTEN, F_LISTEN, 0, 0, 1},
-    {"workers", T_UINT, F_WORKERS, 1, 1024, 1},
+    {"workers", T_UINT, F_WORKERS, 1, SHMIPC__FRONT_MAX_WORKERS, 1},
     {"threads", T_UINT, F_THREADS, 1, SHMIPC__SERVE_MAX_THREADS, 1},
     {"max-requests", T_UINT, F_MAX_REQUESTS, 0, SHMIPC__SERVE_MAX_MAX_REQUESTS, 1},
     {"timeout", T_SECONDS, F_TIMEOUT, 0, SHMIPC__SERVE_MAX_TIMEOUT_MS, 1},
@@ -840,7 +840,7 @@ const char *shmipc__serve_usage(void)
            "  --c LIB.so[:SYMBOL]      a C handler in a shared object (SYMBOL: "
            "shmipc_serve_handle)\n"
            "  --listen ADDR            HOST:PORT, [IPv6]:PORT or unix:PATH (127.0.0.1:8000)\n"
-           "  --workers N              worker processes, 1 .. 1024 (1)\n"
+           "  --workers N              worker processes, 1 .. 64 (1)\n"
            "  --threads N              the front's reactor threads, 1 .. 256 (1)\n"
            "  --max-requests N         a worker is replaced after N requests (0: never)\n"
            "  --timeout S              request deadline in seconds, then 504; 0 .. 3600 (60; 0: "

@@ -41,7 +41,7 @@ typedef struct shmipc__serve_options {
     int kind;                     /* enum shmipc__serve_kind; default WSGI */
     char *app;                    /* module:callable, the Lua FILE or LIB.so:symbol */
     char *listen;                 /* host:port, [v6]:port or unix:PATH; 127.0.0.1:8000 */
-    unsigned workers;             /* 1 .. 1024; default 1 */
+    unsigned workers;             /* 1 .. SHMIPC__FRONT_MAX_WORKERS (64); default 1 */
     unsigned threads;             /* the front's reactor threads, 1 .. 256; default 1 */
     uint64_t max_requests;        /* 0: no recycling */
     uint32_t timeout_ms;          /* the request deadline (504); 0: none; default 60 s */

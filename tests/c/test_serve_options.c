@@ -197,8 +197,8 @@ static void test_flag_errors(void **state)
 {
     (void)state;
     expect_error(ARGS("m:a", "--workers"), "--workers needs a value");
-    expect_error(ARGS("m:a", "--workers", "0"), "--workers: '0' is out of range (1 .. 1024)");
-    expect_error(ARGS("m:a", "--workers", "1025"), "out of range (1 .. 1024)");
+    expect_error(ARGS("m:a", "--workers", "0"), "--workers: '0' is out of range (1 .. 64)");
+    expect_error(ARGS("m:a", "--workers", "1025"), "out of range (1 .. 64)");
     expect_error(ARGS("m:a", "--workers", "4294967297"), "out of range");
     expect_error(ARGS("m:a", "--workers", "18446744073709551616"), "out of range");
     expect_error(ARGS("m:a", "--workers", "99999999999999999999999999999"), "out of range");
@@ -463,6 +463,24 @@ static void test_timeout_is_one_the_front_takes(void **state)
     FILE_ERR("timeout = 3601\n", ":1: timeout: '3601' is out of range (0 .. 3600 seconds)");
 }
 
+/*
+ * Every --workers the options take gets requests: the front routes to at most
+ * SHMIPC__FRONT_MAX_WORKERS (64) workers, and the options took up to 1024, so with --workers 66
+ * the supervisor ran 66 processes of which two never got a request.
+ */
+static void test_workers_are_ones_the_front_routes_to(void **state)
+{
+    (void)state;
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    assert_int_equal(parse(&o, err, ARGS("m:a", "--workers", "64")), 0);
+    assert_int_equal(o.workers, SHMIPC__FRONT_MAX_WORKERS);
+    shmipc__serve_options_free(&o);
+    expect_error(ARGS("m:a", "--workers", "65"), "--workers: '65' is out of range (1 .. 64)");
+    expect_error(ARGS("m:a", "--workers", "1024"), "out of range (1 .. 64)");
+    FILE_ERR("workers = 65\n", ":1: workers: '65' is out of range (1 .. 64)");
+}
+
 static void test_config_file_hostile(void **state)
 {
     (void)state;
@@ -473,7 +491,7 @@ static void test_config_file_hostile(void **state)
     FILE_ERR("workers = \t \n", ":1: 'workers' has no value");
     FILE_ERR("workers\n", ":1: expected 'key = value'");
     FILE_ERR(" = 3\n", ":1: a value without a key");
-    FILE_ERR("workers = 0\n", ":1: workers: '0' is out of range (1 .. 1024)");
+    FILE_ERR("workers = 0\n", ":1: workers: '0' is out of range (1 .. 64)");
     FILE_ERR("workers = -1\n", ":1: workers: '-1' is not a number");
     FILE_ERR("workers = 1025\n", ":1: workers: '1025' is out of range");
     FILE_ERR("workers = 99999999999999999999999999\n", "out of range");
@@ -896,6 +914,7 @@ int main(void)
         cmocka_unit_test(test_config_fifo_does_not_block),
         cmocka_unit_test(test_config_file_hostile),
         cmocka_unit_test(test_timeout_is_one_the_front_takes),
+        cmocka_unit_test(test_workers_are_ones_the_front_routes_to),
         cmocka_unit_test(test_worker_argv),
         cmocka_unit_test(test_check_without_python),
         cmocka_unit_test(test_check_imports_the_app),
