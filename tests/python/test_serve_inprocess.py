@@ -698,6 +698,31 @@ def test_cli_in_process_refusals(tmp_path):
     assert r.returncode == 2 and "--concurrency must be >= 1" in r.stderr
 
 
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_cli_in_process_server_refusals_are_one_line(tmp_path, kind):
+    # What shmipc.Server() itself refuses (a host that is no address, more worker threads than
+    # it takes) was a traceback and exit 1; now one line, as for a port that cannot be bound:
+    # exit 1 for the address (an ASGI app's lifespan still shut down), and 2 (usage) for
+    # --workers, which argparse checks whole.
+    (tmp_path / "cliapp3.py").write_text(CLI_APP)
+    log = tmp_path / "lifespan.log"
+    asgi = ["--asgi"] if kind == "asgi" else []
+    app = "cliapp3:asgi" if kind == "asgi" else "cliapp3:app"
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "shmipc.serve", "--in-process", *asgi, *args,
+                               app], cwd=tmp_path, env=dict(python_env(), LIFESPAN_LOG=str(log)),
+                              capture_output=True, text=True, timeout=60)
+    r = run("--listen", "999.1.1.1:0")
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "cannot listen on 999.1.1.1:0" in r.stderr, r.stderr
+    if kind == "asgi":
+        assert log.read_text() == "lifespan.startup\nlifespan.shutdown\n"
+    r = run("--listen", "127.0.0.1:0", "--workers", "1025")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "--workers must be 1 .. 1024" in r.stderr, r.stderr
+
+
 def test_cli_sigterm_right_after_listening_stops_it():
     # A SIGTERM between start() and run() once stopped the server and run() started it again:
     # the process never ended. Sent here as soon as the "listening" line is read.

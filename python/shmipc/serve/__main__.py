@@ -34,7 +34,8 @@ def main(argv=None):
     ap.add_argument("--listen", type=_listen, default=("127.0.0.1", 8000), metavar="HOST:PORT",
                     help="where to listen (127.0.0.1:8000; port 0: any free port)")
     ap.add_argument("--workers", type=int, default=None, metavar="N",
-                    help="the server's worker threads (default: SHMIPC_WORKERS, else one per CPU)")
+                    help="the server's worker threads, 1 .. 1024 (default: SHMIPC_WORKERS, else "
+                    "one per CPU)")
     ap.add_argument("--graceful-timeout", type=float, default=10.0, metavar="SECONDS",
                     help="on SIGTERM/SIGINT, how long requests in flight have (10); ASGI "
                     "requests still in the app then are cancelled (1 s more to end, then 500); "
@@ -43,8 +44,8 @@ def main(argv=None):
                     help="--asgi: requests in the app at once, beyond which the server answers "
                     "503 with Retry-After (default: no bound)")
     args = ap.parse_args(argv)
-    if args.workers is not None and args.workers < 1:
-        ap.error("--workers must be >= 1")
+    if args.workers is not None and not 1 <= args.workers <= 1024:
+        ap.error("--workers must be 1 .. 1024")
     if args.concurrency is not None and not args.asgi:
         ap.error("--concurrency is for --asgi apps (WSGI runs one request per worker thread)")
     if args.concurrency is not None and args.concurrency < 1:
@@ -101,7 +102,14 @@ def main(argv=None):
         kw["workers"] = args.workers
     rc = 0
     try:
-        with shmipc.Server(**kw) as server:
+        try:
+            # The address is parsed here, the port bound by start(): either is one line.
+            server = shmipc.Server(**kw)
+        except shmipc.Error as e:
+            print(f"python -m shmipc.serve: cannot listen on {args.listen[0]}:"
+                  f"{args.listen[1]}: {e}", file=sys.stderr)
+            return 1
+        with server:
             server.route(None, "/*", route)
             try:
                 server.start()
