@@ -118,7 +118,8 @@ static void *sup_main(void *arg)
     return NULL;
 }
 
-/* HOST:PORT, [IPv6]:PORT, unix:PATH or unix:@NAME into the server config. */
+/* IPv4:PORT, [IPv6]:PORT, unix:PATH or unix:@NAME (options.c checked the shape and that the
+ * host is numeric) into the server config. */
 static int set_listen(shmipc_server_config *cfg, const char *listen)
 {
     char host[256];

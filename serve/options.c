@@ -17,7 +17,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -261,7 +263,8 @@ static int parse_bool(const char *v)
     return -1;
 }
 
-/* host:port, [v6]:port or unix:PATH: the shape only (--check resolves it). */
+/* IPv4:port, [IPv6]:port or unix:PATH: the host numeric, as the HTTP server binds only those
+ * (shmipc_server_config_set_address); --check looks at the unix socket's directory. */
 static int check_listen(const char *v, char *why, size_t cap)
 {
     if (strncmp(v, "unix:", 5) == 0) {
@@ -286,7 +289,7 @@ static int check_listen(const char *v, char *why, size_t cap)
     } else {
         colon = strrchr(v, ':');
         if (colon == NULL || colon == v) {
-            snprintf(why, cap, "expected HOST:PORT, [IPv6]:PORT or unix:PATH");
+            snprintf(why, cap, "expected HOST:PORT (a numeric IPv4), [IPv6]:PORT or unix:PATH");
             return -1;
         }
         if (memchr(v, ':', (size_t)(colon - v)) != NULL) {
@@ -304,6 +307,21 @@ static int check_listen(const char *v, char *why, size_t cap)
             snprintf(why, cap, "the host has a space or control byte");
             return -1;
         }
+    /* The host as main.c's set_listen hands it to the server: without its brackets. */
+    char host[INET6_ADDRSTRLEN];
+    const char *h = v[0] == '[' ? v + 1 : v;
+    size_t hl = (size_t)((v[0] == '[' ? colon - 1 : colon) - h);
+    unsigned char addr[sizeof(struct in6_addr)];
+    if (hl >= sizeof host) {
+        snprintf(why, cap, "the host is not a numeric IPv4 or IPv6 address (no names)");
+        return -1;
+    }
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    if (inet_pton(AF_INET, host, addr) != 1 && inet_pton(AF_INET6, host, addr) != 1) {
+        snprintf(why, cap, "the host is not a numeric IPv4 or IPv6 address (no names)");
+        return -1;
+    }
     return 0;
 }
 
@@ -839,7 +857,7 @@ const char *shmipc__serve_usage(void)
            "  --lua MODULE[:FUNCTION]  a Lua handler module (or FILE.lua), in shmipc-serve-worker\n"
            "  --c LIB.so[:SYMBOL]      a C handler in a shared object (SYMBOL: "
            "shmipc_serve_handle)\n"
-           "  --listen ADDR            HOST:PORT, [IPv6]:PORT or unix:PATH (127.0.0.1:8000)\n"
+           "  --listen ADDR            IPv4:PORT, [IPv6]:PORT or unix:PATH (127.0.0.1:8000)\n"
            "  --workers N              worker processes, 1 .. 64 (1)\n"
            "  --threads N              the front's reactor threads, 1 .. 256 (1)\n"
            "  --max-requests N         a worker is replaced after N requests (0: never)\n"

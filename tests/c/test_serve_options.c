@@ -481,6 +481,29 @@ static void test_workers_are_ones_the_front_routes_to(void **state)
     FILE_ERR("workers = 65\n", ":1: workers: '65' is out of range (1 .. 64)");
 }
 
+/*
+ * --listen's host is a numeric address, the only kind the HTTP server binds: a name passed the
+ * options and --check (which resolved it with getaddrinfo), and then shmipc-serve started its
+ * workers and exited 1 with 'address: "localhost" is not a numeric IPv4 or IPv6 address'.
+ */
+static void test_listen_host_is_numeric(void **state)
+{
+    (void)state;
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    const char *ok[] = {"127.0.0.1:80", "0.0.0.0:8000", "[::1]:80", "[::]:80", "[127.0.0.1]:80"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        assert_int_equal(parse(&o, err, ARGS("m:a", "--listen", ok[i])), 0);
+        shmipc__serve_options_free(&o);
+    }
+    expect_error(ARGS("m:a", "--listen", "localhost:8000"),
+                 "--listen: 'localhost:8000': the host is not a numeric IPv4 or IPv6 address");
+    expect_error(ARGS("m:a", "--listen", "0:8000"), "not a numeric IPv4 or IPv6 address");
+    expect_error(ARGS("m:a", "--listen", "[localhost]:8000"), "not a numeric IPv4 or IPv6");
+    expect_error(ARGS("m:a", "--listen", "[::1%lo]:8000"), "not a numeric IPv4 or IPv6");
+    FILE_ERR("listen = example.com:80\n", ":1: listen: 'example.com:80': the host is not a");
+}
+
 static void test_config_file_hostile(void **state)
 {
     (void)state;
@@ -915,6 +938,7 @@ int main(void)
         cmocka_unit_test(test_config_file_hostile),
         cmocka_unit_test(test_timeout_is_one_the_front_takes),
         cmocka_unit_test(test_workers_are_ones_the_front_routes_to),
+        cmocka_unit_test(test_listen_host_is_numeric),
         cmocka_unit_test(test_worker_argv),
         cmocka_unit_test(test_check_without_python),
         cmocka_unit_test(test_check_imports_the_app),
