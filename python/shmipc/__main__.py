@@ -33,6 +33,10 @@ LIBRARY_KNOBS = (
     "SHMIPC_HTTP_REUSEPORT",
 )
 
+# The longest timeout shmipc.Config takes (INT_MAX ms), and the largest ping payload (1 GiB).
+MAX_TIMEOUT_S = 2147483.647
+MAX_PING_SIZE = 1 << 30
+
 # Wire protocols this library speaks, as the C ABI selects them (enum shmipc_memmap and
 # enum shmipc_protocol in shmipc.h).
 PROTOCOLS = (
@@ -162,9 +166,11 @@ def main(argv=None):
                           "against an echo server")
     ping.add_argument("address", metavar="ADDR", help="e.g. unix:/tmp/x.sock or unix:@name")
     ping.add_argument("-c", "--count", type=int, default=1, help="round trips (default 1)")
-    ping.add_argument("-s", "--size", type=int, default=64, help="bytes each (default 64)")
+    ping.add_argument("-s", "--size", type=int, default=64,
+                      help="bytes each, 1 .. 1073741824 (default 64)")
     ping.add_argument("-t", "--timeout", type=float, default=5.0,
-                      help="seconds to wait for the connection and each echo (default 5)")
+                      help="seconds to wait for the connection and each echo, up to "
+                      "2147483.647 (default 5)")
     echo = sub.add_parser("echo", help="serve ADDR, echoing every stream (for ping)")
     echo.add_argument("address", metavar="ADDR")
     args = p.parse_args(argv)
@@ -173,6 +179,12 @@ def main(argv=None):
         return 2
     if args.command == "ping" and (args.count < 1 or args.size < 1 or args.timeout <= 0):
         p.error("--count and --size must be at least 1, --timeout positive")
+    # What shmipc.Config takes as a timeout, and a payload this process can make: else the
+    # library or os.urandom raised, a traceback.
+    if args.command == "ping" and not args.timeout <= MAX_TIMEOUT_S:
+        p.error(f"--timeout must be at most {MAX_TIMEOUT_S} seconds")
+    if args.command == "ping" and args.size > MAX_PING_SIZE:
+        p.error(f"--size must be at most {MAX_PING_SIZE} bytes")
     try:
         return {"info": cmd_info, "ping": cmd_ping, "echo": cmd_echo}[args.command](args)
     except BrokenPipeError:

@@ -98,6 +98,18 @@ def test_usage_errors_exit_2():
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+def test_ping_out_of_range_values_are_usage_errors():
+    # A timeout that is no number of seconds the library takes (nan, inf, over 2147483.647 s)
+    # raised from shmipc.Config() and a size too large to make raised from os.urandom(): a
+    # traceback and exit 1. Now usage errors, one line, before anything connects.
+    addr = unique_address("nobody")
+    for args in (["-t", "nan"], ["-t", "inf"], ["-t", "1e10"], ["-s", str(2 ** 64)],
+                 ["-s", str(2 ** 40)]):
+        r = run("ping", *args, addr)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "error: --" in r.stderr, (args, r.stderr)
+
+
 def test_info_into_closed_pipe_has_no_traceback():
     r = subprocess.run(f"{sys.executable} -m shmipc info | head -c 1 >/dev/null; exit ${{PIPESTATUS[0]}}",
                        shell=True, executable="/bin/bash", capture_output=True, text=True,
