@@ -19,6 +19,9 @@
 #define NS_PER_MS 1000000ull
 /* Without a pidfd (old kernels) exits are found by this periodic waitpid sweep. */
 #define SWEEP_MS 100
+/* How long a write of output (forwarded or the supervisor's own) waits for room in a pipe, a
+ * socket or a terminal nobody reads before what is left of it is dropped. */
+#define OUT_WAIT_MS 20
 
 /* One of a worker's output pipes and the start of a line not yet forwarded (docs/serve.md
  * "Starting": whole lines, each of one worker). */

@@ -7,15 +7,54 @@
 #include "sup_int.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+/*
+ * Output nobody reads must not stall supervision: a blocking write to a full pipe (a stalled
+ * log reader, a terminal stopped with Ctrl-S) held the loop, which then restarted, reloaded
+ * and stopped nothing until someone read. So a destination that is not a regular file gets
+ * pieces of at most PIPE_BUF, each after poll() says there is room (a pipe with room takes
+ * such a write whole without waiting), and one that has no room within OUT_WAIT_MS loses the
+ * rest. A regular file gets one write (O_APPEND: whole lines among other writers). Once a
+ * destination had no room, later writes to it do not wait until it has room again: a worker
+ * that writes many lines costs the loop one wait, not one per line.
+ */
+static _Thread_local int stalled[4] = {-1, -1, -1, -1};
+
+static int stalled_slot(int fd)
+{
+    for (int i = 0; i < 4; i++)
+        if (stalled[i] == fd)
+            return i;
+    return -1;
+}
 
 void shmipc__sup_write_all(int fd, const char *p, size_t n)
 {
+    struct stat st;
+    int file = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
     while (n > 0) {
-        ssize_t k = write(fd, p, n);
+        if (!file) {
+            int slot = stalled_slot(fd);
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            int r = poll(&pf, 1, slot >= 0 ? 0 : OUT_WAIT_MS);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0 || !(pf.revents & POLLOUT)) {
+                if (slot < 0 && (slot = stalled_slot(-1)) >= 0)
+                    stalled[slot] = fd;
+                return; /* full (or closed): dropped */
+            }
+            if (slot >= 0)
+                stalled[slot] = -1;
+        }
+        ssize_t k = write(fd, p, file || n <= PIPE_BUF ? n : PIPE_BUF);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)

@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1153,6 +1154,71 @@ static void test_second_stop_kills_at_once(void **state)
     harness_finish(&h);
 }
 
+struct run_flag {
+    shmipc__sup *sup;
+    int rc;
+    atomic_int done;
+};
+
+static void *run_flag_thread(void *arg)
+{
+    struct run_flag *f = arg;
+    f->rc = shmipc__sup_run(f->sup);
+    atomic_store(&f->done, 1);
+    return NULL;
+}
+
+/*
+ * A worker's stdout forwarded to a pipe nobody reads (a stalled log reader, a terminal stopped
+ * with Ctrl-S): the supervisor's write blocked once the pipe was full, and from then on it
+ * supervised nothing: no restart, no reload, and a stop (SIGTERM, a second one) never ended,
+ * nor did shmipc-serve, until someone read the pipe. Now the output waits for room a moment,
+ * then is dropped: the stop ends within its graceful timeout.
+ */
+static void test_unread_output_does_not_stall_supervision(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    int pfd[2];
+    assert_int_equal(pipe2(pfd, O_CLOEXEC), 0);
+    shmipc__sup_config c = base_config(
+        &h,
+        SH("echo \"w ready on {address}\"; sleep 0.3; "
+           "while :; do echo 0123456789012345678901234567890123456789012345678901234567890123; "
+           "done"),
+        1);
+    c.out_fd = pfd[1];
+    c.graceful_timeout_ms = 3000;
+    struct run_flag f = {.rc = -1};
+    assert_int_equal(shmipc__sup_new(&c, &f.sup), 0);
+    h.sup = f.sup;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_flag_thread, &f), 0);
+    wait_ready(&h, 1, 10000);
+    sleep_ms(800); /* the pipe is full by now: 64 KiB at 65 bytes a line */
+    shmipc__sup_stop(h.sup);
+    uint64_t end = ms_now() + 15000;
+    while (!atomic_load(&f.done) && ms_now() < end)
+        sleep_ms(20);
+    int stopped = atomic_load(&f.done);
+    /* Unblocked either way before the test ends: the pipe read until the loop returns. */
+    char junk[65536];
+    int fl = fcntl(pfd[0], F_GETFL);
+    fcntl(pfd[0], F_SETFL, fl | O_NONBLOCK);
+    while (!atomic_load(&f.done)) {
+        while (read(pfd[0], junk, sizeof junk) > 0) {
+        }
+        sleep_ms(10);
+    }
+    assert_int_equal(pthread_join(th, NULL), 0);
+    close(pfd[0]);
+    close(pfd[1]);
+    assert_true(stopped);
+    assert_int_equal(f.rc, 0);
+    harness_finish(&h);
+}
+
 /* ---- status and signals ---------------------------------------------------------------- */
 
 static void test_status_output(void **state)
@@ -1592,6 +1658,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stop_kills_a_worker_that_ignores_term),
         cmocka_unit_test(test_stop_is_quick_for_a_polite_worker),
         cmocka_unit_test(test_second_stop_kills_at_once),
+        cmocka_unit_test(test_unread_output_does_not_stall_supervision),
         cmocka_unit_test(test_status_output),
         cmocka_unit_test(test_signals),
         cmocka_unit_test(test_python_wsgi_workers),
