@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -23,36 +24,59 @@
  * such a write whole without waiting), and one that has no room within OUT_WAIT_MS loses the
  * rest. A regular file gets one write (O_APPEND: whole lines among other writers). Once a
  * destination had no room, later writes to it do not wait until it has room again: a worker
- * that writes many lines costs the loop one wait, not one per line.
+ * that writes many lines costs the loop one wait, not one per line. When it has room again, a
+ * line says how many bytes it lost (on a line of its own when the drop cut one).
  */
-static _Thread_local int stalled[4] = {-1, -1, -1, -1};
+static _Thread_local struct stalled {
+    int fd;           /* -1: a free slot */
+    int mid_line;     /* the drop cut a line: the notice starts a new one */
+    uint64_t dropped; /* bytes lost since the destination had no room */
+} stalled[4] = {{-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}};
 
-static int stalled_slot(int fd)
+static struct stalled *stalled_slot(int fd)
 {
     for (int i = 0; i < 4; i++)
-        if (stalled[i] == fd)
-            return i;
-    return -1;
+        if (stalled[i].fd == fd)
+            return &stalled[i];
+    return NULL;
+}
+
+/* The destination has room again: a line says how much it lost (one write under PIPE_BUF). */
+static void dropped_notice(int fd, struct stalled *sl)
+{
+    char line[128];
+    int n = snprintf(line, sizeof line,
+                     "%sshmipc-serve[%d]: %llu bytes of output dropped: "
+                     "nobody read them\n",
+                     sl->mid_line ? "\n" : "", (int)getpid(), (unsigned long long)sl->dropped);
+    *sl = (struct stalled){-1, 0, 0};
+    while (n > 0 && write(fd, line, (size_t)n) < 0 && errno == EINTR)
+        ;
 }
 
 void shmipc__sup_write_all(int fd, const char *p, size_t n)
 {
     struct stat st;
     int file = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    const char *start = p;
     while (n > 0) {
         if (!file) {
-            int slot = stalled_slot(fd);
+            struct stalled *sl = stalled_slot(fd);
             struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            int r = poll(&pf, 1, slot >= 0 ? 0 : OUT_WAIT_MS);
+            int r = poll(&pf, 1, sl != NULL ? 0 : OUT_WAIT_MS);
             if (r < 0 && errno == EINTR)
                 continue;
             if (r <= 0 || !(pf.revents & POLLOUT)) {
-                if (slot < 0 && (slot = stalled_slot(-1)) >= 0)
-                    stalled[slot] = fd;
+                if (sl == NULL && (sl = stalled_slot(-1)) != NULL) {
+                    sl->fd = fd;
+                    sl->mid_line = p > start && p[-1] != '\n';
+                }
+                if (sl != NULL)
+                    sl->dropped += n;
                 return; /* full (or closed): dropped */
             }
-            if (slot >= 0)
-                stalled[slot] = -1;
+            if (sl != NULL)
+                dropped_notice(fd, sl);
         }
         ssize_t k = write(fd, p, file || n <= PIPE_BUF ? n : PIPE_BUF);
         if (k < 0 && errno == EINTR)

@@ -14,6 +14,7 @@
 
 #include "shmipc_serve.h"
 #include "supervisor.h"
+#include "sup_int.h" /* shmipc__sup_write_all */
 
 #include <dirent.h>
 #include <errno.h>
@@ -1154,6 +1155,39 @@ static void test_second_stop_kills_at_once(void **state)
     harness_finish(&h);
 }
 
+/*
+ * Output dropped for want of room is not lost silently: once the destination has room again,
+ * a line says how many bytes it lost, then output goes on (before, nothing told the reader).
+ */
+static void test_dropped_output_is_counted(void **state)
+{
+    (void)state;
+    int pfd[2];
+    char buf[256];
+    assert_int_equal(pipe2(pfd, O_CLOEXEC | O_NONBLOCK), 0);
+    while (write(pfd[1], "x", 1) == 1) /* full */
+        ;
+    assert_int_equal(fcntl(pfd[1], F_SETFL, 0), 0); /* blocking, as a log reader's pipe is */
+    shmipc__sup_write_all(pfd[1], "abc\n", 4);      /* waits OUT_WAIT_MS, then drops */
+    shmipc__sup_write_all(pfd[1], "de\n", 3);       /* drops at once */
+    while (read(pfd[0], buf, sizeof buf) > 0)       /* the reader comes back */
+        ;
+    shmipc__sup_write_all(pfd[1], "next\n", 5);
+    char want[128];
+    int wl = snprintf(want, sizeof want,
+                      "shmipc-serve[%d]: 7 bytes of output dropped: nobody read them\nnext\n",
+                      (int)getpid());
+    ssize_t got = read(pfd[0], buf, sizeof buf);
+    assert_int_equal(got, wl);
+    assert_memory_equal(buf, want, (size_t)wl);
+    shmipc__sup_write_all(pfd[1], "more\n", 5); /* no second notice */
+    got = read(pfd[0], buf, sizeof buf);
+    assert_int_equal(got, 5);
+    assert_memory_equal(buf, "more\n", 5);
+    close(pfd[0]);
+    close(pfd[1]);
+}
+
 struct run_flag {
     shmipc__sup *sup;
     int rc;
@@ -1659,6 +1693,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stop_is_quick_for_a_polite_worker),
         cmocka_unit_test(test_second_stop_kills_at_once),
         cmocka_unit_test(test_unread_output_does_not_stall_supervision),
+        cmocka_unit_test(test_dropped_output_is_counted),
         cmocka_unit_test(test_status_output),
         cmocka_unit_test(test_signals),
         cmocka_unit_test(test_python_wsgi_workers),
