@@ -304,10 +304,12 @@ static void update_deadline(struct server_conn *sc)
         return;
     }
     sc->in_head = 0;
-    if (sc->fresh)
-        shmipc__server_conn_set_deadline(sc, after_or_never(sc, s->header_ms));
-    else if (sc->http.phase != 0) /* a body that stops arriving */
+    /* A body that stops arriving, the first request's too: the header timeout covers heads
+     * only (the first request's body is no part of the wait for it). */
+    if (sc->http.phase != 0)
         shmipc__server_conn_set_deadline(sc, shmipc__server_conn_after(sc, s->stall_ms));
+    else if (sc->fresh)
+        shmipc__server_conn_set_deadline(sc, after_or_never(sc, s->header_ms));
     else /* idle between requests: the keep-alive timeout, which may be off */
         shmipc__server_conn_set_deadline(sc, after_or_never(sc, s->idle_ms));
 }

@@ -144,7 +144,7 @@ struct srv_opts {
     unsigned workers;
     uint32_t header_ms, keepalive_ms, stop_ms;
     /* Set with shmipc_server_config_set_timeout() when *_set (0 and negative included). */
-    int keepalive_set, keepalive, stop_set, stop;
+    int keepalive_set, keepalive, stop_set, stop, header_set, header;
     int backend; /* 0: suite_backend */
     uint64_t max_body;
     void (*routes)(shmipc_server *s); /* more routes, before the start */
@@ -178,6 +178,8 @@ static void srv_start(struct srv *t, const struct srv_opts *o)
         CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, o->keepalive));
     if (o->stop_set)
         CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, o->stop));
+    if (o->header_set)
+        CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, o->header));
     if (o->max_body)
         CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_BODY, o->max_body));
     CHECK(shmipc_server_new(cfg, &t->s));
@@ -982,6 +984,54 @@ static void negative_keepalive_and_stop_wait(void **state)
     shmipc_server_close(t.s);
 }
 
+/*
+ * Regression: the body of a connection's first request was timed by the header timeout,
+ * restarted at each read, instead of the keep-alive timeout that bounds every other body that
+ * stops arriving (docs/http.md, "Timeouts"). A first upload that paused longer than the header
+ * timeout was cut, and with the header timeout off ("never") a first request whose body
+ * stopped arriving held its connection forever.
+ */
+static void first_request_body_stall_uses_keepalive_timeout(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    uint64_t start;
+    (void)state;
+
+    /* A pause past the header timeout but well within the keep-alive timeout is no stall. */
+    struct srv_opts pause = {.header_ms = 200, .keepalive_ms = 5000};
+    srv_start(&t, &pause);
+    rd_open(&r, t.port);
+    send_str(r.fd, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nab");
+    usleep(700 * 1000);
+    exchange(&r, "cd", &p);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "abcd");
+    free(p.body);
+    rd_close(&r);
+    srv_stop(&t);
+
+    /* The header timeout off: a first body that stops arriving is still given up, after the
+     * keep-alive timeout, as the second request's body is. */
+    struct srv_opts never = {.header_set = 1, .header = -1, .keepalive_ms = 300};
+    srv_start(&t, &never);
+    for (int second = 0; second <= 1; second++) {
+        rd_open(&r, t.port);
+        if (second)
+            expect_response(&r, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", 200, "Hello, World!");
+        send_str(r.fd, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nab");
+        start = mono_ms();
+        expect_eof(&r); /* the client's 5 s receive timeout fails it when nothing comes */
+        print_message("request %d: a stalled body closed after %llu ms\n", second + 1,
+                      (unsigned long long)(mono_ms() - start));
+        assert_true(mono_ms() - start >= 250);
+        rd_close(&r);
+    }
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_true(st.timeouts >= 2);
+}
+
 /* 500 connections open at once, each served twice (two workers). */
 static void many_connections(void **state)
 {
@@ -1028,6 +1078,7 @@ static void many_connections(void **state)
         cmocka_unit_test(graceful_stop), cmocka_unit_test(stop_during_handler_answer_says_close),  \
         cmocka_unit_test(many_connections),                                                        \
         cmocka_unit_test(keepalive_zero_closes_after_each_response),                               \
-        cmocka_unit_test(negative_keepalive_and_stop_wait)
+        cmocka_unit_test(negative_keepalive_and_stop_wait),                                        \
+        cmocka_unit_test(first_request_body_stall_uses_keepalive_timeout)
 
 #endif
