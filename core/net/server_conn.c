@@ -1039,7 +1039,21 @@ static void on_end(struct shmipc__conn *c, int status)
                               status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_PEER_FIN, NULL, 0);
 }
 
-const struct shmipc__conn_cbs shmipc__server_conn_cbs = {on_data, on_end};
+/*
+ * The peer left while reading is paused (the reactor's on_hup). Only a deferred request must
+ * hear it before the input behind the pause is read: it stopped reading there (act_buffer),
+ * and a request without a deadline would otherwise wait for an answer nobody takes, as a FIN
+ * or reset that came unpaused would have cancelled it (DEFERRED, PEER_FIN or ERROR: close).
+ * Elsewhere the end comes in order once reading resumes (a send in flight fails on a reset).
+ */
+static void on_hup(struct shmipc__conn *c)
+{
+    struct server_conn *sc = shmipc__conn_data(c);
+    if (sc->state == SHMIPC__CS_DEFERRED)
+        shmipc__server_conn_event(sc, SHMIPC__CE_PEER_FIN, NULL, 0);
+}
+
+const struct shmipc__conn_cbs shmipc__server_conn_cbs = {on_data, on_end, on_hup};
 
 void shmipc__server_conn_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *data)
 {

@@ -74,6 +74,8 @@ struct shmipc__conn {
     uint8_t rx_armed;     /* io_uring: a multishot receive is in the kernel (or the SQ) */
     uint8_t rx_cancel;    /* io_uring: a cancel of that receive is on its way */
     uint8_t held_end;     /* io_uring: the input ended while paused; held_status says how */
+    uint8_t hup_told;     /* on_hup was called during this pause */
+    uint8_t hup_armed;    /* io_uring: a poll for the peer's hangup (while paused) is armed */
     int held_status;
     unsigned rx_window; /* io_uring: the activity window it last received in (batched waits) */
     /* io_uring: bytes that completed after a pause, delivered first on resume. */
@@ -204,6 +206,8 @@ int shmipc__reactor_accept_error(struct shmipc__acceptor *l, int err);
 /* Received bytes, the peer's FIN (status 0) or a receive error (negative code). */
 void shmipc__reactor_data(struct shmipc__conn *c, const void *data, size_t len);
 void shmipc__reactor_end(struct shmipc__conn *c, int status);
+/* The peer hung up while reading is paused: on_hup, once, if the owner asked for it. */
+void shmipc__reactor_paused_hup(struct shmipc__conn *c);
 /* io_uring: keeps bytes that completed while the conn was paused (SHMIPC_ENOMEM), and hands
  * them (then a held end of input) to the owner once it is not paused. */
 int shmipc__reactor_hold(struct shmipc__conn *c, const void *data, size_t len);

@@ -324,6 +324,7 @@ int shmipc__conn_resume_read(struct shmipc__conn *c)
     if (!c->rd_paused || c->io.closed)
         return 0;
     c->rd_paused = 0;
+    c->hup_told = 0; /* a next pause reports a hangup again (its owner may care then) */
     c->loop->be->read_resume(c->loop, c);
     return 0;
 }
@@ -407,6 +408,14 @@ void shmipc__reactor_deliver_held(struct shmipc__conn *c)
         c->held_end = 0;
         shmipc__reactor_end(c, c->held_status);
     }
+}
+
+void shmipc__reactor_paused_hup(struct shmipc__conn *c)
+{
+    if (c->hup_told || !c->rd_paused || c->rd_done || c->io.closed || c->cbs.on_hup == NULL)
+        return;
+    c->hup_told = 1;
+    c->cbs.on_hup(c);
 }
 
 void shmipc__reactor_end(struct shmipc__conn *c, int status)

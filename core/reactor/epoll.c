@@ -65,7 +65,14 @@ static int set_nonblock(int fd)
     return 0;
 }
 
-/* The one-shot mode's re-arm: input unless it ended, output while a send waits. */
+/* Whether the owner of a paused conn waits to hear of the peer's hangup (on_hup). */
+static int wants_hup(const struct shmipc__conn *c)
+{
+    return c->rd_paused && !c->rd_done && !c->hup_told && c->cbs.on_hup != NULL;
+}
+
+/* The one-shot mode's re-arm: input unless it ended, output while a send waits, and the
+ * hangup alone (EPOLLRDHUP) while paused for an owner that asked for it. */
 static void rearm(struct shmipc__loop *loop, struct shmipc__conn *c)
 {
     uint32_t ev = EPOLLONESHOT | EPOLLRDHUP;
@@ -73,7 +80,8 @@ static void rearm(struct shmipc__loop *loop, struct shmipc__conn *c)
         ev |= EPOLLIN;
     if (c->tx_blocked)
         ev |= EPOLLOUT;
-    if ((ev & (EPOLLIN | EPOLLOUT)) != 0 && ctl(loop, EPOLL_CTL_MOD, &c->io, ev) < 0)
+    if (((ev & (EPOLLIN | EPOLLOUT)) != 0 || wants_hup(c)) &&
+        ctl(loop, EPOLL_CTL_MOD, &c->io, ev) < 0)
         SHMIPC__LOG(SHMIPC__LOG_ERROR, "reactor: %s", shmipc__detail());
 }
 
@@ -173,6 +181,10 @@ static void conn_event(struct shmipc__loop *loop, struct shmipc__conn *c, uint32
     }
     if ((ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0 && !c->rd_done && !c->rd_paused)
         conn_read(loop, c, c->rd_hup);
+    /* Paused, the input is not read, but the peer's FIN or reset is reported all the same:
+     * its edge will not come again. The read that comes first may have paused it. */
+    if (c->rd_hup && !c->io.closed)
+        shmipc__reactor_paused_hup(c);
     if (oneshot(loop) && !c->io.closed && !c->in_ready)
         rearm(loop, c);
 }
@@ -228,6 +240,13 @@ static int run_ready(struct shmipc__loop *loop)
         shmipc__reactor_unref(&c->io);
         if (!c->io.closed && !c->rd_done && !c->rd_paused) {
             conn_read(loop, c, c->rd_hup);
+            if (c->rd_hup && !c->io.closed)
+                shmipc__reactor_paused_hup(c);
+            if (oneshot(loop) && !c->io.closed && !c->in_ready)
+                rearm(loop, c);
+            n++;
+        } else if (!c->io.closed && c->rd_hup && wants_hup(c)) {
+            shmipc__reactor_paused_hup(c); /* paused after the hangup's edge (read_pause) */
             if (oneshot(loop) && !c->io.closed && !c->in_ready)
                 rearm(loop, c);
             n++;
@@ -324,11 +343,12 @@ static void ep_send(struct shmipc__loop *loop, struct shmipc__conn *c)
 }
 
 /* Nothing to do: reads check the flag, and the registration stays (one-shot mode re-arms
- * without EPOLLIN at the end of the event), so pausing costs no system call. */
+ * without EPOLLIN at the end of the event), so pausing costs no system call. A hangup whose
+ * edge came already is reported from the ready list, as no edge will announce it again. */
 static void ep_read_pause(struct shmipc__loop *loop, struct shmipc__conn *c)
 {
-    (void)loop;
-    (void)c;
+    if (c->rd_hup && wants_hup(c))
+        defer(loop, c);
 }
 
 /* Edges that came while paused were consumed without a read, so the conn is read from the

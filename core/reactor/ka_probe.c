@@ -96,7 +96,7 @@ static void on_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *
 
 static int serve(int port, long target)
 {
-    static const struct shmipc__conn_cbs cbs = {on_data, on_end};
+    static const struct shmipc__conn_cbs cbs = {on_data, on_end, NULL};
     struct server s = {0};
     struct shmipc__acceptor *acc;
     struct shmipc__loop_stats st;

@@ -187,6 +187,14 @@ struct shmipc__conn_cbs {
      * once; the connection stays open (for sending, after a FIN) until shmipc__conn_close().
      */
     void (*on_end)(struct shmipc__conn *conn, int status);
+    /**
+     * Optional (NULL: not asked). While reading is paused (shmipc__conn_pause_read()), the
+     * peer ended its input or reset the connection, possibly behind input not read yet: for
+     * an owner that must not wait for its resume to learn that the peer left (a request whose
+     * answer is still being computed). At most once per pause, from the loop; on_end still
+     * follows in order once reading resumes.
+     */
+    void (*on_hup)(struct shmipc__conn *conn);
 };
 
 /**

@@ -53,6 +53,7 @@ enum {
     OP_POLL,
     OP_SEND,
     OP_IGNORE,
+    OP_HUP,
 };
 
 #define OP_MASK  UINT64_C(15)
@@ -134,6 +135,21 @@ static int arm_poll(struct shmipc__loop *loop, struct shmipc__watch *w)
     io_uring_prep_poll_multishot(sqe, w->io.fd, mask);
     io_uring_sqe_set_data64(sqe, ud_io(&w->io, OP_POLL));
     return 0;
+}
+
+/* A paused conn's receive is cancelled, so nothing would hear the peer leave: a one-shot poll
+ * for its hangup (POLLRDHUP; POLLHUP and POLLERR always) stands in while the owner asked. */
+static void arm_hup(struct shmipc__loop *loop, struct shmipc__conn *c)
+{
+    struct io_uring_sqe *sqe = get_sqe(loop);
+    if (sqe == NULL) {
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "reactor: no hangup poll for fd %d: %s", c->io.fd,
+                    shmipc__detail());
+        return;
+    }
+    io_uring_prep_poll_add(sqe, c->io.fd, POLLRDHUP);
+    io_uring_sqe_set_data64(sqe, ud_io(&c->io, OP_HUP));
+    c->hup_armed = 1;
 }
 
 static void cancel(struct shmipc__loop *loop, uint64_t ud)
@@ -273,14 +289,31 @@ static void send_done(struct shmipc__loop *loop, struct shmipc__conn *c, int res
     }
 }
 
-/* The receive of a paused conn ended: an end of input waits for the resume, anything
- * else (the cancel, -ENOBUFS) is re-armed by the resume. */
+/* The receive of a paused conn ended: an end of input waits for the resume (the owner that
+ * asked hears of it now: on_hup), anything else (the cancel, -ENOBUFS) is re-armed by the
+ * resume. */
 static void recv_ended_paused(struct shmipc__conn *c, int res)
 {
     if (res == 0 || (res < 0 && res != -ECANCELED && res != -ENOBUFS && res != -EINTR)) {
         c->held_end = 1;
         c->held_status = res == 0 ? 0 : shmipc__code_from_errno(-res);
+        shmipc__reactor_paused_hup(c);
     }
+}
+
+/* The hangup poll of a paused conn completed: the peer left, or the poll was cancelled by a
+ * resume (armed again if the conn was paused again since). */
+static void hup_done(struct shmipc__loop *loop, struct shmipc__conn *c, int res)
+{
+    if (c == NULL)
+        return;
+    c->hup_armed = 0;
+    if (c->io.closed || c->rd_done || !c->rd_paused || c->hup_told || c->cbs.on_hup == NULL)
+        return;
+    if (res > 0)
+        shmipc__reactor_paused_hup(c);
+    else if (res == -ECANCELED)
+        arm_hup(loop, c);
 }
 
 static void recv_done(struct shmipc__loop *loop, struct shmipc__conn *c,
@@ -410,6 +443,10 @@ static void handle(struct shmipc__loop *loop, const struct io_uring_cqe *cqe)
                   io != NULL && io->kind == SHMIPC__IO_CONN ? (struct shmipc__conn *)io : NULL,
                   cqe);
         break;
+    case OP_HUP:
+        hup_done(loop, io != NULL && io->kind == SHMIPC__IO_CONN ? (struct shmipc__conn *)io : NULL,
+                 cqe->res);
+        break;
     case OP_ACCEPT:
         accept_done(loop,
                     io != NULL && io->kind == SHMIPC__IO_ACCEPTOR ? (struct shmipc__acceptor *)io
@@ -432,11 +469,15 @@ static void ur_read_pause(struct shmipc__loop *loop, struct shmipc__conn *c)
         cancel(loop, ud_io(&c->io, OP_RECV));
         c->rx_cancel = 1;
     }
+    if (c->cbs.on_hup != NULL && !c->hup_told && !c->hup_armed && !c->rd_done)
+        arm_hup(loop, c);
 }
 
 static void ur_read_resume(struct shmipc__loop *loop, struct shmipc__conn *c)
 {
     struct uring_state *s = state(loop);
+    if (c->hup_armed)
+        cancel(loop, ud_io(&c->io, OP_HUP));
     /* A receive still armed (its cancel not yet completed) is re-armed by its last
      * completion; otherwise the resumed list delivers what is held and arms a new one. */
     if (c->in_ready || (c->rx_armed && c->held_len == 0 && !c->held_end))
@@ -560,6 +601,8 @@ static void ur_del(struct shmipc__loop *loop, struct shmipc__io *io)
     case SHMIPC__IO_CONN: {
         struct shmipc__conn *c = (struct shmipc__conn *)io;
         cancel(loop, ud_io(io, OP_RECV));
+        if (c->hup_armed)
+            cancel(loop, ud_io(io, OP_HUP));
         if (c->tx_busy)
             cancel(loop, (uint64_t)(uintptr_t)c | OP_SEND);
         close_after_sqes(loop, io->fd);

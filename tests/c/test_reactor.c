@@ -436,7 +436,7 @@ static void w_on_end(struct shmipc__conn *c, int status)
     shmipc__conn_close(c);
 }
 
-static const struct shmipc__conn_cbs w_cbs = {w_on_data, w_on_end};
+static const struct shmipc__conn_cbs w_cbs = {w_on_data, w_on_end, NULL};
 
 static void w_on_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *data)
 {

@@ -260,7 +260,7 @@ static void srv_on_end(struct shmipc__conn *c, int status)
         shmipc__conn_close(c);
 }
 
-static const struct shmipc__conn_cbs srv_cbs = {srv_on_data, srv_on_end};
+static const struct shmipc__conn_cbs srv_cbs = {srv_on_data, srv_on_end, NULL};
 
 static void srv_on_accept(struct shmipc__acceptor *a, struct shmipc__conn *c, void *data)
 {
@@ -550,7 +550,7 @@ static void reuse_on_end(struct shmipc__conn *conn, int status)
     shmipc__conn_close(conn);
 }
 
-static const struct shmipc__conn_cbs reuse_cbs = {reuse_on_data, reuse_on_end};
+static const struct shmipc__conn_cbs reuse_cbs = {reuse_on_data, reuse_on_end, NULL};
 
 /* The newcomer, on the victim's fd number (free now). */
 static void reuse_open_c(struct reuse *r)
@@ -1036,7 +1036,7 @@ static void late_on_end(struct shmipc__conn *c, int status)
     shmipc__conn_close(c);
 }
 
-static const struct shmipc__conn_cbs late_cbs = {late_on_data, late_on_end};
+static const struct shmipc__conn_cbs late_cbs = {late_on_data, late_on_end, NULL};
 
 static void *late_writer(void *arg)
 {

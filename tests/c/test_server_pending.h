@@ -734,9 +734,62 @@ static void pending_edges(void **state)
     assert_int_equal(atomic_load(&preleased), atomic_load(&pborrowed));
 }
 
+/*
+ * Regression: a client that pipelines more than 64 KiB behind a deferred request (the server
+ * stops reading there) and then leaves, with a FIN or a reset. The server did not read, so it
+ * never learnt of it: a request without a deadline waited (and held the connection and its
+ * buffered input) until its owner answered or the server stopped, instead of ending
+ * CLIENT_GONE as when the client leaves without the pipelined input.
+ */
+static void pending_client_gone_behind_pipelined_input(void **state)
+{
+    static const char get[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    enum { N = 4000 }; /* about 100 KiB of pipelined requests */
+    struct srv t;
+    struct srv_opts o = {.routes = p_routes};
+    char *junk = malloc(N * (sizeof get - 1));
+    (void)state;
+    assert_non_null(junk);
+    for (int i = 0; i < N; i++)
+        memcpy(junk + (size_t)i * (sizeof get - 1), get, sizeof get - 1);
+    p_reset();
+    srv_start(&t, &o);
+    for (int reset = 0; reset <= 1; reset++) {
+        char req[64];
+        struct rd r;
+        snprintf(req, sizeof req, "GET /defer/hold/%d HTTP/1.1\r\nHost: x\r\n\r\n", reset);
+        rd_open(&r, t.port);
+        send_str(r.fd, req);
+        assert_true(pq_wait(1));
+        struct pjob *j = pq_pop();
+        send_all(r.fd, junk, N * (sizeof get - 1));
+        usleep(100 * 1000); /* the server reads up to its pause */
+        if (reset) {
+            struct linger l = {1, 0};
+            assert_int_equal(setsockopt(r.fd, SOL_SOCKET, SO_LINGER, &l, sizeof l), 0);
+        } else {
+            assert_int_equal(shutdown(r.fd, SHUT_WR), 0);
+        }
+        rd_close(&r);
+        uint64_t end = mono_ms() + 3000;
+        while (shmipc_http_pending_waiting(j->p) && mono_ms() < end)
+            usleep(1000);
+        if (shmipc_http_pending_waiting(j->p))
+            fail_msg("%s: the request still waits for its answer after 3 s",
+                     reset ? "a reset" : "a FIN");
+        assert_int_equal(atomic_load(&pslots[reset].reason), SHMIPC_HTTP_PENDING_CLIENT_GONE);
+        assert_int_equal(shmipc_http_pending_send(j->p), SHMIPC_ECLOSED);
+        free(j);
+    }
+    p_all_ended(2);
+    srv_stop(&t);
+    free(junk);
+}
+
 #define PENDING_TESTS                                                                              \
     cmocka_unit_test(pending_answers), cmocka_unit_test(pending_stops_waiting),                    \
         cmocka_unit_test(pending_across_stop), cmocka_unit_test(pending_crosstalk),                \
-        cmocka_unit_test(pending_refused_releases_now), cmocka_unit_test(pending_edges)
+        cmocka_unit_test(pending_refused_releases_now), cmocka_unit_test(pending_edges),           \
+        cmocka_unit_test(pending_client_gone_behind_pipelined_input)
 
 #endif
