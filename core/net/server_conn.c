@@ -296,10 +296,12 @@ static void update_deadline(struct server_conn *sc)
     const struct shmipc_server *s = sc->w->srv;
     if (sc->rx_len > 0 && sc->http.phase == 0) {
         /* Part of a head is here (phase 0 is http_conn's "reading a head"): the header
-         * timeout runs from its first byte and is not extended by more bytes. */
+         * timeout runs from its first byte and is not extended by more bytes; the first
+         * request's runs from accept (set there), which its first byte does not restart. */
         if (!sc->in_head) {
             sc->in_head = 1;
-            shmipc__server_conn_set_deadline(sc, after_or_never(sc, s->header_ms));
+            if (!sc->fresh)
+                shmipc__server_conn_set_deadline(sc, after_or_never(sc, s->header_ms));
         }
         return;
     }

@@ -785,6 +785,47 @@ static void header_timeout_slowloris(void **state)
     assert_true(st.timeouts >= 1);
 }
 
+/*
+ * Regression: the first request's header timeout runs from accept (docs/http.md, "Timeouts"),
+ * but its first byte started it again, so a client that waited almost the whole timeout
+ * before its first byte had it twice.
+ */
+static void first_header_timeout_from_accept(void **state)
+{
+    struct srv_opts o = {.header_ms = 2000};
+    struct srv t;
+    struct pollfd pf;
+    uint64_t start, closed_at;
+    char c;
+    int fd;
+    (void)state;
+
+    srv_start(&t, &o);
+    fd = client_connect(t.port, 0);
+    start = mono_ms();
+    usleep(1800 * 1000);
+    send_all(fd, "G", 1);
+    /* Then a byte every 100 ms, a head that never ends. */
+    for (;;) {
+        pf = (struct pollfd){.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 100) > 0 || mono_ms() - start > 5000)
+            break;
+        if (send(fd, "E", 1, MSG_NOSIGNAL) != 1)
+            break;
+    }
+    assert_true(read(fd, &c, 1) <= 0);
+    closed_at = mono_ms();
+    print_message("a head begun at 1800 ms closed after %llu ms\n",
+                  (unsigned long long)(closed_at - start));
+    assert_true(closed_at - start >= 1900);
+    if (closed_at - start >= 3300)
+        fail_msg("the header timeout (2000 ms from accept) closed the head only after %llu ms",
+                 (unsigned long long)(closed_at - start));
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_true(st.timeouts >= 1);
+}
+
 /* An idle keep-alive connection is closed (FIN) after the keep-alive timeout. */
 static void keepalive_timeout(void **state)
 {
@@ -1079,6 +1120,7 @@ static void many_connections(void **state)
         cmocka_unit_test(many_connections),                                                        \
         cmocka_unit_test(keepalive_zero_closes_after_each_response),                               \
         cmocka_unit_test(negative_keepalive_and_stop_wait),                                        \
-        cmocka_unit_test(first_request_body_stall_uses_keepalive_timeout)
+        cmocka_unit_test(first_request_body_stall_uses_keepalive_timeout),                         \
+        cmocka_unit_test(first_header_timeout_from_accept)
 
 #endif
