@@ -1109,11 +1109,14 @@ static void ws_start(struct server_conn *sc, size_t consumed)
     sc->in_head = 0;
     sc->w->stats.ws_upgrades++;
     /* The HTTP timeouts end here; the WebSocket's own start (an application's close in
-     * on_open has its close_at already). */
+     * on_open has its close_at already). The batch carrying the 101 is the WebSocket's
+     * output to stall on now, as its frames are (the send timeout, measured from here). */
     sc->deadline = 0;
     shmipc__timer_stop(&sc->timer);
     sc->ws->rx_at = shmipc__loop_now_ms(sc->w->loop);
     sc->ws->rx_seen = 1;
+    sc->ws->tx_at = sc->ws->rx_at;
+    sc->ws->tx_seen = 1;
     shmipc__server_ws_arm(sc);
     /* The bytes behind the request head are the first frames. The batch in flight points
      * only before them, so they are processed now and dropped with it (rx_drop_done). */

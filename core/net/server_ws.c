@@ -196,12 +196,20 @@ static int ws_reading(const struct server_conn *sc)
            !shmipc__conn_read_paused(sc->conn);
 }
 
+/* Output the peer must take: a frame send, or the HTTP batch that carried the 101 (with the
+ * answers pipelined before it, which may be large), whose own send timeout ended with the
+ * upgrade. */
+static int ws_output_busy(const struct server_conn *sc)
+{
+    return sc->ws->sending || sc->inflight;
+}
+
 static uint64_t ws_deadline(const struct server_conn *sc)
 {
     const struct shmipc_ws *ws = sc->ws;
     const struct shmipc_server *s = sc->w->srv;
     uint64_t d = ws->close_at;
-    if (ws->sending)
+    if (ws_output_busy(sc))
         d = earliest(d, ws->tx_at + s->stall_ms);
     if (ws_reading(sc)) {
         if (s->ws_idle_ms != 0)
@@ -246,7 +254,7 @@ void shmipc__server_ws_timeout(struct server_conn *sc)
         ws->rx_seen = 0;
         ws->rx_at = now;
     }
-    if (ws->sending) {
+    if (ws_output_busy(sc)) {
         int64_t mark = ws_progress(sc);
         if (ws->tx_seen || mark != ws->tx_mark) {
             ws->tx_seen = 0;

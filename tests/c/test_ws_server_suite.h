@@ -938,6 +938,60 @@ static void stall_paused_reader_closed(void **state)
 }
 
 /*
+ * Regression: a WebSocket handshake pipelined behind a large response, from a client that
+ * reads nothing. The 101 leaves in the same batch as that response, and once it is queued the
+ * connection is a WebSocket, whose send timeout ran only for its own frames: the HTTP batch
+ * still in flight had none (the HTTP timers end at the upgrade), so with the ping and idle
+ * timeouts off (the default) the connection and the response's memory were held until the
+ * server stopped, instead of failing (1006) after the keep-alive timeout without progress.
+ */
+static void stall_before_pipelined_upgrade_closed(void **state)
+{
+    enum { BIG = 16u << 20 };
+    struct srv t;
+    struct app a;
+    struct srv_opts o = {.keepalive_ms = 300};
+    char *big = calloc(1, BIG);
+    char req[512];
+    int rcv = 4096;
+    (void)state;
+    assert_non_null(big);
+
+    app_init(&a);
+    srv_new_opts(&t, NULL, &o);
+    CHECK(shmipc_server_static(t.s, "GET", "/big", 200, "application/octet-stream", big, BIG));
+    CHECK(
+        shmipc_server_websocket(t.s, "/echo", NULL, app_open, app_message, app_close_cb, &a, NULL));
+    srv_run(&t);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t.port)};
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
+    if (connect(fd, (struct sockaddr *)&sin, sizeof sin) != 0)
+        fail_msg("connect: %s", strerror(errno));
+    int n =
+        snprintf(req, sizeof req,
+                 "GET /big HTTP/1.1\r\nHost: a\r\n\r\n"
+                 "GET /echo HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 "Sec-WebSocket-Version: 13\r\n\r\n");
+    assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    /* Nothing is read: the server's send timeout (300 ms without progress) must end it. */
+    WAIT_UNTIL(atomic_load(&a.opens) == 1);
+    uint64_t end = mono_ms() + 5000;
+    while (atomic_load(&a.closes) == 0 && mono_ms() < end)
+        usleep(1000);
+    if (atomic_load(&a.closes) == 0)
+        fail_msg("a client that reads nothing still held its upgraded connection after 5 s");
+    assert_int_equal(atomic_load(&a.close_code), 1006);
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.ws_stall_closes, 1);
+    free(big);
+    app_free(&a);
+}
+
+/*
  * Reads what the server sends for `ms` (or until it closes): answers each ping with a pong
  * when `answer`, counts pings and other frames. Returns 1 when the server closed.
  */
@@ -1541,7 +1595,8 @@ static void deferred_upgrade_bad_handshake(void **state)
         cmocka_unit_test(deferred_upgrade_refused_403),                                            \
         cmocka_unit_test(deferred_upgrade_client_gone),                                            \
         cmocka_unit_test(deferred_upgrade_bad_handshake),                                          \
-        cmocka_unit_test(deferred_upgrade_accept_while_stopping)
+        cmocka_unit_test(deferred_upgrade_accept_while_stopping),                                  \
+        cmocka_unit_test(stall_before_pipelined_upgrade_closed)
 
 /* Runs the behaviours, then the fixtures (FIXTURE_DIR, or argv[1]). */
 static int ws_server_main(int argc, char **argv, const char *name)
