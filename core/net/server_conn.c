@@ -375,8 +375,10 @@ static void conn_serve(struct server_conn *sc)
     if (sc->answered) {
         /* A deferred request's answer goes first; pipelined requests behind it follow. */
         sc->answered = 0;
-        /* An accepted upgrade (sc->ws) is no keep-alive: the keep-alive timeout does not end it. */
-        if (shmipc__server_stopping(w) || (w->srv->idle_ms == 0 && sc->ws == NULL))
+        /* An accepted upgrade (sc->ws) is no keep-alive: neither the keep-alive timeout nor a
+         * stop ends it here. Accepted before the stop (ws_accept refuses one after it), it
+         * opens and is told to go away as the stop tells every WebSocket (ws_start). */
+        if (sc->ws == NULL && (shmipc__server_stopping(w) || w->srv->idle_ms == 0))
             sc->http.deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
         struct release **tail = &sc->releases;
         while (*tail != NULL)
@@ -1118,6 +1120,11 @@ static void ws_start(struct server_conn *sc, size_t consumed)
     sc->ws->tx_at = sc->ws->rx_at;
     sc->ws->tx_seen = 1;
     shmipc__server_ws_arm(sc);
+    /* A deferred upgrade whose 101 waited while the stop passed the connection by: the close
+     * frame (1001, going away) that its SHUTDOWN sends every WebSocket, behind what the owner
+     * queued; the stop timeout bounds the answer. */
+    if (sc->w->draining)
+        (void)shmipc__ws_conn_close(&sc->ws->c, 1001, NULL, 0);
     /* The bytes behind the request head are the first frames. The batch in flight points
      * only before them, so they are processed now and dropped with it (rx_drop_done). */
     sc->rx_len = consumed;

@@ -1585,6 +1585,71 @@ static void deferred_upgrade_bad_handshake(void **state)
     free(got.p);
 }
 
+/*
+ * Regression: an upgrade accepted just before a stop, whose 101 waits for the batch in flight
+ * before it (a large answer pipelined ahead of the handshake) while the stop reaches the
+ * connection. The 101 then went out with "Connection: close" beside "Connection: Upgrade",
+ * the connection closed behind it, and the owner's first message never left: the accepted
+ * WebSocket only got the stop's end (1006). It now opens and is told to go away (1001), as
+ * the stop tells every WebSocket, its queued message first.
+ */
+static void deferred_upgrade_accepted_before_stop_goes_away(void **state)
+{
+    enum { BIG = 4u << 20 };
+    struct srv t;
+    struct dapp d;
+    struct fx_bytes head = {0};
+    char *big = calloc(1, BIG);
+    char *buf = malloc(BIG);
+    char c, req[512];
+    int rcv = 4096;
+    (void)state;
+    assert_non_null(big);
+    assert_non_null(buf);
+    dapp_init(&d, D_ACCEPT, 0);
+    srv_new(&t, NULL);
+    CHECK(shmipc_server_static(t.s, "GET", "/big", 200, "application/octet-stream", big, BIG));
+    CHECK(shmipc_server_route(t.s, "GET", "/front", h_defer, &d, NULL));
+    srv_run(&t);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t.port)};
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
+    if (connect(fd, (struct sockaddr *)&sin, sizeof sin) != 0)
+        fail_msg("connect: %s", strerror(errno));
+    int n = snprintf(req, sizeof req, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n%s", d_request);
+    assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    /* Accepted while the big answer is still on its way (the client reads nothing yet). */
+    WAIT_UNTIL(atomic_load(&d.fired));
+    assert_int_equal(atomic_load(&d.accept_rc), 0);
+    assert_int_equal(shmipc_server_stop(t.s), 0);
+    usleep(200 * 1000); /* the stop reaches the connection while the batch is in flight */
+    fx_put(&head, "", 0);
+    while (head_end(&head) == 0) {
+        read_exact(fd, &c, 1);
+        fx_put(&head, &c, 1);
+    }
+    assert_int_equal(memcmp(head.p, "HTTP/1.1 200 ", 13), 0);
+    read_exact(fd, buf, BIG);
+    head.n = 0;
+    while (head_end(&head) == 0) {
+        read_exact(fd, &c, 1);
+        fx_put(&head, &c, 1);
+    }
+    fx_put_byte(&head, 0);
+    assert_int_equal(memcmp(head.p, "HTTP/1.1 101 ", 13), 0);
+    if (strstr(head.p, "Connection: close") != NULL)
+        fail_msg("the 101 closes the connection:\n%s", head.p);
+    expect_frame(fd, 0x81, "hello", 5);
+    expect_frame(fd, 0x88, "\x03\xe9", 2); /* 1001, going away */
+    close(fd);
+    srv_stop(&t);
+    assert_int_equal(atomic_load(&d.late_send_rc), 0);
+    free(head.p);
+    free(buf);
+    free(big);
+}
+
 #define WS_SERVER_TESTS                                                                            \
     cmocka_unit_test(backpressure_client_never_reads),                                             \
         cmocka_unit_test(backpressure_application_flood), cmocka_unit_test(upgrade_routing),       \
@@ -1596,7 +1661,8 @@ static void deferred_upgrade_bad_handshake(void **state)
         cmocka_unit_test(deferred_upgrade_client_gone),                                            \
         cmocka_unit_test(deferred_upgrade_bad_handshake),                                          \
         cmocka_unit_test(deferred_upgrade_accept_while_stopping),                                  \
-        cmocka_unit_test(stall_before_pipelined_upgrade_closed)
+        cmocka_unit_test(stall_before_pipelined_upgrade_closed),                                   \
+        cmocka_unit_test(deferred_upgrade_accepted_before_stop_goes_away)
 
 /* Runs the behaviours, then the fixtures (FIXTURE_DIR, or argv[1]). */
 static int ws_server_main(int argc, char **argv, const char *name)
