@@ -108,6 +108,9 @@ static int stream_for_data_locked(shmipc_session *s, uint32_t id, shmipc_stream 
     return 0;
 }
 
+/* Close elements one turn may keep waiting (at least: a queue's capacity may be more). */
+#define MAX_CLOSES_DUE (1u << 20)
+
 /* Delivers the chain at `offset` to stream `id`, or frees it when nobody can take it. */
 static int deliver_chain_locked(shmipc_session *s, uint32_t id, uint32_t offset)
 {
@@ -141,20 +144,34 @@ static int deliver_chain_locked(shmipc_session *s, uint32_t id, uint32_t offset)
  * until the turn has read the socket again (shmipc__session_apply_closes_locked); applied at
  * once it would end the stream before that data, or be dropped for an id not known yet.
  */
-static void close_due_locked(shmipc_session *s, uint32_t id)
+static int close_due_locked(shmipc_session *s, uint32_t id)
 {
+    /*
+     * Each close waits on our heap until the turn reads the socket, and a turn drains until the
+     * queue is empty: a peer that refills it as fast as we take would grow the list without
+     * end (and keep the turn going). One turn of an honest peer brings at most a queue's worth
+     * of closes unless it keeps the queue from ever emptying; past the larger of that and
+     * 2^20 (4 MiB here) the session ends.
+     */
+    uint32_t max = s->qp.recv.cap > MAX_CLOSES_DUE ? s->qp.recv.cap : MAX_CLOSES_DUE;
+    if (s->nclose_due >= max)
+        return shmipc__fail(SHMIPC_EPROTO,
+                            "session: the peer put more than %u close elements in one turn, the "
+                            "queue never empty (at most the larger of its capacity and %u)",
+                            max, MAX_CLOSES_DUE);
     s->queue_closes++;
     if (s->nclose_due == s->close_due_cap) {
         uint32_t n = s->close_due_cap ? s->close_due_cap * 2 : 16;
         void *p = realloc(s->closes_due, n * sizeof *s->closes_due);
         if (p == NULL) {
             shmipc__stream_peer_closed_locked(s, id); /* at once, as best we can */
-            return;
+            return 0;
         }
         s->closes_due = p;
         s->close_due_cap = n;
     }
     s->closes_due[s->nclose_due++] = id;
+    return 0;
 }
 
 void shmipc__session_apply_closes_locked(shmipc_session *s)
@@ -170,8 +187,7 @@ static int handle_element_locked(shmipc_session *s, const struct shmipc__queue_e
     case 0:
         return deliver_chain_locked(s, e->seq_id, e->offset);
     case 1:
-        close_due_locked(s, e->seq_id);
-        return 0;
+        return close_due_locked(s, e->seq_id);
     default:
         return shmipc__fail(SHMIPC_EPROTO, "queue: element for stream %u with status %u", e->seq_id,
                             e->status);

@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1608,6 +1609,76 @@ static void fallback_bytes_held_are_capped(void **state)
 }
 
 /*
+ * A peer that keeps our queue full of close elements. Each close waits for the socket to be
+ * read before it is applied (shmipc__session_apply_closes_locked), so while the drain never
+ * finds the queue empty, every one of them was kept on our heap, without bound, and the turn
+ * (holding the session's lock, or serve()'s only thread) never ended.
+ */
+struct close_flood {
+    shmipc_session *c;
+    uint64_t limit; /* elements to put in all, at most */
+    uint64_t put;
+};
+
+static void *close_flood_main(void *arg)
+{
+    struct close_flood *f = arg;
+    struct shmipc__queue *q = &f->c->qp.send;
+    int64_t *head = (int64_t *)(void *)(q->hdr + q->head_at);
+    int64_t *tail = (int64_t *)(void *)(q->hdr + q->tail_at);
+    uint64_t seen = 0, still_since = shmipc__now_ns();
+    /* The slots keep the close elements put by the test: moving the tail re-sends them. */
+    while (f->put < f->limit) {
+        uint64_t h = (uint64_t)__atomic_load_n(head, __ATOMIC_ACQUIRE);
+        uint64_t t = (uint64_t)__atomic_load_n(tail, __ATOMIC_RELAXED);
+        if (h != seen) {
+            seen = h;
+            still_since = shmipc__now_ns();
+        } else if (shmipc__now_ns() - still_since > 1000000000u) {
+            break; /* the server stopped taking them: its session ended */
+        }
+        if (t - h < q->cap / 2) {
+            __atomic_store_n(tail, (int64_t)(h + q->cap), __ATOMIC_RELEASE);
+            f->put += h + q->cap - t;
+            /* Woken as a peer wakes us (no cmocka assert off the test's thread). */
+            uint8_t polling[8];
+            shmipc__encode_simple(polling, f->c->version, SHMIPC__MSG_POLLING);
+            if (shmipc__queue_mark_working(q) == 1 && write(f->c->fd, polling, 8) != 8)
+                break;
+        }
+        sched_yield();
+    }
+    return NULL;
+}
+
+static void close_flood_is_capped(void **state)
+{
+    (void)state;
+    enum { CAP = 1 << 20 };
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream *ss;
+    pthread_t t;
+    assert_int_equal(shmipc_config_set_queue_capacity(cfg, CAP), 0);
+    pair_open(&p, cfg);
+    struct close_flood f = {p.client, 8u * CAP, CAP};
+    for (uint32_t i = 0; i < CAP; i++)
+        assert_int_equal(
+            shmipc__queue_put(&p.client->qp.send, &(struct shmipc__queue_elem){1000 + 2 * i, 0, 1}),
+            0);
+    wake_server(p.client);
+    assert_int_equal(pthread_create(&t, NULL, close_flood_main, &f), 0);
+    int rc = shmipc_session_accept_stream(p.server, 5000, &ss);
+    pthread_join(t, NULL);
+    assert_int_equal(rc, SHMIPC_EPROTO);
+    if (strstr(shmipc_error_detail(), "close elements") == NULL)
+        fail_msg("detail \"%s\" lacks \"close elements\"", shmipc_error_detail());
+    assert_int_equal(shmipc_session_status(p.server), SHMIPC_EPROTO);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+/*
  * The same slice sent again and again would be a chunk on our heap each time, until read: the
  * walker's mark (kept while we hold the slice) refuses the second one, so what a peer can make
  * us hold in slices is bounded by its buffer.
@@ -2545,6 +2616,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(killed_peer_fails_reads_promptly),
         cmocka_unit_test(stream_object_stays_small),
         cmocka_unit_test(pending_streams_are_capped),
+        cmocka_unit_test(close_flood_is_capped),
         cmocka_unit_test(fallback_bytes_held_are_capped),
         cmocka_unit_test(data_before_the_peer_left_is_read_first),
         cmocka_unit_test(nonblock_read_of_a_close_in_the_turn_that_ended_the_session_is_eof),
