@@ -186,9 +186,24 @@ static int map_whole(struct shmipc__mapping *m, int fd, const char *what)
 
 int shmipc__mapping_map_fd(struct shmipc__mapping *m, int fd, const char *path)
 {
+    struct stat st;
+    struct statfs fs;
     int rc = set_path(m, path);
     if (rc < 0)
         return rc;
+    /*
+     * Shared memory only: a memfd (the kernel's internal tmpfs, or hugetlbfs) or a tmpfs file.
+     * A peer's file on a disk, or on a FUSE mount whose daemon is the peer, would make every
+     * page fault of ours wait on it, beyond any timeout and the SIGBUS guard. (What is not a
+     * regular file at all map_whole refuses.)
+     */
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        (fstatfs(fd, &fs) != 0 || (fs.f_type != TMPFS_MAGIC && fs.f_type != HUGETLBFS_MAGIC))) {
+        rc = shmipc__fail(SHMIPC_EACCES, "%s: not shared memory (a memfd or a tmpfs file)",
+                          m->path[0] != '\0' ? m->path : "received fd");
+        shmipc__mapping_init(m);
+        return rc;
+    }
     rc = map_whole(m, fd, m->path[0] != '\0' ? m->path : "received fd");
     if (rc < 0) {
         shmipc__mapping_init(m);

@@ -52,8 +52,10 @@ int shmipc__mapping_create_file(struct shmipc__mapping *m, const char *path, siz
 
 /*
  * Server, memfd mode: maps a received fd at its full size (fstat), refusing size 0 and sizes
- * above UINT32_MAX, which no offset of the protocol can address. On success `m` owns `fd`; on
- * failure the caller still does. `path` labels the mapping and may be NULL.
+ * above UINT32_MAX, which no offset of the protocol can address, anything but a regular file
+ * (SHMIPC_EINVAL), and a regular file that is not shared memory (SHMIPC_EACCES): only a memfd
+ * or a tmpfs file will do. On success `m` owns `fd`; on failure the caller still does. `path`
+ * labels the mapping and may be NULL.
  */
 int shmipc__mapping_map_fd(struct shmipc__mapping *m, int fd, const char *path);
 

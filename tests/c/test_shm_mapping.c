@@ -8,11 +8,13 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "shmipc.h"
@@ -183,6 +185,51 @@ static void received_fds_are_checked(void **state)
     assert_null(m.base);
 }
 
+/*
+ * A regular file of the peer's that is not shared memory: one on a disk, or on a FUSE mount of
+ * the peer's own, whose daemon can leave every page fault of ours waiting for ever (the
+ * processing thread, serve()'s only thread, a handshake that listener_close() joins), beyond
+ * any timeout and the SIGBUS guard. Only memfds and tmpfs files are shared memory (a memfd is
+ * on the kernel's internal tmpfs), as the V2 path check already demands; the caller keeps the
+ * fd.
+ */
+static void received_fd_not_on_tmpfs_is_refused(void **state)
+{
+    (void)state;
+    struct shmipc__mapping m;
+    struct statfs fs;
+    static const char *const dirs[] = {".", "/var/tmp", "/tmp"};
+    char path[64];
+    int fd = -1;
+    shmipc__mapping_init(&m);
+    /* The first directory we may write whose file system is not a tmpfs. */
+    for (size_t i = 0; fd < 0 && i < sizeof dirs / sizeof dirs[0]; i++) {
+        snprintf(path, sizeof path, "%s/shmipc-test-disk-XXXXXX", dirs[i]);
+        if ((fd = mkstemp(path)) < 0)
+            continue;
+        unlink(path);
+        if (fstatfs(fd, &fs) != 0 || fs.f_type == TMPFS_MAGIC) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    if (fd < 0)
+        skip(); /* nowhere to make a file that is not on a tmpfs */
+    assert_int_equal(ftruncate(fd, 1 << 20), 0);
+    assert_int_equal(shmipc__mapping_map_fd(&m, fd, NULL), SHMIPC_EACCES);
+    if (strstr(shmipc_error_detail(), "not shared memory") == NULL)
+        fail_msg("detail \"%s\" lacks \"not shared memory\"", shmipc_error_detail());
+    assert_null(m.base);
+    assert_int_equal(fcntl(fd, F_GETFD) >= 0, 1);
+    close(fd);
+    /* A memfd is fine. */
+    fd = memfd_create("shmipc-test-tmpfs", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 1 << 20), 0);
+    assert_int_equal(shmipc__mapping_map_fd(&m, fd, NULL), 0);
+    shmipc__mapping_unmap(&m); /* closes fd */
+}
+
 static void devshm_file_lifecycle(void **state)
 {
     const struct dir *D = *state;
@@ -263,6 +310,7 @@ int main(void)
         cmocka_unit_test(memfd_is_zeroed_labelled_and_sealable),
         cmocka_unit_test(memfd_refuses_bad_sizes_and_names),
         cmocka_unit_test(received_fds_are_checked),
+        cmocka_unit_test(received_fd_not_on_tmpfs_is_refused),
         cmocka_unit_test_setup_teardown(devshm_file_lifecycle, dir_setup, dir_teardown),
         cmocka_unit_test_setup_teardown(devshm_refuses_what_it_should, dir_setup, dir_teardown),
     };
