@@ -309,12 +309,12 @@ size_t shmipc__json_string(const struct shmipc__json *j, int node, char *out, si
                     c = v >= 0x20 && v < 0x7f ? (char)v : '?';
                     i += 4;
                 } else {
-                    c = e == 'n'   ? '\n'
-                        : e == 't' ? '\t'
-                        : e == 'r' ? '\r'
-                        : e == 'b' ? '\b'
-                        : e == 'f' ? '\f'
-                                   : e;
+                    /*
+                     * \n, \t, \r, \b, \f: control bytes, as from \u above. The text is
+                     * the peer's and goes into error details and logs, where a newline
+                     * would forge a line: '?' instead. \" \\ \/ stand for themselves.
+                     */
+                    c = strchr("ntrbf", e) != NULL ? '?' : e;
                 }
             }
             out[o++] = c;

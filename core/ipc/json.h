@@ -52,7 +52,10 @@ int shmipc__json_next(const struct shmipc__json *j, int node);
 /* True when string node `node` equals the C string `s` (no escapes in either). */
 int shmipc__json_string_is(const struct shmipc__json *j, int node, const char *s);
 
-/* Copies a string node, escapes decoded (\uXXXX beyond ASCII becomes '?'); its length. */
+/*
+ * Copies a string node, escapes decoded; an escape that stands for a control byte or for
+ * anything beyond printable ASCII becomes '?' (the text goes into details and logs). Its length.
+ */
 size_t shmipc__json_string(const struct shmipc__json *j, int node, char *out, size_t cap);
 
 /* Writes `s` as a JSON string literal (quotes included) at out[*pos]; -1 when out is full. */

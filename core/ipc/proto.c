@@ -120,6 +120,15 @@ int shmipc__header_check(const struct shmipc__header *h, int allow_version0)
     return 0;
 }
 
+/* True when `p` holds a control byte (below 0x20, or DEL). */
+static int has_control(const uint8_t *p, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (p[i] < 0x20 || p[i] == 0x7f)
+            return 1;
+    return 0;
+}
+
 static int parse_share(const uint8_t *body, uint32_t len, struct shmipc__msg *msg)
 {
     uint32_t qlen, blen;
@@ -135,6 +144,13 @@ static int parse_share(const uint8_t *body, uint32_t len, struct shmipc__msg *ms
                             blen);
     if (memchr(body + 2, 0, qlen) != NULL || memchr(body + 4 + qlen, 0, blen) != NULL)
         return shmipc__fail(SHMIPC_EPROTO, "share memory message: NUL byte in a path");
+    /*
+     * Nor any other control byte: the paths go into error details and logs, where a newline
+     * would forge a line of the peer's choosing and an escape sequence would reach the
+     * operator's terminal. Every client names its memory in printable text.
+     */
+    if (has_control(body + 2, qlen) || has_control(body + 4 + qlen, blen))
+        return shmipc__fail(SHMIPC_EPROTO, "share memory message: control byte in a path");
     msg->u.share.queue_path = body + 2;
     msg->u.share.queue_len = (uint16_t)qlen;
     msg->u.share.buffer_path = body + 4 + qlen;

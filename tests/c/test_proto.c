@@ -345,6 +345,36 @@ static void server_refuses_files_not_on_tmpfs(void **state)
     assert_true(rc == SHMIPC_EACCES || rc == SHMIPC_EPROTO);
 }
 
+/*
+ * The paths of a ShareMemory message end up in error details, which the listener logs at
+ * warning level and applications print: a newline forges a log line of the peer's choosing, an
+ * escape sequence reaches the operator's terminal. Control bytes are refused when the message
+ * is parsed, and the detail does not echo them.
+ */
+static void share_paths_with_control_bytes_are_refused(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {"/dev/shm/x\nshmipc: warn: forged line",
+                                      "/dev/shm/x\x1b[2Jcleared", "/dev/shm/x\ry",
+                                      "/dev/shm/x\x7f"};
+    uint8_t msg[300];
+    struct shmipc__msg m;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        for (int which = 0; which < 2; which++) {
+            const char *q = which == 0 ? bad[i] : "/dev/shm/shmipc_1_0_queue_0";
+            const char *b = which == 1 ? bad[i] : "/dev/shm/shmipc_1_0_buffer";
+            size_t n = shmipc__encode_share_memory(msg, sizeof msg, 2, 0, q, b);
+            assert_true(n > 0);
+            assert_int_equal(shmipc__msg_parse(msg, n, &m, 0), SHMIPC_EPROTO);
+            assert_int_equal(server_handshake_on(msg, n), SHMIPC_EPROTO);
+            for (const char *d = shmipc_error_detail(); *d != '\0'; d++)
+                if ((unsigned char)*d < 0x20 || *d == 0x7f)
+                    fail_msg("detail \"%s\" carries control byte %#x", shmipc_error_detail(),
+                             (unsigned)(unsigned char)*d);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -355,6 +385,7 @@ int main(void)
         cmocka_unit_test(server_v3_handshake_matches_capture),
         cmocka_unit_test(server_refuses_bad_handshakes),
         cmocka_unit_test(server_refuses_files_not_on_tmpfs),
+        cmocka_unit_test(share_paths_with_control_bytes_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -160,6 +160,15 @@ static void negotiation_parse_refuses(void **state)
         if (shmipc__v4_parse_response((const uint8_t *)bad_resp[i], strlen(bad_resp[i]), &p) !=
             SHMIPC_EPROTO)
             fail_msg("accepted bad response %zu: %s", i, bad_resp[i]);
+    /*
+     * The server's error text goes into our error detail and logs: escapes that decode to
+     * control bytes (a newline would forge a log line) come out as '?'.
+     */
+    const char *forged = "{\"selected_protocol\":0,\"error\":{\"code\":\"X\\r\\nshmipc: "
+                         "forged\",\"message\":\"a\\nb\\tc\\bd\\fe\\u0007f\"}}";
+    assert_int_equal(shmipc__v4_parse_response((const uint8_t *)forged, strlen(forged), &p), 0);
+    assert_string_equal(p.error_code, "X??shmipc: forged");
+    assert_string_equal(p.error_message, "a?b?c?d?e?f");
     /* Unknown features are ignored: a newer peer may offer more. */
     const char *newer = "{\"supports_protocols\":[4,5],\"supports_features\":[\"teleport\"]}";
     assert_int_equal(shmipc__v4_parse_request((const uint8_t *)newer, strlen(newer), &r), 0);
