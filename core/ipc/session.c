@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <sys/uio.h>
@@ -45,6 +46,10 @@ static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **ou
     s->role = role;
     s->refs = 1;
     s->next_stream_id = FIRST_CLIENT_STREAM_ID;
+    /* The stream table's secret (session.h). Without entropy yet, something a peer cannot see. */
+    if (getrandom(&s->hash_seed, sizeof s->hash_seed, GRND_NONBLOCK) != sizeof s->hash_seed)
+        s->hash_seed =
+            (uint32_t)(shmipc__now_ns() ^ (uint64_t)(uintptr_t)s ^ ((uint64_t)(uintptr_t)s >> 32));
     shmipc__mapping_init(&s->buffer_map);
     shmipc__mapping_init(&s->queue_map);
     pthread_mutex_init(&s->mu, NULL);

@@ -167,9 +167,13 @@ struct shmipc_session {
     uint32_t next_stream_id;
     uint64_t unhealthy_until_ns;
 
-    /* Stream table: chained hash on id, power-of-two buckets. */
+    /*
+     * Stream table: chained hash on id, power-of-two buckets. The peer picks the ids, so they
+     * are hashed with a secret of this session (hash_seed, random): with a fixed hash it could
+     * pick ids that all share one bucket and make every lookup walk all its streams.
+     */
     struct shmipc_stream **buckets;
-    uint32_t nbuckets, nstreams;
+    uint32_t nbuckets, nstreams, hash_seed;
 
     /*
      * Heap bytes of fallback data that streams hold (under mu), each chunk charged

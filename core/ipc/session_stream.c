@@ -43,9 +43,25 @@
 #include <time.h>
 #include <unistd.h>
 
+/*
+ * The bucket of `id` among `n`: the id mixed with the session's secret by MurmurHash3's
+ * finalizer, whose every output bit depends on every input bit. (Knuth's id * 2654435761 kept
+ * only low bits, which depend only on the id's low bits: ids k << 20 all shared bucket 0.)
+ */
+static uint32_t hash_bucket(uint32_t seed, uint32_t id, uint32_t n)
+{
+    uint32_t h = id ^ seed;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    return h & (n - 1);
+}
+
 static uint32_t bucket_of(const shmipc_session *s, uint32_t id)
 {
-    return (id * 2654435761u) & (s->nbuckets - 1);
+    return hash_bucket(s->hash_seed, id, s->nbuckets);
 }
 
 shmipc_stream *shmipc__session_lookup_locked(shmipc_session *s, uint32_t id)
@@ -67,7 +83,7 @@ int shmipc__session_insert_locked(shmipc_session *s, shmipc_stream *st)
             shmipc_stream *it = s->buckets[b];
             while (it != NULL) {
                 shmipc_stream *next = it->next_in_bucket;
-                uint32_t h = (it->id * 2654435761u) & (n - 1);
+                uint32_t h = hash_bucket(s->hash_seed, it->id, n);
                 it->next_in_bucket = nb[h];
                 nb[h] = it;
                 it = next;

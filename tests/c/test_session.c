@@ -1126,6 +1126,50 @@ static void send_fallback_bytes(struct ipc_pair *p, uint32_t id, uint32_t n)
     free(body);
 }
 
+/*
+ * The server keeps every stream in a hash table keyed by the id the peer chose. Hashed by the
+ * low bits of id * K alone, ids that are multiples of the table size all fell into one bucket,
+ * so a peer opening streams 1 << 20, 2 << 20, ... made every lookup (one per element and per
+ * message) walk all of them: a processing thread, or serve()'s, busy for as long as the peer
+ * liked. The longest chain must stay short whatever ids the peer picks.
+ */
+static void chosen_stream_ids_do_not_share_a_bucket(void **state)
+{
+    (void)state;
+    enum { N = 2000 };
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream **ss = calloc(N, sizeof *ss);
+    assert_non_null(ss);
+    pair_open(&p, cfg);
+    /* One at a time: small writes fill a unix socket's buffer long before their bytes do. */
+    for (uint32_t i = 0; i < N; i++) {
+        send_fallback_bytes(&p, (i + 1) << 20, 1);
+        assert_int_equal(shmipc_session_accept_stream(p.server, 5000, &ss[i]), 0);
+    }
+    uint32_t longest = 0;
+    pthread_mutex_lock(&p.server->mu);
+    assert_true(p.server->nstreams >= N);
+    for (uint32_t b = 0; b < p.server->nbuckets; b++) {
+        uint32_t n = 0;
+        for (shmipc_stream *st = p.server->buckets[b]; st != NULL; st = st->next_in_bucket)
+            n++;
+        longest = n > longest ? n : longest;
+    }
+    pthread_mutex_unlock(&p.server->mu);
+    /* 2000 streams in at least 4096 buckets: a fair hash leaves single digits. */
+    if (longest > 32)
+        fail_msg("%u of %u streams share one bucket", longest, N);
+    /* The client first: nobody reads its side, which 2000 closes would fill. */
+    shmipc_session_close(p.client);
+    p.client = NULL;
+    for (uint32_t i = 0; i < N; i++)
+        shmipc_stream_close(ss[i]);
+    free(ss);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
 /* ---- A reader that the queue keeps busy still reads the socket ---- */
 
 /*
@@ -2617,6 +2661,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(stream_object_stays_small),
         cmocka_unit_test(pending_streams_are_capped),
         cmocka_unit_test(close_flood_is_capped),
+        cmocka_unit_test(chosen_stream_ids_do_not_share_a_bucket),
         cmocka_unit_test(fallback_bytes_held_are_capped),
         cmocka_unit_test(data_before_the_peer_left_is_read_first),
         cmocka_unit_test(nonblock_read_of_a_close_in_the_turn_that_ended_the_session_is_eof),
