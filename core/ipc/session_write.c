@@ -309,7 +309,10 @@ int shmipc__stream_commit(shmipc_stream *st, size_t n)
 /*
  * Writes one whole control message to the socket. Under send_mu. A message cut part-way
  * (timeout, or an error after the first bytes) would make the peer misread every frame after
- * it, so that ends the session; one that never started leaves the socket whole.
+ * it, so that ends the session. So does a timeout before the first byte: the peer read nothing
+ * for the whole connection write timeout, and left up, the session would make every later
+ * wakeup and close wait that long again, one after another (serve()'s thread, for every
+ * session it drives). Go's shmipc ends a session on any failed write too.
  */
 static int write_frame(shmipc_session *s, const uint8_t *msg, size_t len, uint64_t deadline)
 {
@@ -341,6 +344,14 @@ static int write_frame(shmipc_session *s, const uint8_t *msg, size_t len, uint64
                             "bytes (%s); a half-written frame would poison the "
                             "socket, so the session ends",
                             len, sent, shmipc__errname(rc)));
+        shmipc__session_unlock(s);
+    } else if (rc == SHMIPC_ETIMEDOUT) {
+        shmipc__session_lock(s);
+        rc = shmipc__session_fail_locked(
+            s, shmipc__fail(rc,
+                            "socket: the peer read nothing for the connection write timeout "
+                            "(a %zu-byte control message could not start), so the session ends",
+                            len));
         shmipc__session_unlock(s);
     }
     return rc;
@@ -502,10 +513,12 @@ static int send_fallback(shmipc_stream *st)
      * Bytes of this message went out and the rest cannot follow: the peer would read the
      * next frame as the rest of this one, on the socket every stream shares. Nothing can
      * resync it, so the session ends (before send_mu is let go: no frame follows the half).
-     * A timeout before the first byte of the flush leaves the socket whole and the session
-     * alive; after whole messages of it went out, the stream would go on with a gap (the
-     * caller cannot tell what arrived), so the session ends as well. The peer's close, seen
-     * between two messages, ends only the stream: nothing more of it is read.
+     * After whole messages of the flush went out, the stream would go on with a gap (the
+     * caller cannot tell what arrived), so the session ends as well. A timeout before the
+     * first byte of the flush ends it too: the peer read nothing for the whole connection
+     * write timeout, and every later write would wait that long again (write_frame). The
+     * peer's close, seen between two messages, ends only the stream: nothing more of it is
+     * read.
      */
     if (rc < 0 && shmipc__session_err(s) == 0 && sent == 0 && flush_sent > 0 && rc != SHMIPC_EEOF)
         rc = shmipc__session_fail_locked(
@@ -523,6 +536,12 @@ static int send_fallback(shmipc_stream *st)
                             "poison the socket, so the session ends",
                             st->id, sent, (unsigned long long)len + SHMIPC__FALLBACK_HEADER_SIZE,
                             shmipc__errname(rc)));
+    else if (rc == SHMIPC_ETIMEDOUT && shmipc__session_err(s) == 0)
+        rc = shmipc__session_fail_locked(
+            s, shmipc__fail(rc,
+                            "stream %u: the peer read nothing for the connection write timeout "
+                            "(fallback data could not start), so the session ends",
+                            st->id));
     else if (rc < 0 && rc != SHMIPC_ETIMEDOUT && rc != SHMIPC_EEOF)
         rc = shmipc__session_fail_locked(s, rc); /* the session's cause (a damaged mapping wins) */
     shmipc__session_unlock(s);

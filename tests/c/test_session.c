@@ -611,6 +611,41 @@ static void fallback_write_timeout_part_way_ends_the_session(void **state)
     shmipc_config_free(cfg);
 }
 
+/*
+ * A peer that reads nothing from its socket (and leaves its queue full) for the whole
+ * connection write timeout: a control message that could not even start (here the StreamClose
+ * of a close that finds the queue full) ends the session. Left up, every later close, wakeup
+ * and fallback write of the session would wait the timeout again, one after another, on the
+ * thread that makes them: serve()'s, for every session it drives.
+ */
+static void socket_write_timeout_ends_the_session(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    shmipc_stream *cs, *ss;
+    uint8_t polling[8];
+    int small = 4096;
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_CONNECTION_WRITE, 200), 0);
+    pair_open(&p, cfg);
+    first_message(&p, &cs, &ss, "hello");
+    /* The client takes nothing more: its queue from us full, its socket from us full. */
+    while (shmipc__queue_put(&p.server->qp.send, &(struct shmipc__queue_elem){999, 0, 1}) == 0)
+        ;
+    assert_int_equal(setsockopt(p.server->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+    assert_int_equal(setsockopt(p.client->fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+    shmipc__encode_simple(polling, p.server->wire, SHMIPC__MSG_POLLING);
+    while (send(p.server->fd, polling, sizeof polling, MSG_DONTWAIT | MSG_NOSIGNAL) ==
+           (ssize_t)sizeof polling)
+        ;
+    assert_int_equal(shmipc_session_status(p.server), 0);
+    shmipc_stream_close(ss);
+    assert_int_equal(shmipc_session_status(p.server), SHMIPC_ETIMEDOUT);
+    shmipc_stream_close(cs);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
 /* A thread that flushes one-byte messages into a full queue until something else happens. */
 struct full_flusher {
     shmipc_stream *st;
@@ -2643,6 +2678,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(fallback_flush_sees_the_peers_close_first),
         cmocka_unit_test(fallback_flush_leaves_a_watched_sessions_news_to_its_loop),
         cmocka_unit_test(fallback_write_timeout_part_way_ends_the_session),
+        cmocka_unit_test(socket_write_timeout_ends_the_session),
         cmocka_unit_test(flush_retrying_a_full_queue_wakes_on_shutdown),
         cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(event_loop_spin, memfd_pair_open, memfd_pair_close),
