@@ -335,7 +335,8 @@ SHMIPC_API int shmipc_config_set_protocol(shmipc_config *cfg, int protocol, int 
 
 /**
  * Sets the V4 wakeup mode (enum shmipc_wakeup). Eventfd and polling need protocol V4;
- * eventfd needs memfd. `polling_interval_us` is used by SHMIPC_WAKEUP_POLLING only and must
+ * eventfd needs memfd, and is asked for only when the server is of our uid or root (else the
+ * session gets socket wakeups; docs/security.md). `polling_interval_us` is used by SHMIPC_WAKEUP_POLLING only and must
  * then be within SHMIPC_MIN/MAX_POLLING_INTERVAL_US; pass 0 otherwise.
  */
 SHMIPC_API int shmipc_config_set_wakeup(shmipc_config *cfg, int wakeup,
@@ -377,7 +378,8 @@ enum shmipc_v4_feature {
 
 /**
  * Server: whether V4 clients are accepted (default 1) and which optional features it offers
- * (default both). A server that does not accept V4 closes the connection on a V4 header, as
+ * (default both; eventfd is granted only to a client of our uid or root, docs/security.md).
+ * A server that does not accept V4 closes the connection on a V4 header, as
  * a legacy server does, so V4 clients with fallback retry legacy.
  */
 SHMIPC_API int shmipc_config_set_server_v4(shmipc_config *cfg, int accept, unsigned features);

@@ -170,6 +170,29 @@ static int read_v4_message(shmipc_session *s, int want, uint8_t *buf, size_t cap
     return rc < 0 ? rc : 0;
 }
 
+/*
+ * Eventfd wakeups only with a peer that could stop us anyway: one of our uid, or root. The
+ * eventfd's open file is shared with the peer, which can clear O_NONBLOCK on it and fill its
+ * counter; our next wakeup write then blocks for good (docs/security.md), and no check before
+ * the write closes that race. A peer of another uid gets socket wakeups (a TCP peer, whose
+ * uid is unknown, cannot have eventfds anyway).
+ */
+static int eventfd_peer_trusted(const shmipc_session *s)
+{
+    struct ucred cred;
+    socklen_t clen = sizeof cred;
+    if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 || cred.pid == 0)
+        return 0;
+    if (cred.uid == geteuid() || cred.uid == 0)
+        return 1;
+    SHMIPC__LOG(SHMIPC__LOG_INFO,
+                "V4: no eventfd wakeups with the %s (pid %ld), of uid %u (ours %u): socket "
+                "wakeups instead",
+                s->role == SHMIPC__SERVER ? "client" : "server", (long)cred.pid, (unsigned)cred.uid,
+                (unsigned)geteuid());
+    return 0;
+}
+
 static int make_eventfds(int *a, int *b)
 {
     *a = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -194,7 +217,7 @@ static int handshake_client_v4(shmipc_session *s, uint64_t deadline)
     if (s->cfg.wakeup == SHMIPC_WAKEUP_POLLING) {
         req.features = SHMIPC_V4_FEATURE_POLLING;
         req.interval_us = s->cfg.polling_interval_us;
-    } else if (s->cfg.wakeup == SHMIPC_WAKEUP_EVENTFD) {
+    } else if (s->cfg.wakeup == SHMIPC_WAKEUP_EVENTFD && eventfd_peer_trusted(s)) {
         req.features = SHMIPC_V4_FEATURE_EVENTFD;
     }
     if ((rc = shmipc__v4_encode_request(&req, msg, sizeof msg)) < 0 ||
@@ -487,7 +510,7 @@ static int server_share_memory(shmipc_session *s, uint64_t deadline)
 /* The V4 server: read the request, answer it, refuse explicitly what it cannot serve. */
 static int server_negotiate(shmipc_session *s, const struct shmipc__header *h, uint64_t deadline)
 {
-    struct shmipc__v4_request req;
+    struct shmipc__v4_request req = {0};
     struct shmipc__v4_response resp;
     struct shmipc__msg m;
     uint8_t out[1024];
@@ -513,9 +536,10 @@ static int server_negotiate(shmipc_session *s, const struct shmipc__header *h, u
     } else {
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
-        int unix_socket =
-            getsockname(s->fd, (struct sockaddr *)&ss, &len) == 0 && ss.ss_family == AF_UNIX;
-        shmipc__v4_select(&req, s->cfg.server_v4_features, unix_socket, &resp);
+        int eventfd_ok = getsockname(s->fd, (struct sockaddr *)&ss, &len) == 0 &&
+                         ss.ss_family == AF_UNIX &&
+                         (!(req.features & SHMIPC_V4_FEATURE_EVENTFD) || eventfd_peer_trusted(s));
+        shmipc__v4_select(&req, s->cfg.server_v4_features, eventfd_ok, &resp);
     }
     int n = shmipc__v4_encode_response(&resp, out, sizeof out);
     if (n < 0)

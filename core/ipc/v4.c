@@ -207,7 +207,7 @@ int shmipc__v4_parse_response(const uint8_t *json, size_t len, struct shmipc__v4
     return 0;
 }
 
-void shmipc__v4_select(const struct shmipc__v4_request *req, unsigned offered, int unix_socket,
+void shmipc__v4_select(const struct shmipc__v4_request *req, unsigned offered, int eventfd_ok,
                        struct shmipc__v4_response *resp)
 {
     memset(resp, 0, sizeof *resp);
@@ -231,7 +231,7 @@ void shmipc__v4_select(const struct shmipc__v4_request *req, unsigned offered, i
         resp->features = SHMIPC_V4_FEATURE_POLLING;
         resp->interval_us = req->interval_us;
     } else if ((req->features & SHMIPC_V4_FEATURE_EVENTFD) &&
-               (offered & SHMIPC_V4_FEATURE_EVENTFD) && unix_socket) {
+               (offered & SHMIPC_V4_FEATURE_EVENTFD) && eventfd_ok) {
         resp->features = SHMIPC_V4_FEATURE_EVENTFD;
     }
 }

@@ -40,10 +40,11 @@ int shmipc__v4_parse_response(const uint8_t *json, size_t len, struct shmipc__v4
 
 /*
  * The server's choice for request `req` given what it offers (`offered`, a feature mask) and
- * whether eventfds can pass (a unix socket): polling wins over eventfd. Fills `resp`, with an
+ * whether eventfds may be used (a unix socket, and a peer we trust with them: handshake.c):
+ * polling wins over eventfd. Fills `resp`, with an
  * error code when the request cannot be served.
  */
-void shmipc__v4_select(const struct shmipc__v4_request *req, unsigned offered, int unix_socket,
+void shmipc__v4_select(const struct shmipc__v4_request *req, unsigned offered, int eventfd_ok,
                        struct shmipc__v4_response *resp);
 
 #endif

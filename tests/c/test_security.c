@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -309,6 +310,145 @@ static void test_other_uid(void **state)
     shmipc_config_free(cfg);
 }
 
+/* Accepts one client, echoes its message as serve_one() and says the negotiated wakeup. */
+static int serve_one_wakeup(shmipc_listener *l, int timeout_ms, int *wakeup)
+{
+    shmipc_session *s;
+    shmipc_stream *st;
+    const void *p;
+    int rc = shmipc_listener_accept(l, timeout_ms, &s);
+    if (rc < 0)
+        return rc;
+    *wakeup = shmipc_session_wakeup(s, NULL);
+    if ((rc = shmipc_session_accept_stream(s, 5000, &st)) == 0) {
+        if ((rc = shmipc_stream_read_exact_bytes(st, 8, &p, 0)) == 0 &&
+            (rc = shmipc_stream_write(st, p, 8)) == 0)
+            rc = shmipc_stream_flush(st);
+        shmipc_stream_release(st);
+        (void)shmipc_stream_read_exact_bytes(st, 1, &p, 0);
+        shmipc_stream_close(st);
+    }
+    shmipc_session_close(s);
+    return rc;
+}
+
+/* A V4 client asking for eventfd wakeups: its echo's result, and the negotiated wakeup. */
+static int eventfd_client(const char *addr, int *wakeup)
+{
+    shmipc_config *cfg;
+    shmipc_session *s;
+    shmipc_stream *st;
+    const void *p;
+    int rc = shmipc_config_new(&cfg);
+    if (rc < 0 || (rc = shmipc_config_with_v4_eventfd(cfg)) < 0 ||
+        (rc = shmipc_session_connect(addr, cfg, &s)) < 0) {
+        shmipc_config_free(cfg);
+        return rc;
+    }
+    shmipc_config_free(cfg);
+    *wakeup = shmipc_session_wakeup(s, NULL);
+    if ((rc = shmipc_session_open_stream(s, &st)) == 0) {
+        if ((rc = shmipc_stream_write(st, "eventfd!", 8)) == 0 &&
+            (rc = shmipc_stream_flush(st)) == 0 &&
+            (rc = shmipc_stream_read_exact_bytes(st, 8, &p, 0)) == 0)
+            rc = memcmp(p, "eventfd!", 8) == 0 ? 0 : SHMIPC_EPROTO;
+        shmipc_stream_close(st);
+    }
+    shmipc_session_close(s);
+    return rc;
+}
+
+struct eventfd_client_run {
+    const char *addr;
+    int rc, wakeup;
+};
+
+static void *eventfd_client_thread(void *arg)
+{
+    struct eventfd_client_run *r = arg;
+    r->rc = eventfd_client(r->addr, &r->wakeup);
+    return NULL;
+}
+
+/* Peers of one uid negotiate eventfd wakeups (the policy below leaves them alone). */
+static void test_eventfd_with_same_uid(void **state)
+{
+    (void)state;
+    shmipc_listener *l;
+    pthread_t th;
+    struct eventfd_client_run r = {.addr = abstract, .rc = -1, .wakeup = -1};
+    int wakeup = -1;
+    assert_int_equal(shmipc_listener_new(abstract, NULL, &l), 0);
+    assert_int_equal(pthread_create(&th, NULL, eventfd_client_thread, &r), 0);
+    assert_int_equal(serve_one_wakeup(l, 5000, &wakeup), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(r.rc, 0);
+    assert_int_equal(r.wakeup, SHMIPC_WAKEUP_EVENTFD);
+    assert_int_equal(wakeup, SHMIPC_WAKEUP_EVENTFD);
+    shmipc_listener_close(l);
+}
+
+/*
+ * Eventfd wakeups are not used with a peer of another uid (root only: it needs one). The
+ * eventfd's open file is shared: the peer can clear O_NONBLOCK on it and fill its counter,
+ * and our next wakeup write then blocks for good with the session's send lock held
+ * (docs/security.md). Such a peer, client or server, now gets socket wakeups, and the session
+ * works; before, a nobody client and a root server (and the reverse) negotiated eventfd.
+ */
+static void test_eventfd_not_with_other_uid(void **state)
+{
+    (void)state;
+    if (getuid() != 0)
+        skip();
+    const uid_t nobody = 65534;
+    shmipc_listener *l;
+    int status, wakeup = -1;
+
+    /* A nobody client of our listener. */
+    assert_int_equal(shmipc_listener_new(abstract, NULL, &l), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int w = -1;
+        if (setgid(nobody) != 0 || setuid(nobody) != 0)
+            _exit(100);
+        int rc = eventfd_client(abstract, &w);
+        _exit(rc < 0 ? 101 : 10 + w);
+    }
+    assert_int_equal(serve_one_wakeup(l, 5000, &wakeup), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 10 + SHMIPC_WAKEUP_SOCKET);
+    assert_int_equal(wakeup, SHMIPC_WAKEUP_SOCKET);
+    shmipc_listener_close(l);
+
+    /* A nobody server, and our client asking for eventfd. */
+    int ready[2];
+    char c;
+    assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+    pid = fork();
+    if (pid == 0) {
+        shmipc_listener *nl;
+        int w = -1;
+        close(ready[0]);
+        if (setgid(nobody) != 0 || setuid(nobody) != 0)
+            _exit(100);
+        if (shmipc_listener_new(abstract, NULL, &nl) < 0)
+            _exit(102);
+        if (write(ready[1], "r", 1) != 1)
+            _exit(103);
+        int rc = serve_one_wakeup(nl, 5000, &w);
+        shmipc_listener_close(nl);
+        _exit(rc < 0 ? 101 : 10 + w);
+    }
+    close(ready[1]);
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    wakeup = -1;
+    assert_int_equal(eventfd_client(abstract, &wakeup), 0);
+    assert_int_equal(wakeup, SHMIPC_WAKEUP_SOCKET);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 10 + SHMIPC_WAKEUP_SOCKET);
+}
+
 static unsigned file_mode(const char *path)
 {
     struct stat st;
@@ -460,6 +600,8 @@ int main(void)
         cmocka_unit_test(test_client_refuses_unlisted_server),
         cmocka_unit_test(test_tcp_with_list_is_refused),
         cmocka_unit_test(test_other_uid),
+        cmocka_unit_test(test_eventfd_with_same_uid),
+        cmocka_unit_test(test_eventfd_not_with_other_uid),
         cmocka_unit_test(test_socket_file_mode),
         cmocka_unit_test(test_socket_never_visible_with_umask_mode),
         cmocka_unit_test(test_devshm_file_mode),
