@@ -54,7 +54,7 @@ static int sock_addr(const char *host, uint16_t port, struct sockaddr_storage *s
 int shmipc__tcp_listen(const char *host, uint16_t port, int backlog, int reuseport, int *out_fd)
 {
     struct sockaddr_storage ss;
-    socklen_t len;
+    socklen_t len = 0;
     int one = 1;
     int fd = -1;
     int rc;
@@ -106,7 +106,7 @@ err:
 static int port_free(const char *host, uint16_t port)
 {
     struct sockaddr_storage ss;
-    socklen_t len;
+    socklen_t len = 0;
     int one = 1;
     int fd, rc;
 
@@ -259,7 +259,7 @@ static int listeners_ours(const char *host, uint16_t port, const int *fds, unsig
     struct sockaddr_storage ss;
     struct foreign_scan f;
     ino_t *inodes = NULL;
-    socklen_t len;
+    socklen_t len = 0;
     int nl = -1;
     int rc;
 
@@ -366,7 +366,7 @@ static int unix_addr(const char *host, struct sockaddr_un *un, socklen_t *len)
 int shmipc__unix_host_check(const char *host)
 {
     struct sockaddr_un un;
-    socklen_t len;
+    socklen_t len = 0;
     return unix_addr(host, &un, &len);
 }
 
@@ -383,7 +383,7 @@ int shmipc__unix_listen(const char *host, int backlog, int *out_fd, struct shmip
 {
     struct sockaddr_un un;
     struct stat st;
-    socklen_t len;
+    socklen_t len = 0;
     int fd, rc;
 
     *out_fd = -1;

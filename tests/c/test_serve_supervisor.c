@@ -369,7 +369,7 @@ static void test_workers_ready_with_unique_addresses(void **state)
     snprintf(prefix, sizeof prefix, "unix:@shmipc-serve-%d-%u-", (int)getpid(), gen);
     pid_t pids[3];
     for (unsigned i = 0; i < 3; i++) {
-        shmipc__sup_worker_info w;
+        shmipc__sup_worker_info w = {0};
         assert_true(slot_of(&h, gen, i, &w));
         assert_int_equal(w.state, SHMIPC__SUP_READY);
         assert_true(w.pid > 0);
@@ -428,7 +428,7 @@ static void test_kill9_restarts_with_a_new_pid(void **state)
     harness_start(&h, &c);
     wait_ready(&h, 2, 10000);
     unsigned gen = first_generation(&h);
-    shmipc__sup_worker_info w0, w1, now;
+    shmipc__sup_worker_info w0 = {0}, w1 = {0}, now = {0};
     assert_true(slot_of(&h, gen, 0, &w0));
     assert_true(slot_of(&h, gen, 1, &w1));
     unsigned sets_before;
@@ -516,7 +516,7 @@ static void test_crash_loop_delay_caps_at_max(void **state)
     c.backoff_max_ms = 60;
     harness_start(&h, &c);
     unsigned gen = first_generation(&h);
-    shmipc__sup_worker_info w;
+    shmipc__sup_worker_info w = {0};
     uint64_t end = ms_now() + 10000;
     do {
         assert_true(ms_now() < end);
@@ -537,7 +537,7 @@ static uint32_t delay_after_three_deaths(uint32_t healthy_ms)
     c.healthy_ms = healthy_ms;
     harness_start(&h, &c);
     unsigned gen = first_generation(&h);
-    shmipc__sup_worker_info w;
+    shmipc__sup_worker_info w = {0};
     uint64_t end = ms_now() + 15000;
     do {
         assert_true(ms_now() < end);
@@ -588,7 +588,7 @@ static void test_spawn_failure_backs_off(void **state)
     harness_start(&h, &c);
     unsigned gen = first_generation(&h);
     wait_log(&h, "cannot start /nonexistent/shmipc-worker", 5000);
-    shmipc__sup_worker_info w;
+    shmipc__sup_worker_info w = {0};
     uint64_t end = ms_now() + 5000;
     do {
         assert_true(ms_now() < end);
@@ -611,7 +611,7 @@ static void test_start_timeout_kills_a_silent_worker(void **state)
     harness_start(&h, &c);
     unsigned gen = first_generation(&h);
     wait_log(&h, "not ready within 0.3 s: killed", 5000);
-    shmipc__sup_worker_info w;
+    shmipc__sup_worker_info w = {0};
     uint64_t end = ms_now() + 5000;
     do {
         assert_true(ms_now() < end);
@@ -801,7 +801,7 @@ static void test_address_substitution(void **state)
     harness_start(&h, &c);
     wait_ready(&h, 1, 10000);
     unsigned gen = first_generation(&h);
-    shmipc__sup_worker_info w;
+    shmipc__sup_worker_info w = {0};
     assert_true(slot_of(&h, gen, 0, &w));
     char want[400];
     snprintf(want, sizeof want, "x%sy%s{addr {} ready on %s\n", w.address, w.address, w.address);
@@ -822,7 +822,7 @@ static void test_clean_exit_restarts_at_once(void **state)
         base_config(&h, SH("echo \"w ready on {address}\"; sleep 0.2; exit 0"), 1);
     harness_start(&h, &c);
     unsigned gen = first_generation(&h);
-    shmipc__sup_worker_info w;
+    shmipc__sup_worker_info w = {0};
     uint64_t end = ms_now() + 10000;
     do {
         assert_true(ms_now() < end);
@@ -1015,7 +1015,7 @@ static void test_reload_to_a_broken_generation_keeps_the_old_one(void **state)
     /* The new generation fails; the old one goes on serving, untouched. */
     sleep_ms(800);
     assert_int_equal(ready_count(&h, NULL), 2);
-    shmipc__sup_worker_info w;
+    shmipc__sup_worker_info w = {0};
     assert_true(slot_of(&h, g0, 0, &w));
     assert_int_equal(w.pid, o0.pid);
     assert_int_equal(w.state, SHMIPC__SUP_READY);
@@ -1101,7 +1101,7 @@ static void test_stop_kills_a_worker_that_ignores_term(void **state)
     harness_start(&h, &c);
     wait_ready(&h, 2, 10000);
     unsigned gen = first_generation(&h);
-    shmipc__sup_worker_info w0, w1;
+    shmipc__sup_worker_info w0 = {0}, w1 = {0};
     assert_true(slot_of(&h, gen, 0, &w0));
     assert_true(slot_of(&h, gen, 1, &w1));
     uint64_t t0 = ms_now();
@@ -1505,7 +1505,7 @@ static void test_python_wsgi_workers(void **state)
     harness_start(&h, &c);
     wait_ready(&h, 2, 60000);
     unsigned gen = first_generation(&h);
-    shmipc__sup_worker_info w0, w1, now;
+    shmipc__sup_worker_info w0 = {0}, w1 = {0}, now = {0};
     assert_true(slot_of(&h, gen, 0, &w0));
     assert_true(slot_of(&h, gen, 1, &w1));
     /* Each address is served by its own worker process. */
@@ -1570,7 +1570,7 @@ static void test_python_stop_finishes_the_request_in_flight(void **state)
     harness_start(&h, &c);
     wait_ready(&h, 1, 60000);
     unsigned gen = first_generation(&h);
-    shmipc__sup_worker_info w;
+    shmipc__sup_worker_info w = {0};
     assert_true(slot_of(&h, gen, 0, &w));
     struct slow_req r;
     memset(&r, 0, sizeof r);
@@ -1647,7 +1647,7 @@ static void test_python_import_failure_backs_off(void **state)
     c.chdir_to = h.dir;
     harness_start(&h, &c);
     unsigned gen = first_generation(&h);
-    shmipc__sup_worker_info w;
+    shmipc__sup_worker_info w = {0};
     uint64_t end = ms_now() + 60000;
     do {
         assert_true(ms_now() < end);
