@@ -41,6 +41,29 @@ static struct stalled *stalled_slot(int fd)
     return NULL;
 }
 
+/* Whether what was last written to a destination left a line open: a line may come in two
+ * writes (a worker's last line, then its newline; a cut line, then its marker), and a drop of
+ * the second cuts it although its own bytes start a line. */
+static _Thread_local struct line_end {
+    int fd; /* -1: a free slot */
+    int open;
+} line_ends[4] = {{-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}};
+
+static struct line_end *line_end_of(int fd, int add)
+{
+    struct line_end *free_slot = NULL;
+    for (int i = 0; i < 4; i++) {
+        if (line_ends[i].fd == fd)
+            return &line_ends[i];
+        if (line_ends[i].fd == -1 && free_slot == NULL)
+            free_slot = &line_ends[i];
+    }
+    if (!add || free_slot == NULL)
+        return NULL;
+    *free_slot = (struct line_end){fd, 0};
+    return free_slot;
+}
+
 /* The destination has room again: a line says how much it lost (one write under PIPE_BUF). */
 static void dropped_notice(int fd, struct stalled *sl)
 {
@@ -49,7 +72,10 @@ static void dropped_notice(int fd, struct stalled *sl)
                      "%sshmipc-serve[%d]: %llu bytes of output dropped: "
                      "nobody read them\n",
                      sl->mid_line ? "\n" : "", (int)getpid(), (unsigned long long)sl->dropped);
+    struct line_end *le = line_end_of(fd, 0);
     *sl = (struct stalled){-1, 0, 0};
+    if (le != NULL)
+        le->open = 0;
     while (n > 0 && write(fd, line, (size_t)n) < 0 && errno == EINTR)
         ;
 }
@@ -69,7 +95,12 @@ void shmipc__sup_write_all(int fd, const char *p, size_t n)
             if (r <= 0 || !(pf.revents & POLLOUT)) {
                 if (sl == NULL && (sl = stalled_slot(-1)) != NULL) {
                     sl->fd = fd;
-                    sl->mid_line = p > start && p[-1] != '\n';
+                    if (p > start) {
+                        sl->mid_line = p[-1] != '\n';
+                    } else {
+                        const struct line_end *le = line_end_of(fd, 0);
+                        sl->mid_line = le != NULL && le->open;
+                    }
                 }
                 if (sl != NULL)
                     sl->dropped += n;
@@ -85,6 +116,11 @@ void shmipc__sup_write_all(int fd, const char *p, size_t n)
             return; /* a closed or full log is not a reason to stop supervising */
         p += k;
         n -= (size_t)k;
+        if (!file) {
+            struct line_end *le = line_end_of(fd, 1);
+            if (le != NULL)
+                le->open = p[-1] != '\n';
+        }
     }
 }
 

@@ -1188,6 +1188,37 @@ static void test_dropped_output_is_counted(void **state)
     close(pfd[1]);
 }
 
+/*
+ * A drop that cuts a line written in two pieces (a worker's last line, then its newline; a cut
+ * line, then its marker) is one no piece of the drop's own write shows: the notice must still
+ * start a line of its own, not run on from the worker's cut line.
+ */
+static void test_dropped_notice_after_a_line_cut_between_writes(void **state)
+{
+    (void)state;
+    int pfd[2];
+    static char buf[8192];
+    assert_int_equal(pipe2(pfd, O_CLOEXEC), 0);
+    assert_int_equal(fcntl(pfd[1], F_SETPIPE_SZ, 4096), 4096); /* one page */
+    memset(buf, 'a', 4095);
+    shmipc__sup_write_all(pfd[1], buf, 4095); /* the line, without its end: it fits */
+    shmipc__sup_write_all(pfd[1], "\n", 1);   /* its end finds no room: dropped */
+    int fl = fcntl(pfd[0], F_GETFL);
+    assert_int_equal(fcntl(pfd[0], F_SETFL, fl | O_NONBLOCK), 0);
+    ssize_t got = read(pfd[0], buf, sizeof buf); /* the reader comes back */
+    assert_int_equal(got, 4095);
+    shmipc__sup_write_all(pfd[1], "next\n", 5);
+    char want[128];
+    int wl = snprintf(want, sizeof want,
+                      "\nshmipc-serve[%d]: 1 bytes of output dropped: nobody read them\nnext\n",
+                      (int)getpid());
+    got = read(pfd[0], buf, sizeof buf);
+    assert_int_equal(got, wl);
+    assert_memory_equal(buf, want, (size_t)wl);
+    close(pfd[0]);
+    close(pfd[1]);
+}
+
 struct run_flag {
     shmipc__sup *sup;
     int rc;
@@ -1694,6 +1725,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_second_stop_kills_at_once),
         cmocka_unit_test(test_unread_output_does_not_stall_supervision),
         cmocka_unit_test(test_dropped_output_is_counted),
+        cmocka_unit_test(test_dropped_notice_after_a_line_cut_between_writes),
         cmocka_unit_test(test_status_output),
         cmocka_unit_test(test_signals),
         cmocka_unit_test(test_python_wsgi_workers),
