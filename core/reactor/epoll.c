@@ -242,15 +242,15 @@ static int run_ready(struct shmipc__loop *loop)
             conn_read(loop, c, c->rd_hup);
             if (c->rd_hup && !c->io.closed)
                 shmipc__reactor_paused_hup(c);
-            if (oneshot(loop) && !c->io.closed && !c->in_ready)
-                rearm(loop, c);
             n++;
         } else if (!c->io.closed && c->rd_hup && wants_hup(c)) {
             shmipc__reactor_paused_hup(c); /* paused after the hangup's edge (read_pause) */
-            if (oneshot(loop) && !c->io.closed && !c->in_ready)
-                rearm(loop, c);
             n++;
         }
+        /* Whatever it came for: the event that put it here skipped the re-arm (in_ready), and
+         * a paused conn whose hangup was told meanwhile still waits for EPOLLOUT. */
+        if (oneshot(loop) && !c->io.closed && !c->in_ready)
+            rearm(loop, c);
         c = next;
     }
     return n;

@@ -1004,6 +1004,77 @@ static void pause_from_on_data(void **state)
     shmipc__loop_free(loop);
 }
 
+/* on_hup's count, for hup_while_paused_keeps_sending (on its conn's data, a struct srv). */
+static atomic_int hup_count;
+
+static void hup_on_hup(struct shmipc__conn *c)
+{
+    (void)c;
+    atomic_fetch_add(&hup_count, 1);
+}
+
+static const struct shmipc__conn_cbs hup_cbs = {srv_on_data, srv_on_end, hup_on_hup};
+
+/*
+ * A peer that sends, then its FIN, and reads a large answer: the read that pauses and the
+ * hangup come in one event. on_hup is heard once, and the answer still goes out whole: the
+ * one-shot epoll registration (EPOLLOUT for the blocked send) must be armed again, although
+ * the conn went on the ready list for its hangup (which on_hup took at once).
+ */
+static void hup_while_paused_keeps_sending(void **state)
+{
+    struct shmipc__loop *loop = new_loop();
+    struct shmipc__conn *c;
+    struct srv s;
+    int sp[2], sndbuf = 16384;
+    size_t total = 4u << 20, got = 0;
+    unsigned char *big = malloc(total), buf[65536];
+    (void)state;
+
+    assert_non_null(big);
+    memset(big, 'b', total);
+    atomic_store(&hup_count, 0);
+    srv_init(&s, loop, SRV_SINK);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+    set_timeouts(sp[1]);
+    assert_int_equal(setsockopt(sp[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf), 0);
+    assert_int_equal(shmipc__conn_open(loop, sp[0], &hup_cbs, &s, &c), 0);
+    s.last = c;
+    assert_int_equal(shmipc__conn_send(c, big, total, srv_sent_static, &s), 0);
+    pump_for(loop, 20); /* the send blocks: nobody reads yet */
+    assert_int_equal(atomic_load(&s.sent_ok), 0);
+    s.pause_on_data = 1;
+    write_all(sp[1], "request", 7);
+    assert_int_equal(shutdown(sp[1], SHUT_WR), 0);
+    PUMP_UNTIL(loop, atomic_load(&hup_count) == 1);
+    assert_int_equal(shmipc__conn_read_paused(c), 1);
+    assert_int_equal(atomic_load(&s.received), 7);
+    int fl = fcntl(sp[1], F_GETFL);
+    assert_int_equal(fcntl(sp[1], F_SETFL, fl | O_NONBLOCK), 0);
+    uint64_t end = mono_ms() + 5000;
+    while (got < total) {
+        if (mono_ms() >= end)
+            fail_msg("%s: the answer stalled after %zu of %zu bytes", suite_backend(), got, total);
+        ssize_t n = read(sp[1], buf, sizeof buf);
+        if (n > 0)
+            got += (size_t)n;
+        else
+            assert_true(n < 0 && (errno == EAGAIN || errno == EINTR));
+        assert_true(shmipc__loop_run_once(loop, 1) >= 0);
+    }
+    PUMP_UNTIL(loop, atomic_load(&s.sent_ok) == 1);
+    assert_int_equal(atomic_load(&hup_count), 1);
+    assert_int_equal(atomic_load(&s.ended), 0); /* on_end waits for the resume */
+    assert_int_equal(shmipc__conn_resume_read(c), 0);
+    PUMP_UNTIL(loop, atomic_load(&s.ended) == 1);
+    assert_int_equal(atomic_load(&s.end_status), 0);
+    assert_int_equal(atomic_load(&hup_count), 1);
+    close(sp[1]);
+    PUMP_UNTIL(loop, shmipc__loop_handles(loop) == 0);
+    shmipc__loop_free(loop);
+    free(big);
+}
+
 /* A timer started by a callback after a long wait runs its whole time from then. */
 struct late {
     struct shmipc__timer t;
@@ -1076,6 +1147,7 @@ static void timer_from_callback_after_long_wait(void **state)
         cmocka_unit_test(many_connections), cmocka_unit_test(foreign_thread_refused),              \
         cmocka_unit_test(budget_bounds_a_turn), cmocka_unit_test(sendv_many_buffers),              \
         cmocka_unit_test(pause_read_stops_the_peer), cmocka_unit_test(pause_from_on_data),         \
-        cmocka_unit_test(timer_from_callback_after_long_wait)
+        cmocka_unit_test(timer_from_callback_after_long_wait),                                     \
+        cmocka_unit_test(hup_while_paused_keeps_sending)
 
 #endif
