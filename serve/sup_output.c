@@ -7,6 +7,7 @@
 #include "sup_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -64,8 +65,48 @@ static struct line_end *line_end_of(int fd, int add)
     return free_slot;
 }
 
-/* The destination has room again: a line says how much it lost (one write under PIPE_BUF). */
-static void dropped_notice(int fd, struct stalled *sl)
+/*
+ * A terminal's POLLOUT promises no room for PIPE_BUF: a pty whose reader stalled (an ssh
+ * session whose client stopped reading) says writable with a few bytes free, and a blocking
+ * write then waits for the reader. So a terminal is written through a description of its own,
+ * opened O_NONBLOCK (the one shared with the workers and the shell keeps its flags), and a
+ * write it cannot take at once is a drop as no room is. Thread-local, by fd and terminal.
+ */
+static _Thread_local struct nb_tty {
+    int fd; /* -1: a free slot */
+    dev_t rdev;
+    int nb; /* the O_NONBLOCK description */
+} nb_ttys[4] = {{-1, 0, -1}, {-1, 0, -1}, {-1, 0, -1}, {-1, 0, -1}};
+
+/* The O_NONBLOCK description of the terminal `fd`, or `fd` itself when none could be had. */
+static int tty_writer(int fd, const struct stat *st)
+{
+    struct nb_tty *free_slot = NULL;
+    for (int i = 0; i < 4; i++) {
+        struct nb_tty *t = &nb_ttys[i];
+        if (t->fd == fd) {
+            if (t->rdev == st->st_rdev)
+                return t->nb;
+            close(t->nb); /* the fd is another terminal now */
+            *t = (struct nb_tty){-1, 0, -1};
+        }
+        if (t->fd == -1 && free_slot == NULL)
+            free_slot = t;
+    }
+    if (free_slot == NULL)
+        return fd;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int nb = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (nb < 0)
+        return fd;
+    *free_slot = (struct nb_tty){fd, st->st_rdev, nb};
+    return nb;
+}
+
+/* The destination has room again: a line says how much it lost (one write under PIPE_BUF,
+ * through `wfd`: a terminal's O_NONBLOCK description). */
+static void dropped_notice(int fd, int wfd, struct stalled *sl)
 {
     char line[128];
     int n = snprintf(line, sizeof line,
@@ -76,20 +117,23 @@ static void dropped_notice(int fd, struct stalled *sl)
     *sl = (struct stalled){-1, 0, 0};
     if (le != NULL)
         le->open = 0;
-    while (n > 0 && write(fd, line, (size_t)n) < 0 && errno == EINTR)
+    while (n > 0 && write(wfd, line, (size_t)n) < 0 && errno == EINTR)
         ;
 }
 
 void shmipc__sup_write_all(int fd, const char *p, size_t n)
 {
     struct stat st;
-    int file = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    int ok = fstat(fd, &st) == 0;
+    int file = ok && S_ISREG(st.st_mode);
+    int wfd = ok && S_ISCHR(st.st_mode) && isatty(fd) ? tty_writer(fd, &st) : fd;
     const char *start = p;
+    int full = 0;
     while (n > 0) {
         if (!file) {
             struct stalled *sl = stalled_slot(fd);
             struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            int r = poll(&pf, 1, sl != NULL ? 0 : OUT_WAIT_MS);
+            int r = full ? 0 : poll(&pf, 1, sl != NULL ? 0 : OUT_WAIT_MS);
             if (r < 0 && errno == EINTR)
                 continue;
             if (r <= 0 || !(pf.revents & POLLOUT)) {
@@ -107,11 +151,15 @@ void shmipc__sup_write_all(int fd, const char *p, size_t n)
                 return; /* full (or closed): dropped */
             }
             if (sl != NULL)
-                dropped_notice(fd, sl);
+                dropped_notice(fd, wfd, sl);
         }
-        ssize_t k = write(fd, p, file || n <= PIPE_BUF ? n : PIPE_BUF);
+        ssize_t k = write(wfd, p, file || n <= PIPE_BUF ? n : PIPE_BUF);
         if (k < 0 && errno == EINTR)
             continue;
+        if (k < 0 && errno == EAGAIN && !file) {
+            full = 1; /* a terminal that said POLLOUT with no room: dropped as above */
+            continue;
+        }
         if (k <= 0)
             return; /* a closed or full log is not a reason to stop supervising */
         p += k;

@@ -1219,6 +1219,64 @@ static void test_dropped_notice_after_a_line_cut_between_writes(void **state)
     close(pfd[1]);
 }
 
+struct pty_writer {
+    int fd;
+    atomic_int done;
+};
+
+static void *pty_writer_thread(void *arg)
+{
+    struct pty_writer *pw = arg;
+    char line[4000];
+    memset(line, 'w', sizeof line);
+    line[sizeof line - 1] = '\n';
+    for (int i = 0; i < 64; i++) /* 250 KiB: far past what a pty holds */
+        shmipc__sup_write_all(pw->fd, line, sizeof line);
+    atomic_store(&pw->done, 1);
+    return NULL;
+}
+
+/*
+ * A terminal nobody reads (a pty whose master is not read: an ssh session whose client
+ * stalled): its poll() says POLLOUT while a few bytes are free, and a blocking write of
+ * PIPE_BUF then waits for the reader, which stalled supervision as a full pipe did. The
+ * writes must give up (dropping) instead.
+ */
+static void test_unread_terminal_does_not_block_writes(void **state)
+{
+    (void)state;
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (m < 0)
+        skip();
+    assert_int_equal(grantpt(m), 0);
+    assert_int_equal(unlockpt(m), 0);
+    int s = open(ptsname(m), O_RDWR | O_NOCTTY | O_CLOEXEC);
+    assert_true(s >= 0);
+    struct pty_writer pw = {.fd = s};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, pty_writer_thread, &pw), 0);
+    uint64_t end = ms_now() + 5000;
+    while (!atomic_load(&pw.done) && ms_now() < end)
+        sleep_ms(10);
+    int blocked = !atomic_load(&pw.done);
+    /* Unblocked either way before the test ends: the master read until the writer returns. */
+    char junk[65536];
+    int fl = fcntl(m, F_GETFL);
+    assert_int_equal(fcntl(m, F_SETFL, fl | O_NONBLOCK), 0);
+    while (!atomic_load(&pw.done)) {
+        while (read(m, junk, sizeof junk) > 0) {
+        }
+        sleep_ms(10);
+    }
+    assert_int_equal(pthread_join(th, NULL), 0);
+    /* The shared description was left as it was (blocking). */
+    assert_int_equal(fcntl(s, F_GETFL) & O_NONBLOCK, 0);
+    close(s);
+    close(m);
+    if (blocked)
+        fail_msg("a write to a terminal nobody reads blocked past 5 s");
+}
+
 struct run_flag {
     shmipc__sup *sup;
     int rc;
@@ -1726,6 +1784,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_unread_output_does_not_stall_supervision),
         cmocka_unit_test(test_dropped_output_is_counted),
         cmocka_unit_test(test_dropped_notice_after_a_line_cut_between_writes),
+        cmocka_unit_test(test_unread_terminal_does_not_block_writes),
         cmocka_unit_test(test_status_output),
         cmocka_unit_test(test_signals),
         cmocka_unit_test(test_python_wsgi_workers),
