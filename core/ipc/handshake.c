@@ -181,7 +181,12 @@ static int eventfd_peer_trusted(const shmipc_session *s)
 {
     struct ucred cred;
     socklen_t clen = sizeof cred;
-    if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 || cred.pid == 0)
+    /*
+     * The uid alone: a peer in a pid namespace we cannot see into (another container) has pid
+     * 0 here, but its uid is right. A socket without credentials (TCP) gives uid -1, and a
+     * uid our user namespace cannot map comes as the overflow uid: neither is ours or root.
+     */
+    if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 || cred.uid == (uid_t)-1)
         return 0;
     if (cred.uid == geteuid() || cred.uid == 0)
         return 1;

@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -449,6 +450,87 @@ static void test_eventfd_not_with_other_uid(void **state)
     assert_int_equal(WEXITSTATUS(status), 10 + SHMIPC_WAKEUP_SOCKET);
 }
 
+/*
+ * Forks a child that runs `server` (1: a listener serving one eventfd client, 0: an eventfd
+ * client) as pid 1 of a new pid namespace, where our pid is not visible: SO_PEERCRED gives
+ * each side pid 0 for the other, and the right uid. The child exits with 10 + the wakeup it
+ * negotiated, 77 when it cannot make the namespace, 100 and up on a failure. A server child
+ * writes to `ready` once it listens.
+ */
+static pid_t fork_in_pid_namespace(int server, int ready)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    int status;
+    if (unshare(CLONE_NEWPID) != 0)
+        _exit(77);
+    pid_t inner = fork();
+    if (inner == 0) {
+        shmipc_listener *nl;
+        int w = -1, rc;
+        if (server) {
+            if (shmipc_listener_new(abstract, NULL, &nl) < 0)
+                _exit(102);
+            if (write(ready, "r", 1) != 1)
+                _exit(103);
+            rc = serve_one_wakeup(nl, 5000, &w);
+            shmipc_listener_close(nl);
+        } else {
+            rc = eventfd_client(abstract, &w);
+        }
+        _exit(rc < 0 ? 101 : 10 + w);
+    }
+    if (inner < 0 || waitpid(inner, &status, 0) != inner || !WIFEXITED(status))
+        _exit(104);
+    _exit(WEXITSTATUS(status));
+}
+
+/*
+ * A peer of our uid in another pid namespace (a sidecar container: each container of a
+ * Kubernetes pod has its own by default) gets eventfd wakeups as one in ours does. Its pid is
+ * 0 to us, but the uid SO_PEERCRED gives is right, and the uid is what the policy is about.
+ * The check used to take pid 0 for an untrusted peer: such sessions silently got socket
+ * wakeups, in both roles.
+ */
+static void test_eventfd_across_pid_namespaces(void **state)
+{
+    (void)state;
+    shmipc_listener *l;
+    int status, wakeup = -1, ready[2];
+    char c;
+    if (getuid() != 0)
+        skip();
+
+    /* A server in a new pid namespace, and our client asking for eventfd. */
+    assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+    pid_t pid = fork_in_pid_namespace(1, ready[1]);
+    assert_true(pid > 0);
+    close(ready[1]);
+    if (read(ready[0], &c, 1) != 1) {
+        close(ready[0]);
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_int_equal(WEXITSTATUS(status), 77);
+        skip(); /* no pid namespaces here (CAP_SYS_ADMIN) */
+    }
+    close(ready[0]);
+    assert_int_equal(eventfd_client(abstract, &wakeup), 0);
+    assert_int_equal(wakeup, SHMIPC_WAKEUP_EVENTFD);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 10 + SHMIPC_WAKEUP_EVENTFD);
+
+    /* A client in a new pid namespace, and our listener. */
+    assert_int_equal(shmipc_listener_new(abstract, NULL, &l), 0);
+    pid = fork_in_pid_namespace(0, -1);
+    assert_true(pid > 0);
+    wakeup = -1;
+    assert_int_equal(serve_one_wakeup(l, 5000, &wakeup), 0);
+    assert_int_equal(wakeup, SHMIPC_WAKEUP_EVENTFD);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 10 + SHMIPC_WAKEUP_EVENTFD);
+    shmipc_listener_close(l);
+}
+
 static unsigned file_mode(const char *path)
 {
     struct stat st;
@@ -602,6 +684,7 @@ int main(void)
         cmocka_unit_test(test_other_uid),
         cmocka_unit_test(test_eventfd_with_same_uid),
         cmocka_unit_test(test_eventfd_not_with_other_uid),
+        cmocka_unit_test(test_eventfd_across_pid_namespaces),
         cmocka_unit_test(test_socket_file_mode),
         cmocka_unit_test(test_socket_never_visible_with_umask_mode),
         cmocka_unit_test(test_devshm_file_mode),
