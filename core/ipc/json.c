@@ -302,7 +302,19 @@ size_t shmipc__json_string(const struct shmipc__json *j, int node, char *out, si
         const char *t = j->text + j->nodes[node].start;
         for (size_t i = 0; i < j->nodes[node].len && o + 1 < cap; i++) {
             char c = t[i];
-            if (c == '\\') {
+            /*
+             * Raw text gets the same treatment as escapes: DEL, and a C1 control (U+0080 ..
+             * U+009F, 0xc2 0x80 .. 0xc2 0x9f in UTF-8; U+009B is a CSI to terminals that take
+             * C1 controls), become '?'. The parser already refused bytes below 0x20; other
+             * UTF-8 passes.
+             */
+            if (c == 0x7f) {
+                c = '?';
+            } else if ((unsigned char)c == 0xc2 && i + 1 < j->nodes[node].len &&
+                       (unsigned char)t[i + 1] >= 0x80 && (unsigned char)t[i + 1] <= 0x9f) {
+                c = '?';
+                i++;
+            } else if (c == '\\') {
                 char e = t[++i];
                 if (e == 'u') {
                     int v = hex4(t + i + 1);

@@ -54,7 +54,8 @@ int shmipc__json_string_is(const struct shmipc__json *j, int node, const char *s
 
 /*
  * Copies a string node, escapes decoded; an escape that stands for a control byte or for
- * anything beyond printable ASCII becomes '?' (the text goes into details and logs). Its length.
+ * anything beyond printable ASCII becomes '?', and so do DEL and C1 controls in UTF-8 when they
+ * come raw (the text goes into details and logs). Its length.
  */
 size_t shmipc__json_string(const struct shmipc__json *j, int node, char *out, size_t cap);
 

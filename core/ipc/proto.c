@@ -120,11 +120,15 @@ int shmipc__header_check(const struct shmipc__header *h, int allow_version0)
     return 0;
 }
 
-/* True when `p` holds a control byte (below 0x20, or DEL). */
+/*
+ * True when `p` holds a control byte (below 0x20, or DEL) or a C1 control in UTF-8 (0xc2 0x80
+ * .. 0xc2 0x9f, U+0080 .. U+009F: U+009B is a CSI to terminals that take C1 controls).
+ */
 static int has_control(const uint8_t *p, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
-        if (p[i] < 0x20 || p[i] == 0x7f)
+        if (p[i] < 0x20 || p[i] == 0x7f ||
+            (p[i] == 0xc2 && i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f))
             return 1;
     return 0;
 }

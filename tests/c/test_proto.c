@@ -355,8 +355,12 @@ static void share_paths_with_control_bytes_are_refused(void **state)
 {
     (void)state;
     static const char *const bad[] = {"/dev/shm/x\nshmipc: warn: forged line",
-                                      "/dev/shm/x\x1b[2Jcleared", "/dev/shm/x\ry",
-                                      "/dev/shm/x\x7f"};
+                                      "/dev/shm/x\x1b[2Jcleared",
+                                      "/dev/shm/x\ry",
+                                      "/dev/shm/x\x7f",
+                                      "/dev/shm/x\xc2\x9b"
+                                      "2J",
+                                      "/dev/shm/x\xc2\x85"};
     uint8_t msg[300];
     struct shmipc__msg m;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

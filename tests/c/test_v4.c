@@ -169,6 +169,17 @@ static void negotiation_parse_refuses(void **state)
     assert_int_equal(shmipc__v4_parse_response((const uint8_t *)forged, strlen(forged), &p), 0);
     assert_string_equal(p.error_code, "X??shmipc: forged");
     assert_string_equal(p.error_message, "a?b?c?d?e?f");
+    /*
+     * The same bytes raw, where JSON allows them: DEL, and C1 controls in UTF-8 (U+009B is
+     * a CSI), as \u007f and \u009b would be. Other UTF-8 passes.
+     */
+    const char *raw = "{\"selected_protocol\":0,\"error\":{\"code\":\"X\x7f\","
+                      "\"message\":\"a\xc2\x9b"
+                      "2Jb\xc2\x85"
+                      "c\xc3\xa9\xc2\xa0\"}}";
+    assert_int_equal(shmipc__v4_parse_response((const uint8_t *)raw, strlen(raw), &p), 0);
+    assert_string_equal(p.error_code, "X?");
+    assert_string_equal(p.error_message, "a?2Jb?c\xc3\xa9\xc2\xa0");
     /* Unknown features are ignored: a newer peer may offer more. */
     const char *newer = "{\"supports_protocols\":[4,5],\"supports_features\":[\"teleport\"]}";
     assert_int_equal(shmipc__v4_parse_request((const uint8_t *)newer, strlen(newer), &r), 0);
