@@ -456,12 +456,16 @@ static int fallback_write(shmipc_session *s, const uint8_t *p, size_t len, uint6
 static int send_fallback(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
-    uint64_t deadline = shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
     uint32_t i = 0, off = 0, len = 0;
     size_t sent = 0;       /* bytes of the message being written */
     size_t flush_sent = 0; /* bytes of the messages before it, all gone out */
     int rc = 0;
     pthread_mutex_lock(&s->send_mu);
+    /*
+     * The timeout runs from here: time spent waiting for another writer (a long fallback
+     * flush of another stream) says nothing of the peer, and a timeout ends the session.
+     */
+    uint64_t deadline = shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
     /* One message per at most SHMIPC__MAX_MESSAGE bytes, so any peer can take it. */
     while (rc == 0 && i < st->nsegs) {
         /* Between two messages the socket is whole: a close the peer sent meanwhile (read
@@ -667,7 +671,6 @@ void shmipc__stream_send_close(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
     struct shmipc__queue_elem e = {st->id, 0, 1};
-    uint64_t deadline = shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]);
     int second = __atomic_load_n(&st->state, __ATOMIC_RELAXED) == SHMIPC__STREAM_PEER_CLOSED;
     int rc;
     pthread_mutex_lock(&s->send_mu);
@@ -677,7 +680,9 @@ void shmipc__stream_send_close(shmipc_stream *st)
     } else {
         uint8_t msg[12];
         shmipc__encode_stream_close(msg, s->wire, st->id);
-        rc = write_frame(s, msg, sizeof msg, deadline);
+        /* The timeout runs from here, not from before the wait for send_mu (send_fallback). */
+        rc = write_frame(s, msg, sizeof msg,
+                         shmipc__wait_deadline(s->cfg.timeout_ms[SHMIPC_TIMEOUT_CONNECTION_WRITE]));
     }
     pthread_mutex_unlock(&s->send_mu);
     if (rc < 0)

@@ -646,6 +646,72 @@ static void socket_write_timeout_ends_the_session(void **state)
     shmipc_config_free(cfg);
 }
 
+/* A thread that closes a stream, then says so. */
+struct closer {
+    shmipc_stream *st;
+    pthread_t thread;
+    int done;
+};
+
+static void *closer_main(void *arg)
+{
+    struct closer *c = arg;
+    shmipc_stream_close(c->st);
+    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/*
+ * The connection write timeout of a close (or fallback write) runs from when the thread has
+ * the socket, not from before it waited for the writer ahead of it: the time that writer took
+ * (here the test holds send_mu, as a long fallback flush of another stream does) is no sign
+ * of a peer that reads nothing. The close that found its time spent behind the other writer
+ * and the socket still full ended the session at once, with a detail saying the peer read
+ * nothing for the whole timeout; the peer reads as soon as the close waits for it.
+ */
+static void socket_write_timeout_runs_from_the_socket_not_the_wait_for_it(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    struct ipc_pair p;
+    struct closer c = {0};
+    shmipc_stream *cs;
+    uint8_t polling[8], sink[4096];
+    int small = 4096;
+    struct timespec held = {1, 200000000}, ahead = {0, 100000000}, nap = {0, 5000000};
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_CONNECTION_WRITE, 1000), 0);
+    pair_open(&p, cfg);
+    first_message(&p, &cs, &c.st, "hello");
+    /* The close goes on the socket (the queue to the client is full), and the socket is full. */
+    while (shmipc__queue_put(&p.server->qp.send, &(struct shmipc__queue_elem){999, 0, 1}) == 0)
+        ;
+    assert_int_equal(setsockopt(p.server->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+    assert_int_equal(setsockopt(p.client->fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+    shmipc__encode_simple(polling, p.server->wire, SHMIPC__MSG_POLLING);
+    while (send(p.server->fd, polling, sizeof polling, MSG_DONTWAIT | MSG_NOSIGNAL) ==
+           (ssize_t)sizeof polling)
+        ;
+    /* Another writer has the socket for longer than the timeout; the close waits behind it. */
+    pthread_mutex_lock(&p.server->send_mu);
+    assert_int_equal(pthread_create(&c.thread, NULL, closer_main, &c), 0);
+    nanosleep(&held, NULL);
+    pthread_mutex_unlock(&p.server->send_mu);
+    /* The close has the socket and finds it full; then the client reads what it holds. */
+    nanosleep(&ahead, NULL);
+    for (int i = 0; i < 400 && !__atomic_load_n(&c.done, __ATOMIC_ACQUIRE); i++) {
+        while (recv(p.client->fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
+            ;
+        nanosleep(&nap, NULL);
+    }
+    assert_int_equal(pthread_join(c.thread, NULL), 0);
+    if (shmipc_session_status(p.server) != 0)
+        fail_msg("the session ended: %s",
+                 shmipc_session_status(p.server) == SHMIPC_ETIMEDOUT ? "timed out" : "other error");
+    shmipc_stream_close(cs);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
 /* A thread that flushes one-byte messages into a full queue until something else happens. */
 struct full_flusher {
     shmipc_stream *st;
@@ -2679,6 +2745,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(fallback_flush_leaves_a_watched_sessions_news_to_its_loop),
         cmocka_unit_test(fallback_write_timeout_part_way_ends_the_session),
         cmocka_unit_test(socket_write_timeout_ends_the_session),
+        cmocka_unit_test(socket_write_timeout_runs_from_the_socket_not_the_wait_for_it),
         cmocka_unit_test(flush_retrying_a_full_queue_wakes_on_shutdown),
         cmocka_unit_test_setup_teardown(event_loop_driving, memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(event_loop_spin, memfd_pair_open, memfd_pair_close),
