@@ -81,7 +81,8 @@ static int parse_string(struct parser *p, int depth)
                 p->pos += 6;
                 continue;
             }
-            if (strchr("\"\\/bfnrt", e) == NULL)
+            /* e != '\0' first: strchr() finds the terminator of its set. */
+            if (e == '\0' || strchr("\"\\/bfnrt", e) == NULL)
                 return fault(p, "bad escape");
             p->pos += 2;
             continue;

@@ -82,6 +82,9 @@ static void json_refuses_what_it_should(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (shmipc__json_parse(&j, bad[i], strlen(bad[i])) != SHMIPC_EPROTO)
             fail_msg("accepted bad JSON %zu: %s", i, bad[i]);
+    /* A backslash before a NUL byte is no escape (strchr() finds the NUL of its set). */
+    static const char esc_nul[] = "\"a\\\0b\"";
+    assert_int_equal(shmipc__json_parse(&j, esc_nul, sizeof esc_nul - 1), SHMIPC_EPROTO);
     /* More values than the node budget. */
     char big[2048] = "[";
     for (int i = 0; i < 300; i++)
