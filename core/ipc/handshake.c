@@ -177,6 +177,31 @@ static int read_v4_message(shmipc_session *s, int want, uint8_t *buf, size_t cap
  * the write closes that race. A peer of another uid gets socket wakeups (a TCP peer, whose
  * uid is unknown, cannot have eventfds anyway).
  */
+/*
+ * The uid SO_PEERCRED gives for a peer our user namespace does not map: the overflow uid
+ * (/proc/sys/kernel/overflowuid, 65534 by default), which says nothing of who the peer is.
+ * UINT32_MAX when no uid is munged, in the initial user namespace (uid_map "0 0 4294967295"),
+ * where every uid maps: there 65534 is nobody.
+ */
+static uid_t unmapped_uid(void)
+{
+    unsigned inside, outside, count, overflow = 65534;
+    char extra;
+    FILE *f = fopen("/proc/self/uid_map", "re");
+    int initial = f != NULL && fscanf(f, "%u %u %u %c", &inside, &outside, &count, &extra) == 3 &&
+                  inside == 0 && outside == 0 && count == UINT32_MAX;
+    if (f != NULL)
+        fclose(f);
+    if (initial)
+        return (uid_t)-1;
+    if ((f = fopen("/proc/sys/kernel/overflowuid", "re")) != NULL) {
+        if (fscanf(f, "%u", &overflow) != 1)
+            overflow = 65534;
+        fclose(f);
+    }
+    return (uid_t)overflow;
+}
+
 static int eventfd_peer_trusted(const shmipc_session *s)
 {
     struct ucred cred;
@@ -188,7 +213,14 @@ static int eventfd_peer_trusted(const shmipc_session *s)
      */
     if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 || cred.uid == (uid_t)-1)
         return 0;
-    if (cred.uid == geteuid() || cred.uid == 0)
+    if (cred.uid == 0)
+        return 1;
+    /*
+     * In a user namespace, any peer it does not map shows as the overflow uid: not one of
+     * ours, even when we are that uid (nobody, or unmapped ourselves).
+     */
+    uid_t unknown = unmapped_uid();
+    if (cred.uid == geteuid() && cred.uid != unknown)
         return 1;
     SHMIPC__LOG(SHMIPC__LOG_INFO,
                 "V4: no eventfd wakeups with the %s (pid %ld), of uid %u (ours %u): socket "

@@ -531,6 +531,61 @@ static void test_eventfd_across_pid_namespaces(void **state)
     shmipc_listener_close(l);
 }
 
+/*
+ * In a user namespace, a peer whose uid the namespace does not map shows as the overflow uid
+ * (65534): SO_PEERCRED cannot say who it is. A process there that is itself the overflow uid
+ * (nobody, or a uid its namespace does not map: here a server in a new user namespace without
+ * maps) took such a peer for one of its own uid and granted it eventfd wakeups. Here the
+ * client is uid 2000 on the host, which the server's namespace does not map.
+ */
+static void test_eventfd_not_with_an_unmapped_uid(void **state)
+{
+    (void)state;
+    const uid_t other = 2000;
+    int status, ready[2], w;
+    char c;
+    if (getuid() != 0)
+        skip();
+    assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        shmipc_listener *nl;
+        close(ready[0]);
+        if (unshare(CLONE_NEWUSER) != 0)
+            _exit(77);
+        if (shmipc_listener_new(abstract, NULL, &nl) < 0)
+            _exit(102);
+        if (write(ready[1], "r", 1) != 1)
+            _exit(103);
+        w = -1;
+        int rc = serve_one_wakeup(nl, 5000, &w);
+        shmipc_listener_close(nl);
+        _exit(rc < 0 ? 101 : 10 + w);
+    }
+    assert_true(pid > 0);
+    close(ready[1]);
+    if (read(ready[0], &c, 1) != 1) {
+        close(ready[0]);
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_int_equal(WEXITSTATUS(status), 77);
+        skip(); /* no user namespaces here */
+    }
+    close(ready[0]);
+    pid_t client = fork();
+    if (client == 0) {
+        w = -1;
+        if (setgid(other) != 0 || setuid(other) != 0)
+            _exit(100);
+        int rc = eventfd_client(abstract, &w);
+        _exit(rc < 0 ? 101 : 10 + w);
+    }
+    assert_true(client > 0);
+    assert_int_equal(waitpid(client, &status, 0), client);
+    assert_int_equal(WEXITSTATUS(status), 10 + SHMIPC_WAKEUP_SOCKET);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 10 + SHMIPC_WAKEUP_SOCKET);
+}
+
 static unsigned file_mode(const char *path)
 {
     struct stat st;
@@ -685,6 +740,7 @@ int main(void)
         cmocka_unit_test(test_eventfd_with_same_uid),
         cmocka_unit_test(test_eventfd_not_with_other_uid),
         cmocka_unit_test(test_eventfd_across_pid_namespaces),
+        cmocka_unit_test(test_eventfd_not_with_an_unmapped_uid),
         cmocka_unit_test(test_socket_file_mode),
         cmocka_unit_test(test_socket_never_visible_with_umask_mode),
         cmocka_unit_test(test_devshm_file_mode),
