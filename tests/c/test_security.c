@@ -137,8 +137,9 @@ static void *client_main(void *arg)
     return NULL;
 }
 
-/* Accepts one client on `l` and echoes its one message. */
-static int serve_one(shmipc_listener *l, int timeout_ms)
+/* Accepts one client on `l`, echoes its one message, and says the negotiated wakeup in
+ * *wakeup (when not NULL). */
+static int serve_one_wakeup(shmipc_listener *l, int timeout_ms, int *wakeup)
 {
     shmipc_session *s;
     shmipc_stream *st;
@@ -146,6 +147,8 @@ static int serve_one(shmipc_listener *l, int timeout_ms)
     int rc = shmipc_listener_accept(l, timeout_ms, &s);
     if (rc < 0)
         return rc;
+    if (wakeup != NULL)
+        *wakeup = shmipc_session_wakeup(s, NULL);
     if ((rc = shmipc_session_accept_stream(s, 5000, &st)) == 0) {
         if ((rc = shmipc_stream_read_exact_bytes(st, 8, &p, 0)) == 0 &&
             (rc = shmipc_stream_write(st, p, 8)) == 0)
@@ -157,6 +160,11 @@ static int serve_one(shmipc_listener *l, int timeout_ms)
     }
     shmipc_session_close(s);
     return rc;
+}
+
+static int serve_one(shmipc_listener *l, int timeout_ms)
+{
+    return serve_one_wakeup(l, timeout_ms, NULL);
 }
 
 static void test_listed_peers_talk(void **state)
@@ -309,28 +317,6 @@ static void test_other_uid(void **state)
     assert_int_equal(WEXITSTATUS(status), 2); /* SHMIPC_EACCES from connect() */
     shmipc_listener_close(l);
     shmipc_config_free(cfg);
-}
-
-/* Accepts one client, echoes its message as serve_one() and says the negotiated wakeup. */
-static int serve_one_wakeup(shmipc_listener *l, int timeout_ms, int *wakeup)
-{
-    shmipc_session *s;
-    shmipc_stream *st;
-    const void *p;
-    int rc = shmipc_listener_accept(l, timeout_ms, &s);
-    if (rc < 0)
-        return rc;
-    *wakeup = shmipc_session_wakeup(s, NULL);
-    if ((rc = shmipc_session_accept_stream(s, 5000, &st)) == 0) {
-        if ((rc = shmipc_stream_read_exact_bytes(st, 8, &p, 0)) == 0 &&
-            (rc = shmipc_stream_write(st, p, 8)) == 0)
-            rc = shmipc_stream_flush(st);
-        shmipc_stream_release(st);
-        (void)shmipc_stream_read_exact_bytes(st, 1, &p, 0);
-        shmipc_stream_close(st);
-    }
-    shmipc_session_close(s);
-    return rc;
 }
 
 /* A V4 client asking for eventfd wakeups: its echo's result, and the negotiated wakeup. */
@@ -486,6 +472,22 @@ static pid_t fork_in_pid_namespace(int server, int ready)
     _exit(WEXITSTATUS(status));
 }
 
+/* Waits for the child `pid` to write its ready byte on ready[1] (closed here). False when it
+ * exited 77 instead (what the test needs is not available here), which is then reaped. */
+static int child_ready(int ready[2], pid_t pid)
+{
+    char c;
+    int status;
+    close(ready[1]);
+    int ok = read(ready[0], &c, 1) == 1;
+    close(ready[0]);
+    if (!ok) {
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_int_equal(WEXITSTATUS(status), 77);
+    }
+    return ok;
+}
+
 /*
  * A peer of our uid in another pid namespace (a sidecar container: each container of a
  * Kubernetes pod has its own by default) gets eventfd wakeups as one in ours does. Its pid is
@@ -498,7 +500,6 @@ static void test_eventfd_across_pid_namespaces(void **state)
     (void)state;
     shmipc_listener *l;
     int status, wakeup = -1, ready[2];
-    char c;
     if (getuid() != 0)
         skip();
 
@@ -506,14 +507,8 @@ static void test_eventfd_across_pid_namespaces(void **state)
     assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
     pid_t pid = fork_in_pid_namespace(1, ready[1]);
     assert_true(pid > 0);
-    close(ready[1]);
-    if (read(ready[0], &c, 1) != 1) {
-        close(ready[0]);
-        assert_int_equal(waitpid(pid, &status, 0), pid);
-        assert_int_equal(WEXITSTATUS(status), 77);
+    if (!child_ready(ready, pid))
         skip(); /* no pid namespaces here (CAP_SYS_ADMIN) */
-    }
-    close(ready[0]);
     assert_int_equal(eventfd_client(abstract, &wakeup), 0);
     assert_int_equal(wakeup, SHMIPC_WAKEUP_EVENTFD);
     assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -543,7 +538,6 @@ static void test_eventfd_not_with_an_unmapped_uid(void **state)
     (void)state;
     const uid_t other = 2000;
     int status, ready[2], w;
-    char c;
     if (getuid() != 0)
         skip();
     assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
@@ -563,14 +557,8 @@ static void test_eventfd_not_with_an_unmapped_uid(void **state)
         _exit(rc < 0 ? 101 : 10 + w);
     }
     assert_true(pid > 0);
-    close(ready[1]);
-    if (read(ready[0], &c, 1) != 1) {
-        close(ready[0]);
-        assert_int_equal(waitpid(pid, &status, 0), pid);
-        assert_int_equal(WEXITSTATUS(status), 77);
+    if (!child_ready(ready, pid))
         skip(); /* no user namespaces here */
-    }
-    close(ready[0]);
     pid_t client = fork();
     if (client == 0) {
         w = -1;
