@@ -28,40 +28,30 @@
  * that writes many lines costs the loop one wait, not one per line. When it has room again, a
  * line says how many bytes it lost (on a line of its own when the drop cut one).
  */
-static _Thread_local struct stalled {
+static _Thread_local struct dest {
     int fd;           /* -1: a free slot */
-    int mid_line;     /* the drop cut a line: the notice starts a new one */
-    uint64_t dropped; /* bytes lost since the destination had no room */
-} stalled[4] = {{-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}};
+    int nb;           /* a terminal's O_NONBLOCK description (below), or -1 */
+    dev_t rdev;       /* the terminal `nb` is of */
+    int line_open;    /* what was last written left a line open (a line may come in two writes:
+                       * a worker's last line, then its newline; a cut line, then its marker) */
+    int stalled;      /* no room last time: later writes do not wait until there is */
+    uint64_t dropped; /* bytes lost since then */
+} dests[4] = {
+    {-1, -1, 0, 0, 0, 0}, {-1, -1, 0, 0, 0, 0}, {-1, -1, 0, 0, 0, 0}, {-1, -1, 0, 0, 0, 0}};
 
-static struct stalled *stalled_slot(int fd)
+/* The state of destination `fd` (a pipe, socket or terminal), or NULL when four others hold
+ * the table: then it is written as if new each time. */
+static struct dest *dest_of(int fd)
 {
-    for (int i = 0; i < 4; i++)
-        if (stalled[i].fd == fd)
-            return &stalled[i];
-    return NULL;
-}
-
-/* Whether what was last written to a destination left a line open: a line may come in two
- * writes (a worker's last line, then its newline; a cut line, then its marker), and a drop of
- * the second cuts it although its own bytes start a line. */
-static _Thread_local struct line_end {
-    int fd; /* -1: a free slot */
-    int open;
-} line_ends[4] = {{-1, 0}, {-1, 0}, {-1, 0}, {-1, 0}};
-
-static struct line_end *line_end_of(int fd, int add)
-{
-    struct line_end *free_slot = NULL;
+    struct dest *free_slot = NULL;
     for (int i = 0; i < 4; i++) {
-        if (line_ends[i].fd == fd)
-            return &line_ends[i];
-        if (line_ends[i].fd == -1 && free_slot == NULL)
-            free_slot = &line_ends[i];
+        if (dests[i].fd == fd)
+            return &dests[i];
+        if (dests[i].fd == -1 && free_slot == NULL)
+            free_slot = &dests[i];
     }
-    if (!add || free_slot == NULL)
-        return NULL;
-    *free_slot = (struct line_end){fd, 0};
+    if (free_slot != NULL)
+        *free_slot = (struct dest){fd, -1, 0, 0, 0, 0};
     return free_slot;
 }
 
@@ -70,53 +60,38 @@ static struct line_end *line_end_of(int fd, int add)
  * session whose client stopped reading) says writable with a few bytes free, and a blocking
  * write then waits for the reader. So a terminal is written through a description of its own,
  * opened O_NONBLOCK (the one shared with the workers and the shell keeps its flags), and a
- * write it cannot take at once is a drop as no room is. Thread-local, by fd and terminal.
+ * write it cannot take at once is a drop as no room is. Returns that description, or `fd`
+ * itself when none could be had.
  */
-static _Thread_local struct nb_tty {
-    int fd; /* -1: a free slot */
-    dev_t rdev;
-    int nb; /* the O_NONBLOCK description */
-} nb_ttys[4] = {{-1, 0, -1}, {-1, 0, -1}, {-1, 0, -1}, {-1, 0, -1}};
-
-/* The O_NONBLOCK description of the terminal `fd`, or `fd` itself when none could be had. */
-static int tty_writer(int fd, const struct stat *st)
+static int tty_writer(int fd, struct dest *d, const struct stat *st)
 {
-    struct nb_tty *free_slot = NULL;
-    for (int i = 0; i < 4; i++) {
-        struct nb_tty *t = &nb_ttys[i];
-        if (t->fd == fd) {
-            if (t->rdev == st->st_rdev)
-                return t->nb;
-            close(t->nb); /* the fd is another terminal now */
-            *t = (struct nb_tty){-1, 0, -1};
-        }
-        if (t->fd == -1 && free_slot == NULL)
-            free_slot = t;
+    if (d == NULL)
+        return fd;
+    if (d->nb >= 0 && d->rdev != st->st_rdev) {
+        close(d->nb); /* the fd is another terminal now */
+        d->nb = -1;
     }
-    if (free_slot == NULL)
-        return fd;
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    int nb = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (nb < 0)
-        return fd;
-    *free_slot = (struct nb_tty){fd, st->st_rdev, nb};
-    return nb;
+    if (d->nb < 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        d->nb = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        d->rdev = st->st_rdev;
+    }
+    return d->nb >= 0 ? d->nb : fd;
 }
 
 /* The destination has room again: a line says how much it lost (one write under PIPE_BUF,
- * through `wfd`: a terminal's O_NONBLOCK description). */
-static void dropped_notice(int fd, int wfd, struct stalled *sl)
+ * through `wfd`: a terminal's O_NONBLOCK description), on a line of its own. */
+static void dropped_notice(int wfd, struct dest *d)
 {
     char line[128];
     int n = snprintf(line, sizeof line,
                      "%sshmipc-serve[%d]: %llu bytes of output dropped: "
                      "nobody read them\n",
-                     sl->mid_line ? "\n" : "", (int)getpid(), (unsigned long long)sl->dropped);
-    struct line_end *le = line_end_of(fd, 0);
-    *sl = (struct stalled){-1, 0, 0};
-    if (le != NULL)
-        le->open = 0;
+                     d->line_open ? "\n" : "", (int)getpid(), (unsigned long long)d->dropped);
+    d->stalled = 0;
+    d->dropped = 0;
+    d->line_open = 0;
     while (n > 0 && write(wfd, line, (size_t)n) < 0 && errno == EINTR)
         ;
 }
@@ -126,32 +101,25 @@ void shmipc__sup_write_all(int fd, const char *p, size_t n)
     struct stat st;
     int ok = fstat(fd, &st) == 0;
     int file = ok && S_ISREG(st.st_mode);
-    int wfd = ok && S_ISCHR(st.st_mode) && isatty(fd) ? tty_writer(fd, &st) : fd;
-    const char *start = p;
+    struct dest *d = file ? NULL : dest_of(fd);
+    int wfd = ok && S_ISCHR(st.st_mode) && isatty(fd) ? tty_writer(fd, d, &st) : fd;
     int full = 0;
     while (n > 0) {
         if (!file) {
-            struct stalled *sl = stalled_slot(fd);
+            int stalled = d != NULL && d->stalled;
             struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            int r = full ? 0 : poll(&pf, 1, sl != NULL ? 0 : OUT_WAIT_MS);
+            int r = full ? 0 : poll(&pf, 1, stalled ? 0 : OUT_WAIT_MS);
             if (r < 0 && errno == EINTR)
                 continue;
             if (r <= 0 || !(pf.revents & POLLOUT)) {
-                if (sl == NULL && (sl = stalled_slot(-1)) != NULL) {
-                    sl->fd = fd;
-                    if (p > start) {
-                        sl->mid_line = p[-1] != '\n';
-                    } else {
-                        const struct line_end *le = line_end_of(fd, 0);
-                        sl->mid_line = le != NULL && le->open;
-                    }
+                if (d != NULL) {
+                    d->stalled = 1;
+                    d->dropped += n;
                 }
-                if (sl != NULL)
-                    sl->dropped += n;
                 return; /* full (or closed): dropped */
             }
-            if (sl != NULL)
-                dropped_notice(fd, wfd, sl);
+            if (stalled)
+                dropped_notice(wfd, d);
         }
         ssize_t k = write(wfd, p, file || n <= PIPE_BUF ? n : PIPE_BUF);
         if (k < 0 && errno == EINTR)
@@ -164,11 +132,8 @@ void shmipc__sup_write_all(int fd, const char *p, size_t n)
             return; /* a closed or full log is not a reason to stop supervising */
         p += k;
         n -= (size_t)k;
-        if (!file) {
-            struct line_end *le = line_end_of(fd, 1);
-            if (le != NULL)
-                le->open = p[-1] != '\n';
-        }
+        if (d != NULL)
+            d->line_open = p[-1] != '\n';
     }
 }
 
