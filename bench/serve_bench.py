@@ -65,33 +65,36 @@ def _serve_worker_exe():
     return exe if _serve_exe() and os.path.exists(exe) else None
 
 
+def _serve_cmd(*app, extra=()):
+    """argv(port, workers) of shmipc-serve with Python workers serving `app` (its APP words:
+    "serve_app:app", or "--asgi", "serve_app:asgi"), then the options `extra`."""
+    return lambda p, w: [_serve_exe(), *app, "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
+                         "--workers", str(w), "--python", PY, *extra]
+
+
+def _serve_built():
+    return None if _serve_exe() else "shmipc-serve is not built"
+
+
 # The targets: name -> (group, argv(port, workers), why-not-available() or None[, extra env]).
 # One line to add a server.
 TARGETS = {
-    "shmipc-serve-wsgi": ("ours", lambda p, w: [
-        _serve_exe(), "serve_app:app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
-        "--workers", str(w), "--python", PY], lambda: None if _serve_exe() else
-        "shmipc-serve is not built"),
-    "shmipc-serve-asgi": ("ours", lambda p, w: [
-        _serve_exe(), "--asgi", "serve_app:asgi", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
-        "--workers", str(w), "--python", PY], lambda: None if _serve_exe() else
-        "shmipc-serve is not built"),
+    "shmipc-serve-wsgi": ("ours", _serve_cmd("serve_app:app"), _serve_built),
+    "shmipc-serve-asgi": ("ours", _serve_cmd("--asgi", "serve_app:asgi"), _serve_built),
     # The spin of shmipc's waits (SHMIPC_SPIN_US, default 50 µs) off: with the front and its
     # worker pinned to one CPU, a spinning waiter takes the CPU its peer needs.
-    "shmipc-serve-wsgi-spin0": ("ours", lambda p, w: [
-        _serve_exe(), "serve_app:app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
-        "--workers", str(w), "--python", PY], lambda: None if _serve_exe() else
-        "shmipc-serve is not built", {"SHMIPC_SPIN_US": "0"}),
+    "shmipc-serve-wsgi-spin0": ("ours", _serve_cmd("serve_app:app"), _serve_built,
+                                {"SHMIPC_SPIN_US": "0"}),
     # --pipeline 4: with every worker busy, up to 4 requests wait in each worker's own queue
-    # (docs/serve.md, "HELLO and TAKEN"), so a worker takes the next without sleeping.
-    "shmipc-serve-wsgi-pipe4": ("ours", lambda p, w: [
-        _serve_exe(), "serve_app:app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
-        "--workers", str(w), "--python", PY, "--pipeline", "4"], lambda: None if _serve_exe()
-        else "shmipc-serve is not built"),
-    "shmipc-serve-asgi-pipe4": ("ours", lambda p, w: [
-        _serve_exe(), "--asgi", "serve_app:asgi", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
-        "--workers", str(w), "--python", PY, "--pipeline", "4"], lambda: None if _serve_exe()
-        else "shmipc-serve is not built"),
+    # (docs/serve.md, "HELLO and TAKEN"), so a worker takes the next without sleeping; 16,
+    # the most, lets it find the next one waiting more often still.
+    "shmipc-serve-wsgi-pipe4": ("ours", _serve_cmd("serve_app:app", extra=("--pipeline", "4")),
+                                _serve_built),
+    "shmipc-serve-wsgi-pipe16": ("ours",
+                                 _serve_cmd("serve_app:app", extra=("--pipeline", "16")),
+                                 _serve_built),
+    "shmipc-serve-asgi-pipe4": ("ours", _serve_cmd("--asgi", "serve_app:asgi",
+                                                   extra=("--pipeline", "4")), _serve_built),
     "shmipc-serve-lua": ("ours", lambda p, w: [
         _serve_exe(), "--lua", "serve_app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
         "--workers", str(w)], lambda: None if _serve_worker_exe() else
@@ -421,6 +424,7 @@ def run(args):
 # The targets of issue 22, item 6: (ours, peer, what, the bar).
 BARS = [("shmipc-serve-wsgi", "uwsgi", "req/s", 3.0),
         ("shmipc-serve-wsgi-pipe4", "uwsgi", "req/s", 3.0),
+        ("shmipc-serve-wsgi-pipe16", "uwsgi", "req/s", 3.0),
         ("shmipc-serve-asgi", "uvicorn-uvloop", "req/s", 1.5),
         ("shmipc-serve-asgi-pipe4", "uvicorn-uvloop", "req/s", 1.5)]
 ADAPTERS = [("inproc-wsgi", "inproc-native"), ("inproc-asgi", "inproc-native"),
