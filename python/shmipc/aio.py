@@ -103,7 +103,14 @@ def _drive(loop, session):
     """Before a read of `session`: when other reads of it wait, process the session's events
     here and wake them if there were any, so that this read cannot swallow their news."""
     table = _watchers.get(loop)
-    w = table.get(session) if table else None
+    if table:
+        _drive_in(table, session)
+
+
+def _drive_in(table, session):
+    """_drive() with the loop's table (_table(loop), kept by a caller that reads often: the
+    lookup by loop is a WeakKeyDictionary's, several calls of Python)."""
+    w = table.get(session)
     if w is None:
         return
     try:

@@ -472,6 +472,11 @@ static PyMethodDef serve_methods[] = {
      "decode_request_scope(frame) -> dict: a whole REQUEST_HEAD frame as the ASGI 3 HTTP\n"
      "connection scope (docs/serve.md, \"The ASGI worker\"). FrameError when it breaks\n"
      "docs/serve.md."},
+    {"asgi_start", shmipcpy_serve_py_asgi_start, METH_O,
+     "asgi_start(message) -> (status, fields, close, content_length): an ASGI\n"
+     "http.response.start checked (status 200..599, (bytes, bytes) headers) and split: the\n"
+     "fields without the hop-by-hop ones, close for Connection: close, content_length from\n"
+     "Content-Length (None without one). TypeError or ValueError for what it refuses."},
     {"decode_response", py_decode_response, METH_O,
      "decode_response(frame) -> (status, flags, content_length, [(name, value), ...])."},
     {"encode_response_head", (PyCFunction)(void (*)(void))shmipcpy_serve_py_encode_response_head,

@@ -224,7 +224,14 @@ static int hop_index(PyObject *name)
     return -1;
 }
 
-static int take_start(asgi_send *self, PyObject *message)
+/*
+ * http.response.start as the worker's adapter checks it: the status (an int, 200..599; a 1xx
+ * head is no final answer), and the headers as (bytes, bytes) fields without the hop-by-hop
+ * ones, of which Content-Length gives *length (-1 for none) and Connection: close *close.
+ * 0 and *fields a new list, or -1 with an exception.
+ */
+static int parse_start(PyObject *message, int *code_out, PyObject **fields_out,
+                       long long *length_out, int *close_out)
 {
     PyObject *status = PyDict_GetItemWithError(message, k_status);
     if (status == NULL) {
@@ -235,7 +242,6 @@ static int take_start(asgi_send *self, PyObject *message)
     long code = PyLong_CheckExact(status) ? PyLong_AsLong(status) : -1;
     if (code == -1 && PyErr_Occurred())
         PyErr_Clear();
-    /* 200..599, as the worker's adapter: a 1xx head is no final answer. */
     if (code < 200 || code > 599) {
         PyErr_Format(PyExc_ValueError, "bad status %R", status);
         return -1;
@@ -292,15 +298,56 @@ static int take_start(asgi_send *self, PyObject *message)
         if (PyErr_Occurred())
             goto fail;
     }
-    Py_XSETREF(self->fields, fields);
-    self->status = (int)code;
-    self->length = length;
-    self->close = (char)close;
-    self->started = 1;
+    *code_out = (int)code;
+    *fields_out = fields;
+    *length_out = length;
+    *close_out = close;
     return 0;
 fail:
     Py_DECREF(fields);
     return -1;
+}
+
+static int take_start(asgi_send *self, PyObject *message)
+{
+    PyObject *fields;
+    long long length;
+    int code, close;
+    if (parse_start(message, &code, &fields, &length, &close) < 0)
+        return -1;
+    Py_XSETREF(self->fields, fields);
+    self->status = code;
+    self->length = length;
+    self->close = (char)close;
+    self->started = 1;
+    return 0;
+}
+
+/* asgi_start(message) -> (status, fields, close, content_length or None): parse_start for the
+ * worker's adapter (shmipc/serve/asgi.py), which sends the response itself. */
+PyObject *shmipcpy_serve_py_asgi_start(PyObject *module, PyObject *message)
+{
+    (void)module;
+    if (!PyDict_Check(message)) {
+        PyErr_Format(PyExc_TypeError, "an ASGI message must be a dict, not %s",
+                     Py_TYPE(message)->tp_name);
+        return NULL;
+    }
+    if (k_status == NULL) { /* the module's init interns them first */
+        PyErr_SetString(PyExc_RuntimeError, "shmipc._serve is not initialized");
+        return NULL;
+    }
+    PyObject *fields;
+    long long length;
+    int code, close;
+    if (parse_start(message, &code, &fields, &length, &close) < 0)
+        return NULL;
+    PyObject *len = length >= 0 ? PyLong_FromLongLong(length) : Py_NewRef(Py_None);
+    if (len == NULL) {
+        Py_DECREF(fields);
+        return NULL;
+    }
+    return Py_BuildValue("(iNON)", code, fields, close ? Py_True : Py_False, len);
 }
 
 /* The whole answer to the PendingResponse. */

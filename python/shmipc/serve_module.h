@@ -51,6 +51,7 @@ PyObject *shmipcpy_serve_join(PyObject *chunks);
 
 /* serve_asgi.c */
 int shmipcpy_serve_add_asgi(PyObject *module);
+PyObject *shmipcpy_serve_py_asgi_start(PyObject *module, PyObject *message);
 
 /* serve_scope.c */
 PyObject *shmipcpy_serve_py_decode_request_scope(PyObject *module, PyObject *arg);

@@ -202,3 +202,64 @@ def test_uninitialized_is_an_error_not_a_crash():
     r.send(start())
     r.send({"type": "http.response.body", "body": b"x"})
     assert r.complete
+
+
+# shmipc._serve.asgi_start: the same checks of http.response.start for the pool's ASGI worker
+# (shmipc/serve/asgi.py, _Http._start), which sends the response itself.
+
+def test_asgi_start_splits_the_hop_by_hop_fields_out():
+    status, fields, close, length = sf.asgi_start(start(201, [
+        (b"X-A", b"1"), (bytearray(b"X-B"), bytearray(b"2")), (b"Connection", b"keep-alive, Close"),
+        (b"Transfer-Encoding", b"chunked"), (b"Content-Length", b" 6 "), (b"Date", b"x")]))
+    # Date stays: the worker's fields go to the front, which drops and adds its own.
+    assert (status, fields, close, length) == (201, [(b"X-A", b"1"), (b"X-B", b"2"),
+                                                     (b"Date", b"x")], True, 6)
+    assert sf.asgi_start({"status": 200}) == (200, [], False, None)
+    assert sf.asgi_start(start(599, iter([(b"a", b"b")]))) == (599, [(b"a", b"b")], False, None)
+    assert sf.asgi_start(start(200, [(b"content-length", b"0")]))[3] == 0
+
+
+@pytest.mark.parametrize("message,exc", [
+    (42, TypeError),
+    (None, TypeError),
+    ([("status", 200)], TypeError),
+    ({}, KeyError),
+] + [(m[0], e) for m, e in [
+    ([start(99)], ValueError),
+    ([start(600)], ValueError),
+    ([start(-1)], ValueError),
+    ([start(2 ** 64)], ValueError),
+    ([start(True)], ValueError),
+    ([start("200")], ValueError),
+    ([start(200.0)], ValueError),
+    ([start(None)], ValueError),
+    ([start(200, [(b"a", b"b", b"c")])], ValueError),
+    ([start(200, [(b"a",)])], ValueError),
+    ([start(200, [("str-name", b"v")])], TypeError),
+    ([start(200, [(b"n", "str-value")])], TypeError),
+    ([start(200, [(b"n", memoryview(b"v"))])], TypeError),
+    ([start(200, [5])], TypeError),
+    ([start(200, [None])], TypeError),
+    ([{"type": "http.response.start", "status": 200, "headers": 5}], TypeError),
+    ([start(200, [(b"Content-Length", b"abc")])], ValueError),
+    ([start(200, [(b"Content-Length", b"-1")])], ValueError),
+    ([start(200, [(b"Content-Length", b"+1")])], ValueError),
+    ([start(200, [(b"Content-Length", b"99999999999999999999999")])], ValueError),
+    ([start(200, [(b"Content-Length", b"")])], ValueError),
+]])
+def test_asgi_start_refusals(message, exc):
+    with pytest.raises(exc):
+        sf.asgi_start(message)
+
+
+def test_asgi_start_a_header_generator_that_raises():
+    def gen():
+        yield (b"a", b"b")
+        raise ZeroDivisionError("midway")
+    with pytest.raises(ZeroDivisionError):
+        sf.asgi_start({"status": 200, "headers": gen()})
+    rc = sys.getrefcount(b"a")
+    for _ in range(1000):  # nothing kept: the fields made before the error are freed
+        with pytest.raises(ValueError):
+            sf.asgi_start(start(200, [(b"a", b"b"), (b"Content-Length", b"x")]))
+    assert sys.getrefcount(b"a") <= rc + 1

@@ -129,28 +129,13 @@ class _Http:
             raise ValueError(f"unexpected ASGI message type {typ!r} for an http scope")
 
     def _start(self, message):
-        status = message["status"]
-        # 200..599, as the C worker's: the protocol carries a 1xx only as an interim head
-        # before the final one, which an app cannot send here; a 1xx head then END was a bad
-        # exchange to the front (502, ABORT PROTOCOL), and a denial response's 101 would
-        # have accepted the WebSocket.
-        if type(status) is not int or not 200 <= status <= 599:
-            raise ValueError(f"bad status {status!r}")
-        flags, length, fields = 0, None, []
-        for h in message.get("headers", ()):
-            name, value = h
-            name, value = _as_bytes(name, "a header name"), _as_bytes(value, "a header value")
-            lname = name.lower().decode("latin-1")
-            if lname in _HOP:
-                if lname == "content-length":
-                    v = value.strip()
-                    if not v.isdigit():
-                        raise ValueError(f"bad Content-Length {value!r}")
-                    length = int(v)
-                elif lname == "connection" and b"close" in value.lower():
-                    flags |= sf.RESP_CLOSE
-                continue
-            fields.append((name, value))
+        # In C (as the in-process adapter's ASGISend): status 200..599, as the C worker's (the
+        # protocol carries a 1xx only as an interim head before the final one, which an app
+        # cannot send here; a 1xx head then END was a bad exchange to the front, and a denial
+        # response's 101 would have accepted the WebSocket); (bytes, bytes) headers, the
+        # hop-by-hop ones dropped, Content-Length and Connection: close taken from them.
+        status, fields, close, length = sf.asgi_start(message)
+        flags = sf.RESP_CLOSE if close else 0
         # Checked now, so a bad header is a 500 rather than an ABORT at the first body.
         sf.encode_response_head(status, fields, flags, 0)
         self.status, self.headers, self.flags, self.length = status, fields, flags, length
@@ -310,7 +295,9 @@ class ASGIHandler:
                 return await ex.aanswer_hello(length, self.concurrency)
             if typ != sf.REQUEST_HEAD:
                 raise ProtocolViolation(f"a frame of type {typ} before the request head")
-            payload = await ex.areadexactly(length)
+            payload = ex.payload(length, nonblock=True)  # nearly always here (as the head)
+            if payload is None:
+                payload = await ex.areadexactly(length)
             try:
                 scope = sf.decode_request_scope(raw + payload)
             except sf.FrameError as e:
@@ -351,6 +338,8 @@ class ASGIHandler:
             return await self._failed(ex, h, scope, e)
         if h.disconnected or ex.aborted:
             return "aborted"
+        if ex.done:
+            return "ok"  # the request was read to its END: nothing is left to drain
         return "protocol" if await ex.adrain_end() else "ok"
 
     async def _websocket(self, ex, scope):

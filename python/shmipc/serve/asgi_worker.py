@@ -58,23 +58,24 @@ def _uncancel():
 class _LoopExchange(_Exchange):
     """An exchange whose waits are the loop's: see the module's text."""
 
-    __slots__ = ("loop", "session")
+    __slots__ = ("loop", "session", "table")
 
-    def __init__(self, st, loop):
+    def __init__(self, st, loop, table=None):
         super().__init__(st)
         self.loop = loop
         self.session = st.session
+        self.table = aio._table(loop) if table is None else table  # the loop's, for _drive_in
         st.write_timeout = 0  # a write that finds shared memory full fails at once
 
     def read_frame_header(self, nonblock=False):
         if nonblock:
             # Other tasks waiting on this session must not lose the news this read takes.
-            aio._drive(self.loop, self.session)
+            aio._drive_in(self.table, self.session)
         return super().read_frame_header(nonblock)
 
     def payload(self, length, nonblock=False):
         if nonblock and length:
-            aio._drive(self.loop, self.session)  # as read_frame_header
+            aio._drive_in(self.table, self.session)  # as read_frame_header
         return super().payload(length, nonblock)
 
     async def _read(self, attempt):
@@ -207,6 +208,7 @@ class ASGIWorker:
         handler.stopping = self._stopping  # an open WebSocket closes 1001 on stop
         self._parked = set()  # tasks waiting to accept: cancelled by a stop
         self._slots = None
+        self._table = None
 
     def stop(self):
         """Any thread, or a signal handler: stop accepting, finish what is in progress. Takes
@@ -247,6 +249,7 @@ class ASGIWorker:
 
     async def _main(self):
         self._slots = asyncio.Semaphore(self.concurrency)
+        self._table = aio._table(self.loop)  # the loop's watchers: kept, as the loop is
         sessions = set()
         try:
             while not self._stopping.is_set():
@@ -278,12 +281,28 @@ class ASGIWorker:
         # next stream holds none (the front spreads its requests over its sessions, one per
         # reactor thread, and sends no more than the concurrency over all of them).
         mine = asyncio.Semaphore(self.concurrency)
+        loop = self.loop
+        table = self._table
+
+        def done(t):  # one callback for both: each costs the loop a turn of its own
+            tasks.discard(t)
+            mine.release()
+
         try:
             while not self._stopping.is_set():
-                if await self._parked_on(mine.acquire()) is None:
-                    break
+                # Per request, what a burst finds ready is taken without suspending: a place
+                # when one is free, the next stream when it is queued already (each await of
+                # _parked_on is a coroutine, a task lookup and two set operations more).
+                if mine.locked():
+                    if await self._parked_on(mine.acquire()) is None:
+                        break
+                else:
+                    await mine.acquire()  # a free place: returns without suspending
                 try:
-                    st = await self._parked_on(aio._accept_stream(s, self.loop))
+                    aio._drive_in(table, s)  # as aio._accept_stream: others' news first
+                    st = s.accept_stream(nonblock=True)
+                    if st is None:
+                        st = await self._parked_on(aio._accept_stream(s, loop))
                 except shmipc.Error as e:
                     mine.release()
                     log.debug("shmipc-serve worker: the front's session ended: %s", e)
@@ -293,13 +312,12 @@ class ASGIWorker:
                     break
                 if self._stopping.is_set():  # it came with the stop: refused
                     mine.release()
-                    await self._refuse(_LoopExchange(st, self.loop),
+                    await self._refuse(_LoopExchange(st, loop),
                                        time.monotonic() + _REFUSE_TIMEOUT)
                     break
-                t = self.loop.create_task(self._serve(st))
+                t = loop.create_task(self._serve(st))
                 tasks.add(t)
-                t.add_done_callback(tasks.discard)
-                t.add_done_callback(lambda _t: mine.release())
+                t.add_done_callback(done)
         finally:
             # Streams the front opened that this worker will not serve: each refused (ABORT
             # SHUTDOWN), so the front gives its request to another worker instead of a 502:
@@ -339,7 +357,11 @@ class ASGIWorker:
         # while the counts settle), a stream waits its turn here; a stop meanwhile refuses
         # it at once (not started: the front gives it to another worker).
         try:
-            got = await self._parked_on(self._slots.acquire())
+            slots = self._slots
+            if slots.locked():
+                got = await self._parked_on(slots.acquire())
+            else:
+                got = await slots.acquire()  # a free place: returns without suspending
         except BaseException:
             try:
                 st.close()
@@ -356,12 +378,16 @@ class ASGIWorker:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         try:
-            ex = _LoopExchange(st, self.loop)
+            ex = _LoopExchange(st, self.loop, self._table)
             if self._stopping.is_set():  # the stop came as it got its place: not started
                 await self._refuse(ex, time.monotonic() + _REFUSE_TIMEOUT)
                 return
             try:
-                first = await ex.aread_frame_header()
+                # The head is nearly always here already (the front sends it in one message):
+                # read without the coroutines of a wait.
+                first = ex.read_frame_header(nonblock=True)
+                if first is None:
+                    first = await ex.aread_frame_header()
             except ProtocolViolation as e:
                 log.error("shmipc-serve: bad frame from the front: %s", e)
                 await ex.aabort(sf.ABORT_PROTOCOL, str(e))
