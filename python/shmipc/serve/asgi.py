@@ -90,7 +90,11 @@ class _Http:
     async def receive(self):
         if not self.body_done and not self.disconnected:
             try:
-                data = await self._next_body()
+                # A look first: the body (or its END) is mostly here already, and the look
+                # costs no coroutine.
+                data = self.ex.next_body(nonblock=True)
+                if data is None:
+                    data = await self._next_body()
             except RequestAborted:
                 self.disconnected = True
                 return {"type": "http.disconnect"}
@@ -176,7 +180,9 @@ class _Http:
             parts.append(_END)
             self.complete = True
         if parts:
-            await self.ex.asend(*parts)
+            parts = self.ex.try_send(parts)  # mostly all of them, without a coroutine
+            if parts:
+                await self.ex.asend(*parts)
 
 
 class _LengthError(Exception):

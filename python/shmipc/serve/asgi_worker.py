@@ -104,6 +104,19 @@ class _LoopExchange(_Exchange):
         if flags & sf.REQ_TAKEN_WANTED:
             await self.asend(sf.encode_frame(sf.TAKEN))
 
+    def try_send(self, parts):
+        """Writes `parts` and flushes them, when shared memory takes them all now (nearly
+        always): returns (). Else returns the parts from the first one it refused, for
+        asend(), which flushes what went before them and waits for room on the loop."""
+        st = self.st
+        for i, p in enumerate(parts):
+            try:
+                st.write(p)  # all of p or nothing
+            except shmipc.TimeoutError:
+                return parts[i:]
+        self._flush()
+        return ()
+
     async def asend(self, *parts):
         st = self.st
         nap = _MEMORY_NAP_MIN

@@ -273,6 +273,12 @@ class _Exchange:
     async def asend(self, *parts):
         self.send(*parts)
 
+    def try_send(self, parts):
+        """asend() without a coroutine where it needs no wait: the parts still to asend().
+        Here none: send() blocks. (_LoopExchange's returns those a full memory refused.)"""
+        self.send(*parts)
+        return ()
+
     async def aabort(self, reason, text=""):
         self.abort(reason, text)
 
