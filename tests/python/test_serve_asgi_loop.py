@@ -553,3 +553,40 @@ def test_stop_before_serve_forever_returns_at_once():
     w.serve_forever()
     assert time.monotonic() - t0 < 5
     handler.loop.close()
+
+
+def test_places_bound_order_and_a_cancelled_waiter_passes_its_place_on():
+    # The worker's count of free places (_Places, in place of asyncio.Semaphore on its path per
+    # request): a bound, first come first served, and no place lost or made by a cancel.
+    from shmipc.serve.asgi_worker import _Places
+    loop = asyncio.new_event_loop()
+    try:
+        async def main():
+            p = _Places(2, loop)
+            assert p.try_take() and p.try_take() and not p.try_take()
+            order = []
+
+            async def waiter(i):
+                await p.take()
+                order.append(i)
+            ts = [loop.create_task(waiter(i)) for i in range(4)]
+            await asyncio.sleep(0)
+            assert order == [] and len(p.waiters) == 4 and not p.try_take()
+            p.give()  # to waiter 0, which is cancelled before it runs: waiter 1 gets it
+            ts[0].cancel()
+            ts[2].cancel()  # cancelled while waiting: takes nothing
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert order == [1] and ts[0].cancelled() and ts[2].cancelled()
+            assert list(p.waiters) != [] and p.free == 0
+            p.give()  # to waiter 3
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert order == [1, 3] and not p.waiters
+            for _ in range(3):  # the two taken first, and waiter 1's; waiter 3 keeps its own
+                p.give()
+            assert p.free == 3
+            assert p.try_take() and p.try_take() and p.try_take() and not p.try_take()
+        loop.run_until_complete(main())
+    finally:
+        loop.close()

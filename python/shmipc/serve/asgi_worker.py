@@ -22,6 +22,7 @@ SHUTDOWN (the front gives it to another worker), then ``serve_forever()`` return
 """
 
 import asyncio
+import collections
 import logging
 import time
 
@@ -53,6 +54,53 @@ def _uncancel():
     task = asyncio.current_task()
     if task is not None and hasattr(task, "uncancel"):
         task.uncancel()
+
+
+class _Places:
+    """Free places, as an asyncio.Semaphore on one loop, for a path taken per request:
+    try_take() takes a free one with a test and a subtraction, where the semaphore's acquire()
+    is a coroutine, and its locked() a generator over the waiters, each time. take() waits in
+    turn (first come, first served); give() hands the place to the first waiter still waiting,
+    and a waiter cancelled just after it was handed one passes it on."""
+
+    __slots__ = ("free", "waiters", "loop")
+
+    def __init__(self, n, loop):
+        self.free = n
+        self.waiters = collections.deque()
+        self.loop = loop
+
+    def try_take(self):
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self):
+        if self.try_take():
+            return True
+        fut = self.loop.create_future()
+        self.waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.give()  # handed a place, then cancelled before it ran: the next one's
+            raise
+        finally:
+            try:
+                self.waiters.remove(fut)
+            except ValueError:
+                pass  # give() took it off
+        return True
+
+    def give(self):
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the place goes to it, not back to the count
+                return
+        self.free += 1
 
 
 class _LoopExchange(_Exchange):
@@ -261,7 +309,7 @@ class ASGIWorker:
             self._parked.discard(task)
 
     async def _main(self):
-        self._slots = asyncio.Semaphore(self.concurrency)
+        self._slots = _Places(self.concurrency, self.loop)
         self._table = aio._table(self.loop)  # the loop's watchers: kept, as the loop is
         sessions = set()
         try:
@@ -293,38 +341,35 @@ class ASGIWorker:
         # floods it. The worker's places are taken in the tasks, so a session waiting for its
         # next stream holds none (the front spreads its requests over its sessions, one per
         # reactor thread, and sends no more than the concurrency over all of them).
-        mine = asyncio.Semaphore(self.concurrency)
+        mine = _Places(self.concurrency, self.loop)
         loop = self.loop
         table = self._table
 
         def done(t):  # one callback for both: each costs the loop a turn of its own
             tasks.discard(t)
-            mine.release()
+            mine.give()
 
         try:
             while not self._stopping.is_set():
-                # Per request, what a burst finds ready is taken without suspending: a place
+                # Per request, what a burst finds ready is taken without a coroutine: a place
                 # when one is free, the next stream when it is queued already (each await of
                 # _parked_on is a coroutine, a task lookup and two set operations more).
-                if mine.locked():
-                    if await self._parked_on(mine.acquire()) is None:
-                        break
-                else:
-                    await mine.acquire()  # a free place: returns without suspending
+                if not mine.try_take() and await self._parked_on(mine.take()) is None:
+                    break
                 try:
                     aio._drive_in(table, s)  # as aio._accept_stream: others' news first
                     st = s.accept_stream(nonblock=True)
                     if st is None:
                         st = await self._parked_on(aio._accept_stream(s, loop))
                 except shmipc.Error as e:
-                    mine.release()
+                    mine.give()
                     log.debug("shmipc-serve worker: the front's session ended: %s", e)
                     break
                 if st is None:
-                    mine.release()
+                    mine.give()
                     break
                 if self._stopping.is_set():  # it came with the stop: refused
-                    mine.release()
+                    mine.give()
                     await self._refuse(_LoopExchange(st, loop),
                                        time.monotonic() + _REFUSE_TIMEOUT)
                     break
@@ -371,10 +416,7 @@ class ASGIWorker:
         # it at once (not started: the front gives it to another worker).
         try:
             slots = self._slots
-            if slots.locked():
-                got = await self._parked_on(slots.acquire())
-            else:
-                got = await slots.acquire()  # a free place: returns without suspending
+            got = True if slots.try_take() else await self._parked_on(slots.take())
         except BaseException:
             try:
                 st.close()
@@ -432,7 +474,7 @@ class ASGIWorker:
             except shmipc.Error:
                 pass
             self.in_flight -= 1
-            self._slots.release()
+            self._slots.give()
 
     async def _refuse(self, ex, deadline, first=None):
         """worker.refuse on the loop: ABORT SHUTDOWN to a request's head (`first`, its frame
