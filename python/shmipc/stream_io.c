@@ -343,12 +343,14 @@ PyObject *shmipcpy_stream_write(StreamObject *self, PyObject *data)
 PyObject *shmipcpy_stream_reserve(StreamObject *self, PyObject *arg)
 {
     module_state *ms = shmipcpy_stream_state(self);
-    shmipc_stream *h = shmipcpy_stream_usable(self);
+    shmipc_stream *h;
     Py_ssize_t n;
     void *p;
-    if (h == NULL || shmipcpy_stream_refuse_window(self, "reserve") < 0)
-        return NULL;
+    /* n first: its __index__ may run code that closes the stream. */
     if ((n = PyNumber_AsSsize_t(arg, PyExc_OverflowError)) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((h = shmipcpy_stream_usable(self)) == NULL ||
+        shmipcpy_stream_refuse_window(self, "reserve") < 0)
         return NULL;
     if (n <= 0)
         return shmipcpy_raise_invalid(ms, "reserve", "need at least 1 byte");
@@ -378,11 +380,13 @@ PyObject *shmipcpy_stream_reserve(StreamObject *self, PyObject *arg)
 
 PyObject *shmipcpy_stream_commit(StreamObject *self, PyObject *arg)
 {
-    shmipc_stream *h = shmipcpy_stream_usable(self);
+    shmipc_stream *h;
     Py_ssize_t n;
-    if (h == NULL || shmipcpy_stream_refuse_window(self, "commit") < 0)
-        return NULL;
+    /* n first: its __index__ may run code that closes the stream. */
     if ((n = PyNumber_AsSsize_t(arg, PyExc_OverflowError)) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((h = shmipcpy_stream_usable(self)) == NULL ||
+        shmipcpy_stream_refuse_window(self, "commit") < 0)
         return NULL;
     if (n < 0)
         return shmipcpy_raise_invalid(shmipcpy_stream_state(self), "commit", "n must be >= 0");
