@@ -88,14 +88,12 @@ static PyObject *listener_accept(ListenerObject *self, PyObject *const *args, Py
         return NULL;
     int rc = shmipcpy_sliced_accept(ms, listener_accept_call, l, &self->busy, &self->close_pending,
                                     timeout, nonblock, "accept", &s);
-    if (rc == ACCEPT_CLOSED_GOT || rc == ACCEPT_CLOSED) {
+    if (rc == ACCEPT_CLOSED_GOT || rc == ACCEPT_CLOSED || rc == ACCEPT_RAISED) {
         if (rc == ACCEPT_CLOSED_GOT)
             shmipc_session_close(s);
-        listener_settle(self);
-        return shmipcpy_raise_closed(ms, "listener");
+        listener_settle(self); /* a close() that came during the wait */
+        return rc == ACCEPT_RAISED ? NULL : shmipcpy_raise_closed(ms, "listener");
     }
-    if (rc == ACCEPT_RAISED)
-        return NULL;
     if (rc == SHMIPC_EAGAIN && nonblock)
         Py_RETURN_NONE;
     if (rc < 0)

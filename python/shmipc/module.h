@@ -257,8 +257,9 @@ enum {
 
 /*
  * Waits for `call` (an accept taking a timeout) in slices with the GIL released, counting
- * itself in `*busy` during each slice, and looking for signals and for `*close_pending`
- * between slices.
+ * itself in `*busy` for the whole wait (the timeout's conversion and the signal handlers
+ * between slices run Python code that may close the owner), and looking for signals and for
+ * `*close_pending` between slices. The caller settles a close_pending after every result.
  */
 typedef int (*accept_fn)(void *handle, int timeout_ms, void **out);
 

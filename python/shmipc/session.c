@@ -115,16 +115,20 @@ static PyObject *session_open_stream(SessionObject *self, PyObject *unused)
                                 self->write_ms, self->memory_wait);
 }
 
-int shmipcpy_sliced_accept(module_state *ms, accept_fn call, void *handle, int *busy,
-                           int *close_pending, PyObject *timeout, int nonblock, const char *what,
-                           void **out)
+/*
+ * The whole wait counts in *busy, the timeout's conversion and the signal handlers between
+ * slices too: any of them may run Python code that closes the owner, which then only marks
+ * *close_pending (the handle stays valid until the caller settles it).
+ */
+static int sliced_accept_wait(module_state *ms, accept_fn call, void *handle, int *close_pending,
+                              PyObject *timeout, const char *what, void **out)
 {
     int64_t ms_timeout;
     int rc;
-    if (nonblock)
-        return call(handle, 0, out);
     if (shmipcpy_timeout_arg(ms, timeout, "timeout", 1, &ms_timeout) < 0)
         return ACCEPT_RAISED;
+    if (*close_pending)
+        return ACCEPT_CLOSED;
     if (ms_timeout == 0) {
         rc = call(handle, 0, out);
         if (rc == SHMIPC_EAGAIN) {
@@ -144,16 +148,27 @@ int shmipcpy_sliced_accept(module_state *ms, accept_fn call, void *handle, int *
             shmipcpy_raise_code(ms, SHMIPC_ETIMEDOUT, msg);
             return ACCEPT_RAISED;
         }
-        (*busy)++;
         Py_BEGIN_ALLOW_THREADS rc = call(handle, slice, out);
-        Py_END_ALLOW_THREADS(*busy)--;
-        if (*close_pending)
-            return rc == 0 ? ACCEPT_CLOSED_GOT : ACCEPT_CLOSED;
+        Py_END_ALLOW_THREADS if (*close_pending) return rc == 0 ? ACCEPT_CLOSED_GOT : ACCEPT_CLOSED;
         if (rc != SHMIPC_ETIMEDOUT && rc != SHMIPC_EINTR && rc != SHMIPC_EAGAIN)
             return rc;
         if (PyErr_CheckSignals() < 0)
             return ACCEPT_RAISED;
+        if (*close_pending) /* a signal handler closed the owner */
+            return ACCEPT_CLOSED;
     }
+}
+
+int shmipcpy_sliced_accept(module_state *ms, accept_fn call, void *handle, int *busy,
+                           int *close_pending, PyObject *timeout, int nonblock, const char *what,
+                           void **out)
+{
+    if (nonblock)
+        return call(handle, 0, out);
+    (*busy)++;
+    int rc = sliced_accept_wait(ms, call, handle, close_pending, timeout, what, out);
+    (*busy)--;
+    return rc;
 }
 
 static int accept_stream_call(void *handle, int timeout_ms, void **out)
@@ -175,14 +190,12 @@ static PyObject *session_accept_stream(SessionObject *self, PyObject *const *arg
         return NULL;
     int rc = shmipcpy_sliced_accept(ms, accept_stream_call, s, &self->busy, &self->close_pending,
                                     timeout, nonblock, "accept_stream", &h);
-    if (rc == ACCEPT_CLOSED_GOT || rc == ACCEPT_CLOSED) {
+    if (rc == ACCEPT_CLOSED_GOT || rc == ACCEPT_CLOSED || rc == ACCEPT_RAISED) {
         if (rc == ACCEPT_CLOSED_GOT)
             shmipc_stream_close(h);
-        session_settle(self);
-        return shmipcpy_raise_closed(ms, "session");
+        session_settle(self); /* a close() that came during the wait */
+        return rc == ACCEPT_RAISED ? NULL : shmipcpy_raise_closed(ms, "session");
     }
-    if (rc == ACCEPT_RAISED)
-        return NULL;
     if (rc == SHMIPC_EAGAIN && nonblock)
         Py_RETURN_NONE;
     if (rc < 0)

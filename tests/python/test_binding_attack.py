@@ -35,3 +35,58 @@ def test_reserve_and_commit_size_index_closing_the_stream_raises_closed():
         """
     )
 
+
+
+def test_accept_timeout_float_closing_the_owner_raises_closed():
+    """Regression: Session.accept_stream() and Listener.accept() took the handle before
+    converting the timeout, so a __float__ that closed the session (listener) left the wait on
+    a freed handle (use after free)."""
+    run_child(
+        """
+        p = Pair(default_config(), default_config())
+
+        class Closer:
+            def __init__(self, obj):
+                self.obj = obj
+
+            def __float__(self):
+                self.obj.close()
+                return 0.05
+
+        for obj, call in ((p.server, p.server.accept_stream), (p.listener, p.listener.accept)):
+            try:
+                call(Closer(obj))
+            except shmipc.ClosedError:
+                pass
+            else:
+                raise SystemExit(f"{call.__name__}() with a timeout closing its owner did not raise")
+            assert obj.closed
+        p.client.close()
+        """
+    )
+
+
+def test_accept_signal_handler_closing_the_owner_raises_closed():
+    """Regression: a signal handler that closed the session (listener) between two wait slices
+    of accept_stream() (accept()) freed the handle, and the next slice waited on it (use after
+    free)."""
+    run_child(
+        """
+        import signal
+
+        p = Pair(default_config(), default_config())
+        for obj, call in ((p.server, p.server.accept_stream), (p.listener, p.listener.accept)):
+            signal.signal(signal.SIGALRM, lambda *a: obj.close())
+            signal.setitimer(signal.ITIMER_REAL, 0.15)
+            try:
+                call(5)
+            except shmipc.ClosedError:
+                pass
+            else:
+                raise SystemExit(f"{call.__name__}() closed by a signal handler did not raise")
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            assert obj.closed
+        p.client.close()
+        """
+    )
