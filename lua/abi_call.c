@@ -235,6 +235,17 @@ static int abi_do_call(lua_State *L, const abi_entry *e, int base)
     } ret;
     memset(&ret, 0, sizeof ret);
     sink_rec *old_sink = NULL;
+    /*
+     * Handles passed to RELEASE are closed before the call, nothing raising after this: Lua
+     * code that runs during it (the log sink) must not use or release them again, which
+     * freed the handle twice.
+     */
+    for (int k = 0, a = base; k < d->nparams; k++) {
+        if (d->params[k].type == SHMIPC_ABI_RELEASE && !lua_isnil(L, a))
+            ((abi_handle *)lua_touserdata(L, a))->p = NULL;
+        if (shmipc__lua_abi_takes_arg(d->params[k].type))
+            a++;
+    }
     if (sets_sink)
         pthread_mutex_lock(&shmipc__lua_abi_sink_lock);
     ffi_call((ffi_cif *)&e->cif, d->fn, &ret, args);
@@ -244,16 +255,6 @@ static int abi_do_call(lua_State *L, const abi_entry *e, int base)
         shmipc__lua_abi_sink_current = new_sink;
         pthread_mutex_unlock(&shmipc__lua_abi_sink_lock);
         shmipc__lua_abi_sink_free(old_sink, shmipc__lua_abi_main_thread(L));
-    }
-
-    /* Handles passed to RELEASE are gone, whatever the result. */
-    for (int k = 0, a = base; k < d->nparams; k++) {
-        if (d->params[k].type == SHMIPC_ABI_RELEASE && !lua_isnil(L, a)) {
-            abi_handle *h = lua_touserdata(L, a);
-            h->p = NULL;
-        }
-        if (shmipc__lua_abi_takes_arg(d->params[k].type))
-            a++;
     }
 
     int nres = 0, failed = 0;

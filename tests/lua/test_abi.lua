@@ -257,4 +257,37 @@ function tests.handles_are_collected(t)
     collectgarbage()
 end
 
+-- Regression: a handle passed to a RELEASE call stayed open until the call returned, so a log
+-- sink that ran during the call (the flush_close here falls back to the socket and warns) could
+-- release it a second time: the stream was freed twice (SIGSEGV).
+function tests.sink_cannot_release_a_handle_being_released(t)
+    local server_address = address()
+    local server <close> = support.lua_server("echo", server_address)
+    local peer <close> = support.lua_peer([[
+local abi = require("shmipc").abi
+local _, cfg = abi.config_new()
+assert(abi.config_set_buffer_capacity(cfg, 1 << 20) == 0)
+local rc, s = abi.session_connect(arg[1], cfg)
+assert(rc == 0, abi.error_detail())
+local _, st = abi.session_open_stream(s)
+local seen = {}
+abi.set_log_sink(function(level, line)
+    local ok, err = pcall(abi.stream_close, st)
+    seen[#seen + 1] = tostring(ok) .. " " .. tostring(err)
+end)
+assert(abi.stream_write(st, string.rep("x", 4 << 20)) == 0)
+local frc = abi.stream_flush_close(st)
+abi.set_log_sink(nil)
+print("flush_close " .. frc .. " closed " .. tostring(st:closed()))
+for _, l in ipairs(seen) do print("sink " .. l) end
+abi.session_close(s)
+print("done")
+]], server_address)
+    local ok, out = peer:finish()
+    t.truthy(ok, "peer exit: " .. out)
+    t.truthy(out:find("sink false", 1, true) and out:find("is a closed STREAM handle", 1, true),
+        "the sink's close was refused: " .. out)
+    t.truthy(out:find("flush_close 0 closed true", 1, true), "flush_close: " .. out)
+end
+
 return tests
