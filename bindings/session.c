@@ -300,9 +300,14 @@ SHMIPC_API int shmipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_str
                                      shmipc_stream_cb on_data, void *user_data,
                                      shmipc_destroy_cb destroy)
 {
-    REQUIRE(l, "listener_serve", "listener");
-    REQUIRE(on_stream, "listener_serve", "on_stream");
-    REQUIRE(on_data, "listener_serve", "on_data");
+    /* destroy runs on every path, a refused argument too: bindings free their state there. */
+    if (l == NULL || on_stream == NULL || on_data == NULL) {
+        if (destroy != NULL)
+            destroy(user_data);
+        REQUIRE(l, "listener_serve", "listener");
+        REQUIRE(on_stream, "listener_serve", "on_stream");
+        REQUIRE(on_data, "listener_serve", "on_data");
+    }
     return shmipc__ipc_listener_serve(l, on_stream, on_data, user_data, destroy);
 }
 

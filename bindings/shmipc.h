@@ -821,8 +821,8 @@ typedef void (*shmipc_destroy_cb)(void *user_data);
  * sessions and calls on_data once more for each stream still handed out (its reads give what
  * had come, then SHMIPC_ECLOSED: close it there); then it has closed its sessions (streams
  * still held stay valid handles that fail with SHMIPC_ECLOSED) and called
- * destroy(user_data) if given (also when it fails at once with SHMIPC_EBUSY, because another
- * thread is serving).
+ * destroy(user_data) if given (also when it fails at once: SHMIPC_EBUSY, because another
+ * thread is serving, or SHMIPC_EINVAL for a NULL listener or callback).
  */
 SHMIPC_API int shmipc_listener_serve(shmipc_listener *l, shmipc_stream_cb on_stream,
                                      shmipc_stream_cb on_data, void *user_data,

@@ -298,6 +298,24 @@ static void stop_from_another_thread(void **state)
     shmipc_listener_close(r.l);
 }
 
+/* A serve refused for a NULL argument frees its user_data too (bindings free their state in
+ * destroy: Python's shmipc.abi leaked its closures and callables here). */
+static void serve_refused_argument_still_destroys(void **state)
+{
+    (void)state;
+    shmipc_listener *l;
+    ipc_pick_address(address, sizeof address, "listener-einval");
+    assert_int_equal(shmipc_listener_new(address, NULL, &l), 0);
+    struct server_state ss = {0};
+    assert_int_equal(shmipc_listener_serve(NULL, on_stream, on_data, &ss, on_destroy),
+                     SHMIPC_EINVAL);
+    assert_int_equal(shmipc_listener_serve(l, NULL, on_data, &ss, on_destroy), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_listener_serve(l, on_stream, NULL, &ss, on_destroy), SHMIPC_EINVAL);
+    assert_int_equal(ss.destroyed, 3);
+    assert_int_equal(shmipc_listener_serve(l, on_stream, NULL, NULL, NULL), SHMIPC_EINVAL);
+    shmipc_listener_close(l);
+}
+
 /*
  * Streams still held when serve returns lose their session: on_data tells their holders
  * (their reads fail) before serve returns, so a holder that closes a stream at its end
@@ -1062,6 +1080,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(serve_many_clients),
         cmocka_unit_test(a_busy_session_does_not_starve_new_clients),
         cmocka_unit_test(stop_from_another_thread),
+        cmocka_unit_test(serve_refused_argument_still_destroys),
         cmocka_unit_test(serve_tells_held_streams_of_its_end),
         cmocka_unit_test(socket_file_mode_and_stale_replacement),
         cmocka_unit_test(socket_file_appears_only_when_listening),

@@ -90,3 +90,28 @@ def test_accept_signal_handler_closing_the_owner_raises_closed():
         p.client.close()
         """
     )
+
+
+def test_abi_listener_serve_refused_at_once_frees_its_callbacks():
+    """Regression: shmipc_listener_serve() refused a NULL listener or callback (SHMIPC_EINVAL)
+    without calling destroy(user_data), so shmipc.abi's registration, its libffi closures and
+    the Python callables they hold leaked on every such call."""
+    import sys
+
+    import shmipc.abi as a
+
+    def on_stream(st):
+        pass
+
+    _, cfg = a.call("shmipc_config_new")
+    rc, lst = a.call("shmipc_listener_new", f"unix:@shmipc-py-attack-{id(cfg)}", cfg)
+    assert rc == 0
+    before = sys.getrefcount(on_stream)
+    for which in range(3):
+        args = [lst, on_stream, on_stream]
+        args[which] = None
+        assert a.call("shmipc_listener_serve", *args) == shmipc.errors["EINVAL"]
+        del args
+        assert sys.getrefcount(on_stream) == before, f"a refused call kept its callbacks ({which})"
+    a.call("shmipc_listener_close", lst)
+    a.call("shmipc_config_free", cfg)
