@@ -172,12 +172,21 @@ static void sink_handler(ffi_cif *cif, void *ret, void **args, void *ud)
         atomic_fetch_add(&sink_dropped, 1); /* an error in the sink is dropped */
     lua_settop(T, top);
     r->busy = 0;
+    if (r->doomed) /* the sink replaced itself: freed now that it is done */
+        shmipc__lua_abi_sink_free(r, r->doomed_state);
 }
 
 void shmipc__lua_abi_sink_free(sink_rec *r, lua_State *L)
 {
     if (!r)
         return;
+    if (r->busy && !r->doomed) {
+        /* Running on this thread (the sink replaced itself): its closure, its thread and its
+         * function stay until sink_handler leaves, which frees it. */
+        r->doomed = 1;
+        r->doomed_state = L;
+        return;
+    }
     /* A reference in another state's registry dies with that state. */
     if (L && r->main == L) {
         luaL_unref(L, LUA_REGISTRYINDEX, r->fn_ref);

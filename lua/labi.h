@@ -50,6 +50,10 @@ typedef struct {
     int fn_ref;
     pthread_t owner;
     int busy;
+    /* Replaced while running (the sink cleared or replaced itself): sink_handler frees it on
+     * its way out, with the references of `doomed_state` (NULL: another state's). */
+    int doomed;
+    lua_State *doomed_state;
 } sink_rec;
 
 /* abi.c */

@@ -290,4 +290,50 @@ print("done")
     t.truthy(out:find("flush_close 0 closed true", 1, true), "flush_close: " .. out)
 end
 
+-- Regression: a log sink that cleared or replaced itself freed its own record, closure and
+-- thread while it ran (use after free: heap-use-after-free under ASan, or a crash once the
+-- collector took the running thread). The record is freed when the sink returns now.
+function tests.sink_that_replaces_itself(t)
+    local server_address = address()
+    local server <close> = support.greeter_server(server_address, 2)
+    local peer <close> = support.lua_peer([[
+local abi = require("shmipc").abi
+local _, cfg = abi.config_new()
+assert(abi.config_set_buffer_capacity(cfg, 1 << 20) == 0)
+local calls = 0
+for round = 1, 2 do
+    -- A session per round: one whose memory ran out refuses new streams for a while.
+    local rc, s = abi.session_connect(arg[1], cfg)
+    assert(rc == 0, abi.error_detail())
+    local _, st = abi.session_open_stream(s)
+    abi.set_log_sink(function(level, line)
+        calls = calls + 1
+        if round == 1 then
+            abi.set_log_sink(nil)
+        else
+            abi.set_log_sink(function() end)
+        end
+        for _ = 1, 3 do
+            collectgarbage()
+        end
+        local junk = {}
+        for i = 1, 10000 do
+            junk[i] = { i }
+        end
+    end)
+    assert(abi.stream_write(st, string.rep("x", 4 << 20)) == 0)
+    assert(abi.stream_flush(st) == 0)
+    abi.stream_close(st)
+    abi.session_close(s)
+end
+abi.set_log_sink(nil)
+collectgarbage()
+print("calls " .. calls)
+print("done")
+]], server_address)
+    local ok, out = peer:finish()
+    t.truthy(ok, "peer exit: " .. out)
+    t.truthy(out:find("calls 2\ndone"), "each sink ran once: " .. out)
+end
+
 return tests
