@@ -254,6 +254,8 @@ static void closure_handler(ffi_cif *cif, void *ret, void **args, void *user)
     closure_state *c = user;
     const shmipc_abi_fn *d = c->cb->d;
     PyGILState_STATE g = PyGILState_Ensure();
+    /* The callable may free `c` (a log sink that clears itself): nothing reads it after. */
+    PyObject *callable = Py_NewRef(c->callable);
     PyObject *lent[ABI_MAX_PARAMS];
     int nlent = 0;
     long result = 0;
@@ -295,7 +297,7 @@ static void closure_handler(ffi_cif *cif, void *ret, void **args, void *user)
     if (pargs == NULL)
         goto fail;
     {
-        PyObject *r = PyObject_Call(c->callable, pargs, NULL);
+        PyObject *r = PyObject_Call(callable, pargs, NULL);
         if (r == NULL)
             goto fail;
         if (d->ret.type == SHMIPC_ABI_I32 && r != Py_None) {
@@ -309,7 +311,7 @@ static void closure_handler(ffi_cif *cif, void *ret, void **args, void *user)
     }
     goto done;
 fail:
-    PyErr_WriteUnraisable(c->callable);
+    PyErr_WriteUnraisable(callable);
     result = SHMIPC_EINVAL;
 done:
     for (int i = 0; i < nlent; i++) { /* a lent handle is only valid during the callback */
@@ -319,6 +321,7 @@ done:
     }
     Py_XDECREF(pargs);
     Py_XDECREF(list);
+    Py_DECREF(callable);
     if (d->ret.type == SHMIPC_ABI_I32)
         *(ffi_sarg *)ret = (ffi_sarg)(int)result;
     PyGILState_Release(g);

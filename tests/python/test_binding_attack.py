@@ -115,3 +115,38 @@ def test_abi_listener_serve_refused_at_once_frees_its_callbacks():
         assert sys.getrefcount(on_stream) == before, f"a refused call kept its callbacks ({which})"
     a.call("shmipc_listener_close", lst)
     a.call("shmipc_config_free", cfg)
+
+
+def test_abi_log_sink_that_clears_itself_and_raises():
+    """Regression: a shmipc.abi log sink that cleared itself (shmipc_set_log_sink(None)) and
+    then raised had its closure freed under it: the report of its exception read the freed
+    closure's callable (use after free, seen under ASan)."""
+    proc = run_child(
+        """
+        import shmipc.abi as a
+
+        p = Pair(default_config(buffer_capacity=1 << 20), default_config())
+        calls = []
+
+        def sink(level, line):
+            calls.append(line)
+            a.call("shmipc_set_log_sink", None)
+            raise RuntimeError("sink failed after clearing itself")
+
+        import threading
+
+        st, peer = p.streams()
+        reader = threading.Thread(target=lambda: peer.readexactly(4 << 20))
+        reader.start()
+        a.call("shmipc_set_log_sink", sink)
+        st.write(b"x" * (4 << 20))
+        st.flush()  # shared memory runs out: the flush falls back and warns
+        reader.join(30)
+        st.close()
+        assert len(calls) == 1, calls
+        p.close()
+        print("done")
+        """
+    )
+    assert "done" in proc.stdout
+    assert "sink failed after clearing itself" in proc.stderr  # reported, as unraisable
