@@ -18,8 +18,9 @@ const char *const shmipcpy_config_wakeup_names[] = {"socket", "eventfd", "pollin
 
 int shmipcpy_config_lookup_name(const char *const *names, int n, PyObject *value)
 {
-    const char *s = PyUnicode_Check(value) ? PyUnicode_AsUTF8(value) : NULL;
-    if (s == NULL)
+    Py_ssize_t len = 0;
+    const char *s = PyUnicode_Check(value) ? PyUnicode_AsUTF8AndSize(value, &len) : NULL;
+    if (s == NULL || strlen(s) != (size_t)len) /* "memfd\0x" is no name */
         return -1;
     for (int i = 0; i < n; i++)
         if (strcmp(s, names[i]) == 0)

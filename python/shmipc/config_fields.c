@@ -78,9 +78,14 @@ static int set_slice_classes(ConfigObject *self, PyObject *value, void *closure)
     if (shmipcpy_config_require_value(value, "slice_classes") < 0)
         return -1;
     if (PyUnicode_Check(value)) {
-        const char *spec = PyUnicode_AsUTF8(value);
+        Py_ssize_t len;
+        const char *spec = PyUnicode_AsUTF8AndSize(value, &len);
         if (spec == NULL)
             return -1;
+        if (strlen(spec) != (size_t)len) { /* C would parse the part before the NUL */
+            PyErr_SetString(PyExc_ValueError, "Config.slice_classes: embedded null character");
+            return -1;
+        }
         return shmipcpy_config_setter_result(self,
                                              shmipc_config_parse_slice_classes(self->cfg, spec));
     }

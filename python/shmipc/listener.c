@@ -9,6 +9,8 @@
  */
 #include "module.h"
 
+#include <string.h>
+
 /* ---------------------------------------------------------------------------------------- */
 /* Listener                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
@@ -49,8 +51,15 @@ static PyObject *listener_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     if (ms == NULL ||
         !PyArg_ParseTupleAndKeywords(args, kwargs, "U|O:Listener", kwlist, &address, &cfg_obj))
         return NULL;
-    const char *addr = PyUnicode_AsUTF8(address);
-    if (addr == NULL || shmipcpy_config_arg(ms, cfg_obj, &cfg) < 0)
+    Py_ssize_t addr_len;
+    const char *addr = PyUnicode_AsUTF8AndSize(address, &addr_len);
+    if (addr == NULL)
+        return NULL;
+    if (strlen(addr) != (size_t)addr_len) { /* C would listen on the part before the NUL */
+        PyErr_SetString(PyExc_ValueError, "Listener: embedded null character in address");
+        return NULL;
+    }
+    if (shmipcpy_config_arg(ms, cfg_obj, &cfg) < 0)
         return NULL;
     ListenerObject *self = (ListenerObject *)type->tp_alloc(type, 0);
     if (self == NULL) {

@@ -150,3 +150,18 @@ def test_abi_log_sink_that_clears_itself_and_raises():
     )
     assert "done" in proc.stdout
     assert "sink failed after clearing itself" in proc.stderr  # reported, as unraisable
+
+
+def test_embedded_nul_in_names_is_refused():
+    """Regression: Listener() passed its address to C through a NUL-terminated copy, so
+    'unix:@name\\0rest' listened on 'unix:@name' while .address said otherwise; Config's
+    memmap, set_wakeup() and slice_classes likewise read only the part before a NUL."""
+    with pytest.raises(ValueError):
+        shmipc.Listener("unix:@shmipc-py-attack-nul\0rest")
+    cfg = shmipc.Config()
+    for field, value in (("memmap", "memfd\0x"), ("slice_classes", "1024:100\0junk")):
+        with pytest.raises(ValueError):
+            setattr(cfg, field, value)
+    with pytest.raises(ValueError):
+        cfg.set_wakeup("socket\0x")
+    assert cfg.memmap == "memfd"
