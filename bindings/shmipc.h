@@ -816,7 +816,9 @@ typedef void (*shmipc_destroy_cb)(void *user_data);
  *    close it (now or later, on any thread that follows the stream rules);
  *  - on_data(st, user_data) whenever a stream handed out by on_stream may have data to read,
  *    was closed by the peer, or lost its session; read with SHMIPC_NONBLOCK until
- *    SHMIPC_EAGAIN. Spurious calls are possible.
+ *    SHMIPC_EAGAIN. Spurious calls are possible. Not for a stream its holder closed before;
+ *    one closed on another thread while on_data runs stays a valid handle until on_data
+ *    returns (its calls fail with SHMIPC_ECLOSED).
  * Both run on the serving thread and should not block. Before serve returns, it ends its
  * sessions and calls on_data once more for each stream still handed out (its reads give what
  * had come, then SHMIPC_ECLOSED: close it there); then it has closed its sessions (streams

@@ -480,8 +480,10 @@ static int dispatch(shmipc_session *s, struct served *v, shmipc_stream_cb on_str
         if (n == 0)
             return 0;
         for (uint32_t i = 0; i < n; i++)
-            if ((st = shmipc__session_handed_out(s, v->ids[i])) != NULL)
+            if ((st = shmipc__session_handed_out(s, v->ids[i])) != NULL) {
                 on_data(st, user_data);
+                shmipc__stream_leave(st); /* frees it if its holder closed it meanwhile */
+            }
         while (shmipc__session_accept_queued(s, &st) == 0)
             on_stream(st, user_data);
     }

@@ -250,7 +250,11 @@ int shmipc__session_spin(shmipc_session *s);
 /* Serving with callbacks: start tracking ready streams, and take the ids noted so far. */
 void shmipc__session_track_ready(shmipc_session *s);
 uint32_t shmipc__session_take_ready(shmipc_session *s, uint32_t **ids, uint32_t *cap);
-/* The user's handle on stream `id`, or NULL when it is not (or no longer) handed out. */
+/*
+ * The user's handle on stream `id`, or NULL when it is not (or no longer) handed out or the user
+ * closed it. A stream returned is counted in as a call in flight (a close from another thread
+ * meanwhile leaves its free to us): release it with shmipc__stream_leave().
+ */
 shmipc_stream *shmipc__session_handed_out(shmipc_session *s, uint32_t id);
 void shmipc__session_close(shmipc_session *s);
 /* Ends the session with SHMIPC_ECLOSED and wakes every waiter; the handle stays valid. */

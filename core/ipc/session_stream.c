@@ -155,6 +155,22 @@ shmipc_stream *shmipc__session_handed_out(shmipc_session *s, uint32_t id)
     for (uint32_t i = 0; st != NULL && i < s->accept_len; i++)
         if (s->accept_q[(s->accept_head + i) % s->accept_cap] == st)
             st = NULL;
+    /*
+     * Counted in under mu, while the table still holds it (its free comes after its removal,
+     * under mu): the holder may close it on another thread while the caller's callback runs,
+     * and the stream must outlive that callback (calls on it then fail with SHMIPC_ECLOSED).
+     * One the user closed already is skipped: its holder has let it go.
+     */
+    if (st != NULL) {
+        uint32_t v = __atomic_load_n(&st->inuse, __ATOMIC_RELAXED);
+        do {
+            if (v & SHMIPC__STREAM_CLOSING) {
+                st = NULL;
+                break;
+            }
+        } while (!__atomic_compare_exchange_n(&st->inuse, &v, v + 1, 1, __ATOMIC_ACQ_REL,
+                                              __ATOMIC_RELAXED));
+    }
     shmipc__session_unlock(s);
     return st;
 }

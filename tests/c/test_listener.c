@@ -364,6 +364,120 @@ static void serve_tells_held_streams_of_its_end(void **state)
     shmipc_config_free(cfg);
 }
 
+/*
+ * A stream handed to a worker thread, which closes it while serve's thread is in on_data for
+ * it (on_stream's owner may close it "on any thread"). serve looked the stream up, let the
+ * session's lock go and called on_data with a pointer the worker's close then freed: on_data's
+ * read of it was a heap use after free (ASan). The stream now stays valid until on_data
+ * returns, and calls on it fail with SHMIPC_ECLOSED.
+ */
+struct handoff {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    shmipc_listener *l;
+    shmipc_stream *st; /* handed out by on_stream */
+    int go;            /* on_data asks the worker to close st */
+    int closed;        /* the worker closed it */
+    int seen;          /* on_data saw the close: rc and id below */
+    int rc;
+    uint32_t id;
+};
+
+static void handoff_stream(shmipc_stream *st, void *ud)
+{
+    struct handoff *h = ud;
+    pthread_mutex_lock(&h->mu);
+    h->st = st;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void handoff_data(shmipc_stream *st, void *ud)
+{
+    struct handoff *h = ud;
+    struct timespec ts;
+    const void *p;
+    size_t n;
+    pthread_mutex_lock(&h->mu);
+    if (st != h->st || h->seen) {
+        pthread_mutex_unlock(&h->mu);
+        return;
+    }
+    h->go = 1;
+    pthread_cond_broadcast(&h->cond);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 5;
+    while (!h->closed && pthread_cond_timedwait(&h->cond, &h->mu, &ts) == 0)
+        ;
+    pthread_mutex_unlock(&h->mu);
+    /* The worker closed it meanwhile (or 5 s went by): the handle is still ours to look at. */
+    h->rc = shmipc_stream_read_chunk(st, 0, &p, &n, SHMIPC_NONBLOCK);
+    h->id = shmipc_stream_id(st);
+    h->seen = 1;
+    shmipc_listener_stop(h->l);
+}
+
+static void *handoff_worker(void *arg)
+{
+    struct handoff *h = arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 10;
+    pthread_mutex_lock(&h->mu);
+    while (!h->go && pthread_cond_timedwait(&h->cond, &h->mu, &ts) == 0)
+        ;
+    shmipc_stream *st = h->go ? h->st : NULL;
+    pthread_mutex_unlock(&h->mu);
+    shmipc_stream_close(st);
+    pthread_mutex_lock(&h->mu);
+    h->closed = st != NULL;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+struct handoff_serve {
+    struct handoff *h;
+    int rc;
+};
+
+static void *handoff_serve_main(void *arg)
+{
+    struct handoff_serve *r = arg;
+    r->rc = shmipc_listener_serve(r->h->l, handoff_stream, handoff_data, r->h, NULL);
+    return NULL;
+}
+
+static void on_data_outlives_a_close_on_another_thread(void **state)
+{
+    (void)state;
+    shmipc_config *cfg = patient_config();
+    for (int round = 0; round < 3; round++) {
+        struct handoff h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+        struct handoff_serve r = {.h = &h};
+        pthread_t server, worker;
+        shmipc_session *c;
+        shmipc_stream *cs;
+        ipc_pick_address(address, sizeof address, "listener-handoff");
+        assert_int_equal(shmipc_listener_new(address, cfg, &h.l), 0);
+        assert_int_equal(pthread_create(&server, NULL, handoff_serve_main, &r), 0);
+        assert_int_equal(pthread_create(&worker, NULL, handoff_worker, &h), 0);
+        assert_int_equal(shmipc_session_connect(address, cfg, &c), 0);
+        assert_int_equal(shmipc_session_open_stream(c, &cs), 0);
+        ipc_send_text(cs, "hello");
+        pthread_join(worker, NULL);
+        pthread_join(server, NULL);
+        assert_int_equal(r.rc, 0);
+        assert_int_equal(h.closed, 1);
+        assert_int_equal(h.seen, 1);
+        assert_int_equal(h.rc, SHMIPC_ECLOSED);
+        assert_int_equal(h.id, shmipc_stream_id(cs));
+        shmipc_stream_close(cs);
+        shmipc_session_close(c);
+        shmipc_listener_close(h.l);
+    }
+    shmipc_config_free(cfg);
+}
+
 static void socket_file_mode_and_stale_replacement(void **state)
 {
     (void)state;
@@ -1082,6 +1196,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(stop_from_another_thread),
         cmocka_unit_test(serve_refused_argument_still_destroys),
         cmocka_unit_test(serve_tells_held_streams_of_its_end),
+        cmocka_unit_test(on_data_outlives_a_close_on_another_thread),
         cmocka_unit_test(socket_file_mode_and_stale_replacement),
         cmocka_unit_test(socket_file_appears_only_when_listening),
         cmocka_unit_test(two_listeners_racing_for_a_path_one_wins),
