@@ -760,7 +760,8 @@ SHMIPC_API int shmipc_session_manager_new(const char *address, const shmipc_conf
 /**
  * A stream from the pool, or a new one. Sessions are used in turn, 32 calls each. A session
  * that has died is reconnected here first; after a failed reconnect, calls fail at once with
- * its code until the rebuild interval has passed.
+ * its code until the rebuild interval has passed. SHMIPC_ECLOSED once the manager's close has
+ * begun in another thread.
  */
 SHMIPC_API int shmipc_session_manager_get_stream(shmipc_session_manager *m, shmipc_stream **out);
 
@@ -772,7 +773,11 @@ SHMIPC_API void shmipc_session_manager_put_back(shmipc_session_manager *m, shmip
 
 /**
  * Hard close of every session (see shmipc_session_close) and release of the manager. Streams
- * taken from it and not put back must still be closed by their owner. NULL is a no-op.
+ * taken from it and not put back must still be closed by their owner. Safe while other threads
+ * are inside get_stream or put_back: those fail with SHMIPC_ECLOSED (put_back closes its
+ * stream), close waits for a reconnect in flight (at most the initialize timeout), and the last
+ * call to leave frees the manager; no call may start on the handle once its close has begun.
+ * NULL is a no-op.
  */
 SHMIPC_API void shmipc_session_manager_close(shmipc_session_manager *m);
 

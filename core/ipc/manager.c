@@ -48,6 +48,8 @@ int shmipc__manager_new(const char *address, const shmipc_config *cfg, shmipc_se
     shmipc__config_free(def);
     strcpy(m->address, address);
     pthread_mutex_init(&m->mu, NULL);
+    pthread_mutex_init(&m->life_mu, NULL);
+    m->refs = 1;
     m->npools = m->cfg.session_num;
     for (uint32_t i = 0; i < m->npools; i++) {
         struct shmipc__pool *p = &m->pools[i];
@@ -81,6 +83,41 @@ static void mgr_unlock(shmipc_session_manager *m)
     shmipc__log_defer_end();
 }
 
+static void manager_destroy(shmipc_session_manager *m)
+{
+    for (uint32_t i = 0; i < m->npools; i++) {
+        drop_pool(&m->pools[i]);
+        free(m->pools[i].idle);
+    }
+    pthread_mutex_destroy(&m->mu);
+    pthread_mutex_destroy(&m->life_mu);
+    free(m);
+}
+
+/*
+ * A call begins: counted in, so that a close from another thread meanwhile (which the user may
+ * make while workers still take and give back streams) frees nothing under it. SHMIPC_ECLOSED
+ * once the close has begun.
+ */
+static int manager_enter(shmipc_session_manager *m)
+{
+    pthread_mutex_lock(&m->life_mu);
+    int closing = __atomic_load_n(&m->closing, __ATOMIC_ACQUIRE);
+    if (!closing)
+        m->refs++;
+    pthread_mutex_unlock(&m->life_mu);
+    return closing ? shmipc__fail(SHMIPC_ECLOSED, "session_manager %s: closed", m->address) : 0;
+}
+
+static void manager_leave(shmipc_session_manager *m)
+{
+    pthread_mutex_lock(&m->life_mu);
+    int last = --m->refs == 0;
+    pthread_mutex_unlock(&m->life_mu);
+    if (last)
+        manager_destroy(m);
+}
+
 /* Replaces a dead session, at most once per rebuild interval after a failure. Under mu. */
 static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
 {
@@ -108,10 +145,15 @@ static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
 int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
 {
     int rc;
+    *out = NULL;
+    if ((rc = manager_enter(m)) < 0)
+        return rc;
     mgr_lock(m);
     struct shmipc__pool *p = &m->pools[(m->calls++ / ROUND_ROBIN) % m->npools];
-    *out = NULL;
-    if ((rc = revive_locked(m, p)) == 0) {
+    /* The close dropped the pools (or is about to): no reconnect after it. */
+    if (__atomic_load_n(&m->closing, __ATOMIC_ACQUIRE))
+        rc = shmipc__fail(SHMIPC_ECLOSED, "session_manager %s: closed", m->address);
+    else if ((rc = revive_locked(m, p)) == 0) {
         /*
          * The peer may have closed a stream (or the session may have ended) while it sat in the
          * pool: such a stream is closed and the next one tried, or a new one opened. The check
@@ -128,19 +170,22 @@ int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
             rc = shmipc__session_open_stream(p->s, out);
     }
     mgr_unlock(m);
+    manager_leave(m);
     return rc;
 }
 
 void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
 {
     /* A stream shut down is of no use to the next taker: it fails every call. */
-    if (__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT) {
+    /* Nor is a manager being closed any more: nothing is pooled after its pools went. */
+    if ((__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT) ||
+        manager_enter(m) < 0) {
         shmipc__stream_close_handle(st);
         return;
     }
     mgr_lock(m);
     struct shmipc__pool *p = NULL;
-    for (uint32_t i = 0; i < m->npools; i++)
+    for (uint32_t i = 0; i < m->npools && !__atomic_load_n(&m->closing, __ATOMIC_ACQUIRE); i++)
         if (m->pools[i].s == st->s)
             p = &m->pools[i];
     /* The session's lock is taken under ours (lock order: shmipc__stream_reusable()). */
@@ -153,14 +198,24 @@ void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
     mgr_unlock(m);
     if (!ok)
         shmipc__stream_close_handle(st);
+    manager_leave(m);
 }
 
+/*
+ * Closing while other threads are in get_stream or put_back (a pool shared by workers, closed
+ * by the main thread): it used to free the manager under them, a reconnect in flight among
+ * them (a use after free, and a destroyed lock held). Now new calls are refused, the sessions
+ * are closed at once (or after a reconnect in flight: it holds mu), and the last call to leave
+ * frees the manager.
+ */
 void shmipc__manager_close(shmipc_session_manager *m)
 {
-    for (uint32_t i = 0; i < m->npools; i++) {
+    pthread_mutex_lock(&m->life_mu);
+    __atomic_store_n(&m->closing, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&m->life_mu);
+    mgr_lock(m);
+    for (uint32_t i = 0; i < m->npools; i++)
         drop_pool(&m->pools[i]);
-        free(m->pools[i].idle);
-    }
-    pthread_mutex_destroy(&m->mu);
-    free(m);
+    mgr_unlock(m);
+    manager_leave(m);
 }

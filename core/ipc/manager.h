@@ -20,6 +20,14 @@ struct shmipc__pool {
 
 struct shmipc_session_manager {
     pthread_mutex_t mu;
+    /*
+     * The manager's life, apart from mu (which a reconnect holds for up to the initialize
+     * timeout): refs counts the user's handle and each get_stream or put_back in flight; the
+     * last one out frees the manager. closing (atomic, set once by close) refuses new calls.
+     */
+    pthread_mutex_t life_mu;
+    int refs;
+    int closing;
     struct shmipc_config cfg;
     char address[256];
     uint64_t calls;
@@ -34,6 +42,10 @@ int shmipc__manager_new(const char *address, const shmipc_config *cfg,
 int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out);
 /* Pools `st` for the next taker, or closes it: shut down, not as new, or its pool full. */
 void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st);
+/*
+ * Closes every session now (waiting for a reconnect in flight) and frees the manager, or leaves
+ * the freeing to the last get_stream or put_back still in flight in other threads.
+ */
 void shmipc__manager_close(shmipc_session_manager *m);
 
 #endif

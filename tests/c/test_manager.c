@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -337,6 +338,56 @@ static void dead_session_is_replaced(void **state)
     stop(&f);
 }
 
+struct getter {
+    shmipc_session_manager *m;
+    shmipc_stream *st;
+    int rc;
+};
+
+static void *getter_main(void *arg)
+{
+    struct getter *g = arg;
+    g->rc = shmipc_session_manager_get_stream(g->m, &g->st);
+    return NULL;
+}
+
+/*
+ * The manager closed by one thread while another is inside get_stream, reconnecting a dead
+ * session (it holds the manager's lock through the handshake, up to the initialize timeout;
+ * nobody accepts here, so it waits all of it). The close freed the manager and destroyed the
+ * lock under it, and the reconnect then wrote its result into freed memory (ASan: heap use
+ * after free in revive_locked). Now the close waits for the reconnect, the getter fails with
+ * the reconnect's error, and the last of the two frees the manager.
+ */
+static void close_while_get_stream_reconnects(void **state)
+{
+    (void)state;
+    struct fixture f;
+    struct getter g = {0};
+    shmipc_stream *cs;
+    pthread_t t;
+    start(&f, 1);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &cs), 0);
+    shmipc_session_close(f.server[0]);
+    f.server[0] = NULL;
+    wait_until_server_gone(cs->s);
+    shmipc_session_manager_put_back(f.m, cs); /* closed: its session is gone */
+    g.m = f.m;
+    assert_int_equal(pthread_create(&t, NULL, getter_main, &g), 0);
+    /* The reconnect waits in the listener's backlog: its descriptor says a client waits. */
+    struct pollfd pfd = {.fd = shmipc_listener_fileno(f.l), .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 5000), 1);
+    usleep(20000); /* into the handshake's wait for an answer */
+    shmipc_session_manager_close(f.m);
+    f.m = NULL;
+    pthread_join(t, NULL);
+    /* The reconnect timed out (nobody accepted), or the close came first. */
+    if (g.rc != SHMIPC_ETIMEDOUT && g.rc != SHMIPC_ECLOSED)
+        fail_msg("get_stream during close: %d (%s)", g.rc, shmipc_error_detail());
+    assert_null(g.st);
+    stop(&f);
+}
+
 /* A log sink that calls back into the manager whose lock may be held where the line was logged:
  * on another thread (a sink that takes an interpreter lock meets the same wait), waiting at most
  * 2 s for it. */
@@ -442,6 +493,7 @@ int main(void)
         cmocka_unit_test(pool_check_races_receive_path),
         cmocka_unit_test(sessions_rotate_every_32_calls),
         cmocka_unit_test(dead_session_is_replaced),
+        cmocka_unit_test(close_while_get_stream_reconnects),
         cmocka_unit_test(log_sink_under_manager_lock),
         cmocka_unit_test(config_checks),
     };
