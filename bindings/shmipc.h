@@ -948,6 +948,13 @@ enum shmipc_server_limit {
                                                      fails with SHMIPC_EAGAIN; 16 MiB (or the
                                                      high-water mark when larger), up to 1 GiB,
                                                      at least WS_SEND_HIGH_WATER */
+    SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS = 8, /**< requests served on one keep-alive
+                                                     connection: the last answer says
+                                                     Connection: close and the connection
+                                                     closes after it (nginx's
+                                                     keepalive_requests); 0 keeps the default:
+                                                     SHMIPC_HTTP_KEEPALIVE_REQUESTS, else 1000;
+                                                     up to 4294967295 */
 };
 
 /** Longest address text ("unix:" and a 107-byte path, or "unix:@" and a 107-byte name, fit). */

@@ -71,6 +71,14 @@ int shmipc__server_new(const struct shmipc_server_config *cfg, struct shmipc_ser
     if (rc == 0)
         rc = env_timeout("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS",
                          shmipc__getenv("SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS"), 1, &keepalive_ms);
+    s->keepalive_requests = cfg->keepalive_requests;
+    if (rc == 0 && s->keepalive_requests == 0) {
+        unsigned long n = SHMIPC__SERVER_DEFAULT_KA_REQUESTS;
+        rc = shmipc__env_number("SHMIPC_HTTP_KEEPALIVE_REQUESTS",
+                                shmipc__getenv("SHMIPC_HTTP_KEEPALIVE_REQUESTS"), 1,
+                                (unsigned long)SHMIPC__SERVER_MAX_KA_REQUESTS, "requests", &n);
+        s->keepalive_requests = (uint32_t)n;
+    }
     if (rc == 0 && !cfg->reuse_port_set) {
         unsigned long share = 0;
         rc = shmipc__env_number("SHMIPC_HTTP_REUSEPORT", shmipc__getenv("SHMIPC_HTTP_REUSEPORT"), 0,

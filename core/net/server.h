@@ -28,6 +28,8 @@
 #define SHMIPC__SERVER_DEFAULT_STOP_MS      5000u
 #define SHMIPC__SERVER_MAX_TIMEOUT_MS       3600000u
 #define SHMIPC__SERVER_MAX_PIPELINE         1024u
+#define SHMIPC__SERVER_DEFAULT_KA_REQUESTS  1000u
+#define SHMIPC__SERVER_MAX_KA_REQUESTS      4294967295ull
 #define SHMIPC__SERVER_MAX_BODY             (1ull << 30)
 /* Bytes per receive buffer of the server's loops: 16 KiB and a WebSocket frame head, rounded
  * to a cache line. */
@@ -49,11 +51,12 @@ struct shmipc_server_config {
     struct shmipc__http_limits limits; /* 0 fields: defaults */
     uint32_t pipeline;                 /* 0: SHMIPC__HTTP_CONN_BUDGET */
     char server_name[SHMIPC_SERVER_MAX_NAME + 1];
-    uint64_t ws_max_message;   /* 0: SHMIPC__WS_DEFAULT_MAX_MESSAGE */
-    uint64_t ws_tx_high_water; /* 0: SHMIPC__WS_DEFAULT_TX_HIGH_WATER */
-    uint64_t ws_tx_limit;      /* 0: SHMIPC__WS_DEFAULT_TX_LIMIT (or the high-water mark) */
-    uint8_t reuse_port;        /* 1: share the port with other processes (shmipc__workers_opts) */
-    uint8_t reuse_port_set;    /* 0: SHMIPC_HTTP_REUSEPORT decides at shmipc__server_new() */
+    uint64_t ws_max_message;     /* 0: SHMIPC__WS_DEFAULT_MAX_MESSAGE */
+    uint64_t ws_tx_high_water;   /* 0: SHMIPC__WS_DEFAULT_TX_HIGH_WATER */
+    uint64_t ws_tx_limit;        /* 0: SHMIPC__WS_DEFAULT_TX_LIMIT (or the high-water mark) */
+    uint8_t reuse_port;          /* 1: share the port with other processes (shmipc__workers_opts) */
+    uint8_t reuse_port_set;      /* 0: SHMIPC_HTTP_REUSEPORT decides at shmipc__server_new() */
+    uint32_t keepalive_requests; /* 0: SHMIPC_HTTP_KEEPALIVE_REQUESTS, else the default */
 };
 
 /* A route or a static response. */
@@ -150,6 +153,7 @@ struct shmipc_server {
      * positive, else its default (turning keep-alive off must not let a peer stall forever). */
     int64_t header_ms, idle_ms, stop_ms;
     uint32_t stall_ms, pipeline;
+    uint32_t keepalive_requests;     /* requests a connection serves before it closes (resolved) */
     uint32_t ws_ping_ms, ws_idle_ms; /* 0: never */
     size_t rx_max;                   /* most unprocessed bytes a connection may hold */
     struct shmipc__loop_opts loop_opts;

@@ -124,14 +124,21 @@ int shmipc__server_config_set_timeout(struct shmipc_server_config *cfg, int whic
 
 static int limit_range(int which, uint64_t value)
 {
-    static const char *const names[] = {
-        "request_line", "head_bytes",         "headers",      "body", "pipeline",
-        "ws_message",   "ws_send_high_water", "ws_send_limit"};
+    static const char *const names[] = {"request_line",
+                                        "head_bytes",
+                                        "headers",
+                                        "body",
+                                        "pipeline",
+                                        "ws_message",
+                                        "ws_send_high_water",
+                                        "ws_send_limit",
+                                        "keepalive_requests"};
     static const uint64_t max[] = {
         SHMIPC__HTTP_LIMIT_MAX_HEAD_BYTES, SHMIPC__HTTP_LIMIT_MAX_HEAD_BYTES,
         SHMIPC__HTTP_LIMIT_MAX_HEADERS,    SHMIPC__SERVER_MAX_BODY,
         SHMIPC__SERVER_MAX_PIPELINE,       SHMIPC__WS_LIMIT_MAX_MESSAGE,
-        SHMIPC__WS_LIMIT_MAX_TX,           SHMIPC__WS_LIMIT_MAX_TX};
+        SHMIPC__WS_LIMIT_MAX_TX,           SHMIPC__WS_LIMIT_MAX_TX,
+        SHMIPC__SERVER_MAX_KA_REQUESTS};
     return shmipc__fail(SHMIPC_EINVAL, "limit %s: %llu is above %llu", names[which],
                         (unsigned long long)value, (unsigned long long)max[which]);
 }
@@ -204,6 +211,11 @@ int shmipc__server_config_set_limit(struct shmipc_server_config *cfg, int which,
     case SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER:
     case SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT:
         return ws_tx_limit(cfg, which, value);
+    case SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS:
+        if (value > SHMIPC__SERVER_MAX_KA_REQUESTS)
+            return limit_range(which, value);
+        cfg->keepalive_requests = (uint32_t)value;
+        return 0;
     default:
         return shmipc__fail(SHMIPC_EINVAL, "server limit: %d is not a shmipc_server_limit", which);
     }

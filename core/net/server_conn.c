@@ -378,7 +378,7 @@ static void conn_serve(struct server_conn *sc)
         /* An accepted upgrade (sc->ws) is no keep-alive: neither the keep-alive timeout nor a
          * stop ends it here. Accepted before the stop (ws_accept refuses one after it), it
          * opens and is told to go away as the stop tells every WebSocket (ws_start). */
-        if (sc->ws == NULL && (shmipc__server_stopping(w) || w->srv->idle_ms == 0))
+        if (sc->ws == NULL && shmipc__server_keep_off(sc))
             sc->http.deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
         struct release **tail = &sc->releases;
         while (*tail != NULL)
@@ -632,7 +632,7 @@ static void stream_send(struct server_conn *sc)
     shmipc__http_batch_init(&sc->batch, sc->tx->iov, TX_IOV, sc->tx->arena, TX_ARENA, &w->date);
     sc->batch.server = w->srv->server_name;
     if (!sc->head_sent) {
-        if (shmipc__server_stopping(w) || w->srv->idle_ms == 0)
+        if (shmipc__server_keep_off(sc))
             sc->http.deferred.flags |= SHMIPC__HTTP_RESP_CLOSE;
         int rc = shmipc__http_conn_stream_head(&sc->http, &sc->batch, &sc->stream_resp);
         if (rc < 0) {

@@ -69,6 +69,7 @@ struct server_conn {
     uint8_t peer_done; /* the peer's FIN arrived */
     uint8_t in_head;   /* a head is partly here: the header deadline runs */
     uint8_t fresh;     /* no request yet: the header timeout covers the first */
+    uint32_t nreq;     /* requests handled on this connection (keepalive_requests) */
     char *rx;
     size_t rx_len, rx_cap;
     size_t rx_done;   /* bytes at the front that the batch in flight may point into */
@@ -183,6 +184,14 @@ void shmipc__server_tx_put(struct shmipc__server_worker *w, struct txbuf *t);
 static inline int shmipc__server_stopping(const struct shmipc__server_worker *w)
 {
     return w->draining || atomic_load_explicit(&w->srv->closing, memory_order_relaxed);
+}
+
+/* Whether the answer in progress ends keep-alive: a stop (above), a keep-alive timeout of 0
+ * (nginx's keepalive_timeout 0), or the connection's last request by keepalive_requests. */
+static inline int shmipc__server_keep_off(const struct server_conn *sc)
+{
+    return shmipc__server_stopping(sc->w) || sc->w->srv->idle_ms == 0 ||
+           sc->nreq >= sc->w->srv->keepalive_requests;
 }
 
 /* server_defer.c: deferred requests (the calls themselves are in server.h) */

@@ -144,6 +144,7 @@ int shmipc__server_handle(void *user_data, const struct shmipc__http_request *re
     int rc = 0;
 
     w->stats.requests++;
+    sc->nreq++; /* at most keepalive_requests: the one that reaches it closes */
     rt = find_route(w->srv, req, &path_known);
     wsr = find_ws_route(w->srv, req);
     /* A plain GET keeps its route; every other request on a WebSocket path is a handshake,
@@ -190,8 +191,9 @@ int shmipc__server_handle(void *user_data, const struct shmipc__http_request *re
     }
     /* A stop ends keep-alive with the answer to the request in progress (also one asked while
      * this handler ran); a keep-alive timeout of 0 ends it after every answer (nginx's
-     * keepalive_timeout 0). */
-    if (shmipc__server_stopping(w) || w->srv->idle_ms == 0)
+     * keepalive_timeout 0); the connection's keepalive_requests-th request ends it after its
+     * answer, and requests pipelined behind it are not read (nginx). */
+    if (shmipc__server_keep_off(sc))
         resp->flags |= SHMIPC__HTTP_RESP_CLOSE;
     return rc;
 }

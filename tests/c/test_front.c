@@ -1508,9 +1508,20 @@ static void *load_main(void *arg)
                     atomic_fetch_add(&l->after_old, 1);
             }
         }
+        /* The server's keepalive_requests (1000) ends the connection after its answer, as
+         * nginx's: a client opens another, as wrk does. */
+        int closes = p.status > 0 && strcasestr(p.head, "\r\nConnection: close\r\n") != NULL;
         resp_free(&p);
         if (p.status < 0)
             break;
+        if (closes) {
+            close(r->fd);
+            if (rd_open_try(r, l->port) < 0) {
+                atomic_fetch_add(&l->bad, 1);
+                free(r);
+                return NULL;
+            }
+        }
     }
     close(r->fd);
     free(r);

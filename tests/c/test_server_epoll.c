@@ -138,6 +138,46 @@ static void timeout_knobs(void **state)
 }
 
 /*
+ * SHMIPC_HTTP_KEEPALIVE_REQUESTS sets keepalive_requests where the config leaves it 0 (the
+ * config's SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS wins); 0, a sign or junk is refused naming
+ * the variable; unset it is 1000. The limit's range is checked by the setter.
+ */
+static void keepalive_requests_knob(void **state)
+{
+    static const char *const bad[] = {"0", "-1", "lots", "4294967296"};
+    shmipc_server_config *cfg;
+    shmipc_server *s;
+    (void)state;
+    CHECK(shmipc_server_new(NULL, &s));
+    assert_int_equal(s->keepalive_requests, 1000);
+    shmipc_server_close(s);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("SHMIPC_HTTP_KEEPALIVE_REQUESTS", bad[i], 1);
+        assert_int_equal(shmipc_server_new(NULL, &s), SHMIPC_EINVAL);
+        assert_non_null(strstr(shmipc_error_detail(), "SHMIPC_HTTP_KEEPALIVE_REQUESTS"));
+    }
+    setenv("SHMIPC_HTTP_KEEPALIVE_REQUESTS", "7", 1);
+    CHECK(shmipc_server_new(NULL, &s));
+    assert_int_equal(s->keepalive_requests, 7);
+    shmipc_server_close(s);
+    CHECK(shmipc_server_config_new(&cfg));
+    assert_int_equal(
+        shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS, 1ull << 32),
+        SHMIPC_EINVAL);
+    assert_non_null(strstr(shmipc_error_detail(), "keepalive_requests"));
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS, 4294967295u));
+    CHECK(shmipc_server_new(cfg, &s));
+    assert_int_equal(s->keepalive_requests, 4294967295u);
+    shmipc_server_close(s);
+    CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS, 0));
+    CHECK(shmipc_server_new(cfg, &s));
+    assert_int_equal(s->keepalive_requests, 7);
+    shmipc_server_close(s);
+    shmipc_server_config_free(cfg);
+    unsetenv("SHMIPC_HTTP_KEEPALIVE_REQUESTS");
+}
+
+/*
  * shmipc_server_config_set_timeout() follows the rule of every timeout (negative: never, 0: no
  * wait where that means something, else EINVAL); the deprecated _ms setter keeps its meaning.
  */
@@ -251,6 +291,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(route_validation),
         cmocka_unit_test(stop_before_run),
         cmocka_unit_test(timeout_knobs),
+        cmocka_unit_test(keepalive_requests_knob),
         cmocka_unit_test(server_timeouts_follow_one_rule),
         cmocka_unit_test(epoll_ctl_per_request),
         SERVER_TESTS,
@@ -264,6 +305,7 @@ int main(int argc, char **argv)
     raise_fd_limit();
     unsetenv("SHMIPC_REACTOR_BACKEND");
     unsetenv("SHMIPC_RX_EPOLL");
+    unsetenv("SHMIPC_HTTP_KEEPALIVE_REQUESTS");
     suite_backend = SHMIPC_BACKEND_EPOLL;
     rc = cmocka_run_group_tests_name("server_epoll", tests, NULL, NULL);
     free(big_body);

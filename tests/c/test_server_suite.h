@@ -147,6 +147,7 @@ struct srv_opts {
     int keepalive_set, keepalive, stop_set, stop, header_set, header;
     int backend; /* 0: suite_backend */
     uint64_t max_body;
+    uint64_t keepalive_requests;      /* SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS when nonzero */
     void (*routes)(shmipc_server *s); /* more routes, before the start */
 };
 
@@ -182,6 +183,9 @@ static void srv_start(struct srv *t, const struct srv_opts *o)
         CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_HEADER, o->header));
     if (o->max_body)
         CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_BODY, o->max_body));
+    if (o->keepalive_requests)
+        CHECK(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS,
+                                             o->keepalive_requests));
     CHECK(shmipc_server_new(cfg, &t->s));
     shmipc_server_config_free(cfg);
     CHECK(shmipc_server_static(t->s, NULL, "/", 200, "text/plain", "Hello, World!", 13));
@@ -1109,6 +1113,89 @@ static void many_connections(void **state)
     assert_int_equal(st.requests, 2 * N);
 }
 
+/*
+ * keepalive_requests (nginx's): the N-th response on a connection carries Connection: close
+ * and the connection ends after it. Requests pipelined past the limit in the same write are
+ * not answered; one request at a time, the N-th ends the connection as well. The default is
+ * 1000: a client that keeps one connection forever, or floods it with pipelined requests,
+ * cannot hold a worker's connection past that.
+ */
+static void keepalive_requests_limit(void **state)
+{
+    struct srv_opts o = {.keepalive_requests = 3};
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    char v[64];
+    (void)state;
+
+    srv_start(&t, &o);
+    /* One at a time: the first two keep the connection, the third closes it. */
+    rd_open(&r, t.port);
+    for (int i = 1; i <= 3; i++) {
+        exchange(&r, "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n", &p);
+        assert_int_equal(p.status, 200);
+        if (i < 3)
+            assert_false(resp_header(&p, "Connection", v, sizeof v));
+        else
+            assert_header(&p, "Connection", "close");
+        free(p.body);
+    }
+    expect_eof(&r);
+    rd_close(&r);
+    /* Five pipelined in one write: three answered, the third says close, then EOF. */
+    rd_open(&r, t.port);
+    {
+        char req[512] = "";
+        for (int i = 0; i < 5; i++)
+            strcat(req, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+        send_str(r.fd, req);
+    }
+    for (int i = 1; i <= 3; i++) {
+        read_response(&r, &p, 0);
+        assert_int_equal(p.status, 200);
+        assert_int_equal(resp_header(&p, "Connection", v, sizeof v), i == 3);
+        free(p.body);
+    }
+    expect_eof(&r);
+    rd_close(&r);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.requests, 6);
+}
+
+/* The default limit is 1000: 1005 requests pipelined in one write get 1000 answers, the last
+ * with Connection: close, then EOF. */
+static void keepalive_requests_default(void **state)
+{
+    static const char one[] = "GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+    const size_t n = 1005, len = sizeof one - 1;
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    char v[64];
+    char *req = malloc(n * len);
+    (void)state;
+
+    assert_non_null(req);
+    for (size_t i = 0; i < n; i++)
+        memcpy(req + i * len, one, len);
+    srv_start(&t, NULL);
+    rd_open(&r, t.port);
+    send_all(r.fd, req, n * len);
+    free(req);
+    for (int i = 1; i <= 1000; i++) {
+        read_response(&r, &p, 0);
+        assert_int_equal(p.status, 200);
+        if (resp_header(&p, "Connection", v, sizeof v) != (i == 1000))
+            fail_msg("response %d: Connection header %s", i, i == 1000 ? "missing" : "early");
+        free(p.body);
+    }
+    expect_eof(&r);
+    rd_close(&r);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.requests, 1000);
+}
+
 #define SERVER_TESTS                                                                               \
     cmocka_unit_test(routes_and_static), cmocka_unit_test(not_found_and_not_allowed),              \
         cmocka_unit_test(keepalive_pipelining), cmocka_unit_test(connection_close),                \
@@ -1121,6 +1208,7 @@ static void many_connections(void **state)
         cmocka_unit_test(keepalive_zero_closes_after_each_response),                               \
         cmocka_unit_test(negative_keepalive_and_stop_wait),                                        \
         cmocka_unit_test(first_request_body_stall_uses_keepalive_timeout),                         \
-        cmocka_unit_test(first_header_timeout_from_accept)
+        cmocka_unit_test(first_header_timeout_from_accept),                                        \
+        cmocka_unit_test(keepalive_requests_limit), cmocka_unit_test(keepalive_requests_default)
 
 #endif

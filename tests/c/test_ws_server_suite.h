@@ -1171,6 +1171,7 @@ static void config_ws_timeouts_and_limits(void **state)
     assert_int_equal(SHMIPC_SERVER_LIMIT_WS_MESSAGE, 5);
     assert_int_equal(SHMIPC_SERVER_LIMIT_WS_SEND_HIGH_WATER, 6);
     assert_int_equal(SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, 7);
+    assert_int_equal(SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS, 8);
 
     CHECK(shmipc_server_config_new(&cfg));
     /* Defaults: no ping, no idle timeout, 1 MiB and 16 MiB. */
@@ -1205,7 +1206,7 @@ static void config_ws_timeouts_and_limits(void **state)
     assert_non_null(strstr(shmipc_error_detail(), "ws_send_high_water"));
     REFUSED(
         shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, (1ull << 30) + 1));
-    REFUSED(shmipc_server_config_set_limit(cfg, 8, 1));
+    REFUSED(shmipc_server_config_set_limit(cfg, 9, 1));
     /* A limit below the (default) high-water mark. */
     REFUSED(shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_WS_SEND_LIMIT, 512u << 10));
     assert_non_null(strstr(shmipc_error_detail(), "ws_send_limit"));
