@@ -1044,16 +1044,23 @@ static void on_end(struct shmipc__conn *c, int status)
 }
 
 /*
- * The peer left while reading is paused (the reactor's on_hup). Only a deferred request must
- * hear it before the input behind the pause is read: it stopped reading there (act_buffer),
- * and a request without a deadline would otherwise wait for an answer nobody takes, as a FIN
- * or reset that came unpaused would have cancelled it (DEFERRED, PEER_FIN or ERROR: close).
- * Elsewhere the end comes in order once reading resumes (a send in flight fails on a reset).
+ * The peer left while reading is paused (the reactor's on_hup). A deferred request must hear
+ * it before the input behind the pause is read: it stopped reading there (act_buffer), and a
+ * request without a deadline would otherwise wait for an answer nobody takes, as a FIN or
+ * reset that came unpaused would have cancelled it (DEFERRED, PEER_FIN or ERROR: close). So
+ * must a WebSocket its owner holds (shmipc__ws_hold): the hold may last as long as the owner
+ * likes (the front's worker stays busy), and the timers do not count held time, so the client
+ * gone would keep its connection until then. It ends as a FIN unpaused ends it (act_ws): a
+ * close handshake already done lets its last frame go, else on_close gets 1006; the messages
+ * behind the hold are not delivered (the client is gone, nobody gets an answer to them).
+ * Elsewhere the end comes in order once reading resumes (a send in flight fails on a reset; the
+ * layer's own pause is bounded by the send timeout).
  */
 static void on_hup(struct shmipc__conn *c)
 {
     struct server_conn *sc = shmipc__conn_data(c);
-    if (sc->state == SHMIPC__CS_DEFERRED)
+    if (sc->state == SHMIPC__CS_DEFERRED ||
+        (sc->state == SHMIPC__CS_UPGRADED && sc->ws != NULL && sc->ws->held))
         shmipc__server_conn_event(sc, SHMIPC__CE_PEER_FIN, NULL, 0);
 }
 

@@ -1651,6 +1651,79 @@ static void deferred_upgrade_accepted_before_stop_goes_away(void **state)
     free(big);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* A held WebSocket (shmipc__ws_hold) whose client leaves */
+
+static atomic_int held_count;
+
+/* On the message "hold", the owner stops reading the client (as the front does when its
+ * worker's queue is full). */
+static void hold_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data)
+{
+    struct app *a = user_data;
+    app_message(ws, kind, data, len, user_data);
+    (void)a;
+    if (len == 4 && memcmp(data, "hold", 4) == 0 && shmipc__ws_hold(ws, 1) == 0)
+        atomic_fetch_add(&held_count, 1);
+}
+
+/*
+ * The client of a held WebSocket leaves, with a FIN or a reset, behind a message the server
+ * has not read: the server hears it while held (the reactor's on_hup), closes the connection
+ * and tells on_close 1006 at once, not when the hold would end (it never does here). Before,
+ * nothing came until the server stopped. Both ways, then the server still serves.
+ */
+static void held_client_leaves_is_noticed(void **state)
+{
+    struct srv t;
+    struct app a;
+    (void)state;
+    app_init(&a);
+    a.echo = 0;
+    srv_new(&t, NULL);
+    CHECK(
+        shmipc_server_websocket(t.s, "/ws", NULL, app_open, hold_message, app_close_cb, &a, NULL));
+    srv_run(&t);
+    for (int reset = 0; reset < 2; reset++) {
+        struct fx_bytes out = {0};
+        app_reset(&a);
+        atomic_store(&held_count, 0);
+        int fd = ws_connect(t.port, "/ws");
+        WAIT_UNTIL(atomic_load(&a.opens) == 1);
+        fx_put(&out, "", 0);
+        client_frame(&out, 2, "hold", 4);
+        assert_int_equal(send(fd, out.p, out.n, MSG_NOSIGNAL), (ssize_t)out.n);
+        WAIT_UNTIL(atomic_load(&held_count) == 1);
+        /* A message the held server does not read, then the client goes. */
+        out.n = 0;
+        client_frame(&out, 2, "unread", 6);
+        assert_int_equal(send(fd, out.p, out.n, MSG_NOSIGNAL), (ssize_t)out.n);
+        usleep(20000);
+        if (reset) {
+            struct linger lg = {.l_onoff = 1, .l_linger = 0};
+            assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+        }
+        close(fd);
+        uint64_t end = mono_ms() + 3000;
+        while (atomic_load(&a.closes) == 0 && mono_ms() < end)
+            usleep(1000);
+        if (atomic_load(&a.closes) != 1)
+            fail_msg("%s: on_close did not come within 3 s of the held client leaving",
+                     reset ? "reset" : "FIN");
+        assert_int_equal(atomic_load(&a.close_code), 1006);
+        free(out.p);
+    }
+    /* The server goes on serving. */
+    app_reset(&a);
+    int fd = ws_connect(t.port, "/ws");
+    WAIT_UNTIL(atomic_load(&a.opens) == 1);
+    close_politely(fd, &a);
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.ws_upgrades, 3);
+    app_free(&a);
+}
+
 #define WS_SERVER_TESTS                                                                            \
     cmocka_unit_test(backpressure_client_never_reads),                                             \
         cmocka_unit_test(backpressure_application_flood), cmocka_unit_test(upgrade_routing),       \
@@ -1663,7 +1736,8 @@ static void deferred_upgrade_accepted_before_stop_goes_away(void **state)
         cmocka_unit_test(deferred_upgrade_bad_handshake),                                          \
         cmocka_unit_test(deferred_upgrade_accept_while_stopping),                                  \
         cmocka_unit_test(stall_before_pipelined_upgrade_closed),                                   \
-        cmocka_unit_test(deferred_upgrade_accepted_before_stop_goes_away)
+        cmocka_unit_test(deferred_upgrade_accepted_before_stop_goes_away),                         \
+        cmocka_unit_test(held_client_leaves_is_noticed)
 
 /* Runs the behaviours, then the fixtures (FIXTURE_DIR, or argv[1]). */
 static int ws_server_main(int argc, char **argv, const char *name)
