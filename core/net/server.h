@@ -119,6 +119,7 @@ struct shmipc_ws {
     struct shmipc__ws_route own;
     size_t drain_mark; /* on_drain once fewer bytes are queued; 0: not asked */
     uint8_t held;      /* shmipc__ws_hold(): the owner stopped reading the client */
+    uint8_t hup;       /* the client left while the layer's pause stopped reading (on_hup) */
 };
 
 /* Counters summed over the workers of the last run, for tests and the benchmark. */

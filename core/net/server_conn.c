@@ -932,13 +932,7 @@ static void act_ws(struct server_conn *sc, int ev, const void *data, size_t len)
         rx_drop_done(sc); /* the 101's batch; frames complete in ws_sent */
         break;
     case SHMIPC__CE_PEER_FIN:
-        /* After a close handshake the close frame may still be on its way out: it goes,
-         * then the connection closes (ws_flush). Otherwise the peer left without one. */
-        sc->peer_done = 1;
-        if (shmipc__ws_conn_state(&sc->ws->c) != SHMIPC__WS_CLOSED)
-            shmipc__server_conn_close(sc);
-        else
-            shmipc__server_ws_flush(sc);
+        shmipc__server_ws_peer_gone(sc);
         break;
     case SHMIPC__CE_TIMEOUT:
         shmipc__server_ws_timeout(sc);
@@ -1062,6 +1056,8 @@ static void on_hup(struct shmipc__conn *c)
     if (sc->state == SHMIPC__CS_DEFERRED ||
         (sc->state == SHMIPC__CS_UPGRADED && sc->ws != NULL && sc->ws->held))
         shmipc__server_conn_event(sc, SHMIPC__CE_PEER_FIN, NULL, 0);
+    else if (sc->state == SHMIPC__CS_UPGRADED && sc->ws != NULL)
+        sc->ws->hup = 1; /* told once per pause: a hold that comes later ends it (ws_hold) */
 }
 
 const struct shmipc__conn_cbs shmipc__server_conn_cbs = {on_data, on_end, on_hup};

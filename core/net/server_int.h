@@ -219,6 +219,7 @@ void shmipc__server_ws_arm(struct server_conn *sc);
 void shmipc__server_ws_flush(struct server_conn *sc);
 void shmipc__server_ws_input(struct server_conn *sc, char *data, size_t len);
 void shmipc__server_ws_timeout(struct server_conn *sc);
+void shmipc__server_ws_peer_gone(struct server_conn *sc);
 struct shmipc_ws *shmipc__server_ws_new(struct server_conn *sc,
                                         const struct shmipc__server_ws_cbs *cbs, void *user_data);
 

@@ -239,12 +239,28 @@ static int64_t ws_progress(const struct server_conn *sc)
            (int64_t)shmipc__conn_pending(sc->conn);
 }
 
+/* The peer's FIN (or a hangup heard while held): after a close handshake the close frame may
+ * still be on its way out: it goes, then the connection closes (ws_flush). Otherwise the peer
+ * left without one (on_close 1006). */
+void shmipc__server_ws_peer_gone(struct server_conn *sc)
+{
+    sc->peer_done = 1;
+    if (shmipc__ws_conn_state(&sc->ws->c) != SHMIPC__WS_CLOSED)
+        shmipc__server_conn_close(sc);
+    else
+        shmipc__server_ws_flush(sc);
+}
+
 void shmipc__server_ws_timeout(struct server_conn *sc)
 {
     struct shmipc__server_worker *w = sc->w;
     const struct shmipc_server *s = w->srv;
     struct shmipc_ws *ws = sc->ws;
     uint64_t now = shmipc__loop_now_ms(w->loop);
+    if (ws->hup && ws->held) {
+        shmipc__server_ws_peer_gone(sc); /* the client left before the hold (ws_hold) */
+        return;
+    }
     if (ws->close_at != 0 && now >= ws->close_at) {
         w->stats.timeouts++;
         shmipc__server_conn_close(sc); /* the peer never answered the application's close: 1006 */
@@ -444,6 +460,11 @@ int shmipc__ws_hold(struct shmipc_ws *ws, int hold)
         return shmipc__fail(SHMIPC_EPIPE, "ws_hold: the connection is closing");
     if (hold && !ws->held) {
         ws->held = 1;
+        /* The client left while the layer's own pause stopped reading (on_hup told of it
+         * then, once per pause): held, its FIN would never be read. It ends from the timer,
+         * not from inside the owner's call. */
+        if (ws->hup)
+            shmipc__server_conn_set_deadline(sc, shmipc__loop_now_ms(sc->w->loop));
         if (!shmipc__conn_read_paused(sc->conn))
             return shmipc__conn_pause_read(sc->conn);
     } else if (!hold && ws->held) {

@@ -1724,6 +1724,102 @@ static void held_client_leaves_is_noticed(void **state)
     app_free(&a);
 }
 
+/* The WebSocket the next test holds, and HTTP routes that act on it on the worker thread. */
+static shmipc_ws *hup_ws;
+
+static int hup_open(shmipc_ws *ws, const shmipc_http_request *req, void *user_data)
+{
+    hup_ws = ws;
+    return app_open(ws, req, user_data);
+}
+
+static int h_ws_paused(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    return shmipc_http_response_body(res, hup_ws != NULL && hup_ws->c.paused ? "1" : "0", 1);
+}
+
+static int h_ws_hold(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    (void)req;
+    (void)ud;
+    int rc = hup_ws != NULL ? shmipc__ws_hold(hup_ws, 1) : -1;
+    return shmipc_http_response_body(res, rc == 0 ? "1" : "0", 1);
+}
+
+/* One GET on a fresh connection; returns the body's first byte. */
+static char http_get_byte(int port, const char *path)
+{
+    char req[128];
+    struct fx_bytes got = {0};
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", path);
+    http_once(port, req, &got);
+    size_t end = head_end(&got);
+    assert_true(end > 0 && got.n > end);
+    char c = got.p[end];
+    free(got.p);
+    return c;
+}
+
+/*
+ * The client leaves (FIN) while the server itself paused reading it (backpressure: its one
+ * message made the application queue more than the high-water mark for it), and only then does
+ * the owner hold the connection. The hangup was reported (on_hup) before the hold, once per
+ * pause: the hold must still end the connection (on_close 1006), though the client then reads
+ * everything and the layer's pause would end (the hold keeps reading off, so the FIN would
+ * never be read).
+ */
+static void hold_after_paused_hangup_is_noticed(void **state)
+{
+    struct srv t;
+    struct app a;
+    struct srv_opts o = {.high_water = 64u << 10, .send_limit = 1u << 20};
+    struct fx_bytes msg = {0};
+    (void)state;
+
+    app_init(&a);
+    hup_ws = NULL;
+    srv_new_opts(&t, NULL, &o);
+    CHECK(shmipc_server_websocket(t.s, "/flood", NULL, hup_open, flood_message, app_close_cb, &a,
+                                  NULL));
+    CHECK(shmipc_server_route(t.s, "GET", "/paused", h_ws_paused, NULL, NULL));
+    CHECK(shmipc_server_route(t.s, "GET", "/hold", h_ws_hold, NULL, NULL));
+    srv_run(&t);
+    int fd = ws_connect(t.port, "/flood");
+    WAIT_UNTIL(atomic_load(&a.opens) == 1);
+    fx_put(&msg, "", 0);
+    client_frame(&msg, 2, "go", 2);
+    assert_int_equal(send(fd, msg.p, msg.n, MSG_NOSIGNAL), (ssize_t)msg.n);
+    WAIT_UNTIL(atomic_load(&a.flood_refused) == 1);
+    {
+        uint64_t end = mono_ms() + 5000;
+        while (http_get_byte(t.port, "/paused") != '1') {
+            assert_true(mono_ms() < end);
+            usleep(2000);
+        }
+    }
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    usleep(100000); /* the hangup is seen while paused, not yet held */
+    assert_int_equal(http_get_byte(t.port, "/hold"), '1');
+    /* The client reads what it can (the flood), so the layer's own pause would end. */
+    uint64_t end = mono_ms() + 3000;
+    while (atomic_load(&a.closes) == 0 && mono_ms() < end) {
+        char buf[65536];
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r <= 0)
+            usleep(1000);
+    }
+    if (atomic_load(&a.closes) != 1)
+        fail_msg("on_close did not come within 3 s of the hold of a client gone");
+    assert_int_equal(atomic_load(&a.close_code), 1006);
+    close(fd);
+    hup_ws = NULL;
+    (void)srv_stop(&t);
+    free(msg.p);
+    app_free(&a);
+}
+
 #define WS_SERVER_TESTS                                                                            \
     cmocka_unit_test(backpressure_client_never_reads),                                             \
         cmocka_unit_test(backpressure_application_flood), cmocka_unit_test(upgrade_routing),       \
@@ -1737,7 +1833,8 @@ static void held_client_leaves_is_noticed(void **state)
         cmocka_unit_test(deferred_upgrade_accept_while_stopping),                                  \
         cmocka_unit_test(stall_before_pipelined_upgrade_closed),                                   \
         cmocka_unit_test(deferred_upgrade_accepted_before_stop_goes_away),                         \
-        cmocka_unit_test(held_client_leaves_is_noticed)
+        cmocka_unit_test(held_client_leaves_is_noticed),                                           \
+        cmocka_unit_test(hold_after_paused_hangup_is_noticed)
 
 /* Runs the behaviours, then the fixtures (FIXTURE_DIR, or argv[1]). */
 static int ws_server_main(int argc, char **argv, const char *name)
