@@ -193,7 +193,14 @@ static void server_shutdown(struct shmipc_server *s)
     s->nworkers = 0;
 }
 
-int shmipc__server_start(struct shmipc_server *s)
+/*
+ * `in_run`: called by shmipc__server_run(), which consumed the stop flag just before. A stop
+ * that lands after that check sets `closing` and the flag again, and clearing `closing` here
+ * must not undo it: the flag is read after the clear (both seq_cst), so either this load sees
+ * the stop, or the stop's own store of `closing` comes after the clear. Either way the workers
+ * start closing (answers say Connection: close, upgrades get 503) and run's wakeup ends them.
+ */
+static int server_start(struct shmipc_server *s, int in_run)
 {
     struct shmipc__workers_opts o;
     unsigned count = s->cfg.workers;
@@ -210,6 +217,8 @@ int shmipc__server_start(struct shmipc_server *s)
     if (s->w == NULL)
         return shmipc__fail(SHMIPC_ENOMEM, "server_start: %u workers", count);
     atomic_store(&s->closing, 0); /* a server stopped before may start again */
+    if (in_run && atomic_load(&s->stop_requested))
+        atomic_store(&s->closing, 1);
     s->nworkers = count;
     for (unsigned i = 0; i < count; i++) {
         s->w[i].srv = s;
@@ -237,6 +246,13 @@ int shmipc__server_start(struct shmipc_server *s)
     return 0;
 }
 
+void (*shmipc__server_run_window)(struct shmipc_server *s);
+
+int shmipc__server_start(struct shmipc_server *s)
+{
+    return server_start(s, 0);
+}
+
 static void drain_stop_fd(struct shmipc_server *s)
 {
     uint64_t n;
@@ -255,7 +271,9 @@ int shmipc__server_run(struct shmipc_server *s)
         server_shutdown(s);
         goto out;
     }
-    rc = shmipc__server_start(s);
+    if (shmipc__server_run_window != NULL)
+        shmipc__server_run_window(s);
+    rc = server_start(s, 1);
     if (rc < 0)
         goto out;
     for (;;) {

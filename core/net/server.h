@@ -412,6 +412,11 @@ int shmipc__server_where(const struct shmipc_http_response *res, struct shmipc__
 int shmipc__server_thread_hooks(struct shmipc_server *s, shmipc__server_thread_fn start,
                                 shmipc__server_thread_fn end, void *data);
 
+/* A test seam: when set, shmipc__server_run() calls it right after its check of the stop flag,
+ * before it starts the server (a stop that lands there must still stop it). NULL in
+ * production. */
+extern void (*shmipc__server_run_window)(struct shmipc_server *s);
+
 /* The counters of the last run (all zero before a run ended). Not while running. */
 void shmipc__server_stats(const struct shmipc_server *s, struct shmipc__server_stats *out);
 

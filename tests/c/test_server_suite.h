@@ -1196,6 +1196,86 @@ static void keepalive_requests_default(void **state)
     assert_int_equal(st.requests, 1000);
 }
 
+/* ---- a stop that lands between run()'s check of the stop flag and its start ---- */
+
+static atomic_int window_starts, window_closing;
+
+static void window_stop(struct shmipc_server *s)
+{
+    assert_int_equal(shmipc_server_stop(s), 0);
+}
+
+static int window_seen(struct shmipc__loop *loop, unsigned index, unsigned nworkers, void *data)
+{
+    struct shmipc_server *s = data;
+    (void)loop;
+    (void)index;
+    (void)nworkers;
+    atomic_store(&window_closing, atomic_load(&s->closing));
+    atomic_fetch_add(&window_starts, 1);
+    return 0;
+}
+
+/*
+ * stop() lands after run() checked the stop flag and before it started the server (forced by
+ * the test seam shmipc__server_run_window). The start used to clear the `closing` flag the
+ * stop had set, so the workers ran as if no stop was asked (keep-alive answers, WebSocket
+ * upgrades accepted) until run's wakeup: they must start closing. run() returns, and the next
+ * run() serves normally (the stop was used up).
+ */
+static void stop_between_run_check_and_start(void **state)
+{
+    shmipc_server_config *cfg;
+    struct srv t;
+    (void)state;
+    memset(&t, 0, sizeof t);
+    CHECK(shmipc_server_config_new(&cfg));
+    CHECK(shmipc_server_config_set_port(cfg, 0));
+    CHECK(shmipc_server_config_set_workers(cfg, 1));
+    CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
+    CHECK(shmipc_server_new(cfg, &t.s));
+    shmipc_server_config_free(cfg);
+    CHECK(shmipc_server_static(t.s, NULL, "/", 200, "text/plain", "Hello, World!", 13));
+    CHECK(shmipc__server_thread_hooks(t.s, window_seen, NULL, t.s));
+    atomic_store(&window_starts, 0);
+    atomic_store(&window_closing, -1);
+    shmipc__server_run_window = window_stop;
+    atomic_init(&t.returned, 0);
+    assert_int_equal(pthread_create(&t.thread, NULL, run_thread, &t), 0);
+    uint64_t end = mono_ms() + 10000;
+    while (!atomic_load(&t.returned) && mono_ms() < end)
+        usleep(1000);
+    shmipc__server_run_window = NULL;
+    if (!atomic_load(&t.returned))
+        fail_msg("run() did not return after a stop in its start window");
+    assert_int_equal(pthread_join(t.thread, NULL), 0);
+    assert_int_equal(t.run_rc, 0);
+    assert_int_equal(atomic_load(&window_starts), 1);
+    assert_int_equal(atomic_load(&window_closing), 1);
+    /* The next start serves with keep-alive, and its run stops when asked. */
+    CHECK(shmipc_server_start(t.s));
+    assert_int_equal(atomic_load(&window_starts), 2);
+    assert_int_equal(atomic_load(&window_closing), 0);
+    t.port = shmipc_server_port(t.s);
+    atomic_init(&t.returned, 0);
+    assert_int_equal(pthread_create(&t.thread, NULL, run_thread, &t), 0);
+    {
+        struct rd r;
+        struct resp p;
+        char v[64];
+        rd_open(&r, t.port);
+        exchange(&r, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
+        assert_int_equal(p.status, 200);
+        assert_false(resp_header(&p, "Connection", v, sizeof v));
+        free(p.body);
+        rd_close(&r);
+    }
+    assert_int_equal(shmipc_server_stop(t.s), 0);
+    assert_int_equal(pthread_join(t.thread, NULL), 0);
+    assert_int_equal(t.run_rc, 0);
+    shmipc_server_close(t.s);
+}
+
 #define SERVER_TESTS                                                                               \
     cmocka_unit_test(routes_and_static), cmocka_unit_test(not_found_and_not_allowed),              \
         cmocka_unit_test(keepalive_pipelining), cmocka_unit_test(connection_close),                \
@@ -1209,6 +1289,7 @@ static void keepalive_requests_default(void **state)
         cmocka_unit_test(negative_keepalive_and_stop_wait),                                        \
         cmocka_unit_test(first_request_body_stall_uses_keepalive_timeout),                         \
         cmocka_unit_test(first_header_timeout_from_accept),                                        \
-        cmocka_unit_test(keepalive_requests_limit), cmocka_unit_test(keepalive_requests_default)
+        cmocka_unit_test(keepalive_requests_limit), cmocka_unit_test(keepalive_requests_default),  \
+        cmocka_unit_test(stop_between_run_check_and_start)
 
 #endif
