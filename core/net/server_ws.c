@@ -150,7 +150,13 @@ int shmipc__server_ws_upgrade(struct server_conn *sc, const struct shmipc__ws_ro
             preq.wild_off = req->path.off + (uint32_t)wsr->path_len;
             preq.wild_len = req->path.len - (uint32_t)wsr->path_len;
         }
+        /* A handler as any route's: an answer it gives another connection (complete()) goes
+         * on the timer, not from inside it, where that connection's pipelined requests would
+         * run over the worker's scratch, the handshake in `hs` that the 101 below is built
+         * from included (another client's Sec-WebSocket-Accept). */
+        w->in_handler++;
         rc = wsr->on_open(ws, &preq, wsr->user_data);
+        w->in_handler--;
         if (rc < 0) {
             sc->ws = NULL;
             shmipc__ws_conn_destroy(&ws->c);

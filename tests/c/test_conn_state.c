@@ -373,6 +373,27 @@ static int h_publish(shmipc_http_request *req, shmipc_http_response *res, void *
     return shmipc_http_response_body(res, "pub", 3);
 }
 
+/* A WebSocket route whose on_open completes the deferred requests, as h_publish does; it
+ * notes whether it ran inside another on_open (re-entered). */
+static atomic_int open_depth, open_nested;
+
+static int ws_publish_open(shmipc_ws *ws, const shmipc_http_request *req, void *ud)
+{
+    (void)ws;
+    (void)req;
+    (void)ud;
+    if (atomic_fetch_add(&open_depth, 1) != 0)
+        atomic_fetch_add(&open_nested, 1);
+    for (unsigned i = 0; i < nticket; i++) {
+        int rc =
+            shmipc__server_complete(tickets[i], 200, "text/plain", NULL, 0, "done", 4, NULL, NULL);
+        atomic_fetch_add(rc == 0 ? &completed : rc == SHMIPC_ECLOSED ? &stale : &defer_wrong, 1);
+    }
+    nticket = 0;
+    atomic_fetch_sub(&open_depth, 1);
+    return 0;
+}
+
 static void complete_all(void)
 {
     uint64_t one = 1;
@@ -434,6 +455,7 @@ static void tsrv_start(struct tsrv *t, int backend, uint32_t short_ms)
     defer_watch = NULL;
     nticket = 0;
     CHECK(shmipc_server_websocket(t->s, "/ws", NULL, NULL, ws_msg, NULL, NULL, NULL));
+    CHECK(shmipc_server_websocket(t->s, "/wspub", NULL, ws_publish_open, ws_msg, NULL, NULL, NULL));
     CHECK(shmipc_server_start(t->s));
     t->port = shmipc_server_port(t->s);
     assert_int_equal(pthread_create(&t->thread, NULL, run, t), 0);
@@ -885,6 +907,62 @@ static void complete_in_other_handler_keeps_its_headers(int backend)
     tsrv_stop(&t);
 }
 
+/*
+ * Regression: a WebSocket route's on_open was not marked as a handler (w->in_handler), so a
+ * complete() from it served the other connection's answer and its pipelined requests inside
+ * it: another upgrade behind the deferred request ran its handshake (and its on_open) there,
+ * over the worker's handshake scratch that this upgrade's 101 is built from after on_open
+ * returns, and this client got the other's Sec-WebSocket-Accept. As from a handler, the
+ * answer now goes on the timer once on_open returned.
+ */
+static void complete_in_ws_open_keeps_its_handshake(int backend)
+{
+    struct tsrv t;
+    char buf[4096];
+    tsrv_start(&t, backend, 0);
+    atomic_store(&open_nested, 0);
+    unsigned c0 = atomic_load(&completed), d0 = atomic_load(&deferred_n);
+    int a = dial(t.port, 0);
+    put(a, DEFER_KA "GET /wspub HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                    "Connection: Upgrade\r\nSec-WebSocket-Key: AQIDBAUGBwgJCgsMDQ4PEA==\r\n"
+                    "Sec-WebSocket-Version: 13\r\n\r\n");
+    wait_count(&deferred_n, d0 + 1); /* the pipelined upgrade held behind it */
+    int b = dial(t.port, 0);
+    put(b, "GET /wspub HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
+    read_until(b, "\r\n\r\n", 1, buf, sizeof buf);
+    if (strstr(buf, "HTTP/1.1 101 ") == NULL ||
+        strstr(buf, "Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n") == NULL)
+        fail_msg("the publisher's 101: %s", buf);
+    read_until(a, "\r\n\r\n", 2, buf, sizeof buf); /* "done", then the 101 */
+    if (strstr(buf, "\r\n\r\ndone") == NULL ||
+        strstr(buf, "Sec-WebSocket-Accept: C/0nmHhBztSRGR1CwL6Tf4ZjwpY=\r\n") == NULL)
+        fail_msg("the deferred client's answers: %s", buf);
+    close(a);
+    close(b);
+    assert_int_equal(atomic_load(&completed), c0 + 1);
+    assert_int_equal(atomic_load(&defer_wrong), 0);
+    assert_int_equal(atomic_load(&open_nested), 0);
+    tsrv_stop(&t);
+}
+
+static void complete_in_ws_open_keeps_its_handshake_epoll(void **state)
+{
+    (void)state;
+    complete_in_ws_open_keeps_its_handshake(SHMIPC_BACKEND_EPOLL);
+}
+
+static void complete_in_ws_open_keeps_its_handshake_io_uring(void **state)
+{
+    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
+    struct shmipc__loop *probe = NULL;
+    (void)state;
+    if (shmipc__loop_new(&o, &probe) != 0)
+        skip();
+    shmipc__loop_free(probe);
+    complete_in_ws_open_keeps_its_handshake(SHMIPC_BACKEND_IO_URING);
+}
+
 static void complete_in_other_handler_keeps_its_headers_epoll(void **state)
 {
     (void)state;
@@ -972,6 +1050,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(deferred_answer_during_stop_io_uring),
         cmocka_unit_test(complete_in_other_handler_keeps_its_headers_epoll),
         cmocka_unit_test(complete_in_other_handler_keeps_its_headers_io_uring),
+        cmocka_unit_test(complete_in_ws_open_keeps_its_handshake_epoll),
+        cmocka_unit_test(complete_in_ws_open_keeps_its_handshake_io_uring),
         cmocka_unit_test(complete_refuses_header_injection_epoll),
         cmocka_unit_test(complete_refuses_header_injection_io_uring),
     };
