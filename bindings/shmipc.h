@@ -1085,7 +1085,8 @@ SHMIPC_API int shmipc_server_start(shmipc_server *s);
  * Connection: close), idle keep-alive connections are closed with a FIN, and after the stop
  * timeout whatever is left is closed. Returns 0 once every worker has stopped, or a start
  * failure. A stop requested before run makes it return at once (stopping a server already
- * started). One caller at a time (SHMIPC_EBUSY).
+ * started); every stop requested while it runs (while it stops, too) is for that run. One
+ * caller at a time (SHMIPC_EBUSY).
  */
 SHMIPC_API int shmipc_server_run(shmipc_server *s);
 

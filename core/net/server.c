@@ -288,6 +288,11 @@ int shmipc__server_run(struct shmipc_server *s)
     }
     server_shutdown(s);
 out:
+    /* A stop asked while this run ran (a second one, say, while it was stopping) was for this
+     * run: kept, it would end the next run() at once. One asked once run() returned is for
+     * the next. */
+    atomic_store(&s->stop_requested, 0);
+    drain_stop_fd(s);
     atomic_store(&s->running, 0);
     return rc;
 }

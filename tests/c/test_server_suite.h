@@ -1276,6 +1276,50 @@ static void stop_between_run_check_and_start(void **state)
     shmipc_server_close(t.s);
 }
 
+/*
+ * stop() called twice while run() runs (a signal handler and the application, say), the second
+ * while run() is stopping: both are for that run. The second used to stay pending, so the next
+ * run() returned at once without serving. The next run now runs until its own stop.
+ */
+static void second_stop_is_for_the_same_run(void **state)
+{
+    struct srv t;
+    (void)state;
+    struct resp p;
+    srv_start(&t, NULL);
+    get_once(t.port, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", &p);
+    assert_int_equal(p.status, 200);
+    free(p.body);
+    /* A request in progress keeps the graceful stop waiting: the second stop lands while run()
+     * is stopping, after it took the first. */
+    struct rd r;
+    rd_open(&r, t.port);
+    send_str(r.fd, "GET / HTTP/1.1\r\n");
+    usleep(50000);
+    assert_int_equal(shmipc_server_stop(t.s), 0);
+    usleep(100000);
+    assert_false(atomic_load(&t.returned));
+    assert_int_equal(shmipc_server_stop(t.s), 0);
+    send_str(r.fd, "Host: t\r\n\r\n");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    assert_header(&p, "Connection", "close");
+    free(p.body);
+    rd_close(&r);
+    assert_int_equal(pthread_join(t.thread, NULL), 0);
+    assert_int_equal(t.run_rc, 0);
+    /* Run again: it starts the server itself and serves. */
+    atomic_init(&t.returned, 0);
+    assert_int_equal(pthread_create(&t.thread, NULL, run_thread, &t), 0);
+    usleep(200000);
+    if (atomic_load(&t.returned))
+        fail_msg("the next run() returned at once: the earlier run's second stop was kept");
+    assert_int_equal(shmipc_server_stop(t.s), 0);
+    assert_int_equal(pthread_join(t.thread, NULL), 0);
+    assert_int_equal(t.run_rc, 0);
+    shmipc_server_close(t.s);
+}
+
 #define SERVER_TESTS                                                                               \
     cmocka_unit_test(routes_and_static), cmocka_unit_test(not_found_and_not_allowed),              \
         cmocka_unit_test(keepalive_pipelining), cmocka_unit_test(connection_close),                \
@@ -1290,6 +1334,7 @@ static void stop_between_run_check_and_start(void **state)
         cmocka_unit_test(first_request_body_stall_uses_keepalive_timeout),                         \
         cmocka_unit_test(first_header_timeout_from_accept),                                        \
         cmocka_unit_test(keepalive_requests_limit), cmocka_unit_test(keepalive_requests_default),  \
-        cmocka_unit_test(stop_between_run_check_and_start)
+        cmocka_unit_test(stop_between_run_check_and_start),                                        \
+        cmocka_unit_test(second_stop_is_for_the_same_run)
 
 #endif
