@@ -105,6 +105,9 @@ static int serve(const char *backend)
         (rc = shmipc_server_config_set_port(cfg, 0)) < 0 ||
         (rc = shmipc_server_config_set_workers(cfg, 1)) < 0 ||
         (rc = shmipc_server_config_set_backend(cfg, backend_value(backend))) < 0 ||
+        /* As nginx's keepalive_requests below: the driver's connections are never closed. */
+        (rc = shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS,
+                                             4294967295u)) < 0 ||
         (rc = shmipc_server_new(cfg, &served)) < 0 ||
         (rc = shmipc_server_static(served, "GET", "/", 200, "text/plain", "Hello, World!", 13)) <
             0 ||
