@@ -54,6 +54,7 @@ static const struct server_option {
     {"max_headers", O_LIMIT, SHMIPC_SERVER_LIMIT_HEADERS, T(LUA_TNUMBER)},
     {"max_body", O_LIMIT, SHMIPC_SERVER_LIMIT_BODY, T(LUA_TNUMBER)},
     {"pipeline", O_LIMIT, SHMIPC_SERVER_LIMIT_PIPELINE, T(LUA_TNUMBER)},
+    {"keepalive_requests", O_LIMIT, SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS, T(LUA_TNUMBER)},
     {"max_ws_message", O_LIMIT, SHMIPC_SERVER_LIMIT_WS_MESSAGE, T(LUA_TNUMBER)},
     {"ws_ping_timeout", O_TIMEOUT, SHMIPC_SERVER_TIMEOUT_WS_PING, T(LUA_TNUMBER)},
     {"ws_idle_timeout", O_TIMEOUT, SHMIPC_SERVER_TIMEOUT_WS_IDLE, T(LUA_TNUMBER)},

@@ -525,6 +525,20 @@ function tests.options(t)
     t.eq(fetch(named:port(), "GET", "/").headers["server"], "lua-test", "server_name")
 end
 
+-- keepalive_requests: the second answer on a connection says Connection: close and the
+-- connection ends; the third request pipelined behind it is not answered.
+function tests.keepalive_requests_option(t)
+    t.refused(E.EINVAL, "keepalive_requests", shmipc.server({ keepalive_requests = 2 ^ 32 }))
+    local srv <close> = new_server({ keepalive_requests = 2 })
+    assert(srv:static("/", "x"))
+    assert(srv:start())
+    local one = "GET / HTTP/1.1\r\nHost: h\r\n\r\n"
+    local rs = parse(exchange(srv:port(), { one .. one .. one })[1])
+    t.eq(#rs, 2, "two answers, then the close")
+    t.eq(rs[1].headers["connection"], nil, "the first keeps the connection")
+    t.eq(rs[2].headers["connection"], "close", "the second closes it")
+end
+
 -- address = "unix:PATH": a unix socket, the port unused (0), the file gone after close; a
 -- regular file at the path is refused and kept; a path over 107 bytes is refused at once.
 function tests.unix_socket_address(t)
