@@ -938,9 +938,10 @@ static void act_ws(struct server_conn *sc, int ev, const void *data, size_t len)
         shmipc__server_ws_timeout(sc);
         break;
     case SHMIPC__CE_SHUTDOWN:
-        /* A close frame (1001, going away); the stop timeout bounds the answer. */
-        if (shmipc__ws_conn_close(&sc->ws->c, 1001, NULL, 0) == 0)
-            shmipc__server_ws_flush(sc);
+        /* A close frame (1001, going away), sent as the application's close is: the answer
+         * is waited for WS_CLOSE_MS (then 1006), also when the stop timeout is never, so a
+         * client that does not answer cannot hold the stop; the stop timeout bounds it too. */
+        (void)shmipc__ws_close(sc->ws, 1001, NULL);
         break;
     default:
         shmipc__server_conn_close(sc);

@@ -180,6 +180,7 @@ static void *run_thread(void *arg)
 struct srv_opts {
     uint32_t keepalive_ms, header_ms, ws_ping_ms, ws_idle_ms;
     uint64_t high_water, send_limit;
+    int stop_forever; /* a negative stop timeout: wait for requests however long they take */
 };
 
 /*
@@ -199,7 +200,8 @@ static void srv_new_opts(struct srv *t, const struct shmipc__ws_limits *limits,
     CHECK(shmipc_server_config_set_workers(cfg, 1));
     CHECK(shmipc_server_config_set_backend(cfg, suite_backend));
     CHECK(shmipc_server_config_set_server_name(cfg, NULL));
-    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP, 2000));
+    CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_STOP,
+                                           o->stop_forever ? -1 : 2000));
     if (o->keepalive_ms != 0)
         CHECK(shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE,
                                                o->keepalive_ms));
@@ -1820,6 +1822,54 @@ static void hold_after_paused_hangup_is_noticed(void **state)
     app_free(&a);
 }
 
+/*
+ * A graceful stop with a negative stop timeout (wait for requests in flight however long they
+ * take) and a client that never answers the stop's close frame (1001): the server's close waits
+ * 2 s for the answer, as the application's close does, then fails the connection (1006). It
+ * used to wait for the client forever, so run() never returned.
+ */
+static void stop_close_unanswered_is_bounded(void **state)
+{
+    struct srv t;
+    struct app a;
+    struct srv_opts o = {.stop_forever = 1};
+    struct fx_bytes got = {0};
+    (void)state;
+    app_init(&a);
+    srv_new_opts(&t, NULL, &o);
+    CHECK(shmipc_server_websocket(t.s, "/ws", NULL, app_open, app_message, app_close_cb, &a, NULL));
+    srv_run(&t);
+    int fd = ws_connect(t.port, "/ws");
+    WAIT_UNTIL(atomic_load(&a.opens) == 1);
+    assert_int_equal(shmipc_server_stop(t.s), 0);
+    fx_put(&got, "", 0);
+    uint64_t end = mono_ms() + 5000;
+    while (got.n < 4) {
+        char buf[16];
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r > 0)
+            fx_put(&got, buf, (size_t)r);
+        else
+            usleep(500);
+        assert_true(mono_ms() < end);
+    }
+    assert_memory_equal(got.p, "\x88\x02\x03\xe9", 4);
+    /* No answer: on_close (1006) within a few seconds, and run() returns. */
+    end = mono_ms() + 6000;
+    while (atomic_load(&a.closes) == 0 && mono_ms() < end)
+        usleep(1000);
+    int closed = atomic_load(&a.closes);
+    close(fd); /* lets an old server go on */
+    if (closed != 1)
+        fail_msg("the stop's close frame was not given up on within 6 s");
+    assert_int_equal(pthread_join(t.thread, NULL), 0);
+    assert_int_equal(t.run_rc, 0);
+    assert_int_equal(atomic_load(&a.close_code), 1006);
+    shmipc_server_close(t.s);
+    free(got.p);
+    app_free(&a);
+}
+
 #define WS_SERVER_TESTS                                                                            \
     cmocka_unit_test(backpressure_client_never_reads),                                             \
         cmocka_unit_test(backpressure_application_flood), cmocka_unit_test(upgrade_routing),       \
@@ -1834,7 +1884,8 @@ static void hold_after_paused_hangup_is_noticed(void **state)
         cmocka_unit_test(stall_before_pipelined_upgrade_closed),                                   \
         cmocka_unit_test(deferred_upgrade_accepted_before_stop_goes_away),                         \
         cmocka_unit_test(held_client_leaves_is_noticed),                                           \
-        cmocka_unit_test(hold_after_paused_hangup_is_noticed)
+        cmocka_unit_test(hold_after_paused_hangup_is_noticed),                                     \
+        cmocka_unit_test(stop_close_unanswered_is_bounded)
 
 /* Runs the behaviours, then the fixtures (FIXTURE_DIR, or argv[1]). */
 static int ws_server_main(int argc, char **argv, const char *name)
