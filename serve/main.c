@@ -59,8 +59,8 @@ static void set_workers(struct shmipc__front *f, const char *const *addrs, size_
 {
     int rc = shmipc__front_set_workers(f, addrs, (unsigned)n);
     if (rc < 0)
-        fprintf(stderr, "shmipc-serve: workers: %s: %s\n", shmipc_errname(rc),
-                shmipc_error_detail());
+        shmipc__sup_say(2, "shmipc-serve: workers: %s: %s", shmipc_errname(rc),
+                        shmipc_error_detail());
 }
 
 static void wake(struct run *r)
@@ -96,7 +96,7 @@ static void on_ready_set(void *data, const char *const *addrs, size_t n)
     if (set == NULL || k < n) {
         free_set(set, k);
         pthread_mutex_unlock(&r->mu);
-        fprintf(stderr, "shmipc-serve: out of memory for the ready workers\n");
+        shmipc__sup_say(2, "shmipc-serve: out of memory for the ready workers");
         return;
     }
     free_set(r->pending, r->npending);
@@ -169,8 +169,8 @@ static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **s
              (int)(o->graceful_timeout_ms < 3600000u ? o->graceful_timeout_ms : 3600000u))) < 0 ||
         (rc = shmipc_server_new(cfg, &srv)) < 0 || (rc = shmipc__front_attach(f, srv, "/*")) < 0 ||
         (rc = shmipc_server_start(srv)) < 0) {
-        fprintf(stderr, "shmipc-serve: server: %s: %s\n", shmipc_errname(rc),
-                shmipc_error_detail());
+        shmipc__sup_say(2, "shmipc-serve: server: %s: %s", shmipc_errname(rc),
+                        shmipc_error_detail());
         shmipc_server_close(srv);
         shmipc_server_config_free(cfg);
         shmipc__front_free(f);
@@ -191,9 +191,9 @@ static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **s
         r->npending = 0;
     }
     pthread_mutex_unlock(&r->mu);
-    fprintf(stderr, "shmipc-serve: listening on %s (port %d), %s app %s, %u worker%s\n", o->listen,
-            shmipc_server_port(srv), shmipc__serve_kind_name(o->kind), o->app, o->workers,
-            o->workers == 1 ? "" : "s");
+    shmipc__sup_say(2, "shmipc-serve: listening on %s (port %d), %s app %s, %u worker%s", o->listen,
+                    shmipc_server_port(srv), shmipc__serve_kind_name(o->kind), o->app, o->workers,
+                    o->workers == 1 ? "" : "s");
     *srv_out = srv;
     return 0;
 }
@@ -205,29 +205,31 @@ static void print_front_stats(struct run *r)
     int rc = st != NULL && r->front != NULL ? shmipc__front_stats(r->front, st) : -1;
     pthread_mutex_unlock(&r->mu);
     if (rc == 0) {
-        fprintf(stderr,
-                "shmipc-serve: front: %u queued, %llu rejected (503), %llu timed out (504), "
-                "%llu left by their client, %llu refused by a stopping worker and resent, "
-                "%llu request bodies streamed (%llu bytes kept now, %llu at most)\n",
-                st->queued, (unsigned long long)st->rejected, (unsigned long long)st->timeouts,
-                (unsigned long long)st->client_gone, (unsigned long long)st->retried,
-                (unsigned long long)st->uploads, (unsigned long long)st->upload_kept,
-                (unsigned long long)st->upload_kept_peak);
+        shmipc__sup_say(
+            2,
+            "shmipc-serve: front: %u queued, %llu rejected (503), %llu timed out (504), "
+            "%llu left by their client, %llu refused by a stopping worker and resent, "
+            "%llu request bodies streamed (%llu bytes kept now, %llu at most)",
+            st->queued, (unsigned long long)st->rejected, (unsigned long long)st->timeouts,
+            (unsigned long long)st->client_gone, (unsigned long long)st->retried,
+            (unsigned long long)st->uploads, (unsigned long long)st->upload_kept,
+            (unsigned long long)st->upload_kept_peak);
         for (unsigned i = 0; i < st->nworkers; i++)
-            fprintf(stderr, "  %s %s: %u session(s), %u in flight, %llu served, %llu failed\n",
-                    st->w[i].address,
-                    st->w[i].state == SHMIPC__FRONT_WORKER_UP        ? "up"
-                    : st->w[i].state == SHMIPC__FRONT_WORKER_RETIRED ? "retired"
-                                                                     : "down",
-                    st->w[i].sessions, st->w[i].in_flight, (unsigned long long)st->w[i].served,
-                    (unsigned long long)st->w[i].failures);
+            shmipc__sup_say(2, "  %s %s: %u session(s), %u in flight, %llu served, %llu failed",
+                            st->w[i].address,
+                            st->w[i].state == SHMIPC__FRONT_WORKER_UP        ? "up"
+                            : st->w[i].state == SHMIPC__FRONT_WORKER_RETIRED ? "retired"
+                                                                             : "down",
+                            st->w[i].sessions, st->w[i].in_flight,
+                            (unsigned long long)st->w[i].served,
+                            (unsigned long long)st->w[i].failures);
     }
     free(st);
     if (r->alog != NULL) {
         uint64_t lines, errors;
         shmipc__access_log_counts(r->alog, &lines, &errors);
-        fprintf(stderr, "shmipc-serve: access log: %llu lines written, %llu write errors\n",
-                (unsigned long long)lines, (unsigned long long)errors);
+        shmipc__sup_say(2, "shmipc-serve: access log: %llu lines written, %llu write errors",
+                        (unsigned long long)lines, (unsigned long long)errors);
     }
 }
 
@@ -239,7 +241,7 @@ static int run_loop(struct run *r, int sfd, shmipc_server **srv)
         if (poll(p, 2, -1) < 0) {
             if (errno == EINTR)
                 continue;
-            perror("shmipc-serve: poll");
+            shmipc__sup_say(2, "shmipc-serve: poll: %s", strerror(errno));
             return 1;
         }
         if (p[0].revents) {
@@ -248,7 +250,7 @@ static int run_loop(struct run *r, int sfd, shmipc_server **srv)
                 if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)
                     return 0;
                 if (si.ssi_signo == SIGHUP) {
-                    fprintf(stderr, "shmipc-serve: SIGHUP: reloading the workers\n");
+                    shmipc__sup_say(2, "shmipc-serve: SIGHUP: reloading the workers");
                     shmipc__sup_reload(r->sup);
                 } else if (si.ssi_signo == SIGUSR1) {
                     shmipc__sup_request_status(r->sup);
@@ -256,8 +258,8 @@ static int run_loop(struct run *r, int sfd, shmipc_server **srv)
                 } else if (si.ssi_signo == SIGUSR2 && r->alog != NULL) {
                     /* logrotate moved the file: lines go to a new one at the same path. */
                     if (shmipc__access_log_reopen(r->alog) < 0)
-                        fprintf(stderr, "shmipc-serve: SIGUSR2: %s (the old file stays)\n",
-                                shmipc_error_detail());
+                        shmipc__sup_say(2, "shmipc-serve: SIGUSR2: %s (the old file stays)",
+                                        shmipc_error_detail());
                 }
             }
         }
@@ -282,8 +284,8 @@ static int run_loop(struct run *r, int sfd, shmipc_server **srv)
                     return 1;
             }
             if (done) {
-                fprintf(stderr, "shmipc-serve: the supervisor ended: %s\n",
-                        rc < 0 ? shmipc_errname(rc) : "stopped");
+                shmipc__sup_say(2, "shmipc-serve: the supervisor ended: %s",
+                                rc < 0 ? shmipc_errname(rc) : "stopped");
                 return 1;
             }
         }
@@ -324,13 +326,13 @@ static void *stop_watch_main(void *arg)
             return NULL;
         int kill_now = 0;
         if (n == 0 && !killed) {
-            fprintf(stderr, "shmipc-serve: the graceful timeout is over: killing the workers\n");
+            shmipc__sup_say(2, "shmipc-serve: the graceful timeout is over: killing the workers");
             kill_now = 1;
         }
         struct signalfd_siginfo si;
         if (p[0].revents && read(w->sfd, &si, sizeof si) == sizeof si && !killed &&
             (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)) {
-            fprintf(stderr, "shmipc-serve: a second stop signal: killing the workers\n");
+            shmipc__sup_say(2, "shmipc-serve: a second stop signal: killing the workers");
             kill_now = 1;
         }
         if (kill_now) {
@@ -374,11 +376,11 @@ int main(int argc, char **argv)
 
     no_spin_on_one_cpu();
     if (shmipc__serve_options_init(&o) < 0) {
-        fprintf(stderr, "shmipc-serve: out of memory\n");
+        shmipc__sup_say(2, "shmipc-serve: out of memory");
         return 2;
     }
     if (shmipc__serve_options_parse(&o, argc, argv, err, sizeof err) < 0) {
-        fprintf(stderr, "shmipc-serve: %s\n(shmipc-serve --help lists the options)\n", err);
+        shmipc__sup_say(2, "shmipc-serve: %s\n(shmipc-serve --help lists the options)", err);
         goto out;
     }
     if (o.help) {
@@ -393,7 +395,7 @@ int main(int argc, char **argv)
     }
     if (o.check) {
         if (shmipc__serve_check(&o, NULL, CHECK_IMPORT_MS, err, sizeof err) < 0) {
-            fprintf(stderr, "shmipc-serve: check: %s\n", err);
+            shmipc__sup_say(2, "shmipc-serve: check: %s", err);
             goto out;
         }
         printf("shmipc-serve: the configuration is valid\n");
@@ -402,11 +404,11 @@ int main(int argc, char **argv)
     }
     if (o.access_log != NULL &&
         shmipc__access_log_open(o.access_log, o.access_log_format, &r.alog) < 0) {
-        fprintf(stderr, "shmipc-serve: --access-log: %s\n", shmipc_error_detail());
+        shmipc__sup_say(2, "shmipc-serve: --access-log: %s", shmipc_error_detail());
         goto out;
     }
     if (shmipc__serve_worker_argv(&o, &wargv, err, sizeof err) < 0) {
-        fprintf(stderr, "shmipc-serve: %s\n", err);
+        shmipc__sup_say(2, "shmipc-serve: %s", err);
         goto out;
     }
     status = 1;
@@ -419,7 +421,7 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGUSR2);
     if (pthread_sigmask(SIG_BLOCK, &sigs, NULL) != 0 ||
         (sfd = signalfd(-1, &sigs, SFD_CLOEXEC)) < 0 || (r.wake_fd = eventfd(0, EFD_CLOEXEC)) < 0) {
-        perror("shmipc-serve: signals");
+        shmipc__sup_say(2, "shmipc-serve: signals: %s", strerror(errno));
         goto out;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -434,12 +436,12 @@ int main(int argc, char **argv)
     };
     int rc = shmipc__sup_new(&sc, &r.sup);
     if (rc < 0) {
-        fprintf(stderr, "shmipc-serve: supervisor: %s: %s\n", shmipc_errname(rc),
-                shmipc_error_detail());
+        shmipc__sup_say(2, "shmipc-serve: supervisor: %s: %s", shmipc_errname(rc),
+                        shmipc_error_detail());
         goto out;
     }
     if (pthread_create(&sup_thread, NULL, sup_main, &r) != 0) {
-        perror("shmipc-serve: thread");
+        shmipc__sup_say(2, "shmipc-serve: thread: %s", strerror(errno));
         goto out;
     }
     started = 1;
@@ -458,8 +460,8 @@ int main(int argc, char **argv)
      * workers are stopped.
      */
     if (srv != NULL) {
-        fprintf(stderr, "shmipc-serve: stopping (up to %u ms for requests in flight)\n",
-                o.graceful_timeout_ms);
+        shmipc__sup_say(2, "shmipc-serve: stopping (up to %u ms for requests in flight)",
+                        o.graceful_timeout_ms);
         shmipc_server_close(srv);
         srv = NULL;
     }

@@ -153,6 +153,20 @@ void shmipc__sup_logf(shmipc__sup *sup, const char *fmt, ...)
     shmipc__sup_write_all(sup->cfg.log_fd, buf, len);
 }
 
+void shmipc__sup_say(int fd, const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    size_t len = (size_t)n < sizeof buf - 1 ? (size_t)n : sizeof buf - 2;
+    buf[len++] = '\n';
+    shmipc__sup_write_all(fd, buf, len);
+}
+
 /* Checks a complete line (without its newline) of a starting worker's stdout for
  * "ready on <its address>". */
 static void check_ready_line(struct slot *s, const char *line, size_t n, uint64_t now)

@@ -103,6 +103,14 @@ uint64_t shmipc__sup_spawns(shmipc__sup *sup);
 /* Writes the worker table to fd (one line per worker). Returns 0 or a negative code. */
 int shmipc__sup_status(shmipc__sup *sup, int fd);
 
+/*
+ * A line of the embedding program's own (printf format; a newline is added) written to fd as
+ * the supervisor writes its log: never blocking for long (a pipe, socket or terminal without
+ * room within 20 ms loses it, and a later line says how many bytes were dropped). A program
+ * that supervises must not write with stdio: a full stderr nobody reads holds the writer.
+ */
+void shmipc__sup_say(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Frees a supervisor whose run() returned (or never ran). */
 void shmipc__sup_free(shmipc__sup *sup);
 

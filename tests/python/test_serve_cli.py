@@ -886,3 +886,87 @@ def test_workers_refuse_a_client_of_another_uid(tmp_path, kind):
         assert s.request("GET", "/")[0] in (200, 201)
     finally:
         assert s.stop() == 0
+
+
+def children(pid):
+    """The pids of the processes `pid` started (any of its threads)."""
+    out = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.update(int(c) for c in f.read().split())
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return {c for c in out if alive(c)}
+
+
+def test_stderr_nobody_reads_stalls_no_supervision(tmp_path):
+    """Regression: shmipc-serve's stderr a pipe nobody reads. The workers' output and the
+    supervisor's lines are dropped once it is full (serve/sup_output.c), but the main thread
+    wrote its own lines ("listening on", SIGHUP's, the stop's) with a blocking fprintf: it hung
+    on the first one with the pipe full, and no signal was handled any more (SIGTERM
+    ignored). Now a crashed worker is restarted, SIGHUP reloads and SIGTERM stops, all with
+    the pipe full and never read."""
+    # Each worker writes 256 KiB on stderr as it imports the app: the pipe (64 KiB) fills.
+    (tmp_path / "loudapp.py").write_text(
+        APP + "\nimport sys\nfor _ in range(256):\n    sys.stderr.write('x' * 1023 + '\\n')\n"
+        "sys.stderr.flush()\n")
+    port = free_port()
+    r, w = os.pipe()
+    try:
+        p = subprocess.Popen(
+            [SERVE, "loudapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{port}",
+             "--workers", "2", "--python", "/usr/bin/python3", "--graceful-timeout", "5"],
+            env=python_env(), stdout=subprocess.DEVNULL, stderr=w)
+    finally:
+        os.close(w)
+    try:
+        def get(path):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                c.request("GET", path)
+                resp = c.getresponse()
+                return resp.status, resp.read()
+            finally:
+                c.close()
+
+        def wait_for(cond, what, timeout=30):
+            deadline = time.monotonic() + timeout
+            while not cond():
+                assert time.monotonic() < deadline, what
+                time.sleep(0.1)
+
+        def serves():
+            try:
+                return get("/x")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(serves, "never served")
+        wait_for(lambda: len(children(p.pid)) == 2, "not 2 workers")
+        before = children(p.pid)
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(children(p.pid) - before) == 1 and victim not in children(p.pid),
+                 "the killed worker was not restarted")
+        p.send_signal(signal.SIGHUP)
+        after_kill = children(p.pid)
+        wait_for(lambda: not (children(p.pid) & after_kill) and len(children(p.pid)) == 2,
+                 "SIGHUP replaced no worker")
+        assert serves()
+        left = children(p.pid)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            rc = None
+        assert rc == 0, ("no stop on SIGTERM", time.monotonic() - t0)
+        wait_for(lambda: not any(alive(c) for c in left), "workers left behind", timeout=10)
+    finally:
+        if p.poll() is None:
+            for c in children(p.pid):
+                os.kill(c, signal.SIGKILL)
+            p.kill()
+            p.wait()
+        os.close(r)
