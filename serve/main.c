@@ -446,14 +446,18 @@ int main(int argc, char **argv)
     }
     started = 1;
     status = run_loop(&r, sfd, &srv);
-    if (status == 0) {
-        stop.r = &r;
-        stop.sfd = sfd;
-        stop.deadline_ns = shmipc__now_ns() + (uint64_t)o.graceful_timeout_ms * 1000000ull;
-        if ((stop.done_fd = eventfd(0, EFD_CLOEXEC)) >= 0 &&
-            pthread_create(&stop_thread, NULL, stop_watch_main, &stop) == 0)
-            watching = 1;
-    }
+    /*
+     * Whether asked for or after a failure (the server's start refused: its port taken), the
+     * stop has its deadline and reads the stop signals: a failed start stopped the workers
+     * with the signals blocked and nobody reading them, so one that ignored SIGTERM held the
+     * process for the whole graceful timeout whatever the user sent.
+     */
+    stop.r = &r;
+    stop.sfd = sfd;
+    stop.deadline_ns = shmipc__now_ns() + (uint64_t)o.graceful_timeout_ms * 1000000ull;
+    if ((stop.done_fd = eventfd(0, EFD_CLOEXEC)) >= 0 &&
+        pthread_create(&stop_thread, NULL, stop_watch_main, &stop) == 0)
+        watching = 1;
     /*
      * The stop: closing the server stops it gracefully (no new connection; the requests in
      * flight are answered, up to the stop timeout), while the workers still serve; then the

@@ -970,3 +970,56 @@ def test_stderr_nobody_reads_stalls_no_supervision(tmp_path):
             p.kill()
             p.wait()
         os.close(r)
+
+
+def test_failed_start_can_still_be_stopped(tmp_path):
+    """Regression: the server's start failing (its port taken) after the workers started,
+    shmipc-serve stopped them with SIGTERM and waited for them with its stop signals blocked
+    and nobody reading them: workers that ignore SIGTERM held it for the whole
+    --graceful-timeout (60 s here) whatever the user did. Now the stop's watcher runs on that
+    path too: a SIGINT kills the workers at once, and the exit is 1."""
+    (tmp_path / "deafapp.py").write_text(
+        APP + "\nimport signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "_set = signal.signal\n"
+        "signal.signal = lambda s, h: None if s == signal.SIGTERM else _set(s, h)\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = subprocess.Popen(
+            [SERVE, "deafapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{port}",
+             "--workers", "2", "--python", "/usr/bin/python3", "--graceful-timeout", "60"],
+            env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        err = []
+        failed = threading.Event()
+
+        def read():
+            for line in p.stderr:
+                err.append(line)
+                if "shmipc-serve: server:" in line:
+                    failed.set()
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        try:
+            assert failed.wait(30), "".join(err)
+            time.sleep(0.5)
+            workers = children(p.pid)
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGINT)
+            try:
+                rc = p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                rc = None
+            assert rc == 1, (rc, time.monotonic() - t0, "".join(err[-5:]))
+            deadline = time.monotonic() + 10
+            while any(alive(w) for w in workers) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not any(alive(w) for w in workers)
+        finally:
+            if p.poll() is None:
+                for c in children(p.pid):
+                    os.kill(c, signal.SIGKILL)
+                p.kill()
+                p.wait()
+            t.join(5)
