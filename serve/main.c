@@ -431,6 +431,8 @@ int main(int argc, char **argv)
         .chdir_to = o.chdir_to,
         .workers = o.workers,
         .graceful_timeout_ms = o.graceful_timeout_ms,
+        /* The argument after --address only: APP and the paths are the user's, as typed. */
+        .address_whole_args = 1,
         .on_ready_set = on_ready_set,
         .data = &r,
     };

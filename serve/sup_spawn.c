@@ -1,6 +1,6 @@
 /*
  * Starting a worker and signalling it (sup_int.h): the argv template with "{address}"
- * replaced, posix_spawn with stdin from /dev/null, stdout and stderr into pipes sup_output.c reads,
+ * replaced (in every argument, or only whole ones), posix_spawn with stdin from /dev/null, stdout and stderr into pipes sup_output.c reads,
  * default signal dispositions and nothing else of this process inherited; a spawn that fails
  * counts as an exit 127 with its back-off. Signals go through the pidfd.
  */
@@ -21,7 +21,8 @@
 
 extern char **environ;
 
-/* "{address}" replaced in every argument; NULL when out of memory. */
+/* "{address}" replaced in every argument (or only whole ones: address_whole_args); NULL when
+ * out of memory. */
 static char **make_argv(shmipc__sup *sup, const char *address)
 {
     static const char token[] = SHMIPC__SUP_ADDRESS_TOKEN;
@@ -31,6 +32,11 @@ static char **make_argv(shmipc__sup *sup, const char *address)
         return NULL;
     for (int i = 0; i < sup->argc; i++) {
         const char *a = sup->argv[i];
+        if (sup->cfg.address_whole_args) {
+            if ((v[i] = strdup(strcmp(a, token) == 0 ? address : a)) == NULL)
+                goto fail;
+            continue;
+        }
         size_t n = 0;
         for (const char *p = strstr(a, token); p != NULL; p = strstr(p + tl, token))
             n++;

@@ -18,7 +18,8 @@
 
 /* The most workers one supervisor runs (--workers). */
 #define SHMIPC__SUP_MAX_WORKERS 1024u
-/* The text replaced by a worker's address in every argument of the template. */
+/* The text replaced by a worker's address in the arguments of the template: every occurrence
+ * in every argument, or (address_whole_args) only whole arguments that are this text. */
 #define SHMIPC__SUP_ADDRESS_TOKEN "{address}"
 /* Workers' output is forwarded in whole lines, each of one worker: a line longer than this is
  * cut, forwarded with SHMIPC__SUP_CUT_MARK and a newline, and its rest follows as a new line. */
@@ -51,6 +52,10 @@ typedef struct shmipc__sup_config {
     int err_fd;                   /* workers' stderr goes here, in whole lines; 0: 2 */
     int log_fd;                   /* the supervisor's log and status; 0: 2 */
     int signals; /* run() handles SIGTERM/SIGINT (stop), SIGHUP (reload), SIGUSR1 (status) */
+    /* Only arguments that are exactly "{address}" get the address: the others (a user's APP,
+     * paths) are passed as they are, whatever text they hold. 0: every "{address}" in every
+     * argument (a shell script's, in tests). */
+    int address_whole_args;
     shmipc__sup_ready_fn on_ready_set;
     void *data;
 } shmipc__sup_config;

@@ -812,6 +812,32 @@ static void test_address_substitution(void **state)
     harness_finish(&h);
 }
 
+static void test_address_in_whole_arguments_only(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    /* address_whole_args (shmipc-serve's): only an argument that is the token gets the
+     * address; the others (an APP, a path, this script) keep their "{address}" text. */
+    const char *const argv[] = {
+        "sh",        "-c",          "echo \"$1 {address} ready on $0\"; exec sleep 30",
+        "{address}", "x{address}y", NULL};
+    shmipc__sup_config c = base_config(&h, argv, 1);
+    c.address_whole_args = 1;
+    harness_start(&h, &c);
+    wait_ready(&h, 1, 10000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w = {0};
+    assert_true(slot_of(&h, gen, 0, &w));
+    char want[400];
+    snprintf(want, sizeof want, "x{address}y {address} ready on %s\n", w.address);
+    uint64_t end = ms_now() + 5000;
+    while (!file_contains(h.out_path, want) && ms_now() < end)
+        sleep_ms(10);
+    assert_true(file_contains(h.out_path, want));
+    harness_finish(&h);
+}
+
 static void test_clean_exit_restarts_at_once(void **state)
 {
     (void)state;
@@ -1772,6 +1798,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_output_line_over_the_bound_is_cut),
         cmocka_unit_test(test_output_last_line_without_newline),
         cmocka_unit_test(test_address_substitution),
+        cmocka_unit_test(test_address_in_whole_arguments_only),
         cmocka_unit_test(test_clean_exit_restarts_at_once),
         cmocka_unit_test(test_instant_clean_exits_are_capped_too),
         cmocka_unit_test(test_many_workers),

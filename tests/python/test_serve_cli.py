@@ -7,6 +7,7 @@ the build cannot honour yet are refused, not ignored."""
 import http.client
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -1023,3 +1024,26 @@ def test_failed_start_can_still_be_stopped(tmp_path):
                 p.kill()
                 p.wait()
             t.join(5)
+
+
+@pytest.mark.parametrize("where", ["python", "lua"])
+def test_address_text_in_a_path_or_app_is_left_alone(tmp_path, where):
+    """Regression: "{address}" was replaced in every argument of the workers' command, so an
+    interpreter path, or a Lua file, holding that text named another file (the worker then
+    never started). Only the argument after --address gets the address now."""
+    if where == "lua" and not native_built("lua"):
+        pytest.skip("no lua worker in this build")
+    d = tmp_path / "{address}"
+    d.mkdir()
+    if where == "python":
+        os.symlink("/usr/bin/python3", d / "python3")
+        flags, app = ["--python", str(d / "python3")], ("cliapp:app",)
+    else:
+        shutil.copy(os.path.join(NATIVE["lua"][1], "serve_hello.lua"), d / "hello.lua")
+        flags, app = [], ("--lua", str(d / "hello.lua"))
+    s = Serve(tmp_path, *flags, workers=1, app=app)
+    try:
+        status, out = s.request("GET", "/")
+        assert status == 200, out
+    finally:
+        assert s.stop() == 0
