@@ -114,11 +114,16 @@ int shmipc__serve_worker_argv(const shmipc__serve_options *o, char ***argvp, cha
 
 /* ---- --check ------------------------------------------------------------------------------ */
 
-/* The program as posix_spawnp finds it: a path with '/', else each PATH entry. */
-static int find_program(const char *prog, char *const *envp)
+/*
+ * The program as the workers' posix_spawnp finds it: a path with '/', else each PATH entry;
+ * a relative one in `dir` (--chdir: the spawn changes directory before it looks), not in this
+ * process's directory, so --check refuses no interpreter the workers find and passes none
+ * they do not (test_check_imports_the_app).
+ */
+static int find_in(int dfd, const char *prog, char *const *envp)
 {
     if (strchr(prog, '/') != NULL)
-        return access(prog, X_OK);
+        return faccessat(dfd, prog, X_OK, 0);
     const char *path = NULL;
     for (char *const *e = envp; e != NULL && *e != NULL; e++)
         if (strncmp(*e, "PATH=", 5) == 0)
@@ -133,12 +138,24 @@ static int find_program(const char *prog, char *const *envp)
             memcpy(buf, path, len);
             buf[len] = '/';
             strcpy(buf + len + 1, prog);
-            if (access(buf, X_OK) == 0)
+            if (faccessat(dfd, buf, X_OK, 0) == 0)
                 return 0;
         }
         path += len + (c != NULL);
     }
     return -1;
+}
+
+static int find_program(const char *prog, const char *dir, char *const *envp)
+{
+    if (dir == NULL)
+        return find_in(AT_FDCWD, prog, envp);
+    int dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return -1;
+    int rc = find_in(dfd, prog, envp);
+    close(dfd);
+    return rc;
 }
 
 /* Imports APP with the interpreter, as the worker's load_app would. */
@@ -291,7 +308,7 @@ int shmipc__serve_check(const shmipc__serve_options *o, char *const *envp, uint3
                               shmipc__serve_shown(o->chdir_to, sb, sizeof sb));
         return SHMIPC_EINVAL;
     }
-    if (!native_kind(o->kind) && find_program(o->python, envp) != 0) {
+    if (!native_kind(o->kind) && find_program(o->python, o->chdir_to, envp) != 0) {
         shmipc__serve_set_err(err, errlen, "--python %s: not found or not executable",
                               shmipc__serve_shown(o->python, sb, sizeof sb));
         return SHMIPC_EINVAL;

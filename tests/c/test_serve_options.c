@@ -19,6 +19,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -786,6 +787,22 @@ static void test_check_imports_the_app(void **state)
                        "RuntimeError: boom at import");
     expect_check_error(ARGS("slowapp:app", "--chdir", dir, "--python", SHMIPC_PYTHON), env, 500,
                        "importing it took longer than 0.5 s");
+    /* A relative --python is taken in --chdir, where the workers run it (posix_spawn after
+     * its chdir): --check looked for it in the current directory, and refused a working
+     * configuration ("not found") whose interpreter was not there too. */
+    char bin[300], py[340], cwd[PATH_MAX];
+    snprintf(bin, sizeof bin, "%s/relbin", dir);
+    snprintf(py, sizeof py, "%s/py", bin);
+    assert_int_equal(mkdir(bin, 0700), 0);
+    assert_int_equal(symlink(SHMIPC_PYTHON, py), 0);
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_string_not_equal(cwd, dir);
+    rc = check(ARGS("okapp:app", "--chdir", dir, "--python", "relbin/py"), env, 30000, err);
+    if (rc != 0)
+        print_message("%s\n", err);
+    assert_int_equal(rc, 0);
+    unlink(py);
+    rmdir(bin);
 }
 
 /* ---- the access log ------------------------------------------------------------------------ */
