@@ -680,6 +680,49 @@ def test_cli_in_process(tmp_path, kind):
         assert log.read_text() == "lifespan.startup\nlifespan.shutdown\n"
 
 
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_cli_in_process_tiny_graceful_timeout_stops_clean_when_idle(tmp_path, kind):
+    """Regression: `--graceful-timeout 1e-9` (valid: > 0) with no request in flight exited 4
+    ("requests still in the WSGI app"): the stop itself takes longer than 1 ns, and any stop
+    not done at the timeout counted as one with requests left. With none in the app the stop
+    is clean whatever the timeout (exit 0), an idle keep-alive connection included."""
+    import re
+    import signal
+
+    (tmp_path / "cliapp3.py").write_text(CLI_APP)
+    argv = [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
+            "--workers", "2", "--graceful-timeout", "1e-9",
+            "cliapp3:" + ("app" if kind == "wsgi" else "asgi")]
+    if kind == "asgi":
+        argv[4:4] = ["--asgi"]
+    log = tmp_path / "lifespan.log"
+    p = subprocess.Popen(argv, cwd=tmp_path, env=dict(python_env(), LIFESPAN_LOG=str(log)),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    idle = None
+    try:
+        line = p.stdout.readline()
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        assert m, line
+        port = int(m.group(1))
+        assert request(port, "GET", "/x")[::2] == (200, f"{kind} /x".encode())
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        idle.request("GET", "/y")
+        assert idle.getresponse().read() == f"{kind} /y".encode()  # left open, idle
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=20)
+        out = p.stdout.read()
+        assert rc == 0, out
+        assert "still in the" not in out
+    finally:
+        if idle is not None:
+            idle.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if kind == "asgi":
+        assert log.read_text() == "lifespan.startup\nlifespan.shutdown\n"
+
+
 def test_cli_in_process_refusals(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "shmipc.serve", *args], cwd=tmp_path,

@@ -64,8 +64,21 @@ class WSGIRoute:
             "wsgi.run_once": False,
             "wsgi.input_terminated": True,
         }
+        # The calls in the app now: `python -m shmipc.serve` tells a stop with requests left
+        # at --graceful-timeout (exit 4) from one that is only still finishing.
+        self._in_app = 0
+        self._in_app_lock = threading.Lock()
 
     def __call__(self, frame, body):
+        with self._in_app_lock:
+            self._in_app += 1
+        try:
+            return self._call(frame, body)
+        finally:
+            with self._in_app_lock:
+                self._in_app -= 1
+
+    def _call(self, frame, body):
         environ = sf.decode_request(frame, self.base)
         environ["wsgi.input"] = io.BytesIO(body)
         # start_response, write() and the collecting of the body are C (serve_wsgi.c).
