@@ -306,6 +306,8 @@ SHMIPC_API int64_t shmipc_serve_read(shmipc_serve_exchange *x, void *buf, size_t
 {
     if (x == NULL || buf == NULL || cap == 0)
         return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_read: NULL or cap 0");
+    if (x->ws) /* the upgrade's body was read before the 101: the stream is frames now */
+        return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_read: a WebSocket: shmipc_serve_ws_recv");
     int rc = advance(x, 0);
     if (rc <= 0)
         return rc;

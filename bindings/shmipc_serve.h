@@ -307,7 +307,8 @@ SHMIPC_API const shmipc_serve_request *shmipc_serve_exchange_request(shmipc_serv
  * frame as needed. Returns the bytes read (> 0), 0 at the body's end (at once for a request
  * without a body), SHMIPC_ECONNRESET when the front aborted the request or its stream ended
  * (the handler should return; nothing more is sent), SHMIPC_EPROTO for a bad frame, or
- * SHMIPC_EINVAL (NULL, cap 0).
+ * SHMIPC_EINVAL (NULL, cap 0, after shmipc_serve_ws_accept(): shmipc_serve_ws_recv() reads a
+ * WebSocket).
  */
 SHMIPC_API int64_t shmipc_serve_read(shmipc_serve_exchange *x, void *buf, size_t cap);
 

@@ -57,7 +57,10 @@ static shmipc_serve_exchange *box_exchange(lua_State *L, int idx)
 
 static const char *read_error(int64_t rc)
 {
-    return rc == SHMIPC_EPROTO ? "the front sent a bad frame" : "the request was aborted";
+    return rc == SHMIPC_EPROTO   ? "the front sent a bad frame"
+           : rc == SHMIPC_EINVAL ? "the request is a WebSocket now: its body was read before "
+                                   "the 101 (ws:recv() reads the messages)"
+                                 : "the request was aborted";
 }
 
 /* req:read([n]): the next piece of the body (at most n bytes), nil at its end. */

@@ -2020,6 +2020,12 @@ static int cb_serve_handler(shmipc_serve_exchange *x, void *user_data)
     assert_int_equal(shmipc_serve_read(x, b, 0), SHMIPC_EINVAL);
     assert_int_equal(shmipc_serve_read(x, b, sizeof b), 0);         /* no body: its end at once */
     assert_int_equal(shmipc_serve_write(x, "a", 1), SHMIPC_EINVAL); /* no head yet */
+    /* The WebSocket calls on an HTTP request: refused, the request goes on. */
+    uint32_t wfl = 0;
+    assert_int_equal(shmipc_serve_ws_recv(x, b, sizeof b, &wfl, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_ws_send(x, SHMIPC_SERVE_WS_TEXT, "a", 1), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_ws_close(x, 1000, NULL, 0), SHMIPC_EINVAL);
+    assert_int_equal(shmipc_serve_ws_accept(x, NULL, NULL, 0), SHMIPC_EINVAL); /* no upgrade */
     shmipc_serve_response r = {.size = sizeof r, .status = 101};
     assert_int_equal(shmipc_serve_respond(x, NULL, NULL, 0), SHMIPC_EINVAL);
     assert_int_equal(shmipc_serve_respond(NULL, &r, NULL, 0), SHMIPC_EINVAL);
@@ -2101,6 +2107,12 @@ static int cb_serve_ws_handler(shmipc_serve_exchange *x, void *user_data)
     assert_int_equal(shmipc_serve_ws_accept(x, NULL, NULL, 0), 0);
     assert_int_equal(shmipc_serve_ws_accept(x, NULL, NULL, 0), SHMIPC_EINVAL); /* once */
     assert_int_equal(shmipc_serve_write(x, "a", 1), SHMIPC_EINVAL);            /* not HTTP now */
+    /* The request-only calls on the accepted WebSocket: refused (shmipc_serve_read returned
+     * 0, the end of a body, as if there were a request body to read). */
+    char rb[4];
+    assert_int_equal(shmipc_serve_read(x, rb, sizeof rb), SHMIPC_EINVAL);
+    shmipc_serve_response hr = {.size = sizeof hr, .status = 200};
+    assert_int_equal(shmipc_serve_respond(x, &hr, NULL, 0), SHMIPC_EINVAL);
     assert_int_equal(shmipc_serve_ws_closed(x, NULL, 0, NULL), 0);
     struct interp in;
     interp_init(&in);

@@ -87,7 +87,9 @@ return function(req)
     local e3 = errs(ws.send_binary, ws)
     local e4 = errs(ws.send_text, ws, "\xff")
     local e5 = errs(ws.send_ping, ws, string.rep("p", 126))
-    assert(ws:send_text(table.concat({e1, e2, e3, e4, e5}, "\n")))
+    local e6 = errs(req.read, req)
+    local e7 = errs(function() return req.body end)
+    assert(ws:send_text(table.concat({e1, e2, e3, e4, e5, e6, e7}, "\n")))
     assert(ws:send_close(1000, "done"))
     LAST = errs(ws.send_text, ws, "after close") .. "\n" .. errs(ws.send_close, ws, 1000)
     ws:recv_frame()
@@ -300,6 +302,8 @@ def test_lua_ws_misuse_raises_clear_errors(lua):
     assert "string expected, got no value" in e[2], e
     assert "not UTF-8" in e[3], e
     assert "125" in e[4], e
+    # The request's body after the accept: an error, not its end (shmipc_serve_read said 0).
+    assert "a WebSocket now" in e[5] and "a WebSocket now" in e[6], e
     assert closed(front, st) == (1000, "done")
     send(st, close_frame(1000))
     st.close()
