@@ -11,11 +11,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -197,7 +199,12 @@ struct shmipc__access_log {
     int own;              /* fd is ours (not stdout) */
     int format;           /* enum shmipc__access_format_kind */
     atomic_int pipe_like; /* not a regular file: whole lines in writes of at most PIPE_BUF */
-    char *path;           /* NULL for stdout */
+    /* A pipe, FIFO or terminal is written through a description of its own, O_NONBLOCK (the
+     * shared one keeps its flags); a socket with send(MSG_DONTWAIT). -1: none (a socket or a
+     * file). Its number, once set, is the log's for good: reopen dup3()s over it. */
+    atomic_int nb;
+    atomic_int stalled; /* no room last time: the next writes do not wait until there is */
+    char *path;         /* NULL for stdout */
     atomic_ullong lines, errors;
 };
 
@@ -210,6 +217,14 @@ static int is_pipe_like(int fd)
 {
     struct stat st;
     return fstat(fd, &st) != 0 || !S_ISREG(st.st_mode);
+}
+
+/* A non-blocking description of what fd names (a pipe, a FIFO, a terminal), or -1. */
+static int open_nonblocking(int fd)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    return open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
 }
 
 int shmipc__access_log_open(const char *path, int format, struct shmipc__access_log **out)
@@ -239,6 +254,7 @@ int shmipc__access_log_open(const char *path, int format, struct shmipc__access_
         log->own = 1;
     }
     atomic_store(&log->pipe_like, is_pipe_like(log->fd));
+    atomic_store(&log->nb, atomic_load(&log->pipe_like) ? open_nonblocking(log->fd) : -1);
     *out = log;
     return 0;
 }
@@ -256,10 +272,25 @@ int shmipc__access_log_reopen(struct shmipc__access_log *log)
      * a closed or reused descriptor; close-on-exec stays set (the supervisor spawns workers
      * from another thread). */
     int rc = 0;
-    if (dup3(fd, log->fd, O_CLOEXEC) < 0)
+    if (dup3(fd, log->fd, O_CLOEXEC) < 0) {
         rc = shmipc__fail_errno(errno, "access log %s: dup3", log->path);
-    else
-        atomic_store(&log->pipe_like, is_pipe_like(log->fd));
+    } else {
+        int piped = is_pipe_like(log->fd), nb = atomic_load(&log->nb);
+        if (piped || nb >= 0) {
+            /* The non-blocking description follows the file (a FIFO at the path now); when
+             * none can be had, the new file itself, as blocking as before. */
+            int n2 = piped ? open_nonblocking(log->fd) : -1;
+            if (nb >= 0) {
+                dup3(n2 >= 0 ? n2 : log->fd, nb, O_CLOEXEC);
+                if (n2 >= 0)
+                    close(n2);
+            } else {
+                atomic_store(&log->nb, n2);
+            }
+        }
+        atomic_store(&log->pipe_like, piped);
+        atomic_store(&log->stalled, 0);
+    }
     close(fd);
     return rc;
 }
@@ -278,6 +309,8 @@ void shmipc__access_log_free(struct shmipc__access_log *log)
         return;
     if (log->own)
         close(log->fd);
+    if (atomic_load(&log->nb) >= 0)
+        close(atomic_load(&log->nb));
     free(log->path);
     free(log);
 }
@@ -291,6 +324,58 @@ static int write_all(int fd, const char *p, size_t n)
             continue;
         if (k <= 0)
             return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* How long a write to a pipe, socket or terminal waits for room before its lines are dropped
+ * (counted as write errors): as shmipc-serve's own output (serve/sup_int.h OUT_WAIT_MS). */
+#define LOG_WAIT_MS 20
+
+static ssize_t write_nonblocking(struct shmipc__access_log *log, const char *p, size_t n)
+{
+    int nb = atomic_load(&log->nb);
+    if (nb >= 0)
+        return write(nb, p, n);
+    ssize_t k = send(log->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k < 0 && errno == ENOTSOCK)
+        return write(log->fd, p, n); /* no description of its own could be had */
+    return k;
+}
+
+/*
+ * Lines to a pipe, socket or terminal, never blocking for long: a log reader that stalls (or
+ * `--access-log -` into a pipe nobody reads) held every thread that flushed lines in write(),
+ * so the server stopped answering and its stop never ended. A write without room waits
+ * LOG_WAIT_MS for it, then the lines are dropped; once a write found no room the next ones do
+ * not wait until one succeeds.
+ */
+static int write_piped(struct shmipc__access_log *log, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write_nonblocking(log, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (atomic_load(&log->stalled))
+                return -1;
+            struct pollfd pf = {.fd = log->fd, .events = POLLOUT};
+            int r = poll(&pf, 1, LOG_WAIT_MS);
+            if (r > 0 && (pf.revents & POLLOUT)) {
+                k = write_nonblocking(log, p, n);
+                if (k < 0 && errno == EINTR)
+                    continue;
+            }
+            if (k < 0) {
+                atomic_store(&log->stalled, 1);
+                return -1;
+            }
+        }
+        if (k <= 0)
+            return -1;
+        atomic_store(&log->stalled, 0);
         p += k;
         n -= (size_t)k;
     }
@@ -320,7 +405,7 @@ static void log_write(struct shmipc__access_log *log, const char *p, size_t n)
                 cut = memchr(p, '\n', n);
             k = cut != NULL ? (size_t)(cut - p) + 1 : n;
         }
-        if (write_all(log->fd, p, k) == 0)
+        if ((piped ? write_piped(log, p, k) : write_all(log->fd, p, k)) == 0)
             atomic_fetch_add(&log->lines, count_lines(p, k));
         else
             atomic_fetch_add(&log->errors, 1);

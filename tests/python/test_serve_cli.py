@@ -1047,3 +1047,60 @@ def test_address_text_in_a_path_or_app_is_left_alone(tmp_path, where):
         assert status == 200, out
     finally:
         assert s.stop() == 0
+
+
+def test_access_log_into_a_pipe_nobody_reads(tmp_path):
+    """Regression: `--access-log -` with stdout a pipe nobody reads. The front's threads wrote
+    the lines with a blocking write(): once the pipe was full (a few hundred requests) the
+    server answered nothing more, and SIGTERM never ended the process (its close waited for
+    those threads). Now a line without room is dropped after 20 ms at most (counted as a
+    write error in the SIGUSR1 table), every request is answered and the stop is clean."""
+    (tmp_path / "cliapp.py").write_text(APP)
+    port = free_port()
+    r, w = os.pipe()
+    try:
+        p = subprocess.Popen(
+            [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{port}",
+             "--workers", "1", "--python", "/usr/bin/python3", "--graceful-timeout", "5",
+             "--access-log", "-"],
+            env=python_env(), stdout=w, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(w)
+    err = []
+    t = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not any("listening on" in line for line in list(err)):
+            assert time.monotonic() < deadline, "".join(err)
+            time.sleep(0.05)
+        # Lines of over 250 bytes: 1500 of them are well past a pipe's 64 KiB.
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for i in range(1500):
+            c.request("GET", f"/{i}/" + "x" * 200)
+            resp = c.getresponse()
+            assert resp.status == 200 and resp.read().startswith(b"pid="), i
+        c.close()
+        p.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not any("write errors" in line for line in list(err)):
+            assert time.monotonic() < deadline, "".join(err[-5:])
+            time.sleep(0.05)
+        counts = [line for line in err if "write errors" in line][-1]
+        written, errors = map(int, re.findall(r"(\d+) lines written, (\d+) write errors",
+                                               counts)[0])
+        assert errors > 0 and written < 1500, counts
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            rc = None
+        assert rc == 0, "".join(err[-5:])
+    finally:
+        if p.poll() is None:
+            for ch in children(p.pid):
+                os.kill(ch, signal.SIGKILL)
+            p.kill()
+            p.wait()
+        os.close(r)
+        t.join(5)
