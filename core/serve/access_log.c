@@ -204,6 +204,7 @@ struct shmipc__access_log {
      * file). Its number, once set, is the log's for good: reopen dup3()s over it. */
     atomic_int nb;
     atomic_int stalled; /* no room last time: the next writes do not wait until there is */
+    atomic_int cut;     /* a write dropped the end of a line: the next begins with '\n' */
     char *path;         /* NULL for stdout */
     atomic_ullong lines, errors;
 };
@@ -290,6 +291,7 @@ int shmipc__access_log_reopen(struct shmipc__access_log *log)
         }
         atomic_store(&log->pipe_like, piped);
         atomic_store(&log->stalled, 0);
+        atomic_store(&log->cut, 0);
     }
     close(fd);
     return rc;
@@ -352,15 +354,16 @@ static ssize_t write_nonblocking(struct shmipc__access_log *log, const char *p, 
  * LOG_WAIT_MS for it, then the lines are dropped; once a write found no room the next ones do
  * not wait until one succeeds.
  */
-static int write_piped(struct shmipc__access_log *log, const char *p, size_t n)
+static int write_piped_part(struct shmipc__access_log *log, const char *p, size_t n)
 {
+    const char *start = p;
     while (n > 0) {
         ssize_t k = write_nonblocking(log, p, n);
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             if (atomic_load(&log->stalled))
-                return -1;
+                break;
             struct pollfd pf = {.fd = log->fd, .events = POLLOUT};
             int r = poll(&pf, 1, LOG_WAIT_MS);
             if (r > 0 && (pf.revents & POLLOUT)) {
@@ -370,16 +373,36 @@ static int write_piped(struct shmipc__access_log *log, const char *p, size_t n)
             }
             if (k < 0) {
                 atomic_store(&log->stalled, 1);
-                return -1;
+                break;
             }
         }
         if (k <= 0)
-            return -1;
+            break;
         atomic_store(&log->stalled, 0);
         p += k;
         n -= (size_t)k;
     }
-    return 0;
+    if (n == 0)
+        return 0;
+    if (p > start && p[-1] != '\n')
+        atomic_store(&log->cut, 1);
+    return -1;
+}
+
+/*
+ * A line longer than PIPE_BUF (a long target), or any line to a terminal, may be taken in part
+ * before the room runs out and the rest is dropped: the line is then left open, and the next
+ * write would go on with it, a client's target in front of another's entry. So such a cut is
+ * remembered and the next write first ends it with a newline (its lines are dropped when even
+ * that byte finds no room).
+ */
+static int write_piped(struct shmipc__access_log *log, const char *p, size_t n)
+{
+    if (atomic_exchange(&log->cut, 0) && write_piped_part(log, "\n", 1) < 0) {
+        atomic_store(&log->cut, 1);
+        return -1;
+    }
+    return write_piped_part(log, p, n);
 }
 
 static unsigned count_lines(const char *p, size_t n)
