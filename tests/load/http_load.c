@@ -106,8 +106,8 @@ static _Noreturn void run_server(const struct options *o, int port_fd)
         shmipc_server_config_set_timeout(cfg, SHMIPC_SERVER_TIMEOUT_KEEPALIVE, 120000) != 0 ||
         /* The normal clients time thousands of requests on each of their connections, which
          * they never reopen: no keepalive_requests limit (as the HTTP benchmark's). */
-        shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS,
-                                       4294967295u) != 0 ||
+        shmipc_server_config_set_limit(cfg, SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS, 4294967295u) !=
+            0 ||
         shmipc_server_new(cfg, &served) != 0 ||
         shmipc_server_route(served, "GET", "/n/*", echo_wildcard, NULL, NULL) != 0 ||
         shmipc_server_websocket(served, "/ws", NULL, NULL, ws_echo, NULL, NULL, NULL) != 0 ||
