@@ -75,6 +75,8 @@ struct shmipc__sup {
 
 /* sup_output.c */
 void shmipc__sup_write_all(int fd, const char *p, size_t n);
+/* Test hook: called between a poll() that found room and the write (NULL: none). */
+extern void (*shmipc__sup_after_poll_hook)(int fd);
 void shmipc__sup_logf(shmipc__sup *sup, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void shmipc__sup_read_output(shmipc__sup *sup, struct slot *s, uint64_t now);
 void shmipc__sup_close_out(shmipc__sup *sup, struct slot *s);

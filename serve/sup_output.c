@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,15 +30,18 @@
  * line says how many bytes it lost (on a line of its own when the drop cut one).
  */
 static _Thread_local struct dest {
-    int fd;           /* -1: a free slot */
-    int nb;           /* a terminal's O_NONBLOCK description (below), or -1 */
-    dev_t rdev;       /* the terminal `nb` is of */
+    int fd;       /* -1: a free slot */
+    int nb;       /* a terminal's O_NONBLOCK description (below), or -1 */
+    dev_t nb_dev; /* the terminal or pipe `nb` is of */
+    ino_t nb_ino;
     int line_open;    /* what was last written left a line open (a line may come in two writes:
                        * a worker's last line, then its newline; a cut line, then its marker) */
     int stalled;      /* no room last time: later writes do not wait until there is */
     uint64_t dropped; /* bytes lost since then */
-} dests[4] = {
-    {-1, -1, 0, 0, 0, 0}, {-1, -1, 0, 0, 0, 0}, {-1, -1, 0, 0, 0, 0}, {-1, -1, 0, 0, 0, 0}};
+} dests[4] = {{-1, -1, 0, 0, 0, 0, 0},
+              {-1, -1, 0, 0, 0, 0, 0},
+              {-1, -1, 0, 0, 0, 0, 0},
+              {-1, -1, 0, 0, 0, 0, 0}};
 
 /* The state of destination `fd` (a pipe, socket or terminal), or NULL when four others hold
  * the table: then it is written as if new each time. */
@@ -51,34 +55,40 @@ static struct dest *dest_of(int fd)
             free_slot = &dests[i];
     }
     if (free_slot != NULL)
-        *free_slot = (struct dest){fd, -1, 0, 0, 0, 0};
+        *free_slot = (struct dest){fd, -1, 0, 0, 0, 0, 0};
     return free_slot;
 }
 
 /*
- * A terminal's POLLOUT promises no room for PIPE_BUF: a pty whose reader stalled (an ssh
- * session whose client stopped reading) says writable with a few bytes free, and a blocking
- * write then waits for the reader. So a terminal is written through a description of its own,
+ * POLLOUT promises no room for the write that follows it. A pty whose reader stalled (an ssh
+ * session whose client stopped reading) says writable with a few bytes free. A pipe says it
+ * with one page free, which another thread writing here (the front's reactor threads log
+ * through shmipc__sup_say) can take between our poll() and our write(). A blocking write then
+ * waits for the reader. So a terminal or a pipe is written through a description of its own,
  * opened O_NONBLOCK (the one shared with the workers and the shell keeps its flags), and a
  * write it cannot take at once is a drop as no room is. Returns that description, or `fd`
- * itself when none could be had.
+ * itself when none could be had (a pipe whose reader is gone: the write fails anyway).
  */
-static int tty_writer(int fd, struct dest *d, const struct stat *st)
+static int nb_writer(int fd, struct dest *d, const struct stat *st)
 {
     if (d == NULL)
         return fd;
-    if (d->nb >= 0 && d->rdev != st->st_rdev) {
-        close(d->nb); /* the fd is another terminal now */
+    if (d->nb >= 0 && (d->nb_dev != st->st_dev || d->nb_ino != st->st_ino)) {
+        close(d->nb); /* the fd is another terminal or pipe now */
         d->nb = -1;
     }
     if (d->nb < 0) {
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
         d->nb = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-        d->rdev = st->st_rdev;
+        d->nb_dev = st->st_dev;
+        d->nb_ino = st->st_ino;
     }
     return d->nb >= 0 ? d->nb : fd;
 }
+
+/* Test hook: called between a poll() that found room and the write (NULL: none). */
+void (*shmipc__sup_after_poll_hook)(int fd);
 
 /* The destination has room again: a line says how much it lost (one write under PIPE_BUF,
  * through `wfd`: a terminal's O_NONBLOCK description), on a line of its own. */
@@ -102,7 +112,10 @@ void shmipc__sup_write_all(int fd, const char *p, size_t n)
     int ok = fstat(fd, &st) == 0;
     int file = ok && S_ISREG(st.st_mode);
     struct dest *d = file ? NULL : dest_of(fd);
-    int wfd = ok && S_ISCHR(st.st_mode) && isatty(fd) ? tty_writer(fd, d, &st) : fd;
+    int sock = ok && S_ISSOCK(st.st_mode);
+    int wfd = ok && (S_ISFIFO(st.st_mode) || (S_ISCHR(st.st_mode) && isatty(fd)))
+                  ? nb_writer(fd, d, &st)
+                  : fd;
     int full = 0;
     while (n > 0) {
         if (!file) {
@@ -120,12 +133,16 @@ void shmipc__sup_write_all(int fd, const char *p, size_t n)
             }
             if (stalled)
                 dropped_notice(wfd, d);
+            if (shmipc__sup_after_poll_hook != NULL)
+                shmipc__sup_after_poll_hook(fd);
         }
-        ssize_t k = write(wfd, p, file || n <= PIPE_BUF ? n : PIPE_BUF);
+        size_t len = file || n <= PIPE_BUF ? n : PIPE_BUF;
+        /* A socket cannot be reopened: its write is told not to wait. */
+        ssize_t k = sock ? send(wfd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL) : write(wfd, p, len);
         if (k < 0 && errno == EINTR)
             continue;
-        if (k < 0 && errno == EAGAIN && !file) {
-            full = 1; /* a terminal that said POLLOUT with no room: dropped as above */
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !file) {
+            full = 1; /* POLLOUT, then no room: dropped as above */
             continue;
         }
         if (k <= 0)

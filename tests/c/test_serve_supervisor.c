@@ -1303,6 +1303,71 @@ static void test_unread_terminal_does_not_block_writes(void **state)
         fail_msg("a write to a terminal nobody reads blocked past 5 s");
 }
 
+static int other_writer = -1; /* a description of the pipe's write end of the "other thread" */
+
+static void other_thread_takes_the_room(int fd)
+{
+    (void)fd;
+    char b[512];
+    memset(b, 'o', sizeof b);
+    while (write(other_writer, b, sizeof b) > 0) {
+    }
+    while (write(other_writer, b, 1) > 0) {
+    }
+}
+
+static void *pipe_writer_thread(void *arg)
+{
+    struct pty_writer *pw = arg;
+    char line[1000];
+    memset(line, 'w', sizeof line);
+    line[sizeof line - 1] = '\n';
+    shmipc__sup_write_all(pw->fd, line, sizeof line);
+    atomic_store(&pw->done, 1);
+    return NULL;
+}
+
+/*
+ * A pipe that had room at poll() and has none at write(): another thread writing here (the
+ * front's reactor threads log through the same writer) took it in between. The write must be
+ * dropped, not wait for a reader that never comes (before, a blocking write() did).
+ */
+static void test_pipe_room_taken_after_poll_does_not_block(void **state)
+{
+    (void)state;
+    int pfd[2];
+    char path[64];
+    assert_int_equal(pipe2(pfd, O_CLOEXEC), 0); /* blocking, as a log reader's pipe is */
+    snprintf(path, sizeof path, "/proc/self/fd/%d", pfd[1]);
+    other_writer = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    assert_true(other_writer >= 0);
+    shmipc__sup_after_poll_hook = other_thread_takes_the_room;
+    struct pty_writer pw = {.fd = pfd[1]};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, pipe_writer_thread, &pw), 0);
+    uint64_t end = ms_now() + 5000;
+    while (!atomic_load(&pw.done) && ms_now() < end)
+        sleep_ms(10);
+    int blocked = !atomic_load(&pw.done);
+    shmipc__sup_after_poll_hook = NULL;
+    char junk[65536];
+    int fl = fcntl(pfd[0], F_GETFL);
+    assert_int_equal(fcntl(pfd[0], F_SETFL, fl | O_NONBLOCK), 0);
+    while (!atomic_load(&pw.done)) { /* unblocked either way before the test ends */
+        while (read(pfd[0], junk, sizeof junk) > 0) {
+        }
+        sleep_ms(10);
+    }
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(fcntl(pfd[1], F_GETFL) & O_NONBLOCK, 0); /* the shared one kept its flags */
+    close(other_writer);
+    other_writer = -1;
+    close(pfd[0]);
+    close(pfd[1]);
+    if (blocked)
+        fail_msg("a write to a pipe whose room another writer took blocked past 5 s");
+}
+
 struct run_flag {
     shmipc__sup *sup;
     int rc;
@@ -1812,6 +1877,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dropped_output_is_counted),
         cmocka_unit_test(test_dropped_notice_after_a_line_cut_between_writes),
         cmocka_unit_test(test_unread_terminal_does_not_block_writes),
+        cmocka_unit_test(test_pipe_room_taken_after_poll_does_not_block),
         cmocka_unit_test(test_status_output),
         cmocka_unit_test(test_signals),
         cmocka_unit_test(test_python_wsgi_workers),
