@@ -1805,6 +1805,9 @@ static void close_flood_is_capped(void **state)
     shmipc_stream *ss;
     pthread_t t;
     assert_int_equal(shmipc_config_set_queue_capacity(cfg, CAP), 0);
+    /* Its own config, so not ipc_helpers.h's patient one: its handshake (a 12 MiB queue) timed
+     * out at the library's 1 s under TSan beside another CI run. */
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, IPC_WAIT_MS), 0);
     pair_open(&p, cfg);
     struct close_flood f = {p.client, 8u * CAP, CAP};
     for (uint32_t i = 0; i < CAP; i++)
