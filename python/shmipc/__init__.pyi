@@ -335,6 +335,7 @@ class Server(_ContextManager):
         ws_send_high_water: Optional[int] = ...,
         ws_send_limit: Optional[int] = ...,
         reuse_port: Optional[bool] = ...,
+        keepalive_requests: Optional[int] = ...,
     ) -> None: ...
     @overload
     def route(self, method: Optional[str], path: str) -> Callable[[_H], _H]: ...

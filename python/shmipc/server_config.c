@@ -76,17 +76,18 @@ int shmipcpy_build_config(module_state *ms, PyObject *args, PyObject *kwargs,
                              "ws_send_high_water",
                              "ws_send_limit",
                              "reuse_port",
+                             "keepalive_requests",
                              NULL};
     const char *address = NULL;
     int port = -1, rc;
     PyObject *workers = Py_None, *backend = Py_None, *header_to = NULL, *keepalive_to = NULL,
              *stop_to = NULL, *line = NULL, *head = NULL, *nheaders = NULL, *body = NULL,
              *pipeline = NULL, *name = NULL, *ws_message = NULL, *ws_ping = NULL, *ws_idle = NULL,
-             *ws_high = NULL, *ws_limit = NULL, *reuse = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|zi$OOOOOOOOOOOOOOOOO:Server", kwlist, &address,
-                                     &port, &workers, &backend, &header_to, &keepalive_to, &stop_to,
-                                     &line, &head, &nheaders, &body, &pipeline, &name, &ws_message,
-                                     &ws_ping, &ws_idle, &ws_high, &ws_limit, &reuse))
+             *ws_high = NULL, *ws_limit = NULL, *reuse = Py_None, *kreqs = NULL;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "|zi$OOOOOOOOOOOOOOOOOO:Server", kwlist, &address, &port, &workers,
+            &backend, &header_to, &keepalive_to, &stop_to, &line, &head, &nheaders, &body,
+            &pipeline, &name, &ws_message, &ws_ping, &ws_idle, &ws_high, &ws_limit, &reuse, &kreqs))
         return -1;
     if (address != NULL && (rc = shmipc_server_config_set_address(cfg, address)) < 0)
         goto fail;
@@ -128,6 +129,8 @@ int shmipcpy_build_config(module_state *ms, PyObject *args, PyObject *kwargs,
         config_limit(ms, cfg, nheaders, SHMIPC_SERVER_LIMIT_HEADERS, "max_headers") < 0 ||
         config_limit(ms, cfg, body, SHMIPC_SERVER_LIMIT_BODY, "max_body") < 0 ||
         config_limit(ms, cfg, pipeline, SHMIPC_SERVER_LIMIT_PIPELINE, "pipeline") < 0 ||
+        config_limit(ms, cfg, kreqs, SHMIPC_SERVER_LIMIT_KEEPALIVE_REQUESTS, "keepalive_requests") <
+            0 ||
         config_limit(ms, cfg, ws_message, SHMIPC_SERVER_LIMIT_WS_MESSAGE, "max_ws_message") < 0 ||
         config_timeout(ms, cfg, ws_ping, SHMIPC_SERVER_TIMEOUT_WS_PING, "ws_ping_timeout") < 0 ||
         config_timeout(ms, cfg, ws_idle, SHMIPC_SERVER_TIMEOUT_WS_IDLE, "ws_idle_timeout") < 0 ||

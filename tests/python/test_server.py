@@ -600,3 +600,31 @@ def test_server_dropped_inside_its_own_handler():
                                      "(500, b'Internal Server Error\\n')", "survived"]
     assert "ResourceWarning: shmipc.Server dropped inside its own handler" in r.stderr
     assert "KeyError: 'after the drop'" in r.stderr
+
+
+@pytest.mark.parametrize("backend", ["io_uring", "epoll"])
+def test_keepalive_requests(shmipc, backend):
+    # nginx's keepalive_requests: the N-th answer on a connection says Connection: close, and
+    # what was pipelined behind it is not answered; the next connection starts again.
+    def setup(s):
+        s.route("GET", "/k", lambda r: "k")
+
+    s = started(shmipc, setup, keepalive_requests=3, backend=backend)
+    with s:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(b"GET /k HTTP/1.1\r\nHost: x\r\n\r\n" * 5)
+            got = b""
+            while True:
+                b = c.recv(65536)
+                if not b:
+                    break  # the server closed after the third answer
+                got += b
+        assert got.count(b"HTTP/1.1 200") == 3, got
+        assert got.count(b"Connection: close") == 1 and got.rindex(b"Connection: close") > \
+            got.rindex(b"HTTP/1.1 200"), got
+        assert get(conn(s), "GET", "/k")[0] == 200
+    for bad in (-1, 2 ** 64, "3", 1.5):
+        with pytest.raises((shmipc.InvalidArgumentError, TypeError)):
+            shmipc.Server(keepalive_requests=bad)
+    shmipc.Server(keepalive_requests=None).close()
+    shmipc.Server(keepalive_requests=0).close()  # 0: the default
