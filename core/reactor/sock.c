@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -623,16 +624,36 @@ int shmipc__workers_start(const struct shmipc__workers_opts *opts, struct shmipc
         if (rc < 0)
             goto err;
     }
+    /*
+     * Process signals stay with the application's threads, as the listener's handshake threads
+     * leave them: one the kernel delivered to a reactor thread woke none of the application's
+     * waits (CPython runs its handlers on its main thread only, so a main thread asleep in
+     * select() slept through its SIGTERM). The faults stay open: the SIGBUS guard (shm/guard.h)
+     * handles a truncated peer mapping on the thread that touched it, and a blocked fault kills.
+     */
+    sigset_t quiet, old;
+    sigfillset(&quiet);
+    sigdelset(&quiet, SIGBUS);
+    sigdelset(&quiet, SIGSEGV);
+    sigdelset(&quiet, SIGFPE);
+    sigdelset(&quiet, SIGILL);
+    sigdelset(&quiet, SIGTRAP);
+    sigdelset(&quiet, SIGSYS);
+    pthread_sigmask(SIG_SETMASK, &quiet, &old);
+    rc = 0;
     for (unsigned i = 0; i < g->count; i++) {
         g->w[i].group = g;
         g->w[i].index = i;
         rc = pthread_create(&g->w[i].thread, NULL, worker_main, &g->w[i]);
-        if (rc != 0) {
-            rc = shmipc__fail_errno(rc, "workers: pthread_create");
-            goto err;
-        }
+        if (rc != 0)
+            break;
         g->w[i].started = 1;
         started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        rc = shmipc__fail_errno(rc, "workers: pthread_create");
+        goto err;
     }
     pthread_mutex_lock(&g->lock);
     while (g->ready < started)

@@ -93,6 +93,10 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # The handlers run between two bytecodes: a signal that lands after the last check before
+    # select() sleeps (and so interrupts nothing) would wait there for good. The C-level handler
+    # writes the pipe at once, so select() returns and the handler runs.
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     # An ASGI request still in the app at --graceful-timeout is cancelled and answered 500
     # (below); the server's own stop timeout, which closes the connections still waiting,
     # comes 2 s later, so that the 500 goes out first.
