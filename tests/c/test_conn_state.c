@@ -38,6 +38,31 @@
 #define NS SHMIPC__CS_COUNT
 #define NE SHMIPC__CE_COUNT
 
+/* Skips the calling test where the kernel refuses io_uring (an old kernel, a seccomp filter). */
+static void skip_without_io_uring(void)
+{
+    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
+    struct shmipc__loop *probe = NULL;
+    if (shmipc__loop_new(&o, &probe) != 0)
+        skip();
+    shmipc__loop_free(probe);
+}
+
+/* NAME_epoll and NAME_io_uring, the cmocka tests that run FN(backend) on each backend. */
+#define BOTH_BACKENDS_OF(name, fn)                                                                 \
+    static void name##_epoll(void **state)                                                         \
+    {                                                                                              \
+        (void)state;                                                                               \
+        fn(SHMIPC_BACKEND_EPOLL);                                                                  \
+    }                                                                                              \
+    static void name##_io_uring(void **state)                                                      \
+    {                                                                                              \
+        (void)state;                                                                               \
+        skip_without_io_uring();                                                                   \
+        fn(SHMIPC_BACKEND_IO_URING);                                                               \
+    }
+#define BOTH_BACKENDS(fn) BOTH_BACKENDS_OF(fn, fn)
+
 /* ---- the table, as docs/http.md writes it, read from the file itself ---- */
 
 #ifndef SHMIPC_DOCS_DIR
@@ -861,22 +886,7 @@ static void deferred_answer_during_stop(int backend)
     assert_int_equal(atomic_load(&defer_wrong), 0);
 }
 
-static void deferred_answer_during_stop_epoll(void **state)
-{
-    (void)state;
-    deferred_answer_during_stop(SHMIPC_BACKEND_EPOLL);
-}
-
-static void deferred_answer_during_stop_io_uring(void **state)
-{
-    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
-    struct shmipc__loop *probe = NULL;
-    (void)state;
-    if (shmipc__loop_new(&o, &probe) != 0)
-        skip();
-    shmipc__loop_free(probe);
-    deferred_answer_during_stop(SHMIPC_BACKEND_IO_URING);
-}
+BOTH_BACKENDS(deferred_answer_during_stop)
 
 /* Regression: a handler completing another connection's deferred request ran that
  * connection's pipelined handlers inside it, over the worker's shared response-header scratch:
@@ -946,39 +956,9 @@ static void complete_in_ws_open_keeps_its_handshake(int backend)
     tsrv_stop(&t);
 }
 
-static void complete_in_ws_open_keeps_its_handshake_epoll(void **state)
-{
-    (void)state;
-    complete_in_ws_open_keeps_its_handshake(SHMIPC_BACKEND_EPOLL);
-}
+BOTH_BACKENDS(complete_in_ws_open_keeps_its_handshake)
 
-static void complete_in_ws_open_keeps_its_handshake_io_uring(void **state)
-{
-    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
-    struct shmipc__loop *probe = NULL;
-    (void)state;
-    if (shmipc__loop_new(&o, &probe) != 0)
-        skip();
-    shmipc__loop_free(probe);
-    complete_in_ws_open_keeps_its_handshake(SHMIPC_BACKEND_IO_URING);
-}
-
-static void complete_in_other_handler_keeps_its_headers_epoll(void **state)
-{
-    (void)state;
-    complete_in_other_handler_keeps_its_headers(SHMIPC_BACKEND_EPOLL);
-}
-
-static void complete_in_other_handler_keeps_its_headers_io_uring(void **state)
-{
-    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
-    struct shmipc__loop *probe = NULL;
-    (void)state;
-    if (shmipc__loop_new(&o, &probe) != 0)
-        skip();
-    shmipc__loop_free(probe);
-    complete_in_other_handler_keeps_its_headers(SHMIPC_BACKEND_IO_URING);
-}
+BOTH_BACKENDS(complete_in_other_handler_keeps_its_headers)
 
 /* Regression: complete() wrote the owner's header names, values and content type as given,
  * so CR LF in one started a header (or a response) of the owner's making, and a Content-Length
@@ -1006,39 +986,9 @@ static void complete_refuses_header_injection(int backend)
     tsrv_stop(&t);
 }
 
-static void complete_refuses_header_injection_epoll(void **state)
-{
-    (void)state;
-    complete_refuses_header_injection(SHMIPC_BACKEND_EPOLL);
-}
+BOTH_BACKENDS(complete_refuses_header_injection)
 
-static void complete_refuses_header_injection_io_uring(void **state)
-{
-    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
-    struct shmipc__loop *probe = NULL;
-    (void)state;
-    if (shmipc__loop_new(&o, &probe) != 0)
-        skip();
-    shmipc__loop_free(probe);
-    complete_refuses_header_injection(SHMIPC_BACKEND_IO_URING);
-}
-
-static void every_cell_walked_epoll(void **state)
-{
-    (void)state;
-    walk(SHMIPC_BACKEND_EPOLL);
-}
-
-static void every_cell_walked_io_uring(void **state)
-{
-    struct shmipc__loop_opts o = {.backend = SHMIPC__BACKEND_IO_URING};
-    struct shmipc__loop *probe = NULL;
-    (void)state;
-    if (shmipc__loop_new(&o, &probe) != 0)
-        skip();
-    shmipc__loop_free(probe);
-    walk(SHMIPC_BACKEND_IO_URING);
-}
+BOTH_BACKENDS_OF(every_cell_walked, walk)
 
 int main(int argc, char **argv)
 {

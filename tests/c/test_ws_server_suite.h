@@ -819,21 +819,18 @@ static void upgrade_routing(void **state)
     app_free(&refuse);
 }
 
-/* A graceful stop sends open WebSockets a close frame with 1001; the client's answer ends
- * them (on_close with 1001). */
-static void stop_sends_going_away(void **state)
+/* Starts a server (options O, may be NULL) with app A on /ws, opens a WebSocket, stops the
+ * server and reads the stop's close frame (1001) within 5 s. Returns the client's socket. */
+static int ws_open_then_stop(struct srv *t, struct app *a, const struct srv_opts *o)
 {
-    struct srv t;
-    struct app a;
-    struct fx_bytes got = {0}, answer = {0};
-    (void)state;
-    app_init(&a);
-    srv_new(&t, NULL);
-    CHECK(shmipc_server_websocket(t.s, "/ws", NULL, app_open, app_message, app_close_cb, &a, NULL));
-    srv_run(&t);
-    int fd = ws_connect(t.port, "/ws");
-    WAIT_UNTIL(atomic_load(&a.opens) == 1);
-    assert_int_equal(shmipc_server_stop(t.s), 0);
+    struct fx_bytes got = {0};
+    app_init(a);
+    srv_new_opts(t, NULL, o);
+    CHECK(shmipc_server_websocket(t->s, "/ws", NULL, app_open, app_message, app_close_cb, a, NULL));
+    srv_run(t);
+    int fd = ws_connect(t->port, "/ws");
+    WAIT_UNTIL(atomic_load(&a->opens) == 1);
+    assert_int_equal(shmipc_server_stop(t->s), 0);
     fx_put(&got, "", 0);
     uint64_t end = mono_ms() + 5000;
     while (got.n < 4) {
@@ -846,6 +843,20 @@ static void stop_sends_going_away(void **state)
         assert_true(mono_ms() < end);
     }
     assert_memory_equal(got.p, "\x88\x02\x03\xe9", 4);
+    free(got.p);
+    return fd;
+}
+
+/* A graceful stop sends open WebSockets a close frame with 1001; the client's answer ends
+ * them (on_close with 1001). */
+static void stop_sends_going_away(void **state)
+{
+    struct srv t;
+    struct app a;
+    struct fx_bytes answer = {0};
+    (void)state;
+    int fd = ws_open_then_stop(&t, &a, NULL);
+    uint64_t end = mono_ms() + 5000;
     fx_put(&answer, "", 0);
     client_frame(&answer, 8, "\x03\xe9", 2);
     assert_int_equal(send(fd, answer.p, answer.n, MSG_NOSIGNAL), (ssize_t)answer.n);
@@ -865,7 +876,6 @@ static void stop_sends_going_away(void **state)
     assert_int_equal(atomic_load(&a.closes), 1);
     assert_int_equal(atomic_load(&a.close_code), 1001);
     shmipc_server_close(t.s);
-    free(got.p);
     free(answer.p);
     app_free(&a);
 }
@@ -1833,29 +1843,10 @@ static void stop_close_unanswered_is_bounded(void **state)
     struct srv t;
     struct app a;
     struct srv_opts o = {.stop_forever = 1};
-    struct fx_bytes got = {0};
     (void)state;
-    app_init(&a);
-    srv_new_opts(&t, NULL, &o);
-    CHECK(shmipc_server_websocket(t.s, "/ws", NULL, app_open, app_message, app_close_cb, &a, NULL));
-    srv_run(&t);
-    int fd = ws_connect(t.port, "/ws");
-    WAIT_UNTIL(atomic_load(&a.opens) == 1);
-    assert_int_equal(shmipc_server_stop(t.s), 0);
-    fx_put(&got, "", 0);
-    uint64_t end = mono_ms() + 5000;
-    while (got.n < 4) {
-        char buf[16];
-        ssize_t r = read(fd, buf, sizeof buf);
-        if (r > 0)
-            fx_put(&got, buf, (size_t)r);
-        else
-            usleep(500);
-        assert_true(mono_ms() < end);
-    }
-    assert_memory_equal(got.p, "\x88\x02\x03\xe9", 4);
+    int fd = ws_open_then_stop(&t, &a, &o);
     /* No answer: on_close (1006) within a few seconds, and run() returns. */
-    end = mono_ms() + 6000;
+    uint64_t end = mono_ms() + 6000;
     while (atomic_load(&a.closes) == 0 && mono_ms() < end)
         usleep(1000);
     int closed = atomic_load(&a.closes);
@@ -1866,7 +1857,6 @@ static void stop_close_unanswered_is_bounded(void **state)
     assert_int_equal(t.run_rc, 0);
     assert_int_equal(atomic_load(&a.close_code), 1006);
     shmipc_server_close(t.s);
-    free(got.p);
     app_free(&a);
 }
 
