@@ -104,8 +104,10 @@ def test_killed_worker_is_a_502_only_for_the_request_it_had_taken(tmp_path):
     try:
         pids = s.worker_pids(2)
         assert len(pids) == 2
-        # One slow request per worker (a free worker first), then six that wait at them.
-        slow_ts, slow = run_all([lambda: post(s.port, "/slow?3", b"") for _ in range(2)])
+        # One slow request per worker (a free worker first), then six that wait at them. Slow
+        # enough that all eight are in flight before the first ends, on a loaded machine too
+        # (with 3 s, a CI run beside other tests saw them end before the six were queued).
+        slow_ts, slow = run_all([lambda: post(s.port, "/slow?8", b"") for _ in range(2)])
         assert sum(wait_in_flight(s, 2).values()) == 2
         bodies = [f"queued-{i}-{os.getpid()}".encode() for i in range(6)]
         q_ts, queued = run_all([lambda b=b: post(s.port, "/echo", b) for b in bodies])
