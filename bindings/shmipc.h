@@ -1174,9 +1174,11 @@ SHMIPC_API int shmipc_http_response_set_status(shmipc_http_response *res, int st
 /**
  * Adds a header; name and value are copied. The name must be a token, the value free of
  * control bytes. Content-Type sets the content type (once); "Connection: close" closes the
- * connection after this response; Content-Length, Transfer-Encoding, Date, Server and other
- * Connection values are the server's (SHMIPC_EINVAL). At most 32 headers and 4096 bytes of
- * names and values per response (SHMIPC_ENOSPC).
+ * connection after this response; Transfer-Encoding, Date, Server and other Connection values
+ * are the server's (SHMIPC_EINVAL). Content-Length is the server's too (SHMIPC_EINVAL), but on
+ * an answer to HEAD: there it says, once, the length GET's body would have (1 to 19 ASCII
+ * digits), the header the client gets whatever body is set, and no body goes (RFC 9110 8.6).
+ * At most 32 headers and 4096 bytes of names and values per response (SHMIPC_ENOSPC).
  */
 SHMIPC_API int shmipc_http_response_add_header(shmipc_http_response *res, const char *name,
                                                const char *value);

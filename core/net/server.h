@@ -200,6 +200,7 @@ struct shmipc_http_response {
     int ended;
     int deferred; /* shmipc__server_defer() was called */
     int has_type;
+    int head_length; /* an answer to HEAD said GET's Content-Length (r->body_len) */
 };
 
 int shmipc__server_config_new(struct shmipc_server_config **out);
@@ -423,10 +424,17 @@ void shmipc__server_stats(const struct shmipc_server *s, struct shmipc__server_s
 /*
  * The checks of a response header set by an application (shmipc_http_response_add_header(),
  * shmipc_http_pending_add_header()): a token name, a value without control bytes, none of the
- * server's own fields; *kind says what the field is to the server. 0 or SHMIPC_EINVAL.
+ * server's own fields; *kind says what the field is to the server. Content-Length, 1 to 19
+ * ASCII digits, is LENGTH (*length its value): the callers take it on an answer to HEAD only,
+ * where it is the length of GET's body (RFC 9110 8.6). 0 or SHMIPC_EINVAL.
  */
-enum { SHMIPC__HEADER_PLAIN = 0, SHMIPC__HEADER_TYPE = 1, SHMIPC__HEADER_CLOSE = 2 };
-int shmipc__http_header_check(const char *name, const char *value, int *kind);
+enum {
+    SHMIPC__HEADER_PLAIN = 0,
+    SHMIPC__HEADER_TYPE = 1,
+    SHMIPC__HEADER_CLOSE = 2,
+    SHMIPC__HEADER_LENGTH = 3
+};
+int shmipc__http_header_check(const char *name, const char *value, int *kind, uint64_t *length);
 int shmipc__http_response_add_header(struct shmipc_http_response *res, const char *name,
                                      const char *value);
 int shmipc__http_response_body(struct shmipc_http_response *res, const void *data, size_t len,

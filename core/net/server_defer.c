@@ -190,11 +190,17 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
     struct server_conn *sc = t.sc;
     struct release *bnode = NULL;
     char *copy = NULL;
+    /* No body but a length: an answer to HEAD saying GET's (nothing to copy or send). */
+    int head_length = body == NULL && body_len > 0;
     int rc = ticket_check(t, "complete");
     if (rc < 0)
         goto refuse;
     if (sc->streaming) {
         rc = shmipc__fail(SHMIPC_EINVAL, "complete: the answer is streamed");
+        goto refuse;
+    }
+    if (head_length && !(sc->http.deferred_flags & SHMIPC__HTTP_RESP_HEAD)) {
+        rc = shmipc__fail(SHMIPC_EINVAL, "complete: a length without a body, not for HEAD");
         goto refuse;
     }
     if (release != NULL && (bnode = malloc(sizeof *bnode)) == NULL) {
@@ -204,13 +210,13 @@ int shmipc__server_complete(struct shmipc__server_ticket t, int status, const ch
     /* Without a release callback the caller cannot know when the body is no longer used:
      * it is copied too. */
     rc = answer_prepare(sc, status, content_type, headers, nheaders, 0,
-                        release == NULL ? body_len : 0, &copy);
+                        release == NULL && !head_length ? body_len : 0, &copy);
     if (rc < 0) {
         free(bnode);
         goto refuse;
     }
     struct shmipc__http_response *r = &sc->http.deferred;
-    if (release == NULL && body_len > 0) {
+    if (release == NULL && body_len > 0 && !head_length) {
         memcpy(copy, body, body_len);
         body = copy;
     }

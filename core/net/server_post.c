@@ -51,9 +51,12 @@ struct shmipc__pending {
     int ended; /* 0 while the request waits; then 1 + its SHMIPC__PENDING_* reason */
     /* The answer: the owner's until sent, the worker's after. */
     int status;
-    int abandon;  /* freed unanswered: the worker answers 500 */
-    int close;    /* Connection: close */
-    int has_type; /* Content-Type is fields[ntype] */
+    int abandon;         /* freed unanswered: the worker answers 500 */
+    int close;           /* Connection: close */
+    int has_type;        /* Content-Type is fields[ntype] */
+    int head;            /* the request is HEAD */
+    int has_head_length; /* head_length: GET's Content-Length, said by the owner for HEAD */
+    uint64_t head_length;
     uint32_t ntype;
     uint32_t nfields;
     struct pfield fields[SHMIPC__SERVER_MAX_RESP_HEADERS + 1];
@@ -174,6 +177,11 @@ static void deliver(struct shmipc__pending *p)
     }
     if (p->close)
         h[nh++] = (struct shmipc__http_header_out){"Connection", "close", 10, 5};
+    /* An answer to HEAD that said GET's length: that length, and no body. */
+    if (p->has_head_length) {
+        body_drop(p);
+        p->body_len = p->head_length > 0 ? (size_t)p->head_length : 0;
+    }
     /* complete() owns the body from here (it releases it whatever happens). */
     shmipc_destroy_cb release = p->body_release;
     p->body_release = NULL;
@@ -302,6 +310,7 @@ int shmipc__pending_new(struct shmipc_http_response *res, int timeout_ms,
     p->end = end;
     p->end_data = data;
     p->status = 200;
+    p->head = (res->r->flags & SHMIPC__HTTP_RESP_HEAD) != 0;
     pthread_mutex_lock(&p->pb->mu);
     p->pb->refs++;
     pthread_mutex_unlock(&p->pb->mu);
@@ -322,9 +331,20 @@ int shmipc__pending_add_header(struct shmipc__pending *p, const char *name, cons
 {
     size_t nlen = strlen(name), vlen = strlen(value);
     int kind;
-    int rc = shmipc__http_header_check(name, value, &kind);
+    uint64_t length = 0;
+    int rc = shmipc__http_header_check(name, value, &kind, &length);
     if (rc < 0)
         return rc;
+    if (kind == SHMIPC__HEADER_LENGTH) { /* as shmipc__http_response_add_header() */
+        if (!p->head)
+            return shmipc__fail(SHMIPC_EINVAL, "response header Content-Length: set by the "
+                                               "server (but on an answer to HEAD)");
+        if (p->has_head_length)
+            return shmipc__fail(SHMIPC_EINVAL, "response header Content-Length: already set");
+        p->has_head_length = 1;
+        p->head_length = length;
+        return 0;
+    }
     /* 32 fields beside Content-Type (Connection: close one of them), 4096 bytes in all. */
     uint32_t plain = p->nfields - (uint32_t)p->has_type + (uint32_t)p->close;
     if (kind == SHMIPC__HEADER_CLOSE) {

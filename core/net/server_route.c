@@ -171,7 +171,7 @@ int shmipc__server_handle(void *user_data, const struct shmipc__http_request *re
         resp->body_len = rt->body_len;
     } else {
         struct shmipc_http_request preq = {req, body, body_len, 0, 0};
-        struct shmipc_http_response pres = {resp, w, sc, 0, 0, 0};
+        struct shmipc_http_response pres = {resp, w, sc, 0, 0, 0, 0};
         if (rt->prefix) {
             preq.wild_off = req->path.off + (uint32_t)rt->path_len;
             preq.wild_len = req->path.len - (uint32_t)rt->path_len;
@@ -219,7 +219,7 @@ static int is_token(const char *s)
     return 1;
 }
 
-int shmipc__http_header_check(const char *name, const char *value, int *kind)
+int shmipc__http_header_check(const char *name, const char *value, int *kind, uint64_t *length)
 {
     size_t vlen = strlen(value);
     if (!is_token(name))
@@ -230,8 +230,16 @@ int shmipc__http_header_check(const char *name, const char *value, int *kind)
             return shmipc__fail(SHMIPC_EINVAL, "response header %s: the value has a control byte",
                                 name);
     }
-    if (header_is(name, "Content-Length") || header_is(name, "Transfer-Encoding") ||
-        header_is(name, "Date") || header_is(name, "Server"))
+    if (header_is(name, "Content-Length")) {
+        if (vlen == 0 || vlen > 19 || strspn(value, "0123456789") != vlen)
+            return shmipc__fail(SHMIPC_EINVAL,
+                                "response header Content-Length: \"%s\" is not a length", value);
+        *length = strtoull(value, NULL, 10);
+        *kind = SHMIPC__HEADER_LENGTH;
+        return 0;
+    }
+    if (header_is(name, "Transfer-Encoding") || header_is(name, "Date") ||
+        header_is(name, "Server"))
         return shmipc__fail(SHMIPC_EINVAL, "response header %s: set by the server", name);
     *kind = SHMIPC__HEADER_PLAIN;
     if (header_is(name, "Connection")) {
@@ -253,11 +261,25 @@ int shmipc__http_response_add_header(struct shmipc_http_response *res, const cha
     size_t nlen = strlen(name), vlen = strlen(value);
     char *p;
     int kind;
-    int rc = shmipc__http_header_check(name, value, &kind);
+    uint64_t length = 0;
+    int rc = shmipc__http_header_check(name, value, &kind, &length);
     if (rc < 0)
         return rc;
     if (kind == SHMIPC__HEADER_CLOSE) {
         r->flags |= SHMIPC__HTTP_RESP_CLOSE;
+        return 0;
+    }
+    if (kind == SHMIPC__HEADER_LENGTH) {
+        /* The server frames every body itself; an answer to HEAD has none, and may say the
+         * length GET's would have (the writer sends body_len, never the body, for HEAD). */
+        if (!(r->flags & SHMIPC__HTTP_RESP_HEAD))
+            return shmipc__fail(SHMIPC_EINVAL, "response header Content-Length: set by the "
+                                               "server (but on an answer to HEAD)");
+        if (res->head_length)
+            return shmipc__fail(SHMIPC_EINVAL, "response header Content-Length: already set");
+        res->head_length = 1;
+        r->body = NULL;
+        r->body_len = (size_t)length;
         return 0;
     }
     if (kind == SHMIPC__HEADER_TYPE && res->has_type)
@@ -298,7 +320,13 @@ int shmipc__http_response_body(struct shmipc_http_response *res, const void *dat
         }
         node->fn = release;
         node->user_data = user_data;
-        res->r->body = data;
+        /* An answer to HEAD that said GET's length keeps it: the body is only released. */
+        if (!res->head_length) {
+            res->r->body = data;
+            res->r->body_len = len;
+        }
+    } else if (res->head_length) {
+        return 0; /* an answer to HEAD that said GET's length: nothing of the body is kept */
     } else if (len <= sizeof res->w->body) {
         /* The batch copies a body this small behind its head (its arena keeps room). */
         if (len > 0)
@@ -314,8 +342,8 @@ int shmipc__http_response_body(struct shmipc_http_response *res, const void *dat
         node->user_data = NULL;
         memcpy(node + 1, data, len);
         res->r->body = node + 1;
+        res->r->body_len = len;
     }
-    res->r->body_len = len;
     node->next = sc->releases;
     sc->releases = node;
     return 0;

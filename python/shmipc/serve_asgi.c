@@ -164,9 +164,16 @@ static void send_dealloc(PyObject *o)
     Py_DECREF(tp);
 }
 
+/* 1xx, 204 and 304: no content, and no length to say. */
+static int no_content(const asgi_send *self)
+{
+    return self->status < 200 || self->status == 204 || self->status == 304;
+}
+
+/* No body bytes go to the client. */
 static int bodyless(const asgi_send *self)
 {
-    return self->head || self->status < 200 || self->status == 204 || self->status == 304;
+    return self->head || no_content(self);
 }
 
 /* bytes or bytearray as bytes (a new reference); TypeError naming `what` otherwise. */
@@ -356,6 +363,13 @@ static int deliver(asgi_send *self)
     PyObject *fields = shmipcpy_serve_server_fields(self->fields, self->close);
     if (fields == NULL)
         return -1;
+    /* HEAD: GET's length (the app's own, else the bytes it gave), said to the server. */
+    if (self->head && !no_content(self) &&
+        shmipcpy_serve_head_length(
+            fields, (unsigned long long)(self->length >= 0 ? self->length : self->sent)) < 0) {
+        Py_DECREF(fields);
+        return -1;
+    }
     PyObject *body;
     Py_ssize_t n = self->chunks != NULL ? PyList_GET_SIZE(self->chunks) : 0;
     if (n == 0) {
@@ -418,6 +432,8 @@ static int take_body(asgi_send *self, PyObject *message)
         if (rc < 0)
             goto fail;
         self->sent += view.len;
+    } else if (view.len > 0 && self->head && !no_content(self)) {
+        self->sent += view.len; /* counted, not kept: HEAD's length is what GET's would be */
     }
     if (view.obj != NULL)
         PyBuffer_Release(&view);

@@ -48,6 +48,9 @@ PyObject *shmipcpy_serve_py_response_fields(PyObject *module, PyObject *const *a
 PyObject *shmipcpy_serve_server_fields(PyObject *pairs, int close);
 /* A list of bytes as one bytes object. */
 PyObject *shmipcpy_serve_join(PyObject *chunks);
+/* Appends (b"Content-Length", digits of `length`) to the list `fields`: an answer to HEAD,
+ * which says the length of GET's body (the C server sends it, and no body). 0 or -1. */
+int shmipcpy_serve_head_length(PyObject *fields, unsigned long long length);
 
 /* serve_asgi.c */
 int shmipcpy_serve_add_asgi(PyObject *module);

@@ -183,11 +183,22 @@ static void resp_dealloc(PyObject *o)
     Py_DECREF(tp);
 }
 
+/* 1xx, 204 and 304: no content, and no length to say. */
+static int no_content(const wsgi_response *self)
+{
+    return self->code < 200 || self->code == 204 || self->code == 304;
+}
+
+static int is_head(const wsgi_response *self)
+{
+    return self->method != NULL && PyUnicode_Check(self->method) &&
+           PyUnicode_CompareWithASCIIString(self->method, "HEAD") == 0;
+}
+
+/* No body bytes go to the client. */
 static int bodyless(wsgi_response *self)
 {
-    return self->code < 200 || self->code == 204 || self->code == 304 ||
-           (self->method != NULL && PyUnicode_Check(self->method) &&
-            PyUnicode_CompareWithASCIIString(self->method, "HEAD") == 0);
+    return no_content(self) || is_head(self);
 }
 
 /* exc_info given once the head is out: PEP 3333 says raise it again. */
@@ -360,8 +371,14 @@ static PyObject *resp_write(PyObject *o, PyObject *data)
     }
     self->head_sent = 1; /* as with a front: exc_info can no longer replace the head */
     rc = 0;
-    if (bodyless(self))
+    if (no_content(self))
         goto out;
+    if (is_head(self)) {
+        /* Counted, not kept: HEAD's Content-Length is what GET's would be. */
+        if (n <= PY_SSIZE_T_MAX - self->sent)
+            self->sent += n;
+        goto out;
+    }
     rc = -1;
     if (is_set(self->length)) {
         unsigned long long len = PyLong_AsUnsignedLongLong(self->length);
@@ -493,6 +510,17 @@ static PyObject *latin1_pairs(PyObject *headers)
     return out;
 }
 
+int shmipcpy_serve_head_length(PyObject *fields, unsigned long long length)
+{
+    char digits[24];
+    int n = PyOS_snprintf(digits, sizeof digits, "%llu", length);
+    PyObject *pair =
+        Py_BuildValue("(y#y#)", "Content-Length", (Py_ssize_t)14, digits, (Py_ssize_t)n);
+    int rc = pair != NULL ? PyList_Append(fields, pair) : -1;
+    Py_XDECREF(pair);
+    return rc;
+}
+
 /* The collected pieces as one bytes object. */
 PyObject *shmipcpy_serve_join(PyObject *chunks)
 {
@@ -551,6 +579,16 @@ static PyObject *resp_collect(PyObject *o, PyObject *iterable)
     unsigned flags = self->flags;
     PyObject *body;
     Py_ssize_t nchunks = self->chunks != NULL ? PyList_GET_SIZE(self->chunks) : 0;
+    /* HEAD: GET's length (the app's own, else the bytes it gave), said to the server. */
+    int head = is_head(self) && !no_content(self);
+    unsigned long long head_length = (unsigned long long)self->sent;
+    if (head && is_set(self->length)) {
+        head_length = PyLong_AsUnsignedLongLong(self->length);
+        if (head_length == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(headers);
+            return NULL;
+        }
+    }
     if (nchunks == 1)
         body = Py_NewRef(PyList_GET_ITEM(self->chunks, 0));
     else if (nchunks == 0)
@@ -566,6 +604,8 @@ static PyObject *resp_collect(PyObject *o, PyObject *iterable)
     PyObject *fields =
         pairs != NULL ? shmipcpy_serve_server_fields(pairs, flags & SHMIPC_SERVE_RESP_CLOSE) : NULL;
     Py_XDECREF(pairs);
+    if (fields != NULL && head && shmipcpy_serve_head_length(fields, head_length) < 0)
+        Py_CLEAR(fields);
     PyObject *out = fields != NULL ? Py_BuildValue("(iNN)", code, fields, body) : NULL;
     if (fields == NULL)
         Py_DECREF(body);

@@ -117,6 +117,35 @@ static int h_close(shmipc_http_request *req, shmipc_http_response *res, void *ud
     return shmipc_http_response_body(res, "bye", 3);
 }
 
+/* Content-Length from a handler: refused but on an answer to HEAD, where it is GET's length
+ * (a wrong one counted in head_length_errors, which the test checks). */
+static atomic_int head_length_errors;
+
+static int h_head_length(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    static const char *const bad[] = {"",   "12a", "-1",   "+1",
+                                      " 1", "1 ",  "0x10", "123456789012345678901"};
+    size_t mlen;
+    const char *method = shmipc_http_request_method(req, &mlen);
+    (void)ud;
+    if (mlen != 4 || memcmp(method, "HEAD", 4) != 0) {
+        if (shmipc_http_response_add_header(res, "Content-Length", "3") != SHMIPC_EINVAL)
+            atomic_fetch_add(&head_length_errors, 1);
+        return shmipc_http_response_body(res, "get", 3);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (shmipc_http_response_add_header(res, "Content-Length", bad[i]) != SHMIPC_EINVAL)
+            atomic_fetch_add(&head_length_errors, 1);
+    if (shmipc_http_response_body(res, "before", 6) != 0 ||
+        shmipc_http_response_add_header(res, "Content-Length", "1234567") != 0 ||
+        shmipc_http_response_add_header(res, "content-length", "1234567") != SHMIPC_EINVAL)
+        atomic_fetch_add(&head_length_errors, 1);
+    /* A body set afterwards is released, not sent, and the length stays. */
+    if (shmipc_http_response_body(res, "after", 5) != 0)
+        atomic_fetch_add(&head_length_errors, 1);
+    return shmipc_http_response_body_borrow(res, big_body, BIG_LEN, big_body, big_release);
+}
+
 static void count_destroy(void *ud)
 {
     (void)ud;
@@ -196,6 +225,7 @@ static void srv_start(struct srv *t, const struct srv_opts *o)
     CHECK(shmipc_server_route(t->s, "GET", "/items/*", h_item, NULL, NULL));
     CHECK(shmipc_server_route(t->s, NULL, "/fail", h_fail, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/close", h_close, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/head-length", h_head_length, NULL, NULL));
     if (o->routes != NULL)
         o->routes(t->s);
     CHECK(shmipc_server_start(t->s));
@@ -1320,6 +1350,34 @@ static void second_stop_is_for_the_same_run(void **state)
     shmipc_server_close(t.s);
 }
 
+/* An answer to HEAD may say GET's Content-Length itself (as Werkzeug answers HEAD); the
+ * header is refused on any other answer, and so is a value that is not 1 to 19 digits. */
+static void head_answer_says_gets_length(void **state)
+{
+    struct srv t;
+    struct rd r;
+    struct resp p;
+    (void)state;
+    atomic_store(&head_length_errors, 0);
+    int released = atomic_load(&big_releases);
+    srv_start(&t, NULL);
+    rd_open(&r, t.port);
+    /* Pipelined: a body byte after the HEAD answer would spoil the next status line. */
+    send_str(r.fd, "HEAD /head-length HTTP/1.1\r\nHost: t\r\n\r\n"
+                   "GET /head-length HTTP/1.1\r\nHost: t\r\n\r\n");
+    read_response(&r, &p, 1);
+    assert_int_equal(p.status, 200);
+    assert_header(&p, "Content-Length", "1234567");
+    read_response(&r, &p, 0);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "get");
+    free(p.body);
+    rd_close(&r);
+    srv_stop(&t);
+    assert_int_equal(atomic_load(&head_length_errors), 0);
+    assert_int_equal(atomic_load(&big_releases), released + 1); /* the borrowed body's */
+}
+
 #define SERVER_TESTS                                                                               \
     cmocka_unit_test(routes_and_static), cmocka_unit_test(not_found_and_not_allowed),              \
         cmocka_unit_test(keepalive_pipelining), cmocka_unit_test(connection_close),                \
@@ -1335,6 +1393,7 @@ static void second_stop_is_for_the_same_run(void **state)
         cmocka_unit_test(first_header_timeout_from_accept),                                        \
         cmocka_unit_test(keepalive_requests_limit), cmocka_unit_test(keepalive_requests_default),  \
         cmocka_unit_test(stop_between_run_check_and_start),                                        \
-        cmocka_unit_test(second_stop_is_for_the_same_run)
+        cmocka_unit_test(second_stop_is_for_the_same_run),                                         \
+        cmocka_unit_test(head_answer_says_gets_length)
 
 #endif

@@ -114,13 +114,32 @@ def test_more_body_whose_truth_raises():
     assert not r.complete
 
 
-@pytest.mark.parametrize("method,status", [("HEAD", 200), ("GET", 204), ("GET", 304)])
+@pytest.mark.parametrize("method,status", [("HEAD", 204), ("GET", 204), ("GET", 304)])
 def test_bodyless_answers_drop_the_body_and_skip_the_length_check(method, status):
     p = Pending()
     r = sf.ASGISend(method, p)
     r.send(start(status, [(b"Content-Length", b"100")]))
     r.send(body(b"some bytes"))
     assert p.calls == [(status, [], b"")]
+
+
+@pytest.mark.parametrize("own,pieces,want", [
+    (b"100", [b"some bytes"], b"100"),  # the app's own length, whatever it sends
+    (b"10", [], b"10"),                 # as Werkzeug answers HEAD: the length, no body
+    (None, [b"ab", b"cde"], b"5"),      # the bytes it gave, as GET's Content-Length
+    (None, [], b"0"),
+])
+def test_head_says_gets_length_and_drops_the_body(own, pieces, want):
+    """Regression: the body of an answer to HEAD was dropped with its length, so the server
+    said "Content-Length: 0" where GET's answer said the body's length."""
+    p = Pending()
+    r = sf.ASGISend("HEAD", p)
+    r.send(start(200, [(b"Content-Length", own)] if own is not None else []))
+    for i, piece in enumerate(pieces):
+        r.send(body(piece, more=i < len(pieces) - 1))
+    if not pieces:
+        r.send(body(b""))
+    assert p.calls == [(200, [(b"Content-Length", want)], b"")]
 
 
 def test_the_pendings_refusal_reaches_the_app_and_the_response_is_complete():

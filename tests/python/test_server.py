@@ -106,6 +106,44 @@ def test_routes_and_static(shmipc, backend):
         c.close()
 
 
+def test_head_answer_says_gets_length(shmipc, backend):
+    """An answer to HEAD may say GET's Content-Length without a body (as Werkzeug answers
+    HEAD), from the handler or deferred; on any other answer Content-Length stays the server's
+    (the handler's answer is refused: 500)."""
+    import threading
+
+    def setup(s):
+        @s.route("GET", "/sized")
+        def sized(req):
+            return b"", 200, [("Content-Length", "4096")]
+
+        @s.route("GET", "/later")
+        def later(req):
+            p = req.defer(timeout=5)
+
+            def answer():
+                try:
+                    p.send(200, [("Content-Length", "77")], b"x")
+                except ValueError as e:  # GET: refused; the pending is freed unsent (500)
+                    refused.append(str(e))
+            threading.Thread(target=answer).start()
+
+    refused = []
+    s = started(shmipc, setup, backend=backend)
+    with s:
+        c = conn(s)
+        st, h, body = get(c, "HEAD", "/sized")
+        assert (st, h["content-length"], body) == (200, "4096", b"")
+        st, h, body = get(c, "HEAD", "/later")
+        assert (st, h["content-length"], body) == (200, "77", b"")
+        assert get(c, "GET", "/sized")[0] == 500
+        c.close()
+        c = conn(s)
+        assert get(c, "GET", "/later")[0] == 500  # the send is refused: answered 500
+        c.close()
+    assert len(refused) == 1 and "Content-Length" in refused[0]
+
+
 def test_404_405(shmipc, backend):
     s = started(shmipc, app, backend=backend)
     with s:

@@ -162,8 +162,11 @@ class _Http:
         parts = []
         if not self.head_sent:
             length = self.length
-            if length is None and not more and not self.bodyless():
-                length = n  # one piece: the front can send Content-Length
+            if (length is None and not more and self.status >= 200
+                    and self.status not in (204, 304)):
+                # One piece: the front can send Content-Length (to HEAD too: the length GET's
+                # body would have, without the body).
+                length = n
             parts.append(self._head(length))
         if not self.bodyless() and n:
             if self.length is not None and self.sent + n > self.length:

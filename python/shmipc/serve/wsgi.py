@@ -549,8 +549,10 @@ class WSGIHandler:
             result = self.app(environ, resp.start_response)
             resp.hold = type(result) in (list, tuple)
             if (resp.length is None and not resp.head_sent and type(result) in (list, tuple)
-                    and len(result) == 1 and resp.status is not None and not resp._bodyless()):
-                # One piece: its length is known, so the front can send Content-Length.
+                    and len(result) == 1 and resp.status is not None
+                    and not (resp.code < 200 or resp.code in (204, 304))):
+                # One piece: its length is known, so the front can send Content-Length (to
+                # HEAD too: the length GET's body would have, without the body).
                 resp.length = _nbytes(result[0])
             for data in result:
                 resp.write(data)

@@ -1,0 +1,220 @@
+"""HEAD through every route an app can take: the in-process WSGI and ASGI adapters on
+shmipc.Server, and the shmipc-serve pool (WSGI and ASGI workers behind the front). RFC 9110
+9.3.2 and 8.6: a HEAD answer carries the header fields GET's would, its Content-Length (when
+it has one) being the length of GET's body, and no body.
+
+Regression: the in-process adapters dropped a HEAD answer's body before the server saw it, so
+the server said "Content-Length: 0" (also when the app had said its own length, as Flask's
+Werkzeug does for HEAD); the pool's workers dropped the body of a one-piece answer too, so the
+front answered HEAD with "Transfer-Encoding: chunked" where GET had a Content-Length."""
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import BUILD, python_env
+
+import shmipc
+from shmipc.serve import ASGIRoute, WSGIRoute
+
+SERVE = os.path.join(BUILD, "serve", "shmipc-serve")
+
+APP = r'''
+BODY = b"0123456789"
+
+
+def wsgi(environ, start_response):
+    path, head = environ["PATH_INFO"], environ["REQUEST_METHOD"] == "HEAD"
+    if path == "/one":
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"hello"]
+    if path == "/two":
+        start_response("200 OK", [])
+        return [b"ab", b"cde"]
+    if path == "/own-length":  # as Werkzeug answers HEAD: GET's length, no body
+        start_response("200 OK", [("Content-Length", str(len(BODY)))])
+        return [] if head else [BODY]
+    if path == "/own-length-and-body":  # HEAD answered as GET: the server drops the body
+        start_response("200 OK", [("Content-Length", str(len(BODY)))])
+        return [BODY]
+    if path == "/generator":
+        start_response("200 OK", [])
+        return (piece for piece in (b"a", b"bb", b"ccc"))
+    if path == "/empty":
+        start_response("200 OK", [])
+        return [b""]
+    if path == "/204":
+        start_response("204 No Content", [])
+        return []
+    if path == "/304":
+        start_response("304 Not Modified", [("ETag", '"x"')])
+        return []
+    start_response("404 Not Found", [])
+    return [b"no such path"]
+
+
+async def asgi(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    path, head = scope["path"], scope["method"] == "HEAD"
+
+    async def start(status=200, headers=()):
+        await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+
+    async def body(data, more=False):
+        await send({"type": "http.response.body", "body": data, "more_body": more})
+
+    if path == "/one":
+        await start(200, [(b"content-type", b"text/plain")])
+        await body(b"hello")
+    elif path == "/two":
+        await start()
+        await body(b"ab", True)
+        await body(b"cde")
+    elif path == "/own-length":
+        await start(200, [(b"content-length", b"%d" % len(BODY))])
+        await body(b"" if head else BODY)
+    elif path == "/own-length-and-body":  # as Starlette: the body, whatever the method
+        await start(200, [(b"content-length", b"%d" % len(BODY))])
+        await body(BODY)
+    elif path == "/empty":
+        await start()
+        await body(b"")
+    elif path == "/204":
+        await start(204)
+        await body(b"")
+    elif path == "/304":
+        await start(304, [(b"etag", b'"x"')])
+        await body(b"")
+    else:
+        await start(404)
+        await body(b"no such path")
+'''
+
+PATHS = ["/one", "/two", "/own-length", "/own-length-and-body", "/generator", "/empty", "/204",
+         "/304"]
+
+
+def read_head(f):
+    status = f.readline()
+    assert status.startswith(b"HTTP/1.1 "), status
+    fields = {}
+    while True:
+        line = f.readline()
+        assert line, "the connection ended inside a head"
+        if line == b"\r\n":
+            return int(status.split()[1]), fields
+        name, _, value = line.decode("latin-1").partition(":")
+        fields.setdefault(name.strip().lower(), []).append(value.strip())
+
+
+def read_body(f, fields):
+    if "content-length" in fields:
+        return f.read(int(fields["content-length"][0]))
+    if fields.get("transfer-encoding") == ["chunked"]:
+        out = b""
+        while True:
+            n = int(f.readline().split(b";")[0], 16)
+            if n == 0:
+                assert f.readline() == b"\r\n"
+                return out
+            out += f.read(n)
+            assert f.read(2) == b"\r\n"
+    return b""
+
+
+def framing(fields):
+    return {k: v for k, v in fields.items() if k in ("content-length", "transfer-encoding")}
+
+
+def check_head_matches_get(port, paths):
+    """HEAD, GET and HEAD again for each path, pipelined on one connection: each HEAD answer
+    has GET's status and framing fields and no body (a stray body byte would break the next
+    answer's status line)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
+        f = c.makefile("rb")
+        for path in paths:
+            c.sendall(b"".join(b"%s %s HTTP/1.1\r\nHost: x\r\n\r\n" % (m, path.encode())
+                               for m in (b"HEAD", b"GET", b"HEAD")))
+            answers = []
+            for method in ("HEAD", "GET", "HEAD"):
+                status, fields = read_head(f)
+                body = read_body(f, fields) if method == "GET" else b""
+                answers.append((status, framing(fields), body))
+            (hs, hf, _), (gs, gf, gb), again = answers
+            assert again == answers[0], path
+            assert (path, hs, hf) == (path, gs, gf), f"HEAD {path}: {hf}, GET: {gf}"
+            if gs in (204, 304):
+                assert gf == {} and gb == b"", path
+            elif "content-length" in gf:
+                assert int(gf["content-length"][0]) == len(gb), path
+
+
+def in_process(route):
+    s = shmipc.Server(port=0, workers=1)
+    s.route(None, "/*", route)
+    s.start()
+    return s
+
+
+@pytest.fixture
+def app_module(tmp_path, monkeypatch):
+    (tmp_path / "headapp.py").write_text(APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("headapp", None)
+    import headapp
+    return headapp
+
+
+def test_head_in_process_wsgi(app_module):
+    with in_process(WSGIRoute(app_module.wsgi)) as s:
+        check_head_matches_get(s.port, PATHS)
+
+
+def test_head_in_process_asgi(app_module):
+    route = ASGIRoute(app_module.asgi, lifespan=False)
+    try:
+        with in_process(route) as s:
+            check_head_matches_get(s.port, [p for p in PATHS if p != "/generator"])
+    finally:
+        route.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not os.path.exists(SERVE), reason="shmipc-serve is not built")
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_head_through_the_pool(tmp_path, kind):
+    (tmp_path / "headapp.py").write_text(APP)
+    port = free_port()
+    flags = ["--asgi"] if kind == "asgi" else []
+    p = subprocess.Popen(
+        [SERVE, *flags, f"headapp:{kind}", "--chdir", str(tmp_path), "--listen",
+         f"127.0.0.1:{port}", "--workers", "1", "--python", "/usr/bin/python3",
+         "--graceful-timeout", "5"],
+        env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    listening, err = threading.Event(), []
+
+    def read():
+        for line in p.stderr:
+            err.append(line)
+            if "listening on" in line:
+                listening.set()
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        assert listening.wait(30), "".join(err)
+        paths = PATHS if kind == "wsgi" else [x for x in PATHS if x != "/generator"]
+        check_head_matches_get(port, paths)
+    finally:
+        p.terminate()
+        p.wait(20)
+        t.join(5)
