@@ -198,8 +198,17 @@ static int check_import(const shmipc__serve_options *o, char *const *envp, uint3
         argv[2] = o->app;
         argv[3] = "--check";
     }
+    /* The interpreter gets SIGPIPE's default: shmipc-serve ignores it from its first line. */
+    posix_spawnattr_t at;
+    sigset_t def;
+    posix_spawnattr_init(&at);
+    sigemptyset(&def);
+    sigaddset(&def, SIGPIPE);
+    posix_spawnattr_setsigdefault(&at, &def);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF);
     pid_t pid;
-    int e = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, envp);
+    int e = posix_spawnp(&pid, argv[0], &fa, &at, (char *const *)argv, envp);
+    posix_spawnattr_destroy(&at);
     posix_spawn_file_actions_destroy(&fa);
     close(pfd[1]);
     if (e != 0) {

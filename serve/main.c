@@ -384,8 +384,25 @@ int main(int argc, char **argv)
     int started = 0, status = 2, sfd = -1, watching = 0;
     struct stop_watch stop = {.done_fd = -1};
     pthread_t stop_thread;
-    sigset_t sigs;
+    sigset_t sigs, old_mask;
 
+    /*
+     * Before anything else: the signals the run reads are blocked (they wait, pending, for the
+     * signalfd made below; every thread inherits the mask) and SIGPIPE is ignored. They were
+     * set only once the options were parsed and the workers' command built, some 20 ms in: a
+     * SIGHUP or SIGTERM sent right after the start (a service manager's reload) killed the
+     * process with the default action, and a bad option's message to a closed stderr pipe
+     * killed it with SIGPIPE instead of exiting 2 (test_serve_cli.py
+     * test_signals_right_after_the_start_are_handled, test_bad_flag_into_a_closed_stderr).
+     */
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    sigaddset(&sigs, SIGUSR1);
+    sigaddset(&sigs, SIGUSR2);
+    (void)pthread_sigmask(SIG_BLOCK, &sigs, &old_mask);
+    signal(SIGPIPE, SIG_IGN);
     no_spin_on_one_cpu();
     shmipc_set_log_sink(log_sink);
     if (shmipc__serve_options_init(&o) < 0) {
@@ -407,6 +424,8 @@ int main(int argc, char **argv)
         goto out;
     }
     if (o.check) {
+        /* --check is a command like any other: a signal acts as it would without us. */
+        (void)pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
         if (shmipc__serve_check(&o, NULL, CHECK_IMPORT_MS, err, sizeof err) < 0) {
             shmipc__sup_say(2, "shmipc-serve: check: %s", err);
             goto out;
@@ -425,19 +444,12 @@ int main(int argc, char **argv)
         goto out;
     }
     status = 1;
-    /* Every thread started below inherits the mask: the signals come through sfd only. */
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGHUP);
-    sigaddset(&sigs, SIGUSR1);
-    sigaddset(&sigs, SIGUSR2);
-    if (pthread_sigmask(SIG_BLOCK, &sigs, NULL) != 0 ||
-        (sfd = signalfd(-1, &sigs, SFD_CLOEXEC)) < 0 || (r.wake_fd = eventfd(0, EFD_CLOEXEC)) < 0) {
+    /* The signals blocked since the start come through sfd only, those sent meanwhile too (a
+     * SIGHUP then is a reload: it starts a generation beside the one starting). */
+    if ((sfd = signalfd(-1, &sigs, SFD_CLOEXEC)) < 0 || (r.wake_fd = eventfd(0, EFD_CLOEXEC)) < 0) {
         shmipc__sup_say(2, "shmipc-serve: signals: %s", strerror(errno));
         goto out;
     }
-    signal(SIGPIPE, SIG_IGN);
     pthread_mutex_init(&r.mu, NULL);
     shmipc__sup_config sc = {
         .argv = (const char *const *)wargv,

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT, python_env
+from conftest import BUILD, ROOT, python_env, sigint_default
 
 SERVE = os.path.join(BUILD, "serve", "shmipc-serve")
 
@@ -357,6 +357,98 @@ def test_help_version_and_bad_flags():
         r = run_cli(*bad)
         assert r.returncode == 2, (bad, r.stderr)
         assert "shmipc-serve:" in r.stderr
+
+
+def test_bad_flag_into_a_closed_stderr():
+    """Regression: the bad option's message was written before SIGPIPE was ignored, so with
+    stderr a pipe whose reader had gone (`shmipc-serve --bogus 2>&1 | true`) the process died
+    of SIGPIPE instead of exiting 2 (usage). SIGPIPE is ignored from main()'s first line."""
+    for bad in (["--bogus", "a:b"], ["--workers", "0", "a:b"], []):
+        r, w = os.pipe()
+        os.close(r)
+        try:
+            # restore_signals (the default) gives the child SIGPIPE's default action.
+            p = subprocess.Popen([SERVE, *bad], env=python_env(), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=w)
+        finally:
+            os.close(w)
+        assert p.wait(timeout=30) == 2, bad
+
+
+def wchan(pid):
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM", "SIGINT"])
+def test_signals_right_after_the_start_are_handled(tmp_path, sig):
+    """Regression: the stop and reload signals were blocked (for the signalfd) only once the
+    options were parsed, the access log opened and the workers' command built, some 20 ms
+    after the start: a SIGHUP (a service manager's reload), SIGTERM or SIGINT sent then killed
+    shmipc-serve with the default action. Now they are blocked from main()'s first line.
+
+    To land in that window every time (a signal sent right after the spawn may also land in
+    the dynamic loader, before main(), where no program can handle it), the access log is a
+    FIFO: shmipc-serve waits in its open() until a reader comes. 30 starts, the signal sent
+    while it waits there or just after the reader came: it never dies by a signal; SIGTERM and
+    SIGINT stop it (exit 0, the graceful stop's); a SIGHUP is a reload once it runs."""
+    (tmp_path / "cliapp.py").write_text(APP)
+    fifo = str(tmp_path / "access.fifo")
+    os.mkfifo(fifo)
+    signo = getattr(signal, sig)
+    starts = 30 if sig != "SIGHUP" else 8  # a SIGHUP start waits for two generations
+    for i in range(starts):
+        p = subprocess.Popen(
+            [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen",
+             f"127.0.0.1:{free_port()}", "--workers", "1", "--python", "/usr/bin/python3",
+             "--graceful-timeout", "10", "--access-log", fifo],
+            env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            preexec_fn=sigint_default)
+        err = []
+        t = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+        t.start()
+        reader = None
+        try:
+            deadline = time.monotonic() + 20
+            while wchan(p.pid) != "wait_for_partner" and p.poll() is None:
+                if time.monotonic() > deadline:
+                    pytest.skip(f"/proc/PID/wchan does not show the FIFO's open ({wchan(p.pid)})")
+                time.sleep(0.001)
+            if i % 2 == 0:
+                p.send_signal(signo)  # in main(), waiting for the FIFO's reader
+                reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            else:
+                reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+                time.sleep((i % 10) * 0.002)  # somewhere in the rest of the start
+                p.send_signal(signo)
+            if signo != signal.SIGHUP:
+                rc = p.wait(timeout=30)
+                t.join(10)
+                assert rc == 0, (i, rc, "".join(err))
+                continue
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and p.poll() is None and not (
+                    any("reload: generation" in line and "ready" in line for line in list(err))
+                    and any("listening on" in line for line in list(err))):
+                time.sleep(0.05)
+            text = "".join(err)
+            assert p.poll() is None, (i, p.returncode, text)
+            assert "SIGHUP: reloading the workers" in text, (i, text)
+            assert "listening on" in text, (i, text)
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=30) == 0, (i, "".join(err))
+        finally:
+            if p.poll() is None:
+                for c in children(p.pid):
+                    os.kill(c, signal.SIGKILL)
+                p.kill()
+                p.wait()
+            if reader is not None:
+                os.close(reader)
+            t.join(5)
 
 
 def test_check(tmp_path):
