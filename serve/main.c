@@ -34,6 +34,9 @@
 
 /* How long --check lets the interpreter import APP. */
 #define CHECK_IMPORT_MS 30000u
+/* How long the workers have after their SIGTERM when the stop comes before the server ran
+ * (a failed start, or a stop signal during the start): no request is in flight then. */
+#define NO_SERVER_STOP_MS 500u
 
 struct run {
     const shmipc__serve_options *o;
@@ -479,9 +482,23 @@ int main(int argc, char **argv)
      * with the signals blocked and nobody reading them, so one that ignored SIGTERM held the
      * process for the whole graceful timeout whatever the user sent.
      */
+    /*
+     * Until the server ran, no request reached a worker: nothing is in flight to wait for, and
+     * the workers (starting, or ready and idle) get NO_SERVER_STOP_MS to end after their
+     * SIGTERM, then SIGKILL. A failed start (the port taken) gave them the whole graceful
+     * timeout, and one that ignored SIGTERM held the process that long before its exit 1
+     * (test_serve_cli.py test_failed_start_stops_the_workers_promptly).
+     */
+    uint32_t stop_ms = o.graceful_timeout_ms;
+    if (srv == NULL && stop_ms > NO_SERVER_STOP_MS)
+        stop_ms = NO_SERVER_STOP_MS;
+    if (srv == NULL)
+        shmipc__sup_say(2, "shmipc-serve: %s: stopping the workers (up to %u ms)",
+                        status == 0 ? "stopped before the server started" : "the start failed",
+                        stop_ms);
     stop.r = &r;
     stop.sfd = sfd;
-    stop.deadline_ns = shmipc__now_ns() + (uint64_t)o.graceful_timeout_ms * 1000000ull;
+    stop.deadline_ns = shmipc__now_ns() + (uint64_t)stop_ms * 1000000ull;
     if ((stop.done_fd = eventfd(0, EFD_CLOEXEC)) >= 0 &&
         pthread_create(&stop_thread, NULL, stop_watch_main, &stop) == 0)
         watching = 1;

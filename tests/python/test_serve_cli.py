@@ -1078,7 +1078,9 @@ def test_failed_start_can_still_be_stopped(tmp_path):
     shmipc-serve stopped them with SIGTERM and waited for them with its stop signals blocked
     and nobody reading them: workers that ignore SIGTERM held it for the whole
     --graceful-timeout (60 s here) whatever the user did. Now the stop's watcher runs on that
-    path too: a SIGINT kills the workers at once, and the exit is 1."""
+    path too: a SIGINT kills the workers at once, and the exit is 1 (sent as soon as the
+    failure is said: on that path the workers have only 0.5 s after their SIGTERM now,
+    test_failed_start_stops_the_workers_promptly)."""
     (tmp_path / "deafapp.py").write_text(
         APP + "\nimport signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "_set = signal.signal\n"
@@ -1104,7 +1106,6 @@ def test_failed_start_can_still_be_stopped(tmp_path):
         t.start()
         try:
             assert failed.wait(30), "".join(err)
-            time.sleep(0.5)
             workers = children(p.pid)
             t0 = time.monotonic()
             p.send_signal(signal.SIGINT)
@@ -1116,6 +1117,67 @@ def test_failed_start_can_still_be_stopped(tmp_path):
             deadline = time.monotonic() + 10
             while any(alive(w) for w in workers) and time.monotonic() < deadline:
                 time.sleep(0.1)
+            assert not any(alive(w) for w in workers)
+        finally:
+            if p.poll() is None:
+                for c in children(p.pid):
+                    os.kill(c, signal.SIGKILL)
+                p.kill()
+                p.wait()
+            t.join(5)
+
+
+@pytest.mark.parametrize("cause", ["port taken", "stop signal"])
+def test_failed_start_stops_the_workers_promptly(tmp_path, cause):
+    """Regression: a start that failed once workers ran (the server's port taken) stopped them
+    with the whole --graceful-timeout (60 s here) to end after their SIGTERM, as a stop with
+    requests in flight: workers that ignore SIGTERM held the process that long before its exit
+    1, though no request could have reached them. Before the server ran, the workers have
+    0.5 s after their SIGTERM, then SIGKILL; the exit is 1 for the failed start, 0 for a stop
+    signal that came during the start (the graceful stop's)."""
+    (tmp_path / "deafapp.py").write_text(
+        APP + "\nimport signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "_set = signal.signal\n"
+        "signal.signal = lambda s, h: None if s == signal.SIGTERM else _set(s, h)\n"
+        "open('ready.' + str(__import__('os').getpid()), 'w').close()\n"
+        # With a stop signal: the import never ends, so no worker is ever ready.
+        + ("import time\ntime.sleep(3600)\n" if cause == "stop signal" else ""))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1] if cause == "port taken" else free_port()
+        p = subprocess.Popen(
+            [SERVE, "deafapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{port}",
+             "--workers", "2", "--python", "/usr/bin/python3", "--graceful-timeout", "60",
+             "--timeout", "0"],
+            env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        err = []
+        t = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+        t.start()
+        try:
+            workers = set()
+            deadline = time.monotonic() + 30
+            # Both workers ignore SIGTERM before the stop (the app's import got that far).
+            while len(list(tmp_path.glob("ready.*"))) < 2 and p.poll() is None:
+                assert time.monotonic() < deadline, "".join(err)
+                workers |= children(p.pid)
+                time.sleep(0.01)
+            workers |= children(p.pid)
+            t0 = time.monotonic()
+            if cause == "stop signal":
+                p.send_signal(signal.SIGTERM)
+            try:
+                rc = p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                rc = None
+            took = time.monotonic() - t0
+            t.join(5)
+            text = "".join(err)
+            assert rc == (1 if cause == "port taken" else 0), (rc, took, text)
+            assert took < 15, (took, text)  # 60 s before
+            assert "listening on" not in text, text
+            assert ("the start failed" if cause == "port taken" else
+                    "stopped before the server started") in text, text
             assert not any(alive(w) for w in workers)
         finally:
             if p.poll() is None:
