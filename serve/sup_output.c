@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -60,6 +61,33 @@ static struct dest *dest_of(int fd)
 }
 
 /*
+ * The O_NONBLOCK descriptions below are the thread's (the table is thread-local): each is closed
+ * when its thread ends, by the destructor of a key the thread sets when it opens its first.
+ * Before, they stayed open until the process ended: one more, and the pipe's write end held
+ * open with it, per thread that had written to a pipe or a terminal (the library's threads log
+ * through shmipc__sup_say; a supervisor may run on a thread of its own;
+ * test_writer_descriptors_end_with_their_thread). The main thread's close with the process.
+ */
+static pthread_key_t dests_key;
+static pthread_once_t dests_once = PTHREAD_ONCE_INIT;
+static int dests_key_ok;
+
+static void close_dests(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < 4; i++) {
+        if (dests[i].nb >= 0)
+            close(dests[i].nb);
+        dests[i] = (struct dest){-1, -1, 0, 0, 0, 0, 0};
+    }
+}
+
+static void make_dests_key(void)
+{
+    dests_key_ok = pthread_key_create(&dests_key, close_dests) == 0;
+}
+
+/*
  * POLLOUT promises no room for the write that follows it. A pty whose reader stalled (an ssh
  * session whose client stopped reading) says writable with a few bytes free. A pipe says it
  * with one page free, which another thread writing here (the front's reactor threads log
@@ -83,6 +111,9 @@ static int nb_writer(int fd, struct dest *d, const struct stat *st)
         d->nb = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
         d->nb_dev = st->st_dev;
         d->nb_ino = st->st_ino;
+        /* Any non-NULL value: the destructor closes this thread's descriptions. */
+        if (d->nb >= 0 && pthread_once(&dests_once, make_dests_key) == 0 && dests_key_ok)
+            (void)pthread_setspecific(dests_key, dests);
     }
     return d->nb >= 0 ? d->nb : fd;
 }

@@ -1368,6 +1368,55 @@ static void test_pipe_room_taken_after_poll_does_not_block(void **state)
         fail_msg("a write to a pipe whose room another writer took blocked past 5 s");
 }
 
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    if (d == NULL)
+        return -1;
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n;
+}
+
+static void *one_line_thread(void *arg)
+{
+    shmipc__sup_write_all(*(int *)arg, "a line\n", 7);
+    return NULL;
+}
+
+/*
+ * A pipe is written through an O_NONBLOCK description of its own, one per thread that writes
+ * it (a thread-local table: the threads write without a lock). It was never closed: each
+ * thread that wrote a line to a pipe (the library's threads log through shmipc__sup_say in
+ * shmipc-serve, a test's supervisor runs on a thread of its own) left a descriptor open, and
+ * the pipe's write end open with it, until the process ended. Now it is closed when its
+ * thread ends: 64 threads, one after another, leave the count of open descriptors as it was.
+ */
+static void test_writer_descriptors_end_with_their_thread(void **state)
+{
+    (void)state;
+    int pfd[2];
+    assert_int_equal(pipe2(pfd, O_CLOEXEC | O_NONBLOCK), 0);
+    char junk[4096];
+    one_line_thread(&pfd[1]); /* this thread's own description, kept (the main thread's) */
+    assert_int_equal(read(pfd[0], junk, sizeof junk), 7);
+    int before = open_fds();
+    assert_true(before > 0);
+    for (int i = 0; i < 64; i++) {
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, one_line_thread, &pfd[1]), 0);
+        assert_int_equal(pthread_join(th, NULL), 0);
+        assert_int_equal(read(pfd[0], junk, sizeof junk), 7); /* it was written */
+    }
+    int after = open_fds();
+    close(pfd[0]);
+    close(pfd[1]);
+    if (after != before)
+        fail_msg("64 threads that wrote a line to a pipe left %d descriptors open", after - before);
+}
+
 struct run_flag {
     shmipc__sup *sup;
     int rc;
@@ -1878,6 +1927,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dropped_notice_after_a_line_cut_between_writes),
         cmocka_unit_test(test_unread_terminal_does_not_block_writes),
         cmocka_unit_test(test_pipe_room_taken_after_poll_does_not_block),
+        cmocka_unit_test(test_writer_descriptors_end_with_their_thread),
         cmocka_unit_test(test_status_output),
         cmocka_unit_test(test_signals),
         cmocka_unit_test(test_python_wsgi_workers),
