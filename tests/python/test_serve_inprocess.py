@@ -1561,3 +1561,107 @@ def test_asgi_app_that_ends_on_http_disconnect_is_no_error(caplog):
     errors = [r for r in caplog.records if r.name == "shmipc.serve" and r.levelno >= logging.ERROR]
     assert errors == []
     assert any("went away" in r.getMessage() for r in caplog.records)
+
+
+LOGGING_APP = '''
+import logging
+
+log = logging.getLogger("cliapp.requests")
+LINE = "x" * 300
+
+def app(environ, start_response):
+    log.warning("GET %s %s", environ["PATH_INFO"], LINE)
+    environ["wsgi.errors"].write("wsgi.errors %s\\n" % LINE)
+    if environ["PATH_INFO"] == "/raise":
+        raise RuntimeError("the app failed " + LINE)
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"ok"]
+
+async def asgi(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            await send({"type": msg["type"] + ".complete"})
+            if msg["type"] == "lifespan.shutdown":
+                return
+    log.warning("GET %s %s", scope["path"], LINE)
+    if scope["path"] == "/raise":
+        raise RuntimeError("the app failed " + LINE)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+'''
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_cli_in_process_stderr_nobody_reads_stalls_no_request(tmp_path, kind):
+    """Regression: `python -m shmipc.serve --in-process` logged (logging's handler, the app's
+    tracebacks, wsgi.errors) with blocking writes to stderr: a stderr pipe nobody read filled
+    after a few hundred lines, and the server's threads then waited in write() for a reader:
+    no request was answered any more. As the C front's writers do, stderr is written through a
+    non-blocking description of its own now: a line without room waits 20 ms at most, then it
+    is dropped and counted, and a line says how many once there is room again. 1200 requests
+    that log ~700 bytes each (a tenth raising: a traceback) into an unread pipe are all
+    answered; then the pipe is read, and the next line says what was dropped."""
+    import fcntl
+    import re
+    import signal
+
+    (tmp_path / "logapp.py").write_text(LOGGING_APP)
+    r, w = os.pipe()
+    argv = [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
+            "--workers", "2", "logapp:" + ("app" if kind == "wsgi" else "asgi")]
+    if kind == "asgi":
+        argv[4:4] = ["--asgi"]
+    try:
+        p = subprocess.Popen(argv, cwd=tmp_path, env=python_env(), stdout=subprocess.PIPE,
+                             stderr=w, text=True)
+    finally:
+        os.close(w)
+    try:
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
+        assert m
+        port = int(m.group(1))
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        deadline = time.monotonic() + 300
+        for i in range(1200):
+            assert time.monotonic() < deadline
+            path = "/raise" if i % 10 == 9 else "/x"
+            try:
+                c.request("GET", path)
+                resp = c.getresponse()
+                resp.read()
+            except OSError as e:  # a timeout: the server waits for stderr's reader
+                pytest.fail(f"request {i} got no answer: {e!r}")
+            assert resp.status == (500 if path == "/raise" else 200), i
+        c.close()
+        # Someone reads now: the next line that comes says how much was dropped.
+        fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_NONBLOCK)
+        got = b""
+
+        def drain():
+            nonlocal got
+            while True:
+                try:
+                    chunk = os.read(r, 65536)
+                except BlockingIOError:
+                    return
+                if not chunk:
+                    return
+                got += chunk
+
+        drain()
+        assert request(port, "GET", "/x")[0] == 200
+        end = time.monotonic() + 10
+        while b"dropped" not in got and time.monotonic() < end:
+            time.sleep(0.05)
+            drain()
+        text = got.decode(errors="replace")
+        assert re.search(r"python -m shmipc\.serve\[\d+\]: \d+ lines? \(\d+ bytes\) of "
+                         r"stderr dropped: nobody read them", text), text[-2000:]
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(r)

@@ -4,7 +4,11 @@ process"). The supervised pool of worker processes is the ``shmipc-serve`` comma
 SIGTERM and SIGINT stop it gracefully (ASGI lifespan shutdown after the server)."""
 import argparse
 import logging
+import os
+import select
 import signal
+import socket
+import stat
 import sys
 import threading
 
@@ -13,6 +17,143 @@ from .worker import load_app
 
 # How long the ASGI requests cancelled past --graceful-timeout have to end.
 _CANCEL_S = 1.0
+# How long a write to a stderr without room waits for it before its bytes are dropped (the C
+# front's OUT_WAIT_MS, serve/sup_int.h).
+_OUT_WAIT_MS = 20
+_PIPE_BUF = select.PIPE_BUF
+
+
+class _DropWriter:
+    """sys.stderr, logging's stream and wsgi.errors of `python -m shmipc.serve --in-process`:
+    never waits for a reader (docs/serve.md, "One process"). The server's threads log here (a
+    request's log lines, the app's tracebacks): with blocking writes a stderr pipe nobody read
+    filled up, and they all waited in write(), answering nothing. As the C front's writers
+    (serve/sup_output.c): a pipe or a terminal is written through an O_NONBLOCK description of
+    its own, put on fd 2 too (the library's own lines, written there by C, do not wait either;
+    the shell's description keeps its flags), a socket with MSG_DONTWAIT, in pieces of at most
+    PIPE_BUF; a write without room waits 20 ms for it, then its bytes are dropped and counted,
+    and later writes do not wait until there is room again, when a line says what was lost.
+    A regular file gets every line with plain writes."""
+
+    def __init__(self, fd=2):
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._sock = None
+        self._file = False
+        self._stalled = False
+        self._line_open = False
+        self.dropped_bytes = 0
+        self.dropped_lines = 0
+        self.encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+        self.errors = "backslashreplace"
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            self._file = True  # no stderr: writes fail and are dropped
+            return
+        if stat.S_ISREG(st.st_mode):
+            self._file = True
+        elif stat.S_ISSOCK(st.st_mode):
+            try:
+                self._sock = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                self._file = True
+        elif stat.S_ISFIFO(st.st_mode) or os.isatty(fd):
+            try:
+                nb = os.open(f"/proc/self/fd/{fd}",
+                             os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError:
+                return  # written as it is (a pipe whose reader left: the write fails anyway)
+            os.dup2(nb, fd, inheritable=False)
+            os.close(nb)
+        else:
+            self._file = True  # /dev/null and other devices: they do not block
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        try:
+            return os.isatty(self._fd)
+        except OSError:
+            return False
+
+    def fileno(self):
+        return self._fd
+
+    def flush(self):
+        pass
+
+    def write(self, text):
+        data = text.encode(self.encoding, self.errors) if isinstance(text, str) else bytes(text)
+        if data:
+            with self._lock:
+                self._write(data)
+        return len(text)
+
+    def _raw(self, data):
+        if self._sock is not None:
+            return self._sock.send(data, socket.MSG_DONTWAIT)
+        return os.write(self._fd, data)
+
+    def _room(self, ms):
+        p = select.poll()
+        p.register(self._fd, select.POLLOUT)
+        try:
+            ev = p.poll(ms)
+        except InterruptedError:
+            return False
+        return any(e & select.POLLOUT for _, e in ev)
+
+    def _drop(self, data):
+        self._stalled = True
+        self.dropped_bytes += len(data)
+        self.dropped_lines += data.count(b"\n") or 1
+
+    def _write(self, data):
+        if self._file:
+            try:
+                while data:
+                    data = data[os.write(self._fd, data):]
+            except OSError:
+                pass  # a full disk or a closed stderr: not a reason to stop serving
+            return
+        if self._stalled:
+            if not self._room(0):
+                self._drop(data)
+                return
+            self._notice()
+        view = memoryview(data)
+        waited = False
+        while view:
+            try:
+                n = self._raw(view[:_PIPE_BUF])
+            except InterruptedError:
+                continue
+            except BlockingIOError:
+                if waited or not self._room(_OUT_WAIT_MS):
+                    self._drop(view)
+                    return
+                waited = True  # one more try once poll() saw room: EAGAIN again is a drop
+                continue
+            except OSError:
+                self._drop(view)  # the reader left (EPIPE): nobody reads them either
+                return
+            self._line_open = view[n - 1] != ord("\n") if n else self._line_open
+            view = view[n:]
+            waited = False
+
+    def _notice(self):
+        line = (f"{chr(10) if self._line_open else ''}python -m shmipc.serve[{os.getpid()}]: "
+                f"{self.dropped_lines} line{'s' if self.dropped_lines != 1 else ''} "
+                f"({self.dropped_bytes} bytes) of stderr dropped: nobody read them\n").encode()
+        self._stalled = False
+        self._line_open = False
+        self.dropped_bytes = self.dropped_lines = 0
+        try:
+            self._raw(line)
+        except OSError:
+            pass
 
 
 def _listen(text):
@@ -52,7 +193,11 @@ def main(argv=None):
         ap.error("--concurrency must be >= 1")
     if not 0 < args.graceful_timeout <= 86400:
         ap.error("--graceful-timeout must be in 0 .. 86400 seconds")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(message)s")
+    # Logging, the app's tracebacks and wsgi.errors never wait for stderr's reader.
+    sys.stderr.flush()
+    errlog = sys.stderr = _DropWriter(2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(message)s",
+                        stream=errlog)
     try:
         app = load_app(args.app)
     except Exception as e:
@@ -67,13 +212,10 @@ def main(argv=None):
 
     try:
         route = (ASGIRoute(app, max_concurrency=args.concurrency) if args.asgi
-                 else WSGIRoute(app))
+                 else WSGIRoute(app, errors=errlog))
     except LifespanFailed as e:
         print(f"python -m shmipc.serve: lifespan startup failed: {e}", file=sys.stderr)
         return 3
-    import os
-    import select
-
     from .worker import _StopFlag
 
     # The handlers take no lock: CPython runs them on the main thread between two bytecodes of
