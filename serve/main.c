@@ -13,6 +13,7 @@
  * serve/supervisor.h.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -376,6 +378,40 @@ static void no_spin_on_one_cpu(void)
         (void)setenv("SHMIPC_SPIN_US", "0", 1);
 }
 
+/*
+ * --access-log naming a FIFO nobody reads yet: waits for its reader, as an open() of it would,
+ * but a SIGTERM or SIGINT (blocked since main()'s start, as the others, which stay pending for
+ * the run) ends the wait: -1. Before, the open() waited, and with the signals blocked from the
+ * start nothing could stop it. *keep_fd: a non-blocking description of the FIFO that keeps the
+ * reader's end from seeing an end of file until the log's own is open (the caller closes it).
+ */
+static int wait_for_a_reader(const char *path, int *keep_fd)
+{
+    struct stat st;
+    if (strcmp(path, "-") == 0 || stat(path, &st) != 0 || !S_ISFIFO(st.st_mode))
+        return 0;
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    for (int said = 0;; said = 1) {
+        int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        if (fd >= 0 || errno != ENXIO) {
+            *keep_fd = fd; /* or -1: the log's open says why */
+            return 0;
+        }
+        if (!said)
+            shmipc__sup_say(2, "shmipc-serve: --access-log %s is a FIFO: waiting for its reader",
+                            path);
+        struct timespec slice = {0, 50 * 1000000L};
+        int sig = sigtimedwait(&stop, NULL, &slice);
+        if (sig == SIGTERM || sig == SIGINT) {
+            shmipc__sup_say(2, "shmipc-serve: stopped before the start");
+            return -1;
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     shmipc__serve_options o;
@@ -437,10 +473,19 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    if (o.access_log != NULL &&
-        shmipc__access_log_open(o.access_log, o.access_log_format, &r.alog) < 0) {
-        shmipc__sup_say(2, "shmipc-serve: --access-log: %s", shmipc_error_detail());
-        goto out;
+    if (o.access_log != NULL) {
+        int fifo_fd = -1;
+        if (wait_for_a_reader(o.access_log, &fifo_fd) < 0) {
+            status = 0; /* a stop signal: the graceful stop's status */
+            goto out;
+        }
+        int arc = shmipc__access_log_open(o.access_log, o.access_log_format, &r.alog);
+        if (fifo_fd >= 0)
+            close(fifo_fd);
+        if (arc < 0) {
+            shmipc__sup_say(2, "shmipc-serve: --access-log: %s", shmipc_error_detail());
+            goto out;
+        }
     }
     if (shmipc__serve_worker_argv(&o, &wargv, err, sizeof err) < 0) {
         shmipc__sup_say(2, "shmipc-serve: %s", err);

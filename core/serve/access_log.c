@@ -209,9 +209,19 @@ struct shmipc__access_log {
     atomic_ullong lines, errors;
 };
 
+/*
+ * O_NONBLOCK for the open only: a FIFO nobody reads is ENXIO at once. Its open() waited for a
+ * reader, and shmipc-serve's SIGUSR2 reopen, on the thread that reads the signals, then read
+ * no SIGTERM until one came (test_serve_cli.py test_reopen_onto_a_fifo_nobody_reads). The
+ * description is blocking again afterwards, as it was (pipes are written through their own).
+ */
 static int open_path(const char *path)
 {
-    return open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0666);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0666);
+    int fl = fd >= 0 ? fcntl(fd, F_GETFL) : 0;
+    if (fl >= 0 && (fl & O_NONBLOCK))
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
 }
 
 static int is_pipe_like(int fd)

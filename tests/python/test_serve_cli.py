@@ -392,7 +392,8 @@ def test_signals_right_after_the_start_are_handled(tmp_path, sig):
 
     To land in that window every time (a signal sent right after the spawn may also land in
     the dynamic loader, before main(), where no program can handle it), the access log is a
-    FIFO: shmipc-serve waits in its open() until a reader comes. 30 starts, the signal sent
+    FIFO: shmipc-serve waits for its reader in main() (in its open() before; now in a wait
+    that a SIGTERM or SIGINT ends, as the open() could not once the signals were blocked). 30 starts, the signal sent
     while it waits there or just after the reader came: it never dies by a signal; SIGTERM and
     SIGINT stop it (exit 0, the graceful stop's); a SIGHUP is a reload once it runs."""
     (tmp_path / "cliapp.py").write_text(APP)
@@ -413,7 +414,10 @@ def test_signals_right_after_the_start_are_handled(tmp_path, sig):
         reader = None
         try:
             deadline = time.monotonic() + 20
-            while wchan(p.pid) != "wait_for_partner" and p.poll() is None:
+            # In the FIFO's open() (wait_for_partner), or, now, in the wait for its reader that
+            # a stop signal ends (do_sigtimedwait): either way in main(), its start under way.
+            while (wchan(p.pid).split(".")[0] not in ("wait_for_partner", "do_sigtimedwait")
+                   and p.poll() is None):
                 if time.monotonic() > deadline:
                     pytest.skip(f"/proc/PID/wchan does not show the FIFO's open ({wchan(p.pid)})")
                 time.sleep(0.001)
@@ -508,6 +512,70 @@ def test_access_log_file(tmp_path):
         assert s.stop() == 0
     # the stop wrote nothing more, and no line is torn
     assert len(wait_lines(log, 1)) == 1
+
+
+def test_reopen_onto_a_fifo_nobody_reads(tmp_path):
+    """Regression: SIGUSR2 reopens the access log on the main thread, the one that reads the
+    signals; when the path had become a FIFO nobody reads, its open() waited for a reader, and
+    a SIGTERM was never read: shmipc-serve did not stop. The open does not wait now: the old
+    file stays (said on stderr), and the stop is as always (exit 0)."""
+    log = tmp_path / "access.log"
+    s = Serve(tmp_path, "--access-log", str(log), workers=1)
+    try:
+        assert s.request("GET", "/a")[0] == 200
+        os.rename(log, tmp_path / "access.log.1")
+        os.mkfifo(log)
+        s.p.send_signal(signal.SIGUSR2)
+        assert s.wait_err("the old file stays"), "".join(s.err)
+        assert s.request("GET", "/b")[0] == 200
+    finally:
+        if s.p.poll() is None:
+            s.p.send_signal(signal.SIGTERM)
+        try:
+            rc = s.p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+            with open(log, "rb", 0):  # a reader: the open() ends, and so can the process
+                pass
+            s.p.kill()
+            s.p.wait()
+        s.t.join(5)
+    assert rc == 0, "".join(s.err)
+    assert wait_lines(tmp_path / "access.log.1", 2)
+
+
+def test_stop_while_the_access_log_fifo_has_no_reader(tmp_path):
+    """--access-log naming a FIFO nobody reads: shmipc-serve waited in its open() for a reader.
+    A SIGTERM then killed it (the default action); with the signals blocked from main()'s start
+    it would not even do that. Now it waits for the reader in a wait that SIGTERM ends: exit 0
+    (the graceful stop's), no worker started."""
+    (tmp_path / "cliapp.py").write_text(APP)
+    fifo = tmp_path / "access.fifo"
+    os.mkfifo(fifo)
+    p = subprocess.Popen(
+        [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{free_port()}",
+         "--python", "/usr/bin/python3", "--access-log", str(fifo)],
+        env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = []
+    t = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+    t.start()
+    try:
+        time.sleep(0.5)  # well into the wait: it lasts until a reader or a stop signal
+        assert p.poll() is None, "".join(err)
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        t.join(5)
+        assert rc == 0, (rc, "".join(err))
+        assert "starting" not in "".join(err)
+    finally:
+        if p.poll() is None:
+            with open(fifo, "rb", 0):  # a reader: the open() ends, and so can the process
+                pass
+            p.kill()
+            p.wait()
 
 
 def test_access_log_common_to_stdout(tmp_path):
