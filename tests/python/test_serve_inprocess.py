@@ -1665,3 +1665,41 @@ def test_cli_in_process_stderr_nobody_reads_stalls_no_request(tmp_path, kind):
             p.kill()
             p.wait()
         os.close(r)
+
+
+CHILD_APP = '''
+import subprocess
+import sys
+
+
+def app(environ, start_response):
+    # A child of the app inherits the server's stderr, as any program's children do.
+    rc = subprocess.run([sys.executable, "-c", "import os; os.fstat(2)"]).returncode
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"child=%d" % rc]
+'''
+
+
+def test_cli_in_process_children_of_the_app_keep_stderr(tmp_path):
+    """Regression: the non-blocking stderr of `python -m shmipc.serve --in-process` was put on
+    fd 2 close-on-exec, so a program the app started had no fd 2 (its next open() got it, and
+    its error messages went into that file)."""
+    import re
+    import signal
+
+    (tmp_path / "childapp.py").write_text(CHILD_APP)
+    r, w = os.pipe()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process", "--listen",
+                              "127.0.0.1:0", "childapp:app"], cwd=tmp_path, env=python_env(),
+                             stdout=subprocess.PIPE, stderr=w, text=True)
+    finally:
+        os.close(w)
+    try:
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
+        assert m
+        assert request(int(m.group(1)), "GET", "/")[::2] == (200, b"child=0")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+        os.close(r)

@@ -64,7 +64,10 @@ class _DropWriter:
                              os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
             except OSError:
                 return  # written as it is (a pipe whose reader left: the write fails anyway)
-            os.dup2(nb, fd, inheritable=False)
+            # Inheritable, as fd 2 is: a program the app starts keeps its stderr (it shares
+            # the non-blocking description: a full pipe fails its writes, EAGAIN, as it drops
+            # ours, rather than stopping it).
+            os.dup2(nb, fd, inheritable=True)
             os.close(nb)
         else:
             self._file = True  # /dev/null and other devices: they do not block
