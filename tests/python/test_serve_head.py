@@ -46,6 +46,9 @@ def wsgi(environ, start_response):
     if path == "/empty":
         start_response("200 OK", [])
         return [b""]
+    if path == "/empty-list":
+        start_response("200 OK", [])
+        return []
     if path == "/204":
         start_response("204 No Content", [])
         return []
@@ -94,8 +97,11 @@ async def asgi(scope, receive, send):
         await body(b"no such path")
 '''
 
-PATHS = ["/one", "/two", "/own-length", "/own-length-and-body", "/generator", "/empty", "/204",
-         "/304"]
+PATHS = ["/one", "/two", "/own-length", "/own-length-and-body", "/generator", "/empty",
+         "/empty-list", "/204", "/304"]
+
+
+WSGI_ONLY = {"/generator", "/empty-list"}
 
 
 def read_head(f):
@@ -130,10 +136,13 @@ def framing(fields):
     return {k: v for k, v in fields.items() if k in ("content-length", "transfer-encoding")}
 
 
-def check_head_matches_get(port, paths):
+def check_head_matches_get(port, paths, streamed=()):
     """HEAD, GET and HEAD again for each path, pipelined on one connection: each HEAD answer
     has GET's status and framing fields and no body (a stray body byte would break the next
-    answer's status line)."""
+    answer's status line). For a path in `streamed` (a body in several ASGI messages through
+    the front, whose length the worker learns only at its end), GET's framing depends on
+    whether the pieces reach the front at once (Content-Length) or not (chunked): HEAD's may be
+    chunked."""
     with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
         f = c.makefile("rb")
         for path in paths:
@@ -146,6 +155,8 @@ def check_head_matches_get(port, paths):
                 answers.append((status, framing(fields), body))
             (hs, hf, _), (gs, gf, gb), again = answers
             assert again == answers[0], path
+            if path in streamed and hf == {"transfer-encoding": ["chunked"]}:
+                hf = gf
             assert (path, hs, hf) == (path, gs, gf), f"HEAD {path}: {hf}, GET: {gf}"
             if gs in (204, 304):
                 assert gf == {} and gb == b"", path
@@ -178,7 +189,7 @@ def test_head_in_process_asgi(app_module):
     route = ASGIRoute(app_module.asgi, lifespan=False)
     try:
         with in_process(route) as s:
-            check_head_matches_get(s.port, [p for p in PATHS if p != "/generator"])
+            check_head_matches_get(s.port, [p for p in PATHS if p not in WSGI_ONLY])
     finally:
         route.close()
 
@@ -212,8 +223,10 @@ def test_head_through_the_pool(tmp_path, kind):
     t.start()
     try:
         assert listening.wait(30), "".join(err)
-        paths = PATHS if kind == "wsgi" else [x for x in PATHS if x != "/generator"]
-        check_head_matches_get(port, paths)
+        if kind == "wsgi":
+            check_head_matches_get(port, PATHS)
+        else:
+            check_head_matches_get(port, [x for x in PATHS if x not in WSGI_ONLY], {"/two"})
     finally:
         p.terminate()
         p.wait(20)

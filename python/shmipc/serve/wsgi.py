@@ -442,8 +442,8 @@ class _Response(sf.WSGIResponse):
         """The iterable is exhausted: the head if none was sent yet, then END."""
         if not self.head_sent:
             length = self.length
-            if length is None and not self._bodyless():
-                length = 0
+            if length is None and not (self.code < 200 or self.code in (204, 304)):
+                length = 0  # no body: Content-Length 0, also to HEAD (GET's would be 0)
             h = self._head(length)
             self.head_sent = True
             self._end(h, _END)
@@ -480,6 +480,18 @@ def _flat(data):
 def _nbytes(data):
     """The bytes a body piece holds (len() of a memoryview counts its items)."""
     return data.nbytes if isinstance(data, memoryview) else len(data)
+
+
+def _list_length(pieces):
+    """The bytes of a list of body pieces; None when one is not bytes (write() refuses it)."""
+    if len(pieces) == 1:
+        return _nbytes(pieces[0])
+    total = 0
+    for piece in pieces:
+        if not isinstance(piece, (bytes, bytearray, memoryview)):
+            return None
+        total += _nbytes(piece)
+    return total
 
 
 class WSGIHandler:
@@ -549,11 +561,12 @@ class WSGIHandler:
             result = self.app(environ, resp.start_response)
             resp.hold = type(result) in (list, tuple)
             if (resp.length is None and not resp.head_sent and type(result) in (list, tuple)
-                    and len(result) == 1 and resp.status is not None
+                    and result and resp.status is not None
                     and not (resp.code < 200 or resp.code in (204, 304))):
-                # One piece: its length is known, so the front can send Content-Length (to
-                # HEAD too: the length GET's body would have, without the body).
-                resp.length = _nbytes(result[0])
+                # A list's length is known before its first piece goes, so the front can send
+                # Content-Length (to HEAD too: the length GET's body would have, without the
+                # body), whether the pieces reach it at once or not.
+                resp.length = _list_length(result)
             for data in result:
                 resp.write(data)
             resp.finish()
