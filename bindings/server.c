@@ -272,6 +272,20 @@ SHMIPC_API int shmipc_http_request_version(const shmipc_http_request *req)
     return req->r->minor == 0 ? 10 : 11;
 }
 
+SHMIPC_API int shmipc_http_request_peer(const shmipc_http_request *req, struct sockaddr *addr,
+                                        socklen_t *len)
+{
+    REQUIRE(req != NULL && addr != NULL && len != NULL, "http_request_peer", "an argument");
+    return shmipc__server_request_addr(req, 0, addr, len);
+}
+
+SHMIPC_API int shmipc_http_request_local(const shmipc_http_request *req, struct sockaddr *addr,
+                                         socklen_t *len)
+{
+    REQUIRE(req != NULL && addr != NULL && len != NULL, "http_request_local", "an argument");
+    return shmipc__server_request_addr(req, 1, addr, len);
+}
+
 /* ---- response ---- */
 
 #define REQUIRE_OPEN(res, fn)                                                                      \

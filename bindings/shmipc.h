@@ -27,6 +27,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -1160,6 +1161,19 @@ SHMIPC_API const char *shmipc_http_request_body(const shmipc_http_request *req, 
 
 /** The HTTP version: 10 for HTTP/1.0, 11 for HTTP/1.1. */
 SHMIPC_API int shmipc_http_request_version(const shmipc_http_request *req);
+
+/**
+ * The address of the request's client (peer) or the one it came to (local), as getpeername()
+ * and getsockname() give them: at most *len bytes go to `addr` (a struct sockaddr_storage
+ * holds any), and *len becomes the address's whole length. AF_INET or AF_INET6 on a TCP
+ * listener; AF_UNIX on a unix one (a client's unnamed socket: the family alone). The kernel is
+ * asked once per connection. In the handler, as the request. Returns 0; SHMIPC_EINVAL for a
+ * NULL argument; SHMIPC_ECONNRESET when the kernel could not tell (the client already left).
+ */
+SHMIPC_API int shmipc_http_request_peer(const shmipc_http_request *req, struct sockaddr *addr,
+                                        socklen_t *len);
+SHMIPC_API int shmipc_http_request_local(const shmipc_http_request *req, struct sockaddr *addr,
+                                         socklen_t *len);
 
 /*
  * The response, inside a handler. It starts as 200 with no Content-Type and an empty body.

@@ -8,6 +8,8 @@
  */
 #include "lserver.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,14 +77,42 @@ static int request_defer(lua_State *L);
 
 typedef const char *(*request_field)(const shmipc_http_request *, size_t *);
 
+/* req.client (the host, as text) or req.client_port: nil on a unix listener, or when the
+ * kernel could not tell (the client left). */
+static void push_client(lua_State *L, const shmipc_http_request *req, int port)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char host[INET6_ADDRSTRLEN];
+    const void *a = NULL;
+    unsigned p = 0;
+    if (shmipc_http_request_peer(req, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET) {
+            a = &((const struct sockaddr_in *)&ss)->sin_addr;
+            p = ntohs(((const struct sockaddr_in *)&ss)->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            a = &((const struct sockaddr_in6 *)&ss)->sin6_addr;
+            p = ntohs(((const struct sockaddr_in6 *)&ss)->sin6_port);
+        }
+    }
+    if (a == NULL || inet_ntop(ss.ss_family, a, host, sizeof host) == NULL)
+        lua_pushnil(L);
+    else if (port)
+        lua_pushinteger(L, (lua_Integer)p);
+    else
+        lua_pushstring(L, host);
+}
+
 /*
  * __index: req.method, req.path, req.query (nil when the target has none), req.wildcard,
- * req.body, req.version (1.0 or 1.1, as a number), and the methods header and headers.
+ * req.body, req.version (1.0 or 1.1, as a number), the methods header and headers, and
+ * req.client / req.client_port (the client's address; nil on a unix listener).
  */
 static int request_index(lua_State *L)
 {
-    static const char *const names[] = {"method",  "path",   "query",   "wildcard", "body",
-                                        "version", "header", "headers", "defer",    NULL};
+    static const char *const names[] = {"method", "path",    "query",       "wildcard",
+                                        "body",   "version", "header",      "headers",
+                                        "defer",  "client",  "client_port", NULL};
     static const request_field fields[] = {shmipc_http_request_method, shmipc_http_request_path,
                                            shmipc_http_request_query, shmipc_http_request_wildcard,
                                            shmipc_http_request_body};
@@ -97,6 +127,8 @@ static int request_index(lua_State *L)
             lua_pushlstring(L, v, len);
     } else if (which == 5) {
         lua_pushnumber(L, shmipc_http_request_version(req) / 10.0);
+    } else if (which >= 9) {
+        push_client(L, req, which == 10);
     } else {
         lua_pushcfunction(L, which == 6   ? request_header
                              : which == 7 ? request_headers

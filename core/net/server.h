@@ -191,6 +191,7 @@ struct shmipc_http_request {
     const char *body;
     size_t body_len;
     uint32_t wild_off, wild_len; /* offsets from r->base */
+    void *conn;                  /* struct server_conn: its addresses */
 };
 
 struct shmipc_http_response {
@@ -403,6 +404,14 @@ struct shmipc__server_where {
     const struct sockaddr_storage *peer, *local;
 };
 int shmipc__server_where(const struct shmipc_http_response *res, struct shmipc__server_where *out);
+
+/*
+ * The request's client (`local` 0) or listener (`local` 1) address, as getpeername() /
+ * getsockname() (shmipc_http_request_peer/_local): at most *len bytes into addr, *len its
+ * length. 0, or SHMIPC_ECONNRESET when the kernel could not tell. The handler's thread.
+ */
+int shmipc__server_request_addr(const struct shmipc_http_request *req, int local,
+                                struct sockaddr *addr, socklen_t *len);
 
 /*
  * Per worker thread hooks for a layer that keeps state in the workers' loops (core/serve/):

@@ -508,36 +508,62 @@ void shmipc__server_stream_free(struct server_conn *sc)
     sc->stream_at = 0;
 }
 
+/* Two system calls per connection instead of per request (a keep-alive connection asks
+ * once). An accept with the address is no help: io_uring's multishot accept has one address
+ * buffer for all its completions, and the local address of a wildcard listener is the
+ * connection's own. A failure is not kept: a later request asks again. */
+static void conn_addrs(struct server_conn *sc)
+{
+    if (sc->addrs_known)
+        return;
+    int fd = shmipc__conn_fd(sc->conn);
+    memset(&sc->peer_addr, 0, sizeof sc->peer_addr);
+    memset(&sc->local_addr, 0, sizeof sc->local_addr);
+    sc->peer_len = sizeof sc->peer_addr;
+    int ok = getpeername(fd, (struct sockaddr *)&sc->peer_addr, &sc->peer_len) == 0;
+    if (!ok) {
+        sc->peer_addr.ss_family = AF_UNSPEC;
+        sc->peer_len = 0;
+    }
+    sc->local_len = sizeof sc->local_addr;
+    if (getsockname(fd, (struct sockaddr *)&sc->local_addr, &sc->local_len) < 0) {
+        sc->local_addr.ss_family = AF_UNSPEC;
+        sc->local_len = 0;
+        ok = 0;
+    }
+    sc->addrs_known = (uint8_t)ok;
+}
+
 int shmipc__server_where(const struct shmipc_http_response *res, struct shmipc__server_where *out)
 {
     struct server_conn *sc = res->conn;
-    socklen_t len;
     if (sc == NULL || res->w == NULL)
         return shmipc__fail(SHMIPC_EINVAL, "server_where: not a route handler's response");
     out->index = res->w->index;
     out->nworkers = res->w->srv->nworkers;
     out->loop = res->w->loop;
     out->fd = shmipc__conn_fd(sc->conn);
-    /* Two system calls per connection instead of per request (a keep-alive connection asks
-     * once). An accept with the address is no help: io_uring's multishot accept has one
-     * address buffer for all its completions, and the local address of a wildcard listener
-     * is the connection's own. A failure is not kept: a later request asks again. */
-    if (!sc->addrs_known) {
-        memset(&sc->peer_addr, 0, sizeof sc->peer_addr);
-        memset(&sc->local_addr, 0, sizeof sc->local_addr);
-        len = sizeof sc->peer_addr;
-        int ok = getpeername(out->fd, (struct sockaddr *)&sc->peer_addr, &len) == 0;
-        if (!ok)
-            sc->peer_addr.ss_family = AF_UNSPEC;
-        len = sizeof sc->local_addr;
-        if (getsockname(out->fd, (struct sockaddr *)&sc->local_addr, &len) < 0) {
-            sc->local_addr.ss_family = AF_UNSPEC;
-            ok = 0;
-        }
-        sc->addrs_known = (uint8_t)ok;
-    }
+    conn_addrs(sc);
     out->peer = &sc->peer_addr;
     out->local = &sc->local_addr;
+    return 0;
+}
+
+int shmipc__server_request_addr(const struct shmipc_http_request *req, int local,
+                                struct sockaddr *addr, socklen_t *len)
+{
+    struct server_conn *sc = req->conn;
+    if (sc == NULL)
+        return shmipc__fail(SHMIPC_EINVAL, "http_request_%s: not a handler's request",
+                            local ? "local" : "peer");
+    conn_addrs(sc);
+    const struct sockaddr_storage *a = local ? &sc->local_addr : &sc->peer_addr;
+    socklen_t n = local ? sc->local_len : sc->peer_len;
+    if (a->ss_family == AF_UNSPEC)
+        return shmipc__fail(SHMIPC_ECONNRESET, "http_request_%s: the kernel could not tell (%s)",
+                            local ? "local" : "peer", "the client left");
+    memcpy(addr, a, n < *len ? n : *len);
+    *len = n;
     return 0;
 }
 

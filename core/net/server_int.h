@@ -116,6 +116,7 @@ struct server_conn {
      * client's address to the next. */
     uint8_t addrs_known;
     struct sockaddr_storage peer_addr, local_addr;
+    socklen_t peer_len, local_len;
     /* A streamed request body (shmipc__server_upload): pieces go to the owner while DEFERRED. */
     uint8_t up_on;   /* the owner takes the body; cleared at its end or the deferral's */
     uint8_t up_held; /* the owner asked for no more pieces until upload_resume() */

@@ -170,7 +170,7 @@ int shmipc__server_handle(void *user_data, const struct shmipc__http_request *re
         resp->body = rt->body;
         resp->body_len = rt->body_len;
     } else {
-        struct shmipc_http_request preq = {req, body, body_len, 0, 0};
+        struct shmipc_http_request preq = {req, body, body_len, 0, 0, sc};
         struct shmipc_http_response pres = {resp, w, sc, 0, 0, 0, 0};
         if (rt->prefix) {
             preq.wild_off = req->path.off + (uint32_t)rt->path_len;

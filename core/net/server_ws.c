@@ -145,7 +145,7 @@ int shmipc__server_ws_upgrade(struct server_conn *sc, const struct shmipc__ws_ro
     shmipc__ws_conn_init(&ws->c, &w->srv->ws_limits, &ws_cbs, ws);
     sc->ws = ws;
     if (wsr->on_open != NULL) {
-        struct shmipc_http_request preq = {req, body, body_len, 0, 0};
+        struct shmipc_http_request preq = {req, body, body_len, 0, 0, sc};
         if (wsr->prefix) {
             preq.wild_off = req->path.off + (uint32_t)wsr->path_len;
             preq.wild_len = req->path.len - (uint32_t)wsr->path_len;

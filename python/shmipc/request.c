@@ -11,6 +11,8 @@
 
 #include "shmipc_serve.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -31,8 +33,10 @@ PyObject *shmipcpy_make_request(ServerObject *srv, const shmipc_http_request *re
 {
     size_t len, nlen, n = shmipc_http_request_header_count(req);
     const char *p, *name;
-    PyObject *args[7] = {NULL};
+    PyObject *args[8] = {NULL};
     PyObject *result = NULL;
+    struct sockaddr_storage peer;
+    socklen_t plen = sizeof peer;
     int i;
 
     p = shmipc_http_request_method(req, &len);
@@ -57,12 +61,19 @@ PyObject *shmipcpy_make_request(ServerObject *srv, const shmipc_http_request *re
     }
     p = shmipc_http_request_body(req, &len);
     args[6] = PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
-    for (i = 0; i < 7; i++)
+    /* The client's sockaddr as bytes, decoded by Request.client when asked (None when the
+     * kernel could not tell). */
+    if (shmipc_http_request_peer(req, (struct sockaddr *)&peer, &plen) == 0)
+        args[7] = PyBytes_FromStringAndSize((const char *)&peer,
+                                            (Py_ssize_t)(plen < sizeof peer ? plen : sizeof peer));
+    else
+        args[7] = Py_NewRef(Py_None);
+    for (i = 0; i < 8; i++)
         if (args[i] == NULL)
             goto out;
-    result = PyObject_Vectorcall(srv->request, args, 7, NULL);
+    result = PyObject_Vectorcall(srv->request, args, 8, NULL);
 out:
-    for (i = 0; i < 7; i++)
+    for (i = 0; i < 8; i++)
         Py_XDECREF(args[i]);
     return result;
 }
@@ -177,12 +188,37 @@ int shmipcpy_answer_500(shmipc_http_response *res)
     return 0;
 }
 
+/* A connection's address as a REQUEST_HEAD names it (family NONE when the kernel could not
+ * tell: the client left). */
+static void serve_addr(const shmipc_http_request *req, int local, shmipc_serve_addr *out)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    memset(out, 0, sizeof *out);
+    if ((local ? shmipc_http_request_local(req, (struct sockaddr *)&ss, &len)
+               : shmipc_http_request_peer(req, (struct sockaddr *)&ss, &len)) < 0)
+        return;
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+        out->family = SHMIPC_SERVE_AF_INET;
+        out->port = ntohs(in->sin_port);
+        memcpy(out->addr, &in->sin_addr, 4);
+    } else if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
+        out->family = SHMIPC_SERVE_AF_INET6;
+        out->port = ntohs(in6->sin6_port);
+        memcpy(out->addr, &in6->sin6_addr, 16);
+    } else if (ss.ss_family == AF_UNIX) {
+        out->family = SHMIPC_SERVE_AF_UNIX;
+    }
+}
+
 /*
  * The request as a REQUEST_HEAD frame of docs/serve.md, for the in-process WSGI/ASGI adapters:
  * they hand it to shmipc._serve's decoder, the one a shmipc-serve worker uses, so an app sees
- * the same environ or scope in both modes. The public request API knows no peer or listener
- * address: both are left out (no REMOTE_ADDR; SERVER_NAME/PORT come from Host). The body is
- * complete here, so its length is the Content-Length.
+ * the same environ or scope in both modes: the client's and the listener's address as a
+ * front names them (REMOTE_ADDR, the scope's "client" and "server"). The body is complete
+ * here, so its length is the Content-Length.
  * Without the GIL (the queue route calls it so): the frame goes to `stack` (`cap` bytes) or,
  * when larger, to *out malloc'd (the caller frees *out when it is not `stack`). Returns its
  * length; 0 with *status set to the answer (414, 431) when the head is over the protocol's
@@ -237,6 +273,8 @@ int64_t shmipcpy_encode_request_frame(const shmipc_http_request *req, uint8_t *s
                               .method_len = (uint32_t)mlen,
                               .target = target,
                               .target_len = (uint32_t)tlen};
+    serve_addr(req, 0, &r.peer);
+    serve_addr(req, 1, &r.local);
     if (blen > 0) {
         r.flags |= SHMIPC_SERVE_REQ_HAS_BODY | SHMIPC_SERVE_REQ_CONTENT_LENGTH;
         r.content_length = blen;

@@ -146,6 +146,38 @@ static int h_head_length(shmipc_http_request *req, shmipc_http_response *res, vo
     return shmipc_http_response_body_borrow(res, big_body, BIG_LEN, big_body, big_release);
 }
 
+/* "ip:port ip:port", the client's and the listener's address; a misuse counted in addr_errors. */
+static atomic_int addr_errors;
+
+static int h_addr(shmipc_http_request *req, shmipc_http_response *res, void *ud)
+{
+    struct sockaddr_storage peer, local;
+    struct sockaddr_in tiny;
+    socklen_t plen = sizeof peer, llen = sizeof local, tlen = 2;
+    char ph[INET6_ADDRSTRLEN] = "?", lh[INET6_ADDRSTRLEN] = "?", out[128];
+    (void)ud;
+    if (shmipc_http_request_peer(NULL, (struct sockaddr *)&peer, &plen) != SHMIPC_EINVAL ||
+        shmipc_http_request_peer(req, NULL, &plen) != SHMIPC_EINVAL ||
+        shmipc_http_request_local(req, (struct sockaddr *)&local, NULL) != SHMIPC_EINVAL)
+        atomic_fetch_add(&addr_errors, 1);
+    /* Too little room: truncated, as getpeername() truncates, and the whole length told. */
+    if (shmipc_http_request_peer(req, (struct sockaddr *)&tiny, &tlen) != 0 ||
+        tlen != sizeof(struct sockaddr_in))
+        atomic_fetch_add(&addr_errors, 1);
+    CHECK(shmipc_http_request_peer(req, (struct sockaddr *)&peer, &plen));
+    CHECK(shmipc_http_request_local(req, (struct sockaddr *)&local, &llen));
+    if (peer.ss_family != AF_INET || local.ss_family != AF_INET || plen != sizeof tiny ||
+        llen != sizeof tiny)
+        atomic_fetch_add(&addr_errors, 1);
+    const struct sockaddr_in *p4 = (const struct sockaddr_in *)&peer;
+    const struct sockaddr_in *l4 = (const struct sockaddr_in *)&local;
+    inet_ntop(AF_INET, &p4->sin_addr, ph, sizeof ph);
+    inet_ntop(AF_INET, &l4->sin_addr, lh, sizeof lh);
+    int n =
+        snprintf(out, sizeof out, "%s:%u %s:%u", ph, ntohs(p4->sin_port), lh, ntohs(l4->sin_port));
+    return shmipc_http_response_body(res, out, (size_t)n);
+}
+
 static void count_destroy(void *ud)
 {
     (void)ud;
@@ -226,6 +258,7 @@ static void srv_start(struct srv *t, const struct srv_opts *o)
     CHECK(shmipc_server_route(t->s, NULL, "/fail", h_fail, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/close", h_close, NULL, NULL));
     CHECK(shmipc_server_route(t->s, "GET", "/head-length", h_head_length, NULL, NULL));
+    CHECK(shmipc_server_route(t->s, "GET", "/addr", h_addr, NULL, NULL));
     if (o->routes != NULL)
         o->routes(t->s);
     CHECK(shmipc_server_start(t->s));
@@ -1378,6 +1411,34 @@ static void head_answer_says_gets_length(void **state)
     assert_int_equal(atomic_load(&big_releases), released + 1); /* the borrowed body's */
 }
 
+/* shmipc_http_request_peer/_local: the client's own port and the server's, per connection. */
+static void request_addresses(void **state)
+{
+    struct srv t;
+    (void)state;
+    atomic_store(&addr_errors, 0);
+    srv_start(&t, NULL);
+    for (int i = 0; i < 2; i++) { /* two connections: each its own port */
+        struct rd r;
+        struct resp p;
+        struct sockaddr_in me;
+        socklen_t len = sizeof me;
+        char want[128];
+        rd_open(&r, t.port);
+        assert_int_equal(getsockname(r.fd, (struct sockaddr *)&me, &len), 0);
+        snprintf(want, sizeof want, "127.0.0.1:%u 127.0.0.1:%d", ntohs(me.sin_port), t.port);
+        for (int k = 0; k < 2; k++) { /* a second request asks the connection's cache */
+            exchange(&r, "GET /addr HTTP/1.1\r\nHost: t\r\n\r\n", &p);
+            assert_int_equal(p.status, 200);
+            assert_string_equal(p.body, want);
+            free(p.body);
+        }
+        rd_close(&r);
+    }
+    srv_stop(&t);
+    assert_int_equal(atomic_load(&addr_errors), 0);
+}
+
 #define SERVER_TESTS                                                                               \
     cmocka_unit_test(routes_and_static), cmocka_unit_test(not_found_and_not_allowed),              \
         cmocka_unit_test(keepalive_pipelining), cmocka_unit_test(connection_close),                \
@@ -1394,6 +1455,6 @@ static void head_answer_says_gets_length(void **state)
         cmocka_unit_test(keepalive_requests_limit), cmocka_unit_test(keepalive_requests_default),  \
         cmocka_unit_test(stop_between_run_check_and_start),                                        \
         cmocka_unit_test(second_stop_is_for_the_same_run),                                         \
-        cmocka_unit_test(head_answer_says_gets_length)
+        cmocka_unit_test(head_answer_says_gets_length), cmocka_unit_test(request_addresses)
 
 #endif

@@ -57,6 +57,9 @@ local function app(srv)
         return "just a string"
     end))
     assert(srv:route("DELETE", "/nothing", function() end))
+    assert(srv:route("GET", "/client", function(req)
+        return 200, string.format("%s %s %s", req.client, math.type(req.client_port), req.client_port)
+    end))
     assert(srv:route("GET", "/teapot", function()
         return 418, nil, { ["X-Kind"] = "teapot" }
     end))
@@ -103,6 +106,11 @@ for _, backend in ipairs({ "epoll", "io_uring" }) do
         t.eq(r.body, "just a string", "string body")
 
         t.eq(fetch(port, "DELETE", "/nothing").status, 204, "nothing is 204")
+
+        local host, kind, cport = fetch(port, "GET", "/client").body:match("^(%S+) (%S+) (%d+)$")
+        t.eq(host, "127.0.0.1", "req.client")
+        t.eq(kind, "integer", "req.client_port is an integer")
+        t.truthy(tonumber(cport) > 0 and tonumber(cport) ~= port, "req.client_port is the client's")
 
         r = fetch(port, "GET", "/teapot")
         t.eq(r.status, 418, "status with nil body")

@@ -461,10 +461,6 @@ async def asgi(scope, receive, send):
     await send({"type": "http.response.body", "body": json.dumps(out).encode()})
 '''
 
-# The public request API of the in-process server has no peer address (docs/serve.md).
-IN_PROCESS_MISSING = {"REMOTE_ADDR", "REMOTE_PORT"}
-
-
 def ask(port, what):
     hdrs = {"X-Custom": "v", "Cookie": "a=1", "Content-Type": "text/x"}
     st, h, b = request(port, "POST", "/k%41/x?q=1&r=%20", body=b"0123456789", headers=hdrs)
@@ -514,8 +510,9 @@ def test_same_app_same_environ_keys_in_both_modes(tmp_path, kind):
         if kind == "asgi":
             route.close()
     if kind == "wsgi":
-        assert set(via_front["keys"]) - set(in_process["keys"]) == IN_PROCESS_MISSING
-        assert set(in_process["keys"]) - set(via_front["keys"]) == set()
+        # REMOTE_ADDR and REMOTE_PORT too (regression: in-process, the server's request API
+        # had no peer address, and an app logging its clients saw none).
+        assert set(via_front["keys"]) == set(in_process["keys"])
         # Host carries the port, which differs; the rest is the same request.
         for d in (via_front, in_process):
             d["vals"].pop("HTTP_HOST")
@@ -1703,3 +1700,56 @@ def test_cli_in_process_children_of_the_app_keep_stderr(tmp_path):
         p.send_signal(signal.SIGTERM)
         p.wait(30)
         os.close(r)
+
+
+ADDR_APP = '''
+import json
+
+
+def app(environ, start_response):
+    start_response("200 OK", [])
+    return [json.dumps({k: environ.get(k) for k in
+                        ("REMOTE_ADDR", "REMOTE_PORT", "SERVER_NAME", "SERVER_PORT")}).encode()]
+
+
+async def asgi(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body",
+                "body": json.dumps({"client": scope["client"], "server": scope["server"]}).encode()})
+'''
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_in_process_apps_see_the_clients_address(tmp_path, kind, backend):
+    """Regression: the in-process adapters had no peer address (the server's request API had
+    none): REMOTE_ADDR and REMOTE_PORT were missing and the ASGI scope's "client" was None,
+    where behind the shmipc-serve front an app sees them. Now from
+    shmipc_http_request_peer() / _local(), per connection."""
+    (tmp_path / "addrapp.py").write_text(ADDR_APP)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import addrapp
+    finally:
+        sys.path.remove(str(tmp_path))
+    route = WSGIRoute(addrapp.app) if kind == "wsgi" else ASGIRoute(addrapp.asgi, lifespan=False)
+    try:
+        with serve(route, backend=backend) as s:
+            for _ in range(2):  # the second on its own connection: each its own port
+                with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+                    mine = c.getsockname()[1]
+                    c.sendall(b"GET / HTTP/1.1\r\nHost: example:1\r\nConnection: close\r\n\r\n")
+                    data = b""
+                    while True:
+                        chunk = c.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                got = json.loads(data.split(b"\r\n\r\n", 1)[1])
+                if kind == "wsgi":
+                    assert got == {"REMOTE_ADDR": "127.0.0.1", "REMOTE_PORT": str(mine),
+                                   "SERVER_NAME": "127.0.0.1", "SERVER_PORT": str(s.port)}
+                else:
+                    assert got == {"client": ["127.0.0.1", mine], "server": ["127.0.0.1", s.port]}
+    finally:
+        if kind == "asgi":
+            route.close()

@@ -144,6 +144,27 @@ def test_head_answer_says_gets_length(shmipc, backend):
     assert len(refused) == 1 and "Content-Length" in refused[0]
 
 
+def test_request_client_is_the_clients_address(shmipc, backend):
+    """Request.client: the client's (host, port), its own per connection (the server's request
+    API had no peer address before)."""
+    import socket
+
+    def setup(s):
+        @s.route("GET", "/who")
+        def who(req):
+            return {"client": list(req.client)}
+
+    s = started(shmipc, setup, backend=backend)
+    with s:
+        for _ in range(2):
+            c = conn(s)
+            c.connect()
+            mine = c.sock.getsockname()
+            st, _, body = get(c, "GET", "/who")
+            assert (st, json.loads(body)) == (200, {"client": [mine[0], mine[1]]})
+            c.close()
+
+
 def test_404_405(shmipc, backend):
     s = started(shmipc, app, backend=backend)
     with s:

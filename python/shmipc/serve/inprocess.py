@@ -16,8 +16,6 @@ own worker threads with complete bodies:
   or several http.response.body messages still work, but nothing reaches the client early);
 - a WSGI app does not see a client that goes away; an ASGI app gets http.disconnect when
   its client leaves (or once its response is complete);
-- the public request API has no peer address: no REMOTE_ADDR / scope "client" is None, and
-  SERVER_NAME / SERVER_PORT come from the Host field;
 - a broken Content-Length (the app sends fewer or more bytes than it declared) or an error
   after the first body bytes is a 500 here (nothing was sent yet), an ABORT with a front.
 """
