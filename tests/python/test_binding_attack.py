@@ -9,7 +9,10 @@ from test_misuse import run_child
 
 def test_reserve_and_commit_size_index_closing_the_stream_raises_closed():
     """Regression: reserve(n) and commit(n) took the stream's handle before converting n, so an
-    __index__ that closed the stream left the call on a freed handle (use after free)."""
+    __index__ that closed the stream left the call on a freed handle (use after free). The
+    __index__ opens another stream after the close: malloc hands it the freed one's memory, so
+    the old code's call went to that stream (it reserved there, or found no window) instead of
+    reading a freed stream still marked closed, which raised ClosedError as if all was well."""
     run_child(
         """
         p = Pair(default_config(), default_config())
@@ -18,10 +21,12 @@ def test_reserve_and_commit_size_index_closing_the_stream_raises_closed():
             if method == "commit":
                 with st.reserve(4) as w:
                     w[:] = b"abcd"
+            others = []
 
             class Closer:
                 def __index__(self):
                     st.close()
+                    others.append(p.client.open_stream())
                     return 4
 
             try:
@@ -31,6 +36,10 @@ def test_reserve_and_commit_size_index_closing_the_stream_raises_closed():
             else:
                 raise SystemExit(f"{method}(n) on a stream closed by n.__index__ did not raise")
             assert st.closed
+            # The other stream was not touched: a window of its own, then its close.
+            with others[0].reserve(4) as w:
+                w[:] = b"efgh"
+            others[0].close()
         p.close()
         """
     )
