@@ -129,7 +129,9 @@ def test_abi_listener_serve_refused_at_once_frees_its_callbacks():
 def test_abi_log_sink_that_clears_itself_and_raises():
     """Regression: a shmipc.abi log sink that cleared itself (shmipc_set_log_sink(None)) and
     then raised had its closure freed under it: the report of its exception read the freed
-    closure's callable (use after free, seen under ASan)."""
+    closure's callable (use after free, seen under ASan). The child runs with Python's debug
+    allocator (PYTHONMALLOC=debug), which fills freed memory with 0xDD: the old code's read of
+    the freed closure then crashes (SIGSEGV) instead of finding the callable still there."""
     proc = run_child(
         """
         import shmipc.abi as a
@@ -155,7 +157,8 @@ def test_abi_log_sink_that_clears_itself_and_raises():
         assert len(calls) == 1, calls
         p.close()
         print("done")
-        """
+        """,
+        env={"PYTHONMALLOC": "debug"},
     )
     assert "done" in proc.stdout
     assert "sink failed after clearing itself" in proc.stderr  # reported, as unraisable

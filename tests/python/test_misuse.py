@@ -18,8 +18,9 @@ from conftest import python_env
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_child(code, timeout=120):
-    """Runs `code` in a fresh interpreter with the pair helpers importable; returns it done."""
+def run_child(code, timeout=120, env=None):
+    """Runs `code` in a fresh interpreter with the pair helpers importable; returns it done.
+    `env`: more environment variables for it."""
     prelude = textwrap.dedent(
         f"""
         import sys
@@ -30,7 +31,7 @@ def run_child(code, timeout=120):
     )
     proc = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        env=python_env(),
+        env={**python_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
