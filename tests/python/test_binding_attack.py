@@ -49,10 +49,15 @@ def test_reserve_and_commit_size_index_closing_the_stream_raises_closed():
 def test_accept_timeout_float_closing_the_owner_raises_closed():
     """Regression: Session.accept_stream() and Listener.accept() took the handle before
     converting the timeout, so a __float__ that closed the session (listener) left the wait on
-    a freed handle (use after free)."""
+    a freed handle (use after free). A closed listener is followed by a new one, which malloc
+    gives the freed one's memory: the old code waited on that one (TimeoutError) instead of
+    reading a freed listener that still looked closed (ClosedError, as if all was well)."""
     run_child(
         """
+        import os
+
         p = Pair(default_config(), default_config())
+        others = []
 
         class Closer:
             def __init__(self, obj):
@@ -60,9 +65,11 @@ def test_accept_timeout_float_closing_the_owner_raises_closed():
 
             def __float__(self):
                 self.obj.close()
+                if self.obj is p.listener:
+                    others.append(shmipc.Listener(f"unix:@shmipc-py-attack-reuse-{os.getpid()}"))
                 return 0.05
 
-        for obj, call in ((p.server, p.server.accept_stream), (p.listener, p.listener.accept)):
+        for obj, call in ((p.listener, p.listener.accept), (p.server, p.server.accept_stream)):
             try:
                 call(Closer(obj))
             except shmipc.ClosedError:
@@ -70,6 +77,8 @@ def test_accept_timeout_float_closing_the_owner_raises_closed():
             else:
                 raise SystemExit(f"{call.__name__}() with a timeout closing its owner did not raise")
             assert obj.closed
+        for other in others:
+            other.close()
         p.client.close()
         """
     )
@@ -78,14 +87,23 @@ def test_accept_timeout_float_closing_the_owner_raises_closed():
 def test_accept_signal_handler_closing_the_owner_raises_closed():
     """Regression: a signal handler that closed the session (listener) between two wait slices
     of accept_stream() (accept()) freed the handle, and the next slice waited on it (use after
-    free)."""
+    free). A closed listener is followed by a new one, which takes the freed one's memory: the
+    old code waited on that one to the end of the timeout instead of raising ClosedError."""
     run_child(
         """
+        import os
         import signal
 
         p = Pair(default_config(), default_config())
-        for obj, call in ((p.server, p.server.accept_stream), (p.listener, p.listener.accept)):
-            signal.signal(signal.SIGALRM, lambda *a: obj.close())
+        others = []
+
+        def close_owner(obj):
+            obj.close()
+            if obj is p.listener:
+                others.append(shmipc.Listener(f"unix:@shmipc-py-attack-reuse-{os.getpid()}"))
+
+        for obj, call in ((p.listener, p.listener.accept), (p.server, p.server.accept_stream)):
+            signal.signal(signal.SIGALRM, lambda *a: close_owner(obj))
             signal.setitimer(signal.ITIMER_REAL, 0.15)
             try:
                 call(5)
@@ -96,6 +114,8 @@ def test_accept_signal_handler_closing_the_owner_raises_closed():
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             assert obj.closed
+        for other in others:
+            other.close()
         p.client.close()
         """
     )
