@@ -445,11 +445,7 @@ def test_signals_right_after_the_start_are_handled(tmp_path, sig):
             p.send_signal(signal.SIGTERM)
             assert p.wait(timeout=30) == 0, (i, "".join(err))
         finally:
-            if p.poll() is None:
-                for c in children(p.pid):
-                    os.kill(c, signal.SIGKILL)
-                p.kill()
-                p.wait()
+            kill_tree(p)
             if reader is not None:
                 os.close(reader)
             t.join(5)
@@ -1061,6 +1057,15 @@ def children(pid):
     return {c for c in out if alive(c)}
 
 
+def kill_tree(p):
+    """Kills shmipc-serve `p` and its workers, when a test left it running."""
+    if p.poll() is None:
+        for c in children(p.pid):
+            os.kill(c, signal.SIGKILL)
+        p.kill()
+        p.wait()
+
+
 def test_stderr_nobody_reads_stalls_no_supervision(tmp_path):
     """Regression: shmipc-serve's stderr a pipe nobody reads. The workers' output and the
     supervisor's lines are dropped once it is full (serve/sup_output.c), but the main thread
@@ -1133,11 +1138,7 @@ def test_stderr_nobody_reads_stalls_no_supervision(tmp_path):
         assert rc == 0, ("no stop on SIGTERM", time.monotonic() - t0)
         wait_for(lambda: not any(alive(c) for c in left), "workers left behind", timeout=10)
     finally:
-        if p.poll() is None:
-            for c in children(p.pid):
-                os.kill(c, signal.SIGKILL)
-            p.kill()
-            p.wait()
+        kill_tree(p)
         os.close(r)
 
 
@@ -1187,11 +1188,7 @@ def test_failed_start_can_still_be_stopped(tmp_path):
                 time.sleep(0.1)
             assert not any(alive(w) for w in workers)
         finally:
-            if p.poll() is None:
-                for c in children(p.pid):
-                    os.kill(c, signal.SIGKILL)
-                p.kill()
-                p.wait()
+            kill_tree(p)
             t.join(5)
 
 
@@ -1248,11 +1245,7 @@ def test_failed_start_stops_the_workers_promptly(tmp_path, cause):
                     "stopped before the server started") in text, text
             assert not any(alive(w) for w in workers)
         finally:
-            if p.poll() is None:
-                for c in children(p.pid):
-                    os.kill(c, signal.SIGKILL)
-                p.kill()
-                p.wait()
+            kill_tree(p)
             t.join(5)
 
 

@@ -9,18 +9,14 @@ Werkzeug does for HEAD); the pool's workers dropped the body of a one-piece answ
 front answered HEAD with "Transfer-Encoding: chunked" where GET had a Content-Length."""
 import os
 import socket
-import subprocess
 import sys
-import threading
 
 import pytest
 
-from conftest import BUILD, python_env
+from test_serve_cli import SERVE, Serve
 
 import shmipc
 from shmipc.serve import ASGIRoute, WSGIRoute
-
-SERVE = os.path.join(BUILD, "serve", "shmipc-serve")
 
 APP = r'''
 BODY = b"0123456789"
@@ -194,40 +190,16 @@ def test_head_in_process_asgi(app_module):
         route.close()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(not os.path.exists(SERVE), reason="shmipc-serve is not built")
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
 def test_head_through_the_pool(tmp_path, kind):
     (tmp_path / "headapp.py").write_text(APP)
-    port = free_port()
     flags = ["--asgi"] if kind == "asgi" else []
-    p = subprocess.Popen(
-        [SERVE, *flags, f"headapp:{kind}", "--chdir", str(tmp_path), "--listen",
-         f"127.0.0.1:{port}", "--workers", "1", "--python", "/usr/bin/python3",
-         "--graceful-timeout", "5"],
-        env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    listening, err = threading.Event(), []
-
-    def read():
-        for line in p.stderr:
-            err.append(line)
-            if "listening on" in line:
-                listening.set()
-
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
+    s = Serve(tmp_path, *flags, workers=1, app=(f"headapp:{kind}",))
     try:
-        assert listening.wait(30), "".join(err)
         if kind == "wsgi":
-            check_head_matches_get(port, PATHS)
+            check_head_matches_get(s.port, PATHS)
         else:
-            check_head_matches_get(port, [x for x in PATHS if x not in WSGI_ONLY], {"/two"})
+            check_head_matches_get(s.port, [x for x in PATHS if x not in WSGI_ONLY], {"/two"})
     finally:
-        p.terminate()
-        p.wait(20)
-        t.join(5)
+        s.stop()
