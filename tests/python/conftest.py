@@ -45,6 +45,29 @@ def address():
     return unique_address()
 
 
+def reserved_port():
+    """A loopback TCP port for a server that must be told its port in advance (shmipc-serve
+    takes 1 .. 65535, not 0), reserved until that server binds it.
+
+    Binding port 0 and closing the socket left the port free: under pytest-xdist another
+    worker's bind(0) (a Server(port=0), another test's port) could be handed that same port
+    before our server bound it, which then failed with "address in use". Here a connection is
+    made to the port and its accepted end closes first, so the port stays in TIME_WAIT (60 s):
+    the kernel gives it to no bind(0) and no connect() meanwhile, while a server with
+    SO_REUSEADDR (ours) binds it at once."""
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            accepted, _ = s.accept()
+            accepted.close()  # the accepted end closes first: TIME_WAIT on `port`
+    return port
+
+
 class Pair:
     """A listener with one connected client session and its server session."""
 

@@ -4,6 +4,7 @@ could crash runs in a child interpreter (test_misuse.run_child), so a crash fail
 import pytest
 
 import shmipc
+from conftest import unique_address
 from test_misuse import run_child
 
 
@@ -133,7 +134,7 @@ def test_abi_listener_serve_refused_at_once_frees_its_callbacks():
         pass
 
     _, cfg = a.call("shmipc_config_new")
-    rc, lst = a.call("shmipc_listener_new", f"unix:@shmipc-py-attack-{id(cfg)}", cfg)
+    rc, lst = a.call("shmipc_listener_new", unique_address("attack"), cfg)
     assert rc == 0
     before = sys.getrefcount(on_stream)
     for which in range(3):
@@ -189,7 +190,7 @@ def test_embedded_nul_in_names_is_refused():
     'unix:@name\\0rest' listened on 'unix:@name' while .address said otherwise; Config's
     memmap, set_wakeup() and slice_classes likewise read only the part before a NUL."""
     with pytest.raises(ValueError):
-        shmipc.Listener("unix:@shmipc-py-attack-nul\0rest")
+        shmipc.Listener(unique_address("attack-nul") + "\0rest")
     cfg = shmipc.Config()
     for field, value in (("memmap", "memfd\0x"), ("slice_classes", "1024:100\0junk")):
         with pytest.raises(ValueError):

@@ -387,14 +387,17 @@ def test_protocol_versions(make_pair, memmap, version):
 
 
 def test_devshm_files_are_removed(make_pair, tmp_path):
+    # The files are named PREFIX_PID_N_...: the "_" keeps another process's prefix (pid 123
+    # beside our 12, under pytest-xdist or a second run) out of the count.
     prefix = f"/dev/shm/shmipc-pytest-{os.getpid()}"
+    mine = os.path.basename(prefix) + "_"
     p = make_pair(client_config=default_config(memmap="devshm", path_prefix=prefix))
     cs, ss = p.streams()
-    assert [f for f in os.listdir("/dev/shm") if f.startswith(os.path.basename(prefix))]
+    assert [f for f in os.listdir("/dev/shm") if f.startswith(mine)]
     cs.close()
     ss.close()
     p.close()
-    assert not [f for f in os.listdir("/dev/shm") if f.startswith(os.path.basename(prefix))]
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(mine)]
 
 
 V4_CONFIGS = {

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT, python_env, sigint_default
+from conftest import BUILD, ROOT, python_env, reserved_port, sigint_default
 
 SERVE = os.path.join(BUILD, "serve", "shmipc-serve")
 
@@ -32,6 +32,14 @@ def app(environ, start_response):
         raise RuntimeError("the app failed")
     if path == "/slow":
         time.sleep(float(environ.get("QUERY_STRING") or "1"))
+    if path == "/hold":
+        # Says it has the request ("held" in its directory), then holds it until the test
+        # creates "release" there (60 s at most).
+        open("held", "w").close()
+        for _ in range(6000):
+            if os.path.exists("release"):
+                break
+            time.sleep(0.01)
     out = b"pid=%d path=%s body=" % (os.getpid(), path.encode()) + body
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [out]
@@ -40,19 +48,13 @@ def app(environ, start_response):
 pytestmark = pytest.mark.skipif(not os.path.exists(SERVE), reason="shmipc-serve is not built")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Serve:
     """shmipc-serve running an app from tmp_path; stderr is collected on a thread."""
 
     def __init__(self, tmp_path, *flags, workers=2, app=("cliapp:app",), chdir=None, cpus=None,
                  env=None):
         (tmp_path / "cliapp.py").write_text(APP)
-        self.port = free_port()
+        self.port = reserved_port()
         self.p = subprocess.Popen(
             [SERVE, *app, "--chdir", str(chdir or tmp_path), "--listen", f"127.0.0.1:{self.port}",
              "--workers", str(workers), "--python", "/usr/bin/python3", "--graceful-timeout", "10",
@@ -122,6 +124,14 @@ class Serve:
         return rc
 
 
+def wait_for(path, timeout=30):
+    """Waits (up to `timeout` s) for the app to create `path`; fails if it does not."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.01)
+
+
 def alive(pid):
     """Whether process `pid` still runs. An exited process not yet reaped (a zombie) has
     ended: a worker whose supervisor was killed is reparented to PID 1, which reaps on its
@@ -152,13 +162,19 @@ def test_unique_bodies_across_workers(tmp_path):
         for t in threads:
             t.join(120)
         assert errors == []
-        # While one worker is busy, the other takes the next request.
+        # While one worker is busy, the other takes the next request. The busy one holds its
+        # request until the fast one is answered: a fixed 1 s let it finish first on a loaded
+        # machine (pytest-xdist), and the fast one could then go to the same worker.
         slow = {}
-        t = threading.Thread(target=lambda: slow.setdefault("r", s.request("GET", "/slow?1")))
+        t = threading.Thread(target=lambda: slow.setdefault("r", s.request("GET", "/hold",
+                                                                           timeout=60)))
         t.start()
-        time.sleep(0.3)
-        status, fast = s.request("GET", "/fast")
-        t.join(30)
+        try:
+            wait_for(tmp_path / "held")
+            status, fast = s.request("GET", "/fast")
+        finally:
+            (tmp_path / "release").touch()
+            t.join(60)
         assert status == 200 and slow["r"][0] == 200
         assert fast.split()[0] != slow["r"][1].split()[0], (fast, slow)
     finally:
@@ -276,16 +292,20 @@ def test_sigterm_answers_the_request_in_flight_and_leaves_nothing(tmp_path):
     result = {}
 
     def slow():
-        result["r"] = s.request("GET", "/slow?1.5")
+        result["r"] = s.request("GET", "/hold", timeout=60)
 
     t = threading.Thread(target=slow)
     t.start()
-    time.sleep(0.5)
+    # SIGTERM once the worker has the request (not after a fixed 0.5 s: on a loaded machine the
+    # request could reach the front after the stop), which is let go only after it.
+    wait_for(tmp_path / "held")
     s.p.send_signal(signal.SIGTERM)
-    t.join(30)
+    time.sleep(0.2)
+    (tmp_path / "release").touch()
+    t.join(60)
     assert s.stop() == 0
     assert result["r"][0] == 200, result
-    assert b"path=/slow" in result["r"][1]
+    assert b"path=/hold" in result["r"][1]
     for pid in pids:
         assert not alive(pid)
     with pytest.raises(OSError):
@@ -576,7 +596,7 @@ def test_stop_while_the_access_log_fifo_has_no_reader(tmp_path):
 
 def test_access_log_common_to_stdout(tmp_path):
     (tmp_path / "cliapp.py").write_text(APP)
-    port = free_port()
+    port = reserved_port()
     p = subprocess.Popen(
         [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{port}",
          "--python", "/usr/bin/python3", "--access-log", "-"],
@@ -690,7 +710,7 @@ async def app(scope, receive, send):
 
 def test_asgi_app(tmp_path):
     (tmp_path / "asgiapp.py").write_text(ASGI_APP)
-    port = free_port()
+    port = reserved_port()
     p = subprocess.Popen([SERVE, "--asgi", "asgiapp:app", "--chdir", str(tmp_path), "--listen",
                           f"127.0.0.1:{port}", "--python", "/usr/bin/python3"],
                          env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -1080,7 +1100,7 @@ def test_stderr_nobody_reads_stalls_no_supervision(tmp_path):
     (tmp_path / "loudapp.py").write_text(
         APP + "\nimport sys\nfor _ in range(256):\n    sys.stderr.write('x' * 1023 + '\\n')\n"
         "sys.stderr.flush()\n")
-    port = free_port()
+    port = reserved_port()
     r, w = os.pipe()
     try:
         p = subprocess.Popen(
@@ -1279,7 +1299,7 @@ def test_access_log_into_a_pipe_nobody_reads(tmp_path):
     those threads). Now a line without room is dropped after 20 ms at most (counted as a
     write error in the SIGUSR1 table), every request is answered and the stop is clean."""
     (tmp_path / "cliapp.py").write_text(APP)
-    port = free_port()
+    port = reserved_port()
     r, w = os.pipe()
     try:
         p = subprocess.Popen(

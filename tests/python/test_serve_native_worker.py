@@ -419,9 +419,9 @@ def test_parent_pid_that_is_not_the_parent_serves_nothing(worker):
     (["--c", C_LIB], "--address"),
 ])
 def test_bad_applications_and_arguments_exit_2(args, why):
-    p = subprocess.run([WORKER, *args, "--address", "unix:@x"] if "--address" != why
-                       else [WORKER, *args], cwd=LUA_DIR, capture_output=True, text=True,
-                       timeout=20)
+    argv = [WORKER, *args] if why == "--address" else \
+        [WORKER, *args, "--address", unique_address("bad-args")]
+    p = subprocess.run(argv, cwd=LUA_DIR, capture_output=True, text=True, timeout=20)
     if args[0] == "--lua" and "built without Lua" in p.stderr:
         pytest.skip("the worker was built without Lua")
     assert p.returncode == 2 and why in p.stderr, p.stderr
