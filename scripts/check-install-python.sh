@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The pip route (issue 23), as a user takes it: a wheel built from a fresh clone with Debian's
 # python3-build and python3-mesonpy (no PyPI), installed into a venv that sees the system's
-# site packages (pytest), then the Python suite run against the installed package from a
-# directory outside the clone. The example programs the suite starts come from BUILD_DIR.
+# site packages (pytest, pytest-xdist), then the Python suite run against the installed package
+# from a directory outside the clone, four tests at a time as scripts/test.sh runs it. The
+# example programs the suite starts come from BUILD_DIR.
 # Usage: scripts/check-install-python.sh [RESULTS_DIR [BUILD_DIR]]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,4 +41,4 @@ site=$("$py" -c 'import shmipc, os; print(os.path.dirname(shmipc.__file__))')
 [[ $site == "$tmp/venv/"* ]] || { echo "shmipc imported from $site, not the venv"; exit 1; }
 [[ $("$tmp/venv/bin/shmipc" --version) == "shmipc $version" ]]
 env SHMIPC_TEST_INSTALLED=1 SHMIPC_BUILD_DIR="$build" "$py" -m pytest -q -p no:cacheprovider \
-  --junitxml="$results/python-installed.xml" "$tmp/src/tests/python"
+  -n 4 --junitxml="$results/python-installed.xml" "$tmp/src/tests/python"

@@ -11,6 +11,7 @@ packages=(
   liburing-dev                              # io_uring reactor backend
   libffi-dev                                # generic calls and callbacks from scripts
   python3 python3-dev python3-pytest        # import shmipc and its tests
+  python3-pytest-xdist                      # the Python suite four tests at a time (-n 4)
   lua5.4 liblua5.4-dev lua-socket           # require "shmipc", its tests and benchmark
   clang-format cppcheck                     # format and static-analysis checks
   abigail-tools                             # ABI baseline: abidw, abidiff

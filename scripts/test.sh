@@ -40,8 +40,13 @@ step "C suite (tsan)" env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   meson test -C build-tsan --suite c --print-errorlogs --no-rebuild
 cp build-tsan/meson-logs/testlog.json "$results/c-tsan.json" 2>/dev/null
 
+# Four tests at a time (pytest-xdist, -n 4): like the C programs they mostly wait (peers,
+# timeouts, child processes), and one at a time left the two CPUs half idle. 4 was the fastest
+# of 2, 3 and 4 (scripts/check-install-python.sh runs the suite the same way). Every test makes
+# its own names (addresses with the pid, tmp_path, reserved ports), so none collide.
 step "Python suite" env PYTHONPATH="$root/build/python" SHMIPC_BUILD_DIR="$root/build" \
-  /usr/bin/python3 -m pytest -q -p no:cacheprovider --junitxml="$results/python.xml" tests/python
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider -n 4 --junitxml="$results/python.xml" \
+  tests/python
 
 step "Lua suite" bash -c "set -o pipefail; LUA_CPATH='$root/build/lua/?.so;;' \
   lua5.4 tests/lua/harness.lua | tee '$results/lua.txt'"
