@@ -424,7 +424,7 @@ def test_signals_right_after_the_start_are_handled(tmp_path, sig):
     for i in range(starts):
         p = subprocess.Popen(
             [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen",
-             f"127.0.0.1:{free_port()}", "--workers", "1", "--python", "/usr/bin/python3",
+             f"127.0.0.1:{reserved_port()}", "--workers", "1", "--python", "/usr/bin/python3",
              "--graceful-timeout", "10", "--access-log", fifo],
             env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             preexec_fn=sigint_default)
@@ -569,7 +569,7 @@ def test_stop_while_the_access_log_fifo_has_no_reader(tmp_path):
     fifo = tmp_path / "access.fifo"
     os.mkfifo(fifo)
     p = subprocess.Popen(
-        [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{free_port()}",
+        [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{reserved_port()}",
          "--python", "/usr/bin/python3", "--access-log", str(fifo)],
         env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err = []
@@ -1230,7 +1230,7 @@ def test_failed_start_stops_the_workers_promptly(tmp_path, cause):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1] if cause == "port taken" else free_port()
+        port = taken.getsockname()[1] if cause == "port taken" else reserved_port()
         p = subprocess.Popen(
             [SERVE, "deafapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{port}",
              "--workers", "2", "--python", "/usr/bin/python3", "--graceful-timeout", "60",
