@@ -174,14 +174,24 @@ static void reap_handshakes(shmipc_listener *l, int all)
     pthread_mutex_unlock(&l->mu);
 }
 
-/* Starts the handshake of the client on `fd` on a thread of its own, or drops the client. */
+/*
+ * Starts the handshake of the client on `fd` on a thread of its own, or drops the client.
+ * Once shutdown has begun no handshake starts: shutdown cuts off only the handshakes it finds
+ * in the table, so one started after it (a client accepted in the same turn, on a thread that
+ * looked at `shut` just before) would run for the whole initialize timeout, and close, which
+ * joins it, would wait that long for a client that sends nothing.
+ */
 static void start_handshake(shmipc_listener *l, int fd)
 {
     struct shmipc__handshake *h = NULL;
     sigset_t all, old;
     pthread_attr_t attr;
-    int rc = 0, abort_fd;
+    int rc = 0, abort_fd, closing = 0;
     reap_handshakes(l, 0);
+    if (__atomic_load_n(&l->shut, __ATOMIC_ACQUIRE)) {
+        close(fd);
+        return;
+    }
     if ((abort_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
         SHMIPC__LOG(SHMIPC__LOG_ERROR, "listener %s: dup: %s", l->addr.text, strerror(errno));
         close(fd);
@@ -194,7 +204,9 @@ static void start_handshake(shmipc_listener *l, int fd)
     pthread_sigmask(SIG_SETMASK, &all, &old);
     /* Created under mu: the thread cannot say it is done before its slot is filled in. */
     pthread_mutex_lock(&l->mu);
-    for (int i = 0; i < SHMIPC__MAX_HANDSHAKES && h == NULL; i++)
+    /* Checked again under mu, which shutdown takes to set it: no thread slips in after. */
+    closing = l->closing;
+    for (int i = 0; i < SHMIPC__MAX_HANDSHAKES && h == NULL && !closing; i++)
         if (!l->hs[i].used)
             h = &l->hs[i];
     if (h != NULL) {
@@ -207,12 +219,13 @@ static void start_handshake(shmipc_listener *l, int fd)
     pthread_attr_destroy(&attr);
     if (h != NULL && rc == 0)
         return;
-    if (h == NULL)
+    /* Shut down meanwhile (closing): the client goes, as those still in the backlog will. */
+    if (h == NULL && !closing)
         /* Stalling clients must not make us run out of threads or fds: this one goes. */
         SHMIPC__LOG(SHMIPC__LOG_WARN,
                     "listener %s: %u handshakes in flight already; a new client is disconnected",
                     l->addr.text, SHMIPC__MAX_HANDSHAKES);
-    else
+    else if (h != NULL)
         SHMIPC__LOG(SHMIPC__LOG_ERROR, "listener %s: handshake thread: %s", l->addr.text,
                     strerror(rc));
     close(abort_fd);
@@ -280,6 +293,10 @@ static int accept_clients(shmipc_listener *l)
     if (accept_pause_left(l) > 0)
         return 0;
     for (;;) {
+        /* Shut down (maybe by a callback, or another thread, during this turn): the clients
+         * still in the backlog stay there, and are refused when the socket closes. */
+        if (__atomic_load_n(&l->shut, __ATOMIC_ACQUIRE))
+            return 0;
         pthread_mutex_lock(&l->mu);
         int backlog = l->nready >= SHMIPC__MAX_HANDSHAKES;
         pthread_mutex_unlock(&l->mu);
@@ -346,6 +363,9 @@ static int accept_in(shmipc_listener *l, int timeout_ms, shmipc_session **out)
         int rc = accept_clients(l);
         if (rc < 0)
             return rc;
+        /* Shut down while accepting: no session either (the handshakes done now close theirs). */
+        if (__atomic_load_n(&l->shut, __ATOMIC_ACQUIRE))
+            return shut_error(l);
         if ((*out = take_ready(l)) != NULL)
             return 0;
         if (timeout_ms == 0)

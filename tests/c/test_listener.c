@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -889,6 +890,239 @@ static void handshakes_in_flight_are_bounded(void **state)
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* Shutdown landing while clients are being accepted                                     */
+/* ------------------------------------------------------------------------------------ */
+
+/* The listener the sink below shuts down (once), and the descriptor limit it restores. */
+static shmipc_listener *sink_shuts;
+static struct rlimit sink_old_limit;
+
+/*
+ * Runs on the accepting thread, in the middle of its accept loop: the first client's dup
+ * failed (the limit left no second descriptor). It gives the descriptors back and shuts the
+ * listener down, as another thread could at that very moment; the loop then goes on.
+ */
+static void shutdown_in_accept_loop_sink(int level, const char *line)
+{
+    (void)level;
+    if (sink_shuts != NULL && strstr(line, ": dup: ") != NULL) {
+        setrlimit(RLIMIT_NOFILE, &sink_old_limit);
+        shmipc_listener_shutdown(sink_shuts);
+        sink_shuts = NULL;
+    }
+}
+
+/*
+ * Regression: a client accepted in the same turn as the listener's shutdown got a handshake
+ * thread all the same. Shutdown cuts off only the handshakes it finds, so that one waited for
+ * its client for the whole initialize timeout, and close, which joins it, waited as long for a
+ * client that sends nothing. Made certain here: two stallers wait in the backlog, the first
+ * one's dup fails for want of a descriptor, and the log line it writes (on the accepting
+ * thread, inside the accept loop) shuts the listener down before the second is accepted. Now
+ * no handshake starts once shutdown has begun (the second client stays in the backlog and is
+ * refused when the socket closes), accept says SHMIPC_ECLOSED, and close returns at once.
+ */
+static void handshake_accepted_as_shutdown_lands_is_cut_off(void **state)
+{
+    (void)state;
+    int stall[2];
+    int fds = ipc_count_fds(), threads = ipc_count_dir("/proc/self/task");
+    shmipc_listener *l = listen_with_stallers("listener-sd-turn", stall, 2);
+    /* The lowest free descriptor is the last one allowed: accept() gets it, dup() fails. */
+    int lowest = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(lowest >= 0);
+    close(lowest);
+    struct rlimit low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &sink_old_limit), 0);
+    low = sink_old_limit;
+    low.rlim_cur = (rlim_t)lowest + 1;
+    sink_shuts = l;
+    shmipc_set_log_sink(shutdown_in_accept_loop_sink);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    shmipc_session *s = NULL;
+    int rc = shmipc_listener_accept(l, 0, &s);
+    setrlimit(RLIMIT_NOFILE, &sink_old_limit); /* also when the sink never ran */
+    shmipc_set_log_sink(NULL);
+    int sink_ran = sink_shuts == NULL;
+    sink_shuts = NULL;
+    uint64_t t0 = ipc_now_ms();
+    shmipc_listener_close(l);
+    uint64_t waited = ipc_now_ms() - t0;
+    /* Both clients see the end: the first was dropped, the second refused with the socket. */
+    int ended[2];
+    for (int i = 0; i < 2; i++) {
+        ended[i] = sees_end(stall[i], 1000);
+        close(stall[i]);
+    }
+    assert_true(sink_ran);
+    assert_in_range(waited, 0, STALL_TIMEOUT_MS / 2);
+    assert_true(ended[0]);
+    assert_true(ended[1]);
+    assert_int_equal(rc, SHMIPC_ECLOSED);
+    assert_int_equal(ipc_count_fds(), fds);
+    assert_int_equal(ipc_count_dir("/proc/self/task"), threads);
+}
+
+/* One round of close_races_connecting_clients: who connects, and what came of it. */
+struct conn_race {
+    char address[128];
+    const shmipc_config *cfg;
+    shmipc_listener *l;
+    int stop;      /* atomic: the clients stop connecting */
+    int sessions;  /* atomic: handshakes that completed on the client side */
+    int accept_rc; /* what serve() or the last accept() returned */
+    uint64_t accept_done_ms;
+};
+
+enum { RACE_ROUNDS = 20, RACE_CLIENTS = 3, RACE_CONNECTS = 200, RACE_STALLERS = 8 };
+
+/* A raw client of `address` ("unix:@name") that sends nothing, or -1. */
+static int connect_staller_to(const char *addr)
+{
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    const char *name = addr + strlen("unix:@");
+    size_t n = strlen(name);
+    memcpy(un.sun_path + 1, name, n);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&un,
+                           (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) < 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/*
+ * Connects, in turn, a real client (closed at once) and stallers, until told to stop. The
+ * stallers are a ring: the oldest goes when a new one comes, so clients keep arriving.
+ */
+static void *race_client_main(void *arg)
+{
+    struct conn_race *r = arg;
+    int stall[RACE_STALLERS], nstall = 0, next = 0;
+    for (int i = 0; i < RACE_CONNECTS && !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE); i++) {
+        if (i % 4 == 0) {
+            shmipc_session *s;
+            if (shmipc_session_connect(r->address, r->cfg, &s) == 0) {
+                __atomic_add_fetch(&r->sessions, 1, __ATOMIC_RELAXED);
+                shmipc_session_close(s);
+            }
+            continue;
+        }
+        int fd = connect_staller_to(r->address);
+        if (fd < 0) {
+            usleep(200);
+            continue;
+        }
+        if (nstall == RACE_STALLERS)
+            close(stall[next]);
+        else
+            nstall++;
+        stall[next] = fd;
+        next = (next + 1) % RACE_STALLERS;
+    }
+    for (int i = 0; i < nstall; i++)
+        close(stall[i]);
+    return NULL;
+}
+
+/* serve()'s callbacks in close_races_connecting_clients: the clients open no stream. */
+static void race_close_stream(shmipc_stream *st, void *ud)
+{
+    (void)ud;
+    shmipc_stream_close(st);
+}
+
+static void race_ignore_data(shmipc_stream *st, void *ud)
+{
+    (void)st;
+    (void)ud;
+}
+
+/*
+ * Serves until the listener is closed: one call, which holds the listener for its whole run,
+ * so a close from another thread at any moment is allowed (a loop of accept calls could start
+ * one after the close, the caller's bug).
+ */
+static void *race_serve_main(void *arg)
+{
+    struct conn_race *r = arg;
+    r->accept_rc = shmipc_listener_serve(r->l, race_close_stream, race_ignore_data, NULL, NULL);
+    r->accept_done_ms = ipc_now_ms();
+    return NULL;
+}
+
+/* Accepts (and closes) sessions until the listener is shut down (closed only after the join). */
+static void *race_accept_main(void *arg)
+{
+    struct conn_race *r = arg;
+    for (int i = 0; i < 100000; i++) {
+        shmipc_session *s = NULL;
+        r->accept_rc = shmipc_listener_accept(r->l, 50, &s);
+        if (r->accept_rc == 0) {
+            shmipc_session_close(s);
+        } else if (r->accept_rc != SHMIPC_ETIMEDOUT) {
+            break;
+        }
+    }
+    r->accept_done_ms = ipc_now_ms();
+    return NULL;
+}
+
+/*
+ * Close (even rounds, while another thread serves) or shutdown (odd rounds, while another
+ * thread accepts) races a stream of clients, real ones and stallers, connecting from threads:
+ * the serving or accepting thread must come out with SHMIPC_ECLOSED and the listener be gone
+ * well within the initialize timeout whatever was being accepted, and nothing may be left over
+ * (sessions under ASan, descriptors and threads here).
+ */
+static void close_races_connecting_clients(void **state)
+{
+    (void)state;
+    /* Small shared memory: a handshake is quick, so many complete in a round. */
+    shmipc_config *cfg = stall_config();
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_parse_slice_classes(cfg, "4096:100"), 0);
+    assert_int_equal(shmipc_config_set_queue_capacity(cfg, 256), 0);
+    int fds = ipc_count_fds();
+    for (int round = 0; round < RACE_ROUNDS; round++) {
+        struct conn_race r = {.cfg = cfg};
+        pthread_t acc, cl[RACE_CLIENTS];
+        ipc_pick_address(r.address, sizeof r.address, "listener-race");
+        assert_int_equal(shmipc_listener_new(r.address, cfg, &r.l), 0);
+        assert_int_equal(
+            pthread_create(&acc, NULL, round % 2 == 0 ? race_serve_main : race_accept_main, &r), 0);
+        for (int i = 0; i < RACE_CLIENTS; i++)
+            assert_int_equal(pthread_create(&cl[i], NULL, race_client_main, &r), 0);
+        /* A session came up, so serve (or accept) is in: a close may come at any moment. */
+        for (int i = 0; i < 5000 && __atomic_load_n(&r.sessions, __ATOMIC_RELAXED) == 0; i++)
+            usleep(1000);
+        assert_true(__atomic_load_n(&r.sessions, __ATOMIC_RELAXED) > 0);
+        usleep((useconds_t)(round % 5) * 5000);
+        uint64_t t0 = ipc_now_ms();
+        if (round % 2 == 0) {
+            shmipc_listener_close(r.l);
+            pthread_join(acc, NULL);
+        } else {
+            assert_int_equal(shmipc_listener_shutdown(r.l), 0);
+            pthread_join(acc, NULL);
+            shmipc_listener_close(r.l);
+        }
+        uint64_t closed = ipc_now_ms() - t0, accept_left = r.accept_done_ms - t0;
+        __atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
+        for (int i = 0; i < RACE_CLIENTS; i++)
+            pthread_join(cl[i], NULL);
+        assert_int_equal(r.accept_rc, SHMIPC_ECLOSED);
+        assert_in_range(accept_left, 0, STALL_TIMEOUT_MS / 2);
+        assert_in_range(closed, 0, STALL_TIMEOUT_MS / 2);
+    }
+    /* The handshake threads are gone with their sockets (threads are not counted here: TSan
+     * starts a thread of its own with the first one the test makes). */
+    assert_int_equal(ipc_count_fds(), fds);
+    shmipc_config_free(cfg);
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* Close or shutdown while another thread blocks in accept or serve                     */
 /* ------------------------------------------------------------------------------------ */
 
@@ -1207,6 +1441,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(stalling_clients_do_not_delay_serve),
         cmocka_unit_test(close_with_handshakes_in_flight_leaks_nothing),
         cmocka_unit_test(handshakes_in_flight_are_bounded),
+        cmocka_unit_test(handshake_accepted_as_shutdown_lands_is_cut_off),
+        cmocka_unit_test(close_races_connecting_clients),
         cmocka_unit_test(listener_close_while_accept_blocks),
         cmocka_unit_test(listener_close_while_serve_blocks),
         cmocka_unit_test(listener_shutdown_wakes_accept_and_serve),
