@@ -751,6 +751,12 @@ SHMIPC_API int shmipc_stream_flush_close(shmipc_stream *st);
 /**
  * A client pool, as the reference's SessionManager: `session_num` sessions to one server,
  * each with up to `max_stream_num` idle streams kept for reuse (see the config). Thread safe.
+ *
+ * Lifetime: the manager is freed when the last of these goes: the handle (close), a call in
+ * flight, a stream taken from it (put back, or closed with shmipc_stream_close). So after
+ * close, the handle stays valid while a stream taken from it is out: put_back of that stream
+ * closes it, get_stream fails with SHMIPC_ECLOSED, a second close does nothing. Once every such
+ * stream is back, the manager is gone and the handle must not be used again (as after free()).
  */
 typedef struct shmipc_session_manager shmipc_session_manager;
 
@@ -768,17 +774,22 @@ SHMIPC_API int shmipc_session_manager_get_stream(shmipc_session_manager *m, shmi
 
 /**
  * Gives a stream back for reuse. A stream that cannot be reused as if new (unread or unsent
- * data, closed by the peer, on fallback, its session gone, or the pool full) is closed.
+ * data, closed by the peer, on fallback, its session gone, or the pool full) is closed, as is
+ * every stream once the manager's close has begun, also when this call starts after close
+ * returned: the stream keeps the manager alive for it (see the lifetime above). `st` must have
+ * been taken from `m`; the handle `st` is released in every case.
  */
 SHMIPC_API void shmipc_session_manager_put_back(shmipc_session_manager *m, shmipc_stream *st);
 
 /**
- * Hard close of every session (see shmipc_session_close) and release of the manager. Streams
- * taken from it and not put back must still be closed by their owner. Safe while other threads
- * are inside get_stream or put_back: those fail with SHMIPC_ECLOSED (put_back closes its
- * stream), close waits for a reconnect in flight (at most the initialize timeout), and the last
- * call to leave frees the manager; no call may start on the handle once its close has begun.
- * NULL is a no-op.
+ * Hard close of every session (see shmipc_session_close) and release of the handle. Streams
+ * taken from it and not put back must still be put back or closed by their owner; each keeps
+ * the manager until then. Safe while other threads are inside get_stream or put_back: those
+ * fail with SHMIPC_ECLOSED (put_back closes its stream), close waits for a reconnect in flight
+ * (at most the initialize timeout), and the last reference to leave frees the manager (see the
+ * lifetime above: after close, only put_back of a stream still out, get_stream, which fails,
+ * and close, which does nothing, may be called, and only while such a stream is out). NULL is a
+ * no-op.
  */
 SHMIPC_API void shmipc_session_manager_close(shmipc_session_manager *m);
 

@@ -21,6 +21,8 @@ static void drop_pool(struct shmipc__pool *p)
     p->s = NULL;
 }
 
+static int pool_connect(shmipc_session_manager *m, struct shmipc__pool *p);
+
 int shmipc__manager_new(const char *address, const shmipc_config *cfg, shmipc_session_manager **out)
 {
     shmipc_config *def = NULL;
@@ -59,7 +61,7 @@ int shmipc__manager_new(const char *address, const shmipc_config *cfg, shmipc_se
             goto err;
         }
         /* As the reference does, every session must come up for the manager to exist. */
-        if ((rc = shmipc__session_connect(address, &m->cfg, &p->s)) < 0)
+        if ((rc = pool_connect(m, p)) < 0)
             goto err;
     }
     *out = m;
@@ -118,6 +120,32 @@ static void manager_leave(shmipc_session_manager *m)
         manager_destroy(m);
 }
 
+/* A pool's session was freed (shmipc__session_on_free): its reference on the manager goes. */
+static void session_gone(void *m)
+{
+    manager_leave(m);
+}
+
+/*
+ * Connects the session of pool `p`. The session holds a reference on the manager until it is
+ * freed, which is after its close (by the manager) and after the close of every stream taken
+ * from it: a stream still out keeps the manager's memory, so that put_back after the manager's
+ * close finds it (and closes the stream) instead of freed memory.
+ */
+static int pool_connect(shmipc_session_manager *m, struct shmipc__pool *p)
+{
+    int rc = shmipc__session_connect(m->address, &m->cfg, &p->s);
+    if (rc < 0) {
+        p->s = NULL;
+        return rc;
+    }
+    pthread_mutex_lock(&m->life_mu);
+    m->refs++;
+    pthread_mutex_unlock(&m->life_mu);
+    shmipc__session_on_free(p->s, session_gone, m);
+    return 0;
+}
+
 /* Replaces a dead session, at most once per rebuild interval after a failure. Under mu. */
 static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
 {
@@ -133,8 +161,7 @@ static int revive_locked(shmipc_session_manager *m, struct shmipc__pool *p)
     if (now < m->next_attempt_ns)
         return shmipc__fail(m->last_err, "session_manager %s: reconnecting failed recently (%s)",
                             m->address, shmipc__strerror(m->last_err));
-    if ((rc = shmipc__session_connect(m->address, &m->cfg, &p->s)) < 0) {
-        p->s = NULL;
+    if ((rc = pool_connect(m, p)) < 0) {
         m->last_err = rc;
         m->next_attempt_ns = now + (uint64_t)m->cfg.rebuild_interval_ms * 1000000u;
         return rc;
@@ -177,7 +204,11 @@ int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out)
 void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
 {
     /* A stream shut down is of no use to the next taker: it fails every call. */
-    /* Nor is a manager being closed any more: nothing is pooled after its pools went. */
+    /*
+     * Nor is a manager being closed any more: nothing is pooled after its pools went. The
+     * stream's session keeps the manager until the close below (pool_connect), so this holds
+     * also after the close returned; that close may free it.
+     */
     if ((__atomic_load_n(&st->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_SHUT) ||
         manager_enter(m) < 0) {
         shmipc__stream_close_handle(st);
@@ -205,14 +236,19 @@ void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
  * Closing while other threads are in get_stream or put_back (a pool shared by workers, closed
  * by the main thread): it used to free the manager under them, a reconnect in flight among
  * them (a use after free, and a destroyed lock held). Now new calls are refused, the sessions
- * are closed at once (or after a reconnect in flight: it holds mu), and the last call to leave
- * frees the manager.
+ * are closed at once (or after a reconnect in flight: it holds mu), and the last reference to
+ * leave frees the manager: the user's handle (dropped here), each call in flight, and each
+ * session not yet freed (pool_connect), which a stream taken from the pool keeps. So a stream
+ * given back after the close, even one whose call began after it, finds the manager and is
+ * closed. A second close while the manager lives drops nothing more.
  */
 void shmipc__manager_close(shmipc_session_manager *m)
 {
     pthread_mutex_lock(&m->life_mu);
-    __atomic_store_n(&m->closing, 1, __ATOMIC_RELEASE);
+    int again = __atomic_exchange_n(&m->closing, 1, __ATOMIC_ACQ_REL);
     pthread_mutex_unlock(&m->life_mu);
+    if (again)
+        return;
     mgr_lock(m);
     for (uint32_t i = 0; i < m->npools; i++)
         drop_pool(&m->pools[i]);

@@ -22,8 +22,10 @@ struct shmipc_session_manager {
     pthread_mutex_t mu;
     /*
      * The manager's life, apart from mu (which a reconnect holds for up to the initialize
-     * timeout): refs counts the user's handle and each get_stream or put_back in flight; the
-     * last one out frees the manager. closing (atomic, set once by close) refuses new calls.
+     * timeout): refs counts the user's handle, each get_stream or put_back in flight, and each
+     * session it connected until that session is freed (after its close and the close of every
+     * stream taken from it); the last one out frees the manager. closing (atomic, set once by
+     * close) refuses new calls. Lock order: mu, then life_mu (a session freed under mu).
      */
     pthread_mutex_t life_mu;
     int refs;
@@ -44,7 +46,8 @@ int shmipc__manager_get_stream(shmipc_session_manager *m, shmipc_stream **out);
 void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st);
 /*
  * Closes every session now (waiting for a reconnect in flight) and frees the manager, or leaves
- * the freeing to the last get_stream or put_back still in flight in other threads.
+ * the freeing to the last get_stream or put_back still in flight in other threads, or to the
+ * close or put_back of the last stream taken from it.
  */
 void shmipc__manager_close(shmipc_session_manager *m);
 

@@ -166,7 +166,17 @@ static void session_destroy(shmipc_session *s)
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->send_mu);
     pthread_mutex_destroy(&s->cache_mu);
+    void (*on_free)(void *) = s->on_free;
+    void *arg = s->on_free_arg;
     free(s);
+    if (on_free != NULL)
+        on_free(arg);
+}
+
+void shmipc__session_on_free(shmipc_session *s, void (*fn)(void *arg), void *arg)
+{
+    s->on_free = fn;
+    s->on_free_arg = arg;
 }
 
 void shmipc__session_release(shmipc_session *s)

@@ -118,6 +118,12 @@ struct shmipc_session {
     pthread_cond_t cond;
     pthread_mutex_t send_mu;
     int refs; /* under mu */
+    /*
+     * Called once the session is freed, with no lock held (shmipc__session_on_free): what
+     * made the session (a session manager's pool) learns it is gone.
+     */
+    void (*on_free)(void *arg);
+    void *on_free_arg;
     int fd;
     int role;
     uint8_t version; /* 2, 3 or 4 */
@@ -257,6 +263,12 @@ uint32_t shmipc__session_take_ready(shmipc_session *s, uint32_t **ids, uint32_t 
  */
 shmipc_stream *shmipc__session_handed_out(shmipc_session *s, uint32_t id);
 void shmipc__session_close(shmipc_session *s);
+/*
+ * Asks for fn(arg) once the session is freed: after its close and the close of every stream
+ * that holds it, on whichever thread drops the last reference, with no lock held. Set once,
+ * right after the session is made, before any other thread can see it.
+ */
+void shmipc__session_on_free(shmipc_session *s, void (*fn)(void *arg), void *arg);
 /* Ends the session with SHMIPC_ECLOSED and wakes every waiter; the handle stays valid. */
 int shmipc__session_shutdown(shmipc_session *s);
 /* Gives every slice the session keeps back for reuse to the shared free lists. */

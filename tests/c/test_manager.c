@@ -388,6 +388,108 @@ static void close_while_get_stream_reconnects(void **state)
     stop(&f);
 }
 
+/*
+ * Regression: shmipc_session_manager_close() freed the manager at once, so giving back a
+ * stream taken before the close (the owner finishing its request after the main thread closed
+ * the pool) read and locked freed memory (ASan: heap use after free in manager_enter). Now each
+ * stream taken keeps the manager: put_back after close closes the stream, get_stream says
+ * SHMIPC_ECLOSED, a second close does nothing, and the last stream given back frees it.
+ * Closing a stream directly (shmipc_stream_close) lets the manager go as well.
+ */
+static void put_back_after_close_closes_the_stream(void **state)
+{
+    (void)state;
+    struct fixture f;
+    shmipc_stream *a, *b, *c, *none = NULL;
+    start(&f, 2);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &a), 0);
+    shmipc_stream *sa = ipc_ping_pong(f.server[0], a, NULL);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &b), 0);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &c), 0);
+    shmipc_session_manager_close(f.m);
+    /* The sessions are closed (hard close): the streams out say so. */
+    const void *p;
+    assert_int_equal(shmipc_stream_read_exact_bytes(a, 4, &p, 0), SHMIPC_ECLOSED);
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &none), SHMIPC_ECLOSED);
+    assert_null(none);
+    shmipc_session_manager_close(f.m); /* again: nothing more is dropped */
+    shmipc_session_manager_put_back(f.m, a);
+    shmipc_stream_close(b); /* a stream closed directly lets go of the manager too */
+    assert_int_equal(shmipc_session_manager_get_stream(f.m, &none), SHMIPC_ECLOSED);
+    shmipc_session_manager_put_back(f.m, c); /* the last one out: frees the manager */
+    f.m = NULL;
+    shmipc_stream_close(sa);
+    stop(&f);
+}
+
+/* A worker of put_back_races_close: always holds a stream, so each call finds the manager. */
+struct pool_worker {
+    shmipc_session_manager *m;
+    pthread_barrier_t *ready;
+    int rounds;    /* get_stream calls that succeeded */
+    int closed_rc; /* what ended the loop */
+};
+
+static void *pool_worker_main(void *arg)
+{
+    struct pool_worker *w = arg;
+    shmipc_stream *held, *next;
+    w->closed_rc = shmipc_session_manager_get_stream(w->m, &held);
+    pthread_barrier_wait(w->ready);
+    if (w->closed_rc != 0)
+        return NULL;
+    for (int i = 0; i < 200000; i++) {
+        int rc = shmipc_session_manager_get_stream(w->m, &next);
+        if (rc != 0) {
+            w->closed_rc = rc;
+            break;
+        }
+        w->rounds++;
+        shmipc_session_manager_put_back(w->m, held);
+        held = next;
+        if (i % 64 == 0)
+            sched_yield();
+    }
+    /* After the close, most of the time: this (or another worker's) frees the manager. */
+    shmipc_session_manager_put_back(w->m, held);
+    return NULL;
+}
+
+/*
+ * The close from the main thread while four workers take and give back streams: each worker
+ * keeps one stream out, so every call it makes may come after the close returned. Their calls
+ * then fail with SHMIPC_ECLOSED (get_stream) or close the stream (put_back), and the last
+ * stream given back frees the manager: no use after free (ASan), no race on it (TSan). Before,
+ * the close freed the manager under the workers' next calls.
+ */
+static void put_back_races_close(void **state)
+{
+    (void)state;
+    enum { WORKERS = 4 };
+    for (int round = 0; round < 10; round++) {
+        struct fixture f;
+        struct pool_worker w[WORKERS];
+        pthread_t t[WORKERS];
+        pthread_barrier_t ready;
+        start(&f, 2);
+        assert_int_equal(pthread_barrier_init(&ready, NULL, WORKERS + 1), 0);
+        for (int i = 0; i < WORKERS; i++) {
+            w[i] = (struct pool_worker){.m = f.m, .ready = &ready};
+            assert_int_equal(pthread_create(&t[i], NULL, pool_worker_main, &w[i]), 0);
+        }
+        pthread_barrier_wait(&ready);
+        usleep((useconds_t)(round % 4) * 1000);
+        shmipc_session_manager_close(f.m);
+        f.m = NULL;
+        for (int i = 0; i < WORKERS; i++) {
+            pthread_join(t[i], NULL);
+            assert_int_equal(w[i].closed_rc, SHMIPC_ECLOSED);
+        }
+        pthread_barrier_destroy(&ready);
+        stop(&f);
+    }
+}
+
 /* A log sink that calls back into the manager whose lock may be held where the line was logged:
  * on another thread (a sink that takes an interpreter lock meets the same wait), waiting at most
  * 2 s for it. */
@@ -494,6 +596,8 @@ int main(void)
         cmocka_unit_test(sessions_rotate_every_32_calls),
         cmocka_unit_test(dead_session_is_replaced),
         cmocka_unit_test(close_while_get_stream_reconnects),
+        cmocka_unit_test(put_back_after_close_closes_the_stream),
+        cmocka_unit_test(put_back_races_close),
         cmocka_unit_test(log_sink_under_manager_lock),
         cmocka_unit_test(config_checks),
     };
