@@ -219,6 +219,15 @@ SHMIPC_API void shmipc_stream_close(shmipc_stream *st)
 SHMIPC_API int shmipc_stream_flush_close(shmipc_stream *st)
 {
     REQUIRE(st, "stream_flush_close", "stream");
+    /* A fork child's copy of its parent's stream: closed here, nothing flushed (fork rule). */
+    if (shmipc__session_foreign(st->s)) {
+        int rc = shmipc__fail(SHMIPC_ECLOSED,
+                              "stream %u: made by process %d, closed here without a flush "
+                              "(an object inherited across fork)",
+                              st->id, (int)st->s->pid);
+        shmipc__stream_close_handle(st);
+        return rc;
+    }
     int rc = shmipc__stream_enter(st, 0);
     if (rc == 0) {
         /* A signal that cut a wait short is waited out: no handle is left to retry with. */

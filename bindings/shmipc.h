@@ -519,6 +519,13 @@ SHMIPC_API int shmipc_config_get_memory_wait(const shmipc_config *cfg);
  * memory is freed when the last call in flight leaves), but no call may start on a handle
  * once its close has begun: to stop workers, shut down, join them, then close.
  *
+ * fork(): a session, stream, listener or session manager belongs to the process that made it.
+ * In another process (a fork() child), closing it (close, flush_close, put_back, a binding's
+ * finalizer) releases only that process's copies (mappings, descriptors, memory): nothing is
+ * sent to the peer or written to shared memory, no socket is shut down, no file removed, no
+ * thread joined, no lock taken; the parent's objects go on. Close them from one thread of the
+ * child and use them for nothing else there (docs/ipc.md, "fork").
+ *
  * Addresses: "unix:/path", "/path" or "./path" (unix socket), "unix:@name" (abstract),
  * "tcp:host:port" or "host:port". memfd sessions need a unix socket.
  */

@@ -37,6 +37,7 @@ int shmipc__ipc_listener_new(const char *address, const shmipc_config *cfg, shmi
         return shmipc__fail(SHMIPC_ENOMEM, "listener: out of memory");
     l->fd = l->wake_fd = l->ready_fd = l->poll_fd = l->shut_fd = l->pause_fd = -1;
     l->refs = 1;
+    l->pid = shmipc__pid();
     if (cfg != NULL && (rc = shmipc__config_validate(cfg)) < 0)
         goto err;
     if (cfg != NULL) {
@@ -347,9 +348,16 @@ static int listener_enter(shmipc_listener *l)
 
 static void listener_leave(shmipc_listener *l)
 {
-    pthread_mutex_lock(&l->mu);
-    int last = --l->refs == 0;
-    pthread_mutex_unlock(&l->mu);
+    int last;
+    /* A fork child takes no lock of its parent's objects (listener_destroy_local). A call the
+     * parent had in flight at the fork keeps the child's copy until the child exits. */
+    if (shmipc__foreign(l->pid)) {
+        last = --l->refs == 0;
+    } else {
+        pthread_mutex_lock(&l->mu);
+        last = --l->refs == 0;
+        pthread_mutex_unlock(&l->mu);
+    }
     if (last)
         listener_destroy(l);
 }
@@ -412,6 +420,12 @@ int shmipc__ipc_listener_accept(shmipc_listener *l, int timeout_ms, shmipc_sessi
 int shmipc__ipc_listener_shutdown(shmipc_listener *l)
 {
     uint64_t one = 1;
+    /* A fork child's copy: its own calls fail from now on; the parent's listener goes on. */
+    if (shmipc__foreign(l->pid)) {
+        l->closing = 1;
+        __atomic_store_n(&l->shut, 1, __ATOMIC_RELEASE);
+        return 0;
+    }
     pthread_mutex_lock(&l->mu);
     if (!l->closing) {
         l->closing = 1;
@@ -432,8 +446,34 @@ void shmipc__ipc_listener_close(shmipc_listener *l)
     listener_leave(l);
 }
 
+/*
+ * A fork child's copy of its parent's listener (common/proc.h): the sessions waiting for accept
+ * are closed as copies too (they are the parent's), and the descriptors and memory go. Not the
+ * handshakes' threads, which the child does not have, nor their sockets: a handshake that ended
+ * just before the fork may have closed its socket, and the number may mean another file.
+ */
+static void listener_destroy_local(shmipc_listener *l)
+{
+    /* Not by ready_pop(): it would drain ready_fd, which is the parent's too. */
+    for (uint32_t i = 0; i < l->nready; i++)
+        shmipc__session_close(l->ready[i]);
+    free(l->ready);
+    pthread_mutex_destroy(&l->mu);
+    close(l->fd);
+    close(l->wake_fd);
+    close(l->ready_fd);
+    close(l->poll_fd);
+    close(l->shut_fd);
+    close(l->pause_fd);
+    free(l);
+}
+
 static void listener_destroy(shmipc_listener *l)
 {
+    if (shmipc__foreign(l->pid)) {
+        listener_destroy_local(l);
+        return;
+    }
     pthread_mutex_lock(&l->mu);
     l->closing = 1; /* a listener_new that failed half-way never shut down */
     pthread_mutex_unlock(&l->mu);
@@ -658,6 +698,10 @@ int shmipc__ipc_listener_stop(shmipc_listener *l)
 {
     uint64_t one = 1;
     __atomic_store_n(&l->stopping, 1, __ATOMIC_RELEASE);
+    /* A fork child's copy: wake_fd is the parent's too, whose serve() would wake for nothing.
+     * (shmipc__pid() is a load once the listener was made: fine in a signal handler.) */
+    if (shmipc__foreign(l->pid))
+        return 0;
     /* eventfd writes are async-signal-safe: stop may be called from a signal handler. */
     if (write(l->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
         return shmipc__fail_errno(errno, "listener %s: stop", l->addr.text);

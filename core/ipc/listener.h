@@ -8,6 +8,7 @@
 
 #include "shmipc.h"
 
+#include "common/proc.h"
 #include "ipc/config.h"
 #include "ipc/sockio.h"
 
@@ -45,6 +46,13 @@ struct shmipc_listener {
     int shut;     /* shutdown() ran: every call fails with SHMIPC_ECLOSED (atomic) */
     int serving;  /* a thread is in serve() (atomic) */
     int stopping; /* atomic */
+    /*
+     * The process that made it (common/proc.h). In another one (a fork() child), shutdown and
+     * close act on that process's copy only: no socket of a handshake is shut down, no eventfd
+     * written or read (they are the parent's too), no thread joined (the child has none), no
+     * socket file removed, no lock taken.
+     */
+    pid_t pid;
     struct shmipc__addr addr;
     struct shmipc__unix_file file; /* the socket file made, removed at close if still ours */
     struct shmipc_config cfg;

@@ -52,6 +52,7 @@ int shmipc__manager_new(const char *address, const shmipc_config *cfg, shmipc_se
     pthread_mutex_init(&m->mu, NULL);
     pthread_mutex_init(&m->life_mu, NULL);
     m->refs = 1;
+    m->pid = shmipc__pid();
     m->npools = m->cfg.session_num;
     for (uint32_t i = 0; i < m->npools; i++) {
         struct shmipc__pool *p = &m->pools[i];
@@ -103,6 +104,12 @@ static void manager_destroy(shmipc_session_manager *m)
  */
 static int manager_enter(shmipc_session_manager *m)
 {
+    /* A fork child's copy: the sessions are the parent's, and nothing may be sent on them. */
+    if (shmipc__foreign(m->pid))
+        return shmipc__fail(SHMIPC_ECLOSED,
+                            "session_manager %s: made by process %d (an object inherited "
+                            "across fork is only closed in another process)",
+                            m->address, (int)m->pid);
     pthread_mutex_lock(&m->life_mu);
     int closing = __atomic_load_n(&m->closing, __ATOMIC_ACQUIRE);
     if (!closing)
@@ -113,9 +120,15 @@ static int manager_enter(shmipc_session_manager *m)
 
 static void manager_leave(shmipc_session_manager *m)
 {
-    pthread_mutex_lock(&m->life_mu);
-    int last = --m->refs == 0;
-    pthread_mutex_unlock(&m->life_mu);
+    int last;
+    /* A fork child takes no lock of its parent's objects (common/proc.h). */
+    if (shmipc__foreign(m->pid)) {
+        last = --m->refs == 0;
+    } else {
+        pthread_mutex_lock(&m->life_mu);
+        last = --m->refs == 0;
+        pthread_mutex_unlock(&m->life_mu);
+    }
     if (last)
         manager_destroy(m);
 }
@@ -244,6 +257,20 @@ void shmipc__manager_put_back(shmipc_session_manager *m, shmipc_stream *st)
  */
 void shmipc__manager_close(shmipc_session_manager *m)
 {
+    /*
+     * A fork child's copy (common/proc.h): no lock (a reconnect in a parent thread may have held
+     * mu at the fork, for good in the child). The pools' streams and sessions are the parent's,
+     * so their closes release the child's copies only.
+     */
+    if (shmipc__foreign(m->pid)) {
+        if (m->closing)
+            return;
+        m->closing = 1;
+        for (uint32_t i = 0; i < m->npools; i++)
+            drop_pool(&m->pools[i]);
+        manager_leave(m);
+        return;
+    }
     pthread_mutex_lock(&m->life_mu);
     int again = __atomic_exchange_n(&m->closing, 1, __ATOMIC_ACQ_REL);
     pthread_mutex_unlock(&m->life_mu);

@@ -7,6 +7,7 @@
 
 #include "shmipc.h"
 
+#include "common/proc.h"
 #include "ipc/config.h"
 
 #include <pthread.h>
@@ -30,6 +31,11 @@ struct shmipc_session_manager {
     pthread_mutex_t life_mu;
     int refs;
     int closing;
+    /*
+     * The process that made it (common/proc.h). In another one (a fork() child) get_stream
+     * fails, put_back and close release that process's copies only, and no lock is taken.
+     */
+    pid_t pid;
     struct shmipc_config cfg;
     char address[256];
     uint64_t calls;

@@ -45,6 +45,7 @@ static int session_alloc(const shmipc_config *cfg, int role, shmipc_session **ou
     s->wakeup = SHMIPC_WAKEUP_SOCKET;
     s->role = role;
     s->refs = 1;
+    s->pid = shmipc__pid();
     s->next_stream_id = FIRST_CLIENT_STREAM_ID;
     /* The stream table's secret (session.h). Without entropy yet, something a peer cannot see. */
     if (getrandom(&s->hash_seed, sizeof s->hash_seed, GRND_NONBLOCK) != sizeof s->hash_seed)
@@ -119,20 +120,43 @@ void shmipc__stream_free_memory(shmipc_stream *st)
     free(st);
 }
 
+/*
+ * The fork rule (common/proc.h): in a process that did not make the session, a stream's received
+ * data is let go of without a word to shared memory: the slices are the maker's to give back
+ * (a copy of the maker's slice cache and held marks is all this process has), heap copies are
+ * this process's own.
+ */
+void shmipc__stream_free_local(shmipc_stream *st)
+{
+    for (uint32_t i = 0; i < st->nchunks; i++)
+        if (st->chunks[i].slice == SHMIPC__HEAP_CHUNK)
+            free(st->chunks[i].data - st->chunks[i].head);
+    for (uint32_t i = 0; i < st->nsegs; i++)
+        if (st->segs[i].slice == SHMIPC__HEAP_CHUNK)
+            free(st->segs[i].data);
+    shmipc__stream_free_memory(st);
+}
+
 static void session_destroy(shmipc_session *s)
 {
+    int foreign = shmipc__session_foreign(s);
     /* Streams left here were never handed out: the peer opened them, nobody accepted them. */
     for (uint32_t b = 0; b < s->nbuckets; b++) {
         shmipc_stream *st = s->buckets[b];
         while (st != NULL) {
             shmipc_stream *next = st->next_in_bucket;
-            shmipc__session_free_chunks(s, st, 0, st->nchunks);
-            shmipc__stream_free_memory(st);
+            if (foreign) {
+                shmipc__stream_free_local(st);
+            } else {
+                shmipc__session_free_chunks(s, st, 0, st->nchunks);
+                shmipc__stream_free_memory(st);
+            }
             st = next;
         }
     }
-    /* Kept slices go back: a server's peer may go on using its buffer for a while. */
-    if (s->bm.base != NULL)
+    /* Kept slices go back: a server's peer may go on using its buffer for a while. (Not from a
+     * fork child: the slices it has copies of are its parent's, which keeps or frees them.) */
+    if (s->bm.base != NULL && !foreign)
         shmipc__session_trim(s);
     for (uint32_t l = 0; l < SHMIPC__BM_MAX_LISTS; l++)
         free(s->cache[l].off);
@@ -143,8 +167,9 @@ static void session_destroy(shmipc_session *s)
     free(s->ready);
     free(s->closes_due);
     free(s->rbuf);
-    /* Only the very files that were mapped: a name the peer swapped since stays. */
-    if (s->unlink_files) {
+    /* Only the very files that were mapped: a name the peer swapped since stays. And only by
+     * the process that made the session: a fork child's copy leaves them to its parent. */
+    if (s->unlink_files && !foreign) {
         shmipc__mapping_remove(&s->buffer_map);
         shmipc__mapping_remove(&s->queue_map);
     }
@@ -181,9 +206,19 @@ void shmipc__session_on_free(shmipc_session *s, void (*fn)(void *arg), void *arg
 
 void shmipc__session_release(shmipc_session *s)
 {
-    shmipc__session_lock(s);
-    int last = --s->refs == 0;
-    shmipc__session_unlock(s);
+    int last;
+    /*
+     * A fork child takes no lock of its parent's objects: one that a parent thread held at the
+     * fork is held for good in the child. The child's copy is closed from one thread (docs/ipc.md,
+     * "fork"); a call the parent had in flight then keeps the copy until the child exits.
+     */
+    if (shmipc__session_foreign(s)) {
+        last = --s->refs == 0;
+    } else {
+        shmipc__session_lock(s);
+        last = --s->refs == 0;
+        shmipc__session_unlock(s);
+    }
     if (last)
         session_destroy(s);
 }
@@ -208,8 +243,11 @@ int shmipc__session_fail_locked(shmipc_session *s, int code)
         SHMIPC__LOG(code == SHMIPC_ECLOSED ? SHMIPC__LOG_DEBUG : SHMIPC__LOG_INFO,
                     "session %s ended: %s (%s)", s->buffer_path, shmipc__errname(code),
                     shmipc__detail());
-        /* Wakes a processor blocked in poll() and shows the peer the end at once. */
-        if (s->fd >= 0)
+        /*
+         * Wakes a processor blocked in poll() and shows the peer the end at once. Not in a fork
+         * child: the socket is shared with the parent, whose session the peer would see end.
+         */
+        if (s->fd >= 0 && !shmipc__session_foreign(s))
             shutdown(s->fd, SHUT_RDWR);
         for (uint32_t b = 0; s->track_ready && b < s->nbuckets; b++)
             for (shmipc_stream *st = s->buckets[b]; st != NULL; st = st->next_in_bucket)
@@ -416,6 +454,11 @@ int shmipc__session_accept_fd(int fd, const shmipc_config *cfg, shmipc_session *
 
 void shmipc__session_close(shmipc_session *s)
 {
+    /* A fork child's copy: released here, the parent's session untouched (common/proc.h). */
+    if (shmipc__session_foreign(s)) {
+        shmipc__session_release(s);
+        return;
+    }
     shmipc__session_lock(s);
     shmipc__session_fail_locked(s, shmipc__fail(SHMIPC_ECLOSED, "session: closed locally"));
     shmipc__session_unlock(s);

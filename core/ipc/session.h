@@ -19,6 +19,7 @@
 
 #include "shmipc.h"
 
+#include "common/proc.h"
 #include "ipc/config.h"
 #include "shm/buffer.h"
 #include "shm/mapping.h"
@@ -124,6 +125,12 @@ struct shmipc_session {
      */
     void (*on_free)(void *arg);
     void *on_free_arg;
+    /*
+     * The process that made the session (common/proc.h). In another one (a fork() child), its
+     * streams' and its own close release only that process's copies: nothing is sent, no shared
+     * memory is written, the socket is not shut down, no file is removed, no lock is taken.
+     */
+    pid_t pid;
     int fd;
     int role;
     uint8_t version; /* 2, 3 or 4 */
@@ -281,6 +288,12 @@ void shmipc__session_trim(shmipc_session *s);
 static inline int shmipc__session_memory_damaged(const shmipc_session *s)
 {
     return shmipc__mapping_damaged(&s->buffer_map) || shmipc__mapping_damaged(&s->queue_map);
+}
+
+/* 1 in a process other than the one that made the session: a fork() child (common/proc.h). */
+static inline int shmipc__session_foreign(const shmipc_session *s)
+{
+    return shmipc__foreign(s->pid);
 }
 
 /* 0 while the session lives, else the code that ended it (shmipc_session_status()). */

@@ -54,6 +54,8 @@ static inline int shmipc__session_err(const shmipc_session *s)
 void shmipc__session_free_chunks(shmipc_session *s, shmipc_stream *st, uint32_t from, uint32_t to);
 void shmipc__session_free_segments(shmipc_session *s, shmipc_stream *st);
 void shmipc__stream_free_memory(shmipc_stream *st);
+/* Frees the stream and its heap data, giving nothing back to shared memory (a fork child). */
+void shmipc__stream_free_local(shmipc_stream *st);
 void shmipc__session_release(shmipc_session *s);
 int shmipc__session_fail_locked(shmipc_session *s, int code);
 int shmipc__session_ended(shmipc_session *s);

@@ -350,6 +350,11 @@ void shmipc__stream_leave(shmipc_stream *st)
 int shmipc__stream_shutdown(shmipc_stream *st)
 {
     shmipc_session *s = st->s;
+    /* A fork child's copy: marked, and nothing woken (the kick eventfd is the parent's too). */
+    if (shmipc__session_foreign(s)) {
+        __atomic_fetch_or(&st->inuse, SHMIPC__STREAM_SHUT, __ATOMIC_ACQ_REL);
+        return 0;
+    }
     /* Counted in, so that a close from another thread meanwhile frees nothing under us. */
     __atomic_add_fetch(&st->inuse, 1, __ATOMIC_ACQ_REL);
     __atomic_fetch_or(&st->inuse, SHMIPC__STREAM_SHUT, __ATOMIC_ACQ_REL);
@@ -389,6 +394,19 @@ int shmipc__stream_reusable(shmipc_stream *st)
 
 void shmipc__stream_close_handle(shmipc_stream *st)
 {
+    /*
+     * A fork child's copy of its parent's stream (common/proc.h): no close element, no slice
+     * given back, no lock; out of the copy of the table and freed at once. A call the parent
+     * had in flight on it at the fork has no thread here, so its count is not waited for.
+     */
+    if (shmipc__session_foreign(st->s)) {
+        shmipc_session *s = st->s;
+        if (st->in_table)
+            remove_locked(s, st); /* the child's copy of the table; no lock (fork rule) */
+        shmipc__stream_free_local(st);
+        shmipc__session_release(s);
+        return;
+    }
     /*
      * Counted in as a call of its own, so that a call in flight that leaves meanwhile cannot
      * free the stream under the wakeup; the last one out (maybe this one) frees it.

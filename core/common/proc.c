@@ -1,0 +1,27 @@
+#include "common/proc.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+static pid_t cached;
+static int cached_ok; /* the handler is registered: cached stays right across fork() */
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void refresh(void)
+{
+    __atomic_store_n(&cached, getpid(), __ATOMIC_RELAXED);
+}
+
+static void init(void)
+{
+    refresh();
+    /* Only the child needs it: fork() runs the handler there before it returns. */
+    cached_ok = pthread_atfork(NULL, NULL, refresh) == 0;
+}
+
+pid_t shmipc__pid(void)
+{
+    pthread_once(&once, init);
+    /* Without the handler (out of memory when registering), the system call every time. */
+    return cached_ok ? __atomic_load_n(&cached, __ATOMIC_RELAXED) : getpid();
+}

@@ -1,0 +1,251 @@
+/*
+ * Description: the fork rule. A fork() child that closes the sessions, streams, listener and
+ * session manager it inherited (or exits through finalizers that do) releases its own copies
+ * only: the parent's sessions, their shared memory, its socket file and its pool go on.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ipc_helpers.h"
+#include "shmipc.h"
+#include "ipc/session.h"
+
+enum kind { V3_MEMFD, V2_FILES, V4_EVENTFD };
+
+static shmipc_config *config_for(enum kind k)
+{
+    shmipc_config *cfg;
+    assert_int_equal(shmipc_config_new(&cfg), 0);
+    assert_int_equal(shmipc_config_set_buffer_capacity(cfg, 1u << 20), 0);
+    assert_int_equal(shmipc_config_set_queue_capacity(cfg, 256), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, IPC_WAIT_MS), 0);
+    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, IPC_WAIT_MS), 0);
+    if (k == V2_FILES)
+        assert_int_equal(shmipc_config_set_memmap_type(cfg, SHMIPC_MEMMAP_DEVSHM), 0);
+    if (k == V4_EVENTFD)
+        assert_int_equal(shmipc_config_with_v4_eventfd(cfg), 0);
+    return cfg;
+}
+
+/* A session manager being made on a thread, while the test accepts its session. */
+struct manager_maker {
+    const char *address;
+    const shmipc_config *cfg;
+    shmipc_session_manager *m;
+    int rc;
+};
+
+static void *manager_main(void *arg)
+{
+    struct manager_maker *mm = arg;
+    mm->rc = shmipc_session_manager_new(mm->address, mm->cfg, &mm->m);
+    return NULL;
+}
+
+/* What the child inherits, and the parent goes on using. */
+struct world {
+    char path[128]; /* the listener's socket file */
+    char address[160];
+    shmipc_listener *l;
+    shmipc_session *c, *s;    /* a client session and its server end */
+    shmipc_stream *cst, *sst; /* a stream of theirs */
+    shmipc_stream *cst2;      /* another, with data the child's copy never read */
+    shmipc_stream *sst2;
+    shmipc_session_manager *m;
+    shmipc_session *ms;         /* the server end of the manager's session */
+    shmipc_stream *mst, *msst;  /* a stream taken from the manager, and its server end */
+    shmipc_stream *pooled_peer; /* the server end of the stream in the manager's pool */
+};
+
+static void world_open(struct world *w, const shmipc_config *cfg)
+{
+    static int n;
+    memset(w, 0, sizeof *w);
+    snprintf(w->path, sizeof w->path, "/tmp/shmipc-test-fork-%d-%d.sock", (int)getpid(), n++);
+    snprintf(w->address, sizeof w->address, "unix:%s", w->path);
+    assert_int_equal(shmipc_listener_new(w->address, cfg, &w->l), 0);
+    ipc_connect_accept(w->l, w->address, cfg, &w->c, &w->s);
+    assert_int_equal(shmipc_session_open_stream(w->c, &w->cst), 0);
+    w->sst = ipc_ping_pong(w->s, w->cst, NULL);
+    /* Bytes waiting unread on the client: the child's copy holds their slices. */
+    assert_int_equal(shmipc_session_open_stream(w->c, &w->cst2), 0);
+    w->sst2 = ipc_ping_pong(w->s, w->cst2, NULL);
+    ipc_send_text(w->sst2, "unread");
+    while (shmipc_stream_available(w->cst2) < 6)
+        assert_true(shmipc_session_process(w->c) >= 0);
+
+    struct manager_maker mm = {.address = w->address, .cfg = cfg};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, manager_main, &mm), 0);
+    assert_int_equal(shmipc_listener_accept(w->l, IPC_WAIT_MS, &w->ms), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(mm.rc, 0);
+    w->m = mm.m;
+    /* One stream of the manager's sits in its pool, another is out. */
+    shmipc_stream *pooled;
+    assert_int_equal(shmipc_session_manager_get_stream(w->m, &pooled), 0);
+    w->pooled_peer = ipc_ping_pong(w->ms, pooled, NULL);
+    assert_int_equal(shmipc_session_manager_get_stream(w->m, &w->mst), 0);
+    w->msst = ipc_ping_pong(w->ms, w->mst, NULL);
+    shmipc_session_manager_put_back(w->m, pooled);
+}
+
+/*
+ * The child: closes everything it inherited, as a binding's finalizers would at its exit, and
+ * says in its exit code whether its own copies were released (its descriptors and shared
+ * mappings back to what the parent held before the world was made). Exits without running
+ * atexit handlers (the test harness's are the parent's).
+ */
+static int child_closes_everything(struct world *w, const struct ipc_held *before)
+{
+    int rc = 0;
+    /* Its calls on the parent's pool are refused: the sessions are the parent's. */
+    shmipc_stream *none = NULL;
+    if (shmipc_session_manager_get_stream(w->m, &none) != SHMIPC_ECLOSED || none != NULL)
+        rc = 2;
+    shmipc_session_manager_put_back(w->m, w->mst);
+    shmipc_session_manager_close(w->m);
+    /* A flush_close sends nothing from here (not even the close). */
+    if (shmipc_stream_flush_close(w->cst) != SHMIPC_ECLOSED && rc == 0)
+        rc = 3;
+    shmipc_stream_shutdown(w->sst);
+    shmipc_stream_close(w->sst);
+    shmipc_stream_close(w->cst2); /* with the received bytes its copy holds, unread */
+    shmipc_stream_close(w->sst2);
+    shmipc_stream_close(w->msst);
+    shmipc_stream_close(w->pooled_peer);
+    shmipc_session_shutdown(w->c);
+    shmipc_session_close(w->c);
+    shmipc_session_close(w->s);
+    shmipc_session_close(w->ms);
+    shmipc_listener_shutdown(w->l);
+    shmipc_listener_close(w->l);
+    if (ipc_count_fds() != before->fds && rc == 0)
+        rc = 4;
+    if (ipc_count_shm_maps() != before->maps && rc == 0)
+        rc = 5;
+    return rc;
+}
+
+static void child_closes_what_it_inherited(enum kind k)
+{
+    shmipc_config *cfg = config_for(k);
+    struct world w;
+    struct ipc_held before = ipc_held_now();
+    world_open(&w, cfg);
+    char buffer_path[SHMIPC__SHM_NAME_MAX];
+    snprintf(buffer_path, sizeof buffer_path, "%s", w.c->buffer_path);
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(30);
+        _exit(child_closes_everything(&w, &before));
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+
+    /* The parent's sessions live, and their streams carry data both ways. */
+    assert_int_equal(shmipc_session_status(w.c), 0);
+    assert_int_equal(shmipc_session_status(w.s), 0);
+    ipc_ping_pong(w.s, w.cst, w.sst);
+    ipc_send_text(w.cst, "after the child");
+    ipc_expect_text(w.sst, "after the child");
+    /* What the child's copy dropped unread is still the parent's to read. */
+    ipc_expect_text(w.cst2, "unread");
+    ipc_ping_pong(w.s, w.cst2, w.sst2);
+    /* A new stream, and many messages: slices the child's copy held are not handed out twice. */
+    shmipc_stream *cst3, *sst3 = NULL;
+    assert_int_equal(shmipc_session_open_stream(w.c, &cst3), 0);
+    for (int i = 0; i < 200; i++)
+        sst3 = ipc_ping_pong(w.s, cst3, sst3);
+    assert_int_equal(shmipc_session_status(w.c), 0);
+    assert_int_equal(shmipc_session_status(w.s), 0);
+    /* The child released its own copies, and was refused the parent's pool. */
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("the child failed: %s %d", WIFEXITED(status) ? "exit" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    /* The pool: the stream out, and the one pooled, both still the parent's. */
+    ipc_ping_pong(w.ms, w.mst, w.msst);
+    shmipc_session_manager_put_back(w.m, w.mst);
+    shmipc_stream *again;
+    assert_int_equal(shmipc_session_manager_get_stream(w.m, &again), 0);
+    ipc_ping_pong(w.ms, again, again == w.mst ? w.msst : w.pooled_peer);
+    shmipc_session_manager_put_back(w.m, again);
+    /* The files stay: the socket file (a new client connects), and V2's shared-memory files. */
+    struct stat sb;
+    assert_int_equal(stat(w.path, &sb), 0);
+    if (k == V2_FILES)
+        assert_int_equal(access(buffer_path, F_OK), 0);
+    shmipc_session *c2, *s2;
+    ipc_connect_accept(w.l, w.address, cfg, &c2, &s2);
+    shmipc_session_close(c2);
+    shmipc_session_close(s2);
+
+    shmipc_stream_close(cst3);
+    shmipc_stream_close(sst3);
+    shmipc_stream_close(w.cst);
+    shmipc_stream_close(w.sst);
+    shmipc_stream_close(w.cst2);
+    shmipc_stream_close(w.sst2);
+    shmipc_stream_close(w.msst);
+    shmipc_stream_close(w.pooled_peer);
+    shmipc_session_manager_close(w.m);
+    shmipc_session_close(w.c);
+    shmipc_session_close(w.s);
+    shmipc_session_close(w.ms);
+    shmipc_listener_close(w.l);
+    /* And the parent's own close does remove them. */
+    assert_int_not_equal(stat(w.path, &sb), 0);
+    if (k == V2_FILES)
+        assert_int_not_equal(access(buffer_path, F_OK), 0);
+    ipc_assert_held(&before);
+    shmipc_config_free(cfg);
+}
+
+/*
+ * Regression: a child that closed what it inherited across fork() ended its parent's sessions:
+ * the session close shut the shared socket down (the peer saw the connection end), a stream's
+ * close put a close element in the parent's queue and gave the slices it held back to the
+ * shared free lists (which the parent then handed out twice), the listener's close removed the
+ * parent's socket file and joined threads the child does not have, and V2 files were removed.
+ * Now close in a process other than the maker releases that process's copies only.
+ */
+static void fork_child_closes_inherited_v3(void **state)
+{
+    (void)state;
+    child_closes_what_it_inherited(V3_MEMFD);
+}
+
+static void fork_child_closes_inherited_v2(void **state)
+{
+    (void)state;
+    child_closes_what_it_inherited(V2_FILES);
+}
+
+static void fork_child_closes_inherited_v4_eventfd(void **state)
+{
+    (void)state;
+    child_closes_what_it_inherited(V4_EVENTFD);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fork_child_closes_inherited_v3),
+        cmocka_unit_test(fork_child_closes_inherited_v2),
+        cmocka_unit_test(fork_child_closes_inherited_v4_eventfd),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
