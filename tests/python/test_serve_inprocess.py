@@ -1702,6 +1702,45 @@ def test_cli_in_process_children_of_the_app_keep_stderr(tmp_path):
         os.close(r)
 
 
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_cli_in_process_with_stderr_closed_serves_and_logs_nowhere(tmp_path, kind):
+    """Regression: `python -m shmipc.serve --in-process` started with fd 2 closed (a service
+    manager's 2>&-; Python's sys.stderr is None then) ended at once with exit 1: main() called
+    sys.stderr.flush() on None before anything was served. And the non-blocking stderr writer,
+    finding no fd 2, wrote every log line to fd 2 anyway, which the next open() took (the wake
+    pipe, a client's socket). fd 2 is /dev/null now: the app's log lines and tracebacks go
+    nowhere, and every request is answered with its own bytes."""
+    import re
+    import signal
+
+    (tmp_path / "logapp.py").write_text(LOGGING_APP)
+    argv = [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
+            "--workers", "2", "logapp:" + ("app" if kind == "wsgi" else "asgi")]
+    if kind == "asgi":
+        argv[4:4] = ["--asgi"]
+    p = subprocess.Popen(argv, cwd=tmp_path, env=python_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, preexec_fn=lambda: os.close(2))
+    try:
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
+        assert m, f"no start (exit {p.poll()})"
+        port = int(m.group(1))
+        assert os.readlink(f"/proc/{p.pid}/fd/2") == os.devnull
+        for i in range(20):
+            path = "/raise" if i % 4 == 3 else "/x"
+            status, _, body = request(port, "GET", path)
+            if path == "/x":
+                assert (status, body) == (200, b"ok"), i
+            else:
+                assert status == 500 and b"the app failed" not in body, i
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 ADDR_APP = '''
 import json
 

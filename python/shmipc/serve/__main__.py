@@ -49,7 +49,19 @@ class _DropWriter:
         try:
             st = os.fstat(fd)
         except OSError:
-            self._file = True  # no stderr: writes fail and are dropped
+            # No stderr (started with fd 2 closed): /dev/null takes its number, which the next
+            # open() would take otherwise (a pipe, a client's socket) and get every log line
+            # in it, the library's too. The lines go nowhere, as they would have.
+            self._file = True
+            try:
+                nul = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+                if nul != fd:
+                    os.dup2(nul, fd, inheritable=True)
+                    os.close(nul)
+                else:
+                    os.set_inheritable(fd, True)
+            except OSError:
+                pass
             return
         if stat.S_ISREG(st.st_mode):
             self._file = True
@@ -197,7 +209,8 @@ def main(argv=None):
     if not 0 < args.graceful_timeout <= 86400:
         ap.error("--graceful-timeout must be in 0 .. 86400 seconds")
     # Logging, the app's tracebacks and wsgi.errors never wait for stderr's reader.
-    sys.stderr.flush()
+    if sys.stderr is not None:  # None: Python started with fd 2 closed
+        sys.stderr.flush()
     errlog = sys.stderr = _DropWriter(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(message)s",
                         stream=errlog)
