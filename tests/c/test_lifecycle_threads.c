@@ -227,6 +227,7 @@ struct blocked {
     shmipc_session *client, *server;
     shmipc_stream *cs[4], *ss[4];
     int accept_rc;
+    char accept_why[256]; /* the accept thread's error detail (the detail is per thread) */
 };
 
 static void *bl_accept(void *arg)
@@ -237,6 +238,7 @@ static void *bl_accept(void *arg)
     while ((rc = shmipc_session_accept_stream(b->server, -1, &st)) == 0)
         shmipc_stream_close(st);
     b->accept_rc = rc;
+    snprintf(b->accept_why, sizeof b->accept_why, "%s", shmipc_error_detail());
     return NULL;
 }
 
@@ -347,7 +349,7 @@ static void end_while_calls_block(int memory_wait)
                 rc = b.accept_rc;
             if (!documented_end(rc))
                 fail_msg("iteration %d (mode %d): %s ended with %d (%s)", it, mode, what[i], rc,
-                         shmipc_error_detail());
+                         i == 0 ? b.accept_why : "the detail is the thread's");
         }
         for (int i = 0; i < 4; i++) {
             shmipc_stream_close(b.cs[i]);

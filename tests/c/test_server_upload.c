@@ -665,7 +665,9 @@ static void body_stall_timeout_closes(void)
     struct tsrv t;
     char buf[4096];
     unsigned c0 = atomic_load(&cancels[SHMIPC__SERVER_CANCEL_TIMEOUT]);
-    keepalive_ms = 300;
+    /* 600 ms: six times the trickle's gap below (300 ms cut it on a CI machine loaded with
+     * two ASan runs: a 100 ms sleep overslept). */
+    keepalive_ms = 600;
     tsrv_start(&t, 1, MiB);
     int fd = dial(t.port);
     put(fd, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc");
@@ -685,7 +687,7 @@ static void body_stall_timeout_closes(void)
     atomic_store(&holding, 1);
     fd = dial(t.port);
     put(fd, "POST /hold HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nabc");
-    msleep(700);
+    msleep(1400);
     atomic_store(&holding, 0);
     uint64_t one = 1;
     assert_int_equal(write(resume_efd[0], &one, sizeof one), (ssize_t)sizeof one);
