@@ -48,6 +48,7 @@ build = {
             "core/common/error.c",
             "core/common/clock.c",
             "core/common/log.c",
+            "core/common/proc.c",
             "core/common/version.c",
             "core/common/unixsock.c",
             "core/ipc/config.c",
