@@ -139,13 +139,17 @@ struct scripted {
     int fds[2];
 };
 
+/* The listener's abstract name, with our pid: two runs at once (a plain and a sanitizer CI
+ * run side by side) must not take each other's (a fixed name failed the second's listen). */
+static char proto_address[64];
+
 static void *client_main(void *arg)
 {
     shmipc_session **out = arg;
     shmipc_config *cfg;
     shmipc_config_new(&cfg);
     shmipc_config_set_path_prefix(cfg, "/dev/shm/shmipc");
-    int rc = shmipc_session_connect("unix:@shmipc-test-proto", cfg, out);
+    int rc = shmipc_session_connect(proto_address, cfg, out);
     shmipc_config_free(cfg);
     return (void *)(intptr_t)rc;
 }
@@ -157,7 +161,8 @@ static void client_v3_handshake_matches_capture(void **state)
     shmipc_session *s = NULL;
     pthread_t t;
     void *ret;
-    assert_int_equal(shmipc__addr_parse("unix:@shmipc-test-proto", &addr), 0);
+    snprintf(proto_address, sizeof proto_address, "unix:@shmipc-test-proto-%d", (int)getpid());
+    assert_int_equal(shmipc__addr_parse(proto_address, &addr), 0);
     struct shmipc__unix_file file; /* none: an abstract name */
     int lfd = shmipc__sock_listen(&addr, 0600, &file);
     assert_true(lfd >= 0);
