@@ -263,15 +263,33 @@ static void *bl_read_exact(void *arg)
     return (void *)(intptr_t)rc;
 }
 
-/* Writes until shared memory (or, on fallback, the socket) is full and the flush waits. */
+/*
+ * What a writer sends to a peer that never reads, at most: more than the buffer (1 MiB), well
+ * under the 128 MiB of fallback data a session holds unread (max_fallback_unread).
+ */
+#define BL_WRITE_MAX (16u << 20)
+
+/*
+ * Writes until shared memory is full and the flush waits (memory_wait). On fallback the
+ * receiving session reads the socket into its heap for as long as the writer goes on, so no
+ * flush waits: the writer stops at BL_WRITE_MAX and waits in a read instead. Unbounded, it
+ * reached max_fallback_unread when this thread ran 100 ms before the case ended the session
+ * (a loaded machine), and the peer's session ended with EPROTO, as documented.
+ */
 static void *bl_write(void *arg)
 {
     static const uint8_t buf[65536];
     shmipc_stream *st = arg;
+    const void *p;
+    size_t n, sent = 0;
     int rc;
     while ((rc = shmipc_stream_write(st, buf, sizeof buf)) == 0 &&
            (rc = shmipc_stream_flush(st)) == 0)
-        ;
+        if ((sent += sizeof buf) >= BL_WRITE_MAX) {
+            while ((rc = shmipc_stream_read_chunk(st, 0, &p, &n, 0)) == 0)
+                shmipc_stream_release(st);
+            break;
+        }
     return (void *)(intptr_t)rc;
 }
 
