@@ -1563,6 +1563,7 @@ static const char app_py[] =
     "import os, time\n"
     "def app(environ, start_response):\n"
     "    if environ['PATH_INFO'] == '/slow':\n"
+    "        open('slow.started', 'w').close()\n"
     "        time.sleep(float(environ['QUERY_STRING']))\n"
     "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
     "    return [('pid=%d path=%s' % (os.getpid(), environ['PATH_INFO'])).encode()]\n";
@@ -1611,7 +1612,11 @@ static void write_app(struct harness *h)
     fclose(f);
 }
 
-/* One GET through a worker's shmipc address, as the front will send it; the body into out. */
+/* One GET through a worker's shmipc address, as the front will send it; the body into out.
+ * The status, or a negative step that failed: -1 connect, -2 open, -3 encode, -4 send, -5
+ * read, -6 a bad frame, -7 a body over cap. No cmocka assertion in here: it runs on threads
+ * too, and a failed assertion off the test's thread longjmps across stacks (a run once exited
+ * 255 with no message from there); callers assert the status. */
 static int request(const char *address, const char *target, char *out, size_t cap)
 {
     shmipc_config *cfg = NULL;
@@ -1619,11 +1624,15 @@ static int request(const char *address, const char *target, char *out, size_t ca
     shmipc_stream *st = NULL;
     int status = -1;
     uint8_t buf[2048];
-    assert_int_equal(shmipc_config_new(&cfg), 0);
-    assert_int_equal(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 10000), 0);
-    if (shmipc_session_connect(address, cfg, &s) != 0)
+    size_t got = 0;
+    out[0] = '\0';
+    if (shmipc_config_new(&cfg) != 0 ||
+        shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_READ, 10000) != 0 ||
+        shmipc_session_connect(address, cfg, &s) != 0)
         goto out;
-    assert_int_equal(shmipc_session_open_stream(s, &st), 0);
+    status = -2;
+    if (shmipc_session_open_stream(s, &st) != 0)
+        goto out;
     shmipc_serve_request r;
     memset(&r, 0, sizeof r);
     r.size = sizeof r;
@@ -1633,43 +1642,56 @@ static int request(const char *address, const char *target, char *out, size_t ca
     r.target = (const uint8_t *)target;
     r.target_len = (uint32_t)strlen(target);
     shmipc_serve_field host = {(const uint8_t *)"Host", (const uint8_t *)"t", 4, 1};
+    status = -3;
     int64_t n = shmipc_serve_encode_request_head(buf, sizeof buf, &r, &host, 1);
-    assert_true(n > 0);
-    assert_int_equal(
-        shmipc_serve_encode_header(buf + n, sizeof buf - (size_t)n, SHMIPC_SERVE_END, 0, 0),
-        SHMIPC_SERVE_HDR_SIZE);
-    assert_int_equal(shmipc_stream_write(st, buf, (size_t)n + SHMIPC_SERVE_HDR_SIZE), 0);
-    assert_int_equal(shmipc_stream_flush(st), 0);
-    size_t got = 0;
+    if (n <= 0 || shmipc_serve_encode_header(buf + n, sizeof buf - (size_t)n, SHMIPC_SERVE_END, 0,
+                                             0) != SHMIPC_SERVE_HDR_SIZE)
+        goto out;
+    status = -4;
+    if (shmipc_stream_write(st, buf, (size_t)n + SHMIPC_SERVE_HDR_SIZE) != 0 ||
+        shmipc_stream_flush(st) != 0)
+        goto out;
+    int answer = -5;
     for (int frames = 0; frames < 64; frames++) {
         const void *p;
         shmipc_serve_frame f;
         memset(&f, 0, sizeof f);
         f.size = sizeof f;
+        status = -5;
         if (shmipc_stream_read_exact_bytes(st, SHMIPC_SERVE_HDR_SIZE, &p, 0) != 0)
             goto out;
         uint8_t hdr[SHMIPC_SERVE_HDR_SIZE];
         memcpy(hdr, p, sizeof hdr);
-        assert_int_equal(shmipc_serve_decode_header(hdr, sizeof hdr, &f), SHMIPC_SERVE_HDR_SIZE);
-        assert_true(f.length <= sizeof buf - sizeof hdr);
+        status = -6;
+        if (shmipc_serve_decode_header(hdr, sizeof hdr, &f) != SHMIPC_SERVE_HDR_SIZE ||
+            f.length > sizeof buf - sizeof hdr)
+            goto out;
         memcpy(buf, hdr, sizeof hdr);
         if (f.length > 0) {
-            assert_int_equal(shmipc_stream_read_exact_bytes(st, f.length, &p, 0), 0);
+            status = -5;
+            if (shmipc_stream_read_exact_bytes(st, f.length, &p, 0) != 0)
+                goto out;
             memcpy(buf + sizeof hdr, p, f.length);
         }
+        status = -6;
         if (f.type == SHMIPC_SERVE_RESPONSE_HEAD) {
             shmipc_serve_response resp;
             memset(&resp, 0, sizeof resp);
             resp.size = sizeof resp;
-            assert_true(shmipc_serve_decode_response(buf, sizeof hdr + f.length, &resp) > 0);
-            status = resp.status;
+            if (shmipc_serve_decode_response(buf, sizeof hdr + f.length, &resp) <= 0)
+                goto out;
+            answer = resp.status;
         } else if (f.type == SHMIPC_SERVE_BODY) {
-            assert_true(got + f.length < cap);
+            status = -7;
+            if (got + f.length >= cap)
+                goto out;
             memcpy(out + got, buf + sizeof hdr, f.length);
             got += f.length;
-        } else {
-            assert_int_equal(f.type, SHMIPC_SERVE_END);
+        } else if (f.type == SHMIPC_SERVE_END) {
+            status = answer;
             break;
+        } else {
+            goto out;
         }
     }
     out[got] = '\0';
@@ -1806,7 +1828,14 @@ static void test_python_stop_finishes_the_request_in_flight(void **state)
     snprintf(r.address, sizeof r.address, "%s", w.address);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, slow_request, &r), 0);
-    sleep_ms(300); /* the request is in the app's sleep */
+    /* The stop comes once the request is in the app's sleep (the app marks it in its
+     * directory): a fixed 300 ms wait came before the request on a loaded machine. */
+    char mark[300];
+    snprintf(mark, sizeof mark, "%s/slow.started", h.dir);
+    uint64_t end = ms_now() + 30000;
+    while (access(mark, F_OK) != 0 && ms_now() < end)
+        sleep_ms(5);
+    assert_int_equal(access(mark, F_OK), 0);
     shmipc__sup_stop(h.sup);
     harness_join(&h);
     assert_int_equal(pthread_join(t, NULL), 0);
