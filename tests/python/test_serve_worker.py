@@ -853,6 +853,7 @@ APP = '''
 import os, time
 def app(environ, start_response):
     if environ["PATH_INFO"] == "/slow":
+        open("slow.started", "w").close()
         time.sleep(float(environ["QUERY_STRING"]))
     body = environ["wsgi.input"].read()
     start_response("200 OK", [("X-Pid", str(os.getpid()))])
@@ -875,6 +876,17 @@ class WorkerProcess:
         assert "ready on" in line, (line, self.proc.stderr.read() if self.proc.poll() else "")
         return Front(self.address)
 
+    def in_slow(self, tmp_path, timeout=30):
+        """Waits until the app is in /slow's sleep (it marks it in its directory): a fixed
+        wait came before the request on a loaded machine, and a request not yet started at
+        SIGTERM is handed back (ABORT_SHUTDOWN), not answered."""
+        mark = tmp_path / "slow.started"
+        deadline = time.monotonic() + timeout
+        while not mark.exists():
+            assert time.monotonic() < deadline, "the app never entered /slow"
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            time.sleep(0.005)
+
     def finish(self, timeout=10):
         try:
             return self.proc.wait(timeout)
@@ -895,7 +907,7 @@ def test_worker_process_serves_and_stops_on_sigterm_after_the_request(tmp_path):
     # SIGTERM while a request is at the worker: that request is answered, then it exits 0.
     st, chunks = front.open(b"POST", b"/slow?0.5", body=b"last")
     front.send_body(st, chunks)
-    time.sleep(0.2)
+    w.in_slow(tmp_path)
     w.proc.send_signal(signal.SIGTERM)
     status, _, _, _, body, last, _ = front.response(st)
     assert (status, body, last) == (200, b"last", sf.END)
@@ -910,7 +922,7 @@ def test_worker_process_killed_mid_request_ends_the_front_stream(tmp_path):
     front = w.ready()
     st, chunks = front.open(b"POST", b"/slow?30", body=b"x")
     front.send_body(st, chunks)
-    time.sleep(0.2)
+    w.in_slow(tmp_path)
     w.proc.kill()
     t0 = time.monotonic()
     with pytest.raises((shmipc.PeerGoneError, shmipc.EndOfStreamError, shmipc.ClosedError)):
@@ -1095,11 +1107,12 @@ def test_stop_refuses_a_request_waiting_behind_the_one_in_progress():
         deadline = t0 + 10
         while time.monotonic() < deadline:
             try:
-                shmipc.connect(worker.address, shmipc.Config(initialize_timeout=5)).close()
+                # A connect that waited on a listener nobody accepts on would take these 20 s.
+                shmipc.connect(worker.address, shmipc.Config(initialize_timeout=20)).close()
             except shmipc.Error:
                 break
             time.sleep(0.05)
-        assert time.monotonic() - t0 < 3, "a connect waited on a listener nobody accepts on"
+        assert time.monotonic() - t0 < 10, "a connect waited on a listener nobody accepts on"
         release.set()
         status, _, _, _, body, last, _ = front.response(st1)
         assert (status, body, last) == (200, b"done", sf.END)
