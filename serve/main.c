@@ -4,9 +4,9 @@
  * the worker processes and watches them on a thread of its own; once the first of them are
  * ready, the HTTP server starts with the front (core/serve/front.c) routing every path to the
  * ready workers, and each later change of the ready set (a restart, a reload) goes to the
- * front. The main thread waits for signals: SIGTERM or SIGINT stop the HTTP server gracefully
- * (it stops accepting, and the requests in flight are answered within the graceful timeout),
- * then the workers; SIGHUP reloads the workers; SIGUSR1 prints the workers' and the front's
+ * front. The main thread waits for signals: SIGTERM, SIGINT or SIGQUIT stop the HTTP server
+ * gracefully (it stops accepting, and the requests in flight are answered within the graceful
+ * timeout), then the workers; SIGHUP reloads the workers; SIGUSR1 prints the workers' and the front's
  * state on stderr; SIGUSR2 reopens the access log (for logrotate).
  *
  * May call: the public API (the HTTP server), core/serve/front.h, serve/options.h and
@@ -51,6 +51,16 @@ struct run {
     size_t npending;
     int sup_done, sup_rc; /* the supervisor's loop returned (mu) */
 };
+
+/*
+ * The stop signals: SIGTERM, SIGINT and SIGQUIT, each a graceful stop (docs/serve.md). SIGQUIT
+ * is nginx's graceful stop; unhandled, its default action (a core dump) ended the process at
+ * once, its requests in flight cut (test_serve_cli.py test_sigquit_is_a_graceful_stop).
+ */
+static int is_stop_signal(uint32_t signo)
+{
+    return signo == SIGTERM || signo == SIGINT || signo == SIGQUIT;
+}
 
 static void free_set(char **set, size_t n)
 {
@@ -252,7 +262,7 @@ static int run_loop(struct run *r, int sfd, shmipc_server **srv)
         if (p[0].revents) {
             struct signalfd_siginfo si;
             if (read(sfd, &si, sizeof si) == sizeof si) {
-                if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)
+                if (is_stop_signal(si.ssi_signo))
                     return 0;
                 if (si.ssi_signo == SIGHUP) {
                     shmipc__sup_say(2, "shmipc-serve: SIGHUP: reloading the workers");
@@ -298,7 +308,7 @@ static int run_loop(struct run *r, int sfd, shmipc_server **srv)
 }
 
 /*
- * The stop's watcher: from the first SIGTERM or SIGINT, one deadline of --graceful-timeout for
+ * The stop's watcher: from the first SIGTERM, SIGINT or SIGQUIT, one deadline of --graceful-timeout for
  * the whole stop (the server's close, which waits for the requests in flight, then the
  * workers' exit), and a second stop signal ends it at once (docs/serve.md, "Stop"): either
  * way every worker still running gets SIGKILL (shmipc__sup_stop twice). Without it the main
@@ -336,7 +346,7 @@ static void *stop_watch_main(void *arg)
         }
         struct signalfd_siginfo si;
         if (p[0].revents && read(w->sfd, &si, sizeof si) == sizeof si && !killed &&
-            (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)) {
+            is_stop_signal(si.ssi_signo)) {
             shmipc__sup_say(2, "shmipc-serve: a second stop signal: killing the workers");
             kill_now = 1;
         }
@@ -380,7 +390,7 @@ static void no_spin_on_one_cpu(void)
 
 /*
  * --access-log naming a FIFO nobody reads yet: waits for its reader, as an open() of it would,
- * but a SIGTERM or SIGINT (blocked since main()'s start, as the others, which stay pending for
+ * but a SIGTERM, SIGINT or SIGQUIT (blocked since main()'s start, as the others, which stay pending for
  * the run) ends the wait: -1. Before, the open() waited, and with the signals blocked from the
  * start nothing could stop it. *keep_fd: a non-blocking description of the FIFO that keeps the
  * reader's end from seeing an end of file until the log's own is open (the caller closes it).
@@ -394,6 +404,7 @@ static int wait_for_a_reader(const char *path, int *keep_fd)
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGQUIT);
     for (int said = 0;; said = 1) {
         int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
         if (fd >= 0 || errno != ENXIO) {
@@ -405,7 +416,7 @@ static int wait_for_a_reader(const char *path, int *keep_fd)
                             path);
         struct timespec slice = {0, 50 * 1000000L};
         int sig = sigtimedwait(&stop, NULL, &slice);
-        if (sig == SIGTERM || sig == SIGINT) {
+        if (sig > 0 && is_stop_signal((uint32_t)sig)) {
             shmipc__sup_say(2, "shmipc-serve: stopped before the start");
             return -1;
         }
@@ -437,6 +448,7 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGQUIT);
     sigaddset(&sigs, SIGHUP);
     sigaddset(&sigs, SIGUSR1);
     sigaddset(&sigs, SIGUSR2);

@@ -878,6 +878,6 @@ const char *shmipc__serve_usage(void)
            "  --help                   this text\n"
            "  --version                the version\n"
            "\n"
-           "Signals: SIGTERM/SIGINT stop gracefully, SIGHUP reloads the workers, SIGUSR1 prints\n"
-           "the workers' states to stderr, SIGUSR2 reopens the access log.\n";
+           "Signals: SIGTERM/SIGINT/SIGQUIT stop gracefully, SIGHUP reloads the workers, SIGUSR1\n"
+           "prints the workers' states to stderr, SIGUSR2 reopens the access log.\n";
 }

@@ -540,10 +540,10 @@ static void drain_ctl(shmipc__sup *sup, uint64_t now)
 }
 
 struct saved_signals {
-    struct sigaction old[5];
+    struct sigaction old[6];
     int on;
 };
-static const int handled_signals[5] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGPIPE};
+static const int handled_signals[6] = {SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGPIPE};
 
 static void install_signals(shmipc__sup *sup, struct saved_signals *ss)
 {
@@ -552,7 +552,7 @@ static void install_signals(shmipc__sup *sup, struct saved_signals *ss)
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     signal_fd = sup->ctl[1];
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         /* SIGPIPE ignored: a closed stdout must not kill the supervisor of running workers. */
         sa.sa_handler = handled_signals[i] == SIGPIPE ? SIG_IGN : on_signal;
         sigaction(handled_signals[i], &sa, &ss->old[i]);
@@ -564,7 +564,7 @@ static void restore_signals(struct saved_signals *ss)
 {
     if (!ss->on)
         return;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         sigaction(handled_signals[i], &ss->old[i], NULL);
     signal_fd = -1;
 }

@@ -51,7 +51,7 @@ typedef struct shmipc__sup_config {
     int out_fd;                   /* workers' stdout goes here, in whole lines; 0: 1 */
     int err_fd;                   /* workers' stderr goes here, in whole lines; 0: 2 */
     int log_fd;                   /* the supervisor's log and status; 0: 2 */
-    int signals; /* run() handles SIGTERM/SIGINT (stop), SIGHUP (reload), SIGUSR1 (status) */
+    int signals; /* run() handles SIGTERM/SIGINT/SIGQUIT (stop), SIGHUP (reload), SIGUSR1 (status) */
     /* Only arguments that are exactly "{address}" get the address: the others (a user's APP,
      * paths) are passed as they are, whatever text they hold. 0: every "{address}" in every
      * argument (a shell script's, in tests). */

@@ -6,7 +6,7 @@
  * The process contract is the Python worker's (python/shmipc/serve/worker.py): listen on the
  * shmipc address of --address, print "... ready on ADDRESS", serve each stream a front opens as
  * one request (shmipc_serve_handle_stream(): the protocol's answers whatever the handler does),
- * one request at a time per process; SIGTERM or SIGINT stop it after the request in progress
+ * one request at a time per process; SIGTERM, SIGINT or SIGQUIT stop it after the request in progress
  * (exit 0), and so does the Nth request with --max-requests N; --parent-pid asks for a SIGTERM
  * when the supervisor dies. --check loads the application and exits 0, or 2 with the reason.
  *
@@ -306,6 +306,9 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    /* A terminal's Ctrl-\ sends SIGQUIT to the whole group, shmipc-serve's graceful stop: the
+     * workers end after their request, as on Ctrl-C, rather than dumping core. */
+    sigaction(SIGQUIT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (parent > 0) {
         /* A supervisor killed with SIGKILL leaves no worker behind; checked after the prctl,

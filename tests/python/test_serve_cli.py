@@ -52,7 +52,7 @@ class Serve:
     """shmipc-serve running an app from tmp_path; stderr is collected on a thread."""
 
     def __init__(self, tmp_path, *flags, workers=2, app=("cliapp:app",), chdir=None, cpus=None,
-                 env=None):
+                 env=None, new_session=False):
         (tmp_path / "cliapp.py").write_text(APP)
         self.port = reserved_port()
         self.p = subprocess.Popen(
@@ -60,7 +60,8 @@ class Serve:
              "--workers", str(workers), "--python", "/usr/bin/python3", "--graceful-timeout", "10",
              *flags],
             env={**python_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
+            text=True, preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+            start_new_session=new_session)
         self.err = []
         self.listening = threading.Event()
         self.t = threading.Thread(target=self._read, daemon=True)
@@ -310,6 +311,48 @@ def test_sigterm_answers_the_request_in_flight_and_leaves_nothing(tmp_path):
         assert not alive(pid)
     with pytest.raises(OSError):
         s.request("GET", "/gone", timeout=2)
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_sigquit_is_a_graceful_stop(tmp_path, group):
+    """Regression: SIGQUIT was not handled: its default action (a core dump) ended
+    shmipc-serve at once, its request in flight cut, and the workers were left to the
+    parent-death signal. As nginx's QUIT it is now a graceful stop, the same as SIGTERM: the
+    request in flight is answered, exit 0, no worker left. With `group`, SIGQUIT goes to the
+    whole process group, as a terminal's Ctrl-\\ sends it: the workers got it too and died of
+    it (the request in flight a 502); they now stop as on SIGTERM, after that request."""
+    s = Serve(tmp_path, workers=2, new_session=group)
+    pids = []
+    try:
+        pids = s.worker_pids(2)
+        assert children(s.p.pid) == set(pids)
+        result = {}
+
+        def slow():
+            result["r"] = s.request("GET", "/hold", timeout=60)
+
+        t = threading.Thread(target=slow)
+        t.start()
+        wait_for(tmp_path / "held")
+        if group:
+            os.killpg(s.p.pid, signal.SIGQUIT)
+        else:
+            s.p.send_signal(signal.SIGQUIT)
+        time.sleep(0.3)
+        (tmp_path / "release").touch()
+        t.join(60)
+        assert s.p.wait(timeout=30) == 0, "".join(s.err)
+        assert result["r"][0] == 200, (result, "".join(s.err))
+        assert b"path=/hold" in result["r"][1]
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in pids if alive(pid)] == []
+    finally:
+        kill_tree(s.p)
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("second", [True, False])
@@ -990,6 +1033,48 @@ def test_native_unique_bodies_and_a_killed_worker(tmp_path, kind):
             assert s.request("GET", "/")[0] == 200
     finally:
         assert s.stop() == 0
+
+
+def test_native_worker_stops_gracefully_on_a_group_sigquit(tmp_path):
+    """Regression: shmipc-serve-worker did not handle SIGQUIT, so a terminal's Ctrl-\\ (SIGQUIT
+    to the whole process group, shmipc-serve's graceful stop) killed a C (or Lua: the same
+    program) worker with a core dump and its request in flight got a 502. It now stops as on
+    SIGTERM, after that request. (The Lua example's /slow runs `sleep` through os.execute, which
+    ignores SIGQUIT while it waits: the C one shows it.)"""
+    kind = "c"
+    if not native_built(kind):
+        pytest.skip(f"no {kind} worker in this build")
+    app, chdir = NATIVE[kind]
+    s = Serve(tmp_path, workers=1, app=app, chdir=chdir, new_session=True)
+    pids = []
+    try:
+        pids = s.worker_pids(1)
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("r", s.request("GET", "/slow?2500",
+                                                                          timeout=60)))
+        t.start()
+        # The worker has it once the front's status says so (SIGUSR1), not after a fixed delay.
+        deadline = time.monotonic() + 20
+        while True:
+            before = len(s.err)
+            s.p.send_signal(signal.SIGUSR1)
+            time.sleep(0.1)
+            if any(" 1 in flight" in line for line in s.err[before:]):
+                break
+            assert time.monotonic() < deadline, "".join(s.err)
+        os.killpg(s.p.pid, signal.SIGQUIT)
+        t.join(60)
+        assert s.p.wait(timeout=30) == 0, "".join(s.err)
+        assert got["r"][0] == 200, (got, "".join(s.err))
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in pids if alive(pid)] == []
+    finally:
+        kill_tree(s.p)
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("kind", ["c", "lua"])

@@ -255,7 +255,8 @@ def _follow_parent(pid):
 def main(argv=None):
     """One worker process: ``python -m shmipc.serve.worker APP --address ADDR``. The
     supervisor of shmipc-serve starts these; run by hand, any front speaking docs/serve.md can
-    connect to ADDR. SIGTERM and SIGINT stop it after the request in progress (exit 0), and so
+    connect to ADDR. SIGTERM, SIGINT and SIGQUIT stop it after the request in progress (exit 0;
+    SIGQUIT reaches the workers too when a terminal's Ctrl-\\ stops shmipc-serve), and so
     does the Nth request with ``--max-requests N``."""
     import argparse
     import signal
@@ -319,6 +320,7 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGQUIT, stop)
     if args.parent_pid > 0 and not _follow_parent(args.parent_pid):
         worker.stop()  # the supervisor died before we could watch it: serve nothing
     print(f"shmipc-serve worker {__import__('os').getpid()} ready on {worker.address}",
