@@ -438,6 +438,31 @@ def test_bad_flag_into_a_closed_stderr():
         assert p.wait(timeout=30) == 2, bad
 
 
+@pytest.mark.parametrize("into", ["closed", "full"])
+def test_print_and_exit_options_report_a_write_error(tmp_path, into):
+    """Regression: `--help`, `--version` and `--check` print on stdout and exited 0 whether the
+    text was written or not: into a closed stdout (`shmipc-serve --help >&-`) or a full one
+    (`>/dev/full`) the caller was told it had the text. As coreutils' close_stdout, they now
+    say "write error" on stderr and exit 1."""
+    (tmp_path / "cliapp.py").write_text(APP)
+    for args in (["--help"], ["--version"],
+                 ["--check", "cliapp:app", "--chdir", str(tmp_path), "--python",
+                  "/usr/bin/python3"]):
+        ok = subprocess.run([SERVE, *args], env=python_env(), capture_output=True, text=True,
+                            timeout=60)
+        assert ok.returncode == 0 and ok.stdout, (args, ok.stderr)  # the text there is
+        if into == "full":
+            with open("/dev/full", "w") as full:
+                r = subprocess.run([SERVE, *args], env=python_env(), stdout=full,
+                                   stderr=subprocess.PIPE, text=True, timeout=60)
+        else:
+            r = subprocess.run([SERVE, *args], env=python_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, timeout=60,
+                               preexec_fn=lambda: os.close(1))
+        assert r.returncode == 1, (args, r.returncode, r.stderr)
+        assert "shmipc-serve: write error" in r.stderr, (args, r.stderr)
+
+
 def wchan(pid):
     try:
         with open(f"/proc/{pid}/wchan") as f:
