@@ -206,8 +206,19 @@ static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **s
         r->npending = 0;
     }
     pthread_mutex_unlock(&r->mu);
-    shmipc__sup_say(2, "shmipc-serve: listening on %s (port %d), %s app %s, %u worker%s", o->listen,
-                    shmipc_server_port(srv), shmipc__serve_kind_name(o->kind), o->app, o->workers,
+    /*
+     * The address as bound: with port 0 the kernel's port (every reactor thread's socket shares
+     * the one the first bound, core/reactor/sock.c). It said `--listen` as given, `:0`, and a
+     * script had no port to connect to (test_serve_cli.py test_listen_on_port_0).
+     */
+    char shown[300];
+    if (strncmp(o->listen, "unix:", 5) == 0)
+        snprintf(shown, sizeof shown, "%s", o->listen);
+    else
+        snprintf(shown, sizeof shown, "%.*s:%d", (int)(strrchr(o->listen, ':') - o->listen),
+                 o->listen, shmipc_server_port(srv));
+    shmipc__sup_say(2, "shmipc-serve: listening on %s, %s app %s, %u worker%s", shown,
+                    shmipc__serve_kind_name(o->kind), o->app, o->workers,
                     o->workers == 1 ? "" : "s");
     *srv_out = srv;
     return 0;

@@ -298,8 +298,9 @@ static int check_listen(const char *v, char *why, size_t cap)
         }
     }
     uint64_t port;
-    if (parse_uint(colon + 1, 1, 65535, &port) != 0) {
-        snprintf(why, cap, "the port must be 1 .. 65535");
+    /* 0: the kernel picks the port; main.c's "listening on" line says which. */
+    if (parse_uint(colon + 1, 0, 65535, &port) != 0) {
+        snprintf(why, cap, "the port must be 0 .. 65535 (0: the kernel picks one)");
         return -1;
     }
     for (const char *p = v; p < colon; p++)
@@ -857,7 +858,9 @@ const char *shmipc__serve_usage(void)
            "  --lua MODULE[:FUNCTION]  a Lua handler module (or FILE.lua), in shmipc-serve-worker\n"
            "  --c LIB.so[:SYMBOL]      a C handler in a shared object (SYMBOL: "
            "shmipc_serve_handle)\n"
-           "  --listen ADDR            IPv4:PORT, [IPv6]:PORT or unix:PATH (127.0.0.1:8000)\n"
+           "  --listen ADDR            IPv4:PORT, [IPv6]:PORT or unix:PATH (127.0.0.1:8000);\n"
+           "                           PORT 0: the kernel picks one, the 'listening on' line "
+           "says it\n"
            "  --workers N              worker processes, 1 .. 64 (1)\n"
            "  --threads N              the front's reactor threads, 1 .. 256 (1)\n"
            "  --max-requests N         a worker is replaced after N requests (0: never)\n"

@@ -194,6 +194,23 @@ static void test_every_flag(void **state)
     shmipc__serve_options_free(&o);
 }
 
+/* Regression: port 0 (the kernel picks one; shmipc-serve says which on its "listening on" line)
+ * was refused, "the port must be 1 .. 65535". */
+static void test_listen_port_0(void **state)
+{
+    (void)state;
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    const char *ok[] = {"127.0.0.1:0", "[::1]:0", "0.0.0.0:0", "[::]:0"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        assert_int_equal(parse(&o, err, ARGS("m:a", "--listen", ok[i])), 0);
+        assert_string_equal(o.listen, ok[i]);
+        shmipc__serve_options_free(&o);
+    }
+    assert_int_equal(parse(&o, err, ARGS("m:a", "--listen", "127.0.0.1:65535")), 0);
+    shmipc__serve_options_free(&o);
+}
+
 static void test_flag_errors(void **state)
 {
     (void)state;
@@ -230,9 +247,9 @@ static void test_flag_errors(void **state)
     expect_error(ARGS("m:a", "--graceful-timeout", "0"), "out of range (0.001 .. 86400");
     expect_error(ARGS("m:a", "--listen", "8000"), "expected HOST:PORT");
     expect_error(ARGS("m:a", "--listen", "::1:80"), "brackets");
-    expect_error(ARGS("m:a", "--listen", "[::1]:0"), "port must be 1 .. 65535");
+    expect_error(ARGS("m:a", "--listen", "[::1]:-1"), "port must be 0 .. 65535");
     expect_error(ARGS("m:a", "--listen", "[::1]80"), "expected [IPv6]:PORT");
-    expect_error(ARGS("m:a", "--listen", "host:65536"), "port must be");
+    expect_error(ARGS("m:a", "--listen", "127.0.0.1:65536"), "port must be 0 .. 65535");
     expect_error(ARGS("m:a", "--listen", "host:"), "port must be");
     expect_error(ARGS("m:a", "--listen", "ho st:80"), "space or control");
     expect_error(ARGS("m:a", "--listen", "unix:"), "unix: needs a path");
@@ -959,6 +976,7 @@ int main(void)
         cmocka_unit_test(test_worker_argv),
         cmocka_unit_test(test_check_without_python),
         cmocka_unit_test(test_check_imports_the_app),
+        cmocka_unit_test(test_listen_port_0),
         cmocka_unit_test(test_access_log_common),
         cmocka_unit_test(test_access_log_json),
         cmocka_unit_test(test_access_log_limits),

@@ -52,11 +52,13 @@ class Serve:
     """shmipc-serve running an app from tmp_path; stderr is collected on a thread."""
 
     def __init__(self, tmp_path, *flags, workers=2, app=("cliapp:app",), chdir=None, cpus=None,
-                 env=None, new_session=False):
+                 env=None, new_session=False, listen=None):
         (tmp_path / "cliapp.py").write_text(APP)
-        self.port = reserved_port()
+        # With `listen` (port 0), host and port are the ones the "listening on" line says.
+        self.host, self.port = "127.0.0.1", None if listen else reserved_port()
         self.p = subprocess.Popen(
-            [SERVE, *app, "--chdir", str(chdir or tmp_path), "--listen", f"127.0.0.1:{self.port}",
+            [SERVE, *app, "--chdir", str(chdir or tmp_path), "--listen",
+             listen or f"127.0.0.1:{self.port}",
              "--workers", str(workers), "--python", "/usr/bin/python3", "--graceful-timeout", "10",
              *flags],
             env={**python_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -73,6 +75,11 @@ class Serve:
         for line in self.p.stderr:
             self.err.append(line)
             if "listening on" in line:
+                if self.port is None:
+                    m = re.search(r"listening on (\d+\.\d+\.\d+\.\d+|\[[0-9a-f:.]+\]):(\d+)[ ,]",
+                                  line)
+                    if m:
+                        self.host, self.port = m.group(1).strip("[]"), int(m.group(2))
                 self.listening.set()
 
     def wait_err(self, text, timeout=20):
@@ -88,7 +95,7 @@ class Serve:
             time.sleep(0.05)
 
     def request(self, method, path, body=None, timeout=20):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        c = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             c.request(method, path, body=body)
             r = c.getresponse()
@@ -737,6 +744,48 @@ def test_listen_on_a_unix_socket(tmp_path):
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
     assert not os.path.lexists(sock)  # removed at the stop
+
+
+def ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sk:
+            sk.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def tcp_listeners(port, v6):
+    """How many sockets listen on `port` (/proc/net/tcp or tcp6, state 0A)."""
+    n = 0
+    with open("/proc/net/tcp6" if v6 else "/proc/net/tcp") as f:
+        for row in f.read().splitlines()[1:]:
+            cols = row.split()
+            if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":
+                n += 1
+    return n
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]"])
+def test_listen_on_port_0(tmp_path, host):
+    """Regression: `--listen 127.0.0.1:0` was refused ("the port must be 1 .. 65535"). Port 0
+    lets the kernel pick one: the front's first reactor thread binds it, the others share that
+    port (not a port each), and the "listening on" line names the real port for a script to
+    read (it said `:0`). 3 reactor threads: 3 listening sockets on the one port, and 30
+    connections to it, each its own, all answered."""
+    if host == "[::1]" and not ipv6_loopback():
+        pytest.skip("no IPv6 loopback")
+    s = Serve(tmp_path, "--threads", "3", workers=2, listen=f"{host}:0")
+    try:
+        line = next(line for line in s.err if "listening on" in line)
+        assert s.port not in (None, 0), line
+        assert f"listening on {host}:{s.port}," in line, line
+        assert tcp_listeners(s.port, host.startswith("[")) == 3
+        for i in range(30):
+            status, out = s.request("GET", f"/p0/{i}")
+            assert status == 200 and b"path=/p0/%d " % i in out, (status, out)
+    finally:
+        assert s.stop() == 0
 
 
 def test_listen_on_a_path_that_is_not_a_socket_is_refused(tmp_path):
