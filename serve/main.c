@@ -309,6 +309,13 @@ static int run_loop(struct run *r, int sfd, shmipc_server **srv)
                 if (src < 0)
                     return 1;
             }
+            if (done && rc == SHMIPC__SUP_BOOT_FAILED) {
+                /* No worker could load the app at the start (the worker said why): gunicorn's
+                 * "Worker failed to boot", its exit status 3 (docs/serve.md). */
+                shmipc__sup_say(2, "shmipc-serve: a worker failed to boot: exiting with status %d",
+                                SHMIPC__SUP_BOOT_FAILED);
+                return SHMIPC__SUP_BOOT_FAILED;
+            }
             if (done) {
                 shmipc__sup_say(2, "shmipc-serve: the supervisor ended: %s",
                                 rc < 0 ? shmipc_errname(rc) : "stopped");
@@ -560,6 +567,8 @@ int main(int argc, char **argv)
         .graceful_timeout_ms = o.graceful_timeout_ms,
         /* The argument after --address only: APP and the paths are the user's, as typed. */
         .address_whole_args = 1,
+        /* At the start, a worker that cannot load the app ends the run: exit 3. */
+        .end_on_boot_failure = 1,
         .on_ready_set = on_ready_set,
         .data = &r,
     };
@@ -591,7 +600,7 @@ int main(int argc, char **argv)
     uint32_t stop_ms = o.graceful_timeout_ms;
     if (srv == NULL && stop_ms > NO_SERVER_STOP_MS)
         stop_ms = NO_SERVER_STOP_MS;
-    if (srv == NULL)
+    if (srv == NULL && status != SHMIPC__SUP_BOOT_FAILED) /* the supervisor stopped them */
         shmipc__sup_say(2, "shmipc-serve: %s: stopping the workers (up to %u ms)",
                         status == 0 ? "stopped before the server started" : "the start failed",
                         stop_ms);

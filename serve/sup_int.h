@@ -63,6 +63,8 @@ struct shmipc__sup {
     unsigned act_gen; /* the generation serving; != cur_gen while a reload is under way */
     int ran;
     int stopping;
+    int ever_ready;  /* a worker of the run printed its ready line */
+    int boot_failed; /* end_on_boot_failure ended the run */
     uint64_t stop_deadline_ns;
     uint64_t spawns;
     uint64_t *spawn_times; /* a ring of the last max_spawns_per_sec spawns */

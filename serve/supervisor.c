@@ -252,6 +252,38 @@ static void begin_stop_slot(shmipc__sup *sup, struct slot *s, uint64_t now)
     shmipc__sup_signal(s, SIGTERM);
 }
 
+static void begin_stop(shmipc__sup *sup, uint64_t now);
+
+/* How long the other workers have after their SIGTERM when a failed boot ends the run: none was
+ * ever ready, so none has a request to finish. */
+#define BOOT_FAILED_STOP_MS 500u
+
+/*
+ * end_on_boot_failure: worker `s` ended before its ready line (`how`: its status, or the
+ * spawn's failure) while no worker of the run was ever ready. The run ends, as gunicorn's
+ * arbiter halts with "Worker failed to boot" (exit 3): an app that cannot be imported was
+ * restarted with back-off for good, a service manager seeing a running process. The worker
+ * said why on its stderr (forwarded). Returns whether it ended the run.
+ */
+static int boot_failure(shmipc__sup *sup, const struct slot *s, pid_t pid, const char *how,
+                        uint64_t now)
+{
+    if (!sup->cfg.end_on_boot_failure || sup->ever_ready || sup->stopping)
+        return 0;
+    shmipc__sup_logf(sup,
+                     "worker %u (generation %u, pid %d) failed to boot (%s) and no worker was "
+                     "ever ready: stopping (exit status %d)",
+                     s->index, s->gen, (int)pid, how, SHMIPC__SUP_BOOT_FAILED);
+    sup->boot_failed = 1;
+    begin_stop(sup, now);
+    uint32_t ms = sup->cfg.graceful_timeout_ms < BOOT_FAILED_STOP_MS ? sup->cfg.graceful_timeout_ms
+                                                                     : BOOT_FAILED_STOP_MS;
+    for (size_t i = 0; i < sup->nw; i++)
+        if (sup->w[i].state == SHMIPC__SUP_STOPPING)
+            sup->w[i].deadline_ns = now + ms * NS_PER_MS;
+    return 1;
+}
+
 /* A slot's process exited with `status`: restart it, or drop it (stopping, old generation). */
 static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
 {
@@ -269,6 +301,11 @@ static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
     double ran = (double)(now - s->started_ns) / 1e9;
     s->pid = 0;
     s->last_status = status;
+    if (was == SHMIPC__SUP_READY)
+        sup->ever_ready = 1;
+    /* The stop removes this slot (no process any more) with the others that have none. */
+    if (was == SHMIPC__SUP_STARTING && boot_failure(sup, s, pid, how, now))
+        return;
     if (sup->stopping || was == SHMIPC__SUP_STOPPING ||
         (s->gen != sup->cur_gen && s->gen != sup->act_gen)) {
         if (was != SHMIPC__SUP_STOPPING || status != 0)
@@ -497,8 +534,14 @@ static uint64_t run_timers(shmipc__sup *sup, uint64_t now)
                 }
                 at = cap;
             }
-            if (now >= at)
+            if (now >= at) {
                 shmipc__sup_spawn(sup, s, now);
+                /* posix_spawn failed (no such interpreter): a failed boot too. The stop
+                 * changed the slots: the loop's next round takes it from there. */
+                if (s->state == SHMIPC__SUP_BACKOFF &&
+                    boot_failure(sup, s, 0, "it could not be started", now))
+                    return now;
+            }
             NEXT(s->state == SHMIPC__SUP_BACKOFF ? at : s->deadline_ns);
             break;
         }
@@ -592,6 +635,9 @@ int shmipc__sup_run(shmipc__sup *sup)
     shmipc__sup_logf(sup, "starting %u workers: %s ...", sup->cfg.workers, sup->argv[0]);
     for (;;) {
         uint64_t now = shmipc__now_ns();
+        /* Ready lines read in the last round count before any exit is looked at. */
+        for (size_t i = 0; i < sup->nw && !sup->ever_ready; i++)
+            sup->ever_ready = sup->w[i].state == SHMIPC__SUP_READY;
         drain_ctl(sup, now);
         reap(sup, now);
         uint64_t next = run_timers(sup, now);
@@ -667,6 +713,8 @@ int shmipc__sup_run(shmipc__sup *sup)
             close(sup->w[i].pidfd);
     }
     sup->nw = 0;
+    if (rc == 0 && sup->boot_failed)
+        rc = SHMIPC__SUP_BOOT_FAILED;
     if (rc == 0)
         shmipc__sup_logf(sup, "stopped");
     pthread_mutex_unlock(&sup->mu);

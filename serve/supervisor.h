@@ -18,6 +18,9 @@
 
 /* The most workers one supervisor runs (--workers). */
 #define SHMIPC__SUP_MAX_WORKERS 1024u
+/* What shmipc__sup_run() returns after end_on_boot_failure ended the run (docs/serve.md: the
+ * exit status of shmipc-serve then, gunicorn's "worker failed to boot"). */
+#define SHMIPC__SUP_BOOT_FAILED 3
 /* The text replaced by a worker's address in the arguments of the template: every occurrence
  * in every argument, or (address_whole_args) only whole arguments that are this text. */
 #define SHMIPC__SUP_ADDRESS_TOKEN "{address}"
@@ -56,6 +59,12 @@ typedef struct shmipc__sup_config {
      * paths) are passed as they are, whatever text they hold. 0: every "{address}" in every
      * argument (a shell script's, in tests). */
     int address_whole_args;
+    /* A worker that ends before its ready line (an app that cannot be imported, an interpreter
+     * that cannot be started, the start timeout) while no worker of the run was ever ready
+     * stops the run: the other workers get SIGTERM (SIGKILL after min(graceful, 500 ms)) and
+     * run() returns SHMIPC__SUP_BOOT_FAILED, as gunicorn exits when a worker fails to boot. 0:
+     * such a worker is restarted with back-off, as any. */
+    int end_on_boot_failure;
     shmipc__sup_ready_fn on_ready_set;
     void *data;
 } shmipc__sup_config;
@@ -88,8 +97,9 @@ int shmipc__sup_new(const shmipc__sup_config *cfg, shmipc__sup **out);
 
 /*
  * Starts the workers and supervises them until a stop request, then stops them (SIGTERM, and
- * SIGKILL at the graceful deadline) and reaps them all. Returns 0, or a negative SHMIPC_E*
- * code when the loop could not run (then no worker is left behind). Once per supervisor.
+ * SIGKILL at the graceful deadline) and reaps them all. Returns 0, SHMIPC__SUP_BOOT_FAILED
+ * (end_on_boot_failure), or a negative SHMIPC_E* code when the loop could not run (then no
+ * worker is left behind). Once per supervisor.
  */
 int shmipc__sup_run(shmipc__sup *sup);
 

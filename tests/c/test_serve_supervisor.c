@@ -506,6 +506,86 @@ static void test_crash_loop_backs_off(void **state)
     harness_finish(&h);
 }
 
+/*
+ * Regression (end_on_boot_failure, shmipc-serve's): a worker that could not load its app at the
+ * start was restarted with back-off for good. Worker 0 fails to boot; worker 1, starting, ignores
+ * SIGTERM: the run ends with SHMIPC__SUP_BOOT_FAILED, worker 1 killed 0.5 s after its SIGTERM
+ * (not the 5 s graceful timeout: none was ever ready, nothing is in flight), none left.
+ */
+static void test_boot_failure_ends_the_run(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(
+        &h,
+        /* The address ends in -INDEX-HEX: worker 0 fails, the others hang. */
+        SH("a={address}; a=${a%-*}; if [ \"${a##*-}\" = 0 ]; then echo 'cannot load app' >&2; "
+           "exit 2; else trap '' TERM; exec sleep 30; fi"),
+        2);
+    c.end_on_boot_failure = 1;
+    uint64_t t0 = ms_now();
+    harness_start(&h, &c);
+    assert_int_equal(pthread_join(h.th, NULL), 0);
+    h.running = 0;
+    assert_int_equal(h.rc, SHMIPC__SUP_BOOT_FAILED);
+    assert_true(ms_now() - t0 < 4000);
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1); /* every worker reaped */
+    assert_int_equal(errno, ECHILD);
+    assert_true(file_contains(h.log_path, "worker 0 (generation"));
+    assert_true(file_contains(h.log_path, "failed to boot (exit 2) and no worker was ever ready"));
+    unsigned nsets;
+    assert_int_equal(ready_count(&h, &nsets), 0);
+    harness_finish(&h);
+}
+
+/* An exec that fails at the start is a failed boot too (no such interpreter). */
+static void test_boot_failure_of_a_spawn_ends_the_run(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c =
+        base_config(&h, (const char *const[]){"/nonexistent/shmipc-worker", NULL}, 2);
+    c.end_on_boot_failure = 1;
+    harness_start(&h, &c);
+    assert_int_equal(pthread_join(h.th, NULL), 0);
+    h.running = 0;
+    assert_int_equal(h.rc, SHMIPC__SUP_BOOT_FAILED);
+    assert_true(file_contains(h.log_path, "failed to boot (it could not be started)"));
+    harness_finish(&h);
+}
+
+/* Once a worker was ready, a worker that dies (before or after its own ready line) is restarted
+ * with back-off, end_on_boot_failure or not. */
+static void test_boot_failure_only_before_any_ready(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(
+        &h,
+        SH("a={address}; a=${a%-*}; if [ \"${a##*-}\" = 0 ]; then echo \"ready on {address}\"; "
+           "exec sleep 30; else sleep 1; exit 2; fi"),
+        2);
+    c.end_on_boot_failure = 1;
+    c.backoff_min_ms = 10;
+    harness_start(&h, &c);
+    wait_ready(&h, 1, 10000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w = {0};
+    uint64_t end = ms_now() + 10000;
+    do {
+        assert_true(ms_now() < end);
+        sleep_ms(20);
+        assert_true(slot_of(&h, gen, 1, &w));
+    } while (w.restarts < 1);
+    assert_true(slot_of(&h, gen, 0, &w));
+    assert_int_equal(w.state, SHMIPC__SUP_READY);
+    assert_false(file_contains(h.log_path, "failed to boot ("));
+    harness_finish(&h); /* the run still ran: stopped with rc 0 */
+}
+
 static void test_crash_loop_delay_caps_at_max(void **state)
 {
     (void)state;
@@ -1931,6 +2011,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_workers_ready_with_unique_addresses),
         cmocka_unit_test(test_kill9_restarts_with_a_new_pid),
         cmocka_unit_test(test_crash_loop_backs_off),
+        cmocka_unit_test(test_boot_failure_ends_the_run),
+        cmocka_unit_test(test_boot_failure_of_a_spawn_ends_the_run),
+        cmocka_unit_test(test_boot_failure_only_before_any_ready),
         cmocka_unit_test(test_crash_loop_delay_caps_at_max),
         cmocka_unit_test(test_backoff_resets_after_a_healthy_run),
         cmocka_unit_test(test_spawn_rate_is_capped),

@@ -470,6 +470,51 @@ def test_print_and_exit_options_report_a_write_error(tmp_path, into):
         assert "shmipc-serve: write error" in r.stderr, (args, r.stderr)
 
 
+def processes_in(directory):
+    """The live processes whose working directory is `directory` (the workers run there)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == str(directory) and alive(int(pid)):
+                    out.append(int(pid))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.mark.parametrize("case", ["missing module", "syntax error", "missing callable"])
+def test_app_that_cannot_load_at_the_start_exits_3(tmp_path, case):
+    """Regression: an app that cannot be imported at the start had its workers restarted with
+    back-off for good, shmipc-serve running and serving nothing. As gunicorn ("Worker failed
+    to boot"), a worker that fails before any worker of the run was ever ready now ends the
+    run: the others are stopped, the worker's error is on stderr, exit status 3, within 10 s,
+    no process left."""
+    (tmp_path / "cliapp.py").write_text(APP)
+    (tmp_path / "broken.py").write_text("def app(environ, start_response)\n    return []\n")
+    app = {"missing module": "nosuchmodule:app", "syntax error": "broken:app",
+           "missing callable": "cliapp:nope"}[case]
+    says = {"missing module": "No module named 'nosuchmodule'", "syntax error": "SyntaxError",
+            "missing callable": "AttributeError"}[case]
+    p = subprocess.Popen(
+        [SERVE, app, "--chdir", str(tmp_path), "--listen", "127.0.0.1:0", "--workers", "3",
+         "--python", "/usr/bin/python3", "--graceful-timeout", "10"],
+        env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = p.communicate(timeout=10)
+        assert p.returncode == 3, err
+        assert f"cannot load {app}" in err and says in err, err
+        assert "failed to boot" in err and "listening on" not in err, err
+        deadline = time.monotonic() + 5
+        while processes_in(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_in(tmp_path) == []
+    finally:
+        kill_tree(p)
+        for pid in processes_in(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+
+
 def wchan(pid):
     try:
         with open(f"/proc/{pid}/wchan") as f:
