@@ -25,3 +25,14 @@ pid_t shmipc__pid(void)
     /* Without the handler (out of memory when registering), the system call every time. */
     return cached_ok ? __atomic_load_n(&cached, __ATOMIC_RELAXED) : getpid();
 }
+
+int shmipc__unref(pid_t made_in, pthread_mutex_t *mu, int *refs)
+{
+    int last;
+    if (shmipc__foreign(made_in))
+        return --*refs == 0;
+    pthread_mutex_lock(mu);
+    last = --*refs == 0;
+    pthread_mutex_unlock(mu);
+    return last;
+}

@@ -8,6 +8,7 @@
 #ifndef SHMIPC_CORE_PROC_H
 #define SHMIPC_CORE_PROC_H
 
+#include <pthread.h>
 #include <sys/types.h>
 
 /*
@@ -22,5 +23,14 @@ static inline int shmipc__foreign(pid_t made_in)
 {
     return made_in != shmipc__pid();
 }
+
+/*
+ * Drops one of an object's references, `*refs`, which is counted under `mu`, and returns 1
+ * when it was the last (the caller then frees the object). In a process other than `made_in`
+ * the lock is not taken: a lock that a parent thread held at the fork is held for good in the
+ * child, whose copy is closed from one thread (docs/ipc.md, "fork"); a call the parent had in
+ * flight at the fork then keeps the child's copy until the child exits.
+ */
+int shmipc__unref(pid_t made_in, pthread_mutex_t *mu, int *refs);
 
 #endif

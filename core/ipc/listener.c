@@ -348,17 +348,8 @@ static int listener_enter(shmipc_listener *l)
 
 static void listener_leave(shmipc_listener *l)
 {
-    int last;
-    /* A fork child takes no lock of its parent's objects (listener_destroy_local). A call the
-     * parent had in flight at the fork keeps the child's copy until the child exits. */
-    if (shmipc__foreign(l->pid)) {
-        last = --l->refs == 0;
-    } else {
-        pthread_mutex_lock(&l->mu);
-        last = --l->refs == 0;
-        pthread_mutex_unlock(&l->mu);
-    }
-    if (last)
+    /* In a fork child without the lock (listener_destroy_local frees the child's copy). */
+    if (shmipc__unref(l->pid, &l->mu, &l->refs))
         listener_destroy(l);
 }
 

@@ -120,16 +120,8 @@ static int manager_enter(shmipc_session_manager *m)
 
 static void manager_leave(shmipc_session_manager *m)
 {
-    int last;
-    /* A fork child takes no lock of its parent's objects (common/proc.h). */
-    if (shmipc__foreign(m->pid)) {
-        last = --m->refs == 0;
-    } else {
-        pthread_mutex_lock(&m->life_mu);
-        last = --m->refs == 0;
-        pthread_mutex_unlock(&m->life_mu);
-    }
-    if (last)
+    /* In a fork child without the lock (common/proc.h). */
+    if (shmipc__unref(m->pid, &m->life_mu, &m->refs))
         manager_destroy(m);
 }
 

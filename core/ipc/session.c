@@ -206,20 +206,11 @@ void shmipc__session_on_free(shmipc_session *s, void (*fn)(void *arg), void *arg
 
 void shmipc__session_release(shmipc_session *s)
 {
-    int last;
     /*
-     * A fork child takes no lock of its parent's objects: one that a parent thread held at the
-     * fork is held for good in the child. The child's copy is closed from one thread (docs/ipc.md,
-     * "fork"); a call the parent had in flight then keeps the copy until the child exits.
+     * In a fork child without the lock (common/proc.h). mu is taken bare, not by
+     * shmipc__session_lock(): nothing logs while the count drops, so no record waits for it.
      */
-    if (shmipc__session_foreign(s)) {
-        last = --s->refs == 0;
-    } else {
-        shmipc__session_lock(s);
-        last = --s->refs == 0;
-        shmipc__session_unlock(s);
-    }
-    if (last)
+    if (shmipc__unref(s->pid, &s->mu, &s->refs))
         session_destroy(s);
 }
 
