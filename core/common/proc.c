@@ -36,3 +36,18 @@ int shmipc__unref(pid_t made_in, pthread_mutex_t *mu, int *refs)
     pthread_mutex_unlock(mu);
     return last;
 }
+
+void shmipc__thread_signals_block(sigset_t *old)
+{
+    static const int faults[] = {SIGBUS, SIGSEGV, SIGFPE, SIGILL, SIGTRAP, SIGSYS};
+    sigset_t quiet;
+    sigfillset(&quiet);
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++)
+        sigdelset(&quiet, faults[i]);
+    pthread_sigmask(SIG_SETMASK, &quiet, old);
+}
+
+void shmipc__thread_signals_restore(const sigset_t *old)
+{
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}

@@ -9,6 +9,7 @@
 #define SHMIPC_CORE_PROC_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <sys/types.h>
 
 /*
@@ -32,5 +33,25 @@ static inline int shmipc__foreign(pid_t made_in)
  * flight at the fork then keeps the child's copy until the child exits.
  */
 int shmipc__unref(pid_t made_in, pthread_mutex_t *mu, int *refs);
+
+/*
+ * Around the pthread_create() of a library thread (a reactor worker, a listener's handshake):
+ * blocks every process signal in the calling thread, keeping its mask in `old`, so that the new
+ * thread inherits that mask; shmipc__thread_signals_restore() then puts `old` back.
+ *
+ * Process signals stay with the application's threads: one the kernel delivered to a library
+ * thread wakes none of the application's waits (CPython runs its handlers on its main thread
+ * only: a main thread asleep in select() slept through its SIGTERM).
+ *
+ * The synchronous fault signals (SIGBUS, SIGSEGV, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay open. A
+ * fault signal is sent to the thread that faulted and cannot wait: when it is blocked, Linux
+ * unblocks it and resets it to the default action, so the process dies and no handler runs
+ * (POSIX leaves it undefined). That would kill the process from a peer's truncated file (the
+ * SIGBUS guard, shm/guard.h, turns it into the end of one session on the thread that touched
+ * the mapping, a handshake thread reading the peer's layout too) and hide a crash from the
+ * application's handlers (Python's faulthandler, a crash reporter, a sanitizer).
+ */
+void shmipc__thread_signals_block(sigset_t *old);
+void shmipc__thread_signals_restore(const sigset_t *old);
 
 #endif

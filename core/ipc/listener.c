@@ -185,7 +185,7 @@ static void reap_handshakes(shmipc_listener *l, int all)
 static void start_handshake(shmipc_listener *l, int fd)
 {
     struct shmipc__handshake *h = NULL;
-    sigset_t all, old;
+    sigset_t old;
     pthread_attr_t attr;
     int rc = 0, abort_fd, closing = 0;
     reap_handshakes(l, 0);
@@ -198,11 +198,14 @@ static void start_handshake(shmipc_listener *l, int fd)
         close(fd);
         return;
     }
-    /* Signals stay with the application's threads: the handshake thread blocks them all. */
-    sigfillset(&all);
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, HANDSHAKE_STACK);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
+    /*
+     * Process signals stay with the application's threads. The faults stay open: the handshake
+     * reads the peer's shared memory, and a SIGBUS there (the peer shrank its file) must reach
+     * the SIGBUS guard, not kill the process as a blocked fault does (common/proc.h).
+     */
+    shmipc__thread_signals_block(&old);
     /* Created under mu: the thread cannot say it is done before its slot is filled in. */
     pthread_mutex_lock(&l->mu);
     /* Checked again under mu, which shutdown takes to set it: no thread slips in after. */
@@ -216,7 +219,7 @@ static void start_handshake(shmipc_listener *l, int fd)
             h->used = 0;
     }
     pthread_mutex_unlock(&l->mu);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    shmipc__thread_signals_restore(&old);
     pthread_attr_destroy(&attr);
     if (h != NULL && rc == 0)
         return;

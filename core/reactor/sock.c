@@ -10,6 +10,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/proc.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -624,22 +625,9 @@ int shmipc__workers_start(const struct shmipc__workers_opts *opts, struct shmipc
         if (rc < 0)
             goto err;
     }
-    /*
-     * Process signals stay with the application's threads, as the listener's handshake threads
-     * leave them: one the kernel delivered to a reactor thread woke none of the application's
-     * waits (CPython runs its handlers on its main thread only, so a main thread asleep in
-     * select() slept through its SIGTERM). The faults stay open: the SIGBUS guard (shm/guard.h)
-     * handles a truncated peer mapping on the thread that touched it, and a blocked fault kills.
-     */
-    sigset_t quiet, old;
-    sigfillset(&quiet);
-    sigdelset(&quiet, SIGBUS);
-    sigdelset(&quiet, SIGSEGV);
-    sigdelset(&quiet, SIGFPE);
-    sigdelset(&quiet, SIGILL);
-    sigdelset(&quiet, SIGTRAP);
-    sigdelset(&quiet, SIGSYS);
-    pthread_sigmask(SIG_SETMASK, &quiet, &old);
+    /* Process signals stay with the application's threads, the faults open (common/proc.h). */
+    sigset_t old;
+    shmipc__thread_signals_block(&old);
     rc = 0;
     for (unsigned i = 0; i < g->count; i++) {
         g->w[i].group = g;
@@ -650,7 +638,7 @@ int shmipc__workers_start(const struct shmipc__workers_opts *opts, struct shmipc
         g->w[i].started = 1;
         started++;
     }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    shmipc__thread_signals_restore(&old);
     if (rc != 0) {
         rc = shmipc__fail_errno(rc, "workers: pthread_create");
         goto err;

@@ -8,11 +8,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -869,6 +871,98 @@ static void close_with_handshakes_in_flight_leaks_nothing(void **state)
     assert_int_equal(ipc_count_dir("/proc/self/task"), threads);
 }
 
+/* The signal mask (SigBlk) of each thread of this process, by tid; returns how many. */
+static int thread_masks(pid_t *tid, unsigned long long *mask, int cap)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+    assert_non_null(d);
+    while ((e = readdir(d)) != NULL && n < cap) {
+        char path[sizeof "/proc/self/task//status" + sizeof e->d_name], line[256];
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue; /* the thread ended meanwhile */
+        while (fgets(line, sizeof line, f) != NULL)
+            if (strncmp(line, "SigBlk:", 7) == 0) {
+                tid[n] = (pid_t)atoi(e->d_name);
+                mask[n++] = strtoull(line + 7, NULL, 16);
+            }
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+#define SIG_BIT(sig) (1ull << ((sig)-1))
+
+/*
+ * The mask of the one thread that is not in `old`, once it has set it: glibc starts a thread
+ * with every signal blocked until it puts the mask it inherited in place, so a mask with the
+ * faults blocked is looked at again, for up to 5 s.
+ */
+static unsigned long long new_thread_mask(const pid_t *old, int nold)
+{
+    enum { CAP = 256 };
+    pid_t tid[CAP];
+    unsigned long long mask[CAP], m = 0;
+    uint64_t t0 = ipc_now_ms();
+    int found;
+    do {
+        int n = thread_masks(tid, mask, CAP);
+        found = 0;
+        for (int i = 0; i < n; i++) {
+            int seen = 0;
+            for (int j = 0; j < nold && !seen; j++)
+                seen = old[j] == tid[i];
+            if (!seen) {
+                found++;
+                m = mask[i];
+            }
+        }
+        assert_int_equal(found, 1);
+        if (!(m & SIG_BIT(SIGBUS)))
+            break;
+        usleep(1000);
+    } while (ipc_now_ms() - t0 < 5000);
+    return m;
+}
+
+/*
+ * Regression: a handshake thread blocked every signal, the faults too. It reads the peer's
+ * shared memory (the queue and buffer layout), and a peer that shrank its file under the
+ * mapping then raised a SIGBUS that was blocked: Linux delivers a blocked fault signal with
+ * its default action, so the whole server died instead of the SIGBUS guard failing that one
+ * handshake. Now the handshake thread blocks the process signals (they stay with the
+ * application's threads) and leaves the faults open, as the reactor's threads do.
+ */
+static void handshake_thread_leaves_faults_open(void **state)
+{
+    (void)state;
+    enum { CAP = 256 };
+    pid_t before[CAP];
+    unsigned long long before_mask[CAP];
+    int stall, nbefore = thread_masks(before, before_mask, CAP);
+    shmipc_listener *l = listen_with_stallers("listener-mask", &stall, 1);
+    shmipc_session *s;
+    /* The staller's handshake thread now waits for it, for STALL_TIMEOUT_MS. */
+    assert_int_equal(shmipc_listener_accept(l, 0, &s), SHMIPC_EAGAIN);
+    unsigned long long m = new_thread_mask(before, nbefore);
+    assert_true(m & SIG_BIT(SIGTERM));
+    assert_true(m & SIG_BIT(SIGINT));
+    assert_true(m & SIG_BIT(SIGHUP));
+    assert_true(m & SIG_BIT(SIGUSR1));
+    assert_false(m & SIG_BIT(SIGBUS));
+    assert_false(m & SIG_BIT(SIGSEGV));
+    assert_false(m & SIG_BIT(SIGFPE));
+    assert_false(m & SIG_BIT(SIGILL));
+    close(stall);
+    shmipc_listener_close(l);
+}
+
 /* Beyond 64 handshakes in flight, a new client is disconnected at once. */
 static void handshakes_in_flight_are_bounded(void **state)
 {
@@ -1440,6 +1534,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(stalling_clients_do_not_delay_accept),
         cmocka_unit_test(stalling_clients_do_not_delay_serve),
         cmocka_unit_test(close_with_handshakes_in_flight_leaks_nothing),
+        cmocka_unit_test(handshake_thread_leaves_faults_open),
         cmocka_unit_test(handshakes_in_flight_are_bounded),
         cmocka_unit_test(handshake_accepted_as_shutdown_lands_is_cut_off),
         cmocka_unit_test(close_races_connecting_clients),

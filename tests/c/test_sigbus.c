@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/proc.h"
 #include "ipc_helpers.h"
 #include "shm/guard.h"
 #include "shm/mapping.h"
@@ -54,6 +55,38 @@ static void test_truncated_mapping_reads_zeros(void **state)
     assert_int_equal(p[0], 0);
     p[100] = 7;
     assert_int_equal(p[100], 7);
+    shmipc__mapping_unmap(&m);
+}
+
+static void *touch_far_page(void *arg)
+{
+    volatile uint8_t *p = arg;
+    return (void *)(uintptr_t)p[512 * 1024];
+}
+
+/*
+ * A library thread (a reactor worker, a listener's handshake) starts with the process signals
+ * blocked (common/proc.h) but the faults open: a truncation it touches reaches the guard. With
+ * SIGBUS blocked too, as handshake threads had it, Linux killed the whole process instead.
+ */
+static void test_library_thread_reaches_the_guard(void **state)
+{
+    (void)state;
+    struct shmipc__mapping m;
+    pthread_t t;
+    sigset_t old;
+    void *seen;
+    shmipc__mapping_init(&m);
+    assert_int_equal(shmipc__mapping_create_memfd(&m, "/sigbus-thread", 1u << 20), 0);
+    memset(m.base, 0xa5, m.size);
+    assert_int_equal(ftruncate(m.fd, 4096), 0);
+    shmipc__thread_signals_block(&old);
+    int rc = pthread_create(&t, NULL, touch_far_page, m.base);
+    shmipc__thread_signals_restore(&old);
+    assert_int_equal(rc, 0);
+    assert_int_equal(pthread_join(t, &seen), 0);
+    assert_int_equal((uintptr_t)seen, 0);
+    assert_int_equal(shmipc__mapping_damaged(&m), 1);
     shmipc__mapping_unmap(&m);
 }
 
@@ -615,6 +648,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_truncated_mapping_reads_zeros),
         cmocka_unit_test(test_intact_mapping_is_not_damaged),
+        cmocka_unit_test(test_library_thread_reaches_the_guard),
         cmocka_unit_test(test_unguarded_sigbus_still_kills),
         cmocka_unit_test(test_earlier_handler_is_chained),
         cmocka_unit_test(test_reraising_handler_does_not_loop),
