@@ -163,6 +163,35 @@ static void on_sigbus(int sig, siginfo_t *info, void *ctx)
     errno = saved_errno;
 }
 
+/*
+ * fork() (the fork rule, common/proc.h): a fork child's close of the sessions it inherited
+ * unregisters their mappings, so the child needs the registry as a consistent, free copy. The
+ * lock is taken before the fork and let go on both sides after it, as glibc does with malloc's
+ * locks: a lock another thread of the parent held at the fork would be held for good in the
+ * child, whose close then hung. A holder only makes system calls and allocates (nothing it
+ * logs is logged under the lock), so the fork waits for it briefly.
+ */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&registry_mu);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&registry_mu);
+}
+
+/*
+ * The child has one thread, the one that forked, and it is in no handler of ours: a handler
+ * another thread had in flight at the fork never finishes here, and would make every
+ * unregister in the child wait for it forever.
+ */
+static void fork_child(void)
+{
+    atomic_store(&in_flight, 0);
+    pthread_mutex_unlock(&registry_mu);
+}
+
 /* The knob, read once: SHMIPC_SIGBUS_GUARD=0 turns the guard off. */
 static int wanted;
 
@@ -173,6 +202,11 @@ static void read_knob(void)
     if (knob != NULL && wanted && strcmp(knob, "1") != 0)
         SHMIPC__LOG(SHMIPC__LOG_WARN, "SHMIPC_SIGBUS_GUARD=\"%s\": use 0 or 1; guard stays on",
                     knob);
+    /* Out of memory: no guard rather than fork children that may hang in their close. */
+    if (wanted && pthread_atfork(fork_prepare, fork_parent, fork_child) != 0) {
+        wanted = 0;
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "SIGBUS guard: pthread_atfork failed; guard off");
+    }
 }
 
 /*
@@ -180,26 +214,23 @@ static void read_knob(void)
  * registration under registry_mu: a handler installed after ours (a test framework, Python's
  * faulthandler) is chained behind ours again from the next mapping on.
  */
-static void install_locked(void)
+static int install_locked(void)
 {
     struct sigaction cur, sa;
-    if (sigaction(SIGBUS, NULL, &cur) != 0) {
-        SHMIPC__LOG(SHMIPC__LOG_WARN, "SIGBUS guard: sigaction failed; guard off");
-        return;
-    }
+    if (sigaction(SIGBUS, NULL, &cur) != 0)
+        return -1;
     if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)
-        return;
+        return 0;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     /* Nothing may interrupt the swap (another handler touching the same mapping would spin). */
     sigfillset(&sa.sa_mask);
     previous = cur;
-    if (sigaction(SIGBUS, &sa, NULL) != 0) {
-        SHMIPC__LOG(SHMIPC__LOG_WARN, "SIGBUS guard: sigaction failed; guard off");
-        return;
-    }
+    if (sigaction(SIGBUS, &sa, NULL) != 0)
+        return -1;
     atomic_store(&installed, 1);
+    return 0;
 }
 
 int shmipc__guard_active(void)
@@ -232,7 +263,8 @@ struct shmipc__guard_slot *shmipc__guard_register(void *base, size_t len)
         return NULL;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     pthread_mutex_lock(&registry_mu);
-    install_locked();
+    /* Logged after the unlock: a log sink may wait for what a fork in progress holds. */
+    int refused = install_locked() < 0;
     struct shmipc__guard_slot *s = atomic_load(&installed) ? claim_locked() : NULL;
     if (s != NULL) {
         atomic_store_explicit(&s->len, (len + page - 1) / page * page, memory_order_relaxed);
@@ -241,6 +273,8 @@ struct shmipc__guard_slot *shmipc__guard_register(void *base, size_t len)
         atomic_store_explicit(&s->base, (uintptr_t)base, memory_order_release);
     }
     pthread_mutex_unlock(&registry_mu);
+    if (refused)
+        SHMIPC__LOG(SHMIPC__LOG_WARN, "SIGBUS guard: sigaction failed; guard off");
     if (s == NULL && atomic_load(&installed))
         SHMIPC__LOG(SHMIPC__LOG_WARN, "SIGBUS guard: out of memory; mapping %p not guarded", base);
     return s;

@@ -18,7 +18,8 @@
  * handler is put back in front at each registration, chaining to whatever was installed since.
  *
  * The registry is a list of fixed-size blocks that only grows; the handler reads it with
- * atomic loads and takes no lock.
+ * atomic loads and takes no lock. Its lock is held across fork() (pthread_atfork), so that a
+ * fork child can unregister the mappings it inherited (the fork rule, common/proc.h).
  */
 #ifndef SHMIPC_CORE_SHM_GUARD_H
 #define SHMIPC_CORE_SHM_GUARD_H

@@ -10,6 +10,8 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,7 @@
 #include "ipc_helpers.h"
 #include "shmipc.h"
 #include "ipc/session.h"
+#include "shm/mapping.h"
 
 #if defined(__SANITIZE_THREAD__)
 /* The fork rule: a child never joins its parent's threads (a handshake thread that had ended
@@ -251,12 +254,135 @@ static void fork_child_closes_inherited_v4_eventfd(void **state)
     child_closes_what_it_inherited(V4_EVENTFD);
 }
 
+/*
+ * A thread that keeps the SIGBUS guard busy until told to stop: it maps and unmaps shared
+ * memory (each mapping is registered and unregistered under the guard's registry lock), and
+ * with `fault` it shrinks each file first and touches a page past the end, so that the guard's
+ * handler is often in flight.
+ */
+struct guard_churn {
+    atomic_int stop;
+    int fault;
+    unsigned long rounds;
+};
+
+static void *guard_churn_main(void *arg)
+{
+    struct guard_churn *g = arg;
+    while (!atomic_load(&g->stop)) {
+        struct shmipc__mapping m;
+        shmipc__mapping_init(&m);
+        if (shmipc__mapping_create_memfd(&m, "/fork-churn", 1u << 16) < 0)
+            continue;
+        if (g->fault && ftruncate(m.fd, 0) == 0)
+            (void)*(volatile uint8_t *)((uint8_t *)m.base +
+                                        8192); /* SIGBUS, which the guard takes */
+        shmipc__mapping_unmap(&m);
+        g->rounds++;
+    }
+    return NULL;
+}
+
+/*
+ * Forks while the churn thread runs, up to FORKS times or for FORK_SECONDS; each child closes
+ * the session pair it inherited and exits. A child still there after CHILD_SECONDS hangs.
+ */
+enum { FORKS = 200, FORK_SECONDS = 5, CHILD_SECONDS = 5 };
+
+static void fork_while_guard_busy(int fault)
+{
+    shmipc_config *cfg = config_for(V3_MEMFD);
+    struct ipc_held before = ipc_held_now();
+    char address[128];
+    shmipc_listener *l;
+    shmipc_session *c, *s;
+    ipc_pick_address(address, sizeof address, fault ? "fork-guard-fault" : "fork-guard-map");
+    assert_int_equal(shmipc_listener_new(address, cfg, &l), 0);
+    ipc_connect_accept(l, address, cfg, &c, &s);
+
+    struct guard_churn g = {.fault = fault};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, guard_churn_main, &g), 0);
+    int forks = 0, hung = 0, failed = 0;
+    uint64_t t0 = ipc_now_ms();
+    while (forks < FORKS && ipc_now_ms() - t0 < FORK_SECONDS * 1000 && hung == 0) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            /* The guard's lock, or its count of handlers in flight, as the fork left them. */
+            shmipc_session_close(c);
+            shmipc_session_close(s);
+            shmipc_listener_close(l);
+            _exit(0);
+        }
+        forks++;
+        int status = 0;
+        pid_t got = 0;
+        uint64_t w0 = ipc_now_ms();
+        while ((got = waitpid(pid, &status, WNOHANG)) == 0 &&
+               ipc_now_ms() - w0 < CHILD_SECONDS * 1000)
+            usleep(1000);
+        if (got == 0) {
+            hung++;
+            kill(pid, SIGKILL);
+            assert_int_equal(waitpid(pid, &status, 0), pid);
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            failed++;
+        }
+    }
+    atomic_store(&g.stop, 1);
+    pthread_join(t, NULL);
+    print_message("%d forks, %lu mappings made meanwhile\n", forks, g.rounds);
+    assert_int_equal(hung, 0);
+    assert_int_equal(failed, 0);
+    assert_true(g.rounds > 0);
+    /* The parent's session is untouched. */
+    assert_int_equal(shmipc_session_status(c), 0);
+    shmipc_stream *cst;
+    assert_int_equal(shmipc_session_open_stream(c, &cst), 0);
+    shmipc_stream *sst = ipc_ping_pong(s, cst, NULL);
+    shmipc_stream_close(cst);
+    shmipc_stream_close(sst);
+    shmipc_session_close(c);
+    shmipc_session_close(s);
+    shmipc_listener_close(l);
+    ipc_assert_held(&before);
+    shmipc_config_free(cfg);
+}
+
+/*
+ * Regression: a fork child's close of an inherited session unregisters its mappings from the
+ * SIGBUS guard, under the guard's registry lock. When another thread of the parent held that
+ * lock at the fork (mapping or unmapping shared memory), the child's copy of it stayed held
+ * for good and the child's close hung forever. Now the guard takes the lock around fork()
+ * (pthread_atfork), so the child gets it free.
+ */
+static void fork_child_close_while_a_thread_maps(void **state)
+{
+    (void)state;
+    fork_while_guard_busy(0);
+}
+
+/*
+ * Regression: the same close waits until no SIGBUS handler is between its lookup and its last
+ * use of a slot. A handler in flight on another thread of the parent at the fork stayed counted
+ * in the child, where no thread ever finished it: the child's close spun forever. Now the
+ * count starts from zero in the child.
+ */
+static void fork_child_close_while_a_thread_faults(void **state)
+{
+    (void)state;
+    fork_while_guard_busy(1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fork_child_closes_inherited_v3),
         cmocka_unit_test(fork_child_closes_inherited_v2),
         cmocka_unit_test(fork_child_closes_inherited_v4_eventfd),
+        cmocka_unit_test(fork_child_close_while_a_thread_maps),
+        cmocka_unit_test(fork_child_close_while_a_thread_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
