@@ -1,5 +1,6 @@
 """pytest setup: the package is imported from the build tree (PYTHONPATH=<build>/python)."""
 import os
+import signal
 import sys
 
 import pytest
@@ -150,6 +151,46 @@ def python_env():
 
     pkg_parent = os.path.dirname(os.path.dirname(shmipc.__file__))
     return dict(os.environ, PYTHONPATH=pkg_parent)
+
+
+# ---- processes a test starts -----------------------------------------------------------
+
+
+def alive(pid):
+    """Whether process `pid` still runs. An exited process not yet reaped (a zombie) has
+    ended: a worker whose supervisor was killed is reparented to PID 1, which reaps on its
+    own schedule (every 2 s here, later under load), so a zombie must not count as alive."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def children(pid):
+    """The pids of the processes `pid` started (any of its threads)."""
+    out = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.update(int(c) for c in f.read().split())
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return {c for c in out if alive(c)}
+
+
+def kill_tree(p):
+    """Kills process `p` (a Popen) and the processes it started (shmipc-serve's workers, an
+    app's children), when a test left it running."""
+    if p.poll() is None:
+        for c in children(p.pid):
+            try:
+                os.kill(c, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it ended meanwhile
+        p.kill()
+        p.wait()
 
 
 def sigint_default():

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT, python_env, reserved_port, sigint_default
+from conftest import (BUILD, ROOT, alive, children, kill_tree, python_env, reserved_port,
+                      sigint_default)
 
 SERVE = os.path.join(BUILD, "serve", "shmipc-serve")
 
@@ -138,18 +139,6 @@ def wait_for(path, timeout=30):
     while not path.exists():
         assert time.monotonic() < deadline, f"{path.name} never appeared"
         time.sleep(0.01)
-
-
-def alive(pid):
-    """Whether process `pid` still runs. An exited process not yet reaped (a zombie) has
-    ended: a worker whose supervisor was killed is reparented to PID 1, which reaps on its
-    own schedule (every 2 s here, later under load), so a zombie must not count as alive."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_unique_bodies_across_workers(tmp_path):
@@ -1267,27 +1256,6 @@ def test_workers_refuse_a_client_of_another_uid(tmp_path, kind):
         assert s.request("GET", "/")[0] in (200, 201)
     finally:
         assert s.stop() == 0
-
-
-def children(pid):
-    """The pids of the processes `pid` started (any of its threads)."""
-    out = set()
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out.update(int(c) for c in f.read().split())
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return {c for c in out if alive(c)}
-
-
-def kill_tree(p):
-    """Kills shmipc-serve `p` and its workers, when a test left it running."""
-    if p.poll() is None:
-        for c in children(p.pid):
-            os.kill(c, signal.SIGKILL)
-        p.kill()
-        p.wait()
 
 
 def test_stderr_nobody_reads_stalls_no_supervision(tmp_path):

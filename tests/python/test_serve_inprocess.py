@@ -5,10 +5,13 @@ streaming iterables, write(), exc_info and close(); ASGI lifespan and http.disco
 concurrent clients with unique bodies on both backends; misuse."""
 import asyncio
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import logging
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +21,7 @@ from wsgiref.validate import validator
 
 import pytest
 
-from conftest import BUILD, python_env, unique_address
+from conftest import BUILD, kill_tree, python_env, unique_address
 from test_server import BACKENDS
 
 import shmipc
@@ -627,6 +630,48 @@ def test_heads_over_the_protocols_limits_get_the_fronts_answers():
     assert calls == ["/fine", "/big"]
 
 
+class InProcess:
+    """`python -m shmipc.serve --in-process --listen 127.0.0.1:0 ARGS...` run from `cwd`, as
+    Serve (test_serve_cli.py) runs shmipc-serve: started here, its port read from the
+    "listening on" line of its stdout (a failed start fails the test with what it read). Its
+    stderr goes to its stdout unless `stderr` says otherwise; a file descriptor given there
+    (a pipe's end) is the process's then, and closed here. As a context manager it kills what
+    the test left running, the app's children too (kill_tree)."""
+
+    def __init__(self, *args, cwd=None, env=None, stderr=subprocess.STDOUT, preexec_fn=None):
+        try:
+            self.p = subprocess.Popen(
+                [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
+                 *args], cwd=cwd, env=env or python_env(), stdout=subprocess.PIPE,
+                stderr=stderr, text=True, preexec_fn=preexec_fn)
+        finally:
+            if isinstance(stderr, int) and stderr >= 0:
+                os.close(stderr)
+        line = self.p.stdout.readline()
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        if not m:
+            self.close()
+            pytest.fail(f"python -m shmipc.serve did not listen (exit {self.p.returncode}): "
+                        f"{line!r}")
+        self.port = int(m.group(1))
+
+    def stop(self, timeout=20):
+        """SIGTERM, then its exit status (waiting up to `timeout` s)."""
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        return self.p.wait(timeout=timeout)
+
+    def close(self):
+        kill_tree(self.p)
+        self.p.stdout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 CLI_APP = '''
 import os
 
@@ -650,29 +695,13 @@ async def asgi(scope, receive, send):
 
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
 def test_cli_in_process(tmp_path, kind):
-    import re
-    import signal
-
     (tmp_path / "cliapp2.py").write_text(CLI_APP)
     log = tmp_path / "lifespan.log"
-    env = dict(python_env(), LIFESPAN_LOG=str(log))
-    argv = [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
-            "--workers", "2", "cliapp2:" + ("app" if kind == "wsgi" else "asgi")]
-    if kind == "asgi":
-        argv[4:4] = ["--asgi", "--concurrency", "64"]
-    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    try:
-        line = p.stdout.readline()
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-        assert m, line
-        assert request(int(m.group(1)), "GET", "/x")[::2] == (200, f"{kind} /x".encode())
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=20) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    args = ["--asgi", "--concurrency", "64"] if kind == "asgi" else []
+    with InProcess(*args, "--workers", "2", "cliapp2:" + ("app" if kind == "wsgi" else "asgi"),
+                   cwd=tmp_path, env=dict(python_env(), LIFESPAN_LOG=str(log))) as s:
+        assert request(s.port, "GET", "/x")[::2] == (200, f"{kind} /x".encode())
+        assert s.stop() == 0
     if kind == "asgi":
         assert log.read_text() == "lifespan.startup\nlifespan.shutdown\n"
 
@@ -683,39 +712,23 @@ def test_cli_in_process_tiny_graceful_timeout_stops_clean_when_idle(tmp_path, ki
     ("requests still in the WSGI app"): the stop itself takes longer than 1 ns, and any stop
     not done at the timeout counted as one with requests left. With none in the app the stop
     is clean whatever the timeout (exit 0), an idle keep-alive connection included."""
-    import re
-    import signal
-
     (tmp_path / "cliapp3.py").write_text(CLI_APP)
-    argv = [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
-            "--workers", "2", "--graceful-timeout", "1e-9",
-            "cliapp3:" + ("app" if kind == "wsgi" else "asgi")]
-    if kind == "asgi":
-        argv[4:4] = ["--asgi"]
     log = tmp_path / "lifespan.log"
-    p = subprocess.Popen(argv, cwd=tmp_path, env=dict(python_env(), LIFESPAN_LOG=str(log)),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    idle = None
-    try:
-        line = p.stdout.readline()
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-        assert m, line
-        port = int(m.group(1))
-        assert request(port, "GET", "/x")[::2] == (200, f"{kind} /x".encode())
-        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        idle.request("GET", "/y")
-        assert idle.getresponse().read() == f"{kind} /y".encode()  # left open, idle
-        p.send_signal(signal.SIGTERM)
-        rc = p.wait(timeout=20)
-        out = p.stdout.read()
-        assert rc == 0, out
-        assert "still in the" not in out
-    finally:
-        if idle is not None:
+    args = ["--asgi"] if kind == "asgi" else []
+    with InProcess(*args, "--workers", "2", "--graceful-timeout", "1e-9",
+                   "cliapp3:" + ("app" if kind == "wsgi" else "asgi"), cwd=tmp_path,
+                   env=dict(python_env(), LIFESPAN_LOG=str(log))) as s:
+        assert request(s.port, "GET", "/x")[::2] == (200, f"{kind} /x".encode())
+        idle = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+        try:
+            idle.request("GET", "/y")
+            assert idle.getresponse().read() == f"{kind} /y".encode()  # left open, idle
+            rc = s.stop()
+            out = s.p.stdout.read()
+            assert rc == 0, out
+            assert "still in the" not in out
+        finally:
             idle.close()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     if kind == "asgi":
         assert log.read_text() == "lifespan.startup\nlifespan.shutdown\n"
 
@@ -766,21 +779,9 @@ def test_cli_in_process_server_refusals_are_one_line(tmp_path, kind):
 def test_cli_sigterm_right_after_listening_stops_it():
     # A SIGTERM between start() and run() once stopped the server and run() started it again:
     # the process never ended. Sent here as soon as the "listening" line is read.
-    import signal
-
     for _ in range(5):
-        p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process", "--listen",
-                              "127.0.0.1:0", "--workers", "1", "os:getcwd"],
-                             env=python_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-        try:
-            assert "listening on" in p.stdout.readline()
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(timeout=20) == 0
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        with InProcess("--workers", "1", "os:getcwd") as s:
+            assert s.stop() == 0
 
 
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
@@ -1142,53 +1143,38 @@ async def app(scope, receive, send):
 '''
 
 
+@contextlib.contextmanager
 def _cli_with_a_request_in_the_app(tmp, module, text, *args, env=None):
-    """`python -m shmipc.serve --in-process ARGS... --graceful-timeout 1 module:app` in tmp,
-    with one GET under way from a thread of ours: (process, thread, [its status or error])."""
-    import re
-
+    """`python -m shmipc.serve --in-process ARGS... --graceful-timeout 1 module:app` in tmp
+    (InProcess), with one GET under way from a thread of ours: (InProcess, thread, [its
+    status or error])."""
     with open(os.path.join(tmp, module + ".py"), "w") as f:
         f.write(text)
-    p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process", *args,
-                          "--listen", "127.0.0.1:0", "--workers", "2", "--graceful-timeout", "1",
-                          module + ":app"], cwd=tmp, env=env or python_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
-    if not m:
-        p.kill()
-        p.communicate()
-        pytest.fail("python -m shmipc.serve did not listen")
-    got = []
+    with InProcess(*args, "--workers", "2", "--graceful-timeout", "1", module + ":app", cwd=tmp,
+                   env=env) as s:
+        got = []
 
-    def ask():
-        try:
-            got.append(request(int(m.group(1)), "GET", "/")[0])
-        except OSError as e:
-            got.append(repr(e))
+        def ask():
+            try:
+                got.append(request(s.port, "GET", "/")[0])
+            except OSError as e:
+                got.append(repr(e))
 
-    t = threading.Thread(target=ask, daemon=True)
-    t.start()
-    return p, t, got
+        t = threading.Thread(target=ask, daemon=True)
+        t.start()
+        yield s, t, got
 
 
 def test_cli_asgi_request_that_never_ends_does_not_hold_the_stop(tmp_path):
     # server.stop() waited for the request in the app for good, and SIGTERM and SIGINT were
     # only flags: the process had to be killed. Past --graceful-timeout it is cancelled.
-    import signal
-
     log = str(tmp_path / "lifespan.log")
-    p, t, got = _cli_with_a_request_in_the_app(str(tmp_path), "longpoll", LONG_POLL_APP,
-                                               "--asgi", env=dict(python_env(), LIFESPAN_LOG=log))
-    try:
+    with _cli_with_a_request_in_the_app(str(tmp_path), "longpoll", LONG_POLL_APP, "--asgi",
+                                        env=dict(python_env(), LIFESPAN_LOG=log)) as (s, t, got):
         t.join(0.5)  # the request is in the app now
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=15) == 0
+        assert s.stop(timeout=15) == 0
         t.join(10)
         assert not t.is_alive() and got == [500]
-    finally:
-        if p.poll() is None:
-            p.kill()
-        p.communicate()
     with open(log) as f:
         assert f.read() == "lifespan.startup\nlifespan.shutdown\n"
 
@@ -1197,10 +1183,7 @@ def test_cli_asgi_app_that_ignores_the_cancel_does_not_hold_the_stop(tmp_path):
     # Past --graceful-timeout the request still in the app is cancelled; an app that swallows
     # the cancel held route.close() for the route's lifespan timeout plus one (31 s), whatever
     # --graceful-timeout said. The cancelled requests now have 1 s, then get their 500.
-    import signal
-    import time
-
-    p, t, got = _cli_with_a_request_in_the_app(str(tmp_path), "deaf", (
+    with _cli_with_a_request_in_the_app(str(tmp_path), "deaf", (
         "import asyncio\n"
         "async def app(scope, receive, send):\n"
         "    if scope['type'] != 'http':\n"
@@ -1210,53 +1193,41 @@ def test_cli_asgi_app_that_ignores_the_cancel_does_not_hold_the_stop(tmp_path):
         "        try:\n"
         "            await asyncio.sleep(60)\n"
         "        except asyncio.CancelledError:\n"
-        "            pass\n"), "--asgi")
-    try:
-        assert "in the app" in p.stdout.readline()
+        "            pass\n"), "--asgi") as (s, t, got):
+        assert "in the app" in s.p.stdout.readline()
         began = time.monotonic()
-        p.send_signal(signal.SIGTERM)
+        s.p.send_signal(signal.SIGTERM)
         try:
-            out, _ = p.communicate(timeout=20)
+            out, _ = s.p.communicate(timeout=20)
         except subprocess.TimeoutExpired:
             pytest.fail("an ASGI app that ignores the cancel held SIGTERM past 20 s")
         took = time.monotonic() - began
-        assert p.returncode == 0, out
+        assert s.p.returncode == 0, out
         assert took < 8, (took, out)  # 1 s graceful + 1 s for the cancel, with room for CI
         assert "ignored the cancel" in out, out
         t.join(10)
         assert not t.is_alive() and got == [500], got
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
 
 
 def test_cli_wsgi_request_that_never_returns_does_not_hold_the_stop(tmp_path):
     # Past --graceful-timeout only ASGI requests were dealt with: a WSGI call that never
     # returns held server.stop(), and the process, for good; a second SIGTERM was only the
     # flag again. Now the process ends past the timeout (exit 4), as the pool's SIGKILL would.
-    import signal
-
-    p, t, _ = _cli_with_a_request_in_the_app(str(tmp_path), "stuck", (
-        "import threading\n"
-        "def app(environ, start_response):\n"
-        "    print('in the app', flush=True)\n"
-        "    threading.Event().wait()\n"))
-    try:
-        assert "in the app" in p.stdout.readline()
-        p.send_signal(signal.SIGTERM)
+    with _cli_with_a_request_in_the_app(str(tmp_path), "stuck", (
+            "import threading\n"
+            "def app(environ, start_response):\n"
+            "    print('in the app', flush=True)\n"
+            "    threading.Event().wait()\n")) as (s, t, _):
+        assert "in the app" in s.p.stdout.readline()
+        s.p.send_signal(signal.SIGTERM)
         try:
-            out, _ = p.communicate(timeout=15)
+            out, _ = s.p.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             pytest.fail("a WSGI request that never returns held SIGTERM past the timeout")
-        assert p.returncode == 4, out
+        assert s.p.returncode == 4, out
         assert "still in the WSGI app after --graceful-timeout 1 s" in out
         t.join(10)
         assert not t.is_alive()  # the client sees the connection end
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
 
 
 def test_asgi_loop_closes_an_unstarted_server_of_its_own_at_once():
@@ -1600,67 +1571,52 @@ def test_cli_in_process_stderr_nobody_reads_stalls_no_request(tmp_path, kind):
     that log ~700 bytes each (a tenth raising: a traceback) into an unread pipe are all
     answered; then the pipe is read, and the next line says what was dropped."""
     import fcntl
-    import re
-    import signal
 
     (tmp_path / "logapp.py").write_text(LOGGING_APP)
+    args = ["--asgi"] if kind == "asgi" else []
     r, w = os.pipe()
-    argv = [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
-            "--workers", "2", "logapp:" + ("app" if kind == "wsgi" else "asgi")]
-    if kind == "asgi":
-        argv[4:4] = ["--asgi"]
     try:
-        p = subprocess.Popen(argv, cwd=tmp_path, env=python_env(), stdout=subprocess.PIPE,
-                             stderr=w, text=True)
-    finally:
-        os.close(w)
-    try:
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
-        assert m
-        port = int(m.group(1))
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        deadline = time.monotonic() + 300
-        for i in range(1200):
-            assert time.monotonic() < deadline
-            path = "/raise" if i % 10 == 9 else "/x"
-            try:
-                c.request("GET", path)
-                resp = c.getresponse()
-                resp.read()
-            except OSError as e:  # a timeout: the server waits for stderr's reader
-                pytest.fail(f"request {i} got no answer: {e!r}")
-            assert resp.status == (500 if path == "/raise" else 200), i
-        c.close()
-        # Someone reads now: the next line that comes says how much was dropped.
-        fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_NONBLOCK)
-        got = b""
-
-        def drain():
-            nonlocal got
-            while True:
+        with InProcess(*args, "--workers", "2", "logapp:" + ("app" if kind == "wsgi" else "asgi"),
+                       cwd=tmp_path, stderr=w) as s:
+            c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+            deadline = time.monotonic() + 300
+            for i in range(1200):
+                assert time.monotonic() < deadline
+                path = "/raise" if i % 10 == 9 else "/x"
                 try:
-                    chunk = os.read(r, 65536)
-                except BlockingIOError:
-                    return
-                if not chunk:
-                    return
-                got += chunk
+                    c.request("GET", path)
+                    resp = c.getresponse()
+                    resp.read()
+                except OSError as e:  # a timeout: the server waits for stderr's reader
+                    pytest.fail(f"request {i} got no answer: {e!r}")
+                assert resp.status == (500 if path == "/raise" else 200), i
+            c.close()
+            # Someone reads now: the next line that comes says how much was dropped.
+            fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_NONBLOCK)
+            got = b""
 
-        drain()
-        assert request(port, "GET", "/x")[0] == 200
-        end = time.monotonic() + 10
-        while b"dropped" not in got and time.monotonic() < end:
-            time.sleep(0.05)
+            def drain():
+                nonlocal got
+                while True:
+                    try:
+                        chunk = os.read(r, 65536)
+                    except BlockingIOError:
+                        return
+                    if not chunk:
+                        return
+                    got += chunk
+
             drain()
-        text = got.decode(errors="replace")
-        assert re.search(r"python -m shmipc\.serve\[\d+\]: \d+ lines? \(\d+ bytes\) of "
-                         r"stderr dropped: nobody read them", text), text[-2000:]
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=30) == 0
+            assert request(s.port, "GET", "/x")[0] == 200
+            end = time.monotonic() + 10
+            while b"dropped" not in got and time.monotonic() < end:
+                time.sleep(0.05)
+                drain()
+            text = got.decode(errors="replace")
+            assert re.search(r"python -m shmipc\.serve\[\d+\]: \d+ lines? \(\d+ bytes\) of "
+                             r"stderr dropped: nobody read them", text), text[-2000:]
+            assert s.stop(timeout=30) == 0
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
         os.close(r)
 
 
@@ -1681,24 +1637,13 @@ def test_cli_in_process_children_of_the_app_keep_stderr(tmp_path):
     """Regression: the non-blocking stderr of `python -m shmipc.serve --in-process` was put on
     fd 2 close-on-exec, so a program the app started had no fd 2 (its next open() got it, and
     its error messages went into that file)."""
-    import re
-    import signal
-
     (tmp_path / "childapp.py").write_text(CHILD_APP)
     r, w = os.pipe()
     try:
-        p = subprocess.Popen([sys.executable, "-m", "shmipc.serve", "--in-process", "--listen",
-                              "127.0.0.1:0", "childapp:app"], cwd=tmp_path, env=python_env(),
-                             stdout=subprocess.PIPE, stderr=w, text=True)
+        with InProcess("childapp:app", cwd=tmp_path, stderr=w) as s:
+            assert request(s.port, "GET", "/")[::2] == (200, b"child=0")
+            s.stop(timeout=30)
     finally:
-        os.close(w)
-    try:
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
-        assert m
-        assert request(int(m.group(1)), "GET", "/")[::2] == (200, b"child=0")
-    finally:
-        p.send_signal(signal.SIGTERM)
-        p.wait(30)
         os.close(r)
 
 
@@ -1711,34 +1656,20 @@ def test_cli_in_process_with_stderr_closed_serves_and_logs_nowhere(tmp_path, kin
     finding no fd 2, wrote every log line to fd 2 anyway, which the next open() took (the wake
     pipe, a client's socket). fd 2 is /dev/null now: the app's log lines and tracebacks go
     nowhere, and every request is answered with its own bytes."""
-    import re
-    import signal
-
     (tmp_path / "logapp.py").write_text(LOGGING_APP)
-    argv = [sys.executable, "-m", "shmipc.serve", "--in-process", "--listen", "127.0.0.1:0",
-            "--workers", "2", "logapp:" + ("app" if kind == "wsgi" else "asgi")]
-    if kind == "asgi":
-        argv[4:4] = ["--asgi"]
-    p = subprocess.Popen(argv, cwd=tmp_path, env=python_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, preexec_fn=lambda: os.close(2))
-    try:
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", p.stdout.readline())
-        assert m, f"no start (exit {p.poll()})"
-        port = int(m.group(1))
-        assert os.readlink(f"/proc/{p.pid}/fd/2") == os.devnull
+    args = ["--asgi"] if kind == "asgi" else []
+    with InProcess(*args, "--workers", "2", "logapp:" + ("app" if kind == "wsgi" else "asgi"),
+                   cwd=tmp_path, stderr=subprocess.DEVNULL,
+                   preexec_fn=lambda: os.close(2)) as s:
+        assert os.readlink(f"/proc/{s.p.pid}/fd/2") == os.devnull
         for i in range(20):
             path = "/raise" if i % 4 == 3 else "/x"
-            status, _, body = request(port, "GET", path)
+            status, _, body = request(s.port, "GET", path)
             if path == "/x":
                 assert (status, body) == (200, b"ok"), i
             else:
                 assert status == 500 and b"the app failed" not in body, i
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=30) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        assert s.stop(timeout=30) == 0
 
 
 ADDR_APP = '''
