@@ -8,8 +8,6 @@ with the GIL held, and hands the return value to ``_normalize`` unless it is byt
 import atexit
 import json
 import logging
-import socket
-import sys
 import weakref
 from collections.abc import Mapping
 
@@ -67,21 +65,22 @@ class Headers(Mapping):
         return f"Headers({self.raw!r})"
 
 
-class Request:
+class Request(_shmipc._RequestBase):
     """One HTTP request, as a route handler gets it.
 
     Attributes: ``method`` ("GET"), ``path`` ("/items/7", without the query), ``query``
     (the text after "?", "" when there is none), ``wildcard`` (the part of the path a prefix
     route's "*" matched, else ""), ``version`` ("HTTP/1.1" or "HTTP/1.0"), ``headers``
     (:class:`Headers`), ``body`` (bytes, already de-chunked), ``client`` (the client's
-    ``(host, port)``, None on a unix listener). Everything is a copy: a Request may be kept
-    after the handler returned. ``json()`` parses the body; ``args`` is the query
+    ``(host, port)``, None on a unix listener; the address is kept as the kernel gave it, in
+    the C base, and decoded when read). Everything is a copy: a Request may be kept after the
+    handler returned. ``json()`` parses the body; ``args`` is the query
     parsed into a dict of lists (urllib.parse.parse_qs).
     """
 
-    __slots__ = ("method", "path", "query", "wildcard", "version", "_headers", "body", "_peer")
+    __slots__ = ("method", "path", "query", "wildcard", "version", "_headers", "body")
 
-    def __init__(self, method, path, query, wildcard, version, headers, body, peer=None):
+    def __init__(self, method, path, query, wildcard, version, headers, body):
         self.method = method
         self.path = path
         self.query = query
@@ -89,13 +88,6 @@ class Request:
         self.version = version
         self._headers = headers
         self.body = body
-        self._peer = peer
-
-    @property
-    def client(self):
-        """The client's ``(host, port)`` on a TCP listener; None on a unix one, or when the
-        kernel could not tell (the client already left)."""
-        return _inet_pair(self._peer)
 
     @property
     def headers(self):
@@ -212,19 +204,6 @@ def _normalize(result):
     if ctype is not None:
         pairs.insert(0, ("Content-Type", ctype))
     return status, pairs, body
-
-
-def _inet_pair(raw):
-    """(host, port) of an AF_INET or AF_INET6 sockaddr's bytes; None otherwise."""
-    if not raw or len(raw) < 8:
-        return None
-    family = int.from_bytes(raw[:2], sys.byteorder)
-    port = int.from_bytes(raw[2:4], "big")
-    if family == socket.AF_INET:
-        return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
-    if family == socket.AF_INET6 and len(raw) >= 24:
-        return socket.inet_ntop(socket.AF_INET6, raw[8:24]), port
-    return None
 
 
 def _log_error(exc, what):

@@ -408,6 +408,7 @@ static int module_exec(PyObject *module)
     ADD_TYPE(websocket_type, shmipcpy_websocket_spec, NULL);
     ADD_TYPE(pending_type, shmipcpy_pending_spec, NULL);
     ADD_TYPE(route_queue_type, shmipcpy_route_queue_spec, NULL);
+    ADD_TYPE(request_base_type, shmipcpy_request_base_spec, NULL);
 #undef ADD_TYPE
 
     PyObject *io = PyImport_ImportModule("io");
@@ -448,6 +449,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->websocket_type);
     Py_VISIT(st->pending_type);
     Py_VISIT(st->route_queue_type);
+    Py_VISIT(st->request_base_type);
     Py_VISIT(st->error);
     Py_VISIT(st->timeout_error);
     Py_VISIT(st->closed_error);
@@ -474,6 +476,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->websocket_type);
     Py_CLEAR(st->pending_type);
     Py_CLEAR(st->route_queue_type);
+    Py_CLEAR(st->request_base_type);
     Py_CLEAR(st->error);
     Py_CLEAR(st->timeout_error);
     Py_CLEAR(st->closed_error);

@@ -32,6 +32,8 @@ typedef struct {
     PyTypeObject *websocket_type;
     PyTypeObject *pending_type;
     PyTypeObject *route_queue_type;
+    PyTypeObject *request_base_type; /* the C half of shmipc.Request (request.c) */
+
     PyObject *error;          /* shmipc.Error(OSError) */
     PyObject *timeout_error;  /* + TimeoutError */
     PyObject *closed_error;   /* handle closed locally */
@@ -286,7 +288,7 @@ extern PyType_Spec shmipcpy_listener_spec;
 typedef struct {
     PyObject_HEAD shmipc_server *s;
     PyObject *handlers;  /* list: every route handler (the C contexts borrow them) */
-    PyObject *request;   /* shmipc._server.Request */
+    PyObject *request;   /* shmipc._server.Request (a _RequestBase) */
     PyObject *normalize; /* shmipc._server._normalize */
     PyObject *log_error; /* shmipc._server._log_error */
     PyObject *weakreflist;
@@ -322,6 +324,7 @@ module_state *shmipcpy_server_state(ServerObject *self);
 shmipc_server *shmipcpy_server_usable(ServerObject *self);
 
 /* request.c */
+extern PyType_Spec shmipcpy_request_base_spec;
 PyObject *shmipcpy_make_request(ServerObject *srv, const shmipc_http_request *req);
 void shmipcpy_log_exception(ServerObject *srv, const char *what);
 int shmipcpy_route_call(shmipc_http_request *req, shmipc_http_response *res, void *user_data);

@@ -29,14 +29,65 @@ static PyObject *str_of(const char *p, size_t len)
     return PyUnicode_DecodeLatin1(p ? p : "", (Py_ssize_t)len, NULL);
 }
 
+/*
+ * The C half of shmipc.Request (_server.py's Request subclasses it): the client's address as
+ * the kernel gave it, copied in when the request is made and turned into the (host, port) of
+ * Request.client only when that is read. A copy: a Request kept after its handler returned
+ * (or a WebSocket's, for the connection's life) reads its own bytes, never the C request's.
+ */
+typedef struct {
+    PyObject_HEAD union {
+        struct sockaddr sa; /* sa_family AF_UNSPEC (0, as allocated): no address */
+        struct sockaddr_in in;
+        struct sockaddr_in6 in6;
+    } peer;
+} RequestBaseObject;
+
+static PyObject *request_client(PyObject *o, void *closure)
+{
+    const RequestBaseObject *r = (const RequestBaseObject *)o;
+    char host[INET6_ADDRSTRLEN];
+    unsigned port;
+    (void)closure;
+    if (r->peer.sa.sa_family == AF_INET) {
+        inet_ntop(AF_INET, &r->peer.in.sin_addr, host, sizeof host);
+        port = ntohs(r->peer.in.sin_port);
+    } else if (r->peer.sa.sa_family == AF_INET6) {
+        inet_ntop(AF_INET6, &r->peer.in6.sin6_addr, host, sizeof host);
+        port = ntohs(r->peer.in6.sin6_port);
+    } else {
+        Py_RETURN_NONE; /* a unix listener's client, or the kernel could not tell */
+    }
+    return Py_BuildValue("(sI)", host, port);
+}
+
+static PyGetSetDef request_base_getset[] = {
+    {"client", request_client, NULL,
+     "The client's (host, port) on a TCP listener; None on a unix one, or when the kernel\n"
+     "could not tell (the client already left).",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot request_base_slots[] = {
+    {Py_tp_doc, "The C half of shmipc.Request: the client's address, decoded when read."},
+    {Py_tp_getset, request_base_getset},
+    {0, NULL},
+};
+
+PyType_Spec shmipcpy_request_base_spec = {
+    .name = "shmipc._shmipc._RequestBase",
+    .basicsize = sizeof(RequestBaseObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = request_base_slots,
+};
+
 PyObject *shmipcpy_make_request(ServerObject *srv, const shmipc_http_request *req)
 {
     size_t len, nlen, n = shmipc_http_request_header_count(req);
     const char *p, *name;
-    PyObject *args[8] = {NULL};
+    PyObject *args[7] = {NULL};
     PyObject *result = NULL;
-    struct sockaddr_storage peer;
-    socklen_t plen = sizeof peer;
     int i;
 
     p = shmipc_http_request_method(req, &len);
@@ -61,19 +112,22 @@ PyObject *shmipcpy_make_request(ServerObject *srv, const shmipc_http_request *re
     }
     p = shmipc_http_request_body(req, &len);
     args[6] = PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
-    /* The client's sockaddr as bytes, decoded by Request.client when asked (None when the
-     * kernel could not tell). */
-    if (shmipc_http_request_peer(req, (struct sockaddr *)&peer, &plen) == 0)
-        args[7] = PyBytes_FromStringAndSize((const char *)&peer,
-                                            (Py_ssize_t)(plen < sizeof peer ? plen : sizeof peer));
-    else
-        args[7] = Py_NewRef(Py_None);
-    for (i = 0; i < 8; i++)
+    for (i = 0; i < 7; i++)
         if (args[i] == NULL)
             goto out;
-    result = PyObject_Vectorcall(srv->request, args, 8, NULL);
+    result = PyObject_Vectorcall(srv->request, args, 7, NULL);
+    /* The client's address into the object, as it is (the kernel was asked once for the
+     * connection): server.c made sure srv->request subclasses _RequestBase, and the exact type
+     * is checked here as a Request.__new__ could return anything. An AF_UNIX address does not
+     * fit and needs not: its family alone says "no (host, port)". */
+    if (result != NULL && Py_TYPE(result) == (PyTypeObject *)srv->request) {
+        RequestBaseObject *r = (RequestBaseObject *)result;
+        socklen_t plen = sizeof r->peer;
+        if (shmipc_http_request_peer(req, &r->peer.sa, &plen) < 0)
+            r->peer.sa.sa_family = AF_UNSPEC;
+    }
 out:
-    for (i = 0; i < 8; i++)
+    for (i = 0; i < 7; i++)
         Py_XDECREF(args[i]);
     return result;
 }

@@ -180,6 +180,13 @@ static PyObject *server_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         (self->normalize = PyObject_GetAttrString(helpers, "_normalize")) == NULL ||
         (self->log_error = PyObject_GetAttrString(helpers, "_log_error")) == NULL)
         goto fail;
+    /* request.c copies the client's address into every Request it makes: the layout must be
+     * _RequestBase's. */
+    if (!PyType_Check(self->request) ||
+        !PyType_IsSubtype((PyTypeObject *)self->request, ms->request_base_type)) {
+        PyErr_SetString(PyExc_TypeError, "shmipc._server.Request is not a _RequestBase");
+        goto fail;
+    }
     reg = PyObject_CallMethod(helpers, "_register", "O", (PyObject *)self);
     if (reg == NULL)
         goto fail;

@@ -165,6 +165,89 @@ def test_request_client_is_the_clients_address(shmipc, backend):
             c.close()
 
 
+def _kept_requests(shmipc, backend, address, connect):
+    """A server on `address` whose handler keeps every Request it gets and answers its
+    .client read twice; `connect()` gives a connected client socket. Returns what each of two
+    connections got and its socket's name, with the kept Requests, read after the server is
+    closed (the C requests long gone)."""
+    kept = []
+
+    def setup(s):
+        @s.route("GET", "/who")
+        def who(req):
+            kept.append(req)
+            a, b = req.client, req.client
+            return {"equal": a == b, "client": None if a is None else list(a)}
+
+    s = started(shmipc, setup, address=address, backend=backend)
+    seen = []
+    with s:
+        for _ in range(2):
+            c = http.client.HTTPConnection("localhost", s.port or 80, timeout=10)
+            c.sock = connect(s)
+            mine = c.sock.getsockname()
+            st, _, body = get(c, "GET", "/who")
+            assert st == 200, body
+            seen.append((json.loads(body), mine))
+            c.close()
+    return seen, kept
+
+
+def test_request_client_is_kept_and_decoded_when_read(shmipc, backend):
+    """Request.client: the client's address is copied into the Request (its C half,
+    _RequestBase) as the request is made, and decoded into (host, port) when read. Read twice
+    it is equal; read from a Request kept after its handler returned, its connection closed
+    and the server closed, it is still the client's (the Request's own bytes, never the C
+    request's memory), every time."""
+    import socket
+
+    def connect(s):
+        return socket.create_connection(("127.0.0.1", s.port), timeout=10)
+
+    seen, kept = _kept_requests(shmipc, backend, None, connect)
+    for (got, mine), req in zip(seen, kept):
+        assert got == {"equal": True, "client": ["127.0.0.1", mine[1]]}
+        assert req.client == req.client == ("127.0.0.1", mine[1])
+    assert kept[0].client != kept[1].client  # each its own connection's
+
+
+def test_request_client_on_ipv6(shmipc, backend):
+    """Request.client of a client on an IPv6 listener ("::1"): the host as inet_ntop gives it."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here: {e}")
+
+    def connect(s):
+        return socket.create_connection(("::1", s.port), timeout=10)
+
+    seen, kept = _kept_requests(shmipc, backend, "::1", connect)
+    for (got, mine), req in zip(seen, kept):
+        assert got == {"equal": True, "client": ["::1", mine[1]]}
+        assert req.client == ("::1", mine[1])
+
+
+def test_request_client_on_a_unix_listener_is_none(shmipc, backend, tmp_path):
+    """A unix listener's client has no (host, port): Request.client is None, in the handler
+    and from the kept Request."""
+    import socket
+
+    path = str(tmp_path / "who.sock")
+
+    def connect(s):
+        c = socket.socket(socket.AF_UNIX)
+        c.settimeout(10)
+        c.connect(path)
+        return c
+
+    seen, kept = _kept_requests(shmipc, backend, f"unix:{path}", connect)
+    assert [got for got, _ in seen] == [{"equal": True, "client": None}] * 2
+    assert [req.client for req in kept] == [None, None]
+
+
 def test_404_405(shmipc, backend):
     s = started(shmipc, app, backend=backend)
     with s:

@@ -168,6 +168,7 @@ def test_echo_and_attributes(shmipc, backend):
         c = WSClient(s.port, "/ws?name=ada", protocols=["chat.v1", "chat.v2"],
                      headers="X-Test: yes\r\n")
         assert c.status == 101 and c.headers["sec-websocket-protocol"] == "chat.v2"
+        mine = c.sock.getsockname()
         ws = events.wait_for("open")[0][1]
         assert events.items[0][2:] == ("/ws", "yes")
         assert isinstance(ws, shmipc.WebSocket) and not ws.closed and ws.close_code is None
@@ -196,6 +197,8 @@ def test_echo_and_attributes(shmipc, backend):
             with pytest.raises(shmipc.ClosedError):
                 call()
         assert ws.request.path == "/ws" and "closed" in repr(ws)
+        # The upgrade request's client, kept in the Request past the handshake and on_close.
+        assert ws.request.client == ws.request.client == mine
         # The plain GET route on the same path still answers, and the decorator form works.
         import http.client
 
