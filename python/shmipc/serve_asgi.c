@@ -193,7 +193,8 @@ static int bytes_is(PyObject *b, const char *lower)
     return (size_t)PyBytes_GET_SIZE(b) == n && strncasecmp(PyBytes_AS_STRING(b), lower, n) == 0;
 }
 
-/* A Content-Length value: ASCII digits between white space, else -1. */
+/* A Content-Length value: ASCII digits between white space, at most
+ * SHMIPCPY_SERVE_MAX_LENGTH; else -1 (-2: digits, but more than that). */
 static long long parse_length(PyObject *b)
 {
     const char *p = PyBytes_AS_STRING(b), *e = p + PyBytes_GET_SIZE(b);
@@ -204,12 +205,16 @@ static long long parse_length(PyObject *b)
     if (p == e)
         return -1;
     unsigned long long v = 0;
+    int big = 0;
     for (; p < e; p++) {
-        if (*p < '0' || *p > '9' || v > (0x7fffffffffffffffull - (unsigned)(*p - '0')) / 10)
+        if (*p < '0' || *p > '9')
             return -1;
-        v = v * 10 + (unsigned)(*p - '0');
+        if (!big && v > (SHMIPCPY_SERVE_MAX_LENGTH - (unsigned)(*p - '0')) / 10)
+            big = 1;
+        else if (!big)
+            v = v * 10 + (unsigned)(*p - '0');
     }
-    return (long long)v;
+    return big ? -2 : (long long)v;
 }
 
 static int contains_close(PyObject *b)
@@ -283,7 +288,10 @@ static int parse_start(PyObject *message, int *code_out, PyObject **fields_out,
                 if (hop == HOP_CONTENT_LENGTH) {
                     length = parse_length(value);
                     if (length < 0) {
-                        PyErr_Format(PyExc_ValueError, "bad Content-Length %R", value);
+                        PyErr_Format(PyExc_ValueError,
+                                     length == -2 ? SHMIPCPY_SERVE_TOO_LONG
+                                                  : "bad Content-Length %R",
+                                     value);
                         ok = 0;
                     }
                 } else if (hop == HOP_CONNECTION && contains_close(value)) {

@@ -36,6 +36,14 @@ PyObject *shmipcpy_serve_py_encode_request_head(PyObject *module, PyObject *args
 PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObject *kw);
 
 /* serve_wsgi.c */
+/* The largest Content-Length an app may say (WSGI's start_response, ASGI's
+ * http.response.start): INT64_MAX. The C server sends at most 19 digits (a larger one fails
+ * the response there, and the front treats lengths over it as none), so the adapters refuse
+ * a larger one as the app's error, in both modes, before anything is sent. The message takes
+ * the value's repr. */
+#define SHMIPCPY_SERVE_MAX_LENGTH 0x7fffffffffffffffull
+#define SHMIPCPY_SERVE_TOO_LONG                                                                    \
+    "Content-Length %R is more than 9223372036854775807, the largest the server sends"
 /* Hop-by-hop fields (RFC 9110 §7.6.1), lower case; the server's own, dropped from an app's
  * response. The two read before they are dropped lead the list. */
 enum { HOP_CONNECTION, HOP_CONTENT_LENGTH, NHOP = 8 };

@@ -90,7 +90,8 @@ static int has_close(PyObject *s)
     return 0;
 }
 
-/* A Content-Length value: ASCII digits between white space; NULL (ValueError) otherwise. */
+/* A Content-Length value: ASCII digits between white space, at most
+ * SHMIPCPY_SERVE_MAX_LENGTH; NULL (ValueError, saying which) otherwise. */
 static PyObject *parse_length(PyObject *value)
 {
     Py_ssize_t n = PyUnicode_GET_LENGTH(value), i = 0;
@@ -101,16 +102,22 @@ static PyObject *parse_length(PyObject *value)
     while (n > i && Py_UNICODE_ISSPACE(PyUnicode_READ(kind, data, n - 1)))
         n--;
     unsigned long long v = 0;
-    int ok = i < n;
+    int ok = i < n, big = 0;
     for (; ok && i < n; i++) {
         Py_UCS4 c = PyUnicode_READ(kind, data, i);
-        if (c < '0' || c > '9' || v > (0xffffffffffffffffull - (c - '0')) / 10)
+        if (c < '0' || c > '9')
             ok = 0;
-        else
+        else if (!big && v > (SHMIPCPY_SERVE_MAX_LENGTH - (c - '0')) / 10)
+            big = 1; /* the digits are still checked: "99...9x" is not a length at all */
+        else if (!big)
             v = v * 10 + (c - '0');
     }
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "bad Content-Length %R", value);
+        return NULL;
+    }
+    if (big) {
+        PyErr_Format(PyExc_ValueError, SHMIPCPY_SERVE_TOO_LONG, value);
         return NULL;
     }
     return PyLong_FromUnsignedLongLong(v);

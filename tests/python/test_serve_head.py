@@ -51,6 +51,9 @@ def wsgi(environ, start_response):
     if path == "/304":
         start_response("304 Not Modified", [("ETag", '"x"')])
         return []
+    if path.startswith("/length/"):  # the app's Content-Length, whatever it is; one byte
+        start_response("200 OK", [("Content-Length", path[8:])])
+        return [] if head else [b"x"]
     start_response("404 Not Found", [])
     return [b"no such path"]
 
@@ -88,6 +91,9 @@ async def asgi(scope, receive, send):
     elif path == "/304":
         await start(304, [(b"etag", b'"x"')])
         await body(b"")
+    elif path.startswith("/length/"):
+        await start(200, [(b"content-length", path[8:].encode())])
+        await body(b"" if head else b"x")
     else:
         await start(404)
         await body(b"no such path")
@@ -201,5 +207,71 @@ def test_head_through_the_pool(tmp_path, kind):
             check_head_matches_get(s.port, PATHS, {"/generator"})
         else:
             check_head_matches_get(s.port, [x for x in PATHS if x not in WSGI_ONLY], {"/two"})
+    finally:
+        s.stop()
+
+
+# Content-Lengths an app may not say: more than 9223372036854775807 (the C server sends 19
+# digits at most, and the front takes the largest 64-bit one for "no length").
+TOO_LONG = ["9223372036854775808", "10000000000000000000", "18446744073709551615"]
+
+
+def ask(port, method, path):
+    """(status, framing fields, body) of one request on its own connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
+        c.sendall(b"%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                  % (method.encode(), path.encode()))
+        f = c.makefile("rb")
+        status, fields = read_head(f)
+        return status, framing(fields), f.read()
+
+
+def check_too_long_is_the_apps_error(port, logged):
+    """An app's Content-Length over the largest the server sends is the app's error, as a
+    Content-Length that is no number: a whole 500 for GET and HEAD alike, before anything of
+    the answer went out, the log saying why (`logged(text)`); the largest one is said to
+    HEAD; the server serves on."""
+    for value in TOO_LONG:
+        for method in ("GET", "HEAD"):
+            got = ask(port, method, "/length/" + value)
+            want = b"" if method == "HEAD" else b"Internal Server Error\n"
+            assert got == (500, {"content-length": ["22"]}, want), (method, value, got)
+            # (The ASGI adapters name the path as a bytes repr: b'/length/...'.)
+            assert logged(f"failed on {method} ") and logged(f"/length/{value}"), (method, value)
+            assert logged(f"{value}' is more than 9223372036854775807, the largest the "
+                          "server sends"), (method, value)
+    assert ask(port, "HEAD", "/length/9223372036854775807") == (
+        200, {"content-length": ["9223372036854775807"]}, b"")
+    assert ask(port, "GET", "/length/1") == (200, {"content-length": ["1"]}, b"x")
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_content_length_over_the_largest_in_process(app_module, caplog, kind):
+    """Regression: in-process, a WSGI app's Content-Length of 20 digits (up to 2**64 - 1)
+    passed start_response; the server refused it for HEAD (1 .. 19 digits), logged as the
+    server's "invalid response", and GET failed on the app's short body. Through the pool the
+    same app's GET went out as 200 with that length and one byte, then the connection closed,
+    and HEAD with 2**64 - 1 was answered "Transfer-Encoding: chunked" (the front's "no
+    length"). Now start_response refuses it in both modes (ASGI's http.response.start did
+    already, over 2**63 - 1, saying only "bad Content-Length")."""
+    route = (WSGIRoute(app_module.wsgi) if kind == "wsgi"
+             else ASGIRoute(app_module.asgi, lifespan=False))
+    try:
+        with in_process(route) as s:
+            check_too_long_is_the_apps_error(s.port, lambda text: text in caplog.text)
+    finally:
+        if kind == "asgi":
+            route.close()
+
+
+@pytest.mark.skipif(not os.path.exists(SERVE), reason="shmipc-serve is not built")
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_content_length_over_the_largest_through_the_pool(tmp_path, kind):
+    """test_content_length_over_the_largest_in_process, through the shmipc-serve pool."""
+    (tmp_path / "headapp.py").write_text(APP)
+    flags = ["--asgi"] if kind == "asgi" else []
+    s = Serve(tmp_path, *flags, workers=1, app=(f"headapp:{kind}",))
+    try:
+        check_too_long_is_the_apps_error(s.port, s.wait_err)
     finally:
         s.stop()
