@@ -655,10 +655,10 @@ class InProcess:
                         f"{line!r}")
         self.port = int(m.group(1))
 
-    def stop(self, timeout=20):
-        """SIGTERM, then its exit status (waiting up to `timeout` s)."""
+    def stop(self, timeout=20, sig=signal.SIGTERM):
+        """`sig` (SIGTERM), then its exit status (waiting up to `timeout` s)."""
         if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
+            self.p.send_signal(sig)
         return self.p.wait(timeout=timeout)
 
     def close(self):
@@ -693,15 +693,18 @@ async def asgi(scope, receive, send):
 '''
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
-def test_cli_in_process(tmp_path, kind):
+def test_cli_in_process(tmp_path, kind, sig):
+    # SIGQUIT (Ctrl-\\) stops it as SIGTERM does, as it stops shmipc-serve (nginx's graceful
+    # stop); unhandled, it dumped core and skipped the ASGI lifespan shutdown.
     (tmp_path / "cliapp2.py").write_text(CLI_APP)
     log = tmp_path / "lifespan.log"
     args = ["--asgi", "--concurrency", "64"] if kind == "asgi" else []
     with InProcess(*args, "--workers", "2", "cliapp2:" + ("app" if kind == "wsgi" else "asgi"),
                    cwd=tmp_path, env=dict(python_env(), LIFESPAN_LOG=str(log))) as s:
         assert request(s.port, "GET", "/x")[::2] == (200, f"{kind} /x".encode())
-        assert s.stop() == 0
+        assert s.stop(sig=sig) == 0
     if kind == "asgi":
         assert log.read_text() == "lifespan.startup\nlifespan.shutdown\n"
 

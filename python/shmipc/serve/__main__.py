@@ -1,7 +1,7 @@
 """``python -m shmipc.serve --in-process myapp:app``: one process serving a WSGI (or, with
 --asgi, ASGI 3) app on shmipc.Server through the in-process adapters (docs/serve.md, "One
 process"). The supervised pool of worker processes is the ``shmipc-serve`` command.
-SIGTERM and SIGINT stop it gracefully (ASGI lifespan shutdown after the server)."""
+SIGTERM, SIGINT and SIGQUIT stop it gracefully (ASGI lifespan shutdown after the server)."""
 import argparse
 import logging
 import os
@@ -193,7 +193,7 @@ def main(argv=None):
                     help="the server's worker threads, 1 .. 1024 (default: SHMIPC_WORKERS, else "
                     "one per CPU)")
     ap.add_argument("--graceful-timeout", type=float, default=10.0, metavar="SECONDS",
-                    help="on SIGTERM/SIGINT, how long requests in flight have (10); ASGI "
+                    help="on SIGTERM/SIGINT/SIGQUIT, how long requests in flight have (10); ASGI "
                     "requests still in the app then are cancelled (1 s more to end, then 500); "
                     "a WSGI one ends the process (exit 4)")
     ap.add_argument("--concurrency", type=int, default=None, metavar="N",
@@ -249,8 +249,9 @@ def main(argv=None):
         except OSError:
             pass  # the pipe is full: a byte is there to wake the main thread already
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGQUIT (Ctrl-\\) as shmipc-serve takes it: nginx's graceful stop, not a core dump.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, on_signal)
     # The handlers run between two bytecodes: a signal that lands after the last check before
     # select() sleeps (and so interrupts nothing) would wait there for good. The C-level handler
     # writes the pipe at once, so select() returns and the handler runs.
