@@ -397,10 +397,38 @@ static void log_sink(int level, const char *line)
  * they exited `status` whatever became of the text: the caller was told it had it
  * (test_serve_cli.py test_print_and_exit_options_report_a_write_error).
  */
+/* Set at the start when fd 1 was closed (it is /dev/null since: stdio_open()). */
+static int stdout_was_closed;
+
+/*
+ * 0, 1 or 2 closed at the start (`<&- >&-`, a careless service manager): each is opened on
+ * /dev/null, lowest first, so that it takes its own number. Else the descriptors made next took
+ * them: the signalfd became fd 1, and the workers' forwarded output went into it
+ * (test_serve_cli.py test_closed_standard_descriptors_are_not_reused).
+ */
+static void stdio_open(void)
+{
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+            continue;
+        if (fd == 1)
+            stdout_was_closed = 1;
+        int n = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (n >= 0 && n != fd) { /* cannot be: fd was the lowest free number */
+            (void)dup2(n, fd);
+            close(n);
+        }
+    }
+}
+
 static int close_stdout(int status)
 {
     int e = errno; /* a write in the print (a line-buffered terminal) set it, if it failed */
     int failed = ferror(stdout);
+    if (stdout_was_closed) { /* what was printed went to /dev/null, not to the caller */
+        failed = 1;
+        e = EBADF;
+    }
     if (fflush(stdout) != 0) {
         failed = 1;
         e = errno;
@@ -500,6 +528,7 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGUSR2);
     (void)pthread_sigmask(SIG_BLOCK, &sigs, &old_mask);
     signal(SIGPIPE, SIG_IGN);
+    stdio_open();
     no_spin_on_one_cpu();
     shmipc_set_log_sink(log_sink);
     if (shmipc__serve_options_init(&o) < 0) {

@@ -434,6 +434,42 @@ def test_bad_flag_into_a_closed_stderr():
         assert p.wait(timeout=30) == 2, bad
 
 
+def test_closed_standard_descriptors_are_not_reused(tmp_path):
+    """Regression: started with stdin and stdout closed (a service manager's, `<&- >&-`), the
+    descriptors made next (the signalfd, an eventfd) took numbers 0 and 1, so the workers'
+    forwarded stdout went into one of them. Now each closed one of 0, 1, 2 is /dev/null from
+    the start, and the run serves and stops as usual."""
+    (tmp_path / "cliapp.py").write_text(APP)
+    port = reserved_port()
+
+    def close_0_1():
+        os.close(0)
+        os.close(1)
+
+    p = subprocess.Popen(
+        [SERVE, "cliapp:app", "--chdir", str(tmp_path), "--listen", f"127.0.0.1:{port}",
+         "--workers", "1", "--python", "/usr/bin/python3"],
+        env=python_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, preexec_fn=close_0_1)
+    try:
+        deadline = time.monotonic() + 30
+        for line in p.stderr:
+            if "listening on" in line or time.monotonic() > deadline:
+                break
+        assert "listening on" in line, line
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        c.request("GET", "/x")
+        assert c.getresponse().status == 200
+        c.close()
+        for fd in (0, 1):
+            assert os.readlink(f"/proc/{p.pid}/fd/{fd}") == "/dev/null", fd
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+    finally:
+        kill_tree(p)
+        p.stderr.close()
+
+
 @pytest.mark.parametrize("into", ["closed", "full"])
 def test_print_and_exit_options_report_a_write_error(tmp_path, into):
     """Regression: `--help`, `--version` and `--check` print on stdout and exited 0 whether the
