@@ -248,6 +248,7 @@ static void begin_stop_slot(shmipc__sup *sup, struct slot *s, uint64_t now)
     if (s->state == SHMIPC__SUP_STOPPING)
         return;
     s->state = SHMIPC__SUP_STOPPING;
+    s->stop_ms = sup->cfg.graceful_timeout_ms;
     s->deadline_ns = now + sup->cfg.graceful_timeout_ms * NS_PER_MS;
     shmipc__sup_signal(s, SIGTERM);
 }
@@ -279,8 +280,10 @@ static int boot_failure(shmipc__sup *sup, const struct slot *s, pid_t pid, const
     uint32_t ms = sup->cfg.graceful_timeout_ms < BOOT_FAILED_STOP_MS ? sup->cfg.graceful_timeout_ms
                                                                      : BOOT_FAILED_STOP_MS;
     for (size_t i = 0; i < sup->nw; i++)
-        if (sup->w[i].state == SHMIPC__SUP_STOPPING)
+        if (sup->w[i].state == SHMIPC__SUP_STOPPING) {
+            sup->w[i].stop_ms = ms;
             sup->w[i].deadline_ns = now + ms * NS_PER_MS;
+        }
     return 1;
 }
 
@@ -515,7 +518,7 @@ static uint64_t run_timers(shmipc__sup *sup, uint64_t now)
                     sup,
                     "worker %u (generation %u, pid %d) still running %.1f s after SIGTERM: "
                     "killed",
-                    s->index, s->gen, (int)s->pid, sup->cfg.graceful_timeout_ms / 1000.0);
+                    s->index, s->gen, (int)s->pid, s->stop_ms / 1000.0);
                 shmipc__sup_signal(s, SIGKILL);
                 s->killed = 1;
             } else {

@@ -534,6 +534,9 @@ static void test_boot_failure_ends_the_run(void **state)
     assert_int_equal(errno, ECHILD);
     assert_true(file_contains(h.log_path, "worker 0 (generation"));
     assert_true(file_contains(h.log_path, "failed to boot (exit 2) and no worker was ever ready"));
+    /* The worker that ignores SIGTERM is killed after the 0.5 s a failed boot gives, and the
+     * line says so (it said the graceful timeout's 30.0 s). */
+    assert_true(file_contains(h.log_path, "still running 0.5 s after SIGTERM: killed"));
     unsigned nsets;
     assert_int_equal(ready_count(&h, &nsets), 0);
     harness_finish(&h);
