@@ -131,8 +131,33 @@ void shmipc__log_defer_end(void)
     free(q);
 }
 
+/*
+ * In a fork child only the forking thread goes on: calls of the sink that other threads of the
+ * parent were making at the fork never end there, and one of them may have held sink_mu. Both
+ * start over (the forking thread's own call, a sink that forks, stays counted), or the child's
+ * shmipc_set_log_sink() waited forever for them (test_fork.c
+ * fork_child_sets_the_log_sink_while_a_thread_logs). No prepare handler takes sink_mu around
+ * the fork, as the SIGBUS guard's lock is taken (guard.c): the child resets it, which is enough
+ * for a lock held a few instructions at a time and never across a sink call.
+ */
+static void sink_after_fork_child(void)
+{
+    pthread_mutex_init(&sink_mu, NULL);
+    pthread_cond_init(&sink_idle, NULL);
+    sink_inflight = in_sink;
+}
+
+static pthread_once_t sink_fork_once = PTHREAD_ONCE_INIT;
+
+static void sink_fork_register(void)
+{
+    /* ENOMEM only; the child then keeps the old risk, which it had before any sink was set. */
+    (void)pthread_atfork(NULL, NULL, sink_after_fork_child);
+}
+
 void shmipc__log_set_sink(shmipc_log_sink fn)
 {
+    pthread_once(&sink_fork_once, sink_fork_register);
     pthread_mutex_lock(&sink_mu);
     __atomic_store_n(&sink, fn, __ATOMIC_RELEASE);
     /* A sink that sets the sink must not wait for itself. */

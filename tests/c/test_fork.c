@@ -21,6 +21,7 @@
 
 #include "ipc_helpers.h"
 #include "shmipc.h"
+#include "common/log.h"
 #include "ipc/session.h"
 #include "shm/mapping.h"
 
@@ -375,6 +376,86 @@ static void fork_child_close_while_a_thread_faults(void **state)
     fork_while_guard_busy(1);
 }
 
+/* A log sink that takes its time, so that a thread is often inside it when the main forks. */
+static atomic_ulong sink_calls;
+
+static void slow_sink(int level, const char *line)
+{
+    (void)level;
+    (void)line;
+    atomic_fetch_add(&sink_calls, 1);
+    usleep(200);
+}
+
+static void quiet_sink(int level, const char *line)
+{
+    (void)level;
+    (void)line;
+}
+
+struct log_churn {
+    atomic_int stop;
+};
+
+/* Logs through the library's own logger, as its threads do, until told to stop. */
+static void *log_churn_main(void *arg)
+{
+    struct log_churn *lc = arg;
+    while (!atomic_load(&lc->stop))
+        shmipc__log(SHMIPC__LOG_ERROR, "fork test: a line from the churn thread");
+    return NULL;
+}
+
+/*
+ * Regression: a thread of the parent inside the log sink at the fork stayed counted as a call
+ * in flight in the child, where it never ends: the child's shmipc_set_log_sink() (which waits
+ * until the old sink is idle, so that the caller may free it) waited forever. Now the count
+ * (and the sink's lock, which a parent thread may have held at the fork too) start over in the
+ * child, which has no other thread.
+ */
+static void fork_child_sets_the_log_sink_while_a_thread_logs(void **state)
+{
+    (void)state;
+    struct log_churn lc = {0};
+    pthread_t t;
+    atomic_store(&sink_calls, 0);
+    shmipc_set_log_sink(slow_sink);
+    assert_int_equal(pthread_create(&t, NULL, log_churn_main, &lc), 0);
+    int forks = 0, hung = 0, failed = 0;
+    uint64_t t0 = ipc_now_ms();
+    while (forks < FORKS && ipc_now_ms() - t0 < FORK_SECONDS * 1000 && hung == 0) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            shmipc_set_log_sink(quiet_sink);
+            shmipc__log(SHMIPC__LOG_ERROR, "fork test: a line from the child");
+            shmipc_set_log_sink(NULL);
+            _exit(0);
+        }
+        forks++;
+        int status = 0;
+        pid_t got = 0;
+        uint64_t w0 = ipc_now_ms();
+        while ((got = waitpid(pid, &status, WNOHANG)) == 0 &&
+               ipc_now_ms() - w0 < CHILD_SECONDS * 1000)
+            usleep(1000);
+        if (got == 0) {
+            hung++;
+            kill(pid, SIGKILL);
+            assert_int_equal(waitpid(pid, &status, 0), pid);
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            failed++;
+        }
+    }
+    atomic_store(&lc.stop, 1);
+    pthread_join(t, NULL);
+    shmipc_set_log_sink(NULL);
+    print_message("%d forks, %lu sink calls meanwhile\n", forks, atomic_load(&sink_calls));
+    assert_int_equal(hung, 0);
+    assert_int_equal(failed, 0);
+    assert_true(atomic_load(&sink_calls) > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -383,6 +464,7 @@ int main(void)
         cmocka_unit_test(fork_child_closes_inherited_v4_eventfd),
         cmocka_unit_test(fork_child_close_while_a_thread_maps),
         cmocka_unit_test(fork_child_close_while_a_thread_faults),
+        cmocka_unit_test(fork_child_sets_the_log_sink_while_a_thread_logs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
