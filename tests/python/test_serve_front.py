@@ -40,6 +40,7 @@ def app(environ, start_response):
         return [b"%d %s" % (n, h.hexdigest().encode())]
     body = environ["wsgi.input"].read()
     if environ["PATH_INFO"] == "/slow":
+        open("slow.started", "w").close()  # the test waits for it: the request is in the app
         time.sleep(30)
     start_response("200 OK", [("Content-Type", "text/plain"),
                               ("X-Path", environ["PATH_INFO"])])
@@ -104,7 +105,11 @@ def test_worker_killed_mid_request_is_502(tmp_path):
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
         conn.request("GET", "/slow")
-        time.sleep(0.5)  # the worker is inside the app
+        # The worker is inside the app (a fixed 0.5 s could come first on a loaded machine).
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "slow.started").exists():
+            assert time.monotonic() < deadline, "the request never reached the app"
+            time.sleep(0.005)
         worker.kill()
         worker.wait(timeout=10)
         r = conn.getresponse()
