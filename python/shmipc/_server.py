@@ -74,8 +74,8 @@ class Request(_shmipc._RequestBase):
     (:class:`Headers`), ``body`` (bytes, already de-chunked), ``client`` (the client's
     ``(host, port)``, None on a unix listener; the address is kept as the kernel gave it, in
     the C base, and decoded when read). Everything is a copy: a Request may be kept after the
-    handler returned. ``json()`` parses the body; ``args`` is the query
-    parsed into a dict of lists (urllib.parse.parse_qs).
+    handler returned, copied, deep-copied or pickled (the client too). ``json()`` parses the
+    body; ``args`` is the query parsed into a dict of lists (urllib.parse.parse_qs).
     """
 
     __slots__ = ("method", "path", "query", "wildcard", "version", "_headers", "body")
@@ -88,6 +88,13 @@ class Request(_shmipc._RequestBase):
         self.version = version
         self._headers = headers
         self.body = body
+
+    def __getstate__(self):
+        """copy, deepcopy and pickle: the slots and the client (the C half's address, which
+        the default state leaves out: it refuses the type)."""
+        state = {n: getattr(self, n) for n in Request.__slots__ if hasattr(self, n)}
+        state["_client"] = self._client
+        return None, state
 
     @property
     def headers(self):

@@ -61,11 +61,64 @@ static PyObject *request_client(PyObject *o, void *closure)
     return Py_BuildValue("(sI)", host, port);
 }
 
+/*
+ * `_client`, as `client`, and settable: None, or a (host, port) that inet_pton takes as IPv4
+ * or IPv6 with a port of 0 .. 65535, else TypeError or ValueError, the address unchanged.
+ * Request.__getstate__ saves it under this name, so that copy, deepcopy and pickle (whose
+ * default refuses a type with a C layout: "cannot pickle 'Request' object") keep the client,
+ * as they did when it was a plain slot.
+ */
+static int request_set_client(PyObject *o, PyObject *v, void *closure)
+{
+    RequestBaseObject *r = (RequestBaseObject *)o;
+    struct in_addr a4;
+    struct in6_addr a6;
+    const char *host;
+    int port;
+    (void)closure;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "the client cannot be deleted");
+        return -1;
+    }
+    if (v == Py_None) {
+        memset(&r->peer, 0, sizeof r->peer);
+        return 0;
+    }
+    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2) {
+        PyErr_Format(PyExc_TypeError, "the client must be None or (host, port), not %R", v);
+        return -1;
+    }
+    if (!PyArg_ParseTuple(v, "si", &host, &port))
+        return -1;
+    if (port < 0 || port > 65535) {
+        PyErr_Format(PyExc_ValueError, "the client's port must be 0 .. 65535, not %d", port);
+        return -1;
+    }
+    if (inet_pton(AF_INET, host, &a4) == 1) {
+        memset(&r->peer, 0, sizeof r->peer);
+        r->peer.in.sin_family = AF_INET;
+        r->peer.in.sin_addr = a4;
+        r->peer.in.sin_port = htons((uint16_t)port);
+    } else if (inet_pton(AF_INET6, host, &a6) == 1) {
+        memset(&r->peer, 0, sizeof r->peer);
+        r->peer.in6.sin6_family = AF_INET6;
+        r->peer.in6.sin6_addr = a6;
+        r->peer.in6.sin6_port = htons((uint16_t)port);
+    } else {
+        PyErr_Format(PyExc_ValueError, "the client's host %R is not an IPv4 or IPv6 address",
+                     PyTuple_GET_ITEM(v, 0));
+        return -1;
+    }
+    return 0;
+}
+
 static PyGetSetDef request_base_getset[] = {
     {"client", request_client, NULL,
      "The client's (host, port) on a TCP listener; None on a unix one, or when the kernel\n"
      "could not tell (the client already left).",
      NULL},
+    {"_client", request_client, request_set_client,
+     "client, settable (None or (host, port)): what Request.__getstate__ saves.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

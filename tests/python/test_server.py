@@ -248,6 +248,58 @@ def test_request_client_on_a_unix_listener_is_none(shmipc, backend, tmp_path):
     assert [req.client for req in kept] == [None, None]
 
 
+def test_request_copy_deepcopy_and_pickle_keep_the_client(shmipc, backend, tmp_path):
+    """A Request can be copied, deep-copied and pickled, its client kept, as when the address
+    was a plain slot: the C half's layout made the default state refuse the type ("cannot
+    pickle 'Request' object", copy.copy too). Request._client, which __getstate__ saves, takes
+    only None or an IPv4/IPv6 (host, port), the address unchanged after a refusal."""
+    import copy
+    import pickle
+    import socket
+
+    def connect(s):
+        return socket.create_connection(("127.0.0.1", s.port), timeout=10)
+
+    seen, kept = _kept_requests(shmipc, backend, None, connect)
+    req, mine = kept[0], seen[0][1]
+    for dup in (copy.copy(req), copy.deepcopy(req), pickle.loads(pickle.dumps(req))):
+        assert type(dup) is type(req)
+        assert dup.client == req.client == ("127.0.0.1", mine[1])
+        assert (dup.method, dup.path, dup.query, dup.version, dup.body) == (
+            req.method, req.path, req.query, req.version, req.body)
+        assert dup.headers.raw == req.headers.raw
+    dup = copy.copy(req)
+    dup._client = ("::ffff:10.1.2.3", 65535)
+    assert dup.client == ("::ffff:10.1.2.3", 65535)
+    assert req.client == ("127.0.0.1", mine[1])  # the copy has its own address
+    for bad, err in ((("nohost", 1), ValueError), (("1.2.3.4", 65536), ValueError),
+                     (("1.2.3.4", -1), ValueError), (("1.2.3.4\0", 1), ValueError),
+                     (("1.2.3.4",), TypeError), (("1.2.3.4", 1, 2), TypeError),
+                     ((b"1.2.3.4", 1), TypeError), ("1.2.3.4:1", TypeError),
+                     ((("1.2.3.4", "1")), TypeError), (("1.2.3.4", 2**70), OverflowError)):
+        with pytest.raises(err):
+            dup._client = bad
+        assert dup.client == ("::ffff:10.1.2.3", 65535)
+    with pytest.raises(AttributeError):
+        del dup._client
+    with pytest.raises(AttributeError):
+        dup.client = None  # the public one stays read-only
+    dup._client = None
+    assert dup.client is None
+    # A unix listener's client (no address) stays None through a copy.
+    path = str(tmp_path / "copy.sock")
+
+    def connect_unix(s):
+        c = socket.socket(socket.AF_UNIX)
+        c.settimeout(10)
+        c.connect(path)
+        return c
+
+    _, kept = _kept_requests(shmipc, backend, f"unix:{path}", connect_unix)
+    assert pickle.loads(pickle.dumps(kept[0])).client is None
+    assert copy.deepcopy(kept[0]).client is None
+
+
 def test_404_405(shmipc, backend):
     s = started(shmipc, app, backend=backend)
     with s:
