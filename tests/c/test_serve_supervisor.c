@@ -517,15 +517,24 @@ static void test_boot_failure_ends_the_run(void **state)
     (void)state;
     struct harness h;
     harness_init(&h);
-    shmipc__sup_config c = base_config(
-        &h,
-        /* The address ends in -INDEX-HEX: worker 0 fails, the others hang. */
-        SH("a={address}; a=${a%-*}; if [ \"${a##*-}\" = 0 ]; then echo 'cannot load app' >&2; "
-           "exit 2; else trap '' TERM; exec sleep 30; fi"),
-        2);
+    /* The address ends in -INDEX-HEX: worker 0 fails once worker 1 ignores SIGTERM (else the
+     * SIGTERM could come before its trap, and nobody would be killed), and worker 1 hangs. */
+    char script[1024];
+    snprintf(script, sizeof script,
+             "a={address}; a=${a%%-*}; if [ \"${a##*-}\" = 0 ]; then i=0; "
+             "while [ ! -e %s/trapped ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; "
+             "echo 'cannot load app' >&2; exit 2; else trap '' TERM; touch %s/trapped; "
+             "exec sleep 30; fi",
+             h.dir, h.dir);
+    shmipc__sup_config c = base_config(&h, SH(script), 2);
     c.end_on_boot_failure = 1;
-    uint64_t t0 = ms_now();
     harness_start(&h, &c);
+    char trapped[300];
+    snprintf(trapped, sizeof trapped, "%s/trapped", h.dir);
+    uint64_t t0 = ms_now();
+    while (access(trapped, F_OK) != 0 && ms_now() - t0 < 10000)
+        sleep_ms(5);
+    t0 = ms_now(); /* worker 0 fails about now: the run ends within the 0.5 s, not 5 s */
     assert_int_equal(pthread_join(h.th, NULL), 0);
     h.running = 0;
     assert_int_equal(h.rc, SHMIPC__SUP_BOOT_FAILED);
@@ -535,7 +544,7 @@ static void test_boot_failure_ends_the_run(void **state)
     assert_true(file_contains(h.log_path, "worker 0 (generation"));
     assert_true(file_contains(h.log_path, "failed to boot (exit 2) and no worker was ever ready"));
     /* The worker that ignores SIGTERM is killed after the 0.5 s a failed boot gives, and the
-     * line says so (it said the graceful timeout's 30.0 s). */
+     * line says so (it said the graceful timeout's 5.0 s). */
     assert_true(file_contains(h.log_path, "still running 0.5 s after SIGTERM: killed"));
     unsigned nsets;
     assert_int_equal(ready_count(&h, &nsets), 0);
