@@ -2662,6 +2662,14 @@ static void flush_close_misuse(void **state)
     struct blocked_read b = {.st = cs};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, blocked_read_main, &b), 0);
+    /* The reader is inside its call before the close: a call that starts once the close has
+     * begun is the caller's error (shmipc.h), and after a fixed 20 ms wait on a loaded machine
+     * it read the freed stream (ASan, a CI run). Then a little more, for it to block. */
+    uint64_t end = ipc_now_ms() + 10000;
+    while ((__atomic_load_n(&cs->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_BUSY_MASK) == 0 &&
+           ipc_now_ms() < end)
+        usleep(1000);
+    assert_true((__atomic_load_n(&cs->inuse, __ATOMIC_ACQUIRE) & SHMIPC__STREAM_BUSY_MASK) != 0);
     usleep(20000);
     assert_int_equal(shmipc_stream_write(cs, "bye", 3), 0);
     assert_int_equal(shmipc_stream_flush_close(cs), 0);
