@@ -2,6 +2,7 @@
 worker"): this test plays the front over a shmipc client session, speaking the WS_* frames
 of docs/serve.md to the worker (the front's own WebSocket side is not written yet)."""
 import asyncio
+import logging
 import threading
 
 import pytest
@@ -173,6 +174,40 @@ def test_ws_app_raises_before_accept_is_500_returns_is_403(serve):
         typ, arg, payload = front.read_frame(st)
         assert sf.decode_response(frame(typ, payload, arg))[0] == status
         st.close()
+
+
+def test_ws_app_that_cleared_its_scope_then_raised_is_500(serve, caplog):
+    """Regression: the failure's handling read scope["raw_path"] after the app ran, so an app
+    that had cleared its scope made it raise KeyError, and the client got no answer. Now the
+    request line comes from the frame, logged as in every route: "GET /ws?x=1"."""
+    async def app(scope, receive, send):
+        scope.clear()
+        raise ValueError("boom after scope.clear()")
+
+    front = serve(app)
+    with caplog.at_level(logging.INFO, logger="shmipc.serve"):
+        st = upgrade(front, target=b"/ws?x=1")
+        typ, arg, payload = front.read_frame(st)
+        assert sf.decode_response(frame(typ, payload, arg))[0] == 500
+        st.close()
+        assert "the app failed on websocket GET /ws?x=1\n" in caplog.text
+        assert "boom after scope.clear()" in caplog.text and "KeyError" not in caplog.text
+
+
+def test_ws_subprotocol_the_app_added_to_its_scope_is_not_offered_500(serve):
+    """Regression: websocket.accept checked its subprotocol against the app's scope, so an
+    app that added one to scope["subprotocols"] answered a subprotocol the client had not
+    offered (RFC 6455 4.2.2). The offer is the worker's own copy now."""
+    async def app(scope, receive, send):
+        scope["subprotocols"].append("nope")
+        await receive()
+        await send({"type": "websocket.accept", "subprotocol": "nope"})
+
+    front = serve(app)
+    st = upgrade(front, protocols="chat")
+    typ, arg, payload = front.read_frame(st)
+    assert sf.decode_response(frame(typ, payload, arg))[0] == 500
+    st.close()
 
 
 def test_ws_denial_response_extension(serve):

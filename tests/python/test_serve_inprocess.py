@@ -281,7 +281,7 @@ def test_asgi_lifespan_http_and_disconnect(caplog):
             st, h, b = request(s.port, "GET", "/raise")
             assert (st, b) == (500, b"Internal Server Error\n")
     assert app.events == ["lifespan.startup", "http.disconnect", "lifespan.shutdown"]
-    failed = [r for r in caplog.records if "the app failed on GET b'/raise'" in r.getMessage()]
+    failed = [r for r in caplog.records if r.getMessage() == "shmipc-serve: the app failed on GET /raise"]
     assert failed and failed[0].exc_info is not None
     route.close()  # twice is fine
 

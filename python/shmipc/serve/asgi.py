@@ -20,7 +20,8 @@ import time
 import shmipc
 
 from .. import _serve as sf
-from .wsgi import _END, _HOP, ProtocolViolation, RequestAborted, _body_header, _Exchange
+from .wsgi import (_END, _HOP, ProtocolViolation, RequestAborted, _body_header, _Exchange,
+                   _exc_text, request_line)
 
 __all__ = ["ASGIHandler", "LifespanFailed"]
 
@@ -307,8 +308,9 @@ class ASGIHandler:
             payload = ex.payload(length, nonblock=True)  # nearly always here (as the head)
             if payload is None:
                 payload = await ex.areadexactly(length)
+            frame = raw + payload
             try:
-                scope = sf.decode_request_scope(raw + payload)
+                scope = sf.decode_request_scope(frame)
             except sf.FrameError as e:
                 raise ProtocolViolation(str(e)) from None
             ex.head(arg, payload)
@@ -320,14 +322,17 @@ class ASGIHandler:
         if getattr(self, "state", None) is not None:
             scope["state"] = dict(self.state)  # the spec: a shallow copy per request
         if arg & sf.REQ_UPGRADE:
-            return await self._websocket(ex, _ws_scope(scope))
+            return await self._websocket(ex, _ws_scope(scope), frame)
+        # The failure's handling takes the method from h (set now) and the request line from
+        # the frame, never from the scope: the app may have changed it (del scope["method"])
+        # before it raised, and the KeyError ended the task with no answer (a 502).
         h = _Http(ex, scope)
         try:
             await self.app(scope, h.receive, h.send)
             if not h.complete and not h.disconnected and not ex.aborted:
                 raise RuntimeError("the app returned before completing its response")
         except RequestAborted as e:
-            log.info("shmipc-serve: %s %s: %s", scope["method"], scope["raw_path"], e)
+            log.info("shmipc-serve: %s: %s", request_line(frame), e)
             return "aborted"
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
@@ -341,23 +346,23 @@ class ASGIHandler:
                 return "aborted"
             if h.complete:
                 # The response went out whole (its END too): it stands, no ABORT after it.
-                log.error("shmipc-serve: the app failed after its response on %s %s",
-                          scope["method"], scope["raw_path"], exc_info=e)
+                log.error("shmipc-serve: the app failed after its response on %s",
+                          request_line(frame), exc_info=e)
                 return "protocol" if await ex.adrain_end() else "error"
-            return await self._failed(ex, h, scope, e)
+            return await self._failed(ex, h, frame, e)
         if h.disconnected or ex.aborted:
             return "aborted"
         if ex.done:
             return "ok"  # the request was read to its END: nothing is left to drain
         return "protocol" if await ex.adrain_end() else "ok"
 
-    async def _websocket(self, ex, scope):
+    async def _websocket(self, ex, scope, frame):
         ws = _WebSocket(ex, scope, self.stopping)
         try:
             await self.app(scope, ws.receive, ws.send)
             await ws.finish()
         except RequestAborted as e:
-            log.info("shmipc-serve: websocket %s: %s", scope["raw_path"], e)
+            log.info("shmipc-serve: websocket %s: %s", request_line(frame), e)
             return "aborted"
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
@@ -369,16 +374,16 @@ class ASGIHandler:
             if ws.got_close is not None and ws.got_close[0] == _WS_GONE:
                 log.info("shmipc-serve: the app raised after the client went away: %r", e)
                 return "aborted"
-            log.error("shmipc-serve: the app failed on websocket %s", scope["raw_path"],
+            log.error("shmipc-serve: the app failed on websocket %s", request_line(frame),
                       exc_info=e)
             if ws.accepted:
                 await ws.fail()
             elif isinstance(ws.refused, _Http):
                 if ws.refused.complete:
                     return "error"
-                await ex.aabort(sf.ABORT_WORKER_ERROR, f"{type(e).__name__}: {e}")
+                await ex.aabort(sf.ABORT_WORKER_ERROR, _exc_text(e))
             elif not ws.refused:
-                await self._failed(ex, _Http(ex, {"method": "GET"}), dict(scope, method="GET"), e)
+                await self._failed(ex, _Http(ex, {"method": "GET"}), frame, e, websocket=True)
             return "error"
         if ws.got_close is not None and ws.got_close[0] == _WS_GONE:
             return "aborted"
@@ -386,21 +391,23 @@ class ASGIHandler:
             return "protocol"
         return "ok"
 
-    async def _failed(self, ex, h, scope, exc):
-        log.error("shmipc-serve: the app failed on %s %s", scope["method"], scope["raw_path"],
-                  exc_info=exc)
+    async def _failed(self, ex, h, frame, exc, websocket=False):
+        """The app raised: a 500 before its head, else ABORT WORKER_ERROR. The method is h's
+        (taken before the app ran), the request line the frame's (request_line)."""
+        if not websocket:  # _websocket logged it
+            log.error("shmipc-serve: the app failed on %s", request_line(frame), exc_info=exc)
         if not h.started:
             head = sf.encode_response_head(
                 500, [("Content-Type", "text/plain; charset=utf-8")], sf.RESP_CONTENT_LENGTH,
                 len(_ERROR_BODY))
             parts = [head]
-            if scope["method"] != "HEAD":
+            if h.method != "HEAD":
                 parts += [_body_header(len(_ERROR_BODY)), _ERROR_BODY]
             await ex.asend(*parts, _END)
             if await ex.adrain_end():
                 return "protocol"
         else:
-            await ex.aabort(sf.ABORT_WORKER_ERROR, f"{type(exc).__name__}: {exc}")
+            await ex.aabort(sf.ABORT_WORKER_ERROR, _exc_text(exc))
         return "error"
 
 
@@ -446,6 +453,8 @@ class _WebSocket:
     def __init__(self, ex, scope, stopping=None):
         self.ex = ex
         self.scope = scope
+        # The subprotocols the client offered, ours: the app may change its scope's list.
+        self.offered = tuple(scope["subprotocols"])
         self.stopping = stopping  # is_set(): the worker is stopping (worker._StopFlag)
         self.connect_given = False
         self.accepted = False
@@ -633,7 +642,7 @@ class _WebSocket:
         fields = []
         sub = message.get("subprotocol")
         if sub is not None:
-            if sub not in self.scope["subprotocols"]:
+            if sub not in self.offered:
                 raise ValueError(f"subprotocol {sub!r} was not offered by the client")
             fields.append((b"Sec-WebSocket-Protocol", sub.encode("latin-1")))
         for h in message.get("headers", ()):

@@ -33,6 +33,7 @@ import shmipc
 from .. import _serve as sf
 from .. import _shmipc
 from . import asgi as _asgi
+from .wsgi import request_line
 
 __all__ = ["ASGIRoute", "WSGIRoute", "asgi_handler", "wsgi_handler"]
 
@@ -86,8 +87,9 @@ class WSGIRoute:
             result = self.app(environ, resp.start_response)
             out = resp.collect(result)
         except Exception:
-            log.exception("shmipc-serve: the app failed on %s %s", environ["REQUEST_METHOD"],
-                          environ.get("RAW_URI", ""))
+            # The request line from the frame, not the environ: the app may have changed it
+            # (environ.clear()), and a KeyError here was the server's 500 for the wrong error.
+            log.exception("shmipc-serve: the app failed on %s", request_line(frame))
             out = _ERROR
         finally:
             close = getattr(result, "close", None)
@@ -267,9 +269,12 @@ class ASGIRoute:
                 pending.send(503, _BUSY_HEADERS, b"Service Unavailable\n")
                 continue
             self._taken.add(pending)
-            self.loop.create_task(self._serve(scope, body, pending))
+            self.loop.create_task(self._serve(scope, body, pending, frame))
 
-    async def _serve(self, scope, body, pending):
+    async def _serve(self, scope, body, pending, frame):
+        # The failure's log line takes the request line from the frame, never from the
+        # scope: the app may have changed it (del scope["method"]) before it raised, and the
+        # KeyError escaped the task ("Task exception was never retrieved").
         resp = sf.ASGISend(scope["method"], pending)
         h = _Receive(body, pending, resp)
         try:
@@ -287,11 +292,11 @@ class ASGIRoute:
                 log.info("shmipc-serve: the app raised after the client went away: %r", e)
             elif resp.complete:
                 # The response went whole (or its fields were refused: the client got 500).
-                log.error("shmipc-serve: the app failed after its response on %s %s",
-                          scope["method"], scope["raw_path"], exc_info=e)
+                log.error("shmipc-serve: the app failed after its response on %s",
+                          request_line(frame), exc_info=e)
             else:
-                log.error("shmipc-serve: the app failed on %s %s", scope["method"],
-                          scope["raw_path"], exc_info=e)
+                log.error("shmipc-serve: the app failed on %s", request_line(frame),
+                          exc_info=e)
                 if not pending.sent:
                     pending.send(*_ERROR)
         finally:

@@ -46,6 +46,39 @@ class ProtocolViolation(Exception):
     """The front sent a frame that breaks docs/serve.md."""
 
 
+# A REQUEST_HEAD frame's method_len and target_len, and where its method starts (docs/serve.md).
+_REQ_LENS = struct.Struct("<HH")
+_REQ_LENS_AT = sf.HDR_SIZE + 4
+_REQ_METHOD_AT = sf.HDR_SIZE + 60
+
+
+def request_line(frame):
+    """``METHOD TARGET`` of a REQUEST_HEAD frame (whole and valid: the request's, decoded
+    already) for the failure's log lines, in every route alike (in-process and pool, WSGI and
+    ASGI): from our own bytes, never from the environ or the scope, which the app may have
+    changed by the time it failed. The target is as the client sent it, query included,
+    latin-1 decoded; the HTTP parser lets only 0x21-0x7E through, and what else a frame may
+    carry (0x80-0xFF) and a log should not show raw (C1 controls, a soft hyphen) is escaped."""
+    ml, tl = _REQ_LENS.unpack_from(frame, _REQ_LENS_AT)
+    at = _REQ_METHOD_AT + ml
+    method = bytes(frame[_REQ_METHOD_AT:at]).decode("latin-1")
+    target = bytes(frame[at:at + tl]).decode("latin-1")
+    if not target.isprintable():
+        target = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in target)
+    return f"{method} {target}"
+
+
+def _exc_text(exc):
+    """An ABORT's text for the app's exception: "Type: message". The message is the app's
+    __str__, which may raise itself (or return no str): then the type alone; before, that
+    error escaped the failure's handling."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 (the app's own __str__)
+        return f"{type(exc).__name__}: <str() failed>"
+    return f"{type(exc).__name__}: {text}"
+
+
 def _body_header(n):
     return _HDR.pack(_MAGIC, 1, sf.BODY, n, 0)
 
@@ -542,8 +575,9 @@ class WSGIHandler:
             if typ != sf.REQUEST_HEAD:
                 raise ProtocolViolation(f"a frame of type {typ} before the request head")
             payload = ex.st.readexactly(length)
+            frame = raw + payload
             try:
-                environ = sf.decode_request(raw + payload, self.base)
+                environ = sf.decode_request(frame, self.base)
             except sf.FrameError as e:
                 raise ProtocolViolation(str(e)) from None
             ex.head(flags, payload)
@@ -553,7 +587,11 @@ class WSGIHandler:
             ex.abort(sf.ABORT_PROTOCOL, str(e))
             return "protocol"
         environ["wsgi.input"] = _Input(ex)
-        resp = _Response(ex, environ["REQUEST_METHOD"])
+        # The failure's handling takes the method and the target from the frame and here,
+        # never from the environ: the app may have changed it (environ.clear()) before it
+        # raised, and a KeyError in the handler ended the worker's session thread.
+        method = environ["REQUEST_METHOD"]
+        resp = _Response(ex, method)
         result = None
         outcome = "ok"
         finished = False  # our END went out (or is queued): the response stands
@@ -572,8 +610,7 @@ class WSGIHandler:
             resp.finish()
             finished = True
         except RequestAborted as e:
-            log.info("shmipc-serve: %s %s: %s", environ["REQUEST_METHOD"],
-                     environ.get("RAW_URI", ""), e)
+            log.info("shmipc-serve: %s: %s", request_line(frame), e)
             outcome = "aborted"
         except ProtocolViolation as e:
             log.error("shmipc-serve: bad frame from the front: %s", e)
@@ -582,9 +619,9 @@ class WSGIHandler:
         except (shmipc.Error, OSError) as e:
             if isinstance(e, shmipc.Error) or ex.aborted:
                 raise  # the stream is gone: handle() reports it
-            outcome = self._failed(ex, resp, environ)
+            outcome = self._failed(ex, resp, frame, method)
         except Exception:
-            outcome = self._failed(ex, resp, environ)
+            outcome = self._failed(ex, resp, frame, method)
         finally:
             close = getattr(result, "close", None)
             if close is not None:
@@ -601,14 +638,13 @@ class WSGIHandler:
                 outcome = "protocol"
         return outcome
 
-    def _failed(self, ex, resp, environ):
-        log.exception("shmipc-serve: the app failed on %s %s", environ["REQUEST_METHOD"],
-                      environ.get("RAW_URI", ""))
+    def _failed(self, ex, resp, frame, method):
+        log.exception("shmipc-serve: the app failed on %s", request_line(frame))
         if not resp.head_sent:
             head = sf.encode_response_head(
                 500, [("Content-Type", "text/plain; charset=utf-8")], sf.RESP_CONTENT_LENGTH,
                 len(_ERROR_BODY))
-            body = b"" if environ["REQUEST_METHOD"] == "HEAD" else _ERROR_BODY
+            body = b"" if method == "HEAD" else _ERROR_BODY
             parts = [head]
             if body:
                 parts += [_body_header(len(body)), body]
@@ -616,6 +652,5 @@ class WSGIHandler:
             if ex.drain_end():
                 return "protocol"
         else:
-            exc = sys.exc_info()[1]
-            ex.abort(sf.ABORT_WORKER_ERROR, f"{type(exc).__name__}: {exc}")
+            ex.abort(sf.ABORT_WORKER_ERROR, _exc_text(sys.exc_info()[1]))
         return "error"
