@@ -1,6 +1,7 @@
 /* The shmipc-serve front<->worker framing; see serve_frame.h and docs/serve.md. */
 #include "net/serve_frame.h"
 
+#include <inttypes.h>
 #include <string.h>
 
 #include "common/error.h"
@@ -290,6 +291,11 @@ static int decode_response(const uint8_t *p, uint32_t len, struct shmipc__sf_fra
         return shmipc__fail(SHMIPC_EPROTO, "serve frame: status %u", r->status);
     if (!(r->flags & SHMIPC__SF_RESP_CONTENT_LENGTH) && r->content_length != 0)
         return shmipc__fail(SHMIPC_EPROTO, "serve frame: content length without its flag");
+    /* The HTTP server sends at most 2^63 - 1 (19 digits), and the front's largest 64-bit
+     * value means "no length": a worker's length past it is no length a client could get. */
+    if (r->content_length > (uint64_t)INT64_MAX)
+        return shmipc__fail(SHMIPC_EPROTO, "serve frame: content length %" PRIu64 " over 2^63 - 1",
+                            r->content_length);
     int rc = decode_fields(p + RESP_FIXED, p + len, r->nfields);
     r->fields.p = p + RESP_FIXED;
     r->fields.left = r->nfields;

@@ -1224,8 +1224,13 @@ void shmipc__front_req_read(struct freq *r)
             memcpy(copy, r->hdr, SHMIPC__SF_HDR_SIZE);
             memcpy(copy + SHMIPC__SF_HDR_SIZE, p, len);
             shmipc__stream_release(r->st);
-            if (r->got_head ||
-                shmipc__sf_decode(copy, SHMIPC__SF_HDR_SIZE + (size_t)len, &fr) <= 0 ||
+            long drc =
+                r->got_head ? 0 : shmipc__sf_decode(copy, SHMIPC__SF_HDR_SIZE + (size_t)len, &fr);
+            if (drc < 0) /* the worker's bug, said once per request: the client gets 502 */
+                SHMIPC__LOG(SHMIPC__LOG_WARN,
+                            "front: worker %s: a response head that does not decode: %s",
+                            r->fs != NULL ? r->fs->w->addr : "?", shmipc__detail());
+            if (drc <= 0 ||
                 (fr.u.resp.status == 101 && !r->ws)) { /* a 101 answers no upgrade sent */
                 free(copy);
                 goto protocol;

@@ -648,6 +648,31 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         shmipc_stream_flush(st);
         break; /* the close ends the stream mid-response */
     }
+    case M_LENGTH: {
+        /* Encoded with a length of 1, then the length written over it: the encoder checks
+         * what it encodes, and a worker of another make (or a buggy one) need not. */
+        uint8_t head[256], h[12];
+        shmipc_serve_response r = {.size = sizeof r,
+                                   .status = 200,
+                                   .flags = SHMIPC_SERVE_RESP_CONTENT_LENGTH,
+                                   .content_length = 1};
+        int64_t hn = shmipc_serve_encode_response_head(head, sizeof head, &r, NULL, 0);
+        uint64_t v = atomic_load(&w->length);
+        for (int i = 0; i < 8; i++)
+            head[12 + 8 + i] = (uint8_t)(v >> (8 * i));
+        shmipc_stream_write(st, head, (size_t)hn);
+        shmipc_stream_flush(st);
+        if (!is_head) {
+            shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_BODY, 1, 0);
+            shmipc_stream_write(st, h, 12);
+            shmipc_stream_write(st, "x", 1);
+        }
+        shmipc_serve_encode_header(h, 12, SHMIPC_SERVE_END, 0, 0);
+        shmipc_stream_write(st, h, 12);
+        shmipc_stream_flush(st);
+        wait_abort(w, st);
+        break;
+    }
     case M_HEAD_REFUSE:
     case M_103_REFUSE:
     case M_REFUSE:

@@ -53,6 +53,8 @@ enum mode {
     M_REFUSE_CLOSE, /* as M_REFUSE, then every session of the worker ends at once */
     M_HEAD_REFUSE,  /* RESPONSE_HEAD, then ABORT SHUTDOWN: too late to go elsewhere */
     M_103_REFUSE,   /* an interim 103 head, then ABORT SHUTDOWN: processed, not resent */
+    M_LENGTH,       /* RESPONSE_HEAD with CONTENT_LENGTH appw.length (any u64, written raw),
+                     * then one body byte (none to HEAD) and END */
 };
 
 /* How a worker answers the front's HELLO (appw.taken). */
@@ -99,6 +101,7 @@ struct appw {
     atomic_int takens;        /* TAKENs sent */
     atomic_int holding;       /* requests waiting on hold_open (M_HOLD) */
     atomic_int streamed;      /* stream_mode bodies sent whole */
+    _Atomic uint64_t length;  /* M_LENGTH's content_length */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     shmipc_session *sess[APPW_MAX_SESSIONS];

@@ -1304,6 +1304,77 @@ static void bad_frames_502(void **state)
     appw_stop(w);
 }
 
+/* The front's warnings about a worker's bad response head, seen through the log sink. */
+static atomic_int bad_head_lines;
+
+static void bad_head_sink(int level, const char *line)
+{
+    if (level == SHMIPC_LOG_WARN && strstr(line, "a response head that does not decode") != NULL &&
+        strstr(line, "over 2^63 - 1") != NULL)
+        bump(&bad_head_lines);
+}
+
+/* request() for HEAD: the answer's head only (read_resp_x reads no body to it). */
+static int request_head(int port, const char *target, struct resp *p)
+{
+    struct rd *r = malloc(sizeof *r);
+    char req[256];
+    int n = snprintf(req, sizeof req, "HEAD %s HTTP/1.1\r\nHost: t\r\n\r\n", target);
+    rd_open(r, port);
+    send_all(r->fd, req, (size_t)n);
+    read_resp_x(r, p, 1);
+    close(r->fd);
+    free(r);
+    return p->status;
+}
+
+/* Regression: a worker's content_length of 2^63 .. 2^64 - 1 went on. 2^64 - 1 is the front's
+ * own "no length": the answer went chunked (HEAD's too), the worker's length unchecked; a
+ * length past 2^63 - 1 went to a HEAD client as "Content-Length: 9223372036854775808" (a
+ * length the server never sends, and no body could have), and to GET when the body came after
+ * the head, its one byte then cut. Now the head does not decode: 502 and ABORT PROTOCOL for
+ * GET and HEAD alike, a warning naming the worker, and the session serves on. */
+static void content_length_over_the_largest_502(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct fx *x = &t->x;
+    struct resp p;
+    static const uint64_t lengths[] = {(uint64_t)INT64_MAX + 1, UINT64_MAX - 1, UINT64_MAX};
+    atomic_store(&bad_head_lines, 0);
+    shmipc_set_log_sink(bad_head_sink);
+    tc_front(t, 1, NULL);
+    atomic_store(&w->mode, M_LENGTH);
+    int n = 0;
+    for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
+        atomic_store(&w->length, lengths[i]);
+        for (int head = 0; head < 2; head++) {
+            int status = head ? request_head(x->port, "/len", &p)
+                              : request(x->port, "GET", "/len", NULL, &p);
+            assert_int_equal(status, 502);
+            resp_free(&p);
+            n++;
+            assert_true(wait_for(&w->aborts[SHMIPC_SERVE_ABORT_PROTOCOL], n, WAIT_MS));
+        }
+    }
+    assert_true(wait_for(&bad_head_lines, n, WAIT_MS));
+    shmipc_set_log_sink(NULL);
+    /* The largest length a worker may say stands (HEAD: no body to check it against). */
+    atomic_store(&w->length, (uint64_t)INT64_MAX);
+    assert_int_equal(request_head(x->port, "/len", &p), 200);
+    assert_non_null(strcasestr(p.head, "Content-Length: 9223372036854775807"));
+    resp_free(&p);
+    atomic_store(&w->mode, M_ECHO);
+    assert_int_equal(request(x->port, "GET", "/fine", NULL, &p), 200);
+    assert_string_equal(p.body, "/fine:");
+    resp_free(&p);
+    static struct shmipc__front_stats st;
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.w[0].sessions, 1);
+    fx_stop(x);
+    appw_stop(w);
+}
+
 /* A worker that sends a bad frame and closes its stream at once: 502, and the worker is free
  * for the next request as soon as the front has read the close, not after the 5 s drain (the
  * next request's deadline, 2 s, would answer it 504 then). */
@@ -2251,7 +2322,8 @@ static void connector_churn_under_load(void **state)
 #define FRONT_TESTS                                                                                \
     T(basic), T(too_large_for_protocol), T(pipelining), T(cross_talk), T(queue_full_503),          \
         T(no_queue_503), T(deadline_504), T(client_gone_abort), T(worker_died_502),                \
-        T(worker_restarts_between_requests), T(bad_frames_502), T(stalled_worker_no_stall),        \
+        T(worker_restarts_between_requests), T(bad_frames_502),                                    \
+        T(content_length_over_the_largest_502), T(stalled_worker_no_stall),                        \
         T(full_queue_backpressure), T(bad_frame_then_close_frees_worker), T(close_in_flight),      \
         T(set_workers_under_load), T(retired_worker_records_are_freed),                            \
         T(upload_declared_over_limit_413), T(refused_by_stopping_worker_goes_to_another),          \
