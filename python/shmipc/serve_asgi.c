@@ -407,13 +407,20 @@ static int take_body(asgi_send *self, PyObject *message)
     if (body == NULL && PyErr_Occurred())
         return -1;
     Py_buffer view = {0};
+    PyObject *copy = NULL; /* a memoryview's bytes */
     if (body != NULL) {
         if (!PyBytes_Check(body) && !PyByteArray_Check(body) && !PyMemoryView_Check(body)) {
             PyErr_Format(PyExc_TypeError, "the body must be bytes, not %s", Py_TYPE(body)->tp_name);
             return -1;
         }
-        if (PyObject_GetBuffer(body, &view, PyBUF_SIMPLE) < 0)
+        /* A strided view has no simple buffer (BufferError): its bytes, in order, as the pool's
+         * worker sends them (asgi.py). */
+        if (PyMemoryView_Check(body) && (body = copy = PyBytes_FromObject(body)) == NULL)
             return -1;
+        if (PyObject_GetBuffer(body, &view, PyBUF_SIMPLE) < 0) {
+            Py_XDECREF(copy);
+            return -1;
+        }
     }
     PyObject *more_o = PyDict_GetItemWithError(message, k_more_body);
     int more = 0;
@@ -445,6 +452,7 @@ static int take_body(asgi_send *self, PyObject *message)
     }
     if (view.obj != NULL)
         PyBuffer_Release(&view);
+    Py_XDECREF(copy);
     if (more)
         return 0;
     if (self->length >= 0 && self->sent < self->length && !bodyless(self)) {
@@ -470,6 +478,7 @@ static int take_body(asgi_send *self, PyObject *message)
 fail:
     if (view.obj != NULL)
         PyBuffer_Release(&view);
+    Py_XDECREF(copy);
     return -1;
 }
 

@@ -293,6 +293,36 @@ def test_streaming_response_more_body(serve):
     assert not flags & sf.RESP_CONTENT_LENGTH
 
 
+@pytest.mark.parametrize("more", [False, True])
+def test_bodies_of_any_buffer_are_sent_whole(serve, more):
+    """Regression: the body's length was len(body), a memoryview's count of items: one of 4-byte
+    items went out cut to a quarter (and its Content-Length said so), a non-contiguous one
+    raised. A bytearray was sent from the app's object, which the app could change before a
+    wait for room ended. Every bytes-like body now goes as its bytes, as they were at send()."""
+    import array
+    words = array.array("I", [0x01020304, 0x05060708, 0x090a0b0c])
+    strided = memoryview(b"a-b-c-d-")[::2]
+    pieces = [memoryview(words), strided, bytearray(b"tail")]
+    want = words.tobytes() + b"abcd" + b"tail"
+
+    async def app(scope, receive, send):
+        await read_body(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        if more:
+            for p in pieces:
+                await send({"type": "http.response.body", "body": p, "more_body": True})
+                if isinstance(p, bytearray):
+                    p[:] = b"XXXX"  # sent already: the change reaches nobody
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await send({"type": "http.response.body", "body": memoryview(bytearray(want))})
+    front = serve(app)
+    status, flags, length, _, body, last, _ = front.request()
+    assert (status, body, last) == (200, want, sf.END)
+    if not more:
+        assert flags & sf.RESP_CONTENT_LENGTH and length == len(want)
+
+
 @pytest.mark.parametrize("method,status", [(b"HEAD", 200), (b"GET", 204), (b"GET", 304)])
 def test_bodyless_responses_send_no_body_frames(serve, method, status):
     async def app(scope, receive, send):

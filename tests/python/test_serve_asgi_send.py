@@ -55,6 +55,22 @@ def test_a_whole_answer_once_with_the_servers_fields_filtered():
                               (b"Connection", b"close")], b"abcdef")]
 
 
+def test_bodies_of_any_buffer_are_their_bytes():
+    # As the pool's worker (test_serve_asgi.py test_bodies_of_any_buffer_are_sent_whole): a
+    # memoryview of 4-byte items is its bytes, a strided one too.
+    import array
+    words = array.array("I", [0x01020304, 0x05060708])
+    p = Pending()
+    r = sf.ASGISend("GET", p)
+
+    async def app():
+        await r.send(start(200))
+        await r.send(body(memoryview(words), True))
+        await r.send(body(memoryview(b"a-b-")[::2]))
+    run(app())
+    assert p.calls == [(200, [], words.tobytes() + b"ab")]
+
+
 @pytest.mark.parametrize("messages,exc", [
     ([42], TypeError),
     ([{"type": "nope"}], ValueError),

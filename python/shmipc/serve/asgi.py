@@ -155,8 +155,13 @@ class _Http:
 
     async def _body(self, message):
         body = message.get("body", b"")
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise TypeError(f"the body must be bytes, not {type(body).__name__}")
+        if not isinstance(body, bytes):
+            if not isinstance(body, (bytearray, memoryview)):
+                raise TypeError(f"the body must be bytes, not {type(body).__name__}")
+            # Its bytes as they are now: len() of a memoryview counts its items, not bytes (a
+            # view of 4-byte items went out cut to a quarter), a strided one cannot be cast,
+            # and the app may change a bytearray while a send below waits for room.
+            body = body.tobytes() if isinstance(body, memoryview) else bytes(body)
         more = bool(message.get("more_body", False))
         self.ex.check_abort()
         n = len(body)
