@@ -29,6 +29,20 @@ class BadStr(Exception):
         raise RuntimeError("no message")
 
 
+class FormatStr(str):
+    """A str that cannot be formatted (an f-string's {}): what BadFormat's __str__ gives."""
+
+    def __format__(self, spec):
+        raise RuntimeError("no format")
+
+
+class BadFormat(Exception):
+    """An exception whose __str__ gives a str subclass that raises when formatted."""
+
+    def __str__(self):
+        return FormatStr("a message")
+
+
 def wsgi(environ, start_response):
     path = environ["PATH_INFO"]
     if path == "/clear":  # all of it gone, then the failure
@@ -52,6 +66,13 @@ def wsgi(environ, start_response):
         def gen():
             yield b"x"
             raise BadStr()
+        return gen()
+    if path == "/bad-format-after-head":
+        start_response("200 OK", [])
+
+        def gen():
+            yield b"x"
+            raise BadFormat()
         return gen()
     if path == "/input-gone":  # the body left unread, wsgi.input replaced
         environ["wsgi.input"] = None
@@ -86,6 +107,10 @@ async def asgi(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"x", "more_body": True})
         raise BadStr()
+    if path == "/bad-format-after-head":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        raise BadFormat()
     if path == "/after-response":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"whole"})
@@ -154,6 +179,9 @@ def check_failures(port, logged, logtext, kind, pool):
     # An exception whose str() raises: the ABORT's text is its type alone.
     assert cut(port, "/bad-str-after-head") in after_head
     assert logged("the app failed on GET /bad-str-after-head\n")
+    # One whose str() gives a str subclass that cannot be formatted: the type alone too.
+    assert cut(port, "/bad-format-after-head") in after_head
+    assert logged("the app failed on GET /bad-format-after-head\n")
     if kind == "asgi":
         assert ask(port, "GET", "/after-response?y")[0] == 200
         assert logged("the app failed after its response on GET /after-response?y\n")

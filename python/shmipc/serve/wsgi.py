@@ -70,13 +70,12 @@ def request_line(frame):
 
 def _exc_text(exc):
     """An ABORT's text for the app's exception: "Type: message". The message is the app's
-    __str__, which may raise itself (or return no str): then the type alone; before, that
-    error escaped the failure's handling."""
+    __str__, which may raise itself (or return no str, or a str subclass whose formatting
+    raises): then the type alone; before, that error escaped the failure's handling."""
     try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 (the app's own __str__)
+        return f"{type(exc).__name__}: {str(exc)}"
+    except Exception:  # noqa: BLE001 (the app's own __str__, or its result's __format__)
         return f"{type(exc).__name__}: <str() failed>"
-    return f"{type(exc).__name__}: {text}"
 
 
 def _body_header(n):
