@@ -58,14 +58,21 @@ def request_line(frame):
     ASGI): from our own bytes, never from the environ or the scope, which the app may have
     changed by the time it failed. The target is as the client sent it, query included,
     latin-1 decoded; the HTTP parser lets only 0x21-0x7E through, and what else a frame may
-    carry (0x80-0xFF) and a log should not show raw (C1 controls, a soft hyphen) is escaped."""
+    carry (0x80-0xFF) and a log should not show raw (C1 controls, a soft hyphen) is escaped
+    ``\\xNN``, a backslash ``\\\\``: a client's own ``/\\x85`` (visible ASCII) never reads as
+    the byte 0x85."""
     ml, tl = _REQ_LENS.unpack_from(frame, _REQ_LENS_AT)
     at = _REQ_METHOD_AT + ml
     method = bytes(frame[_REQ_METHOD_AT:at]).decode("latin-1")
     target = bytes(frame[at:at + tl]).decode("latin-1")
-    if not target.isprintable():
-        target = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in target)
+    if not target.isprintable() or "\\" in target:
+        target = target.translate(_TARGET_ESCAPES)
     return f"{method} {target}"
+
+
+# request_line's escapes: what latin-1 holds that is not printable, and the backslash itself.
+_TARGET_ESCAPES = {c: f"\\x{c:02x}" for c in range(256) if not chr(c).isprintable()}
+_TARGET_ESCAPES[0x5C] = "\\\\"
 
 
 def _exc_text(exc):
