@@ -6,6 +6,7 @@ with the GIL held, and hands the return value to ``_normalize`` unless it is byt
 """
 
 import atexit
+import copyreg
 import json
 import logging
 import weakref
@@ -91,10 +92,12 @@ class Request(_shmipc._RequestBase):
 
     def __getstate__(self):
         """copy, deepcopy and pickle: the slots and the client (the C half's address, which
-        the default state leaves out: it refuses the type)."""
-        state = {n: getattr(self, n) for n in Request.__slots__ if hasattr(self, n)}
+        the default state leaves out: it refuses the type), and a subclass's own attributes
+        (its instance dict and slots)."""
+        names = copyreg._slotnames(type(self))  # what object's own reduce saves: every class's
+        state = {n: getattr(self, n) for n in names if hasattr(self, n)}
         state["_client"] = self._client
-        return None, state
+        return getattr(self, "__dict__", None) or None, state
 
     @property
     def headers(self):

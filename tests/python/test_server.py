@@ -300,6 +300,41 @@ def test_request_copy_deepcopy_and_pickle_keep_the_client(shmipc, backend, tmp_p
     assert copy.deepcopy(kept[0]).client is None
 
 
+def test_request_subclass_copy_keeps_its_own_attributes(shmipc):
+    """Regression: Request.__getstate__ gave back the slots and the client but no instance
+    dict, so an app's Request subclass lost its own attributes in copy.copy(), deepcopy() and
+    pickle (they were kept when the client was a plain slot and the default state ran)."""
+    import copy
+    import pickle
+
+    class NotedRequest(shmipc.Request):
+        pass
+    # pickle finds a class by its module and name
+    NotedRequest.__qualname__ = NotedRequest.__name__ = "_NotedRequest"
+    globals()["_NotedRequest"] = NotedRequest
+    try:
+        req = NotedRequest("GET", "/n", "q=1", "", "HTTP/1.1", None, b"body")
+        req._client = ("10.0.0.9", 4242)
+        req.note = {"seen": 1}
+        for dup in (copy.copy(req), copy.deepcopy(req), pickle.loads(pickle.dumps(req))):
+            assert type(dup) is NotedRequest
+            assert dup.note == {"seen": 1}, "the subclass's attribute was lost"
+            assert dup.client == ("10.0.0.9", 4242)
+            assert (dup.method, dup.path, dup.query, dup.body) == ("GET", "/n", "q=1", b"body")
+        assert copy.deepcopy(req).note is not req.note
+
+        class TaggedRequest(shmipc.Request):
+            __slots__ = ("tag",)
+        tagged = TaggedRequest("GET", "/t", "", "", "HTTP/1.1", None, b"")
+        tagged.tag = "mine"
+        for dup in (copy.copy(tagged), copy.deepcopy(tagged)):
+            assert dup.tag == "mine" and dup.path == "/t"
+        plain = shmipc.Request("GET", "/p", "", "", "HTTP/1.1", None, b"")
+        assert not hasattr(copy.copy(plain), "__dict__")  # no dict where the class has none
+    finally:
+        del globals()["_NotedRequest"]
+
+
 def test_404_405(shmipc, backend):
     s = started(shmipc, app, backend=backend)
     with s:
