@@ -297,8 +297,9 @@ def test_streaming_response_more_body(serve):
 def test_bodies_of_any_buffer_are_sent_whole(serve, more):
     """Regression: the body's length was len(body), a memoryview's count of items: one of 4-byte
     items went out cut to a quarter (and its Content-Length said so), a non-contiguous one
-    raised. A bytearray was sent from the app's object, which the app could change before a
-    wait for room ended. Every bytes-like body now goes as its bytes, as they were at send()."""
+    raised. Every bytes-like body now goes as its bytes, as they were at send(). (The bytearray
+    changed after its send() below does not reach the case where the send waits for room, where
+    the old code sent the app's object: this case passes on it.)"""
     import array
     words = array.array("I", [0x01020304, 0x05060708, 0x090a0b0c])
     strided = memoryview(b"a-b-c-d-")[::2]
