@@ -290,6 +290,55 @@ static void *guard_churn_main(void *arg)
  */
 enum { FORKS = 200, FORK_SECONDS = 5, CHILD_SECONDS = 5 };
 
+/*
+ * Forks up to FORKS times or for FORK_SECONDS, stopping at the first hang; each child runs
+ * `child(arg)` and exits 0. A child still there after CHILD_SECONDS hangs (it is killed). The
+ * number of forks; *hung and *failed count the children that hung and that exited otherwise.
+ */
+static int fork_children(void (*child)(void *), void *arg, int *hung, int *failed)
+{
+    int forks = 0;
+    uint64_t t0 = ipc_now_ms();
+    *hung = *failed = 0;
+    while (forks < FORKS && ipc_now_ms() - t0 < FORK_SECONDS * 1000 && *hung == 0) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            child(arg);
+            _exit(0);
+        }
+        forks++;
+        int status = 0;
+        pid_t got = 0;
+        uint64_t w0 = ipc_now_ms();
+        while ((got = waitpid(pid, &status, WNOHANG)) == 0 &&
+               ipc_now_ms() - w0 < CHILD_SECONDS * 1000)
+            usleep(1000);
+        if (got == 0) {
+            (*hung)++;
+            kill(pid, SIGKILL);
+            assert_int_equal(waitpid(pid, &status, 0), pid);
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            (*failed)++;
+        }
+    }
+    return forks;
+}
+
+struct inherited {
+    shmipc_listener *l;
+    shmipc_session *c, *s;
+};
+
+/* The guard's lock, or its count of handlers in flight, as the fork left them. */
+static void child_closes_the_pair(void *arg)
+{
+    struct inherited *in = arg;
+    shmipc_session_close(in->c);
+    shmipc_session_close(in->s);
+    shmipc_listener_close(in->l);
+}
+
 static void fork_while_guard_busy(int fault)
 {
     shmipc_config *cfg = config_for(V3_MEMFD);
@@ -304,33 +353,8 @@ static void fork_while_guard_busy(int fault)
     struct guard_churn g = {.fault = fault};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, guard_churn_main, &g), 0);
-    int forks = 0, hung = 0, failed = 0;
-    uint64_t t0 = ipc_now_ms();
-    while (forks < FORKS && ipc_now_ms() - t0 < FORK_SECONDS * 1000 && hung == 0) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            /* The guard's lock, or its count of handlers in flight, as the fork left them. */
-            shmipc_session_close(c);
-            shmipc_session_close(s);
-            shmipc_listener_close(l);
-            _exit(0);
-        }
-        forks++;
-        int status = 0;
-        pid_t got = 0;
-        uint64_t w0 = ipc_now_ms();
-        while ((got = waitpid(pid, &status, WNOHANG)) == 0 &&
-               ipc_now_ms() - w0 < CHILD_SECONDS * 1000)
-            usleep(1000);
-        if (got == 0) {
-            hung++;
-            kill(pid, SIGKILL);
-            assert_int_equal(waitpid(pid, &status, 0), pid);
-        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            failed++;
-        }
-    }
+    struct inherited in = {l, c, s};
+    int hung, failed, forks = fork_children(child_closes_the_pair, &in, &hung, &failed);
     atomic_store(&g.stop, 1);
     pthread_join(t, NULL);
     print_message("%d forks, %lu mappings made meanwhile\n", forks, g.rounds);
@@ -393,6 +417,15 @@ static void quiet_sink(int level, const char *line)
     (void)line;
 }
 
+/* The sink's lock, or its count of calls in flight, as the fork left them. */
+static void child_sets_the_sink(void *arg)
+{
+    (void)arg;
+    shmipc_set_log_sink(quiet_sink);
+    shmipc__log(SHMIPC__LOG_ERROR, "fork test: a line from the child");
+    shmipc_set_log_sink(NULL);
+}
+
 struct log_churn {
     atomic_int stop;
 };
@@ -421,32 +454,7 @@ static void fork_child_sets_the_log_sink_while_a_thread_logs(void **state)
     atomic_store(&sink_calls, 0);
     shmipc_set_log_sink(slow_sink);
     assert_int_equal(pthread_create(&t, NULL, log_churn_main, &lc), 0);
-    int forks = 0, hung = 0, failed = 0;
-    uint64_t t0 = ipc_now_ms();
-    while (forks < FORKS && ipc_now_ms() - t0 < FORK_SECONDS * 1000 && hung == 0) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            shmipc_set_log_sink(quiet_sink);
-            shmipc__log(SHMIPC__LOG_ERROR, "fork test: a line from the child");
-            shmipc_set_log_sink(NULL);
-            _exit(0);
-        }
-        forks++;
-        int status = 0;
-        pid_t got = 0;
-        uint64_t w0 = ipc_now_ms();
-        while ((got = waitpid(pid, &status, WNOHANG)) == 0 &&
-               ipc_now_ms() - w0 < CHILD_SECONDS * 1000)
-            usleep(1000);
-        if (got == 0) {
-            hung++;
-            kill(pid, SIGKILL);
-            assert_int_equal(waitpid(pid, &status, 0), pid);
-        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            failed++;
-        }
-    }
+    int hung, failed, forks = fork_children(child_sets_the_sink, NULL, &hung, &failed);
     atomic_store(&lc.stop, 1);
     pthread_join(t, NULL);
     shmipc_set_log_sink(NULL);
