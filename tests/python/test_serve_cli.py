@@ -340,15 +340,10 @@ def test_sigquit_is_a_graceful_stop(tmp_path, group):
         assert s.p.wait(timeout=30) == 0, "".join(s.err)
         assert result["r"][0] == 200, (result, "".join(s.err))
         assert b"path=/hold" in result["r"][1]
-        deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert [pid for pid in pids if alive(pid)] == []
+        assert left_alive(pids) == []
     finally:
         kill_tree(s.p)
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        left_alive(pids, timeout=0)
 
 
 @pytest.mark.parametrize("second", [True, False])
@@ -493,6 +488,21 @@ def test_print_and_exit_options_report_a_write_error(tmp_path, into):
                                preexec_fn=lambda: os.close(1))
         assert r.returncode == 1, (args, r.returncode, r.stderr)
         assert "shmipc-serve: write error" in r.stderr, (args, r.stderr)
+
+
+def left_alive(pids, timeout=10):
+    """The pids of `pids` still alive after waiting up to `timeout` s for all to end; each is
+    killed (SIGKILL) on the way out, so a failed check leaves no process behind."""
+    deadline = time.monotonic() + timeout
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it ended meanwhile
+    return left
 
 
 def processes_in(directory):
@@ -1072,13 +1082,7 @@ def test_workers_end_when_the_supervisor_is_killed(tmp_path):
     assert len(pids) == 2
     s.p.kill()
     s.p.wait(10)
-    deadline = time.monotonic() + 15
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = [pid for pid in pids if alive(pid)]
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert left == []
+    assert left_alive(pids, timeout=15) == []
 
 
 def spin_env(pid):
@@ -1210,15 +1214,10 @@ def test_native_worker_stops_gracefully_on_a_group_sigquit(tmp_path):
         t.join(60)
         assert s.p.wait(timeout=30) == 0, "".join(s.err)
         assert got["r"][0] == 200, (got, "".join(s.err))
-        deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert [pid for pid in pids if alive(pid)] == []
+        assert left_alive(pids) == []
     finally:
         kill_tree(s.p)
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        left_alive(pids, timeout=0)
 
 
 @pytest.mark.parametrize("kind", ["c", "lua"])
