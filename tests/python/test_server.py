@@ -147,7 +147,6 @@ def test_head_answer_says_gets_length(shmipc, backend):
 def test_request_client_is_the_clients_address(shmipc, backend):
     """Request.client: the client's (host, port), its own per connection (the server's request
     API had no peer address before)."""
-    import socket
 
     def setup(s):
         @s.route("GET", "/who")
@@ -230,20 +229,23 @@ def test_request_client_on_ipv6(shmipc, backend):
         assert req.client == ("::1", mine[1])
 
 
-def test_request_client_on_a_unix_listener_is_none(shmipc, backend, tmp_path):
-    """A unix listener's client has no (host, port): Request.client is None, in the handler
-    and from the kept Request."""
+def _unix_connect(path):
+    """A connect function for _kept_requests: a client of the unix listener at `path`."""
     import socket
-
-    path = str(tmp_path / "who.sock")
 
     def connect(s):
         c = socket.socket(socket.AF_UNIX)
         c.settimeout(10)
         c.connect(path)
         return c
+    return connect
 
-    seen, kept = _kept_requests(shmipc, backend, f"unix:{path}", connect)
+
+def test_request_client_on_a_unix_listener_is_none(shmipc, backend, tmp_path):
+    """A unix listener's client has no (host, port): Request.client is None, in the handler
+    and from the kept Request."""
+    path = str(tmp_path / "who.sock")
+    seen, kept = _kept_requests(shmipc, backend, f"unix:{path}", _unix_connect(path))
     assert [got for got, _ in seen] == [{"equal": True, "client": None}] * 2
     assert [req.client for req in kept] == [None, None]
 
@@ -288,14 +290,7 @@ def test_request_copy_deepcopy_and_pickle_keep_the_client(shmipc, backend, tmp_p
     assert dup.client is None
     # A unix listener's client (no address) stays None through a copy.
     path = str(tmp_path / "copy.sock")
-
-    def connect_unix(s):
-        c = socket.socket(socket.AF_UNIX)
-        c.settimeout(10)
-        c.connect(path)
-        return c
-
-    _, kept = _kept_requests(shmipc, backend, f"unix:{path}", connect_unix)
+    _, kept = _kept_requests(shmipc, backend, f"unix:{path}", _unix_connect(path))
     assert pickle.loads(pickle.dumps(kept[0])).client is None
     assert copy.deepcopy(kept[0]).client is None
 
