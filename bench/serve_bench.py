@@ -76,6 +76,21 @@ def _serve_built():
     return None if _serve_exe() else "shmipc-serve is not built"
 
 
+def _serve_c_app():
+    return os.path.join(BUILD, "bench", "libserve_bench_app.so")
+
+
+def _serve_c_cmd(*extra):
+    return lambda p, w: [_serve_exe(), "--c", _serve_c_app(), "--listen", f"127.0.0.1:{p}",
+                         "--workers", str(w), *extra]
+
+
+def _serve_c_built():
+    if not _serve_worker_exe():
+        return "shmipc-serve-worker is not built"
+    return None if os.path.exists(_serve_c_app()) else "bench/libserve_bench_app.so is not built"
+
+
 # The targets: name -> (group, argv(port, workers), why-not-available() or None[, extra env]).
 # One line to add a server.
 TARGETS = {
@@ -99,6 +114,14 @@ TARGETS = {
         _serve_exe(), "--lua", "serve_app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
         "--workers", str(w)], lambda: None if _serve_worker_exe() else
         "shmipc-serve-worker (with Lua) is not built"),
+    "shmipc-serve-lua-pipe16": ("ours", lambda p, w: [
+        _serve_exe(), "--lua", "serve_app", "--chdir", HERE, "--listen", f"127.0.0.1:{p}",
+        "--workers", str(w), "--pipeline", "16"], lambda: None if _serve_worker_exe() else
+        "shmipc-serve-worker (with Lua) is not built"),
+    # The C app (bench/serve_app.c): the pool with the cheapest worker, the floor under the
+    # Python and Lua apps of the same cell (docs/benchmarks.md, "The pool's floor").
+    "shmipc-serve-c": ("ours", _serve_c_cmd(), _serve_c_built),
+    "shmipc-serve-c-pipe16": ("ours", _serve_c_cmd("--pipeline", "16"), _serve_c_built),
     "inproc-native": ("ours", _inprocess_cmd("native"), lambda: None),
     "inproc-wsgi": ("ours", _inprocess_cmd("wsgi"), lambda: None),
     "inproc-asgi": ("ours", _inprocess_cmd("asgi"), lambda: None),

@@ -12,7 +12,8 @@ import pytest
 from conftest import BUILD, ROOT
 
 BENCH = os.path.join(ROOT, "bench", "serve_bench.py")
-OURS = ["shmipc-serve-wsgi", "shmipc-serve-asgi", "inproc-native", "inproc-wsgi", "inproc-asgi"]
+OURS = ["shmipc-serve-wsgi", "shmipc-serve-asgi", "shmipc-serve-c", "inproc-native", "inproc-wsgi",
+        "inproc-asgi"]
 
 pytestmark = pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 
