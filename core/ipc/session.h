@@ -118,6 +118,9 @@ struct shmipc_session {
     pthread_mutex_t mu;
     pthread_cond_t cond;
     pthread_mutex_t send_mu;
+    /* A deferred flush put an element without waking the peer: shmipc__session_wake_owed()
+     * sends that wakeup. Under send_mu. */
+    uint8_t wake_owed;
     int refs; /* under mu */
     /*
      * Called once the session is freed, with no lock held (shmipc__session_on_free): what
@@ -353,6 +356,17 @@ int shmipc__stream_flush(shmipc_stream *st);
 /* Flushes, and puts the close element right behind the data: one wakeup for both. The
  * stream must then be closed (shmipc__stream_close sends no second close). */
 int shmipc__stream_flush_close(shmipc_stream *st);
+/*
+ * shmipc__stream_flush() that does not wake the peer: the wakeup it would have sent is owed by
+ * the session until shmipc__session_wake_owed(), which the caller must call soon (an event
+ * loop: at the end of its turn), so that one wakeup carries every message of the turn. Until
+ * then a sleeping peer does not see the message. For a caller that flushes many streams of one
+ * session in a burst (the front of shmipc-serve); nothing else may rely on it.
+ */
+int shmipc__stream_flush_deferred(shmipc_stream *st);
+/* Sends the wakeup that deferred flushes owe, if any (and the peer is not working already):
+ * 0, or the error that ended the session. */
+int shmipc__session_wake_owed(shmipc_session *s);
 int shmipc__stream_read_chunk(shmipc_stream *st, size_t max, const void **ptr, size_t *len,
                               int flags);
 int shmipc__stream_read_exact(shmipc_stream *st, size_t n, const void **ptr, int flags);

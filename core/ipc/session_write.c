@@ -555,19 +555,41 @@ static int send_fallback(shmipc_stream *st)
     return rc;
 }
 
-static int flush(shmipc_stream *st, int close_after);
+static int flush(shmipc_stream *st, int close_after, int defer);
 
 int shmipc__stream_flush(shmipc_stream *st)
 {
-    return flush(st, 0);
+    return flush(st, 0, 0);
 }
 
 int shmipc__stream_flush_close(shmipc_stream *st)
 {
-    return flush(st, 1);
+    return flush(st, 1, 0);
 }
 
-static int flush(shmipc_stream *st, int close_after)
+int shmipc__stream_flush_deferred(shmipc_stream *st)
+{
+    return flush(st, 0, 1);
+}
+
+int shmipc__session_wake_owed(shmipc_session *s)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->send_mu);
+    if (s->wake_owed) {
+        s->wake_owed = 0;
+        rc = wake_peer(s);
+    }
+    pthread_mutex_unlock(&s->send_mu);
+    if (rc < 0) {
+        shmipc__session_lock(s);
+        rc = shmipc__session_fail_locked(s, rc);
+        shmipc__session_unlock(s);
+    }
+    return rc;
+}
+
+static int flush(shmipc_stream *st, int close_after, int defer)
 {
     shmipc_session *s = st->s;
     int rc = 0, heap = 0;
@@ -640,7 +662,12 @@ static int flush(shmipc_stream *st, int close_after)
             struct shmipc__queue_elem c = {st->id, 0, 1};
             if (close_after && shmipc__queue_put(&s->qp.send, &c) == 0)
                 st->close_sent = 1;
-            rc = wake_peer(s);
+            if (defer) {
+                s->wake_owed = 1;
+            } else {
+                s->wake_owed = 0; /* this wakeup is the one owed as well */
+                rc = wake_peer(s);
+            }
         }
         pthread_mutex_unlock(&s->send_mu);
         if (rc < 0 && rc != SHMIPC_EQUEUEFULL && rc != SHMIPC_ETIMEDOUT) {

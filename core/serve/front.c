@@ -41,6 +41,7 @@ static int thread_start(struct shmipc__loop *loop, unsigned index, unsigned nwor
     t->gen = atomic_load(&f->gen) - 1u;
     shmipc__timer_init(loop, &t->kick, shmipc__front_on_kick, t);
     shmipc__timer_init(loop, &t->alog_timer, shmipc__front_on_log_timer, t);
+    shmipc__timer_init(loop, &t->wake_timer, shmipc__front_on_wake, t);
     if (f->alog != NULL && (rc = shmipc__access_buf_init(&t->alog, f->alog)) < 0) {
         free(t->scratch);
         free(t);
@@ -111,6 +112,7 @@ static int thread_end(struct shmipc__loop *loop, unsigned index, unsigned nworke
     }
     free(t->sess);
     shmipc__timer_stop(&t->kick);
+    shmipc__timer_stop(&t->wake_timer);
     /* Every request was logged as the server cancelled it: the last lines go out now. */
     shmipc__timer_stop(&t->alog_timer);
     shmipc__access_buf_free(&t->alog);

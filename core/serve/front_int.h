@@ -96,7 +96,8 @@ struct fsess {
     uint8_t in_ready;     /* fs_ready's turn runs: an unlink leaves the free to it */
     uint8_t down_due;     /* its timer takes it down with down_rc (requeue_head) */
     int down_rc;
-    uint8_t gone; /* unlinked during that turn */
+    uint8_t gone;      /* unlinked during that turn */
+    uint8_t wake_owed; /* a deferred flush: its worker is woken at the end of the turn */
     uint32_t backoff_ms;
     struct shmipc__timer timer; /* reconnect */
     /* A connect the thread's connector runs: the fsess stays linked (never freed) until the
@@ -142,6 +143,10 @@ struct fthread {
     uint8_t *scratch;
     struct shmipc__access_buf alog;  /* when the front logs: this thread's lines */
     struct shmipc__timer alog_timer; /* writes them out at most SHMIPC__ACCESS_FLUSH_MS late */
+    /* Wakes, at the end of the turn, the workers whose requests this turn flushed (deferred:
+     * one wakeup of a worker for all of them, instead of one that preempts the front at each
+     * request when both share a CPU). */
+    struct shmipc__timer wake_timer;
     struct fconnector conn;
 };
 
@@ -284,6 +289,7 @@ int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc);
 int shmipc__front_requeue(struct fthread *t, struct freq *r);
 void shmipc__front_pump(struct fthread *t);
 void shmipc__front_on_kick(struct shmipc__timer *timer);
+void shmipc__front_on_wake(struct shmipc__timer *timer);
 void shmipc__front_on_nudge(struct shmipc__watch *watch, int fd, unsigned events, void *data);
 
 #endif

@@ -32,6 +32,40 @@ void shmipc__front_kick(struct fthread *t)
         SHMIPC__LOG(SHMIPC__LOG_ERROR, "front: cannot start a timer: %s", shmipc__detail());
 }
 
+/*
+ * The end of a turn in which requests were flushed without waking their workers. Every fsess
+ * a request is flushed to is in t->sess until it is unlinked and freed (fs_unlink), when its
+ * session closes: none is missed.
+ */
+void shmipc__front_on_wake(struct shmipc__timer *timer)
+{
+    struct fthread *t = timer->data;
+    for (unsigned i = 0; i < t->nsess; i++) {
+        struct fsess *fs = t->sess[i];
+        if (fs->wake_owed) {
+            fs->wake_owed = 0;
+            if (fs->s != NULL)
+                (void)shmipc__session_wake_owed(fs->s); /* a failure ends the session: seen */
+        }
+    }
+}
+
+/* Flushes r's stream, its worker woken at the end of the turn (shmipc__front_on_wake). */
+static int flush_deferred(struct freq *r)
+{
+    struct fthread *t = r->t;
+    int rc = shmipc__stream_flush_deferred(r->st);
+    if (!r->fs->wake_owed) {
+        r->fs->wake_owed = 1;
+        if (!shmipc__timer_active(&t->wake_timer) && shmipc__timer_start(&t->wake_timer, 0) < 0) {
+            /* No timer: wake now rather than never. */
+            r->fs->wake_owed = 0;
+            (void)shmipc__session_wake_owed(r->fs->s);
+        }
+    }
+    return rc;
+}
+
 /* A held-bytes peak of the stats, raised to `now` if that is more. */
 static void peak_raise(atomic_ullong *peak, unsigned long long now)
 {
@@ -734,7 +768,7 @@ int shmipc__front_req_send(struct freq *r)
             rc = write_frame_hdr(r->st, SHMIPC__SF_END, 0);
     }
     if (rc == 0)
-        rc = shmipc__stream_flush(r->st);
+        rc = flush_deferred(r);
     if (rc < 0)
         return rc;
     mark_sent(r);

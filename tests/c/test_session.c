@@ -238,6 +238,20 @@ static void reserve_commit_writes_in_place(void **state)
     shmipc_config_free(cfg);
 }
 
+/* 0, or a code that says the session ended. */
+static void rc_ok_or_ended(int rc)
+{
+    assert_true(rc == 0 || rc == SHMIPC_ECONNRESET || rc == SHMIPC_EEOF || rc == SHMIPC_ECLOSED ||
+                rc == SHMIPC_EPIPE);
+}
+
+/* Writes `text` to `st` and flushes it without waking the peer (shmipc__stream_flush_deferred). */
+static void ipc_write_text_deferred(shmipc_stream *st, const char *text)
+{
+    assert_int_equal(shmipc_stream_write(st, text, strlen(text)), 0);
+    assert_int_equal(shmipc__stream_flush_deferred(st), 0);
+}
+
 /* A connected client and server session in this process, both with `cfg`. */
 static void pair_open(struct ipc_pair *p, const shmipc_config *cfg)
 {
@@ -1396,6 +1410,95 @@ static void *blocked_read_main(void *arg)
         b->rc = shmipc_stream_release(b->st);
     }
     return NULL;
+}
+
+/*
+ * shmipc__stream_flush_deferred() (the front of shmipc-serve, one wakeup per loop turn): the
+ * message is in the queue at once, the wakeup waits for shmipc__session_wake_owed(), which
+ * sends one for every deferred flush before it, and none when nothing is owed or the peer is
+ * working already. `v4_eventfd`: the wakeup is an eventfd's, else a Polling message (V3).
+ */
+static void deferred_flush(int v4_eventfd)
+{
+    shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+    if (v4_eventfd)
+        assert_int_equal(shmipc_config_with_v4_eventfd(cfg), 0);
+    struct ipc_pair p;
+    pair_open(&p, cfg);
+    shmipc_stream *cs[2], *ss[2];
+    first_message(&p, &cs[0], &ss[0], "first");
+    first_message(&p, &cs[1], &ss[1], "first");
+    /* The server ran out of news: its working flag is down, the next put must wake it. */
+    const void *q;
+    size_t n;
+    assert_int_equal(shmipc_stream_read_chunk(ss[0], 0, &q, &n, SHMIPC_NONBLOCK), SHMIPC_EAGAIN);
+    struct pollfd pfd = {shmipc_session_fileno(p.server), POLLIN, 0};
+    assert_int_equal(poll(&pfd, 1, 0), 0);
+
+    /* Two streams flushed deferred: both messages queued, no wakeup yet. */
+    ipc_write_text_deferred(cs[0], "second");
+    ipc_write_text_deferred(cs[1], "third");
+    assert_int_equal(p.client->wake_owed, 1);
+    assert_int_equal(shmipc__queue_size(&p.client->qp.send), 2);
+    assert_int_equal(poll(&pfd, 1, 0), 0);
+
+    /* The owed wakeup: one, for both. */
+    assert_int_equal(shmipc__session_wake_owed(p.client), 0);
+    assert_int_equal(p.client->wake_owed, 0);
+    assert_int_equal(poll(&pfd, 1, 1000), 1);
+    ipc_expect_text(ss[0], "second");
+    ipc_expect_text(ss[1], "third");
+
+    /* Nothing owed: nothing sent. */
+    assert_int_equal(shmipc_stream_read_chunk(ss[0], 0, &q, &n, SHMIPC_NONBLOCK), SHMIPC_EAGAIN);
+    assert_int_equal(poll(&pfd, 1, 0), 0);
+    assert_int_equal(shmipc__session_wake_owed(p.client), 0);
+    assert_int_equal(poll(&pfd, 1, 0), 0);
+
+    /* A plain flush after a deferred one sends the wakeup both owe, and clears the debt. */
+    ipc_write_text_deferred(cs[0], "fourth");
+    ipc_send_text(cs[1], "fifth");
+    assert_int_equal(p.client->wake_owed, 0);
+    assert_int_equal(poll(&pfd, 1, 1000), 1);
+    ipc_expect_text(ss[0], "fourth");
+    ipc_expect_text(ss[1], "fifth");
+
+    /* A reader asleep in a blocking read gets a deferred message once it is owed no more. */
+    struct blocked_read b = {.st = ss[0]};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, blocked_read_main, &b), 0);
+    ipc_write_text_deferred(cs[0], "sixth");
+    assert_int_equal(shmipc__session_wake_owed(p.client), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(b.rc, 0);
+    assert_int_equal(b.len, 5);
+    assert_memory_equal(b.got, "sixth", 5);
+
+    /* After the peer is gone: a deferred flush fails as a flush does; the wake is harmless. */
+    shmipc_stream_close(ss[0]);
+    shmipc_stream_close(ss[1]);
+    shmipc_session_close(p.server);
+    p.server = NULL;
+    assert_true(shmipc_stream_read_chunk(cs[0], 0, &q, &n, 0) < 0); /* the peer's end seen */
+    int wrc = shmipc_stream_write(cs[0], "x", 1);
+    assert_true(wrc < 0 || shmipc__stream_flush_deferred(cs[0]) < 0);
+    rc_ok_or_ended(shmipc__session_wake_owed(p.client));
+    shmipc_stream_close(cs[0]);
+    shmipc_stream_close(cs[1]);
+    ipc_pair_close(&p);
+    shmipc_config_free(cfg);
+}
+
+static void deferred_flush_wakes_at_wake_owed_v3(void **state)
+{
+    (void)state;
+    deferred_flush(0);
+}
+
+static void deferred_flush_wakes_at_wake_owed_v4_eventfd(void **state)
+{
+    (void)state;
+    deferred_flush(1);
 }
 
 /*
@@ -2740,6 +2843,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(flush_close_sends_the_end_right_behind_the_data,
                                         memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(flush_close_misuse, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test(deferred_flush_wakes_at_wake_owed_v3),
+        cmocka_unit_test(deferred_flush_wakes_at_wake_owed_v4_eventfd),
         cmocka_unit_test_setup_teardown(second_close_wakes_nobody, memfd_pair_open,
                                         memfd_pair_close),
         cmocka_unit_test(second_closes_fill_at_most_half_the_queue),
