@@ -46,7 +46,7 @@ struct slot {
     uint64_t started_ns;
     uint64_t ready_ns;
     uint64_t deadline_ns;   /* STARTING: the start timeout; STOPPING: SIGKILL; BACKOFF: respawn */
-    uint32_t stop_ms;       /* STOPPING: the time its SIGTERM gives it before SIGKILL */
+    uint64_t term_ns;       /* STOPPING: when it got its SIGTERM */
     struct sup_pipe out[2]; /* stdout (to out_fd), stderr (to err_fd) */
     char address[96];
 };

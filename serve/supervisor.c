@@ -248,9 +248,18 @@ static void begin_stop_slot(shmipc__sup *sup, struct slot *s, uint64_t now)
     if (s->state == SHMIPC__SUP_STOPPING)
         return;
     s->state = SHMIPC__SUP_STOPPING;
-    s->stop_ms = sup->cfg.graceful_timeout_ms;
+    s->term_ns = now;
     s->deadline_ns = now + sup->cfg.graceful_timeout_ms * NS_PER_MS;
     shmipc__sup_signal(s, SIGTERM);
+}
+
+/* A stopping slot gets its SIGKILL at `at` at the latest. A deadline only ever moves earlier:
+ * a failed boot's 0.5 s gave a worker whose SIGKILL was due sooner (a reload's superseded one)
+ * more time (test_boot_failure_never_delays_an_earlier_deadline). */
+static void stop_by(struct slot *s, uint64_t at)
+{
+    if (s->state == SHMIPC__SUP_STOPPING && at < s->deadline_ns)
+        s->deadline_ns = at;
 }
 
 static void begin_stop(shmipc__sup *sup, uint64_t now);
@@ -258,6 +267,13 @@ static void begin_stop(shmipc__sup *sup, uint64_t now);
 /* How long the other workers have after their SIGTERM when a failed boot ends the run: none was
  * ever ready, so none has a request to finish. */
 #define BOOT_FAILED_STOP_MS 500u
+
+static uint64_t boot_failed_stop_at(const shmipc__sup *sup, uint64_t now)
+{
+    uint32_t ms = sup->cfg.graceful_timeout_ms < BOOT_FAILED_STOP_MS ? sup->cfg.graceful_timeout_ms
+                                                                     : BOOT_FAILED_STOP_MS;
+    return now + ms * NS_PER_MS;
+}
 
 /*
  * end_on_boot_failure: worker `s` ended before its ready line (`how`: its status, or the
@@ -277,13 +293,9 @@ static int boot_failure(shmipc__sup *sup, const struct slot *s, pid_t pid, const
                      s->index, s->gen, (int)pid, how, SHMIPC__SUP_BOOT_FAILED);
     sup->boot_failed = 1;
     begin_stop(sup, now);
-    uint32_t ms = sup->cfg.graceful_timeout_ms < BOOT_FAILED_STOP_MS ? sup->cfg.graceful_timeout_ms
-                                                                     : BOOT_FAILED_STOP_MS;
+    uint64_t at = boot_failed_stop_at(sup, now);
     for (size_t i = 0; i < sup->nw; i++)
-        if (sup->w[i].state == SHMIPC__SUP_STOPPING) {
-            sup->w[i].stop_ms = ms;
-            sup->w[i].deadline_ns = now + ms * NS_PER_MS;
-        }
+        stop_by(&sup->w[i], at);
     return 1;
 }
 
@@ -518,7 +530,7 @@ static uint64_t run_timers(shmipc__sup *sup, uint64_t now)
                     sup,
                     "worker %u (generation %u, pid %d) still running %.1f s after SIGTERM: "
                     "killed",
-                    s->index, s->gen, (int)s->pid, s->stop_ms / 1000.0);
+                    s->index, s->gen, (int)s->pid, (double)(s->deadline_ns - s->term_ns) / 1e9);
                 shmipc__sup_signal(s, SIGKILL);
                 s->killed = 1;
             } else {

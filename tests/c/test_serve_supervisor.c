@@ -1020,6 +1020,33 @@ static void test_many_workers(void **state)
 
 /* ---- reload ---------------------------------------------------------------------------- */
 
+/* The generation the last "reload: starting generation G" line of the log named (waits up to
+ * 5 s for `count` such lines). */
+static unsigned reload_generation(struct harness *h, unsigned count)
+{
+    static const char key[] = "reload: starting generation ";
+    uint64_t end = ms_now() + 5000;
+    for (;;) {
+        char *log = slurp(h->log_path);
+        unsigned n = 0, gen = 0;
+        for (char *p = strstr(log, key); p != NULL; p = strstr(p + 1, key)) {
+            n++;
+            gen = (unsigned)strtoul(p + sizeof key - 1, NULL, 10);
+        }
+        if (n >= count) {
+            free(log);
+            return gen;
+        }
+        if (ms_now() > end) {
+            print_message("log:\n%s\n", log);
+            free(log);
+            fail_msg("%u reloads not logged in time", count);
+        }
+        free(log);
+        sleep_ms(10);
+    }
+}
+
 static void test_reload_new_ready_before_old_term(void **state)
 {
     (void)state;
@@ -1148,6 +1175,116 @@ static void test_reload_to_a_broken_generation_keeps_the_old_one(void **state)
     }
     assert_false(slot_of(&h, g0, 0, &w));
     wait_ready(&h, 2, 5000);
+    harness_finish(&h);
+}
+
+/*
+ * Regression: a failed boot that ends the run gave every stopping worker 0.5 s from then, also
+ * one whose SIGKILL was due earlier (a reload's superseded worker that ignores SIGTERM): its
+ * deadline moved later. A deadline now only moves earlier. Made certain by holding the
+ * supervisor's lock until both the failed boot (worker of the first generation exits 2) and the
+ * superseded worker's deadline are there, so the loop sees them in one round: that worker is
+ * killed in that round, and the line says the 2.0 s its SIGTERM gave it.
+ */
+static void test_boot_failure_never_delays_an_earlier_deadline(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    char script[1024], first[160], fail[160];
+    snprintf(first, sizeof first, "%s/first", h.dir);
+    snprintf(fail, sizeof fail, "%s/fail", h.dir);
+    /* The first worker waits for "fail", then exits 2 (a failed boot); any later one ignores
+     * SIGTERM (then says so with a file named after its pid) and is never ready. */
+    snprintf(script, sizeof script,
+             "if mkdir %s 2>/dev/null; then i=0; while [ ! -e %s ] && [ $i -lt 3000 ]; do "
+             "sleep 0.01; i=$((i+1)); done; exit 2; fi; trap '' TERM; touch %s/trapped.$$; "
+             "exec sleep 30",
+             first, fail, h.dir);
+    shmipc__sup_config c = base_config(&h, SH(script), 1);
+    c.end_on_boot_failure = 1;
+    c.graceful_timeout_ms = 2000;
+    harness_start(&h, &c);
+    unsigned g0 = first_generation(&h);
+    shmipc__sup_worker_info w0 = {0}, w1 = {0};
+    uint64_t end = ms_now() + 10000;
+    while (!slot_of(&h, g0, 0, &w0) || w0.pid <= 0 || access(first, F_OK) != 0) {
+        assert_true(ms_now() < end);
+        sleep_ms(5);
+    }
+    shmipc__sup_reload(h.sup);
+    unsigned g1 = reload_generation(&h, 1);
+    char trapped[200];
+    for (;;) {
+        if (slot_of(&h, g1, 0, &w1) && w1.pid > 0) {
+            snprintf(trapped, sizeof trapped, "%s/trapped.%d", h.dir, (int)w1.pid);
+            if (access(trapped, F_OK) == 0)
+                break;
+        }
+        assert_true(ms_now() < end);
+        sleep_ms(5);
+    }
+    /* A reload during the reload: g1's worker gets SIGTERM (ignored), SIGKILL due in 2 s. */
+    shmipc__sup_reload(h.sup);
+    for (;;) {
+        assert_true(slot_of(&h, g1, 0, &w1));
+        if (w1.state == SHMIPC__SUP_STOPPING)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(5);
+    }
+    pthread_mutex_lock(&h.sup->mu);
+    uint64_t due = 0;
+    int killed = 1;
+    for (size_t i = 0; i < h.sup->nw; i++)
+        if (h.sup->w[i].gen == g1) {
+            due = h.sup->w[i].deadline_ns;
+            killed = h.sup->w[i].killed;
+        }
+    if (killed) {
+        pthread_mutex_unlock(&h.sup->mu);
+        fail_msg("the loop passed the 2 s deadline before the test could hold it");
+    }
+    int ffd = open(fail, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(ffd >= 0);
+    close(ffd);
+    siginfo_t si;
+    for (;;) { /* the first worker exited (not reaped: the supervisor reaps it) */
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)w0.pid, &si, WEXITED | WNOWAIT | WNOHANG) == 0 &&
+            si.si_pid == w0.pid)
+            break;
+        assert_true(ms_now() < end + 5000);
+        sleep_ms(5);
+    }
+    for (;;) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        if ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec > due + 10 * NS_PER_MS)
+            break;
+        sleep_ms(10);
+    }
+    pthread_mutex_unlock(&h.sup->mu);
+    wait_log(&h, "failed to boot (exit 2) and no worker was ever ready", 5000);
+    /* The round that logged it ran its timers before the lock could be had again. */
+    pthread_mutex_lock(&h.sup->mu);
+    char line[200];
+    snprintf(line, sizeof line,
+             "worker 0 (generation %u, pid %d) still running 2.0 s after SIGTERM: killed", g1,
+             (int)w1.pid);
+    int said = file_contains(h.log_path, line);
+    pthread_mutex_unlock(&h.sup->mu);
+    if (!said) {
+        char *log = slurp(h.log_path);
+        print_message("log:\n%s\n", log);
+        free(log);
+    }
+    assert_true(said);
+    assert_int_equal(pthread_join(h.th, NULL), 0);
+    h.running = 0;
+    assert_int_equal(h.rc, SHMIPC__SUP_BOOT_FAILED);
+    assert_true(pid_gone(w1.pid));
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
     harness_finish(&h);
 }
 
@@ -2042,6 +2179,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_many_workers),
         cmocka_unit_test(test_reload_new_ready_before_old_term),
         cmocka_unit_test(test_reload_to_a_broken_generation_keeps_the_old_one),
+        cmocka_unit_test(test_boot_failure_never_delays_an_earlier_deadline),
         cmocka_unit_test(test_stop_during_a_reload),
         cmocka_unit_test(test_stop_kills_a_worker_that_ignores_term),
         cmocka_unit_test(test_stop_is_quick_for_a_polite_worker),
