@@ -40,7 +40,8 @@ struct slot {
     int state;
     unsigned restarts;
     int last_status;
-    int killed; /* SIGKILL sent (start timeout or graceful deadline) */
+    int killed;      /* SIGKILL sent (start timeout or graceful deadline) */
+    int boot_failed; /* a reload's new worker that ended before its ready line (once or more) */
     uint32_t delay_ms;
     uint32_t last_delay_ms;
     uint64_t started_ns;
@@ -62,6 +63,7 @@ struct shmipc__sup {
     size_t nw, capw;
     unsigned cur_gen; /* the newest generation */
     unsigned act_gen; /* the generation serving; != cur_gen while a reload is under way */
+    int reload_ready; /* a worker of the reload's generation (cur_gen) was ever ready */
     int ran;
     int stopping;
     int ever_ready;  /* a worker of the run printed its ready line */

@@ -264,8 +264,9 @@ static void stop_by(struct slot *s, uint64_t at)
 
 static void begin_stop(shmipc__sup *sup, uint64_t now);
 
-/* How long the other workers have after their SIGTERM when a failed boot ends the run: none was
- * ever ready, so none has a request to finish. */
+/* How long the other workers have after their SIGTERM when a failed boot ends the run (none was
+ * ever ready, so none has a request to finish), and a given-up reload's workers (none of them
+ * was ready). */
 #define BOOT_FAILED_STOP_MS 500u
 
 static uint64_t boot_failed_stop_at(const shmipc__sup *sup, uint64_t now)
@@ -299,6 +300,56 @@ static int boot_failure(shmipc__sup *sup, const struct slot *s, pid_t pid, const
     return 1;
 }
 
+/*
+ * A reload's new generation that cannot boot is given up, as nginx, on a SIGHUP with a bad
+ * configuration, logs the error and keeps its old workers: before, its workers were restarted
+ * with back-off for good beside the old ones. The rule: every worker of the new generation
+ * ended before its ready line at least once (exited, killed at the start timeout, or could not
+ * be spawned) while none of them was ever ready. One that got ready makes the others' failures
+ * restarts as any (back-off; the reload completes when they come up). Worker `s` of cur_gen
+ * (`pid` 0: it could not be spawned) just failed, as `how` says. Giving up removes the new
+ * generation's slots that have no process and stops the others (never ready: nothing in
+ * flight, so 0.5 s as a failed boot's), and the generation serving goes on as if no reload
+ * had come; a later reload starts afresh. Returns whether it gave up (slots were removed).
+ */
+static int reload_boot_failure(shmipc__sup *sup, struct slot *s, pid_t pid, const char *how,
+                               uint64_t now)
+{
+    if (sup->stopping || sup->cur_gen == sup->act_gen || s->gen != sup->cur_gen ||
+        sup->reload_ready)
+        return 0;
+    s->boot_failed = 1;
+    for (size_t i = 0; i < sup->nw; i++)
+        if (sup->w[i].gen == sup->cur_gen && !sup->w[i].boot_failed)
+            return 0;
+    unsigned gen = sup->cur_gen;
+    char who[48];
+    if (pid > 0)
+        snprintf(who, sizeof who, "worker %u, pid %d", s->index, (int)pid);
+    else
+        snprintf(who, sizeof who, "worker %u", s->index);
+    shmipc__sup_logf(sup,
+                     "reload: generation %u failed to boot: all %u of its workers ended before "
+                     "their ready line (the last: %s: %s); the reload is given up: generation "
+                     "%u keeps serving, a SIGHUP tries again",
+                     gen, sup->cfg.workers, who, how, sup->act_gen);
+    sup->cur_gen = sup->act_gen;
+    uint64_t at = boot_failed_stop_at(sup, now);
+    for (size_t i = 0; i < sup->nw;) {
+        struct slot *w = &sup->w[i];
+        if (w->gen == gen && w->pid <= 0) {
+            remove_slot(sup, i);
+            continue;
+        }
+        if (w->gen == gen) {
+            begin_stop_slot(sup, w, now);
+            stop_by(w, at);
+        }
+        i++;
+    }
+    return 1;
+}
+
 /* A slot's process exited with `status`: restart it, or drop it (stopping, old generation). */
 static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
 {
@@ -316,10 +367,14 @@ static void on_exit_(shmipc__sup *sup, size_t i, int status, uint64_t now)
     double ran = (double)(now - s->started_ns) / 1e9;
     s->pid = 0;
     s->last_status = status;
-    if (was == SHMIPC__SUP_READY)
+    if (was == SHMIPC__SUP_READY) {
         sup->ever_ready = 1;
-    /* The stop removes this slot (no process any more) with the others that have none. */
-    if (was == SHMIPC__SUP_STARTING && boot_failure(sup, s, pid, how, now))
+        sup->reload_ready |= s->gen == sup->cur_gen;
+    }
+    /* The stop, or the given-up reload, removes this slot (no process any more) with the others
+     * that have none. */
+    if (was == SHMIPC__SUP_STARTING &&
+        (boot_failure(sup, s, pid, how, now) || reload_boot_failure(sup, s, pid, how, now)))
         return;
     if (sup->stopping || was == SHMIPC__SUP_STOPPING ||
         (s->gen != sup->cur_gen && s->gen != sup->act_gen)) {
@@ -368,8 +423,14 @@ static void reap(shmipc__sup *sup, uint64_t now)
                     status = -1; /* reaped by someone else: the status is lost */
                 size_t before = sup->nw;
                 on_exit_(sup, i, status, now);
-                if (sup->nw < before)
+                if (sup->nw + 1 == before)
                     continue; /* slot i removed; the next one moved into i */
+                if (sup->nw < before) {
+                    /* A stop or a given-up reload removed others too, before i maybe: from the
+                     * start again (the slots reaped have no pid any more). */
+                    i = 0;
+                    continue;
+                }
             }
         }
         i++;
@@ -452,6 +513,7 @@ static void do_reload(shmipc__sup *sup, uint64_t now)
     shmipc__sup_logf(sup, "reload: starting generation %u (generation %u serves until it is ready)",
                      gen, sup->act_gen);
     sup->cur_gen = gen;
+    sup->reload_ready = 0;
 }
 
 /* The new generation is all ready: it serves alone, then the old ones are told to stop. */
@@ -551,10 +613,12 @@ static uint64_t run_timers(shmipc__sup *sup, uint64_t now)
             }
             if (now >= at) {
                 shmipc__sup_spawn(sup, s, now);
-                /* posix_spawn failed (no such interpreter): a failed boot too. The stop
-                 * changed the slots: the loop's next round takes it from there. */
+                /* posix_spawn failed (no such interpreter): a failed boot too. The stop, or
+                 * the given-up reload, changed the slots: the loop's next round takes it from
+                 * there. */
                 if (s->state == SHMIPC__SUP_BACKOFF &&
-                    boot_failure(sup, s, 0, "it could not be started", now))
+                    (boot_failure(sup, s, 0, "it could not be started", now) ||
+                     reload_boot_failure(sup, s, 0, "it could not be started", now)))
                     return now;
             }
             NEXT(s->state == SHMIPC__SUP_BACKOFF ? at : s->deadline_ns);
@@ -651,8 +715,11 @@ int shmipc__sup_run(shmipc__sup *sup)
     for (;;) {
         uint64_t now = shmipc__now_ns();
         /* Ready lines read in the last round count before any exit is looked at. */
-        for (size_t i = 0; i < sup->nw && !sup->ever_ready; i++)
-            sup->ever_ready = sup->w[i].state == SHMIPC__SUP_READY;
+        for (size_t i = 0; i < sup->nw; i++)
+            if (sup->w[i].state == SHMIPC__SUP_READY) {
+                sup->ever_ready = 1;
+                sup->reload_ready |= sup->w[i].gen == sup->cur_gen;
+            }
         drain_ctl(sup, now);
         reap(sup, now);
         uint64_t next = run_timers(sup, now);

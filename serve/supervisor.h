@@ -104,7 +104,10 @@ int shmipc__sup_new(const shmipc__sup_config *cfg, shmipc__sup **out);
 int shmipc__sup_run(shmipc__sup *sup);
 
 /* Thread and async-signal safe requests to the loop. A second stop while stopping kills
- * the workers at once (the second Ctrl-C). Before run(), they take effect when it starts. */
+ * the workers at once (the second Ctrl-C). Before run(), they take effect when it starts.
+ * A reload whose every new worker ended before its ready line, none of them ever ready, is
+ * given up (logged; the serving generation goes on as if no reload had come): docs/serve.md
+ * "Reload". */
 void shmipc__sup_stop(shmipc__sup *sup);
 void shmipc__sup_reload(shmipc__sup *sup);
 void shmipc__sup_request_status(shmipc__sup *sup); /* prints the status on log_fd */

@@ -1020,33 +1020,6 @@ static void test_many_workers(void **state)
 
 /* ---- reload ---------------------------------------------------------------------------- */
 
-/* The generation the last "reload: starting generation G" line of the log named (waits up to
- * 5 s for `count` such lines). */
-static unsigned reload_generation(struct harness *h, unsigned count)
-{
-    static const char key[] = "reload: starting generation ";
-    uint64_t end = ms_now() + 5000;
-    for (;;) {
-        char *log = slurp(h->log_path);
-        unsigned n = 0, gen = 0;
-        for (char *p = strstr(log, key); p != NULL; p = strstr(p + 1, key)) {
-            n++;
-            gen = (unsigned)strtoul(p + sizeof key - 1, NULL, 10);
-        }
-        if (n >= count) {
-            free(log);
-            return gen;
-        }
-        if (ms_now() > end) {
-            print_message("log:\n%s\n", log);
-            free(log);
-            fail_msg("%u reloads not logged in time", count);
-        }
-        free(log);
-        sleep_ms(10);
-    }
-}
-
 static void test_reload_new_ready_before_old_term(void **state)
 {
     (void)state;
@@ -1136,7 +1109,67 @@ static void test_reload_new_ready_before_old_term(void **state)
     harness_finish(&h);
 }
 
-static void test_reload_to_a_broken_generation_keeps_the_old_one(void **state)
+/* The generation the last "reload: starting generation G" line of the log named (waits up to
+ * 5 s for `count` such lines). */
+static unsigned reload_generation(struct harness *h, unsigned count)
+{
+    static const char key[] = "reload: starting generation ";
+    uint64_t end = ms_now() + 5000;
+    for (;;) {
+        char *log = slurp(h->log_path);
+        unsigned n = 0, gen = 0;
+        for (char *p = strstr(log, key); p != NULL; p = strstr(p + 1, key)) {
+            n++;
+            gen = (unsigned)strtoul(p + sizeof key - 1, NULL, 10);
+        }
+        if (n >= count) {
+            free(log);
+            return gen;
+        }
+        if (ms_now() > end) {
+            print_message("log:\n%s\n", log);
+            free(log);
+            fail_msg("%u reloads not logged in time", count);
+        }
+        free(log);
+        sleep_ms(10);
+    }
+}
+
+/* Waits until the supervisor holds exactly the slots of generation `gen` (n of them, all ready,
+ * each with the pid pids[i] when pids is not NULL). */
+static void wait_only_generation(struct harness *h, unsigned gen, unsigned n, const pid_t *pids,
+                                 unsigned timeout_ms)
+{
+    uint64_t end = ms_now() + timeout_ms;
+    for (;;) {
+        shmipc__sup_worker_info w[16];
+        size_t k = shmipc__sup_snapshot(h->sup, w, 16);
+        int ok = k == n;
+        for (size_t i = 0; ok && i < k; i++)
+            ok = w[i].generation == gen && w[i].state == SHMIPC__SUP_READY &&
+                 (pids == NULL || w[i].pid == pids[w[i].index]);
+        if (ok)
+            return;
+        if (ms_now() > end) {
+            char *log = slurp(h->log_path);
+            print_message("%zu slots; log:\n%s\n", k, log);
+            free(log);
+            fail_msg("not only generation %u's %u workers in time", gen, n);
+        }
+        sleep_ms(10);
+    }
+}
+
+/*
+ * Regression: a reload to a broken app (every new worker exits before its ready line) was
+ * retried with back-off for good, beside the old generation. As nginx on a HUP with a bad
+ * configuration, the reload is now given up once every worker of the new generation failed to
+ * boot and none was ready: one line says so, the new generation's slots are gone (nothing left
+ * to respawn), the old workers serve on with their pids, and are supervised as before (one
+ * killed is restarted); a later reload, the app fixed, completes.
+ */
+static void test_reload_to_a_broken_generation_is_given_up(void **state)
 {
     (void)state;
     struct harness h;
@@ -1144,37 +1177,268 @@ static void test_reload_to_a_broken_generation_keeps_the_old_one(void **state)
     char flag[160], script[512];
     snprintf(flag, sizeof flag, "%s/broken", h.dir);
     snprintf(script, sizeof script,
-             "[ -e %s ] && exit 4; echo \"w ready on {address}\"; exec sleep 30", flag);
+             "[ -e %s ] && { echo 'cannot load app' >&2; exit 4; }; echo \"w ready on {address}\"; "
+             "exec sleep 30",
+             flag);
     shmipc__sup_config c = base_config(&h, SH(script), 2);
     c.backoff_min_ms = 20;
     c.backoff_max_ms = 100;
     harness_start(&h, &c);
     wait_ready(&h, 2, 10000);
     unsigned g0 = first_generation(&h);
-    shmipc__sup_worker_info o0;
+    shmipc__sup_worker_info o0, o1;
     assert_true(slot_of(&h, g0, 0, &o0));
-    int fd = open(flag, O_CREAT | O_WRONLY, 0600);
+    assert_true(slot_of(&h, g0, 1, &o1));
+    pid_t old[2] = {o0.pid, o1.pid};
+    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
     assert_true(fd >= 0);
     close(fd);
+    unsigned sets_before;
+    ready_count(&h, &sets_before);
     shmipc__sup_reload(h.sup);
-    /* The new generation fails; the old one goes on serving, untouched. */
-    sleep_ms(800);
-    assert_int_equal(ready_count(&h, NULL), 2);
-    shmipc__sup_worker_info w = {0};
-    assert_true(slot_of(&h, g0, 0, &w));
-    assert_int_equal(w.pid, o0.pid);
-    assert_int_equal(w.state, SHMIPC__SUP_READY);
-    assert_false(pid_gone(o0.pid));
-    assert_int_equal(shmipc__sup_snapshot(h.sup, NULL, 0), 4);
-    /* Fixed: the new generation comes up and replaces the old. */
+    unsigned g1 = reload_generation(&h, 1);
+    char line[160];
+    snprintf(line, sizeof line, "reload: generation %u failed to boot: all 2 of its workers", g1);
+    wait_log(&h, line, 10000);
+    wait_log(&h, "exit 4); the reload is given up: generation", 100);
+    /* As if no reload had happened: the old workers, their pids, the set never changed. */
+    wait_only_generation(&h, g0, 2, old, 5000);
+    unsigned sets_now;
+    assert_int_equal(ready_count(&h, &sets_now), 2);
+    assert_int_equal(sets_now, sets_before);
+    uint64_t spawns = shmipc__sup_spawns(h.sup);
+    /* The old generation keeps its supervision: killed, worker 0 is restarted in it (the app
+     * fixed first: a restart loads what is on disk), and that is the only spawn since. */
     unlink(flag);
+    assert_int_equal(kill(o0.pid, SIGKILL), 0);
+    shmipc__sup_worker_info w = {0};
     uint64_t end = ms_now() + 10000;
-    while (!pid_gone(o0.pid) || shmipc__sup_snapshot(h.sup, NULL, 0) != 2) {
+    for (;;) {
+        assert_true(slot_of(&h, g0, 0, &w));
+        if (w.state == SHMIPC__SUP_READY && w.pid != o0.pid)
+            break;
         assert_true(ms_now() < end);
         sleep_ms(10);
     }
-    assert_false(slot_of(&h, g0, 0, &w));
-    wait_ready(&h, 2, 5000);
+    assert_int_equal(w.restarts, 1);
+    assert_int_equal(shmipc__sup_spawns(h.sup), spawns + 1);
+    assert_int_equal(shmipc__sup_snapshot(h.sup, NULL, 0), 2);
+    /* A later reload tries again, and completes. */
+    shmipc__sup_reload(h.sup);
+    unsigned g2 = reload_generation(&h, 2);
+    assert_true(g2 != g1 && g2 != g0);
+    wait_only_generation(&h, g2, 2, NULL, 10000);
+    end = ms_now() + 10000;
+    while (!pid_gone(w.pid) || !pid_gone(o1.pid)) {
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    wait_log(&h, "reload: generation", 100);
+    assert_int_equal(ready_count(&h, NULL), 2);
+    harness_finish(&h);
+}
+
+/* A reload whose workers cannot even be spawned (the program is gone) is given up the same
+ * way, and one whose workers are not ready within the start timeout (killed) too. */
+static void test_reload_that_cannot_spawn_or_times_out_is_given_up(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    char prog[160], flag[160];
+    snprintf(prog, sizeof prog, "%s/worker.sh", h.dir);
+    snprintf(flag, sizeof flag, "%s/silent", h.dir);
+    FILE *f = fopen(prog, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\n[ -e %s ] && exec sleep 30\necho \"w ready on $1\"\nexec sleep 30\n",
+            flag);
+    fclose(f);
+    assert_int_equal(chmod(prog, 0700), 0);
+    shmipc__sup_config c = base_config(&h, (const char *const[]){prog, "{address}", NULL}, 2);
+    c.backoff_min_ms = 20;
+    c.backoff_max_ms = 100;
+    c.start_timeout_ms = 1000;
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned g0 = first_generation(&h);
+    shmipc__sup_worker_info o0, o1;
+    assert_true(slot_of(&h, g0, 0, &o0));
+    assert_true(slot_of(&h, g0, 1, &o1));
+    pid_t old[2] = {o0.pid, o1.pid};
+    /* Not ready within the start timeout: killed, a failed boot. */
+    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    shmipc__sup_reload(h.sup);
+    unsigned g1 = reload_generation(&h, 1);
+    char line[160];
+    snprintf(line, sizeof line, "reload: generation %u failed to boot: all 2 of its workers", g1);
+    wait_log(&h, line, 15000);
+    wait_log(&h, "signal 9); the reload is given up", 100);
+    wait_only_generation(&h, g0, 2, old, 5000);
+    /* Cannot be spawned. */
+    unlink(flag);
+    assert_int_equal(unlink(prog), 0);
+    shmipc__sup_reload(h.sup);
+    unsigned g2 = reload_generation(&h, 2);
+    snprintf(line, sizeof line, "reload: generation %u failed to boot: all 2 of its workers", g2);
+    wait_log(&h, line, 10000);
+    wait_log(&h, "it could not be started); the reload is given up", 100);
+    wait_only_generation(&h, g0, 2, old, 5000);
+    harness_finish(&h);
+}
+
+/* Not broken: a reload where one new worker gets ready and another keeps failing follows the
+ * restart policy (the failing one restarted with back-off, old and new serving together) and
+ * completes once it comes up. The rule is "every new worker failed before any was ready". */
+static void test_reload_with_a_ready_new_worker_is_not_given_up(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    char flag[160], script[512];
+    snprintf(flag, sizeof flag, "%s/broken1", h.dir);
+    /* The address ends in -INDEX-HEX: worker 1 fails while the flag exists. */
+    snprintf(script, sizeof script,
+             "a={address}; a=${a%%-*}; [ -e %s ] && [ \"${a##*-}\" = 1 ] && exit 4; "
+             "echo \"w ready on {address}\"; exec sleep 30",
+             flag);
+    shmipc__sup_config c = base_config(&h, SH(script), 2);
+    c.backoff_min_ms = 20;
+    c.backoff_max_ms = 40;
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned g0 = first_generation(&h);
+    shmipc__sup_worker_info o0;
+    assert_true(slot_of(&h, g0, 0, &o0));
+    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    shmipc__sup_reload(h.sup);
+    unsigned g1 = reload_generation(&h, 1);
+    shmipc__sup_worker_info w = {0};
+    uint64_t end = ms_now() + 15000;
+    for (;;) {
+        shmipc__sup_worker_info n0 = {0};
+        if (slot_of(&h, g1, 0, &n0) && n0.state == SHMIPC__SUP_READY && slot_of(&h, g1, 1, &w) &&
+            w.restarts >= 3 && ready_count(&h, NULL) == 3)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    assert_false(file_contains(h.log_path, "given up"));
+    assert_true(slot_of(&h, g0, 0, &w));
+    assert_int_equal(w.pid, o0.pid);
+    unlink(flag);
+    wait_only_generation(&h, g1, 2, NULL, 10000);
+    assert_true(file_contains(h.log_path, "reload: generation"));
+    assert_false(file_contains(h.log_path, "given up"));
+    harness_finish(&h);
+}
+
+/* A reload during a failing reload: the first new generation (its workers still starting) is
+ * superseded, the second one fails and is given up (one line, naming it), and the old workers
+ * never stopped serving. */
+static void test_reload_during_a_failing_reload(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    char flag[160], go[160], script[768];
+    snprintf(flag, sizeof flag, "%s/broken", h.dir);
+    snprintf(go, sizeof go, "%s/go", h.dir);
+    /* Broken: a worker waits for "go", then fails to boot. */
+    snprintf(script, sizeof script,
+             "if [ -e %s ]; then i=0; while [ ! -e %s ] && [ $i -lt 3000 ]; do sleep 0.01; "
+             "i=$((i+1)); done; echo 'cannot load app' >&2; exit 2; fi; "
+             "echo \"w ready on {address}\"; exec sleep 30",
+             flag, go);
+    shmipc__sup_config c = base_config(&h, SH(script), 2);
+    c.backoff_min_ms = 20;
+    c.backoff_max_ms = 100;
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned g0 = first_generation(&h);
+    shmipc__sup_worker_info o0, o1;
+    assert_true(slot_of(&h, g0, 0, &o0));
+    assert_true(slot_of(&h, g0, 1, &o1));
+    pid_t old[2] = {o0.pid, o1.pid};
+    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    unsigned sets_before;
+    ready_count(&h, &sets_before);
+    shmipc__sup_reload(h.sup);
+    unsigned g1 = reload_generation(&h, 1);
+    shmipc__sup_reload(h.sup);
+    unsigned g2 = reload_generation(&h, 2);
+    assert_true(g2 != g1);
+    fd = open(go, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    char line[160];
+    snprintf(line, sizeof line, "reload: generation %u failed to boot: all 2 of its workers", g2);
+    wait_log(&h, line, 10000);
+    wait_only_generation(&h, g0, 2, old, 5000);
+    char *log = slurp(h.log_path);
+    char *p = strstr(log, "the reload is given up");
+    assert_non_null(p);
+    assert_null(strstr(p + 1, "the reload is given up"));
+    snprintf(line, sizeof line, "reload: generation %u failed", g1);
+    assert_null(strstr(log, line));
+    free(log);
+    unsigned sets_now;
+    assert_int_equal(ready_count(&h, &sets_now), 2);
+    assert_int_equal(sets_now, sets_before);
+    harness_finish(&h);
+}
+
+/* A stop while a reload fails (one new worker failed, the other hangs before its ready line and
+ * ignores SIGTERM) stops every generation within the graceful timeout: run() returns 0. */
+static void test_stop_during_a_failing_reload(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    char flag[160], trapped[160], script[768];
+    snprintf(flag, sizeof flag, "%s/broken", h.dir);
+    snprintf(trapped, sizeof trapped, "%s/trapped", h.dir);
+    snprintf(script, sizeof script,
+             "a={address}; a=${a%%-*}; if [ -e %s ]; then if [ \"${a##*-}\" = 0 ]; then exit 2; "
+             "fi; trap '' TERM; touch %s; exec sleep 30; fi; echo \"w ready on {address}\"; "
+             "exec sleep 30",
+             flag, trapped);
+    shmipc__sup_config c = base_config(&h, SH(script), 2);
+    c.graceful_timeout_ms = 300;
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned g0 = first_generation(&h);
+    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    shmipc__sup_reload(h.sup);
+    unsigned g1 = reload_generation(&h, 1);
+    shmipc__sup_worker_info w[8];
+    uint64_t end = ms_now() + 10000;
+    for (;;) {
+        shmipc__sup_worker_info x;
+        if (access(trapped, F_OK) == 0 && slot_of(&h, g1, 0, &x) && x.restarts >= 1)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    size_t n = shmipc__sup_snapshot(h.sup, w, 8);
+    assert_int_equal(n, 4);
+    shmipc__sup_stop(h.sup);
+    harness_join(&h); /* rc 0 */
+    for (size_t i = 0; i < n; i++)
+        if (w[i].pid > 0)
+            assert_true(pid_gone(w[i].pid));
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
+    assert_true(file_contains(h.log_path, "still running 0.3 s after SIGTERM: killed"));
+    assert_false(file_contains(h.log_path, "given up"));
+    (void)g0;
     harness_finish(&h);
 }
 
@@ -2178,7 +2442,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_instant_clean_exits_are_capped_too),
         cmocka_unit_test(test_many_workers),
         cmocka_unit_test(test_reload_new_ready_before_old_term),
-        cmocka_unit_test(test_reload_to_a_broken_generation_keeps_the_old_one),
+        cmocka_unit_test(test_reload_to_a_broken_generation_is_given_up),
+        cmocka_unit_test(test_reload_that_cannot_spawn_or_times_out_is_given_up),
+        cmocka_unit_test(test_reload_with_a_ready_new_worker_is_not_given_up),
+        cmocka_unit_test(test_reload_during_a_failing_reload),
+        cmocka_unit_test(test_stop_during_a_failing_reload),
         cmocka_unit_test(test_boot_failure_never_delays_an_earlier_deadline),
         cmocka_unit_test(test_stop_during_a_reload),
         cmocka_unit_test(test_stop_kills_a_worker_that_ignores_term),

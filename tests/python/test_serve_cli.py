@@ -283,6 +283,183 @@ def test_reloads_under_large_uploads_lose_none(tmp_path):
         assert s.stop() == 0
 
 
+# Apps a deploy breaks: one that no longer imports, one that imports but whose worker exits 1
+# before its ready line (the module closes stdout: the worker's "ready on" print raises).
+BROKEN_APPS = {
+    "import fails": "import nosuchmodule_after_the_deploy\n",
+    "exits 1 after import": "import sys\nsys.stdout.close()\n" + APP,
+}
+
+
+class Load:
+    """Clients that POST unique bodies until stopped; every answer must echo its own request,
+    and the pid that answered is kept."""
+
+    def __init__(self, s, clients=2):
+        self.s, self.failures, self.pids, self.done = s, [], [], threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(k,)) for k in range(clients)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, k):
+        i = 0
+        while not self.done.is_set() and i < 20000:
+            body = b"%d.%d." % (k, i) + os.urandom(8).hex().encode()
+            try:
+                status, out = self.s.request("POST", f"/r/{k}/{i}", body)
+            except OSError as e:
+                self.failures.append(("error", repr(e)))
+            else:
+                if status != 200 or not out.endswith(b" path=/r/%d/%d body=" % (k, i) + body):
+                    self.failures.append((status, out[:100]))
+                else:
+                    self.pids.append(int(out.split()[0][4:]))
+            i += 1
+
+    def wait_more(self, n, timeout=30):
+        """Waits (up to `timeout` s) until n more requests than now were answered."""
+        want = len(self.pids) + n
+        deadline = time.monotonic() + timeout
+        while len(self.pids) < want:
+            assert time.monotonic() < deadline, (len(self.pids), want, self.failures[:5])
+            time.sleep(0.02)
+
+    def stop(self):
+        self.done.set()
+        for t in self.threads:
+            t.join(60)
+
+
+def wait_processes(directory, want, timeout=20):
+    """Waits (up to `timeout` s) until the live processes working in `directory` (the workers)
+    are the pids `want`; returns them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = sorted(processes_in(directory))
+        if now == sorted(want) or time.monotonic() >= deadline:
+            return now
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_APPS))
+def test_reload_to_a_broken_app_is_given_up(tmp_path, case):
+    """Regression: a SIGHUP after a deploy that broke the app retried the new workers with
+    back-off for good beside the old ones. As nginx on a HUP with a bad configuration, once
+    every new worker failed before any was ready the reload is given up: one line says so, the
+    new workers are gone, the old ones answer every request throughout (unique bodies, no
+    502/503, each answered by an old pid), and a SIGHUP after the fix replaces them."""
+    s = Serve(tmp_path, workers=2, env={"PYTHONDONTWRITEBYTECODE": "1"})
+    load = None
+    try:
+        old = s.worker_pids(2)
+        load = Load(s)
+        load.wait_more(20)
+        (tmp_path / "cliapp.py").write_text(BROKEN_APPS[case])
+        s.p.send_signal(signal.SIGHUP)
+        assert s.wait_err("the reload is given up", 30), "".join(s.err)[-3000:]
+        line = next(x for x in s.err if "the reload is given up" in x)
+        assert "failed to boot: all 2 of its workers ended before their ready line" in line, line
+        assert ("exit 2" if case == "import fails" else "exit 1") in line, line
+        says = ("cannot load cliapp:app: ModuleNotFoundError" if case == "import fails"
+                else "ValueError: I/O operation on closed file")
+        assert s.wait_err(says, 5), "".join(s.err)[-3000:]
+        assert wait_processes(tmp_path, old) == sorted(old)
+        load.wait_more(20)
+        load.stop()
+        assert load.failures == [], (load.failures[:5], "".join(s.err)[-3000:])
+        assert set(load.pids) <= set(old), (set(load.pids) - set(old), old)
+        assert s.worker_pids(2) == old
+        # Fixed, a SIGHUP tries again and replaces every worker.
+        (tmp_path / "cliapp.py").write_text(APP)
+        s.p.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        new = old
+        while time.monotonic() < deadline:
+            new = s.worker_pids(2)
+            if len(new) == 2 and not set(new) & set(old):
+                break
+            time.sleep(0.1)
+        assert len(new) == 2 and not set(new) & set(old), (old, new, "".join(s.err)[-3000:])
+        status, out = s.request("GET", "/fixed")
+        assert status == 200 and b"path=/fixed" in out
+        assert left_alive(old) == []
+    finally:
+        if load is not None:
+            load.stop()
+        assert s.stop() == 0
+
+
+def test_two_quick_sighups_to_a_broken_app(tmp_path):
+    """Two SIGHUPs back to back after a broken deploy (the second reload supersedes the first,
+    or both are read as one): given up, no new worker left, the old ones answer throughout."""
+    s = Serve(tmp_path, workers=2, env={"PYTHONDONTWRITEBYTECODE": "1"})
+    load = None
+    try:
+        old = s.worker_pids(2)
+        load = Load(s)
+        load.wait_more(10)
+        (tmp_path / "cliapp.py").write_text(BROKEN_APPS["import fails"])
+        s.p.send_signal(signal.SIGHUP)
+        s.p.send_signal(signal.SIGHUP)
+        assert s.wait_err("the reload is given up", 30), "".join(s.err)[-3000:]
+        assert wait_processes(tmp_path, old) == sorted(old), "".join(s.err)[-3000:]
+        load.wait_more(20)
+        load.stop()
+        assert load.failures == [], (load.failures[:5], "".join(s.err)[-3000:])
+        assert set(load.pids) <= set(old)
+        assert s.worker_pids(2) == old
+        # Nothing of the given-up generations is retried: no worker starts after the last line
+        # about them (the next requests find the same processes).
+        load = Load(s)
+        load.wait_more(20)
+        load.stop()
+        assert load.failures == [] and set(load.pids) <= set(old)
+        assert wait_processes(tmp_path, old, timeout=0) == sorted(old)
+    finally:
+        if load is not None:
+            load.stop()
+        assert s.stop() == 0
+
+
+def test_sigterm_during_a_failing_reload(tmp_path):
+    """SIGTERM while a reload's new workers hang in the import of a broken app (ignoring
+    SIGTERM) stops everything within --graceful-timeout, exit 0 (docs/serve.md's exit status
+    table), no process left; the old workers answered until then."""
+    s = Serve(tmp_path, "--graceful-timeout", "2", workers=2,
+              env={"PYTHONDONTWRITEBYTECODE": "1"})
+    load = None
+    try:
+        old = s.worker_pids(2)
+        load = Load(s)
+        load.wait_more(10)
+        (tmp_path / "cliapp.py").write_text(
+            "import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "open('importing.%d' % os.getpid(), 'w').close()\ntime.sleep(60)\n"
+            "raise ImportError('never')\n")
+        s.p.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("importing.*"))) < 2:
+            assert time.monotonic() < deadline, "".join(s.err)[-3000:]
+            time.sleep(0.02)
+        load.wait_more(10)
+        load.stop()
+        assert load.failures == [] and set(load.pids) <= set(old), load.failures[:5]
+        t0 = time.monotonic()
+        s.p.send_signal(signal.SIGTERM)
+        rc = s.p.wait(timeout=30)
+        took = time.monotonic() - t0
+        assert rc == 0, "".join(s.err)[-3000:]
+        assert took < 8, (took, "".join(s.err)[-3000:])
+        assert wait_processes(tmp_path, [], timeout=5) == []
+        assert "given up" not in "".join(s.err)
+    finally:
+        if load is not None:
+            load.stop()
+        kill_tree(s.p)
+        for pid in processes_in(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_sigterm_answers_the_request_in_flight_and_leaves_nothing(tmp_path):
     s = Serve(tmp_path, workers=1)
     pids = s.worker_pids(1)
