@@ -132,7 +132,7 @@ typedef struct shmipc_serve_request {
     uint8_t version_minor;      /**< HTTP/1.<minor>: 0 or 1 */
     uint8_t scheme;             /**< 0: http; 1: https (reserved) */
     uint16_t reserved;          /**< 0 */
-    uint64_t content_length;    /**< with SHMIPC_SERVE_REQ_CONTENT_LENGTH */
+    uint64_t content_length;    /**< with SHMIPC_SERVE_REQ_CONTENT_LENGTH; at most 2^63 - 1 */
     shmipc_serve_addr peer;     /**< the client */
     shmipc_serve_addr local;    /**< the listener */
     const uint8_t *method;      /**< not NUL-terminated */
@@ -154,7 +154,7 @@ typedef struct shmipc_serve_response {
     uint32_t flags;             /**< SHMIPC_SERVE_RESP_* */
     uint16_t status;            /**< 100..599 */
     uint16_t reserved;          /**< 0 */
-    uint64_t content_length;    /**< with SHMIPC_SERVE_RESP_CONTENT_LENGTH */
+    uint64_t content_length;    /**< with SHMIPC_SERVE_RESP_CONTENT_LENGTH; at most 2^63 - 1 */
     uint32_t nfields;           /**< decoded: the number of header fields */
     uint32_t reserved2;         /**< 0 */
     shmipc_serve_fields fields; /**< decoded: the header fields */

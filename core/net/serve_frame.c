@@ -254,6 +254,12 @@ static int decode_request(const uint8_t *p, uint32_t len, struct shmipc__sf_fram
     r->content_length = get64(p + 12);
     if (!(r->flags & SHMIPC__SF_REQ_CONTENT_LENGTH) && r->content_length != 0)
         return shmipc__fail(SHMIPC_EPROTO, "serve frame: content length without its flag");
+    /* The front's HTTP parser gives at most 2^63 - 1, the bound of a RESPONSE_HEAD too: a
+     * larger length is no request a client sent. Before, the workers took up to 2^64 - 1 (the
+     * Lua worker's req.content_length, a signed integer, read 2^64 - 1 as -1). */
+    if (r->content_length > (uint64_t)INT64_MAX)
+        return shmipc__fail(SHMIPC_EPROTO, "serve frame: content length %" PRIu64 " over 2^63 - 1",
+                            r->content_length);
     if ((r->flags & SHMIPC__SF_REQ_CONTENT_LENGTH) && (r->flags & SHMIPC__SF_REQ_CHUNKED))
         return shmipc__fail(SHMIPC_EPROTO, "serve frame: both content length and chunked");
     if ((r->flags & (SHMIPC__SF_REQ_CONTENT_LENGTH | SHMIPC__SF_REQ_CHUNKED)) &&

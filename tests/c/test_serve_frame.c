@@ -168,6 +168,55 @@ static void test_request_head_round_trip(void **state)
     attack(buf, (size_t)n);
 }
 
+/*
+ * Regression: a REQUEST_HEAD's content_length of 2^63 .. 2^64 - 1 decoded (the Lua worker's
+ * req.content_length read 2^64 - 1 as -1), though the front's HTTP parser gives at most
+ * 2^63 - 1 and a RESPONSE_HEAD past it was refused. One bound both ways now: 2^63 - 1 is the
+ * largest, a larger one is SHMIPC_EPROTO, and the encoders write none (SHMIPC_EINVAL).
+ */
+static void test_content_length_over_2_63_is_refused_both_ways(void **state)
+{
+    (void)state;
+    static const uint64_t over[] = {(uint64_t)INT64_MAX + 1, UINT64_MAX - 1, UINT64_MAX};
+    uint8_t buf[1024];
+    struct shmipc__sf_frame f;
+    struct shmipc__sf_request q = sample_request();
+    q.content_length = (uint64_t)INT64_MAX;
+    long n = shmipc__sf_encode_request_head(buf, sizeof(buf), &q, req_fields);
+    assert_true(n > 0);
+    f = decode_whole(buf, (size_t)n);
+    assert_true(f.u.req.content_length == (uint64_t)INT64_MAX);
+    struct shmipc__sf_response r = {.flags = SHMIPC__SF_RESP_CONTENT_LENGTH,
+                                    .status = 200,
+                                    .content_length = (uint64_t)INT64_MAX};
+    uint8_t rbuf[64];
+    long rn = shmipc__sf_encode_response_head(rbuf, sizeof(rbuf), &r, NULL);
+    assert_true(rn > 0);
+    f = decode_whole(rbuf, (size_t)rn);
+    assert_true(f.u.resp.content_length == (uint64_t)INT64_MAX);
+    for (size_t i = 0; i < sizeof(over) / sizeof(over[0]); i++) {
+        uint8_t *at = buf + 12 + 12, *rat = rbuf + 12 + 8;
+        for (int b = 0; b < 8; b++) {
+            at[b] = (uint8_t)(over[i] >> (8 * b));
+            rat[b] = (uint8_t)(over[i] >> (8 * b));
+        }
+        assert_int_equal(shmipc__sf_decode(buf, (size_t)n, &f), SHMIPC_EPROTO);
+        assert_non_null(strstr(shmipc_error_detail(), "over 2^63 - 1"));
+        assert_int_equal(shmipc__sf_decode(rbuf, (size_t)rn, &f), SHMIPC_EPROTO);
+        q.content_length = over[i];
+        assert_int_equal(shmipc__sf_encode_request_head(buf, sizeof(buf), &q, req_fields),
+                         SHMIPC_EINVAL);
+        r.content_length = over[i];
+        assert_int_equal(shmipc__sf_encode_response_head(rbuf, sizeof(rbuf), &r, NULL),
+                         SHMIPC_EINVAL);
+        /* The encoders refused: the frames are written again, as before, for the next turn. */
+        q.content_length = (uint64_t)INT64_MAX;
+        r.content_length = (uint64_t)INT64_MAX;
+        assert_int_equal(shmipc__sf_encode_request_head(buf, sizeof(buf), &q, req_fields), n);
+        assert_int_equal(shmipc__sf_encode_response_head(rbuf, sizeof(rbuf), &r, NULL), rn);
+    }
+}
+
 /* The example of docs/serve.md, byte for byte: the documented offsets are the real ones. */
 static void test_documented_example(void **state)
 {
@@ -648,6 +697,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_request_head_round_trip),
         cmocka_unit_test(test_documented_example),
+        cmocka_unit_test(test_content_length_over_2_63_is_refused_both_ways),
         cmocka_unit_test(test_response_head_round_trip),
         cmocka_unit_test(test_body_end_abort_ws_round_trip),
         cmocka_unit_test(test_bad_frames),

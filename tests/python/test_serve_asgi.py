@@ -19,7 +19,8 @@ from shmipc.serve.asgi import ASGIHandler, LifespanFailed  # noqa: E402
 from shmipc.serve.asgi_worker import ASGIWorker  # noqa: E402
 from shmipc.serve.worker import Worker  # noqa: E402
 from test_serve_worker import (  # noqa: E402
-    BAD_LEFTOVERS, BODY_LIES, Front, bad_frames_behind_an_answer, frame, head)
+    BAD_LEFTOVERS, BODY_LIES, Front, bad_frames_behind_an_answer, frame, head,
+    length_bound_is_kept)
 
 # ---- the scope --------------------------------------------------------------------------
 
@@ -270,6 +271,18 @@ def test_body_that_contradicts_its_head_is_a_bad_frame(serve, flags, clen, chunk
     st.close()
     assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL), (typ, arg, seen)
     assert all(len(b) <= clen for b in seen), seen
+
+
+def test_request_content_length_over_2_63_is_abort_protocol(serve):
+    # test_serve_worker.py's case: a head's content_length past 2^63 - 1 is ABORT PROTOCOL
+    # (the app never runs); 2^63 - 1 reaches the app, which answers without reading the body.
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            raise RuntimeError("no lifespan")
+        await send({"type": "http.response.start", "status": 200})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    length_bound_is_kept(serve(app), answer=b"ok")
 
 
 def test_unique_bodies_many_sequential_requests(serve):

@@ -18,7 +18,7 @@ from conftest import BUILD, ROOT, unique_address
 
 sf = pytest.importorskip("shmipc._serve")
 from test_serve_worker import (BAD_LEFTOVERS, Front, bad_frames_behind_an_answer,  # noqa: E402
-                               frame, head)
+                               frame, head, length_bound_is_kept)
 
 WORKER = os.path.join(BUILD, "serve", "shmipc-serve-worker")
 
@@ -254,6 +254,26 @@ def test_body_that_contradicts_its_content_length_is_a_bad_frame(worker, chunks)
     assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL)
     st.close()
     assert w.front.request(b"POST", b"/echo", body=b"abc")[4] == b"abc"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_request_content_length_over_2_63_is_abort_protocol(tmp_path, kind):
+    # test_serve_worker.py's case: a head's content_length past 2^63 - 1 is ABORT PROTOCOL
+    # (the handler never runs); 2^63 - 1 reaches it. The C example's /early answers without
+    # reading the body; the Lua handler says the req.content_length it got (2^64 - 1 was -1).
+    if kind == "c":
+        w = Proc("c")
+        target, answer = b"/early", b"ok"
+    else:
+        (tmp_path / "length.lua").write_text(
+            "return function(req) return 200, {}, tostring(req.content_length) end\n")
+        w = Proc("lua", app=["--lua", "length"], cwd=tmp_path)
+        target, answer = b"/", None
+    try:
+        length_bound_is_kept(w.front, target, answer)
+    finally:
+        w.p.terminate()
+        w.finish()
 
 
 def test_late_abort_is_not_a_request_and_max_requests(worker):

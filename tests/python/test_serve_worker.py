@@ -183,8 +183,8 @@ def test_encoders_refuse_integers_out_of_their_fields_range():
     take any int modulo 2**64 or 2**32 (content_length=2**64 + 5 went out as 5, type 2**32 + 3
     as END), and a peer or local that is not a tuple was a SystemError."""
     post = sf.REQ_CONTENT_LENGTH | sf.REQ_HAS_BODY
-    assert sf.decode_request(head(b"POST", flags=post, content_length=2**64 - 1),
-                             None)["CONTENT_LENGTH"] == str(2**64 - 1)
+    assert sf.decode_request(head(b"POST", flags=post, content_length=2**63 - 1),
+                             None)["CONTENT_LENGTH"] == str(2**63 - 1)
     for clen in (2**64, 2**64 + 5, -1):
         with pytest.raises(OverflowError):
             head(b"POST", flags=post, content_length=clen)
@@ -208,6 +208,59 @@ def test_encoders_refuse_integers_out_of_their_fields_range():
             head(peer=bad)
         with pytest.raises(TypeError, match="local must be"):
             head(local=bad)
+
+
+def head_saying(content_length, target=b"/"):
+    """A POST head (HAS_BODY, CONTENT_LENGTH) whose content_length field holds any 64-bit
+    value: the encoder writes none past 2^63 - 1, so its 8 bytes are set in the frame."""
+    f = bytearray(head(b"POST", target, flags=sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH,
+                       content_length=1))
+    f[HDR.size + 12:HDR.size + 20] = content_length.to_bytes(8, "little")
+    return bytes(f)
+
+
+def test_request_content_length_over_2_63_is_a_bad_head():
+    """Regression: a REQUEST_HEAD's content_length of 2^63 .. 2^64 - 1 decoded (CONTENT_LENGTH
+    "18446744073709551615"; the Lua worker's req.content_length, a signed integer, read it as
+    -1), though the front's HTTP parser gives at most 2^63 - 1 and a RESPONSE_HEAD past it was
+    refused already. Both directions have one bound now: a larger one is a bad frame, and the
+    encoders write none."""
+    assert sf.decode_request(head_saying(2**63 - 1))["CONTENT_LENGTH"] == str(2**63 - 1)
+    for clen in (2**63, 2**63 + 1, 2**64 - 1):
+        for decode in (sf.decode_request, sf.decode_request_scope):
+            with pytest.raises(sf.FrameError, match="breaks the protocol"):
+                decode(head_saying(clen))
+        with pytest.raises(ValueError):
+            head(b"POST", flags=sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, content_length=clen)
+
+
+def length_bound_is_kept(front, target=b"/", answer=None):
+    """A worker's answers to heads past the bound of content_length and at it (the WSGI, ASGI,
+    C and Lua workers' cases share it): 2^63 and 2^64 - 1 are ABORT PROTOCOL, the app never
+    runs; 2^63 - 1 reaches the app, which answers `answer` (its view of the length, or what it
+    says without reading the body), then the front aborts the body it never sends (its client
+    went away). Each time the session serves on."""
+    for clen in (2**63, 2**64 - 1, 2**63 - 1):
+        st = front.session.open_stream()
+        st.read_timeout = 10
+        st.write(head_saying(clen, target))
+        st.flush()
+        if clen > 2**63 - 1:
+            assert front.read_frame(st)[:2] == (sf.ABORT, sf.ABORT_PROTOCOL), clen
+        else:
+            typ, arg, payload = front.read_frame(st)
+            assert typ == sf.RESPONSE_HEAD, (typ, arg, payload)
+            body = []
+            while True:
+                typ, arg, payload = front.read_frame(st)
+                if typ != sf.BODY:
+                    break
+                body.append(payload)
+            assert typ == sf.END and b"".join(body) == (answer or str(clen).encode()), body
+            st.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
+            st.flush()
+        st.close()
+        assert front.request(b"GET")[5] == sf.END, clen
 
 
 # ---- the worker, with this test as the front -------------------------------------------
@@ -770,6 +823,14 @@ def test_body_that_contradicts_its_head_is_a_bad_frame(serve, flags, clen, chunk
     assert (typ, arg) == (sf.ABORT, sf.ABORT_PROTOCOL), (typ, arg, seen)
     assert all(len(b) <= clen for b in seen), seen
     assert serve_ok(front)
+
+
+def test_request_content_length_over_2_63_is_abort_protocol(serve):
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return [environ.get("CONTENT_LENGTH", "").encode()]
+
+    length_bound_is_kept(serve(app))
 
 
 BAD_LEFTOVERS = [
