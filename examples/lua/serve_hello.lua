@@ -53,7 +53,14 @@ local function handler(req)
   elseif path == "/204" then
     return 204, {}, nil
   elseif path == "/slow" then
-    os.execute(string.format("sleep %.3f", tonumber(q) / 1000))
+    -- Sleeps q milliseconds in a child it waits for with io.popen's close. Not os.execute:
+    -- its system() ignores SIGINT and SIGQUIT in the worker until the child ends, so a stop
+    -- signal sent to the worker then was lost and the worker served on. Waited for here, the
+    -- signal reaches the worker's handler, which stops it after this request. The child
+    -- ignores the two itself: a terminal's Ctrl-C or Ctrl-\ goes to the whole group, and a
+    -- sleep killed by SIGQUIT could leave a core file.
+    local sleep = io.popen(string.format("trap '' INT QUIT; exec sleep %.3f", tonumber(q) / 1000))
+    sleep:close()
     local f = io.open("/proc/self/stat")
     local pid = f:read("n")
     f:close()

@@ -1360,13 +1360,14 @@ def test_native_unique_bodies_and_a_killed_worker(tmp_path, kind):
         assert s.stop() == 0
 
 
-def test_native_worker_stops_gracefully_on_a_group_sigquit(tmp_path):
+@pytest.mark.parametrize("kind", ["c", "lua"])
+def test_native_worker_stops_gracefully_on_a_group_sigquit(tmp_path, kind):
     """Regression: shmipc-serve-worker did not handle SIGQUIT, so a terminal's Ctrl-\\ (SIGQUIT
     to the whole process group, shmipc-serve's graceful stop) killed a C (or Lua: the same
     program) worker with a core dump and its request in flight got a 502. It now stops as on
-    SIGTERM, after that request. (The Lua example's /slow runs `sleep` through os.execute, which
-    ignores SIGQUIT while it waits: the C one shows it.)"""
-    kind = "c"
+    SIGTERM, after that request. (The Lua example's /slow ran `sleep` through os.execute, which
+    ignored SIGQUIT while it waited; test_serve_native_worker.py
+    test_stop_signal_during_slow_finishes_it_and_exits.)"""
     if not native_built(kind):
         pytest.skip(f"no {kind} worker in this build")
     app, chdir = NATIVE[kind]

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import shmipc
-from conftest import BUILD, ROOT, unique_address
+from conftest import BUILD, ROOT, children, unique_address
 
 sf = pytest.importorskip("shmipc._serve")
 from test_serve_worker import (BAD_LEFTOVERS, Front, bad_frames_behind_an_answer,  # noqa: E402
@@ -352,6 +352,32 @@ def test_sigterm_during_a_request_finishes_it(worker):
     assert (status, body, last) == (200, b"%d\n" % w.p.pid, sf.END)
     st.close()
     assert w.finish() == 0
+
+
+@pytest.mark.parametrize("sig", ["SIGQUIT", "SIGINT"])
+def test_stop_signal_during_slow_finishes_it_and_exits(worker, sig):
+    """Regression: the Lua example's /slow slept through os.execute("sleep ..."), whose
+    system() ignores SIGINT and SIGQUIT in the calling process until its child ends: a stop
+    signal sent to the worker during /slow was lost, and the worker served on (only SIGTERM
+    stopped it). Now the sleep is a child the worker waits for with its handlers in place: the
+    request is answered and the worker exits 0, as on SIGTERM (docs/serve.md, "The C worker").
+    The signal goes once the worker is in the sleep: TAKEN said, and for Lua its child there
+    (system() ignores the two signals before it starts the child)."""
+    w = worker()
+    st, chunks = w.front.open(b"GET", b"/slow?1500", flags=sf.REQ_TAKEN_WANTED)
+    w.front.send_body(st, chunks)
+    st.read_timeout = 10
+    assert w.front.read_frame(st)[0] == sf.TAKEN
+    if worker.kind == "lua":
+        deadline = time.monotonic() + 10
+        while not children(w.p.pid):
+            assert time.monotonic() < deadline, "no sleep started"
+            time.sleep(0.01)
+    w.p.send_signal(getattr(signal, sig))
+    status, _, _, _, body, last, _ = w.front.response(st)
+    assert (status, body, last) == (200, b"%d\n" % w.p.pid, sf.END)
+    st.close()
+    assert w.finish(timeout=15) == 0  # 1.5 s of sleep at most, then the exit
 
 
 def test_sigterm_on_the_thread_blocked_in_a_read_finishes_the_request(worker):
