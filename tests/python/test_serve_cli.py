@@ -135,9 +135,14 @@ class Serve:
 
 def wait_for(path, timeout=30):
     """Waits (up to `timeout` s) for the app to create `path`; fails if it does not."""
+    until(path.exists, f"{path.name} never appeared", timeout)
+
+
+def until(cond, what, timeout=30):
+    """Waits (up to `timeout` s) until cond() holds; fails saying `what` if it does not."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
+    while not cond():
+        assert time.monotonic() < deadline, what
         time.sleep(0.01)
 
 
@@ -203,22 +208,32 @@ def test_killed_worker_is_replaced(tmp_path):
 # A request the front gives an old worker as it is TERMed is refused (ABORT SHUTDOWN) and
 # goes to another worker: before that, about 1 reload in 20 under load failed one with a 502.
 def test_reload_replaces_every_worker_without_failures(tmp_path):
+    # The load runs across the whole reload: the SIGHUP goes once the old workers answered
+    # some of it, and the load ends once the new ones did (each answer names its worker's pid),
+    # not after fixed delays, which a loaded machine could make miss the reload.
     s = Serve(tmp_path, workers=2)
     try:
         old = s.worker_pids(2)
-        failures, done = [], threading.Event()
+        failures, done, answered = [], threading.Event(), []
 
         def load():
             i = 0
-            while not done.is_set() and i < 2000:
-                status, out = s.request("GET", f"/during/{i}")
-                if status != 200:
-                    failures.append((status, out[:100]))
+            end = time.monotonic() + 90
+            while not done.is_set() and i < 100000 and time.monotonic() < end:
+                try:
+                    status, out = s.request("GET", f"/during/{i}")
+                except OSError as e:
+                    failures.append(("error", repr(e)))
+                else:
+                    if status != 200:
+                        failures.append((status, out[:100]))
+                    else:
+                        answered.append(int(out.split()[0][len(b"pid="):]))
                 i += 1
 
         t = threading.Thread(target=load)
         t.start()
-        time.sleep(0.3)
+        until(lambda: set(answered) & set(old) or failures, "the old workers answered nothing")
         s.p.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
         new = old
@@ -227,10 +242,11 @@ def test_reload_replaces_every_worker_without_failures(tmp_path):
             if len(new) == 2 and not set(new) & set(old):
                 break
             time.sleep(0.2)
-        time.sleep(0.3)
+        assert len(new) == 2 and not set(new) & set(old), (old, new)
+        until(lambda: set(answered) & set(new) or failures or not t.is_alive(),
+              "the new workers answered nothing")
         done.set()
         t.join(60)
-        assert len(new) == 2 and not set(new) & set(old), (old, new)
         assert failures == [], "".join(s.err)[-4000:]
         for pid in old:  # the old generation was stopped and reaped
             deadline = time.monotonic() + 15
@@ -253,7 +269,8 @@ def test_reloads_under_large_uploads_lose_none(tmp_path):
 
         def client(k):
             i = 0
-            while not done.is_set() and i < 400:
+            end = time.monotonic() + 120
+            while not done.is_set() and i < 5000 and time.monotonic() < end:
                 body = b"%d.%d." % (k, i) + os.urandom(40000).hex().encode()
                 try:
                     status, out = s.request("POST", f"/up/{k}/{i}", body)
@@ -268,12 +285,17 @@ def test_reloads_under_large_uploads_lose_none(tmp_path):
         threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 8
-        reloads = 0
-        while time.monotonic() < deadline:
-            time.sleep(0.4)
-            s.p.send_signal(signal.SIGHUP)
-            reloads += 1
+        # 16 reloads, each at least 0.4 s after the one before and once uploads were answered
+        # since (a reload every fixed 0.4 s for 8 s could, on a loaded machine, find no upload
+        # under way), and the last one followed by answered uploads too.
+        for reload in range(17):
+            since, at = count[0], time.monotonic()
+            until(lambda: (count[0] >= since + 2 and time.monotonic() >= at + 0.4 or
+                           not any(t.is_alive() for t in threads)),
+                  f"no upload answered in round {reload} of the reloads", timeout=60)
+            assert any(t.is_alive() for t in threads), (reload, count[0], failures[:5])
+            if reload < 16:
+                s.p.send_signal(signal.SIGHUP)
         done.set()
         for t in threads:
             t.join(60)
@@ -471,10 +493,11 @@ def test_sigterm_answers_the_request_in_flight_and_leaves_nothing(tmp_path):
     t = threading.Thread(target=slow)
     t.start()
     # SIGTERM once the worker has the request (not after a fixed 0.5 s: on a loaded machine the
-    # request could reach the front after the stop), which is let go only after it.
+    # request could reach the front after the stop), which is let go only once the stop began
+    # (its line said; a fixed 0.2 s could let it go before).
     wait_for(tmp_path / "held")
     s.p.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
+    assert s.wait_err("shmipc-serve: stopping (up to"), "".join(s.err)
     (tmp_path / "release").touch()
     t.join(60)
     assert s.stop() == 0
@@ -511,7 +534,8 @@ def test_sigquit_is_a_graceful_stop(tmp_path, group):
             os.killpg(s.p.pid, signal.SIGQUIT)
         else:
             s.p.send_signal(signal.SIGQUIT)
-        time.sleep(0.3)
+        # The request is let go once the stop began (its line said), not after a fixed 0.3 s.
+        assert s.wait_err("shmipc-serve: stopping (up to"), "".join(s.err)
         (tmp_path / "release").touch()
         t.join(60)
         assert s.p.wait(timeout=30) == 0, "".join(s.err)
@@ -525,28 +549,31 @@ def test_sigquit_is_a_graceful_stop(tmp_path, group):
 
 @pytest.mark.parametrize("second", [True, False])
 def test_stop_keeps_its_deadline_and_a_second_signal_kills(tmp_path, second):
-    """A request the worker holds past every deadline (/slow?60: the worker finishes the
-    request in progress before it exits): one SIGINT ends the stop, workers included, within
-    --graceful-timeout (before: the server's close waited it out, and only then did the workers
-    get SIGTERM and a whole timeout more: 2 x); a second SIGINT kills them at once (before:
-    ignored, nobody read it)."""
+    """A request the worker holds past every deadline (/hold, never let go: the worker
+    finishes the request in progress before it exits): one SIGINT ends the stop, workers
+    included, within --graceful-timeout (before: the server's close waited it out, and only then
+    did the workers get SIGTERM and a whole timeout more: 2 x); a second SIGINT kills them at
+    once (before: ignored, nobody read it). The first SIGINT goes once the app holds the
+    request, the second once the stop began (its line said): fixed delays could send the
+    first before the request reached the worker, and the second before the first was read
+    (two pending SIGINTs are one)."""
     s = Serve(tmp_path, "--graceful-timeout", "4", workers=1)
     pids = s.worker_pids(1)
     got = {}
 
     def slow():
         try:
-            got["r"] = s.request("GET", "/slow?60", timeout=60)
+            got["r"] = s.request("GET", "/hold", timeout=60)
         except OSError as e:  # the connection cut with the worker that held it
             got["e"] = e
 
     t = threading.Thread(target=slow, daemon=True)
     t.start()
-    time.sleep(0.5)
+    wait_for(tmp_path / "held")
     t0 = time.monotonic()
     s.p.send_signal(signal.SIGINT)
     if second:
-        time.sleep(0.5)
+        assert s.wait_err("shmipc-serve: stopping (up to"), "".join(s.err)
         s.p.send_signal(signal.SIGINT)
     try:
         rc = s.p.wait(timeout=30)
@@ -908,7 +935,9 @@ def test_stop_while_the_access_log_fifo_has_no_reader(tmp_path):
     t = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
     t.start()
     try:
-        time.sleep(0.5)  # well into the wait: it lasts until a reader or a stop signal
+        # In the wait (its line said so): it lasts until a reader or a stop signal.
+        until(lambda: any("is a FIFO: waiting for its reader" in line for line in list(err)) or
+              p.poll() is not None, "no wait for the FIFO's reader")
         assert p.poll() is None, "".join(err)
         p.send_signal(signal.SIGTERM)
         try:
@@ -1121,6 +1150,7 @@ async def app(scope, receive, send):
         if path.startswith("/open/"):
             gate.set()
         else:
+            open("waiting." + path[6:], "w").close()  # the test sends /open/ once it is here
             await gate.wait()
         out = path.encode()
     else:
@@ -1144,7 +1174,9 @@ def test_asgi_worker_runs_requests_at_once(tmp_path):
             out = []
             t = threading.Thread(target=lambda: out.append(s.request("GET", f"/wait/{k}")))
             t.start()
-            time.sleep(0.05)
+            # /open/ once /wait/ waits in the app (a fixed 0.05 s could send it first, and the
+            # case then showed nothing: /wait/ found its gate open).
+            wait_for(tmp_path / f"waiting.{k}")
             assert s.request("GET", f"/open/{k}") == (200, f"/open/{k}".encode())
             t.join(20)
             assert out == [(200, f"/wait/{k}".encode())]
@@ -1172,7 +1204,7 @@ def test_asgi_worker_runs_requests_at_once(tmp_path):
         out = []
         t = threading.Thread(target=lambda: out.append(s.request("GET", "/wait/z")[0]))
         t.start()
-        time.sleep(0.05)
+        wait_for(tmp_path / "waiting.z")  # else /open/z could come first: a 200, not a 504
         assert s.request("GET", "/open/z")[0] == 504
         t.join(20)
         assert out == [504]

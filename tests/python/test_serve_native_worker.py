@@ -50,6 +50,37 @@ def app_args(kind):
     return ["--c", C_LIB] if kind == "c" else ["--lua", "serve_hello"]
 
 
+def thread_file(pid, tid, name):
+    try:
+        with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+            return f.read()
+    except OSError:
+        return None  # the thread ended meanwhile
+
+
+def wait_threads(pid, ok, what, timeout=10):
+    """Waits (up to `timeout` s) until ok(pid, tid) holds for every thread of `pid`."""
+    deadline = time.monotonic() + timeout
+    while not all(ok(pid, tid) for tid in os.listdir(f"/proc/{pid}/task")):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def sleeping(pid, tid):
+    """Whether the thread sleeps in the kernel (/proc's state S, or gone). A worker's threads
+    are its main thread (the listener's accept) and a session thread per front: past TAKEN, the
+    session thread sleeps only in its wait for the request's body, after the response only in
+    the one for the next stream."""
+    stat = thread_file(pid, tid, "stat")
+    return stat is None or stat.rsplit(")", 1)[1].split()[0] == "S"
+
+
+def nothing_pending(pid, tid):
+    """Whether the thread has taken every signal sent to it (/proc's SigPnd empty)."""
+    status = thread_file(pid, tid, "status")
+    return status is None or "SigPnd:\t0000000000000000" in status
+
+
 class Proc:
     """A worker process and a front connected to it: the example application of `kind`, or
     `app` (the worker's application arguments) run in `cwd`."""
@@ -385,16 +416,21 @@ def test_sigterm_on_the_thread_blocked_in_a_read_finishes_the_request(worker):
     # blocked in shmipc_serve_read() the wait returns SHMIPC_EINTR. The request in progress must
     # still be served (the stop is after it), not dropped with its session (it was: the front
     # saw its session gone, the Lua handler "the request was aborted").
+    # The SIGTERM goes once the handler waits for the rest of the body (TAKEN said, then every
+    # thread asleep), and the rest once the signal was taken: a fixed 0.5 s before it could,
+    # on a loaded machine, stop a worker that had not taken the stream yet (it then refuses it).
     import ctypes
     tgkill = ctypes.CDLL(None, use_errno=True).tgkill
     w = worker()
-    st, _ = w.front.open(b"POST", b"/echo", chunks=[])
+    st, _ = w.front.open(b"POST", b"/echo", chunks=[], flags=sf.REQ_TAKEN_WANTED)
     w.front.send_body(st, [b"abc"], end=False)
-    time.sleep(0.5)  # the handler waits for the rest of the body
+    st.read_timeout = 10
+    assert w.front.read_frame(st)[0] == sf.TAKEN
+    wait_threads(w.p.pid, sleeping, "the handler never waited for the body")
     for tid in os.listdir(f"/proc/{w.p.pid}/task"):
         if int(tid) != w.p.pid:
             tgkill(w.p.pid, int(tid), signal.SIGTERM)
-    time.sleep(0.2)
+    wait_threads(w.p.pid, nothing_pending, "the SIGTERM was never taken")
     w.front.send_body(st, [b"def"])
     status, _, _, _, body, last, _ = w.front.response(st)
     assert (status, body, last) == (200, b"abcdef", sf.END)
@@ -421,11 +457,13 @@ def test_signals_of_the_app_do_not_end_the_front_session():
         front = connect_front(address)
         try:
             assert front.request(b"GET", b"/")[::4] == (200, b"ok")
-            time.sleep(0.2)  # the session thread waits in accept_stream
             for _ in range(3):
+                # Once the session thread waits in accept_stream (every thread asleep), and
+                # the next round once the signals were taken.
+                wait_threads(p.pid, sleeping, "the session thread never waited for a stream")
                 for tid in os.listdir(f"/proc/{p.pid}/task"):
                     tgkill(p.pid, int(tid), signal.SIGUSR2)
-                time.sleep(0.05)
+                wait_threads(p.pid, nothing_pending, "a SIGUSR2 was never taken")
             for i in range(3):
                 assert front.request(b"GET", b"/%d" % i)[::4] == (200, b"ok"), i
         finally:
@@ -548,10 +586,12 @@ def test_stopping_worker_exits_though_a_front_trickles_a_refused_stream(worker):
     # SIGTERM while a request is served and another waits whose body trickles (a BODY frame
     # every 0.3 s, never END: a hostile or stuck front): the waiting one is refused, and the
     # worker exits within the refusal's bound. Before, each read had 5 s but the drain had no
-    # end, and the stopping worker never exited.
+    # end, and the stopping worker never exited. The SIGTERM goes once the worker said TAKEN
+    # for /slow (a fixed 0.2 s could land before it began, and a stopping worker refuses it).
     w = worker()
-    st, chunks = w.front.open(b"GET", b"/slow?600")
+    st, chunks = w.front.open(b"GET", b"/slow?600", flags=sf.REQ_TAKEN_WANTED)
     w.front.send_body(st, chunks)
+    st.read_timeout = 10
     trickled, _ = w.front.open(b"POST", b"/echo", chunks=[])
     trickled.flush()
     stop = threading.Event()
@@ -567,7 +607,7 @@ def test_stopping_worker_exits_though_a_front_trickles_a_refused_stream(worker):
     tt = threading.Thread(target=trickle, daemon=True)
     tt.start()
     try:
-        time.sleep(0.2)
+        assert w.front.read_frame(st)[0] == sf.TAKEN
         w.p.send_signal(signal.SIGTERM)
         status, _, _, _, _, last, _ = w.front.response(st)
         assert (status, last) == (200, sf.END)
