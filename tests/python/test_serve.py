@@ -183,14 +183,19 @@ def test_close_from_a_callback(address):
 
 
 def test_second_serve_is_refused(address):
+    # The second serve() once the first serves (a stream reached its on_stream): after a
+    # fixed 0.1 s the first one could still be starting, and the second would serve, for good.
     l = shmipc.Listener(address)
-    t, box = run_serve(l, lambda st: None)
-    time.sleep(0.1)
-    with pytest.raises(shmipc.Error) as ei:
-        l.serve(lambda st: None)
-    assert ei.value.name == "SHMIPC_EBUSY"
-    l.stop()
-    t.join(10)
+    serving = threading.Event()
+    t, box = run_serve(l, lambda st: serving.set())
+    with shmipc.connect(address, default_config()) as s:
+        send(s.open_stream(), b"x")
+        assert serving.wait(10)
+        with pytest.raises(shmipc.Error) as ei:
+            l.serve(lambda st: None)
+        assert ei.value.name == "SHMIPC_EBUSY"
+        l.stop()
+        t.join(10)
     assert box.get("returned")
     l.close()
 
@@ -215,15 +220,23 @@ def client():
             st.write(b"x"); st.flush()
             time.sleep(0.01)
 threading.Thread(target=client, daemon=True).start()
+served = threading.Event()
 def on_data(st):
+    served.set()
     while st.read(nonblock=True):
         pass
-threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-t0 = time.monotonic()
+# Ctrl-C once serve() runs with traffic (its on_data called), not after a fixed 0.3 s, which
+# a loaded machine could spend before serve() began.
+sent = []
+def ctrl_c():
+    served.wait(20)
+    sent.append(time.monotonic())
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=ctrl_c, daemon=True).start()
 try:
     l.serve(lambda st: None, on_data)
 except KeyboardInterrupt:
-    print("interrupted %.3f" % (time.monotonic() - t0))
+    print("interrupted %.3f" % (time.monotonic() - sent[0]))
 """
     out = subprocess.run([sys.executable, "-c", code, unique_address("serve-int")],
                          capture_output=True, text=True, env=python_env(), timeout=30,

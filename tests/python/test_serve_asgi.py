@@ -186,6 +186,7 @@ def test_receive_waiting_for_the_body_does_not_block_the_loop(serve):
     # receive() read the next BODY frame with a blocking read on the loop thread: while the
     # front had not sent it, no other task of the app ran (a ticker counted 0 ticks).
     ticks = []
+    n = [0]  # the ticker's count, which the test watches
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -194,7 +195,6 @@ def test_receive_waiting_for_the_body_does_not_block_the_loop(serve):
                 await send({"type": msg["type"] + ".complete"})
                 if msg["type"] == "lifespan.shutdown":
                     return
-        n = [0]
 
         async def ticker():
             while True:
@@ -216,7 +216,11 @@ def test_receive_waiting_for_the_body_does_not_block_the_loop(serve):
     front = serve(app)
     st, _ = front.open(b"POST", b"/", flags=sf.REQ_HAS_BODY | sf.REQ_CHUNKED)
     front.send_body(st, [b"first"], end=False)
-    time.sleep(0.4)  # the app waits in receive() for the rest
+    # The rest goes once the ticker ran 10 times (up to 10 s) while the app waits in receive()
+    # for it: a fixed 0.4 s could end, on a loaded machine, before the app had begun.
+    deadline = time.monotonic() + 10
+    while n[0] < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
     front.send_body(st, [b"-second"])
     try:
         status, _, _, _, body, last, _ = front.response(st)
@@ -358,6 +362,7 @@ def test_disconnect_on_abort_while_app_waits(serve):
 
     async def app(scope, receive, send):
         await read_body(receive)
+        got.append("waiting")
         got.append(await asyncio.wait_for(receive(), 10))
         with pytest.raises(OSError):
             await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -367,13 +372,17 @@ def test_disconnect_on_abort_while_app_waits(serve):
         del got[:]
         st, _ = front.open(b"GET", b"/")
         front.send_body(st, None)
-        time.sleep(0.05)
+        # The ABORT once the app waits (a fixed 0.05 s could send it before the app read its
+        # body, which then ended in http.disconnect instead of http.request).
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.005)
         st.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
         st.flush()
         deadline = time.monotonic() + 10
-        while len(got) < 2 and time.monotonic() < deadline:
+        while len(got) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert got == [{"type": "http.disconnect"}, "send raised"]
+        assert got == ["waiting", {"type": "http.disconnect"}, "send raised"]
         st.close()
 
 
@@ -410,7 +419,9 @@ def test_disconnect_when_the_stream_ends(serve):
     front = serve(app)
     st, _ = front.open(b"POST", b"/", chunks=[])
     front.send_body(st, [b"x"], end=False)
-    time.sleep(0.1)
+    deadline = time.monotonic() + 10  # the close once the app has the body's first piece
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.005)
     st.close()
     deadline = time.monotonic() + 10
     while len(got) < 2 and time.monotonic() < deadline:
@@ -653,7 +664,11 @@ def test_send_after_complete_sends_no_abort_after_end(serve, caplog):
         assert front.read_frame(st)[0] == sf.RESPONSE_HEAD
         assert front.read_frame(st) == (sf.BODY, 0, b"done")
         assert front.read_frame(st)[0] == sf.END
-        time.sleep(0.3)
+        # Nothing after the END: looked at once the app's late send failed (its log line),
+        # not after a fixed 0.3 s, which a loaded machine could end before that send.
+        deadline = time.monotonic() + 10
+        while "after its response" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
             extra = st.readexactly(12, nonblock=True)
         except (shmipc.EndOfStreamError, shmipc.ClosedError):
