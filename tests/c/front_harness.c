@@ -800,11 +800,11 @@ void appw_start(struct appw *w, const char *name, const char *addr)
     appw_start_x(w, name, addr, 0);
 }
 
-void appw_start_x(struct appw *w, const char *name, const char *addr, int memory_wait)
+void appw_start_x(struct appw *w, const char *name, const char *addr, int flags)
 {
     if (name != NULL) {
         memset(w, 0, sizeof *w);
-        w->memory_wait = memory_wait;
+        w->flags = flags;
         snprintf(w->name, sizeof w->name, "%s", name);
         if (addr != NULL)
             snprintf(w->addr, sizeof w->addr, "%s", addr);
@@ -815,7 +815,7 @@ void appw_start_x(struct appw *w, const char *name, const char *addr, int memory
         pthread_cond_init(&w->cv, NULL);
     }
     atomic_store(&w->stop, 0);
-    listener_patient_x(w->addr, w->memory_wait, &w->l);
+    listener_patient_x(w->addr, w->flags, &w->l);
     assert_int_equal(pthread_create(&w->acceptor, NULL, acceptor_main, w), 0);
     w->started = 1;
 }
@@ -874,12 +874,14 @@ void listener_patient(const char *addr, shmipc_listener **out)
     listener_patient_x(addr, 0, out);
 }
 
-void listener_patient_x(const char *addr, int memory_wait, shmipc_listener **out)
+void listener_patient_x(const char *addr, int flags, shmipc_listener **out)
 {
     shmipc_config *cfg;
     CHECK(shmipc_config_new(&cfg));
     CHECK(shmipc_config_set_timeout(cfg, SHMIPC_TIMEOUT_INITIALIZE, HANDSHAKE_MS));
-    CHECK(shmipc_config_set_memory_wait(cfg, memory_wait));
+    CHECK(shmipc_config_set_memory_wait(cfg, (flags & APPW_MEMORY_WAIT) != 0));
+    if (flags & APPW_NO_SPIN)
+        CHECK(shmipc_config_set_spin_us(cfg, 0));
     CHECK(shmipc_listener_new(addr, cfg, out));
     shmipc_config_free(cfg);
 }

@@ -111,7 +111,7 @@ struct appw {
      * the front uses it already) and holding it in sess[] (kill_sessions reaches it from
      * then): a worker slow to take its new session in, as on a loaded host. */
     atomic_uint accept_lag_ms;
-    int memory_wait; /* its sessions' config: appw_start_x */
+    int flags; /* its sessions' config: appw_start_x */
 };
 
 struct fx {
@@ -231,10 +231,14 @@ uint8_t gen_byte(unsigned seed, uint64_t i);
 #define FNV_INIT 0xcbf29ce484222325ull
 uint64_t fnv1a(uint64_t h, const void *p, size_t n);
 void appw_start(struct appw *w, const char *name, const char *addr);
-/* As appw_start, the worker's sessions waiting for shared memory when it is full (as the
- * workers of shmipc-serve do) instead of sending over the socket; a restart (name NULL) keeps
- * the choice. */
-void appw_start_x(struct appw *w, const char *name, const char *addr, int memory_wait);
+/* appw_start_x's flags, for the worker's sessions. APPW_MEMORY_WAIT: they wait for shared
+ * memory when it is full (as the workers of shmipc-serve do) instead of sending over the
+ * socket. APPW_NO_SPIN: they never spin before they sleep (spin_us 0), so that on a V3 session
+ * nothing but the front's wake-up (a Polling message) shows them a request it queued. */
+#define APPW_MEMORY_WAIT 1
+#define APPW_NO_SPIN     2
+/* As appw_start, with `flags`; a restart (name NULL) keeps them. */
+void appw_start_x(struct appw *w, const char *name, const char *addr, int flags);
 void appw_stop(struct appw *w);
 /* Freezes the worker's acceptor: once it returns, no connection is accepted and no handshake
  * starts until hold_accept is 0 again (latch_set); connects wait in the listen backlog, as to
@@ -246,7 +250,8 @@ void appw_hold_accept(struct appw *w);
 /* ---- the front under test ---- */
 /* A listener at `addr` whose handshake waits HANDSHAKE_MS. */
 void listener_patient(const char *addr, shmipc_listener **out);
-void listener_patient_x(const char *addr, int memory_wait, shmipc_listener **out);
+/* As listener_patient, its sessions configured by `flags` (APPW_MEMORY_WAIT, APPW_NO_SPIN). */
+void listener_patient_x(const char *addr, int flags, shmipc_listener **out);
 void fx_start(struct fx *x, struct appw **ws, unsigned n, unsigned threads,
               const struct shmipc__front_opts *o);
 void fx_stop(struct fx *x);

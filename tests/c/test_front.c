@@ -531,6 +531,94 @@ static void pipeline_to_a_taken_worker(void **state)
     pipeline_x(state, TAKEN_GRANT);
 }
 
+/*
+ * The front flushes a request without waking its worker, and pays that wake-up once per worker
+ * at the end of its loop turn (docs/serve.md, "The front", step 3). This worker never spins
+ * before it sleeps, on a V3 session (the front's default): a request in its queue is seen only
+ * through the wake-up (a Polling message), so a flush whose wake-up is never paid leaves its
+ * request there until the deadline (504). With a worker that spins, as in the other cases, it
+ * was found by the next spin of the worker's 50 ms accept loop, and every case passed without
+ * the wake-up. Each way a request leaves the front: sent from the loop's I/O (the client's
+ * request read); a client's pipelined requests, each sent as the one before it completes; one
+ * sent from the completion of a write to its client; several in flight flushed while the
+ * worker is held (pipeline 4, TAKEN granted); and two queued behind them, sent from the kick
+ * timer once the worker answers (from a timer or a completion the wake-up is paid in the next
+ * turn, which does not wait).
+ */
+static void worker_that_never_spins_is_woken_for_each_request(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w = &t->w[0];
+    struct appw *ws[] = {w};
+    struct fx *x = &t->x;
+    struct bg *b = t->bg; /* joined by the teardown, also after a failed assertion */
+    struct shmipc__front_opts o = {.pipeline = 4, .deadline_ms = 10000};
+    struct resp p;
+    appw_start_x(w, "w0", NULL, APPW_NO_SPIN);
+    atomic_store(&w->taken, TAKEN_GRANT);
+    fx_start(x, ws, 1, 1, &o);
+    assert_true(wait_taken(x, 0, 1));
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(request(x->port, "GET", "/one", NULL, &p), 200);
+        assert_string_equal(p.body, "/one:");
+        resp_free(&p);
+    }
+    struct rd *r = malloc(sizeof *r);
+    assert_non_null(r);
+    rd_open(r, x->port);
+    const char *three = "GET /k0 HTTP/1.1\r\nHost: t\r\n\r\nGET /k1 HTTP/1.1\r\nHost: t\r\n\r\n"
+                        "GET /k2 HTTP/1.1\r\nHost: t\r\n\r\n";
+    send_all(r->fd, three, strlen(three));
+    for (int i = 0; i < 3; i++) {
+        char want[16];
+        read_resp(r, &p);
+        assert_int_equal(p.status, 200);
+        snprintf(want, sizeof want, "/k%d:", i);
+        assert_string_equal(p.body, want);
+        resp_free(&p);
+    }
+    close(r->fd);
+    /* A request that came while the front still wrote a response to its client: sent from
+     * that write's completion (after the turn's timers on epoll), to a worker asleep since it
+     * wrote that response whole (the client read none of it yet). */
+    rd_open(r, x->port);
+    const char *two = "GET /stream/262144/65536/1/7/e HTTP/1.1\r\nHost: t\r\n\r\n"
+                      "GET /after HTTP/1.1\r\nHost: t\r\n\r\n";
+    send_all(r->fd, two, strlen(two));
+    assert_true(wait_for(&w->streamed, 1, WAIT_MS));
+    sleep_ms(50); /* its END flushed, the worker back in its wait */
+    read_resp_x(r, &p, 1);
+    assert_int_equal(p.status, 200);
+    struct sbody sb;
+    read_stream_body(r, &p, 7, 1u << 20, 0, &sb);
+    resp_free(&p);
+    assert_true(sb.complete && !sb.bad && sb.got == 262144);
+    read_resp(r, &p);
+    assert_int_equal(p.status, 200);
+    assert_string_equal(p.body, "/after:");
+    resp_free(&p);
+    close(r->fd);
+    free(r);
+    atomic_store(&w->mode, M_HOLD);
+    bg_start(&b[0], x->port, pipe_targets[0]);
+    assert_true(wait_for(&w->requests, 9, WAIT_MS)); /* the worker has it, held */
+    for (int i = 1; i < 6; i++)
+        bg_start(&b[i], x->port, pipe_targets[i]);
+    assert_true(wait_pipeline(x, 0, 4, 2));
+    latch_set(w, &w->hold_open, 1);
+    for (int i = 0; i < 6; i++) {
+        char want[16];
+        bg_join(&b[i]);
+        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
+        assert_int_equal(b[i].p.status, 200);
+        assert_string_equal(b[i].p.body, want);
+        resp_free(&b[i].p);
+    }
+    assert_int_equal(atomic_load(&w->bad), 0);
+    fx_stop(x);
+    appw_stop(w);
+}
+
 static void pipeline_never_to_a_worker_without_hello(void **state)
 {
     pipeline_x(state, TAKEN_NONE);
@@ -2334,6 +2422,7 @@ static void connector_churn_under_load(void **state)
         T(squatter_of_another_uid_gets_no_session),                                                \
         T(frozen_worker_connect_does_not_hold_up_another_workers_connect),                         \
         T(connector_churn_under_load), T(pipeline_to_a_taken_worker),                              \
+        T(worker_that_never_spins_is_woken_for_each_request),                                      \
         T(pipeline_never_to_a_worker_without_hello),                                               \
         T(pipeline_never_on_a_grant_of_features_not_offered),                                      \
         T(pipeline_never_on_a_hello_answered_with_another_frame),                                  \
