@@ -28,7 +28,7 @@ static const struct shmipc__cs_transition table[SHMIPC__CS_COUNT][SHMIPC__CE_COU
     [SHMIPC__CS_LINGERING] = {T(DRAIN, LINGERING), T(BUG, CLOSED), T(CLOSE, CLOSED),
                               T(CLOSE, CLOSED), T(CLOSE, CLOSED), T(NONE, LINGERING),
                               T(BUG, CLOSED)},
-    [SHMIPC__CS_UPGRADED] = {T(WS, UPGRADED), T(WS, UPGRADED), T(WS, UPGRADED), T(CLOSE, CLOSED),
+    [SHMIPC__CS_UPGRADED] = {T(WS, UPGRADED), T(WS, UPGRADED), T(WS, UPGRADED), T(WS, UPGRADED),
                              T(WS, UPGRADED), T(WS, UPGRADED), T(BUG, CLOSED)},
     /* A completion for a connection that closed is refused before it becomes an event (its
      * ticket is stale), so COMPLETE never reaches CLOSED; none, should it. */

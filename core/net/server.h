@@ -120,6 +120,11 @@ struct shmipc_ws {
     size_t drain_mark; /* on_drain once fewer bytes are queued; 0: not asked */
     uint8_t held;      /* shmipc__ws_hold(): the owner stopped reading the client */
     uint8_t hup;       /* the client left while the layer's pause stopped reading (on_hup) */
+    /* The peer is gone (or takes nothing) with input unread: it is read for its close frame
+     * alone until end_at or LINGER_BYTES (server_ws.c, ws_read_last()). */
+    uint8_t ending;
+    uint64_t end_at; /* loop ms: the read for the close frame gives up (1006) */
+    size_t end_read; /* bytes read meanwhile */
 };
 
 /* Counters summed over the workers of the last run, for tests and the benchmark. */

@@ -934,6 +934,10 @@ static void act_ws(struct server_conn *sc, int ev, const void *data, size_t len)
     case SHMIPC__CE_PEER_FIN:
         shmipc__server_ws_peer_gone(sc);
         break;
+    case SHMIPC__CE_ERROR:
+        /* A reset, or a failed send: the close frame may still be in the input. */
+        shmipc__server_ws_error(sc);
+        break;
     case SHMIPC__CE_TIMEOUT:
         shmipc__server_ws_timeout(sc);
         break;
@@ -1034,8 +1038,9 @@ static void on_data(struct shmipc__conn *c, const void *data, size_t len)
 
 static void on_end(struct shmipc__conn *c, int status)
 {
-    shmipc__server_conn_event(shmipc__conn_data(c),
-                              status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_PEER_FIN, NULL, 0);
+    struct server_conn *sc = shmipc__conn_data(c);
+    sc->rx_end = 1;
+    shmipc__server_conn_event(sc, status < 0 ? SHMIPC__CE_ERROR : SHMIPC__CE_PEER_FIN, NULL, 0);
 }
 
 /*
@@ -1046,8 +1051,10 @@ static void on_end(struct shmipc__conn *c, int status)
  * must a WebSocket its owner holds (shmipc__ws_hold): the hold may last as long as the owner
  * likes (the front's worker stays busy), and the timers do not count held time, so the client
  * gone would keep its connection until then. It ends as a FIN unpaused ends it (act_ws): a
- * close handshake already done lets its last frame go, else on_close gets 1006; the messages
- * behind the hold are not delivered (the client is gone, nobody gets an answer to them).
+ * close handshake already done lets its last frame go; else the input behind the hold is read
+ * for the client's close frame alone (its code to on_close, 1006 without one: server_ws.c,
+ * ws_read_last()), and the messages there are not delivered (the client is gone, nobody gets
+ * an answer to them).
  * Elsewhere the end comes in order once reading resumes (a send in flight fails on a reset; the
  * layer's own pause is bounded by the send timeout).
  */

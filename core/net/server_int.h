@@ -67,6 +67,7 @@ struct server_conn {
     uint8_t state;     /* enum shmipc__cs_state: the lifecycle (conn_state.h) */
     uint8_t inflight;  /* an HTTP batch is being sent (WRITING, CLOSING, or the 101's) */
     uint8_t peer_done; /* the peer's FIN arrived */
+    uint8_t rx_end;    /* the reactor ended the input (on_end: a FIN or a failure) */
     uint8_t in_head;   /* a head is partly here: the header deadline runs */
     uint8_t fresh;     /* no request yet: the header timeout covers the first */
     uint32_t nreq;     /* requests handled on this connection (keepalive_requests) */
@@ -221,6 +222,7 @@ void shmipc__server_ws_flush(struct server_conn *sc);
 void shmipc__server_ws_input(struct server_conn *sc, char *data, size_t len);
 void shmipc__server_ws_timeout(struct server_conn *sc);
 void shmipc__server_ws_peer_gone(struct server_conn *sc);
+void shmipc__server_ws_error(struct server_conn *sc);
 struct shmipc_ws *shmipc__server_ws_new(struct server_conn *sc,
                                         const struct shmipc__server_ws_cbs *cbs, void *user_data);
 

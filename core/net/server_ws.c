@@ -215,6 +215,8 @@ static uint64_t ws_deadline(const struct server_conn *sc)
     const struct shmipc_ws *ws = sc->ws;
     const struct shmipc_server *s = sc->w->srv;
     uint64_t d = ws->close_at;
+    if (ws->ending)
+        return ws->end_at;
     if (ws_output_busy(sc))
         d = earliest(d, ws->tx_at + s->stall_ms);
     if (ws_reading(sc)) {
@@ -245,16 +247,67 @@ static int64_t ws_progress(const struct server_conn *sc)
            (int64_t)shmipc__conn_pending(sc->conn);
 }
 
-/* The peer's FIN (or a hangup heard while held): after a close handshake the close frame may
+/*
+ * The peer is gone, or takes nothing more, before its close frame was read: a send failed (a
+ * reset, EPIPE), its FIN or reset came while the input was held (shmipc__ws_hold()), or the
+ * stall or close timer gave up while the layer's pause stopped reading. What it sent before
+ * may still wait unread, behind the pause, in the reactor or in the socket (Linux keeps the
+ * bytes that came before a reset readable), its close frame among them: RFC 6455 §7.1.5 makes
+ * that frame's code the close's even when the TCP connection ended right behind it, and
+ * §7.4.1 keeps 1006 for a close without one. Before, on_close got 1006 at once. So the input
+ * is read on for that frame alone (shmipc__ws_conn_peer_gone(): the messages before it are not
+ * delivered, nobody would get an answer), nothing more is sent, and the connection closes at
+ * the frame (on_close with its code), at the end of the input, after LINGER_MS or
+ * LINGER_BYTES (on_close 1006). Input the reactor ended already holds nothing more: closed now.
+ */
+static void ws_read_last(struct server_conn *sc)
+{
+    struct shmipc_ws *ws = sc->ws;
+    if (ws->ending)
+        return;
+    if (sc->rx_end || shmipc__ws_conn_state(&ws->c) == SHMIPC__WS_CLOSED) {
+        shmipc__server_conn_close(sc);
+        return;
+    }
+    ws->ending = 1;
+    ws->held = 0;
+    ws->close_at = 0;
+    shmipc__ws_conn_peer_gone(&ws->c);
+    ws->end_at = shmipc__server_conn_after(sc, LINGER_MS);
+    shmipc__server_conn_set_deadline(sc, ws->end_at);
+    if (shmipc__conn_resume_read(sc->conn) < 0)
+        shmipc__server_conn_close(sc);
+}
+
+/* Whether the peer's input may wait unread: the layer's pause or the owner's hold stopped
+ * reading it. */
+static int ws_input_waits(const struct server_conn *sc)
+{
+    return shmipc__conn_read_paused(sc->conn);
+}
+
+/* The peer's FIN, or a hangup heard while held: after a close handshake the close frame may
  * still be on its way out: it goes, then the connection closes (ws_flush). Otherwise the peer
- * left without one (on_close 1006). */
+ * left without one (on_close 1006), unless the hold kept its last input, close frame maybe
+ * included, unread (ws_read_last). */
 void shmipc__server_ws_peer_gone(struct server_conn *sc)
 {
     sc->peer_done = 1;
-    if (shmipc__ws_conn_state(&sc->ws->c) != SHMIPC__WS_CLOSED)
-        shmipc__server_conn_close(sc);
-    else
+    if (shmipc__ws_conn_state(&sc->ws->c) == SHMIPC__WS_CLOSED)
         shmipc__server_ws_flush(sc);
+    else if (!sc->rx_end && !sc->ws->ending && ws_input_waits(sc))
+        ws_read_last(sc);
+    else
+        shmipc__server_conn_close(sc);
+}
+
+/* A reset or read failure (the reactor ended the input: closed), or a failed send: the peer
+ * is gone, perhaps with its close frame still unread (ws_read_last). */
+void shmipc__server_ws_error(struct server_conn *sc)
+{
+    if (sc->ws->ending)
+        return; /* a send that was in flight: the read for the close frame goes on */
+    ws_read_last(sc);
 }
 
 void shmipc__server_ws_timeout(struct server_conn *sc)
@@ -263,13 +316,27 @@ void shmipc__server_ws_timeout(struct server_conn *sc)
     const struct shmipc_server *s = w->srv;
     struct shmipc_ws *ws = sc->ws;
     uint64_t now = shmipc__loop_now_ms(w->loop);
+    if (ws->ending) {
+        if (now < ws->end_at) {
+            shmipc__server_conn_set_deadline(sc, ws->end_at);
+            return;
+        }
+        w->stats.timeouts++;
+        shmipc__server_conn_close(sc); /* no close frame in what was left: 1006 */
+        return;
+    }
     if (ws->hup && ws->held) {
         shmipc__server_ws_peer_gone(sc); /* the client left before the hold (ws_hold) */
         return;
     }
     if (ws->close_at != 0 && now >= ws->close_at) {
         w->stats.timeouts++;
-        shmipc__server_conn_close(sc); /* the peer never answered the application's close: 1006 */
+        /* The peer never answered the application's close (1006), unless the answer waits
+         * behind the layer's pause. */
+        if (ws_input_waits(sc))
+            ws_read_last(sc);
+        else
+            shmipc__server_conn_close(sc);
         return;
     }
     if (ws->rx_seen) {
@@ -283,10 +350,14 @@ void shmipc__server_ws_timeout(struct server_conn *sc)
             ws->tx_at = now;
             ws->tx_mark = mark;
         } else if (now >= ws->tx_at + s->stall_ms) {
-            /* The peer stopped reading: what it did not take goes with the connection. */
+            /* The peer stopped reading: what it did not take goes with the connection. A
+             * close frame it sent meanwhile, unread behind the pause, is still its close. */
             w->stats.timeouts++;
             w->stats.ws_stall_closes++;
-            shmipc__server_conn_close(sc);
+            if (ws_input_waits(sc))
+                ws_read_last(sc);
+            else
+                shmipc__server_conn_close(sc);
             return;
         }
     }
@@ -360,6 +431,12 @@ void shmipc__server_ws_flush(struct server_conn *sc)
     size_t n, queued;
     if (sc->state != SHMIPC__CS_UPGRADED)
         return; /* before the 101 is queued, or done */
+    if (ws->ending) {
+        /* Nothing more is sent; the close frame, once read and reported, ends it. */
+        if (!ws->c.busy && shmipc__ws_conn_state(&ws->c) == SHMIPC__WS_CLOSED)
+            shmipc__server_conn_close(sc);
+        return;
+    }
     queued = shmipc__ws_conn_tx_queued(&ws->c);
     if (queued > sc->w->stats.ws_tx_max)
         sc->w->stats.ws_tx_max = queued;
@@ -400,6 +477,10 @@ void shmipc__server_ws_input(struct server_conn *sc, char *data, size_t len)
     /* Input only moves deadlines later: the timer picks it up when it fires. */
     ws->rx_seen = 1;
     v = shmipc__ws_conn_process(&ws->c, data, len);
+    if (ws->ending && (ws->end_read += len) > LINGER_BYTES) {
+        shmipc__server_conn_close(sc); /* no close frame in as much as a lingering close reads */
+        return;
+    }
     if (v == SHMIPC__WS_CONN_PAUSE && !shmipc__conn_read_paused(sc->conn) &&
         shmipc__conn_pause_read(sc->conn) == 0)
         sc->w->stats.ws_pauses++;
@@ -464,6 +545,8 @@ int shmipc__ws_hold(struct shmipc_ws *ws, int hold)
         return rc;
     if (sc->state != SHMIPC__CS_UPGRADED)
         return shmipc__fail(SHMIPC_EPIPE, "ws_hold: the connection is closing");
+    if (ws->ending)
+        return 0; /* the peer is gone: its last input is read for its close frame alone */
     if (hold && !ws->held) {
         ws->held = 1;
         /* The client left while the layer's own pause stopped reading (on_hup told of it

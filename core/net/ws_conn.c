@@ -11,7 +11,7 @@
 
 /* What the payload of the current frame is for. */
 enum frame_kind {
-    K_SKIP = 0, /* ignored (data after this side sent close) */
+    K_SKIP = 0, /* ignored (data after this side sent close, or with the peer gone) */
     K_CONTROL,  /* gathered in c->ctrl, handled at its end */
     K_DIRECT,   /* a whole message, whole in the caller's buffer: delivered in place */
     K_BUFFER,   /* appended to the reassembly buffer */
@@ -334,7 +334,7 @@ static int queue_pong(struct shmipc__ws_conn *c, const char *payload, size_t len
 static int fail(struct shmipc__ws_conn *c, unsigned code, const char *why)
 {
     (void)shmipc__fail(SHMIPC_EPROTO, "websocket: %s (close %u)", why, code);
-    if (c->state == SHMIPC__WS_OPEN) {
+    if (c->state == SHMIPC__WS_OPEN && !c->gone) {
         char payload[2] = {(char)(code >> 8), (char)code};
         (void)queue_frame(c, SHMIPC__WS_OP_CLOSE, payload, 2);
     }
@@ -356,7 +356,7 @@ static int deliver(struct shmipc__ws_conn *c, unsigned opcode, const char *data,
 /* Decides what the frame's payload is for; fails on a frame out of sequence or too large. */
 static int on_head(struct shmipc__ws_conn *c, const struct shmipc__ws_frame *f, size_t avail)
 {
-    if (c->state == SHMIPC__WS_CLOSING) {
+    if (c->state == SHMIPC__WS_CLOSING || c->gone) {
         /* Only the peer's close frame matters now. */
         c->kind = f->opcode == SHMIPC__WS_OP_CLOSE ? K_CONTROL : K_SKIP;
         c->ctrl_len = 0;
@@ -441,7 +441,7 @@ static int on_close_frame(struct shmipc__ws_conn *c)
         if (!shmipc__utf8_valid(reason, rlen))
             return fail(c, SHMIPC__WS_CLOSE_INVALID_DATA, "close reason is not valid UTF-8");
     }
-    if (c->state == SHMIPC__WS_OPEN) {
+    if (c->state == SHMIPC__WS_OPEN && !c->gone) {
         /* Echo the code (RFC 6455 §5.5.1), 1000 for a close without one. */
         unsigned echo = code ? code : SHMIPC__WS_CLOSE_NORMAL;
         char payload[2] = {(char)(echo >> 8), (char)echo};
@@ -455,9 +455,11 @@ static int on_close_frame(struct shmipc__ws_conn *c)
 
 static int on_control(struct shmipc__ws_conn *c, unsigned opcode)
 {
-    switch (opcode) {
-    case SHMIPC__WS_OP_CLOSE:
+    if (opcode == SHMIPC__WS_OP_CLOSE)
         return on_close_frame(c);
+    if (c->gone) /* a ping or pong that was arriving when the peer was found gone */
+        return 0;
+    switch (opcode) {
     case SHMIPC__WS_OP_PING:
         if (queue_pong(c, c->ctrl, c->ctrl_len) != 0)
             return fail(c, SHMIPC__WS_CLOSE_INTERNAL, "cannot queue a pong");
@@ -612,11 +614,22 @@ int shmipc__ws_conn_process(struct shmipc__ws_conn *c, char *buf, size_t len)
     c->busy = 0;
     if (c->state == SHMIPC__WS_CLOSED)
         return SHMIPC__WS_CONN_CLOSE;
-    if (shmipc__ws_conn_tx_queued(c) >= c->limits->tx_high_water) {
+    if (!c->gone && shmipc__ws_conn_tx_queued(c) >= c->limits->tx_high_water) {
         c->paused = 1;
         return SHMIPC__WS_CONN_PAUSE;
     }
     return SHMIPC__WS_CONN_MORE;
+}
+
+void shmipc__ws_conn_peer_gone(struct shmipc__ws_conn *c)
+{
+    if (c->busy)
+        return;
+    c->gone = 1;
+    /* A message being reassembled is dropped with the rest of its frames (on_head skips them
+     * from now on); a control frame being gathered is seen to its end, for a close. */
+    if (c->kind == K_DIRECT || c->kind == K_BUFFER)
+        c->kind = K_SKIP;
 }
 
 void shmipc__ws_conn_eof(struct shmipc__ws_conn *c)
@@ -635,7 +648,7 @@ void shmipc__ws_conn_eof(struct shmipc__ws_conn *c)
 /* Whether the application may queue a frame now. */
 static int can_send(const struct shmipc__ws_conn *c)
 {
-    if (c->state != SHMIPC__WS_OPEN)
+    if (c->state != SHMIPC__WS_OPEN || c->gone)
         return shmipc__fail(SHMIPC_ECLOSED, "websocket: the connection is closing or closed");
     if (shmipc__ws_conn_tx_queued(c) >= c->limits->tx_limit)
         return shmipc__fail(SHMIPC_EAGAIN, "websocket: %zu bytes are queued (tx_limit %zu)",
@@ -675,7 +688,7 @@ int shmipc__ws_conn_pong(struct shmipc__ws_conn *c, const void *data, size_t len
 int shmipc__ws_conn_close(struct shmipc__ws_conn *c, unsigned code, const char *reason,
                           size_t reason_len)
 {
-    if (c->state != SHMIPC__WS_OPEN)
+    if (c->state != SHMIPC__WS_OPEN || c->gone)
         return shmipc__fail(SHMIPC_ECLOSED, "websocket close: the connection is closing or closed");
     if (code && !shmipc__ws_close_code_valid(code))
         return shmipc__fail(SHMIPC_EINVAL, "websocket close: %u is not a close code to send", code);

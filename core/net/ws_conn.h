@@ -46,6 +46,14 @@
  * bound that wait with a timer and call shmipc__ws_conn_eof() when it gives up or the peer's
  * FIN arrives.
  *
+ * The peer gone first. When the owner learns that the peer left or takes nothing more (a send
+ * failed on a reset, the peer's FIN while the input was paused, a stall) before its close
+ * frame was read, that frame may still wait unread behind the pause or in the socket: RFC
+ * 6455 §7.1.5 makes its code the close's, even when the TCP connection ended right behind
+ * it, and 1006 only a close without one. shmipc__ws_conn_peer_gone() keeps the connection
+ * reading for that frame alone; the owner feeds it the input that is left, then calls
+ * shmipc__ws_conn_eof().
+ *
  * Threads: one owner thread per connection. Callbacks run inside shmipc__ws_conn_process()
  * (on_close also inside shmipc__ws_conn_eof()); they may call send, ping, close and the tx
  * functions of the same connection, but not process, eof or destroy.
@@ -195,6 +203,7 @@ struct shmipc__ws_conn {
     uint8_t msg_fin;    /* the current data frame ends its message */
     uint8_t paused;     /* process() said PAUSE and tx_sent() has not yet said resume */
     uint8_t busy;       /* inside process() or eof() */
+    uint8_t gone;       /* shmipc__ws_conn_peer_gone(): only the peer's close frame counts */
     uint8_t ctrl_len;
     uint32_t utf8; /* validator state of a text message in progress */
     char ctrl[SHMIPC__WS_CONTROL_MAX];
@@ -216,6 +225,17 @@ void shmipc__ws_conn_destroy(struct shmipc__ws_conn *c);
  * later call returns CLOSE and ignores its bytes. SHMIPC_EBUSY when called from a callback.
  */
 int shmipc__ws_conn_process(struct shmipc__ws_conn *c, char *buf, size_t len);
+
+/*
+ * The peer is gone, or takes nothing more, and its close frame was not read yet: what is left
+ * of the input is only looked through for it. Data frames, pings and pongs are skipped (no
+ * on_message, no pong; a message in progress is dropped), nothing more can be queued (send,
+ * ping, pong and close return SHMIPC_ECLOSED), process() never says PAUSE, and the close frame
+ * is reported by on_close with its code, unanswered (nobody would read the answer). A protocol
+ * error is reported as ever (1002, 1007). The owner then calls shmipc__ws_conn_eof() for a
+ * connection the input did not close. Idempotent; not from a callback of this connection.
+ */
+void shmipc__ws_conn_peer_gone(struct shmipc__ws_conn *c);
 
 /*
  * The input ended (the peer's FIN, a read error, or the owner's close timer) before the close

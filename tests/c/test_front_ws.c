@@ -4,8 +4,10 @@
  * worker's subprotocol) or its 403 refuses it; text, binary, fragmented and multi-frame
  * messages both ways; the close handshake from either side with its code and reason; pings
  * both ways; the worker dying or aborting (1011); the client leaving (ABORT CLIENT_GONE); a
- * slow client holding the worker back (what the front queues stays near the mark); cross-talk
- * of 32 connections over 2 workers and 2 reactor threads with unique messages.
+ * slow client holding the worker back (what the front queues stays near the mark); the
+ * client's close frame with its FIN or reset right behind it while the front holds or does not
+ * read it (WS_CLOSE with its code, not ABORT CLIENT_GONE); cross-talk of 32 connections over 2
+ * workers and 2 reactor threads with unique messages.
  *
  * The workers are front_harness.c's threads; their WebSocket side is ws_worker() below,
  * reached through the harness's front_ws_serve hook. Threads other than the case's own never
@@ -41,6 +43,7 @@
 static atomic_int w_close_code; /* the last WS_CLOSE code the worker got (1005: none) */
 static atomic_int w_closes;     /* WS_CLOSE frames the worker got */
 static atomic_int w_upgrades;   /* handshakes the worker saw (REQUEST_HEAD with UPGRADE) */
+static atomic_int w_messages;   /* whole messages the worker got from the front */
 
 static int wsend(shmipc_stream *st, uint32_t type, uint32_t arg, const void *p, size_t n)
 {
@@ -288,6 +291,7 @@ static void ws_worker(struct appw *w, shmipc_stream *st, const char *target)
             len += f.length;
             free(b);
             if (f.arg & SHMIPC_SERVE_WS_FIN) {
+                bump(&w_messages);
                 int over = wcommand(w, st, op, msg, len, &out);
                 len = 0;
                 op = 0;
@@ -493,6 +497,7 @@ static void ws_fresh(void)
     atomic_store(&w_close_code, 0);
     atomic_store(&w_closes, 0);
     atomic_store(&w_upgrades, 0);
+    atomic_store(&w_messages, 0);
 }
 
 static void start_opts(struct tc *t, unsigned nworkers, unsigned threads,
@@ -1256,6 +1261,78 @@ static void ws_client_close_behind_held_messages_reaches_worker(void **state)
     assert_int_equal(atomic_load(&t->w[0].bad), 0);
 }
 
+/*
+ * The client's close frame (4001 "bye") with its TCP connection gone right behind it (RFC 6455
+ * §7.1.5: the frame's code is the close's, 1006 only without one), while the front held the
+ * client's input (the worker reads nothing for 1 s, a session queue of one: the client's
+ * messages wait in the front): the worker gets the client's WS_CLOSE 4001 (behind the messages
+ * that waited), with a FIN and with a reset. It got ABORT CLIENT_GONE: the server heard the
+ * client leave while held and closed at once, 1006, without reading the frame behind the hold.
+ */
+static void close_then_gone_while_held(struct tc *t, int reset)
+{
+    struct wsc c;
+    open_stalled_queue_of_one(t, 1000, &c);
+    for (int i = 0; i < 4; i++)
+        wsc_send(&c, 0x1, 1, "held", 4);
+    sleep_ms(100);                             /* they wait in the front: its client is held */
+    wsc_send(&c, 0x8, 1, "\x0f\xa1\x62ye", 5); /* 4001 "bye" */
+    if (reset) {
+        struct linger lg = {1, 0};
+        setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&w_close_code), 4001);
+    assert_int_equal(atomic_load(&t->w[0].aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE]), 0);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+}
+
+static void ws_close_then_fin_while_held_reaches_worker(void **state)
+{
+    close_then_gone_while_held(*state, 0);
+}
+
+static void ws_close_then_reset_while_held_reaches_worker(void **state)
+{
+    close_then_gone_while_held(*state, 1);
+}
+
+/*
+ * The same while the server does not read the client: the worker's 8 MiB message waits for a
+ * client that reads one byte of it (a 16 KiB receive buffer), far above the high-water mark,
+ * so the client's next message makes the server stop reading it (PAUSE). Then its close frame,
+ * and close(): a reset, since the client leaves unread bytes. The worker gets WS_CLOSE 4001.
+ * It got ABORT CLIENT_GONE: the server's send failed on the reset and it closed at once, the
+ * close frame unread behind the pause.
+ */
+static void ws_close_then_reset_while_paused_reaches_worker(void **state)
+{
+    struct tc *t = *state;
+    struct wsc c;
+    struct shmipc__server_stats st;
+    uint8_t one;
+    start1(t, 1, 1);
+    assert_int_equal(wsc_open_rcvbuf(&c, t->x.port, "/ws/a", NULL, 16384), 101);
+    wsc_send(&c, 0x1, 1, "flood:8388608:1", 15);
+    assert_int_equal(read(c.fd, &one, 1), 1); /* the message is on its way: queued */
+    assert_int_equal(one, 0x82);
+    /* Read while the queue is above the mark: PAUSE, at the end of the very call that passed
+     * it on, so once the worker has it the server no longer reads the client. */
+    wsc_send(&c, 0x1, 1, "x", 1);
+    assert_true(wait_for(&w_messages, 2, WAIT_MS));
+    wsc_send(&c, 0x8, 1, "\x0f\xa1\x62ye", 5); /* 4001 "bye" */
+    close(c.fd);
+    assert_true(wait_for(&w_closes, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&w_close_code), 4001);
+    assert_int_equal(atomic_load(&t->w[0].aborts[SHMIPC_SERVE_ABORT_CLIENT_GONE]), 0);
+    assert_int_equal(atomic_load(&t->w[0].bad), 0);
+    CHECK(shmipc_server_stop(t->x.srv));
+    CHECK(shmipc_server_run(t->x.srv));
+    shmipc__server_stats(t->x.srv, &st);
+    assert_true(st.ws_pauses >= 1); /* the close frame did wait behind the pause */
+}
+
 /* ---- cross-talk ---- */
 
 struct xws {
@@ -1342,7 +1419,10 @@ static void ws_cross_talk(void **state)
         T(ws_worker_extension_not_passed), T(ws_fin_with_handshake_frees_worker),                  \
         T(ws_worker_data_before_101), T(ws_worker_frames_before_its_end_reach_client),             \
         T(ws_send_limit_below_the_mark_loses_nothing),                                             \
-        T(ws_client_close_behind_held_messages_reaches_worker)
+        T(ws_client_close_behind_held_messages_reaches_worker),                                    \
+        T(ws_close_then_fin_while_held_reaches_worker),                                            \
+        T(ws_close_then_reset_while_held_reaches_worker),                                          \
+        T(ws_close_then_reset_while_paused_reaches_worker)
 
 int main(int argc, char **argv)
 {

@@ -1453,6 +1453,84 @@ static void eof_reports_abnormal_closure(void **state)
     app_free(a);
 }
 
+/*
+ * The peer is gone with input unread (a reset behind its close frame, shmipc__ws_conn_peer_gone):
+ * what is left is looked through for the close frame alone. The message being reassembled and
+ * the messages after it are dropped, a ping gets no pong, nothing can be queued, a queue above
+ * the high-water mark does not PAUSE, and a close frame split anywhere (its first bytes fed
+ * before the call) is reported with its code and reason, unanswered. Before, the owner could
+ * only call eof() and the close was a 1006. Then eof() does nothing.
+ */
+static void peer_gone_reads_only_the_close_frame(void **state)
+{
+    (void)state;
+    struct shmipc__ws_limits lim = {.tx_high_water = 64};
+    struct app *a = app_new(&lim);
+    char big[100] = {0};
+    char *w = NULL;
+    size_t n = 0;
+    /* Output above the mark, as a server that paused the peer has. */
+    assert_int_equal(shmipc__ws_conn_send(&a->conn, SHMIPC__WS_OP_BINARY, big, sizeof big, 0), 0);
+    client_frame(&w, &n, 0, SHMIPC__WS_OP_TEXT, "part", 4);
+    client_frame(&w, &n, 1, SHMIPC__WS_OP_CLOSE, "\x0f\xa1\x62ye", 5); /* 4001 "bye" */
+    size_t split = n - 4; /* inside the close frame's payload */
+    assert_int_equal(shmipc__ws_conn_process(&a->conn, w, split), SHMIPC__WS_CONN_PAUSE);
+    shmipc__ws_conn_peer_gone(&a->conn);
+    shmipc__ws_conn_peer_gone(&a->conn); /* idempotent */
+    assert_int_equal(shmipc__ws_conn_send(&a->conn, SHMIPC__WS_OP_TEXT, "x", 1, 0), SHMIPC_ECLOSED);
+    assert_int_equal(shmipc__ws_conn_ping(&a->conn, "x", 1), SHMIPC_ECLOSED);
+    assert_int_equal(shmipc__ws_conn_close(&a->conn, 1000, NULL, 0), SHMIPC_ECLOSED);
+    size_t queued = shmipc__ws_conn_tx_queued(&a->conn);
+    assert_int_equal(shmipc__ws_conn_process(&a->conn, w + split, n - split),
+                     SHMIPC__WS_CONN_CLOSE);
+    assert_int_equal(a->messages, 0);
+    assert_int_equal(a->closes, 1);
+    assert_int_equal(a->close_code, 4001);
+    assert_int_equal(shmipc__ws_conn_tx_queued(&a->conn), queued); /* no answer queued */
+    shmipc__ws_conn_eof(&a->conn);
+    assert_int_equal(a->closes, 1);
+    app_free(a);
+
+    /* Gone between frames: a continuation, a message, a ping, then the close without a code
+     * (1005); no PAUSE though the queue is above the mark. */
+    a = app_new(&lim);
+    assert_int_equal(shmipc__ws_conn_send(&a->conn, SHMIPC__WS_OP_BINARY, big, sizeof big, 0), 0);
+    free(w);
+    w = NULL;
+    n = 0;
+    client_frame(&w, &n, 0, SHMIPC__WS_OP_TEXT, "frag", 4);
+    assert_int_equal(shmipc__ws_conn_process(&a->conn, w, n), SHMIPC__WS_CONN_PAUSE);
+    shmipc__ws_conn_peer_gone(&a->conn);
+    queued = shmipc__ws_conn_tx_queued(&a->conn);
+    n = 0;
+    client_frame(&w, &n, 1, SHMIPC__WS_OP_CONT, "ment", 4);
+    client_frame(&w, &n, 1, SHMIPC__WS_OP_BINARY, "msg", 3);
+    client_frame(&w, &n, 1, SHMIPC__WS_OP_PING, "p", 1);
+    assert_int_equal(shmipc__ws_conn_process(&a->conn, w, n), SHMIPC__WS_CONN_MORE);
+    assert_int_equal(a->messages + a->pings + a->closes, 0);
+    assert_int_equal(shmipc__ws_conn_tx_queued(&a->conn), queued);
+    n = 0;
+    client_frame(&w, &n, 1, SHMIPC__WS_OP_CLOSE, "", 0);
+    assert_int_equal(shmipc__ws_conn_process(&a->conn, w, n), SHMIPC__WS_CONN_CLOSE);
+    assert_int_equal(a->closes, 1);
+    assert_int_equal(a->close_code, 1005);
+    assert_int_equal(shmipc__ws_conn_tx_queued(&a->conn), queued);
+    app_free(a);
+
+    /* No close frame in what is left: eof() says 1006. */
+    a = app_new(NULL);
+    shmipc__ws_conn_peer_gone(&a->conn);
+    n = 0;
+    client_frame(&w, &n, 1, SHMIPC__WS_OP_TEXT, "late", 4);
+    assert_int_equal(shmipc__ws_conn_process(&a->conn, w, n), SHMIPC__WS_CONN_MORE);
+    shmipc__ws_conn_eof(&a->conn);
+    assert_int_equal(a->messages, 0);
+    assert_int_equal(a->closes, 1);
+    assert_int_equal(a->close_code, 1006);
+    app_free(a);
+    free(w);
+}
+
 /* Callbacks: an application error is a 1011; closing from on_message; no re-entry. */
 static void callbacks_may_close_but_not_reenter(void **state)
 {
@@ -1616,6 +1694,7 @@ int main(void)
         cmocka_unit_test(peeked_bytes_stay_put),
         cmocka_unit_test(application_close_waits_for_the_peer),
         cmocka_unit_test(eof_reports_abnormal_closure),
+        cmocka_unit_test(peer_gone_reads_only_the_close_frame),
         cmocka_unit_test(callbacks_may_close_but_not_reenter),
         cmocka_unit_test(limits_resolve),
         cmocka_unit_test(idle_connection_is_small),

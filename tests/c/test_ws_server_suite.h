@@ -17,7 +17,9 @@
  * application's refusal (403), a graceful stop (1001), and the timeouts with short values: a
  * paused client whose output makes no progress (keep-alive: 1006), automatic pings that keep
  * an answering client open past the idle timeout, a silent client failed by it (1006), both
- * off by default; and the public ping/idle timeouts and send-queue limits' validation.
+ * off by default; the public ping/idle timeouts and send-queue limits' validation; and a
+ * client that sends its close frame and closes or resets its socket right behind it, while
+ * the server reads it, is paused or holds it: on_close gets the frame's code.
  */
 #ifndef TEST_WS_SERVER_SUITE_H
 #define TEST_WS_SERVER_SUITE_H
@@ -1860,6 +1862,208 @@ static void stop_close_unanswered_is_bounded(void **state)
     app_free(&a);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* The client's close frame, with its TCP connection gone right behind it */
+
+/*
+ * On "big" the application sends one BIG_LEN message, far above the high-water mark: the
+ * server then stops reading the client (PAUSE) until it takes it, which it never does here;
+ * on "bigclose" it also closes (4000) behind it. Every other message is only counted.
+ */
+#define BIG_LEN (8u << 20)
+static unsigned char big_block[BIG_LEN];
+static atomic_int big_sent, big_msgs;
+
+static void big_message(shmipc_ws *ws, int kind, const void *data, size_t len, void *user_data)
+{
+    struct app *a = user_data;
+    (void)kind;
+    atomic_fetch_add(&big_msgs, 1);
+    if (len < 3 || memcmp(data, "big", 3) != 0)
+        return;
+    if (shmipc_ws_send(ws, SHMIPC_WS_BINARY, big_block, BIG_LEN) != 0 ||
+        (len == 8 && shmipc_ws_close(ws, 4000, "app") != 0))
+        atomic_fetch_add(&a->send_errors, 1);
+    atomic_fetch_add(&big_sent, 1);
+}
+
+enum gone_how { GONE_FIN, GONE_CLOSE, GONE_RST };
+
+struct gone_case {
+    const char *name;
+    const char *first; /* a message sent first ("big", "bigclose"), or NULL */
+    int split;         /* the close frame in two writes, 20 ms apart */
+    int hold;          /* the owner holds the input first (shmipc__ws_hold, as the front does) */
+    enum gone_how how;
+};
+
+/* The WebSocket hold_route holds on the message "hold". */
+static void big_or_hold_message(shmipc_ws *ws, int kind, const void *data, size_t len,
+                                void *user_data)
+{
+    big_message(ws, kind, data, len, user_data);
+    if (len == 4 && memcmp(data, "hold", 4) == 0 && shmipc__ws_hold(ws, 1) == 0)
+        atomic_fetch_add(&held_count, 1);
+}
+
+/*
+ * One connection of the cases below: the first message if any (and the server's reaction to it
+ * seen), a text message, then the close frame 4001 "bye", then the client is gone: FIN
+ * (shutdown(SHUT_WR): it never reads again), close() (a FIN, or a reset when the server's
+ * message waits unread in its socket) or a reset (SO_LINGER 0). on_close must report 4001 and
+ * its reason, within a few seconds; the text message is not delivered when the server was not
+ * reading (paused or held): the client is gone, its input is looked through for the close
+ * frame alone.
+ */
+static void gone_case_run(struct srv *t, struct app *a, const struct gone_case *gc)
+{
+    struct fx_bytes out = {0};
+    app_reset(a);
+    atomic_store(&big_sent, 0);
+    atomic_store(&big_msgs, 0);
+    atomic_store(&held_count, 0);
+    int fd = ws_connect(t->port, "/ws");
+    WAIT_UNTIL(atomic_load(&a->opens) == 1);
+    fx_put(&out, "", 0);
+    if (gc->first != NULL) {
+        client_frame(&out, 1, gc->first, strlen(gc->first));
+        assert_int_equal(send(fd, out.p, out.n, MSG_NOSIGNAL), (ssize_t)out.n);
+        if (gc->hold)
+            WAIT_UNTIL(atomic_load(&held_count) == 1);
+        else
+            WAIT_UNTIL(atomic_load(&big_sent) == 1);
+        out.n = 0;
+    }
+    client_frame(&out, 1, "unread?", 7);
+    size_t close_at = out.n;
+    client_frame(&out, 8, "\x0f\xa1\x62ye", 5); /* 4001 "bye" */
+    if (gc->split) {
+        size_t cut = close_at + 3;
+        assert_int_equal(send(fd, out.p, cut, MSG_NOSIGNAL), (ssize_t)cut);
+        usleep(20000);
+        assert_int_equal(send(fd, out.p + cut, out.n - cut, MSG_NOSIGNAL), (ssize_t)(out.n - cut));
+    } else {
+        assert_int_equal(send(fd, out.p, out.n, MSG_NOSIGNAL), (ssize_t)out.n);
+    }
+    if (gc->how == GONE_FIN) {
+        assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    } else {
+        if (gc->how == GONE_RST) {
+            struct linger lg = {.l_onoff = 1, .l_linger = 0};
+            assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+        }
+        close(fd);
+        fd = -1;
+    }
+    uint64_t end = mono_ms() + 6000;
+    while (atomic_load(&a->closes) == 0 && mono_ms() < end)
+        usleep(1000);
+    if (fd >= 0)
+        close(fd);
+    if (atomic_load(&a->closes) != 1)
+        fail_msg("%s (%s): no on_close within 6 s", gc->name,
+                 suite_backend == SHMIPC_BACKEND_IO_URING ? "io_uring" : "epoll");
+    if (atomic_load(&a->close_code) != 4001 || strcmp(a->reason, "bye") != 0)
+        fail_msg("%s (%s): on_close %d \"%s\", not the client's 4001 \"bye\"", gc->name,
+                 suite_backend == SHMIPC_BACKEND_IO_URING ? "io_uring" : "epoll",
+                 atomic_load(&a->close_code), a->reason);
+    /* One message: the text when the server was reading; else the first, the text behind it
+     * only looked through for the close frame. */
+    assert_int_equal(atomic_load(&big_msgs), 1);
+    assert_int_equal(atomic_load(&a->send_errors), 0);
+    free(out.p);
+}
+
+/* Runs `cases` against one server (keep-alive, the stall timeout, at `keepalive_ms`), then
+ * checks that it still serves; returns the server's count of pauses. */
+static uint64_t gone_cases(const struct gone_case *cases, size_t n, uint32_t keepalive_ms)
+{
+    struct srv t;
+    struct app a;
+    struct srv_opts o = {.keepalive_ms = keepalive_ms};
+    memset(big_block, 'b', BIG_LEN);
+    app_init(&a);
+    a.echo = 0;
+    srv_new_opts(&t, NULL, &o);
+    CHECK(shmipc_server_websocket(t.s, "/ws", NULL, app_open, big_or_hold_message, app_close_cb, &a,
+                                  NULL));
+    srv_run(&t);
+    for (size_t i = 0; i < n; i++)
+        gone_case_run(&t, &a, &cases[i]);
+    app_reset(&a);
+    int fd = ws_connect(t.port, "/ws");
+    WAIT_UNTIL(atomic_load(&a.opens) == 1);
+    close_politely(fd, &a);
+    close(fd);
+    struct shmipc__server_stats st = srv_stop(&t);
+    assert_int_equal(st.ws_upgrades, n + 1);
+    app_free(&a);
+    return st.ws_pauses;
+}
+
+/*
+ * RFC 6455 §7.1.5 / §7.4.1: a close frame received is the close's code, even when the client's
+ * TCP connection ends right behind it; 1006 is only for a close without one. The frame whole
+ * or split, then a FIN, close() or a reset, while the server reads (in one receive with the
+ * FIN or not), and while the server itself stopped reading the client because its large
+ * message waits unread (PAUSE): then close() is a reset (the client had unread bytes) and the
+ * server's send fails, or the FIN is heard while paused and the stall timeout (keep-alive,
+ * 300 ms here) gives the client up. In those the server reported 1006 without reading the
+ * frame (bug: a send failure closed at once; the stall closed at once).
+ */
+static void close_frame_then_gone_reports_its_code(void **state)
+{
+    static const struct gone_case cases[] = {
+        {"reading, FIN", NULL, 0, 0, GONE_FIN},
+        {"reading, close()", NULL, 0, 0, GONE_CLOSE},
+        {"reading, reset", NULL, 0, 0, GONE_RST},
+        {"reading, split, FIN", NULL, 1, 0, GONE_FIN},
+        {"reading, split, close()", NULL, 1, 0, GONE_CLOSE},
+        {"paused, close()", "big", 0, 0, GONE_CLOSE},
+        {"paused, reset", "big", 0, 0, GONE_RST},
+        {"paused, split, close()", "big", 1, 0, GONE_CLOSE},
+        {"paused, FIN, stalled", "big", 0, 0, GONE_FIN},
+    };
+    (void)state;
+    uint64_t pauses = gone_cases(cases, sizeof cases / sizeof cases[0], 300);
+    assert_true(pauses >= 4); /* the paused cases were */
+}
+
+/*
+ * The client's close crosses the application's (4000, queued behind its large message while the
+ * server does not read the client), and the client is gone at once: on_close reports the
+ * client's 4001, from the frame that waited behind the pause; with a FIN the application's close
+ * timer (2 s) gives up on the answer and finds it there. It reported 1006 (a reset: the failed
+ * send; a FIN: the timer closed at once).
+ */
+static void crossed_closes_then_gone_report_the_peers_code(void **state)
+{
+    static const struct gone_case cases[] = {
+        {"crossed, reset", "bigclose", 0, 0, GONE_RST},
+        {"crossed, FIN, close timer", "bigclose", 0, 0, GONE_FIN},
+    };
+    (void)state;
+    uint64_t pauses = gone_cases(cases, sizeof cases / sizeof cases[0], 0);
+    assert_true(pauses >= 2);
+}
+
+/*
+ * The owner holds the client's input (as the front does while its worker's queue is full),
+ * then the client sends a message and its close frame and goes (FIN or reset): the server hears
+ * it while held and reports the close frame's 4001 (the message behind the hold is not
+ * delivered). It reported 1006 without reading the input behind the hold.
+ */
+static void held_close_frame_then_gone_reports_its_code(void **state)
+{
+    static const struct gone_case cases[] = {
+        {"held, FIN", "hold", 0, 1, GONE_FIN},
+        {"held, reset", "hold", 0, 1, GONE_RST},
+        {"held, split, close()", "hold", 1, 1, GONE_CLOSE},
+    };
+    (void)state;
+    (void)gone_cases(cases, sizeof cases / sizeof cases[0], 0);
+}
+
 #define WS_SERVER_TESTS                                                                            \
     cmocka_unit_test(backpressure_client_never_reads),                                             \
         cmocka_unit_test(backpressure_application_flood), cmocka_unit_test(upgrade_routing),       \
@@ -1875,7 +2079,10 @@ static void stop_close_unanswered_is_bounded(void **state)
         cmocka_unit_test(deferred_upgrade_accepted_before_stop_goes_away),                         \
         cmocka_unit_test(held_client_leaves_is_noticed),                                           \
         cmocka_unit_test(hold_after_paused_hangup_is_noticed),                                     \
-        cmocka_unit_test(stop_close_unanswered_is_bounded)
+        cmocka_unit_test(stop_close_unanswered_is_bounded),                                        \
+        cmocka_unit_test(close_frame_then_gone_reports_its_code),                                  \
+        cmocka_unit_test(crossed_closes_then_gone_report_the_peers_code),                          \
+        cmocka_unit_test(held_close_frame_then_gone_reports_its_code)
 
 /* Runs the behaviours, then the fixtures (FIXTURE_DIR, or argv[1]). */
 static int ws_server_main(int argc, char **argv, const char *name)

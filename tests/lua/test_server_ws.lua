@@ -1,7 +1,8 @@
 -- Description: srv:websocket(): echo of text and binary messages (small, 64 KiB+, fragmented)
 -- through a raw-socket client, subprotocols, on_open refusing or raising (403), on_message
 -- raising (logged, the connection goes on), ws:close/ping from the server, the ws handle raising
--- after on_close, sends outside a callback refused, both backends, misuse. The client is
+-- after on_close, sends outside a callback refused, both backends, misuse, and the client's close
+-- code when it closes or resets its socket right behind its close frame. The client is
 -- lua-socket in this process (tests/lua/server_support.lua); without it the file skips.
 local shmipc = require "shmipc"
 
@@ -281,6 +282,75 @@ function tests.dropped_connection_is_1006(t)
         return closed
     end, "on_close")
     t.eq(closed, 1006, "no close frame")
+end
+
+-- The client's close frame (4001 "bye") with its TCP connection gone right behind it (RFC 6455
+-- 7.1.5: the frame's code is the close's; 7.4.1: 1006 only for a close without one), while the
+-- server reads the client, and while it does not: the handler's 8 MiB answer to "big" waits for
+-- a client that read one byte of it, so the client's next message made the server stop reading
+-- it (backpressure). Then close() is a reset that fails the server's send, and a FIN is heard
+-- while paused and the stall timeout (keep-alive, 0.3 s) gives the client up. on_close got 1006
+-- in those: the server closed without reading the frame. Both backends.
+for _, backend in ipairs({ "epoll", "io_uring" }) do
+    tests["close_frame_then_gone_is_its_code_" .. backend] = function(t)
+        local srv <close>, errors =
+            new_server({ backend = backend, workers = 1, keepalive_timeout = 0.3 })
+        local closed = {}
+        assert(srv:websocket("/ws", {
+            on_message = function(ws, data)
+                if data == "big" then
+                    assert(ws:send(string.rep("b", 8 << 20), "binary"))
+                elseif data == "hi" then
+                    assert(ws:send(data, "text"))
+                end
+            end,
+            on_close = function(ws, code, reason)
+                closed[#closed + 1] = code .. " " .. reason
+            end,
+        }))
+        local ok, msg, code = srv:start()
+        if not ok and backend == "io_uring" and (code == E.EACCES or code == E.ENOTSUP) then
+            print("# skip close_frame_then_gone_is_its_code_io_uring: " .. msg)
+            return
+        end
+        t.truthy(ok, msg)
+        for _, paused in ipairs({ false, true }) do
+            for _, how in ipairs({ "close", "reset", "fin" }) do
+                local what = how .. (paused and ", paused" or ", reading")
+                local c, status = client.ws_connect(srv:port(), "/ws")
+                t.eq(status, 101, "upgrade")
+                -- Each write leaves at once: a reset drops what the client's kernel holds.
+                c.sock:setoption("tcp-nodelay", true)
+                if paused then
+                    c:ws_send("text", "big")
+                    t.truthy(c:read(1), "the message is queued")
+                    c:ws_send("text", "after")
+                    shmipc.poll({}, 0.1)
+                else
+                    c:ws_send("text", "hi")
+                    t.eq(select(2, c:ws_recv()), "hi", "echo")
+                end
+                c:ws_send("close", string.pack(">I2", 4001) .. "bye")
+                if how == "fin" then
+                    c.sock:shutdown("send")
+                else
+                    if how == "reset" then
+                        c.sock:setoption("linger", { on = true, timeout = 0 })
+                    end
+                    c:close()
+                end
+                wait_for(function()
+                    return #closed == 1
+                end, "on_close, " .. what)
+                if how == "fin" then
+                    c:close()
+                end
+                t.eq(closed[1], "4001 bye", what)
+                closed[1] = nil
+            end
+        end
+        t.eq(#errors, 0, "no errors: " .. table.concat(errors, "\n"))
+    end
 end
 
 function tests.stop_from_ws_handler_and_plain_get(t)

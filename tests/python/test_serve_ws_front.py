@@ -4,8 +4,11 @@ processes serving an ASGI websocket app, reached with a raw RFC 6455 client. Ech
 binary and a multi-frame message, the subprotocol the app chose, close codes both ways, an
 app that raises after the accept (1011), a refusal before the accept (403), the disconnect the
 app gets when the client drops (1006), and 16 connections over 2 workers with unique messages
-(no cross-talk). Nothing asserts on speed."""
+(no cross-talk). And the client's close frame with its socket closed or reset right behind
+it, reaching the app of the ASGI, C and Lua workers as its code on both backends. Nothing
+asserts on speed."""
 import os
+import socket
 import struct
 import threading
 import time
@@ -239,3 +242,118 @@ def test_sixteen_sockets_open_at_once(server):
     for t in ts:
         t.join(60)
     assert bad == []
+
+
+# ---- the client's close frame with its TCP connection gone right behind it ----
+
+# The same application for each kind of worker: an echo whose end (the close code and reason
+# the worker got: websocket.disconnect, shmipc_serve_ws_closed(), recv_frame's close) is
+# appended to disconnects.log as "TAG CODE REASON", TAG the query; "big" is answered with one
+# 8 MiB binary message.
+GONE_ASGI = '''
+async def app(scope, receive, send):
+    if scope["type"] != "websocket":
+        raise RuntimeError("websocket only")
+    await receive()
+    await send({"type": "websocket.accept"})
+    while True:
+        m = await receive()
+        if m["type"] == "websocket.disconnect":
+            with open("disconnects.log", "a") as f:
+                f.write("%s %d %s\\n" % (scope["query_string"].decode(), m["code"],
+                                         m.get("reason") or ""))
+            return
+        if m.get("text") == "big":
+            await send({"type": "websocket.send", "bytes": b"b" * (8 << 20)})
+        elif m.get("text") is not None:
+            await send({"type": "websocket.send", "text": m["text"]})
+        else:
+            await send({"type": "websocket.send", "bytes": m["bytes"]})
+'''
+
+GONE_LUA = '''
+return function(req)
+  if not req.websocket then return 404, {}, "" end
+  local ws = req:accept_websocket()
+  while true do
+    local data, typ, code = ws:recv_frame()
+    if typ == "close" or not typ then
+      local f = assert(io.open("disconnects.log", "a"))
+      f:write(string.format("%s %s %s\\n", req.query, tostring(code), data or ""))
+      f:close()
+      return
+    end
+    if data == "big" then
+      ws:send_binary(string.rep("b", 8 * 1024 * 1024))
+    elseif typ == "text" then
+      ws:send_text(data)
+    else
+      ws:send_binary(data)
+    end
+  end
+end
+'''
+
+GONE_C = os.path.join(os.path.dirname(SERVE), "..", "tests", "c", "libserve_wsclose.so")
+
+
+@pytest.fixture(params=[(k, b) for k in ("asgi", "c", "lua") for b in ("epoll", "io_uring")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def gone_server(tmp_path, request):
+    kind, backend = request.param
+    if kind == "c" and not os.path.exists(GONE_C):
+        pytest.skip("libserve_wsclose.so is not built")
+    if kind == "asgi":
+        (tmp_path / "goneapp.py").write_text(GONE_ASGI)
+        app = ("--asgi", "goneapp:app")
+    elif kind == "lua":
+        (tmp_path / "goneapp.lua").write_text(GONE_LUA)
+        app = ("--lua", "goneapp")
+    else:
+        app = ("--c", os.path.abspath(GONE_C))
+    # The stall timeout (keep-alive) short: it gives up a client that stopped reading.
+    env = {"SHMIPC_REACTOR_BACKEND": backend, "SHMIPC_HTTP_KEEPALIVE_TIMEOUT_MS": "300"}
+    s = Serve(tmp_path, workers=1, app=app, env=env)
+    s.dir = tmp_path
+    if kind == "lua" and s.request("GET", "/x")[0] != 404:
+        s.stop()
+        pytest.skip("the worker was built without Lua")
+    yield s
+    assert s.stop() == 0, "".join(s.err)
+
+
+@pytest.mark.parametrize("paused", [False, True], ids=["reading", "paused"])
+@pytest.mark.parametrize("how", ["fin", "close", "reset"])
+def test_close_frame_then_gone_reaches_the_app(gone_server, paused, how):
+    """The client's close frame (4001 "bye") with its TCP connection gone right behind it
+    (RFC 6455 §7.1.5: the frame's code is the close's, 1006 only without one): the app gets
+    4001 "bye" from each kind of worker, on both backends, while the front reads the client,
+    and while it does not: the app's 8 MiB message waits for a client that read one byte of
+    it, so the client's next message made the front's server stop reading it (PAUSE); then
+    close() is a reset that fails the server's send, and a FIN is heard while paused and the
+    stall timeout (keep-alive, 300 ms) gives the client up. Those were 1006 (ABORT
+    CLIENT_GONE to the worker): the server closed without reading the frame."""
+    tag = f"{how}{int(paused)}"
+    c = WSClient(gone_server.port, "/ws?" + tag)
+    assert c.status == 101
+    c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if paused:
+        c.send("big")
+        c.sock.settimeout(20)
+        assert c.sock.recv(1) == b"\x82"  # the message is queued at the front
+        c.send("after")  # read while the queue is above the mark: PAUSE
+        time.sleep(0.2)
+    else:
+        c.send("hello")
+        assert c.recv() == "hello"
+    c.sock.sendall(bytes([0x88, 0x85]) + b"\0\0\0\0" + struct.pack(">H", 4001) + b"bye")
+    if how == "fin":
+        c.sock.shutdown(socket.SHUT_WR)
+    else:
+        if how == "reset":
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c.sock.close()
+    try:
+        assert disconnects(gone_server, tag) == [(4001, "bye")]
+    finally:
+        c.sock.close()

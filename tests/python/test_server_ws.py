@@ -1,8 +1,9 @@
 """shmipc.Server.websocket(): Python callbacks for WebSocket connections, tested with a small
 raw-socket client (masked frames, as RFC 6455 requires of clients) on both backends: echo of
 text and binary messages, subprotocols, per-connection attributes, refusal, server pings and
-closes, callback exceptions (1011, logged, still serving), and the WebSocket object being
-invalid after on_close."""
+closes, callback exceptions (1011, logged, still serving), the WebSocket object being
+invalid after on_close, and the client's close code when it closes or resets its socket right
+behind its close frame (also while the server does not read it)."""
 import base64
 import hashlib
 import logging
@@ -340,3 +341,74 @@ def test_close_with_open_connections(shmipc):
     for c in clients:
         assert c.recv_frame() == (CLOSE, struct.pack(">H", 1001))
         c.drop()
+
+
+# The client's close frame with its TCP connection gone right behind it (RFC 6455 §7.1.5:
+# the frame's code is the close's; §7.4.1: 1006 only for a close without one).
+
+def _gone(c, how):
+    """The client leaves: "fin" (shutdown(SHUT_WR); it never reads again), "close" (a FIN, or
+    a reset when the server's bytes wait unread in its socket) or "reset" (SO_LINGER 0)."""
+    if how == "fin":
+        c.sock.shutdown(socket.SHUT_WR)
+        return
+    if how == "reset":
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.sock.close()
+
+
+@pytest.mark.parametrize("how", ["fin", "close", "reset"])
+@pytest.mark.parametrize("paused", [False, True], ids=["reading", "paused"])
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_close_frame_then_gone_reports_its_code(shmipc, backend, paused, split, how):
+    """The client sends its close frame (4001 "bye", whole or in two writes) and is gone at once:
+    on_close gets 4001 "bye", while the server reads the client (the FIN or reset in the same
+    receive as the frame, or the next), and while it does not: its 8 MiB answer to "big" waits
+    unread (PAUSE), so close() is a reset and the server's send fails, or a FIN is heard while
+    paused and the stall timeout (keep-alive, 0.3 s) gives the client up. In those the server
+    told on_close 1006 without reading the frame. The text message behind the pause is not
+    delivered (the client is gone; its input is only looked through for the close frame)."""
+    events = Events()
+
+    def setup(s):
+        def on_message(ws, data):
+            if data == "ok":
+                ws.send(data)
+                return
+            events.add("message", data)
+            if data == "big":
+                ws.send(b"x" * (8 << 20))
+
+        s.websocket("/ws", on_message, on_close=lambda ws, code, reason:
+                    events.add("close", code, reason))
+
+    s = started(shmipc, setup, backend=backend, keepalive_timeout=0.3)
+    with s:
+        c = WSClient(s.port, "/ws")
+        # Each write leaves at once: a reset drops what the client's kernel still holds, and
+        # Nagle would hold the close frame behind the unacknowledged message.
+        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if paused:
+            c.send("big")
+            events.wait_for("message")
+            time.sleep(0.05)  # the server paused right after the message
+        c.send("after")
+        close = bytes([0x88, 0x85]) + b"\0\0\0\0" + struct.pack(">H", 4001) + b"bye"
+        if split:
+            c.sock.sendall(close[:3])
+            time.sleep(0.02)
+            c.sock.sendall(close[3:])
+        else:
+            c.sock.sendall(close)
+        _gone(c, how)
+        try:
+            got = events.wait_for("close", timeout=6)[0]
+        finally:
+            c.sock.close()
+        assert got[1:] == (4001, "bye")
+        assert [m[1] for m in events.items if m[0] == "message"] == ["big" if paused else "after"]
+        # And the server goes on.
+        d = WSClient(s.port, "/ws")
+        d.send("ok")
+        assert d.recv() == "ok"
+        d.close()
