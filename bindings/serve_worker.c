@@ -68,10 +68,16 @@ static int is_method(const shmipc_serve_request *r, const char *m)
     return r->method_len == n && memcmp(r->method, m, n) == 0;
 }
 
-/* The stream failed under us (the front closed it, the session ended, a timeout). */
+static void ws_read_last(shmipc_serve_exchange *x);
+
+/* The stream failed under us (the front closed it, the session ended, a timeout). A WebSocket
+ * whose close was not read yet looks for it in what is left first (ws_read_last). */
 static int lost(shmipc_serve_exchange *x)
 {
+    int first = !x->gone;
     x->done = x->gone = 1;
+    if (first && x->ws && !x->ws_got_close && !x->protocol)
+        ws_read_last(x);
     return SHMIPC_ECONNRESET;
 }
 
@@ -514,8 +520,9 @@ static int ws_send_close(shmipc_serve_exchange *x, uint32_t code, const void *re
     return send_now(x, buf, (size_t)n, NULL, 0);
 }
 
-/* The front's WS_CLOSE, its header read: kept for ws_closed(), answered unless we closed. */
-static int ws_close_came(shmipc_serve_exchange *x, const shmipc_serve_frame *h)
+/* The payload of the front's WS_CLOSE, its header read (`flags` for the read): its code and
+ * reason kept for ws_closed(). 0, SHMIPC_EPROTO, or the read's failure (nothing kept). */
+static int ws_close_read(shmipc_serve_exchange *x, const shmipc_serve_frame *h, int flags)
 {
     uint8_t buf[SHMIPC_SERVE_HDR_SIZE + 2 + SHMIPC_SERVE_MAX_CLOSE_REASON];
     const void *p;
@@ -526,8 +533,9 @@ static int ws_close_came(shmipc_serve_exchange *x, const shmipc_serve_frame *h)
     shmipc_serve_encode_header(buf, SHMIPC_SERVE_HDR_SIZE, SHMIPC_SERVE_WS_CLOSE, h->length,
                                h->arg);
     if (h->length > 0) {
-        if (read_exact(x, h->length, &p, 0) < 0)
-            return lost(x);
+        int rc = read_exact(x, h->length, &p, flags);
+        if (rc < 0)
+            return rc;
         memcpy(buf + SHMIPC_SERVE_HDR_SIZE, p, h->length);
         shmipc_stream_release(x->st);
     }
@@ -541,10 +549,67 @@ static int ws_close_came(shmipc_serve_exchange *x, const shmipc_serve_frame *h)
     x->ws_reason_len = f.close_reason_len;
     if (f.close_reason_len > 0)
         memcpy(x->ws_reason, f.close_reason, f.close_reason_len);
-    /* RFC 6455 §5.5.1: the side that did not close first answers, echoing the code. */
-    if (!x->ws_sent_close && ws_send_close(x, f.close_code, NULL, 0) < 0)
+    return 0;
+}
+
+/*
+ * The front's WS_CLOSE, its header read: kept for ws_closed(), answered unless we closed. An
+ * answer that fails (the front closed the stream right behind its close) leaves the close
+ * received all the same: SHMIPC_ECLOSED, and ws_closed() its code.
+ */
+static int ws_close_came(shmipc_serve_exchange *x, const shmipc_serve_frame *h)
+{
+    int rc = ws_close_read(x, h, 0);
+    if (rc == SHMIPC_EPROTO)
+        return rc;
+    if (rc < 0)
         return lost(x);
+    /* RFC 6455 §5.5.1: the side that did not close first answers, echoing the code. */
+    if (!x->ws_sent_close && ws_send_close(x, x->ws_code == 1005 ? 0 : x->ws_code, NULL, 0) < 0)
+        (void)lost(x);
     return SHMIPC_ECLOSED;
+}
+
+/*
+ * The stream failed under a WebSocket before the front's WS_CLOSE was read: most often a
+ * write of ours failed because the front closed the stream right behind its WS_CLOSE (it gave
+ * up waiting 5 s for our answer to the client's close). That close is still in what is left to
+ * read, in order before the stream's end: RFC 6455 §7.1.5 makes its code the client's close
+ * code, and a 1006 ("went away without a close") would hide it. So what is left is looked
+ * through now, without waiting (it is all here, or the session is gone): WS_DATA, pings and
+ * pongs are dropped, a WS_CLOSE is kept for ws_closed() and not answered (nobody reads it).
+ * Anything else (ABORT, the end, a failure, a frame that has no place here) ends the look.
+ */
+static void ws_read_last(shmipc_serve_exchange *x)
+{
+    const void *p;
+    size_t len;
+    x->ws_msg_op = 0;
+    for (;;) {
+        if (x->frame_left > 0) {
+            size_t want = x->frame_left > (1u << 20) ? (1u << 20) : (size_t)x->frame_left;
+            if (read_chunk(x, want, &p, &len, SHMIPC_NONBLOCK) < 0)
+                return;
+            shmipc_stream_release(x->st);
+            x->frame_left -= len;
+            continue;
+        }
+        shmipc_serve_frame f = {.size = sizeof f};
+        if (read_exact(x, SHMIPC_SERVE_HDR_SIZE, &p, SHMIPC_NONBLOCK) < 0)
+            return;
+        int rc = shmipc_serve_decode_header(p, SHMIPC_SERVE_HDR_SIZE, &f);
+        shmipc_stream_release(x->st);
+        if (rc < 0)
+            return;
+        if (f.type == SHMIPC_SERVE_WS_CLOSE) {
+            (void)ws_close_read(x, &f, SHMIPC_NONBLOCK);
+            return;
+        }
+        if (f.type != SHMIPC_SERVE_WS_DATA && f.type != SHMIPC_SERVE_WS_PING &&
+            f.type != SHMIPC_SERVE_WS_PONG)
+            return;
+        x->frame_left = f.length;
+    }
 }
 
 /* A frame header within timeout_ms: 0, SHMIPC_ETIMEDOUT (nothing consumed), or as read_header. */
@@ -579,12 +644,14 @@ SHMIPC_API int64_t shmipc_serve_ws_recv(shmipc_serve_exchange *x, void *buf, siz
         return shmipc__fail(SHMIPC_EINVAL, "shmipc_serve_ws_recv: no WebSocket accepted");
     int64_t until = timeout_ms < 0 ? -1 : mono_ms() + timeout_ms;
     for (;;) {
+        /* A close that was read is the client's close, even when the stream failed after it
+         * (ws_close_came(), ws_read_last()). */
+        if (x->ws_got_close)
+            return SHMIPC_ECLOSED;
         if (x->gone)
             return SHMIPC_ECONNRESET;
         if (x->protocol)
             return SHMIPC_EPROTO;
-        if (x->ws_got_close)
-            return SHMIPC_ECLOSED;
         int stopping = __atomic_load_n(&ws_shutdown_flag, __ATOMIC_ACQUIRE);
         if (stopping && x->ws_close_by == 0) {
             /* Going away: 1001 unless the handler closed already; either way the front's

@@ -358,7 +358,8 @@ SHMIPC_API int shmipc_serve_ws_accept(shmipc_serve_exchange *x, const char *subp
  * 0: only what arrived) for a frame; a frame whose header came is then read (each read of its
  * payload waits up to 5 s). Returns the bytes (0 for an empty piece), SHMIPC_ETIMEDOUT,
  * SHMIPC_ECLOSED once the front's close came (answered already, echoing its code, unless the
- * handler had closed), SHMIPC_ECONNRESET when the client went away (1006), SHMIPC_EPROTO for
+ * handler had closed; also when the front closed the stream right behind it),
+ * SHMIPC_ECONNRESET when the client went away (1006), SHMIPC_EPROTO for
  * a bad frame, SHMIPC_EINVAL (NULL, cap 0, not accepted). shmipc_serve_ws_closed() tells the
  * code. After shmipc_serve_shutdown() it sends the close 1001 and waits (at most 5 s) for the
  * front's answer, dropping messages meanwhile.
@@ -389,8 +390,9 @@ SHMIPC_API int shmipc_serve_ws_close(shmipc_serve_exchange *x, uint32_t code, co
                                      size_t reason_len);
 
 /**
- * How the client closed: the front's close code (1005 when its close had none), 1006 when the
- * client went away without one (ABORT, the stream's end), or 0 while neither happened;
+ * How the client closed: the front's close code (1005 when its close had none; also when a
+ * send failed on the stream the front closed right behind that close), 1006 when the client
+ * went away without one (ABORT, the stream's end), or 0 while neither happened;
  * *reason_len (when not NULL) gets the length of the close reason, of which at most `cap`
  * bytes are copied into `reason` (NULL with cap 0: none). -1 for NULL x.
  */

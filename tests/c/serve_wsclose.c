@@ -3,13 +3,15 @@
  * appends how each WebSocket ended (shmipc_serve_ws_closed(): the client's close code and
  * reason, 1006 when it went without a close) to disconnects.log in the working directory, one
  * "TAG CODE REASON" line, TAG the target's query. The message "big" is answered with one 8 MiB
- * binary message instead of its echo. Any other request is a 404.
+ * binary message instead of its echo, "slow" is echoed after 300 ms. Any other request is a
+ * 404.
  */
 #include "shmipc_serve.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define BIG_LEN (8u << 20)
 
@@ -45,6 +47,10 @@ static int ws_echo(shmipc_serve_exchange *x, const shmipc_serve_request *req)
             if (len == CAP)
                 rc = shmipc_serve_ws_close(x, 1009, NULL, 0);
             continue;
+        }
+        if (len == 4 && memcmp(msg, "slow", 4) == 0) {
+            struct timespec ts = {0, 300 * 1000 * 1000};
+            nanosleep(&ts, NULL);
         }
         if (len == 3 && memcmp(msg, "big", 3) == 0) {
             char *big = malloc(BIG_LEN);

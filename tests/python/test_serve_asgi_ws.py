@@ -254,6 +254,47 @@ def test_ws_client_gone_is_disconnect_1006(serve):
     assert got["late"] == "RequestAborted"
 
 
+@pytest.mark.parametrize("sending", [False, True], ids=["reading", "sending"])
+def test_ws_close_then_stream_end_is_the_disconnect_code(serve, sending):
+    """The front's WS_CLOSE (the client's 4001 "bye") with the stream closed right behind it,
+    as the front does when it gave up waiting for the worker's answer: the app's receive()
+    gives websocket.disconnect 4001 "bye", whether it was waiting in receive() (the echo of
+    the close fails) or sent first (its echo of a message before the close fails, raising to
+    the app). receive() raised EndOfStreamError: the failed answer escaped it."""
+    got = {}
+    done = threading.Event()
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "websocket.accept"})
+        try:
+            while True:
+                m = await receive()
+                if m["type"] == "websocket.disconnect":
+                    got.update(m)
+                    return
+                try:
+                    await send({"type": "websocket.send", "text": m["text"]})
+                except OSError as e:
+                    got["send"] = type(e).__name__
+        except BaseException as e:
+            got["raised"] = repr(e)
+            raise
+        finally:
+            done.set()
+
+    front = serve(app)
+    st = upgrade(front)
+    accepted(front, st)
+    frames = [frame(sf.WS_DATA, b"m1", 1 | FIN)] if sending else []
+    send(st, *frames, close_frame(4001, b"bye"))
+    st.close()
+    assert done.wait(10)
+    assert "raised" not in got, got
+    assert (got["type"], got["code"], got["reason"]) == ("websocket.disconnect", 4001, "bye")
+    assert ("send" in got) == sending
+
+
 def test_ws_many_connections_unique_messages(serve):
     """One worker serves one stream at a time: 40 connections one after the other, each
     with unique messages, none seen on another."""

@@ -700,3 +700,43 @@ def test_websocket_echo_refusal_and_stop(worker):
     send(st, close_frame(1001))
     st.close()
     assert w.finish() == 0
+
+
+WSCLOSE_LIB = os.path.join(BUILD, "tests", "c", "libserve_wsclose.so")
+
+
+@pytest.mark.parametrize("sending", [False, True], ids=["reading", "sending"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_websocket_close_then_stream_end_is_the_clients_code(kind, sending, tmp_path):
+    """The front's WS_CLOSE (the client's 4001 "bye") with the stream closed right behind it,
+    as the front does when it gave up waiting for the worker's answer: shmipc_serve_ws_closed()
+    and Lua's recv_frame give 4001 "bye", whether the handler's next call reads (its answer
+    then fails) or sends (its echo of a message before the close, 300 ms late, fails first).
+    The send's failure made the exchange "gone" and the close, unread in the stream, came out
+    as 1006.
+    The handlers (tests/c/serve_wsclose.c, and the Lua one of test_serve_ws_front.py) append
+    the code to disconnects.log."""
+    if kind == "c" and not os.path.exists(WSCLOSE_LIB):
+        pytest.skip("libserve_wsclose.so is not built")
+    from serve_ws_front import FIN, accepted, close_frame, send, upgrade
+    from test_serve_ws_front import GONE_LUA
+    if kind == "c":
+        app = ["--c", WSCLOSE_LIB]
+    else:
+        (tmp_path / "goneapp.lua").write_text(GONE_LUA)
+        app = ["--lua", "goneapp"]
+    w = Proc(kind, app=app, cwd=str(tmp_path))
+    try:
+        st = upgrade(w.front, b"/ws?t")
+        accepted(w.front, st)
+        frames = [frame(sf.WS_DATA, b"slow", 1 | FIN)] if sending else []
+        send(st, *frames, close_frame(4001, b"bye"))
+        st.close()
+        log = tmp_path / "disconnects.log"
+        deadline = time.monotonic() + 10
+        while not log.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert log.read_text() == "t 4001 bye\n"
+    finally:
+        w.p.terminate()
+        w.finish()

@@ -249,7 +249,8 @@ def test_sixteen_sockets_open_at_once(server):
 # The same application for each kind of worker: an echo whose end (the close code and reason
 # the worker got: websocket.disconnect, shmipc_serve_ws_closed(), recv_frame's close) is
 # appended to disconnects.log as "TAG CODE REASON", TAG the query; "big" is answered with one
-# 8 MiB binary message.
+# 8 MiB binary message, "slow" echoed after 300 ms (the C and Lua ones: for
+# test_serve_native_worker.py).
 GONE_ASGI = '''
 async def app(scope, receive, send):
     if scope["type"] != "websocket":
@@ -282,6 +283,10 @@ return function(req)
       f:write(string.format("%s %s %s\\n", req.query, tostring(code), data or ""))
       f:close()
       return
+    end
+    if data == "slow" then
+      local t = os.clock() + 0.3
+      while os.clock() < t do end
     end
     if data == "big" then
       ws:send_binary(string.rep("b", 8 * 1024 * 1024))

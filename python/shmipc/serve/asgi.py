@@ -533,7 +533,14 @@ class _WebSocket:
         if typ == sf.WS_CLOSE and not self.sent_close:
             # Echo its code, as RFC 6455 §5.5.1 asks of the endpoint that did not close first.
             code = self.got_close[0] if self.got_close[0] != _WS_NO_CODE else 0
-            await self._send_close(code, b"")
+            try:
+                await self._send_close(code, b"")
+            except (shmipc.EndOfStreamError, shmipc.PeerGoneError, shmipc.ClosedError,
+                    RequestAborted):
+                # The front closed the stream right behind its close (it gave up waiting for
+                # our answer): the client's close came all the same, and is the disconnect's
+                # code (RFC 6455 §7.1.5), not an error out of receive().
+                pass
         return self._disconnect()
 
     def _disconnect(self):
