@@ -294,6 +294,14 @@ static const char *const *sleeper(void)
 
 /* ---- misuse ---------------------------------------------------------------------------- */
 
+/* Creates the file at `path` (empty), as the shell's touch: a mark the workers' scripts test. */
+static void touch_file(const char *path)
+{
+    int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+}
+
 static void test_misuse(void **state)
 {
     (void)state;
@@ -1190,9 +1198,7 @@ static void test_reload_to_a_broken_generation_is_given_up(void **state)
     assert_true(slot_of(&h, g0, 0, &o0));
     assert_true(slot_of(&h, g0, 1, &o1));
     pid_t old[2] = {o0.pid, o1.pid};
-    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    assert_true(fd >= 0);
-    close(fd);
+    touch_file(flag);
     unsigned sets_before;
     ready_count(&h, &sets_before);
     shmipc__sup_reload(h.sup);
@@ -1266,9 +1272,7 @@ static void test_reload_that_cannot_spawn_or_times_out_is_given_up(void **state)
     assert_true(slot_of(&h, g0, 1, &o1));
     pid_t old[2] = {o0.pid, o1.pid};
     /* Not ready within the start timeout: killed, a failed boot. */
-    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    assert_true(fd >= 0);
-    close(fd);
+    touch_file(flag);
     shmipc__sup_reload(h.sup);
     unsigned g1 = reload_generation(&h, 1);
     char line[160];
@@ -1311,9 +1315,7 @@ static void test_reload_with_a_ready_new_worker_is_not_given_up(void **state)
     unsigned g0 = first_generation(&h);
     shmipc__sup_worker_info o0;
     assert_true(slot_of(&h, g0, 0, &o0));
-    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    assert_true(fd >= 0);
-    close(fd);
+    touch_file(flag);
     shmipc__sup_reload(h.sup);
     unsigned g1 = reload_generation(&h, 1);
     shmipc__sup_worker_info w = {0};
@@ -1363,9 +1365,7 @@ static void test_reload_during_a_failing_reload(void **state)
     assert_true(slot_of(&h, g0, 0, &o0));
     assert_true(slot_of(&h, g0, 1, &o1));
     pid_t old[2] = {o0.pid, o1.pid};
-    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    assert_true(fd >= 0);
-    close(fd);
+    touch_file(flag);
     unsigned sets_before;
     ready_count(&h, &sets_before);
     shmipc__sup_reload(h.sup);
@@ -1373,9 +1373,7 @@ static void test_reload_during_a_failing_reload(void **state)
     shmipc__sup_reload(h.sup);
     unsigned g2 = reload_generation(&h, 2);
     assert_true(g2 != g1);
-    fd = open(go, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    assert_true(fd >= 0);
-    close(fd);
+    touch_file(go);
     char line[160];
     snprintf(line, sizeof line, "reload: generation %u failed to boot: all 2 of its workers", g2);
     wait_log(&h, line, 10000);
@@ -1413,9 +1411,7 @@ static void test_stop_during_a_failing_reload(void **state)
     harness_start(&h, &c);
     wait_ready(&h, 2, 10000);
     unsigned g0 = first_generation(&h);
-    int fd = open(flag, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    assert_true(fd >= 0);
-    close(fd);
+    touch_file(flag);
     shmipc__sup_reload(h.sup);
     unsigned g1 = reload_generation(&h, 1);
     shmipc__sup_worker_info w[8];
@@ -1509,9 +1505,7 @@ static void test_boot_failure_never_delays_an_earlier_deadline(void **state)
         pthread_mutex_unlock(&h.sup->mu);
         fail_msg("the loop passed the 2 s deadline before the test could hold it");
     }
-    int ffd = open(fail, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    assert_true(ffd >= 0);
-    close(ffd);
+    touch_file(fail);
     siginfo_t si;
     for (;;) { /* the first worker exited (not reaped: the supervisor reaps it) */
         memset(&si, 0, sizeof si);
@@ -1570,9 +1564,7 @@ static void test_stop_during_a_reload(void **state)
     harness_start(&h, &c);
     wait_ready(&h, 2, 10000);
     unsigned g0 = first_generation(&h);
-    int mfd = open(marker, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    assert_true(mfd >= 0);
-    close(mfd);
+    touch_file(marker);
     shmipc__sup_reload(h.sup);
     uint64_t end = ms_now() + 5000;
     while (shmipc__sup_snapshot(h.sup, NULL, 0) < 4) {
