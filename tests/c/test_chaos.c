@@ -170,19 +170,32 @@ static struct resources settled_resources(shmipc_listener *l)
     return a;
 }
 
+/* Each count at most the baseline's. */
+static int no_more_resources(const struct resources *a, const struct resources *base)
+{
+    return a->fds <= base->fds && a->maps <= base->maps && a->files <= base->files &&
+           a->heap <= base->heap;
+}
+
 /*
  * Handshakes run on the listener's threads: one may still be noticing its dead peer, or have
  * queued the session of a peer that died just after it. Give them up to a second, taking
- * (and closing) what they queued, before comparing.
+ * (and closing) what they queued, before comparing. A count below the baseline is no leak:
+ * the baseline caught such a handshake still going (a warm-up round's session, two fds of a V4
+ * polling one, released later on a loaded machine); the baseline is lowered to it, so a leak
+ * is still counted from what the process really holds at rest.
  */
-static void check_resources(const struct resources *base, shmipc_listener *l, const char *what,
-                            int i)
+static void check_resources(struct resources *base, shmipc_listener *l, const char *what, int i)
 {
     struct resources now = take_resources();
     for (int t = 0; t < 1000 && !same_resources(&now, base); t++) {
         drain_listener(l);
         usleep(1000);
         now = take_resources();
+    }
+    if (!same_resources(&now, base) && no_more_resources(&now, base)) {
+        *base = now;
+        return;
     }
     if (!same_resources(&now, base)) {
         print_error("%s, kill %d: fds %d -> %d, shm maps %d -> %d, /dev/shm files %d -> %d, "
