@@ -1195,7 +1195,7 @@ static void upload_deadline_while_piece_kept(void **state)
     struct tc *t = *state;
     struct appw *w = &t->w[0];
     struct up u = {.seed = 63, .total = 4u << 20};
-    held_upload(t, &u, 700, 1, 0);
+    held_upload(t, &u, 3000, 1, 0); /* long enough for the piece to be kept under load */
     pthread_join(u.th, NULL);
     if (!(u.status == 504 || (u.status == -1 && u.send_failed)))
         fail_msg("status %d (send failed %d)", u.status, u.send_failed);
