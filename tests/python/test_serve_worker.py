@@ -707,7 +707,18 @@ def test_client_gone_while_the_app_reads_the_body(serve):
 
 def test_client_gone_while_the_response_streams_stops_the_app(serve):
     release = threading.Event()
-    it = Closing([b"one", b"two", b"three", b"four"], wait=release)
+    n = 5000
+
+    def pieces():
+        # After the first: one a millisecond, for 5 s at most. The ABORT reaches the worker's
+        # stream at some point after its flush (its session's reader takes it in); a worker
+        # that looks for it between pieces stops long before the last.
+        yield b"one"
+        for _ in range(n - 1):
+            time.sleep(0.001)
+            yield b"more"
+
+    it = Closing(pieces(), wait=release)
     calls = []
 
     def app(environ, start_response):
@@ -724,13 +735,11 @@ def test_client_gone_while_the_response_streams_stops_the_app(serve):
     assert (typ, payload) == (sf.BODY, b"one")
     st.write(frame(sf.ABORT, b"", sf.ABORT_CLIENT_GONE))
     st.flush()
-    # The ABORT is in the worker's stream before the app makes its second item.
-    time.sleep(0.2)
     release.set()
-    assert it.closed.wait(10)
+    assert it.closed.wait(20)
     st.close()
     assert serve_ok(front)
-    assert it.yielded < 4  # the worker stopped iterating
+    assert it.yielded < n  # the worker stopped iterating
 
 
 @pytest.mark.parametrize("how", ["stream", "session"])
