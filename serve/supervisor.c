@@ -507,6 +507,8 @@ static void do_reload(shmipc__sup *sup, uint64_t now)
             i++;
         }
     if (add_generation(sup, gen, now) != 0) {
+        /* The generation under way, if any, is stopping: none is any more. */
+        sup->cur_gen = sup->act_gen;
         shmipc__sup_logf(sup, "reload: out of memory; generation %u keeps serving", sup->act_gen);
         return;
     }

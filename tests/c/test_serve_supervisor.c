@@ -1391,6 +1391,107 @@ static void test_reload_during_a_failing_reload(void **state)
     harness_finish(&h);
 }
 
+/*
+ * realloc() of this program goes through here (meson: -Wl,--wrap=realloc for this test): one
+ * of exactly `fail_realloc_size` bytes fails once, as out of memory.
+ */
+void *__real_realloc(void *p, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+static atomic_size_t fail_realloc_size;
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    size_t want = atomic_load(&fail_realloc_size);
+    if (want != 0 && n == want && atomic_compare_exchange_strong(&fail_realloc_size, &want, 0)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __real_realloc(p, n);
+}
+
+/* The status report of `h`'s supervisor, as shmipc__sup_status() writes it; free() it. */
+static char *status_text(struct harness *h)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/status", h->dir);
+    int fd = open(path, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(shmipc__sup_status(h->sup, fd), 0);
+    close(fd);
+    return slurp(path);
+}
+
+/*
+ * A reload during a reload that finds no memory for the new generation's slots: the serving
+ * generation keeps serving, the superseded one stops, and the supervisor is no longer
+ * reloading. It went on naming the stopped generation as the one under way (cur_gen), so the
+ * status said "reloading to the next" until the next SIGHUP. 6 workers: the slots (8, then 16
+ * for the first reload) grow to 32 for the second, and that realloc fails.
+ */
+static void test_reload_during_a_reload_out_of_memory(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    char flag[160], script[512];
+    snprintf(flag, sizeof flag, "%s/slow", h.dir);
+    /* With the flag, a worker never gets ready: the first reload stays under way. */
+    snprintf(script, sizeof script,
+             "if [ -e %s ]; then exec sleep 30; fi; echo \"w ready on {address}\"; exec sleep 30",
+             flag);
+    shmipc__sup_config c = base_config(&h, SH(script), 6);
+    harness_start(&h, &c);
+    wait_ready(&h, 6, 10000);
+    unsigned g0 = first_generation(&h);
+    touch_file(flag);
+    shmipc__sup_reload(h.sup);
+    unsigned g1 = reload_generation(&h, 1);
+    /* Every worker of the first reload has its process (a slot without one is dropped, not
+     * stopped, and the slots would not need to grow). */
+    uint64_t end = ms_now() + 10000;
+    for (unsigned i = 0; i < 6;) {
+        shmipc__sup_worker_info w;
+        if (slot_of(&h, g1, i, &w) && w.pid > 0) {
+            i++;
+            continue;
+        }
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    atomic_store(&fail_realloc_size, 32 * sizeof(struct slot));
+    shmipc__sup_reload(h.sup);
+    char line[160];
+    snprintf(line, sizeof line, "reload: out of memory; generation %u keeps serving", g0);
+    wait_log(&h, line, 5000);
+    assert_int_equal(atomic_load(&fail_realloc_size), 0); /* that realloc did fail */
+    char *st = status_text(&h);
+    char want[160];
+    snprintf(want, sizeof want, "generation %u serving, ", g0);
+    if (strstr(st, want) == NULL || strstr(st, "reloading") != NULL)
+        fail_msg("after the failed reload, the status says:\n%s", st);
+    free(st);
+    /* The superseded generation's workers stop; the serving one's 6 stay ready. */
+    end = ms_now() + 10000;
+    for (;;) {
+        shmipc__sup_worker_info w;
+        int left = 0;
+        for (unsigned i = 0; i < 6; i++)
+            left += slot_of(&h, g1, i, &w);
+        if (left == 0)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    assert_int_equal(ready_count(&h, NULL), 6);
+    /* A later reload works. */
+    unlink(flag);
+    shmipc__sup_reload(h.sup);
+    unsigned g2 = reload_generation(&h, 2); /* the one that failed logged no start */
+    snprintf(line, sizeof line, "reload: generation %u ready", g2);
+    wait_log(&h, line, 10000);
+    harness_finish(&h);
+}
+
 /* A stop while a reload fails (one new worker failed, the other hangs before its ready line and
  * ignores SIGTERM) stops every generation within the graceful timeout: run() returns 0. */
 static void test_stop_during_a_failing_reload(void **state)
@@ -2438,6 +2539,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reload_that_cannot_spawn_or_times_out_is_given_up),
         cmocka_unit_test(test_reload_with_a_ready_new_worker_is_not_given_up),
         cmocka_unit_test(test_reload_during_a_failing_reload),
+        cmocka_unit_test(test_reload_during_a_reload_out_of_memory),
         cmocka_unit_test(test_stop_during_a_failing_reload),
         cmocka_unit_test(test_boot_failure_never_delays_an_earlier_deadline),
         cmocka_unit_test(test_stop_during_a_reload),
