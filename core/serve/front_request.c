@@ -996,7 +996,9 @@ static int body_append(struct freq *r, const void *p, size_t n)
     if (r->rlen + n > r->t->f->max_response)
         return 1;
     if (r->rlen + n > r->rcap) {
-        size_t cap = r->rcap ? r->rcap : 4096;
+        /* A body in one piece, the usual, takes its own size: a first buffer of 4 KiB for a
+         * small body was a large-bin malloc (and a fastbin consolidation) per request. */
+        size_t cap = r->rcap ? r->rcap : n;
         while (cap < r->rlen + n)
             cap *= 2;
         if (cap > r->t->f->max_response)
