@@ -159,6 +159,16 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous, int 
     return 0;
 }
 
+/* Ends the session for `rc` (the session's own cause when it ended already: a damaged mapping
+ * wins) and returns that cause. Without mu. */
+static int fail_session(shmipc_session *s, int rc)
+{
+    shmipc__session_lock(s);
+    rc = shmipc__session_fail_locked(s, rc);
+    shmipc__session_unlock(s);
+    return rc;
+}
+
 /*
  * A free list that handed out a slice in our hands (shmipc__buffer_alloc's SHMIPC_EPROTO):
  * the shared lists cannot be trusted any more, so the session ends. Without mu.
@@ -167,10 +177,7 @@ int shmipc__session_end_on_bad_list(shmipc_session *s, int rc)
 {
     if (rc != SHMIPC_EPROTO)
         return rc;
-    shmipc__session_lock(s);
-    rc = shmipc__session_fail_locked(s, rc);
-    shmipc__session_unlock(s);
-    return rc;
+    return fail_session(s, rc);
 }
 
 static int write_bytes(shmipc_stream *st, const void *buf, size_t len, int mode);
@@ -336,24 +343,18 @@ static int write_frame(shmipc_session *s, const uint8_t *msg, size_t len, uint64
                  : shmipc__fail_errno(errno, "socket: send");
         break;
     }
-    if (rc < 0 && sent > 0) {
-        shmipc__session_lock(s);
-        rc = shmipc__session_fail_locked(
-            s, shmipc__fail(rc,
-                            "socket: a %zu-byte control message was cut after %zu "
-                            "bytes (%s); a half-written frame would poison the "
-                            "socket, so the session ends",
-                            len, sent, shmipc__errname(rc)));
-        shmipc__session_unlock(s);
-    } else if (rc == SHMIPC_ETIMEDOUT) {
-        shmipc__session_lock(s);
-        rc = shmipc__session_fail_locked(
+    if (rc < 0 && sent > 0)
+        rc = fail_session(s, shmipc__fail(rc,
+                                          "socket: a %zu-byte control message was cut after %zu "
+                                          "bytes (%s); a half-written frame would poison the "
+                                          "socket, so the session ends",
+                                          len, sent, shmipc__errname(rc)));
+    else if (rc == SHMIPC_ETIMEDOUT)
+        rc = fail_session(
             s, shmipc__fail(rc,
                             "socket: the peer read nothing for the connection write timeout "
                             "(a %zu-byte control message could not start), so the session ends",
                             len));
-        shmipc__session_unlock(s);
-    }
     return rc;
 }
 
@@ -581,11 +582,8 @@ int shmipc__session_wake_owed(shmipc_session *s)
         rc = wake_peer(s);
     }
     pthread_mutex_unlock(&s->send_mu);
-    if (rc < 0) {
-        shmipc__session_lock(s);
-        rc = shmipc__session_fail_locked(s, rc);
-        shmipc__session_unlock(s);
-    }
+    if (rc < 0)
+        rc = fail_session(s, rc);
     return rc;
 }
 
@@ -670,12 +668,8 @@ static int flush(shmipc_stream *st, int close_after, int defer)
             }
         }
         pthread_mutex_unlock(&s->send_mu);
-        if (rc < 0 && rc != SHMIPC_EQUEUEFULL && rc != SHMIPC_ETIMEDOUT) {
-            shmipc__session_lock(s);
-            rc = shmipc__session_fail_locked(s,
-                                             rc); /* the session's cause (a damaged mapping wins) */
-            shmipc__session_unlock(s);
-        }
+        if (rc < 0 && rc != SHMIPC_EQUEUEFULL && rc != SHMIPC_ETIMEDOUT)
+            rc = fail_session(s, rc);
     }
     shmipc__session_free_segments(s, st);
     /* The chain and its element went into memory that may have been truncated meanwhile. */
