@@ -85,6 +85,14 @@ def _exc_text(exc):
         return f"{type(exc).__name__}: <str() failed>"
 
 
+def _decode_header(raw):
+    """A frame header's (type, length, arg); ProtocolViolation when it breaks docs/serve.md."""
+    try:
+        return sf.decode_header(raw)
+    except sf.FrameError as e:
+        raise ProtocolViolation(str(e)) from None
+
+
 def _body_header(n):
     return _HDR.pack(_MAGIC, 1, sf.BODY, n, 0)
 
@@ -147,10 +155,7 @@ class _Exchange:
         raw = self.st.readexactly(sf.HDR_SIZE, nonblock=nonblock)
         if raw is None:
             return None
-        try:
-            return raw, sf.decode_header(raw)
-        except sf.FrameError as e:
-            raise ProtocolViolation(str(e)) from None
+        return raw, _decode_header(raw)
 
     def next_body(self, nonblock=False):
         """The next BODY payload of the request; b"" at its END; with nonblock, None when no
@@ -552,25 +557,35 @@ class WSGIHandler:
         """Serve the request on stream `st`, then close it. Returns "ok", "error" (the app
         failed: 500 or ABORT WORKER_ERROR), "aborted" (the front ended it), "protocol" or
         "late" (the stream held only a late ABORT)."""
+        return self._serve(st, None)
+
+    def _serve(self, st, first):
+        """handle(), from the request's first frame when it was read already: `first` is
+        (its header's bytes, its payload or None when only the header was read)."""
         ex = _Exchange(st)
         outcome = "aborted"
         try:
-            outcome = self._handle(ex)
+            outcome = self._handle(ex, first)
         except (shmipc.Error, OSError) as e:
             # The stream or session ended under us: the front went away.
-            log.debug("shmipc-serve: stream %d ended: %s", st.id, e)
+            _stream_ended(st, e)
         finally:
             try:
                 ex.close()
             except shmipc.Error as e:
                 # Our END went with the close (flush_close): the front never got it.
-                log.debug("shmipc-serve: stream %d ended: %s", st.id, e)
+                _stream_ended(st, e)
                 outcome = "aborted"
         return outcome
 
-    def _handle(self, ex):
+    def _handle(self, ex, first=None):
         try:
-            raw, (typ, length, flags) = ex.read_frame_header()
+            if first is None:
+                raw, (typ, length, flags) = ex.read_frame_header()
+                payload = None
+            else:
+                raw, payload = first
+                typ, length, flags = _decode_header(raw)
             if typ == sf.ABORT:
                 # A late ABORT for an exchange that is already over on our side: the front
                 # sent it before it saw our END, and shmipc delivers data for a closed
@@ -580,7 +595,8 @@ class WSGIHandler:
                 return ex.answer_hello(length)
             if typ != sf.REQUEST_HEAD:
                 raise ProtocolViolation(f"a frame of type {typ} before the request head")
-            payload = ex.st.readexactly(length)
+            if payload is None:
+                payload = ex.st.readexactly(length)
             frame = raw + payload
             try:
                 environ = sf.decode_request(frame, self.base)
@@ -589,9 +605,7 @@ class WSGIHandler:
             ex.head(flags, payload)
             ex.taken(flags)
         except ProtocolViolation as e:
-            log.error("shmipc-serve: bad frame from the front: %s", e)
-            ex.abort(sf.ABORT_PROTOCOL, str(e))
-            return "protocol"
+            return _violation(ex, e)
         environ["wsgi.input"] = _Input(ex)
         # The failure's handling takes the method and the target from the frame and here,
         # never from the environ: the app may have changed it (environ.clear()) before it
@@ -616,25 +630,22 @@ class WSGIHandler:
             resp.finish()
             finished = True
         except RequestAborted as e:
-            log.info("shmipc-serve: %s: %s", request_line(frame), e)
-            outcome = "aborted"
+            outcome = _aborted(frame, e)
         except ProtocolViolation as e:
-            log.error("shmipc-serve: bad frame from the front: %s", e)
-            ex.abort(sf.ABORT_PROTOCOL, str(e))
-            outcome = "protocol"
+            outcome = _violation(ex, e)
         except (shmipc.Error, OSError) as e:
             if isinstance(e, shmipc.Error) or ex.aborted:
                 raise  # the stream is gone: handle() reports it
-            outcome = self._failed(ex, resp, frame, method)
-        except Exception:
-            outcome = self._failed(ex, resp, frame, method)
+            outcome = _failed(ex, resp.head_sent, frame, method, e)
+        except Exception as e:
+            outcome = _failed(ex, resp.head_sent, frame, method, e)
         finally:
             close = getattr(result, "close", None)
             if close is not None:
                 try:
                     close()
-                except Exception:
-                    log.exception("shmipc-serve: the close() of the app's iterable raised")
+                except Exception as e:
+                    _close_failed(e)
                     if outcome == "ok":
                         outcome = "error"
         if finished:
@@ -644,19 +655,43 @@ class WSGIHandler:
                 outcome = "protocol"
         return outcome
 
-    def _failed(self, ex, resp, frame, method):
-        log.exception("shmipc-serve: the app failed on %s", request_line(frame))
-        if not resp.head_sent:
-            head = sf.encode_response_head(
-                500, [("Content-Type", "text/plain; charset=utf-8")], sf.RESP_CONTENT_LENGTH,
-                len(_ERROR_BODY))
-            body = b"" if method == "HEAD" else _ERROR_BODY
-            parts = [head]
-            if body:
-                parts += [_body_header(len(body)), body]
-            ex.send(*parts, _END)
-            if ex.drain_end():
-                return "protocol"
-        else:
-            ex.abort(sf.ABORT_WORKER_ERROR, _exc_text(sys.exc_info()[1]))
-        return "error"
+
+# The rare turns of a request, shared by WSGIHandler's two routes: in C
+# (shmipc._serve.WSGIWorker, with its own exchange of the same methods) and in Python.
+
+def _stream_ended(st, e):
+    log.debug("shmipc-serve: stream %d ended: %s", st.id, e)
+
+
+def _aborted(frame, e):
+    log.info("shmipc-serve: %s: %s", request_line(frame), e)
+    return "aborted"
+
+
+def _violation(ex, e):
+    log.error("shmipc-serve: bad frame from the front: %s", e)
+    ex.abort(sf.ABORT_PROTOCOL, str(e))
+    return "protocol"
+
+
+def _close_failed(e):
+    log.error("shmipc-serve: the close() of the app's iterable raised", exc_info=e)
+
+
+def _failed(ex, head_sent, frame, method, exc):
+    """The app raised `exc`: a 500 when no head was sent yet, else ABORT WORKER_ERROR."""
+    log.error("shmipc-serve: the app failed on %s", request_line(frame), exc_info=exc)
+    if not head_sent:
+        head = sf.encode_response_head(
+            500, [("Content-Type", "text/plain; charset=utf-8")], sf.RESP_CONTENT_LENGTH,
+            len(_ERROR_BODY))
+        body = b"" if method == "HEAD" else _ERROR_BODY
+        parts = [head]
+        if body:
+            parts += [_body_header(len(body)), body]
+        ex.send(*parts, _END)
+        if ex.drain_end():
+            return "protocol"
+    else:
+        ex.abort(sf.ABORT_WORKER_ERROR, _exc_text(exc))
+    return "error"
