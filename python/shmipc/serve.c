@@ -151,6 +151,20 @@ static int set_path(PyObject *d, PyObject *key, const uint8_t *p, size_t n)
 /* An address as text; 0 when there is none (family none or unix). */
 static int addr_text(const shmipc_serve_addr *a, char *out, size_t cap)
 {
+    if (a->family == SHMIPC_SERVE_AF_INET && cap >= sizeof "255.255.255.255") {
+        /* inet_ntop's text, without its sprintf (a good part of a request's decode) */
+        char *p = out;
+        for (int i = 0; i < 4; i++) {
+            unsigned v = a->addr[i];
+            if (v >= 100)
+                *p++ = (char)('0' + v / 100);
+            if (v >= 10)
+                *p++ = (char)('0' + v / 10 % 10);
+            *p++ = (char)('0' + v % 10);
+            *p++ = i < 3 ? '.' : '\0';
+        }
+        return 1;
+    }
     if (a->family == SHMIPC_SERVE_AF_INET)
         return inet_ntop(AF_INET, a->addr, out, (socklen_t)cap) != NULL;
     if (a->family == SHMIPC_SERVE_AF_INET6)
@@ -325,15 +339,23 @@ static PyObject *py_decode_request(PyObject *module, PyObject *const *args, Py_s
     Py_buffer b;
     if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0)
         return NULL;
+    PyObject *d = shmipcpy_serve_decode_environ(st, b.buf, b.len, base);
+    PyBuffer_Release(&b);
+    return d;
+}
+
+PyObject *shmipcpy_serve_decode_environ(serve_state *st, const void *buf, Py_ssize_t len,
+                                        PyObject *base)
+{
     PyObject *d = NULL;
     shmipc_serve_request req = {.size = sizeof req};
-    int64_t rc = shmipc_serve_decode_request(b.buf, (size_t)b.len, &req);
-    if (rc <= 0 || rc != b.len) {
+    int64_t rc = shmipc_serve_decode_request(buf, (size_t)len, &req);
+    if (rc <= 0 || rc != len) {
         if (rc > 0)
             PyErr_Format(st->frame_error, "decode_request: %zd bytes after the frame",
-                         b.len - (Py_ssize_t)rc);
+                         len - (Py_ssize_t)rc);
         else
-            other_frame_error(st, b.buf, (size_t)b.len, rc, "decode_request", "REQUEST_HEAD");
+            other_frame_error(st, buf, (size_t)len, rc, "decode_request", "REQUEST_HEAD");
         goto fail;
     }
     const shmipc_serve_request *r = &req;
@@ -408,11 +430,9 @@ static PyObject *py_decode_request(PyObject *module, PyObject *const *args, Py_s
     } else if (set_server_from_host(st, d, have_host ? &host : NULL, r->scheme != 0) < 0) {
         goto fail;
     }
-    PyBuffer_Release(&b);
     return d;
 fail:
     Py_XDECREF(d);
-    PyBuffer_Release(&b);
     return NULL;
 }
 
@@ -566,7 +586,8 @@ static int serve_exec(PyObject *m)
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0)
             return -1;
-    if (shmipcpy_serve_add_wsgi(m) < 0 || shmipcpy_serve_add_asgi(m) < 0)
+    if (shmipcpy_serve_add_wsgi(m) < 0 || shmipcpy_serve_add_wsgi_worker(m) < 0 ||
+        shmipcpy_serve_add_asgi(m) < 0)
         return -1;
     for (size_t i = 0; i < NCOMMON; i++) {
         shmipc_serve_field f = {.name = (const uint8_t *)common_names[i],

@@ -112,6 +112,11 @@ PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *arg
     if (!PyArg_ParseTupleAndKeywords(args, kw, "iO|O&O&:encode_response_head", kwlist, &status,
                                      &headers, shmipcpy_u32_arg, &flags, shmipcpy_u64_arg, &clen))
         return NULL;
+    return shmipcpy_serve_encode_head(status, headers, flags, clen);
+}
+
+PyObject *shmipcpy_serve_encode_head(int status, PyObject *headers, uint32_t flags, uint64_t clen)
+{
     if (status < 100 || status > 599) {
         PyErr_Format(PyExc_ValueError, "status %d is not in 100..599", status);
         return NULL;
@@ -123,9 +128,18 @@ PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *arg
         return NULL;
     shmipc_serve_response r = {
         .size = sizeof r, .flags = flags, .status = (uint16_t)status, .content_length = clen};
+    /* A head that fits 1 KiB (most do) is encoded on the stack: the buffer of the largest one
+     * (64 KiB) cost a malloc and a free of that size per response. */
+    uint8_t small[1024];
+    int64_t rc = shmipc_serve_encode_response_head(small, sizeof small, &r, fields, n);
+    if (rc > 0) {
+        PyMem_Free(fields);
+        Py_DECREF(keep);
+        return PyBytes_FromStringAndSize((const char *)small, (Py_ssize_t)rc);
+    }
     size_t cap = SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_MAX_HEAD;
     uint8_t *buf = PyMem_Malloc(cap);
-    int64_t rc = buf != NULL ? shmipc_serve_encode_response_head(buf, cap, &r, fields, n) : 0;
+    rc = buf != NULL ? shmipc_serve_encode_response_head(buf, cap, &r, fields, n) : 0;
     PyMem_Free(fields);
     Py_DECREF(keep);
     if (buf == NULL)

@@ -30,7 +30,12 @@ PyObject *shmipcpy_serve_frame_error(serve_state *st, int64_t rc, const char *wh
 size_t shmipcpy_serve_percent_decode(const uint8_t *p, size_t n, uint8_t *out);
 const uint8_t *shmipcpy_serve_target_path(const shmipc_serve_request *r, size_t *len);
 
+PyObject *shmipcpy_serve_decode_environ(serve_state *st, const void *buf, Py_ssize_t len,
+                                        PyObject *base);
+
 /* serve_encode.c */
+/* A RESPONSE_HEAD frame as bytes (encode_response_head's work); NULL with an error. */
+PyObject *shmipcpy_serve_encode_head(int status, PyObject *headers, uint32_t flags, uint64_t clen);
 PyObject *shmipcpy_serve_py_encode_response_head(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *shmipcpy_serve_py_encode_request_head(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObject *kw);
@@ -48,6 +53,23 @@ PyObject *shmipcpy_serve_py_encode_frame(PyObject *module, PyObject *args, PyObj
  * response. The two read before they are dropped lead the list. */
 enum { HOP_CONNECTION, HOP_CONTENT_LENGTH, NHOP = 8 };
 extern const char *const shmipcpy_serve_hop_names[NHOP];
+/* One WSGI response's state: WSGIResponse, and the worker's subclass (serve_wsgi_worker.c). */
+typedef struct {
+    PyObject_HEAD PyObject *method; /* the request's method (str) */
+    PyObject *status;               /* the app's status line (str), None before start_response */
+    PyObject *headers; /* the app's (name, value) tuples, hop-by-hop fields dropped, or None */
+    PyObject *length;  /* the app's Content-Length (int) or None */
+    PyObject *chunks;  /* the collected body pieces (write() of this type), or NULL */
+    Py_ssize_t sent;   /* body bytes taken */
+    int code;          /* the status code */
+    unsigned flags;    /* RESP_CLOSE when the app said Connection: close */
+    char head_sent;    /* the head is out (or, collecting: a body byte came) */
+    PyObject *weak;
+} wsgi_response;
+/* 1xx, 204 and 304: no content, and no length to say. */
+int shmipcpy_serve_no_content(const wsgi_response *r);
+/* No body bytes go to the client (no_content, or HEAD). */
+int shmipcpy_serve_bodyless(wsgi_response *r);
 int shmipcpy_serve_add_wsgi(PyObject *module);
 PyObject *shmipcpy_serve_py_response_fields(PyObject *module, PyObject *const *args,
                                             Py_ssize_t nargs);
@@ -59,6 +81,9 @@ PyObject *shmipcpy_serve_join(PyObject *chunks);
 /* Appends (b"Content-Length", digits of `length`) to the list `fields`: an answer to HEAD,
  * which says the length of GET's body (the C server sends it, and no body). 0 or -1. */
 int shmipcpy_serve_head_length(PyObject *fields, unsigned long long length);
+
+/* serve_wsgi_worker.c: WSGIWorker, the WSGI worker's route in C (after WSGIResponse). */
+int shmipcpy_serve_add_wsgi_worker(PyObject *module);
 
 /* serve_asgi.c */
 int shmipcpy_serve_add_asgi(PyObject *module);

@@ -18,19 +18,6 @@
 #include <strings.h>
 #include <structmember.h>
 
-typedef struct {
-    PyObject_HEAD PyObject *method; /* the request's method (str) */
-    PyObject *status;               /* the app's status line (str), None before start_response */
-    PyObject *headers; /* the app's (name, value) tuples, hop-by-hop fields dropped, or None */
-    PyObject *length;  /* the app's Content-Length (int) or None */
-    PyObject *chunks;  /* the collected body pieces (write() of this type), or NULL */
-    Py_ssize_t sent;   /* body bytes taken */
-    int code;          /* the status code */
-    unsigned flags;    /* RESP_CLOSE when the app said Connection: close */
-    char head_sent;    /* the head is out (or, collecting: a body byte came) */
-    PyObject *weak;
-} wsgi_response;
-
 /* Hop-by-hop fields (RFC 9110 §7.6.1) are the server's: PEP 3333 forbids them to an app, and
  * the server reconciles its own framing. Connection: close turns into the CLOSE flag. */
 /* A field set to something: neither None nor NULL (a subclass may del a writable member). */
@@ -196,6 +183,11 @@ static int no_content(const wsgi_response *self)
     return self->code < 200 || self->code == 204 || self->code == 304;
 }
 
+int shmipcpy_serve_no_content(const wsgi_response *r)
+{
+    return no_content(r);
+}
+
 static int is_head(const wsgi_response *self)
 {
     return self->method != NULL && PyUnicode_Check(self->method) &&
@@ -206,6 +198,11 @@ static int is_head(const wsgi_response *self)
 static int bodyless(wsgi_response *self)
 {
     return no_content(self) || is_head(self);
+}
+
+int shmipcpy_serve_bodyless(wsgi_response *r)
+{
+    return bodyless(r);
 }
 
 /* exc_info given once the head is out: PEP 3333 says raise it again. */

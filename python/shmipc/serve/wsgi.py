@@ -552,12 +552,19 @@ class WSGIHandler:
             # wsgi.input returns b"" at the end of the body, chunked uploads included.
             "wsgi.input_terminated": True,
         }
+        # The request in C (shmipc._serve.WSGIWorker, serve_wsgi_worker.c): it serves those
+        # without a body and hands the others back to _serve (docs/serve.md). None: every
+        # request in Python.
+        self._worker = sf.WSGIWorker(app, self.base, _HOOKS)
 
     def handle(self, st):
         """Serve the request on stream `st`, then close it. Returns "ok", "error" (the app
         failed: 500 or ABORT WORKER_ERROR), "aborted" (the front ended it), "protocol" or
         "late" (the stream held only a late ABORT)."""
-        return self._serve(st, None)
+        if self._worker is None:
+            return self._serve(st, None)
+        got = self._worker.handle(st)
+        return got if type(got) is str else self._serve(st, got)
 
     def _serve(self, st, first):
         """handle(), from the request's first frame when it was read already: `first` is
@@ -695,3 +702,15 @@ def _failed(ex, head_sent, frame, method, exc):
     else:
         ex.abort(sf.ABORT_WORKER_ERROR, _exc_text(exc))
     return "error"
+
+
+# What WSGIWorker takes from here (serve_wsgi_worker.c says what each is for).
+_HOOKS = {
+    "RequestAborted": RequestAborted, "ProtocolViolation": ProtocolViolation,
+    "_LengthError": _LengthError, "_Input": _Input, "_flat": _flat,
+    "_stream_ended": _stream_ended, "_aborted": _aborted, "_violation": _violation,
+    "_close_failed": _close_failed, "_failed": _failed,
+    "_ABORT_DRAIN_TIMEOUT": _ABORT_DRAIN_TIMEOUT, "Error": shmipc.Error,
+    "EndOfStreamError": shmipc.EndOfStreamError, "PeerGoneError": shmipc.PeerGoneError,
+    "ClosedError": shmipc.ClosedError,
+}

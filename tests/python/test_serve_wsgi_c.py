@@ -1,0 +1,690 @@
+"""The WSGI worker's request in C (shmipc._serve.WSGIWorker, python/shmipc/serve_wsgi_worker.c)
+against its Python route (wsgi.py's _Exchange and _Response, WSGIHandler._worker = None): the
+same request, the same app, and the front must see the same frames, byte for byte, the worker
+count the same outcome and log the same lines. A request with a body, or a first frame that is
+not a REQUEST_HEAD, goes to the Python route in both (handed back before anything was sent).
+Hostile frames, app misuse, aborts mid-response, threads: each case runs on both routes."""
+import array
+import gc
+import logging
+import struct
+import threading
+import time
+
+import pytest
+
+import shmipc
+from conftest import default_config, unique_address
+
+sf = pytest.importorskip("shmipc._serve")
+from shmipc.serve import Worker  # noqa: E402
+from shmipc.serve import wsgi as wsgi_mod  # noqa: E402
+from shmipc.serve.wsgi import WSGIHandler  # noqa: E402
+
+HDR = struct.Struct("<HBBII")
+
+
+def frame(typ, payload=b"", arg=0):
+    return HDR.pack(0x5653, 1, typ, len(payload), arg) + payload
+
+
+def head(method=b"GET", target=b"/", headers=(), **kw):
+    kw.setdefault("peer", ("127.0.0.1", 40000))
+    kw.setdefault("local", ("127.0.0.1", 8080))
+    return sf.encode_request_head(method, target, list(headers), **kw)
+
+
+class Route:
+    """A worker (in a thread) on one route, and a front session to it."""
+
+    def __init__(self, app, c_route):
+        self.handler = WSGIHandler(app)
+        if not c_route:
+            self.handler._worker = None
+        self.worker = Worker(app, unique_address("wsgic"), handler=self.handler)
+        self.thread = threading.Thread(target=self.worker.serve_forever)
+        self.thread.start()
+        self.session = shmipc.connect(self.worker.address, default_config())
+
+    def total(self):
+        return sum(self.worker.counts.values())
+
+    def wait_total(self, n):
+        deadline = time.monotonic() + 10
+        while self.total() < n and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return dict(self.worker.counts)
+
+    def stop(self):
+        self.session.close()
+        self.worker.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+def read_all(st):
+    """Every frame the worker sends on `st` until it closes it: (type, arg, payload) each."""
+    st.read_timeout = 10
+    out = []
+    while True:
+        try:
+            raw = st.readexactly(12)
+        except shmipc.EndOfStreamError:
+            return out
+        typ, length, arg = sf.decode_header(raw)
+        out.append((typ, arg, st.readexactly(length) if length else b""))
+
+
+def plain(send=(), flags=0, method=b"GET", target=b"/"):
+    """A front that sends the head, then `send` (default: END), and reads to the end."""
+
+    def script(session, ctl):
+        st = session.open_stream()
+        st.write(head(method, target, flags=flags))
+        for f in send if send else (frame(sf.END),):
+            st.write(f)
+        st.flush()
+        try:
+            return read_all(st)
+        finally:
+            st.close()
+
+    return script
+
+
+def run(app, script, ctl_factory=lambda: None):
+    """(frames, outcome counts, log lines, what the app saw) on each route."""
+    results = []
+    for c_route in (True, False):
+        seen = []
+        ctl = ctl_factory()
+
+        def wrapped(environ, start_response):
+            if environ["PATH_INFO"] == "/__next__":
+                start_response("200 OK", [])
+                return [b"next"]
+            return app(environ, start_response, seen, ctl)
+
+        r = Route(wrapped, c_route)
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        log = logging.getLogger("shmipc.serve")
+        log.addHandler(handler)
+        old = log.level
+        log.setLevel(logging.DEBUG)
+        try:
+            frames = script(r.session, ctl)
+            counts = r.wait_total(1)
+            # The next request is served normally.
+            st = r.session.open_stream()
+            st.write(head(target=b"/__next__") + frame(sf.END))
+            st.flush()
+            nxt = read_all(st)
+            st.close()
+        finally:
+            log.removeHandler(handler)
+            log.setLevel(old)
+            r.stop()
+        lines = [(x.levelname, x.getMessage(), x.exc_info[0].__name__ if x.exc_info else None)
+                 for x in records if "stream" not in x.getMessage() or x.levelno > logging.DEBUG]
+        results.append((frames, counts, lines, seen, nxt[0][0] if nxt else None))
+    assert results[0] == results[1]
+    return results[0]
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+
+def ok_list(body=(b"Hello",), headers=(("Content-Type", "text/plain"),), status="200 OK"):
+    def app(environ, start_response, seen, ctl):
+        start_response(status, list(headers))
+        return list(body)
+
+    return app
+
+
+def test_simple_list_response_with_and_without_taken():
+    frames, counts, lines, _, nxt = run(ok_list(), plain())
+    assert [f[0] for f in frames] == [sf.RESPONSE_HEAD, sf.BODY, sf.END]
+    assert counts["ok"] == 1 and lines == [] and nxt == sf.RESPONSE_HEAD
+    frames, counts, _, _, _ = run(ok_list(), plain(flags=sf.REQ_TAKEN_WANTED))
+    assert [f[0] for f in frames] == [sf.TAKEN, sf.RESPONSE_HEAD, sf.BODY, sf.END]
+
+
+@pytest.mark.parametrize("status,method", [("200 OK", b"HEAD"), ("204 No Content", b"GET"),
+                                           ("304 Not Modified", b"GET"),
+                                           ("304 Not Modified", b"HEAD")])
+def test_bodyless_responses(status, method):
+    frames, counts, _, _, _ = run(ok_list([b"abc", b"de"], status=status), plain(method=method))
+    assert [f[0] for f in frames] == [sf.RESPONSE_HEAD, sf.END] and counts["ok"] == 1
+
+
+@pytest.mark.parametrize("body", [
+    [], [b""], [b"a", b"", b"bc"], (b"x" * 70000,), [bytearray(b"ab"), memoryview(b"cd")],
+    [memoryview(array.array("I", [1, 2, 3]))], [memoryview(b"abcdef")[::2]],
+    [b"x" * (sf.MAX_CHUNK + 5)],
+])
+def test_list_and_tuple_bodies(body):
+    frames, counts, _, _, _ = run(ok_list(body), plain())
+    assert counts["ok"] == 1
+    got = b"".join(p for t, _, p in frames if t == sf.BODY)
+    assert got == b"".join(bytes(x) for x in body)
+
+
+def test_generator_with_close_write_callable_and_content_length():
+    closed = []
+
+    def app(environ, start_response, seen, ctl):
+        write = start_response("200 OK", [("Content-Length", "6")])
+        write(b"ab")
+
+        class It:
+            def __iter__(self):
+                yield b"cd"
+                yield b"ef"
+
+            def close(self):
+                closed.append(1)
+
+        return It()
+
+    frames, counts, _, _, _ = run(app, plain())
+    assert counts["ok"] == 1 and len(closed) == 2  # one per route
+    assert [f[0] for f in frames] == [sf.RESPONSE_HEAD, sf.BODY, sf.BODY, sf.BODY, sf.END]
+
+
+def test_wsgi_input_of_a_get_reads_empty():
+    def app(environ, start_response, seen, ctl):
+        inp = environ["wsgi.input"]
+        seen.append((inp.read(), inp.read(0), inp.readline(), inp.readlines(), list(inp)))
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    _, counts, _, seen, _ = run(app, plain())
+    assert seen == [(b"", b"", b"", [], [])] and counts["ok"] == 1
+
+
+# ---- app misuse -----------------------------------------------------------------------------
+
+
+def misuse(kind):
+    def app(environ, start_response, seen, ctl):
+        if kind == "raise":
+            raise KeyError("no such thing")
+        if kind == "no_start":
+            return [b"x"]
+        if kind == "no_start_empty":
+            return []
+        if kind == "str_piece":
+            start_response("200 OK", [])
+            return ["text"]
+        if kind == "str_pieces":
+            start_response("200 OK", [])
+            return [b"a", "text"]
+        if kind == "int_piece":
+            start_response("200 OK", [])
+            return [5]
+        if kind == "too_long":
+            start_response("200 OK", [("Content-Length", "2")])
+            return [b"abc"]
+        if kind == "too_long_later":
+            start_response("200 OK", [("Content-Length", "3")])
+            return iter([b"ab", b"cd"])
+        if kind == "too_short":
+            start_response("200 OK", [("Content-Length", "5")])
+            return iter([b"ab"])
+        if kind == "bad_header":
+            start_response("200 OK", [("X", 1)])
+            return [b"x"]
+        if kind == "mid_body":
+            start_response("200 OK", [])
+
+            def gen():
+                yield b"first"
+                raise RuntimeError("boom in the body")
+
+            return gen()
+        if kind == "exc_info":
+            start_response("200 OK", [("X-A", "1")])
+            try:
+                raise ValueError("late")
+            except ValueError:
+                import sys
+
+                start_response("500 Oops", [("X-B", "2")], sys.exc_info())
+            return [b"replaced"]
+        if kind == "exc_info_after_head":
+            write = start_response("200 OK", [])
+            write(b"sent")
+            try:
+                raise ValueError("too late")
+            except ValueError:
+                import sys
+
+                start_response("500 Oops", [], sys.exc_info())
+            return []
+        if kind == "twice":
+            start_response("200 OK", [])
+            start_response("200 OK", [])
+            return []
+        if kind == "environ_cleared":
+            environ.clear()
+            raise RuntimeError("after clear")
+        if kind == "str_raises":
+            class Bad(Exception):
+                def __str__(self):
+                    raise ValueError("no str")
+
+            write = start_response("200 OK", [])
+            write(b"x")
+            raise Bad()
+        if kind == "not_iterable":
+            start_response("200 OK", [])
+            return 42
+        raise AssertionError(kind)
+
+    return app
+
+
+@pytest.mark.parametrize("kind", [
+    "raise", "no_start", "no_start_empty", "str_piece", "str_pieces", "int_piece", "too_long",
+    "too_long_later", "too_short", "bad_header", "mid_body", "exc_info", "exc_info_after_head",
+    "twice", "environ_cleared", "str_raises", "not_iterable",
+])
+@pytest.mark.parametrize("method", [b"GET", b"HEAD"])
+def test_app_misuse(kind, method):
+    frames, counts, lines, _, nxt = run(misuse(kind), plain(method=method))
+    assert nxt == sf.RESPONSE_HEAD
+    if kind == "exc_info" or (method == b"HEAD" and kind.startswith("too_")):
+        assert counts["ok"] == 1  # HEAD: no body bytes, none too many or too few
+    else:
+        assert counts["error"] == 1 and lines and lines[0][0] == "ERROR"
+
+
+def test_close_raising_after_a_good_response_and_after_a_failure():
+    def app(environ, start_response, seen, ctl):
+        fail = environ["PATH_INFO"] == "/fail"
+
+        class It:
+            def __iter__(self):
+                if fail:
+                    raise RuntimeError("iter")
+                start_response("200 OK", [])
+                yield b"x"
+
+            def close(self):
+                raise OSError("close failed")
+
+        return It()
+
+    for target in (b"/", b"/fail"):
+        frames, counts, lines, _, _ = run(app, plain(target=target))
+        assert counts["error"] == 1
+        assert any("close() of the app's iterable raised" in m for _, m, _ in lines)
+
+
+def test_close_raising_a_base_exception_propagates_on_both_routes():
+    class Stop(BaseException):
+        pass
+
+    class It:
+        def __iter__(self):
+            yield b"x"
+
+        def close(self):
+            raise Stop()
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return It()
+
+    for c_route in (True, False):
+        h = WSGIHandler(app)
+        if not c_route:
+            h._worker = None
+        client, server = socket_pair()
+        try:
+            st = client.open_stream()
+            st.write(head() + frame(sf.END))
+            st.flush()
+            with pytest.raises(Stop):
+                h.handle(server.accept_stream(timeout=10))
+            assert [f[0] for f in read_all(st)] in ([sf.RESPONSE_HEAD, sf.BODY, sf.END],
+                                                    [sf.RESPONSE_HEAD, sf.BODY])
+        finally:
+            client.close()
+            server.close()
+
+
+def socket_pair():
+    """A session pair: (the front's, the worker's)."""
+    lst = shmipc.Listener(unique_address("pair"), default_config())
+    got = []
+    t = threading.Thread(target=lambda: got.append(lst.accept(timeout=10)))
+    t.start()
+    client = shmipc.connect(lst.address, default_config())
+    t.join(10)
+    lst.close()
+    return client, got[0]
+
+
+# ---- hostile fronts -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("send", [
+    [frame(sf.BODY, b"x"), frame(sf.END)],  # a body the head did not announce
+    [frame(sf.RESPONSE_HEAD, b"\0" * 16)],  # a frame of the wrong direction
+    [frame(sf.END), frame(sf.BODY, b"late")],  # something after the END
+    [frame(sf.END), b"garbage!garbage!"],  # a header that does not decode, after the END
+    [b"garbage!garbage!"],  # one instead of the END
+    [frame(sf.ABORT, b"gone", sf.ABORT_CLIENT_GONE)],  # ABORT instead of the END
+    [frame(sf.END), frame(sf.ABORT, b"gone", sf.ABORT_CLIENT_GONE)],  # ABORT after the END
+    [frame(sf.END), frame(sf.ABORT, b"x" * 100, sf.ABORT_TIMEOUT)[:20]],  # cut short
+])
+@pytest.mark.parametrize("reads", [False, True])
+def test_hostile_frames_behind_a_get(send, reads):
+    def app(environ, start_response, seen, ctl):
+        if reads:
+            try:
+                environ["wsgi.input"].read()
+            except Exception as e:  # noqa: BLE001
+                seen.append(type(e).__name__)
+                raise
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    def script(session, ctl):
+        st = session.open_stream()
+        st.write(head())
+        for f in send:
+            st.write(f)
+        st.flush()
+        try:
+            return read_all(st)
+        finally:
+            st.close()
+
+    run(app, script)
+
+
+@pytest.mark.parametrize("first", [
+    frame(sf.ABORT, b"late", sf.ABORT_CLIENT_GONE),  # a late ABORT: "late"
+    frame(sf.HELLO, struct.pack("<II", sf.FEAT_TAKEN, 0)),  # "hello"
+    frame(sf.BODY, b"x"),  # a body before the head
+    b"garbage!garbage!",
+    frame(sf.REQUEST_HEAD, b"\0" * 60),  # a head breaking its rules
+])
+def test_first_frames_the_c_route_hands_back(first):
+    def script(session, ctl):
+        st = session.open_stream()
+        st.write(first)
+        st.flush()
+        try:
+            return read_all(st)
+        finally:
+            st.close()
+
+    run(ok_list(), script)
+
+
+@pytest.mark.parametrize("flags,clen,send", [
+    (sf.REQ_CONTENT_LENGTH, 0, [frame(sf.END)]),  # Content-Length: 0, no body: the C route
+    (sf.REQ_CONTENT_LENGTH, 3, [frame(sf.END)]),  # a length and no body: handed back
+    (sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, 3, [frame(sf.BODY, b"abc"), frame(sf.END)]),
+    (sf.REQ_HAS_BODY | sf.REQ_CHUNKED, 0, [frame(sf.BODY, b"ab"), frame(sf.END)]),
+])
+def test_bodies_and_lengths(flags, clen, send):
+    def app(environ, start_response, seen, ctl):
+        seen.append((environ.get("CONTENT_LENGTH"), environ["wsgi.input"].read()))
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    def script(session, ctl):
+        st = session.open_stream()
+        if flags & sf.REQ_HAS_BODY:
+            st.write(head(b"POST", flags=flags, content_length=clen))
+        else:  # the encoder refuses a length without HAS_BODY: written over one of 0
+            h = bytearray(head(b"POST", flags=flags, content_length=0))
+            h[24:32] = clen.to_bytes(8, "little")
+            st.write(bytes(h))
+        for f in send:
+            st.write(f)
+        st.flush()
+        try:
+            return read_all(st)
+        finally:
+            st.close()
+
+    run(app, script)
+
+
+def test_front_aborts_mid_response_and_the_app_sees_request_aborted():
+    class Ctl:
+        def __init__(self):
+            self.started = threading.Event()
+            self.go = threading.Event()
+
+    def app(environ, start_response, seen, ctl):
+        write = start_response("200 OK", [])
+        write(b"first")
+        ctl.started.set()
+        ctl.go.wait(10)
+        time.sleep(0.05)
+        try:
+            for _ in range(100):
+                write(b"more")
+                time.sleep(0.01)
+        except OSError as e:
+            seen.append(type(e).__name__)
+            raise
+        return []
+
+    def script(session, ctl):
+        st = session.open_stream()
+        st.write(head() + frame(sf.END))
+        st.flush()
+        assert ctl.started.wait(10)
+        st.write(frame(sf.ABORT, b"gone", sf.ABORT_CLIENT_GONE))
+        st.flush()
+        ctl.go.set()
+        try:
+            frames = read_all(st)
+        finally:
+            st.close()
+        # How many "more" pieces went before the ABORT was seen is timing: not compared.
+        return [f for f in frames if f[2] != b"more"]
+
+    _, counts, lines, seen, _ = run(
+        lambda e, s, seen, ctl: app(e, s, seen, ctl), script, Ctl)
+    assert seen == ["RequestAborted"] and counts["aborted"] == 1
+    assert lines == [("INFO", "shmipc-serve: GET /: the front aborted the request (reason 1)",
+                      None)]
+
+
+@pytest.mark.parametrize("how", ["stream", "session"])
+def test_front_ends_the_stream_or_session_before_the_end(how):
+    class Ctl:
+        def __init__(self):
+            self.started = threading.Event()
+            self.ended = threading.Event()
+
+    def app(environ, start_response, seen, ctl):
+        ctl.started.set()
+        ctl.ended.wait(10)
+        time.sleep(0.05)
+        try:
+            environ["wsgi.input"].read()
+        except OSError as e:
+            seen.append(type(e).__name__)
+            raise
+        start_response("200 OK", [])
+        return [b"x"]
+
+    def script(session, ctl):
+        st = session.open_stream()
+        st.write(head())
+        st.flush()
+        assert ctl.started.wait(10)
+        if how == "stream":
+            st.close()
+        else:
+            session.shutdown()
+        ctl.ended.set()
+        return []
+
+    results = []
+    for c_route in (True, False):
+        ctl = Ctl()
+        seen = []
+        r = Route(lambda e, s: app(e, s, seen, ctl), c_route)
+        try:
+            script(r.session, ctl)
+            counts = r.wait_total(1)
+        finally:
+            r.stop()
+        results.append((seen, counts))
+    assert results[0] == results[1]
+    assert results[0][0] == ["RequestAborted"] and results[0][1]["aborted"] == 1
+
+
+# ---- threads, the GIL, leaks ----------------------------------------------------------------
+
+
+def test_other_threads_run_while_the_c_route_waits_for_the_front():
+    # The worker waits for the request's head in C (the Stream's read, without the GIL):
+    # a thread of the app's keeps running meanwhile.
+    count = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            count[0] += 1
+            time.sleep(0.001)
+
+    r = Route(lambda e, s: (s("200 OK", []), [b"x"])[1], True)
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        st = r.session.open_stream()
+        st.write(head()[:10])  # part of the head: the worker waits for the rest
+        st.flush()
+        time.sleep(0.2)
+        before = count[0]
+        deadline = time.monotonic() + 10
+        while count[0] < before + 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert count[0] >= before + 20
+        st.write(head()[10:] + frame(sf.END))
+        st.flush()
+        assert [f[0] for f in read_all(st)] == [sf.RESPONSE_HEAD, sf.BODY, sf.END]
+        st.close()
+    finally:
+        stop.set()
+        t.join(10)
+        r.stop()
+
+
+def test_app_threads_write_and_read_beside_the_request():
+    # The app's own threads use write() and wsgi.input while the request runs: serialized by
+    # the GIL and the Stream's own busy check, nothing breaks the worker.
+    def app(environ, start_response):
+        write = start_response("200 OK", [])
+        errors = []
+
+        def work():
+            try:
+                for _ in range(20):
+                    write(b"t")
+                    environ["wsgi.input"].read()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        ts = [threading.Thread(target=work) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+        return [b"end"]
+
+    r = Route(app, True)
+    try:
+        for _ in range(5):
+            st = r.session.open_stream()
+            st.write(head() + frame(sf.END))
+            st.flush()
+            frames = read_all(st)
+            st.close()
+            assert frames[0][0] == sf.RESPONSE_HEAD and frames[-1][0] in (sf.END, sf.ABORT)
+    finally:
+        r.stop()
+
+
+def test_no_exchange_or_response_outlives_its_request():
+    kept = []
+
+    def app(environ, start_response):
+        kept.append(environ["wsgi.input"])  # the app keeps wsgi.input past the request
+        start_response("200 OK", [])
+        return [b"x"]
+
+    r = Route(app, True)
+    try:
+        for _ in range(20):
+            st = r.session.open_stream()
+            st.write(head() + frame(sf.END))
+            st.flush()
+            read_all(st)
+            st.close()
+        r.wait_total(20)
+        # A kept wsgi.input still reads as the request's end, whatever the stream's state.
+        assert kept[0].read() == b""
+        kept.clear()
+        gc.collect()
+        alive = [o for o in gc.get_objects()
+                 if type(o).__name__ in ("WSGIExchange", "WSGIStreamResponse")]
+        assert alive == []
+    finally:
+        r.stop()
+
+
+def test_the_c_route_is_used_and_hands_back_only_what_it_must():
+    h = WSGIHandler(lambda e, s: (s("200 OK", []), [b"x"])[1])
+    assert isinstance(h._worker, sf.WSGIWorker)
+    for bad in ({}, {"RequestAborted": RequestAbortedStub}):
+        with pytest.raises((KeyError, TypeError)):
+            sf.WSGIWorker(h.app, {}, bad)
+    with pytest.raises(TypeError):
+        sf.WSGIExchange()
+    with pytest.raises(TypeError):
+        sf.WSGIStreamResponse("GET")
+    hooks = dict(wsgi_mod._HOOKS, ProtocolViolation=len)
+    with pytest.raises(TypeError):
+        sf.WSGIWorker(h.app, {}, hooks)
+
+
+class RequestAbortedStub(OSError):
+    pass
+
+
+def test_ipv4_addresses_read_as_inet_ntop_writes_them():
+    # decode_request formats an IPv4 address itself (no sprintf): the same text as before.
+    import ipaddress
+    import random
+
+    rnd = random.Random(7)
+    addrs = ["0.0.0.0", "255.255.255.255", "10.0.100.9", "1.20.255.0", "9.99.100.199"]
+    addrs += [str(ipaddress.IPv4Address(rnd.getrandbits(32))) for _ in range(500)]
+    for a in addrs:
+        env = sf.decode_request(head(peer=(a, 1), local=(a, 2)))
+        assert (env["REMOTE_ADDR"], env["SERVER_NAME"]) == (a, a)
+
+
+def test_response_heads_over_the_stack_buffer_encode_whole():
+    # encode_response_head tries 1 KiB on the stack first: a larger head is encoded whole.
+    for n in (0, 10, 900, 1100, 4000, 7000):
+        fields = [("X-Big", "v" * n)] + [(f"X-{i}", "w" * 8000) for i in range(n // 1000)]
+        h = sf.encode_response_head(200, fields, 0, 0)
+        assert sf.decode_response(h)[3] == fields
+    with pytest.raises(ValueError):  # over MAX_HEAD: refused, as before
+        sf.encode_response_head(200, [(f"X-{i}", "w" * 8000) for i in range(9)], 0, 0)
