@@ -375,12 +375,9 @@ static int matches_stream_end(wsgi_worker *w)
            PyErr_ExceptionMatches(w->hook[H_CLOSED]);
 }
 
-/* _Exchange.next_body: the stream's or the session's end is RequestAborted. */
-static int next_body(wsgi_exchange *ex, int nonblock)
+/* The stream's or the session's end (pending) as RequestAborted, raised from it: -1. */
+static int stream_ended(wsgi_exchange *ex)
 {
-    int r = next_body_impl(ex, nonblock);
-    if (r >= 0 || !matches_stream_end(ex->w))
-        return r;
     PyObject *type, *e, *tb;
     PyErr_Fetch(&type, &e, &tb);
     PyErr_NormalizeException(&type, &e, &tb);
@@ -400,6 +397,15 @@ static int next_body(wsgi_exchange *ex, int nonblock)
     Py_XDECREF(e);
     Py_XDECREF(tb);
     return -1;
+}
+
+/* _Exchange.next_body: the stream's or the session's end is RequestAborted. */
+static int next_body(wsgi_exchange *ex, int nonblock)
+{
+    int r = next_body_impl(ex, nonblock);
+    if (r >= 0 || !matches_stream_end(ex->w))
+        return r;
+    return stream_ended(ex);
 }
 
 /* _Exchange.check_abort, without blocking: -1 with RequestAborted when the front has aborted
@@ -432,6 +438,15 @@ static int check_abort(wsgi_exchange *ex)
         if (r <= 0)
             return r;
     }
+}
+
+/* wsgi.py's _look: check_abort for write() and the END, the stream's end RequestAborted. */
+static int look(wsgi_exchange *ex)
+{
+    int r = check_abort(ex);
+    if (r >= 0 || !matches_stream_end(ex->w))
+        return r;
+    return stream_ended(ex);
 }
 
 /* _Exchange.drain: the rest of the request read; RequestAborted ends it quietly. */
@@ -728,7 +743,7 @@ static int out(stream_response *self, PyObject *const *parts, Py_ssize_t n, int 
 static int end(stream_response *self, PyObject *const *parts, Py_ssize_t n)
 {
     if (self->hold) {
-        if (check_abort(self->ex) < 0)
+        if (look(self->ex) < 0)
             return -1;
         if (self->ex->done) {
             if (ex_queue(self->ex, parts, n) < 0)
@@ -790,7 +805,7 @@ static int write_impl(stream_response *self, PyObject *data)
                         "the app sent body bytes before calling start_response");
         goto done;
     }
-    if (check_abort(self->ex) < 0)
+    if (look(self->ex) < 0)
         goto done;
     Py_ssize_t nchunks = (n + SHMIPC_SERVE_MAX_CHUNK - 1) / SHMIPC_SERVE_MAX_CHUNK;
     if (1 + 2 * nchunks > (Py_ssize_t)(sizeof parts / sizeof parts[0])) {

@@ -688,3 +688,63 @@ def test_response_heads_over_the_stack_buffer_encode_whole():
         assert sf.decode_response(h)[3] == fields
     with pytest.raises(ValueError):  # over MAX_HEAD: refused, as before
         sf.encode_response_head(200, [(f"X-{i}", "w" * 8000) for i in range(9)], 0, 0)
+
+
+@pytest.mark.parametrize("body", [False, True])
+@pytest.mark.parametrize("how", ["stream", "session"])
+def test_write_after_the_front_ended_the_stream_raises_request_aborted(body, how):
+    # docs/serve.md: at the stream's end, wsgi.input reads and write() raise RequestAborted.
+    # write() looked for an ABORT with the exchange's check_abort, which let the stream's own
+    # EndOfStreamError (PeerGoneError when the session ended) through once the request's END
+    # was read: an app that stops on RequestAborted did not catch it. (With a body the request
+    # takes the Python route on both; without, the C one.)
+    class Ctl:
+        def __init__(self):
+            self.started = threading.Event()
+            self.ended = threading.Event()
+
+    def app(environ, start_response, seen, ctl):
+        environ["wsgi.input"].read()
+        write = start_response("200 OK", [])
+        write(b"first")
+        ctl.started.set()
+        ctl.ended.wait(10)
+        time.sleep(0.1)
+        try:
+            write(b"more")
+        except Exception as e:  # noqa: BLE001
+            seen.append(type(e).__name__)
+            raise
+        return []
+
+    def script(session, ctl):
+        st = session.open_stream()
+        if body:
+            st.write(head(b"POST", flags=sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH,
+                          content_length=2) + frame(sf.BODY, b"ab"))
+        else:
+            st.write(head())
+        st.write(frame(sf.END))
+        st.flush()
+        assert ctl.started.wait(10)
+        if how == "stream":
+            st.close()
+        else:
+            session.shutdown()
+        ctl.ended.set()
+        return []
+
+    results = []
+    for c_route in (True, False):
+        ctl = Ctl()
+        seen = []
+        r = Route(lambda e, s: app(e, s, seen, ctl), c_route)
+        try:
+            script(r.session, ctl)
+            counts = r.wait_total(1)
+        finally:
+            r.stop()
+        results.append((seen, counts))
+    assert results[0] == results[1]
+    assert results[0][0] == ["RequestAborted"] and results[0][1]["aborted"] == 1
+

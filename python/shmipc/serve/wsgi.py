@@ -461,7 +461,7 @@ class _Response(sf.WSGIResponse):
             return
         if self.status is None:
             raise AssertionError("the app sent body bytes before calling start_response")
-        self.ex.check_abort()
+        _look(self.ex)
         parts = []
         if not self.head_sent:
             parts.append(self._head(self.length))  # may raise: then nothing was sent
@@ -501,7 +501,7 @@ class _Response(sf.WSGIResponse):
         """The END (after the head, when none was sent): queued for the close when the request
         was read to its END (nothing left to drain; a look without waiting tells), else sent."""
         if self.hold:
-            self.ex.check_abort()
+            _look(self.ex)
             if self.ex.done and self.ex.pending is None:
                 self.ex.queue(*parts)
                 self.ex.end_queued = True
@@ -511,6 +511,18 @@ class _Response(sf.WSGIResponse):
 
 class _LengthError(Exception):
     pass
+
+
+def _look(ex):
+    """ex.check_abort() for write() and the END: the stream's or the session's end is
+    RequestAborted here too, as in wsgi.input's reads (docs/serve.md). Before, the app's
+    write() after the request's END raised the stream's own EndOfStreamError (PeerGoneError
+    when the session ended), which an app that stops on RequestAborted did not catch."""
+    try:
+        ex.check_abort()
+    except (shmipc.EndOfStreamError, shmipc.PeerGoneError, shmipc.ClosedError) as e:
+        ex.done = ex.aborted = True
+        raise RequestAborted(f"the front's stream ended: {e}") from e
 
 
 def _flat(data):
