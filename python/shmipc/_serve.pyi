@@ -94,8 +94,8 @@ class WSGIStreamResponse(WSGIResponse):
     hold: bool
 
 class WSGIExchange:
-    """The worker's end of one request without a body (serve_wsgi_worker.c; made by
-    WSGIWorker.handle only): what wsgi.py's _Input and the rare turns call."""
+    """The worker's end of one request (serve_wsgi_worker.c; made by WSGIWorker.handle
+    only): what wsgi.py's _Input and the rare turns call."""
 
     st: Any
     done: bool

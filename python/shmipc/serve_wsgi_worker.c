@@ -6,12 +6,12 @@
  * and _Response it mirrors method by method; the Python per request was most of a pipelined
  * request's cost in the worker (docs/benchmarks.md).
  *
- * It serves a request without a body (no HAS_BODY; a CONTENT_LENGTH of 0 at most): wsgi.input
- * then reads only the END. Anything else is handed back before anything was sent or the
- * request's state changed: a first frame other than a REQUEST_HEAD, one that does not decode,
- * a request with a body. handle() then returns (the header's bytes, the payload or None) and
- * wsgi.py serves the request from there. The rare turns (a failed app, a bad frame, ABORT)
- * call wsgi.py's functions (_failed, _violation, ...), which use the exchange's methods.
+ * It serves every REQUEST_HEAD that decodes, its body read through wsgi.input (wsgi.py's
+ * _Input, on this exchange's next_body). What is not a request is handed back before anything
+ * was sent: a first frame other than a REQUEST_HEAD (HELLO, a late ABORT, a bad frame), or one
+ * that does not decode. handle() then returns (the header's bytes, the payload or None) and
+ * wsgi.py serves the stream from there. The rare turns (a failed app, a bad frame, ABORT) call
+ * wsgi.py's functions (_failed, _violation, ...), which use the exchange's methods.
  *
  * Owns: the WSGIWorker, WSGIExchange and WSGIStreamResponse types.
  * May call: CPython (the Stream's methods through their Python names), the codec of
@@ -93,7 +93,7 @@ typedef struct {
     PyObject *st_meth[N_CLOSE + 1];
 } wsgi_worker;
 
-/* The worker's end of one stream (wsgi.py's _Exchange for a request without a body). */
+/* The worker's end of one stream (wsgi.py's _Exchange). */
 typedef struct {
     PyObject_HEAD PyObject *st;
     wsgi_worker *w;
@@ -101,8 +101,12 @@ typedef struct {
     char aborted;     /* the front ended the request */
     char end_queued;  /* our END is written, not flushed: close() sends it (flush_close) */
     char has_partial; /* a frame whose header was read and whose payload had not all arrived */
+    char has_body;    /* HAS_BODY: BODY frames may follow the head */
+    char has_expect;  /* CONTENT_LENGTH: exactly `expect` bytes of them */
     uint32_t ptype, plen, parg;
     uint32_t abort_reason;
+    uint64_t expect, got; /* the head's content_length; body bytes read */
+    PyObject *pending;    /* a BODY payload check_abort read ahead, for wsgi.input */
     /* Small parts queued: written to the stream as one before anything else is (a write, the
      * flush, the close), so a response's frames cost one write() of the Stream, not one each
      * (with memory_wait each gives up the GIL). The frames go out as before: nothing is sent
@@ -320,53 +324,75 @@ static int read_header(wsgi_exchange *ex, int nonblock, shmipc_serve_frame *f)
     return 1;
 }
 
-/* _Exchange.payload: the partial frame's payload read (and dropped): 1, or 0 when nonblock
- * and not all of it is here (nothing consumed), or -1. */
-static int read_partial_payload(wsgi_exchange *ex, int nonblock)
+/* _Exchange.payload: the partial frame's payload: bytes, Py_None when nonblock and not all of
+ * it is here (nothing consumed), or NULL. */
+static PyObject *read_payload(wsgi_exchange *ex, int nonblock)
 {
     if (ex->plen == 0)
-        return 1;
-    PyObject *p = st_read(ex, ex->plen, nonblock);
-    if (p == NULL)
-        return -1;
-    int got = p != Py_None;
-    Py_DECREF(p);
-    return got;
+        return Py_NewRef(ex->w->name[N_EMPTY]);
+    return st_read(ex, ex->plen, nonblock);
 }
 
-/* _Exchange._next_body without a body: 1 at its END (b""), 0 (nonblock: nothing yet) or -1
- * (RequestAborted at an ABORT, ProtocolViolation, the stream's errors). */
-static int next_body_impl(wsgi_exchange *ex, int nonblock)
+/* _Exchange._next_body: the next BODY payload, b"" at the END, Py_None (nonblock: no whole
+ * frame yet), or NULL (RequestAborted at an ABORT, ProtocolViolation, the stream's errors). */
+static PyObject *next_body_impl(wsgi_exchange *ex, int nonblock)
 {
+    if (ex->pending != NULL) {
+        PyObject *data = ex->pending;
+        ex->pending = NULL;
+        return data;
+    }
     while (!ex->done) {
         if (!ex->has_partial) {
             shmipc_serve_frame f;
             int r = read_header(ex, nonblock, &f);
-            if (r <= 0)
-                return r;
-            if (f.type == SHMIPC_SERVE_BODY)
-                return violation(ex, "a BODY frame for a request without HAS_BODY");
-            if (f.type == SHMIPC_SERVE_END) {
+            if (r < 0)
+                return NULL;
+            if (r == 0)
+                return Py_NewRef(Py_None);
+            if (f.type == SHMIPC_SERVE_BODY) {
+                if (!ex->has_body) {
+                    violation(ex, "a BODY frame for a request without HAS_BODY");
+                    return NULL;
+                }
+                if (ex->has_expect && ex->got + f.length > ex->expect) {
+                    violation(ex, "the body goes past its content_length %llu",
+                              (unsigned long long)ex->expect);
+                    return NULL;
+                }
+                ex->got += f.length;
+            } else if (f.type == SHMIPC_SERVE_END) {
+                if (ex->has_expect && ex->got != ex->expect) {
+                    violation(ex, "END after %llu of the body's %llu bytes",
+                              (unsigned long long)ex->got, (unsigned long long)ex->expect);
+                    return NULL;
+                }
                 ex->done = 1;
-                return 1;
+                return Py_NewRef(ex->w->name[N_EMPTY]);
+            } else if (f.type != SHMIPC_SERVE_ABORT) {
+                violation(ex, "a frame of type %u in a request body", f.type);
+                return NULL;
             }
-            if (f.type != SHMIPC_SERVE_ABORT)
-                return violation(ex, "a frame of type %u in a request body", f.type);
             ex->has_partial = 1;
             ex->ptype = f.type;
             ex->plen = f.length;
             ex->parg = f.arg;
         }
-        int r = read_partial_payload(ex, nonblock);
-        if (r <= 0)
-            return r;
+        PyObject *payload = read_payload(ex, nonblock);
+        if (payload == NULL || payload == Py_None)
+            return payload;
         ex->has_partial = 0;
+        if (ex->ptype == SHMIPC_SERVE_BODY)
+            return payload;
+        Py_DECREF(payload);
         ex->done = ex->aborted = 1; /* ABORT, its text read and dropped */
         ex->abort_reason = ex->parg;
     }
-    if (ex->aborted)
-        return request_aborted(ex);
-    return 1;
+    if (ex->aborted) {
+        request_aborted(ex);
+        return NULL;
+    }
+    return Py_NewRef(ex->w->name[N_EMPTY]);
 }
 
 static int matches_stream_end(wsgi_worker *w)
@@ -400,19 +426,20 @@ static int stream_ended(wsgi_exchange *ex)
 }
 
 /* _Exchange.next_body: the stream's or the session's end is RequestAborted. */
-static int next_body(wsgi_exchange *ex, int nonblock)
+static PyObject *next_body(wsgi_exchange *ex, int nonblock)
 {
-    int r = next_body_impl(ex, nonblock);
-    if (r >= 0 || !matches_stream_end(ex->w))
-        return r;
-    return stream_ended(ex);
+    PyObject *r = next_body_impl(ex, nonblock);
+    if (r == NULL && matches_stream_end(ex->w))
+        stream_ended(ex);
+    return r;
 }
 
 /* _Exchange.check_abort, without blocking: -1 with RequestAborted when the front has aborted
- * the request. No body, so nothing is ever read ahead for wsgi.input. */
+ * the request. What is queued before an ABORT may be request body the app has not read: one
+ * BODY frame is read ahead and kept for wsgi.input, and no more until the app takes it. */
 static int check_abort(wsgi_exchange *ex)
 {
-    for (;;) {
+    while (ex->pending == NULL) {
         if (ex->done) {
             if (!ex->has_partial) {
                 shmipc_serve_frame f;
@@ -426,18 +453,30 @@ static int check_abort(wsgi_exchange *ex)
                 ex->plen = f.length;
                 ex->parg = f.arg;
             }
-            int r = read_partial_payload(ex, 1);
-            if (r <= 0)
-                return r; /* its text is on its way */
+            PyObject *text = read_payload(ex, 1);
+            if (text == NULL || text == Py_None) {
+                Py_XDECREF(text);
+                return text == NULL ? -1 : 0; /* its text is on its way */
+            }
+            Py_DECREF(text);
             ex->has_partial = 0;
             ex->aborted = 1;
             ex->abort_reason = ex->parg;
             return request_aborted(ex);
         }
-        int r = next_body(ex, 1);
-        if (r <= 0)
-            return r;
+        PyObject *data = next_body(ex, 1);
+        if (data == NULL)
+            return -1;
+        if (data == Py_None) {
+            Py_DECREF(data);
+            return 0;
+        }
+        if (PyBytes_GET_SIZE(data) > 0)
+            ex->pending = data;
+        else
+            Py_DECREF(data);
     }
+    return 0;
 }
 
 /* wsgi.py's _look: check_abort for write() and the END, the stream's end RequestAborted. */
@@ -453,12 +492,14 @@ static int look(wsgi_exchange *ex)
 static int drain(wsgi_exchange *ex)
 {
     while (!ex->done) {
-        if (next_body(ex, 0) < 0) {
+        PyObject *data = next_body(ex, 0);
+        if (data == NULL) {
             if (!PyErr_ExceptionMatches(ex->w->hook[H_ABORTED]))
                 return -1;
             PyErr_Clear();
             return 0;
         }
+        Py_DECREF(data);
     }
     return 0;
 }
@@ -556,10 +597,7 @@ static PyObject *exm_next_body(PyObject *o, PyObject *const *args, Py_ssize_t na
     }
     if (nargs + nkw == 1 && (nonblock = PyObject_IsTrue(args[0])) < 0)
         return NULL;
-    int r = next_body(ex, nonblock);
-    if (r < 0)
-        return NULL;
-    return Py_NewRef(r == 0 ? Py_None : ex->w->name[N_EMPTY]);
+    return next_body(ex, nonblock);
 }
 
 static PyObject *exm_check_abort(PyObject *o, PyObject *unused)
@@ -617,6 +655,7 @@ static int ex_traverse(PyObject *o, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(o));
     Py_VISIT(ex->st);
     Py_VISIT(ex->w);
+    Py_VISIT(ex->pending);
     return 0;
 }
 
@@ -625,6 +664,7 @@ static int ex_clear(PyObject *o)
     wsgi_exchange *ex = (wsgi_exchange *)o;
     Py_CLEAR(ex->st);
     Py_CLEAR(ex->w);
+    Py_CLEAR(ex->pending);
     return 0;
 }
 
@@ -640,7 +680,8 @@ static void ex_dealloc(PyObject *o)
 
 static PyMethodDef ex_methods[] = {
     {"next_body", (PyCFunction)(void (*)(void))exm_next_body, METH_FASTCALL | METH_KEYWORDS,
-     "next_body(nonblock=False) -> b'' at the END, None (nonblock) before it; RequestAborted."},
+     "next_body(nonblock=False) -> the next BODY payload, b'' at the END, None (nonblock) when\n"
+     "no whole frame is there yet; RequestAborted at an ABORT or the stream's end."},
     {"check_abort", exm_check_abort, METH_NOARGS,
      "Without blocking: RequestAborted when the front aborted the request."},
     {"queue", (PyCFunction)(void (*)(void))exm_queue, METH_FASTCALL,
@@ -745,7 +786,7 @@ static int end(stream_response *self, PyObject *const *parts, Py_ssize_t n)
     if (self->hold) {
         if (look(self->ex) < 0)
             return -1;
-        if (self->ex->done) {
+        if (self->ex->done && self->ex->pending == NULL) {
             if (ex_queue(self->ex, parts, n) < 0)
                 return -1;
             self->ex->end_queued = 1;
@@ -1182,8 +1223,6 @@ static PyObject *serve(wsgi_worker *w, wsgi_exchange *ex)
     if ((payload = st_read(ex, f.length, 0)) == NULL)
         goto done;
     uint32_t flags = f.arg;
-    if (flags & SHMIPC_SERVE_REQ_HAS_BODY)
-        goto hand_over;
     frame = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(raw) + PyBytes_GET_SIZE(payload));
     if (frame == NULL)
         goto done;
@@ -1198,14 +1237,16 @@ static PyObject *serve(wsgi_worker *w, wsgi_exchange *ex)
         PyErr_Clear();
         goto hand_over;
     }
-    if (flags & SHMIPC_SERVE_REQ_CONTENT_LENGTH) {
-        /* content_length, at 12 in the payload (docs/serve.md): a body after all */
+    /* _Exchange.head: what the REQUEST_HEAD says of the body, for next_body to hold the frames
+     * that follow to it (its content_length at 12 in the payload: docs/serve.md). */
+    ex->has_body = (flags & SHMIPC_SERVE_REQ_HAS_BODY) != 0;
+    if ((flags & SHMIPC_SERVE_REQ_CONTENT_LENGTH) && PyBytes_GET_SIZE(payload) >= 20) {
         const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(payload) + 12;
         uint64_t n = 0;
         for (int i = 7; i >= 0; i--)
             n = n << 8 | p[i];
-        if (n != 0)
-            goto hand_over;
+        ex->has_expect = 1;
+        ex->expect = n;
     }
     if ((flags & SHMIPC_SERVE_REQ_TAKEN_WANTED) && ex_send(ex, &w->name[N_TAKEN], 1) < 0)
         goto done;
@@ -1237,6 +1278,10 @@ static PyObject *worker_handle(PyObject *o, PyObject *st)
     ex->ptype = ex->plen = ex->parg = ex->abort_reason = 0;
     ex->wbuf = NULL;
     ex->wlen = ex->wcap = 0;
+    ex->has_body = 1; /* until the head says otherwise */
+    ex->has_expect = 0;
+    ex->expect = ex->got = 0;
+    ex->pending = NULL;
     PyObject_GC_Track(ex);
     PyObject *out = serve(w, ex), *pending = NULL;
     if (out != NULL && PyTuple_Check(out)) {
@@ -1418,9 +1463,9 @@ static PyMethodDef worker_methods[] = {
     {"handle", worker_handle, METH_O,
      "handle(st) -> outcome | (header, payload or None)\n\n"
      "Serve the request on stream st and close it: 'ok', 'error', 'aborted' or 'protocol'.\n"
-     "A request this route leaves to wsgi.py (not a REQUEST_HEAD, or one with a body) comes\n"
-     "back as its first frame's header and payload (None when only the header was read),\n"
-     "the stream open, before anything was sent."},
+     "What this route leaves to wsgi.py (a first frame that is not a REQUEST_HEAD, or does\n"
+     "not decode) comes back as that frame's header and payload (None when only the header\n"
+     "was read), the stream open, before anything was sent."},
     {NULL, NULL, 0, NULL},
 };
 

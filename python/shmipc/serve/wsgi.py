@@ -564,9 +564,10 @@ class WSGIHandler:
             # wsgi.input returns b"" at the end of the body, chunked uploads included.
             "wsgi.input_terminated": True,
         }
-        # The request in C (shmipc._serve.WSGIWorker, serve_wsgi_worker.c): it serves those
-        # without a body and hands the others back to _serve (docs/serve.md). None: every
-        # request in Python.
+        # The request in C (shmipc._serve.WSGIWorker, serve_wsgi_worker.c, the same frames
+        # and outcomes as the route below): it hands what is not a request (HELLO, a late
+        # ABORT, a bad first frame) back to _serve (docs/serve.md). None: every request in
+        # Python, on _Exchange and _Response.
         self._worker = sf.WSGIWorker(app, self.base, _HOOKS)
 
     def handle(self, st):
