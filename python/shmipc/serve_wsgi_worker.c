@@ -737,13 +737,15 @@ static PyObject *encode_head(stream_response *self, PyObject *length)
     uint64_t n = 0;
     if (is_set(length)) {
         flags |= SHMIPC_SERVE_RESP_CONTENT_LENGTH;
-        int t = PyObject_IsTrue(length); /* `length or 0` */
-        if (t < 0)
+        /* `length or 0`, `length` held: r.length is writable, and its __bool__ or __index__
+         * may replace it (freeing it, when r held the only reference). */
+        Py_INCREF(length);
+        int t = PyObject_IsTrue(length);
+        PyObject *i = t > 0 ? PyNumber_Index(length) : NULL;
+        Py_DECREF(length);
+        if (t < 0 || (t > 0 && i == NULL))
             return NULL;
-        if (t) {
-            PyObject *i = PyNumber_Index(length);
-            if (i == NULL)
-                return NULL;
+        if (i != NULL) {
             n = PyLong_AsUnsignedLongLong(i);
             Py_DECREF(i);
             if (n == (uint64_t)-1 && PyErr_Occurred())
@@ -753,13 +755,16 @@ static PyObject *encode_head(stream_response *self, PyObject *length)
     return shmipcpy_serve_encode_head(r->code, r->headers != NULL ? r->headers : Py_None, flags, n);
 }
 
-/* `a` > `b` (op Py_GT) or `a` < `b` (Py_LT) for a size and the app's length: 1, 0, -1. */
+/* `a` > `b` (op Py_GT), `a` < `b` (Py_LT) or `a` == `b` (Py_EQ) for a size and the app's
+ * length: 1, 0, -1. `length` is held: its comparison may replace r.length, which held it. */
 static int compare_length(Py_ssize_t a, PyObject *length, int op)
 {
     PyObject *x = PyLong_FromSsize_t(a);
     if (x == NULL)
         return -1;
+    Py_INCREF(length);
     int r = PyObject_RichCompareBool(x, length, op);
+    Py_DECREF(length);
     Py_DECREF(x);
     return r;
 }
@@ -896,13 +901,8 @@ static int write_impl(stream_response *self, PyObject *data)
     }
     r->sent += n;
     int queue = 0;
-    if (self->hold && is_set(r->length)) {
-        PyObject *sent = PyLong_FromSsize_t(r->sent);
-        queue = sent != NULL ? PyObject_RichCompareBool(sent, r->length, Py_EQ) : -1;
-        Py_XDECREF(sent);
-        if (queue < 0)
-            goto done;
-    }
+    if (self->hold && is_set(r->length) && (queue = compare_length(r->sent, r->length, Py_EQ)) < 0)
+        goto done;
     rc = out(self, pv, np, queue);
 done:
     for (Py_ssize_t i = 0; i < np; i++)

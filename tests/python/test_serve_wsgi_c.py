@@ -15,6 +15,7 @@ import pytest
 
 import shmipc
 from conftest import default_config, unique_address
+from test_misuse import run_child
 
 sf = pytest.importorskip("shmipc._serve")
 from shmipc.serve import Worker  # noqa: E402
@@ -661,6 +662,84 @@ def test_the_c_route_is_used_and_hands_back_only_what_it_must():
     hooks = dict(wsgi_mod._HOOKS, ProtocolViolation=len)
     with pytest.raises(TypeError):
         sf.WSGIWorker(h.app, {}, hooks)
+
+
+@pytest.mark.parametrize("how", ["bool", "bool_no_body", "compare"])
+def test_an_app_replacing_the_length_from_its_own_methods_is_no_use_after_free(how):
+    # The response's length is writable (start_response.__self__.length): the C route read it
+    # borrowed and called its __bool__ / __index__ / comparison, which can replace it, freeing
+    # the object under the call (a crash under the debug allocator, which fills freed memory).
+    # Both routes run in a child interpreter with PYTHONMALLOC=debug, on a stream of the test's.
+    run_child(f"""
+        import shmipc, shmipc._serve as sf
+        from shmipc.serve.wsgi import WSGIHandler
+        how = {how!r}
+
+        class Length:
+            def __init__(self, resp):
+                self.resp = resp
+
+            def drop(self):
+                r, self.resp = self.resp, None
+                if r is not None:
+                    r.length = None  # frees this object, once its method returns
+                return NotImplemented
+
+            def __bool__(self):
+                if how.startswith("bool"):
+                    self.drop()
+                return True
+
+            def __index__(self):
+                return 5
+
+            def __lt__(self, other):  # `size > length`: write()'s check
+                return self.drop()
+
+            __gt__ = __lt__
+
+        def app(environ, start_response):
+            start_response("200 OK", [])
+            start_response.__self__.length = Length(start_response.__self__)
+            if how == "bool_no_body":
+                return []
+            return [b"hello"]
+
+        class Stream:
+            id = 1
+
+            def __init__(self, data):
+                self.data, self.out = bytearray(data), []
+
+            def readexactly(self, n, nonblock=False):
+                if len(self.data) < n:
+                    if nonblock:
+                        return None
+                    raise shmipc.EndOfStreamError("the end")
+                out = bytes(self.data[:n])
+                del self.data[:n]
+                return out
+
+            def write(self, b):
+                self.out.append(bytes(b))
+
+            def flush(self):
+                pass
+
+            close = flush_close = flush
+
+        req = sf.encode_request_head(b"GET", b"/", [], peer=("127.0.0.1", 1),
+                                     local=("127.0.0.1", 2)) + sf.encode_frame(sf.END)
+        got = []
+        for c_route in (True, False):
+            h = WSGIHandler(app)
+            if not c_route:
+                h._worker = None
+            st = Stream(req)
+            got.append((h.handle(st), b"".join(st.out)))
+        assert got[0] == got[1], got
+        print("done", got[0][0])
+        """, env={"PYTHONMALLOC": "debug"})
 
 
 class RequestAbortedStub(OSError):
