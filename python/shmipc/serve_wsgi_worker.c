@@ -840,7 +840,7 @@ static int write_impl(stream_response *self, PyObject *data)
         return -1;
     }
     int rc = -1;
-    PyObject *parts[1 + 2 * 8], **extra = NULL, **pv = parts;
+    PyObject *parts[1 + 2 * 8], **extra = NULL, **pv = parts, *whole = NULL;
     Py_ssize_t np = 0, n = view.len;
     if (n == 0) {
         rc = 0;
@@ -887,10 +887,15 @@ static int write_impl(stream_response *self, PyObject *data)
         if ((pv[np] = body_header((size_t)len)) == NULL)
             goto done;
         np++;
-        /* The piece as it is when whole, else a view of it (`keep` and `view` hold it). */
-        pv[np] = len == n && PyBytes_CheckExact(keep)
-                     ? Py_NewRef(keep)
-                     : PyMemoryView_FromMemory((char *)view.buf + off, len, PyBUF_READ);
+        /* The piece as it is when whole, else a slice of a view of it, which holds it: the
+         * stream may keep what it is given past this call (a view of bare memory did not). */
+        if (len == n && PyBytes_CheckExact(keep)) {
+            pv[np] = Py_NewRef(keep);
+        } else {
+            if (whole == NULL && (whole = PyMemoryView_FromObject(keep)) == NULL)
+                goto done;
+            pv[np] = len == n ? Py_NewRef(whole) : PySequence_GetSlice(whole, off, off + len);
+        }
         if (pv[np] == NULL)
             goto done;
         np++;
@@ -907,6 +912,7 @@ static int write_impl(stream_response *self, PyObject *data)
 done:
     for (Py_ssize_t i = 0; i < np; i++)
         Py_DECREF(pv[i]);
+    Py_XDECREF(whole);
     PyMem_Free(extra);
     PyBuffer_Release(&view);
     Py_DECREF(keep);

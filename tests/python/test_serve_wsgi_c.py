@@ -742,6 +742,70 @@ def test_an_app_replacing_the_length_from_its_own_methods_is_no_use_after_free(h
         """, env={"PYTHONMALLOC": "debug"})
 
 
+def test_a_stream_that_keeps_what_it_is_given_keeps_the_body_bytes():
+    # The C route gave the stream a piece that is not bytes (a bytearray, a memoryview, a
+    # bytes subclass) or over MAX_CHUNK as a memoryview of bare memory: a stream that keeps
+    # what write() gives it (one that buffers, as a test's does) read the app's piece after
+    # it was freed. In a child under PYTHONMALLOC=debug (freed memory filled with 0xDD).
+    run_child("""
+        import gc
+        import shmipc, shmipc._serve as sf
+        from shmipc.serve.wsgi import WSGIHandler
+
+        class Bytes(bytes):
+            pass
+
+        def app(environ, start_response):
+            start_response("200 OK", [])
+            return [bytearray(b"a" * 100000), memoryview(b"b" * 5000), Bytes(b"c" * 3000),
+                    b"d" * (sf.MAX_CHUNK + 7)]
+
+        expected = b"a" * 100000 + b"b" * 5000 + b"c" * 3000 + b"d" * (sf.MAX_CHUNK + 7)
+
+        class Stream:
+            id = 1
+
+            def __init__(self, data):
+                self.data, self.kept = bytearray(data), []
+
+            def readexactly(self, n, nonblock=False):
+                if len(self.data) < n:
+                    if nonblock:
+                        return None
+                    raise shmipc.EndOfStreamError("the end")
+                out = bytes(self.data[:n])
+                del self.data[:n]
+                return out
+
+            def write(self, b):
+                self.kept.append(b)  # kept as given, read after the request
+
+            def flush(self):
+                pass
+
+            close = flush_close = flush
+
+        req = sf.encode_request_head(b"GET", b"/", [], peer=("127.0.0.1", 1),
+                                     local=("127.0.0.1", 2)) + sf.encode_frame(sf.END)
+        for c_route in (True, False):
+            h = WSGIHandler(app)
+            if not c_route:
+                h._worker = None
+            st = Stream(req)
+            assert h.handle(st) == "ok"
+            gc.collect()
+            junk = [bytearray(b"z" * 100000) for _ in range(4)]  # reuses freed memory
+            out, body = b"".join(bytes(x) for x in st.kept), b""
+            while out:
+                typ, length, _ = sf.decode_header(out[:12])
+                if typ == sf.BODY:
+                    body += out[12:12 + length]
+                out = out[12 + length:]
+            assert body == expected, (c_route, len(body), body[:8])
+        print("done")
+        """, env={"PYTHONMALLOC": "debug"})
+
+
 class RequestAbortedStub(OSError):
     pass
 
