@@ -503,13 +503,43 @@ def test_front_aborts_mid_response_and_the_app_sees_request_aborted():
                       None)]
 
 
+class _EndCtl:
+    """The app says it has started; the test says the front has ended the stream or session."""
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.ended = threading.Event()
+
+
+def _end_under_the_app(app, request, how):
+    """On both routes: `request` (frames) goes on a new stream; once the app has started, the
+    front ends the stream ("stream") or its whole session ("session"). The app must see
+    RequestAborted and the outcome be "aborted", the same on both."""
+    results = []
+    for c_route in (True, False):
+        ctl = _EndCtl()
+        seen = []
+        r = Route(lambda e, s: app(e, s, seen, ctl), c_route)
+        try:
+            st = r.session.open_stream()
+            st.write(request)
+            st.flush()
+            assert ctl.started.wait(10)
+            if how == "stream":
+                st.close()
+            else:
+                r.session.shutdown()
+            ctl.ended.set()
+            counts = r.wait_total(1)
+        finally:
+            r.stop()
+        results.append((seen, counts))
+    assert results[0] == results[1]
+    assert results[0][0] == ["RequestAborted"] and results[0][1]["aborted"] == 1
+
+
 @pytest.mark.parametrize("how", ["stream", "session"])
 def test_front_ends_the_stream_or_session_before_the_end(how):
-    class Ctl:
-        def __init__(self):
-            self.started = threading.Event()
-            self.ended = threading.Event()
-
     def app(environ, start_response, seen, ctl):
         ctl.started.set()
         ctl.ended.wait(10)
@@ -522,31 +552,7 @@ def test_front_ends_the_stream_or_session_before_the_end(how):
         start_response("200 OK", [])
         return [b"x"]
 
-    def script(session, ctl):
-        st = session.open_stream()
-        st.write(head())
-        st.flush()
-        assert ctl.started.wait(10)
-        if how == "stream":
-            st.close()
-        else:
-            session.shutdown()
-        ctl.ended.set()
-        return []
-
-    results = []
-    for c_route in (True, False):
-        ctl = Ctl()
-        seen = []
-        r = Route(lambda e, s: app(e, s, seen, ctl), c_route)
-        try:
-            script(r.session, ctl)
-            counts = r.wait_total(1)
-        finally:
-            r.stop()
-        results.append((seen, counts))
-    assert results[0] == results[1]
-    assert results[0][0] == ["RequestAborted"] and results[0][1]["aborted"] == 1
+    _end_under_the_app(app, head(), how)
 
 
 # ---- threads, the GIL, leaks ----------------------------------------------------------------
@@ -839,13 +845,7 @@ def test_write_after_the_front_ended_the_stream_raises_request_aborted(body, how
     # docs/serve.md: at the stream's end, wsgi.input reads and write() raise RequestAborted.
     # write() looked for an ABORT with the exchange's check_abort, which let the stream's own
     # EndOfStreamError (PeerGoneError when the session ended) through once the request's END
-    # was read: an app that stops on RequestAborted did not catch it. (With a body the request
-    # takes the Python route on both; without, the C one.)
-    class Ctl:
-        def __init__(self):
-            self.started = threading.Event()
-            self.ended = threading.Event()
-
+    # was read: an app that stops on RequestAborted did not catch it.
     def app(environ, start_response, seen, ctl):
         environ["wsgi.input"].read()
         write = start_response("200 OK", [])
@@ -860,36 +860,12 @@ def test_write_after_the_front_ended_the_stream_raises_request_aborted(body, how
             raise
         return []
 
-    def script(session, ctl):
-        st = session.open_stream()
-        if body:
-            st.write(head(b"POST", flags=sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH,
-                          content_length=2) + frame(sf.BODY, b"ab"))
-        else:
-            st.write(head())
-        st.write(frame(sf.END))
-        st.flush()
-        assert ctl.started.wait(10)
-        if how == "stream":
-            st.close()
-        else:
-            session.shutdown()
-        ctl.ended.set()
-        return []
-
-    results = []
-    for c_route in (True, False):
-        ctl = Ctl()
-        seen = []
-        r = Route(lambda e, s: app(e, s, seen, ctl), c_route)
-        try:
-            script(r.session, ctl)
-            counts = r.wait_total(1)
-        finally:
-            r.stop()
-        results.append((seen, counts))
-    assert results[0] == results[1]
-    assert results[0][0] == ["RequestAborted"] and results[0][1]["aborted"] == 1
+    if body:
+        request = head(b"POST", flags=sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH,
+                       content_length=2) + frame(sf.BODY, b"ab")
+    else:
+        request = head()
+    _end_under_the_app(app, request + frame(sf.END), how)
 
 
 # ---- request bodies -------------------------------------------------------------------------
