@@ -22,17 +22,35 @@ from shmipc.serve import Worker  # noqa: E402
 from shmipc.serve import wsgi as wsgi_mod  # noqa: E402
 from shmipc.serve.wsgi import WSGIHandler  # noqa: E402
 
-HDR = struct.Struct("<HBBII")
+from test_serve_worker import frame, head  # noqa: E402
 
 
-def frame(typ, payload=b"", arg=0):
-    return HDR.pack(0x5653, 1, typ, len(payload), arg) + payload
+class FakeStream:
+    """A stream over `data` for WSGIHandler.handle, without a session: reads take from
+    `data`, write() keeps what it is given in `out` (a bytes copy, or with keep=True the
+    object itself, as a stream that buffers would)."""
 
+    id = 1
 
-def head(method=b"GET", target=b"/", headers=(), **kw):
-    kw.setdefault("peer", ("127.0.0.1", 40000))
-    kw.setdefault("local", ("127.0.0.1", 8080))
-    return sf.encode_request_head(method, target, list(headers), **kw)
+    def __init__(self, data, keep=False):
+        self.data, self.out, self.keep = bytearray(data), [], keep
+
+    def readexactly(self, n, nonblock=False):
+        if len(self.data) < n:
+            if nonblock:
+                return None
+            raise shmipc.EndOfStreamError("the end")
+        out = bytes(self.data[:n])
+        del self.data[:n]
+        return out
+
+    def write(self, b):
+        self.out.append(b if self.keep else bytes(b))
+
+    def flush(self):
+        pass
+
+    close = flush_close = flush
 
 
 class Route:
@@ -711,28 +729,7 @@ def test_an_app_replacing_the_length_from_its_own_methods_is_no_use_after_free(h
                 return []
             return [b"hello"]
 
-        class Stream:
-            id = 1
-
-            def __init__(self, data):
-                self.data, self.out = bytearray(data), []
-
-            def readexactly(self, n, nonblock=False):
-                if len(self.data) < n:
-                    if nonblock:
-                        return None
-                    raise shmipc.EndOfStreamError("the end")
-                out = bytes(self.data[:n])
-                del self.data[:n]
-                return out
-
-            def write(self, b):
-                self.out.append(bytes(b))
-
-            def flush(self):
-                pass
-
-            close = flush_close = flush
+        from test_serve_wsgi_c import FakeStream as Stream
 
         req = sf.encode_request_head(b"GET", b"/", [], peer=("127.0.0.1", 1),
                                      local=("127.0.0.1", 2)) + sf.encode_frame(sf.END)
@@ -768,28 +765,10 @@ def test_a_stream_that_keeps_what_it_is_given_keeps_the_body_bytes():
 
         expected = b"a" * 100000 + b"b" * 5000 + b"c" * 3000 + b"d" * (sf.MAX_CHUNK + 7)
 
-        class Stream:
-            id = 1
+        from test_serve_wsgi_c import FakeStream
 
-            def __init__(self, data):
-                self.data, self.kept = bytearray(data), []
-
-            def readexactly(self, n, nonblock=False):
-                if len(self.data) < n:
-                    if nonblock:
-                        return None
-                    raise shmipc.EndOfStreamError("the end")
-                out = bytes(self.data[:n])
-                del self.data[:n]
-                return out
-
-            def write(self, b):
-                self.kept.append(b)  # kept as given, read after the request
-
-            def flush(self):
-                pass
-
-            close = flush_close = flush
+        def Stream(data):
+            return FakeStream(data, keep=True)  # kept as given, read after the request
 
         req = sf.encode_request_head(b"GET", b"/", [], peer=("127.0.0.1", 1),
                                      local=("127.0.0.1", 2)) + sf.encode_frame(sf.END)
@@ -801,7 +780,7 @@ def test_a_stream_that_keeps_what_it_is_given_keeps_the_body_bytes():
             assert h.handle(st) == "ok"
             gc.collect()
             junk = [bytearray(b"z" * 100000) for _ in range(4)]  # reuses freed memory
-            out, body = b"".join(bytes(x) for x in st.kept), b""
+            out, body = b"".join(bytes(x) for x in st.out), b""
             while out:
                 typ, length, _ = sf.decode_header(out[:12])
                 if typ == sf.BODY:
