@@ -7,6 +7,7 @@ own unique body (no cross-talk). Nothing here asserts on speed: only on outcomes
 generous timeouts."""
 import os
 import resource
+import signal
 import socket
 import threading
 import time
@@ -247,3 +248,49 @@ def test_client_that_never_reads_a_large_response(tmp_path):
             c.close()
     finally:
         assert s2.stop() == 0
+
+
+@pytest.mark.parametrize("pipeline,backend", [(1, "io_uring"), (1, "epoll"), (16, "io_uring"),
+                                              (16, "epoll")])
+def test_a_stopped_worker_costs_only_the_requests_it_holds(tmp_path, pipeline, backend):
+    # One of two workers is stopped (SIGSTOP: neither its app nor its session turns run) while
+    # small requests and 900 KiB uploads (which fill its session's shared memory) keep coming.
+    # The front never waits on it: only the requests it was handed get 504 at their deadline,
+    # at most `pipeline` per deadline; every other request is answered by the other worker,
+    # each with its own body. Once it runs again it serves as before.
+    timeout = 3
+    s = Serve(tmp_path, "--timeout", str(timeout), "--pipeline", str(pipeline), workers=2,
+              env={"SHMIPC_REACTOR_BACKEND": backend})
+    stopped = s.worker_pids(2)[0]
+    bigs = []
+
+    def upload(i):
+        body = b"%d-" % i + os.urandom(900 << 10)
+        try:
+            status, out = s.request("POST", f"/u/big/{i}", body=body, timeout=60)
+        except OSError as e:
+            bigs.append((i, repr(e)))
+            return
+        if status != 200 or not out.endswith(b" body=" + body):
+            bigs.append((i, status, out[:60]))
+
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.monotonic()
+        ts = [threading.Thread(target=upload, args=(i,)) for i in range(12)]
+        for t in ts:
+            t.start()
+        bad = unique_requests(s, "small", 300)
+        for t in ts:
+            t.join(90)
+        elapsed = time.monotonic() - t0
+        failed = bad + bigs
+        assert all(len(f) == 3 and f[1] == 504 for f in failed), failed
+        windows = 1 + int(elapsed // timeout)
+        assert len(failed) <= pipeline * windows, (elapsed, failed)
+        os.kill(stopped, signal.SIGCONT)
+        assert unique_requests(s, "after", 100) == []
+        assert stopped in s.worker_pids(2)  # the same worker, not a restarted one
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+        assert s.stop() == 0
