@@ -335,6 +335,12 @@ static inline uint64_t shmipc__session_sent(const shmipc_session *s)
     return shmipc__queue_put_count(&s->qp.send);
 }
 
+/* The elements the peer popped from our queue so far (its count: it may lie). */
+static inline uint64_t shmipc__session_popped(const shmipc_session *s)
+{
+    return shmipc__queue_popped_count(&s->qp.send);
+}
+
 static inline int shmipc__session_peer_took(const shmipc_session *s, uint64_t mark)
 {
     return mark == 0 || shmipc__queue_popped_count(&s->qp.send) >= mark;

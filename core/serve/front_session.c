@@ -6,6 +6,7 @@
  */
 #include "serve/front_int.h"
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -636,59 +637,100 @@ static int pipelinable(const struct freq *r)
     return !r->uploading && !r->ws && !r->no_retry;
 }
 
+/* A worker that has held what this session sent it this long without taking any of it (a
+ * stopped or wedged process, an app that keeps its event loop busy) is passed over while
+ * another worker can take the request (docs/serve.md, "Choosing a worker"). */
+#define STALL_NS (200ull * 1000000ull)
+/* Added to a stalled worker's rank: any worker that is not stalled ranks before it. */
+#define STALLED_RANK (1 << 20)
+
+/*
+ * Whether fs's worker sits on elements of this session's queue: some it has not taken, and it
+ * took none since the first claim that saw them, STALL_NS or more ago. Claims are the only
+ * looks, so the clock may start late, never early. `*now` is read once per claim, when first
+ * needed. The popped count is the worker's to write: a lying worker only decides whether it
+ * is passed over itself.
+ */
+static int fs_stalled(struct fsess *fs, uint64_t *now)
+{
+    uint64_t put = shmipc__session_sent(fs->s), pop = shmipc__session_popped(fs->s);
+    if (pop >= put) {
+        fs->held_since = 0; /* nothing held */
+        return 0;
+    }
+    if (*now == 0)
+        *now = shmipc__now_ns();
+    if (fs->held_since == 0 || pop != fs->held_pop) {
+        fs->held_since = *now; /* held from now, or it took some since the last look */
+        fs->held_pop = pop;
+        return 0;
+    }
+    return *now - fs->held_since >= STALL_NS;
+}
+
 /*
  * A worker this thread has a session to, claimed for `r` (one more of w->busy); NULL when
- * none. A free worker first (round robin); when none is free and `r` may wait behind others,
- * the least busy worker whose session granted TAKEN, below the front's pipeline and with
- * nothing in flight that holds it whole (an upload, a WebSocket). An upload takes no session
- * whose HELLO is still unanswered.
+ * none. Each worker that can take `r` has a rank: the requests in flight to it (w->busy),
+ * behind every other if it is stalled (fs_stalled). A free worker ranks first; a concurrent
+ * worker (HELLO concurrency over 1) can take any request below its concurrency (it runs an
+ * upload or a WebSocket beside the others); when `r` may wait behind others, a worker whose
+ * session granted TAKEN can take it below the front's pipeline with nothing in flight that
+ * holds it whole (an upload, a WebSocket). The lowest rank wins, ties in round-robin order.
+ * An upload takes no session whose HELLO is still unanswered.
  */
 struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
 {
-    struct fsess *best = NULL;
-    int best_n = 0, may_wait = t->f->pipeline > 1 && pipelinable(r);
-    for (unsigned k = 0; k < t->nsess; k++) {
-        struct fsess *fs = t->sess[(t->rr + k) % t->nsess];
-        int zero = 0;
-        if (fs->s == NULL || fs->retired || fs->stopping ||
-            fs->nact == SHMIPC__FRONT_MAX_CONCURRENCY)
-            continue;
-        /* An upload waits for the session's HELLO answer: granted TAKEN, its body is held
-         * back until TAKEN (upload_room), so a stopping worker's refusal resends it whole. */
-        if (r->uploading && fs->hello != NULL)
-            continue;
-        if (fs->conc > 1) {
-            /* A concurrent worker is free below its concurrency, for any request: it runs an
-             * upload or a WebSocket beside the others. Nothing is pipelined past it. */
-            int n = atomic_load(&fs->w->busy);
-            while (n < (int)fs->conc) {
-                if (atomic_compare_exchange_weak(&fs->w->busy, &n, n + 1)) {
-                    t->rr = (t->rr + k + 1) % t->nsess;
-                    return fs;
-                }
+    int may_wait = t->f->pipeline > 1 && pipelinable(r);
+    uint64_t now = 0;
+    /* A claim lost to another thread between the look and the claim looks again, twice. */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        struct fsess *best = NULL;
+        int best_rank = 0, best_bar = 0;
+        unsigned best_k = 0;
+        for (unsigned k = 0; k < t->nsess; k++) {
+            struct fsess *fs = t->sess[(t->rr + k) % t->nsess];
+            if (fs->s == NULL || fs->retired || fs->stopping ||
+                fs->nact == SHMIPC__FRONT_MAX_CONCURRENCY)
+                continue;
+            /* An upload waits for the session's HELLO answer: granted TAKEN, its body is held
+             * back until TAKEN (upload_room), so a stopping worker's refusal resends it
+             * whole. */
+            if (r->uploading && fs->hello != NULL)
+                continue;
+            int n = atomic_load(&fs->w->busy), bar;
+            if (fs->conc > 1)
+                bar = (int)fs->conc;
+            else if (n == 0)
+                bar = 1;
+            else if (may_wait && fs->taken_ok && fs->nact < SHMIPC__FRONT_MAX_PIPELINE &&
+                     atomic_load(&fs->w->solo) == 0)
+                bar = (int)t->f->pipeline;
+            else
+                continue;
+            if (n >= bar)
+                continue;
+            int rank = n + (fs_stalled(fs, &now) ? STALLED_RANK : 0);
+            if (best == NULL || rank < best_rank) {
+                best = fs;
+                best_rank = rank;
+                best_bar = bar;
+                best_k = k;
+                if (rank == 0)
+                    break; /* free and not stalled: none ranks before it */
             }
-            continue;
         }
-        if (atomic_compare_exchange_strong(&fs->w->busy, &zero, 1)) {
-            t->rr = (t->rr + k + 1) % t->nsess;
-            return fs;
-        }
-        if (!may_wait || !fs->taken_ok || fs->nact == SHMIPC__FRONT_MAX_PIPELINE)
-            continue;
-        int n = atomic_load(&fs->w->busy);
-        if (n < (int)t->f->pipeline && atomic_load(&fs->w->solo) == 0 &&
-            (best == NULL || n < best_n)) {
-            best = fs;
-            best_n = n;
+        if (best == NULL)
+            return NULL;
+        /* Claimed only while still below its bar (another thread may have claimed it
+         * meanwhile); a pipelined claim only while nothing in flight holds it whole. */
+        int n = atomic_load(&best->w->busy);
+        while (n < best_bar && (n == 0 || best->conc > 1 || atomic_load(&best->w->solo) == 0)) {
+            if (atomic_compare_exchange_weak(&best->w->busy, &n, n + 1)) {
+                t->rr = (t->rr + best_k + 1) % t->nsess;
+                return best;
+            }
         }
     }
-    if (best == NULL)
-        return NULL;
-    /* Another thread may have claimed it meanwhile: claimed only while still under the bar. */
-    int n = atomic_load(&best->w->busy);
-    while (n > 0 && n < (int)t->f->pipeline && atomic_load(&best->w->solo) == 0)
-        if (atomic_compare_exchange_weak(&best->w->busy, &n, n + 1))
-            return best;
     return NULL;
 }
 

@@ -756,6 +756,130 @@ static void concurrent_worker_holds_forty(void **state)
     appw_stop(w);
 }
 
+/* Polls the front's stats until workers 0 and 1 both answered a concurrency of `want`, and
+ * `dispatched` requests went to them in all (in flight or served), none queued; with
+ * `w1_idle`, none in flight to worker 1. */
+static int wait_two_x(struct fx *x, unsigned want, unsigned dispatched, int w1_idle)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.w[0].concurrency == want && st.w[1].concurrency == want && st.queued == 0 &&
+            st.w[0].in_flight + st.w[0].served + st.w[1].in_flight + st.w[1].served == dispatched &&
+            (!w1_idle || st.w[1].in_flight == 0))
+            return 1;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    fprintf(stderr,
+            "wait_two (concurrency %u, %u dispatched): w0 %u/%u in flight %u served %llu, w1 "
+            "%u/%u in flight %u served %llu, %u queued\n",
+            want, dispatched, st.w[0].concurrency, st.w[0].sessions, st.w[0].in_flight,
+            (unsigned long long)st.w[0].served, st.w[1].concurrency, st.w[1].sessions,
+            st.w[1].in_flight, (unsigned long long)st.w[1].served, st.queued);
+    return 0;
+}
+
+static int wait_two(struct fx *x, unsigned want, unsigned dispatched)
+{
+    return wait_two_x(x, want, dispatched, 0);
+}
+
+/* Two workers of concurrency 8 (opts.hello, no deadline), in modes m0 and m1, one front
+ * thread; returns once both answered their HELLO. */
+static void start_two_concurrent(struct tc *t, int m0, int m1)
+{
+    struct appw *ws[] = {&t->w[0], &t->w[1]};
+    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
+    appw_start(ws[0], "w0", NULL);
+    appw_start(ws[1], "w1", NULL);
+    for (int i = 0; i < 2; i++) {
+        atomic_store(&ws[i]->taken, TAKEN_GRANT);
+        atomic_store(&ws[i]->conc, 8);
+    }
+    atomic_store(&ws[0]->mode, m0);
+    atomic_store(&ws[1]->mode, m1);
+    fx_start(&t->x, ws, 2, 1, &o);
+    assert_true(wait_two(&t->x, 8, 0));
+}
+
+/* Joins b[0..n) and checks each got 200 with its own target. */
+static void join_pipe_targets(struct bg *b, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char want[16];
+        bg_join(&b[i]);
+        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
+        assert_int_equal(b[i].p.status, 200);
+        assert_string_equal(b[i].p.body, want);
+        resp_free(&b[i].p);
+    }
+}
+
+/*
+ * Two concurrent workers: w0 holds every request, w1 answers at once. Eight requests one after
+ * another each go to the least busy worker: w0 holds one, w1 answers seven. (A round robin
+ * over the workers below their concurrency gave w0 every other one: four left waiting on a
+ * worker that was not answering, while w1 had nothing to do.)
+ */
+static void concurrent_workers_least_busy_first(void **state)
+{
+    struct tc *t = *state;
+    struct bg *b = t->bg;
+    static struct shmipc__front_stats st;
+    start_two_concurrent(t, M_HOLD, M_ECHO);
+    for (int i = 0; i < 8; i++) {
+        bg_start(&b[i], t->x.port, pipe_targets[i]);
+        assert_true(wait_two_x(&t->x, 8, (unsigned)i + 1, 1)); /* w1 answered it, if its */
+    }
+    CHECK(shmipc__front_stats(t->x.f, &st));
+    assert_int_equal(st.w[0].in_flight, 1);
+    assert_int_equal(st.w[0].in_flight + st.w[1].served, 8);
+    latch_set(&t->w[0], &t->w[0].hold_open, 1);
+    join_pipe_targets(b, 8);
+    assert_int_equal(atomic_load(&t->w[0].bad) + atomic_load(&t->w[1].bad), 0);
+    fx_stop(&t->x);
+    appw_stop(&t->w[0]);
+    appw_stop(&t->w[1]);
+}
+
+/*
+ * Two concurrent workers, both holding every request; w0 frozen (its session threads touch
+ * nothing, so it takes nothing from its queue: a stopped process). After two requests and a
+ * look past the stall bound (200 ms), six more all go to w1, though w1 then holds more than
+ * w0: w0 sat on what it was sent. (By busy counts alone w0 got half.) Once w0 thaws and both
+ * let go, each client has its own answer.
+ */
+static void stalled_concurrent_worker_is_passed_over(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct bg *b = t->bg;
+    static struct shmipc__front_stats st;
+    start_two_concurrent(t, M_HOLD, M_HOLD);
+    latch_set(w0, &w0->freeze, 1);
+    assert_true(wait_parked(w0));
+    for (int i = 0; i < 8; i++) {
+        if (i >= 2 && i <= 3)
+            sleep_ms(300); /* the first look that saw w0's element, then the bound */
+        bg_start(&b[i], t->x.port, pipe_targets[i]);
+        assert_true(wait_two(&t->x, 8, (unsigned)i + 1));
+    }
+    CHECK(shmipc__front_stats(t->x.f, &st));
+    /* One of the first two, and perhaps the third (its claim may be the first look). */
+    if (st.w[0].in_flight < 1 || st.w[0].in_flight > 2)
+        fail_msg("w0 holds %u of 8 requests, w1 %u", st.w[0].in_flight, st.w[1].in_flight);
+    assert_int_equal(st.w[0].in_flight + st.w[1].in_flight, 8);
+    latch_set(w0, &w0->freeze, 0);
+    latch_set(w0, &w0->hold_open, 1);
+    latch_set(&t->w[1], &t->w[1].hold_open, 1);
+    join_pipe_targets(b, 8);
+    assert_int_equal(atomic_load(&w0->bad) + atomic_load(&t->w[1].bad), 0);
+    fx_stop(&t->x);
+    appw_stop(w0);
+    appw_stop(&t->w[1]);
+}
+
 /*
  * An upload whose client stalls mid-body, on a worker of concurrency 3: it holds one of the
  * three, not the worker whole (as it does a worker that runs one request at a time), so two
@@ -2429,6 +2553,7 @@ static void connector_churn_under_load(void **state)
         T(taken_out_of_place_is_a_protocol_error), T(pipeline_worker_dies_only_the_taken_one_502), \
         T(concurrent_worker_gets_its_concurrency), T(concurrent_worker_upload_holds_one_place),    \
         T(concurrency_answers_are_bounded), T(concurrent_worker_holds_forty),                      \
+        T(concurrent_workers_least_busy_first), T(stalled_concurrent_worker_is_passed_over),       \
         T(memory_full_session_requests_wait),                                                      \
         T(unhealthy_session_is_replaced_in_flight_untouched),                                      \
         T(unhealthy_idle_session_is_replaced_and_closed),                                          \

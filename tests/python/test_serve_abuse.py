@@ -294,3 +294,50 @@ def test_a_stopped_worker_costs_only_the_requests_it_holds(tmp_path, pipeline, b
     finally:
         os.kill(stopped, signal.SIGCONT)
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize("backend", ["io_uring", "epoll"])
+def test_a_stopped_asgi_worker_is_passed_over(tmp_path, backend):
+    # An ASGI worker takes up to 64 requests at once. One of two is stopped whole (SIGSTOP):
+    # the front gives each request to the least busy worker, and passes over one that has held
+    # what it was sent for 200 ms without taking any, so the stopped worker keeps only the few
+    # it got before (504 at their deadline). Before, it got every other request up to its 64,
+    # each a 504, while the other worker idled.
+    from test_serve_cli import ASGI_APP
+    (tmp_path / "asgiapp.py").write_text(ASGI_APP)
+    timeout, clients, n = 3, 4, 200
+    s = Serve(tmp_path, "--asgi", "--timeout", str(timeout), workers=2, app=("asgiapp:app",),
+              env={"SHMIPC_REACTOR_BACKEND": backend})
+    stopped = s.worker_pids(2)[0]
+    bad = []
+
+    def run(c):
+        for i in range(c, n, clients):
+            body = f"q{i}-{os.urandom(6).hex()}".encode()
+            try:
+                status, out = s.request("POST", f"/q/{i}", body=body, timeout=60)
+            except OSError as e:
+                bad.append((i, repr(e)))
+                continue
+            if status != 201 or out != b"asgi /q/%d " % i + body:
+                bad.append((i, status, out[:60]))
+
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        ts = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert not any(t.is_alive() for t in ts)
+        assert all(len(f) == 3 and f[1] == 504 for f in bad), bad
+        # At most what the clients had in flight before the stall showed, twice over.
+        assert len(bad) <= 2 * clients, bad
+        os.kill(stopped, signal.SIGCONT)
+        bad.clear()
+        run(0)
+        assert bad == []
+        assert stopped in s.worker_pids(2)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+        assert s.stop() == 0
