@@ -191,6 +191,54 @@ def test_list_and_tuple_bodies(body):
     assert got == b"".join(bytes(x) for x in body)
 
 
+class LyingBytes(bytes):
+    """A bytes subclass whose len() and slices say something else than its bytes."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return b"?"
+
+
+class LyingByteArray(bytearray):
+    def __len__(self):
+        return 1000
+
+
+class ZeroBytes(bytes):
+    def __len__(self):
+        return 0
+
+
+@pytest.mark.parametrize("pieces,declared,as_list", [
+    ([LyingBytes(b"hello")], None, True), ([LyingBytes(b"hello"), b"!"], None, True),
+    ((b"<", LyingByteArray(b"world"), memoryview(b">")), None, True),
+    ([ZeroBytes(b"abc")], None, True),
+    ([ZeroBytes(b"abc"), LyingBytes(b"hello")], "8", False),  # the app's own Content-Length
+    ([LyingByteArray(b"abc")], "3", False),
+])
+def test_bytes_subclass_whose_len_lies_is_counted_by_its_bytes(pieces, declared, as_list):
+    # The Python route took a body piece's length from len(), which a bytes or bytearray
+    # subclass may override: [LyingBytes(b"hello")] got Content-Length 2 with its five bytes
+    # sent (a response the front's framing cannot carry), a piece whose len() said 0 was not
+    # sent at all, and the app's own Content-Length was checked against the lie. The C route
+    # counts the object's bytes; both routes now send the same head and body.
+    real = b"".join(bytes(memoryview(x)) for x in pieces)
+
+    def app(environ, start_response, seen, ctl):
+        start_response("200 OK", [("Content-Length", declared)] if declared else [])
+        return pieces if as_list else iter(pieces)
+
+    frames, counts, lines, _, _ = run(app, plain())
+    assert counts["ok"] == 1 and lines == []
+    assert [f[0] for f in frames if f[0] != sf.BODY] == [sf.RESPONSE_HEAD, sf.END]
+    typ, flags, payload = frames[0]
+    _, flags, length, _ = sf.decode_response(frame(typ, payload, flags))
+    assert flags & sf.RESP_CONTENT_LENGTH and length == len(real)
+    assert b"".join(p for t, _, p in frames if t == sf.BODY) == real
+
+
 def test_generator_with_close_write_callable_and_content_length():
     closed = []
 

@@ -450,9 +450,11 @@ class _Response(sf.WSGIResponse):
         self.ex.send(h)
 
     def write(self, data):
-        if isinstance(data, bytes):
+        if type(data) is bytes:
             mv = data
-        elif isinstance(data, (bytearray, memoryview)):
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            # A subclass's own __len__ or __getitem__ is not asked: its bytes are what goes,
+            # as the C route takes them (by the buffer).
             mv = _flat(data)
         else:
             raise TypeError(f"the body must be bytes, not {type(data).__name__}")
@@ -526,16 +528,27 @@ def _look(ex):
 
 
 def _flat(data):
-    """A bytearray or memoryview body piece as a view of its bytes, one per item: a
-    memoryview's len() counts its items (4 bytes each for format "I"), and one that is not
-    contiguous cannot be cast; both are taken whole, as bytes(data) takes them."""
+    """A bytearray, memoryview or bytes subclass body piece as a view of its bytes, one per
+    item: a memoryview's len() counts its items (4 bytes each for format "I"), and one that is
+    not contiguous cannot be cast; both are taken whole, as bytes(data) takes them. A
+    subclass's own __len__ and __getitem__ are not asked."""
     mv = memoryview(data)
     return mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
 
 
 def _nbytes(data):
-    """The bytes a body piece holds (len() of a memoryview counts its items)."""
-    return data.nbytes if isinstance(data, memoryview) else len(data)
+    """The bytes a body piece holds: len() of a memoryview counts its items, and a bytes or
+    bytearray subclass's __len__ may say anything (the C route counts the object's bytes, and
+    write() sends them: a subclass that said 2 for b"hello" got Content-Length 2 and five body
+    bytes here). len() of anything else (a str: write() refuses it)."""
+    t = type(data)
+    if t is bytes or t is bytearray:
+        return len(data)
+    if t is memoryview:
+        return data.nbytes
+    if isinstance(data, (bytes, bytearray)):
+        return memoryview(data).nbytes
+    return len(data)
 
 
 def _list_length(pieces):
