@@ -145,10 +145,17 @@ static PyObject *fetch_exc(void)
     return e;
 }
 
+/* Raises e (a reference taken) as it is, its __context__ and traceback kept: as the Python
+ * route's bare `raise` and `finally` let an exception through. PyErr_SetObject chains it to the
+ * exception being handled (the caller's, or the app's own `except` block's), which replaced the
+ * __context__ the exception had. */
 static void restore_exc(PyObject *e)
 {
-    PyErr_SetObject((PyObject *)Py_TYPE(e), e);
-    Py_DECREF(e);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(e);
+#else
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e)), e, PyException_GetTraceback(e));
+#endif
 }
 
 /* ---- the stream ------------------------------------------------------------------------- */
@@ -401,7 +408,10 @@ static int matches_stream_end(wsgi_worker *w)
            PyErr_ExceptionMatches(w->hook[H_CLOSED]);
 }
 
-/* The stream's or the session's end (pending) as RequestAborted, raised from it: -1. */
+/* The stream's or the session's end (pending) as RequestAborted, raised from it: -1. Its
+ * __context__ and __cause__ are the stream's error, as `raise ... from e` in the Python route's
+ * `except ... as e:` makes them; raised with PyErr_SetObject, the exception being handled (an
+ * app's own, when it reads in its `except` block) replaced the __context__. */
 static int stream_ended(wsgi_exchange *ex)
 {
     PyObject *type, *e, *tb;
@@ -416,8 +426,7 @@ static int stream_ended(wsgi_exchange *ex)
     if (exc != NULL) {
         PyException_SetContext(exc, Py_NewRef(e));
         PyException_SetCause(exc, Py_NewRef(e)); /* raise ... from e */
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
+        restore_exc(exc);
     }
     Py_XDECREF(type);
     Py_XDECREF(e);

@@ -424,6 +424,45 @@ def test_close_raising_a_base_exception_propagates_on_both_routes():
             server.close()
 
 
+def _chain(e):
+    """An exception's __context__ and __cause__, by type name, two links deep."""
+    def name(x):
+        return None if x is None else type(x).__name__
+
+    ctx = e.__context__
+    return (name(e), name(ctx), e.__cause__ is ctx, e.__suppress_context__,
+            name(ctx.__context__) if ctx is not None else None)
+
+
+def test_an_exception_escaping_handle_keeps_its_context_on_both_routes():
+    # The C route took the app's exception (one the worker does not handle: a BaseException)
+    # and raised it again with PyErr_SetObject, which chains it to the exception being handled
+    # where handle() was called: Stop's __context__, the app's own TypeError, became the
+    # caller's KeyError, and the TypeError was lost. The Python route lets it through as it is.
+    class Stop(BaseException):
+        pass
+
+    def app(environ, start_response):
+        try:
+            raise TypeError("the app's own")
+        except TypeError:
+            raise Stop()
+
+    req = head() + frame(sf.END)
+    got = []
+    for c_route in (True, False):
+        h = WSGIHandler(app)
+        if not c_route:
+            h._worker = None
+        try:
+            raise KeyError("the caller's")
+        except KeyError:
+            with pytest.raises(Stop) as info:
+                h.handle(FakeStream(req))
+        got.append(_chain(info.value))
+    assert got[0] == got[1] == ("Stop", "TypeError", False, False, "KeyError")
+
+
 def socket_pair():
     """A session pair: (the front's, the worker's)."""
     lst = shmipc.Listener(unique_address("pair"), default_config())
@@ -619,6 +658,45 @@ def test_front_ends_the_stream_or_session_before_the_end(how):
         return [b"x"]
 
     _end_under_the_app(app, head(), how)
+
+
+@pytest.mark.parametrize("where", ["read", "write"])
+@pytest.mark.parametrize("how", ["stream", "session"])
+def test_request_aborted_in_the_apps_except_block_chains_as_in_python(where, how):
+    # RequestAborted is raised from the stream's error ("raise ... from e" in the Python route's
+    # "except ... as e:"): its __context__ and __cause__ are that error, whose own __context__
+    # is the exception the app was handling. The C route raised it with PyErr_SetObject, which
+    # set its __context__ to the app's exception instead, when the app read or wrote in its own
+    # except block.
+    chains = []
+
+    def app(environ, start_response, seen, ctl):
+        if where == "write":
+            environ["wsgi.input"].read()
+            write = start_response("200 OK", [])
+            write(b"first")
+        ctl.started.set()
+        ctl.ended.wait(10)
+        time.sleep(0.1)
+        try:
+            raise ValueError("the app's own")
+        except ValueError:
+            try:
+                if where == "read":
+                    environ["wsgi.input"].read()
+                else:
+                    write(b"more")
+            except OSError as e:
+                seen.append(type(e).__name__)
+                chains.append(_chain(e))
+                raise
+        return []
+
+    _end_under_the_app(app, head() + (frame(sf.END) if where == "write" else b""), how)
+    assert len(chains) == 2 and chains[0] == chains[1]
+    typ, ctx, cause_is_ctx, suppress, ctx_ctx = chains[0]
+    assert typ == "RequestAborted" and ctx in ("EndOfStreamError", "PeerGoneError", "ClosedError")
+    assert cause_is_ctx and suppress and ctx_ctx == "ValueError"
 
 
 # ---- threads, the GIL, leaks ----------------------------------------------------------------
