@@ -116,7 +116,9 @@ class WSGIWorker:
 
     app: Any
     def __init__(self, app: Any, base: dict[str, Any], hooks: dict[str, Any]) -> None: ...
-    def handle(self, st: Any) -> Union[str, Tuple[bytes, Optional[bytes]]]: ...
+    def handle(self, st: Any) -> Union[str, Tuple[bytes, Optional[bytes]]]:
+        """The outcome, or the first frame handed back; RuntimeError until an __init__ has
+        succeeded."""
 
 class ASGISend:
     """The send() of one in-process ASGI http request (serve_asgi.c)."""

@@ -1277,6 +1277,19 @@ done:
     return out;
 }
 
+/* __init__ has succeeded (it sets app, base and every hook at once, or none): WSGIWorker.__new__
+ * alone, or copy.copy() of a worker, made one without them, whose handle() called a NULL hook
+ * (a segfault). */
+static int worker_ready(const wsgi_worker *w)
+{
+    if (w->app == NULL || w->base == NULL)
+        return 0;
+    for (int i = 0; i < NHOOK; i++)
+        if (w->hook[i] == NULL)
+            return 0;
+    return 1;
+}
+
 /* handle(st): serve the request on stream st and close it: the outcome ("ok", "error",
  * "aborted", "protocol"); or (header, payload or None), the stream still open, for wsgi.py to
  * serve the request from there. As WSGIHandler._serve: the stream's or the session's failure
@@ -1284,6 +1297,11 @@ done:
 static PyObject *worker_handle(PyObject *o, PyObject *st)
 {
     wsgi_worker *w = (wsgi_worker *)o;
+    if (!worker_ready(w)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "WSGIWorker not initialised: __init__(app, base, hooks) has not succeeded");
+        return NULL;
+    }
     wsgi_exchange *ex = PyObject_GC_New(wsgi_exchange, w->exchange_type);
     if (ex == NULL)
         return NULL;
@@ -1351,30 +1369,43 @@ static int worker_init(PyObject *o, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!O!:WSGIWorker", kwlist, &app, &PyDict_Type,
                                      &base, &PyDict_Type, &hooks))
         return -1;
-    PyObject *hook[NHOOK];
+    /* Strong references as they are found: a lookup may run a key's __eq__, which may change
+     * the dict. Nothing of the worker changes unless all are there and right, so a failed
+     * __init__ leaves it as it was (uninitialised, or serving with what it had). */
+    PyObject *hook[NHOOK] = {NULL};
+    int rc = -1;
     for (int i = 0; i < NHOOK; i++) {
-        hook[i] = PyDict_GetItemString(hooks, hook_names[i]);
+        PyObject *key = PyUnicode_FromString(hook_names[i]);
+        if (key == NULL)
+            goto out;
+        hook[i] = PyDict_GetItemWithError(hooks, key);
+        Py_DECREF(key);
         if (hook[i] == NULL) {
-            PyErr_Format(PyExc_KeyError, "WSGIWorker: the hooks have no %s", hook_names[i]);
-            return -1;
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_KeyError, "WSGIWorker: the hooks have no %s", hook_names[i]);
+            goto out;
+        }
+        Py_INCREF(hook[i]);
+    }
+    for (int i = 0; i < NHOOK; i++) {
+        int is_class = i <= H_LENGTH_ERROR || (i >= H_ERROR && i <= H_CLOSED);
+        if (is_class && !PyExceptionClass_Check(hook[i])) {
+            PyErr_SetString(PyExc_TypeError,
+                            "WSGIWorker: an exception hook is not an exception class");
+            goto out;
         }
     }
-    for (int i = H_ABORTED; i <= H_VIOLATION; i++)
-        if (!PyExceptionClass_Check(hook[i]))
-            goto not_class;
-    if (!PyExceptionClass_Check(hook[H_LENGTH_ERROR]))
-        goto not_class;
-    for (int i = H_ERROR; i <= H_CLOSED; i++)
-        if (!PyExceptionClass_Check(hook[i]))
-            goto not_class;
     Py_XSETREF(w->app, Py_NewRef(app));
     Py_XSETREF(w->base, Py_NewRef(base));
+    for (int i = 0; i < NHOOK; i++) {
+        Py_XSETREF(w->hook[i], hook[i]);
+        hook[i] = NULL;
+    }
+    rc = 0;
+out:
     for (int i = 0; i < NHOOK; i++)
-        Py_XSETREF(w->hook[i], Py_NewRef(hook[i]));
-    return 0;
-not_class:
-    PyErr_SetString(PyExc_TypeError, "WSGIWorker: an exception hook is not an exception class");
-    return -1;
+        Py_XDECREF(hook[i]);
+    return rc;
 }
 
 static int worker_names(wsgi_worker *w)
@@ -1480,7 +1511,8 @@ static PyMethodDef worker_methods[] = {
      "Serve the request on stream st and close it: 'ok', 'error', 'aborted' or 'protocol'.\n"
      "What this route leaves to wsgi.py (a first frame that is not a REQUEST_HEAD, or does\n"
      "not decode) comes back as that frame's header and payload (None when only the header\n"
-     "was read), the stream open, before anything was sent."},
+     "was read), the stream open, before anything was sent. RuntimeError when __init__\n"
+     "has not succeeded."},
     {NULL, NULL, 0, NULL},
 };
 

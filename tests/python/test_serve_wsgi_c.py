@@ -814,6 +814,148 @@ def test_the_c_route_is_used_and_hands_back_only_what_it_must():
         sf.WSGIWorker(h.app, {}, hooks)
 
 
+def test_a_worker_whose_init_never_succeeded_refuses_to_handle():
+    # WSGIWorker.__new__ without __init__ (or an __init__ that failed) left app, base and the
+    # hooks NULL, and handle() called a NULL hook: a segfault. Now handle() raises RuntimeError
+    # and everything else of the type works on such a worker; a failed __init__ leaves a
+    # worker as it was, and __init__ again (from the app itself, too) replaces what it serves
+    # with. In a child under PYTHONMALLOC=debug: a crash is the child's exit, not pytest's.
+    run_child("""
+        import copy, gc, pickle
+        import shmipc._serve as sf
+        from shmipc.serve import wsgi as wsgi_mod
+        from shmipc.serve.wsgi import WSGIHandler
+        from test_serve_wsgi_c import FakeStream
+
+        W = sf.WSGIWorker
+        req = sf.encode_request_head(b"GET", b"/", [], peer=("127.0.0.1", 1),
+                                     local=("127.0.0.1", 2)) + sf.encode_frame(sf.END)
+        base = WSGIHandler(lambda e, s: []).base
+        hooks = wsgi_mod._HOOKS
+
+        def app(text):
+            return lambda environ, start_response: (start_response("200 OK", []), [text])[1]
+
+        def served(w):  # the outcome, and the body of its BODY frames
+            st = FakeStream(req)
+            outcome, out = w.handle(st), b"".join(st.out)
+            bodies = []
+            while out:
+                typ, length, _ = sf.decode_header(out[:12])
+                if typ == sf.BODY:
+                    bodies.append(out[12:12 + length])
+                out = out[12 + length:]
+            return outcome, b"".join(bodies)
+
+        def refuses(w):
+            for data in (req, b"", b"x" * 5):
+                try:
+                    w.handle(FakeStream(data))
+                except RuntimeError as e:
+                    assert "not initialised" in str(e), e
+                else:
+                    raise AssertionError("handle() served without __init__")
+            for bad in (None, 1, object()):
+                try:
+                    w.handle(bad)
+                except RuntimeError:
+                    pass
+            assert w.app is None
+            for name in dir(w):  # every attribute of the type reads without a crash
+                getattr(w, name)
+            repr(w), str(w), hash(w), w.__sizeof__(), w == w, w.__reduce_ex__
+            for f in (copy.copy, copy.deepcopy, pickle.dumps):
+                try:
+                    f(w)
+                except TypeError:
+                    pass
+            try:
+                w.app = app(b"x")
+            except AttributeError:
+                pass
+            else:
+                raise AssertionError("app is writable")
+
+        fresh = W.__new__(W)
+        refuses(fresh)
+        refuses(W.__new__(W, 1, 2, three=3))
+
+        def wrapped(hooks):  # each callable hook a new function only the new dict holds
+            return {k: (lambda f: lambda *a: f(*a))(v) if callable(v) and not isinstance(v, type)
+                    else v for k, v in hooks.items()}
+
+        # Each way __init__ fails, on a fresh worker: nothing is set.
+        failures = [(), (app(b"a"),), (app(b"a"), base), (app(b"a"), [], hooks),
+                    (app(b"a"), base, {}),
+                    (app(b"a"), base, {k: v for k, v in hooks.items() if k != "_flat"}),
+                    (app(b"a"), base, dict(hooks, ProtocolViolation=len)),
+                    (app(b"a"), base, dict(hooks, ClosedError=ValueError()))]
+        for args in failures:
+            w = W.__new__(W)
+            try:
+                w.__init__(*args)
+            except (TypeError, KeyError):
+                pass
+            else:
+                raise AssertionError(f"__init__{args!r} succeeded")
+            refuses(w)
+
+        # __init__ twice; a failed one after it leaves the worker serving as it was.
+        w = W(app(b"first"), base, hooks)
+        assert served(w) == ("ok", b"first")
+        w.__init__(app(b"second"), dict(base), dict(hooks))
+        assert served(w) == ("ok", b"second")
+        for args in failures:
+            try:
+                w.__init__(*args)
+            except (TypeError, KeyError):
+                pass
+            assert served(w) == ("ok", b"second")
+
+        # A hooks dict whose last lookup runs a key's __eq__ (a hash collision), which replaces
+        # the hooks found before it: __init__ took them borrowed, and kept freed ones.
+        armed = []
+
+        class Key(str):
+            def __hash__(self):
+                return hash("ClosedError")
+
+            def __eq__(self, other):
+                if armed:
+                    armed.clear()  # once: the update looks the keys up too
+                    evil.update(wrapped(hooks))
+                    gc.collect()
+                return False
+
+        evil = {Key("k"): 1}
+        evil.update(wrapped(hooks))
+        armed.append(1)
+        w.__init__(app(b"evil"), dict(base), evil)
+        assert not armed, "the key's __eq__ never ran"
+        del evil
+        gc.collect()
+        import logging
+        logging.getLogger("shmipc.serve").disabled = True
+        assert served(w) == ("ok", b"evil")
+
+        # __init__ from inside the app, with hooks only the new dict holds, and the app the
+        # only reference to itself: the request ends on the hooks of its start.
+        class Reinit:
+            def __call__(self, environ, start_response):
+                w.__init__(app(b"after"), dict(base), wrapped(hooks))
+                gc.collect()
+                raise ValueError("boom")  # the 500 goes through the rare turns' hooks
+
+        w.__init__(Reinit(), dict(base), wrapped(hooks))
+        gc.collect()
+        assert served(w) == ("error", b"Internal Server Error\\n")
+        assert served(w) == ("ok", b"after")
+        del fresh, w
+        gc.collect()
+        print("done")
+        """, env={"PYTHONMALLOC": "debug"})
+
+
 @pytest.mark.parametrize("how", ["bool", "bool_no_body", "compare"])
 def test_an_app_replacing_the_length_from_its_own_methods_is_no_use_after_free(how):
     # The response's length is writable (start_response.__self__.length): the C route read it
