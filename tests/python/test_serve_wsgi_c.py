@@ -1176,6 +1176,64 @@ def test_request_bodies_read_through_wsgi_input(kind, chunks):
     assert counts["ok"] == 1
 
 
+class _Index:
+    def __init__(self, n):
+        self.n = n
+
+    def __index__(self):
+        return self.n
+
+
+_READS = {
+    "none_and_negative": [("readline", None), ("readline", 0), ("readline", -1),
+                          ("readline", 2), ("readline", None), ("readlines", 1),
+                          ("readlines", None), ("read", None)],
+    "wrong_types": [("readline", 1.5), ("readline", "1"), ("read", 1.5), ("read", "x"),
+                    ("readlines", 1.5), ("readlines", "x"), ("readline", _Index(3)),
+                    ("read", _Index(2)), ("readlines", _Index(0)), ("read", -5)],
+    "hints": [("readlines", 3), ("readlines", 5), ("readlines", -1), ("readline", 0),
+              ("readlines", 0), ("read", 0)],
+    "readlines_zero": [("readlines", 0), ("read", None)],
+}
+
+
+@pytest.mark.parametrize("reads", sorted(_READS))
+@pytest.mark.parametrize("chunks", [
+    [b"one\ntwo\nthree\nfour\nfive\nsix\nseven"],
+    [b"one\ntw", b"o\nthree", b"\n", b"four\nfive\nsix\nse", b"ven"],
+])
+def test_wsgi_input_takes_sizes_and_hints_as_io_does(reads, chunks):
+    # wsgi.input.readline(None) raised TypeError (`0 <= None`) where read(None) reads all,
+    # and readlines() with a hint of the wrong type raised only after it had taken a line,
+    # which was lost. Sizes and hints now follow io (BytesIO here, the oracle): None or
+    # negative is no limit, readline(0) is b"", a non-integer a TypeError before anything is
+    # read. The same on both routes (both use wsgi.py's _Input, on their own exchange).
+    import io
+    import operator
+
+    class Oracle(io.BytesIO):
+        def readlines(self, hint=-1):  # a hint with __index__ too, as BufferedReader's
+            return super().readlines(-1 if hint is None else operator.index(hint))
+
+    def play(inp):
+        out = []
+        for name, arg in _READS[reads]:
+            try:
+                out.append(("ok", getattr(inp, name)(arg)))
+            except TypeError:
+                out.append(("TypeError",))
+        return out
+
+    def app(environ, start_response, seen, ctl):
+        seen.append(play(environ["wsgi.input"]))
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    _, counts, _, seen, _ = run(app, post(chunks))
+    assert counts["ok"] == 1
+    assert seen == [play(Oracle(b"".join(chunks)))]
+
+
 @pytest.mark.parametrize("flags,clen,chunks,tail", [
     (sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, 3, [b"abcde"], [frame(sf.END)]),  # past the length
     (sf.REQ_HAS_BODY | sf.REQ_CONTENT_LENGTH, 3, [b"ab", b"cde"], [frame(sf.END)]),

@@ -15,6 +15,7 @@ RESPONSE_HEAD, BODY* and END on the same stream. Failures:
 """
 
 import logging
+import operator
 import struct
 import sys
 
@@ -346,8 +347,23 @@ class _Exchange:
         await asyncio.sleep(delay)
 
 
+def _size(size):
+    """A read's size or readlines' hint as io takes it: None (or a negative number) is no
+    limit, -1; an integer, or what has __index__; else TypeError, before anything is read."""
+    if size is None:
+        return -1
+    try:
+        return operator.index(size)
+    except TypeError:
+        raise TypeError(
+            f"argument should be integer or None, not '{type(size).__name__}'") from None
+
+
 class _Input:
-    """wsgi.input: the request body, read frame by frame as the app asks for it."""
+    """wsgi.input: the request body, read frame by frame as the app asks for it. Its sizes
+    and hint are io's: None or negative is no limit, readline(0) is b"", readlines stops once
+    its lines hold `hint` bytes (BytesIO's); anything but an integer (or what has __index__,
+    as BufferedReader takes) or None is a TypeError before anything is read."""
 
     __slots__ = ("_ex", "_buf", "_pos")
 
@@ -370,7 +386,9 @@ class _Input:
         return True
 
     def read(self, size=-1):
-        if size is None or size < 0:
+        if type(size) is not int:
+            size = _size(size)
+        if size < 0:
             while self._fill():
                 pass
             out = self._buf[self._pos:]
@@ -383,6 +401,8 @@ class _Input:
         return out
 
     def readline(self, size=-1):
+        if type(size) is not int:
+            size = _size(size)  # None: no limit; before, `0 <= None` raised TypeError
         while True:
             i = self._buf.find(b"\n", self._pos)
             if i >= 0:
@@ -391,13 +411,15 @@ class _Input:
             if 0 <= size <= len(self._buf) - self._pos or not self._fill():
                 end = len(self._buf)
                 break
-        if size is not None and size >= 0:
+        if size >= 0:
             end = min(end, self._pos + size)
         out = self._buf[self._pos:end]
         self._pos = end
         return out
 
     def readlines(self, hint=-1):
+        if type(hint) is not int:
+            hint = _size(hint)  # a wrong type raised after a line was taken, and lost it
         lines, total = [], 0
         while True:
             line = self.readline()
@@ -405,7 +427,7 @@ class _Input:
                 return lines
             lines.append(line)
             total += len(line)
-            if hint is not None and 0 < hint <= total:
+            if 0 < hint <= total:
                 return lines
 
     def __iter__(self):
