@@ -57,7 +57,7 @@ struct shmipc_serve_exchange {
     uint32_t ws_reason_len;
     uint8_t ws_reason[SHMIPC_SERVE_MAX_CLOSE_REASON];
     int64_t ws_close_by; /* going away: when the front's answer to our 1001 is given up, or 0 */
-    int64_t drain_by;    /* after our ABORT: when the drain of the front's frames ends, or 0 */
+    int64_t drain_by;    /* after our ABORT, or in a WebSocket's last wait: when reads end, or 0 */
 };
 
 static int64_t mono_ms(void);
@@ -118,8 +118,10 @@ static int flush(shmipc_serve_exchange *x)
  * After our ABORT the drain has one deadline (docs/serve.md, "ABORT": "for at most 5
  * seconds"): each read waits only what is left of it, and none starts once it passed. A
  * per-read timeout alone let a front that trickles a body (a frame every few seconds, never
- * END) hold the worker, which serves one request at a time, for as long as it liked. 0 when
- * the time is up (the stream is then given up), else 1.
+ * END) hold the worker, which serves one request at a time, for as long as it liked. The
+ * last wait of a WebSocket (for the front's answer to the close of a worker going away, or
+ * of a handler that returned) has one too, for the same reason: a frame's payload trickled
+ * behind its header. 0 when the time is up (the stream is then given up), else 1.
  */
 static int drain_time_left(shmipc_serve_exchange *x)
 {
@@ -612,6 +614,13 @@ static void ws_read_last(shmipc_serve_exchange *x)
     }
 }
 
+/* Going away (shmipc_serve_shutdown()): the front's answer to our 1001 is waited for 5 s, all
+ * reads together (drain_by: the headers' waits and each read of a payload). */
+static void ws_going_away(shmipc_serve_exchange *x)
+{
+    x->ws_close_by = x->drain_by = mono_ms() + WS_CLOSE_WAIT_MS;
+}
+
 /* A frame header within timeout_ms: 0, SHMIPC_ETIMEDOUT (nothing consumed), or as read_header. */
 static int ws_read_header(shmipc_serve_exchange *x, int timeout_ms, shmipc_serve_frame *f)
 {
@@ -630,8 +639,11 @@ static int ws_read_header(shmipc_serve_exchange *x, int timeout_ms, shmipc_serve
         return SHMIPC_EPROTO;
     }
     /* The frame's payload is on its way: its reads get their own bound, not what was left of
-     * the caller's time (0 would take a payload still arriving for a client gone). */
+     * the caller's time (0 would take a payload still arriving for a client gone), but none
+     * past a last wait's deadline. */
     shmipc_stream_set_timeout(x->st, SHMIPC_TIMEOUT_READ, WS_PAYLOAD_MS);
+    if (!drain_time_left(x))
+        shmipc_stream_set_timeout(x->st, SHMIPC_TIMEOUT_READ, 0);
     return 0;
 }
 
@@ -658,7 +670,7 @@ SHMIPC_API int64_t shmipc_serve_ws_recv(shmipc_serve_exchange *x, void *buf, siz
              * answer is waited for 5 s at most, whatever timeout the caller gave. */
             if (!x->ws_sent_close && ws_send_close(x, 1001, NULL, 0) < 0)
                 return SHMIPC_ECONNRESET;
-            x->ws_close_by = mono_ms() + WS_CLOSE_WAIT_MS;
+            ws_going_away(x);
         }
         if (x->frame_left > 0) {
             if (stopping) { /* going away: what the client still sends is dropped */
@@ -673,7 +685,7 @@ SHMIPC_API int64_t shmipc_serve_ws_recv(shmipc_serve_exchange *x, void *buf, siz
             const void *p;
             size_t len;
             size_t want = cap < x->frame_left ? cap : (size_t)x->frame_left;
-            if (read_chunk(x, want, &p, &len, 0) < 0)
+            if (!drain_time_left(x) || read_chunk(x, want, &p, &len, 0) < 0)
                 return lost(x);
             memcpy(buf, p, len);
             shmipc_stream_release(x->st);
@@ -776,7 +788,7 @@ SHMIPC_API int shmipc_serve_ws_send(shmipc_serve_exchange *x, uint32_t opcode, c
          * and the front's answer is waited for when the handler returns (ws_finish). */
         if (ws_send_close(x, 1001, NULL, 0) < 0)
             return SHMIPC_ECONNRESET;
-        x->ws_close_by = mono_ms() + WS_CLOSE_WAIT_MS;
+        ws_going_away(x);
         return SHMIPC_ECLOSED;
     }
     uint8_t hdr[SHMIPC_SERVE_HDR_SIZE];
@@ -854,6 +866,8 @@ static int ws_finish(shmipc_serve_exchange *x, int rc)
     if (!x->gone && !x->protocol && !x->ws_sent_close && !x->ws_got_close)
         ws_send_close(x, rc < 0 ? 1011 : 1000, NULL, 0);
     int64_t until = mono_ms() + WS_CLOSE_WAIT_MS;
+    if (x->drain_by == 0 || until < x->drain_by)
+        x->drain_by = until; /* every read of the wait, payloads too (drain_time_left) */
     while (!x->gone && !x->protocol && !x->ws_got_close) {
         int64_t left = until - mono_ms();
         uint8_t sink[4096];

@@ -740,3 +740,42 @@ def test_websocket_close_then_stream_end_is_the_clients_code(kind, sending, tmp_
     finally:
         w.p.terminate()
         w.finish()
+
+
+def test_stopping_websocket_exits_though_a_front_trickles_a_frame(worker):
+    """SIGTERM while the front trickles the payload of a message's frame (its header said
+    1000 bytes; one more every 0.3 s, never its close answer): the worker sends its 1001 and
+    gives up the front's answer after 5 s, as docs/serve.md says, and exits. Before, the
+    going-away wait bounded only the wait for a frame header: the rest of the frame was dropped
+    one read at a time, 5 s for each, and the stopping worker (one request at a time) stayed
+    for the ~5 minutes the trickle took. The examples' echo reads the frame's first bytes, so
+    the handler waits in the payload when the signal comes (C and Lua alike)."""
+    from serve_ws_front import FIN, accepted, upgrade
+    w = worker()
+    st = upgrade(w.front, b"/ws")
+    accepted(w.front, st)
+    st.write(frame(sf.WS_DATA, b"x" * 1000, 1 | FIN)[:12 + 10])
+    st.flush()
+    stop = threading.Event()
+
+    def trickle():
+        deadline = time.monotonic() + 30
+        while not stop.wait(0.3) and time.monotonic() < deadline:
+            try:
+                st.write(b"x")
+                st.flush()
+            except shmipc.Error:
+                return
+
+    tt = threading.Thread(target=trickle, daemon=True)
+    tt.start()
+    try:
+        wait_threads(w.p.pid, sleeping, "the handler never waited for the frame", timeout=10)
+        time.sleep(0.5)  # a few of the trickled bytes read
+        t0 = time.monotonic()
+        w.p.send_signal(signal.SIGTERM)
+        assert w.finish(timeout=15) == 0
+        assert time.monotonic() - t0 < 12
+    finally:
+        stop.set()
+        tt.join(5)
