@@ -669,10 +669,37 @@ static void ws_register(lua_State *L)
     lua_pop(L, 1);
 }
 
+/* The text of an error object that is not a string, by its __tostring (lua_pcall'd). */
+static int error_text(lua_State *L)
+{
+    luaL_tolstring(L, 1, NULL); /* raises when __tostring does, or returns no string */
+    return 1;
+}
+
+/*
+ * The message handler: the error and the traceback. An error object that is not a string is
+ * told by its __tostring, as lua.c tells it, or by its type; a __tostring that fails (raises,
+ * returns something else) is one more error of the application's, not of the handler: it is
+ * run protected, so the request still gets its 500 with a message that says what happened.
+ */
 static int traceback(lua_State *L)
 {
     const char *msg = lua_tostring(L, 1);
-    luaL_traceback(L, L, msg != NULL ? msg : "(an error object that is not a string)", 1);
+    if (msg == NULL) {
+        const char *t = luaL_typename(L, 1);
+        if (luaL_getmetafield(L, 1, "__tostring") == LUA_TNIL) {
+            msg = lua_pushfstring(L, "(error object is a %s value)", t);
+        } else {
+            lua_pop(L, 1);
+            lua_pushcfunction(L, error_text);
+            lua_pushvalue(L, 1);
+            if (lua_pcall(L, 1, 1, 0) == LUA_OK)
+                msg = lua_tostring(L, -1);
+            else
+                msg = lua_pushfstring(L, "(error object is a %s value whose __tostring failed)", t);
+        }
+    }
+    luaL_traceback(L, L, msg, 1);
     return 1;
 }
 

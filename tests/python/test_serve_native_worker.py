@@ -779,3 +779,44 @@ def test_stopping_websocket_exits_though_a_front_trickles_a_frame(worker):
     finally:
         stop.set()
         tt.join(5)
+
+
+@pytest.mark.parametrize("raise_,logged", [
+    # an error object with a __tostring: its text, as lua.c prints it
+    ('setmetatable({}, {__tostring = function() return "custom failure 42" end})',
+     "custom failure 42"),
+    # one whose __tostring raises, returns no string, or none at all: its type
+    ('setmetatable({}, {__tostring = function() error("in tostring") end})',
+     "(error object is a table value whose __tostring failed)"),
+    ('setmetatable({}, {__tostring = function() return {} end})',
+     "(error object is a table value whose __tostring failed)"),
+    ("{code = 1}", "(error object is a table value)"),
+    ("nil", "(error object is a nil value)"),
+    ("true", "(error object is a boolean value)"),
+])
+def test_lua_error_objects_that_are_not_strings_are_logged_by_what_they_say(tmp_path, raise_,
+                                                                          logged):
+    # A Lua error whose value is not a string: the 500 as for any error, and a log line that
+    # says what failed. Before, every such error was logged as "(an error object that is not
+    # a string)": an error object's own __tostring text was lost.
+    if not has_lua():
+        pytest.skip("the worker was built without Lua")
+    (tmp_path / "errobj.lua").write_text(
+        "return function(req)\n"
+        "  if req.path == '/fail' then error(%s) end\n"
+        "  return 200, {}, 'ok'\n"
+        "end\n" % raise_)
+    w = Proc("lua", app=["--lua", "errobj"], cwd=tmp_path)
+    try:
+        status, _, _, _, body, last, _ = w.front.request(b"GET", b"/fail")
+        assert (status, body, last) == (500, b"Internal Server Error\n", sf.END)
+        assert w.front.request(b"GET", b"/")[4] == b"ok"
+        deadline = time.monotonic() + 10
+        while "the Lua handler failed on GET /fail" not in "".join(w.err):
+            assert time.monotonic() < deadline, w.err
+            time.sleep(0.01)
+        line = next(e for e in w.err if "the Lua handler failed on GET /fail" in e)
+        assert line.rstrip("\n").endswith(": " + logged), line
+    finally:
+        w.p.terminate()
+        assert w.finish() == 0
