@@ -7,8 +7,9 @@
  * shmipc address of --address, print "... ready on ADDRESS", serve each stream a front opens as
  * one request (shmipc_serve_handle_stream(): the protocol's answers whatever the handler does),
  * one request at a time per process; SIGTERM, SIGINT or SIGQUIT stop it after the request in progress
- * (exit 0), and so does the Nth request with --max-requests N; --parent-pid asks for a SIGTERM
- * when the supervisor dies. --check loads the application and exits 0, or 2 with the reason.
+ * (exit 0), and so does the Nth request with --max-requests N; SIGHUP, SIGUSR1 and SIGUSR2 do
+ * nothing (unless the application handles them); --parent-pid asks for a SIGTERM when the
+ * supervisor dies. --check loads the application and exits 0, or 2 with the reason.
  *
  * May call: the public API (libshmipc) and serve/worker.h.
  */
@@ -61,6 +62,34 @@ static void on_stop(int sig)
 {
     (void)sig;
     stop_now();
+}
+
+/*
+ * The supervisor's own signals: SIGHUP (a reload, which stops this generation with SIGTERM once
+ * the next one is ready), SIGUSR1 (its status), SIGUSR2 (its access log). Sent to the whole
+ * process group (a terminal's hangup, kill -HUP -PGID, a pkill whose pattern matches the
+ * workers' name too) they reach the workers, and their default action killed the worker and
+ * cut its request in flight (a 502). So each does nothing here, unless the application (its
+ * constructors ran at its load) handles or ignores it itself: caught by a handler that does
+ * nothing rather than ignored, since an ignored signal stays ignored in the programs a handler
+ * runs; SA_RESTART, so the application's own system calls go on (the worker's waits retry an
+ * interruption).
+ */
+static void on_ignored(int sig)
+{
+    (void)sig;
+}
+
+static void ignore_supervisor_signals(void)
+{
+    static const int sigs[] = {SIGHUP, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old, sa = {.sa_handler = on_ignored, .sa_flags = SA_RESTART};
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(sigs[i], NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) &&
+            old.sa_handler == SIG_DFL)
+            sigaction(sigs[i], &sa, NULL);
+    }
 }
 
 struct worker {
@@ -309,6 +338,7 @@ int main(int argc, char **argv)
     /* A terminal's Ctrl-\ sends SIGQUIT to the whole group, shmipc-serve's graceful stop: the
      * workers end after their request, as on Ctrl-C, rather than dumping core. */
     sigaction(SIGQUIT, &sa, NULL);
+    ignore_supervisor_signals();
     signal(SIGPIPE, SIG_IGN);
     if (parent > 0) {
         /* A supervisor killed with SIGKILL leaves no worker behind; checked after the prctl,

@@ -1430,6 +1430,53 @@ def test_native_worker_stops_gracefully_on_a_group_sigquit(tmp_path, kind):
         left_alive(pids, timeout=0)
 
 
+@pytest.mark.parametrize("kind,sig", [("c", "SIGHUP"), ("lua", "SIGHUP"), ("c", "SIGUSR1"),
+                                      ("c", "SIGUSR2")])
+def test_native_worker_serves_its_request_through_group_hup_usr1_usr2(tmp_path, kind, sig):
+    """Regression: the supervisor's own signals sent to the whole process group (a terminal's
+    hangup, `kill -HUP -PGID`, a pkill whose pattern also matches "shmipc-serve-worker") reach
+    the workers too, and shmipc-serve-worker left them to their default action: the C or Lua
+    worker died of it and its request in flight got a 502, though a SIGHUP to shmipc-serve is
+    a reload "without failing a request" and SIGUSR1 and SIGUSR2 only ask for its status and
+    a new access log. The worker now takes no action on them: a reload stops it with SIGTERM
+    once the next generation is ready, after that request."""
+    if not native_built(kind):
+        pytest.skip(f"no {kind} worker in this build")
+    app, chdir = NATIVE[kind]
+    s = Serve(tmp_path, workers=1, app=app, chdir=chdir, new_session=True)
+    pids = []
+    try:
+        pids = s.worker_pids(1)
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("r", s.request("GET", "/slow?2500",
+                                                                          timeout=60)))
+        t.start()
+        deadline = time.monotonic() + 20
+        while True:  # the worker has it once the front's status says so
+            before = len(s.err)
+            s.p.send_signal(signal.SIGUSR1)
+            time.sleep(0.1)
+            if any(" 1 in flight" in line for line in s.err[before:]):
+                break
+            assert time.monotonic() < deadline, "".join(s.err)
+        os.killpg(s.p.pid, getattr(signal, sig))
+        t.join(60)
+        assert got["r"][0] == 200, (got, "".join(s.err))
+        assert "died (signal" not in "".join(s.err)
+        if sig == "SIGHUP":
+            deadline = time.monotonic() + 20
+            while s.worker_pids(1) == pids:  # the reload replaced the worker
+                assert time.monotonic() < deadline, "".join(s.err)
+                time.sleep(0.1)
+            assert left_alive(pids) == []
+        else:
+            assert s.worker_pids(1) == pids
+        assert s.request("GET", "/")[0] == 200
+    finally:
+        assert s.stop() == 0
+        left_alive(pids, timeout=0)
+
+
 @pytest.mark.parametrize("kind", ["c", "lua"])
 def test_native_check(tmp_path, kind):
     if not native_built(kind):
