@@ -243,6 +243,7 @@ static void fs_connected(struct fsess *fs, shmipc_session *s, int rc)
     shmipc__session_set_loop_driven(s);
     fs->s = s;
     fs->backoff_ms = 0;
+    fs->held_since = 0; /* the last session's stall is not this one's */
     fs_hello_start(fs);
     atomic_fetch_add(&fs->w->sessions, 1);
     shmipc__front_kick(t);
