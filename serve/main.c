@@ -156,6 +156,15 @@ static int set_listen(shmipc_server_config *cfg, const char *listen)
     return rc;
 }
 
+/* The front found a worker hung (a reactor thread): the supervisor kills and restarts it. */
+static void on_hung(void *data, const char *address)
+{
+    struct run *r = data;
+    (void)shmipc__sup_kill_hung(r->sup, address,
+                                "it took nothing from the front for 5 s after a request's "
+                                "deadline");
+}
+
 /* Starts the HTTP server and the front on the ready set `addrs`. */
 static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **srv_out)
 {
@@ -170,6 +179,8 @@ static int start_server(struct run *r, char **addrs, size_t n, shmipc_server **s
         /* --timeout 0 means none; the front's 0 would mean its default. */
         .deadline_ms = o->timeout_ms ? o->timeout_ms : SHMIPC__FRONT_NO_DEADLINE,
         .access_log = r->alog,
+        .on_hung = on_hung,
+        .hung_data = r,
     };
     shmipc_server_config *cfg = NULL;
     shmipc_server *srv = NULL;
@@ -241,14 +252,14 @@ static void print_front_stats(struct run *r)
             (unsigned long long)st->uploads, (unsigned long long)st->upload_kept,
             (unsigned long long)st->upload_kept_peak);
         for (unsigned i = 0; i < st->nworkers; i++)
-            shmipc__sup_say(2, "  %s %s: %u session(s), %u in flight, %llu served, %llu failed",
-                            st->w[i].address,
-                            st->w[i].state == SHMIPC__FRONT_WORKER_UP        ? "up"
-                            : st->w[i].state == SHMIPC__FRONT_WORKER_RETIRED ? "retired"
-                                                                             : "down",
-                            st->w[i].sessions, st->w[i].in_flight,
-                            (unsigned long long)st->w[i].served,
-                            (unsigned long long)st->w[i].failures);
+            shmipc__sup_say(
+                2, "  %s %s: %u session(s), %u in flight, %llu served, %llu failed%s",
+                st->w[i].address,
+                st->w[i].state == SHMIPC__FRONT_WORKER_UP        ? "up"
+                : st->w[i].state == SHMIPC__FRONT_WORKER_RETIRED ? "retired"
+                                                                 : "down",
+                st->w[i].sessions, st->w[i].in_flight, (unsigned long long)st->w[i].served,
+                (unsigned long long)st->w[i].failures, st->w[i].hung ? ", hung (killed)" : "");
     }
     free(st);
     if (r->alog != NULL) {

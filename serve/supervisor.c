@@ -95,6 +95,30 @@ void shmipc__sup_request_status(shmipc__sup *sup)
     ctl_write(sup, 'u');
 }
 
+int shmipc__sup_kill_hung(shmipc__sup *sup, const char *address, const char *why)
+{
+    if (sup == NULL || address == NULL)
+        return SHMIPC_EINVAL;
+    int rc = SHMIPC_ENOENT;
+    pthread_mutex_lock(&sup->mu);
+    for (size_t i = 0; i < sup->nw; i++) {
+        struct slot *s = &sup->w[i];
+        if (s->pid <= 0 || strcmp(s->address, address) != 0 ||
+            (s->state != SHMIPC__SUP_READY && s->state != SHMIPC__SUP_STOPPING))
+            continue;
+        if (!s->killed) {
+            shmipc__sup_logf(sup, "worker %u (generation %u, pid %d) is hung (%s): killed",
+                             s->index, s->gen, (int)s->pid, why != NULL ? why : "no reason given");
+            shmipc__sup_signal(s, SIGKILL);
+            s->killed = 1;
+        }
+        rc = 0;
+        break;
+    }
+    pthread_mutex_unlock(&sup->mu);
+    return rc;
+}
+
 static void on_signal(int signo)
 {
     int saved = errno;

@@ -112,6 +112,16 @@ void shmipc__sup_stop(shmipc__sup *sup);
 void shmipc__sup_reload(shmipc__sup *sup);
 void shmipc__sup_request_status(shmipc__sup *sup); /* prints the status on log_fd */
 
+/*
+ * Kills (SIGKILL) the worker listening on `address`, ready or stopping, that its front found
+ * hung (`why`, for the log line); the loop then reaps it and, unless it was stopping,
+ * restarts its slot with back-off as after a crash. Any thread (not a signal handler): it
+ * takes the supervisor's lock, which the loop holds except while it polls. 0, SHMIPC_ENOENT
+ * when no such worker runs (it ended meanwhile, or the address was another run's),
+ * SHMIPC_EINVAL for NULL.
+ */
+int shmipc__sup_kill_hung(shmipc__sup *sup, const char *address, const char *why);
+
 /* Copies up to cap slots (ordered by generation, then index) and returns how many there are. */
 size_t shmipc__sup_snapshot(shmipc__sup *sup, shmipc__sup_worker_info *out, size_t cap);
 

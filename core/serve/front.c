@@ -219,6 +219,8 @@ int shmipc__front_new(const struct shmipc__front_opts *opts, struct shmipc__fron
     f->max_response = opts->max_response ? opts->max_response : SHMIPC__FRONT_DEFAULT_RESPONSE;
     f->gather_max = opts->gather_max ? opts->gather_max : SHMIPC__FRONT_DEFAULT_GATHER;
     f->alog = opts->access_log;
+    f->on_hung = opts->on_hung;
+    f->hung_data = opts->hung_data;
     pthread_mutex_init(&f->mu, NULL);
     rc = opts->ipc != NULL ? shmipc__config_clone(opts->ipc, &f->ipc) : shmipc__config_new(&f->ipc);
     if (rc == 0) {
@@ -358,6 +360,7 @@ int shmipc__front_stats(struct shmipc__front *f, struct shmipc__front_stats *out
                 ws->concurrency = 1;
             ws->served = atomic_load(&w->served);
             ws->failures = atomic_load(&w->failures);
+            ws->hung = (unsigned)atomic_load(&w->hung);
         }
     }
     pthread_mutex_unlock(&f->mu);

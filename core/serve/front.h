@@ -86,6 +86,13 @@ struct shmipc__front_opts {
     /* One line per finished request (serve/access_log.h), written from each reactor thread's
      * buffer; NULL: none. Borrowed: it outlives the front. */
     struct shmipc__access_log *access_log;
+    /* Called at most once per worker, on a reactor thread, when the worker is found hung: a
+     * request past its deadline whose ABORT it had not taken (nor found room for) when the
+     * drain after it ran out (SHMIPC__FRONT_DRAIN_MS): nothing of its session ran since, its
+     * only thread held by the app or the process stopped. shmipc-serve kills and restarts it
+     * (docs/serve.md, "Hung workers"). NULL: the front only counts it (stats `hung`). */
+    void (*on_hung)(void *data, const char *address);
+    void *hung_data;
 };
 
 enum {
@@ -103,6 +110,7 @@ struct shmipc__front_worker_stats {
     unsigned concurrency; /* what its last HELLO answered (capped), 1 before any answer */
     uint64_t served;      /* responses relayed */
     uint64_t failures;    /* 502s: session ended, stream ended, bad frame, too large */
+    unsigned hung;        /* 1 once found hung (opts.on_hung) */
 };
 
 struct shmipc__front_stats {

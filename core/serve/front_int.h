@@ -67,6 +67,7 @@ struct fworker {
     atomic_int current;     /* in the current set */
     atomic_ullong served;   /* responses relayed */
     atomic_ullong failures; /* 502s */
+    atomic_int hung;        /* found hung (shmipc__front_worker_hung): once per worker */
 };
 
 struct fthread;
@@ -199,6 +200,8 @@ struct freq {
     unsigned rstatus;      /* streaming: the status its head sent (the access log's) */
     uint64_t rwant;        /* the worker's Content-Length, or SHMIPC__SERVER_STREAM_UNSIZED */
     uint32_t abort_reason; /* an ABORT still to send, 0: none */
+    uint32_t aborted_for;  /* the reason of the front's ABORT, once given up (req_abort) */
+    uint64_t abort_mark;   /* shmipc__session_sent() after the ABORT went (0: none, or socket) */
     uint8_t abort_tries;   /* times it could not go yet (its retry backs off) */
     uint8_t send_tries;    /* SENDING: times the session could not take it yet (backs off) */
     uint64_t drain_until;  /* loop ms */
@@ -244,6 +247,8 @@ struct shmipc__front {
     atomic_ullong gathered, gathered_peak; /* small bodies read whole (gather_take) */
     uint64_t gather_max;
     struct shmipc__access_log *alog; /* borrowed; NULL: no access log */
+    void (*on_hung)(void *data, const char *address);
+    void *hung_data;
     struct fthread *threads[MAX_THREADS];
 };
 
@@ -291,6 +296,9 @@ static inline const shmipc_config *shmipc__front_ipc_for(const struct shmipc__fr
 int shmipc__front_fs_has(const struct fsess *fs, const struct freq *r);
 void shmipc__front_fs_detach(struct fsess *fs, struct freq *r);
 int shmipc__front_requeue_head(struct fthread *t, struct freq *r, int rc);
+/* `w` was found hung (front_request.c drain_ran_out): logged, counted, and opts.on_hung
+ * called, once per worker. */
+void shmipc__front_worker_hung(struct shmipc__front *f, struct fworker *w);
 int shmipc__front_requeue(struct fthread *t, struct freq *r);
 void shmipc__front_pump(struct fthread *t);
 void shmipc__front_on_kick(struct shmipc__timer *timer);

@@ -284,6 +284,8 @@ static int send_abort(struct freq *r, uint32_t reason)
         return 1;
     if (rc == 0)
         rc = shmipc__stream_flush(r->st);
+    if (rc == 0 && !r->st->fallback)
+        r->abort_mark = shmipc__session_sent(s);
     /* The worker closed its stream already (it ended the exchange): nothing to abort. */
     return rc == SHMIPC_EEOF ? 0 : rc;
 }
@@ -307,6 +309,7 @@ static void req_abort(struct freq *r, int status, uint32_t reason)
     r->up_buf_len = r->up_left = 0;
     r->up_src = NULL;
     r->state = RQ_DRAINING;
+    r->aborted_for = reason;
     r->drain_until = shmipc__loop_now_ms(r->t->loop) + SHMIPC__FRONT_DRAIN_MS;
     /* A kept session's worker is gone (fs_keep_relaying): no ABORT to send (its failure
      * would take the session down with the other responses still relaying from it); the
@@ -323,6 +326,25 @@ static void req_abort(struct freq *r, int status, uint32_t reason)
      * cancel callback inside a stream_head()/stream_body() call, req_read's END) go on
      * using it. */
     shmipc__timer_start(&r->timer, 0);
+}
+
+/*
+ * The drain after the front's ABORT ran out without the worker's close. Past the request's
+ * deadline, a worker that has not taken the ABORT from its queue (or never had room for it)
+ * in all that time ran nothing of its session's since before the deadline: its app holds its
+ * only thread, or its event loop, or the process is stopped. It is hung (as gunicorn's
+ * --timeout finds a worker); shmipc-serve kills and restarts it. A worker that took the
+ * ABORT and is only slow to close, or a client that left, says nothing of the kind.
+ */
+static void drain_ran_out(struct freq *r)
+{
+    struct fsess *fs = r->fs;
+    if (r->aborted_for != SHMIPC__SF_ABORT_TIMEOUT || fs == NULL || fs->s == NULL || fs->kept)
+        return;
+    if (r->abort_reason == 0 &&
+        (r->abort_mark == 0 || shmipc__session_peer_took(fs->s, r->abort_mark)))
+        return;
+    shmipc__front_worker_hung(fs->t->f, fs->w);
 }
 
 /* ---- sending a request ---- */
@@ -1391,6 +1413,7 @@ static void req_timer(struct shmipc__timer *timer)
     if (r->state != RQ_DRAINING)
         return;
     if (shmipc__loop_now_ms(r->t->loop) >= r->drain_until) {
+        drain_ran_out(r);
         req_finish(r);
         return;
     }

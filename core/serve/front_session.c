@@ -638,6 +638,18 @@ static int pipelinable(const struct freq *r)
     return !r->uploading && !r->ws && !r->no_retry;
 }
 
+void shmipc__front_worker_hung(struct shmipc__front *f, struct fworker *w)
+{
+    if (atomic_exchange(&w->hung, 1) != 0)
+        return;
+    SHMIPC__LOG(SHMIPC__LOG_WARN,
+                "front: worker %s is hung: it took nothing of its session for the %u ms after "
+                "a request's deadline and ABORT",
+                w->addr, SHMIPC__FRONT_DRAIN_MS);
+    if (f->on_hung != NULL)
+        f->on_hung(f->hung_data, w->addr);
+}
+
 /* A worker that has held what this session sent it this long without taking any of it (a
  * stopped or wedged process, an app that keeps its event loop busy) is passed over while
  * another worker can take the request (docs/serve.md, "Choosing a worker"). */

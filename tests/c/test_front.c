@@ -880,6 +880,77 @@ static void stalled_concurrent_worker_is_passed_over(void **state)
     appw_stop(&t->w[1]);
 }
 
+/* What opts.on_hung was told: how many times, and the last address. */
+static atomic_int hung_calls;
+static char hung_addr[SHMIPC__FRONT_MAX_ADDRESS + 1];
+
+static void count_hung(void *data, const char *address)
+{
+    (void)data;
+    snprintf(hung_addr, sizeof hung_addr, "%s", address);
+    atomic_fetch_add(&hung_calls, 1); /* after the copy: a reader that sees 1 sees it */
+}
+
+/*
+ * Past a request's deadline (300 ms), a worker that has not taken the front's ABORT when the
+ * drain after it runs out (5 s) is hung: w0, frozen (its session threads touch nothing, as a
+ * stopped process or an app holding its only thread). opts.on_hung is called once, with its
+ * address, and its stats say hung. w1 (concurrency 2: each stream on a thread of its own) never
+ * reads its request's stream either, but its session thread takes the ABORT: slow to close,
+ * not hung.
+ */
+static void hung_worker_is_reported_once(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0], *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    struct bg *b = t->bg;
+    static struct shmipc__front_stats st;
+    struct shmipc__front_opts o = {
+        .hello = 1, .deadline_ms = 300, .on_hung = count_hung, .hung_data = NULL};
+    atomic_store(&hung_calls, 0);
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    atomic_store(&w1->taken, TAKEN_GRANT);
+    atomic_store(&w1->conc, 2);
+    fx_start(x, ws, 2, 1, &o);
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.w[0].sessions == 1 && st.w[1].concurrency == 2)
+            break;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    if (st.w[1].concurrency != 2)
+        fail_msg("w0 %s %u sessions conc %u; w1 %s %u sessions conc %u", st.w[0].address,
+                 st.w[0].sessions, st.w[0].concurrency, st.w[1].address, st.w[1].sessions,
+                 st.w[1].concurrency);
+    atomic_store(&w1->mode, M_STALL); /* its HELLO answered: a stream it would not read */
+    latch_set(w0, &w0->freeze, 1);
+    assert_true(wait_parked(w0));
+    bg_start(&b[0], x->port, "/a");
+    bg_start(&b[1], x->port, "/b");
+    bg_join(&b[0]);
+    bg_join(&b[1]);
+    assert_int_equal(b[0].p.status, 504);
+    assert_int_equal(b[1].p.status, 504);
+    resp_free(&b[0].p);
+    resp_free(&b[1].p);
+    assert_true(wait_for(&hung_calls, 1, SHMIPC__FRONT_DRAIN_MS + WAIT_MS));
+    assert_string_equal(hung_addr, w0->addr);
+    sleep_ms(500); /* w1's drain ran out too by now: it took its ABORT, so nothing more */
+    assert_int_equal(atomic_load(&hung_calls), 1);
+    CHECK(shmipc__front_stats(x->f, &st));
+    assert_int_equal(st.w[0].hung, 1);
+    assert_int_equal(st.w[1].hung, 0);
+    latch_set(w0, &w0->freeze, 0);
+    latch_set(w1, &w1->release_stall, 1);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
+}
+
 /*
  * An upload whose client stalls mid-body, on a worker of concurrency 3: it holds one of the
  * three, not the worker whole (as it does a worker that runs one request at a time), so two
@@ -2554,7 +2625,7 @@ static void connector_churn_under_load(void **state)
         T(concurrent_worker_gets_its_concurrency), T(concurrent_worker_upload_holds_one_place),    \
         T(concurrency_answers_are_bounded), T(concurrent_worker_holds_forty),                      \
         T(concurrent_workers_least_busy_first), T(stalled_concurrent_worker_is_passed_over),       \
-        T(memory_full_session_requests_wait),                                                      \
+        T(hung_worker_is_reported_once), T(memory_full_session_requests_wait),                     \
         T(unhealthy_session_is_replaced_in_flight_untouched),                                      \
         T(unhealthy_idle_session_is_replaced_and_closed),                                          \
         T(unhealthy_past_the_bound_goes_down_from_the_loop)

@@ -485,6 +485,47 @@ static void test_kill9_restarts_with_a_new_pid(void **state)
     harness_finish(&h);
 }
 
+/*
+ * shmipc__sup_kill_hung (the front found the worker hung): the worker at that address is
+ * killed (SIGKILL) with a log line naming why, and its slot restarts as after a crash; the
+ * other worker is not touched. An address no worker has (a restarted worker's old one, an
+ * unknown one) is SHMIPC_ENOENT and kills nothing; NULL is SHMIPC_EINVAL.
+ */
+static void test_kill_hung_kills_and_restarts_that_worker(void **state)
+{
+    (void)state;
+    struct harness h;
+    harness_init(&h);
+    shmipc__sup_config c = base_config(&h, sleeper(), 2);
+    harness_start(&h, &c);
+    wait_ready(&h, 2, 10000);
+    unsigned gen = first_generation(&h);
+    shmipc__sup_worker_info w0 = {0}, w1 = {0}, now = {0};
+    assert_true(slot_of(&h, gen, 0, &w0));
+    assert_true(slot_of(&h, gen, 1, &w1));
+    assert_int_equal(shmipc__sup_kill_hung(NULL, w0.address, "x"), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__sup_kill_hung(h.sup, NULL, "x"), SHMIPC_EINVAL);
+    assert_int_equal(shmipc__sup_kill_hung(h.sup, "unix:@nobody-has-this", "x"), SHMIPC_ENOENT);
+    assert_int_equal(shmipc__sup_kill_hung(h.sup, w0.address, "a test's reason"), 0);
+    uint64_t end = ms_now() + 10000;
+    for (;;) {
+        assert_true(slot_of(&h, gen, 0, &now));
+        if (now.state == SHMIPC__SUP_READY && now.pid != w0.pid)
+            break;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+    assert_int_equal(now.restarts, 1);
+    assert_true(WIFSIGNALED(now.last_status) && WTERMSIG(now.last_status) == SIGKILL);
+    wait_log(&h, "is hung (a test's reason): killed", 2000);
+    /* The old address is nobody's now: nothing more is killed. */
+    assert_int_equal(shmipc__sup_kill_hung(h.sup, w0.address, "x"), SHMIPC_ENOENT);
+    assert_true(slot_of(&h, gen, 1, &now));
+    assert_int_equal(now.pid, w1.pid);
+    assert_int_equal(now.restarts, 0);
+    harness_finish(&h);
+}
+
 /* ---- back-off and crash loops ---------------------------------------------------------- */
 
 static void test_crash_loop_backs_off(void **state)
@@ -2516,6 +2557,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_misuse),
         cmocka_unit_test(test_workers_ready_with_unique_addresses),
         cmocka_unit_test(test_kill9_restarts_with_a_new_pid),
+        cmocka_unit_test(test_kill_hung_kills_and_restarts_that_worker),
         cmocka_unit_test(test_crash_loop_backs_off),
         cmocka_unit_test(test_boot_failure_ends_the_run),
         cmocka_unit_test(test_boot_failure_of_a_spawn_ends_the_run),

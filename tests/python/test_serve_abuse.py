@@ -341,3 +341,98 @@ def test_a_stopped_asgi_worker_is_passed_over(tmp_path, backend):
     finally:
         os.kill(stopped, signal.SIGCONT)
         assert s.stop() == 0
+
+
+HUNG_APP = '''
+import asyncio, os, time
+
+def app(environ, start_response):
+    path = environ["PATH_INFO"]
+    if path == "/spin":
+        while True:
+            pass
+    if path.startswith("/sleep/"):
+        time.sleep(float(path[7:]))
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"pid=%d" % os.getpid()]
+
+async def aapp(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            await send({"type": m["type"] + ".complete"})
+            if m["type"] == "lifespan.shutdown":
+                return
+    path = scope["path"]
+    if path == "/spin":
+        while True:
+            pass
+    if path.startswith("/sleep/"):
+        await asyncio.sleep(float(path[7:]))
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"pid=%d" % os.getpid()})
+'''
+
+
+def served_by(s, timeout=40):
+    """The pid of the worker that answers GET / with 200, asking again (504 and 503 while the
+    only worker is held or restarting) for up to `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, out = s.request("GET", "/", timeout=30)
+        if status == 200:
+            return int(out.split(b"=")[1])
+        assert status in (503, 504), (status, out)
+        assert time.monotonic() < deadline, "no worker answered"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("kind,how", [("wsgi", "spin"), ("wsgi", "sleep/3600"),
+                                      ("asgi", "spin")])
+def test_a_hung_worker_is_killed_and_replaced(tmp_path, kind, how):
+    # The only worker's app never returns and never lets its session run (a busy loop, a
+    # blocking sleep; an ASGI app that blocks its event loop): its request is a 504 at the
+    # deadline, and once the worker has not even taken the front's ABORT for the 5 s drain, the
+    # supervisor kills it (SIGKILL) and starts another, which serves. Before, the worker kept its
+    # slot for good and every later request was a 504.
+    (tmp_path / "hungapp.py").write_text(HUNG_APP)
+    flags = ("--asgi",) if kind == "asgi" else ()
+    s = Serve(tmp_path, *flags, "--timeout", "1", workers=1,
+              app=("hungapp:aapp" if kind == "asgi" else "hungapp:app",))
+    try:
+        old = s.worker_pids(1)[0]
+        status, _ = s.request("GET", "/" + how, timeout=30)
+        assert status == 504
+        new = served_by(s)
+        assert new != old
+        assert s.wait_err("is hung"), "".join(s.err)
+        with pytest.raises(ProcessLookupError):
+            os.kill(old, 0)
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_slow_worker_that_is_not_hung_is_kept(tmp_path, kind):
+    # Not hung: a WSGI app busy for 7 s whose client left (the front's ABORT says CLIENT_GONE,
+    # not a deadline), and an ASGI app awaiting past its deadline (its loop runs: it takes the
+    # ABORT, the task is cancelled). Neither worker is killed; each serves the next request.
+    (tmp_path / "hungapp.py").write_text(HUNG_APP)
+    flags = ("--asgi",) if kind == "asgi" else ()
+    timeout = "30" if kind == "wsgi" else "1"
+    s = Serve(tmp_path, *flags, "--timeout", timeout, workers=1,
+              app=("hungapp:aapp" if kind == "asgi" else "hungapp:app",))
+    try:
+        old = s.worker_pids(1)[0]
+        if kind == "wsgi":
+            c = connect(s.port)
+            c.sendall(b"GET /sleep/7 HTTP/1.1\r\nHost: t\r\n\r\n")
+            time.sleep(0.5)
+            c.close()  # the client leaves: ABORT CLIENT_GONE
+        else:
+            status, _ = s.request("GET", "/sleep/3600", timeout=30)
+            assert status == 504
+        assert served_by(s) == old
+        assert not any("is hung" in line for line in s.err), "".join(s.err)
+    finally:
+        assert s.stop() == 0
