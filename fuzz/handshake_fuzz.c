@@ -13,7 +13,10 @@
  * The rest is what the peer sends on the socket; then the peer stops writing, so a
  * handshake waiting for more sees the end of the stream at once rather than its deadline.
  * The oracle, beyond the sanitizers and leak checks: a handshake ends (success or a clear
- * error) and leaves no fd open.
+ * error) and leaves no fd open: the fds open after an input (listed from /proc/self/fd) are
+ * exactly those open before it, taken after the harness's own setup and before its
+ * socketpair, so a received fd the handshake kept, or one of the harness's fds it closed,
+ * aborts with the fd and what it was.
  *
  * A V2 client names files for the server to map and later remove. So that no input can
  * name a real file, the server role runs in a private mount namespace with its own tmpfs on
@@ -28,6 +31,7 @@
 
 #include "shmipc.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdint.h>
@@ -50,6 +54,59 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static int sandboxed = -1;
 static int fds_legacy[2], fds_v4[2], fd_tiny, pipe_fds[2], efds[2];
 static shmipc_config *cfgs[2][6]; /* [role][v4 + 2 * wakeup] */
+
+/* The fds watched for leaks: a leaked fd takes the lowest free number, far below this. */
+#define FD_WATCH 1024
+struct fd_set_bits {
+    uint8_t bit[FD_WATCH / 8];
+};
+
+/* The fds open now, from /proc/self/fd (or, without /proc, by fcntl over [0, FD_WATCH)). */
+static void open_fds(struct fd_set_bits *set)
+{
+    memset(set, 0, sizeof *set);
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL) {
+        for (int fd = 0; fd < FD_WATCH; fd++)
+            if (fcntl(fd, F_GETFD) >= 0)
+                set->bit[fd / 8] |= (uint8_t)(1u << (fd % 8));
+        return;
+    }
+    int own = dirfd(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        long fd = strtol(e->d_name, NULL, 10);
+        if (fd != own && fd < FD_WATCH)
+            set->bit[fd / 8] |= (uint8_t)(1u << (fd % 8));
+    }
+    closedir(d);
+}
+
+/* Aborts, naming each fd, when the fds open now are not those of `before`. */
+static void check_fds(const struct fd_set_bits *before)
+{
+    struct fd_set_bits after;
+    open_fds(&after);
+    if (memcmp(before, &after, sizeof after) == 0)
+        return;
+    for (int fd = 0; fd < FD_WATCH; fd++) {
+        int was = before->bit[fd / 8] >> (fd % 8) & 1, is = after.bit[fd / 8] >> (fd % 8) & 1;
+        if (was == is)
+            continue;
+        char link[64], target[256] = "?";
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t k = is ? readlink(link, target, sizeof target - 1) : -1;
+        if (k >= 0)
+            target[k] = '\0';
+        if (is)
+            fprintf(stderr, "handshake fuzz: fd %d (%s) left open by the input\n", fd, target);
+        else
+            fprintf(stderr, "handshake fuzz: fd %d, open before the input, closed by it\n", fd);
+    }
+    abort();
+}
 
 static int write_id_map(const char *file, const char *text)
 {
@@ -254,6 +311,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     if (!client)
         make_v2_files();
+    struct fd_set_bits before;
+    open_fds(&before);
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
         abort();
@@ -278,5 +337,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             shmipc__session_close(s);
     }
     close(sv[1]);
+    check_fds(&before);
     return 0;
 }
