@@ -4,8 +4,9 @@
  * Input: byte 0 bit 0 admits version 0 (V4) headers; the rest is a stream of control
  * messages as a peer sends them on the socket. The oracles, beyond the sanitizers: a parsed
  * message never claims more bytes than it was given, every pointer it returns lies inside
- * those bytes, any shorter prefix of a message parses as "incomplete" (or as the same
- * error), and re-encoding a parsed message yields the bytes it was parsed from.
+ * those bytes, any shorter prefix of a message parses as "incomplete" (each prefix checked is
+ * copied to a heap buffer of its exact size, so ASan sees a read past it), and re-encoding a
+ * parsed message yields the bytes it was parsed from.
  */
 #include "ipc/proto.h"
 
@@ -77,6 +78,23 @@ static void check_round_trip(const uint8_t *buf, const struct shmipc__msg *m)
         abort();
 }
 
+/*
+ * Parses the first `cut` bytes of a message, which must be "incomplete". They are copied to a
+ * heap buffer of exactly that size, so that ASan sees a read past them: in the input the read
+ * would land on the message's next byte and go unseen.
+ */
+static void check_prefix(const uint8_t *buf, size_t cut, int v0)
+{
+    struct shmipc__msg part;
+    uint8_t *c = malloc(cut ? cut : 1);
+    if (c == NULL)
+        abort();
+    memcpy(c, buf, cut);
+    if (shmipc__msg_parse(c, cut, &part, v0) != 0)
+        abort();
+    free(c);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -108,12 +126,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (m.h.type == SHMIPC__MSG_NEGOTIATION &&
             !inside(buf, used, m.u.negotiation.json, m.u.negotiation.len))
             abort();
-        /* Every strict prefix of a whole message is incomplete, never an error or a message. */
-        for (size_t cut = used - 1; cut + 16 >= used && cut >= SHMIPC__HEADER_SIZE; cut--) {
-            struct shmipc__msg part;
-            if (shmipc__msg_parse(buf, cut, &part, v0) != 0)
-                abort();
-        }
+        /* Every strict prefix of a whole message is incomplete, never an error or a message:
+         * those up to 16 bytes past the header (its fixed fields), and the last 16. */
+        size_t head = used < SHMIPC__HEADER_SIZE + 16 ? used : SHMIPC__HEADER_SIZE + 16;
+        for (size_t cut = 0; cut < head; cut++)
+            check_prefix(buf, cut, v0);
+        for (size_t cut = used > head + 16 ? used - 16 : head; cut < used; cut++)
+            check_prefix(buf, cut, v0);
         check_round_trip(buf, &m);
         pos += used;
     }
