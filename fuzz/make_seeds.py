@@ -320,8 +320,10 @@ def main():
     # http: each fixture's request bytes, with the default and the small limits.
     for path in sorted(glob.glob(os.path.join(ROOT, "tests/http/*.http"))):
         req = b"".join(unescape("".join(s)) for s in sections(path).get("request", []))[:8192]
+        # Split in the middle: bits 2-7 of the mode byte are the split's high part.
+        half = len(req) // 2
         for mode in (0, 1):
-            seeds["http"].append(bytes([mode, len(req) // 2 % 256]) + req)
+            seeds["http"].append(bytes([mode | (half >> 8) << 2, half & 255]) + req)
 
     # ws: each fixture's frames, and its upgrade request (mode bit 2).
     for path in sorted(glob.glob(os.path.join(ROOT, "tests/ws/*.ws"))):

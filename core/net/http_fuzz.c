@@ -11,8 +11,12 @@
  * or, as the project does, with fuzz/run.sh (target "http", fuzz/README.md); the C suite
  * replays fuzz/corpus/http and fuzz/regressions/http through it (fuzz_replay_http).
  *
- * Input: byte 0 picks the limits (small ones, so limit paths are reached) and LENIENT_LF,
- * byte 1 picks a split point; the rest is what a client sends. The oracle, beyond the
+ * Input: byte 0 bits 0-1 pick the limits (small ones, so limit paths are reached) and
+ * LENIENT_LF; bits 2-7 of byte 0 and byte 1 are a split point (bits 2-7 the high part: any
+ * offset up to 16383); the rest is what a client sends. A split point past the end is byte 1
+ * modulo the length, as when byte 1 alone gave the split, so that an input of that time
+ * (bits 2-7 clear, or fewer than 256 bytes after these two) splits where it did. The
+ * oracle, beyond the
  * sanitizers: the connection's output must not depend on how the bytes were split, apart
  * from "100 Continue" interim responses (which legitimately do), and the parser's slices
  * must stay inside the head.
@@ -158,7 +162,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     uint8_t mode = data[0];
     size_t n = size - 2;
-    size_t cut = n ? data[1] % (n + 1) : 0;
+    size_t cut = (size_t)(mode >> 2) << 8 | data[1];
+    if (cut > n)
+        cut = data[1] % (n + 1);
     data += 2;
     struct out whole = run(data, n, n, mode);
     struct out split = run(data, n, cut, mode);
