@@ -532,14 +532,30 @@ static int load_file(shmipc__serve_options *o, struct parse_state *ps, const cha
         close(fd);
         return SHMIPC_EINVAL;
     }
-    char *buf = malloc(SHMIPC__SERVE_MAX_FILE + 1);
+    /* Room for the file as fstat() sizes it and the NUL the last line gets, or more as it
+     * reads (a file in /proc says 0): up to one byte past the limit, which refuses it. */
+    size_t cap = st.st_size < (off_t)SHMIPC__SERVE_MAX_FILE ? (size_t)st.st_size + 1
+                                                            : SHMIPC__SERVE_MAX_FILE + 1;
+    char *buf = malloc(cap);
     if (buf == NULL) {
         close(fd);
         return SHMIPC_ENOMEM;
     }
     size_t len = 0;
     for (;;) {
-        ssize_t k = read(fd, buf + len, SHMIPC__SERVE_MAX_FILE + 1 - len);
+        if (len == cap) {
+            size_t more =
+                cap > (SHMIPC__SERVE_MAX_FILE + 1) / 2 ? SHMIPC__SERVE_MAX_FILE + 1 : 2 * cap;
+            char *grown = realloc(buf, more);
+            if (grown == NULL) {
+                free(buf);
+                close(fd);
+                return SHMIPC_ENOMEM;
+            }
+            buf = grown;
+            cap = more;
+        }
+        ssize_t k = read(fd, buf + len, cap - len);
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0) {

@@ -1,9 +1,9 @@
 /*
  * Description: shmipc-serve's options (serve/options.c, docs/serve.md "Configuration"): every
- * flag, the config file and its hostile forms (unknown keys, duplicates, long lines, NUL,
- * missing values, numbers at and past their limits, random bytes), flags over the file,
- * --check (with the Python interpreter when the module is built), the worker command, and the
- * access-log formatter with hostile bytes.
+ * flag, the config file and its hostile forms (unknown keys, duplicates, long lines, NUL, sizes
+ * at and past the limit, missing values, numbers at and past their limits, random bytes),
+ * flags over the file, --check (with the Python interpreter when the module is built), the
+ * worker command, and the access-log formatter with hostile bytes.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -456,6 +457,54 @@ static void expect_file_error(const char *text, size_t len, const char *want)
 }
 
 #define FILE_ERR(text, want) expect_file_error(text, sizeof(text) - 1, want)
+
+/*
+ * The file is read into a buffer sized from fstat(), grown as more comes, up to one byte past
+ * the limit: a file of exactly 1 MiB whose last line has no newline (its NUL goes one past
+ * the file, caught by ASan were the buffer a byte short) is read whole; one byte more is
+ * refused; a file that fstat() says is empty but is not (/proc/self/comm, named by
+ * prctl(PR_SET_NAME)) is read whole too.
+ */
+static void test_config_file_size_limit(void **state)
+{
+    (void)state;
+    static const char head[] = "workers = 3\n", tail[] = "queue = 7";
+    size_t max = SHMIPC__SERVE_MAX_FILE;
+    char *text = malloc(max + 1);
+    assert_non_null(text);
+    memcpy(text, head, sizeof head - 1);
+    memset(text + sizeof head - 1, '\n', max + 1 - (sizeof head - 1));
+    memcpy(text + max - (sizeof tail - 1), tail, sizeof tail - 1);
+    const char *f = write_file("limit.conf", text, max);
+    shmipc__serve_options o;
+    char err[SHMIPC__SERVE_ERR_SIZE];
+    int rc = parse(&o, err, ARGS("--config", f, "m:a"));
+    if (rc != 0)
+        print_message("%s\n", err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(o.workers, 3);
+    assert_int_equal(o.queue, 7);
+    shmipc__serve_options_free(&o);
+    /* One byte more (a blank line before the last): refused, as before the read grew. */
+    memcpy(text + max + 1 - (sizeof tail - 1), tail, sizeof tail - 1);
+    text[max - (sizeof tail - 1)] = '\n';
+    expect_file_error(text, max + 1, "larger than 1048576 bytes");
+    free(text);
+    /* fstat() says 0 bytes; the 12 there are read all the same. */
+    char name[16] = "";
+    assert_int_equal(prctl(PR_GET_NAME, name, 0, 0, 0), 0);
+    assert_int_equal(prctl(PR_SET_NAME, "workers = 5", 0, 0, 0), 0);
+    struct stat st;
+    assert_int_equal(stat("/proc/self/comm", &st), 0);
+    assert_int_equal(st.st_size, 0);
+    rc = parse(&o, err, ARGS("--config", "/proc/self/comm", "m:a"));
+    assert_int_equal(prctl(PR_SET_NAME, name, 0, 0, 0), 0);
+    if (rc != 0)
+        print_message("%s\n", err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(o.workers, 5);
+    shmipc__serve_options_free(&o);
+}
 
 /*
  * Every --timeout the options take is one the front takes: they took up to 86400 s, and --check
@@ -969,6 +1018,7 @@ int main(void)
         cmocka_unit_test(test_config_file),
         cmocka_unit_test(test_config_scan_skips_flag_values),
         cmocka_unit_test(test_config_fifo_does_not_block),
+        cmocka_unit_test(test_config_file_size_limit),
         cmocka_unit_test(test_config_file_hostile),
         cmocka_unit_test(test_timeout_is_one_the_front_takes),
         cmocka_unit_test(test_workers_are_ones_the_front_routes_to),
