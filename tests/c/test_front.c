@@ -479,6 +479,19 @@ static int wait_pipeline(struct fx *x, unsigned i, unsigned in_flight, unsigned 
 
 static const char *const pipe_targets[] = {"/p0", "/p1", "/p2", "/p3", "/p4", "/p5", "/p6", "/p7"};
 
+/* Joins b[0..n) and checks each got 200 with its own target. */
+static void join_pipe_targets(struct bg *b, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char want[16];
+        bg_join(&b[i]);
+        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
+        assert_int_equal(b[i].p.status, 200);
+        assert_string_equal(b[i].p.body, want);
+        resp_free(&b[i].p);
+    }
+}
+
 /*
  * Six requests to one held worker, pipeline 4: a worker that granted TAKEN gets four in flight
  * (two wait in the front's queue), one of an earlier revision (HELLO answered ABORT PROTOCOL)
@@ -508,14 +521,7 @@ static void pipeline_x(void **state, int taken)
         bg_start(&b[i], x->port, pipe_targets[i]);
     assert_true(wait_pipeline(x, 0, granted ? 4 : 1, granted ? 2 : 5));
     latch_set(w, &w->hold_open, 1);
-    for (int i = 0; i < 6; i++) {
-        char want[16];
-        bg_join(&b[i]);
-        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
-        assert_int_equal(b[i].p.status, 200);
-        assert_string_equal(b[i].p.body, want);
-        resp_free(&b[i].p);
-    }
+    join_pipe_targets(b, 6);
     assert_int_equal(atomic_load(&w->takens), granted ? 6 : 0);
     assert_int_equal(atomic_load(&w->bad), 0); /* never asked for TAKEN it did not grant */
     assert_int_equal(atomic_load(&w->max_concurrent), 1); /* it served them one at a time */
@@ -606,14 +612,7 @@ static void worker_that_never_spins_is_woken_for_each_request(void **state)
         bg_start(&b[i], x->port, pipe_targets[i]);
     assert_true(wait_pipeline(x, 0, 4, 2));
     latch_set(w, &w->hold_open, 1);
-    for (int i = 0; i < 6; i++) {
-        char want[16];
-        bg_join(&b[i]);
-        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
-        assert_int_equal(b[i].p.status, 200);
-        assert_string_equal(b[i].p.body, want);
-        resp_free(&b[i].p);
-    }
+    join_pipe_targets(b, 6);
     assert_int_equal(atomic_load(&w->bad), 0);
     fx_stop(x);
     appw_stop(w);
@@ -699,14 +698,7 @@ static void concurrent_worker_gets_its_concurrency(void **state)
     assert_true(wait_pipeline(x, 0, 4, 2));
     assert_true(wait_for(&w->holding, 4, WAIT_MS));
     latch_set(w, &w->hold_open, 1);
-    for (int i = 0; i < 6; i++) {
-        char want[16];
-        bg_join(&b[i]);
-        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
-        assert_int_equal(b[i].p.status, 200);
-        assert_string_equal(b[i].p.body, want);
-        resp_free(&b[i].p);
-    }
+    join_pipe_targets(b, 6);
     assert_int_equal(atomic_load(&w->max_concurrent), 4);
     assert_int_equal(atomic_load(&w->takens), 0);
     assert_int_equal(atomic_load(&w->bad), 0);
@@ -801,19 +793,6 @@ static void start_two_concurrent(struct tc *t, int m0, int m1)
     atomic_store(&ws[1]->mode, m1);
     fx_start(&t->x, ws, 2, 1, &o);
     assert_true(wait_two(&t->x, 8, 0));
-}
-
-/* Joins b[0..n) and checks each got 200 with its own target. */
-static void join_pipe_targets(struct bg *b, int n)
-{
-    for (int i = 0; i < n; i++) {
-        char want[16];
-        bg_join(&b[i]);
-        snprintf(want, sizeof want, "%s:", pipe_targets[i]);
-        assert_int_equal(b[i].p.status, 200);
-        assert_string_equal(b[i].p.body, want);
-        resp_free(&b[i].p);
-    }
 }
 
 /*

@@ -427,6 +427,21 @@ static void test_workers_ready_with_unique_addresses(void **state)
     harness_finish(&h);
 }
 
+/* Waits (10 s at most) until slot `index` of generation `gen` is ready with a pid other than
+ * `old`; its info in *now. */
+static void wait_replaced(struct harness *h, unsigned gen, unsigned index, pid_t old,
+                          shmipc__sup_worker_info *now)
+{
+    uint64_t end = ms_now() + 10000;
+    for (;;) {
+        assert_true(slot_of(h, gen, index, now));
+        if (now->state == SHMIPC__SUP_READY && now->pid != old)
+            return;
+        assert_true(ms_now() < end);
+        sleep_ms(10);
+    }
+}
+
 static void test_kill9_restarts_with_a_new_pid(void **state)
 {
     (void)state;
@@ -442,14 +457,7 @@ static void test_kill9_restarts_with_a_new_pid(void **state)
     unsigned sets_before;
     ready_count(&h, &sets_before);
     assert_int_equal(kill(w0.pid, SIGKILL), 0);
-    uint64_t end = ms_now() + 10000;
-    for (;;) {
-        assert_true(slot_of(&h, gen, 0, &now));
-        if (now.state == SHMIPC__SUP_READY && now.pid != w0.pid)
-            break;
-        assert_true(ms_now() < end);
-        sleep_ms(10);
-    }
+    wait_replaced(&h, gen, 0, w0.pid, &now);
     assert_int_equal(now.restarts, 1);
     assert_true(WIFSIGNALED(now.last_status) && WTERMSIG(now.last_status) == SIGKILL);
     assert_int_equal(now.last_delay_ms, 100); /* the first restart after a failure: 100 ms */
@@ -473,7 +481,7 @@ static void test_kill9_restarts_with_a_new_pid(void **state)
     /* Killed again at once: the delay doubles, as it never ran healthy for 10 s. */
     assert_true(slot_of(&h, gen, 0, &w0));
     assert_int_equal(kill(w0.pid, SIGKILL), 0);
-    end = ms_now() + 10000;
+    uint64_t end = ms_now() + 10000;
     for (;;) {
         assert_true(slot_of(&h, gen, 0, &now));
         if (now.restarts == 2)
@@ -507,14 +515,7 @@ static void test_kill_hung_kills_and_restarts_that_worker(void **state)
     assert_int_equal(shmipc__sup_kill_hung(h.sup, NULL, "x"), SHMIPC_EINVAL);
     assert_int_equal(shmipc__sup_kill_hung(h.sup, "unix:@nobody-has-this", "x"), SHMIPC_ENOENT);
     assert_int_equal(shmipc__sup_kill_hung(h.sup, w0.address, "a test's reason"), 0);
-    uint64_t end = ms_now() + 10000;
-    for (;;) {
-        assert_true(slot_of(&h, gen, 0, &now));
-        if (now.state == SHMIPC__SUP_READY && now.pid != w0.pid)
-            break;
-        assert_true(ms_now() < end);
-        sleep_ms(10);
-    }
+    wait_replaced(&h, gen, 0, w0.pid, &now);
     assert_int_equal(now.restarts, 1);
     assert_true(WIFSIGNALED(now.last_status) && WTERMSIG(now.last_status) == SIGKILL);
     wait_log(&h, "is hung (a test's reason): killed", 2000);

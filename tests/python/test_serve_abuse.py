@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from test_serve_cli import SERVE, Serve
+from test_serve_cli import ASGI_APP, SERVE, Serve
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SERVE), reason="shmipc-serve is not built")
 
@@ -30,8 +30,15 @@ def raise_nofile(want):
     return soft, hard
 
 
-def unique_requests(s, tag, n, clients=4):
-    """n POSTs over `clients` threads, each with its own body; the mismatches and failures."""
+def cliapp_answer(status, out, path, body):
+    """Whether test_serve_cli's app answered POST `path` with `body`."""
+    return status == 200 and out.endswith(b" body=" + body) and \
+        f"path={path} ".encode() in out
+
+
+def unique_requests(s, tag, n, clients=4, answered=cliapp_answer):
+    """n POSTs over `clients` threads, each with its own body; the mismatches and failures
+    (`answered(status, out, path, body)` says whether an answer is right)."""
     bad = []
 
     def run(c):
@@ -42,8 +49,7 @@ def unique_requests(s, tag, n, clients=4):
             except OSError as e:
                 bad.append((i, repr(e)))
                 continue
-            if status != 200 or not out.endswith(b" body=" + body) or \
-                    f"path=/u/{tag}/{i} ".encode() not in out:
+            if not answered(status, out, f"/u/{tag}/{i}", body):
                 bad.append((i, status, out[:120]))
 
     ts = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
@@ -303,40 +309,23 @@ def test_a_stopped_asgi_worker_is_passed_over(tmp_path, backend):
     # what it was sent for 200 ms without taking any, so the stopped worker keeps only the few
     # it got before (504 at their deadline). Before, it got every other request up to its 64,
     # each a 504, while the other worker idled.
-    from test_serve_cli import ASGI_APP
     (tmp_path / "asgiapp.py").write_text(ASGI_APP)
-    timeout, clients, n = 3, 4, 200
+    timeout, clients = 3, 4
     s = Serve(tmp_path, "--asgi", "--timeout", str(timeout), workers=2, app=("asgiapp:app",),
               env={"SHMIPC_REACTOR_BACKEND": backend})
     stopped = s.worker_pids(2)[0]
-    bad = []
 
-    def run(c):
-        for i in range(c, n, clients):
-            body = f"q{i}-{os.urandom(6).hex()}".encode()
-            try:
-                status, out = s.request("POST", f"/q/{i}", body=body, timeout=60)
-            except OSError as e:
-                bad.append((i, repr(e)))
-                continue
-            if status != 201 or out != b"asgi /q/%d " % i + body:
-                bad.append((i, status, out[:60]))
+    def answered(status, out, path, body):
+        return status == 201 and out == b"asgi " + path.encode() + b" " + body
 
     try:
         os.kill(stopped, signal.SIGSTOP)
-        ts = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
-        assert not any(t.is_alive() for t in ts)
+        bad = unique_requests(s, "q", 200, clients, answered)
         assert all(len(f) == 3 and f[1] == 504 for f in bad), bad
         # At most what the clients had in flight before the stall showed, twice over.
         assert len(bad) <= 2 * clients, bad
         os.kill(stopped, signal.SIGCONT)
-        bad.clear()
-        run(0)
-        assert bad == []
+        assert unique_requests(s, "after", 50, 1, answered) == []
         assert stopped in s.worker_pids(2)
     finally:
         os.kill(stopped, signal.SIGCONT)
