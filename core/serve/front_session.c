@@ -688,8 +688,10 @@ static int fs_stalled(struct fsess *fs, uint64_t *now)
  * worker (HELLO concurrency over 1) can take any request below its concurrency (it runs an
  * upload or a WebSocket beside the others); when `r` may wait behind others, a worker whose
  * session granted TAKEN can take it below the front's pipeline with nothing in flight that
- * holds it whole (an upload, a WebSocket). The lowest rank wins, ties in round-robin order.
- * An upload takes no session whose HELLO is still unanswered.
+ * holds it whole (an upload, a WebSocket). The lowest rank wins, ties in round-robin order;
+ * a stalled worker only when every live worker is stalled (else NULL: the request waits in
+ * the thread's queue for a worker that runs). An upload takes no session whose HELLO is still
+ * unanswered.
  */
 struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
 {
@@ -698,12 +700,15 @@ struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
     /* A claim lost to another thread between the look and the claim looks again, twice. */
     for (int attempt = 0; attempt < 3; attempt++) {
         struct fsess *best = NULL;
-        int best_rank = 0, best_bar = 0;
+        int best_rank = 0, best_bar = 0, running = 0;
         unsigned best_k = 0;
         for (unsigned k = 0; k < t->nsess; k++) {
             struct fsess *fs = t->sess[(t->rr + k) % t->nsess];
-            if (fs->s == NULL || fs->retired || fs->stopping ||
-                fs->nact == SHMIPC__FRONT_MAX_CONCURRENCY)
+            if (fs->s == NULL || fs->retired || fs->stopping)
+                continue;
+            int stalled = fs_stalled(fs, &now);
+            running |= !stalled; /* a live worker that runs, whether it can take r or not */
+            if (fs->nact == SHMIPC__FRONT_MAX_CONCURRENCY)
                 continue;
             /* An upload waits for the session's HELLO answer: granted TAKEN, its body is held
              * back until TAKEN (upload_room), so a stopping worker's refusal resends it
@@ -722,7 +727,7 @@ struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
                 continue;
             if (n >= bar)
                 continue;
-            int rank = n + (fs_stalled(fs, &now) ? STALLED_RANK : 0);
+            int rank = n + (stalled ? STALLED_RANK : 0);
             if (best == NULL || rank < best_rank) {
                 best = fs;
                 best_rank = rank;
@@ -732,7 +737,9 @@ struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
                     break; /* free and not stalled: none ranks before it */
             }
         }
-        if (best == NULL)
+        /* A stalled worker only when no live worker runs: the request rather waits for one
+         * that does than joins those of one that does not. */
+        if (best == NULL || (best_rank >= STALLED_RANK && running))
             return NULL;
         /* Claimed only while still below its bar (another thread may have claimed it
          * meanwhile); a pipelined claim only while nothing in flight holds it whole. */

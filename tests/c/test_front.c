@@ -859,6 +859,55 @@ static void stalled_concurrent_worker_is_passed_over(void **state)
     appw_stop(&t->w[1]);
 }
 
+/*
+ * Two workers of concurrency 2: w0 frozen, w1 holding what it gets. Once w0 shows as stalled,
+ * a request that w1 has no room for (it holds 2) waits in the front's queue rather than join
+ * the one w0 sits on, though w0 is below its concurrency; it goes to w1 once w1 answers.
+ */
+static void stalled_worker_gets_nothing_while_another_runs(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0], *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    struct bg *b = t->bg;
+    static struct shmipc__front_stats st;
+    struct shmipc__front_opts o = {.hello = 1, .deadline_ms = SHMIPC__FRONT_NO_DEADLINE};
+    appw_start(w0, "w0", NULL);
+    appw_start(w1, "w1", NULL);
+    for (int i = 0; i < 2; i++) {
+        atomic_store(&ws[i]->taken, TAKEN_GRANT);
+        atomic_store(&ws[i]->conc, 2);
+        atomic_store(&ws[i]->mode, M_HOLD);
+    }
+    fx_start(x, ws, 2, 1, &o);
+    assert_true(wait_two(x, 2, 0));
+    latch_set(w0, &w0->freeze, 1);
+    assert_true(wait_parked(w0));
+    for (int i = 0; i < 3; i++) {
+        if (i == 2)
+            sleep_ms(300); /* past the stall bound since the look that saw w0 hold its one */
+        bg_start(&b[i], x->port, pipe_targets[i]);
+        assert_true(wait_two(x, 2, (unsigned)i + 1));
+    }
+    sleep_ms(300);
+    bg_start(&b[3], x->port, pipe_targets[3]);
+    assert_true(wait_queued(x, 1));
+    CHECK(shmipc__front_stats(x->f, &st));
+    if (st.w[0].in_flight != 1 || st.w[1].in_flight != 2)
+        fail_msg("w0 holds %u, w1 %u, %u queued", st.w[0].in_flight, st.w[1].in_flight, st.queued);
+    latch_set(w1, &w1->hold_open, 1); /* w1 answers, then takes the queued one */
+    assert_true(wait_two(x, 2, 4));
+    latch_set(w0, &w0->freeze, 0);
+    latch_set(w0, &w0->hold_open, 1);
+    join_pipe_targets(b, 4);
+    assert_int_equal(atomic_load(&w0->requests), 1);
+    assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
+    fx_stop(x);
+    appw_stop(w0);
+    appw_stop(w1);
+}
+
 /* What opts.on_hung was told: how many times, and the last address. */
 static atomic_int hung_calls;
 static char hung_addr[SHMIPC__FRONT_MAX_ADDRESS + 1];
@@ -2604,7 +2653,8 @@ static void connector_churn_under_load(void **state)
         T(concurrent_worker_gets_its_concurrency), T(concurrent_worker_upload_holds_one_place),    \
         T(concurrency_answers_are_bounded), T(concurrent_worker_holds_forty),                      \
         T(concurrent_workers_least_busy_first), T(stalled_concurrent_worker_is_passed_over),       \
-        T(hung_worker_is_reported_once), T(memory_full_session_requests_wait),                     \
+        T(hung_worker_is_reported_once), T(stalled_worker_gets_nothing_while_another_runs),        \
+        T(memory_full_session_requests_wait),                                                      \
         T(unhealthy_session_is_replaced_in_flight_untouched),                                      \
         T(unhealthy_idle_session_is_replaced_and_closed),                                          \
         T(unhealthy_past_the_bound_goes_down_from_the_loop)

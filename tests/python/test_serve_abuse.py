@@ -256,14 +256,24 @@ def test_client_that_never_reads_a_large_response(tmp_path):
         assert s2.stop() == 0
 
 
+def continue_(pid):
+    """SIGCONT to a worker this test stopped, unless it is gone: stopped past its deadline
+    and the 5 s drain after it, it was killed as hung (docs/serve.md, "Hung workers")."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.mark.parametrize("pipeline,backend", [(1, "io_uring"), (1, "epoll"), (16, "io_uring"),
                                               (16, "epoll")])
 def test_a_stopped_worker_costs_only_the_requests_it_holds(tmp_path, pipeline, backend):
     # One of two workers is stopped (SIGSTOP: neither its app nor its session turns run) while
     # small requests and 900 KiB uploads (which fill its session's shared memory) keep coming.
-    # The front never waits on it: only the requests it was handed get 504 at their deadline,
-    # at most `pipeline` per deadline; every other request is answered by the other worker,
-    # each with its own body. Once it runs again it serves as before.
+    # The front never waits on it: only the requests it was handed before it showed as stalled
+    # get 504 at their deadline, at most `pipeline`; every other request is answered by the
+    # other worker, each with its own body. Once it runs again it serves as before (or, if the
+    # run took longer than its deadline and the drain, a worker replaced it as hung).
     timeout = 3
     s = Serve(tmp_path, "--timeout", str(timeout), "--pipeline", str(pipeline), workers=2,
               env={"SHMIPC_REACTOR_BACKEND": backend})
@@ -282,23 +292,20 @@ def test_a_stopped_worker_costs_only_the_requests_it_holds(tmp_path, pipeline, b
 
     try:
         os.kill(stopped, signal.SIGSTOP)
-        t0 = time.monotonic()
         ts = [threading.Thread(target=upload, args=(i,)) for i in range(12)]
         for t in ts:
             t.start()
         bad = unique_requests(s, "small", 300)
         for t in ts:
             t.join(90)
-        elapsed = time.monotonic() - t0
         failed = bad + bigs
         assert all(len(f) == 3 and f[1] == 504 for f in failed), failed
-        windows = 1 + int(elapsed // timeout)
-        assert len(failed) <= pipeline * windows, (elapsed, failed)
-        os.kill(stopped, signal.SIGCONT)
+        assert len(failed) <= pipeline, failed
+        continue_(stopped)
         assert unique_requests(s, "after", 100) == []
-        assert stopped in s.worker_pids(2)  # the same worker, not a restarted one
+        assert len(s.worker_pids(2)) == 2
     finally:
-        os.kill(stopped, signal.SIGCONT)
+        continue_(stopped)
         assert s.stop() == 0
 
 
@@ -324,11 +331,11 @@ def test_a_stopped_asgi_worker_is_passed_over(tmp_path, backend):
         assert all(len(f) == 3 and f[1] == 504 for f in bad), bad
         # At most what the clients had in flight before the stall showed, twice over.
         assert len(bad) <= 2 * clients, bad
-        os.kill(stopped, signal.SIGCONT)
+        continue_(stopped)
         assert unique_requests(s, "after", 50, 1, answered) == []
-        assert stopped in s.worker_pids(2)
+        assert len(s.worker_pids(2)) == 2
     finally:
-        os.kill(stopped, signal.SIGCONT)
+        continue_(stopped)
         assert s.stop() == 0
 
 
