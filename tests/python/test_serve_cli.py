@@ -1430,6 +1430,44 @@ def test_native_worker_stops_gracefully_on_a_group_sigquit(tmp_path, kind):
         left_alive(pids, timeout=0)
 
 
+def serves_its_request_through_a_group_signal(s, sig, path):
+    """A request to `path` (taking the worker 2.5 s) in flight while shmipc-serve's whole
+    process group gets `sig` (SIGHUP, SIGUSR1 or SIGUSR2): the request is answered, no worker
+    died of it; a SIGHUP's reload replaced the worker once it was done, the others left it in
+    place. Returns the status of the answer."""
+    pids = []
+    try:
+        pids = s.worker_pids(1)
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("r", s.request("GET", path,
+                                                                          timeout=60)))
+        t.start()
+        deadline = time.monotonic() + 20
+        while True:  # the worker has it once the front's status says so
+            before = len(s.err)
+            s.p.send_signal(signal.SIGUSR1)
+            time.sleep(0.1)
+            if any(" 1 in flight" in line for line in s.err[before:]):
+                break
+            assert time.monotonic() < deadline, "".join(s.err)
+        os.killpg(s.p.pid, getattr(signal, sig))
+        t.join(60)
+        assert got["r"][0] in (200, 201), (got, "".join(s.err))
+        assert "died (signal" not in "".join(s.err)
+        if sig == "SIGHUP":
+            deadline = time.monotonic() + 20
+            while s.worker_pids(1) == pids:  # the reload replaced the worker
+                assert time.monotonic() < deadline, "".join(s.err)
+                time.sleep(0.1)
+            assert left_alive(pids) == []
+        else:
+            assert s.worker_pids(1) == pids
+        assert s.request("GET", "/")[0] in (200, 201)
+    finally:
+        assert s.stop() == 0
+        left_alive(pids, timeout=0)
+
+
 @pytest.mark.parametrize("kind,sig", [("c", "SIGHUP"), ("lua", "SIGHUP"), ("c", "SIGUSR1"),
                                       ("c", "SIGUSR2")])
 def test_native_worker_serves_its_request_through_group_hup_usr1_usr2(tmp_path, kind, sig):
@@ -1444,34 +1482,119 @@ def test_native_worker_serves_its_request_through_group_hup_usr1_usr2(tmp_path, 
         pytest.skip(f"no {kind} worker in this build")
     app, chdir = NATIVE[kind]
     s = Serve(tmp_path, workers=1, app=app, chdir=chdir, new_session=True)
+    serves_its_request_through_a_group_signal(s, sig, "/slow?2500")
+
+
+SLOW_ASGI_APP = ASGI_APP.replace(
+    "    body = b\"\"\n",
+    "    if scope[\"path\"] == \"/slow\":\n"
+    "        import asyncio\n"
+    "        await asyncio.sleep(float(scope[\"query_string\"] or b\"1\"))\n"
+    "    body = b\"\"\n", 1)
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGUSR1", "SIGUSR2"])
+def test_python_worker_serves_its_request_through_group_hup_usr1_usr2(tmp_path, kind, sig):
+    """Regression: as test_native_worker_serves_its_request_through_group_hup_usr1_usr2 for the
+    Python workers (`python -m shmipc.serve.worker`, WSGI and --asgi), which handled only
+    SIGTERM, SIGINT and SIGQUIT: a SIGHUP, SIGUSR1 or SIGUSR2 sent to the whole group killed
+    the worker ("died (signal 1)") and its request in flight got a 502. They now catch each
+    with a handler that does nothing: caught, not ignored (SigIgn would pass to the programs
+    the app runs)."""
+    assert SLOW_ASGI_APP != ASGI_APP
+    (tmp_path / "asgiapp.py").write_text(SLOW_ASGI_APP)
+    app = ("cliapp:app",) if kind == "wsgi" else ("--asgi", "asgiapp:app")
+    s = Serve(tmp_path, workers=1, app=app, new_session=True)
+    try:
+        pid = s.worker_pids(1)[0]
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":\t", 1) for line in f if ":\t" in line)
+        mask = sum(1 << (int(getattr(signal, n)) - 1) for n in ("SIGHUP", "SIGUSR1", "SIGUSR2"))
+        assert int(status["SigCgt"], 16) & mask == mask, status["SigCgt"]
+        assert int(status["SigIgn"], 16) & mask == 0, status["SigIgn"]
+    except BaseException:
+        s.stop()
+        raise
+    serves_its_request_through_a_group_signal(s, sig, "/slow?2.5")
+
+
+SIGNALS_APP = """
+import signal
+import subprocess
+
+# The app's own handler for SIGUSR2, installed as it loads: the worker must keep it.
+signal.signal(signal.SIGUSR2, lambda signum, frame: open("usr2", "a").write("x"))
+
+
+def child_sigign():
+    # What a program the app runs inherits: its SigIgn mask.
+    out = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.startswith("SigIgn:")][0].encode()
+
+
+def app(environ, start_response):
+    body = environ["wsgi.input"].read()
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [child_sigign() + b" " + str(len(body)).encode()]
+
+
+async def asgi(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            await send({"type": m["type"] + ".complete"})
+            if m["type"] == "lifespan.shutdown":
+                return
+    n = 0
+    while True:
+        m = await receive()
+        n += len(m.get("body", b""))
+        if not m.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": child_sigign() + b" " + str(n).encode()})
+"""
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_python_worker_reads_a_body_through_hup_usr1_usr2_and_keeps_the_apps_handler(
+        tmp_path, kind):
+    """The Python workers' handlers for SIGHUP, SIGUSR1 and SIGUSR2 (which do nothing) are
+    Python handlers: each signal interrupts the worker's waits (EINTR) and runs on the main
+    thread. A request whose body trickles in while the worker gets a stream of them is read
+    whole and answered; the app's own SIGUSR2 handler, installed as it loaded, is kept (it
+    ran); a program the app runs ignores none of them (SigIgn), as the worker catches rather
+    than ignores them."""
+    (tmp_path / "sigapp.py").write_text(SIGNALS_APP)
+    app = ("sigapp:app",) if kind == "wsgi" else ("--asgi", "sigapp:asgi")
+    s = Serve(tmp_path, workers=1, app=app)
     pids = []
     try:
         pids = s.worker_pids(1)
-        got = {}
-        t = threading.Thread(target=lambda: got.setdefault("r", s.request("GET", "/slow?2500",
-                                                                          timeout=60)))
-        t.start()
-        deadline = time.monotonic() + 20
-        while True:  # the worker has it once the front's status says so
-            before = len(s.err)
-            s.p.send_signal(signal.SIGUSR1)
-            time.sleep(0.1)
-            if any(" 1 in flight" in line for line in s.err[before:]):
+        c = socket.create_connection((s.host, s.port), timeout=30)
+        c.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 40000\r\n"
+                  b"Connection: close\r\n\r\n")
+        for i in range(40):  # about 2 s of body, a signal or three between its pieces
+            c.sendall(b"b" * 1000)
+            for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)[:1 + i % 3]:
+                os.kill(pids[0], sig)
+            time.sleep(0.05)
+        answer = b""
+        while True:
+            got = c.recv(65536)
+            if not got:
                 break
-            assert time.monotonic() < deadline, "".join(s.err)
-        os.killpg(s.p.pid, getattr(signal, sig))
-        t.join(60)
-        assert got["r"][0] == 200, (got, "".join(s.err))
+            answer += got
+        c.close()
+        assert answer.startswith(b"HTTP/1.1 200"), (answer, "".join(s.err))
+        sigign = int(answer.rsplit(b"\r\n\r\n", 1)[1].split()[1], 16)
+        for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            assert not sigign & (1 << (int(sig) - 1)), (answer, sig)
+        assert answer.endswith(b" 40000"), answer
+        assert (tmp_path / "usr2").read_text().startswith("x")
+        assert s.worker_pids(1) == pids
         assert "died (signal" not in "".join(s.err)
-        if sig == "SIGHUP":
-            deadline = time.monotonic() + 20
-            while s.worker_pids(1) == pids:  # the reload replaced the worker
-                assert time.monotonic() < deadline, "".join(s.err)
-                time.sleep(0.1)
-            assert left_alive(pids) == []
-        else:
-            assert s.worker_pids(1) == pids
-        assert s.request("GET", "/")[0] == 200
     finally:
         assert s.stop() == 0
         left_alive(pids, timeout=0)

@@ -252,12 +252,35 @@ def _follow_parent(pid):
     return os.getppid() == pid
 
 
+def _take_no_action(signum, frame):
+    pass
+
+
+def _ignore_supervisor_signals():
+    """The supervisor's own signals: SIGHUP (a reload, which stops this generation with SIGTERM
+    once the next one is ready), SIGUSR1 (its status), SIGUSR2 (its access log). Sent to the
+    whole process group (a terminal's hangup, kill -HUP -PGID) they reach the workers too, and
+    their default action killed the worker and cut its request in flight (a 502). Each is
+    caught by a handler that does nothing, as the C worker does (serve/worker.c), unless the
+    application (its import, an ASGI app's lifespan startup) handles or ignores it itself, or
+    a C extension of its installed a handler (getsignal() says None). Caught rather than
+    ignored: an ignored signal stays ignored in the programs the application runs. The worker's
+    own waits take a signal as SIGTERM's (a wait in slices that checks for signals); the
+    application's blocking calls are retried after it (PEP 475)."""
+    import signal
+
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _take_no_action)
+
+
 def main(argv=None):
     """One worker process: ``python -m shmipc.serve.worker APP --address ADDR``. The
     supervisor of shmipc-serve starts these; run by hand, any front speaking docs/serve.md can
     connect to ADDR. SIGTERM, SIGINT and SIGQUIT stop it after the request in progress (exit 0;
     SIGQUIT reaches the workers too when a terminal's Ctrl-\\ stops shmipc-serve), and so
-    does the Nth request with ``--max-requests N``."""
+    does the Nth request with ``--max-requests N``; SIGHUP, SIGUSR1 and SIGUSR2 do nothing
+    (unless the app handles them)."""
     import argparse
     import signal
     import sys
@@ -321,6 +344,7 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGQUIT, stop)
+    _ignore_supervisor_signals()
     if args.parent_pid > 0 and not _follow_parent(args.parent_pid):
         worker.stop()  # the supervisor died before we could watch it: serve nothing
     print(f"shmipc-serve worker {__import__('os').getpid()} ready on {worker.address}",
