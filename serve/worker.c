@@ -129,6 +129,39 @@ static void refuse_wait_left(shmipc_stream *st, int64_t deadline)
     shmipc_stream_set_timeout(st, SHMIPC_TIMEOUT_READ, left > 0 ? (int)left : 0);
 }
 
+/*
+ * `n` bytes of the refused stream by `deadline`. A signal that lands on this thread while it
+ * waits (a second SIGTERM: the supervisor's and the parent-death one; the supervisor's own
+ * signals sent to the group) fails the wait with SHMIPC_EINTR, having read nothing: the wait
+ * goes on with what is left of the deadline, rather than ending the refusal and closing the
+ * stream before the front sent the rest of its request. Past the deadline a read does not
+ * wait, so no signal can make this loop long.
+ */
+static int refuse_read(shmipc_stream *st, size_t n, const void **p, int64_t deadline)
+{
+    int rc;
+    do {
+        refuse_wait_left(st, deadline);
+        rc = shmipc_stream_read_exact_bytes(st, n, p, 0);
+    } while (rc == SHMIPC_EINTR);
+    return rc;
+}
+
+/* The ABORT SHUTDOWN sent; a flush that a signal interrupted (nothing sent) is tried again. */
+static int refuse_send_abort(shmipc_stream *st)
+{
+    uint8_t h[SHMIPC_SERVE_HDR_SIZE];
+    int rc;
+    if (shmipc_serve_encode_header(h, sizeof h, SHMIPC_SERVE_ABORT, 0,
+                                   SHMIPC_SERVE_ABORT_SHUTDOWN) < 0 ||
+        shmipc_stream_write(st, h, sizeof h) < 0)
+        return -1;
+    do
+        rc = shmipc_stream_flush(st);
+    while (rc == SHMIPC_EINTR);
+    return rc;
+}
+
 static void refuse_stream(shmipc_stream *st, int64_t deadline)
 {
     uint8_t h[SHMIPC_SERVE_HDR_SIZE];
@@ -136,16 +169,14 @@ static void refuse_stream(shmipc_stream *st, int64_t deadline)
     int first = 1;
     for (;;) {
         shmipc_serve_frame f = {.size = sizeof f};
-        refuse_wait_left(st, deadline);
-        if (shmipc_stream_read_exact_bytes(st, sizeof h, &p, 0) < 0)
+        if (refuse_read(st, sizeof h, &p, deadline) < 0)
             break;
         memcpy(h, p, sizeof h);
         shmipc_stream_release(st);
         if (shmipc_serve_decode_header(h, sizeof h, &f) != (int)sizeof h)
             break;
         if (f.length > 0) {
-            refuse_wait_left(st, deadline);
-            if (shmipc_stream_read_exact_bytes(st, f.length, &p, 0) < 0)
+            if (refuse_read(st, f.length, &p, deadline) < 0)
                 break;
             shmipc_stream_release(st);
         }
@@ -153,9 +184,7 @@ static void refuse_stream(shmipc_stream *st, int64_t deadline)
             if (f.type != SHMIPC_SERVE_REQUEST_HEAD)
                 break;
             first = 0;
-            if (shmipc_serve_encode_header(h, sizeof h, SHMIPC_SERVE_ABORT, 0,
-                                           SHMIPC_SERVE_ABORT_SHUTDOWN) < 0 ||
-                shmipc_stream_write(st, h, sizeof h) < 0 || shmipc_stream_flush(st) < 0)
+            if (refuse_send_abort(st) < 0)
                 break;
             continue;
         }

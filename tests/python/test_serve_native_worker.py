@@ -617,6 +617,49 @@ def test_stopping_worker_exits_though_a_front_trickles_a_refused_stream(worker):
         tt.join(5)
 
 
+def test_second_stop_signal_during_a_refusal_does_not_end_it(worker):
+    """Regression: a stopping worker refuses a stream queued behind its last request (ABORT
+    SHUTDOWN), then reads the rest of that request (up to 5 s) so that none of it arrives
+    after the close. A signal landing on the thread in that read (a second SIGTERM: the
+    supervisor and the parent-death signal, or a group's signal on top of the supervisor's)
+    made it return SHMIPC_EINTR, which ended the refusal: the stream was closed and the
+    worker gone before the front had sent the request's END. The read now goes on within the
+    refusal's bound. The second SIGTERM goes to the worker's threads but the main one (a
+    process's signal lands on the main thread first), once every thread sleeps (the refusal
+    waits for the rest), and the check once the signals were taken."""
+    import ctypes
+    tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    w = worker()
+    st, chunks = w.front.open(b"GET", b"/slow?600", flags=sf.REQ_TAKEN_WANTED)
+    w.front.send_body(st, chunks)
+    st.read_timeout = 10
+    queued, _ = w.front.open(b"POST", b"/echo", chunks=[])
+    w.front.send_body(queued, [b"x"], end=False)
+    queued.read_timeout = 10
+    assert w.front.read_frame(st)[0] == sf.TAKEN
+    w.p.send_signal(signal.SIGTERM)
+    status, _, _, _, _, last, _ = w.front.response(st)
+    assert (status, last) == (200, sf.END)
+    st.close()
+    assert w.front.read_frame(queued)[:2] == (sf.ABORT, sf.ABORT_SHUTDOWN)
+    wait_threads(w.p.pid, sleeping, "the refusal never waited for the rest")
+    for tid in os.listdir(f"/proc/{w.p.pid}/task"):
+        if int(tid) != w.p.pid:
+            tgkill(w.p.pid, int(tid), signal.SIGTERM)
+    wait_threads(w.p.pid, nothing_pending, "the second SIGTERM was never taken")
+    time.sleep(0.3)  # the refusal, ended by the signal, closed the stream within this
+    queued.read_timeout = 0.5
+    with pytest.raises(shmipc.TimeoutError):
+        queued.readexactly(1)  # the stream is still open: the refusal waits for its END
+    assert w.p.poll() is None
+    w.front.send_body(queued, [b"y"])
+    queued.read_timeout = 10
+    with pytest.raises((shmipc.EndOfStreamError, shmipc.PeerGoneError)):
+        queued.readexactly(1)
+    queued.close()
+    assert w.finish(timeout=15) == 0
+
+
 def test_drain_after_the_workers_abort_ends_though_a_front_trickles(tmp_path):
     # The handler fails after its head (ABORT WORKER_ERROR), without reading the body, on a
     # request whose body trickles (a BODY frame every 0.3 s, never END). docs/serve.md
