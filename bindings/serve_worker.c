@@ -17,8 +17,8 @@
 #include "net/serve_frame.h"
 #include "net/ws_codec.h"
 
-/* After its own ABORT the worker waits this long for the front to end its side; after its own
- * WebSocket close, this long for the front's answering close. */
+/* After its own END or ABORT the worker waits this long for the front to end its side; after
+ * its own WebSocket close, this long for the front's answering close. */
 #define ABORT_DRAIN_MS   5000
 #define WS_CLOSE_WAIT_MS 5000
 /* The bytes of a WebSocket frame whose header came: each read of them waits this long. */
@@ -57,7 +57,8 @@ struct shmipc_serve_exchange {
     uint32_t ws_reason_len;
     uint8_t ws_reason[SHMIPC_SERVE_MAX_CLOSE_REASON];
     int64_t ws_close_by; /* going away: when the front's answer to our 1001 is given up, or 0 */
-    int64_t drain_by;    /* after our ABORT, or in a WebSocket's last wait: when reads end, or 0 */
+    int64_t
+        drain_by; /* after our END or ABORT, or in a WebSocket's last wait: when reads end, or 0 */
 };
 
 static int64_t mono_ms(void);
@@ -115,10 +116,11 @@ static int flush(shmipc_serve_exchange *x)
 }
 
 /*
- * After our ABORT the drain has one deadline (docs/serve.md, "ABORT": "for at most 5
+ * After our END or ABORT the drain has one deadline (docs/serve.md, "ABORT": "for at most 5
  * seconds"): each read waits only what is left of it, and none starts once it passed. A
- * per-read timeout alone let a front that trickles a body (a frame every few seconds, never
- * END) hold the worker, which serves one request at a time, for as long as it liked. The
+ * per-read timeout alone (or none, after our END) let a front that trickles a body (a frame
+ * every few seconds, never END) hold the worker, which serves one request at a time, for as
+ * long as it liked. The
  * last wait of a WebSocket (for the front's answer to the close of a worker going away, or
  * of a handler that returned) has one too, for the same reason: a frame's payload trickled
  * behind its header. 0 when the time is up (the stream is then given up), else 1.
@@ -272,7 +274,8 @@ static int send_now(shmipc_serve_exchange *x, const void *a, size_t alen, const 
     return 0;
 }
 
-/* After our END (or ABORT): the rest of the request, so both sides ended before the close. */
+/* After our END (or ABORT): the rest of the request, so both sides ended before the close,
+ * by drain_by when it is set (drain_after_end(), send_abort()). */
 static void drain(shmipc_serve_exchange *x)
 {
     while (!x->done && !x->gone && !x->protocol) {
@@ -288,6 +291,13 @@ static void drain(shmipc_serve_exchange *x)
         if (skip(x, n) < 0)
             break;
     }
+}
+
+/* After our END: drain() within ABORT_DRAIN_MS; past it the stream is given up (closed). */
+static void drain_after_end(shmipc_serve_exchange *x)
+{
+    x->drain_by = mono_ms() + ABORT_DRAIN_MS;
+    drain(x);
 }
 
 static void send_abort(shmipc_serve_exchange *x, uint32_t reason, const char *text)
@@ -913,7 +923,7 @@ static void send_500(shmipc_serve_exchange *x)
         return;
     shmipc_serve_encode_header(end, sizeof end, SHMIPC_SERVE_END, 0, 0);
     if (send_now(x, end, sizeof end, NULL, 0) == 0) {
-        drain(x);
+        drain_after_end(x);
         answer_drained_bad_frame(x);
     }
 }
@@ -1051,7 +1061,7 @@ SHMIPC_API int shmipc_serve_handle_stream(shmipc_stream *st, shmipc_serve_handle
                 st = NULL; /* closed, whatever the flush did */
             }
         } else if (send_now(&x, end, sizeof end, NULL, 0) == 0) {
-            drain(&x);
+            drain_after_end(&x);
             answer_drained_bad_frame(&x);
         }
         outcome = x.gone       ? SHMIPC_SERVE_OUTCOME_ABORTED

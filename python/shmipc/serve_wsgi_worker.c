@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <string.h>
 #include <structmember.h>
+#include <time.h>
 
 /* What wsgi.py gives WSGIWorker (its hooks dict), by these names. */
 enum {
@@ -40,6 +41,7 @@ enum {
     H_EOS,           /* shmipc.EndOfStreamError */
     H_PEER_GONE,     /* shmipc.PeerGoneError */
     H_CLOSED,        /* shmipc.ClosedError */
+    H_TIMEOUT,       /* shmipc.TimeoutError */
     NHOOK
 };
 static const char *const hook_names[NHOOK] = {
@@ -58,6 +60,7 @@ static const char *const hook_names[NHOOK] = {
     "EndOfStreamError",
     "PeerGoneError",
     "ClosedError",
+    "TimeoutError",
 };
 
 /* Names and constants made once (the module's state). */
@@ -107,6 +110,7 @@ typedef struct {
     uint32_t abort_reason;
     uint64_t expect, got; /* the head's content_length; body bytes read */
     PyObject *pending;    /* a BODY payload check_abort read ahead, for wsgi.input */
+    double drain_by;      /* drain()'s deadline (mono_s()) while it runs, else 0 */
     /* Small parts queued: written to the stream as one before anything else is (a write, the
      * flush, the close), so a response's frames cost one write() of the Stream, not one each
      * (with memory_wait each gives up the GIL). The frames go out as before: nothing is sent
@@ -193,9 +197,44 @@ static PyObject *st_invoke(wsgi_exchange *ex, int name, PyObject *const *args, s
     return PyObject_VectorcallMethod(w->name[name], (PyObject **)args, nargs, kwnames);
 }
 
+/* CLOCK_MONOTONIC in seconds, time.monotonic()'s clock. */
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Before a read of drain(): what is left of its deadline as the stream's read timeout; once it
+ * passed, shmipc.TimeoutError and no read (wsgi.py's _Exchange._drain_left). */
+static int drain_left(wsgi_exchange *ex)
+{
+    double left = ex->drain_by - mono_s();
+    if (left <= 0) {
+        PyObject *st_id = PyObject_GetAttrString(ex->st, "id");
+        PyObject *msg =
+            st_id != NULL
+                ? PyUnicode_FromFormat("stream %S: the front did not end the request within "
+                                       "%S s of the worker's END or ABORT",
+                                       st_id, ex->w->hook[H_DRAIN_TIMEOUT])
+                : NULL;
+        if (msg != NULL)
+            PyErr_SetObject(ex->w->hook[H_TIMEOUT], msg);
+        Py_XDECREF(msg);
+        Py_XDECREF(st_id);
+        return -1;
+    }
+    PyObject *t = PyFloat_FromDouble(left);
+    int rc = t != NULL ? PyObject_SetAttr(ex->st, ex->w->name[N_READ_TIMEOUT], t) : -1;
+    Py_XDECREF(t);
+    return rc;
+}
+
 /* st.readexactly(n[, nonblock=True]): bytes, Py_None (nothing yet), or NULL. */
 static PyObject *st_read(wsgi_exchange *ex, size_t n, int nonblock)
 {
+    if (ex->drain_by > 0 && !nonblock && drain_left(ex) < 0)
+        return NULL;
     PyObject *len = PyLong_FromSize_t(n);
     if (len == NULL)
         return NULL;
@@ -497,20 +536,29 @@ static int look(wsgi_exchange *ex)
     return stream_ended(ex);
 }
 
-/* _Exchange.drain: the rest of the request read; RequestAborted ends it quietly. */
+/* _Exchange.drain: the rest of the request read, within one deadline for all its reads
+ * (_ABORT_DRAIN_TIMEOUT: past it shmipc.TimeoutError); RequestAborted ends it quietly. */
 static int drain(wsgi_exchange *ex)
 {
+    double timeout = PyFloat_AsDouble(ex->w->hook[H_DRAIN_TIMEOUT]);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return -1;
+    int rc = 0;
+    ex->drain_by = mono_s() + timeout;
     while (!ex->done) {
         PyObject *data = next_body(ex, 0);
         if (data == NULL) {
-            if (!PyErr_ExceptionMatches(ex->w->hook[H_ABORTED]))
-                return -1;
+            if (!PyErr_ExceptionMatches(ex->w->hook[H_ABORTED])) {
+                rc = -1;
+                break;
+            }
             PyErr_Clear();
-            return 0;
+            break;
         }
         Py_DECREF(data);
     }
-    return 0;
+    ex->drain_by = 0;
+    return rc;
 }
 
 /* Calls hook `h` with args; the new reference to its result, or NULL. */
@@ -555,11 +603,8 @@ static int ex_abort(wsgi_exchange *ex, uint32_t reason, PyObject *text)
         goto out;
     }
     rc = ex_send(ex, &frame, 1);
-    if (rc == 0 && reason != SHMIPC_SERVE_ABORT_PROTOCOL) {
-        rc = PyObject_SetAttr(ex->st, ex->w->name[N_READ_TIMEOUT], ex->w->hook[H_DRAIN_TIMEOUT]);
-        if (rc == 0)
-            rc = drain(ex);
-    }
+    if (rc == 0 && reason != SHMIPC_SERVE_ABORT_PROTOCOL)
+        rc = drain(ex);
     if (rc < 0 &&
         (PyErr_ExceptionMatches(ex->w->hook[H_ERROR]) || PyErr_ExceptionMatches(PyExc_OSError) ||
          PyErr_ExceptionMatches(ex->w->hook[H_VIOLATION]))) {
@@ -1315,6 +1360,7 @@ static PyObject *worker_handle(PyObject *o, PyObject *st)
     ex->has_expect = 0;
     ex->expect = ex->got = 0;
     ex->pending = NULL;
+    ex->drain_by = 0;
     PyObject_GC_Track(ex);
     PyObject *out = serve(w, ex), *pending = NULL;
     if (out != NULL && PyTuple_Check(out)) {

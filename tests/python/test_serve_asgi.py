@@ -19,8 +19,8 @@ from shmipc.serve.asgi import ASGIHandler, LifespanFailed  # noqa: E402
 from shmipc.serve.asgi_worker import ASGIWorker  # noqa: E402
 from shmipc.serve.worker import Worker  # noqa: E402
 from test_serve_worker import (  # noqa: E402
-    BAD_LEFTOVERS, BODY_LIES, Front, bad_frames_behind_an_answer, frame, head,
-    length_bound_is_kept)
+    BAD_LEFTOVERS, BODY_LIES, Front, answer_then_trickle, bad_frames_behind_an_answer, frame,
+    head, length_bound_is_kept, next_answer)
 
 # ---- the scope --------------------------------------------------------------------------
 
@@ -712,3 +712,43 @@ def serve_ok_streaming(front):
     # the same app on a request the front does not abort: its 100 pieces, then END
     status, _, _, _, body, last, _ = front.request()
     return status == 200 and last == sf.END and body.endswith(b"p99end")
+
+
+async def trickle_asgi_app(scope, receive, send):
+    """Answers without receiving the request's body: /answer 200, /500 raises before its
+    head, /abort after it (ABORT WORKER_ERROR); anything else 200 "next"."""
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    if path == "/500":
+        raise RuntimeError("failing before the head")
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    if path == "/abort":
+        await send({"type": "http.response.body", "body": b"partial", "more_body": True})
+        raise RuntimeError("failing after the head")
+    await send({"type": "http.response.body", "body": b"ok" if path == "/answer" else b"next"})
+
+
+@pytest.mark.parametrize("target,last", [(b"/answer", sf.END), (b"/500", sf.END),
+                                         (b"/abort", sf.ABORT)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_drain_after_the_answer_ends_though_a_front_trickles(kind, target, last):
+    """Regression: after its END (an app that answered without receiving the body, or the 500
+    of one that failed before its head) the ASGI worker reads the rest of the request before
+    it closes the stream, and did so with no deadline (the one-at-a-time worker after its
+    ABORT: 5 s for each read). A front that trickles the body (a BODY frame every 0.3 s, never
+    END) held the request's place as long as it liked: with one place (the loop's
+    --concurrency 1, or the one-at-a-time worker) the next request waited. The drain now has
+    one deadline, 5 s for all of it; then the stream is closed and the next request served."""
+    r = Running(trickle_asgi_app, kind, concurrency=1)
+    end = None
+    try:
+        got, end = answer_then_trickle(r.front.session, target)
+        assert got[0] == last, got
+        status, took = next_answer(r.front.session)
+        assert status == 200
+        assert took < 12, took
+    finally:
+        if end is not None:
+            end()
+        r.stop()

@@ -17,8 +17,9 @@ import shmipc
 from conftest import BUILD, ROOT, children, unique_address
 
 sf = pytest.importorskip("shmipc._serve")
-from test_serve_worker import (BAD_LEFTOVERS, Front, bad_frames_behind_an_answer,  # noqa: E402
-                               frame, head, length_bound_is_kept)
+from test_serve_worker import (BAD_LEFTOVERS, Front, answer_then_trickle,  # noqa: E402
+                               bad_frames_behind_an_answer, frame, head, length_bound_is_kept,
+                               next_answer)
 
 WORKER = os.path.join(BUILD, "serve", "shmipc-serve-worker")
 
@@ -708,6 +709,45 @@ def test_drain_after_the_workers_abort_ends_though_a_front_trickles(tmp_path):
     finally:
         stop.set()
         tt.join(5)
+        w.p.terminate()
+        w.finish()
+
+
+TRICKLE_LUA = """
+return function(req)
+  if req.path == "/500" then error("failing before the head") end
+  return 200, {}, req.path == "/answer" and "ok" or "next"
+end
+"""
+
+
+@pytest.mark.parametrize("kind,target", [("c", b"/early"), ("lua", b"/answer"), ("lua", b"/500")])
+def test_drain_after_the_answer_ends_though_a_front_trickles(tmp_path, kind, target):
+    """Regression: after its END (a handler that answered without reading the body, or the
+    500 of one that failed before its head) the worker reads the rest of the request before it
+    closes the stream, and did so with no deadline (only the drain after its ABORT had one). A
+    front that trickles the body (a BODY frame every 0.3 s, never END) held the worker (one
+    request at a time) as long as it liked: the next request waited. The drain now has one
+    deadline, 5 s for all of it, as after the ABORT (test_drain_after_the_workers_abort_ends_
+    though_a_front_trickles). The C handler is the example's /early; the Lua one answers
+    without reading the body (both run shmipc_serve_handle_stream())."""
+    if kind == "c":
+        w = Proc("c")
+    else:
+        if not has_lua():
+            pytest.skip("the worker was built without Lua")
+        (tmp_path / "trickleapp.lua").write_text(TRICKLE_LUA)
+        w = Proc("lua", app=["--lua", "trickleapp"], cwd=tmp_path)
+    end = None
+    try:
+        got, end = answer_then_trickle(w.front.session, target)
+        assert got[0] == sf.END, got
+        status, took = next_answer(w.front.session)
+        assert status == 200
+        assert took < 12, took
+    finally:
+        if end is not None:
+            end()
         w.p.terminate()
         w.finish()
 

@@ -324,6 +324,64 @@ class Front:
         self.session.close()
 
 
+def answer_then_trickle(session, target):
+    """A front that keeps a request's body coming after the worker's answer: a chunked POST to
+    `target` whose head goes at once, the worker's answer read to its END (or ABORT), then a
+    one-byte BODY frame every 0.3 s, never END, for 30 s at most, on a thread. Returns the
+    answer's last frame type and arg, and a function that ends the trickle."""
+    st = session.open_stream()
+    st.read_timeout = 10
+    st.write(head(b"POST", target, flags=sf.REQ_HAS_BODY | sf.REQ_CHUNKED))
+    st.flush()
+    while True:
+        typ, length, arg = sf.decode_header(st.readexactly(12))
+        if length:
+            st.readexactly(length)
+        if typ in (sf.END, sf.ABORT):
+            break
+    stop = threading.Event()
+
+    def trickle():
+        deadline = time.monotonic() + 30
+        while not stop.wait(0.3) and time.monotonic() < deadline:
+            try:
+                st.write(frame(sf.BODY, b"x"))
+                st.flush()
+            except shmipc.Error:
+                return
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+
+    def end():
+        stop.set()
+        t.join(5)
+        st.close()
+
+    return (typ, arg), end
+
+
+def next_answer(session, target=b"/", timeout=15):
+    """A GET to `target` on a new stream: (its status, the seconds it took)."""
+    t0 = time.monotonic()
+    st = session.open_stream()
+    st.read_timeout = timeout
+    try:
+        st.write(head(b"GET", target) + frame(sf.END))
+        st.flush()
+        raw = st.readexactly(12)
+        typ, length, arg = sf.decode_header(raw)
+        assert typ == sf.RESPONSE_HEAD, typ
+        status = sf.decode_response(raw + st.readexactly(length))[0]
+        while typ != sf.END:
+            typ, length, _ = sf.decode_header(st.readexactly(12))
+            if length:
+                st.readexactly(length)
+        return status, time.monotonic() - t0
+    finally:
+        st.close()
+
+
 class Running:
     def __init__(self, app):
         self.worker = Worker(app, unique_address("serve"))

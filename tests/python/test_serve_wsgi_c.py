@@ -22,7 +22,7 @@ from shmipc.serve import Worker  # noqa: E402
 from shmipc.serve import wsgi as wsgi_mod  # noqa: E402
 from shmipc.serve.wsgi import WSGIHandler  # noqa: E402
 
-from test_serve_worker import frame, head  # noqa: E402
+from test_serve_worker import answer_then_trickle, frame, head, next_answer  # noqa: E402
 
 
 class FakeStream:
@@ -1418,4 +1418,44 @@ def test_no_memory_kept_per_request_on_any_path():
         assert grown < 600, grown  # 8000 requests, 1000 on each path
     finally:
         log.disabled = old
+        r.stop()
+
+
+def trickle_app(environ, start_response):
+    """Answers without reading the request's body: /answer 200, /500 raises before its head,
+    /abort after it (ABORT WORKER_ERROR); anything else 200 "next"."""
+    path = environ["PATH_INFO"]
+    if path == "/500":
+        raise RuntimeError("failing before the head")
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    if path == "/abort":
+        def pieces():
+            yield b"partial"
+            raise RuntimeError("failing after the head")
+        return pieces()
+    return [b"ok" if path == "/answer" else b"next"]
+
+
+@pytest.mark.parametrize("target,last", [(b"/answer", sf.END), (b"/500", sf.END),
+                                         (b"/abort", sf.ABORT)])
+@pytest.mark.parametrize("c_route", [True, False], ids=["c", "python"])
+def test_drain_after_the_answer_ends_though_a_front_trickles(c_route, target, last):
+    """Regression: after its END (an app that answered without reading the body, or the 500
+    of one that failed before its head) the WSGI worker reads the rest of the request before
+    it closes the stream, and did so with no deadline; after its ABORT, with 5 s for each
+    read. A front that trickles the body (a BODY frame every 0.3 s, never END) held the worker
+    (one request at a time) as long as it liked: the next request waited. The drain now has
+    one deadline, 5 s for all its reads, as the C worker's after its ABORT; then the stream is
+    closed and the next request served. Both routes."""
+    r = Route(trickle_app, c_route)
+    end = None
+    try:
+        got, end = answer_then_trickle(r.session, target)
+        assert got[0] == last, got
+        status, took = next_answer(r.session)
+        assert status == 200
+        assert took < 12, took
+    finally:
+        if end is not None:
+            end()
         r.stop()

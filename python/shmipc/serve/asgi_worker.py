@@ -214,16 +214,35 @@ class _LoopExchange(_Exchange):
         try:
             await self.asend(sf.encode_frame(sf.ABORT, data, reason))
             if reason != sf.ABORT_PROTOCOL:
-                await asyncio.wait_for(self.adrain(), _ABORT_DRAIN_TIMEOUT)
-        except (shmipc.Error, OSError, ProtocolViolation, asyncio.TimeoutError):
+                await self.adrain()
+        except (shmipc.Error, OSError, ProtocolViolation):
             pass
 
     async def adrain(self):
+        """drain() on the loop: the rest of the request, after our END or ABORT, within one
+        deadline for all of it (_ABORT_DRAIN_TIMEOUT; past it shmipc.TimeoutError, which gives
+        the stream up). Before, the drain after our END had none: a front that trickled the
+        body (a frame every few seconds, never END) held the request's place as long as it
+        liked. What has arrived is read first, without a wait (the front's END is nearly
+        always there already)."""
         try:
             while not self.done:
-                await self._read(lambda: self.next_body(nonblock=True))
+                if self.next_body(nonblock=True) is None:
+                    break
+            if self.done:
+                return
+            try:
+                await asyncio.wait_for(self._adrain(), _ABORT_DRAIN_TIMEOUT)
+            except asyncio.TimeoutError:
+                raise shmipc.TimeoutError(
+                    f"stream {self.st.id}: the front did not end the request within "
+                    f"{_ABORT_DRAIN_TIMEOUT} s of the worker's END or ABORT") from None
         except RequestAborted:
             pass
+
+    async def _adrain(self):
+        while not self.done:
+            await self._read(lambda: self.next_body(nonblock=True))
 
     async def idle(self, delay):
         session = self.session

@@ -18,6 +18,7 @@ import logging
 import operator
 import struct
 import sys
+import time
 
 import shmipc
 
@@ -34,7 +35,8 @@ _MAGIC = 0x5653
 # is serve_wsgi.c's, which drops them in start_response; the ASGI worker checks its own.
 _HOP = sf.HOP_FIELDS
 _ERROR_BODY = b"Internal Server Error\n"
-# After its ABORT, how long the worker waits for the front to end its side of the stream.
+# After its END or its ABORT, how long the worker waits for the front to end its side of the
+# stream: one deadline for all the reads of the drain (drain()).
 _ABORT_DRAIN_TIMEOUT = 5.0
 
 
@@ -111,7 +113,7 @@ class _Exchange:
     """The worker's end of one stream: reads the request's frames, writes the response's."""
 
     __slots__ = ("st", "done", "aborted", "abort_reason", "pending", "has_body", "expect", "got",
-                 "end_queued", "partial")
+                 "end_queued", "partial", "drain_by")
 
     def __init__(self, st):
         self.st = st
@@ -129,6 +131,7 @@ class _Exchange:
         # that sent a header and part of its payload (a flush cut short, or hostile) held
         # every request of the loop while one read waited for the rest.
         self.partial = None
+        self.drain_by = None  # drain()'s deadline (time.monotonic()) while it runs
 
     def head(self, flags, payload):
         """What the REQUEST_HEAD (`flags`, its payload) says of the body, for _next_body to
@@ -153,6 +156,8 @@ class _Exchange:
             self.send(sf.encode_frame(sf.TAKEN))
 
     def read_frame_header(self, nonblock=False):
+        if self.drain_by is not None and not nonblock:
+            self._drain_left()
         raw = self.st.readexactly(sf.HDR_SIZE, nonblock=nonblock)
         if raw is None:
             return None
@@ -213,6 +218,8 @@ class _Exchange:
         (nothing is consumed then)."""
         if not length:
             return b""
+        if self.drain_by is not None and not nonblock:
+            self._drain_left()
         return self.st.readexactly(length, nonblock=nonblock)
 
     def check_abort(self):
@@ -272,19 +279,36 @@ class _Exchange:
         try:
             self.send(sf.encode_frame(sf.ABORT, data, reason))
             if reason != sf.ABORT_PROTOCOL:
-                self.st.read_timeout = _ABORT_DRAIN_TIMEOUT
                 self.drain()
         except (shmipc.Error, OSError, ProtocolViolation):
             pass
 
     def drain(self):
-        """After our END: read the rest of the request (the front ends it at once when it
-        sees our END), so both sides have ended the exchange before the stream closes."""
+        """After our END or ABORT: read the rest of the request (the front ends it at once when
+        it sees them), so both sides have ended the exchange before the stream closes. One
+        deadline for all of it, _ABORT_DRAIN_TIMEOUT: each read waits only what is left of it,
+        and none starts once it passed (shmipc.TimeoutError, which gives the stream up, as a
+        stream that ended). Before, the drain after our END waited as long as the front kept
+        sending (and the one after our ABORT 5 s for each read): a front that trickled the
+        body, a frame every few seconds and never END, held the worker, which serves one
+        request at a time, for as long as it liked."""
+        self.drain_by = time.monotonic() + _ABORT_DRAIN_TIMEOUT
         try:
             while not self.done:
                 self.next_body()
         except RequestAborted:
             pass
+        finally:
+            self.drain_by = None
+
+    def _drain_left(self):
+        """Before a read of drain(): what is left of its deadline as the read's timeout."""
+        left = self.drain_by - time.monotonic()
+        if left <= 0:
+            raise shmipc.TimeoutError(
+                f"stream {self.st.id}: the front did not end the request within "
+                f"{_ABORT_DRAIN_TIMEOUT} s of the worker's END or ABORT")
+        self.st.read_timeout = left
 
     def drain_end(self):
         """drain() after our END, when nothing else would catch a bad frame in what is left of
@@ -760,5 +784,5 @@ _HOOKS = {
     "_close_failed": _close_failed, "_failed": _failed,
     "_ABORT_DRAIN_TIMEOUT": _ABORT_DRAIN_TIMEOUT, "Error": shmipc.Error,
     "EndOfStreamError": shmipc.EndOfStreamError, "PeerGoneError": shmipc.PeerGoneError,
-    "ClosedError": shmipc.ClosedError,
+    "ClosedError": shmipc.ClosedError, "TimeoutError": shmipc.TimeoutError,
 }
