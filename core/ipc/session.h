@@ -343,7 +343,7 @@ static inline uint64_t shmipc__session_popped(const shmipc_session *s)
 
 static inline int shmipc__session_peer_took(const shmipc_session *s, uint64_t mark)
 {
-    return mark == 0 || shmipc__queue_popped_count(&s->qp.send) >= mark;
+    return mark == 0 || shmipc__session_popped(s) >= mark;
 }
 
 int shmipc__stream_write(shmipc_stream *st, const void *buf, size_t len);

@@ -99,9 +99,9 @@ struct fsess {
     int down_rc;
     uint8_t gone;      /* unlinked during that turn */
     uint8_t wake_owed; /* a deferred flush: its worker is woken at the end of the turn */
-    /* fs_stalled (shmipc__front_claim): since when its worker has held elements of the
-     * session's queue without taking one (0: nothing held at the last look), and the
-     * worker's popped count then. */
+    /* fs_stalled (shmipc__front_claim): since when (loop ms + 1) its worker has held
+     * elements of the session's queue without taking one (0: nothing held at the last look),
+     * and the worker's popped count then. */
     uint64_t held_since;
     uint64_t held_pop;
     uint32_t backoff_ms;

@@ -653,32 +653,31 @@ void shmipc__front_worker_hung(struct shmipc__front *f, struct fworker *w)
 /* A worker that has held what this session sent it this long without taking any of it (a
  * stopped or wedged process, an app that keeps its event loop busy) is passed over while
  * another worker can take the request (docs/serve.md, "Choosing a worker"). */
-#define STALL_NS (200ull * 1000000ull)
+#define STALL_MS 200
 /* Added to a stalled worker's rank: any worker that is not stalled ranks before it. */
 #define STALLED_RANK (1 << 20)
 
 /*
  * Whether fs's worker sits on elements of this session's queue: some it has not taken, and it
- * took none since the first claim that saw them, STALL_NS or more ago. Claims are the only
- * looks, so the clock may start late, never early. `*now` is read once per claim, when first
- * needed. The popped count is the worker's to write: a lying worker only decides whether it
- * is passed over itself.
+ * took none since the first claim that saw them, STALL_MS or more ago. Claims are the only
+ * looks, so the clock may start late, never early. `now` is the loop's time of this turn (ms).
+ * held_since keeps now + 1, so that 0 stays "nothing held" whatever the clock reads. The
+ * popped count is the worker's to write: a lying worker only decides whether it is passed
+ * over itself.
  */
-static int fs_stalled(struct fsess *fs, uint64_t *now)
+static int fs_stalled(struct fsess *fs, uint64_t now)
 {
     uint64_t put = shmipc__session_sent(fs->s), pop = shmipc__session_popped(fs->s);
     if (pop >= put) {
         fs->held_since = 0; /* nothing held */
         return 0;
     }
-    if (*now == 0)
-        *now = shmipc__now_ns();
     if (fs->held_since == 0 || pop != fs->held_pop) {
-        fs->held_since = *now; /* held from now, or it took some since the last look */
+        fs->held_since = now + 1; /* held from now, or it took some since the last look */
         fs->held_pop = pop;
         return 0;
     }
-    return *now - fs->held_since >= STALL_NS;
+    return now + 1 - fs->held_since >= STALL_MS;
 }
 
 /*
@@ -696,7 +695,7 @@ static int fs_stalled(struct fsess *fs, uint64_t *now)
 struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
 {
     int may_wait = t->f->pipeline > 1 && pipelinable(r);
-    uint64_t now = 0;
+    uint64_t now = shmipc__loop_now_ms(t->loop);
     /* A claim lost to another thread between the look and the claim looks again, twice. */
     for (int attempt = 0; attempt < 3; attempt++) {
         struct fsess *best = NULL;
@@ -706,7 +705,7 @@ struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
             struct fsess *fs = t->sess[(t->rr + k) % t->nsess];
             if (fs->s == NULL || fs->retired || fs->stopping)
                 continue;
-            int stalled = fs_stalled(fs, &now);
+            int stalled = fs_stalled(fs, now);
             running |= !stalled; /* a live worker that runs, whether it can take r or not */
             if (fs->nact == SHMIPC__FRONT_MAX_CONCURRENCY)
                 continue;
