@@ -40,6 +40,7 @@ static int thread_start(struct shmipc__loop *loop, unsigned index, unsigned nwor
     t->loop = loop;
     t->gen = atomic_load(&f->gen) - 1u;
     shmipc__timer_init(loop, &t->kick, shmipc__front_on_kick, t);
+    shmipc__timer_init(loop, &t->stall_timer, shmipc__front_on_kick, t);
     shmipc__timer_init(loop, &t->alog_timer, shmipc__front_on_log_timer, t);
     shmipc__timer_init(loop, &t->wake_timer, shmipc__front_on_wake, t);
     if (f->alog != NULL && (rc = shmipc__access_buf_init(&t->alog, f->alog)) < 0) {
@@ -112,6 +113,7 @@ static int thread_end(struct shmipc__loop *loop, unsigned index, unsigned nworke
     }
     free(t->sess);
     shmipc__timer_stop(&t->kick);
+    shmipc__timer_stop(&t->stall_timer);
     shmipc__timer_stop(&t->wake_timer);
     /* Every request was logged as the server cancelled it: the last lines go out now. */
     shmipc__timer_stop(&t->alog_timer);

@@ -141,6 +141,10 @@ struct fthread {
     int efd;
     struct shmipc__watch *ewatch;
     struct shmipc__timer kick;
+    /* Runs the FIFO again while a request waits only because the worker that could take it
+     * is stalled (shmipc__front_claim): no "worker freed" comes when that worker starts
+     * taking again. */
+    struct shmipc__timer stall_timer;
     unsigned gen;
     struct fsess **sess;
     unsigned nsess, cap, rr;

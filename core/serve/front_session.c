@@ -6,7 +6,6 @@
  */
 #include "serve/front_int.h"
 
-#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -654,6 +653,8 @@ void shmipc__front_worker_hung(struct shmipc__front *f, struct fworker *w)
  * stopped or wedged process, an app that keeps its event loop busy) is passed over while
  * another worker can take the request (docs/serve.md, "Choosing a worker"). */
 #define STALL_MS 200
+/* How often the queue is run again while a request waits only because its worker is stalled. */
+#define STALL_RETRY_MS 50
 /* Added to a stalled worker's rank: any worker that is not stalled ranks before it. */
 #define STALLED_RANK (1 << 20)
 
@@ -736,10 +737,18 @@ struct fsess *shmipc__front_claim(struct fthread *t, const struct freq *r)
                     break; /* free and not stalled: none ranks before it */
             }
         }
-        /* A stalled worker only when no live worker runs: the request rather waits for one
-         * that does than joins those of one that does not. */
-        if (best == NULL || (best_rank >= STALLED_RANK && running))
+        if (best == NULL)
             return NULL;
+        /* A stalled worker only when no live worker runs: the request rather waits for one
+         * that does than joins those of one that does not. Nothing tells the loop when the
+         * stalled one takes again (only a worker that frees a request kicks the queue), so
+         * the queue is run again every STALL_RETRY_MS while that is all it waits for. */
+        if (best_rank >= STALLED_RANK && running) {
+            if (!shmipc__timer_active(&t->stall_timer) &&
+                shmipc__timer_start(&t->stall_timer, STALL_RETRY_MS) < 0)
+                SHMIPC__LOG(SHMIPC__LOG_ERROR, "front: cannot start a timer: %s", shmipc__detail());
+            return NULL;
+        }
         /* Claimed only while still below its bar (another thread may have claimed it
          * meanwhile); a pipelined claim only while nothing in flight holds it whole. */
         int n = atomic_load(&best->w->busy);

@@ -860,13 +860,13 @@ static void stalled_concurrent_worker_is_passed_over(void **state)
 }
 
 /*
- * Two workers of concurrency 2: w0 frozen, w1 holding what it gets. Once w0 shows as stalled,
- * a request that w1 has no room for (it holds 2) waits in the front's queue rather than join
- * the one w0 sits on, though w0 is below its concurrency; it goes to w1 once w1 answers.
+ * Two workers of concurrency 2, holding what they get: w0 frozen once both answered their
+ * HELLO. Returns with w0 sitting on one request, w1 holding two, and a fourth request in the
+ * front's queue: w0 shows as stalled, so it waits there rather than join the one w0 sits on,
+ * though w0 is below its concurrency.
  */
-static void stalled_worker_gets_nothing_while_another_runs(void **state)
+static void start_stalled_pair(struct tc *t)
 {
-    struct tc *t = *state;
     struct appw *w0 = &t->w[0], *w1 = &t->w[1];
     struct appw *ws[] = {w0, w1};
     struct fx *x = &t->x;
@@ -896,16 +896,49 @@ static void stalled_worker_gets_nothing_while_another_runs(void **state)
     CHECK(shmipc__front_stats(x->f, &st));
     if (st.w[0].in_flight != 1 || st.w[1].in_flight != 2)
         fail_msg("w0 holds %u, w1 %u, %u queued", st.w[0].in_flight, st.w[1].in_flight, st.queued);
-    latch_set(w1, &w1->hold_open, 1); /* w1 answers, then takes the queued one */
-    assert_true(wait_two(x, 2, 4));
+}
+
+/* Both let go (w0 thawed): each client has its own answer; w0 read `w0_requests`. */
+static void end_stalled_pair(struct tc *t, int w0_requests)
+{
+    struct appw *w0 = &t->w[0], *w1 = &t->w[1];
     latch_set(w0, &w0->freeze, 0);
     latch_set(w0, &w0->hold_open, 1);
-    join_pipe_targets(b, 4);
-    assert_int_equal(atomic_load(&w0->requests), 1);
+    latch_set(w1, &w1->hold_open, 1);
+    join_pipe_targets(t->bg, 4);
+    assert_int_equal(atomic_load(&w0->requests), w0_requests);
     assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
-    fx_stop(x);
+    fx_stop(&t->x);
     appw_stop(w0);
     appw_stop(w1);
+}
+
+/* start_stalled_pair; the queued request goes to w1 once w1 answers. */
+static void stalled_worker_gets_nothing_while_another_runs(void **state)
+{
+    struct tc *t = *state;
+    start_stalled_pair(t);
+    latch_set(&t->w[1], &t->w[1].hold_open, 1); /* w1 answers, then takes the queued one */
+    assert_true(wait_two(&t->x, 2, 4));
+    end_stalled_pair(t, 1);
+}
+
+/*
+ * start_stalled_pair, then w0 thaws and takes the request it sat on, while w1 holds its two:
+ * the queued request goes to w0, which has room for it. (Only a worker that freed a request
+ * ran the queue again: the request waited for w1, here for good.)
+ */
+static void queued_request_goes_to_a_stalled_worker_that_thaws(void **state)
+{
+    struct tc *t = *state;
+    static struct shmipc__front_stats st;
+    start_stalled_pair(t);
+    latch_set(&t->w[0], &t->w[0].freeze, 0);
+    assert_true(wait_two(&t->x, 2, 4));
+    CHECK(shmipc__front_stats(t->x.f, &st));
+    if (st.w[0].in_flight != 2 || st.w[1].in_flight != 2)
+        fail_msg("w0 holds %u, w1 %u, %u queued", st.w[0].in_flight, st.w[1].in_flight, st.queued);
+    end_stalled_pair(t, 2);
 }
 
 /* What opts.on_hung was told: how many times, and the last address. */
@@ -2654,6 +2687,7 @@ static void connector_churn_under_load(void **state)
         T(concurrency_answers_are_bounded), T(concurrent_worker_holds_forty),                      \
         T(concurrent_workers_least_busy_first), T(stalled_concurrent_worker_is_passed_over),       \
         T(hung_worker_is_reported_once), T(stalled_worker_gets_nothing_while_another_runs),        \
+        T(queued_request_goes_to_a_stalled_worker_that_thaws),                                     \
         T(memory_full_session_requests_wait),                                                      \
         T(unhealthy_session_is_replaced_in_flight_untouched),                                      \
         T(unhealthy_idle_session_is_replaced_and_closed),                                          \
