@@ -164,6 +164,22 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous, int 
 static int fail_session(shmipc_session *s, int rc)
 {
     shmipc__session_lock(s);
+    /*
+     * A send that found the peer's end closed (SHMIPC_ECONNRESET: EPIPE, ECONNRESET,
+     * ENOTCONN): what the peer put in the queue and on the socket before it left is still its
+     * word, as when a read finds its end (take_recv_locked): a shmipc-serve worker's last
+     * answer, then its exit. It is taken first, so its streams end as it ended them and their
+     * data stays readable; then the session ends with what that turn found (the peer's end),
+     * or with `rc`. Not while another thread processes the session: it finds the end itself.
+     */
+    if (rc == SHMIPC_ECONNRESET && shmipc__session_err(s) == 0 && !s->processing) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", shmipc__detail());
+        s->processing = 1;
+        (void)shmipc__session_process_fds_locked(s, SHMIPC__SOCKET_DRAIN);
+        s->processing = 0;
+        rc = shmipc__fail(rc, "%s", why);
+    }
     rc = shmipc__session_fail_locked(s, rc);
     shmipc__session_unlock(s);
     return rc;

@@ -345,6 +345,35 @@ static void peer_close_ends_reads(void **state)
     shmipc_stream_close(ss);
 }
 
+/*
+ * The peer answers and closes its session at once (a shmipc-serve worker past --max-requests);
+ * our next write, before we read anything, finds its end of the socket closed (the wakeup:
+ * EPIPE). Its answer is still read: what it put in our queue before it left is its word, as
+ * when a read finds its end. (The session ended at the write with the answer never taken from
+ * the queue, and shmipc-serve's front answered that request 502.)
+ */
+static void peer_gone_at_our_write_leaves_its_answer(void **state)
+{
+    struct ipc_pair *p = *state;
+    shmipc_stream *cs, *cs2, *ss;
+    first_message(p, &cs, &ss, "request");
+    ipc_send_text(ss, "answer");
+    shmipc_stream_close(ss);
+    shmipc_session_close(p->server);
+    p->server = NULL;
+    /* The peer went to sleep before it left: our next flush wakes it, on the socket. */
+    shmipc__queue_mark_not_working(&p->client->qp.send);
+    assert_int_equal(shmipc_session_open_stream(p->client, &cs2), 0);
+    assert_int_equal(shmipc_stream_write(cs2, "x", 1), 0);
+    assert_int_equal(shmipc_stream_flush(cs2), SHMIPC_ECONNRESET);
+    ipc_expect_text(cs, "answer");
+    const void *ptr;
+    size_t n;
+    assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &n, 0), SHMIPC_EEOF);
+    shmipc_stream_close(cs2);
+    shmipc_stream_close(cs);
+}
+
 static void many_streams_interleaved(void **state)
 {
     struct ipc_pair *p = *state;
@@ -2840,6 +2869,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(read_exact_spans_slices),
         cmocka_unit_test(reserve_commit_writes_in_place),
         cmocka_unit_test_setup_teardown(peer_close_ends_reads, memfd_pair_open, memfd_pair_close),
+        cmocka_unit_test_setup_teardown(peer_gone_at_our_write_leaves_its_answer, memfd_pair_open,
+                                        memfd_pair_close),
         cmocka_unit_test_setup_teardown(flush_close_sends_the_end_right_behind_the_data,
                                         memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(flush_close_misuse, memfd_pair_open, memfd_pair_close),
