@@ -181,6 +181,13 @@ static void refuse_stream(shmipc_stream *st, int64_t deadline)
             shmipc_stream_release(st);
         }
         if (first) {
+            /* A new session's HELLO: the session gets nothing more from the front. Closed
+             * without an answer, the front would take this worker for one that does not know
+             * HELLO, and send it uploads it cannot resend when refused. */
+            if (f.type == SHMIPC_SERVE_HELLO) {
+                (void)refuse_send_abort(st);
+                break;
+            }
             if (f.type != SHMIPC_SERVE_REQUEST_HEAD)
                 break;
             first = 0;

@@ -180,21 +180,27 @@ static void fs_hello_end(struct fsess *fs)
 
 /*
  * The worker's answer, once it is there whole: 20 bytes (a HELLO, or the start of anything
- * else: an ABORT shorter than that ends with the stream's close, which ends this read too).
+ * else), or what came before the stream ended, when that is shorter (an ABORT without a
+ * reason). ABORT SHUTDOWN is a stopping worker's: the session takes nothing more, and goes
+ * down now if nothing is in flight on it (else once that ended), to be opened again after the
+ * back-off. Anything else means "no feature".
  */
 static void fs_hello_read(struct fsess *fs)
 {
     const void *p;
     struct shmipc__sf_frame f;
-    int rc = shmipc__stream_read_exact(fs->hello, SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE, &p,
-                                       SHMIPC_NONBLOCK);
+    size_t have = SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE;
+    int rc = shmipc__stream_read_exact(fs->hello, have, &p, SHMIPC_NONBLOCK), stopping = 0;
     if (rc == SHMIPC_EAGAIN)
         return;
+    if (rc == SHMIPC_EEOF && (have = shmipc__stream_available(fs->hello)) >= SHMIPC__SF_HDR_SIZE)
+        rc = shmipc__stream_read_exact(fs->hello, have, &p, SHMIPC_NONBLOCK);
     if (rc >= 0) {
-        int hello = shmipc__sf_decode(p, SHMIPC__SF_HDR_SIZE + SHMIPC__SF_HELLO_SIZE, &f) > 0 &&
-                    f.type == SHMIPC__SF_HELLO;
+        int hello = shmipc__sf_decode(p, have, &f) > 0 && f.type == SHMIPC__SF_HELLO;
         uint32_t grant = hello ? f.u.hello.features : 0;
         uint32_t conc = hello ? f.u.hello.concurrency : 0;
+        stopping = !hello && shmipc__sf_decode_header(p, have, &f) == (int)SHMIPC__SF_HDR_SIZE &&
+                   f.type == SHMIPC__SF_ABORT && f.arg == SHMIPC__SF_ABORT_SHUTDOWN;
         shmipc__stream_release(fs->hello);
         if (hello && (grant & ~SHMIPC__SF_FEAT_TAKEN)) {
             SHMIPC__LOG(SHMIPC__LOG_WARN, "front: worker %s granted features not offered (0x%x)",
@@ -212,10 +218,18 @@ static void fs_hello_read(struct fsess *fs)
         }
         rc = hello ? 0 : -1;
     }
-    if (rc < 0)
+    if (stopping)
+        SHMIPC__LOG(SHMIPC__LOG_DEBUG,
+                    "front: worker %s is stopping: its new session takes nothing", fs->w->addr);
+    else if (rc < 0)
         SHMIPC__LOG(SHMIPC__LOG_INFO, "front: worker %s does not know HELLO: one request at a time",
                     fs->w->addr);
     fs_hello_end(fs);
+    if (stopping) {
+        fs->stopping = 1;
+        if (fs->nact == 0 && fs->s != NULL)
+            shmipc__front_fs_down(fs, 0);
+    }
     shmipc__front_kick(fs->t); /* waiting requests may go to it now (uploads waited for this) */
 }
 

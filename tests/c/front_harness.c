@@ -444,6 +444,15 @@ static void serve_stream(struct appw *w, shmipc_stream *st)
         } else if (tk == TAKEN_ANSWER_BODY) { /* a frame of another type, of HELLO's size */
             an = shmipc_serve_encode_frame(a, sizeof a, SHMIPC_SERVE_BODY, 0,
                                            (const uint8_t *)"\x01\0\0\0\x01\0\0\0", 8);
+        } else if (tk == TAKEN_STOPPING || tk == TAKEN_STOPPING_BARE) {
+            static const char why[] = "the worker is stopping"; /* longer than a HELLO */
+            uint8_t l[SHMIPC_SERVE_HDR_SIZE + sizeof why];
+            int64_t ln = shmipc_serve_encode_frame(l, sizeof l, SHMIPC_SERVE_ABORT,
+                                                   SHMIPC_SERVE_ABORT_SHUTDOWN, why,
+                                                   tk == TAKEN_STOPPING ? sizeof why - 1 : 0);
+            shmipc_stream_write(st, l, (size_t)ln);
+            shmipc_stream_flush(st);
+            goto out;
         } else { /* what a worker that does not know HELLO answers */
             an = shmipc_serve_encode_frame(a, sizeof a, SHMIPC_SERVE_ABORT,
                                            SHMIPC_SERVE_ABORT_PROTOCOL, NULL, 0);

@@ -59,10 +59,12 @@ enum mode {
 
 /* How a worker answers the front's HELLO (appw.taken). */
 enum taken_mode {
-    TAKEN_NONE = 0,    /* ABORT PROTOCOL, as a worker of an earlier revision */
-    TAKEN_GRANT,       /* grants TAKEN, concurrency 1, and sends it first when asked */
-    TAKEN_GRANT_ALL,   /* grants every feature bit, also those not offered */
-    TAKEN_ANSWER_BODY, /* answers with a BODY frame of HELLO's size */
+    TAKEN_NONE = 0,      /* ABORT PROTOCOL, as a worker of an earlier revision */
+    TAKEN_GRANT,         /* grants TAKEN, concurrency 1, and sends it first when asked */
+    TAKEN_GRANT_ALL,     /* grants every feature bit, also those not offered */
+    TAKEN_ANSWER_BODY,   /* answers with a BODY frame of HELLO's size */
+    TAKEN_STOPPING,      /* ABORT SHUTDOWN with a reason, as a stopping Python worker answers */
+    TAKEN_STOPPING_BARE, /* ABORT SHUTDOWN alone (12 bytes), as a stopping C or Lua worker */
 };
 
 /* Sessions a worker accepts over its life; it closes those past it at once. */

@@ -458,6 +458,57 @@ static void upload_refused_before_taken_goes_to_another_worker(void **state)
 }
 
 /*
+ * A stopping worker answers a new session's HELLO with ABORT SHUTDOWN (with a reason, as the
+ * Python workers do, or bare, as the C and Lua workers): that session takes nothing more. 100
+ * KB uploads all go to the other worker, whole, and w0 reads none. (The front took such a
+ * worker for one that does not know HELLO and sent it uploads without TAKEN, which its refusal
+ * after the body could not resend: 503, seen under --max-requests recycling.)
+ */
+static void stopping_worker_hello_gets_no_upload(void **state)
+{
+    struct tc *t = *state;
+    struct appw *w0 = &t->w[0];
+    struct appw *w1 = &t->w[1];
+    struct appw *ws[] = {w0, w1};
+    struct fx *x = &t->x;
+    struct resp p;
+    struct shmipc__front_opts o = {.hello = 1};
+    for (int bare = 0; bare < 2; bare++) {
+        appw_start(w0, "w0", NULL);
+        appw_start(w1, "w1", NULL);
+        atomic_store(&w0->taken, bare ? TAKEN_STOPPING_BARE : TAKEN_STOPPING);
+        atomic_store(&w1->taken, TAKEN_GRANT);
+        atomic_store(&w0->mode, M_REFUSE);
+        fx_start(x, ws, 2, 1, &o);
+        assert_true(wait_taken(x, 1, 1));
+        assert_true(wait_for(&w0->hellos, 1, WAIT_MS));
+        sleep_ms(100); /* the front reads the answer */
+        for (unsigned i = 0; i < 6; i++) {
+            struct rd *r = malloc(sizeof *r);
+            uint64_t h, total = 100000 + i;
+            rd_open(r, x->port);
+            send_head(r->fd, "/r", total, 0, NULL);
+            assert_int_equal(send_body(r->fd, 200 + i, total, total, 0, NULL, 0, &h), 0);
+            read_resp(r, &p);
+            assert_int_equal(p.status, 200);
+            assert_int_equal(p.body_len, 3 + total);
+            assert_true(fnv1a(FNV_INIT, p.body + 3, total) == h);
+            assert_non_null(strcasestr(p.head, "X-Worker: w1"));
+            resp_free(&p);
+            close(r->fd);
+            free(r);
+        }
+        assert_int_equal(atomic_load(&w0->requests), 0);
+        /* The session went down at the answer, and the front opened it again (backing off). */
+        assert_true(wait_for(&w0->hellos, 2, WAIT_MS));
+        assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
+        fx_stop(x);
+        appw_stop(w0);
+        appw_stop(w1);
+    }
+}
+
+/*
  * A refusal before TAKEN while the body is still coming and the server holds none of it (the
  * client sent 1000 bytes, then paused): the request waits in the queue (the other worker is
  * busy, the refusing one cannot reconnect), and the client's next bytes come meanwhile. They
@@ -1276,8 +1327,8 @@ static void upload_front_stopped_mid_upload(void **state)
         T(upload_client_gone_frees_worker), T(upload_early_answer_closes),                         \
         T(upload_expect_100_continue), T(upload_refused_after_body_not_resent),                    \
         T(upload_refused_before_taken_goes_to_another_worker),                                     \
-        T(upload_refused_then_more_body_while_queued), T(upload_queued_waits_for_worker),          \
-        T(upload_requeued_from_a_dead_session_keeps_its_body),                                     \
+        T(stopping_worker_hello_gets_no_upload), T(upload_refused_then_more_body_while_queued),    \
+        T(upload_queued_waits_for_worker), T(upload_requeued_from_a_dead_session_keeps_its_body),  \
         T(upload_small_bodies_within_the_gather_budget),                                           \
         T(upload_shared_memory_full_holds_then_resumes), T(upload_cross_talk),                     \
         T(upload_pipelined_after_bodies), T(upload_cut_at_every_byte),                             \

@@ -6,6 +6,7 @@ for each other, a response that fills shared memory beside others that go on, it
 and --max-requests with several in progress, and misuse."""
 import asyncio
 import hashlib
+import struct
 import threading
 import time
 
@@ -534,6 +535,31 @@ def test_max_requests_counts_those_that_arrive_together():
     r.front.close()
     r.handler.shutdown()
     assert r.worker.served == 2
+
+
+def test_a_hello_past_max_requests_is_refused_with_abort_shutdown():
+    # A new session's HELLO that reaches a worker past --max-requests is answered ABORT
+    # SHUTDOWN, as a request is: the front sends that session nothing more (closed without a
+    # word, the front took the worker for one that does not know HELLO).
+    gates = Gates()
+    held = []
+    r = loop_running(gated_app(gates, held), concurrency=4, max_requests=1)
+    st, _ = r.front.open(target=b"/wait/h")
+    r.front.send_body(st, [])
+    assert wait_until(lambda: len(held) == 1)
+    hello = r.front.session.open_stream()
+    hello.write(sf.encode_frame(sf.HELLO, struct.pack("<II", sf.FEAT_TAKEN, 0)))
+    hello.flush()
+    gates.open_from_thread("h")
+    assert r.front.response(st)[4:6] == (b"released ", sf.END)
+    assert r.front.response(hello)[5:7] == (sf.ABORT, sf.ABORT_SHUTDOWN)
+    st.close()
+    hello.close()
+    r.thread.join(10)
+    assert not r.thread.is_alive()
+    r.front.close()
+    r.handler.shutdown()
+    assert r.worker.served == 1
 
 
 @pytest.mark.parametrize("bad", [0, -1, 257, 10**9, True, 2.0, "4", None])

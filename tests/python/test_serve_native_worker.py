@@ -7,6 +7,7 @@ frames (ABORT PROTOCOL), a front that aborts or goes away, --max-requests, SIGTE
 request, a crash ending the front's stream, --check, bad applications."""
 import os
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -338,6 +339,26 @@ def test_requests_past_max_requests_are_refused_with_abort_shutdown(worker):
     assert (status, last, arg) == (None, sf.ABORT, sf.ABORT_SHUTDOWN)
     st1.close()
     st2.close()
+    assert w.finish() == 0
+
+
+def test_a_hello_past_max_requests_is_refused_with_abort_shutdown(worker):
+    # A new session's HELLO that reaches a worker past --max-requests is answered ABORT
+    # SHUTDOWN (the front sends that session nothing more), not closed without a word, which
+    # says "I do not know HELLO" (the front then sent it uploads it could not resend).
+    w = worker("--max-requests", "1")
+    st1, c1 = w.front.open(b"POST", b"/echo", body=b"one")
+    st1.flush()
+    hello = w.front.session.open_stream()
+    hello.write(frame(sf.HELLO, struct.pack("<II", sf.FEAT_TAKEN, 0)))
+    hello.flush()
+    w.front.send_body(st1, c1)
+    status, _, _, _, body, last, _ = w.front.response(st1)
+    assert (status, body, last) == (200, b"one", sf.END)
+    status, _, _, _, _, last, arg = w.front.response(hello)
+    assert (status, last, arg) == (None, sf.ABORT, sf.ABORT_SHUTDOWN)
+    st1.close()
+    hello.close()
     assert w.finish() == 0
 
 

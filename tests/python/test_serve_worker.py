@@ -1207,6 +1207,37 @@ def test_requests_past_max_requests_are_refused_with_abort_shutdown():
         t.join(10)
 
 
+def test_a_hello_past_max_requests_is_refused_with_abort_shutdown():
+    # A new session's HELLO that reaches a worker past --max-requests is answered ABORT
+    # SHUTDOWN: the front sends that session nothing more. (The worker closed the stream
+    # without a word, which says "I do not know HELLO": the front then sent it uploads
+    # without TAKEN, and its refusal after the body was a 503.)
+    worker = Worker(lambda e, sr: (sr("200 OK", []), [e["wsgi.input"].read()])[1],
+                    unique_address("maxhello"), max_requests=1)
+    t = threading.Thread(target=worker.serve_forever)
+    t.start()
+    try:
+        front = Front(worker.address)
+        st1, c1 = front.open(b"POST", b"/", body=b"one")
+        front.send_body(st1, None, end=False)
+        hello = front.session.open_stream()
+        hello.write(sf.encode_frame(sf.HELLO, struct.pack("<II", sf.FEAT_TAKEN, 0)))
+        hello.flush()
+        front.send_body(st1, c1)
+        status, _, _, _, body, last, _ = front.response(st1)
+        assert (status, body, last) == (200, b"one", sf.END)
+        status, _, _, _, _, last, arg = front.response(hello)
+        assert (status, last, arg) == (None, sf.ABORT, sf.ABORT_SHUTDOWN)
+        st1.close()
+        hello.close()
+        t.join(10)
+        assert not t.is_alive()
+        front.close()
+    finally:
+        worker.stop()
+        t.join(10)
+
+
 def test_stop_refuses_a_request_waiting_behind_the_one_in_progress():
     # SIGTERM (stop()) while a request is served and another waits on the same session: the
     # first finishes, the waiting one is refused with ABORT SHUTDOWN; and the listener is

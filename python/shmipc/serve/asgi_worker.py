@@ -516,6 +516,9 @@ class ASGIWorker:
                     await ex.asend(sf.encode_frame(sf.ABORT, b"the worker is stopping",
                                                    sf.ABORT_SHUTDOWN))
                     await asyncio.wait_for(ex.adrain(), left())
+                elif typ == sf.HELLO:  # a new session's: it gets nothing more (worker.refuse)
+                    await ex.asend(sf.encode_frame(sf.ABORT, b"the worker is stopping",
+                                                   sf.ABORT_SHUTDOWN))
             except (shmipc.Error, OSError, ProtocolViolation, asyncio.TimeoutError):
                 pass
         finally:

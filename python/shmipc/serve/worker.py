@@ -205,6 +205,11 @@ def refuse(st, deadline=None):
                 while not ex.done:
                     wait_left()
                     ex.next_body()
+            elif typ == sf.HELLO:
+                # A new session's HELLO: the session gets nothing more from the front (were
+                # the stream just closed, the front would take this worker for one that does
+                # not know HELLO, and send it uploads it cannot resend when refused).
+                ex.send(sf.encode_frame(sf.ABORT, b"the worker is stopping", sf.ABORT_SHUTDOWN))
         except (shmipc.Error, OSError, ProtocolViolation):
             pass  # RequestAborted and TimeoutError are OSErrors
     finally:
