@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from test_serve_cli import ASGI_APP, SERVE, Serve
+from test_serve_cli import ASGI_APP, NATIVE, SERVE, Serve, native_built
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SERVE), reason="shmipc-serve is not built")
 
@@ -439,8 +439,14 @@ def asgi_answer(status, out, path, body):
     return status == 201 and out == b"asgi " + path.encode() + b" " + body
 
 
+def native_answer(status, out, path, body):
+    """Whether examples/c/serve_hello.c or examples/lua/serve_hello.lua echoed `body`."""
+    return status == 200 and out == body
+
+
 @pytest.mark.parametrize("kind,pipeline,backend", [
-    ("wsgi", 1, "io_uring"), ("wsgi", 16, "epoll"), ("asgi", 1, "io_uring"), ("asgi", 1, "epoll")])
+    ("wsgi", 1, "io_uring"), ("wsgi", 16, "epoll"), ("asgi", 1, "io_uring"), ("asgi", 1, "epoll"),
+    ("c", 1, "io_uring"), ("lua", 16, "epoll")])
 def test_recycling_every_few_requests_loses_none(tmp_path, kind, pipeline, backend):
     # --max-requests 5 with two workers: a worker ends after every fifth request and a new one
     # starts, about 70 times in this run, while 6 clients send small requests and 300 KiB
@@ -448,12 +454,17 @@ def test_recycling_every_few_requests_loses_none(tmp_path, kind, pipeline, backe
     # SHUTDOWN) and the front gives that to another worker, the uploads whole: every request is
     # answered by the app, with its own body, none lost, none 502.
     flags = ["--max-requests", "5", "--timeout", "30", "--pipeline", str(pipeline)]
-    app, answered = ("cliapp:app",), cliapp_answer
+    app, answered, chdir = ("cliapp:app",), cliapp_answer, None
     if kind == "asgi":
         (tmp_path / "asgiapp.py").write_text(ASGI_APP)
         flags.append("--asgi")
         app, answered = ("asgiapp:app",), asgi_answer
-    s = Serve(tmp_path, *flags, workers=2, app=app, env={"SHMIPC_REACTOR_BACKEND": backend})
+    elif kind in NATIVE:
+        if not native_built(kind):
+            pytest.skip(f"no {kind} worker in this build")
+        (app, chdir), answered = NATIVE[kind], native_answer
+    s = Serve(tmp_path, *flags, workers=2, app=app, chdir=chdir,
+              env={"SHMIPC_REACTOR_BACKEND": backend})
     bigs = []
 
     def upload(i):
