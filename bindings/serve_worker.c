@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "ipc/session.h"
 #include "net/serve_frame.h"
 #include "net/ws_codec.h"
 
@@ -21,6 +22,8 @@
  * its own WebSocket close, this long for the front's answering close. */
 #define ABORT_DRAIN_MS   5000
 #define WS_CLOSE_WAIT_MS 5000
+/* A WebSocket upgrade's END (and any body) before the 101: all of it within this long. */
+#define UPGRADE_END_MS 5000
 /* The bytes of a WebSocket frame whose header came: each read of them waits this long. */
 #define WS_PAYLOAD_MS 5000
 /* A WebSocket wait wakes this often to see shmipc_serve_shutdown(). */
@@ -57,8 +60,9 @@ struct shmipc_serve_exchange {
     uint32_t ws_reason_len;
     uint8_t ws_reason[SHMIPC_SERVE_MAX_CLOSE_REASON];
     int64_t ws_close_by; /* going away: when the front's answer to our 1001 is given up, or 0 */
-    int64_t
-        drain_by; /* after our END or ABORT, or in a WebSocket's last wait: when reads end, or 0 */
+    /* after our END or ABORT, before a 101 (the upgrade's END), or in a WebSocket's last wait:
+     * when reads end, or 0 */
+    int64_t drain_by;
 };
 
 static int64_t mono_ms(void);
@@ -502,11 +506,28 @@ SHMIPC_API int shmipc_serve_ws_accept(shmipc_serve_exchange *x, const char *subp
                                           out, k);
     if (n < 0)
         goto done;
-    /* The upgrade request's END (and any body) first: after the 101 the stream carries only
-     * WebSocket frames. */
+    /*
+     * The upgrade request's END (and any body) first: after the 101 the stream carries only
+     * WebSocket frames. The front sends the END with the upgrade's head (docs/serve.md,
+     * "Exchanges"), so one deadline bounds the whole read: before, it had none (the stream's
+     * read timeout, none in our workers), and a front that sent the head alone and kept the
+     * stream open, or trickled a body behind it, held the worker (one request at a time) for
+     * as long as it liked. Past it the stream is given up (closed) and the call fails with
+     * SHMIPC_ETIMEDOUT. The stream's read timeout is the handler's again afterwards.
+     */
+    int32_t read_timeout = x->st->read_timeout_ms;
+    x->drain_by = mono_ms() + UPGRADE_END_MS;
     drain(x);
+    int timed_out = x->gone && x->abort_reason == 0 && mono_ms() >= x->drain_by;
+    x->drain_by = 0;
+    x->st->read_timeout_ms = read_timeout;
     if (x->gone || x->protocol) {
-        n = x->gone ? SHMIPC_ECONNRESET : SHMIPC_EPROTO;
+        n = timed_out ? shmipc__fail(SHMIPC_ETIMEDOUT,
+                                     "shmipc_serve_ws_accept: no END of the upgrade request "
+                                     "from the front within %d ms",
+                                     UPGRADE_END_MS)
+            : x->gone ? SHMIPC_ECONNRESET
+                      : SHMIPC_EPROTO;
         goto done;
     }
     shmipc_serve_encode_header(buf + n, SHMIPC_SERVE_HDR_SIZE, SHMIPC_SERVE_END, 0, 0);

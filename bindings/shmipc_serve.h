@@ -343,9 +343,11 @@ SHMIPC_API int shmipc_serve_write(shmipc_serve_exchange *x, const void *data, si
  * of shmipc_serve_respond(): RESPONSE_HEAD 101 with `fields` and END. `subprotocol` (NULL for
  * none) must be one the client offered in Sec-WebSocket-Protocol, and is sent as that field;
  * the handler's hop-by-hop and Sec-WebSocket-* fields are dropped (the handshake's fields are
- * the front's). Refusing is any shmipc_serve_respond() instead (e.g. 403). Returns 0,
- * SHMIPC_EINVAL (not an upgrade, a head sent already, a subprotocol not offered, a bad field),
- * SHMIPC_EMSGSIZE, SHMIPC_ECONNRESET or SHMIPC_EPROTO as shmipc_serve_read().
+ * the front's). Refusing is any shmipc_serve_respond() instead (e.g. 403). The request's END
+ * (and any body) is read first, within 5 s in all. Returns 0, SHMIPC_EINVAL (not an upgrade,
+ * a head sent already, a subprotocol not offered, a bad field), SHMIPC_EMSGSIZE,
+ * SHMIPC_ETIMEDOUT (no END from the front within the 5 s: the stream is given up, as for
+ * SHMIPC_ECONNRESET), SHMIPC_ECONNRESET or SHMIPC_EPROTO as shmipc_serve_read().
  */
 SHMIPC_API int shmipc_serve_ws_accept(shmipc_serve_exchange *x, const char *subprotocol,
                                       const shmipc_serve_field *fields, size_t nfields);

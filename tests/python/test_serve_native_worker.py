@@ -773,6 +773,60 @@ def test_drain_after_the_answer_ends_though_a_front_trickles(tmp_path, kind, tar
         w.finish()
 
 
+def upgrade_without_end(session, trickle, limit=12):
+    """An upgrade to the examples' /ws whose END never comes: the head alone (the stream kept
+    open), or, with `trickle`, a head with HAS_BODY and a one-byte BODY frame every 0.3 s
+    behind it. Waits (at most `limit` s) for the worker to close the stream, looking every
+    0.3 s without blocking: the seconds that took, or None when it did not. A 101 fails."""
+    headers = [("Host", "h"), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
+               ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="), ("Sec-WebSocket-Version", "13")]
+    flags = sf.REQ_UPGRADE | sf.REQ_KEEP_ALIVE
+    if trickle:
+        flags |= sf.REQ_HAS_BODY | sf.REQ_CHUNKED
+    st = session.open_stream()
+    t0 = time.monotonic()
+    try:
+        st.write(head(b"GET", b"/ws", headers, flags=flags))
+        st.flush()
+        while time.monotonic() - t0 < limit:
+            time.sleep(0.3)
+            try:
+                if trickle:
+                    st.write(frame(sf.BODY, b"x"))
+                    st.flush()
+                got = st.readexactly(12, nonblock=True)
+            except (shmipc.EndOfStreamError, shmipc.PeerGoneError, shmipc.ClosedError):
+                return time.monotonic() - t0
+            if got is not None:
+                assert sf.decode_header(got)[0] != sf.RESPONSE_HEAD, \
+                    "a 101 without the upgrade's END"
+        return None
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickle"])
+def test_websocket_accept_ends_though_a_front_never_ends_the_upgrade(worker, trickle):
+    """Regression: shmipc_serve_ws_accept() (the C handler's, and Lua's req:accept_websocket)
+    reads the upgrade request's END (and any body) before its 101, and did so with no
+    deadline: a front that sent the upgrade's head and then nothing (the stream kept open), or
+    trickled BODY frames behind it (a frame every 0.3 s, never END), held the worker (one
+    request at a time) as long as it liked: the next request waited. Now the read has one
+    deadline, 5 s for all of it: the accept fails (SHMIPC_ETIMEDOUT), the stream is closed
+    without a 101, and the next request is served."""
+    w = worker()
+    try:
+        took = upgrade_without_end(w.front.session, trickle)
+        assert took is not None, "the worker never gave the upgrade up"
+        assert took > 4, took  # the deadline, not a refusal at once
+        status, took = next_answer(w.front.session)
+        assert status == 200
+        assert took < 5, took
+    finally:
+        w.p.terminate()
+        w.finish()
+
+
 def test_websocket_echo_refusal_and_stop(worker):
     """The examples' WebSocket echo (docs/serve.md, "WebSocket in the C and Lua workers"),
     for the C handler API and the Lua one alike: a refusal, echo of text, binary and a 3 MiB
