@@ -24,6 +24,9 @@
 #define WS_CLOSE_WAIT_MS 5000
 /* A WebSocket upgrade's END (and any body) before the 101: all of it within this long. */
 #define UPGRADE_END_MS 5000
+/* A stream's first frame (the REQUEST_HEAD, a HELLO, a late ABORT): all of it within this long
+ * of the stream's accept. */
+#define HEAD_READ_MS 5000
 /* The bytes of a WebSocket frame whose header came: each read of them waits this long. */
 #define WS_PAYLOAD_MS 5000
 /* A WebSocket wait wakes this often to see shmipc_serve_shutdown(). */
@@ -957,7 +960,7 @@ static int hello(shmipc_serve_exchange *x, const shmipc_serve_frame *f)
 {
     const void *p;
     uint8_t out[SHMIPC_SERVE_HDR_SIZE + SHMIPC_SERVE_HELLO_SIZE];
-    if (read_exact(x, f->length, &p, 0) < 0) {
+    if (!drain_time_left(x) || read_exact(x, f->length, &p, 0) < 0) {
         lost(x);
         return SHMIPC_SERVE_OUTCOME_ABORTED;
     }
@@ -971,11 +974,22 @@ static int hello(shmipc_serve_exchange *x, const shmipc_serve_frame *f)
     return SHMIPC_SERVE_OUTCOME_HELLO;
 }
 
-/* Reads the REQUEST_HEAD whole into *head (malloc'd); an outcome when there is none. */
+/*
+ * Reads the REQUEST_HEAD whole into *head (malloc'd); an outcome when there is none. All of the
+ * stream's first frame (a HELLO's, a late ABORT's too) by x->drain_by (HEAD_READ_MS): the front
+ * sends a frame whole, so one that sends part of it (a header short of its 12 bytes, a head
+ * short of its length) or nothing, and keeps the stream open, is given up. Before, that read
+ * had no deadline (the stream's read timeout: none in our workers), and it held the worker,
+ * which serves one request at a time, for as long as it liked, a stopping one too.
+ */
 static int read_head(shmipc_serve_exchange *x, uint8_t **head, shmipc_serve_request *req)
 {
     shmipc_serve_frame f;
     const void *p;
+    if (!drain_time_left(x)) {
+        lost(x);
+        return SHMIPC_SERVE_OUTCOME_ABORTED;
+    }
     int rc = read_header(x, 0, &f);
     if (rc == SHMIPC_EPROTO)
         return SHMIPC_SERVE_OUTCOME_PROTOCOL;
@@ -1005,7 +1019,7 @@ static int read_head(shmipc_serve_exchange *x, uint8_t **head, shmipc_serve_requ
     buf[3] = (uint8_t)f.type;
     for (int i = 0; i < 8; i++)
         buf[4 + i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
-    if (read_exact(x, f.length, &p, 0) < 0) {
+    if (!drain_time_left(x) || read_exact(x, f.length, &p, 0) < 0) {
         lost(x);
         return SHMIPC_SERVE_OUTCOME_ABORTED;
     }
@@ -1029,7 +1043,12 @@ SHMIPC_API int shmipc_serve_handle_stream(shmipc_stream *st, shmipc_serve_handle
     shmipc_serve_exchange x = {.st = st};
     shmipc_serve_request req = {.size = sizeof req};
     uint8_t *head = NULL;
+    /* The head within HEAD_READ_MS; then the stream's read timeout is the handler's again. */
+    int32_t read_timeout = st->read_timeout_ms;
+    x.drain_by = mono_ms() + HEAD_READ_MS;
     int outcome = read_head(&x, &head, &req);
+    x.drain_by = 0;
+    st->read_timeout_ms = read_timeout;
     if (outcome == SHMIPC_SERVE_OUTCOME_PROTOCOL) {
         shmipc__log(SHMIPC_LOG_ERROR, "shmipc-serve: a bad frame from the front");
         send_abort(&x, SHMIPC_SERVE_ABORT_PROTOCOL, "bad request head");

@@ -827,6 +827,47 @@ def test_websocket_accept_ends_though_a_front_never_ends_the_upgrade(worker, tri
         w.finish()
 
 
+def first_frame_cut_short(what):
+    """The bytes of a stream's first frame, cut short: `what` says which frame and where."""
+    if what == "half_a_header":
+        return head(b"GET", b"/")[:6]
+    if what == "head_short_of_its_length":
+        return head(b"GET", b"/", [("X-Pad", "p" * 200)])[:100]
+    if what == "hello_short_of_its_payload":
+        return frame(sf.HELLO, b"\x01\x00\x00\x00\x00\x00\x00\x00")[:14]
+    return frame(sf.ABORT, b"a late abort's text", sf.ABORT_CLIENT_GONE)[:16]
+
+
+CUT_SHORT = ["half_a_header", "head_short_of_its_length", "hello_short_of_its_payload",
+             "late_abort_short_of_its_text"]
+
+
+@pytest.mark.parametrize("what", CUT_SHORT)
+def test_first_frame_cut_short_does_not_hold_the_worker(worker, what):
+    """Regression: shmipc_serve_handle_stream() (the C and Lua workers) read a stream's first
+    frame (a REQUEST_HEAD, a HELLO's payload, a late ABORT's text) with no deadline: a front
+    that sent part of it (6 bytes of a header, a head short of its length) and kept the stream
+    open held the worker (one request at a time) as long as it liked: the next request waited.
+    Now the whole first frame has one deadline, 5 s from the stream's accept; then the stream
+    is closed and the next request served."""
+    w = worker()
+    st = w.front.session.open_stream()
+    try:
+        st.write(first_frame_cut_short(what))
+        st.flush()
+        status, took = next_answer(w.front.session)
+        assert status == 200
+        assert took < 10, took
+        # The stalled stream was given up: closed by the worker, nothing sent on it.
+        st.read_timeout = 5
+        with pytest.raises((shmipc.EndOfStreamError, shmipc.PeerGoneError)):
+            st.readexactly(12)
+    finally:
+        st.close()
+        w.p.terminate()
+        w.finish()
+
+
 def test_websocket_echo_refusal_and_stop(worker):
     """The examples' WebSocket echo (docs/serve.md, "WebSocket in the C and Lua workers"),
     for the C handler API and the Lua one alike: a refusal, echo of text, binary and a 3 MiB
