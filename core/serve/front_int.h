@@ -105,6 +105,10 @@ struct fsess {
     uint64_t held_since;
     uint64_t held_pop;
     uint32_t backoff_ms;
+    /* HELLOs in a row its worker answered ABORT SHUTDOWN (fs_hello_read), at most 7: each
+     * doubles the reconnect's back-off, so a worker that keeps refusing new sessions (a broken
+     * one; ours stop accepting) is not reconnected to every 20 ms. */
+    uint8_t hello_refusals;
     struct shmipc__timer timer; /* reconnect */
     /* A connect the thread's connector runs: the fsess stays linked (never freed) until the
      * loop takes its result; got/got_rc/cnext are the connector's, under its mutex. */

@@ -225,6 +225,10 @@ static void fs_hello_read(struct fsess *fs)
         SHMIPC__LOG(SHMIPC__LOG_INFO, "front: worker %s does not know HELLO: one request at a time",
                     fs->w->addr);
     fs_hello_end(fs);
+    if (!stopping)
+        fs->hello_refusals = 0;
+    else if (fs->hello_refusals < 7)
+        fs->hello_refusals++;
     if (stopping) {
         fs->stopping = 1;
         if (fs->nact == 0 && fs->s != NULL)
@@ -589,6 +593,10 @@ void shmipc__front_fs_down(struct fsess *fs, int rc)
         return;
     }
     fs->backoff_ms = fs->backoff_ms == 0 ? SHMIPC__FRONT_BACKOFF_MIN_MS : fs->backoff_ms;
+    uint32_t refused = SHMIPC__FRONT_BACKOFF_MIN_MS << fs->hello_refusals;
+    if (refused > fs->backoff_ms)
+        fs->backoff_ms =
+            refused < SHMIPC__FRONT_BACKOFF_MAX_MS ? refused : SHMIPC__FRONT_BACKOFF_MAX_MS;
     shmipc__timer_start(&fs->timer, fs->backoff_ms);
 }
 
