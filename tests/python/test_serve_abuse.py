@@ -6,6 +6,7 @@ requests from well-behaved clients running at the same time are all answered, ea
 own unique body (no cross-talk). Nothing here asserts on speed: only on outcomes, bounded by
 generous timeouts."""
 import os
+import re
 import resource
 import signal
 import socket
@@ -610,4 +611,49 @@ def test_reloads_under_load_lose_none(tmp_path, kind, backend):
         assert not set(s.worker_pids(2)) & set(first), "the workers were never replaced"
     finally:
         done.set()
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_access_log_rotated_under_load_keeps_every_line_once(tmp_path, threads):
+    # logrotate ten times (the file moved, SIGUSR2), each while 4 clients send 50 unique
+    # requests through 1 or 2 reactor threads: every request is in exactly one of the files,
+    # once, each line whole (JSON), and the SIGUSR1 status counts them all, no write error.
+    import json
+    log = tmp_path / "access.log"
+    s = Serve(tmp_path, "--access-log", str(log), "--access-log-format", "json",
+              "--threads", str(threads), workers=2)
+    rotated, bad = [], []
+    try:
+        for k in range(10):
+            load = threading.Thread(
+                target=lambda k=k: bad.extend(unique_requests(s, f"log{k}", 50, 4)))
+            load.start()
+            time.sleep(0.01)
+            os.rename(log, tmp_path / f"access.log.{k}")
+            rotated.append(tmp_path / f"access.log.{k}")
+            s.p.send_signal(signal.SIGUSR2)
+            load.join(60)
+            end = time.monotonic() + 10
+            while not log.exists() and time.monotonic() < end:
+                time.sleep(0.01)
+        assert bad == []
+        targets = [f"/u/log{k}/{i}" for k in range(10) for i in range(50)]
+        end = time.monotonic() + 20
+        while True:
+            seen = []
+            for f in rotated + [log]:
+                text = f.read_text() if f.exists() else ""
+                assert text == "" or text.endswith("\n"), (f, text[-200:])
+                seen += [json.loads(line)["target"] for line in text.splitlines()]
+            if len(seen) >= len(targets) or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        assert sorted(seen) == sorted(targets)
+        before = len(s.err)
+        s.p.send_signal(signal.SIGUSR1)
+        assert s.wait_err("access log:")
+        assert re.search(r"access log: %d lines written, 0 write errors" % len(targets),
+                         "".join(s.err[before:])), "".join(s.err[before:])
+    finally:
         assert s.stop() == 0
