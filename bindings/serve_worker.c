@@ -27,6 +27,9 @@
 /* A stream's first frame (the REQUEST_HEAD, a HELLO, a late ABORT): all of it within this long
  * of the stream's accept. */
 #define HEAD_READ_MS 5000
+/* The front's ABORT, its header read: its text within this long (unless a drain's deadline
+ * is sooner). */
+#define ABORT_TEXT_MS 5000
 /* The bytes of a WebSocket frame whose header came: each read of them waits this long. */
 #define WS_PAYLOAD_MS 5000
 /* A WebSocket wait wakes this often to see shmipc_serve_shutdown(). */
@@ -179,10 +182,18 @@ static int read_header(shmipc_serve_exchange *x, int flags, shmipc_serve_frame *
     return 0;
 }
 
-/* The front's ABORT: its text is read and dropped, then nothing more is read or sent. */
+/*
+ * The front's ABORT: its text is read and dropped, then nothing more is read or sent. The text
+ * by drain_by when a deadline holds already (a drain's, a WebSocket's last wait), else within
+ * ABORT_TEXT_MS: the front sends a frame whole. Before, a handler's respond() or write() that
+ * saw the ABORT's header (check_abort()) read its text with the stream's read timeout (none in
+ * our workers), and a front that sent the header and part of the text held the worker.
+ */
 static int aborted(shmipc_serve_exchange *x, const shmipc_serve_frame *f)
 {
     x->abort_reason = f->arg;
+    if (x->drain_by == 0)
+        x->drain_by = mono_ms() + ABORT_TEXT_MS;
     skip(x, f->length);
     x->done = 1;
     return lost(x);

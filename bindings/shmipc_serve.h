@@ -289,8 +289,8 @@ typedef int (*shmipc_serve_handler)(shmipc_serve_exchange *x, void *user_data);
  * Serves the one request of stream `st` (a stream a front opened on a worker's session) with
  * `handler`, then closes `st` (always). Blocks while the handler runs and while it waits for
  * the front's frames (the stream's read timeout; 5 s in all for the stream's first frame, the
- * REQUEST_HEAD, after which the stream's read timeout is as it was; 5 s after an END or ABORT
- * of its own; a signal that interrupts a wait does not end it: the wait goes on once the
+ * REQUEST_HEAD, after which the stream's read timeout is as it was; 5 s for the text of the
+ * front's ABORT; 5 s after an END or ABORT of its own; a signal that interrupts a wait does not end it: the wait goes on once the
  * signal handler ran). Returns a
  * SHMIPC_SERVE_OUTCOME_* value, or SHMIPC_EINVAL (st or handler NULL; st is then closed if
  * not NULL) or SHMIPC_ENOMEM.

@@ -868,6 +868,32 @@ def test_first_frame_cut_short_does_not_hold_the_worker(worker, what):
         w.finish()
 
 
+def test_abort_text_cut_short_does_not_hold_the_worker(worker):
+    """Regression: a handler's respond() or write() that saw the front's ABORT header behind
+    the request (check_abort()) read the ABORT's text with the stream's read timeout, none in
+    the worker: a front that sent the header and part of the text, and kept the stream open,
+    held the worker (one request at a time) as long as it liked: the next request waited. Now
+    the text has 5 s; then the stream is given up and the next request served."""
+    w = worker()
+    st, chunks = w.front.open(b"GET", b"/slow?300")
+    try:
+        w.front.send_body(st, chunks)
+        # The header says 20 bytes of text; 4 of them come, and the stream stays open.
+        st.write(frame(sf.ABORT, b"the client went away", sf.ABORT_CLIENT_GONE)[:16])
+        st.flush()
+        status, took = next_answer(w.front.session)
+        assert status == 200
+        assert took < 10, took
+        # The aborted request got nothing: its stream was closed by the worker.
+        st.read_timeout = 5
+        with pytest.raises((shmipc.EndOfStreamError, shmipc.PeerGoneError)):
+            st.readexactly(12)
+    finally:
+        st.close()
+        w.p.terminate()
+        w.finish()
+
+
 def test_websocket_echo_refusal_and_stop(worker):
     """The examples' WebSocket echo (docs/serve.md, "WebSocket in the C and Lua workers"),
     for the C handler API and the Lua one alike: a refusal, echo of text, binary and a 3 MiB
