@@ -37,6 +37,7 @@ enum {
     H_CLOSE_FAILED,  /* _close_failed(e) */
     H_FAILED,        /* _failed(ex, head_sent, frame, method, e) -> outcome */
     H_DRAIN_TIMEOUT, /* _ABORT_DRAIN_TIMEOUT */
+    H_HEAD_TIMEOUT,  /* _HEAD_READ_TIMEOUT */
     H_ERROR,         /* shmipc.Error */
     H_EOS,           /* shmipc.EndOfStreamError */
     H_PEER_GONE,     /* shmipc.PeerGoneError */
@@ -56,6 +57,7 @@ static const char *const hook_names[NHOOK] = {
     "_close_failed",
     "_failed",
     "_ABORT_DRAIN_TIMEOUT",
+    "_HEAD_READ_TIMEOUT",
     "Error",
     "EndOfStreamError",
     "PeerGoneError",
@@ -231,6 +233,55 @@ static int drain_left(wsgi_exchange *ex)
 }
 
 /* st.readexactly(n[, nonblock=True]): bytes, Py_None (nothing yet), or NULL. */
+static PyObject *st_read(wsgi_exchange *ex, size_t n, int nonblock);
+
+/*
+ * A read of the stream's first frame (wsgi.py's _Exchange.readexactly while head_by holds): what
+ * is here already (nearly always: the front sends a frame whole), else a wait of what is left of
+ * `by` (mono_s()), past it shmipc.TimeoutError and no read. The stream's read timeout before
+ * such a wait changed it goes to *saved (a new reference), for head_done() to put back. Before,
+ * these reads had the stream's read timeout (none in our workers): a front that sent part of
+ * the first frame and kept the stream open held the worker (one request at a time) for good.
+ */
+static PyObject *head_read(wsgi_exchange *ex, size_t n, double by, PyObject **saved)
+{
+    PyObject *r = st_read(ex, n, 1);
+    if (r != Py_None)
+        return r;
+    Py_DECREF(r);
+    double left = by - mono_s();
+    if (left <= 0) {
+        PyObject *st_id = PyObject_GetAttrString(ex->st, "id");
+        PyObject *msg = st_id != NULL
+                            ? PyUnicode_FromFormat("stream %S: the front did not send the stream's "
+                                                   "first frame whole within %S s",
+                                                   st_id, ex->w->hook[H_HEAD_TIMEOUT])
+                            : NULL;
+        if (msg != NULL)
+            PyErr_SetObject(ex->w->hook[H_TIMEOUT], msg);
+        Py_XDECREF(msg);
+        Py_XDECREF(st_id);
+        return NULL;
+    }
+    if (*saved == NULL && (*saved = PyObject_GetAttr(ex->st, ex->w->name[N_READ_TIMEOUT])) == NULL)
+        return NULL;
+    PyObject *t = PyFloat_FromDouble(left);
+    int rc = t != NULL ? PyObject_SetAttr(ex->st, ex->w->name[N_READ_TIMEOUT], t) : -1;
+    Py_XDECREF(t);
+    return rc < 0 ? NULL : st_read(ex, n, 0);
+}
+
+/* The first frame read: the stream's read timeout as it was before head_read() changed it (the
+ * application's reads have it); *saved released. */
+static int head_done(wsgi_exchange *ex, PyObject **saved)
+{
+    if (*saved == NULL)
+        return 0;
+    int rc = PyObject_SetAttr(ex->st, ex->w->name[N_READ_TIMEOUT], *saved);
+    Py_CLEAR(*saved);
+    return rc;
+}
+
 static PyObject *st_read(wsgi_exchange *ex, size_t n, int nonblock)
 {
     if (ex->drain_by > 0 && !nonblock && drain_left(ex) < 0)
@@ -1271,16 +1322,27 @@ fail_early:
 static PyObject *serve(wsgi_worker *w, wsgi_exchange *ex)
 {
     serve_state *ss = PyType_GetModuleState(Py_TYPE(w));
-    PyObject *raw = st_read(ex, SHMIPC_SERVE_HDR_SIZE, 0), *payload = NULL, *frame = NULL;
-    PyObject *environ = NULL, *out = NULL;
-    if (raw == NULL)
+    double timeout = PyFloat_AsDouble(w->hook[H_HEAD_TIMEOUT]);
+    if (timeout == -1.0 && PyErr_Occurred())
         return NULL;
+    /* All of the first frame within _HEAD_READ_TIMEOUT; what is handed back, wsgi.py reads by
+     * its own deadline, taken before this call. */
+    double by = mono_s() + timeout;
+    PyObject *saved = NULL; /* the stream's read timeout, when a wait for the frame changed it */
+    PyObject *raw = head_read(ex, SHMIPC_SERVE_HDR_SIZE, by, &saved), *payload = NULL;
+    PyObject *frame = NULL, *environ = NULL, *out = NULL;
+    if (raw == NULL) {
+        Py_XDECREF(saved);
+        return NULL;
+    }
     shmipc_serve_frame f = {.size = sizeof f};
     if (shmipc_serve_decode_header(PyBytes_AS_STRING(raw), (size_t)PyBytes_GET_SIZE(raw), &f) <=
             0 ||
         f.type != SHMIPC_SERVE_REQUEST_HEAD)
         goto hand_over;
-    if ((payload = st_read(ex, f.length, 0)) == NULL)
+    if ((payload = head_read(ex, f.length, by, &saved)) == NULL)
+        goto done;
+    if (head_done(ex, &saved) < 0)
         goto done;
     uint32_t flags = f.arg;
     frame = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(raw) + PyBytes_GET_SIZE(payload));
@@ -1313,8 +1375,10 @@ static PyObject *serve(wsgi_worker *w, wsgi_exchange *ex)
     out = run_app(w, ex, environ, frame);
     goto done;
 hand_over:
-    out = PyTuple_Pack(2, raw, payload != NULL ? payload : Py_None);
+    if (head_done(ex, &saved) == 0)
+        out = PyTuple_Pack(2, raw, payload != NULL ? payload : Py_None);
 done:
+    Py_XDECREF(saved);
     Py_XDECREF(environ);
     Py_XDECREF(frame);
     Py_XDECREF(payload);

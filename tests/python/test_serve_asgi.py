@@ -19,8 +19,8 @@ from shmipc.serve.asgi import ASGIHandler, LifespanFailed  # noqa: E402
 from shmipc.serve.asgi_worker import ASGIWorker  # noqa: E402
 from shmipc.serve.worker import Worker  # noqa: E402
 from test_serve_worker import (  # noqa: E402
-    BAD_LEFTOVERS, BODY_LIES, Front, answer_then_trickle, bad_frames_behind_an_answer, frame,
-    head, length_bound_is_kept, next_answer)
+    BAD_LEFTOVERS, BODY_LIES, CUT_SHORT, Front, answer_then_trickle, bad_frames_behind_an_answer,
+    cut_short_then_next, frame, head, length_bound_is_kept, next_answer)
 
 # ---- the scope --------------------------------------------------------------------------
 
@@ -751,4 +751,23 @@ def test_drain_after_the_answer_ends_though_a_front_trickles(kind, target, last)
     finally:
         if end is not None:
             end()
+        r.stop()
+
+
+@pytest.mark.parametrize("what", CUT_SHORT)
+@pytest.mark.parametrize("kind", KINDS)
+def test_first_frame_cut_short_does_not_hold_the_worker(kind, what):
+    """Regression: the ASGI worker read a stream's first frame (a REQUEST_HEAD, a HELLO's
+    payload) with the stream's read timeout, none in the worker: a front that sent part of it
+    (6 bytes of a header, a head short of its length, a HELLO short of its payload) and kept
+    the stream open held the request's place as long as it liked: with one place (the loop's
+    --concurrency 1, or the one-at-a-time worker) the next request waited. Now the whole first
+    frame has one deadline, 5 s from the stream's accept (the loop: from its place); then the
+    stream is closed and the next request served. A late ABORT's text is never read."""
+    r = Running(trickle_asgi_app, kind, concurrency=1)
+    try:
+        status, took = cut_short_then_next(r.front.session, what)
+        assert status == 200
+        assert took < 10, took
+    finally:
         r.stop()

@@ -18,9 +18,9 @@ import shmipc
 from conftest import BUILD, ROOT, children, unique_address
 
 sf = pytest.importorskip("shmipc._serve")
-from test_serve_worker import (BAD_LEFTOVERS, Front, answer_then_trickle,  # noqa: E402
-                               bad_frames_behind_an_answer, frame, head, length_bound_is_kept,
-                               next_answer)
+from test_serve_worker import (BAD_LEFTOVERS, CUT_SHORT, Front, answer_then_trickle,  # noqa: E402
+                               bad_frames_behind_an_answer, first_frame_cut_short, frame, head,
+                               length_bound_is_kept, next_answer)
 
 WORKER = os.path.join(BUILD, "serve", "shmipc-serve-worker")
 
@@ -825,21 +825,6 @@ def test_websocket_accept_ends_though_a_front_never_ends_the_upgrade(worker, tri
     finally:
         w.p.terminate()
         w.finish()
-
-
-def first_frame_cut_short(what):
-    """The bytes of a stream's first frame, cut short: `what` says which frame and where."""
-    if what == "half_a_header":
-        return head(b"GET", b"/")[:6]
-    if what == "head_short_of_its_length":
-        return head(b"GET", b"/", [("X-Pad", "p" * 200)])[:100]
-    if what == "hello_short_of_its_payload":
-        return frame(sf.HELLO, b"\x01\x00\x00\x00\x00\x00\x00\x00")[:14]
-    return frame(sf.ABORT, b"a late abort's text", sf.ABORT_CLIENT_GONE)[:16]
-
-
-CUT_SHORT = ["half_a_header", "head_short_of_its_length", "hello_short_of_its_payload",
-             "late_abort_short_of_its_text"]
 
 
 @pytest.mark.parametrize("what", CUT_SHORT)

@@ -361,6 +361,38 @@ def answer_then_trickle(session, target):
     return (typ, arg), end
 
 
+def first_frame_cut_short(what):
+    """The bytes of a stream's first frame, cut short: `what` says which frame and where."""
+    if what == "half_a_header":
+        return head(b"GET", b"/")[:6]
+    if what == "head_short_of_its_length":
+        return head(b"GET", b"/", [("X-Pad", "p" * 200)])[:100]
+    if what == "hello_short_of_its_payload":
+        return frame(sf.HELLO, b"\x01\x00\x00\x00\x00\x00\x00\x00")[:14]
+    return frame(sf.ABORT, b"a late abort's text", sf.ABORT_CLIENT_GONE)[:16]
+
+
+CUT_SHORT = ["half_a_header", "head_short_of_its_length", "hello_short_of_its_payload",
+             "late_abort_short_of_its_text"]
+
+
+def cut_short_then_next(session, what):
+    """A front that sends a stream's first frame cut short (first_frame_cut_short(`what`)) and
+    keeps the stream open, then a GET on a new stream: (its status, the seconds it took). The
+    worker must have closed the first stream with nothing sent on it."""
+    st = session.open_stream()
+    try:
+        st.write(first_frame_cut_short(what))
+        st.flush()
+        status, took = next_answer(session)
+        st.read_timeout = 5
+        with pytest.raises((shmipc.EndOfStreamError, shmipc.PeerGoneError)):
+            st.readexactly(12)
+        return status, took
+    finally:
+        st.close()
+
+
 def next_answer(session, target=b"/", timeout=15):
     """A GET to `target` on a new stream: (its status, the seconds it took)."""
     t0 = time.monotonic()

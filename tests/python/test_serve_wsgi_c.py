@@ -22,7 +22,8 @@ from shmipc.serve import Worker  # noqa: E402
 from shmipc.serve import wsgi as wsgi_mod  # noqa: E402
 from shmipc.serve.wsgi import WSGIHandler  # noqa: E402
 
-from test_serve_worker import answer_then_trickle, frame, head, next_answer  # noqa: E402
+from test_serve_worker import (CUT_SHORT, answer_then_trickle, cut_short_then_next,  # noqa: E402
+                               frame, head, next_answer)
 
 
 class FakeStream:
@@ -1459,3 +1460,56 @@ def test_drain_after_the_answer_ends_though_a_front_trickles(c_route, target, la
         if end is not None:
             end()
         r.stop()
+
+
+@pytest.mark.parametrize("what", CUT_SHORT)
+@pytest.mark.parametrize("c_route", [True, False], ids=["c", "python"])
+def test_first_frame_cut_short_does_not_hold_the_worker(c_route, what):
+    """Regression: the WSGI worker read a stream's first frame (a REQUEST_HEAD, a HELLO's
+    payload) with the stream's read timeout, none in the worker: a front that sent part of it
+    (6 bytes of a header, a head short of its length, a HELLO short of its payload) and kept
+    the stream open held the worker (one request at a time) as long as it liked: the next
+    request waited. Now the whole first frame has one deadline, 5 s from the stream's accept
+    (as the C and Lua workers'); then the stream is closed and the next request served. Both
+    routes (the C route hands a HELLO back to the Python one after its header: one deadline
+    for both). A late ABORT's text is never read: that stream is closed at once."""
+    r = Route(trickle_app, c_route)
+    try:
+        status, took = cut_short_then_next(r.session, what)
+        assert status == 200
+        assert took < 10, took
+        assert r.wait_total(2)["ok"] == 1
+    finally:
+        r.stop()
+
+
+def test_the_first_frames_deadline_leaves_the_apps_reads_their_timeout():
+    """The first frame's deadline sets the stream's read timeout only while a wait for the frame
+    needs it, and puts the stream's own back once the frame came: the app's reads of the body
+    wait as long as the stream's read timeout says (none here), not what was left of the
+    first frame's 5 s. Both routes: a head that comes in two parts 0.3 s apart, then the body
+    6 s later (past the first frame's deadline), which the app reads whole."""
+    def app(environ, start_response):
+        body = environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"got " + body]
+
+    for c_route in (True, False):
+        r = Route(app, c_route)
+        try:
+            st = r.session.open_stream()
+            whole = head(b"POST", b"/", flags=sf.REQ_HAS_BODY | sf.REQ_CHUNKED)
+            st.write(whole[:40])
+            st.flush()
+            time.sleep(0.3)
+            st.write(whole[40:])
+            st.flush()
+            time.sleep(6)
+            st.write(frame(sf.BODY, b"late") + frame(sf.END))
+            st.flush()
+            got = read_all(st)
+            st.close()
+            assert got[0][0] == sf.RESPONSE_HEAD, got
+            assert got[1] == (sf.BODY, 0, b"got late"), got
+        finally:
+            r.stop()

@@ -289,6 +289,7 @@ class ASGIHandler:
     def handle(self, st):
         """Serve the request on stream `st`, then close it; the outcomes of WSGIHandler."""
         ex = _Exchange(st)
+        ex.head_deadline()  # all of the first frame within 5 s, as WSGIHandler's
         try:
             return self.loop.run_until_complete(self._handle(ex))
         except (shmipc.Error, OSError) as e:
@@ -313,6 +314,7 @@ class ASGIHandler:
             payload = ex.payload(length, nonblock=True)  # nearly always here (as the head)
             if payload is None:
                 payload = await ex.areadexactly(length)
+            ex.head_read()
             frame = raw + payload
             try:
                 scope = sf.decode_request_scope(frame)

@@ -128,14 +128,23 @@ class _LoopExchange(_Exchange):
 
     async def _read(self, attempt):
         """attempt() (non-blocking, None for "not yet") until it gives something, bounded by
-        the stream's read timeout when it has one."""
+        the stream's read timeout when it has one, and by the first frame's deadline until it
+        was read (head_by: _Exchange.head_deadline)."""
         limit = self.st.read_timeout
+        if self.head_by is not None:
+            left = self.head_by - time.monotonic()
+            if left <= 0:
+                raise self.head_late()
+            if limit is None or limit < 0 or left < limit:
+                limit = left
         wait = aio._until(self.st, attempt, self.loop)
         if limit is None or limit < 0:
             return await wait
         try:
             return await asyncio.wait_for(wait, limit)
         except asyncio.TimeoutError:
+            if self.head_by is not None and time.monotonic() >= self.head_by:
+                raise self.head_late() from None
             raise shmipc.TimeoutError(f"no frame from the front in {limit} s") from None
 
     async def aread_frame_header(self):
@@ -456,6 +465,9 @@ class ASGIWorker:
             if self._stopping.is_set():  # the stop came as it got its place: not started
                 await self._refuse(ex, time.monotonic() + _REFUSE_TIMEOUT)
                 return
+            # All of the first frame within 5 s of the request's place: before, a front that
+            # sent part of it held the place (with --concurrency 1, the worker) for good.
+            ex.head_deadline()
             try:
                 # The head is nearly always here already (the front sends it in one message):
                 # read without the coroutines of a wait.
@@ -473,7 +485,9 @@ class ASGIWorker:
                 return
             if first[1][0] == sf.REQUEST_HEAD:
                 if self.max_requests and self.started >= self.max_requests:
-                    # Past --max-requests (it arrived beside the last one): not served, said so.
+                    # Past --max-requests (it arrived beside the last one): not served, said so
+                    # (the refusal's deadline bounds the rest of its head).
+                    ex.head_read()
                     await self._refuse(ex, time.monotonic() + _REFUSE_TIMEOUT, first)
                     return
                 self.started += 1

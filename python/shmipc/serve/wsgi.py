@@ -38,6 +38,12 @@ _ERROR_BODY = b"Internal Server Error\n"
 # After its END or its ABORT, how long the worker waits for the front to end its side of the
 # stream: one deadline for all the reads of the drain (drain()).
 _ABORT_DRAIN_TIMEOUT = 5.0
+# A stream's first frame (a REQUEST_HEAD, a HELLO's payload): all of it within this long of the
+# stream's accept (the front sends a frame whole), then the stream is given up.
+_HEAD_READ_TIMEOUT = 5.0
+# _Exchange.head_timeout before the first frame's reads had to wait: the stream's read timeout
+# was not changed.
+_UNCHANGED = object()
 
 
 class RequestAborted(OSError):
@@ -113,7 +119,7 @@ class _Exchange:
     """The worker's end of one stream: reads the request's frames, writes the response's."""
 
     __slots__ = ("st", "done", "aborted", "abort_reason", "pending", "has_body", "expect", "got",
-                 "end_queued", "partial", "drain_by")
+                 "end_queued", "partial", "drain_by", "head_by", "head_timeout")
 
     def __init__(self, st):
         self.st = st
@@ -132,6 +138,10 @@ class _Exchange:
         # every request of the loop while one read waited for the rest.
         self.partial = None
         self.drain_by = None  # drain()'s deadline (time.monotonic()) while it runs
+        # The first frame's deadline (time.monotonic()) until it was read (head_read()), and
+        # the stream's read timeout before a wait for it changed that.
+        self.head_by = None
+        self.head_timeout = _UNCHANGED
 
     def head(self, flags, payload):
         """What the REQUEST_HEAD (`flags`, its payload) says of the body, for _next_body to
@@ -145,7 +155,9 @@ class _Exchange:
         """The front's HELLO, its header read (docs/serve.md, "HELLO and TAKEN"): granted, of
         what it offers, what this worker does (TAKEN), with the worker's concurrency (1: it
         runs one request at a time). Not a request: "hello"."""
-        self.send(_hello_answer(self.st.readexactly(length), concurrency))
+        payload = self.payload(length)
+        self.head_read()
+        self.send(_hello_answer(payload, concurrency))
         return "hello"
 
     def taken(self, flags):
@@ -156,9 +168,8 @@ class _Exchange:
             self.send(sf.encode_frame(sf.TAKEN))
 
     def read_frame_header(self, nonblock=False):
-        if self.drain_by is not None and not nonblock:
-            self._drain_left()
-        raw = self.st.readexactly(sf.HDR_SIZE, nonblock=nonblock)
+        raw = self.st.readexactly(sf.HDR_SIZE, nonblock=True) if nonblock else \
+            self.readexactly(sf.HDR_SIZE)
         if raw is None:
             return None
         return raw, _decode_header(raw)
@@ -218,9 +229,20 @@ class _Exchange:
         (nothing is consumed then)."""
         if not length:
             return b""
-        if self.drain_by is not None and not nonblock:
+        return self.st.readexactly(length, nonblock=True) if nonblock else \
+            self.readexactly(length)
+
+    def readexactly(self, n):
+        """`n` bytes, waited for: by drain()'s deadline while it runs, by the first frame's
+        until it was read (head_by), else with the stream's read timeout."""
+        if self.drain_by is not None:
             self._drain_left()
-        return self.st.readexactly(length, nonblock=nonblock)
+        elif self.head_by is not None:
+            got = self.st.readexactly(n, nonblock=True)  # nearly always here: no timeout set
+            if got is not None:
+                return got
+            self._head_left()
+        return self.st.readexactly(n)
 
     def check_abort(self):
         """Without blocking: raise RequestAborted if the front has aborted the request
@@ -310,6 +332,37 @@ class _Exchange:
                 f"{_ABORT_DRAIN_TIMEOUT} s of the worker's END or ABORT")
         self.st.read_timeout = left
 
+    def head_deadline(self, by=None):
+        """The stream's first frame (a REQUEST_HEAD, a HELLO's payload) is read by `by`
+        (time.monotonic(); None: _HEAD_READ_TIMEOUT from now), its reads waiting only what is
+        left of it: past it shmipc.TimeoutError, which gives the stream up. The front sends a
+        frame whole; before, those reads had the stream's read timeout (none in our workers),
+        and a front that sent part of the frame and kept the stream open held the worker (one
+        request at a time) as long as it liked."""
+        self.head_by = time.monotonic() + _HEAD_READ_TIMEOUT if by is None else by
+
+    def _head_left(self):
+        """Before a wait for the first frame: what is left of head_by as the read's timeout."""
+        left = self.head_by - time.monotonic()
+        if left <= 0:
+            raise self.head_late()
+        if self.head_timeout is _UNCHANGED:
+            self.head_timeout = self.st.read_timeout
+        self.st.read_timeout = left
+
+    def head_late(self):
+        """The error of a first frame that did not come whole by head_by."""
+        return shmipc.TimeoutError(
+            f"stream {self.st.id}: the front did not send the stream's first frame whole "
+            f"within {_HEAD_READ_TIMEOUT} s")
+
+    def head_read(self):
+        """The first frame was read: its deadline ends, the stream's read timeout is as it
+        was (the application's reads have it)."""
+        self.head_by = None
+        if self.head_timeout is not _UNCHANGED:
+            self.st.read_timeout, self.head_timeout = self.head_timeout, _UNCHANGED
+
     def drain_end(self):
         """drain() after our END, when nothing else would catch a bad frame in what is left of
         the request (a body the app never read): ABORT PROTOCOL, and True. Before, the
@@ -331,7 +384,7 @@ class _Exchange:
         return self.read_frame_header()
 
     async def areadexactly(self, n):
-        return self.st.readexactly(n)
+        return self.readexactly(n)
 
     async def aanswer_hello(self, length, concurrency=1):
         return self.answer_hello(length, concurrency)
@@ -633,15 +686,20 @@ class WSGIHandler:
         """Serve the request on stream `st`, then close it. Returns "ok", "error" (the app
         failed: 500 or ABORT WORKER_ERROR), "aborted" (the front ended it), "protocol" or
         "late" (the stream held only a late ABORT)."""
+        # The first frame's deadline from now: the C route's reads have their own (the same
+        # length, from a moment later), and what it hands back is read by this one.
+        head_by = time.monotonic() + _HEAD_READ_TIMEOUT
         if self._worker is None:
-            return self._serve(st, None)
+            return self._serve(st, None, head_by)
         got = self._worker.handle(st)
-        return got if type(got) is str else self._serve(st, got)
+        return got if type(got) is str else self._serve(st, got, head_by)
 
-    def _serve(self, st, first):
+    def _serve(self, st, first, head_by=None):
         """handle(), from the request's first frame when it was read already: `first` is
-        (its header's bytes, its payload or None when only the header was read)."""
+        (its header's bytes, its payload or None when only the header was read); all of the
+        first frame by `head_by` (_Exchange.head_deadline)."""
         ex = _Exchange(st)
+        ex.head_deadline(head_by)
         outcome = "aborted"
         try:
             outcome = self._handle(ex, first)
@@ -675,7 +733,8 @@ class WSGIHandler:
             if typ != sf.REQUEST_HEAD:
                 raise ProtocolViolation(f"a frame of type {typ} before the request head")
             if payload is None:
-                payload = ex.st.readexactly(length)
+                payload = ex.payload(length)
+            ex.head_read()
             frame = raw + payload
             try:
                 environ = sf.decode_request(frame, self.base)
@@ -782,7 +841,8 @@ _HOOKS = {
     "_LengthError": _LengthError, "_Input": _Input, "_flat": _flat,
     "_stream_ended": _stream_ended, "_aborted": _aborted, "_violation": _violation,
     "_close_failed": _close_failed, "_failed": _failed,
-    "_ABORT_DRAIN_TIMEOUT": _ABORT_DRAIN_TIMEOUT, "Error": shmipc.Error,
+    "_ABORT_DRAIN_TIMEOUT": _ABORT_DRAIN_TIMEOUT, "_HEAD_READ_TIMEOUT": _HEAD_READ_TIMEOUT,
+    "Error": shmipc.Error,
     "EndOfStreamError": shmipc.EndOfStreamError, "PeerGoneError": shmipc.PeerGoneError,
     "ClosedError": shmipc.ClosedError, "TimeoutError": shmipc.TimeoutError,
 }
