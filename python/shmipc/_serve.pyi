@@ -116,8 +116,9 @@ class WSGIWorker:
 
     app: Any
     def __init__(self, app: Any, base: dict[str, Any], hooks: dict[str, Any]) -> None: ...
-    def handle(self, st: Any) -> Union[str, Tuple[bytes, Optional[bytes]]]:
-        """The outcome, or the first frame handed back; RuntimeError until an __init__ has
+    def handle(self, st: Any) -> Union[str, Tuple[bytes, Optional[bytes], float]]:
+        """The outcome, or the first frame handed back (its header's bytes, its payload or None,
+        and the time.monotonic() its rest is to be read by); RuntimeError until an __init__ has
         succeeded."""
 
 class ASGISend:

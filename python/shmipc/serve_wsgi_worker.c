@@ -1326,7 +1326,7 @@ static PyObject *serve(wsgi_worker *w, wsgi_exchange *ex)
     if (timeout == -1.0 && PyErr_Occurred())
         return NULL;
     /* All of the first frame within _HEAD_READ_TIMEOUT; what is handed back, wsgi.py reads by
-     * its own deadline, taken before this call. */
+     * the same deadline (handed back with it). */
     double by = mono_s() + timeout;
     PyObject *saved = NULL; /* the stream's read timeout, when a wait for the frame changed it */
     PyObject *raw = head_read(ex, SHMIPC_SERVE_HDR_SIZE, by, &saved), *payload = NULL;
@@ -1375,8 +1375,9 @@ static PyObject *serve(wsgi_worker *w, wsgi_exchange *ex)
     out = run_app(w, ex, environ, frame);
     goto done;
 hand_over:
+    /* With the deadline (time.monotonic()) the rest of the first frame is read by. */
     if (head_done(ex, &saved) == 0)
-        out = PyTuple_Pack(2, raw, payload != NULL ? payload : Py_None);
+        out = Py_BuildValue("(OOd)", raw, payload != NULL ? payload : Py_None, by);
 done:
     Py_XDECREF(saved);
     Py_XDECREF(environ);

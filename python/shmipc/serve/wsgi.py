@@ -686,13 +686,12 @@ class WSGIHandler:
         """Serve the request on stream `st`, then close it. Returns "ok", "error" (the app
         failed: 500 or ABORT WORKER_ERROR), "aborted" (the front ended it), "protocol" or
         "late" (the stream held only a late ABORT)."""
-        # The first frame's deadline from now: the C route's reads have their own (the same
-        # length, from a moment later), and what it hands back is read by this one.
-        head_by = time.monotonic() + _HEAD_READ_TIMEOUT
         if self._worker is None:
-            return self._serve(st, None, head_by)
+            return self._serve(st, None)
+        # What the C route hands back comes with its first frame's deadline: the rest of the
+        # frame is read by it.
         got = self._worker.handle(st)
-        return got if type(got) is str else self._serve(st, got, head_by)
+        return got if type(got) is str else self._serve(st, got[:2], got[2])
 
     def _serve(self, st, first, head_by=None):
         """handle(), from the request's first frame when it was read already: `first` is
