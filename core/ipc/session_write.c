@@ -159,19 +159,17 @@ static int grow_send_buffer(shmipc_stream *st, size_t want, int contiguous, int 
     return 0;
 }
 
-/* Ends the session for `rc` (the session's own cause when it ended already: a damaged mapping
- * wins) and returns that cause. Without mu. */
-static int fail_session(shmipc_session *s, int rc)
+/*
+ * A send that found the peer's end closed (SHMIPC_ECONNRESET: EPIPE, ECONNRESET, ENOTCONN):
+ * what the peer put in the queue and on the socket before it left is still its word, as when
+ * a read finds its end (take_recv_locked): a shmipc-serve worker's last answer, then its exit.
+ * It is taken first, so its streams end as it ended them and their data stays readable; the
+ * caller then ends the session, which ends with what that turn found (the peer's end), or with
+ * `rc`. Not while another thread processes the session: it finds the end itself. Returns `rc`,
+ * its detail kept. Under mu (and send_mu or not).
+ */
+static int take_peers_word_locked(shmipc_session *s, int rc)
 {
-    shmipc__session_lock(s);
-    /*
-     * A send that found the peer's end closed (SHMIPC_ECONNRESET: EPIPE, ECONNRESET,
-     * ENOTCONN): what the peer put in the queue and on the socket before it left is still its
-     * word, as when a read finds its end (take_recv_locked): a shmipc-serve worker's last
-     * answer, then its exit. It is taken first, so its streams end as it ended them and their
-     * data stays readable; then the session ends with what that turn found (the peer's end),
-     * or with `rc`. Not while another thread processes the session: it finds the end itself.
-     */
     if (rc == SHMIPC_ECONNRESET && shmipc__session_err(s) == 0 && !s->processing) {
         char why[256];
         snprintf(why, sizeof why, "%s", shmipc__detail());
@@ -180,6 +178,15 @@ static int fail_session(shmipc_session *s, int rc)
         s->processing = 0;
         rc = shmipc__fail(rc, "%s", why);
     }
+    return rc;
+}
+
+/* Ends the session for `rc` (the session's own cause when it ended already: a damaged mapping
+ * wins) and returns that cause. Without mu. */
+static int fail_session(shmipc_session *s, int rc)
+{
+    shmipc__session_lock(s);
+    rc = take_peers_word_locked(s, rc);
     rc = shmipc__session_fail_locked(s, rc);
     shmipc__session_unlock(s);
     return rc;
@@ -530,6 +537,8 @@ static int send_fallback(shmipc_stream *st)
     }
     shmipc__session_lock(s);
     s->unhealthy_until_ns = shmipc__now_ns() + BREAKER_NS;
+    /* The peer gone: what it sent before is taken first, as for a wakeup (fail_session). */
+    rc = take_peers_word_locked(s, rc);
     /*
      * Bytes of this message went out and the rest cannot follow: the peer would read the
      * next frame as the rest of this one, on the socket every stream shares. Nothing can

@@ -374,6 +374,59 @@ static void peer_gone_at_our_write_leaves_its_answer(void **state)
     shmipc_stream_close(cs);
 }
 
+/*
+ * peer_gone_at_our_write_leaves_its_answer on the sessions whose writes never read in passing:
+ * one its event loop alone processes (loop_driven: shmipc-serve's front), one whose descriptor
+ * was handed to an event loop (watched); the write that finds the peer gone is the wakeup, or
+ * fallback data (a stream on the socket: the front's upload when shared memory ran out). The
+ * answer is read all the same. (A fallback write that found the peer gone ended the session
+ * with the answer never taken: SHMIPC_ECONNRESET instead of it.)
+ */
+static void peer_gone_at_any_write_leaves_its_answer(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 4; k++) {
+        int fallback = k & 1, watched = k >> 1;
+        shmipc_config *cfg = config_for(SHMIPC_MEMMAP_MEMFD);
+        struct ipc_pair p;
+        shmipc_stream *cs, *cs2, *ss;
+        pair_open(&p, cfg);
+        if (watched)
+            assert_true(shmipc_session_fileno(p.client) >= 0);
+        else
+            shmipc__session_set_loop_driven(p.client);
+        assert_int_equal(shmipc_session_open_stream(p.client, &cs), 0);
+        ipc_send_text(cs, "request");
+        assert_int_equal(shmipc_session_accept_stream(p.server, IPC_WAIT_MS, &ss), 0);
+        ipc_expect_text(ss, "request");
+        ipc_send_text(ss, "answer");
+        shmipc_stream_close(ss);
+        shmipc_session_close(p.server);
+        p.server = NULL;
+        shmipc__queue_mark_not_working(&p.client->qp.send);
+        assert_int_equal(shmipc_session_open_stream(p.client, &cs2), 0);
+        if (fallback)
+            __atomic_store_n(&cs2->fallback, 1, __ATOMIC_RELAXED);
+        assert_int_equal(shmipc_stream_write(cs2, "x", 1), 0);
+        int rc = shmipc_stream_flush(cs2);
+        if (rc != SHMIPC_ECONNRESET)
+            fail_msg("case %d: flush: %s", k, shmipc_errname(rc));
+        const void *ptr;
+        size_t n;
+        rc = shmipc_stream_read_exact_bytes(cs, 6, &ptr, 0);
+        if (rc != 0)
+            fail_msg("case %d (%s, %s): the answer: %s", k, fallback ? "fallback" : "wakeup",
+                     watched ? "watched" : "loop-driven", shmipc_errname(rc));
+        assert_memory_equal(ptr, "answer", 6);
+        assert_int_equal(shmipc_stream_release(cs), 0);
+        assert_int_equal(shmipc_stream_read_chunk(cs, 0, &ptr, &n, 0), SHMIPC_EEOF);
+        shmipc_stream_close(cs2);
+        shmipc_stream_close(cs);
+        ipc_pair_close(&p);
+        shmipc_config_free(cfg);
+    }
+}
+
 static void many_streams_interleaved(void **state)
 {
     struct ipc_pair *p = *state;
@@ -2871,6 +2924,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(peer_close_ends_reads, memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(peer_gone_at_our_write_leaves_its_answer, memfd_pair_open,
                                         memfd_pair_close),
+        cmocka_unit_test(peer_gone_at_any_write_leaves_its_answer),
         cmocka_unit_test_setup_teardown(flush_close_sends_the_end_right_behind_the_data,
                                         memfd_pair_open, memfd_pair_close),
         cmocka_unit_test_setup_teardown(flush_close_misuse, memfd_pair_open, memfd_pair_close),
