@@ -58,8 +58,11 @@ struct shmipc__front;
 #define SHMIPC__FRONT_BACKOFF_MAX_MS  2000u        /* the back-off doubles up to this */
 /* A request a stopping worker refused (ABORT SHUTDOWN: not processed) goes to another worker
  * at most this many times, and only when the front still holds its body: a body of at most
- * SHMIPC__FRONT_RETRY_BODY bytes is kept until the worker's first answer for that. */
-#define SHMIPC__FRONT_RETRIES    4u
+ * SHMIPC__FRONT_RETRY_BODY bytes is kept until the worker's first answer for that. The bound
+ * only ends a loop among workers that all refuse: workers recycled every few requests under
+ * load (--max-requests 5) refused some requests 4 times in a row, as each new worker took its
+ * few and refused the rest (4 was the bound: a 503 for about one upload in 100). */
+#define SHMIPC__FRONT_RETRIES    16u
 #define SHMIPC__FRONT_RETRY_BODY (64u << 10)
 /* Small bodies (a Content-Length of at most SHMIPC__FRONT_RETRY_BODY) are read whole before a
  * worker is claimed, in memory the front takes at the head: at most this many bytes of them

@@ -61,6 +61,23 @@ def unique_requests(s, tag, n, clients=4, answered=cliapp_answer):
     return bad
 
 
+def upload_threads(s, n, bad, answered=cliapp_answer, size=300 << 10):
+    """Two threads that POST n uploads of `size` random bytes between them, each its own body;
+    the mismatches and failures go to `bad`. Not started."""
+    def upload(i):
+        body = b"%d-" % i + os.urandom(size)
+        try:
+            status, out = s.request("POST", f"/u/big/{i}", body=body, timeout=60)
+        except OSError as e:
+            bad.append((i, repr(e)))
+            return
+        if not answered(status, out, f"/u/big/{i}", body):
+            bad.append((i, status, out[:60]))
+
+    return [threading.Thread(target=lambda c=c: [upload(i) for i in range(c, n, 2)])
+            for c in range(2)]
+
+
 def rss_kb(pid):
     """The process's private memory (RssAnon): the shared-memory buffers of its sessions,
     which the workers fill, are not the front's own."""
@@ -467,20 +484,8 @@ def test_recycling_every_few_requests_loses_none(tmp_path, kind, pipeline, backe
     s = Serve(tmp_path, *flags, workers=2, app=app, chdir=chdir,
               env={"SHMIPC_REACTOR_BACKEND": backend})
     bigs = []
-
-    def upload(i):
-        body = b"%d-" % i + os.urandom(300 << 10)
-        try:
-            status, out = s.request("POST", f"/u/big/{i}", body=body, timeout=60)
-        except OSError as e:
-            bigs.append((i, repr(e)))
-            return
-        if not answered(status, out, f"/u/big/{i}", body):
-            bigs.append((i, status, out[:60]))
-
     try:
-        ts = [threading.Thread(target=lambda c=c: [upload(i) for i in range(c, 40, 2)])
-              for c in range(2)]
+        ts = upload_threads(s, 40, bigs, answered)
         for t in ts:
             t.start()
         bad = unique_requests(s, "r", 300, 4, answered)
@@ -524,20 +529,8 @@ def test_workers_crashing_under_load_cost_only_their_request(tmp_path, pipeline,
                 crashes.append(repr(e))
             time.sleep(0.3)
 
-    def upload(i):
-        body = b"%d-" % i + os.urandom(300 << 10)
-        try:
-            status, out = s.request("POST", f"/u/big/{i}", body=body, timeout=60)
-        except OSError as e:
-            bigs.append((i, repr(e)))
-            return
-        if not cliapp_answer(status, out, f"/u/big/{i}", body):
-            bigs.append((i, status, out[:60]))
-
     try:
-        ts = [threading.Thread(target=crash)]
-        ts += [threading.Thread(target=lambda c=c: [upload(i) for i in range(c, 30, 2)])
-               for c in range(2)]
+        ts = [threading.Thread(target=crash)] + upload_threads(s, 30, bigs)
         for t in ts:
             t.start()
         bad = unique_requests(s, "c", 400, 4)
