@@ -860,12 +860,34 @@ static void stalled_concurrent_worker_is_passed_over(void **state)
 }
 
 /*
- * Two workers of concurrency 2, holding what they get: w0 frozen once both answered their
- * HELLO. Returns with w0 sitting on one request, w1 holding two, and a fourth request in the
- * front's queue: w0 shows as stalled, so it waits there rather than join the one w0 sits on,
- * though w0 is below its concurrency.
+ * Polls until the `n` requests sent are all in flight (0), or all but one, which waits in the
+ * front's queue (1); -1 when neither comes within WAIT_MS. The workers hold what they get.
  */
-static void start_stalled_pair(struct tc *t)
+static int wait_placed(struct fx *x, unsigned n)
+{
+    static struct shmipc__front_stats st;
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        unsigned f = st.w[0].in_flight + st.w[1].in_flight;
+        if (f + st.queued == n && st.queued <= 1)
+            return (int)st.queued;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    fprintf(stderr, "wait_placed %u: w0 %u, w1 %u in flight, %u queued\n", n, st.w[0].in_flight,
+            st.w[1].in_flight, st.queued);
+    return -1;
+}
+
+/*
+ * Two workers holding what they get, w0 of concurrency 3 and w1 of 2, w0 frozen once both
+ * answered their HELLO. Requests go one after another, 300 ms apart from the third (past the
+ * stall bound since the claim before: claims are the only looks, and whether w0 held anything
+ * at the first ones is a race with its freeze), until one waits in the front's queue: w1 is
+ * full, and w0, though below its concurrency, shows as stalled. Returns the requests sent;
+ * *w0_held says how many w0 sits on.
+ */
+static unsigned start_stalled_pair(struct tc *t, unsigned *w0_held)
 {
     struct appw *w0 = &t->w[0], *w1 = &t->w[1];
     struct appw *ws[] = {w0, w1};
@@ -877,35 +899,48 @@ static void start_stalled_pair(struct tc *t)
     appw_start(w1, "w1", NULL);
     for (int i = 0; i < 2; i++) {
         atomic_store(&ws[i]->taken, TAKEN_GRANT);
-        atomic_store(&ws[i]->conc, 2);
+        atomic_store(&ws[i]->conc, i == 0 ? 3 : 2);
         atomic_store(&ws[i]->mode, M_HOLD);
     }
     fx_start(x, ws, 2, 1, &o);
-    assert_true(wait_two(x, 2, 0));
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(x->f, &st));
+        if (st.w[0].concurrency == 3 && st.w[1].concurrency == 2)
+            break;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    assert_true(st.w[0].concurrency == 3 && st.w[1].concurrency == 2);
     latch_set(w0, &w0->freeze, 1);
     assert_true(wait_parked(w0));
-    for (int i = 0; i < 3; i++) {
-        if (i == 2)
-            sleep_ms(300); /* past the stall bound since the look that saw w0 hold its one */
-        bg_start(&b[i], x->port, pipe_targets[i]);
-        assert_true(wait_two(x, 2, (unsigned)i + 1));
+    unsigned sent = 0;
+    int queued = 0;
+    while (!queued) {
+        if (sent == 6)
+            fail_msg("6 requests, none queued");
+        if (sent >= 2)
+            sleep_ms(300);
+        bg_start(&b[sent], x->port, pipe_targets[sent]);
+        sent++;
+        queued = wait_placed(x, sent);
+        assert_true(queued >= 0);
     }
-    sleep_ms(300);
-    bg_start(&b[3], x->port, pipe_targets[3]);
-    assert_true(wait_queued(x, 1));
     CHECK(shmipc__front_stats(x->f, &st));
-    if (st.w[0].in_flight != 1 || st.w[1].in_flight != 2)
+    if (st.w[0].in_flight >= 3 || st.w[1].in_flight != 2 || st.queued != 1)
         fail_msg("w0 holds %u, w1 %u, %u queued", st.w[0].in_flight, st.w[1].in_flight, st.queued);
+    *w0_held = st.w[0].in_flight;
+    return sent;
 }
 
-/* Both let go (w0 thawed): each client has its own answer; w0 read `w0_requests`. */
-static void end_stalled_pair(struct tc *t, int w0_requests)
+/* Both let go (w0 thawed): each of the `sent` clients has its own answer; w0 read
+ * `w0_requests`. */
+static void end_stalled_pair(struct tc *t, unsigned sent, unsigned w0_requests)
 {
     struct appw *w0 = &t->w[0], *w1 = &t->w[1];
     latch_set(w0, &w0->freeze, 0);
     latch_set(w0, &w0->hold_open, 1);
     latch_set(w1, &w1->hold_open, 1);
-    join_pipe_targets(t->bg, 4);
+    join_pipe_targets(t->bg, (int)sent);
     assert_int_equal(atomic_load(&w0->requests), w0_requests);
     assert_int_equal(atomic_load(&w0->bad) + atomic_load(&w1->bad), 0);
     fx_stop(&t->x);
@@ -913,32 +948,46 @@ static void end_stalled_pair(struct tc *t, int w0_requests)
     appw_stop(w1);
 }
 
-/* start_stalled_pair; the queued request goes to w1 once w1 answers. */
+/* start_stalled_pair; the queued request goes to w1 once w1 answers, none to w0. */
 static void stalled_worker_gets_nothing_while_another_runs(void **state)
 {
     struct tc *t = *state;
-    start_stalled_pair(t);
+    static struct shmipc__front_stats st;
+    unsigned held, sent = start_stalled_pair(t, &held);
     latch_set(&t->w[1], &t->w[1].hold_open, 1); /* w1 answers, then takes the queued one */
-    assert_true(wait_two(&t->x, 2, 4));
-    end_stalled_pair(t, 1);
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(t->x.f, &st));
+        if (st.queued == 0 && st.w[1].served + st.w[1].in_flight == sent - held)
+            break;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    if (st.queued != 0 || st.w[0].in_flight != held)
+        fail_msg("w0 holds %u of its %u, %u queued", st.w[0].in_flight, held, st.queued);
+    end_stalled_pair(t, sent, held);
 }
 
 /*
- * start_stalled_pair, then w0 thaws and takes the request it sat on, while w1 holds its two:
- * the queued request goes to w0, which has room for it. (Only a worker that freed a request
- * ran the queue again: the request waited for w1, here for good.)
+ * start_stalled_pair, then w0 thaws and takes what it sat on, while w1 holds its two: the
+ * queued request goes to w0, which has room for it. (Only a worker that freed a request ran
+ * the queue again: the request waited for w1, here for good.)
  */
 static void queued_request_goes_to_a_stalled_worker_that_thaws(void **state)
 {
     struct tc *t = *state;
     static struct shmipc__front_stats st;
-    start_stalled_pair(t);
+    unsigned held, sent = start_stalled_pair(t, &held);
     latch_set(&t->w[0], &t->w[0].freeze, 0);
-    assert_true(wait_two(&t->x, 2, 4));
-    CHECK(shmipc__front_stats(t->x.f, &st));
-    if (st.w[0].in_flight != 2 || st.w[1].in_flight != 2)
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(shmipc__front_stats(t->x.f, &st));
+        if (st.queued == 0 && st.w[0].in_flight + st.w[1].in_flight == sent)
+            break;
+        sleep_ms(1);
+    } while (mono_ms() < end);
+    if (st.w[0].in_flight != held + 1 || st.w[1].in_flight != 2)
         fail_msg("w0 holds %u, w1 %u, %u queued", st.w[0].in_flight, st.w[1].in_flight, st.queued);
-    end_stalled_pair(t, 2);
+    end_stalled_pair(t, sent, held + 1);
 }
 
 /* What opts.on_hung was told: how many times, and the last address. */
